@@ -1,0 +1,42 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   - venv + install, build shards from the bundled COCO sample, print their stats
+#   make test   - venv + install, run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SHARED ?= ../shared
+COCO ?= $(SHARED)/data/coco-mini
+DEMO ?= demo_out
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench docs clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned and installed first so the CPU build on the machine is used (GPU users get CUDA wheels).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m packer.tokenizers
+	touch $@
+
+demo: setup
+	$(PY) scripts/coco_to_jsonl.py --coco $(COCO) --out $(DEMO)/jsonl
+	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_caption_trees.jsonl --output $(DEMO)/caption_trees \
+		--config configs/coco-caption-trees.yaml --overwrite
+	$(VENV)/bin/packer stats $(DEMO)/caption_trees
+	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_grounding.jsonl --output $(DEMO)/grounding \
+		--profile qwen2-vl --max-length 4096 --overwrite
+	$(VENV)/bin/packer stats $(DEMO)/grounding
+
+test: setup
+	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check packer tests scripts
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache

@@ -1,0 +1,166 @@
+"""The build configuration: one frozen dataclass, fed by YAML (configs/*.yaml) and overridden by the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+OVERLONG_POLICIES = ("drop", "truncate")
+ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """One named input source of a (possibly mixed) build."""
+
+    name: str
+    """Name shown in stats and stored per example (`example_sources`)."""
+    paths: tuple[str, ...]
+    """JSONL files or glob patterns."""
+    weight: float = 1.0
+    """Sampling factor: 2.0 repeats every example twice, 0.5 keeps a seeded half, 1.5 all + a seeded half."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("source 'name' must not be empty")
+        if not self.paths:
+            raise ConfigError(f"source {self.name!r}: 'paths' must list at least one file or glob")
+        if not self.weight > 0:
+            raise ConfigError(f"source {self.name!r}: 'weight' must be > 0, got {self.weight}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    """Everything that determines a build's output. Same config + same input = byte-identical shards."""
+
+    sources: tuple[SourceConfig, ...]
+    """The inputs; a plain `packer build a.jsonl b.jsonl` is one source named ''."""
+    output: str
+    """Output directory for shards, manifest, stats and rejects."""
+    profile: str = "qwen2-vl"
+    """Vision profile: qwen2-vl, qwen2.5-vl, llava, text."""
+    tokenizer: str | None = None
+    """HF tokenizer name or path; None means the profile's default (builtin `qwen2-vl`)."""
+    chat_template: str | None = None
+    """A Jinja chat template (string or path to a file) to use instead of the tokenizer's own."""
+    max_length: int = 4096
+    """Pack capacity in tokens (and the longest example allowed)."""
+    max_vision_tokens: int | None = None
+    """Optional vision-token budget per pack."""
+    max_images: int | None = None
+    """Optional image-count budget per pack."""
+    max_examples_per_pack: int | None = None
+    """Optional cap on examples per pack."""
+    algorithm: str = "bfd"
+    """Planner: bfd (default), ffd, next-fit, binpacking."""
+    balance_vision: bool = False
+    """Spread vision tokens evenly across packs (same pack count, lower vision-load spread)."""
+    refine: bool = False
+    """Run the refinement pass after BFD that tries to empty the least-filled packs."""
+    overlong: str = "drop"
+    """What to do with an example longer than max_length: drop (reject) or truncate."""
+    image_root: str | None = None
+    """Resolve relative image paths against this directory instead of each JSONL file's directory."""
+    min_pixels: int | None = None
+    """Override the profile's min_pixels (Qwen2-VL smart resize)."""
+    max_pixels: int | None = None
+    """Override the profile's max_pixels (Qwen2-VL smart resize)."""
+    seed: int = 0
+    """Seed of the pack shuffle and of source down-sampling."""
+    num_proc: int = 1
+    """Processes for encoding."""
+    rows_per_shard: int = 2048
+    """Packs per Parquet file."""
+    rows_per_row_group: int = 64
+    """Packs per Parquet row group (the unit a reader decodes at once)."""
+    strict: bool = False
+    """Stop at the first bad record (exit 2) instead of rejecting it."""
+    max_reject_fraction: float = 1.0
+    """Fail the build (exit 3) when more than this fraction of input records is rejected."""
+    overwrite: bool = False
+    """Replace an output directory that holds a different build."""
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ConfigError("no input: give at least one JSONL file or a `sources:` list")
+        if self.max_length < 1:
+            raise ConfigError(f"'max_length' must be a positive integer, got {self.max_length}")
+        for name in ("max_vision_tokens", "max_images", "max_examples_per_pack", "min_pixels", "max_pixels"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {self.overlong!r}")
+        if self.num_proc < 1:
+            raise ConfigError(f"'num_proc' must be >= 1, got {self.num_proc}")
+        if self.rows_per_shard < 1 or self.rows_per_row_group < 1:
+            raise ConfigError("'rows_per_shard' and 'rows_per_row_group' must be >= 1")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ConfigError(f"'max_reject_fraction' must be in [0, 1], got {self.max_reject_fraction}")
+
+    @classmethod
+    def from_inputs(cls, inputs: list[str] | tuple[str, ...], output: str, **options: Any) -> BuildConfig:
+        """A single-source config from a list of JSONL paths/globs."""
+        return cls(sources=(SourceConfig(name="", paths=tuple(inputs)),), output=output, **options)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **overrides: Any) -> BuildConfig:
+        """Build from a YAML/JSON mapping; ``overrides`` (CLI options that were given) win."""
+        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+        known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; known keys: {', '.join(sorted(known))}")
+        inputs = data.pop("inputs", None)
+        sources = data.pop("sources", None)
+        if inputs and sources:
+            raise ConfigError("give either 'inputs' or 'sources', not both")
+        if inputs:
+            sources = [{"name": "", "paths": [inputs] if isinstance(inputs, str) else inputs}]
+        parsed = []
+        for s in sources or []:
+            if not isinstance(s, dict) or "paths" not in s:
+                raise ConfigError(f"each source needs 'name' and 'paths', got {s!r}")
+            paths = s["paths"]
+            parsed.append(
+                SourceConfig(
+                    name=str(s.get("name", "")) or Path(str(paths if isinstance(paths, str) else paths[0])).stem,
+                    paths=tuple([paths] if isinstance(paths, str) else paths),
+                    weight=float(s.get("weight", 1.0)),
+                )
+            )
+        if "output" not in data:
+            raise ConfigError("no output directory: pass --output DIR or set 'output' in the config")
+        return cls(sources=tuple(parsed), **data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> BuildConfig:
+        """Load a YAML config file; relative paths in it resolve against the file's directory."""
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path} must be a mapping of option: value")
+        return cls.from_dict(data, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective config, JSON-serialisable (stored in the manifest)."""
+        d = dataclasses.asdict(self)
+        d["sources"] = [{**s, "paths": list(s["paths"])} for s in d["sources"]]
+        return d
+
+    def replace(self, **changes: Any) -> BuildConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer or ("qwen2-vl")

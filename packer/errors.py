@@ -1,0 +1,58 @@
+"""Typed errors and the closed set of reject reasons.
+
+Every input line that is not packed ends in ``rejects.jsonl`` with one of ``REJECT_REASONS``;
+the stats count rejects by these codes, and ``docs/reliability.md`` documents each one.
+"""
+
+from __future__ import annotations
+
+# Reason code -> one-line explanation (used in docs and `packer stats`).
+REJECT_REASONS: dict[str, str] = {
+    "not_utf8": "the line is not valid UTF-8",
+    "malformed_json": "the line is not a JSON object",
+    "unknown_format": "the record has none of `messages`, `conversations`, `text`",
+    "wrong_type": "a field has the wrong type (e.g. content not a string or a list of parts)",
+    "unknown_role": "a message role is not one of system/user/assistant/tool (or human/gpt)",
+    "empty_messages": "the record has no messages, or a message has no content",
+    "empty_branch": "a tree branch has no messages",
+    "missing_image": "an image file named by the record does not exist",
+    "bad_image": "an image file cannot be read as an image (corrupt, truncated, not an image)",
+    "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
+    "template_error": "the chat template failed or is not prefix-stable for this record",
+    "no_loss_tokens": "the example has no token that contributes to the loss",
+    "overlong": "the example is longer than --max-length (with --overlong drop)",
+    "untruncatable": "the example cannot be truncated without cutting an image or losing all loss tokens",
+}
+
+
+class PackerError(Exception):
+    """Base class of every error packer raises on purpose."""
+
+
+class ConfigError(PackerError):
+    """A build option is invalid; the message names the option, the value and what is allowed."""
+
+
+class ShardError(PackerError):
+    """A shard directory is missing, unfinished, corrupt or of another schema version."""
+
+
+class RecordError(PackerError):
+    """One input record cannot be used. Carries the reason code and where it came from."""
+
+    def __init__(self, reason: str, message: str, *, path: str = "", line: int = 0):
+        if reason not in REJECT_REASONS:
+            raise ValueError(f"unknown reject reason {reason!r}")
+        self.reason = reason
+        self.message = message
+        self.path = path
+        self.line = line
+        super().__init__(self.__str__())
+
+    def located(self, path: str, line: int) -> RecordError:
+        """Return the same error with its file and line filled in."""
+        return RecordError(self.reason, self.message, path=path, line=line)
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}: " if self.path else ""
+        return f"{where}{self.reason}: {self.message}"

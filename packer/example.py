@@ -1,0 +1,125 @@
+"""The canonical in-memory forms of one training example.
+
+``Example``  - what ``records.py`` parses any input line into: a tree of message nodes.
+``Encoded``  - what ``render.py`` turns an Example into: flat token arrays in depth-first node order.
+
+A plain conversation is a tree with a single node. Nodes are laid out depth-first, parents before
+children, so every node is one contiguous span ``[node_offsets[i], node_offsets[i+1])`` of the example.
+
+    messages=[sys, user(img), asst] + branches=[[u1, a1], [u2, a2]]
+
+    tokens:  | sys user img asst | u1 a1 | u2 a2 |
+    nodes:     0 (parent -1)       1 (0)   2 (0)
+    position:  0 ........... 9     10..14  10..14   (a branch continues from its parent's end)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+IGNORE_INDEX = -100  # the label of a token that carries no loss (PyTorch's cross_entropy default)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """One image named by a record: a resolved file path, or inline bytes."""
+
+    path: str = ""
+    data: bytes | None = None
+
+    @property
+    def source(self) -> str:
+        return self.path if self.data is None else f"<inline {len(self.data)} bytes>"
+
+
+@dataclass(slots=True)
+class Message:
+    """One chat message. ``parts`` holds text strings and ImageRefs in order."""
+
+    role: str
+    parts: list[str | ImageRef]
+    loss: bool | None = None  # None: the default (assistant turns carry loss)
+
+    @property
+    def images(self) -> list[ImageRef]:
+        return [p for p in self.parts if isinstance(p, ImageRef)]
+
+
+@dataclass(slots=True)
+class Node:
+    """A node of a message tree: its own messages, then its continuations."""
+
+    messages: list[Message]
+    children: list[Node] = field(default_factory=list)
+
+    def walk(self):
+        """Yield (node, parent_index) depth-first, parents before children; the root's parent is -1."""
+        stack: list[tuple[Node, int]] = [(self, -1)]
+        index = 0
+        while stack:
+            node, parent = stack.pop()
+            yield node, parent
+            me = index
+            index += 1
+            for child in reversed(node.children):
+                stack.append((child, me))
+
+
+@dataclass(slots=True)
+class Example:
+    """One input record, parsed. ``kind`` is messages | llava | text."""
+
+    root: Node
+    kind: str
+    path: str
+    line: int
+    source_name: str = ""  # the named source of a mixed build ("" for a single source)
+    text: str | None = None  # the whole text of a `text` record
+
+    @property
+    def example_id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def images(self) -> list[ImageRef]:
+        return [im for node, _ in self.root.walk() for m in node.messages for im in m.images]
+
+
+@dataclass(slots=True)
+class EncodedImage:
+    """One image inside an encoded example."""
+
+    source: str  # resolved path ("" for inline bytes)
+    data: bytes | None  # inline bytes, else None
+    grid_thw: tuple[int, int, int]  # patch grid before merging (Qwen2-VL's image_grid_thw); (1,1,N) for fixed
+    offset: int  # index of the first vision token inside the example
+    num_tokens: int  # number of vision tokens this image became
+
+
+@dataclass(slots=True)
+class Encoded:
+    """One example rendered to tokens. All arrays are int32 and cover the whole example."""
+
+    example_id: str
+    input_ids: np.ndarray  # (L,)
+    labels: np.ndarray  # (L,) token id where the loss applies, IGNORE_INDEX elsewhere; NOT shifted
+    position_ids: np.ndarray  # (L,) 1-D positions, restarting at 0, continuing along tree paths
+    node_offsets: np.ndarray  # (N,) start of each node inside the example, node 0 at 0
+    node_parents: np.ndarray  # (N,) parent node index, -1 for the root
+    images: list[EncodedImage]
+    mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models
+    source_name: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+    @property
+    def num_vision_tokens(self) -> int:
+        return sum(im.num_tokens for im in self.images)
