@@ -1,0 +1,494 @@
+"""``packer build``: JSONL -> encoded examples -> global plan -> Parquet shards, resumable at every stage.
+
+Stages and what each leaves in ``OUT/.packer`` (the work area):
+
+1. scan    split every input file into chunks of lines (byte ranges); cheap, redone on every run.
+2. encode  each chunk -> ``encode/chunk-NNNNNN.arrow`` (EXAMPLE_SCHEMA) + ``.rejects.jsonl``, in parallel,
+           each written atomically; a rerun skips chunks already encoded. Token data stays on disk.
+3. plan    lengths only (memory-mapped columns) -> ``packing.plan`` -> pack id per example.
+4. write   shards gathered from the memory-mapped cache with Arrow ``take``, one at a time, atomically;
+           a rerun skips shards whose marker (sha256) matches.
+5. finish  rejects.jsonl, stats.json, then manifest.json LAST.
+
+Everything is a pure function of (inputs, config, tokenizer), so an interrupted and resumed build writes
+the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from . import __version__
+from .config import BuildConfig
+from .errors import REJECT_REASONS, ConfigError, PackerError, RecordError
+from .shards import (
+    EXAMPLE_SCHEMA,
+    MANIFEST,
+    REJECTS,
+    SCHEMA_VERSION,
+    STATS,
+    WORK_DIR,
+    assemble_packs,
+    encoded_table,
+    sha256_file,
+    shard_name,
+    write_json_atomic,
+    write_shard,
+)
+
+CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
+
+
+class RejectRateError(PackerError):
+    """More of the input was rejected than --max-reject-fraction allows."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous range of lines of one input file."""
+
+    index: int
+    path: str
+    source: str
+    start: int  # byte offset
+    end: int  # byte offset (exclusive)
+    first_line: int  # 1-based number of the first line
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: dict[str, Any]
+    stats: dict[str, Any]
+
+
+def _progress(iterable=None, *, enabled: bool, **kw):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- scan
+def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
+    """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order."""
+    from .records import expand_inputs
+
+    chunks: list[Chunk] = []
+    seen: set[str] = set()
+    for source in config.sources:
+        for path in expand_inputs(source.paths):
+            if path in seen:
+                raise ConfigError(f"{path} is named by two sources; each file may belong to one source only")
+            seen.add(path)
+            size = os.path.getsize(path)
+            with open(path, "rb") as f, _progress(
+                total=size, enabled=progress, unit="B", unit_scale=True, desc=f"scan {Path(path).name}", leave=False
+            ) as bar:
+                start, line_no, lines = 0, 1, 0
+                pos = 0
+                for raw in f:
+                    pos += len(raw)
+                    lines += 1
+                    if lines == CHUNK_LINES:
+                        chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no))
+                        bar.update(pos - start)
+                        start, line_no, lines = pos, line_no + CHUNK_LINES, 0
+                if lines:
+                    chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no))
+                    bar.update(pos - start)
+    return chunks
+
+
+# -------------------------------------------------------------------------------------------- encode
+_WORKER: dict[str, Any] = {}
+
+
+def _renderer(config: BuildConfig):
+    """One Renderer per process (tokenizer loading is the expensive part)."""
+    key = id(config)
+    if _WORKER.get("key") != key:
+        from .render import Renderer
+        from .tokenizers import load_tokenizer
+        from .vision import get_profile
+
+        profile = get_profile(config.profile, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+        tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
+        template = config.chat_template
+        if template and Path(template).is_file():
+            template = Path(template).read_text()
+        _WORKER.update(
+            key=key,
+            renderer=Renderer(
+                tokenizer, profile, max_length=config.max_length, overlong=config.overlong, chat_template=template
+            ),
+        )
+    return _WORKER["renderer"]
+
+
+def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        data = f.read(chunk.end - chunk.start)
+    lines = data.split(b"\n")  # the same rule the scan counted lines by (not splitlines: \r is no break)
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, raw in enumerate(lines):
+        if chunk.first_line + i == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a UTF-8 byte-order mark some editors write
+        yield chunk.first_line + i, raw
+
+
+def parse_line(raw: bytes, *, path: str, line: int, base_dir: str, image_root: str | None, source_name: str):
+    """Bytes of one JSONL line -> Example, or RecordError (not_utf8 / malformed_json / the record's own)."""
+    from .records import parse_record
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(
+            "not_utf8", f"invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at byte {e.start}; re-encode the file as UTF-8",
+            path=path, line=line,
+        ) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
+    return parse_record(obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name)
+
+
+def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
+    return {"path": err.path, "line": err.line, "reason": err.reason, "message": err.message, "source": source}
+
+
+def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]:
+    """Encode one chunk into the cache; return its counts. Idempotent: a finished chunk is not redone."""
+    out = Path(work) / "encode" / f"chunk-{chunk.index:06d}.arrow"
+    rej = out.with_suffix(".rejects.jsonl")
+    if out.exists() and rej.exists():
+        return _chunk_counts(out, rej)
+    renderer = _renderer(config)
+    base_dir = os.path.dirname(os.path.abspath(chunk.path))
+    encoded, rejects = [], []
+    lines = 0
+    for line_no, raw in _read_chunk_lines(chunk):
+        if not raw.strip():
+            continue  # blank lines are not records
+        lines += 1
+        try:
+            example = parse_line(
+                raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
+                source_name=chunk.source,
+            )
+            enc = renderer.encode(example)
+            enc.source_name = chunk.source
+            encoded.append(enc)
+        except RecordError as e:
+            e = e if e.path else e.located(chunk.path, line_no)
+            if config.strict:
+                raise e
+            rejects.append(_reject_record(e, chunk.source))
+    table = encoded_table(encoded)
+    tmp_rej = rej.with_name(rej.name + f".tmp-{os.getpid()}")
+    tmp_rej.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
+    os.replace(tmp_rej, rej)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, EXAMPLE_SCHEMA) as writer:
+        writer.write_table(table)
+    os.replace(tmp, out)  # the .arrow file is the chunk's commit marker: rejects are already in place
+    return {"records": lines, "encoded": table.num_rows, "rejected": len(rejects)}
+
+
+def _chunk_counts(arrow_path: Path, rejects_path: Path) -> dict[str, Any]:
+    with pa.memory_map(str(arrow_path)) as src:
+        n = ipc.open_file(src).read_all().num_rows
+    r = sum(1 for _ in open(rejects_path, "rb"))
+    return {"records": n + r, "encoded": n, "rejected": r}
+
+
+def _encode_task(args: tuple[Chunk, BuildConfig, str]) -> dict[str, Any]:
+    return encode_chunk(*args)
+
+
+def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress: bool) -> dict[str, int]:
+    """Encode every chunk (in parallel with ``num_proc``), in order; return the totals."""
+    (work / "encode").mkdir(parents=True, exist_ok=True)
+    totals = {"records": 0, "encoded": 0, "rejected": 0}
+    tasks = [(c, config, str(work)) for c in chunks]
+    bar = _progress(total=len(chunks), enabled=progress, desc="encode", unit="chunk")
+    try:
+        if config.num_proc == 1 or len(chunks) <= 1:
+            results: Iterator[dict[str, Any]] = map(_encode_task, tasks)
+            pool = None
+        else:
+            import multiprocessing as mp
+
+            # spawn, not fork: the parent may hold tokenizer threads and locks that fork would copy mid-state.
+            pool = mp.get_context("spawn").Pool(config.num_proc, initializer=_worker_init)
+            results = pool.imap(_encode_task, tasks, chunksize=1)
+        for counts in results:
+            for k in totals:
+                totals[k] += counts[k]
+            bar.update(1)
+            bar.set_postfix(examples=totals["encoded"], rejects=totals["rejected"], refresh=False)
+        if pool is not None:
+            pool.close()
+            pool.join()
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        raise
+    finally:
+        bar.close()
+    return totals
+
+
+def _worker_init() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def open_encoded(work: Path, num_chunks: int) -> pa.Table:
+    """The whole encode cache as one memory-mapped table (token data is not read into memory)."""
+    tables = []
+    for i in range(num_chunks):
+        src = pa.memory_map(str(work / "encode" / f"chunk-{i:06d}.arrow"))
+        tables.append(ipc.open_file(src).read_all())
+    if not tables:
+        return EXAMPLE_SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def sample_sources(sources: np.ndarray, config: BuildConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Apply source weights: (example index, copy number) per planned example, deterministic in the seed.
+
+    Weight w keeps floor(w) copies of every example plus a seeded (w - floor(w)) fraction once more.
+    """
+    rng = np.random.default_rng([config.seed, 1])  # its own stream: independent of the pack shuffle
+    index_parts, copy_parts = [], []
+    for s in config.sources:
+        idx = np.flatnonzero(sources == s.name)
+        whole, frac = int(np.floor(s.weight)), s.weight - np.floor(s.weight)
+        for k in range(whole):
+            index_parts.append(idx)
+            copy_parts.append(np.full(len(idx), k))
+        if frac > 0 and len(idx):
+            extra = np.sort(rng.choice(idx, size=int(round(frac * len(idx))), replace=False))
+            index_parts.append(extra)
+            copy_parts.append(np.full(len(extra), whole))
+    if not index_parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    index = np.concatenate(index_parts).astype(np.int64)
+    copies = np.concatenate(copy_parts).astype(np.int64)
+    order = np.lexsort((copies, index))  # input order, copies of one example together
+    return index[order], copies[order]
+
+
+def budget_rejects(table: pa.Table, config: BuildConfig) -> np.ndarray:
+    """Examples that can never fit a pack's vision budget (reported as `overlong`)."""
+    bad = np.zeros(table.num_rows, dtype=bool)
+    if config.max_vision_tokens is not None:
+        bad |= table.column("num_vision_tokens").to_numpy() > config.max_vision_tokens
+    if config.max_images is not None:
+        bad |= table.column("num_images").to_numpy() > config.max_images
+    return bad
+
+
+# --------------------------------------------------------------------------------------------- build
+def build_fingerprint(config: BuildConfig, tokenizer_fp: str, files: list[str]) -> str:
+    """sha256 of what determines the output: config (less run-time knobs), tokenizer, input files."""
+    cfg = config.to_dict()
+    for k in ("output", "num_proc", "overwrite", "strict", "max_reject_fraction"):
+        cfg.pop(k)
+    h = hashlib.sha256()
+    h.update(json.dumps({"config": cfg, "schema": SCHEMA_VERSION, "packer": __version__}, sort_keys=True).encode())
+    h.update(tokenizer_fp.encode())
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.abspath(f)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
+    """Create or reuse the output directory; refuse to mix with a different build unless ``overwrite``."""
+    work = out / WORK_DIR
+    marker = work / "fingerprint"
+    if out.exists() and any(out.iterdir()):
+        same = marker.exists() and marker.read_text().strip() == fingerprint
+        if not same:
+            if not overwrite and ((out / MANIFEST).exists() or work.exists()):
+                raise ConfigError(
+                    f"{out} holds a different packer build; pass --overwrite to replace it or choose another --output"
+                )
+            if not overwrite:
+                raise ConfigError(f"{out} is not empty; pass --overwrite to replace its contents")
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        elif (out / MANIFEST).exists():
+            (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
+    work.mkdir(parents=True, exist_ok=True)
+    marker.write_text(fingerprint + "\n")
+    return work
+
+
+def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
+    """Run the whole pipeline for ``config`` and return the manifest and stats."""
+    from .packing import plan
+    from .stats import compute_stats
+    from .tokenizers import fingerprint as tokenizer_fingerprint
+    from .tokenizers import load_tokenizer
+    from .vision import get_profile
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    profile = get_profile(config.profile, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+    tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
+    tok_fp = tokenizer_fingerprint(tokenizer)
+    out = Path(config.output)
+    chunks = scan_chunks(config, progress=progress)
+    files = sorted({c.path for c in chunks})
+    fp = build_fingerprint(config, tok_fp, files)
+    work = prepare_output(out, fp, overwrite=config.overwrite)
+
+    totals = encode_all(chunks, config, work, progress=progress)
+    if totals["records"] and totals["rejected"] / totals["records"] > config.max_reject_fraction:
+        raise RejectRateError(
+            f"{totals['rejected']} of {totals['records']} input records were rejected "
+            f"({totals['rejected'] / totals['records']:.1%} > --max-reject-fraction {config.max_reject_fraction}); "
+            f"see {work / 'encode'}/*.rejects.jsonl for the reasons, fix the input or the config"
+        )
+    table = open_encoded(work, len(chunks))
+
+    # Examples that can never fit the vision budget are rejected here (they were encoded fine).
+    over_budget = budget_rejects(table, config)
+    extra_rejects = []
+    for i in np.flatnonzero(over_budget):
+        ex_id = table.column("example_id")[int(i)].as_py()
+        path, _, line = ex_id.rpartition(":")
+        extra_rejects.append(
+            {"path": path, "line": int(line), "reason": "overlong", "source": table.column("source_name")[int(i)].as_py(),
+             "message": f"{table.column('num_vision_tokens')[int(i)].as_py()} vision tokens / "
+             f"{table.column('num_images')[int(i)].as_py()} images exceed --max-vision-tokens / --max-images"}
+        )
+    sources = np.asarray(table.column("source_name").to_numpy(zero_copy_only=False), dtype=object)
+    index, copies = sample_sources(sources, config)
+    keep = ~over_budget[index]
+    index, copies = index[keep], copies[keep]
+
+    lengths = table.column("num_tokens").to_numpy().astype(np.int64)[index]
+    vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)[index]
+    images = table.column("num_images").to_numpy().astype(np.int64)[index]
+    pack_ids = plan(
+        lengths, config.max_length, algorithm=config.algorithm,
+        vision=vision if config.max_vision_tokens or config.balance_vision else None,
+        vision_budget=config.max_vision_tokens,
+        images=images if config.max_images else None, max_images=config.max_images,
+        max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
+        refine=config.refine, seed=config.seed,
+    )
+    order = np.argsort(pack_ids, kind="stable")  # examples grouped pack by pack, input order inside a pack
+    pack_sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
+    np.save(work / "plan.npy", np.stack([index, copies, pack_ids]))
+
+    shard_entries = write_shards(table, index[order], copies[order], pack_sizes, config, work, out, progress=progress)
+
+    rejects = _gather_rejects(work, len(chunks), extra_rejects)
+    write_rejects(out / REJECTS, rejects)
+    stats = compute_stats(
+        lengths=lengths, vision=vision, pack_ids=pack_ids, capacity=config.max_length,
+        loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[index],
+        sources=sources[index], input_records=totals["records"], rejects=rejects,
+    )
+    write_json_atomic(out / STATS, stats)
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "packer_version": __version__,
+        "fingerprint": fp,
+        "config": config.to_dict(),
+        "profile": config.profile,
+        "tokenizer": {"name": config.tokenizer or profile.default_tokenizer, "fingerprint": tok_fp},
+        "chat_template_sha256": hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
+        "inputs": files,
+        "totals": {
+            "input_records": totals["records"],
+            "rejected": len(rejects),
+            "examples": int(len(index)),
+            "packs": int(len(pack_sizes)),
+            "tokens": int(lengths.sum()),
+            "loss_tokens": stats["loss_tokens"],
+            "vision_tokens": int(vision.sum()),
+        },
+        "shards": shard_entries,
+    }
+    write_json_atomic(out / MANIFEST, manifest)  # last: its presence means the build is complete
+    return BuildResult(output=out, manifest=manifest, stats=stats)
+
+
+def write_shards(
+    table: pa.Table, example_order: np.ndarray, copies: np.ndarray, pack_sizes: np.ndarray,
+    config: BuildConfig, work: Path, out: Path, *, progress: bool,
+) -> list[dict[str, Any]]:
+    """Gather and write every shard; reuse shards a previous run of the same build finished."""
+    pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes)])
+    num_packs = len(pack_sizes)
+    num_shards = -(-num_packs // config.rows_per_shard)
+    markers = work / "shards"
+    markers.mkdir(exist_ok=True)
+    entries = []
+    bar = _progress(total=num_packs, enabled=progress, desc="write", unit="pack")
+    for s in range(num_shards):
+        p0, p1 = s * config.rows_per_shard, min(num_packs, (s + 1) * config.rows_per_shard)
+        path = out / shard_name(s)
+        marker = markers / f"{s:05d}.json"
+        if marker.exists() and path.exists():
+            entry = json.loads(marker.read_text())
+            if sha256_file(path) == entry["sha256"]:
+                entries.append(entry)
+                bar.update(p1 - p0)
+                continue
+        sel = example_order[pack_bounds[p0] : pack_bounds[p1]]
+        rows = table.take(pa.array(sel))
+        dup = copies[pack_bounds[p0] : pack_bounds[p1]]
+        if dup.any():  # up-sampled copies get unique ids: path:line#k
+            ids = rows.column("example_id").to_pylist()
+            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
+            rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
+        packed = assemble_packs(rows, pack_sizes[p0:p1])
+        entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
+        write_json_atomic(marker, entry)
+        entries.append(entry)
+        bar.update(p1 - p0)
+    bar.close()
+    for stale in out.glob("shard-*.parquet"):  # shards of an earlier, larger plan of this same directory
+        if stale.name not in {e["file"] for e in entries}:
+            stale.unlink()
+    return entries
+
+
+def _gather_rejects(work: Path, num_chunks: int, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rejects = []
+    for i in range(num_chunks):
+        with open(work / "encode" / f"chunk-{i:06d}.rejects.jsonl") as f:
+            rejects.extend(json.loads(line) for line in f)
+    rejects.extend(extra)
+    rejects.sort(key=lambda r: (r["path"], r["line"]))
+    for r in rejects:
+        assert r["reason"] in REJECT_REASONS, r
+    return rejects
+
+
+def write_rejects(path: Path, rejects: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        for r in rejects:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,180 @@
+"""The ``packer`` command line: a thin click layer over the library.
+
+Exit codes (docs/cli.md): 0 success; 1 a configuration, input-file or shard error (the message says what
+to change); 2 a usage error, or a bad record under --strict; 3 more input rejected than
+--max-reject-fraction allows; 4 ``packer verify`` found violations; 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import PackerError, RecordError
+
+EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
+
+
+def _fail(message: str, code: int) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func):
+    """Turn packer's typed errors into one red line and a documented exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from .build import RejectRateError
+
+        try:
+            return func(*args, **kwargs)
+        except RecordError as e:
+            _fail(f"{e} (rerun without --strict to reject such records instead of stopping)", EXIT_BAD_RECORD)
+        except RejectRateError as e:
+            _fail(str(e), EXIT_REJECT_RATE)
+        except PackerError as e:
+            _fail(str(e), EXIT_ERROR)
+        except KeyboardInterrupt:
+            click.secho("interrupted: rerun the same command to resume", fg="yellow", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="packer")
+def cli() -> None:
+    """Pack multimodal training data offline into Parquet shards of packed sequences.
+
+    \b
+    Typical use:
+      packer build data/*.jsonl --output shards/ --profile qwen2-vl --max-length 8192
+      packer stats shards/
+    """
+
+
+def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
+    if not value:
+        return None
+    sources = []
+    for item in value:
+        name, sep, rest = item.partition("=")
+        if not sep or not rest:
+            raise click.BadParameter(f"{item!r}: expected NAME=PATH_OR_GLOB[@WEIGHT]", param_hint="--source")
+        path, _, weight = rest.rpartition("@") if "@" in rest else (rest, "", "1")
+        try:
+            sources.append({"name": name, "paths": [path], "weight": float(weight)})
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: weight {weight!r} is not a number", param_hint="--source") from None
+    return sources
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1)
+@click.option("-o", "--output", type=click.Path(file_okay=False), help="Output directory for shards.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="YAML build config (configs/*.yaml); command-line options override it.")
+@click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[@W]",
+              help="A named source with an optional weight (repeat for a mixture).")
+@click.option("--profile", type=click.Choice(["qwen2-vl", "qwen2.5-vl", "llava", "text"]), help="Vision profile. [default: qwen2-vl]")
+@click.option("--tokenizer", help="HF tokenizer name or directory. [default: the profile's, offline qwen2-vl]")
+@click.option("--chat-template", help="Jinja chat template (string or file) instead of the tokenizer's.")
+@click.option("--max-length", type=int, help="Pack capacity in tokens. [default: 4096]")
+@click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
+@click.option("--max-images", type=int, help="Image budget per pack.")
+@click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
+@click.option("--algorithm", type=click.Choice(["bfd", "ffd", "next-fit", "binpacking"]), help="Planner. [default: bfd]")
+@click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
+@click.option("--refine/--no-refine", default=None, help="Try to empty the least-filled packs after BFD.")
+@click.option("--overlong", type=click.Choice(["drop", "truncate"]), help="Over-long examples: reject or truncate. [default: drop]")
+@click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
+@click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
+@click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
+@click.option("--seed", type=int, help="Seed of the pack shuffle. [default: 0]")
+@click.option("--num-proc", type=int, help="Encoding processes. [default: 1]")
+@click.option("--rows-per-shard", type=int, help="Packs per Parquet file. [default: 2048]")
+@click.option("--rows-per-row-group", type=int, help="Packs per Parquet row group. [default: 64]")
+@click.option("--strict/--no-strict", default=None, help="Stop at the first bad record (exit 2).")
+@click.option("--max-reject-fraction", type=float, help="Fail (exit 3) above this rejected fraction. [default: 1.0]")
+@click.option("--overwrite/--no-overwrite", default=None, help="Replace an output directory holding another build.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars; print only errors.")
+@handle_errors
+def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, sources: tuple[str, ...],
+          quiet: bool, **options: Any) -> None:
+    """Read JSONL records, render and encode them, pack them globally and write Parquet shards.
+
+    INPUT are JSONL files or globs (quote globs). Rerunning an interrupted build with the same command
+    resumes it; the result is byte-identical to an uninterrupted build.
+
+    \b
+    Examples:
+      packer build train.jsonl --output out/ --max-length 8192
+      packer build 'data/*.jsonl' -o out/ --profile qwen2-vl --max-vision-tokens 4096 --num-proc 8
+      packer build --config configs/qwen2-vl.yaml train.jsonl -o out/
+      packer build -o out/ --source chat=chat.jsonl@2 --source captions=caps.jsonl@0.5
+    """
+    from .build import build as run_build
+    from .config import BuildConfig
+    from .stats import format_stats
+
+    overrides = {k: v for k, v in options.items() if v is not None}
+    if output:
+        overrides["output"] = output
+    source_list = _source_option(sources)
+    if inputs and source_list:
+        raise click.UsageError("give INPUT files or --source options, not both")
+    if inputs:
+        overrides["inputs"] = list(inputs)
+        overrides["sources"] = None
+    elif source_list:
+        overrides["sources"] = source_list
+        overrides["inputs"] = None
+    if config_file:
+        config = BuildConfig.from_yaml(config_file, **overrides)
+    else:
+        if not inputs and not source_list:
+            raise click.UsageError("no input: give JSONL files, --source, or --config with inputs")
+        config = BuildConfig.from_dict({}, **overrides)
+    result = run_build(config, progress=not quiet)
+    if not quiet:
+        click.echo(format_stats(result.stats))
+        click.secho(f"wrote {len(result.manifest['shards'])} shard(s) to {result.output}", fg="green")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print stats.json instead of the table.")
+@handle_errors
+def stats(directory: str, as_json: bool) -> None:
+    """Show what a build's packing achieved.
+
+    \b
+    Example:
+      packer stats out/
+      packer stats out/ --json | jq .efficiency
+    """
+    from .shards import STATS, open_shards
+    from .stats import format_stats
+
+    shards = open_shards(directory)
+    data = json.loads((Path(directory) / STATS).read_text())
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    click.secho(f"{directory}  (profile {shards.manifest['profile']}, {len(shards.shards)} shard(s))", bold=True)
+    click.echo(format_stats(data))
+
+
+def main() -> None:
+    cli(prog_name="packer")
+
+
+if __name__ == "__main__":
+    main()
