@@ -141,7 +141,7 @@ class BuildConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> BuildConfig:
-        """Load a YAML config file; relative paths in it resolve against the file's directory."""
+        """Load a YAML config file (paths in it are relative to the working directory, as on the command line)."""
         import yaml
 
         try:

@@ -1,0 +1,41 @@
+"""Shared fixtures. ``../shared`` (beside the repo root) holds the COCO sample and length histograms;
+``PACKER_SHARED`` overrides where it is (CI clones main with shared/ beside it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download at test time
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")).resolve()
+COCO = SHARED / "data" / "coco-mini"
+HISTOGRAMS = SHARED / "data" / "length-histograms"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"shared data not found at {SHARED}; set PACKER_SHARED")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def coco_dir(shared_dir: Path) -> Path:
+    return COCO
+
+
+@pytest.fixture(scope="session")
+def coco_images(coco_dir: Path) -> list[Path]:
+    return sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (coco_dir / d).glob("*.jpg"))
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    from packer.tokenizers import load_tokenizer
+
+    return load_tokenizer("qwen2-vl")

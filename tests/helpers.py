@@ -1,0 +1,60 @@
+"""Hand-built examples and shard sets for tests of the shard layer and the reader (no tokenizer needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from packer.example import IGNORE_INDEX, Encoded, EncodedImage
+from packer.positions import tree_position_ids
+from packer.shards import SCHEMA_VERSION, assemble_packs, encoded_table, write_json_atomic, write_shard
+
+
+def random_tree(rng: np.random.Generator, length: int, max_nodes: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Random depth-first node layout of ``length`` tokens: (node_offsets, node_parents)."""
+    n = int(rng.integers(1, min(max_nodes, length) + 1))
+    offsets = np.sort(rng.choice(np.arange(1, length), size=n - 1, replace=False)) if n > 1 else np.zeros(0, int)
+    offsets = np.concatenate([[0], offsets]).astype(np.int32)
+    parents = [-1]
+    path = [0]  # the ancestors chain of the previous node: a depth-first child hangs off one of them
+    for i in range(1, n):
+        depth = int(rng.integers(0, len(path)))
+        parents.append(path[depth])
+        path = path[: depth + 1] + [i]
+    return offsets, np.array(parents, dtype=np.int32)
+
+
+def random_example(rng: np.random.Generator, i: int, *, max_len: int = 40, images: bool = False,
+                   mrope: bool = False) -> Encoded:
+    length = int(rng.integers(2, max_len + 1))
+    offsets, parents = random_tree(rng, length)
+    ids = rng.integers(0, 151000, size=length).astype(np.int32)
+    labels = np.where(rng.random(length) < 0.5, ids, IGNORE_INDEX).astype(np.int32)
+    labels[0] = IGNORE_INDEX
+    labels[-1] = ids[-1]
+    imgs = []
+    if images and length > 6:
+        imgs.append(EncodedImage(source=f"/img/{i}.jpg", data=None, grid_thw=(1, 2, 2), offset=2, num_tokens=1))
+    pos = tree_position_ids(length, offsets, parents)
+    mr = np.stack([pos, pos + 1, pos + 2]).astype(np.int32) if mrope else None
+    return Encoded(example_id=f"f.jsonl:{i + 1}", input_ids=ids, labels=labels, position_ids=pos,
+                   node_offsets=offsets, node_parents=parents, images=imgs, mrope_position_ids=mr)
+
+
+def write_shardset(root: Path, examples: list[Encoded], pack_sizes: list[int], *, rows_per_shard: int = 4,
+                   rows_per_row_group: int = 2, profile: str = "text") -> Path:
+    """Write examples (consecutive groups of pack_sizes) as a finished shard set with a manifest."""
+    root.mkdir(parents=True, exist_ok=True)
+    table = encoded_table(examples)
+    bounds = np.concatenate([[0], np.cumsum(pack_sizes)])
+    entries = []
+    for s, p0 in enumerate(range(0, len(pack_sizes), rows_per_shard)):
+        p1 = min(len(pack_sizes), p0 + rows_per_shard)
+        rows = table.slice(int(bounds[p0]), int(bounds[p1] - bounds[p0]))
+        packed = assemble_packs(rows, np.array(pack_sizes[p0:p1]))
+        entries.append(write_shard(packed, root / f"shard-{s:05d}.parquet", rows_per_row_group=rows_per_row_group))
+    write_json_atomic(root / "stats.json", {})
+    write_json_atomic(root / "manifest.json", {"schema_version": SCHEMA_VERSION, "profile": profile,
+                                               "config": {"profile": profile}, "shards": entries})
+    return root
