@@ -25,8 +25,6 @@ class SourceConfig:
     """Sampling factor: 2.0 repeats every example twice, 0.5 keeps a seeded half, 1.5 all + a seeded half."""
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("source 'name' must not be empty")
         if not self.paths:
             raise ConfigError(f"source {self.name!r}: 'paths' must list at least one file or glob")
         if not self.weight > 0:
@@ -130,7 +128,7 @@ class BuildConfig:
             paths = s["paths"]
             parsed.append(
                 SourceConfig(
-                    name=str(s.get("name", "")) or Path(str(paths if isinstance(paths, str) else paths[0])).stem,
+                    name=str(s["name"]) if "name" in s else Path(str(paths if isinstance(paths, str) else paths[0])).stem,
                     paths=tuple([paths] if isinstance(paths, str) else paths),
                     weight=float(s.get("weight", 1.0)),
                 )
