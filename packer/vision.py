@@ -29,8 +29,8 @@ from .example import ImageRef
 if TYPE_CHECKING:
     import torch
 
-# A JPEG's entropy-coded data never holds 0xFFD9 (0xFF is stuffed as 0xFF00), so EOI in the tail means the
-# scan data ended; the tail is searched, not just the last 2 bytes, because some cameras append trailers.
+# A JPEG's entropy-coded data never holds 0xFFD9 (0xFF is stuffed as 0xFF00), so EOI after the scan start
+# means the scan data ended; the tail is searched, not just the last 2 bytes, because cameras append trailers.
 _JPEG_EOI = b"\xff\xd9"
 _TAIL_BYTES = 4096
 # Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
@@ -189,34 +189,50 @@ def _open(ref: ImageRef):
         raise RecordError("bad_image", f"cannot open image {ref.path!r}: {e}") from e
 
 
-def _tail(f, n: int) -> bytes:
-    f.seek(0, io.SEEK_END)
-    size = f.tell()
-    f.seek(max(0, size - n))
-    tail = f.read()
-    f.seek(0)
-    return tail
+def _jpeg_has_eoi(f, scan_start: int) -> bool:
+    """True when an EOI marker follows the first scan's start (so the scan data is complete).
+
+    The tail is checked first (the usual case, one small read); files with a long trailer after EOI (a
+    motion photo's appended video) fall back to one pass over the rest of the file. EOI bytes inside an
+    EXIF thumbnail sit before ``scan_start`` and do not count.
+    """
+    size = f.seek(0, io.SEEK_END)
+    tail_start = max(scan_start, size - _TAIL_BYTES)
+    f.seek(tail_start)
+    if _JPEG_EOI in f.read():
+        return True
+    f.seek(scan_start)
+    return _JPEG_EOI in f.read(max(0, tail_start + 1 - scan_start))  # +1: a marker straddling tail_start
 
 
 def read_image_size(ref: ImageRef) -> tuple[int, int]:
     """(width, height) from the header, with cheap truncation checks; see ``VisionProfile.image_size``."""
     with _open(ref) as f:
         try:
-            tail = _tail(f, _TAIL_BYTES)
-            if not tail:
+            if f.seek(0, io.SEEK_END) == 0:
                 raise RecordError("bad_image", f"image {ref.source} is an empty file")
+            f.seek(0)
             with Image.open(f) as im:
                 fmt = im.format
                 width, height = im.size
                 if fmt == "PNG":
                     im.verify()  # walks every chunk and checks CRCs up to IEND; decodes no pixels
+                    complete = True
+                elif fmt == "JPEG":
+                    complete = bool(im.tile) and _jpeg_has_eoi(
+                        f, im.tile[0][2]
+                    )  # tile: (codec, box, offset, args)
+                else:
+                    complete = True  # other formats: header checks only
         except RecordError:
             raise
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as e:
             # PIL reports a broken PNG chunk as SyntaxError and a short read as OSError.
             raise RecordError("bad_image", f"{ref.source} is not a readable image: {e}") from e
-    if fmt == "JPEG" and _JPEG_EOI not in tail:
-        raise RecordError("bad_image", f"JPEG {ref.source} is truncated (no end-of-image marker)")
+    if not complete:
+        raise RecordError(
+            "bad_image", f"JPEG {ref.source} is truncated (no end-of-image marker after the scan)"
+        )
     if width < 1 or height < 1:
         raise RecordError("bad_image", f"image {ref.source} has size {width}x{height}")
     return width, height
@@ -248,14 +264,16 @@ def _build_processor(profile: VisionProfile) -> Any:
             temporal_patch_size=profile.temporal_patch_size,
             merge_size=profile.merge_size,
         )
-    from transformers import CLIPImageProcessorPil
+    from transformers import LlavaImageProcessorPil
 
-    # LLaVA-1.5's processor (openai/clip-vit-large-patch14-336): shortest edge 336, centre crop 336.
+    # LLaVA-1.5 (llava-hf/llava-1.5-7b-hf preprocessor_config): CLIP ViT-L/14-336 preprocessing, shortest
+    # edge resized to 336 then a 336x336 centre crop, no padding to square.
     side = profile.image_size_px
-    return CLIPImageProcessorPil(
+    return LlavaImageProcessorPil(
         size={"shortest_edge": side},
         crop_size={"height": side, "width": side},
         do_center_crop=True,
+        do_pad=False,
         resample=PILImageResampling.BICUBIC,
         image_mean=OPENAI_CLIP_MEAN,
         image_std=OPENAI_CLIP_STD,
