@@ -143,10 +143,12 @@ def ensure_builtin(name: str) -> Path:
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str):
     """Load a tokenizer: a builtin name (``qwen2-vl``), a local directory, or a hub name."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if name_or_path in BUILTIN_TOKENIZERS:
-        name_or_path = str(ensure_builtin(name_or_path))
+        # The builtin is a plain fast tokenizer; AutoTokenizer would parse its 18 MB tokenizer.json once
+        # more in Python (~3 s) before the Rust parse, so load the class directly.
+        return PreTrainedTokenizerFast.from_pretrained(str(ensure_builtin(name_or_path)))
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
