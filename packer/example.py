@@ -93,7 +93,7 @@ class EncodedImage:
 
     source: str  # resolved path ("" for inline bytes)
     data: bytes | None  # inline bytes, else None
-    grid_thw: tuple[int, int, int]  # patch grid before merging (Qwen2-VL's image_grid_thw); (1,1,N) for fixed
+    grid_thw: tuple[int, int, int]  # patch grid before merging (Qwen2-VL's image_grid_thw); llava: (1, 24, 24)
     offset: int  # index of the first vision token inside the example
     num_tokens: int  # number of vision tokens this image became
 

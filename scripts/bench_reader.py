@@ -1,0 +1,119 @@
+"""Reader throughput: shard rows -> collated torch tensors, in one process (= one DataLoader worker).
+
+Text: a synthetic shard set of real token ids (COCO captions tokenized with the qwen2-vl tokenizer, so
+zstd sees realistic data), written by packer's own writer. Images: an existing image build (e.g. the COCO
+demo) read with pixel decoding by the profile's HF image processor.
+
+    python scripts/bench_reader.py --rows 2000 --row-tokens 8192
+    python scripts/bench_reader.py --image-data demo_out/caption_trees
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from packer.data import PackedDataset, collate  # noqa: E402
+from packer.example import IGNORE_INDEX, Encoded  # noqa: E402
+from packer.shards import SCHEMA_VERSION, assemble_packs, encoded_table, write_json_atomic, write_shard  # noqa: E402
+
+
+def caption_token_pool(coco: Path) -> np.ndarray:
+    from packer.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("qwen2-vl")
+    caps = json.loads((coco / "annotations" / "captions_train2017.json").read_text())["annotations"]
+    per_caption = tok([c["caption"] for c in caps]).input_ids
+    rng = np.random.default_rng(0)
+    # captions in random order until the pool is long enough to cut any example from (a plain tile would
+    # repeat with a short period and let zstd compress unrealistically well)
+    order = rng.integers(0, len(per_caption), size=400_000 // 10)
+    return np.concatenate([np.asarray(per_caption[i], dtype=np.int32) for i in order])
+
+
+def write_text_shards(root: Path, pool: np.ndarray, rows: int, row_tokens: int, seed: int = 0) -> int:
+    """Rows of ~row_tokens tokens made of lognormal-length examples cut from the token pool."""
+    rng = np.random.default_rng(seed)
+    examples, sizes, total = [], [], 0
+    for _ in range(rows):
+        left, n = row_tokens, 0
+        while left > 1:
+            length = int(min(left, max(2, rng.lognormal(np.log(300), 1.0))))
+            start = int(rng.integers(0, len(pool) - length))
+            ids = pool[start : start + length]
+            labels = ids.copy()
+            labels[0] = IGNORE_INDEX
+            examples.append(Encoded(example_id=f"synthetic:{len(examples) + 1}", input_ids=ids, labels=labels,
+                                    position_ids=np.arange(length, dtype=np.int32),
+                                    node_offsets=np.zeros(1, np.int32), node_parents=np.full(1, -1, np.int32),
+                                    images=[]))
+            left -= length
+            n += 1
+            total += length
+        sizes.append(n)
+    root.mkdir(parents=True, exist_ok=True)
+    entries, start, per_shard = [], 0, 512
+    for s, p0 in enumerate(range(0, rows, per_shard)):
+        n_ex = sum(sizes[p0 : p0 + per_shard])
+        packed = assemble_packs(encoded_table(examples[start : start + n_ex]), np.array(sizes[p0 : p0 + per_shard]))
+        entries.append(write_shard(packed, root / f"shard-{s:05d}.parquet", rows_per_row_group=64))
+        start += n_ex
+    write_json_atomic(root / "stats.json", {})
+    write_json_atomic(root / "manifest.json", {"schema_version": SCHEMA_VERSION, "profile": "text",
+                                               "config": {"profile": "text"}, "shards": entries})
+    return total
+
+
+def time_reader(path: Path, *, load_images: bool, limit: int | None = None) -> dict[str, float]:
+    ds = PackedDataset(path, shuffle=True, seed=0, load_images=load_images)
+    t0 = time.perf_counter()
+    tokens = rows = images = 0
+    for row in ds:
+        batch = collate([row])
+        tokens += batch["input_ids"].shape[1]
+        images += len(row["images"])
+        rows += 1
+        if limit and rows >= limit:
+            break
+    dt = time.perf_counter() - t0
+    return {"rows": rows, "tokens": tokens, "images": images, "seconds": dt,
+            "tokens_per_s": tokens / dt, "rows_per_s": rows / dt, "images_per_s": images / dt}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--row-tokens", type=int, default=8192)
+    ap.add_argument("--coco", type=Path, default=Path(os.environ.get("PACKER_SHARED", "../shared")) / "data" / "coco-mini")
+    ap.add_argument("--image-data", type=Path, help="an image build to time with pixel decoding")
+    ap.add_argument("--repeat", type=int, default=3, help="text passes; the best is reported")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "text"
+        total = write_text_shards(root, caption_token_pool(args.coco), args.rows, args.row_tokens)
+        size = sum(f.stat().st_size for f in root.glob("*.parquet"))
+        print(f"text shards: {args.rows} rows, {total:,} tokens, {size / 2**20:.1f} MiB on disk "
+              f"({8 * size / total:.1f} bits/token incl. labels and positions)")
+        best = max((time_reader(root, load_images=False) for _ in range(args.repeat)), key=lambda r: r["tokens_per_s"])
+        print(f"text: {best['tokens_per_s'] / 1e6:.1f}M tokens/s, {best['rows_per_s']:,.0f} rows/s per worker "
+              f"(target >= 50M tokens/s)")
+    if args.image_data:
+        r = time_reader(args.image_data, load_images=True)
+        print(f"images ({args.image_data}): {r['images_per_s']:.1f} images/s, {r['tokens_per_s'] / 1e3:.1f}k tokens/s, "
+              f"{r['rows']} rows per worker, with the profile's HF image processor")
+        m = time_reader(args.image_data, load_images=False)
+        print(f"same rows without pixel decoding: {m['tokens_per_s'] / 1e6:.2f}M tokens/s")
+
+
+if __name__ == "__main__":
+    main()
