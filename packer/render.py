@@ -1,14 +1,17 @@
 """Example -> Encoded: chat template + tokenizer -> token ids, labels, tree nodes, images, positions.
 
-A conversation is rendered with the tokenizer's chat template and tokenized ONCE, with character offsets.
-To know which characters are message content, the template is rendered a second time with each message's
-content wrapped in two private-use characters (U+E000 ... U+E001); with the markers removed the two
-renderings must be identical (else the template alters content, e.g. trims it, and the slower
-prefix-rendering method below takes over). Tokens are then assigned to messages by their offsets:
+A conversation is rendered with the tokenizer's chat template ONCE, with each message's content wrapped in
+two private-use characters (U+E000 ... U+E001), and tokenized ONCE (markers removed) with character offsets.
+The markers say which characters are message content; tokens are assigned to messages by their offsets:
 
-    <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n
-    <|im_start|>assistant\\nHello<|im_end|>\\n
+    <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n
+    <|im_start|>assistant\nHello<|im_end|>\n
                          ^^^^^^^^^^^^^^^^  loss: the content ("Hello") and the end-of-turn token
+
+Whether markers are safe is decided once per template: probe conversations (padded content, ``<think>``
+blocks, image parts) must render identically with and without markers. A template that fails the probes
+(one that trims content, say) is rendered twice per record and the two compared; where they differ, the
+slower prefix-rendering method below takes over.
 
 Loss rule (labels are NOT shifted: ``labels[t] = input_ids[t]`` where loss applies, -100 elsewhere):
 a message carries loss if it is an assistant turn, or if its ``loss`` says so. A loss message's tokens are
@@ -33,6 +36,8 @@ renderings; see the tests for the measured ratio.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .errors import ConfigError, RecordError
@@ -41,6 +46,7 @@ from .positions import mrope_position_ids, tree_position_ids
 from .vision import VisionProfile
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
+_MARKER = re.compile(f"[{OPEN}{CLOSE}]")
 OVERLONG = ("drop", "truncate")
 
 
@@ -90,13 +96,24 @@ class Renderer:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._template_kwargs = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
         # Special (control) tokens: an end-of-turn marker is the first of them after a message's content.
-        self._special_ids = np.array(
-            sorted(i for i, t in tokenizer.added_tokens_decoder.items() if t.special), dtype=np.int64
-        )
+        special = [i for i, t in tokenizer.added_tokens_decoder.items() if t.special]
+        self._is_special = np.zeros(max([len(tokenizer), *special]) + 1, dtype=bool)  # id -> control token?
+        self._is_special[special] = True
         self.image_token_id = self._token_id(profile.image_token)
         self.vision_start_id = self._token_id(profile.vision_start)
         self.bos_id = tokenizer.bos_token_id
         self.eos_id = tokenizer.eos_token_id
+        self._verify = not self._marker_transparent()  # decided once per template (see _locate)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_compiled"] = None  # a compiled Jinja template does not pickle; recompiled on arrival
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.template is not None:
+            self._compiled = _compile(self.template)
 
     def _token_id(self, token: str | None) -> int | None:
         if token is None:
@@ -165,33 +182,54 @@ class Renderer:
         content_end None means "unknown: the last special token before tail_limit ends the loss span"
         (fallback method).
         """
-        clean = self._render([self._hf_message(m, False) for m in conv])
-        for m in conv:
-            for p in m.parts:
-                if isinstance(p, str) and (OPEN in p or CLOSE in p):
-                    raise RecordError(
-                        "template_error", "the content holds U+E000/U+E001, which packer reserves"
-                    )
         marked = self._render([self._hf_message(m, True) for m in conv])
-        n = len(conv)
-        if marked.count(OPEN) == n and marked.count(CLOSE) == n:
-            # positions in the marked text -> positions in the clean text (each earlier marker shifts by 1)
-            opens, closes, pos = [], [], -1
-            while (pos := marked.find(OPEN, pos + 1)) >= 0:
-                opens.append(pos)
-            pos = -1
-            while (pos := marked.find(CLOSE, pos + 1)) >= 0:
-                closes.append(pos)
-            ordered = all(o < c for o, c in zip(opens, closes, strict=True)) and all(
-                closes[k] < opens[k + 1] for k in range(n - 1)
-            )
-            # content k starts after 2k markers (k opens, k closes) and ends after 2k+1
-            starts = [p - 2 * k for k, p in enumerate(opens)]
-            ends = [p - 2 * k - 1 for k, p in enumerate(closes)]
-            if ordered and marked.replace(OPEN, "").replace(CLOSE, "") == clean:
-                limits = starts[1:] + [len(clean)]
-                return clean, [(s, e, lim) for s, e, lim in zip(starts, ends, limits, strict=True)]
+        markers = [(mo.start(), mo.group()) for mo in _MARKER.finditer(marked)]
+        # the markers must come back as OPEN, CLOSE, OPEN, CLOSE, ...: one pair per message, in order
+        if len(markers) == 2 * len(conv) and all(
+            c == (OPEN if i % 2 == 0 else CLOSE) for i, (_, c) in enumerate(markers)
+        ):
+            text = marked.replace(OPEN, "").replace(CLOSE, "")
+            if not self._verify or text == self._render([self._hf_message(m, False) for m in conv]):
+                # marker i sits at clean position p - i (i markers precede it)
+                starts = [p - i for i, (p, _) in enumerate(markers) if i % 2 == 0]
+                ends = [p - i for i, (p, _) in enumerate(markers) if i % 2 == 1]
+                limits = starts[1:] + [len(text)]
+                return text, list(zip(starts, ends, limits, strict=True))
+        clean = self._render([self._hf_message(m, False) for m in conv])
         return clean, self._locate_by_prefixes(conv, clean)
+
+    def _marker_transparent(self) -> bool:
+        """Whether this template renders marked content exactly like plain content on probe conversations.
+
+        Probes cover what templates do to content: trimming, ``<think>`` splitting, leading/trailing
+        newlines, image parts. A template that passes is rendered once per conversation; one that fails is
+        rendered twice and every record is checked (or falls back to rendering prefixes).
+        """
+        if self._compiled is None:
+            return False
+        texts = [
+            " Be brief. ",
+            "\nHi\n",
+            "  <think>x</think>\nHello  ",
+            "a  b ",
+            "<think>\n\n</think>\n\nBye\n",
+        ]
+        roles = ["system", "user", "assistant", "user", "assistant"]
+        probe = [Message(r, [t]) for r, t in zip(roles, texts, strict=True)]
+        convs = [probe, probe[1:], probe[1:3]]
+        if self.image_token_id is not None:
+            image = ImageRef(path="probe.jpg")
+            convs.append([Message("user", [image, " Describe. "]), Message("assistant", ["x"])])
+            convs.append([Message("user", ["Look ", image]), Message("assistant", [" y "])])
+        for conv in convs:
+            try:
+                clean = self._render([self._hf_message(m, False) for m in conv])
+                marked = self._render([self._hf_message(m, True) for m in conv])
+            except RecordError:
+                return False
+            if marked.count(OPEN) != len(conv) or marked.replace(OPEN, "").replace(CLOSE, "") != clean:
+                return False
+        return True
 
     def _locate_by_prefixes(self, conv: list[Message], full: str) -> list[tuple[int, int | None, int]]:
         """The generic fallback: message spans from rendered prefixes, headers from the generation prompt."""
@@ -222,18 +260,16 @@ class Renderer:
     # ------------------------------------------------------------------ labels
 
     def _labels(
-        self,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        spans: list[tuple[int, int | None, int]],
-        losses: list[bool],
+        self, ids: np.ndarray, enc, spans: list[tuple[int, int | None, int]], losses: list[bool]
     ) -> np.ndarray:
-        """Labels of one tokenized rendering: loss tokens for the messages whose ``losses`` flag is set."""
+        """Labels of one tokenized rendering (``enc``: its tokenizers.Encoding, for the character offsets):
+        loss tokens for the messages whose ``losses`` flag is set."""
         labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32)
         if not any(losses):
             return labels
+        offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)  # (L, 2) character spans
         tok_starts, tok_ends = offsets[:, 0], offsets[:, 1]
-        special = np.flatnonzero(np.isin(ids, self._special_ids))  # token indices of control tokens
+        special = np.flatnonzero(self._is_special[ids])  # token indices of control tokens
         for (cs, ce, limit), loss in zip(spans, losses, strict=True):
             if not loss:
                 continue
@@ -270,17 +306,23 @@ class Renderer:
                 "no_loss_tokens", 'no token carries loss (no assistant turn, or every turn has "loss": false)'
             )
         length = ids.shape[0]
+        if node_offsets.shape[0] == 1:  # a linear example: positions are simply 0..L-1
+            positions = np.arange(length, dtype=np.int32)
+        else:
+            positions = tree_position_ids(length, node_offsets, node_parents)
         enc = Encoded(
             example_id=example.example_id,
             input_ids=ids,
             labels=labels,
-            position_ids=tree_position_ids(length, node_offsets, node_parents),
+            position_ids=positions,
             node_offsets=node_offsets,
             node_parents=node_parents,
             images=images,
             source_name=example.source_name,
         )
-        if self.profile.mrope:
+        if self.profile.mrope and not images:  # get_rope_index on text alone: three equal rows
+            enc.mrope_position_ids = np.tile(positions, (3, 1))
+        elif self.profile.mrope:
             enc.mrope_position_ids = mrope_position_ids(
                 ids,
                 node_offsets,
@@ -315,30 +357,29 @@ class Renderer:
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else []) + node.messages)
         located = [self._locate(p) for p in paths]
-        encodings = self._backend.encode_batch([text for text, _ in located], add_special_tokens=False)
-        node_ids, node_labels, refs = [], [], []
-        lengths = np.zeros(len(nodes), dtype=np.int64)
+        if len(located) == 1:  # encode_batch costs a thread-pool round trip; one text needs none
+            encodings = [self._backend.encode(located[0][0], add_special_tokens=False)]
+        else:
+            encodings = self._backend.encode_batch([text for text, _ in located], add_special_tokens=False)
+        node_ids, node_labels, refs, path_ids = [], [], [], []
         for i, (node, parent) in enumerate(zip(nodes, parents, strict=True)):
             enc = encodings[i]
-            ids = np.asarray(enc.ids, dtype=np.int32)
-            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            ids = np.array(enc.ids, dtype=np.int32)
+            path_ids.append(ids)
             start = 0
             if parent >= 0:
-                start = int(lengths[parent])
-                prev_text = located[parent][0]
-                if not located[i][0].startswith(prev_text) or not np.array_equal(
-                    ids[:start], np.asarray(encodings[parent].ids, dtype=np.int32)
+                start = path_ids[parent].shape[0]
+                if not located[i][0].startswith(located[parent][0]) or not np.array_equal(
+                    ids[:start], path_ids[parent]
                 ):
                     raise RecordError(
                         "template_error",
                         f"tree node {i}: the rendering of its parent's path is not a token-level prefix of its "
                         "own path (the template or tokenizer is not prefix-stable at this branch)",
                     )
-            lengths[i] = ids.shape[0]
-            own = len(node.messages)
-            spans = located[i][1][-own:]
+            spans = located[i][1][-len(node.messages) :]
             losses = [m.loss if m.loss is not None else m.role == "assistant" for m in node.messages]
-            labels = self._labels(ids, offsets, spans, losses)
+            labels = self._labels(ids, enc, spans, losses)
             node_ids.append(ids[start:])
             node_labels.append(labels[start:])
             refs.append([im for m in node.messages for im in m.images])
@@ -348,8 +389,8 @@ class Renderer:
                 "template_error",
                 f"tree node {int(np.flatnonzero(sizes[1:] == 0)[0]) + 1} renders to no tokens",
             )
-        ids = np.concatenate(node_ids)
-        labels = np.concatenate(node_labels)
+        ids = np.concatenate(node_ids) if len(node_ids) > 1 else node_ids[0]
+        labels = np.concatenate(node_labels) if len(node_labels) > 1 else node_labels[0]
         node_offsets = (np.cumsum(sizes) - sizes).astype(np.int32)
         node_parents = np.asarray(parents, dtype=np.int32)
         self._check_image_tokens(ids, node_offsets, refs)

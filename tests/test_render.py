@@ -562,3 +562,67 @@ def test_hand_built_example_without_records(tok, qwen):
     enc = qwen.encode(ex)
     assert enc.num_loss_tokens == 2 and enc.images == []
     assert ImageRef(path="x") != ImageRef(path="y")
+
+
+def test_marker_transparency_is_decided_per_template(tok, qwen):
+    """Qwen2-VL's template renders marked content exactly like plain content: one rendering per conversation.
+    A trimming template is not, so each record is rendered twice and checked."""
+    trim = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}<|im_end|>{% endfor %}"
+    assert qwen._verify is False
+    assert Renderer(tok, get_profile("text"), chat_template=trim)._verify is True
+
+
+def test_renderer_pickles(qwen, img):
+    """Worker processes receive the Renderer pickled; it must encode identically there."""
+    import pickle
+
+    ex = example({"messages": [msg("user", [{"type": "image", "image": str(img)}]), msg("assistant", "y")]})
+    a, b = qwen.encode(ex), pickle.loads(pickle.dumps(qwen)).encode(ex)
+    np.testing.assert_array_equal(a.input_ids, b.input_ids)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    np.testing.assert_array_equal(a.mrope_position_ids, b.mrope_position_ids)
+
+
+def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monkeypatch):
+    """scripts/coco_to_jsonl.py output parses and encodes with no reject, from another working directory."""
+    import json
+    import runpy
+
+    from packer.records import read_jsonl
+
+    out = tmp_path / "jsonl"
+    monkeypatch.setattr("sys.argv", ["coco_to_jsonl.py", "--coco", str(coco_dir), "--out", str(out)])
+    script = Path(__file__).resolve().parents[1] / "scripts" / "coco_to_jsonl.py"
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
+    first = (out / "coco_caption_trees.jsonl").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    captions = json.loads((coco_dir / "annotations" / "captions_train2017.json").read_text())
+    n_captioned = len({a["image_id"] for a in captions["annotations"]})
+    encoded = {}
+    for name in ("coco_caption_trees.jsonl", "coco_grounding.jsonl"):
+        rows = list(read_jsonl(str(out / name)))
+        assert all(not isinstance(ex, RecordError) for _, ex in rows)
+        encoded[name] = [qwen.encode(ex) for _, ex in rows]
+    trees = encoded["coco_caption_trees.jsonl"]
+    assert len(trees) >= n_captioned and all(len(e.images) == 1 for e in trees)
+    # image 790 (train2017, the first file): 5 captions -> root + 5 branches, all children of the root
+    assert trees[0].node_parents.tolist() == [-1, 0, 0, 0, 0, 0]
+    # its grounding answer for the dining table, from the raw annotation: bbox [x, y, w, h] in a 640x480 image
+    instances = json.loads((coco_dir / "annotations" / "instances_train2017.json").read_text())
+    table = [a for a in instances["annotations"] if a["image_id"] == 790 and a["category_id"] == 67]
+    [im] = [i for i in instances["images"] if i["id"] == 790]
+    x, y, w, h = table[0]["bbox"]
+    W, H = im["width"], im["height"]
+    box = f"<|box_start|>({int(x / W * 1000)},{int(y / H * 1000)}),({int((x + w) / W * 1000)},{min(999, int((y + h) / H * 1000))})<|box_end|>"
+    answer = "<|object_ref_start|>dining table<|object_ref_end|>" + box + "<|im_end|>"
+    g = encoded["coco_grounding.jsonl"][0]
+    loss_ids = g.labels[g.labels != IGNORE_INDEX]
+    want = tok.encode(answer, add_special_tokens=False)
+    assert loss_ids[: len(want)].tolist() == want
+    # deterministic: a second run writes the same bytes
+    monkeypatch.setattr("sys.argv", ["coco_to_jsonl.py", "--coco", str(coco_dir), "--out", str(out)])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(script), run_name="__main__")
+    assert (out / "coco_caption_trees.jsonl").read_bytes() == first

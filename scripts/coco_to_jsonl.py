@@ -1,0 +1,161 @@
+"""COCO annotations -> packer JSONL: caption trees and grounding conversations.
+
+    python scripts/coco_to_jsonl.py --coco /work/shared/data/coco-mini --out DIR
+
+writes two files into DIR (deterministic: same input, same bytes):
+
+``coco_caption_trees.jsonl``  one message tree per image: the shared prefix is the user turn (image +
+                              "Describe this image."), each of the image's captions is one branch (an
+                              assistant turn). ~5 branches share one image's ~300 vision tokens.
+``coco_grounding.jsonl``      one multi-turn conversation per image: "Where is the {category}?" answered in
+                              Qwen2-VL's grounding format, boxes normalized to [0, 1000):
+                              ``<|object_ref_start|>dog<|object_ref_end|><|box_start|>(x1,y1),(x2,y2)<|box_end|>``
+                              (several boxes follow each other for several instances).
+
+Image paths are written relative to DIR (packer resolves them against the JSONL file's directory, so the
+files work from any working directory); ``--absolute`` writes absolute paths instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+SPLITS = ("train2017", "val2017")
+PROMPT = "Describe this image."
+MAX_TURNS = 5  # grounding questions per image: the most salient categories (largest box first)
+MAX_BOXES = 8  # a category with more instances is skipped rather than answered partially (wrong labels)
+
+
+def normalize_box(bbox: list[float], width: int, height: int) -> tuple[int, int, int, int]:
+    """COCO [x, y, w, h] in pixels -> Qwen2-VL (x1, y1, x2, y2) as integers in [0, 1000)."""
+    x, y, w, h = bbox
+
+    def scale(v: float, size: int) -> int:
+        return min(999, max(0, int(v / size * 1000)))
+
+    return scale(x, width), scale(y, height), scale(x + w, width), scale(y + h, height)
+
+
+def box_text(box: tuple[int, int, int, int]) -> str:
+    x1, y1, x2, y2 = box
+    return f"<|box_start|>({x1},{y1}),({x2},{y2})<|box_end|>"
+
+
+def image_path(coco: Path, split: str, file_name: str, out: Path, absolute: bool) -> str:
+    path = (coco / split / file_name).resolve()
+    return str(path) if absolute else os.path.relpath(path, out.resolve())
+
+
+def user_image_turn(path: str, text: str) -> dict:
+    return {"role": "user", "content": [{"type": "image", "image": path}, {"type": "text", "text": text}]}
+
+
+def caption_records(coco: Path, out: Path, absolute: bool) -> list[dict]:
+    """One tree per captioned image, images in (split, file name) order, captions in annotation-id order."""
+    records = []
+    for split in SPLITS:
+        ann_file = coco / "annotations" / f"captions_{split}.json"
+        if not ann_file.exists():
+            continue
+        data = json.loads(ann_file.read_text())
+        captions = defaultdict(list)
+        for ann in sorted(data["annotations"], key=lambda a: a["id"]):
+            captions[ann["image_id"]].append(
+                " ".join(ann["caption"].split())
+            )  # COCO captions have stray spaces
+        for image in sorted(data["images"], key=lambda im: im["file_name"]):
+            if not captions[image["id"]] or not (coco / split / image["file_name"]).is_file():
+                continue
+            path = image_path(coco, split, image["file_name"], out, absolute)
+            records.append(
+                {
+                    "id": f"coco-{split}-{image['id']}-captions",
+                    "messages": [user_image_turn(path, PROMPT)],
+                    "branches": [[{"role": "assistant", "content": c}] for c in captions[image["id"]]],
+                }
+            )
+    return records
+
+
+def grounding_records(coco: Path, out: Path, absolute: bool) -> list[dict]:
+    """Up to MAX_TURNS "Where is the X?" turns per image, from the instance boxes (crowd boxes excluded)."""
+    records = []
+    for split in SPLITS:
+        ann_file = coco / "annotations" / f"instances_{split}.json"
+        if not ann_file.exists():
+            continue
+        data = json.loads(ann_file.read_text())
+        names = {c["id"]: c["name"] for c in data["categories"]}
+        boxes = defaultdict(lambda: defaultdict(list))  # image id -> category id -> [annotation]
+        for ann in sorted(data["annotations"], key=lambda a: a["id"]):
+            if not ann.get("iscrowd") and ann["bbox"][2] >= 1 and ann["bbox"][3] >= 1:
+                boxes[ann["image_id"]][ann["category_id"]].append(ann)
+        for image in sorted(data["images"], key=lambda im: im["file_name"]):
+            by_cat = boxes.get(image["id"])
+            if not by_cat or not (coco / split / image["file_name"]).is_file():
+                continue
+            # most salient first: the category with the largest box, ties by category id
+            cats = sorted(
+                (c for c, anns in by_cat.items() if len(anns) <= MAX_BOXES),
+                key=lambda c: (-max(a["area"] for a in by_cat[c]), c),
+            )[:MAX_TURNS]
+            if not cats:
+                continue
+            path = image_path(coco, split, image["file_name"], out, absolute)
+            messages = []
+            for i, cat in enumerate(cats):
+                name = names[cat]
+                anns = by_cat[cat]
+                question = (
+                    f"Where is the {name}?"
+                    if len(anns) == 1
+                    else f"Where are the {len(anns)} instances of {name}?"
+                )
+                answer = f"<|object_ref_start|>{name}<|object_ref_end|>" + "".join(
+                    box_text(normalize_box(a["bbox"], image["width"], image["height"])) for a in anns
+                )
+                messages.append(
+                    user_image_turn(path, question) if i == 0 else {"role": "user", "content": question}
+                )
+                messages.append({"role": "assistant", "content": answer})
+            records.append({"id": f"coco-{split}-{image['id']}-grounding", "messages": messages})
+    return records
+
+
+def write_jsonl(records: list[dict], path: Path) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--coco", type=Path, required=True, help="COCO root with annotations/ and train2017/, val2017/"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory (created)")
+    parser.add_argument("--absolute", action="store_true", help="write absolute image paths")
+    args = parser.parse_args(argv)
+    if not (args.coco / "annotations").is_dir():
+        parser.error(f"{args.coco}/annotations not found; --coco must be a COCO root")
+    args.out.mkdir(parents=True, exist_ok=True)
+    captions = caption_records(args.coco, args.out, args.absolute)
+    grounding = grounding_records(args.coco, args.out, args.absolute)
+    write_jsonl(captions, args.out / "coco_caption_trees.jsonl")
+    write_jsonl(grounding, args.out / "coco_grounding.jsonl")
+    branches = sum(len(r["branches"]) for r in captions)
+    turns = sum(len(r["messages"]) // 2 for r in grounding)
+    print(f"{args.out / 'coco_caption_trees.jsonl'}: {len(captions)} images, {branches} caption branches")
+    print(f"{args.out / 'coco_grounding.jsonl'}: {len(grounding)} images, {turns} grounding turns")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
