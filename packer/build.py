@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,12 @@ from .shards import (
 )
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
+# Test-only crash hook (docs/reliability.md): "STAGE:N[:SIGNAL]" sends SIGNAL (default KILL) to the build at a
+# named point, so tests can interrupt it deterministically. Stages: encode:N (N chunks done), encode-partial:N
+# (chunk N's rejects written, its .arrow not), plan:0, shard-partial:N (shard N's temp file half written),
+# shard:N (shard N renamed, its marker not written), rejects:0, manifest:0 (everything but the manifest).
+CRASH_ENV = "PACKER_CRASH_AFTER"
+_BUILD_PID_ENV = "_PACKER_BUILD_PID"  # the main build process, for a crash point reached in a worker
 
 
 class RejectRateError(PackerError):
@@ -71,6 +78,22 @@ class BuildResult:
     output: Path
     manifest: dict[str, Any]
     stats: dict[str, Any]
+
+
+def crash_point(stage: str, n: int = 0) -> None:
+    """Interrupt the build here if ``$PACKER_CRASH_AFTER`` names this point (test-only; a no-op otherwise)."""
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    name, _, rest = spec.partition(":")
+    count, _, sig = rest.partition(":")
+    if name != stage or int(count or 0) != n:
+        return
+    signum = getattr(signal, f"SIG{sig or 'KILL'}")
+    main = int(os.environ.get(_BUILD_PID_ENV, os.getpid()))
+    os.kill(main, signum)  # a worker takes the whole build down, as a kill -9 of the command would
+    if main != os.getpid() and signum == signal.SIGKILL:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _progress(iterable=None, *, enabled: bool, **kw):
@@ -164,6 +187,8 @@ def parse_line(raw: bytes, *, path: str, line: int, base_dir: str, image_root: s
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
+    except (ValueError, RecursionError) as e:  # a 5000-digit integer, arrays nested 100k deep
+        raise RecordError("malformed_json", f"{type(e).__name__}: {str(e)[:200]}", path=path, line=line) from None
     return parse_record(obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name)
 
 
@@ -202,6 +227,7 @@ def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]
     tmp_rej = rej.with_name(rej.name + f".tmp-{os.getpid()}")
     tmp_rej.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
     os.replace(tmp_rej, rej)
+    crash_point("encode-partial", chunk.index)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, EXAMPLE_SCHEMA) as writer:
         writer.write_table(table)
@@ -217,7 +243,10 @@ def _chunk_counts(arrow_path: Path, rejects_path: Path) -> dict[str, Any]:
 
 
 def _encode_task(args: tuple[Chunk, BuildConfig, str]) -> dict[str, Any]:
-    return encode_chunk(*args)
+    try:
+        return encode_chunk(*args)
+    except RecordError as e:  # --strict: RecordError does not survive pickling, so send its fields
+        return {"strict_error": (e.reason, e.message, e.path, e.line)}
 
 
 def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress: bool) -> dict[str, int]:
@@ -226,21 +255,25 @@ def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress
     totals = {"records": 0, "encoded": 0, "rejected": 0}
     tasks = [(c, config, str(work)) for c in chunks]
     bar = _progress(total=len(chunks), enabled=progress, desc="encode", unit="chunk")
+    pool = None
     try:
         if config.num_proc == 1 or len(chunks) <= 1:
             results: Iterator[dict[str, Any]] = map(_encode_task, tasks)
-            pool = None
         else:
             import multiprocessing as mp
 
             # spawn, not fork: the parent may hold tokenizer threads and locks that fork would copy mid-state.
             pool = mp.get_context("spawn").Pool(config.num_proc, initializer=_worker_init)
             results = pool.imap(_encode_task, tasks, chunksize=1)
-        for counts in results:
+        for done, counts in enumerate(results, start=1):
+            if "strict_error" in counts:
+                reason, message, path, line = counts["strict_error"]
+                raise RecordError(reason, message, path=path, line=line)
             for k in totals:
                 totals[k] += counts[k]
             bar.update(1)
             bar.set_postfix(examples=totals["encoded"], rejects=totals["rejected"], refresh=False)
+            crash_point("encode", done)
         if pool is not None:
             pool.close()
             pool.join()
@@ -255,6 +288,9 @@ def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress
 
 def _worker_init() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ctrl-C reaches the whole process group: the parent alone handles it (terminates the pool, exit 130),
+    # so workers do not print a KeyboardInterrupt traceback each.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def open_encoded(work: Path, num_chunks: int) -> pa.Table:
@@ -311,7 +347,9 @@ def build_fingerprint(config: BuildConfig, tokenizer_fp: str, files: list[str]) 
     for k in ("output", "num_proc", "overwrite", "strict", "max_reject_fraction"):
         cfg.pop(k)
     h = hashlib.sha256()
-    h.update(json.dumps({"config": cfg, "schema": SCHEMA_VERSION, "packer": __version__}, sort_keys=True).encode())
+    # CHUNK_LINES: the encode cache is indexed by chunk, so a cache of another chunking must not be reused.
+    h.update(json.dumps({"config": cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES},
+                        sort_keys=True).encode())
     h.update(tokenizer_fp.encode())
     for f in files:
         st = os.stat(f)
@@ -323,7 +361,7 @@ def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
     """Create or reuse the output directory; refuse to mix with a different build unless ``overwrite``."""
     work = out / WORK_DIR
     marker = work / "fingerprint"
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(out.iterdir()) and not _only_empty_work_dir(out, work):
         same = marker.exists() and marker.read_text().strip() == fingerprint
         if not same:
             if not overwrite and ((out / MANIFEST).exists() or work.exists()):
@@ -334,11 +372,35 @@ def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
                 raise ConfigError(f"{out} is not empty; pass --overwrite to replace its contents")
             for child in out.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
-        elif (out / MANIFEST).exists():
-            (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
+        else:
+            if (out / MANIFEST).exists():
+                (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
+            remove_stale_temp_files(out)
     work.mkdir(parents=True, exist_ok=True)
-    marker.write_text(fingerprint + "\n")
+    tmp = marker.with_name(f"fingerprint.tmp-{os.getpid()}")
+    tmp.write_text(fingerprint + "\n")
+    os.replace(tmp, marker)  # atomic: a half-written fingerprint would read as "a different build"
     return work
+
+
+def _only_empty_work_dir(out: Path, work: Path) -> bool:
+    """True for what a build killed between creating its work dir and writing the fingerprint leaves."""
+    return [p.name for p in out.iterdir()] == [WORK_DIR] and work.is_dir() and not any(work.iterdir())
+
+
+def remove_stale_temp_files(out: Path) -> list[Path]:
+    """Delete the ``*.tmp-PID`` files an interrupted run of this build left (half-written shards, chunks, JSON).
+
+    Every writer writes ``NAME.tmp-PID`` and renames it; a temp name is never a finished file, so removing
+    them loses nothing. (Two builds writing one directory at once are not supported.)
+    """
+    stale = []
+    for d in (out, out / WORK_DIR, out / WORK_DIR / "encode", out / WORK_DIR / "shards"):
+        if d.is_dir():
+            stale.extend(p for p in d.glob("*.tmp-*") if p.is_file())
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
@@ -359,13 +421,9 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
     fp = build_fingerprint(config, tok_fp, files)
     work = prepare_output(out, fp, overwrite=config.overwrite)
 
+    if os.environ.get(CRASH_ENV):
+        os.environ[_BUILD_PID_ENV] = str(os.getpid())  # spawned workers inherit it (crash_point)
     totals = encode_all(chunks, config, work, progress=progress)
-    if totals["records"] and totals["rejected"] / totals["records"] > config.max_reject_fraction:
-        raise RejectRateError(
-            f"{totals['rejected']} of {totals['records']} input records were rejected "
-            f"({totals['rejected'] / totals['records']:.1%} > --max-reject-fraction {config.max_reject_fraction}); "
-            f"see {work / 'encode'}/*.rejects.jsonl for the reasons, fix the input or the config"
-        )
     table = open_encoded(work, len(chunks))
 
     # Examples that can never fit the vision budget are rejected here (they were encoded fine).
@@ -378,6 +436,13 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
             {"path": path, "line": int(line), "reason": "overlong", "source": table.column("source_name")[int(i)].as_py(),
              "message": f"{table.column('num_vision_tokens')[int(i)].as_py()} vision tokens / "
              f"{table.column('num_images')[int(i)].as_py()} images exceed --max-vision-tokens / --max-images"}
+        )
+    rejected = totals["rejected"] + len(extra_rejects)
+    if totals["records"] and rejected / totals["records"] > config.max_reject_fraction:
+        raise RejectRateError(
+            f"{rejected} of {totals['records']} input records were rejected "
+            f"({rejected / totals['records']:.1%} > --max-reject-fraction {config.max_reject_fraction}); "
+            f"see {work / 'encode'}/*.rejects.jsonl for the reasons, fix the input or the config"
         )
     sources = np.asarray(table.column("source_name").to_numpy(zero_copy_only=False), dtype=object)
     index, copies = sample_sources(sources, config)
@@ -398,17 +463,20 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
     order = np.argsort(pack_ids, kind="stable")  # examples grouped pack by pack, input order inside a pack
     pack_sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
     np.save(work / "plan.npy", np.stack([index, copies, pack_ids]))
+    crash_point("plan")
 
     shard_entries = write_shards(table, index[order], copies[order], pack_sizes, config, work, out, progress=progress)
 
     rejects = _gather_rejects(work, len(chunks), extra_rejects)
     write_rejects(out / REJECTS, rejects)
+    crash_point("rejects")
     stats = compute_stats(
         lengths=lengths, vision=vision, pack_ids=pack_ids, capacity=config.max_length,
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[index],
         sources=sources[index], input_records=totals["records"], rejects=rejects,
     )
     write_json_atomic(out / STATS, stats)
+    crash_point("manifest")
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "packer_version": __version__,
@@ -418,9 +486,12 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
         "tokenizer": {"name": config.tokenizer or profile.default_tokenizer, "fingerprint": tok_fp},
         "chat_template_sha256": hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
         "inputs": files,
+        "base_dir": os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
+        "image_token_id": tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None,
         "totals": {
             "input_records": totals["records"],
             "rejected": len(rejects),
+            "rejects_by_reason": stats["rejects_by_reason"],
             "examples": int(len(index)),
             "packs": int(len(pack_sizes)),
             "tokens": int(lengths.sum()),
@@ -463,7 +534,10 @@ def write_shards(
             ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
             rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
         packed = assemble_packs(rows, pack_sizes[p0:p1])
+        if os.environ.get(CRASH_ENV) == f"shard-partial:{s}":
+            _leave_partial_shard(packed, path, config)
         entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
+        crash_point("shard", s)
         write_json_atomic(marker, entry)
         entries.append(entry)
         bar.update(p1 - p0)
@@ -472,6 +546,17 @@ def write_shards(
         if stale.name not in {e["file"] for e in entries}:
             stale.unlink()
     return entries
+
+
+def _leave_partial_shard(packed: pa.Table, path: Path, config: BuildConfig) -> None:
+    """Test-only (``shard-partial:N``): leave on disk what a kill in the middle of writing shard N leaves, a
+    half-written ``NAME.tmp-PID``, then die. (A real mid-write kill cannot be timed deterministically.)"""
+    scratch = path.with_name(f"{path.name}.scratch")
+    write_shard(packed, scratch, rows_per_row_group=config.rows_per_row_group)
+    data = scratch.read_bytes()
+    scratch.unlink()
+    path.with_name(f"{path.name}.tmp-{os.getpid()}").write_bytes(data[: len(data) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _gather_rejects(work: Path, num_chunks: int, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:

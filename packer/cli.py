@@ -151,13 +151,17 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
 @cli.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print stats.json instead of the table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Also draw the picture: pack fill, examples and vision tokens per pack, and the padding "
+                   "waste of naive batches, fixed-length rows and packer's packs on the same examples.")
 @handle_errors
-def stats(directory: str, as_json: bool) -> None:
-    """Show what a build's packing achieved.
+def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
+    """Show what a build's packing achieved: efficiency, distance to the lower bound, padding avoided.
 
     \b
-    Example:
+    Examples:
       packer stats out/
+      packer stats out/ --plot stats.png
       packer stats out/ --json | jq .efficiency
     """
     from .shards import STATS, open_shards
@@ -167,9 +171,72 @@ def stats(directory: str, as_json: bool) -> None:
     data = json.loads((Path(directory) / STATS).read_text())
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
-        return
-    click.secho(f"{directory}  (profile {shards.manifest['profile']}, {len(shards.shards)} shard(s))", bold=True)
-    click.echo(format_stats(data))
+    else:
+        click.secho(f"{directory}  (profile {shards.manifest['profile']}, {len(shards.shards)} shard(s))", bold=True)
+        click.echo(format_stats(data))
+    if plot_path:
+        from .plots import plot_stats
+
+        click.secho(f"wrote {plot_stats(directory, plot_path)}", fg="green", err=True)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--row", type=int, help="The row (packed sequence) to show, counted from 0 across shards. [default: 0]")
+@click.option("--example", "example_id", metavar="PATH:LINE",
+              help="Show the row that holds this example (an id from example_ids or rejects) instead of --row.")
+@click.option("--mask", "mask_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Also draw the row's attention mask: examples as blocks on the diagonal, shared prefixes, "
+                   "branches that see their parent but not each other, image spans.")
+@click.option("--json", "as_json", is_flag=True, help="Print the row's structure as JSON instead of text.")
+@click.option("--ids", is_flag=True, help="Show token ids instead of decoded text (loads no tokenizer).")
+@click.option("--tokenizer", help="Decode with this tokenizer instead of the one the manifest names.")
+@click.option("--width", type=click.IntRange(min=0), default=160, show_default=True,
+              help="Characters of decoded text per node (the middle is elided); 0 shows all.")
+@handle_errors
+def inspect(directory: str, row: int | None, example_id: str | None, mask_path: str | None, as_json: bool,
+            ids: bool, tokenizer: str | None, width: int) -> None:
+    """Show one packed row: its examples, each example's tree of nodes (span, parent, role, loss tokens,
+    decoded text), and its images (source, grid, token span).
+
+    Roles are read from the tokens (the chat template's headers), decoded with the build's tokenizer.
+
+    \b
+    Examples:
+      packer inspect out/ --row 0
+      packer inspect out/ --row 12 --mask mask.png
+      packer inspect out/ --example data/train.jsonl:1042
+      packer inspect out/ --row 3 --json | jq '.examples[].nodes[].roles'
+    """
+    from .inspect import describe_row, draw_mask, find_example, format_row
+    from .shards import open_shards
+
+    shards = open_shards(directory)
+    if row is not None and example_id is not None:
+        raise click.UsageError("give --row or --example, not both")
+    if example_id is not None:
+        row = find_example(shards, example_id)
+    row = 0 if row is None else row
+    if not 0 <= row < shards.num_rows:
+        raise click.BadParameter(f"{row} is out of range: {directory} has {shards.num_rows} row(s), "
+                                 f"0..{shards.num_rows - 1}", param_hint="--row")
+    tok = None
+    if tokenizer and not ids:
+        from .tokenizers import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    info = describe_row(directory, row, tokenizer=tok, decode=not ids)
+    if as_json:
+        click.echo(json.dumps(info.to_dict(), indent=2))
+    else:
+        click.echo(format_row(info, width=width))
+    if mask_path:
+        click.secho(f"wrote {draw_mask(directory, row, mask_path)}", fg="green", err=True)
+
+
+from .verify import verify_command  # noqa: E402 - defined in verify.py, which reuses handle_errors above
+
+cli.add_command(verify_command)
 
 
 def main() -> None:
