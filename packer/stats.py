@@ -1,7 +1,12 @@
 """What the packing achieved: efficiency, distance to the lower bound, and what padding would have cost.
 
 ``compute_stats`` runs at the end of a build on lengths and the plan only (no token data) and its result is
-``stats.json``; ``format_stats`` turns it into the table ``packer stats`` prints.
+``stats.json``; ``format_stats`` turns it into the table ``packer stats`` prints; ``packer.plots`` draws it.
+
+For a mixed build, ``sources[name]`` also says how well the mixture holds inside packs: ``share`` is the
+source's fraction of all packed examples, ``pack_share_mean`` / ``pack_share_std`` the mean and spread over
+packs of its fraction of each pack's examples (equal means: no pack-level skew on average; the spread is
+what a single pack deviates by, large when packs hold few examples).
 """
 
 from __future__ import annotations
@@ -92,16 +97,28 @@ def compute_stats(
         },
     }
     if sources is not None and len(sources) and any(sources):
-        per_source: dict[str, dict[str, int]] = {}
+        per_source: dict[str, dict[str, Any]] = {}
         for name in sorted(set(sources.tolist())):
             sel = sources == name
+            # The mixture inside packs: this source's share of each pack's examples, over packs.
+            in_pack = np.bincount(pack_ids, weights=sel, minlength=num_packs) / np.maximum(pack_examples, 1)
             per_source[name] = {
                 "examples": int(sel.sum()),
                 "tokens": int(lengths[sel].sum()),
                 "rejected": sum(1 for r in rejects if r.get("source") == name),
+                "share": float(sel.mean()),
+                "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
+                "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
             }
         stats["sources"] = per_source
     return stats
+
+
+def naive_batches(padding: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, batch size) of the naive-padding entries, by batch size (stats.json sorts keys as strings)."""
+    keys = [k for k in padding if k.startswith("naive_batch")]
+    return [(k, k.removeprefix("naive_batch").removesuffix("_slots"))
+            for k in sorted(keys, key=lambda k: int(k.removeprefix("naive_batch").removesuffix("_slots")))]
 
 
 def _pct(x: float) -> str:
@@ -129,7 +146,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("examples / pack", f"min {epp['min']}  mean {epp['mean']:.2f}  max {epp['max']}"),
         ("tokens / pack", f"min {tpp['min']:,}  mean {tpp['mean']:,.0f}  max {tpp['max']:,}"),
     ]
-    for key, label in [(k, k.removeprefix("naive_batch").removesuffix("_slots")) for k in pad if k.startswith("naive")]:
+    for key, label in naive_batches(pad):
         slots = pad[key]
         rows.append((f"naive padding, batch {label}", f"{slots:,} slots, {_pct(1 - tokens / slots) if slots else '-'} padding"
                      f"  ({slots / pad['packed_slots']:.2f}x packer's)" if pad["packed_slots"] else ""))
@@ -138,6 +155,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         rows.append(("fixed-length padding", f"{fixed:,} slots, {_pct(1 - tokens / fixed)} padding"
                      f"  ({fixed / max(pad['packed_slots'], 1):.2f}x packer's)"))
     for name, s in stats.get("sources", {}).items():
-        rows.append((f"source {name}", f"{s['examples']:,} examples, {s['tokens']:,} tokens, {s['rejected']:,} rejected"))
+        mix = (f"; {_pct(s['share'])} of examples, per pack {_pct(s['pack_share_mean'])} +- {_pct(s['pack_share_std'])}"
+               if "share" in s else "")  # stats.json of builds before the mixture keys existed
+        rows.append((f"source {name}", f"{s['examples']:,} examples, {s['tokens']:,} tokens, {s['rejected']:,} rejected{mix}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
