@@ -234,6 +234,11 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
         click.secho(f"wrote {draw_mask(directory, row, mask_path)}", fg="green", err=True)
 
 
+from .verify import verify_command  # noqa: E402 - defined in verify.py, which reuses handle_errors above
+
+cli.add_command(verify_command)
+
+
 def main() -> None:
     cli(prog_name="packer")
 
