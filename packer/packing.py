@@ -95,6 +95,9 @@ def plan(
     _check_fits(lens, capacity, "tokens", "capacity", "max_length", lower=1)
     if vis is not None:
         _check_fits(vis, None, "vision tokens", "", "", lower=0)
+        if (vis > lens).any():  # vision tokens are part of the example's tokens
+            i = int(np.argmax(vis > lens))
+            raise ConfigError(f"example {i} has {vis[i]} vision tokens but only {lens[i]} tokens in all")
     if imgs is not None:
         _check_fits(imgs, None, "images", "", "", lower=0)
 
