@@ -410,9 +410,10 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from .plots import PALETTE, VISION_TINT
+    from .plots import PALETTE, VISION_TINT, check_picture_path
     from .vision import get_profile
 
+    out = check_picture_path(path)
     shards = open_shards(directory)
     data = read_row(shards, row)
     T = len(data["input_ids"])
@@ -447,7 +448,6 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
                Patch(facecolor="none", edgecolor=IMAGE_EDGE, label="image span"),
                Patch(facecolor="none", edgecolor="black", label="example boundary")]
     fig.legend(handles=handles, loc="outside lower center", ncols=6, fontsize=8, frameon=False)
-    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     return out

@@ -264,18 +264,16 @@ def _cost_panel(ax, stats: dict[str, Any], path_tokens: int) -> None:
     labels = [n for n, _ in items]
     ratios = np.array([s / tokens if tokens else 0.0 for _, s in items])
     y = np.arange(len(items))
-    ax.barh(y, np.minimum(ratios, 1.0), color="#1f77b4", label="real tokens")
-    ax.barh(y, np.maximum(ratios - 1.0, 0.0), left=1.0, color=PAD_RGB, edgecolor="#999999", linewidth=0.5,
-            label="padding")
+    ax.barh(y, np.minimum(ratios, 1.0), color="#1f77b4")
+    ax.barh(y, np.maximum(ratios - 1.0, 0.0), left=1.0, color=PAD_RGB, edgecolor="#999999", linewidth=0.5)
     for yi, (r, (_, s)) in enumerate(zip(ratios, items, strict=True)):
         what = "repeated prefixes" if "paths" in labels[yi] else "pad"
         ax.text(r, yi, f" {r:.2f}x  ({_pct(1 - tokens / s) if s else '-'} {what})", va="center", fontsize=7)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(1.0, float(ratios.max(initial=1.0))) * 1.45)  # room for the labels right of the bars
+    ax.set_xlim(0, max(1.0, float(ratios.max(initial=1.0))) * 1.6)  # room for the labels right of the bars
     ax.set_xlabel("token slots computed / real tokens", fontsize=8)
-    ax.set_title("compute cost, whole build", fontsize=9, loc="left")
-    ax.legend(fontsize=7, loc="lower right", frameon=False)
+    ax.set_title("compute cost, whole build\n(blue: real tokens, grey: waste)", fontsize=9, loc="left")
     ax.tick_params(labelsize=8)
 
 
@@ -299,16 +297,31 @@ def _mixture_panel(ax, cols: PackColumns, stats: dict[str, Any]) -> None:
     ax.tick_params(labelsize=8)
 
 
+PICTURE_FORMATS = ("png", "svg", "pdf")
+
+
+def check_picture_path(path: str | Path) -> Path:
+    """The output path of a picture; ConfigError for a format matplotlib would not write as intended."""
+    out = Path(path)
+    if out.suffix.lower().lstrip(".") not in PICTURE_FORMATS:
+        raise ConfigError(f"cannot draw {out}: name the picture .png, .svg or .pdf")
+    return out
+
+
 def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = SAMPLE_EXAMPLES,
                batch_size: int = NAIVE_BATCH, seed: int = 0, dpi: int = 110) -> Path:
     """Draw the stats picture of a finished build into ``path`` (PNG) and return the path."""
+    out = check_picture_path(path)
     shards = open_shards(directory)
     stats_path = shards.root / STATS
     try:
         stats = json.loads(stats_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read {stats_path}: {e}; rebuild with `packer build`") from e
-    if not stats.get("packs"):
+        raise ConfigError(f"cannot read {stats_path}: {e}; rerun `packer build` to write it") from e
+    missing = [k for k in ("capacity", "packs", "tokens", "efficiency", "padding") if k not in stats]
+    if missing:
+        raise ConfigError(f"{stats_path} lacks {missing}; rerun `packer build` to write it")
+    if not stats["packs"]:
         raise ConfigError(f"{shards.root} has no packs to plot (every input record was rejected?)")
     capacity = int(stats["capacity"])
     cols = read_pack_columns(shards)
@@ -325,7 +338,8 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
     grid_rows = [len(s[1]) for s in strategies]
     heights = [3.0] * top_rows + [0.9 + 0.13 * min(n, 60) for n in grid_rows]  # inches: title + rows
     fig = Figure(figsize=(14, sum(heights) + 1.2), dpi=dpi, layout="constrained")
-    gs = fig.add_gridspec(top_rows + 3, ncols, height_ratios=heights)
+    widths = [1, 1, 1, 1.5] if ncols == 4 else [1] * ncols  # the cost panel's labels need room
+    gs = fig.add_gridspec(top_rows + 3, ncols, height_ratios=heights, width_ratios=widths)
 
     budget = shards.config.get("max_vision_tokens")
     for k, name in enumerate(panels):
@@ -371,8 +385,8 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
         _grid_panel(ax, title, rows, widths, starts, capacity, cell, build_padding[i])
     ax.set_xlabel(f"tokens (one cell = {cell:,} token{'s' if cell > 1 else ''})", fontsize=8)
     handles = [Patch(color=PALETTE[0], label="text tokens (one colour per example)"),
-               Patch(color=np.array(to_rgb(PALETTE[0])) * (1 - VISION_TINT) + VISION_TINT,
-                     label="vision tokens (lighter)"),
+               *([Patch(color=np.array(to_rgb(PALETTE[0])) * (1 - VISION_TINT) + VISION_TINT,
+                        label="vision tokens (lighter)")] if has_vision else []),
                Patch(facecolor=PAD_RGB, label="padding (computed, wasted)"),
                Patch(facecolor="white", edgecolor="#999999", label="not computed")]
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
@@ -380,11 +394,10 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
     profile = shards.manifest.get("profile", "?")
     fig.suptitle(
         f"{shards.root.name}: {_plural(stats['examples'], 'example')} in {_plural(stats['packs'], 'pack')} of {capacity:,} tokens "
-        f"({profile}), packing efficiency {_pct(stats['efficiency'])}, lower bound {stats['lower_bound_packs']:,} "
-        f"packs (+{stats['packs_over_lower_bound']:,})",
+        f"({profile}), packing efficiency {_pct(stats['efficiency'])}, "
+        f"lower bound {_plural(stats['lower_bound_packs'], 'pack')} (+{stats['packs_over_lower_bound']:,})",
         fontsize=11,
     )
-    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)  # Figure.savefig renders with the Agg canvas for .png
     return out
