@@ -10,11 +10,27 @@ lost, and each worker decodes whole row groups once.
     workers:  |-- w0 --|-- w1 --|              ...
 
 Columns are decoded with Arrow offsets/values into numpy views (no per-token Python objects).
+
+Exact resumption (docs/reliability.md). The state is the set of epoch-order positions already consumed, as
+a few [start, end) intervals. A pass over the epoch reads the rank's remaining positions, split into
+contiguous worker slices, each in order, so "worker w has delivered c rows" means "the first c positions
+of w's slice". Who counts:
+
+- ``torchdata``'s ``StatefulDataLoader`` calls ``state_dict()`` inside each worker after each batch and
+  hands each worker its own state back on resume (the worker form: base intervals + its slice count);
+- a plain ``DataLoader``: wrap it in ``ResumableLoader``. Every row carries ``(epoch, base, worker,
+  num_workers, count)`` into ``collate``'s ``packer_state``; the wrapper records the batches the training
+  loop has actually received (prefetched ones are not), and ``state_dict()`` turns the per-worker counts into
+  intervals. Workers may finish at different times and deliver in any interleaving: counts are absolute.
+
+A state from N workers resumes with any number of workers (the remaining rows are re-split), except that
+StatefulDataLoader itself needs the same number.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +44,40 @@ from .example import IGNORE_INDEX
 from .shards import ShardSet, list_column, open_shards
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
+STATE_VERSION = 2  # version 1 (per-worker counts only) could not be read back in the main process
+
+Intervals = tuple[tuple[int, int], ...]  # sorted, disjoint [start, end) ranges of epoch-order positions
+
+
+@dataclass
+class _Pass:
+    """One pass over (the rest of) an epoch: where it started and how far each worker got."""
+
+    epoch: int
+    base: Intervals  # positions already consumed when the pass started
+    num_workers: int
+    counts: dict[int, int] = field(default_factory=dict)  # worker -> rows of its slice consumed
+
+
+def _merge(intervals) -> Intervals:
+    """Sorted, merged [start, end) intervals."""
+    out: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted positions -> the [start, end) intervals of their consecutive runs."""
+    if len(positions) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = positions[np.concatenate([[0], breaks])]
+    ends = positions[np.concatenate([breaks - 1, [len(positions) - 1]])] + 1
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 class PackedDataset(IterableDataset):
@@ -60,8 +110,8 @@ class PackedDataset(IterableDataset):
         self.rank, self.world_size, self.shuffle, self.seed = rank, world_size, shuffle, seed
         self.load_images, self.image_root = load_images, image_root
         self.epoch = 0
-        self._start: dict[int, int] = {}  # worker id -> rows of this epoch already consumed (resume)
-        self._consumed: dict[int, int] = {}
+        self._pending: dict[str, Any] | None = None  # a loaded state, applied by the next pass
+        self._pass: _Pass | None = None  # the pass this process iterates or tracks (ResumableLoader)
         cfg = self.shards.config
         self.profile = self.shards.manifest.get("profile", cfg.get("profile", "text"))
         self.profile_options = {"min_pixels": cfg.get("min_pixels"), "max_pixels": cfg.get("max_pixels")}
@@ -82,7 +132,7 @@ class PackedDataset(IterableDataset):
         """Select the epoch whose order is read next (as with DistributedSampler.set_epoch)."""
         if epoch != self.epoch:
             self.epoch = epoch
-            self._start, self._consumed = {}, {}
+            self._pending, self._pass = None, None
 
     # ------------------------------------------------------------------------------------ order/split
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
@@ -106,26 +156,108 @@ class PackedDataset(IterableDataset):
         span = hi - lo
         return lo + span * worker // num_workers, lo + span * (worker + 1) // num_workers
 
+    def _remaining(self, base: Intervals) -> np.ndarray:
+        """This rank's epoch-order positions not in ``base``, ascending."""
+        lo, hi = self._rank_range()
+        keep = np.ones(hi - lo, dtype=bool)
+        for a, b in base:
+            keep[max(a, lo) - lo : max(min(b, hi) - lo, 0)] = False
+        return lo + np.flatnonzero(keep)
+
+    @staticmethod
+    def _slice(n: int, worker: int, num_workers: int) -> tuple[int, int]:
+        return n * worker // num_workers, n * (worker + 1) // num_workers
+
     # ------------------------------------------------------------------------------------ state
+    def _header(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "seed": self.seed, "shuffle": self.shuffle, "rank": self.rank,
+                "world_size": self.world_size, "num_rows": self.num_rows, "epoch": self.epoch}
+
+    def _consumed(self) -> Intervals:
+        """Every position of this epoch consumed so far (main-process view)."""
+        p = self._pass
+        if p is None:
+            if self._pending is None:
+                return ()
+            p = _Pass(self.epoch, self._pending["base"], self._pending.get("num_workers", 1))
+            if "worker" in self._pending:
+                p.counts[self._pending["worker"]] = self._pending["count"]
+        remaining = self._remaining(p.base)
+        taken = list(p.base)
+        for w, c in p.counts.items():
+            a, _ = self._slice(len(remaining), w, p.num_workers)
+            taken += _runs(remaining[a : a + c])
+        return _merge(taken)
+
     def state_dict(self) -> dict[str, Any]:
-        """Resumable position: epoch and rows consumed per worker (see docs/reliability.md)."""
-        return {"epoch": self.epoch, "seed": self.seed, "consumed": dict(self._consumed)}
+        """Resumable position: the epoch and the consumed positions of its order (docs/reliability.md).
+
+        In the main process, what ``ResumableLoader`` (or the in-process iteration) has delivered. Inside a
+        DataLoader worker (torchdata's StatefulDataLoader calls it there), that worker's own progress.
+        """
+        info = get_worker_info()
+        if info is None:
+            return {**self._header(), "consumed": [list(iv) for iv in self._consumed()]}
+        if self._pass is not None:
+            base, count = self._pass.base, self._pass.counts.get(info.id, 0)
+        elif self._pending is not None:
+            base = self._pending["base"]
+            count = self._pending["count"] if self._pending.get("worker") == info.id else 0
+        else:
+            base, count = (), 0
+        return {**self._header(), "consumed": [list(iv) for iv in base], "worker": info.id,
+                "num_workers": info.num_workers, "count": count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next iteration yields exactly the rows not yet consumed."""
-        if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
+        """Resume from ``state_dict()``: the next pass yields exactly the rows not yet consumed."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {state.get('version')} is not {STATE_VERSION}; it was saved by another "
+                             "packer version and cannot be resumed exactly")
+        for key in ("seed", "shuffle", "rank", "world_size", "num_rows"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"state was saved with {key}={state[key]!r}, this dataset has {getattr(self, key)!r}; "
+                                 "resume with the same shards, seed, shuffle, rank and world size")
         self.epoch = int(state["epoch"])
-        self._start = {int(k): int(v) for k, v in state["consumed"].items()}
-        self._consumed = dict(self._start)
+        self._pass = None
+        self._pending = {"base": _merge(state["consumed"])}
+        if "worker" in state:
+            self._pending.update(worker=int(state["worker"]), num_workers=int(state["num_workers"]),
+                                 count=int(state["count"]))
+
+    def update(self, batch: dict[str, Any]) -> None:
+        """Record that the training loop received ``batch`` (``ResumableLoader`` calls this for you)."""
+        for st in batch.get("packer_state", ()):
+            if st["epoch"] != self.epoch:
+                continue  # a batch of an epoch this dataset has moved past
+            base = tuple(tuple(iv) for iv in st["base"])
+            p = self._pass
+            if p is None or p.base != base or p.num_workers != st["num_workers"]:
+                p = self._pass = _Pass(self.epoch, base, st["num_workers"])
+                self._pending = None  # the workers have applied it
+            p.counts[st["worker"]] = max(p.counts.get(st["worker"], 0), st["count"])
+
+    def _new_pass(self) -> None:
+        """Forget the tracked pass: a new iteration of the loader starts (from the pending state, if any)."""
+        self._pass = None
 
     # ------------------------------------------------------------------------------------ reading
     def __iter__(self):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        lo, hi = self.worker_range(worker, num_workers)
-        skip = self._start.get(worker, 0)
-        order = self.epoch_order()[lo + skip : hi]
+        base, skip = (), 0
+        if self._pending is not None:
+            base = self._pending["base"]
+            if "worker" in self._pending:  # one worker's own state (StatefulDataLoader hands each its own)
+                if self._pending["num_workers"] != num_workers:
+                    raise ValueError(f"a worker state saved with {self._pending['num_workers']} workers cannot resume "
+                                     f"with {num_workers}; use the same num_workers")
+                skip = self._pending["count"] if self._pending["worker"] == worker else 0
+        self._pending = None
+        remaining = self._remaining(base)
+        a, b = self._slice(len(remaining), worker, num_workers)
+        order = self.epoch_order()[remaining[a + skip : b]]
+        state = _Pass(self.epoch, base, num_workers, {worker: skip})
+        self._pass = state
         files: dict[int, pq.ParquetFile] = {}
         cached_block, decoded = -1, None
         count = skip
@@ -143,11 +275,51 @@ class PackedDataset(IterableDataset):
             row["load_images"] = self.load_images
             row["image_root"] = self.image_root
             count += 1
-            self._consumed[worker] = count
-            row["_state"] = (worker, count, self.epoch)
+            state.counts[worker] = count  # before the yield: a state taken with this row delivered counts it
+            row["_state"] = {"epoch": state.epoch, "base": base, "worker": worker, "num_workers": num_workers,
+                             "count": count}
             yield row
-        # the epoch is done for this worker; the next iteration starts the next epoch from scratch
-        self._start.pop(worker, None)
+
+
+class ResumableLoader:
+    """A ``DataLoader`` over a ``PackedDataset`` whose ``state_dict()`` counts only the batches received.
+
+    Workers prefetch batches ahead of the loop; a state taken from the dataset inside them would count rows
+    the loop never saw. This wrapper records each batch as the loop receives it (``collate`` puts each row's
+    worker and count in ``packer_state``), so a checkpoint taken after step k resumes at batch k+1::
+
+        loader = ResumableLoader(DataLoader(ds, batch_size=1, num_workers=4, collate_fn=collate))
+        loader.load_state_dict(ckpt["data"])            # optional: resume
+        for batch in loader:
+            ...
+            ckpt["data"] = loader.state_dict()
+
+    The DataLoader must not use ``persistent_workers`` (its workers would keep a stale copy of the state).
+    """
+
+    def __init__(self, loader):
+        if not isinstance(loader.dataset, PackedDataset):
+            raise TypeError("ResumableLoader needs a DataLoader over a PackedDataset")
+        if getattr(loader, "persistent_workers", False):
+            raise ValueError("ResumableLoader needs persistent_workers=False: persistent workers keep the dataset "
+                             "state of their first epoch")
+        self.loader = loader
+        self.dataset: PackedDataset = loader.dataset
+
+    def __iter__(self):
+        self.dataset._new_pass()
+        for batch in self.loader:
+            self.dataset.update(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
 
 
 def _decode_block(table) -> dict[str, Any]:
