@@ -626,3 +626,27 @@ def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monke
     with pytest.raises(SystemExit):
         runpy.run_path(str(script), run_name="__main__")
     assert (out / "coco_caption_trees.jsonl").read_bytes() == first
+
+
+def test_token_straddling_content_edges(tok, qwen):
+    """A token that overlaps content carries loss (documented rule): multi-byte characters split into several
+    byte tokens at the content's end, and a newline run that BPE merges across the header/content edge."""
+    msgs = [msg("user", "Draw 𝄞"), msg("assistant", "𝄞 snow 𝄞")]
+    enc = qwen.encode(example({"messages": msgs}))
+    assert_encoded(
+        enc, Seq(tok).add(SYS_DEFAULT).turn("user", "Draw 𝄞", False).turn("assistant", "𝄞 snow 𝄞", True)
+    )
+    # one character, several byte tokens at both content edges: all of them trained
+    assert (
+        len(tok.encode("𝄞", add_special_tokens=False)) == 2
+        and len(tok.encode(" 𝄞", add_special_tokens=False)) == 3
+    )
+    # "assistant\n" + "\n\nHi": the three newlines are one token, which overlaps the content -> loss
+    msgs = [msg("user", "q"), msg("assistant", "\n\nHi")]
+    enc = qwen.encode(example({"messages": msgs}))
+    seq = Seq(tok).add(SYS_DEFAULT).turn("user", "q", False).add("<|im_start|>assistant")
+    seq.add("\n\n\nHi", True).add("<|im_end|>", True).add("\n")
+    assert_encoded(enc, seq)
+    np.testing.assert_array_equal(
+        enc.input_ids, tok.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    )
