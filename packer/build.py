@@ -167,29 +167,7 @@ def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
     if lines and lines[-1] == b"":
         lines.pop()
     for i, raw in enumerate(lines):
-        if chunk.first_line + i == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]  # a UTF-8 byte-order mark some editors write
         yield chunk.first_line + i, raw
-
-
-def parse_line(raw: bytes, *, path: str, line: int, base_dir: str, image_root: str | None, source_name: str):
-    """Bytes of one JSONL line -> Example, or RecordError (not_utf8 / malformed_json / the record's own)."""
-    from .records import parse_record
-
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RecordError(
-            "not_utf8", f"invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at byte {e.start}; re-encode the file as UTF-8",
-            path=path, line=line,
-        ) from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
-    except (ValueError, RecursionError) as e:  # a 5000-digit integer, arrays nested 100k deep
-        raise RecordError("malformed_json", f"{type(e).__name__}: {str(e)[:200]}", path=path, line=line) from None
-    return parse_record(obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name)
 
 
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
@@ -198,6 +176,8 @@ def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
 
 def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]:
     """Encode one chunk into the cache; return its counts. Idempotent: a finished chunk is not redone."""
+    from .records import parse_line
+
     out = Path(work) / "encode" / f"chunk-{chunk.index:06d}.arrow"
     rej = out.with_suffix(".rejects.jsonl")
     if out.exists() and rej.exists():

@@ -365,6 +365,36 @@ def parse_record(
     )
 
 
+def parse_line(
+    raw: bytes,
+    *,
+    path: str,
+    line: int,
+    base_dir: str,
+    image_root: str | None = None,
+    source_name: str = "",
+) -> Example:
+    """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record."""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte-order mark some editors write
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(
+            "not_utf8",
+            f"invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at byte {e.start}; re-encode the file as UTF-8",
+            path=path,
+            line=line,
+        ) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
+    return parse_record(
+        obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name
+    )
+
+
 def read_jsonl(
     path: str, *, image_root: str | None = None, source_name: str = ""
 ) -> Iterator[tuple[int, Example | RecordError]]:
@@ -376,42 +406,11 @@ def read_jsonl(
     base_dir = os.path.dirname(os.path.abspath(path))
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte-order mark some editors write
             if not raw.strip():
                 continue
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield (
-                    number,
-                    RecordError(
-                        "not_utf8",
-                        f"invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at byte {e.start}; re-encode the file as UTF-8",
-                        path=path,
-                        line=number,
-                    ),
-                )
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                yield (
-                    number,
-                    RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=number),
-                )
-                continue
-            try:
-                yield (
-                    number,
-                    parse_record(
-                        obj,
-                        path=path,
-                        line=number,
-                        base_dir=base_dir,
-                        image_root=image_root,
-                        source_name=source_name,
-                    ),
+                yield number, parse_line(
+                    raw, path=path, line=number, base_dir=base_dir, image_root=image_root, source_name=source_name
                 )
             except RecordError as e:
                 yield number, e

@@ -13,8 +13,8 @@ import pytest
 from packer.errors import ConfigError, RecordError
 from packer.example import Example, ImageRef, Message, Node
 from packer.records import expand_inputs, parse_record, read_jsonl
+from tests.conftest import COCO  # ../shared beside the repo, or $PACKER_SHARED
 
-COCO = Path("/work/shared/data/coco-mini")
 IMG_A = COCO / "val2017" / "000000397133.jpg"
 IMG_B = COCO / "train2017" / "000000000790.jpg"
 

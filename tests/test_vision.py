@@ -15,8 +15,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from packer.errors import ConfigError, RecordError
 from packer.example import ImageRef
 from packer.vision import PROFILES, VisionProfile, get_profile, load_image
+from tests.conftest import COCO  # ../shared beside the repo, or $PACKER_SHARED
 
-COCO = Path("/work/shared/data/coco-mini")
 IMAGE_FILES = sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (COCO / d).glob("*.jpg"))
 
 
