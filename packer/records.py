@@ -390,6 +390,8 @@ def parse_line(
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
+    except (ValueError, RecursionError) as e:  # a 5000-digit integer, arrays nested 100k deep
+        raise RecordError("malformed_json", f"{type(e).__name__}: {str(e)[:200]}", path=path, line=line) from None
     return parse_record(
         obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name
     )
