@@ -122,7 +122,6 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
     """
     from .build import build as run_build
     from .config import BuildConfig
-    from .stats import format_stats
 
     overrides = {k: v for k, v in options.items() if v is not None}
     if output:
@@ -144,8 +143,16 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
         config = BuildConfig.from_dict({}, **overrides)
     result = run_build(config, progress=not quiet)
     if not quiet:
-        click.echo(format_stats(result.stats))
-        click.secho(f"wrote {len(result.manifest['shards'])} shard(s) to {result.output}", fg="green")
+        st = result.stats
+        click.secho(
+            f"packed {st['examples']:,} examples into {st['packs']:,} packs "
+            f"({100 * st['efficiency']:.2f}% full, lower bound {st['lower_bound_packs']:,}); "
+            f"{st['rejected']:,} rejected; {len(result.manifest['shards'])} shard(s) in {result.output}",
+            fg="green",
+        )
+        if st["rejected"]:
+            click.echo(f"rejected records and reasons: {result.output / 'rejects.jsonl'}")
+        click.echo(f"details: packer stats {result.output}")
 
 
 @cli.command()
