@@ -113,8 +113,14 @@ def plan(
             assign, num_packs = _bfd_general(
                 order, lens, needs, capacity, budgets, cls, classes, _empty_rem(), _empty_rem2(needs)
             )
+        elif refine:
+            # Refine first tries BFD with exact completion and keeps whichever plan has fewer packs.
+            assign, num_packs = _bfd_fast(lens, capacity, 0)
+            other, other_packs = _bfd_fast(lens, capacity, _completion_threshold(lens))
+            if other_packs < num_packs:
+                assign, num_packs = other, other_packs
         else:
-            assign, num_packs = _bfd_fast(lens, capacity)
+            assign, num_packs = _bfd_fast(lens, capacity, 0)
     elif algorithm == "ffd":
         assign, num_packs = _ffd(_order_decreasing(lens, capacity), lens, needs, capacity, budgets)
     elif algorithm == "next-fit":
@@ -142,6 +148,29 @@ def lower_bound(lengths: np.ndarray, capacity: int) -> int:
     """ceil(sum(lengths) / capacity): no packing can use fewer packs."""
     total = int(np.asarray(lengths, dtype=np.int64).sum())
     return -(-total // int(capacity))
+
+
+def lower_bound_l2(lengths: np.ndarray, capacity: int) -> int:
+    """Martello-Toth L2 bound, >= ``lower_bound``: two examples longer than capacity/2 never share a pack.
+
+    For each k <= capacity/2: examples longer than capacity - k (J1) and those in (capacity/2, capacity - k]
+    (J2) need a pack each, and examples in [k, capacity/2] (J3) can only use J2's free space or new packs.
+    O(n + capacity).
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    if lens.size == 0:
+        return 0
+    counts = np.bincount(lens, minlength=capacity + 1)[: capacity + 1]
+    num = np.cumsum(counts)  # num[x] = examples of length <= x
+    vol = np.cumsum(counts * np.arange(capacity + 1))  # vol[x] = their tokens
+    half = capacity // 2  # length <= half <=> length <= capacity / 2, for odd capacities too
+    k = np.arange(half + 1)
+    j1 = lens.size - num[capacity - k]
+    j2 = num[capacity - k] - num[half]
+    j2_free = j2 * capacity - (vol[capacity - k] - vol[half])
+    j3 = vol[half] - np.where(k > 0, vol[np.maximum(k - 1, 0)], 0)
+    extra = np.maximum(0, -(-(j3 - j2_free) // capacity))
+    return int(max((j1 + j2 + extra).max(), lower_bound(lens, capacity)))
 
 
 def groups(pack_ids: np.ndarray) -> list[np.ndarray]:
@@ -235,6 +264,12 @@ def _constraints(
         cols.append(imgs[:n])
         budgets.append(budget)
     return np.ascontiguousarray(np.stack(cols, axis=1)), np.array(budgets, dtype=np.int64)
+
+
+def _completion_threshold(lens: np.ndarray) -> int:
+    """Gaps shorter than the 2nd percentile of the lengths rarely get filled (measured best on the Wikipedia
+    histogram, 25-30 tokens, and harmless from 20 to 80 on the lognormal set)."""
+    return max(1, int(np.percentile(lens, 2)))
 
 
 def _empty_rem() -> np.ndarray:
@@ -350,7 +385,7 @@ def _bits_clear(bits, offs, x):
 
 
 @njit(cache=True)
-def _bfd_fast(lens: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
+def _bfd_fast(lens: np.ndarray, capacity: int, complete_min: int) -> tuple[np.ndarray, int]:
     """Best-fit decreasing on tokens alone. Returns (pack per example in opening order, number of packs).
 
     Open packs with remaining capacity r > 0 live in a LIFO list ``head[r]``/``nxt``; a bitset marks the
@@ -358,26 +393,38 @@ def _bfd_fast(lens: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     interchangeable, so the loop runs over length counts and never touches example indices (random access
     into 1M-entry arrays cost more than the packing itself); a second, sequential pass hands the k-th pack
     chosen for length s to the k-th example of length s.
+
+    ``complete_min > 0`` turns on exact completion (used by ``refine``): a pack that has to be opened is
+    filled at once with the longest remaining examples, never leaving a gap below ``complete_min`` (few
+    examples are that short, so such a gap usually stays empty) but closing it with an exact pair instead.
+    Plain BFD stacks identical lengths (6 x 84 = 504 of 512) and strands such gaps by the hundred thousand
+    on the Wikipedia histogram.
     """
     n = lens.shape[0]
     table = _DEBRUIJN_TABLE
     counts = np.zeros(capacity + 1, dtype=np.int64)
     for i in range(n):
         counts[lens[i]] += 1
-    start = np.empty(capacity + 1, dtype=np.int64)  # slot of length s's first choice in `chosen`
+    start = np.empty(capacity + 1, dtype=np.int64)  # slot of length s's next choice in `chosen`
     pos = 0
     for s in range(capacity, 0, -1):
         start[s] = pos
         pos += counts[s]
+    slot = start.copy()
     offs, nwords = _bitset_levels(capacity + 1)
-    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)
+    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)  # gaps r with an open pack
     head = np.full(capacity + 1, -1, dtype=np.int64)
     nxt = np.empty(n, dtype=np.int64)  # at most one pack per example
-    chosen = np.empty(n, dtype=np.int64)  # packs in decreasing-length order
+    chosen = np.empty(n, dtype=np.int64)  # the pack of each slot, slots grouped by decreasing length
+    left_count = counts.copy()  # examples of each length not placed yet
+    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
+    if complete_min > 0:
+        for s in range(1, capacity + 1):
+            if left_count[s] > 0:
+                _bits_set(avail, offs, capacity - s)
     num_packs = 0
-    k = 0
     for s in range(capacity, 0, -1):
-        for _ in range(counts[s]):
+        while left_count[s] > 0:
             r = _bits_succ(bits, offs, nwords, s, table)
             if r < 0:
                 b = num_packs
@@ -389,8 +436,11 @@ def _bfd_fast(lens: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
                 if head[r] < 0:
                     _bits_clear(bits, offs, r)
                 left = r - s
-            chosen[k] = b
-            k += 1
+            _take(s, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+            if r < 0 and complete_min > 0:
+                left = _complete(
+                    b, left, left_count, chosen, slot, avail, offs, nwords, capacity, complete_min
+                )
             if left > 0:  # a full pack leaves the index for good
                 if head[left] < 0:
                     _bits_set(bits, offs, left)
@@ -402,6 +452,44 @@ def _bfd_fast(lens: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
         assign[i] = chosen[start[s]]
         start[s] += 1
     return assign, num_packs
+
+
+@njit(cache=True, inline="always")
+def _take(s, b, left_count, chosen, slot, avail, offs, capacity, complete_min):
+    """Record one example of length s in pack b."""
+    chosen[slot[s]] = b
+    slot[s] += 1
+    left_count[s] -= 1
+    if left_count[s] == 0 and complete_min > 0:
+        _bits_clear(avail, offs, capacity - s)
+
+
+@njit(cache=True)
+def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, complete_min):
+    """Fill a fresh pack's gap ``left`` with the longest available examples; returns the gap left over."""
+    table = _DEBRUIJN_TABLE
+    while left > 0:
+        key = _bits_succ(avail, offs, nwords, capacity - left, table)
+        if key < 0:
+            return left
+        x = capacity - key  # the longest available example that fits
+        if x == left or left - x >= complete_min:
+            _take(x, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+            left -= x
+            continue
+        # x would strand a gap below complete_min: close the pack with a pair u + v == left instead
+        u = min(x, left - complete_min)
+        for _ in range(64):  # a bounded search; failing it leaves the gap to best fit
+            v = left - u
+            if u < v:
+                break
+            if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
+                _take(u, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+                _take(v, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+                return 0
+            u -= 1
+        return left
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -229,6 +229,15 @@ def test_refine_empties_a_pack():
     assert sorted(g.tolist() for g in groups(refined)) == [[0, 3], [1, 2]]
 
 
+def test_refine_exact_completion():
+    """BFD: 18+5 | 17+4+3 | 3 (gaps 2 and 1 strand the last 3). Completion closes 18 with the pair 4+3
+    instead of 5 (which would leave 2 < the completion threshold), then 17+5+3: two full packs."""
+    lengths = np.array([18, 17, 5, 4, 3, 3])
+    assert int(plan(lengths, 25).max()) + 1 == 3
+    refined = plan(lengths, 25, refine=True)
+    assert sorted(g.tolist() for g in groups(refined)) == [[0, 3, 4], [1, 2, 5]]
+
+
 def test_refine_pays_after_next_fit():
     lengths = np.random.default_rng(3).integers(1, 60, 3000)
     base = plan(lengths, 64, algorithm="next-fit")
