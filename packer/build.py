@@ -49,8 +49,8 @@ from .shards import (
 )
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
-# Test-only crash hook (docs/reliability.md): "STAGE:N[:SIGNAL]" sends SIGNAL (default KILL) to the build at a
-# named point, so tests can interrupt it deterministically. Stages: encode:N (N chunks done), encode-partial:N
+# Test-only crash hook (docs/reliability.md): "STAGE:N[:SIGNAL]" sends SIGNAL (KILL, INT, STOP; default KILL) to
+# the build at a named point, so tests can interrupt it deterministically. Stages: encode:N (N chunks done), encode-partial:N
 # (chunk N's rejects written, its .arrow not), plan:0, shard-partial:N (shard N's temp file half written),
 # shard:N (shard N renamed, its marker not written), rejects:0, manifest:0 (everything but the manifest).
 CRASH_ENV = "PACKER_CRASH_AFTER"
@@ -89,7 +89,7 @@ def crash_point(stage: str, n: int = 0) -> None:
     count, _, sig = rest.partition(":")
     if name != stage or int(count or 0) != n:
         return
-    signum = getattr(signal, f"SIG{sig or 'KILL'}")
+    signum = getattr(signal, f"SIG{sig or 'KILL'}")  # STOP: freeze here, for a test to signal the group
     main = int(os.environ.get(_BUILD_PID_ENV, os.getpid()))
     os.kill(main, signum)  # a worker takes the whole build down, as a kill -9 of the command would
     if main != os.getpid() and signum == signal.SIGKILL:
@@ -170,6 +170,27 @@ def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
         yield chunk.first_line + i, raw
 
 
+def _reject_lone_surrogates(raw: bytes, path: str, line: int) -> None:
+    """RecordError("not_utf8") for valid JSON whose strings hold a lone surrogate escape (``"\\ud800"``).
+
+    Such a string is not Unicode text: the tokenizer raises TypeError on it, which would stop the whole build.
+    Only lines holding a ``\\ud`` escape are re-checked (``json.dumps(ensure_ascii=True)`` writes every
+    emoji as a surrogate pair, so such lines are common, but a JSON parse costs far less than tokenizing).
+    TODO(records.py owner): belongs in records.parse_line, so read_jsonl rejects it too.
+    """
+    if b"\\ud" not in raw and b"\\uD" not in raw:
+        return
+    try:
+        json.dumps(json.loads(raw), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RecordError(
+            "not_utf8", "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text; "
+            "fix the producer's escaping", path=path, line=line,
+        ) from None
+    except (ValueError, RecursionError):
+        return  # not JSON: parse_line gives the precise reason
+
+
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
     return {"path": err.path, "line": err.line, "reason": err.reason, "message": err.message, "source": source}
 
@@ -191,6 +212,7 @@ def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]
             continue  # blank lines are not records
         lines += 1
         try:
+            _reject_lone_surrogates(raw, chunk.path, line_no)
             example = parse_line(
                 raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
                 source_name=chunk.source,
