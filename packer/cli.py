@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,11 @@ def handle_errors(func):
             _fail(str(e), EXIT_REJECT_RATE)
         except PackerError as e:
             _fail(str(e), EXIT_ERROR)
+        except OSError as e:  # disk full, permission denied, a path that vanished: the message, not a traceback
+            if os.environ.get("PACKER_DEBUG"):
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            _fail(f"{e.strerror or e}{where} (set PACKER_DEBUG=1 to see the traceback)", EXIT_ERROR)
         except KeyboardInterrupt:
             click.secho("interrupted: rerun the same command to resume", fg="yellow", err=True)
             sys.exit(130)
@@ -56,7 +62,14 @@ def cli() -> None:
     \b
     Typical use:
       packer build data/*.jsonl --output shards/ --profile qwen2-vl --max-length 8192
-      packer stats shards/
+      packer build --config configs/qwen2-vl.yaml data/*.jsonl -o shards/
+      packer stats shards/ --plot stats.png
+      packer inspect shards/ --row 0 --mask mask.png
+
+    \b
+    Exit codes: 0 success; 1 a configuration, input-file or shard error (the message says what to
+    change); 2 a usage error, or a bad record under --strict; 3 more input rejected than
+    --max-reject-fraction allows; 4 `packer verify` found violations; 130 interrupted (rerun to resume).
     """
 
 
@@ -76,13 +89,14 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
     return sources
 
 
-@cli.command()
+@cli.command(short_help="Read JSONL, pack it globally, write Parquet shards.")
 @click.argument("inputs", nargs=-1)
 @click.option("-o", "--output", type=click.Path(file_okay=False), help="Output directory for shards.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML build config (configs/*.yaml); command-line options override it.")
 @click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[@W]",
-              help="A named source with an optional weight (repeat for a mixture).")
+              help="A named source with an optional weight: 2 repeats each example twice, 0.5 keeps a seeded "
+                   "half, 1.5 all plus a seeded half. Repeat the option for a mixture.")
 @click.option("--profile", type=click.Choice(["qwen2-vl", "qwen2.5-vl", "llava", "text"]), help="Vision profile. [default: qwen2-vl]")
 @click.option("--tokenizer", help="HF tokenizer name or directory. [default: the profile's, offline qwen2-vl]")
 @click.option("--chat-template", help="Jinja chat template (string or file) instead of the tokenizer's.")
@@ -97,7 +111,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
 @click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
-@click.option("--seed", type=int, help="Seed of the pack shuffle. [default: 0]")
+@click.option("--seed", type=int, help="Seed of the pack shuffle and of source sampling. [default: 0]")
 @click.option("--num-proc", type=int, help="Encoding processes. [default: 1]")
 @click.option("--rows-per-shard", type=int, help="Packs per Parquet file. [default: 2048]")
 @click.option("--rows-per-row-group", type=int, help="Packs per Parquet row group. [default: 64]")
@@ -110,8 +124,9 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
           quiet: bool, **options: Any) -> None:
     """Read JSONL records, render and encode them, pack them globally and write Parquet shards.
 
-    INPUT are JSONL files or globs (quote globs). Rerunning an interrupted build with the same command
-    resumes it; the result is byte-identical to an uninterrupted build.
+    INPUTS are JSONL files, directories (their *.jsonl) or globs (quote globs). Rerunning an interrupted
+    build with the same command resumes it; the result is byte-identical to an uninterrupted build.
+    Rejected records go to OUTPUT/rejects.jsonl with file, line and reason.
 
     \b
     Examples:
@@ -155,7 +170,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
         click.echo(f"details: packer stats {result.output}")
 
 
-@cli.command()
+@cli.command(short_help="What the packing achieved: table, JSON or picture.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print stats.json instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
@@ -187,7 +202,7 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
         click.secho(f"wrote {plot_stats(directory, plot_path)}", fg="green", err=True)
 
 
-@cli.command()
+@cli.command(short_help="One packed row: examples, tree, roles, images, mask.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--row", type=int, help="The row (packed sequence) to show, counted from 0 across shards. [default: 0]")
 @click.option("--example", "example_id", metavar="PATH:LINE",
