@@ -144,12 +144,14 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
     source_list = _source_option(sources)
     if inputs and source_list:
         raise click.UsageError("give INPUT files or --source options, not both")
+    # Inputs on the command line replace the YAML's inputs AND sources: an empty list (not None, which
+    # from_dict ignores) clears the other key.
     if inputs:
         overrides["inputs"] = list(inputs)
-        overrides["sources"] = None
+        overrides["sources"] = []
     elif source_list:
         overrides["sources"] = source_list
-        overrides["inputs"] = None
+        overrides["inputs"] = []
     if config_file:
         config = BuildConfig.from_yaml(config_file, **overrides)
     else:

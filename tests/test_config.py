@@ -100,6 +100,21 @@ def test_inputs_on_the_command_line_replace_the_yaml_sources(corpus, tmp_path):
     assert (tmp_path / "yaml_out" / "manifest.json").exists()
 
 
+def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
+    """INPUTS on the command line replace a YAML `sources:` list, and --source replaces YAML `inputs:`."""
+    text = str(corpus["text"])
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"profile": "text", "sources": [{"name": "a", "paths": ["x/*.jsonl"]}]}))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"profile": "text", "inputs": ["x/*.jsonl"]}))
+    runs = {"inputs": ["--config", str(tmp_path / "s.yaml"), text],
+            "source": ["--config", str(tmp_path / "i.yaml"), "--source", f"chat={text}@2"]}
+    expected = {"inputs": [{"name": "", "paths": [text], "weight": 1.0}],
+                "source": [{"name": "chat", "paths": [text], "weight": 2.0}]}
+    for kind, args in runs.items():
+        res = CliRunner().invoke(cli, ["build", *args, "-o", str(tmp_path / kind), "-q"])
+        assert res.exit_code == 0, res.output
+        assert json.loads((tmp_path / kind / "manifest.json").read_text())["config"]["sources"] == expected[kind]
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
