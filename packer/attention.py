@@ -486,11 +486,13 @@ def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.
     global _COMPILED_FLEX
     if dropout:
         raise ConfigError("backend 'flex' has no attention dropout; set attention_dropout=0 or use 'sdpa'")
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ConfigError(
-            "backend 'flex' cannot train on CPU: torch 2.13's flex_attention has no CPU backward. "
-            "Use backend='sdpa' or 'sdpa_varlen' on CPU (flex works on CPU under torch.no_grad)"
-        )
+    if q.device.type == "cpu":
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise ConfigError(
+                "backend 'flex' cannot train on CPU: torch 2.13's flex_attention has no CPU backward. "
+                "Use backend='sdpa' or 'sdpa_varlen' on CPU (flex works on CPU under torch.no_grad)"
+            )
+        q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses requires_grad leaves even under no_grad
     fn = flex_attention
     if q.device.type == "cuda":  # the fused kernel; eager flex materializes the full score matrix
         if _COMPILED_FLEX is None:
