@@ -5,11 +5,14 @@ does; ``draw_mask`` draws the row's attention mask. Roles are derived from the t
 with the build's own tokenizer (named in the manifest): the word after ``<|im_start|>`` (ChatML) or between
 ``<|start_header_id|>`` and ``<|end_header_id|>`` (Llama-3). What was rendered is what is shown.
 
-    example 0  coco.jsonl:12  [0, 346)  346 tokens, 6 nodes, 1 image, 71 loss tokens
-      node 0  [0, 238)    root      system,user  loss 0   "<|im_start|>system\\nYou are…"
-      └ node 1  [238, 258)  parent 0  assistant    loss 17  "<|im_start|>assistant\\nA man…"
-          loss: "A man riding a wave.<|im_end|>"
-      image 0  [15, 231)  216 tokens  grid 1x24x36  /data/coco/000000539216.jpg
+    example 0  coco.jsonl:74  [0, 348)  348 tokens, 6 nodes, 1 image, 72 loss tokens
+      node  span        parent  role         loss  text
+      0     [0, 256)    -       system,user     0  "<|im_start|>system\\n[…]<|image_pad|>x234<|vision_end|>Describe this image.<|im_end|>\\n"
+      1     [256, 271)  0       └ assistant    11  "<|im_start|>assistant\\nA laptop computer on a desk.<|im_end|>\\n"
+                                             loss: "A laptop computer on a desk.<|im_end|>"
+      image 0  [15, 249)  234 tokens, grid 1x26x36  /data/coco/000000000790.jpg
+
+Long texts are elided in the middle (``[…]``); separate runs of loss tokens are joined by `` … ``.
 
 The mask picture (after the Molmo2 paper's figure): token i (row) sees token j (column). Each example is a
 block on the diagonal in its own colour; the darker columns of a block are the ancestor nodes a branch sees
@@ -249,7 +252,7 @@ def _snippet(text: str, width: int) -> str:
     s = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
     if len(s) > width:
         head = (width * 2) // 3
-        s = s[:head] + "…" + s[len(s) - (width - head - 1):]
+        s = s[:head] + "[…]" + s[len(s) - max(0, width - head - 3):]
     return f'"{s}"'
 
 

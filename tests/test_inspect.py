@@ -132,7 +132,7 @@ def test_format_row_golden(one_per_row):
 def test_snippets_elide_the_middle_and_ids_mode_loads_no_tokenizer(one_per_row):
     info = describe_row(one_per_row, _row_of(one_per_row, 1))
     short = format_row(info, width=30).splitlines()[5]
-    assert short.endswith('  "<|im_start|>system\\n…m_end|>\\n"')  # 20 + 1 + 9 characters
+    assert short.endswith('  "<|im_start|>system\\n[…]end|>\\n"')  # 20 + 3 + 7 characters
     ids = describe_row(one_per_row, _row_of(one_per_row, 1), decode=False)
     assert ids.tokenizer is None and ids.examples[0].nodes[0].roles == []
     assert ids.examples[0].nodes[0].text.startswith("151644 8948 198 ")  # <|im_start|> system \n
