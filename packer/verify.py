@@ -19,7 +19,9 @@ What is checked (each failure is one ``Violation``: file, row, what):
 - with ``inputs``: every non-blank input line is packed (``path:line`` in ``example_ids``) or rejected
   (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``).
 
-Cost: one pass over the shards, each row group decoded once; ~1 s per million tokens on one core.
+Cost: one pass over the shards, each row group decoded once: ~2.5M tokens/s on one core (qwen2-vl rows with
+images and mRoPE, 64-row groups; about a third of it is Parquet decoding). Memory: one row group plus the
+example ids (for the uniqueness check).
 """
 
 from __future__ import annotations
