@@ -11,9 +11,9 @@
 loss-token count (every example's first label is -100), trees included.
 
 ``--loss model`` (linear packs only): the stock Trainer and the model's own loss; the collate's
-``shift_labels`` make it exact (no prediction across example boundaries). The token mean then spans the
-whole step only for models that accept loss kwargs (Llama/Qwen2 do; Qwen2-VL sets
-``accepts_loss_kwargs = False``, so its step loss is the mean of micro-batch means).
+``shift_labels`` make it exact (no prediction across example boundaries). The token mean spans the whole
+step when the Trainer sees the model accept loss kwargs (a ``**kwargs`` forward: Llama, Qwen2 and
+Qwen2VLForConditionalGeneration do); otherwise it is the mean of micro-batch means.
 """
 
 from __future__ import annotations
