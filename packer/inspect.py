@@ -441,8 +441,9 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
         axes[1].set_title(f"example {zoom} alone: {data['example_ids'][zoom]}, {_plural(len(sub['node_offsets']), 'node')}"
                           f" ({'exact' if fz == 1 else f'cells of {fz}x{fz} tokens'})", fontsize=9, loc="left")
     fig.suptitle(f"{shards.root.name} row {row}: {_plural(T, 'token')}, {_plural(len(cu) - 1, 'example')}, "
-                 f"{_plural(len(offsets), 'node')}, {_plural(len(data['images']), 'image')}. "
-                 "Query token i (row) sees key token j (column) where coloured", fontsize=10)
+                 f"{_plural(len(offsets), 'node')}, {_plural(len(data['images']), 'image')}."
+                 f"{' ' if show_zoom else chr(10)}Query token i (row) sees key token j (column) where coloured",
+                 fontsize=10)
     c0 = np.array(to_rgb(PALETTE[0]))
     handles = [Patch(color=c0, label="sees its own node"),
                Patch(color=c0 * ANCESTOR_SHADE, label="sees an ancestor node (shared prefix)"),
@@ -450,7 +451,7 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
                Patch(facecolor="white", edgecolor="#999999", label="masked (other example or sibling branch)"),
                Patch(facecolor="none", edgecolor=IMAGE_EDGE, label="image span"),
                Patch(facecolor="none", edgecolor="black", label="example boundary")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=6, fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=6 if show_zoom else 3, fontsize=8, frameon=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     return out
