@@ -382,3 +382,32 @@ def test_vectorized_mrope_matches_the_reference_on_random_forests():
                               np.array(starts, np.int64), np.array(counts, np.int64), np.array(hs, np.int64),
                               np.array(ws, np.int64), merge)
         np.testing.assert_array_equal(got, np.concatenate(want, axis=1))
+
+
+def test_weighted_mixture_copies_are_accounted_for(tmp_path):
+    """Weight 2.5 packs each record 2 or 3 times as path:line#k; weight 0.5 drops about half: both verify."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"text": f"alpha {i} " * 5}) + "\n" for i in range(20)) + "{bad\n")
+    b.write_text("".join(json.dumps({"text": f"beta {i} " * 5}) + "\n" for i in range(20)))
+    out = tmp_path / "out"
+    config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": [str(a)], "weight": 2.5},
+                                                {"name": "b", "paths": [str(b)], "weight": 0.5}],
+                                    "output": str(out), "profile": "text", "rows_per_row_group": 1})
+    result = build(config, progress=False)
+    assert result.manifest["totals"]["examples"] == 50 + 10
+    report = verify_build(out, inputs=[str(a), str(b)])
+    assert report.ok, report.lines()
+    # a copy suffix out of sequence
+    s, r, row = next((s, r, row) for s, r, row in _rows(out) if any("#1" in e for e in row["example_ids"]))
+    rows = pq.read_table(out / _manifest(out)["shards"][s]["file"]).to_pylist()
+    k = next(i for i, e in enumerate(row["example_ids"]) if e.endswith("#1"))
+    bumped = rows[r]["example_ids"][k] = rows[r]["example_ids"][k][:-2] + "#7"
+    _rewrite(out, s, rows)
+    line = bumped.rsplit(":", 1)[1].split("#")[0]
+    assert f"{a}: line {line} has copies whose #k suffixes are not 0..n-1" in verify_build(out, inputs=[str(a)]).lines()
+    # had source b weight 1, its dropped half would be lost records
+    manifest = _manifest(out)
+    manifest["config"]["sources"][1]["weight"] = 1.0
+    write_json_atomic(out / "manifest.json", manifest)
+    lost = [v for v in verify_build(out, inputs=[str(b)]).lines() if "is neither packed nor rejected" in v]
+    assert len(lost) == 10
