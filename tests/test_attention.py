@@ -279,6 +279,20 @@ def test_packed_model_equals_each_example_alone(backend):
             torch.testing.assert_close(packed[a:b], alone, rtol=1e-5, atol=1e-6)
 
 
+def test_gradient_checkpointing_keeps_the_layout():
+    """Recomputed layers get the same kwargs: gradients with checkpointing equal those without."""
+    batch = _batch(GOLDEN)
+    grads = []
+    for checkpointing in (False, True):
+        model = _tiny_llama().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        use_packed_attention(model, "sdpa_varlen")
+        model(**model_inputs(batch)).logits.square().mean().backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=1e-8)
+
+
 def test_packed_row_without_boundaries_is_refused():
     model = _tiny_llama()
     use_packed_attention(model, "sdpa")
