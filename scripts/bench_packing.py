@@ -182,6 +182,9 @@ def bench_lognormal(n: int, repeats: int, small: tuple[int, ...]) -> None:
     print(row("packer bfd", n, t_bfd, packs_of(ids), lb, total, capacity, t_bfd))
     contenders: list[tuple[str, Callable[[], int], int]] = [
         ("packer bfd + refine", lambda: packs_of(plan(lengths, capacity, refine=True)), repeats),
+        ("packer bfd, budget path (max_examples=10^6, never binds)",
+         lambda: packs_of(plan(lengths, capacity, max_examples=10**6)), repeats),
+        ("packer bfd, max_examples=64", lambda: packs_of(plan(lengths, capacity, max_examples=64)), repeats),
         ("packer ffd", lambda: packs_of(plan(lengths, capacity, algorithm="ffd")), repeats),
         ("packer next-fit", lambda: packs_of(plan(lengths, capacity, algorithm="next-fit")), repeats),
         ("lightbinpack obfd (C++, list in)", lambda: lightbinpack_obfd(as_list, capacity), repeats),
