@@ -378,6 +378,8 @@ def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
             if (out / MANIFEST).exists():
                 (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
             remove_stale_temp_files(out)
+    elif work.is_dir():
+        remove_stale_temp_files(out)  # a fingerprint.tmp-PID of a build killed at its very start
     work.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_name(f"fingerprint.tmp-{os.getpid()}")
     tmp.write_text(fingerprint + "\n")
@@ -387,7 +389,8 @@ def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
 
 def _only_empty_work_dir(out: Path, work: Path) -> bool:
     """True for what a build killed between creating its work dir and writing the fingerprint leaves."""
-    return [p.name for p in out.iterdir()] == [WORK_DIR] and work.is_dir() and not any(work.iterdir())
+    return ([p.name for p in out.iterdir()] == [WORK_DIR] and work.is_dir()
+            and all(".tmp-" in p.name for p in work.iterdir()))
 
 
 def remove_stale_temp_files(out: Path) -> list[Path]:

@@ -239,3 +239,15 @@ def test_strict_bad_record_in_a_pool_worker_reaches_the_cli_intact(corpus, tiny_
     assert f"error: {err.value} (rerun without --strict" in proc.stderr
     assert f"{data}:{BAD_LINE}: wrong_type: messages[0] role must be a string" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_build_killed_before_its_fingerprint_is_no_other_build(tmp_path):
+    """Killed between creating OUT/.packer and renaming its fingerprint into place: the rerun proceeds."""
+    from packer.build import prepare_output
+
+    out = tmp_path / "out"
+    (out / ".packer").mkdir(parents=True)
+    (out / ".packer" / "fingerprint.tmp-4242").write_text("half")
+    work = prepare_output(out, "f" * 64, overwrite=False)
+    assert sorted(p.name for p in work.iterdir()) == ["fingerprint"]
+    assert (work / "fingerprint").read_text() == "f" * 64 + "\n"
