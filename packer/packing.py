@@ -199,9 +199,10 @@ def pack_totals(values: np.ndarray, pack_ids: np.ndarray) -> np.ndarray:
     """Per-pack sums of ``values`` (e.g. tokens or vision tokens), int64, indexed by pack id."""
     ids = np.asarray(pack_ids, dtype=np.int64)
     num_packs = int(ids.max()) + 1 if ids.size else 0
-    out = np.zeros(num_packs, dtype=np.int64)
-    np.add.at(out, ids, np.asarray(values, dtype=np.int64))
-    return out
+    # bincount sums in float64: exact below 2**53 tokens per pack, and 20x faster than np.add.at
+    return np.bincount(ids, weights=np.asarray(values, dtype=np.float64), minlength=num_packs).astype(
+        np.int64
+    )
 
 
 def efficiency(lengths: np.ndarray, pack_ids: np.ndarray, capacity: int) -> float:

@@ -13,7 +13,9 @@ from packer.errors import ConfigError
 from packer.packing import ALGORITHMS, efficiency, groups, lower_bound, pack_totals, plan
 
 FAST = ("bfd", "ffd", "next-fit")  # the compiled ones; `binpacking` is tested on small inputs only
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 # -------------------------------------------------------------------------------------------------------
