@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     from packer.config import BuildConfig
     from packer.data import PackedDataset, collate
 
+    cuda_only = sorted({"flash", "varlen"} & set(args.backend or []))
+    if cuda_only:
+        parser.error(f"{cuda_only} run on CUDA in bf16; this check is fp32 on CPU. Use `pytest -m gpu` on a GPU machine")
     torch.set_num_threads(args.threads)
     vision = {"profile": "qwen2-vl", "max_pixels": args.max_pixels} if args.model == "qwen2-vl" else {"profile": "text"}
     with tempfile.TemporaryDirectory() as tmp:
