@@ -102,6 +102,10 @@ def plan(
     capacity = _positive_int(capacity, "capacity (max_length)")
     vis = None if vision is None else _int_array(vision, "vision", n)
     imgs = None if images is None else _int_array(images, "images", n)
+    for value, knob in ((vision_budget, "max_vision_tokens"), (max_images, "max_images"),
+                        (max_examples, "max_examples_per_pack")):  # fmt: skip
+        if value is not None:
+            _positive_int(value, knob)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     _check_fits(lens, capacity, "tokens", "capacity", "max_length", lower=1)

@@ -299,6 +299,7 @@ def test_groups_and_totals():
         ({"images": [0, 3], "max_images": 2}, r"example 1 has 3 images > max_images 2; raise 'max_images'"),
         ({"max_images": 2}, r"'max_images' is set but no per-example image counts"),
         ({"max_examples": 0}, r"'max_examples_per_pack' must be a positive integer"),
+        ({"lengths": [], "max_images": -1}, r"'max_images' must be a positive integer"),
         ({"algorithm": "binpacking", "max_examples": 2}, r"'binpacking' only knows the token budget"),
     ],
 )
