@@ -701,12 +701,41 @@ def use_packed_attention(model: Any, backend: str = "auto") -> str:
     """Switch a stock transformers model (and its sub-models) to a packer backend; returns the name set.
 
     No model code changes: the model reads ``config._attn_implementation`` at every call. Vision towers
-    (non-causal, per-image) fall through to SDPA inside the same function.
+    (non-causal, per-image) fall through to SDPA inside the same function. A forward pre-hook lets the
+    model take a collated batch as it is: ``model(**collate(rows))`` (see ``_packed_batch_hook``).
     """
     register()
     name = implementation_name(backend)
     model.set_attn_implementation(name)
+    if not getattr(model, "_packer_hook", False):
+        model.register_forward_pre_hook(_packed_batch_hook, with_kwargs=True)
+        model._packer_hook = True
     return name
+
+
+# Keys of a collated batch that are packer's bookkeeping, never model inputs.
+_BATCH_ONLY = ("cu_seqlens", "max_seqlen", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+               "node_offsets", "node_parents", "num_loss_tokens", "example_ids", "image_offsets", "packer_state")
+
+
+def _packed_batch_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """Forward pre-hook: ``model(**collate(rows))`` becomes ``model(**model_inputs(batch))``.
+
+    A raw collated batch carries `cu_seqlens` / `max_seqlen`, which a transformers vision tower would pop as
+    its *own* precomputed boundaries (silently wrong), and tree rows' `labels`, which the model's shifted
+    loss would get wrong. So the hook moves the boundaries into ``packer_layout``, keeps labels only for
+    linear rows (where ``shift_labels`` makes HF's loss exact), and leaves every other kwarg as given.
+    """
+    if LAYOUT_KWARG in kwargs or "cu_seqlens" not in kwargs or "node_parents" not in kwargs:
+        return args, kwargs  # not a packer batch, or already converted
+    layout = PackedLayout.from_batch(kwargs)
+    out = {k: v for k, v in kwargs.items() if k not in _BATCH_ONLY}
+    if not layout.is_linear or "shift_labels" not in kwargs:
+        out.pop("labels", None)
+        out.pop("shift_labels", None)
+    out.setdefault("use_cache", False)
+    out[LAYOUT_KWARG] = layout
+    return args, out
 
 
 # What the model takes from a collated batch. Everything else stays out: targets and bookkeeping (the loss is

@@ -256,15 +256,41 @@ def test_hf_own_loss_is_exact_on_linear_packs(vl_build):
 
 
 def test_raw_collated_batch_works_for_text_models(text_build):
-    """model(**batch) straight from collate: boundaries ride in kwargs, extra keys are ignored."""
+    """model(**batch) straight from collate: the hook turns it into model_inputs(batch), bit for bit."""
     (batch,), ids = ce.compact_vocab([collate(text_build["rows"])])
     model = ce.tiny_model("llama", vocab_size=ids["vocab_size"])
     use_packed_attention(model, "sdpa")
-    raw = {k: v for k, v in batch.items() if k not in ("labels", "shift_labels")}
     with torch.no_grad():
-        a = model(**raw).logits
+        a = model(**batch).logits
         b = model(**model_inputs(batch)).logits
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_raw_collated_batch_works_for_qwen2_vl(vl_build):
+    """The raw batch's cu_seqlens / max_seqlen must not reach the vision tower as its own boundaries, and a
+    tree row's labels must not feed HF's shifted loss: model(**batch) equals the explicit path exactly."""
+    rows = vl_build["rows"]
+    tree = next(r for r in rows if (np.asarray(r["node_parents"]) >= 0).any())
+    (batch,), ids = ce.compact_vocab([collate([tree])])
+    assert "pixel_values" in batch and "cu_seqlens" in batch
+    model = ce.tiny_model("qwen2-vl", **ids)
+    use_packed_attention(model, "sdpa_varlen")
+    with torch.no_grad():
+        raw = model(**batch)
+        explicit = model(**model_inputs(batch))
+    assert raw.loss is None  # tree row: the exact loss is packed_cross_entropy's, not HF's shift
+    torch.testing.assert_close(raw.logits, explicit.logits, rtol=0, atol=0)
+
+
+def test_raw_collated_linear_batch_gives_hf_loss(vl_build):
+    """A linear row straight from collate: HF's own loss (via shift_labels) equals packed_cross_entropy."""
+    linear = [collate([r]) for r in vl_build["rows"] if not (np.asarray(r["node_parents"]) >= 0).any()]
+    (batch,), ids = ce.compact_vocab([linear[0]])
+    model = ce.tiny_model("qwen2-vl", **ids)
+    use_packed_attention(model, "sdpa_varlen")
+    out = model(**batch)
+    ours = packed_cross_entropy(out.logits, batch["labels"], batch, reduction="mean")
+    torch.testing.assert_close(out.loss, ours.loss, rtol=1e-6, atol=1e-6)
 
 
 def test_check_equivalence_cli(text_build, capsys):
