@@ -106,7 +106,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
 @click.option("--algorithm", type=click.Choice(["bfd", "ffd", "next-fit", "binpacking"]), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
-@click.option("--refine/--no-refine", default=None, help="Try to empty the least-filled packs after BFD.")
+@click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
 @click.option("--overlong", type=click.Choice(["drop", "truncate"]), help="Over-long examples: reject or truncate. [default: drop]")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,31 @@ from .errors import ConfigError
 
 OVERLONG_POLICIES = ("drop", "truncate")
 ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")
+
+
+def _type_ok(value: Any, expected: Any) -> bool:
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arm) for arm in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
+    if origin is tuple:
+        return isinstance(value, tuple)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _check_types(config: Any) -> None:
+    """ConfigError naming the key when a YAML/CLI value has the wrong type (a string max_length, say)."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not _type_ok(value, hints[f.name]):
+            expected = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise ConfigError(f"'{f.name}' must be {expected}, got {value!r} ({type(value).__name__})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +52,7 @@ class SourceConfig:
     """Sampling factor: 2.0 repeats every example twice, 0.5 keeps a seeded half, 1.5 all + a seeded half."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if not self.paths:
             raise ConfigError(f"source {self.name!r}: 'paths' must list at least one file or glob")
         if not self.weight > 0:
@@ -57,8 +85,9 @@ class BuildConfig:
     """Planner: bfd (default), ffd, next-fit, binpacking."""
     balance_vision: bool = False
     """Spread vision tokens evenly across packs (same pack count, lower vision-load spread)."""
-    refine: bool = False
-    """Run the refinement pass after BFD that tries to empty the least-filled packs."""
+    refine: bool = True
+    """Also try BFD with exact pack completion and keep the plan with fewer packs (~3x the planner's time,
+    e.g. 0.2 s per 1M examples; Wikipedia-BERT histogram 99.949% -> 99.973% efficiency)."""
     overlong: str = "drop"
     """What to do with an example longer than max_length: drop (reject) or truncate."""
     image_root: str | None = None
@@ -83,6 +112,7 @@ class BuildConfig:
     """Replace an output directory that holds a different build."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if not self.sources:
             raise ConfigError("no input: give at least one JSONL file or a `sources:` list")
         if self.max_length < 1:

@@ -146,9 +146,10 @@ def test_missing_config_file_is_a_usage_error(tmp_path):
     assert f"Error: Invalid value for '--config': File '{tmp_path / 'nope.yaml'}' does not exist." in res.stderr
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="known gap in config.py: values are not type-checked, a string max_length raises "
-                          "TypeError (a traceback) instead of a ConfigError naming the key")
 def test_wrong_value_type_is_a_config_error():
-    with pytest.raises(ConfigError, match="max_length"):
+    with pytest.raises(ConfigError, match=r"'max_length' must be int, got 'big' \(str\)"):
         BuildConfig.from_dict({"max_length": "big", "inputs": ["x.jsonl"], "output": "o"})
+    with pytest.raises(ConfigError, match="'overwrite' must be bool"):
+        BuildConfig.from_dict({"overwrite": "yes", "inputs": ["x.jsonl"], "output": "o"})
+    with pytest.raises(ConfigError, match="'max_vision_tokens' must be int | None"):
+        BuildConfig.from_dict({"max_vision_tokens": 1.5, "inputs": ["x.jsonl"], "output": "o"})
