@@ -30,6 +30,7 @@ StatefulDataLoader itself needs the same number.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -57,6 +58,7 @@ class _Pass:
     base: Intervals  # positions already consumed when the pass started
     num_workers: int
     counts: dict[int, int] = field(default_factory=dict)  # worker -> rows of its slice consumed
+    pid: int = field(default_factory=os.getpid)  # a forked worker's copy of the main's pass is not its own
 
 
 def _merge(intervals) -> Intervals:
@@ -198,7 +200,7 @@ class PackedDataset(IterableDataset):
         info = get_worker_info()
         if info is None:
             return {**self._header(), "consumed": [list(iv) for iv in self._consumed()]}
-        if self._pass is not None:
+        if self._pass is not None and self._pass.pid == os.getpid():
             base, count = self._pass.base, self._pass.counts.get(info.id, 0)
         elif self._pending is not None:
             base = self._pending["base"]
