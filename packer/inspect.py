@@ -128,13 +128,13 @@ def find_example(shards: ShardSet, example_id: str) -> int:
 def read_row(shards: ShardSet, row: int) -> dict[str, Any]:
     """One row as a dict: list columns as numpy int arrays, ``images`` as dicts, the rest as Python values."""
     shard, r = locate_row(shards, row)
-    pf = pq.ParquetFile(shards.shard_path(shard))
-    for g in range(pf.metadata.num_row_groups):  # decode only the row group that holds the row
-        n = pf.metadata.row_group(g).num_rows
-        if r < n:
-            data = pf.read_row_group(g).slice(r, 1).to_pylist()[0]
-            break
-        r -= n
+    with pq.ParquetFile(shards.shard_path(shard)) as pf:
+        for g in range(pf.metadata.num_row_groups):  # decode only the row group that holds the row
+            n = pf.metadata.row_group(g).num_rows
+            if r < n:
+                data = pf.read_row_group(g).slice(r, 1).to_pylist()[0]
+                break
+            r -= n
     out: dict[str, Any] = {}
     for k, v in data.items():
         if k in ("images", "example_ids", "example_sources") or not isinstance(v, list):

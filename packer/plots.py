@@ -129,30 +129,37 @@ class SampleExample:
     colour: int  # palette index, the same in every panel
 
 
+def _leading_rows(shards: ShardSet, columns: list[str]):
+    """Rows of the build in shard order, decoded 16 at a time (files closed as soon as they are done)."""
+    for i in range(len(shards.shards)):
+        with pq.ParquetFile(shards.shard_path(i)) as pf:
+            for batch in pf.iter_batches(batch_size=16, columns=columns):
+                yield from batch.to_pylist()
+
+
 def sample_examples(shards: ShardSet, max_examples: int = SAMPLE_EXAMPLES) -> list[list[SampleExample]]:
     """The examples of the first packs of the build, pack by pack: as many whole packs as fit in
     ``max_examples`` (at least one pack)."""
     packs: list[list[SampleExample]] = []
     taken = 0
     colour = 0
-    for i in range(len(shards.shards)):
-        pf = pq.ParquetFile(shards.shard_path(i))
-        for batch in pf.iter_batches(batch_size=16, columns=["cu_seqlens", "images"]):
-            for row in batch.to_pylist():
-                cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
-                if packs and taken + len(cu) - 1 > max_examples:
-                    return packs
-                vision = np.zeros(int(cu[-1]), dtype=bool)  # (T,)
-                for im in row["images"]:
-                    vision[im["offset"] : im["offset"] + im["num_tokens"]] = True
-                pack = []
-                for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-                    pack.append(SampleExample(length=hi - lo, vision=vision[lo:hi], colour=colour))
-                    colour += 1
-                packs.append(pack)
-                taken += len(pack)
-                if taken >= max_examples:
-                    return packs
+    rows = _leading_rows(shards, ["cu_seqlens", "images"])
+    for row in rows:
+        cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
+        if packs and taken + len(cu) - 1 > max_examples:
+            break
+        vision = np.zeros(int(cu[-1]), dtype=bool)  # (T,)
+        for im in row["images"]:
+            vision[im["offset"] : im["offset"] + im["num_tokens"]] = True
+        pack = []
+        for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            pack.append(SampleExample(length=hi - lo, vision=vision[lo:hi], colour=colour))
+            colour += 1
+        packs.append(pack)
+        taken += len(pack)
+        if taken >= max_examples:
+            break
+    rows.close()  # closes the open shard now, not at garbage collection
     return packs
 
 
