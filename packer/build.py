@@ -170,27 +170,6 @@ def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
         yield chunk.first_line + i, raw
 
 
-def _reject_lone_surrogates(raw: bytes, path: str, line: int) -> None:
-    """RecordError("not_utf8") for valid JSON whose strings hold a lone surrogate escape (``"\\ud800"``).
-
-    Such a string is not Unicode text: the tokenizer raises TypeError on it, which would stop the whole build.
-    Only lines holding a ``\\ud`` escape are re-checked (``json.dumps(ensure_ascii=True)`` writes every
-    emoji as a surrogate pair, so such lines are common, but a JSON parse costs far less than tokenizing).
-    TODO(records.py owner): belongs in records.parse_line, so read_jsonl rejects it too.
-    """
-    if b"\\ud" not in raw and b"\\uD" not in raw:
-        return
-    try:
-        json.dumps(json.loads(raw), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise RecordError(
-            "not_utf8", "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text; "
-            "fix the producer's escaping", path=path, line=line,
-        ) from None
-    except (ValueError, RecursionError):
-        return  # not JSON: parse_line gives the precise reason
-
-
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
     return {"path": err.path, "line": err.line, "reason": err.reason, "message": err.message, "source": source}
 
@@ -212,7 +191,6 @@ def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]
             continue  # blank lines are not records
         lines += 1
         try:
-            _reject_lone_surrogates(raw, chunk.path, line_no)
             example = parse_line(
                 raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
                 source_name=chunk.source,
@@ -245,10 +223,7 @@ def _chunk_counts(arrow_path: Path, rejects_path: Path) -> dict[str, Any]:
 
 
 def _encode_task(args: tuple[Chunk, BuildConfig, str]) -> dict[str, Any]:
-    try:
-        return encode_chunk(*args)
-    except RecordError as e:  # --strict: RecordError does not survive pickling, so send its fields
-        return {"strict_error": (e.reason, e.message, e.path, e.line)}
+    return encode_chunk(*args)  # under --strict a RecordError propagates (it pickles) to the parent
 
 
 def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress: bool) -> dict[str, int]:
@@ -268,9 +243,6 @@ def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress
             pool = mp.get_context("spawn").Pool(config.num_proc, initializer=_worker_init)
             results = pool.imap(_encode_task, tasks, chunksize=1)
         for done, counts in enumerate(results, start=1):
-            if "strict_error" in counts:
-                reason, message, path, line = counts["strict_error"]
-                raise RecordError(reason, message, path=path, line=line)
             for k in totals:
                 totals[k] += counts[k]
             bar.update(1)

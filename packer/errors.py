@@ -49,6 +49,9 @@ class RecordError(PackerError):
         self.line = line
         super().__init__(self.__str__())
 
+    def __reduce__(self):  # keyword-only fields: pickle (e.g. from a worker process) needs the recipe
+        return _record_error, (self.reason, self.message, self.path, self.line)
+
     def located(self, path: str, line: int) -> RecordError:
         """Return the same error with its file and line filled in."""
         return RecordError(self.reason, self.message, path=path, line=line)
@@ -56,3 +59,7 @@ class RecordError(PackerError):
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}: " if self.path else ""
         return f"{where}{self.reason}: {self.message}"
+
+
+def _record_error(reason: str, message: str, path: str, line: int) -> RecordError:
+    return RecordError(reason, message, path=path, line=line)

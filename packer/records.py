@@ -106,6 +106,8 @@ def _image_ref(source: Any, ctx: _Ctx) -> ImageRef:
     if source.startswith("file://"):
         source = source[len("file://") :]
     path = source if os.path.isabs(source) else os.path.normpath(os.path.join(ctx.root_dir, source))
+    if os.path.isdir(path):
+        raise ctx.error("bad_image", f"image {path} is a directory, not an image file (named {source!r})")
     if not os.path.isfile(path):
         raise ctx.error(
             "missing_image",
@@ -392,6 +394,17 @@ def parse_line(
         raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
     except (ValueError, RecursionError) as e:  # a 5000-digit integer, arrays nested 100k deep
         raise RecordError("malformed_json", f"{type(e).__name__}: {str(e)[:200]}", path=path, line=line) from None
+    if "\\ud" in text or "\\uD" in text:  # only such lines can hold a lone surrogate escape
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # "\ud800" alone is not text: the tokenizer would raise on it
+            raise RecordError(
+                "not_utf8",
+                "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text; "
+                "fix the producer's escaping",
+                path=path,
+                line=line,
+            ) from None
     return parse_record(
         obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name
     )

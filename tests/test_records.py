@@ -489,3 +489,11 @@ def test_message_dataclass_roundtrip():
 
     node = Node(messages=[Message("user", ["hi", ImageRef(path="/x.jpg")], loss=True)])
     assert pickle.loads(pickle.dumps(node)) == node
+
+
+def test_directory_named_as_image_is_bad_image(tmp_path):
+    (tmp_path / "imgdir.jpg").mkdir()
+    rec = {"messages": [{"role": "user", "content": [{"type": "image", "image": "imgdir.jpg"}]},
+                        {"role": "assistant", "content": "x"}]}
+    with pytest.raises(RecordError, match="bad_image: image .*imgdir.jpg is a directory"):
+        parse_record(rec, path="d.jsonl", line=1, base_dir=str(tmp_path))
