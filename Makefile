@@ -10,7 +10,7 @@ COCO ?= $(SHARED)/data/coco-mini
 DEMO ?= demo_out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench docs clean
+.PHONY: setup demo test lint docs clean
 
 setup: $(VENV)/.installed
 
@@ -27,16 +27,21 @@ demo: setup
 	$(PY) scripts/coco_to_jsonl.py --coco $(COCO) --out $(DEMO)/jsonl
 	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_caption_trees.jsonl --output $(DEMO)/caption_trees \
 		--config configs/coco-caption-trees.yaml --overwrite
-	$(VENV)/bin/packer stats $(DEMO)/caption_trees
+	$(VENV)/bin/packer stats $(DEMO)/caption_trees --plot $(DEMO)/caption_trees_stats.png
+	$(VENV)/bin/packer inspect $(DEMO)/caption_trees --row 0 --mask $(DEMO)/caption_trees_mask.png
 	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_grounding.jsonl --output $(DEMO)/grounding \
 		--profile qwen2-vl --max-length 4096 --overwrite
-	$(VENV)/bin/packer stats $(DEMO)/grounding
+	$(VENV)/bin/packer stats $(DEMO)/grounding --plot $(DEMO)/grounding_stats.png
+	$(VENV)/bin/packer verify $(DEMO)/caption_trees --input $(DEMO)/jsonl/coco_caption_trees.jsonl
 
 test: setup
 	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check packer tests scripts
+
+docs: setup
+	$(PY) scripts/gen_cli_docs.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache
