@@ -367,21 +367,33 @@ def _image_ref(image: dict[str, Any], image_root: str | None):
     return ImageRef(path=path)
 
 
+def _cat(rows: list[dict[str, Any]], key: str, shifts: np.ndarray | None = None) -> np.ndarray:
+    """One column of all rows, each optionally shifted (a single row is used as is: no copy)."""
+    if len(rows) == 1:
+        return rows[0][key] if shifts is None else rows[0][key] + shifts[0]
+    if shifts is None:
+        return np.concatenate([r[key] for r in rows])
+    return np.concatenate([r[key] + s for r, s in zip(rows, shifts, strict=True)])
+
+
 def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md)."""
-    lengths = [len(r["input_ids"]) for r in rows]
-    row_start = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)
-    input_ids = torch.from_numpy(np.concatenate([r["input_ids"] for r in rows]).astype(np.int64))[None]  # (1, T)
-    labels = torch.from_numpy(np.concatenate([r["labels"] for r in rows]).astype(np.int64))[None]  # (1, T)
-    pos = torch.from_numpy(np.concatenate([r["position_ids"] for r in rows]).astype(np.int64))[None]  # (1, T)
-    cu = np.concatenate([rows[0]["cu_seqlens"][:1]] + [r["cu_seqlens"][1:] + s for r, s in zip(rows, row_start[:-1], strict=True)])
-    node_counts = [len(r["node_offsets"]) for r in rows]
-    node_start = np.concatenate([[0], np.cumsum(node_counts)])
-    node_offsets = np.concatenate([r["node_offsets"] + s for r, s in zip(rows, row_start[:-1], strict=True)])
-    node_parents = np.concatenate(
-        [np.where(r["node_parents"] < 0, -1, r["node_parents"] + n) for r, n in zip(rows, node_start[:-1], strict=True)]
-    )
-    cu_t = torch.from_numpy(cu.astype(np.int32))  # (E+1,)
+    row_start = np.cumsum([0] + [len(r["input_ids"]) for r in rows])  # (R+1,)
+    labels_np = _cat(rows, "labels").astype(np.int64)  # (T,)
+    input_ids = torch.from_numpy(_cat(rows, "input_ids").astype(np.int64))[None]  # (1, T)
+    labels = torch.from_numpy(labels_np)[None]  # (1, T)
+    pos = torch.from_numpy(_cat(rows, "position_ids").astype(np.int64))[None]  # (1, T)
+    if len(rows) == 1:
+        cu = rows[0]["cu_seqlens"]
+        node_offsets, node_parents = rows[0]["node_offsets"], rows[0]["node_parents"]
+    else:
+        cu = np.concatenate([rows[0]["cu_seqlens"][:1]] + [r["cu_seqlens"][1:] + s for r, s in zip(rows, row_start[:-1], strict=True)])
+        node_start = np.cumsum([0] + [len(r["node_offsets"]) for r in rows])
+        node_offsets = _cat(rows, "node_offsets", row_start[:-1])
+        node_parents = np.concatenate(
+            [np.where(r["node_parents"] < 0, -1, r["node_parents"] + n) for r, n in zip(rows, node_start[:-1], strict=True)]
+        )
+    cu_t = torch.from_numpy(cu.astype(np.int32))  # (E+1,); a copy: Arrow-backed views are read-only
     max_seqlen = int(np.diff(cu).max()) if len(cu) > 1 else 0
     batch: dict[str, Any] = {
         "input_ids": input_ids,
@@ -395,16 +407,20 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "max_length_k": max_seqlen,
         "node_offsets": torch.from_numpy(node_offsets.astype(np.int32)),  # (N,)
         "node_parents": torch.from_numpy(node_parents.astype(np.int32)),  # (N,)
-        "num_loss_tokens": int((labels != IGNORE_INDEX).sum()),
+        "num_loss_tokens": int(np.count_nonzero(labels_np != IGNORE_INDEX)),
         "example_ids": [e for r in rows for e in r["example_ids"]],
     }
     if not (node_parents >= 0).any():  # linear rows: HF's own shifted loss is exact with these
-        shift = torch.full_like(labels, IGNORE_INDEX)
-        shift[:, :-1] = labels[:, 1:]  # example starts carry -100, so nothing crosses a boundary
-        batch["shift_labels"] = shift
+        shift = np.empty_like(labels_np)
+        shift[:-1] = labels_np[1:]  # example starts carry -100, so nothing crosses a boundary
+        shift[-1:] = IGNORE_INDEX
+        batch["shift_labels"] = torch.from_numpy(shift)[None]  # (1, T)
     if "mrope_position_ids" in rows[0]:
-        mrope = torch.from_numpy(np.concatenate([r["mrope_position_ids"] for r in rows], axis=1).astype(np.int64))
-        batch["position_ids"] = torch.cat([pos, mrope], dim=0)[:, None, :]  # (4, 1, T): text row, then t/h/w
+        mrope = np.concatenate([r["mrope_position_ids"] for r in rows], axis=1)  # (3, T)
+        full = np.empty((4, 1, mrope.shape[1]), dtype=np.int64)  # (4, 1, T): text row, then t/h/w
+        full[0, 0] = pos[0].numpy()
+        full[1:, 0] = mrope
+        batch["position_ids"] = torch.from_numpy(full)
     images = [im for r in rows for im in r["images"]]
     if images and rows[0].get("load_images", True):
         profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
