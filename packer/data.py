@@ -45,6 +45,7 @@ from .example import IGNORE_INDEX
 from .shards import ShardSet, list_column, open_shards
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
+READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "example_ids"]  # what a row needs
 STATE_VERSION = 2  # version 1 (per-worker counts only) could not be read back in the main process
 
 Intervals = tuple[tuple[int, int], ...]  # sorted, disjoint [start, end) ranges of epoch-order positions
@@ -117,6 +118,9 @@ class PackedDataset(IterableDataset):
         cfg = self.shards.config
         self.profile = self.shards.manifest.get("profile", cfg.get("profile", "text"))
         self.profile_options = {"min_pixels": cfg.get("min_pixels"), "max_pixels": cfg.get("max_pixels")}
+        # what collate needs to decode a row's images, attached to every row
+        self._row_context = {"profile": self.profile, "profile_options": self.profile_options,
+                             "load_images": load_images, "image_root": image_root}
         blocks = []  # (shard index, row group index, rows)
         for s in range(len(self.shards.shards)):
             meta = pq.ParquetFile(self.shards.shard_path(s)).metadata
@@ -263,19 +267,17 @@ class PackedDataset(IterableDataset):
         files: dict[int, pq.ParquetFile] = {}
         cached_block, decoded = -1, None
         count = skip
-        for g in order.tolist():
-            block = int(np.searchsorted(self._block_start, g, side="right") - 1)
+        blocks = np.searchsorted(self._block_start, order, side="right") - 1  # (n,) row group of each row
+        in_block = order - self._block_start[blocks]
+        for block, i in zip(blocks.tolist(), in_block.tolist(), strict=True):
             if block != cached_block:
                 shard, group, _ = self._blocks[block]
                 if shard not in files:
                     files[int(shard)] = pq.ParquetFile(self.shards.shard_path(int(shard)))
-                decoded = _decode_block(files[int(shard)].read_row_group(int(group)))
+                decoded = _decode_block(files[int(shard)].read_row_group(int(group), columns=READ_COLUMNS))
                 cached_block = block
-            row = _row(decoded, g - int(self._block_start[block]))
-            row["profile"] = self.profile
-            row["profile_options"] = self.profile_options
-            row["load_images"] = self.load_images
-            row["image_root"] = self.image_root
+            row = _row(decoded, i)
+            row.update(self._row_context)
             count += 1
             state.counts[worker] = count  # before the yield: a state taken with this row delivered counts it
             row["_state"] = {"epoch": state.epoch, "base": base, "worker": worker, "num_workers": num_workers,
