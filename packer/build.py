@@ -304,6 +304,64 @@ def sample_sources(sources: np.ndarray, config: BuildConfig) -> tuple[np.ndarray
     return index[order], copies[order]
 
 
+def separate_copies(
+    index: np.ndarray, pack_ids: np.ndarray, lengths: np.ndarray, vision: np.ndarray, images: np.ndarray,
+    config: BuildConfig, *, max_tries: int = 4096,
+) -> np.ndarray:
+    """Move up-sampled copies out of their original's pack by swapping with another pack's example.
+
+    Best-fit stacks equal lengths into one bin, so an example's copies (same length) land together: the
+    same sequence twice in one row. Each swap keeps both packs within capacity and budgets, so the pack
+    count and every budget hold; a conflict with no feasible partner within ``max_tries`` stays.
+    """
+    pack_ids = pack_ids.copy()
+    num_packs = int(pack_ids.max()) + 1
+    key = index * num_packs + pack_ids  # (n,) equal keys: the same example twice in one pack
+    by_key = np.argsort(key, kind="stable")
+    dup = by_key[1:][key[by_key[1:]] == key[by_key[:-1]]]
+    if not len(dup):
+        return pack_ids
+    load = np.bincount(pack_ids, weights=lengths, minlength=num_packs).astype(np.int64)
+    vload = np.bincount(pack_ids, weights=vision, minlength=num_packs).astype(np.int64)
+    iload = np.bincount(pack_ids, weights=images, minlength=num_packs).astype(np.int64)
+    members: dict[int, dict[int, int]] = {}  # pack -> example index -> copies in it
+    for pk, ex in zip(pack_ids.tolist(), index.tolist(), strict=True):
+        m = members.setdefault(pk, {})
+        m[ex] = m.get(ex, 0) + 1
+    vcap = config.max_vision_tokens if config.max_vision_tokens is not None else np.iinfo(np.int64).max
+    icap = config.max_images if config.max_images is not None else np.iinfo(np.int64).max
+    cap = config.max_length
+    candidates = np.random.default_rng([config.seed, 2]).permutation(len(index)).tolist()
+    cursor = 0
+    for p in dup.tolist():
+        a, ea = int(pack_ids[p]), int(index[p])
+        for _ in range(min(max_tries, len(candidates))):
+            q = candidates[cursor]
+            cursor = (cursor + 1) % len(candidates)
+            b, eb = int(pack_ids[q]), int(index[q])
+            if a == b or eb in members[a] or ea in members[b]:
+                continue
+            dl, dv, di = int(lengths[q] - lengths[p]), int(vision[q] - vision[p]), int(images[q] - images[p])
+            if (load[a] + dl > cap or load[b] - dl > cap or vload[a] + dv > vcap or vload[b] - dv > vcap
+                    or iload[a] + di > icap or iload[b] - di > icap):
+                continue
+            pack_ids[p], pack_ids[q] = b, a
+            load[a] += dl
+            load[b] -= dl
+            vload[a] += dv
+            vload[b] -= dv
+            iload[a] += di
+            iload[b] -= di
+            for pk, old_ex, new_ex in ((a, ea, eb), (b, eb, ea)):
+                m = members[pk]
+                m[old_ex] -= 1
+                if not m[old_ex]:
+                    del m[old_ex]
+                m[new_ex] = m.get(new_ex, 0) + 1
+            break
+    return pack_ids
+
+
 def budget_rejects(table: pa.Table, config: BuildConfig) -> np.ndarray:
     """Examples that can never fit a pack's vision budget (reported as `overlong`)."""
     bad = np.zeros(table.num_rows, dtype=bool)
@@ -437,6 +495,8 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
         max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
         refine=config.refine, seed=config.seed,
     )
+    if copies.any():
+        pack_ids = separate_copies(index, pack_ids, lengths, vision, images, config)
     order = np.argsort(pack_ids, kind="stable")  # examples grouped pack by pack, input order inside a pack
     pack_sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
     np.save(work / "plan.npy", np.stack([index, copies, pack_ids]))
