@@ -71,6 +71,7 @@ class Chunk:
     start: int  # byte offset
     end: int  # byte offset (exclusive)
     first_line: int  # 1-based number of the first line
+    num_lines: int = CHUNK_LINES  # lines in the chunk (blank ones included)
 
 
 @dataclass
@@ -128,7 +129,7 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
                         bar.update(pos - start)
                         start, line_no, lines = pos, line_no + CHUNK_LINES, 0
                 if lines:
-                    chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no))
+                    chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no, lines))
                     bar.update(pos - start)
     return chunks
 
@@ -231,7 +232,9 @@ def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress
     (work / "encode").mkdir(parents=True, exist_ok=True)
     totals = {"records": 0, "encoded": 0, "rejected": 0}
     tasks = [(c, config, str(work)) for c in chunks]
-    bar = _progress(total=len(chunks), enabled=progress, desc="encode", unit="chunk")
+    # counted in input lines (what users know their files by), advanced a chunk at a time
+    bar = _progress(total=sum(c.num_lines for c in chunks), enabled=progress, desc="encode", unit="line",
+                    unit_scale=True)
     pool = None
     try:
         if config.num_proc == 1 or len(chunks) <= 1:
@@ -245,7 +248,7 @@ def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress
         for done, counts in enumerate(results, start=1):
             for k in totals:
                 totals[k] += counts[k]
-            bar.update(1)
+            bar.update(chunks[done - 1].num_lines)
             bar.set_postfix(examples=totals["encoded"], rejects=totals["rejected"], refresh=False)
             crash_point("encode", done)
         if pool is not None:

@@ -57,7 +57,7 @@ def test_top_level_help_lists_commands_and_exit_codes():
 def test_build_shows_progress_with_counts_and_rates_then_a_summary(built):
     _, out, res = built
     # tqdm bars on stderr: what each stage did, how many, how fast
-    assert "encode: 100%" in res.stderr and "examples=12, rejects=1" in res.stderr and "chunk/s" in res.stderr
+    assert "encode: 100%" in res.stderr and "examples=12, rejects=1" in res.stderr and "line/s" in res.stderr
     assert "write: 100%" in res.stderr and "pack/s" in res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].startswith("packed 12 examples into ") and lines[0].endswith(f"1 rejected; 2 shard(s) in {out}")
