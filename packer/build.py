@@ -146,7 +146,7 @@ def _renderer(config: BuildConfig):
         from .tokenizers import load_tokenizer
         from .vision import get_profile
 
-        profile = get_profile(config.profile, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+        profile = get_profile(config.profile, **config.profile_overrides())
         tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
         template = config.chat_template
         if template and Path(template).is_file():
@@ -450,7 +450,7 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
     from .vision import get_profile
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    profile = get_profile(config.profile, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+    profile = get_profile(config.profile, **config.profile_overrides())
     tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
     tok_fp = tokenizer_fingerprint(tokenizer)
     out = Path(config.output)

@@ -109,6 +109,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
 @click.option("--overlong", type=click.Choice(["drop", "truncate"]), help="Over-long examples: reject or truncate. [default: drop]")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
+@click.option("--image-token", help="The tokenizer's image placeholder token, e.g. '<image>' for LLaVA tokenizers.")
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
 @click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
 @click.option("--seed", type=int, help="Seed of the pack shuffle and of source sampling. [default: 0]")

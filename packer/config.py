@@ -92,6 +92,8 @@ class BuildConfig:
     """What to do with an example longer than max_length: drop (reject) or truncate."""
     image_root: str | None = None
     """Resolve relative image paths against this directory instead of each JSONL file's directory."""
+    image_token: str | None = None
+    """The tokenizer's image placeholder token, if not the profile's (e.g. `<image>` for a LLaVA tokenizer)."""
     min_pixels: int | None = None
     """Override the profile's min_pixels (Qwen2-VL smart resize)."""
     max_pixels: int | None = None
@@ -144,7 +146,13 @@ class BuildConfig:
         known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown config keys {unknown}; known keys: {', '.join(sorted(known))}")
+            import difflib
+
+            hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+            did_you_mean = "".join(f" ('{k}': did you mean '{m[0]}'?)" for k, m in hints.items() if m)
+            raise ConfigError(
+                f"unknown config keys {unknown}{did_you_mean}; known keys: {', '.join(sorted(known))}"
+            )
         inputs = data.pop("inputs", None)
         sources = data.pop("sources", None)
         if inputs and sources:
@@ -186,9 +194,18 @@ class BuildConfig:
         d["sources"] = [{**s, "paths": list(s["paths"])} for s in d["sources"]]
         return d
 
+    def profile_overrides(self) -> dict[str, Any]:
+        """The vision-profile settings this config overrides (for ``vision.get_profile``)."""
+        return profile_overrides(self.to_dict())
+
     def replace(self, **changes: Any) -> BuildConfig:
         return dataclasses.replace(self, **changes)
 
     @property
     def tokenizer_name(self) -> str:
         return self.tokenizer or ("qwen2-vl")
+
+
+def profile_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """Vision-profile overrides from a config mapping (a manifest's stored config too)."""
+    return {k: config.get(k) for k in ("min_pixels", "max_pixels", "image_token")}

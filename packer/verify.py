@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .config import profile_overrides
 from .errors import REJECT_REASONS
 from .example import IGNORE_INDEX
 from .positions import node_start_positions, tree_position_ids
@@ -409,7 +410,7 @@ def _limits(manifest: dict[str, Any]) -> _Limits:
 
     cfg = manifest.get("config", {})
     name = manifest.get("profile", cfg.get("profile", "text"))
-    profile = get_profile(name, min_pixels=cfg.get("min_pixels"), max_pixels=cfg.get("max_pixels"))
+    profile = get_profile(name, **profile_overrides(cfg))
     return _Limits(
         max_length=cfg.get("max_length"),
         max_vision_tokens=cfg.get("max_vision_tokens"),

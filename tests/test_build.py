@@ -156,3 +156,21 @@ def test_existing_other_build_is_not_overwritten(built, corpus):
     _, out, _ = built
     with pytest.raises(ConfigError, match="--overwrite"):
         build(_config(corpus, out, max_length=2048), progress=False)
+
+
+def test_image_token_option_for_llava_style_templates(tmp_path, coco_images):
+    """A tokenizer whose template writes another placeholder (LLaVA's `<image>`): --image-token names it."""
+    template = ("{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}"
+                "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<|vision_pad|>"
+                "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}")
+    shutil.copy(coco_images[0], tmp_path / "a.jpg")
+    data = _write_jsonl(tmp_path / "d.jsonl", [{"conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A photo."}], "image": "a.jpg"}])
+    cfg = BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="llava", image_token="<|vision_pad|>",
+                                  chat_template=template, max_length=1024)
+    result = build(cfg, progress=False)
+    assert result.stats["examples"] == 1 and result.stats["vision_tokens"] == 576
+    (row,) = list(PackedDataset(tmp_path / "out", shuffle=False, load_images=False))
+    pad = load_tokenizer("qwen2-vl").convert_tokens_to_ids("<|vision_pad|>")
+    assert int((row["input_ids"] == pad).sum()) == 576
+    assert row["images"][0]["num_tokens"] == 576
