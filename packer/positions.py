@@ -13,6 +13,8 @@ Both functions also accept a whole packed row: every node with parent -1 starts 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .errors import RecordError
@@ -25,6 +27,8 @@ def _node_spans(
     offsets = np.asarray(node_offsets, dtype=np.int64)
     parents = np.asarray(node_parents, dtype=np.int64)
     n = offsets.shape[0]
+    if n == 1 and parents.shape == (1,) and offsets[0] == 0 and parents[0] == -1:
+        return offsets, np.array([length], dtype=np.int64)  # one node (a linear example): nothing else to check
     if n == 0 or parents.shape != (n,):
         raise ValueError(
             f"need >= 1 node and as many parents as offsets, got {n} offsets, {parents.shape[0]} parents"
@@ -124,26 +128,36 @@ def mrope_position_ids(
     if (run_ends > ends[run_node]).any():
         raise RecordError("image_count_mismatch", "an image's tokens are split across two tree nodes")
 
-    out = np.empty((3, length), dtype=np.int64)
-    next_pos = np.zeros(offsets.shape[0], dtype=np.int64)  # current_pos after each node's path
+    # int32 throughout (the result's dtype): positions stay below the length, and lengths fit int32
+    out = np.empty((3, length), dtype=np.int32)
+    next_pos = [0] * offsets.shape[0]  # current_pos after each node's path
     k = 0  # next image, in token order
-    for n in range(offsets.shape[0]):
-        cur = 0 if parents[n] < 0 else int(next_pos[parents[n]])
-        s, e = int(offsets[n]), int(ends[n])
-        while k < run_starts.shape[0] and run_node[k] == n:
-            rs, re_ = int(run_starts[k]), int(run_ends[k])
+    run_starts_l, run_ends_l, run_node_l = run_starts.tolist(), run_ends.tolist(), run_node.tolist()
+    grid_l, llm_h_l, llm_w_l = grids.tolist(), llm_h.tolist(), llm_w.tolist()
+    for n, (s, e, parent) in enumerate(zip(offsets.tolist(), ends.tolist(), parents.tolist(), strict=True)):
+        cur = 0 if parent < 0 else next_pos[parent]
+        while k < len(run_starts_l) and run_node_l[k] == n:
+            rs, re_ = run_starts_l[k], run_ends_l[k]
             out[:, s:rs] = np.arange(cur, cur + rs - s)  # text before the image, broadcast to 3 rows
             cur += rs - s
-            t, h, w = int(grids[k, 0]), int(llm_h[k]), int(llm_w[k])
-            out[0, rs:re_] = np.repeat(np.arange(t), h * w) + cur  # (t*h*w,) t-major
-            out[1, rs:re_] = np.tile(np.repeat(np.arange(h), w), t) + cur
-            out[2, rs:re_] = np.tile(np.arange(w), t * h) + cur
-            cur += max(int(grids[k, 1]), int(grids[k, 2])) // spatial_merge_size
+            out[:, rs:re_] = _grid_positions(grid_l[k][0], llm_h_l[k], llm_w_l[k])
+            out[:, rs:re_] += cur
+            cur += max(grid_l[k][1], grid_l[k][2]) // spatial_merge_size
             s = re_
             k += 1
         out[:, s:e] = np.arange(cur, cur + e - s)
         next_pos[n] = cur + e - s
-    return out.astype(np.int32)
+    return out
+
+
+@lru_cache(maxsize=256)  # a dataset has few distinct grids; <= 256 * 15 KB (1280-token images) cached
+def _grid_positions(t: int, h: int, w: int) -> np.ndarray:
+    """(t, h, w) rows of one image's llm grid in t-major, then h, then w order: (3, t*h*w) int32, read-only."""
+    tt, rest = np.divmod(np.arange(t * h * w, dtype=np.int32), h * w)
+    hh, ww = np.divmod(rest, w)
+    block = np.stack([tt, hh, ww])
+    block.flags.writeable = False
+    return block
 
 
 def mrope_position_deltas(
