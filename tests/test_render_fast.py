@@ -114,9 +114,11 @@ def image_root(coco_images, tmp_path_factory) -> Path:
 
 
 def general(renderer: Renderer) -> Renderer:
-    """The same Renderer on the general path: every conversation through the Jinja template."""
+    """The same Renderer on the general path: every conversation through the Jinja template, every label
+    boundary from the tokenizer's character offsets."""
     slow = copy.copy(renderer)
     slow._fast = None
+    slow._token_bytes = None
     return slow
 
 
@@ -228,6 +230,41 @@ def locate(renderer: Renderer, conv: list[Message]) -> tuple | str:
         return renderer._locate(conv)
     except RecordError as e:
         return str(e)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=ALPHABET + "\u0301\U0001f44d\u200d" + "<|im_end|>", min_size=1, max_size=50))
+def test_byte_boundaries_equal_offsets(renderers, text):
+    """Token boundaries from byte lengths equal those from character offsets at every character, including
+    characters split across byte-level tokens (emoji, combining marks) and special tokens in the text."""
+    renderer = renderers["qwen2-vl"]
+    enc = renderer._backend.encode(text, add_special_tokens=False)
+    ids = np.array(enc.ids, dtype=np.int32)
+    token_at, starts_before = renderer._byte_boundaries(ids, text)
+    want_at, want_before = general(renderer)._offset_boundaries(ids, enc, text)
+    for c in range(len(text) + 1):
+        assert token_at(c) == want_at(c), c
+        for t in range(ids.shape[0]):
+            assert starts_before(t, c) == want_before(t, c), (t, c)
+
+
+def test_byte_lengths_only_for_byte_level_tokenizers(renderers):
+    """A normalizer, a prefix space or trimmed offsets break "tokens spell the bytes": offsets are used."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+
+    renderer = copy.copy(renderers["qwen2-vl"])
+    assert renderer._byte_lengths() is not None
+    original = renderer._backend.to_str()
+    for change in (
+        lambda t: setattr(t, "normalizer", normalizers.NFC()),
+        lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=True)),
+        lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.Metaspace()),
+        lambda t: setattr(t, "post_processor", processors.ByteLevel(trim_offsets=True)),
+    ):
+        renderer._backend = Tokenizer.from_str(original)
+        change(renderer._backend)
+        assert renderer._byte_lengths() is None
 
 
 def test_fast_path_only_for_registered_templates(qwen_tokenizer):
