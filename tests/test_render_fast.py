@@ -263,8 +263,9 @@ def test_byte_lengths_only_for_byte_level_tokenizers(renderers):
         lambda t: setattr(t, "post_processor", processors.ByteLevel(trim_offsets=True)),
     ):
         renderer._backend = Tokenizer.from_str(original)
-        change(renderer._backend)
-        assert renderer._byte_lengths() is None
+        assert renderer._cached_byte_lengths() is not None
+        change(renderer._backend)  # the same tokenizer object, changed in place: the cache must notice
+        assert renderer._byte_lengths() is None and renderer._cached_byte_lengths() is None
 
 
 def test_fast_path_only_for_registered_templates(qwen_tokenizer):
