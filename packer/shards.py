@@ -119,7 +119,10 @@ def encoded_table(encoded: list) -> pa.Table:
 
 def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
     """(offsets as int64 numpy, flat values) of a list column, whatever its chunking and slicing."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):  # combine_chunks copies even a single chunk
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
     offsets = arr.offsets.to_numpy().astype(np.int64)
     values = arr.values
     return offsets - offsets[0], values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))

@@ -143,12 +143,15 @@ def ensure_builtin(name: str) -> Path:
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str):
     """Load a tokenizer: a builtin name (``qwen2-vl``), a local directory, or a hub name."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if name_or_path in BUILTIN_TOKENIZERS:
         # The builtin is a plain fast tokenizer; AutoTokenizer would parse its 18 MB tokenizer.json once
-        # more in Python (~3 s) before the Rust parse, so load the class directly.
+        # more in Python (~3 s) before the Rust parse, so load the class directly. Importing AutoTokenizer
+        # at all imports torch (~2 s), so it is imported only for other tokenizers.
+        from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast.from_pretrained(str(ensure_builtin(name_or_path)))
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
