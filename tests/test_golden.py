@@ -1,0 +1,162 @@
+"""Golden builds: a fixed corpus packs to the same bytes as it did before the package layout moved.
+
+The sha256s below were recorded on main at bbb8e06 (before the layout issue's move), by running this file's
+``write_corpus`` + ``BUILDS`` and printing ``_digests``. A change that alters any shard byte, the stats or the
+rejects of these builds fails here; if a change *means* to alter them (a schema bump), re-record and say why
+in the commit.
+
+The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
+real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
+common reject. Resolved image paths are stored in the shards (and named in reject messages), so the corpus is
+always written to the same absolute directory, ``/tmp/packer-golden/NAME``, held under a file lock while a build
+runs there (parallel test runs on one machine wait for each other).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import cli
+
+COCO_FILES = ("val2017/000000000139.jpg", "val2017/000000000802.jpg")  # and the first train2017 image
+WORDS = "a cat dog red bus on the street near two people with an umbrella sitting in kitchen table".split()
+
+# name -> (command-line arguments after `packer build`, expected sha256 of each output file)
+BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "qwen2-vl-mix": (
+        ["--source", "chat=chats.jsonl@2", "--source", "misc=misc.jsonl@0.5", "--profile", "qwen2-vl",
+         "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
+         "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
+        {
+            "shard-00000.parquet": "224d7600785201d09a454a20a3e08419ab2823d51f8c56a3a6e9a9a51e4f5ceb",
+            "shard-00001.parquet": "4897665a7b58bc042b2345edb7279dc33a6cd317c4f9d5c931e37997986521be",
+            "rejects.jsonl": "7338c040720529accbb24e2738871a81e9c4fcb1555944202bfcf95d7ebeab09",
+            "stats.json": "8cbe24f9bd4af7af7e7100d5ba6814950c6aa7581a8bf821ad442befa574e9c7",
+        },
+    ),
+    "llava": (
+        ["chats.jsonl", "--profile", "llava", "--max-length", "2048", "--image-root", ".", "--overlong",
+         "truncate"],
+        {
+            "shard-00000.parquet": "5ac3bdeb082f7ce6b992e2f65de8771b54f098d3ac6927b5d8e12e39a280480f",
+            "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+            "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
+        },
+    ),
+}
+
+
+def _coco_images(coco: Path) -> list[Path]:
+    first_train = sorted((coco / "train2017").glob("*.jpg"))[0]
+    return [coco / COCO_FILES[0], coco / COCO_FILES[1], first_train]
+
+
+def write_corpus(root: Path, coco: Path) -> None:
+    """The fixed corpus: ``chats.jsonl`` (chats, trees, LLaVA, images) and ``misc.jsonl`` (text, rejects)."""
+    rnd = random.Random(1234)
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, src in enumerate(_coco_images(coco)):
+        shutil.copy(src, root / "img" / f"{i}.jpg")
+        names.append(f"img/{i}.jpg")
+    inline = "data:image/jpeg;base64," + base64.b64encode((root / names[2]).read_bytes()).decode()
+
+    def words(n: int) -> str:
+        return " ".join(rnd.choice(WORDS) for _ in range(n))
+
+    chats: list = []
+    for i in range(30):
+        chats.append({"messages": [{"role": "user", "content": words(5 + 7 * (i % 9))},
+                                   {"role": "assistant", "content": words(3 + 5 * (i % 4))}]})
+    for i, name in enumerate(names[:2]):
+        chats.append({"messages": [
+            {"role": "system", "content": "You describe images."},
+            {"role": "user", "content": [{"type": "image", "image": name}, {"type": "text", "text": words(6)}]},
+            {"role": "assistant", "content": words(10 + i)}]})
+    chats.append({"messages": [{"role": "user", "content": [{"type": "image", "image": inline},
+                                                           {"type": "text", "text": "Caption it."}]}],
+                  "branches": [[{"role": "assistant", "content": words(8)}],
+                               [{"role": "assistant", "content": words(12)}],
+                               {"messages": [{"role": "assistant", "content": words(4)}],
+                                "branches": [[{"role": "user", "content": "Why?"},
+                                              {"role": "assistant", "content": words(6)}],
+                                             [{"role": "user", "content": "Sure?"},
+                                              {"role": "assistant", "content": words(3), "loss": False},
+                                              {"role": "user", "content": "Really?"},
+                                              {"role": "assistant", "content": words(5)}]]}]})
+    chats.append({"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"},
+                                    {"from": "gpt", "value": words(9)},
+                                    {"from": "human", "value": "More?"}, {"from": "gpt", "value": words(4)}],
+                  "image": names[1]})
+    misc: list = [{"text": words(20 + 30 * i)} for i in range(8)]
+    misc += [
+        "{not json",
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "img/missing.jpg"}]},
+                      {"role": "assistant", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "only a question"}]},
+        {"unknown": 1},
+        {"messages": [{"role": "robot", "content": "beep"}]},
+        {"text": words(2000)},  # overlong at --max-length 1024
+    ]
+    for name, records in (("chats.jsonl", chats), ("misc.jsonl", misc)):
+        with open(root / name, "w") as f:
+            for r in records:
+                f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+
+
+def _digests(out: Path) -> dict[str, str]:
+    files = sorted(p.name for p in out.glob("shard-*.parquet")) + ["rejects.jsonl", "stats.json"]
+    return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in files}
+
+
+def run_golden_build(root: Path, name: str) -> dict[str, str]:
+    args, _ = BUILDS[name]
+    result = CliRunner().invoke(cli, ["build", *args, "--output", f"out-{name}", "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((root / f"out-{name}" / "manifest.json").read_text())
+    assert manifest["totals"]["examples"] > 0
+    return _digests(root / f"out-{name}")
+
+
+GOLDEN_ROOT = Path("/tmp/packer-golden")
+
+
+@contextlib.contextmanager
+def golden_dir(name: str, coco: Path):
+    """A fresh corpus in ``/tmp/packer-golden/NAME``, the working directory while held (locked)."""
+    GOLDEN_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(GOLDEN_ROOT / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        root = GOLDEN_ROOT / name
+        shutil.rmtree(root, ignore_errors=True)
+        write_corpus(root, coco)
+        with contextlib.chdir(root):
+            yield root
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_golden_build_bytes(name, coco_dir):
+    with golden_dir(name, coco_dir) as root:
+        got = run_golden_build(root, name)
+    assert got == BUILDS[name][1]
+
+
+if __name__ == "__main__":  # re-record: python tests/test_golden.py (prints the digests to paste above)
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import COCO
+
+    for build_name in BUILDS:
+        with golden_dir(build_name, COCO) as d:
+            print(build_name, json.dumps(run_golden_build(d, build_name), indent=12))
