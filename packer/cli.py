@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .errors import PackerError, RecordError
+from packer import __version__
+from packer.errors import PackerError, RecordError
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
 
@@ -32,7 +32,7 @@ def handle_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from .build import RejectRateError
+        from packer.pipeline.build import RejectRateError
 
         try:
             return func(*args, **kwargs)
@@ -136,8 +136,8 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
       packer build --config configs/qwen2-vl.yaml train.jsonl -o out/
       packer build -o out/ --source chat=chat.jsonl@2 --source captions=caps.jsonl@0.5
     """
-    from .build import build as run_build
-    from .config import BuildConfig
+    from packer.config import BuildConfig
+    from packer.pipeline.build import build as run_build
 
     overrides = {k: v for k, v in options.items() if v is not None}
     if output:
@@ -189,8 +189,9 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
       packer stats out/ --plot stats.png
       packer stats out/ --json | jq .efficiency
     """
-    from .shards import STATS, open_shards
-    from .stats import format_stats
+    from packer.report.stats import format_stats
+    from packer.shards.io import open_shards
+    from packer.shards.schema import STATS
 
     shards = open_shards(directory)
     data = json.loads((Path(directory) / STATS).read_text())
@@ -200,7 +201,7 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
         click.secho(f"{directory}  (profile {shards.manifest['profile']}, {len(shards.shards)} shard(s))", bold=True)
         click.echo(format_stats(data))
     if plot_path:
-        from .plots import plot_stats
+        from packer.report.plots import plot_stats
 
         click.secho(f"wrote {plot_stats(directory, plot_path)}", fg="green", err=True)
 
@@ -233,8 +234,8 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
       packer inspect out/ --example data/train.jsonl:1042
       packer inspect out/ --row 3 --json | jq '.examples[].nodes[].roles'
     """
-    from .inspect import describe_row, draw_mask, find_example, format_row
-    from .shards import open_shards
+    from packer.report.rowview import describe_row, draw_mask, find_example, format_row
+    from packer.shards.io import open_shards
 
     shards = open_shards(directory)
     if row is not None and example_id is not None:
@@ -247,7 +248,7 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
                                  f"0..{shards.num_rows - 1}", param_hint="--row")
     tok = None
     if tokenizer and not ids:
-        from .tokenizers import load_tokenizer
+        from packer.encode.tokenizers import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
     info = describe_row(directory, row, tokenizer=tok, decode=not ids)
@@ -259,7 +260,7 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
         click.secho(f"wrote {draw_mask(directory, row, mask_path)}", fg="green", err=True)
 
 
-from .verify import verify_command  # noqa: E402 - defined in verify.py, which reuses handle_errors above
+from packer.report.verify import verify_command  # noqa: E402 - defined in verify.py, which reuses handle_errors above
 
 cli.add_command(verify_command)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from packer.errors import ConfigError
 
 OVERLONG_POLICIES = ("drop", "truncate")
 ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")

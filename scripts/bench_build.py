@@ -59,7 +59,7 @@ _TOK = None
 def _init() -> None:
     global _TOK
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from packer.tokenizers import load_tokenizer
+    from packer.encode.tokenizers import load_tokenizer
 
     _TOK = load_tokenizer("qwen2-vl")
 

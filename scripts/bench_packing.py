@@ -1,4 +1,4 @@
-"""Benchmark the planner (packer.packing.plan) and on-the-fly packing (packer.stream.pack_stream).
+"""Benchmark the planner (packer.packing.planner.plan) and on-the-fly packing (packer.packing.stream.pack_stream).
 
 Prints markdown tables (the source of docs/benchmarks.md). Every contender runs in the same process on the
 same lengths; times are the best of --repeats runs after a warm-up call (numba compiles on first use).
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.packing import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
-from packer.stream import pack_stream
+from packer.packing.planner import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
+from packer.packing.stream import pack_stream
 
 HISTOGRAMS = Path("/work/shared/data/length-histograms")
 
@@ -207,7 +207,7 @@ def bench_lognormal(n: int, repeats: int, small: tuple[int, ...]) -> None:
 _MEMORY_PROBE = """
 import sys, time
 import numpy as np
-from packer.packing import plan
+from packer.packing.planner import plan
 
 def status(key):
     for line in open("/proc/self/status"):

@@ -22,13 +22,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer.data import PackedDataset, collate  # noqa: E402
-from packer.example import IGNORE_INDEX, Encoded  # noqa: E402
-from packer.shards import SCHEMA_VERSION, assemble_packs, encoded_table, write_json_atomic, write_shard  # noqa: E402
+from packer.core.types import IGNORE_INDEX, Encoded  # noqa: E402
+from packer.shards.assemble import assemble_packs, encoded_table  # noqa: E402
+from packer.shards.io import write_json_atomic, write_shard  # noqa: E402
+from packer.shards.schema import SCHEMA_VERSION  # noqa: E402
+from packer.train.dataset import PackedDataset, collate  # noqa: E402
 
 
 def caption_token_pool(coco: Path) -> np.ndarray:
-    from packer.tokenizers import load_tokenizer
+    from packer.encode.tokenizers import load_tokenizer
 
     tok = load_tokenizer("qwen2-vl")
     caps = json.loads((coco / "annotations" / "captions_train2017.json").read_text())["annotations"]

@@ -6,7 +6,7 @@
 Forward + backward, useful tokens per second, for:
 
 (a) text examples, batches padded to each batch's longest (HF's usual attention_mask + labels), vs
-(b) the same examples in packer rows (``packer.build``), ``sdpa_varlen`` attention (the best CPU backend;
+(b) the same examples in packer rows (``packer.pipeline.build``), ``sdpa_varlen`` attention (the best CPU backend;
     ``varlen``/``flash`` on CUDA via ``--backend``) and ``packed_cross_entropy``;
 (c) COCO captions, one example per caption (image + prompt + caption) padded to each batch's longest, vs
 (d) COCO caption trees in packer rows: the image and prompt once, one branch per caption.
@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from check_equivalence import compact_vocab, tiny_model  # noqa: E402
 
-from packer.attention import model_inputs, use_packed_attention  # noqa: E402
-from packer.build import build  # noqa: E402
 from packer.config import BuildConfig  # noqa: E402
-from packer.data import PackedDataset, collate  # noqa: E402
-from packer.example import IGNORE_INDEX  # noqa: E402
-from packer.loss import packed_cross_entropy  # noqa: E402
+from packer.core.types import IGNORE_INDEX  # noqa: E402
+from packer.pipeline.build import build  # noqa: E402
+from packer.train.attention import model_inputs, use_packed_attention  # noqa: E402
+from packer.train.dataset import PackedDataset, collate  # noqa: E402
+from packer.train.loss import packed_cross_entropy  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 PROMPT = "Describe this image."
@@ -220,7 +220,7 @@ def run_captions(args, tmp: Path) -> dict:
 
 def _path_tokens(batch: dict) -> int:
     """Tokens of the batch's root-to-leaf paths, each run alone (what one-example-per-path would process)."""
-    from packer.attention import PackedLayout
+    from packer.train.attention import PackedLayout
 
     layout = PackedLayout.from_batch(batch)
     anc = layout.ancestors().long()  # (N, N)

@@ -3,7 +3,7 @@
 
     python scripts/check_equivalence.py --data examples.jsonl --model qwen2-vl [--backend sdpa]
 
-Builds shards from the JSONL (``packer.build``), reads them back with ``PackedDataset`` + ``collate``, and
+Builds shards from the JSONL (``packer.pipeline.build``), reads them back with ``PackedDataset`` + ``collate``, and
 for every batch compares, on a tiny random-weight model in fp32:
 
 - per-token losses and the total loss of the packed batch (``packed_cross_entropy`` on the model run with a
@@ -17,7 +17,7 @@ Prints ONE JSON line (max abs / rel differences and a verdict per backend); exit
 within tolerance: per-token losses |d| <= 1e-6 + 1e-5 |ref|, total within 1e-5 relative, every gradient
 entry |d| <= 1e-5 (|ref| + max |ref| of its parameter). ``grad_max_rel`` is max |d| / max |ref| per
 parameter. The token ids are renumbered 0..K-1 (``compact_vocab``) so a 2-layer model runs in seconds; the
-functions here are also what tests/test_equivalence.py runs.
+functions here are also what tests/train/test_equivalence.py runs.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a source checkout
 
-from packer.attention import PackedLayout, model_inputs, use_packed_attention  # noqa: E402
-from packer.example import IGNORE_INDEX  # noqa: E402
-from packer.loss import packed_cross_entropy  # noqa: E402
+from packer.core.types import IGNORE_INDEX  # noqa: E402
+from packer.train.attention import PackedLayout, model_inputs, use_packed_attention  # noqa: E402
+from packer.train.loss import packed_cross_entropy  # noqa: E402
 
 MODELS = ("llama", "qwen2", "qwen2-vl")
 RTOL = 1e-5  # fp32: packed and unpacked matmuls differ only in summation order (~1e-7 relative)
@@ -276,7 +276,7 @@ def compare(model: torch.nn.Module, batch: Mapping[str, Any], backends: list[str
 
 def default_backends(device: str) -> list[str]:
     """Every backend that can run here: sdpa, sdpa_varlen, flex; plus varlen and flash on CUDA."""
-    from packer.attention import flash_available, varlen_available
+    from packer.train.attention import flash_available, varlen_available
 
     backends = ["sdpa", "sdpa_varlen", "flex"]
     if device == "cuda":
@@ -296,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is fastest)")
     args = parser.parse_args(argv)
 
-    from packer.build import build
     from packer.config import BuildConfig
-    from packer.data import PackedDataset, collate
+    from packer.pipeline.build import build
+    from packer.train.dataset import PackedDataset, collate
 
     cuda_only = sorted({"flash", "varlen"} & set(args.backend or []))
     if cuda_only:

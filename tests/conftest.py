@@ -36,6 +36,6 @@ def coco_images(coco_dir: Path) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from packer.tokenizers import load_tokenizer
+    from packer.encode.tokenizers import load_tokenizer
 
     return load_tokenizer("qwen2-vl")

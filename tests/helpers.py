@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.example import IGNORE_INDEX, Encoded, EncodedImage
-from packer.positions import tree_position_ids
-from packer.shards import SCHEMA_VERSION, assemble_packs, encoded_table, write_json_atomic, write_shard
+from packer.core.tree import tree_position_ids
+from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage
+from packer.shards.assemble import assemble_packs, encoded_table
+from packer.shards.io import write_json_atomic, write_shard
+from packer.shards.schema import SCHEMA_VERSION
 
 
 def random_tree(rng: np.random.Generator, length: int, max_nodes: int = 5) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.errors import ConfigError
-from packer.vision import PROFILES, get_profile
+from packer.models.vision import PROFILES, get_profile
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))

@@ -16,7 +16,7 @@ _spec = importlib.util.spec_from_file_location("gen_cli_docs", REPO / "scripts" 
 gen_cli_docs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen_cli_docs)
 
-TEST_REF = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+TEST_REF = re.compile(r"tests/((?:\w+/)?test_\w+\.py)::(test_\w+)")
 
 
 def test_cli_md_is_up_to_date():

@@ -2,7 +2,7 @@
 
 Every line of every JSONL file here is one case; ``expected.json`` gives, per file, the build config and,
 per line, what must become of it: ``packed``, ``blank`` (not a record), or the exact reject reason.
-tests/test_reliability.py builds each file and checks every line. The bytes are written exactly (a BOM,
+tests/pipeline/test_reliability.py builds each file and checks every line. The bytes are written exactly (a BOM,
 CRLF endings, a line that is not UTF-8, a last line without a newline), so do not let an editor re-save them.
 """
 

@@ -1,0 +1,162 @@
+"""What the packing achieved: efficiency, distance to the lower bound, and what padding would have cost.
+
+``compute_stats`` runs at the end of a build on lengths and the plan only (no token data) and its result is
+``stats.json``; ``format_stats`` turns it into the table ``packer stats`` prints; ``packer.report.plots`` draws it.
+
+For a mixed build, ``sources[name]`` also says how well the mixture holds inside packs: ``share`` is the
+source's fraction of all packed examples, ``pack_share_mean`` / ``pack_share_std`` the mean and spread over
+packs of its fraction of each pack's examples (equal means: no pack-level skew on average; the spread is
+what a single pack deviates by, large when packs hold few examples).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+NAIVE_BATCH_SIZES = (8, 32)  # per-batch padding is reported for these batch sizes
+HIST_BINS = 20
+
+
+def padded_tokens_per_batch(lengths: np.ndarray, batch_size: int) -> int:
+    """Tokens a padded batch costs when every batch of ``batch_size`` consecutive examples pads to its longest."""
+    n = len(lengths)
+    if n == 0:
+        return 0
+    pad = (-n) % batch_size
+    grid = np.concatenate([lengths, np.zeros(pad, lengths.dtype)]).reshape(-1, batch_size)  # (batches, B)
+    counts = np.full(grid.shape[0], batch_size)
+    if pad:
+        counts[-1] = batch_size - pad
+    return int((grid.max(axis=1) * counts).sum())
+
+
+def _summary(values: np.ndarray) -> dict[str, float]:
+    if len(values) == 0:
+        return {"min": 0, "mean": 0.0, "max": 0}
+    return {"min": int(values.min()), "mean": float(values.mean()), "max": int(values.max())}
+
+
+def _hist(values: np.ndarray, lo: float, hi: float, bins: int = HIST_BINS) -> dict[str, list]:
+    counts, edges = np.histogram(values, bins=bins, range=(lo, hi if hi > lo else lo + 1))
+    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+def compute_stats(
+    *,
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    pack_ids: np.ndarray,
+    capacity: int,
+    loss_tokens: np.ndarray,
+    sources: np.ndarray | None = None,
+    input_records: int = 0,
+    rejects: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Statistics of one plan; every array is per packed example, in input order."""
+    rejects = rejects or []
+    lengths = np.asarray(lengths, dtype=np.int64)
+    num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
+    pack_tokens = np.bincount(pack_ids, weights=lengths, minlength=num_packs).astype(np.int64)
+    pack_vision = np.bincount(pack_ids, weights=vision, minlength=num_packs).astype(np.int64)
+    pack_examples = np.bincount(pack_ids, minlength=num_packs)
+    tokens = int(lengths.sum())
+    lower_bound = -(-tokens // capacity)
+    slots = num_packs * capacity
+    stats: dict[str, Any] = {
+        "capacity": capacity,
+        "input_records": int(input_records),
+        "rejected": len(rejects),
+        "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
+        "examples": int(len(lengths)),
+        "packs": num_packs,
+        "tokens": tokens,
+        "loss_tokens": int(np.asarray(loss_tokens).sum()),
+        "vision_tokens": int(np.asarray(vision).sum()),
+        "efficiency": tokens / slots if slots else 0.0,
+        "lower_bound_packs": int(lower_bound),
+        "packs_over_lower_bound": int(num_packs - lower_bound),
+        "examples_per_pack": _summary(pack_examples),
+        "tokens_per_pack": _summary(pack_tokens),
+        "vision_tokens_per_pack": {**_summary(pack_vision), "std": float(pack_vision.std()) if num_packs else 0.0},
+        "example_length": _summary(lengths),
+        "hist_fill": _hist(pack_tokens / capacity, 0.0, 1.0),
+        "hist_examples_per_pack": _hist(pack_examples, 0.5, float(pack_examples.max(initial=1)) + 0.5,
+                                         bins=int(pack_examples.max(initial=1))),
+        "hist_vision_per_pack": _hist(pack_vision, 0.0, float(pack_vision.max(initial=1))),
+        "hist_example_length": _hist(lengths, 0.0, float(capacity)),
+        "padding": {
+            "packed_slots": slots,
+            "fixed_length_slots": int(len(lengths)) * capacity,
+            **{
+                f"naive_batch{b}_slots": padded_tokens_per_batch(lengths, b)
+                for b in NAIVE_BATCH_SIZES
+            },
+        },
+    }
+    if sources is not None and len(sources) and any(sources):
+        per_source: dict[str, dict[str, Any]] = {}
+        for name in sorted(set(sources.tolist())):
+            sel = sources == name
+            # The mixture inside packs: this source's share of each pack's examples, over packs.
+            in_pack = np.bincount(pack_ids, weights=sel, minlength=num_packs) / np.maximum(pack_examples, 1)
+            per_source[name] = {
+                "examples": int(sel.sum()),
+                "tokens": int(lengths[sel].sum()),
+                "rejected": sum(1 for r in rejects if r.get("source") == name),
+                "share": float(sel.mean()),
+                "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
+                "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
+            }
+        stats["sources"] = per_source
+    return stats
+
+
+def naive_batches(padding: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, batch size) of the naive-padding entries, by batch size (stats.json sorts keys as strings)."""
+    keys = [k for k in padding if k.startswith("naive_batch")]
+    return [(k, k.removeprefix("naive_batch").removesuffix("_slots"))
+            for k in sorted(keys, key=lambda k: int(k.removeprefix("naive_batch").removesuffix("_slots")))]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """The human-readable table of ``packer stats``."""
+    cap = stats["capacity"]
+    tokens = stats["tokens"]
+    pad = stats["padding"]
+    epp, tpp = stats["examples_per_pack"], stats["tokens_per_pack"]
+    rows: list[tuple[str, str]] = [
+        ("input records", f"{stats['input_records']:,}"),
+        ("rejected", f"{stats['rejected']:,}" + (
+            "  (" + ", ".join(f"{k}: {v}" for k, v in stats["rejects_by_reason"].items()) + ")"
+            if stats["rejects_by_reason"] else "")),
+        ("packed examples", f"{stats['examples']:,}"),
+        ("packs", f"{stats['packs']:,}  (capacity {cap:,} tokens)"),
+        ("tokens", f"{tokens:,}"),
+        ("loss tokens", f"{stats['loss_tokens']:,}  ({_pct(stats['loss_tokens'] / tokens) if tokens else '-'})"),
+        ("vision tokens", f"{stats['vision_tokens']:,}"),
+        ("packing efficiency", _pct(stats["efficiency"])),
+        ("lower bound", f"{stats['lower_bound_packs']:,} packs  (+{stats['packs_over_lower_bound']:,} over it)"),
+        ("examples / pack", f"min {epp['min']}  mean {epp['mean']:.2f}  max {epp['max']}"),
+        ("tokens / pack", f"min {tpp['min']:,}  mean {tpp['mean']:,.0f}  max {tpp['max']:,}"),
+    ]
+    for key, label in naive_batches(pad):
+        slots = pad[key]
+        rows.append((f"naive padding, batch {label}", f"{slots:,} slots, {_pct(1 - tokens / slots) if slots else '-'} padding"
+                     f"  ({slots / pad['packed_slots']:.2f}x packer's)" if pad["packed_slots"] else ""))
+    fixed = pad["fixed_length_slots"]
+    if fixed:
+        rows.append(("fixed-length padding", f"{fixed:,} slots, {_pct(1 - tokens / fixed)} padding"
+                     f"  ({fixed / max(pad['packed_slots'], 1):.2f}x packer's)"))
+    for name, s in stats.get("sources", {}).items():
+        mix = (f"; {_pct(s['share'])} of examples, per pack {_pct(s['pack_share_mean'])} +- {_pct(s['pack_share_std'])}"
+               if "share" in s else "")  # stats.json of builds before the mixture keys existed
+        rows.append((f"source {name}", f"{s['examples']:,} examples, {s['tokens']:,} tokens, {s['rejected']:,} rejected{mix}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

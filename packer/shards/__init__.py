@@ -1,0 +1,1 @@
+"""Shards: the schema (the contract), assembling packs, and atomic I/O."""

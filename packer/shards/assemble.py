@@ -1,0 +1,149 @@
+"""Encoded examples -> Arrow tables, and examples -> pack rows.
+
+Pack assembly works on Arrow buffers with numpy (offsets + values), never with per-token Python objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packer.errors import ShardError
+from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA
+
+
+def encoded_to_record(enc) -> dict[str, Any]:
+    """One ``Encoded`` example as a dict of EXAMPLE_SCHEMA columns (for ``pa.Table.from_pylist`` per chunk)."""
+    mrope = enc.mrope_position_ids
+    return {
+        "example_id": enc.example_id,
+        "source_name": enc.source_name,
+        "input_ids": enc.input_ids,
+        "labels": enc.labels,
+        "position_ids": enc.position_ids,
+        "mrope_position_ids": None if mrope is None else np.ascontiguousarray(mrope.T).reshape(-1),
+        "node_offsets": enc.node_offsets,
+        "node_parents": enc.node_parents,
+        "images": [
+            {
+                "source": im.source,
+                "data": im.data,
+                "grid_t": im.grid_thw[0],
+                "grid_h": im.grid_thw[1],
+                "grid_w": im.grid_thw[2],
+                "offset": im.offset,
+                "num_tokens": im.num_tokens,
+            }
+            for im in enc.images
+        ],
+        "num_tokens": enc.num_tokens,
+        "num_loss_tokens": enc.num_loss_tokens,
+        "num_vision_tokens": enc.num_vision_tokens,
+        "num_images": len(enc.images),
+    }
+
+
+def encoded_table(encoded: list) -> pa.Table:
+    """A list of ``Encoded`` examples as an EXAMPLE_SCHEMA table."""
+    return pa.Table.from_pylist([encoded_to_record(e) for e in encoded], schema=EXAMPLE_SCHEMA)
+
+
+def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(offsets as int64 numpy, flat values) of a list column, whatever its chunking and slicing."""
+    if isinstance(column, pa.ChunkedArray):  # combine_chunks copies even a single chunk
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values
+    return offsets - offsets[0], values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray) -> pa.Array:
+    """Concatenate consecutive examples' lists into one list per pack (zero-copy on the values)."""
+    return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
+
+
+def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
+    """Build shard rows from examples already ordered pack by pack.
+
+    ``examples`` follows EXAMPLE_SCHEMA, ``pack_sizes[p]`` is how many consecutive examples form pack p.
+    Example-relative offsets (node starts, parents, image offsets) are shifted to row-relative ones.
+    """
+    n = examples.num_rows
+    pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes, dtype=np.int64)])  # (P+1,) in examples
+    if pack_bounds[-1] != n:
+        raise ValueError(f"pack sizes add up to {pack_bounds[-1]}, table has {n} examples")
+    pack_of_example = np.repeat(np.arange(len(pack_sizes)), pack_sizes)  # (n,)
+    lengths = examples.column("num_tokens").to_numpy().astype(np.int64)  # (n,)
+    tok_end = np.cumsum(lengths)
+    tok_bounds = np.concatenate([[0], tok_end])  # token offsets of examples in the flat stream
+    ex_start_in_row = tok_bounds[:-1] - tok_bounds[pack_bounds[:-1]][pack_of_example]  # (n,)
+
+    cols: dict[str, pa.Array] = {}
+    for name in ("input_ids", "labels", "position_ids"):
+        item_off, values = _list_parts(examples.column(name))
+        cols[name] = _regroup(values, item_off, pack_bounds)
+
+    mrope = examples.column("mrope_position_ids")
+    if mrope.null_count == n:
+        cols["mrope_position_ids"] = pa.nulls(len(pack_sizes), I32_LIST)
+    elif mrope.null_count:
+        raise ShardError("some examples have mRoPE positions and others do not")
+    else:
+        item_off, values = _list_parts(mrope)
+        cols["mrope_position_ids"] = _regroup(values, item_off, pack_bounds)
+
+    # cu_seqlens per pack: example start offsets within the row, then the row length.
+    row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
+    cu_values = np.empty(n + len(pack_sizes), dtype=np.int32)
+    cu_offsets = pack_bounds + np.arange(len(pack_bounds))  # each pack gets E+1 entries
+    ends = cu_offsets[1:] - 1
+    mask = np.ones(len(cu_values), dtype=bool)
+    mask[ends] = False
+    cu_values[mask] = ex_start_in_row
+    cu_values[ends] = row_lengths
+    cols["cu_seqlens"] = pa.ListArray.from_arrays(pa.array(cu_offsets, pa.int32()), pa.array(cu_values))
+
+    # Nodes: shift starts by the example's start in the row, parents by the nodes before it in the row.
+    node_off, node_vals = _list_parts(examples.column("node_offsets"))
+    _, parent_vals = _list_parts(examples.column("node_parents"))
+    nodes_per_example = np.diff(node_off)
+    node_before = node_off[:-1] - node_off[pack_bounds[:-1]][pack_of_example]  # nodes earlier in the row
+    starts = node_vals.to_numpy() + np.repeat(ex_start_in_row, nodes_per_example)
+    parents = parent_vals.to_numpy()
+    parents = np.where(parents < 0, -1, parents + np.repeat(node_before, nodes_per_example))
+    cols["node_offsets"] = _regroup(pa.array(starts.astype(np.int32)), node_off, pack_bounds)
+    cols["node_parents"] = _regroup(pa.array(parents.astype(np.int32)), node_off, pack_bounds)
+
+    img_off, img_vals = _list_parts(examples.column("images"))
+    images_per_example = np.diff(img_off)
+    if len(img_vals):
+        shifted = img_vals.field("offset").to_numpy() + np.repeat(ex_start_in_row, images_per_example)
+        fields = [img_vals.field(f.name) for f in IMAGE_TYPE]
+        fields[IMAGE_TYPE.get_field_index("offset")] = pa.array(shifted.astype(np.int32))
+        img_vals = pa.StructArray.from_arrays(fields, fields=list(IMAGE_TYPE))
+    cols["images"] = _regroup(img_vals, img_off, pack_bounds)
+
+    ids = examples.column("example_id").combine_chunks()
+    srcs = examples.column("source_name").combine_chunks()
+    bounds32 = pa.array(pack_bounds, pa.int32())
+    cols["example_ids"] = pa.ListArray.from_arrays(bounds32, ids)
+    cols["example_sources"] = pa.ListArray.from_arrays(bounds32, srcs)
+
+    def per_pack(name: str) -> pa.Array:
+        v = examples.column(name).to_numpy().astype(np.int64)
+        return pa.array(np.add.reduceat(v, pack_bounds[:-1]).astype(np.int32) if n else v.astype(np.int32))
+
+    cols["num_tokens"] = pa.array(row_lengths.astype(np.int32))
+    cols["num_loss_tokens"] = per_pack("num_loss_tokens")
+    cols["num_vision_tokens"] = per_pack("num_vision_tokens")
+    return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) numpy views of a list<int32> column: row i is values[offsets[i]:offsets[i+1]]."""
+    off, values = _list_parts(table.column(name))
+    return off, values.to_numpy(zero_copy_only=False)

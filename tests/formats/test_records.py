@@ -1,0 +1,499 @@
+"""records.py: every input format -> exact Example trees; every reject reason with its location."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from packer.core.types import Example, ImageRef, Message, Node
+from packer.errors import ConfigError, RecordError
+from packer.formats.records import expand_inputs, parse_record, read_jsonl
+from tests.conftest import COCO  # ../shared beside the repo, or $PACKER_SHARED
+
+IMG_A = COCO / "val2017" / "000000397133.jpg"
+IMG_B = COCO / "train2017" / "000000000790.jpg"
+
+
+@pytest.fixture()
+def imgdir(tmp_path: Path) -> Path:
+    """A directory holding two real COCO images as a.jpg and sub/b.jpg."""
+    (tmp_path / "sub").mkdir()
+    shutil.copy(IMG_A, tmp_path / "a.jpg")
+    shutil.copy(IMG_B, tmp_path / "sub" / "b.jpg")
+    return tmp_path
+
+
+def parse(obj, base_dir: Path, **kw) -> Example:
+    return parse_record(obj, path="in.jsonl", line=7, base_dir=str(base_dir), **kw)
+
+
+def shape(node: Node) -> list:
+    """A node as nested plain data: [[(role, parts, loss), ...], [children...]]."""
+    return [[(m.role, m.parts, m.loss) for m in node.messages], [shape(c) for c in node.children]]
+
+
+# ---------------------------------------------------------------- formats
+
+
+def test_messages_string_and_parts(imgdir: Path):
+    rec = {
+        "id": "r1",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": "a.jpg"}, {"type": "text", "text": "What?"}],
+            },
+            {"role": "assistant", "content": "A cat.", "loss": False},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "sub/b.jpg"}}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "A dog."}]},
+        ],
+    }
+    ex = parse(rec, imgdir, source_name="mix")
+    a, b = ImageRef(path=str(imgdir / "a.jpg")), ImageRef(path=str(imgdir / "sub" / "b.jpg"))
+    assert ex.kind == "messages" and ex.example_id == "in.jsonl:7" and ex.source_name == "mix"
+    assert shape(ex.root) == [
+        [
+            ("system", ["Be brief."], None),
+            ("user", [a, "What?"], None),
+            ("assistant", ["A cat."], False),
+            ("user", [b], None),
+            ("assistant", ["A dog."], None),
+        ],
+        [],
+    ]
+    assert ex.images == [a, b]
+
+
+def test_text_record(tmp_path: Path):
+    ex = parse({"text": "Once upon a time."}, tmp_path)
+    assert ex.kind == "text" and ex.text == "Once upon a time." and ex.root.messages == [] and ex.images == []
+
+
+def test_priority_messages_over_text(tmp_path: Path):
+    ex = parse({"messages": [{"role": "user", "content": "hi"}], "text": "ignored"}, tmp_path)
+    assert ex.kind == "messages" and ex.text is None
+
+
+def test_llava_with_placeholders(imgdir: Path):
+    rec = {
+        "id": 12,
+        "image": "a.jpg",
+        "conversations": [
+            {"from": "system", "value": "sys"},
+            {"from": "human", "value": "<image>\nDescribe."},
+            {"from": "gpt", "value": "A plane."},
+            {"from": "human", "value": "More?", "loss": True},
+            {"from": "gpt", "value": "No.", "loss": False},
+        ],
+    }
+    ex = parse(rec, imgdir)
+    a = ImageRef(path=str(imgdir / "a.jpg"))
+    assert ex.kind == "llava"
+    assert shape(ex.root) == [
+        [
+            ("system", ["sys"], None),
+            ("user", [a, "\nDescribe."], None),
+            ("assistant", ["A plane."], None),
+            ("user", ["More?"], True),
+            ("assistant", ["No."], False),
+        ],
+        [],
+    ]
+
+
+def test_llava_image_list_placeholders_in_order(imgdir: Path):
+    rec = {
+        "images": ["a.jpg", "sub/b.jpg"],
+        "conversations": [
+            {"from": "human", "value": "first <image> then <image>"},
+            {"from": "gpt", "value": "ok"},
+        ],
+    }
+    a, b = ImageRef(path=str(imgdir / "a.jpg")), ImageRef(path=str(imgdir / "sub" / "b.jpg"))
+    assert parse(rec, imgdir).root.messages[0].parts == ["first ", a, " then ", b]
+
+
+def test_llava_without_placeholder_prepends_to_first_human(imgdir: Path):
+    """LLaVA's convention: images with no <image> go first in the first human turn, each followed by \\n."""
+    rec = {
+        "image": ["a.jpg", "sub/b.jpg"],
+        "conversations": [
+            {"from": "system", "value": "sys"},
+            {"from": "human", "value": "Compare."},
+            {"from": "gpt", "value": "Same."},
+        ],
+    }
+    a, b = ImageRef(path=str(imgdir / "a.jpg")), ImageRef(path=str(imgdir / "sub" / "b.jpg"))
+    msgs = parse(rec, imgdir).root.messages
+    assert msgs[0].parts == ["sys"]
+    assert msgs[1].parts == [a, "\n", b, "\nCompare."]
+
+
+def test_messages_with_top_level_images(imgdir: Path):
+    """LLaMA-Factory style: <image> in text and source-less image parts take the top-level images in order."""
+    rec = {
+        "images": ["a.jpg", "sub/b.jpg"],
+        "messages": [
+            {"role": "user", "content": "<image>What is this?"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "And this?"}]},
+            {"role": "assistant", "content": "y"},
+        ],
+    }
+    a, b = ImageRef(path=str(imgdir / "a.jpg")), ImageRef(path=str(imgdir / "sub" / "b.jpg"))
+    msgs = parse(rec, imgdir).root.messages
+    assert msgs[0].parts == [a, "What is this?"] and msgs[2].parts == [b, "And this?"]
+
+
+def test_image_placeholder_is_text_without_images(tmp_path: Path):
+    """A messages record with no top-level images keeps a literal "<image>" as text."""
+    ex = parse({"messages": [{"role": "user", "content": "<image> tag"}]}, tmp_path)
+    assert ex.root.messages[0].parts == ["<image> tag"]
+
+
+def test_tree_nested(tmp_path: Path):
+    def m(role: str, text: str) -> dict:
+        return {"role": role, "content": text}
+
+    rec = {
+        "messages": [m("user", "Q")],
+        "branches": [
+            [m("assistant", "A1")],
+            {
+                "messages": [m("assistant", "A2")],
+                "branches": [[m("user", "Q2a"), m("assistant", "A2a")], {"messages": [m("user", "Q2b")]}],
+            },
+            [m("assistant", "A3")],
+        ],
+    }
+    ex = parse(rec, tmp_path)
+    U, A = "user", "assistant"
+    assert shape(ex.root) == [
+        [(U, ["Q"], None)],
+        [
+            [[(A, ["A1"], None)], []],
+            [
+                [(A, ["A2"], None)],
+                [[[(U, ["Q2a"], None), (A, ["A2a"], None)], []], [[(U, ["Q2b"], None)], []]],
+            ],
+            [[(A, ["A3"], None)], []],
+        ],
+    ]
+    # depth-first order with parent indices, as render.py lays the nodes out
+    order = [(n.messages[0].parts[0], p) for n, p in ex.root.walk()]
+    assert order == [("Q", -1), ("A1", 0), ("A2", 0), ("Q2a", 2), ("Q2b", 2), ("A3", 0)]
+
+
+def test_empty_branches_list_is_linear(tmp_path: Path):
+    ex = parse({"messages": [{"role": "user", "content": "q"}], "branches": []}, tmp_path)
+    assert ex.root.children == []
+
+
+# ---------------------------------------------------------------- image paths
+
+
+def test_image_root_and_absolute(imgdir: Path, tmp_path_factory):
+    other = tmp_path_factory.mktemp("elsewhere")
+    rec = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": "sub/b.jpg"}, {"type": "image", "image": str(IMG_A)}],
+            }
+        ]
+    }
+    ex = parse(rec, other, image_root=str(imgdir))
+    assert ex.images == [ImageRef(path=str(imgdir / "sub" / "b.jpg")), ImageRef(path=str(IMG_A))]
+    with pytest.raises(
+        RecordError, match=r"in.jsonl:7: missing_image: image .*elsewhere\d*/sub/b.jpg does not exist"
+    ):
+        parse(rec, other)
+
+
+def test_relative_paths_normalised_and_file_url(imgdir: Path):
+    rec = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": "sub/../a.jpg"},
+                    {"type": "image", "image": "file://" + str(imgdir / "a.jpg")},
+                ],
+            }
+        ]
+    }
+    assert parse(rec, imgdir).images == [ImageRef(path=str(imgdir / "a.jpg"))] * 2
+
+
+def test_inline_base64(tmp_path: Path):
+    raw = IMG_A.read_bytes()
+    url = "data:image/jpeg;base64," + base64.b64encode(raw).decode()
+    rec = {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": url}]},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+        ]
+    }
+    ex = parse(rec, tmp_path)
+    assert ex.images == [ImageRef(data=raw), ImageRef(data=raw)]
+    assert ex.images[0].source == f"<inline {len(raw)} bytes>"
+
+
+# ---------------------------------------------------------------- rejects
+
+USER = {"role": "user", "content": "q"}
+
+
+@pytest.mark.parametrize(
+    ("rec", "reason", "match"),
+    [
+        (
+            {"prompt": "x", "completion": "y"},
+            "unknown_format",
+            r"none of 'messages', 'conversations', 'text' \(keys: completion, prompt\)",
+        ),
+        ([1, 2], "malformed_json", r"a JSON list, not an object"),
+        ({"messages": "hi"}, "wrong_type", r"'messages' must be a list"),
+        (
+            {"messages": [{"role": "user", "content": 3}]},
+            "wrong_type",
+            r"messages\[0\] content must be a string or a list of parts, got int",
+        ),
+        ({"messages": [{"role": "user", "content": None}]}, "wrong_type", r"got NoneType"),
+        ({"messages": [{"role": 1, "content": "x"}]}, "wrong_type", r"messages\[0\] role must be a string"),
+        ({"messages": [{"role": "user", "content": ["x"]}]}, "wrong_type", r"part 0 must be an object"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4"}]}]},
+            "wrong_type",
+            r"unsupported type 'video'",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "wrong_type",
+            r"'text' must be a string",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "image": 5}]}]},
+            "wrong_type",
+            r"image source must be a non-empty string",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "loss": "yes"}]},
+            "wrong_type",
+            r"'loss' must be true or false",
+        ),
+        ({"messages": [USER], "branches": {"a": 1}}, "wrong_type", r"record.branches must be a list"),
+        (
+            {"messages": [USER], "branches": ["x"]},
+            "wrong_type",
+            r"record.branches\[0\] must be a list of messages or an object",
+        ),
+        ({"messages": [USER], "id": [1]}, "wrong_type", r"'id' must be a string or an integer"),
+        ({"text": 3}, "wrong_type", r"'text' must be a string"),
+        (
+            {"conversations": [{"from": "human", "value": 1}]},
+            "wrong_type",
+            r"conversations\[0\] 'value' must be a string",
+        ),
+        ({"messages": [USER], "images": 3}, "wrong_type", r"'images' must be a path or a list of paths"),
+        (
+            {"messages": [{"role": "bot", "content": "x"}]},
+            "unknown_role",
+            r"messages\[0\] role 'bot' is not one of",
+        ),
+        (
+            {"conversations": [{"from": "robot", "value": "x"}]},
+            "unknown_role",
+            r"conversations\[0\] role 'robot'",
+        ),
+        ({"messages": []}, "empty_messages", r"'messages' is empty"),
+        ({"messages": [], "branches": [[USER]]}, "empty_messages", r"a tree needs a shared prefix"),
+        ({"conversations": []}, "empty_messages", r"'conversations' is empty"),
+        ({"messages": [{"role": "user", "content": ""}]}, "empty_messages", r"messages\[0\] has no content"),
+        ({"messages": [{"role": "user", "content": []}]}, "empty_messages", r"messages\[0\] has no content"),
+        ({"messages": [{"role": "user"}]}, "empty_messages", r"messages\[0\] has no 'content'"),
+        ({"text": ""}, "empty_messages", r"'text' is empty"),
+        ({"messages": [USER], "branches": [[]]}, "empty_branch", r"record.branches\[0\] has no messages"),
+        (
+            {"messages": [USER], "branches": [[USER], {"messages": [USER], "branches": [{"messages": []}]}]},
+            "empty_branch",
+            r"record.branches\[1\].branches\[0\] has no messages",
+        ),
+        (
+            {"conversations": [{"from": "human", "value": "<image> x"}]},
+            "image_count_mismatch",
+            r"more image placeholders than images \(the record lists 0\)",
+        ),
+        (
+            {"image": ["a.jpg"], "conversations": [{"from": "human", "value": "<image><image>"}]},
+            "image_count_mismatch",
+            r"the record lists 1\)",
+        ),
+        (
+            {"image": ["a.jpg", "a.jpg"], "conversations": [{"from": "human", "value": "<image>x"}]},
+            "image_count_mismatch",
+            r"lists 2 images but its messages have 1 image placeholders",
+        ),
+        (
+            {"image": "a.jpg", "conversations": [{"from": "gpt", "value": "x"}]},
+            "image_count_mismatch",
+            r"no human turn",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "image_count_mismatch",
+            r"the record lists 0",
+        ),
+        (
+            {"images": ["a.jpg"], "messages": [USER]},
+            "image_count_mismatch",
+            r"lists 1 images but its messages have 0",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "image": "nope.jpg"}]}]},
+            "missing_image",
+            r"image .*/nope.jpg does not exist \(named 'nope.jpg'; set --image-root",
+        ),
+        (
+            {"image": "nope.png", "conversations": [{"from": "human", "value": "<image>"}]},
+            "missing_image",
+            r"nope.png does not exist",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "image": "https://x.org/a.jpg"}]}]},
+            "missing_image",
+            r"is a URL; packer works offline",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "image": "data:image/png,abc"}]}]},
+            "bad_image",
+            r"not a base64 data URL",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image", "image": "data:image/png;base64,@@@"}]}
+                ]
+            },
+            "bad_image",
+            r"not valid base64",
+        ),
+    ],
+)
+def test_reject_reasons(imgdir: Path, rec, reason: str, match: str):
+    with pytest.raises(RecordError, match=r"^in.jsonl:7: " + reason + ": .*" + match) as info:
+        parse(rec, imgdir)
+    assert (info.value.reason, info.value.path, info.value.line) == (reason, "in.jsonl", 7)
+
+
+# ---------------------------------------------------------------- read_jsonl
+
+
+def test_read_jsonl_line_numbers_and_bad_lines(imgdir: Path):
+    path = imgdir / "data.jsonl"
+    lines = [
+        json.dumps({"text": "one"}).encode(),  # 1
+        b"",  # 2 blank
+        b"   \t",  # 3 whitespace only
+        b'{"text": "caf\xe9"}',  # 4 latin-1, not UTF-8
+        b'{"text": "x",}',  # 5 malformed
+        b'"just a string"',  # 6 JSON but not an object
+        json.dumps(
+            {"image": "sub/b.jpg", "conversations": [{"from": "human", "value": "<image>"}]}
+        ).encode(),  # 7
+        json.dumps({"messages": [{"role": "alien", "content": "x"}]}).encode(),  # 8
+        json.dumps({"text": "caf\u00e9 \u2603"}, ensure_ascii=False).encode(),  # 9 real UTF-8
+    ]
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines))  # BOM on line 1, no trailing newline
+    out = list(read_jsonl(str(path), source_name="s"))
+    assert [n for n, _ in out] == [1, 4, 5, 6, 7, 8, 9]
+    kinds = [r.kind if isinstance(r, Example) else r.reason for _, r in out]
+    assert kinds == ["text", "not_utf8", "malformed_json", "malformed_json", "llava", "unknown_role", "text"]
+    errs = {n: r for n, r in out if isinstance(r, RecordError)}
+    assert (
+        str(errs[4])
+        == f"{path}:4: not_utf8: invalid UTF-8 byte b'\\xe9' at byte 13; re-encode the file as UTF-8"
+    )
+    assert (
+        str(errs[5])
+        == f"{path}:5: malformed_json: Expecting property name enclosed in double quotes at column 14"
+    )
+    assert str(errs[6]) == f"{path}:6: malformed_json: the line is a JSON str, not an object"
+    assert errs[8].path == str(path) and errs[8].line == 8
+    ok = {n: r for n, r in out if isinstance(r, Example)}
+    assert ok[7].images == [ImageRef(path=str(imgdir / "sub" / "b.jpg"))]  # relative to the JSONL's directory
+    assert ok[7].example_id == f"{path}:7" and ok[7].source_name == "s"
+    assert ok[9].text == "caf\u00e9 \u2603"
+
+
+def test_read_jsonl_relative_path_from_any_cwd(imgdir: Path, monkeypatch):
+    (imgdir / "d.jsonl").write_text(
+        json.dumps({"image": "a.jpg", "conversations": [{"from": "human", "value": "<image>"}]})
+    )
+    monkeypatch.chdir(imgdir / "sub")
+    [(line, ex)] = list(read_jsonl("../d.jsonl"))
+    assert (
+        line == 1 and ex.images == [ImageRef(path=str(imgdir / "a.jpg"))] and ex.example_id == "../d.jsonl:1"
+    )
+
+
+def test_read_jsonl_image_root(imgdir: Path, tmp_path_factory):
+    other = tmp_path_factory.mktemp("jsonl")
+    (other / "d.jsonl").write_text(
+        json.dumps({"image": "sub/b.jpg", "conversations": [{"from": "human", "value": "<image>"}]}) + "\n"
+    )
+    [(_, ex)] = list(read_jsonl(str(other / "d.jsonl"), image_root=str(imgdir)))
+    assert ex.images == [ImageRef(path=str(imgdir / "sub" / "b.jpg"))]
+
+
+def test_read_jsonl_streams(tmp_path: Path):
+    """The reader yields the first record before later lines exist (no whole-file load)."""
+    path = tmp_path / "s.jsonl"
+    with open(path, "w") as f:
+        f.write('{"text": "a"}\n')
+        f.flush()
+        it = read_jsonl(str(path))
+        assert next(it)[0] == 1
+        f.write('{"text": "b"}\n')
+        f.flush()
+        assert next(it)[0] == 2
+
+
+# ---------------------------------------------------------------- expand_inputs
+
+
+def test_expand_inputs(tmp_path: Path, monkeypatch):
+    for name in ("b.jsonl", "a.jsonl", "sub/c.jsonl", "sub/d.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert expand_inputs(["b.jsonl", "*.jsonl", "./a.jsonl", "sub"]) == [
+        "a.jsonl",
+        "b.jsonl",
+        os.path.join("sub", "c.jsonl"),
+    ]
+    assert expand_inputs(["**/*.jsonl"]) == ["a.jsonl", "b.jsonl", os.path.join("sub", "c.jsonl")]
+    with pytest.raises(ConfigError, match=r"input 'nothing\*.jsonl' matches no file"):
+        expand_inputs(["a.jsonl", "nothing*.jsonl"])
+
+
+def test_message_dataclass_roundtrip():
+    """The parsed tree is plain dataclasses (so it pickles to worker processes)."""
+    import pickle
+
+    node = Node(messages=[Message("user", ["hi", ImageRef(path="/x.jpg")], loss=True)])
+    assert pickle.loads(pickle.dumps(node)) == node
+
+
+def test_directory_named_as_image_is_bad_image(tmp_path):
+    (tmp_path / "imgdir.jpg").mkdir()
+    rec = {"messages": [{"role": "user", "content": [{"type": "image", "image": "imgdir.jpg"}]},
+                        {"role": "assistant", "content": "x"}]}
+    with pytest.raises(RecordError, match="bad_image: image .*imgdir.jpg is a directory"):
+        parse_record(rec, path="d.jsonl", line=1, base_dir=str(tmp_path))

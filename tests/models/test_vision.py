@@ -1,0 +1,215 @@
+"""Vision profiles against transformers' own image processors, on every COCO-mini image."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import transformers
+from PIL import Image
+from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
+
+from packer.core.types import ImageRef
+from packer.errors import ConfigError, RecordError
+from packer.models.vision import PROFILES, VisionProfile, get_profile, load_image
+from tests.conftest import COCO  # ../shared beside the repo, or $PACKER_SHARED
+
+IMAGE_FILES = sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (COCO / d).glob("*.jpg"))
+
+
+@pytest.fixture(scope="module")
+def decoded() -> list[Image.Image]:
+    return [load_image(ImageRef(path=str(p))) for p in IMAGE_FILES]
+
+
+def _one_per_size(images: list[Image.Image]) -> list[Image.Image]:
+    """One image of each distinct (width, height): the grid depends on the size alone."""
+    seen: dict[tuple[int, int], Image.Image] = {}
+    for im in images:
+        seen.setdefault(im.size, im)
+    return list(seen.values())
+
+
+def _check_against(
+    profiles: list[VisionProfile], processor, images: list[Image.Image], refs: list[ImageRef]
+) -> None:
+    """Each profile's header-only grid and token count equal the processor's output on the decoded image."""
+    hf_grids: list[tuple[int, ...]] = []
+    for i in range(0, len(images), 16):  # chunks: all 239 at once would hold 1.5 GB of patches
+        # Normalization does not change shapes; skipping it saves a third of the processor's time.
+        out = processor(images=images[i : i + 16], return_tensors="np", do_rescale=False, do_normalize=False)
+        grids = [tuple(int(x) for x in g) for g in out["image_grid_thw"]]
+        assert out["pixel_values"].shape[0] == sum(t * h * w for t, h, w in grids)  # one row per patch
+        hf_grids += grids
+    hf_tokens = [t * h * w // processor.merge_size**2 for t, h, w in hf_grids]
+    sizes = [profiles[0].image_size(ref) for ref in refs]
+    assert sizes == [im.size for im in images]
+    for profile in profiles:
+        assert [profile.grid_thw(*wh) for wh in sizes] == hf_grids, profile.name
+        assert [profile.num_tokens(*wh) for wh in sizes] == hf_tokens, profile.name
+
+
+def test_coco_mini_is_all_there() -> None:
+    assert len(IMAGE_FILES) == 239
+
+
+def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.Image]) -> None:
+    # transformers maps both model types to the same image processor class (the PIL backend without
+    # torchvision), so one pass over the images checks both profiles.
+    names = {IMAGE_PROCESSOR_MAPPING_NAMES[m]["pil"] for m in ("qwen2_vl", "qwen2_5_vl")}
+    assert names == {"Qwen2VLImageProcessorPil"}
+    processor = transformers.Qwen2VLImageProcessorPil()  # the class defaults, built independently
+    profiles = [get_profile("qwen2-vl"), get_profile("qwen2.5-vl")]
+    for profile in profiles:
+        assert isinstance(profile.image_processor(), transformers.Qwen2VLImageProcessorPil)
+        assert (profile.min_pixels, profile.max_pixels) == (
+            processor.size["shortest_edge"],
+            processor.size["longest_edge"],
+        )
+    refs = [ImageRef(path=str(p)) for p in IMAGE_FILES]
+    _check_against(profiles, processor, decoded, refs)
+
+
+@pytest.mark.parametrize(
+    ("min_pixels", "max_pixels"),
+    [
+        (4 * 28 * 28, 128 * 28 * 28),  # every COCO image is shrunk: the floor branch
+        (512 * 28 * 28, 1024 * 28 * 28),  # every COCO image is enlarged: the ceil branch
+        (28 * 28, 28 * 28),  # one token per image
+    ],
+)
+def test_qwen2_vl_custom_pixels_match_processor(decoded, min_pixels: int, max_pixels: int) -> None:
+    profile = get_profile("qwen2-vl", min_pixels=min_pixels, max_pixels=max_pixels)
+    processor = transformers.Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    images = _one_per_size(decoded)
+    refs = [ImageRef(data=_png_bytes(im)) for im in images]  # inline bytes of the same size
+    _check_against([profile], processor, images, refs)
+
+
+def _png_bytes(im: Image.Image) -> bytes:
+    """A tiny PNG of ``im``'s size (solid colour compresses to almost nothing)."""
+    buf = io.BytesIO()
+    Image.new("RGB", im.size).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("factor_pixels", [(28, 56 * 56, 28 * 28 * 1280), (28, 128 * 28 * 28, 256 * 28 * 28)])
+def test_smart_resize_sweep_matches_transformers(factor_pixels) -> None:
+    factor, lo, hi = factor_pixels
+    profile = get_profile("qwen2-vl", min_pixels=lo, max_pixels=hi)
+    rng = np.random.default_rng(0)
+    sizes = [(1, 1), (1, 200), (200, 1), (28, 28), (27, 29), (3000, 4000), (10_000, 50)]
+    sizes += [tuple(int(x) for x in rng.integers(1, 4000, 2)) for _ in range(3000)]
+    for w, h in sizes:
+        if max(w, h) / min(w, h) > 200:
+            continue
+        rh, rw = hf_smart_resize(h, w, factor=factor, min_pixels=lo, max_pixels=hi)
+        assert profile.grid_thw(w, h) == (1, rh // 14, rw // 14), (w, h)
+
+
+def test_aspect_ratio_above_200_is_a_bad_image() -> None:
+    with pytest.raises(RecordError, match="aspect ratio") as e:
+        get_profile("qwen2-vl").grid_thw(201, 1)
+    assert e.value.reason == "bad_image"
+
+
+def test_pixel_values_match_processor_exactly() -> None:
+    profile = get_profile("qwen2-vl")
+    refs = [ImageRef(path=str(p)) for p in IMAGE_FILES[:2]]
+    out = profile.pixel_values(refs)
+    expected = transformers.Qwen2VLImageProcessorPil()(
+        images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt"
+    )
+    assert set(out) == {"pixel_values", "image_grid_thw"}
+    assert out["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    assert out["image_grid_thw"].tolist() == [list(profile.grid_thw(*profile.image_size(r))) for r in refs]
+    assert (out["pixel_values"] == expected["pixel_values"]).all()
+    assert out["pixel_values"].shape == (int(expected["image_grid_thw"].prod(-1).sum()), 3 * 2 * 14 * 14)
+
+
+def test_llava_is_576_tokens_of_336px() -> None:
+    profile = get_profile("llava")
+    refs = [ImageRef(path=str(p)) for p in IMAGE_FILES[:3]]
+    for ref in refs:
+        w, h = profile.image_size(ref)
+        assert profile.num_tokens(w, h) == 576
+        t, gh, gw = profile.grid_thw(w, h)
+        assert (t, gh, gw) == (1, 24, 24) and t * gh * gw // profile.merge_size**2 == 576
+    out = profile.pixel_values(refs)
+    assert set(out) == {"pixel_values"}
+    assert tuple(out["pixel_values"].shape) == (3, 3, 336, 336)
+    assert isinstance(profile.image_processor(), transformers.LlavaImageProcessorPil)
+
+
+def test_inline_bytes_same_as_path() -> None:
+    profile = get_profile("qwen2-vl")
+    path = IMAGE_FILES[5]
+    inline = ImageRef(data=path.read_bytes())
+    assert profile.image_size(inline) == profile.image_size(ImageRef(path=str(path)))
+    assert profile.image_size(inline) == Image.open(path).size
+    out = profile.pixel_values([inline, ImageRef(path=str(path))])
+    n = out["pixel_values"].shape[0] // 2
+    assert (out["pixel_values"][:n] == out["pixel_values"][n:]).all()
+
+
+def _reason(ref: ImageRef) -> str:
+    with pytest.raises(RecordError) as e:
+        get_profile("qwen2-vl").image_size(ref)
+    return e.value.reason
+
+
+def test_bad_and_missing_files(tmp_path: Path) -> None:
+    good = IMAGE_FILES[0].read_bytes()
+    assert good.endswith(b"\xff\xd9")
+    (tmp_path / "half.jpg").write_bytes(good[: len(good) // 2])
+    (tmp_path / "no_eoi.jpg").write_bytes(good[:-2])
+    (tmp_path / "header_only.jpg").write_bytes(good[:600])
+    (tmp_path / "text.jpg").write_text("this is not an image\n")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "dir.jpg").mkdir()
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (1, 2, 3)).save(buf, format="PNG")
+    png = buf.getvalue()
+    (tmp_path / "cut.png").write_bytes(png[:-20])
+    (tmp_path / "trailer.jpg").write_bytes(good + b"\0" * 10_000)  # bytes after EOI (camera trailers)
+
+    assert _reason(ImageRef(path=str(tmp_path / "missing.jpg"))) == "missing_image"
+    for name in ("half.jpg", "no_eoi.jpg", "header_only.jpg", "text.jpg", "empty.jpg", "dir.jpg", "cut.png"):
+        assert _reason(ImageRef(path=str(tmp_path / name))) == "bad_image", name
+    assert _reason(ImageRef(data=good[: len(good) // 2])) == "bad_image"
+    assert _reason(ImageRef(data=b"")) == "bad_image"
+
+    profile = get_profile("qwen2-vl")
+    assert profile.image_size(ImageRef(data=png)) == (64, 48)
+    assert profile.image_size(ImageRef(path=str(tmp_path / "trailer.jpg"))) == Image.open(IMAGE_FILES[0]).size
+    with pytest.raises(RecordError, match="truncated"):
+        profile.image_size(ImageRef(path=str(tmp_path / "no_eoi.jpg")))
+    with pytest.raises(RecordError, match="does not exist"):
+        profile.image_size(ImageRef(path=str(tmp_path / "missing.jpg")))
+    with pytest.raises(RecordError, match="bad_image"):
+        profile.pixel_values([ImageRef(path=str(tmp_path / "text.jpg"))])
+
+
+def test_get_profile() -> None:
+    assert set(PROFILES) == {"qwen2-vl", "qwen2.5-vl", "llava", "text"}
+    assert get_profile("qwen2-vl") is PROFILES["qwen2-vl"]
+    assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is PROFILES["qwen2-vl"]
+    p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
+    assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
+    assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
+    assert p.num_tokens(640, 480) <= 256
+    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, llava, text"):
+        get_profile("gpt-5")
+    with pytest.raises(ConfigError, match="min_pixels"):
+        get_profile("qwen2-vl", min_pixels=100, max_pixels=10)
+    with pytest.raises(ConfigError, match="dynamic-resolution"):
+        get_profile("llava", max_pixels=1000)
+    with pytest.raises(ConfigError, match="cannot override"):
+        get_profile("qwen2-vl", patch_size=16)
+    text = get_profile("text")
+    assert text.image_token is None and not text.mrope
+    with pytest.raises(ConfigError, match="no vision encoder"):
+        text.num_tokens(640, 480)
