@@ -95,7 +95,7 @@ def _progress(iterable=None, *, enabled: bool, **kw):
 # ---------------------------------------------------------------------------------------------- scan
 def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
     """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order."""
-    from packer.formats.records import expand_inputs
+    from packer.formats.read import expand_inputs
 
     chunks: list[Chunk] = []
     seen: set[str] = set()
@@ -166,7 +166,7 @@ def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
 
 def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]:
     """Encode one chunk into the cache; return its counts. Idempotent: a finished chunk is not redone."""
-    from packer.formats.records import parse_line
+    from packer.formats.read import parse_line
 
     out = Path(work) / "encode" / f"chunk-{chunk.index:06d}.arrow"
     rej = out.with_suffix(".rejects.jsonl")

@@ -590,7 +590,7 @@ def _resolve(path: str, base_dir: str) -> str:
 def _source_weights(manifest: dict[str, Any], base_dir: str) -> dict[str, float]:
     """Resolved input file -> its source's weight (files the config's globs still match)."""
     from packer.errors import ConfigError
-    from packer.formats.records import expand_inputs
+    from packer.formats.read import expand_inputs
 
     out = {}
     for s in manifest.get("config", {}).get("sources", []):
@@ -606,7 +606,7 @@ def _source_weights(manifest: dict[str, Any], base_dir: str) -> dict[str, float]
 def _check_inputs(manifest: dict[str, Any], root: Path, ids: pa.ChunkedArray, rejects: list[dict[str, Any]],
                   inputs: list[str], rep: VerifyReport) -> None:
     """Every non-blank line of ``inputs`` is packed (with its source's copy count) or rejected, exactly once."""
-    from packer.formats.records import expand_inputs
+    from packer.formats.read import expand_inputs
 
     base_dir = manifest.get("base_dir") or os.getcwd()
     files = {os.path.realpath(f): f for f in expand_inputs(inputs)}

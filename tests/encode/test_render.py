@@ -17,7 +17,7 @@ from PIL import Image
 from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode.renderer import Renderer
 from packer.errors import ConfigError, RecordError
-from packer.formats.records import parse_record
+from packer.formats import parse_record
 from packer.models.vision import get_profile
 
 SYS_DEFAULT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -588,7 +588,7 @@ def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monke
     import json
     import runpy
 
-    from packer.formats.records import read_jsonl
+    from packer.formats.read import read_jsonl
 
     out = tmp_path / "jsonl"
     monkeypatch.setattr("sys.argv", ["coco_to_jsonl.py", "--coco", str(coco_dir), "--out", str(out)])

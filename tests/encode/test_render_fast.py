@@ -30,7 +30,7 @@ from packer.core.tree import mrope_position_ids
 from packer.core.types import Encoded, Example, ImageRef, Message
 from packer.encode.renderer import OPEN, Renderer
 from packer.errors import RecordError
-from packer.formats.records import parse_record
+from packer.formats import parse_record
 from packer.models.vision import get_profile, read_image_size
 
 IMAGES = ("a.jpg", "b.jpg", "c.png")

@@ -14,7 +14,7 @@ from packer.config import BuildConfig
 from packer.encode.renderer import Renderer
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
-from packer.formats.records import read_jsonl
+from packer.formats.read import read_jsonl
 from packer.models.vision import get_profile
 from packer.pipeline.build import build
 from packer.shards.io import open_shards

@@ -24,7 +24,7 @@ import pytest
 
 from packer.config import BuildConfig
 from packer.errors import RecordError, ShardError
-from packer.formats.records import parse_line
+from packer.formats.read import parse_line
 from packer.pipeline.build import CHUNK_LINES, build
 from packer.report.verify import verify_build
 from packer.train.dataset import PackedDataset
