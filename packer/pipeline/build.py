@@ -105,11 +105,12 @@ def build(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     encoder = make_encoder(config)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
-    template_sha256 = hashlib.sha256(str(encoder.tokenizer.chat_template or "").encode()).hexdigest()
+    template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
     out = Path(config.output)
     chunks = scan_chunks(config, progress=progress)
     files = sorted({c.path for c in chunks})
-    fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, files=files)
+    fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
+                                    files=files)
     work = prepare_output(out, fingerprint, overwrite=config.overwrite)
     cache = EncodeCache(work / "encode", len(chunks))
     cache.root.mkdir(exist_ok=True)

@@ -18,15 +18,16 @@ from packer.pipeline.stages import CHUNK_LINES
 from packer.shards.schema import MANIFEST, SCHEMA_VERSION, WORK_DIR
 
 
-def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, files: list[str]) -> str:
-    """sha256 of what determines the output: config (less run-time knobs), tokenizer, input files."""
+def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_sha256: str, files: list[str]) -> str:
+    """sha256 of what determines the output: config (less run-time knobs), tokenizer, the chat template used
+    (a ``--chat-template`` FILE is in the config by name only), input files (names, sizes, mtimes)."""
     cfg = config.to_dict()
     for k in ("output", "num_proc", "overwrite", "strict", "max_reject_fraction"):
         cfg.pop(k)
     h = hashlib.sha256()
     # CHUNK_LINES: the encode cache is indexed by chunk, so a cache of another chunking must not be reused.
-    h.update(json.dumps({"config": cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES},
-                        sort_keys=True).encode())
+    h.update(json.dumps({"config": cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES,
+                         "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
     h.update(tokenizer_fp.encode())
     for f in files:
         st = os.stat(f)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -202,3 +203,43 @@ def test_image_token_option_for_llava_style_templates(tmp_path, coco_images):
     assert int((row["input_ids"] == pad).sum()) == 576
     assert row["images"][0]["num_tokens"] == 576
 
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+OTHER = CHATML.replace("<|im_start|>{{ m['role'] }}\n", "<|im_start|>{{ m['role'] }}: ")
+
+
+def _template_build(tmp_path: Path, template: str) -> BuildConfig:
+    """A text-profile build of two chats with ``--chat-template FILE`` holding ``template``."""
+    data = _write_jsonl(tmp_path / "d.jsonl", [
+        {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello."}]},
+        {"messages": [{"role": "user", "content": "How are you?"}, {"role": "assistant", "content": "Fine."}]}])
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    return BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="text", chat_template=str(path),
+                                   max_length=256)
+
+
+def test_editing_the_chat_template_file_is_another_build(tmp_path):
+    """The template FILE's contents are part of the build: after an edit the rerun does not resume from the
+    encode cache of the old template (it refuses, like any other build), and --overwrite rebuilds with the
+    new one, byte for byte a fresh build."""
+    cfg = _template_build(tmp_path, CHATML)
+    first = build(cfg, progress=False)
+    Path(cfg.chat_template).write_text(OTHER)
+    with pytest.raises(ConfigError, match="holds a different packer build; pass --overwrite"):
+        build(cfg, progress=False)
+    again = build(cfg.replace(overwrite=True), progress=False)
+    fresh = build(cfg.replace(output=str(tmp_path / "fresh")), progress=False)
+    assert _shard_sums(again) == _shard_sums(fresh) != _shard_sums(first)
+
+
+def test_manifest_hashes_the_chat_template_used(tmp_path):
+    """``chat_template_sha256`` is the template the build rendered with: the --chat-template file's, not the
+    tokenizer's own."""
+    result = build(_template_build(tmp_path, OTHER), progress=False)
+    assert result.manifest["chat_template_sha256"] == hashlib.sha256(OTHER.encode()).hexdigest()
+    default = build(BuildConfig.from_inputs([str(tmp_path / "d.jsonl")], str(tmp_path / "default"), profile="text",
+                                            max_length=256), progress=False)
+    own = load_tokenizer("qwen2-vl").chat_template
+    assert default.manifest["chat_template_sha256"] == hashlib.sha256(own.encode()).hexdigest()
