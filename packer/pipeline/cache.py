@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer.errors import REJECT_REASONS
+from packer.errors import REJECT_REASONS, ShardError
 from packer.pipeline.faults import Hooks
 from packer.shards.assemble import take_rows
 from packer.shards.schema import EXAMPLE_SCHEMA
@@ -95,11 +95,28 @@ class EncodeCache:
         return take_rows([self.arrow(i) for i in range(self.num_chunks)], self.starts, sel)
 
     def rejects(self) -> list[dict[str, Any]]:
-        """Every chunk's rejects, in chunk order."""
+        """Every chunk's rejects, in chunk order; ShardError for a line that is not a reject (a corrupt cache)."""
         out = []
         for i in range(self.num_chunks):
-            with open(self.rejects_file(i)) as f:
-                out.extend(json.loads(line) for line in f)
-        for r in out:
-            assert r["reason"] in REJECT_REASONS, r
+            path = self.rejects_file(i)
+            with open(path) as f:
+                for n, line in enumerate(f, start=1):
+                    problem = _reject_problem(line)
+                    if problem:
+                        raise ShardError(f"{path}:{n} {problem}: the encode cache is corrupt; delete {self.root} "
+                                         "and rerun the same command")
+                    out.append(json.loads(line))
         return out
+
+
+def _reject_problem(line: str) -> str | None:
+    """What is wrong with one line of a chunk's rejects file, or None."""
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError:
+        r = None
+    if not (isinstance(r, dict) and isinstance(r.get("path"), str) and isinstance(r.get("line"), int)):
+        return f"is not a reject record ({line.strip()[:80]!r})"
+    if r.get("reason") not in REJECT_REASONS:
+        return f"has reject reason {r.get('reason')!r}, not one of {', '.join(REJECT_REASONS)}"
+    return None
