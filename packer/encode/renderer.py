@@ -55,10 +55,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.core.tree import mrope_position_ids, tree_position_ids
+from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef, Message, Node
 from packer.errors import ConfigError, RecordError
-from packer.models.vision import VisionProfile
+from packer.models.base import ModelProfile
+from packer.models.qwen_vl import mrope_position_ids
 
 # tokenizers.Tokenizer -> (pipeline signature, token byte lengths); weak keys: it dies with its tokenizer
 _BYTE_LENGTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -146,7 +147,7 @@ class Renderer:
     def __init__(
         self,
         tokenizer,
-        profile: VisionProfile,
+        profile: ModelProfile,
         *,
         max_length: int | None = None,
         overlong: str = "drop",
@@ -619,7 +620,6 @@ class Renderer:
                 node_parents,
                 [im.grid_thw for im in images],
                 image_token_id=self.image_token_id,
-                vision_start_token_id=self.vision_start_id,
                 spatial_merge_size=self.profile.merge_size,
             )
         return enc

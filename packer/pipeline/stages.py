@@ -101,7 +101,7 @@ def make_encoder(config: BuildConfig) -> Renderer:
     is the expensive part, so a build makes one and its executor ships it to the workers."""
     from packer.encode.renderer import Renderer
     from packer.encode.tokenizers import load_tokenizer
-    from packer.models.vision import get_profile
+    from packer.models import get_profile
 
     profile = get_profile(config.profile, **config.profile_overrides())
     tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)

@@ -18,7 +18,7 @@ from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode.renderer import Renderer
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
-from packer.models.vision import get_profile
+from packer.models import get_profile
 
 SYS_DEFAULT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 IMAGE_PAD = 151655

@@ -16,7 +16,7 @@ from packer.encode.renderer import Renderer
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
 from packer.formats.read import read_jsonl
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.pipeline.stages import encode_chunk, write_shard_range
 from packer.shards.io import open_shards
