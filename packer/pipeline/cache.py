@@ -101,22 +101,22 @@ class EncodeCache:
             path = self.rejects_file(i)
             with open(path) as f:
                 for n, line in enumerate(f, start=1):
-                    problem = _reject_problem(line)
-                    if problem:
-                        raise ShardError(f"{path}:{n} {problem}: the encode cache is corrupt; delete {self.root} "
-                                         "and rerun the same command")
-                    out.append(json.loads(line))
+                    try:
+                        out.append(_checked_reject(line))
+                    except ValueError as e:
+                        raise ShardError(f"{path}:{n} {e}: the encode cache is corrupt; delete {self.root} and rerun "
+                                         "the same command") from None
         return out
 
 
-def _reject_problem(line: str) -> str | None:
-    """What is wrong with one line of a chunk's rejects file, or None."""
+def _checked_reject(line: str) -> dict[str, Any]:
+    """One line of a chunk's rejects file; ValueError saying what is wrong with it."""
     try:
         r = json.loads(line)
     except json.JSONDecodeError:
         r = None
     if not (isinstance(r, dict) and isinstance(r.get("path"), str) and isinstance(r.get("line"), int)):
-        return f"is not a reject record ({line.strip()[:80]!r})"
+        raise ValueError(f"is not a reject record ({line.strip()[:80]!r})")
     if r.get("reason") not in REJECT_REASONS:
-        return f"has reject reason {r.get('reason')!r}, not one of {', '.join(REJECT_REASONS)}"
-    return None
+        raise ValueError(f"has reject reason {r.get('reason')!r}, not one of {', '.join(REJECT_REASONS)}")
+    return r

@@ -33,6 +33,7 @@ class LocalExecutor:
     def encode(
         self, chunks: Sequence[Chunk], *, encoder: Renderer, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[ChunkCounts, None, None]:
+        """Encode the chunks here (``num_proc`` 1) or in the pool; yield each chunk's counts in chunk order."""
         if self.num_proc == 1 or len(chunks) <= 1:
             for chunk in chunks:
                 yield encode_chunk(chunk, encoder=encoder, cache=cache, config=config, hooks=hooks)
@@ -63,6 +64,7 @@ class LocalExecutor:
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[list[dict[str, Any]], None, None]:
+        """Write the ranges here, one after another; yield each range's manifest entries."""
         for shards in ranges:
             yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
 
