@@ -125,14 +125,11 @@ class Encoder:
         imports torch through AutoTokenizer). After it ``tokenizer`` is None."""
         return {**self.__dict__, "tokenizer": None}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def _token_id(self, token: str | None) -> int | None:
         if token is None:
             return None
-        tid = self.tokenizer.convert_tokens_to_ids(token)
         tok = self.tokenizer
+        tid = tok.convert_tokens_to_ids(token)
         if tid is None or tid == tok.unk_token_id or tok.convert_ids_to_tokens(tid) != token:
             raise ConfigError(
                 f"profile {self.profile.name!r} uses token {token!r}, which the tokenizer does not have"

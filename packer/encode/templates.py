@@ -103,9 +103,6 @@ class ChatTemplate:
         template never needs it), so unpickling imports no transformers."""
         return {**self.__dict__, "_compiled": None}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def render(self, conv: list[dict], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``conv`` (messages as ``hf_message`` gives them); RecordError if it
         fails."""
