@@ -11,6 +11,8 @@ Trees: node n's tokens are the tokens of the path root..n minus those of the pat
 parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
 on its own belongs to the root. Images: the template's single image token per image is expanded to the
 profile's ``num_tokens`` copies (labels -100) with ``np.repeat``; no per-token Python loop anywhere.
+Positions: a token's position on its root-to-leaf path; the profile adds its own (``extra_positions``:
+mRoPE for the Qwen2-VL family).
 
 Fast paths, each checked against the general one it replaces (tests/encode/test_encoder.py):
 
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packer.core.tree import mrope_position_ids, tree_position_ids
+from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef, Node
 from packer.encode import OVERLONG_POLICIES
 from packer.encode.labels import carries_loss, loss_labels
@@ -45,7 +47,7 @@ from packer.encode.tokenize import (
 from packer.errors import ConfigError, RecordError
 
 if TYPE_CHECKING:
-    from packer.models.vision import VisionProfile
+    from packer.models.base import ModelProfile
 
 
 @dataclass(slots=True)
@@ -82,7 +84,7 @@ class Encoder:
     def __init__(
         self,
         tokenizer: Any,
-        profile: VisionProfile,
+        profile: ModelProfile,
         *,
         max_length: int | None = None,
         overlong: str = "drop",
@@ -111,6 +113,12 @@ class Encoder:
         self._token_bytes = cached_token_byte_lengths(backend, size=self._is_special.shape[0])
         self.image_token_id = self._token_id(profile.image_token)
         self.vision_start_id = self._token_id(profile.vision_start)
+        # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
+        self._token_ids = {
+            "image_token": self.image_token_id,
+            "vision_start": self.vision_start_id,
+            "vision_end": self._token_id(profile.vision_end),
+        }
         self.bos_id = tokenizer.bos_token_id
         self.eos_id = tokenizer.eos_token_id
 
@@ -216,7 +224,10 @@ class Encoder:
             positions = np.arange(length, dtype=np.int32)
         else:
             positions = tree_position_ids(length, node_offsets, node_parents)
-        enc = Encoded(
+        extra = self.profile.extra_positions(
+            ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids
+        )
+        return Encoded(
             example_id=example.example_id,
             input_ids=ids,
             labels=labels,
@@ -224,23 +235,9 @@ class Encoder:
             node_offsets=node_offsets,
             node_parents=node_parents,
             images=images,
+            mrope_position_ids=extra,  # (3, L) for mRoPE families, else None
             source_name=example.source_name,
         )
-        if self.profile.mrope and not images:  # get_rope_index on text alone: three equal rows
-            mrope = np.empty((3, length), dtype=np.int32)
-            mrope[:] = positions  # a broadcast copy: ~6x cheaper than np.tile's reshape-and-repeat
-            enc.mrope_position_ids = mrope
-        elif self.profile.mrope:
-            enc.mrope_position_ids = mrope_position_ids(
-                ids,
-                node_offsets,
-                node_parents,
-                [im.grid_thw for im in images],
-                image_token_id=self.image_token_id,
-                vision_start_token_id=self.vision_start_id,
-                spatial_merge_size=self.profile.merge_size,
-            )
-        return enc
 
     def _text_draft(self, enc) -> _Draft:
         """A ``text`` record (``enc``: its Encoding): [bos] + tokens + eos, loss on every token (the first

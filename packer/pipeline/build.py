@@ -133,7 +133,7 @@ def _renderer(config: BuildConfig):
     if _WORKER.get("config") != config:
         from packer.encode.encoder import Encoder
         from packer.encode.tokenizers import load_tokenizer
-        from packer.models.vision import get_profile
+        from packer.models import get_profile
 
         profile = get_profile(config.profile, **config.profile_overrides())
         tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
@@ -449,7 +449,7 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
     """Run the whole pipeline for ``config`` and return the manifest and stats."""
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
     from packer.encode.tokenizers import load_tokenizer
-    from packer.models.vision import get_profile
+    from packer.models import get_profile
     from packer.packing.planner import plan
     from packer.report.stats import compute_stats
 

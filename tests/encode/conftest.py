@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from packer.encode.encoder import Encoder
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from tests.encode.helpers import IMAGES
 
 

@@ -25,7 +25,7 @@ from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode import OVERLONG_POLICIES
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from tests.encode.helpers import (
     IMAGE_PAD,
     IMAGES,

@@ -17,7 +17,7 @@ from packer.encode.encoder import Encoder
 from packer.encode.labels import carries_loss, loss_labels
 from packer.encode.tokenize import Boundaries
 from packer.errors import RecordError
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from tests.encode.helpers import SYS_DEFAULT, Seq, assert_encoded, example, msg
 
 NO = IGNORE_INDEX

@@ -13,7 +13,7 @@ from packer.core.types import ImageRef, Message
 from packer.encode.encoder import Encoder
 from packer.encode.templates import CLOSE, OPEN, ChatTemplate
 from packer.errors import ConfigError, RecordError
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from tests.encode.helpers import Seq, assert_encoded, example, msg, text
 
 

@@ -15,7 +15,7 @@ from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
 from packer.formats.records import read_jsonl
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.shards.io import open_shards
 from packer.train.dataset import PackedDataset
