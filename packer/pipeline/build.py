@@ -53,7 +53,7 @@ from packer.shards.io import write_json_atomic
 from packer.shards.schema import MANIFEST, REJECTS, SCHEMA_VERSION, STATS
 
 if TYPE_CHECKING:
-    from packer.encode.renderer import Renderer
+    from packer.encode.encoder import Encoder
 
 
 class RejectRateError(PackerError):
@@ -68,13 +68,13 @@ class Executor(Protocol):
     Each method is a generator: it runs its tasks wherever and in whatever order it likes and yields their
     results in task order, in the calling process; ``build`` closes it early on an error or Ctrl-C, and it
     then stops its workers. Tasks are independent and idempotent (each skips what is already committed), so
-    running one twice is safe and the bytes never depend on the executor. ``encoder`` (the Renderer, ~8 MB
+    running one twice is safe and the bytes never depend on the executor. ``encoder`` (the Encoder, ~8 MB
     pickled) and ``hooks`` must reach every process that runs a task, and the output directory
     (``config.output``, its work area included) must be one file system for all of them.
     """
 
     def encode(
-        self, chunks: Sequence[Chunk], *, encoder: Renderer, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+        self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[ChunkCounts, None, None]: ...
 
     def write(
@@ -153,7 +153,7 @@ def build(
 
 
 def manifest_dict(
-    *, config: BuildConfig, fingerprint: str, encoder: Renderer, tokenizer_fp: str, chat_template_sha256: str,
+    *, config: BuildConfig, fingerprint: str, encoder: Encoder, tokenizer_fp: str, chat_template_sha256: str,
     inputs: list[str], input_records: int, rejected: int, plan: Plan, stats: dict[str, Any],
     shards: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -186,7 +186,7 @@ def manifest_dict(
 
 
 def _encode(
-    executor: Executor, chunks: list[Chunk], *, encoder: Renderer, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
+    executor: Executor, chunks: list[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
     progress: bool,
 ) -> ChunkCounts:
     """Run the encode tasks; return the totals over all chunks."""

@@ -19,7 +19,7 @@ from packer.pipeline.faults import Hooks
 from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
 
 if TYPE_CHECKING:
-    from packer.encode.renderer import Renderer
+    from packer.encode.encoder import Encoder
 
 _WORKER: dict[str, Any] = {}  # a pool worker's encoder and hooks, set once by _worker_init
 
@@ -31,7 +31,7 @@ class LocalExecutor:
         self.num_proc = num_proc
 
     def encode(
-        self, chunks: Sequence[Chunk], *, encoder: Renderer, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+        self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[ChunkCounts, None, None]:
         """Encode the chunks here (``num_proc`` 1) or in the pool; yield each chunk's counts in chunk order."""
         if self.num_proc == 1 or len(chunks) <= 1:

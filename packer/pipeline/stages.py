@@ -32,7 +32,7 @@ from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_s
 from packer.shards.schema import WORK_DIR
 
 if TYPE_CHECKING:
-    from packer.encode.renderer import Renderer
+    from packer.encode.encoder import Encoder
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
 
@@ -96,16 +96,16 @@ def chat_template(config: BuildConfig) -> str | None:
     return template
 
 
-def make_encoder(config: BuildConfig) -> Renderer:
-    """The Renderer of ``config`` (profile, tokenizer, chat template, length policy); loading the tokenizer
+def make_encoder(config: BuildConfig) -> Encoder:
+    """The Encoder of ``config`` (profile, tokenizer, chat template, length policy); loading the tokenizer
     is the expensive part, so a build makes one and its executor ships it to the workers."""
-    from packer.encode.renderer import Renderer
+    from packer.encode.encoder import Encoder
     from packer.encode.tokenizers import load_tokenizer
     from packer.models import get_profile
 
     profile = get_profile(config.profile, **config.profile_overrides())
     tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
-    return Renderer(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
+    return Encoder(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
                     chat_template=chat_template(config))
 
 
@@ -125,7 +125,7 @@ def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
 
 
 def encode_chunk(
-    chunk: Chunk, *, encoder: Renderer, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
 ) -> ChunkCounts:
     """Encode one chunk into the cache and return its counts; a committed chunk is not encoded again.
 
@@ -149,7 +149,7 @@ def encode_chunk(
             ))
         except RecordError as e:
             parsed.append(e if e.path else e.located(chunk.path, line_no))
-    # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Renderer.encode_batch).
+    # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     results = iter(encoder.encode_batch([p for p in parsed if not isinstance(p, RecordError)]))
     encoded, rejects = [], []
     for p in parsed:
