@@ -18,8 +18,9 @@ import click
 
 from packer import __version__
 from packer.encode import OVERLONG_POLICIES
-from packer.errors import PackerError, RecordError
+from packer.errors import PackerError, RecordError, RejectRateError
 from packer.models import profile_names
+from packer.packing import ALGORITHMS
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
 
@@ -34,8 +35,6 @@ def handle_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from packer.pipeline.build import RejectRateError
-
         try:
             return func(*args, **kwargs)
         except RecordError as e:
@@ -106,7 +105,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
 @click.option("--max-images", type=int, help="Image budget per pack.")
 @click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
-@click.option("--algorithm", type=click.Choice(["bfd", "ffd", "next-fit", "binpacking"]), help="Planner. [default: bfd]")
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
 @click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
 @click.option("--overlong", type=click.Choice(OVERLONG_POLICIES), help="Over-long examples: reject or truncate. [default: drop]")

@@ -28,7 +28,7 @@ import numpy as np
 
 from packer import __version__
 from packer.config import BuildConfig
-from packer.errors import PackerError
+from packer.errors import RejectRateError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
@@ -54,10 +54,6 @@ from packer.shards.schema import MANIFEST, REJECTS, SCHEMA_VERSION, STATS
 
 if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
-
-
-class RejectRateError(PackerError):
-    """More of the input was rejected than --max-reject-fraction allows."""
 
 
 class Executor(Protocol):
