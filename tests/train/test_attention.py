@@ -1,4 +1,5 @@
-"""packer.train.attention: the tree mask, the varlen plan, every backend against the SDPA reference, HF wiring."""
+"""packer.train.layout, .attention, .hf: the tree mask, the varlen plan, every backend against the SDPA
+reference, HF wiring."""
 
 from __future__ import annotations
 
@@ -7,24 +8,20 @@ import random
 import pytest
 import torch
 
+from packer.core.tree import predecessor_index
 from packer.errors import ConfigError, ShardError
-from packer.train.attention import (
-    BACKENDS,
+from packer.train.attention import BACKENDS, packed_attention, resolve_backend
+from packer.train.hf import (
     LAYOUT_KWARG,
-    PackedLayout,
-    build_attention_mask,
-    image_spans,
     implementation_name,
     make_attention_function,
     model_inputs,
-    packed_attention,
     register,
-    resolve_backend,
     use_packed_attention,
 )
+from packer.train.layout import PackedLayout, build_attention_mask, image_spans
+from tests.helpers import GOLDEN_LAYOUT, random_layout
 
-# The module docstring's example: example 0 = prefix P (node 0) with branches a (1) and b (2); example 1 = Q.
-GOLDEN = dict(num_tokens=10, cu_seqlens=[0, 8, 10], node_offsets=[0, 3, 5, 8], node_parents=[-1, 0, 0, -1])
 GOLDEN_MASK = """
 x.........
 xx........
@@ -41,29 +38,6 @@ xxx..xxx..
 
 def _render(mask: torch.Tensor) -> str:
     return "\n" + "\n".join("".join("x" if v else "." for v in row) for row in mask.tolist()) + "\n"
-
-
-def random_layout(rng: random.Random, *, examples: int = 4, max_len: int = 12, max_nodes: int = 5) -> dict:
-    """A random row: examples of random trees (depth-first, parents first), some of one token."""
-    cu, offsets, parents, t = [0], [], [], 0
-    for _ in range(examples):
-        length = rng.choice([1, rng.randint(1, max_len)])
-        n = rng.randint(1, min(max_nodes, length))
-        starts = sorted(rng.sample(range(1, length), n - 1)) if n > 1 else []
-        base = len(offsets)
-        chain: list[int] = []  # ancestors of the previous node; a depth-first child hangs off one of them
-        for i, s in enumerate([0, *starts]):
-            offsets.append(t + s)
-            if i == 0:
-                parents.append(-1)
-                chain = [base]
-            else:
-                depth = rng.randrange(len(chain))
-                parents.append(chain[depth])
-                chain = chain[: depth + 1] + [base + i]
-        t += length
-        cu.append(t)
-    return dict(num_tokens=t, cu_seqlens=cu, node_offsets=offsets, node_parents=parents)
 
 
 def brute_force_mask(num_tokens: int, cu_seqlens, node_offsets, node_parents, spans=()) -> torch.Tensor:
@@ -89,9 +63,9 @@ def brute_force_mask(num_tokens: int, cu_seqlens, node_offsets, node_parents, sp
 
 
 def test_golden_mask_and_plan():
-    mask = build_attention_mask(**GOLDEN)
+    mask = build_attention_mask(**GOLDEN_LAYOUT)
     assert _render(mask) == GOLDEN_MASK
-    plan = PackedLayout.from_tensors(**GOLDEN).varlen_plan()
+    plan = PackedLayout.from_tensors(**GOLDEN_LAYOUT).varlen_plan()
     assert plan.bounds_q == [0, 3, 5, 8, 10]
     assert plan.bounds_k == [0, 3, 8, 14, 16]
     assert plan.k_index.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7, 8, 9]
@@ -140,7 +114,7 @@ def test_image_spans():
         (dict(num_tokens=5, cu_seqlens=[0, 2, 5], node_offsets=[0, 3], node_parents=[-1, -1]), "root node"),
         (dict(num_tokens=5, cu_seqlens=[0, 2, 5], node_offsets=[0, 2, 3], node_parents=[-1, -1, 0]), "same example"),
         (dict(num_tokens=5, cu_seqlens=[0, 5], node_offsets=[0, 2], node_parents=[-1]), "differ in length"),
-        (dict(num_tokens=5, cu_seqlens=[0, 5], node_offsets=[0, 3, 2], node_parents=[-1, 0, 0]), "must not decrease"),
+        (dict(num_tokens=5, cu_seqlens=[0, 5], node_offsets=[0, 3, 2], node_parents=[-1, 0, 0]), "not decrease"),
     ],
 )
 def test_bad_layouts_are_refused(layout, match):
@@ -185,14 +159,14 @@ def test_flex_forward_matches_reference_on_cpu(bidirectional):
 
 
 def test_flex_cannot_train_on_cpu():
-    layout = PackedLayout.from_tensors(**GOLDEN)
+    layout = PackedLayout.from_tensors(**GOLDEN_LAYOUT)
     q, k, v = (x.requires_grad_() for x in _qkv(10, dtype=torch.float32))
     with pytest.raises(ConfigError, match="no CPU backward"):
         packed_attention(q, k, v, layout, backend="flex")
 
 
 def test_causal_segment_backends_refuse_bidirectional_spans():
-    layout = PackedLayout.from_tensors(**GOLDEN, bidirectional_spans=[(0, 2)])
+    layout = PackedLayout.from_tensors(**GOLDEN_LAYOUT, bidirectional_spans=[(0, 2)])
     q, k, v = _qkv(10)
     with pytest.raises(ConfigError, match="bidirectional image spans need backend 'flex' or 'sdpa'"):
         packed_attention(q, k, v, layout, backend="sdpa_varlen")
@@ -222,9 +196,7 @@ def _tiny_llama():
 def _batch(layout_args: dict) -> dict:
     T = layout_args["num_tokens"]
     layout = PackedLayout.from_tensors(**layout_args)
-    from packer.train.loss import predecessor_index
-
-    pred = predecessor_index(T, layout.cu_seqlens, layout.node_offsets, layout.node_parents)
+    pred = predecessor_index(T, layout.node_offsets, layout.node_parents)
     # 1-D positions: a token's position is its predecessor's + 1, 0 at an example start
     pos = torch.zeros(T, dtype=torch.long)
     for t in range(T):
@@ -256,7 +228,7 @@ def test_register_and_use():
 
 
 def test_model_inputs_keeps_model_keys_only():
-    batch = _batch(GOLDEN)
+    batch = _batch(GOLDEN_LAYOUT)
     inputs = model_inputs(batch)
     assert set(inputs) == {"input_ids", "position_ids", "use_cache", LAYOUT_KWARG}
     assert inputs["use_cache"] is False and inputs[LAYOUT_KWARG].num_nodes == 4
@@ -281,7 +253,7 @@ def test_packed_model_equals_each_example_alone(backend):
 
 def test_gradient_checkpointing_keeps_the_layout():
     """Recomputed layers get the same kwargs: gradients with checkpointing equal those without."""
-    batch = _batch(GOLDEN)
+    batch = _batch(GOLDEN_LAYOUT)
     grads = []
     for checkpointing in (False, True):
         model = _tiny_llama().train()
@@ -305,7 +277,7 @@ def test_packed_row_without_boundaries_is_refused():
 
 def test_refuses_padded_batches_and_masks():
     attn = make_attention_function("sdpa")
-    layout = PackedLayout.from_tensors(**GOLDEN)
+    layout = PackedLayout.from_tensors(**GOLDEN_LAYOUT)
     module = torch.nn.Module()
     q = torch.randn(2, 4, 10, 8)
     with pytest.raises(ConfigError, match="batch size 1"):
@@ -320,7 +292,7 @@ def test_non_causal_calls_fall_through_to_sdpa():
     module = torch.nn.Module()
     module.is_causal = False
     q = torch.randn(1, 2, 6, 8)
-    out, _ = attn(module, q, q, q, None, is_causal=False, **{LAYOUT_KWARG: PackedLayout.from_tensors(**GOLDEN)})
+    out, _ = attn(module, q, q, q, None, is_causal=False, **{LAYOUT_KWARG: PackedLayout.from_tensors(**GOLDEN_LAYOUT)})
     ref = torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2)
     torch.testing.assert_close(out, ref)
 
