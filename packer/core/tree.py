@@ -2,7 +2,7 @@
 
 A row is a forest: examples laid end to end, each a tree of nodes laid out depth-first, parents first.
 Node n spans ``[node_offsets[n], node_offsets[n+1] or T)``; ``node_parents[n]`` is an earlier node of the
-same example, or -1 for an example's root. The module docstring's row is the one every test starts from:
+same example, or -1 for an example's root (tests start from this row: ``tests.helpers.GOLDEN_LAYOUT``):
 
     row:     | P P P | a a | b b b | Q Q |     example 0 = node 0 (prefix P) with branches 1 (a) and 2 (b)
     node:      0 0 0   1 1   2 2 2   3 3      example 1 = node 3 (a plain sequence Q)

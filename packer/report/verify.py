@@ -9,19 +9,20 @@ What is checked (each failure is one ``Violation``: file, row, what):
   list lengths agree (labels, positions, 3·T mRoPE, E+1 cu_seqlens, E ids), ``num_*`` columns equal the
   recomputed totals; ``cu_seqlens`` starts at 0, increases strictly, ends at T; the row is within the
   capacity and the vision / image / example budgets of the manifest config; labels are -100 at every
-  example start and on every image token, and equal ``input_ids`` elsewhere; node offsets increase, roots are
-  exactly the example starts, parents are earlier nodes of the same example; 1-D positions equal
-  ``positions.tree_position_ids`` of the row's node forest; images lie inside one example, in order, without
+  example start and on every image token, and equal ``input_ids`` elsewhere; the node layout keeps every
+  rule of ``packer.core.tree.LAYOUT_RULES`` (offsets rise from 0, roots exactly at the example starts,
+  parents earlier nodes of the same example); 1-D positions equal ``packer.core.tree.tree_position_ids``
+  of the row's node forest; images lie inside one example, in order, without
   overlap, over exactly the image-token run of their ``num_tokens`` (no stray image token), with
   ``num_tokens`` matching the grid; mRoPE positions equal an independent vectorized recomputation of
   ``get_rope_index`` along each tree path;
 - example ids are unique across the whole dataset;
 - with ``inputs``: every non-blank input line is packed (``path:line`` in ``example_ids``) or rejected
-  (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``).
+  (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``); a
+  source whose paths match no file any more is a violation (its copy counts cannot be checked).
 
-Cost: one pass over the shards, each row group decoded once: ~2.5M tokens/s on one core (qwen2-vl rows with
-images and mRoPE, 64-row groups; about a third of it is Parquet decoding). Memory: one row group plus the
-example ids (for the uniqueness check).
+Cost: one pass over the shards, each row group decoded once (docs/benchmarks.md, "Verify"). Memory: one row
+group plus the example ids (for the uniqueness check).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from packer.config import BuildConfig
 from packer.errors import ShardError
-from packer.shards.schema import MANIFEST, SCHEMA_VERSION, Manifest, ShardEntry
+from packer.shards.schema import MANIFEST, Manifest, ShardEntry
 
 
 def sha256_file(path: str | Path) -> str:
@@ -102,7 +102,4 @@ def open_shards(path: str | Path) -> ShardSet:
         data = json.loads(mpath.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ShardError(f"{mpath} is unreadable: {e}") from e
-    version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
-        raise ShardError(f"{root} has shard schema v{version}; this packer reads v{SCHEMA_VERSION}")
     return ShardSet(root=root, manifest=Manifest.from_dict(data, where=str(mpath)))

@@ -10,7 +10,7 @@
 - ``sdpa``: SDPA with the explicit (T, T) boolean mask of ``build_attention_mask``: the reference.
 - ``sdpa_varlen``: the varlen plan run as one SDPA call per segment, on any device. It checks the plan (the
   gather the CUDA kernels use) on CPU, and it is the fastest CPU backend: no (T, T) mask (measured in
-  docs/benchmarks.md, "Attention backends on CPU").
+  docs/training.md, "Backends").
 
 For transformers, ``packer.train.hf`` registers these backends in ``AttentionInterface``.
 """
