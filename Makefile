@@ -10,7 +10,7 @@ COCO ?= $(SHARED)/data/coco-mini
 DEMO ?= demo_out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint docs clean
+.PHONY: setup demo test lint docs gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check packer tests scripts
+
+# On a CUDA machine: flash-attn (if a wheel fits), the gpu-marked tests, the training-step benchmark on the
+# real kernels; one JSON summary. Without CUDA it says so and exits 0.
+gpu-check: setup
+	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) scripts/gpu_check.py
 
 docs: setup
 	$(PY) scripts/gen_cli_docs.py

@@ -17,7 +17,9 @@ from typing import Any
 import click
 
 from packer import __version__
+from packer.encode import OVERLONG_POLICIES
 from packer.errors import PackerError, RecordError
+from packer.models import profile_names
 from packer.report.verify import DEFAULT_LIMIT
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
@@ -98,7 +100,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[@W]",
               help="A named source with an optional weight: 2 repeats each example twice, 0.5 keeps a seeded "
                    "half, 1.5 all plus a seeded half. Repeat the option for a mixture.")
-@click.option("--profile", type=click.Choice(["qwen2-vl", "qwen2.5-vl", "llava", "text"]), help="Vision profile. [default: qwen2-vl]")
+@click.option("--profile", type=click.Choice(profile_names()), help="Model family profile. [default: qwen2-vl]")
 @click.option("--tokenizer", help="HF tokenizer name or directory. [default: the profile's, offline qwen2-vl]")
 @click.option("--chat-template", help="Jinja chat template (string or file) instead of the tokenizer's.")
 @click.option("--max-length", type=int, help="Pack capacity in tokens. [default: 4096]")
@@ -108,7 +110,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--algorithm", type=click.Choice(["bfd", "ffd", "next-fit", "binpacking"]), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
 @click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
-@click.option("--overlong", type=click.Choice(["drop", "truncate"]), help="Over-long examples: reject or truncate. [default: drop]")
+@click.option("--overlong", type=click.Choice(OVERLONG_POLICIES), help="Over-long examples: reject or truncate. [default: drop]")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
 @click.option("--image-token", help="The tokenizer's image placeholder token, e.g. '<image>' for LLaVA tokenizers.")
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")

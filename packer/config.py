@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.encode import OVERLONG_POLICIES
 from packer.errors import ConfigError
+from packer.models import profile_names
 
-OVERLONG_POLICIES = ("drop", "truncate")
 ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")
 
 
@@ -68,9 +69,9 @@ class BuildConfig:
     output: str
     """Output directory for shards, manifest, stats and rejects."""
     profile: str = "qwen2-vl"
-    """Vision profile: qwen2-vl, qwen2.5-vl, llava, text."""
+    """Model family profile (``packer.models.profile_names()``): qwen2-vl, qwen2.5-vl, llava, text, ..."""
     tokenizer: str | None = None
-    """HF tokenizer name or path; None means the profile's default (builtin `qwen2-vl`)."""
+    """HF tokenizer name or path; None means the profile's ``default_tokenizer``."""
     chat_template: str | None = None
     """A Jinja chat template (string or path to a file) to use instead of the tokenizer's own."""
     max_length: int = 4096
@@ -123,6 +124,8 @@ class BuildConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
+        if self.profile not in profile_names():
+            raise ConfigError(f"unknown profile {self.profile!r}; known profiles: {', '.join(profile_names())}")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.overlong not in OVERLONG_POLICIES:
@@ -195,15 +198,11 @@ class BuildConfig:
         return d
 
     def profile_overrides(self) -> dict[str, Any]:
-        """The vision-profile settings this config overrides (for ``vision.get_profile``)."""
+        """The profile settings this config overrides (for ``packer.models.get_profile``)."""
         return profile_overrides(self.to_dict())
 
     def replace(self, **changes: Any) -> BuildConfig:
         return dataclasses.replace(self, **changes)
-
-    @property
-    def tokenizer_name(self) -> str:
-        return self.tokenizer or ("qwen2-vl")
 
 
 def profile_overrides(config: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 """Training-step throughput: naive padding vs packer rows, on the same model and the same examples.
 
     python scripts/bench_train_step.py                 # default run: ~2-3 minutes on 2 CPU cores
+    python scripts/bench_train_step.py --device cuda --dtype bfloat16 --backend varlen   # make gpu-check
 
 Forward + backward, useful tokens per second, for:
 
@@ -130,6 +131,20 @@ def packed_step(model, batch: dict, backend: str) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def to_device(batches: list[dict], device: str, dtype: torch.dtype) -> list[dict]:
+    """Batches with every tensor on ``device``; floating tensors (pixel values) in ``dtype``."""
+    def move(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.to(device, dtype) if v.is_floating_point() else v.to(device)
+    return [{k: move(v) for k, v in b.items()} for b in batches]
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def time_passes(runs: list, repeats: int) -> list[float]:
     """Seconds of each run (a step function and its batches), best of ``repeats`` interleaved passes.
 
@@ -141,9 +156,11 @@ def time_passes(runs: list, repeats: int) -> list[float]:
     best = [float("inf")] * len(runs)
     for _ in range(repeats):
         for i, (step, batches) in enumerate(runs):
+            _sync()
             t0 = time.perf_counter()
             for batch in batches:
                 step(batch)
+            _sync()  # CUDA kernels run asynchronously: time them to completion
             best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
@@ -162,7 +179,8 @@ def run_text(args, tmp: Path) -> dict:
     mean = float(np.mean([len(e["input_ids"]) for e in examples]))
     padded = padded_batches(examples, max(1, round(args.capacity / mean)), args.seed)
     model = tiny_model("llama", vocab_size=ids["vocab_size"], hidden=args.hidden, layers=args.layers,
-                       heads=args.heads, kv_heads=args.heads // 2)
+                       heads=args.heads, kv_heads=args.heads // 2).to(args.device, args.dtype)
+    padded, packed = to_device(padded, args.device, args.dtype), to_device(packed, args.device, args.dtype)
     t_pad, t_pack = time_passes(
         [(lambda b: padded_step(model, b, None), padded), (lambda b: packed_step(model, b, args.backend), packed)],
         args.repeats,
@@ -203,7 +221,10 @@ def run_captions(args, tmp: Path) -> dict:
     mean = float(np.mean([len(e["input_ids"]) for e in examples]))
     padded = padded_batches(examples, max(1, round(args.capacity / mean)), args.seed)
     model = tiny_model("qwen2-vl", hidden=args.hidden, layers=args.layers, heads=args.heads,
-                       kv_heads=args.heads // 2, vision_depth=args.vision_depth, vision_dim=args.vision_dim, **ids)
+                       kv_heads=args.heads // 2, vision_depth=args.vision_depth, vision_dim=args.vision_dim,
+                       **ids).to(args.device, args.dtype)
+    tree_tokens = sum(_path_tokens(b) for b in tree_rows)  # on the CPU copies, before they move
+    padded, tree_rows = to_device(padded, args.device, args.dtype), to_device(tree_rows, args.device, args.dtype)
     t_pad, t_tree = time_passes(
         [(lambda b: padded_step(model, b, ids["image_token_id"]), padded),
          (lambda b: packed_step(model, b, args.backend), tree_rows)],
@@ -211,7 +232,7 @@ def run_captions(args, tmp: Path) -> dict:
     )
     # useful tokens: the per-caption sequences (a tree row covers all of its root-to-leaf paths)
     tok_pad = sum(int(b["attention_mask"].sum()) for b in padded)
-    tok_tree = sum(_path_tokens(b) for b in tree_rows)
+    tok_tree = tree_tokens
     return {"images": len(images), "captions": len(examples), "mean_len": mean,
             "batch": padded[0]["input_ids"].shape[0], "tree_rows": len(tree_rows),
             "tree_tokens": sum(int(b["input_ids"].numel()) for b in tree_rows),
@@ -250,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared machine)")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per run; the best one counts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="model and pixel dtype (bfloat16 on CUDA for flash-attn)")
     args = parser.parse_args(argv)
+    args.dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 

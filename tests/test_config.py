@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.errors import ConfigError
-from packer.models.vision import PROFILES, get_profile
+from packer.models import get_profile
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -57,7 +57,7 @@ def test_qwen25_config_counts_like_qwen2():
     """The two Qwen configs differ only in the profile: the same image processor, so the same counts."""
     q2, q25 = (yaml.safe_load((REPO / "configs" / n).read_text()) for n in ("qwen2-vl.yaml", "qwen2.5-vl.yaml"))
     assert {k: v for k, v in q2.items() if k != "profile"} == {k: v for k, v in q25.items() if k != "profile"}
-    a, b = PROFILES["qwen2-vl"], PROFILES["qwen2.5-vl"]
+    a, b = get_profile("qwen2-vl"), get_profile("qwen2.5-vl")
     for w, h in [(640, 480), (28, 28), (4000, 300), (1920, 1080)]:
         assert a.grid_thw(w, h) == b.grid_thw(w, h)
 

@@ -1,7 +1,7 @@
 """The canonical in-memory forms of one training example.
 
 ``Example``  - what ``records.py`` parses any input line into: a tree of message nodes.
-``Encoded``  - what ``render.py`` turns an Example into: flat token arrays in depth-first node order.
+``Encoded``  - what ``encode/encoder.py`` turns an Example into: flat token arrays in depth-first node order.
 
 A plain conversation is a tree with a single node. Nodes are laid out depth-first, parents before
 children, so every node is one contiguous span ``[node_offsets[i], node_offsets[i+1])`` of the example.

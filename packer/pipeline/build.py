@@ -128,12 +128,12 @@ _WORKER: dict[str, Any] = {}
 
 
 def _renderer(config: BuildConfig):
-    """One Renderer per process and config (tokenizer loading is the expensive part); a pool worker gets the
+    """One Encoder per process and config (tokenizer loading is the expensive part); a pool worker gets the
     parent's, pickled (see ``_worker_init``)."""
     if _WORKER.get("config") != config:
-        from packer.encode.renderer import Renderer
+        from packer.encode.encoder import Encoder
         from packer.encode.tokenizers import load_tokenizer
-        from packer.models.vision import get_profile
+        from packer.models import get_profile
 
         profile = get_profile(config.profile, **config.profile_overrides())
         tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
@@ -142,7 +142,7 @@ def _renderer(config: BuildConfig):
             template = Path(template).read_text()
         _WORKER.update(
             config=config,
-            renderer=Renderer(
+            renderer=Encoder(
                 tokenizer, profile, max_length=config.max_length, overlong=config.overlong, chat_template=template
             ),
         )
@@ -185,7 +185,7 @@ def encode_chunk(chunk: Chunk, config: BuildConfig, work: str) -> dict[str, Any]
             ))
         except RecordError as e:
             parsed.append(e if e.path else e.located(chunk.path, line_no))
-    # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Renderer.encode_batch).
+    # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     results = iter(renderer.encode_batch([p for p in parsed if not isinstance(p, RecordError)]))
     encoded, rejects = [], []
     for p in parsed:
@@ -230,7 +230,7 @@ def encode_all(chunks: list[Chunk], config: BuildConfig, work: Path, *, progress
     bar = _progress(total=sum(c.num_lines for c in chunks), enabled=progress, desc="encode", unit="line",
                     unit_scale=True)
     pool = None
-    # Workers load the parent's Renderer from this file (Rust tokenizer only, 8 MB): ~0.5 s each, against
+    # Workers load the parent's Encoder from this file (Rust tokenizer only, 8 MB): ~0.5 s each, against
     # ~5 s to import transformers and load the tokenizer in every worker. A file, not initargs: spawn writes
     # initargs through a pipe the child drains only after its imports, so workers would start one by one.
     blob = work / f"renderer.pkl.tmp-{os.getpid()}"
@@ -449,7 +449,7 @@ def build(config: BuildConfig, *, progress: bool = True) -> BuildResult:
     """Run the whole pipeline for ``config`` and return the manifest and stats."""
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
     from packer.encode.tokenizers import load_tokenizer
-    from packer.models.vision import get_profile
+    from packer.models import get_profile
     from packer.packing.planner import plan
     from packer.report.stats import compute_stats
 

@@ -412,7 +412,7 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from packer.models.vision import get_profile
+    from packer.models import get_profile
     from packer.report.plots import PALETTE, VISION_TINT, check_picture_path
 
     out = check_picture_path(path)

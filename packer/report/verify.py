@@ -33,7 +33,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +45,9 @@ from packer.core.types import IGNORE_INDEX
 from packer.errors import REJECT_REASONS, ConfigError
 from packer.shards.io import open_shards, sha256_file
 from packer.shards.schema import MANIFEST, REJECTS, SCHEMA, SCHEMA_VERSION, STATS, Manifest
+
+if TYPE_CHECKING:
+    from packer.models.base import ModelProfile
 
 DEFAULT_LIMIT = 20  # violations listed per (file, check); the rest are counted in one summary line
 
@@ -148,9 +151,7 @@ class _Limits:
     max_vision_tokens: int | None
     max_images: int | None
     max_examples: int | None
-    mrope: bool
-    merge_size: int
-    fixed_tokens: int | None
+    profile: ModelProfile
     image_token_id: int | None
 
 
@@ -210,7 +211,7 @@ def _check_shapes(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> np.nd
           lambda i: f"example_sources has {d.src_off[i + 1] - d.src_off[i]} values for {d.E[i]} examples")
     check((d.N < 1) | (np.diff(d.np_off) != d.N), "node arrays length",
           lambda i: f"{d.N[i]} node_offsets and {d.np_off[i + 1] - d.np_off[i]} node_parents (want equal, >= 1)")
-    if lim.mrope:
+    if lim.profile.mrope:
         check(d.mrope_null, "mrope missing", lambda i: "mrope_position_ids is null but the profile uses mRoPE")
         check(~d.mrope_null & (np.diff(d.mr_off) != 3 * d.T), "mrope length",
               lambda i: f"mrope_position_ids has {d.mr_off[i + 1] - d.mr_off[i]} values, want 3*T = {3 * d.T[i]}")
@@ -315,13 +316,10 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
     check(_rows_with(spans_bad, row_of_img, d.R), "image spans",
           lambda i: "an image's tokens are outside the row, overlap another image, are out of order or cross "
           "an example or tree-node boundary")
-    grid_tokens = d.img["grid_t"] * d.img["grid_h"] * d.img["grid_w"]
-    if lim.fixed_tokens is not None:
-        grid_bad = n != lim.fixed_tokens
-    else:
-        grid_bad = (grid_tokens % lim.merge_size**2 != 0) | (grid_tokens // lim.merge_size**2 != n)
+    grids = np.stack([d.img["grid_t"], d.img["grid_h"], d.img["grid_w"]], axis=1)  # (I, 3)
+    grid_bad = lim.profile.grid_num_tokens(grids) != n
     check(_rows_with(grid_bad, row_of_img, d.R), "image grid",
-          lambda i: f"an image's num_tokens does not match its grid (t*h*w / merge^2, merge {lim.merge_size})")
+          lambda i: f"an image's num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
     img_rows_ok = ~_rows_with(spans_bad | grid_bad, row_of_img, d.R)
     sel = img_rows_ok[row_of_img]
     in_image = np.zeros(L + 1, dtype=np.int64)
@@ -339,49 +337,18 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
     check(_rows_with(tok_ok & in_image & (d.labels != IGNORE_INDEX), row_of_tok, d.R), "image labels",
           lambda i: "an image token carries a label (vision tokens carry no loss)")
 
-    # --- mRoPE: recomputed along each tree path (see _expected_mrope)
-    if lim.mrope and L:
+    # --- mRoPE: recomputed along each tree path by the model family
+    if lim.profile.mrope and L:
         got = d.mrope.reshape(-1, 3).T  # (3, L): token-major storage
-        want = _expected_mrope(L, g_off, g_par, gs[sel], n[sel], d.img["grid_h"][sel], d.img["grid_w"][sel],
-                               lim.merge_size)
+        want = lim.profile.expected_extra_positions(L, g_off, g_par, gs[sel], grids[sel])
         bad = (got != want).any(axis=0) & tok_ok
         check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
               lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
 
 
-def _expected_mrope(L: int, g_off: np.ndarray, g_par: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-                    grid_h: np.ndarray, grid_w: np.ndarray, merge: int) -> np.ndarray:
-    """Qwen2-VL ``get_rope_index`` positions (3, L) of a node forest, without a Python loop over nodes.
-
-    Along a path, text advances the position by 1 per token and an image by max(h, w) // merge as a whole.
-    So give every token a weight (1 for text; 0 inside an image except its last token, which carries the
-    image's advance): a text token's position is the weighted prefix sum along its path (the ancestors'
-    node sums from ``node_start_positions`` + the exclusive sum inside its node). An image token adds its
-    (t, h, w) index in the merged grid to the position where its image starts.
-    """
-    w = np.ones(L, dtype=np.int64)
-    img_tok = np.repeat(np.arange(len(starts)), counts)  # (V,) image of each vision token
-    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # index inside its image
-    tok = np.repeat(starts, counts) + k  # (V,) flat position of each vision token
-    w[tok] = 0
-    w[starts + counts - 1] = np.maximum(grid_h, grid_w) // merge
-    node_w = np.add.reduceat(w, g_off) if len(g_off) else np.zeros(0, np.int64)
-    base = tree.node_start_positions(g_par, node_w)  # (N,) weighted sum over each node's ancestors
-    node_of_tok = np.repeat(np.arange(len(g_off)), np.diff(np.append(g_off, L)))
-    excl = np.cumsum(w) - w
-    text_pos = base[node_of_tok] + excl - excl[g_off][node_of_tok]  # (L,)
-    out = np.broadcast_to(text_pos, (3, L)).copy()
-    lh, lw = grid_h[img_tok] // merge, grid_w[img_tok] // merge
-    origin = text_pos[starts][img_tok]
-    out[0, tok] = origin + k // (lh * lw)
-    out[1, tok] = origin + (k // lw) % lh
-    out[2, tok] = origin + k % lw
-    return out
-
-
 # ---------------------------------------------------------------------------------------- whole build
 def _limits(manifest: Manifest) -> _Limits:
-    from packer.models.vision import get_profile
+    from packer.models import get_profile
 
     cfg = manifest.config
     profile = get_profile(manifest.profile, **cfg.profile_overrides())
@@ -390,9 +357,7 @@ def _limits(manifest: Manifest) -> _Limits:
         max_vision_tokens=cfg.max_vision_tokens,
         max_images=cfg.max_images,
         max_examples=cfg.max_examples_per_pack,
-        mrope=profile.mrope,
-        merge_size=profile.merge_size,
-        fixed_tokens=profile.fixed_tokens,
+        profile=profile,
         image_token_id=manifest.image_token_id,
     )
 

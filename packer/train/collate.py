@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @lru_cache(maxsize=4)
 def _profile(name: str, min_pixels: int | None, max_pixels: int | None):
-    from packer.models.vision import get_profile
+    from packer.models import get_profile
 
     return get_profile(name, min_pixels=min_pixels, max_pixels=max_pixels)
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from packer.errors import ConfigError
+from packer.models import forward_keys
 from packer.train.attention import BACKENDS, packed_attention
 from packer.train.layout import PackedLayout
 
@@ -173,12 +174,6 @@ def _packed_batch_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tupl
     return args, out
 
 
-# What the model takes from a collated batch. Everything else stays out: targets and bookkeeping (the loss is
-# computed outside), and the boundary keys, which a vision tower would pop as its own precomputed
-# `cu_seqlens` / `max_seqlen` (transformers' vision_utils); the boundaries travel as `packer_layout` instead.
-_MODEL_INPUTS = ("input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-
-
 def model_inputs(
     batch: Mapping[str, Any],
     *,
@@ -194,7 +189,10 @@ def model_inputs(
     ``cu_seqlens`` / ``max_seqlen`` as its own.
     """
     layout = PackedLayout.from_batch(batch, bidirectional_spans=bidirectional_spans)
-    out: dict[str, Any] = {k: batch[k] for k in _MODEL_INPUTS if batch.get(k) is not None}
+    # What the model takes (the model families' forward keys). Everything else stays out: targets and
+    # bookkeeping (the loss is computed outside), and the boundary keys, which a vision tower would pop as its
+    # own precomputed `cu_seqlens` / `max_seqlen` (transformers' vision_utils); they travel as packer_layout.
+    out: dict[str, Any] = {k: batch[k] for k in forward_keys() if batch.get(k) is not None}
     out["use_cache"] = False
     out[LAYOUT_KWARG] = layout
     if with_labels:

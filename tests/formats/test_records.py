@@ -185,7 +185,7 @@ def test_tree_nested(tmp_path: Path):
             [[(A, ["A3"], None)], []],
         ],
     ]
-    # depth-first order with parent indices, as render.py lays the nodes out
+    # depth-first order with parent indices, as the encoder lays the nodes out
     order = [(n.messages[0].parts[0], p) for n, p in ex.root.walk()]
     assert order == [("Q", -1), ("A1", 0), ("A2", 0), ("Q2a", 2), ("Q2b", 2), ("A3", 0)]
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from packer.config import BuildConfig
-from packer.encode.renderer import Renderer
+from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
 from packer.formats.records import read_jsonl
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.shards.io import open_shards
 from packer.train.dataset import PackedDataset
@@ -87,12 +87,12 @@ def test_every_example_roundtrips_exactly(built):
     corpus, out, result = built
     cfg = result.manifest["config"]
     profile = get_profile("qwen2-vl", max_pixels=cfg["max_pixels"])
-    renderer = Renderer(load_tokenizer("qwen2-vl"), profile, max_length=1024)
+    encoder = Encoder(load_tokenizer("qwen2-vl"), profile, max_length=1024)
     expected = {}
     for _, ex in read_jsonl(str(corpus)):
         if not isinstance(ex, Exception):
             try:
-                enc = renderer.encode(ex)
+                enc = encoder.encode(ex)
             except Exception:
                 continue
             expected[enc.example_id] = enc

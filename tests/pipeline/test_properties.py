@@ -1,6 +1,6 @@
 """Property: for random records (chats, LLaVA, plain text, message trees; with and without real COCO images;
 random lengths and budgets), build -> verify passes -> every record is either rejected with the reason
-``Renderer.encode`` gives it alone, or packed exactly once and recovered token for token."""
+``Encoder.encode`` gives it alone, or packed exactly once and recovered token for token."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer.config import BuildConfig
-from packer.encode.renderer import Renderer
+from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.formats.records import parse_line
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.train.dataset import PackedDataset
@@ -136,13 +136,13 @@ def test_build_verify_and_recover_every_example(image_dir, records, max_length, 
         report = verify_build(root / "out", inputs=[str(data)])
         assert report.ok, report.lines()
 
-        renderer = Renderer(load_tokenizer("qwen2-vl"), get_profile("qwen2-vl", max_pixels=MAX_PIXELS),
-                            max_length=max_length, overlong=overlong)
+        encoder = Encoder(load_tokenizer("qwen2-vl"), get_profile("qwen2-vl", max_pixels=MAX_PIXELS),
+                          max_length=max_length, overlong=overlong)
         got = _examples_in(root / "out")
         rejects = {r["line"]: r["reason"] for r in map(json.loads, (root / "out" / "rejects.jsonl").open())}
         for line, raw in enumerate(data.read_bytes().splitlines(), start=1):
             try:
-                enc = renderer.encode(parse_line(raw, path=str(data), line=line, base_dir=str(root)))
+                enc = encoder.encode(parse_line(raw, path=str(data), line=line, base_dir=str(root)))
             except RecordError as e:
                 assert rejects.get(line) == e.reason and f"{data}:{line}" not in got
                 continue

@@ -17,7 +17,7 @@ from PIL import Image
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.errors import ConfigError
-from packer.models.vision import get_profile
+from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.report.rowview import coarse_mask, describe_row, draw_mask, find_example, format_row, read_row
 from packer.shards.io import open_shards

@@ -8,7 +8,6 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -16,14 +15,12 @@ from click.testing import CliRunner
 
 from packer.cli import cli
 from packer.config import BuildConfig
-from packer.core.tree import mrope_position_ids
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ShardError
 from packer.pipeline.build import build
-from packer.report.verify import _expected_mrope, verify_build
+from packer.report.verify import verify_build
 from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA
-from tests.helpers import random_tree
 
 U = lambda c: {"role": "user", "content": c}  # noqa: E731
 A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
@@ -345,44 +342,6 @@ def test_listing_is_capped_but_every_violation_counted(copy):
     assert report.num_violations == manifest["totals"]["packs"]  # one per row ...
     assert len(report.violations) == len(manifest["shards"])  # ... but one listed per shard file
     assert any("more 'num_tokens' violations not listed" in line for line in report.lines())
-
-
-def test_vectorized_mrope_matches_the_reference_on_random_forests():
-    """verify's loop-free recomputation equals positions.mrope_position_ids, example by example."""
-    rng = np.random.default_rng(0)
-    image_id, merge = 99, 2
-    for _ in range(40):
-        parts, offs, pars, starts, counts, hs, ws = [], [], [], [], [], [], []
-        base, node_base = 0, 0
-        want = []
-        for _ in range(int(rng.integers(1, 4))):  # examples of one row
-            length = int(rng.integers(20, 60))
-            off, par = random_tree(rng, length)
-            ids = rng.integers(0, 90, size=length)
-            grids = []
-            node_ends = np.append(off[1:], length)
-            for n in range(len(off)):  # at most one image per node, strictly inside it
-                span = int(node_ends[n] - off[n])
-                h, w = 2 * int(rng.integers(1, 3)), 2 * int(rng.integers(1, 3))
-                k = h * w // merge**2
-                if span >= k + 2 and rng.random() < 0.6:
-                    s = int(off[n]) + 1
-                    ids[s : s + k] = image_id
-                    grids.append((1, h, w))
-                    starts.append(base + s)
-                    counts.append(k)
-                    hs.append(h)
-                    ws.append(w)
-            want.append(mrope_position_ids(ids, off, par, grids, image_token_id=image_id, spatial_merge_size=merge))
-            parts.append(ids)
-            offs.append(off + base)
-            pars.append(np.where(par < 0, -1, par + node_base))
-            base += length
-            node_base += len(off)
-        got = _expected_mrope(base, np.concatenate(offs).astype(np.int64), np.concatenate(pars).astype(np.int64),
-                              np.array(starts, np.int64), np.array(counts, np.int64), np.array(hs, np.int64),
-                              np.array(ws, np.int64), merge)
-        np.testing.assert_array_equal(got, np.concatenate(want, axis=1))
 
 
 def test_weighted_mixture_copies_are_accounted_for(tmp_path):

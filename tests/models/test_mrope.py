@@ -1,15 +1,21 @@
-"""Tree positions and mRoPE positions against transformers' own Qwen2-VL / Qwen2.5-VL get_rope_index."""
+"""Qwen2-VL mRoPE positions of trees and packed rows against transformers' own Qwen2-VL / Qwen2.5-VL
+get_rope_index, and verify's loop-free recomputation against both."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLModel
 
-from packer.core.tree import mrope_position_deltas, mrope_position_ids, tree_position_ids
+from packer.core.tree import tree_position_ids
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
+from packer.models import get_profile
+from packer.models.qwen_vl import expected_mrope, mrope_position_deltas, mrope_position_ids
+from tests.helpers import random_tree
 
 IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
 
@@ -92,7 +98,6 @@ def test_mrope_linear_matches_get_rope_index(models, tok, model_name) -> None:
             np.array([-1]),
             grids,
             image_token_id=IMAGE_PAD,
-            vision_start_token_id=VISION_START,
         )
         assert got.dtype == np.int32 and got.shape == (3, len(ids)), name
         np.testing.assert_array_equal(got, expected, err_msg=name)
@@ -137,9 +142,7 @@ def paths(parents: np.ndarray) -> list[list[int]]:
 
 def check_tree_against_hf(model, ids, offsets, parents, grids) -> None:
     """Every root-to-leaf path, run alone through get_rope_index, equals the tree's positions there."""
-    got = mrope_position_ids(
-        ids, offsets, parents, grids, image_token_id=IMAGE_PAD, vision_start_token_id=VISION_START
-    )
+    got = mrope_position_ids(ids, offsets, parents, grids, image_token_id=IMAGE_PAD)
     ends = np.append(offsets[1:], len(ids))
     node_grids, k = [], 0
     for n in range(len(offsets)):  # images of each node, in token order
@@ -248,3 +251,110 @@ def test_mrope_rejects_mismatched_images() -> None:
         mrope_position_ids(ids, one, root, [(1, 4, 6)], image_token_id=IMAGE_PAD)
     with pytest.raises(RecordError, match="split across"):
         mrope_position_ids(ids, np.array([0, 4]), np.array([-1, 0]), [(1, 4, 4)], image_token_id=IMAGE_PAD)
+
+
+def test_vectorized_mrope_matches_the_reference_on_random_forests():
+    """verify's loop-free recomputation (expected_mrope) equals mrope_position_ids, example by example."""
+    rng = np.random.default_rng(0)
+    image_id, merge = 99, 2
+    for _ in range(40):
+        parts, offs, pars, starts, all_grids = [], [], [], [], []
+        base, node_base = 0, 0
+        want = []
+        for _ in range(int(rng.integers(1, 4))):  # examples of one row
+            length = int(rng.integers(20, 60))
+            off, par = random_tree(rng, length)
+            ids = rng.integers(0, 90, size=length)
+            grids = []
+            node_ends = np.append(off[1:], length)
+            for n in range(len(off)):  # at most one image per node, strictly inside it
+                span = int(node_ends[n] - off[n])
+                h, w = 2 * int(rng.integers(1, 3)), 2 * int(rng.integers(1, 3))
+                k = h * w // merge**2
+                if span >= k + 2 and rng.random() < 0.6:
+                    s = int(off[n]) + 1
+                    ids[s : s + k] = image_id
+                    grids.append((1, h, w))
+                    starts.append(base + s)
+                    all_grids.append((1, h, w))
+            want.append(mrope_position_ids(ids, off, par, grids, image_token_id=image_id, spatial_merge_size=merge))
+            parts.append(ids)
+            offs.append(off + base)
+            pars.append(np.where(par < 0, -1, par + node_base))
+            base += length
+            node_base += len(off)
+        got = expected_mrope(base, np.concatenate(offs).astype(np.int64), np.concatenate(pars).astype(np.int64),
+                             np.array(starts, np.int64), np.array(all_grids, np.int64).reshape(-1, 3),
+                             spatial_merge_size=merge)
+        np.testing.assert_array_equal(got, np.concatenate(want, axis=1))
+
+
+def mrope_reference(ids, offsets, parents, grids, image_token_id, merge) -> np.ndarray:
+    """get_rope_index's rules token by token: text +1 on all rows; an image's (t, h, w) grid from current_pos,
+    then current_pos += max(h, w) // merge; a node continues from its parent's final current_pos."""
+    length = len(ids)
+    ends = [*offsets[1:], length]
+    out = np.zeros((3, length), dtype=np.int64)
+    after: dict[int, int] = {}
+    k = 0
+    for n in range(len(offsets)):
+        cur = 0 if parents[n] < 0 else after[parents[n]]
+        i = offsets[n]
+        while i < ends[n]:
+            if ids[i] == image_token_id:
+                t, h, w = grids[k]
+                k += 1
+                for ti in range(t):
+                    for hi in range(h // merge):
+                        for wi in range(w // merge):
+                            out[:, i] = (cur + ti, cur + hi, cur + wi)
+                            i += 1
+                cur += max(h, w) // merge
+            else:
+                out[:, i] = cur
+                cur += 1
+                i += 1
+        after[n] = cur
+    return out
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(data=st.data(), merge=st.sampled_from([1, 2]))
+def test_mrope_equals_per_token_reference(data, merge):
+    n_nodes = data.draw(st.integers(1, 6))
+    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n_nodes)]
+    ids: list[int] = []
+    offsets: list[int] = []
+    grids: list[tuple[int, int, int]] = []
+    for _ in range(n_nodes):
+        offsets.append(len(ids))
+        for _ in range(data.draw(st.integers(0, 3))):
+            if data.draw(st.booleans()):
+                t, h, w = data.draw(st.integers(1, 2)), merge * data.draw(st.integers(1, 4)), merge * data.draw(st.integers(1, 4))
+                grids.append((t, h, w))
+                ids += [IMAGE_PAD] * (t * h * w // merge**2)
+                ids.append(7)  # an image run ends at a text token
+            else:
+                ids += data.draw(st.lists(st.integers(0, 1000), min_size=1, max_size=5))
+    got = mrope_position_ids(np.array(ids, dtype=np.int32), np.array(offsets), np.array(parents), grids,
+                             image_token_id=IMAGE_PAD, spatial_merge_size=merge)
+    want = mrope_reference(ids, offsets, parents, grids, IMAGE_PAD, merge)
+    assert got.dtype == np.int32 and got.shape == (3, len(ids))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_extra_positions_is_mrope_and_text_is_three_equal_rows(tok) -> None:
+    """What the encoder calls: the text-only fast path and the image path give get_rope_index's rows."""
+    profile = get_profile("qwen2-vl")
+    token_ids = {"image_token": IMAGE_PAD, "vision_start": VISION_START, "vision_end": VISION_END}
+    offsets, parents = np.array([0, 5], np.int32), np.array([-1, 0], np.int32)
+    ids = np.array(text(tok, "Hello world! A plain sentence, longer."), np.int32)
+    pos = tree_position_ids(len(ids), offsets, parents)
+    got = profile.extra_positions(ids, pos, offsets, parents, [], token_ids=token_ids)
+    assert got.dtype == np.int32 and (got == pos).all() and got.shape == (3, len(ids))
+    ids = np.array(text(tok, "Look") + image((1, 4, 6)) + text(tok, "at it, a branch."), np.int32)
+    offsets = np.array([0, len(ids) - 3], np.int32)  # the image in the root, a branch after it
+    pos = tree_position_ids(len(ids), offsets, parents)
+    got = profile.extra_positions(ids, pos, offsets, parents, [(1, 4, 6)], token_ids=token_ids)
+    np.testing.assert_array_equal(got, mrope_position_ids(ids, offsets, parents, [(1, 4, 6)], image_token_id=IMAGE_PAD))
+    assert get_profile("llava").extra_positions(ids, pos, offsets, parents, [], token_ids=token_ids) is None

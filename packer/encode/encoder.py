@@ -1,0 +1,394 @@
+"""Example -> Encoded: token ids, labels, tree nodes, images and positions, for one tokenizer, chat template
+and model profile.
+
+``Encoder.encode_batch`` runs three steps:
+
+    stage     render every root-to-node path of each example: texts and content spans (templates.py)
+    tokenize  ONE tokenizer call for all the batch's texts (tokenize.py)
+    finish    per example: labels (labels.py), tree nodes, image expansion, truncation, positions
+
+Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the
+parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
+on its own belongs to the root. Images: the template's single image token per image is expanded to the
+profile's ``num_tokens`` copies (labels -100) with ``np.repeat``; no per-token Python loop anywhere.
+Positions: a token's position on its root-to-leaf path; the profile adds its own (``extra_positions``:
+mRoPE for the Qwen2-VL family).
+
+Fast paths, each checked against the general one it replaces (tests/encode/test_encoder.py):
+
+- ``encode_batch``: one tokenizer call per batch (the build passes a 512-line chunk), because one call per
+  record interleaved with Python work runs slower: the tokenizer's tables leave the CPU caches.
+- the ChatML template in pure Python (templates.py); token boundaries from byte lengths (tokenize.py).
+
+Measured costs: docs/benchmarks.md, "Build throughput".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from packer.core.tree import tree_position_ids
+from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef, Node
+from packer.encode import OVERLONG_POLICIES
+from packer.encode.labels import carries_loss, loss_labels
+from packer.encode.templates import ChatTemplate, Span
+from packer.encode.tokenize import (
+    Boundaries,
+    byte_boundaries,
+    cached_token_byte_lengths,
+    offset_boundaries,
+    special_token_mask,
+    tokenize,
+)
+from packer.errors import ConfigError, RecordError
+
+if TYPE_CHECKING:
+    from packer.models.base import ModelProfile
+
+
+@dataclass(slots=True)
+class _Staged:
+    """One example between rendering and tokenization (see ``Encoder.encode_batch``)."""
+
+    texts: list[str]  # what to tokenize: one rendering per root-to-node path (a text record: its text)
+    nodes: list[Node]  # tree nodes, depth-first ([] for a text record)
+    parents: list[int]  # parent index of each node (-1 for the root)
+    spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
+    first: int = 0  # index of texts[0] in the batch's tokenizer call
+
+
+@dataclass(slots=True)
+class _Draft:
+    """One example between tokenization and its Encoded form; ``_finish``'s steps update it in place."""
+
+    ids: np.ndarray  # (L,) int32
+    labels: np.ndarray  # (L,) int32, IGNORE_INDEX where no loss
+    node_offsets: np.ndarray  # (N,) int32, first token of each node
+    node_parents: np.ndarray  # (N,) int32, -1 for the root
+    refs: list[ImageRef]  # the images named, in token order: one image token each until expanded
+    images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
+
+
+class Encoder:
+    """Turns Examples into Encoded examples for one tokenizer, chat template and model profile.
+
+    ``max_length`` (None: unlimited) with ``overlong``: ``drop`` rejects a longer example (``overlong``),
+    ``truncate`` keeps its first ``max_length`` tokens in the depth-first layout, never inside an image.
+    ``chat_template``: a template source that replaces the tokenizer's.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        profile: ModelProfile,
+        *,
+        max_length: int | None = None,
+        overlong: str = "drop",
+        chat_template: str | None = None,
+    ):
+        if overlong not in OVERLONG_POLICIES:
+            raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {overlong!r}")
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"'max_length' must be a positive integer, got {max_length}")
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ConfigError("packer needs a fast (Rust-backed) tokenizer: it reads character offsets")
+        self.tokenizer = tokenizer
+        self.profile = profile
+        self.max_length = max_length
+        self.overlong = overlong
+        self._backend = backend
+        self._chat = ChatTemplate(
+            chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None),
+            special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
+            images=profile.has_vision,
+        )
+        # Special (control) tokens: an end-of-turn marker is the first of them after a message's content.
+        self._is_special = special_token_mask(tokenizer)  # (V,) id -> control token?
+        # (V,) UTF-8 bytes per token id, or None: boundaries from character offsets
+        self._token_bytes = cached_token_byte_lengths(backend, size=self._is_special.shape[0])
+        self.image_token_id = self._token_id(profile.image_token)
+        self.vision_start_id = self._token_id(profile.vision_start)
+        # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
+        self._token_ids = {
+            "image_token": self.image_token_id,
+            "vision_start": self.vision_start_id,
+            "vision_end": self._token_id(profile.vision_end),
+        }
+        self.bos_id = tokenizer.bos_token_id
+        self.eos_id = tokenizer.eos_token_id
+
+    @property
+    def template(self) -> str | None:
+        """The chat template source in use: ``chat_template``'s, else the tokenizer's."""
+        return self._chat.source
+
+    def __getstate__(self) -> dict:
+        """What a worker process needs: the Rust tokenizer, the template source and the tables built from the
+        tokenizer; not the transformers tokenizer around it, so unpickling imports no transformers (which
+        imports torch through AutoTokenizer). After it ``tokenizer`` is None."""
+        return {**self.__dict__, "tokenizer": None}
+
+    def _token_id(self, token: str | None) -> int | None:
+        if token is None:
+            return None
+        tok = self.tokenizer
+        tid = tok.convert_tokens_to_ids(token)
+        if tid is None or tid == tok.unk_token_id or tok.convert_ids_to_tokens(tid) != token:
+            raise ConfigError(
+                f"profile {self.profile.name!r} uses token {token!r}, which the tokenizer does not have"
+            )
+        return int(tid)
+
+    # ------------------------------------------------------------------ public
+
+    def encode(self, example: Example) -> Encoded:
+        """Render, tokenize and label one example; raise RecordError (with ``path:line``) if unusable."""
+        (result,) = self.encode_batch([example])
+        if isinstance(result, RecordError):
+            raise result
+        return result
+
+    def encode_batch(self, examples: Sequence[Example]) -> list[Encoded | RecordError]:
+        """``encode`` for many examples with ONE tokenizer call: each example's Encoded or its RecordError.
+
+        Errors are returned (located at ``path:line``), not raised, so one bad record does not cost the others
+        their shared tokenizer call. The results equal ``encode`` one example at a time.
+        """
+        staged: list[_Staged | RecordError] = []
+        texts: list[str] = []
+        for example in examples:
+            try:
+                stage = self._stage(example)
+            except RecordError as e:
+                staged.append(e if e.path else e.located(example.path, example.line))
+                continue
+            stage.first = len(texts)
+            texts.extend(stage.texts)
+            staged.append(stage)
+        encodings = tokenize(self._backend, texts, offsets=self._token_bytes is None)
+        out: list[Encoded | RecordError] = []
+        for example, stage in zip(examples, staged, strict=True):
+            if isinstance(stage, RecordError):
+                out.append(stage)
+                continue
+            try:
+                out.append(self._finish(example, stage, encodings[stage.first : stage.first + len(stage.texts)]))
+            except RecordError as e:
+                out.append(e if e.path else e.located(example.path, example.line))
+        return out
+
+    # ------------------------------------------------------------------ stage
+
+    def _stage(self, example: Example) -> _Staged:
+        """Render every root-to-node path of ``example`` (a ``text`` record is its own text)."""
+        if example.kind == "text":
+            return _Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
+        nodes, parents, paths = [], [], []
+        for node, parent in example.root.walk():
+            nodes.append(node)
+            parents.append(parent)
+            paths.append((paths[parent] if parent >= 0 else []) + node.messages)
+        located = [self._chat.locate(p) for p in paths]
+        return _Staged(
+            texts=[text for text, _ in located], nodes=nodes, parents=parents, spans=[sp for _, sp in located]
+        )
+
+    # ------------------------------------------------------------------ finish
+
+    def _finish(self, example: Example, stage: _Staged, encodings: list) -> Encoded:
+        """Tokens of the staged texts -> the Encoded example (labels, images, truncation, positions)."""
+        if example.kind == "text":
+            draft = self._text_draft(encodings[0])
+        else:
+            draft = self._tree_draft(stage, encodings)
+        self._expand_images(draft)
+        if self.max_length is not None and draft.ids.shape[0] > self.max_length:
+            if self.overlong == "drop":
+                raise RecordError("overlong", f"{draft.ids.shape[0]} tokens > --max-length {self.max_length}")
+            self._truncate(draft)
+        ids, labels, node_offsets, node_parents, images = (
+            draft.ids, draft.labels, draft.node_offsets, draft.node_parents, draft.images
+        )  # fmt: skip
+        labels[0] = IGNORE_INDEX  # nothing predicts an example's first token
+        if not (labels != IGNORE_INDEX).any():
+            raise RecordError(
+                "no_loss_tokens", 'no token carries loss (no assistant turn, or every turn has "loss": false)'
+            )
+        length = ids.shape[0]
+        if node_offsets.shape[0] == 1:  # a linear example: positions are simply 0..L-1
+            positions = np.arange(length, dtype=np.int32)
+        else:
+            positions = tree_position_ids(length, node_offsets, node_parents)
+        extra = self.profile.extra_positions(
+            ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids
+        )
+        return Encoded(
+            example_id=example.example_id,
+            input_ids=ids,
+            labels=labels,
+            position_ids=positions,
+            node_offsets=node_offsets,
+            node_parents=node_parents,
+            images=images,
+            mrope_position_ids=extra,  # (3, L) for mRoPE families, else None
+            source_name=example.source_name,
+        )
+
+    def _text_draft(self, enc) -> _Draft:
+        """A ``text`` record (``enc``: its Encoding): [bos] + tokens + eos, loss on every token (the first
+        is cleared later)."""
+        ids = enc.ids
+        if self.bos_id is not None:
+            ids = [self.bos_id, *ids]
+        if self.eos_id is not None:
+            ids = [*ids, self.eos_id]
+        arr = np.asarray(ids, dtype=np.int32)
+        if self.image_token_id is not None and (arr == self.image_token_id).any():
+            raise RecordError(
+                "image_count_mismatch", "the text holds the image token literally but names no image"
+            )
+        return _Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
+
+    def _tree_draft(self, stage: _Staged, encodings: list) -> _Draft:
+        """Nodes are path deltas: node n's tokens are its path's minus its parent's path's."""
+        nodes, parents, texts = stage.nodes, stage.parents, stage.texts
+        node_ids, node_labels, refs, path_ids = [], [], [], []
+        for i, (node, parent) in enumerate(zip(nodes, parents, strict=True)):
+            enc = encodings[i]
+            ids = np.array(enc.ids, dtype=np.int32)
+            path_ids.append(ids)
+            start = 0
+            if parent >= 0:
+                start = path_ids[parent].shape[0]
+                if not texts[i].startswith(texts[parent]) or not np.array_equal(
+                    ids[:start], path_ids[parent]
+                ):
+                    raise RecordError(
+                        "template_error",
+                        f"tree node {i}: the rendering of its parent's path is not a token-level prefix of its "
+                        "own path (the template or tokenizer is not prefix-stable at this branch)",
+                    )
+            own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
+            spans = [s for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+            if spans:
+                labels = loss_labels(
+                    ids, spans, is_special=self._is_special, boundaries=self._boundaries(ids, enc, texts[i])
+                )
+            else:
+                labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32)
+            node_ids.append(ids[start:])
+            node_labels.append(labels[start:])
+            refs.append([p for m in node.messages for p in m.parts if not isinstance(p, str)])
+        if len(node_ids) == 1:  # a linear conversation, most records: nothing to join
+            ids, labels, node_offsets = node_ids[0], node_labels[0], np.zeros(1, dtype=np.int32)
+        else:
+            sizes = np.array([a.shape[0] for a in node_ids], dtype=np.int64)
+            if (sizes[1:] == 0).any():
+                raise RecordError(
+                    "template_error",
+                    f"tree node {int(np.flatnonzero(sizes[1:] == 0)[0]) + 1} renders to no tokens",
+                )
+            ids = np.concatenate(node_ids)
+            labels = np.concatenate(node_labels)
+            node_offsets = (np.cumsum(sizes) - sizes).astype(np.int32)
+        self._check_image_tokens(ids, node_offsets, refs)
+        node_parents = np.array(parents, dtype=np.int32)
+        return _Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
+
+    def _boundaries(self, ids: np.ndarray, enc, text: str) -> Boundaries:
+        """Token boundaries of ``text``: from byte lengths where they apply, else from character offsets."""
+        if self._token_bytes is None:  # the batch was tokenized with offsets
+            return offset_boundaries(ids, enc, text)
+        return byte_boundaries(ids, text, self._token_bytes) or offset_boundaries(
+            ids, self._backend.encode(text, add_special_tokens=False), text
+        )
+
+    def _check_image_tokens(
+        self, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef]]
+    ) -> None:
+        """Each node must hold exactly one image token per image its messages name."""
+        if not any(refs) and (self.image_token_id is None or not (ids == self.image_token_id).any()):
+            return  # the common text-only case: nothing to count
+        want = np.array([len(r) for r in refs], dtype=np.int64)
+        if self.image_token_id is None:
+            if want.any():
+                raise RecordError(
+                    "image_count_mismatch",
+                    f"profile {self.profile.name!r} takes no images, but the record names {int(want.sum())}; "
+                    "use a vision profile (qwen2-vl, qwen2.5-vl, llava)",
+                )
+            return
+        pos = np.flatnonzero(ids == self.image_token_id)
+        got = np.bincount(np.searchsorted(node_offsets, pos, side="right") - 1, minlength=want.shape[0])
+        if (got != want).any():
+            node = int(np.flatnonzero(got != want)[0])
+            if got[node] > want[node]:
+                raise RecordError(
+                    "image_count_mismatch",
+                    f"{int(got.sum())} image tokens for {int(want.sum())} images: the text holds "
+                    f"{self.profile.image_token!r} literally",
+                )
+            raise RecordError(
+                "template_error",
+                f"the chat template emitted {int(got.sum())} image tokens for {int(want.sum())} images; "
+                'it must emit one per {"type": "image"} part',
+            )
+
+    def _expand_images(self, draft: _Draft) -> None:
+        """Repeat each image token ``num_tokens`` times (labels -100); shift node offsets accordingly."""
+        refs = draft.refs
+        if not refs:
+            return
+        pos = np.flatnonzero(draft.ids == self.image_token_id)  # (I,) one per image, in order (checked above)
+        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
+        sizes, grids, counts = {}, [], []
+        for ref in refs:
+            if ref not in sizes:  # a tree's shared image is measured once
+                sizes[ref] = self.profile.image_size(ref)
+            w, h = sizes[ref]
+            grids.append(self.profile.grid_thw(w, h))
+            counts.append(self.profile.num_tokens(w, h))
+        repeats[pos] = counts
+        new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
+        labels = draft.labels.copy()
+        labels[pos] = IGNORE_INDEX
+        draft.images = [
+            EncodedImage(
+                source=ref.path if ref.data is None else "",
+                data=ref.data,
+                grid_thw=tuple(int(x) for x in g),
+                offset=int(new_index[p]),
+                num_tokens=int(c),
+            )
+            for ref, g, c, p in zip(refs, grids, counts, pos, strict=True)
+        ]
+        draft.ids = np.repeat(draft.ids, repeats)
+        draft.labels = np.repeat(labels, repeats)
+        draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
+
+    def _truncate(self, draft: _Draft) -> None:
+        """Keep the first max_length tokens (depth-first layout), cutting before an image, never inside."""
+        cut = self.max_length
+        for im in draft.images:
+            if im.offset < cut < im.offset + im.num_tokens:
+                cut = im.offset
+                break
+        if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:
+            cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
+        keep_nodes = int(np.searchsorted(draft.node_offsets, cut, side="left"))  # nodes that start before it
+        labels = draft.labels[:cut]
+        if keep_nodes == 0 or not (labels[1:] != IGNORE_INDEX).any():
+            raise RecordError(
+                "untruncatable",
+                f"cutting to --max-length {self.max_length} (at token {cut}, before any image it would split) "
+                "leaves no loss token; raise --max-length or use --overlong drop",
+            )
+        draft.images = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        draft.ids, draft.labels = draft.ids[:cut], labels
+        draft.node_offsets = draft.node_offsets[:keep_nodes]
+        draft.node_parents = draft.node_parents[:keep_nodes]

@@ -1,0 +1,256 @@
+"""Chat templates: render a conversation and say where each message's content lies in the text.
+
+A conversation is rendered ONCE with each message's content wrapped in two private-use characters
+(U+E000 ... U+E001); the markers are removed and their positions are the content spans:
+
+    <|im_start|>user\n{OPEN}Hi{CLOSE}<|im_end|>\n  ->  "<|im_start|>user\nHi<|im_end|>\n", content [17, 19)
+
+Whether markers are safe is decided once per template: probe conversations (padded content, ``<think>``
+blocks, image parts) must render identically with and without markers. A template that fails the probes
+(one that trims content, say) is rendered twice per conversation and the two compared; where they differ,
+the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be a string prefix of
+``conv[:k+1]`` (else ``template_error``, "not prefix-stable"), and an assistant's content starts where
+``add_generation_prompt=True`` ends (its end is then unknown: see labels.py).
+
+Fast path: a registered ChatML template (Qwen2-VL's) is rendered in pure Python with its content spans,
+because the sandboxed Jinja render checks every attribute access; it is used only if it reproduces Jinja on
+the probes, and tests/encode/test_templates.py compares both on random conversations.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from packer.core.types import ImageRef, Message
+from packer.encode.tokenizers import QWEN2_VL_CHAT_TEMPLATE
+from packer.errors import ConfigError, RecordError
+
+OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
+_MARKER = re.compile(f"[{OPEN}{CLOSE}]")
+
+Span = tuple[int, int | None, int]
+"""One message in a rendering: (content start, content end, limit), character offsets. The limit is where
+the next message's content starts (the text's end for the last message); content end None means unknown
+(prefix fallback): the message's last special token before the limit ends its loss span."""
+
+
+def compile_template(source: str) -> Any:
+    """The compiled Jinja template, as transformers' apply_chat_template compiles it (cached there)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(source)
+
+
+def hf_message(m: Message, *, marked: bool) -> dict:
+    """A Message as the template sees it: string content if text-only, else parts with {"type": "image"};
+    with ``marked``, the content wrapped in OPEN ... CLOSE."""
+    if all(isinstance(p, str) for p in m.parts):
+        text = "".join(m.parts)  # type: ignore[arg-type]
+        return {"role": m.role, "content": OPEN + text + CLOSE if marked else text}
+    parts: list[dict] = [
+        {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in m.parts
+    ]
+    if marked:  # glue the markers onto text parts where possible, so no part is added
+        if "text" in parts[0]:
+            parts[0] = {"type": "text", "text": OPEN + parts[0]["text"]}
+        else:
+            parts.insert(0, {"type": "text", "text": OPEN})
+        if "text" in parts[-1]:
+            parts[-1] = {"type": "text", "text": parts[-1]["text"] + CLOSE}
+        else:
+            parts.append({"type": "text", "text": CLOSE})
+    return {"role": m.role, "content": parts}
+
+
+def probe_conversations(*, images: bool) -> list[list[Message]]:
+    """What templates do to content (trimming, ``<think>`` splitting, leading and trailing newlines), a first
+    message that is not a system prompt, and, with ``images``, image parts."""
+    texts = [" Be brief. ", "\nHi\n", "  <think>x</think>\nHello  ", "a  b ", "<think>\n\n</think>\n\nBye\n"]
+    roles = ["system", "user", "assistant", "user", "assistant"]
+    probe = [Message(r, [t]) for r, t in zip(roles, texts, strict=True)]
+    convs = [probe, probe[1:], probe[1:3]]
+    if images:
+        image = ImageRef(path="probe.jpg")
+        convs.append([Message("user", [image, " Describe. "]), Message("assistant", ["x"])])
+        convs.append([Message("user", ["Look ", image]), Message("assistant", [" y "])])
+    return convs
+
+
+class ChatTemplate:
+    """One chat template source, compiled, with its way of locating content decided once at construction.
+
+    ``special_tokens`` are passed to the template (``bos_token``, ``eos_token``, ...); ``images``: whether the
+    probes include image parts (the profile takes images). A None ``source`` fails on the first chat record
+    (a text-only build needs no template).
+    """
+
+    def __init__(self, source: str | None, *, special_tokens: dict[str, str], images: bool):
+        self.source = source
+        self._kwargs = special_tokens
+        self._compiled = None
+        if source is not None:
+            try:
+                self._compiled = compile_template(source)
+            except Exception as e:  # noqa: BLE001 - jinja2's TemplateSyntaxError and friends
+                raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
+        self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
+        self._fast: _ChatML | None = None  # set only after the Jinja path has checked it on the probes
+        self._fast = None if self._verify else self._checked(_fast_template(source))
+
+    def __getstate__(self) -> dict:
+        """A compiled Jinja template does not pickle: it is compiled again on first use (a registered ChatML
+        template never needs it), so unpickling imports no transformers."""
+        return {**self.__dict__, "_compiled": None}
+
+    def render(self, conv: list[dict], *, add_generation_prompt: bool = False) -> str:
+        """The template's text for ``conv`` (messages as ``hf_message`` gives them); RecordError if it
+        fails."""
+        if self.source is None:
+            raise ConfigError("the tokenizer has no chat template; pass --chat-template FILE")
+        if self._compiled is None:  # unpickled: compiled here, on first use (see __getstate__)
+            self._compiled = compile_template(self.source)
+        try:
+            return self._compiled.render(
+                messages=conv,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._kwargs,
+            )
+        except Exception as e:  # noqa: BLE001 - any Jinja error (incl. raise_exception) is this record's problem
+            raise RecordError(
+                "template_error", f"the chat template failed: {type(e).__name__}: {e}"
+            ) from None
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]]:
+        """Render ``conv``: the text and one Span per message."""
+        if self._fast is not None:
+            located = self._fast.locate(conv)
+            if located is not None:
+                return located
+        marked = self.render([hf_message(m, marked=True) for m in conv])
+        markers = [(mo.start(), mo.group()) for mo in _MARKER.finditer(marked)]
+        # the markers must come back as OPEN, CLOSE, OPEN, CLOSE, ...: one pair per message, in order
+        if len(markers) == 2 * len(conv) and all(
+            c == (OPEN if i % 2 == 0 else CLOSE) for i, (_, c) in enumerate(markers)
+        ):
+            text = marked.replace(OPEN, "").replace(CLOSE, "")
+            if not self._verify or text == self.render([hf_message(m, marked=False) for m in conv]):
+                # marker i sits at clean position p - i (i markers precede it)
+                starts = [p - i for i, (p, _) in enumerate(markers) if i % 2 == 0]
+                ends = [p - i for i, (p, _) in enumerate(markers) if i % 2 == 1]
+                limits = starts[1:] + [len(text)]
+                return text, list(zip(starts, ends, limits, strict=True))
+        clean = self.render([hf_message(m, marked=False) for m in conv])
+        return clean, self._locate_by_prefixes(conv, clean)
+
+    def _locate_by_prefixes(self, conv: list[Message], full: str) -> list[Span]:
+        """The fallback: message spans from rendered prefixes, an assistant's header from the generation
+        prompt."""
+        hf = [hf_message(m, marked=False) for m in conv]
+        spans = []
+        prev = ""
+        for k in range(len(conv)):
+            cur = full if k == len(conv) - 1 else self.render(hf[: k + 1])
+            if not cur.startswith(prev) or not full.startswith(cur):
+                raise RecordError(
+                    "template_error",
+                    f"the chat template is not prefix-stable: rendering messages[:{k}] is not a prefix of "
+                    f"rendering messages[:{k + 1}]",
+                )
+            start = len(prev)
+            if conv[k].role == "assistant":
+                header = self.render(hf[:k], add_generation_prompt=True)
+                if not (header.startswith(prev) and cur.startswith(header)):
+                    raise RecordError(
+                        "template_error",
+                        f"the generation prompt after messages[:{k}] is not a prefix of message {k}",
+                    )
+                start = len(header)
+            spans.append((start, None, len(cur)))
+            prev = cur
+        return spans
+
+    def _marker_transparent(self, *, images: bool) -> bool:
+        """Whether marked content renders exactly like plain content on every probe conversation."""
+        if self.source is None:
+            return False
+        for conv in probe_conversations(images=images):
+            try:
+                clean = self.render([hf_message(m, marked=False) for m in conv])
+                marked = self.render([hf_message(m, marked=True) for m in conv])
+            except RecordError:
+                return False
+            if marked.count(OPEN) != len(conv) or marked.replace(OPEN, "").replace(CLOSE, "") != clean:
+                return False
+        return True
+
+    def _checked(self, fast: _ChatML | None) -> _ChatML | None:
+        """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
+        if fast is None:
+            return None
+        image = ImageRef(path="probe.jpg")
+        extra = [  # multi-part messages, image-only content, a tool turn, a system turn later on
+            [Message("user", [image, "a", image, "b ", image]), Message("assistant", ["c"], loss=True)],
+            [
+                Message("user", [image]),
+                Message("tool", ["{}"]),
+                Message("system", ["s"]),
+                Message("assistant", [""]),
+            ],
+        ]
+        for conv in probe_conversations(images=True) + extra:
+            try:
+                if fast.locate(conv) != self.locate(conv):  # self._fast is not set yet: this is Jinja
+                    return None
+            except RecordError:
+                return None
+        return fast
+
+
+class _ChatML:
+    """Pure-Python rendering of one known ChatML template: Jinja's exact text and the content spans.
+
+    Used only for a template registered in ``_fast_template`` (by exact string), and only if it reproduces
+    Jinja on the probe conversations (``ChatTemplate._checked``).
+    """
+
+    def __init__(self, *, default_system: str, image: str):
+        self.default_system = default_system  # emitted before a first message that is not a system message
+        self.image = image  # what one image part renders to
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character (Jinja decides)."""
+        pieces: list[str] = []
+        pos = 0
+        starts, ends = [], []
+        for k, m in enumerate(conv):
+            if k == 0 and m.role != "system":
+                pieces.append(self.default_system)
+                pos += len(self.default_system)
+            header = f"<|im_start|>{m.role}\n"
+            pieces.append(header)
+            pos += len(header)
+            starts.append(pos)
+            for p in m.parts:
+                piece = p if isinstance(p, str) else self.image
+                if isinstance(p, str) and (OPEN in p or CLOSE in p):
+                    return None
+                pieces.append(piece)
+                pos += len(piece)
+            ends.append(pos)
+            pieces.append("<|im_end|>\n")
+            pos += 11  # len("<|im_end|>\n")
+        text = "".join(pieces)
+        return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+
+
+def _fast_template(source: str | None) -> _ChatML | None:
+    """The pure-Python renderer registered for exactly this template string, if any."""
+    if source == QWEN2_VL_CHAT_TEMPLATE:  # also Qwen2-VL-*-Instruct's own chat_template.json
+        return _ChatML(
+            default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
+            image="<|vision_start|><|image_pad|><|vision_end|>",
+        )
+    return None

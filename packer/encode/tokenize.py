@@ -1,0 +1,152 @@
+"""Tokenize rendered texts and map character positions to token boundaries.
+
+Two ways to find the token at a character, checked against each other at every character by
+tests/encode/test_tokenize.py:
+
+- ``offset_boundaries``: from the tokenizer's character offsets (any fast tokenizer).
+- ``byte_boundaries``: from each token's UTF-8 length, for byte-level BPE tokenizers with no normalizer and
+  no offset trimming (Qwen2's, GPT-2's), whose tokens spell the text's bytes exactly. The tokenizer then runs
+  without computing offsets (``encode_batch_fast``): less tokenizer time (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import weakref
+from bisect import bisect_right
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# tokenizers.Tokenizer -> (pipeline signature, token byte lengths); weak keys: it dies with its tokenizer
+_BYTE_LENGTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class Boundaries(NamedTuple):
+    """Token boundaries of one tokenized text (L tokens)."""
+
+    token_at: Callable[[int], int]
+    """``token_at(c)``: the first token that ends after character ``c`` (L at the end of the text)."""
+    starts_before: Callable[[int, int], bool]
+    """``starts_before(t, c)``: whether token ``t`` starts before character ``c``."""
+
+
+def special_token_mask(tokenizer: Any) -> np.ndarray:
+    """(V,) bool: which token ids are special (control) tokens, V covering every id the tokenizer has."""
+    special = [i for i, t in tokenizer.added_tokens_decoder.items() if t.special]
+    mask = np.zeros(max([len(tokenizer), *special]) + 1, dtype=bool)
+    mask[special] = True
+    return mask
+
+
+def tokenize(backend: Any, texts: list[str], *, offsets: bool) -> list:
+    """tokenizers.Encoding of each text, no special tokens added; without character offsets unless
+    ``offsets`` (``offset_boundaries`` then re-encodes the text it needs them for)."""
+    if not texts:
+        return []
+    if len(texts) == 1:  # a batch call costs a thread-pool round trip; one text needs none
+        return [backend.encode(texts[0], add_special_tokens=False)]
+    if not offsets:
+        return backend.encode_batch_fast(texts, add_special_tokens=False)
+    return backend.encode_batch(texts, add_special_tokens=False)
+
+
+def offset_boundaries(ids: np.ndarray, enc: Any, text: str) -> Boundaries:
+    """``Boundaries`` from ``enc``'s character offsets (``enc``: the tokenizers.Encoding of ``text``)."""
+    n, size = ids.shape[0], len(text)
+    token_ends: list[np.ndarray] = []  # (L,) end character of each token, built only when needed
+
+    def token_at(char: int) -> int:
+        if char >= size:
+            return n
+        i = enc.char_to_token(char)  # the first token containing ``char``: no offsets list needed
+        if i is not None:
+            return i
+        if not token_ends:  # ``char`` belongs to no token (a normalizer dropped it): use the offsets
+            token_ends.append(np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 1])
+        return int(np.searchsorted(token_ends[0], char, side="right"))
+
+    return Boundaries(token_at, lambda token, char: enc.token_to_chars(token)[0] < char)
+
+
+def byte_boundaries(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> Boundaries | None:
+    """``Boundaries`` as ``offset_boundaries`` gives them, from token byte lengths alone.
+
+    Valid when the tokens spell the text's UTF-8 bytes exactly (``byte_lengths`` from ``token_byte_lengths``;
+    checked here on the total). A character split across tokens belongs to the token holding its first byte,
+    as in the offsets (where ``char_to_token`` returns the first token whose span holds the character). None
+    when not applicable: the caller uses the offsets.
+    """
+    if ids.shape[0] == 0:
+        return None
+    ends = np.cumsum(byte_lengths[ids]).tolist()  # (L,) end byte of each token
+    n, size = ids.shape[0], len(text)
+    if text.isascii():
+        if ends[-1] != size:
+            return None
+        char_byte = None
+    else:
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        width = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)  # UTF-8 bytes
+        char_byte = np.concatenate([[0], np.cumsum(width)]).tolist()  # byte offset of each character
+        if ends[-1] != char_byte[-1]:
+            return None
+
+    def token_at(char: int) -> int:
+        if char >= size:
+            return n
+        return bisect_right(ends, char if char_byte is None else char_byte[char])
+
+    def starts_before(token: int, char: int) -> bool:
+        start = ends[token - 1] if token else 0
+        return start < (char if char_byte is None else char_byte[char])
+
+    return Boundaries(token_at, starts_before)
+
+
+def cached_token_byte_lengths(backend: Any, *, size: int) -> np.ndarray | None:
+    """``token_byte_lengths``, computed once per tokenizer (it reads the whole vocabulary) and reused while
+    its vocabulary and pipeline are unchanged: a build may construct an Encoder per chunk."""
+    model = backend.model  # not repr(model): that serializes the whole vocabulary
+    signature = (
+        backend.get_vocab_size(with_added_tokens=True), size, repr(backend.normalizer),
+        repr(backend.pre_tokenizer), repr(backend.post_processor), type(model).__name__,
+        getattr(model, "continuing_subword_prefix", None), getattr(model, "end_of_word_suffix", None),
+        getattr(model, "dropout", None),
+    )  # fmt: skip
+    cached = _BYTE_LENGTHS.get(backend)
+    if cached is None or cached[0] != signature:
+        cached = (signature, token_byte_lengths(backend, size=size))
+        _BYTE_LENGTHS[backend] = cached
+    return cached[1]
+
+
+def token_byte_lengths(backend: Any, *, size: int) -> np.ndarray | None:
+    """(size,) int32 UTF-8 length of every token id when the tokens spell the text's bytes exactly
+    (byte-level BPE, no normalizer, no offset trimming), else None. ``backend``: a tokenizers.Tokenizer."""
+    from tokenizers import models, pre_tokenizers, processors
+
+    model, pre, post = backend.model, backend.pre_tokenizer, backend.post_processor
+    if backend.normalizer is not None or not isinstance(model, models.BPE):
+        return None
+    if model.continuing_subword_prefix or model.end_of_word_suffix or model.dropout:
+        return None
+    steps = list(pre) if isinstance(pre, pre_tokenizers.Sequence) else [pre]
+    if not any(isinstance(p, pre_tokenizers.ByteLevel) for p in steps) or not all(
+        isinstance(p, pre_tokenizers.Split)
+        or (isinstance(p, pre_tokenizers.ByteLevel) and not p.add_prefix_space)
+        for p in steps
+    ):
+        return None
+    if post is not None and not (isinstance(post, processors.ByteLevel) and not post.trim_offsets):
+        return None
+    vocab = backend.get_vocab(with_added_tokens=False)
+    if not set("".join(vocab)) <= set(pre_tokenizers.ByteLevel.alphabet()):  # one character per byte
+        return None
+    lengths = np.zeros(size, dtype=np.int32)
+    lengths[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = np.fromiter(
+        map(len, vocab), dtype=np.int32, count=len(vocab)
+    )
+    for i, added in backend.get_added_tokens_decoder().items():  # matched in the raw text, as written
+        lengths[i] = len(added.content.encode("utf-8"))
+    return lengths

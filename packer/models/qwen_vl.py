@@ -1,0 +1,317 @@
+"""Qwen2-VL and Qwen2.5-VL: dynamic resolution (smart_resize), 2x2 patch merging, 3-D mRoPE positions.
+
+    640x480 -> smart_resize (multiple of 28, min/max pixels) -> 644x476
+            -> grid (t, h, w) = (1, 34, 46) patches of 14 px -> 34*46 // 2**2 = 391 tokens
+    rendered <|vision_start|><|image_pad|><|vision_end|>, the pad repeated 391 times; mRoPE gives those 391
+    tokens (t, h, w) positions over the merged 1x17x23 grid, text tokens three equal rows.
+
+Exact against transformers 5.23.0: grids against ``Qwen2VLImageProcessorPil`` on every COCO-mini image
+(tests/models/test_qwen_vl.py), positions against ``Qwen2VLModel.get_rope_index`` on trees and packed rows
+(tests/models/test_mrope.py).
+
+Qwen2.5-VL vs Qwen2-VL (transformers 5.23.0): the image side is identical. ``Qwen2_5_VLProcessor`` uses the
+same ``Qwen2VLImageProcessor`` (same smart_resize, patch 14, merge 2, temporal patch 2, same 56*56 /
+28*28*1280 pixel defaults), so grids and token counts are the same. Window attention lives in the vision
+tower (model), not in the token count. ``get_rope_index`` is the same for images (temporal interval 1); it
+differs only for video, where Qwen2.5-VL spaces temporal positions by ``tokens_per_second *
+second_per_grid_ts``. Released checkpoints' ``preprocessor_config.json`` set ``max_pixels=12845056``; the
+class default (used here) is 1003520 - pass ``max_pixels`` to match a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packer.core.tree import check_layout, node_lengths, node_start_positions
+from packer.errors import ConfigError, RecordError
+from packer.models.base import ModelProfile
+
+# Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
+MAX_ASPECT_RATIO = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class QwenVLProfile(ModelProfile):
+    """Qwen2-VL / Qwen2.5-VL: an image of any size, resized to multiples of 28 px, 2x2 patches per token.
+
+    ``pixel_values`` gives {"pixel_values": (sum(t*h*w), 3*2*14*14) float32, "image_grid_thw": (N, 3) int64}.
+    """
+
+    image_token: str | None = "<|image_pad|>"
+    vision_start: str | None = "<|vision_start|>"
+    vision_end: str | None = "<|vision_end|>"
+    patch_size: int = 14
+    """Vision transformer patch side in pixels."""
+    merge_size: int = 2
+    """Side of the patch square merged into one LLM token (2x2 -> 1)."""
+    temporal_patch_size: int = 2
+    """Frames per temporal patch (a still image is repeated to fill it; its grid_t is 1)."""
+    min_pixels: int = 56 * 56
+    """Smart-resize lower bound on resized height*width (the processor's class default)."""
+    max_pixels: int = 28 * 28 * 1280
+    """Smart-resize upper bound on resized height*width (class default: at most 1280 tokens per image)."""
+
+    mrope: ClassVar[bool] = True
+    forward_keys: ClassVar[tuple[str, ...]] = (
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"
+    )
+    overridable: ClassVar[tuple[str, ...]] = ("min_pixels", "max_pixels", *ModelProfile.overridable)
+
+    def __post_init__(self) -> None:
+        if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
+            raise ConfigError(
+                f"profile {self.name!r}: need 1 <= 'min_pixels' <= 'max_pixels', "
+                f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}"
+            )
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """The patch grid (t, h, w) before merging, exactly Qwen2VLImageProcessor's ``image_grid_thw``."""
+        resized_h, resized_w = smart_resize(
+            height,
+            width,
+            factor=self.patch_size * self.merge_size,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+        )
+        return (1, resized_h // self.patch_size, resized_w // self.patch_size)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        t, h, w = self.grid_thw(width, height)
+        return t * h * w // self.merge_size**2
+
+    def extra_positions(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        grids: list[tuple[int, int, int]],
+        *,
+        token_ids: dict[str, int | None],
+    ) -> np.ndarray:
+        """mRoPE rows (3, L) int32, as ``get_rope_index`` gives them for each root-to-leaf path alone."""
+        if not grids:  # get_rope_index on text alone: three equal rows
+            out = np.empty((3, positions.shape[0]), dtype=np.int32)
+            out[:] = positions  # a broadcast copy: ~6x cheaper than np.tile's reshape-and-repeat
+            return out
+        return mrope_position_ids(
+            ids, node_offsets, node_parents, grids,
+            image_token_id=token_ids["image_token"], spatial_merge_size=self.merge_size,
+        )
+
+    def make_image_processor(self) -> Any:
+        # The PIL backend: torchvision is not a dependency, and transformers' Qwen2VLImageProcessor itself
+        # falls back to Qwen2VLImageProcessorPil without it. Grids are identical in both backends.
+        from transformers import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil(
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            patch_size=self.patch_size,
+            temporal_patch_size=self.temporal_patch_size,
+            merge_size=self.merge_size,
+        )
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """t * (h // m) * (w // m); -1 unless h and w are multiples of the merge size m, as every grid is."""
+        m = self.merge_size
+        whole = (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
+        return np.where(whole, grids[:, 0] * (grids[:, 1] // m) * (grids[:, 2] // m), -1)
+
+    def expected_extra_positions(
+        self,
+        length: int,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        image_offsets: np.ndarray,
+        image_grids: np.ndarray,
+    ) -> np.ndarray:
+        return expected_mrope(
+            length, node_offsets, node_parents, image_offsets, image_grids, spatial_merge_size=self.merge_size
+        )
+
+
+def smart_resize(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen2-VL's resize target (height, width): multiples of ``factor``, area in [min, max], same aspect.
+
+    Same arithmetic as transformers' ``qwen2_vl.image_processing_qwen2_vl.smart_resize`` (rounding and all),
+    but a RecordError instead of a ValueError for an aspect ratio above 200.
+    """
+    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise RecordError(
+            "bad_image",
+            f"image of {width}x{height} px has an aspect ratio above {MAX_ASPECT_RATIO}, which Qwen2-VL refuses",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+# ---------------------------------------------------------------------------------------- mRoPE
+def mrope_position_ids(
+    input_ids: np.ndarray,
+    node_offsets: np.ndarray,
+    node_parents: np.ndarray,
+    image_grids: list[tuple[int, int, int]],
+    *,
+    image_token_id: int,
+    spatial_merge_size: int = 2,
+) -> np.ndarray:
+    """Qwen2-VL 3-D mRoPE positions (int32, (3, L): t, h, w rows) of a tree, per root-to-leaf path.
+
+    Each path gets exactly what transformers 5.23.0's ``Qwen2VLModel.get_rope_index`` returns for that path
+    run alone (also Qwen2.5-VL's for images). In that code an image is a maximal run of ``image_token_id``
+    tokens (``mm_token_type_ids == 1``) and:
+
+    - text continues 1-D: all three rows equal ``current_pos + i``;
+    - an image with grid (t, h, w) has llm grid (t, h // m, w // m) and positions
+      ``current_pos + (ti, hi, wi)`` in t-major, then h, then w order;
+    - after an image ``current_pos += max(h, w) // m`` (for a still image, t = 1, this is its max + 1).
+
+    A node starts from its parent's final ``current_pos`` (a whole packed row works too: every root starts
+    at 0). ``image_grids`` are the images in token order. Every image run must be one whole image inside one
+    node; otherwise a RecordError ("image_count_mismatch"), which also catches a text containing a literal
+    image token.
+    """
+    ids = np.asarray(input_ids)
+    length = ids.shape[0]
+    check_layout(length, node_offsets, node_parents, empty_nodes=True)
+    offsets, lengths = np.asarray(node_offsets, dtype=np.int64), node_lengths(length, node_offsets)
+    parents = np.asarray(node_parents, dtype=np.int64)
+    ends = offsets + lengths
+
+    is_image = np.concatenate([[False], ids == image_token_id, [False]]).astype(np.int8)
+    edges = np.diff(is_image)
+    run_starts = np.flatnonzero(edges == 1)
+    run_ends = np.flatnonzero(edges == -1)
+    grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
+    llm_h = grids[:, 1] // spatial_merge_size
+    llm_w = grids[:, 2] // spatial_merge_size
+    counts = grids[:, 0] * llm_h * llm_w
+    if run_starts.shape[0] != grids.shape[0] or (run_ends - run_starts != counts).any():
+        raise RecordError(
+            "image_count_mismatch",
+            f"{run_starts.shape[0]} runs of image tokens of lengths {(run_ends - run_starts).tolist()} "
+            f"do not match {grids.shape[0]} images of {counts.tolist()} tokens",
+        )
+    run_node = np.searchsorted(offsets, run_starts, side="right") - 1
+    # Zero-length nodes share an offset with the next node; searchsorted picks the last of them, which
+    # is the one holding tokens.
+    if (run_ends > ends[run_node]).any():
+        raise RecordError("image_count_mismatch", "an image's tokens are split across two tree nodes")
+
+    # int32 throughout (the result's dtype): positions stay below the length, and lengths fit int32
+    out = np.empty((3, length), dtype=np.int32)
+    next_pos = [0] * offsets.shape[0]  # current_pos after each node's path
+    k = 0  # next image, in token order
+    run_starts_l, run_ends_l, run_node_l = run_starts.tolist(), run_ends.tolist(), run_node.tolist()
+    grid_l, llm_h_l, llm_w_l = grids.tolist(), llm_h.tolist(), llm_w.tolist()
+    for n, (s, e, parent) in enumerate(zip(offsets.tolist(), ends.tolist(), parents.tolist(), strict=True)):
+        cur = 0 if parent < 0 else next_pos[parent]
+        while k < len(run_starts_l) and run_node_l[k] == n:
+            rs, re_ = run_starts_l[k], run_ends_l[k]
+            out[:, s:rs] = np.arange(cur, cur + rs - s)  # text before the image, broadcast to 3 rows
+            cur += rs - s
+            out[:, rs:re_] = _grid_positions(grid_l[k][0], llm_h_l[k], llm_w_l[k])
+            out[:, rs:re_] += cur
+            cur += max(grid_l[k][1], grid_l[k][2]) // spatial_merge_size
+            s = re_
+            k += 1
+        out[:, s:e] = np.arange(cur, cur + e - s)
+        next_pos[n] = cur + e - s
+    return out
+
+
+@lru_cache(maxsize=256)  # a dataset has few distinct grids; <= 256 * 15 KB (1280-token images) cached
+def _grid_positions(t: int, h: int, w: int) -> np.ndarray:
+    """(t, h, w) rows of one image's llm grid in t-major, then h, then w order: (3, t*h*w) int32, read-only."""
+    tt, rest = np.divmod(np.arange(t * h * w, dtype=np.int32), h * w)
+    hh, ww = np.divmod(rest, w)
+    block = np.stack([tt, hh, ww])
+    block.flags.writeable = False
+    return block
+
+
+def mrope_position_deltas(
+    mrope_ids: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray
+) -> np.ndarray:
+    """get_rope_index's ``mrope_position_deltas`` (max position + 1 - length) of each root-to-node path.
+
+    int64 (N,). Only generation uses it (to continue positions after the prompt); entry n is for the path
+    that ends with node n, so a leaf's entry is that branch's delta.
+    """
+    mrope_ids = np.asarray(mrope_ids)
+    length = mrope_ids.shape[1]
+    check_layout(length, node_offsets, node_parents, empty_nodes=True)
+    offsets, lengths = np.asarray(node_offsets, dtype=np.int64), node_lengths(length, node_offsets)
+    parents = np.asarray(node_parents, dtype=np.int64)
+    n = offsets.shape[0]
+    node_max = np.full(n, -1, dtype=np.int64)
+    nonempty = lengths > 0
+    if length:
+        node_max[nonempty] = np.maximum.reduceat(mrope_ids.max(axis=0), offsets[nonempty])
+    path_max = node_max.copy()
+    path_len = lengths.copy()
+    for i in range(n):  # parents come first, so one forward pass accumulates along each path
+        if parents[i] >= 0:
+            path_max[i] = max(path_max[i], path_max[parents[i]])
+            path_len[i] += path_len[parents[i]]
+    return path_max + 1 - path_len
+
+
+def expected_mrope(
+    length: int,
+    node_offsets: np.ndarray,
+    node_parents: np.ndarray,
+    image_offsets: np.ndarray,
+    image_grids: np.ndarray,
+    *,
+    spatial_merge_size: int,
+) -> np.ndarray:
+    """``mrope_position_ids`` (as int64) of a node forest, without a Python loop over nodes: verify's check.
+
+    Along a path, text advances the position by 1 per token and an image by max(h, w) // merge as a whole.
+    So give every token a weight (1 for text; 0 inside an image except its last token, which carries the
+    image's advance): a text token's position is the weighted prefix sum along its path (the ancestors'
+    node sums from ``node_start_positions`` + the exclusive sum inside its node). An image token adds its
+    (t, h, w) index in the merged grid to the position where its image starts. Images must be whole and
+    inside one node (verify checks that first).
+    """
+    merge = spatial_merge_size
+    grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
+    starts = np.asarray(image_offsets, dtype=np.int64)
+    lh, lw = grids[:, 1] // merge, grids[:, 2] // merge  # (I,) the merged (llm) grid
+    counts = grids[:, 0] * lh * lw
+    g_off = np.asarray(node_offsets, dtype=np.int64)
+    w = np.ones(length, dtype=np.int64)
+    img_tok = np.repeat(np.arange(len(starts)), counts)  # (V,) image of each vision token
+    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # index inside its image
+    tok = np.repeat(starts, counts) + k  # (V,) flat position of each vision token
+    w[tok] = 0
+    w[starts + counts - 1] = np.maximum(grids[:, 1], grids[:, 2]) // merge
+    node_w = np.add.reduceat(w, g_off) if len(g_off) else np.zeros(0, np.int64)
+    base = node_start_positions(node_parents, node_w)  # (N,) weighted sum over each node's ancestors
+    node_of_tok = np.repeat(np.arange(len(g_off)), np.diff(np.append(g_off, length)))
+    excl = np.cumsum(w) - w
+    text_pos = base[node_of_tok] + excl - excl[g_off][node_of_tok]  # (L,)
+    out = np.broadcast_to(text_pos, (3, length)).copy()
+    origin = text_pos[starts][img_tok]
+    out[0, tok] = origin + k // (lh * lw)[img_tok]
+    out[1, tok] = origin + (k // lw[img_tok]) % lh[img_tok]
+    out[2, tok] = origin + k % lw[img_tok]
+    return out

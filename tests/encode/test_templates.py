@@ -1,0 +1,123 @@
+"""Chat templates (templates.py): the pure-Python ChatML renderer against Jinja on random conversations,
+which templates get it, marker transparency, the prefix fallback, and template errors through the Encoder."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.core.types import ImageRef, Message
+from packer.encode.encoder import Encoder
+from packer.encode.templates import CLOSE, OPEN, ChatTemplate
+from packer.errors import ConfigError, RecordError
+from packer.models import get_profile
+from tests.encode.helpers import Seq, assert_encoded, example, msg, text
+
+
+def chat(tok, source: str | None = None, *, images: bool = True) -> ChatTemplate:
+    """``source`` (default: the tokenizer's template) as the Encoder would build it."""
+    special = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)}
+    return ChatTemplate(tok.chat_template if source is None else source, special_tokens=special, images=images)
+
+
+def jinja(template: ChatTemplate) -> ChatTemplate:
+    """The same template without its fast path: every conversation through Jinja."""
+    slow = copy.copy(template)
+    slow._fast = None
+    return slow
+
+
+def locate(template: ChatTemplate, conv: list[Message]) -> tuple | str:
+    try:
+        return template.locate(conv)
+    except RecordError as e:
+        return str(e)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(text, st.just(None)), min_size=0, max_size=4)),
+                      min_size=1, max_size=5))
+def test_chatml_renderer_equals_jinja(qwen, convs):
+    """Text and content spans equal the Jinja template's on any conversation (None parts are images)."""
+    template = qwen._chat
+    image = ImageRef(path="x.jpg")
+    conv = [Message(role, [image if p is None else p for p in parts]) for role, parts in convs]
+    fast = template._fast.locate(conv)
+    want = locate(jinja(template), conv)
+    if any(OPEN in p or CLOSE in p for _, parts in convs for p in parts if p is not None):
+        assert fast is None  # a marker character in the content: Jinja (and its marker check) decides
+    else:
+        assert fast == want
+    assert locate(template, conv) == want
+
+
+def test_fast_path_only_for_registered_templates(tok):
+    template = chat(tok)
+    assert template._fast is not None
+    # The same template with one byte changed renders the same, but it is not registered: the Jinja path.
+    assert chat(tok, tok.chat_template + " ")._fast is None
+    # A registered renderer that disagreed with Jinja on the probes would be refused.
+    wrong = copy.copy(template._fast)
+    wrong.default_system = "<|im_start|>system\nBe terse.<|im_end|>\n"
+    assert jinja(template)._checked(wrong) is None
+
+
+def test_marker_transparency_is_decided_per_template(tok, qwen):
+    """Qwen2-VL's template renders marked content exactly like plain content: one rendering per conversation.
+    A trimming template is not, so each record is rendered twice and checked."""
+    trim = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}<|im_end|>{% endfor %}"
+    assert qwen._chat._verify is False and chat(tok)._verify is False
+    assert chat(tok, trim, images=False)._verify is True
+
+
+def test_trimming_template_uses_prefix_fallback(tok):
+    """A template that trims content defeats the content markers; the prefix method gives the same labels."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    r = Encoder(tok, get_profile("text"), chat_template=template)
+    enc = r.encode(
+        example({"messages": [msg("user", " Hi "), msg("assistant", "  Yes.\n"), msg("user", "Ok")]})
+    )
+    seq = Seq(tok).turn("user", "Hi", False).turn("assistant", "Yes.", True).turn("user", "Ok", False)
+    assert_encoded(enc, seq)
+
+
+def test_not_prefix_stable_tree(tok):
+    template = "{% for m in messages %}{{ m['content'] }}{% if loop.last %}<|im_end|>{% endif %}{% endfor %}"
+    r = Encoder(tok, get_profile("text"), chat_template=template)
+    rec = {"messages": [msg("user", "Q")], "branches": [[msg("assistant", "A")]]}
+    with pytest.raises(
+        RecordError, match=r"^t.jsonl:3: template_error: tree node 1: .* not a token-level prefix"
+    ):
+        r.encode(example(rec))
+
+
+def test_template_errors(tok):
+    r = Encoder(tok, get_profile("text"), chat_template="{{ raise_exception('only user turns') }}")
+    with pytest.raises(
+        RecordError, match=r"template_error: the chat template failed: TemplateError: only user turns"
+    ):
+        r.encode(example({"messages": [msg("user", "x"), msg("assistant", "y")]}))
+    with pytest.raises(ConfigError, match=r"the chat template does not compile"):
+        Encoder(tok, get_profile("text"), chat_template="{% for %}")
+    with pytest.raises(ConfigError, match=r"the tokenizer has no chat template; pass --chat-template FILE"):
+        ChatTemplate(None, special_tokens={}, images=False).locate([Message("user", ["x"])])
+
+
+def test_template_dropping_images(tok, img):
+    template = "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% endif %}<|im_end|>{% endfor %}"
+    r = Encoder(tok, get_profile("qwen2-vl"), chat_template=template)
+    with pytest.raises(
+        RecordError, match=r"template_error: the chat template emitted 0 image tokens for 1 images"
+    ):
+        r.encode(
+            example(
+                {"messages": [msg("user", [{"type": "image", "image": str(img)}]), msg("assistant", "y")]}
+            )
+        )

@@ -1,0 +1,45 @@
+"""LLaVA-1.5: 576 tokens of a 336 px crop whatever the image size, pixel values from LlavaImageProcessorPil."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import transformers
+from PIL import Image
+
+from packer.core.types import ImageRef
+from packer.models import get_profile
+
+
+def test_llava_is_576_tokens_of_336px(coco_images: list[Path]) -> None:
+    profile = get_profile("llava")
+    refs = [ImageRef(path=str(p)) for p in coco_images[:3]]
+    for ref in refs:
+        w, h = profile.image_size(ref)
+        assert profile.num_tokens(w, h) == 576
+        assert profile.grid_thw(w, h) == (1, 24, 24)
+    out = profile.pixel_values(refs)
+    assert set(out) == {"pixel_values"}
+    assert tuple(out["pixel_values"].shape) == (3, 3, 336, 336)
+    assert isinstance(profile.image_processor(), transformers.LlavaImageProcessorPil)
+
+
+def test_pixel_values_match_processor(coco_images: list[Path]) -> None:
+    """The llava-hf/llava-1.5-7b-hf preprocessing: shortest edge 336, centre crop, CLIP mean/std."""
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    refs = [ImageRef(path=str(p)) for p in coco_images[:2]]
+    expected = transformers.LlavaImageProcessorPil(
+        size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, do_center_crop=True, do_pad=False,
+        resample=3, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD,  # 3: bicubic
+    )(images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt")
+    out = get_profile("llava").pixel_values(refs)
+    assert (out["pixel_values"] == expected["pixel_values"]).all()
+
+
+def test_verify_hooks() -> None:
+    profile = get_profile("llava")
+    assert profile.grid_num_tokens(np.array([(1, 24, 24), (1, 2, 2)])).tolist() == [576, 576]
+    assert profile.extra_positions(np.zeros(3), np.arange(3), np.zeros(1), np.full(1, -1), [], token_ids={}) is None
+    assert not profile.mrope

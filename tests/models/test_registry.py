@@ -1,0 +1,61 @@
+"""The profile registry: names, overrides and their errors, and an import that stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from packer.errors import ConfigError
+from packer.models import forward_keys, get_profile, profile_names, register_profile
+from packer.models.text import TextProfile
+from tests.conftest import REPO
+
+
+def test_get_profile() -> None:
+    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "llava", "text")
+    assert get_profile("qwen2-vl") is get_profile("qwen2-vl")
+    assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
+    p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
+    assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
+    assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
+    assert p.num_tokens(640, 480) <= 256
+    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, llava, text"):
+        get_profile("gpt-5")
+    with pytest.raises(ConfigError, match="min_pixels"):
+        get_profile("qwen2-vl", min_pixels=100, max_pixels=10)
+    with pytest.raises(ConfigError, match=r"\['max_pixels'\] only apply to dynamic-resolution profiles "
+                                          r"\(qwen2-vl, qwen2.5-vl\), not 'llava'"):
+        get_profile("llava", max_pixels=1000)
+    with pytest.raises(ConfigError, match="dynamic-resolution"):
+        get_profile("text", min_pixels=1000)
+    with pytest.raises(ConfigError, match=r"cannot override \['patch_size'\] of profile 'qwen2-vl'; overridable: "
+                                          "min_pixels, max_pixels, image_token, bidirectional_images, default_tokenizer"):
+        get_profile("qwen2-vl", patch_size=16)
+    assert get_profile("llava", image_token="<image>").image_token == "<image>"
+    text = get_profile("text")
+    assert text.image_token is None and not text.mrope
+    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl or llava"):
+        text.num_tokens(640, 480)
+    with pytest.raises(ConfigError, match="no vision encoder"):
+        text.grid_thw(640, 480)
+
+
+def test_a_name_is_registered_once() -> None:
+    with pytest.raises(ConfigError, match="already registered"):
+        register_profile(TextProfile(name="text"))
+
+
+def test_forward_keys_are_the_families_union() -> None:
+    assert forward_keys() == (
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"
+    )
+
+
+def test_import_needs_no_torch_or_transformers() -> None:
+    """The CLI reads profile_names() for its choices: importing the registry must stay cheap."""
+    code = ("import sys, packer.models as m; m.profile_names(); m.get_profile('qwen2-vl').num_tokens(640, 480); "
+            "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
