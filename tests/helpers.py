@@ -87,8 +87,11 @@ def write_shardset(root: Path, examples: list[Encoded], pack_sizes: list[int], *
         packed = assemble_packs(rows, np.array(pack_sizes[p0:p1]))
         entries.append(write_shard(packed, root / f"shard-{s:05d}.parquet", rows_per_row_group=rows_per_row_group))
     write_json_atomic(root / "stats.json", {})
+    (root / "rejects.jsonl").write_text("")
+    longest = max(int(sum(len(e.input_ids) for e in examples[a:b])) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
     manifest = Manifest(
-        schema_version=SCHEMA_VERSION, config=BuildConfig.from_inputs(["f.jsonl"], str(root), profile=profile),
+        schema_version=SCHEMA_VERSION,
+        config=BuildConfig.from_inputs(["f.jsonl"], str(root), profile=profile, max_length=longest),
         profile=profile, inputs=("f.jsonl",), base_dir=str(root),
         totals=Totals(input_records=len(examples), rejected=0, rejects_by_reason={}, examples=len(examples),
                       packs=len(pack_sizes), tokens=sum(len(e.input_ids) for e in examples),

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +22,7 @@ from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA
+from tests.helpers import random_example, write_shardset
 
 U = lambda c: {"role": "user", "content": c}  # noqa: E731
 A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
@@ -390,3 +392,18 @@ def test_a_source_whose_files_are_gone_is_reported(tmp_path):
     gone = [v for v in report.violations if "source 'a' (weight 2.0)" in v.what]
     assert len(gone) == 1 and gone[0].file == "manifest.json"
     assert f"input '{a}' matches no file" in gone[0].what and "cannot be checked" in gone[0].what
+
+
+def test_a_hand_written_shard_set_verifies(tmp_path):
+    """Random trees, several rows per row group (tests.helpers.write_shardset): every layout rule holds, and
+    one broken row is found in its group without flagging its neighbours."""
+    rng = np.random.default_rng(5)
+    examples = [random_example(rng, i) for i in range(40)]
+    out = write_shardset(tmp_path / "out", examples, [4] * 10, rows_per_shard=5, rows_per_row_group=3)
+    report = verify_build(out)
+    assert report.ok, report.lines()
+    assert (report.shards, report.rows, report.examples) == (2, 10, 40)
+    file, row = _mutate(out, _later_tree, _parent_in_other_example)
+    report = verify_build(out)
+    assert [(v.file, v.row) for v in report.violations] == [(file, row)]
+    assert "parent belongs to another example" in report.violations[0].what
