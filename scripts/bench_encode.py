@@ -28,7 +28,7 @@ from packer.encode.encoder import Encoder  # noqa: E402
 from packer.encode.templates import hf_message  # noqa: E402
 from packer.encode.tokenize import special_token_mask, token_byte_lengths  # noqa: E402
 from packer.encode.tokenizers import load_tokenizer  # noqa: E402
-from packer.formats.records import parse_line  # noqa: E402
+from packer.formats.read import parse_line  # noqa: E402
 from packer.models import get_profile  # noqa: E402
 
 

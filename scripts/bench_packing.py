@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.packing.planner import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
+from packer.packing import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
 from packer.packing.stream import pack_stream
 
 HISTOGRAMS = Path("/work/shared/data/length-histograms")
@@ -207,7 +207,7 @@ def bench_lognormal(n: int, repeats: int, small: tuple[int, ...]) -> None:
 _MEMORY_PROBE = """
 import sys, time
 import numpy as np
-from packer.packing.planner import plan
+from packer.packing import plan
 
 def status(key):
     for line in open("/proc/self/status"):

@@ -527,7 +527,7 @@ def _source_weights(manifest: Manifest, rep: VerifyReport) -> dict[str, float]:
 
     A source whose paths match no file any more is a violation: its records' copy counts cannot be checked.
     """
-    from packer.formats.records import expand_inputs
+    from packer.formats.read import expand_inputs
 
     out = {}
     for s in manifest.config.sources:
@@ -545,7 +545,7 @@ def _source_weights(manifest: Manifest, rep: VerifyReport) -> dict[str, float]:
 def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects: list[dict[str, Any]],
                   inputs: list[str], rep: VerifyReport) -> None:
     """Every non-blank line of ``inputs`` is packed (with its source's copy count) or rejected, exactly once."""
-    from packer.formats.records import expand_inputs
+    from packer.formats.read import expand_inputs
 
     def resolve(path: str) -> str:
         return os.path.realpath(manifest.resolve(path))

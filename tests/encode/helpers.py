@@ -12,7 +12,7 @@ from packer.core.types import IGNORE_INDEX, Encoded, Example
 from packer.encode.encoder import Encoder
 from packer.encode.templates import CLOSE, OPEN
 from packer.errors import RecordError
-from packer.formats.records import parse_record
+from packer.formats import parse_record
 
 SYS_DEFAULT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 IMAGE_PAD = 151655

@@ -415,7 +415,7 @@ def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monke
     import json
     import runpy
 
-    from packer.formats.records import read_jsonl
+    from packer.formats.read import read_jsonl
 
     out = tmp_path / "jsonl"
     monkeypatch.setattr("sys.argv", ["coco_to_jsonl.py", "--coco", str(coco_dir), "--out", str(out)])

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.errors import ConfigError
-from packer.pipeline.build import build, sample_sources
+from packer.packing.mixing import sample_sources
+from packer.pipeline.build import build
 from packer.shards.io import open_shards
 
 WEIGHTS = {"a": 2.0, "b": 0.5, "c": 1.5}
@@ -78,8 +79,8 @@ def built(same_lengths, tmp_path_factory):
 
 def test_sample_sources_counts_copies_and_seed():
     names = np.array(["a"] * PER_SOURCE + ["b"] * PER_SOURCE + ["c"] * PER_SOURCE, dtype=object)
-    paths = {n: Path(f"{n}.jsonl") for n in WEIGHTS}
-    index, copies = sample_sources(names, _config(paths, Path("out")))
+    weights = list(WEIGHTS.items())
+    index, copies = sample_sources(names, weights, seed=0)
     per = Counter(names[index].tolist())
     assert per == {"a": 120, "b": 30, "c": 90}
     a = index[names[index] == "a"]
@@ -90,9 +91,9 @@ def test_sample_sources_counts_copies_and_seed():
     c_copies = copies[names[index] == "c"]
     assert (c_copies == 0).sum() == 60 and (c_copies == 1).sum() == 30  # all of c, plus a seeded half again
     assert np.all(np.diff(index) >= 0)  # input order
-    again = sample_sources(names, _config(paths, Path("out")))
+    again = sample_sources(names, weights, seed=0)
     assert np.array_equal(again[0], index) and np.array_equal(again[1], copies)
-    other, _ = sample_sources(names, _config(paths, Path("out"), seed=1))
+    other, _ = sample_sources(names, weights, seed=1)
     assert set(other[names[other] == "b"].tolist()) != set(b.tolist())
 
 
@@ -141,7 +142,7 @@ def test_mixture_inside_packs_is_close_to_global(built):
 
 
 def test_upsampled_copies_do_not_share_a_pack_with_their_original(built):
-    """Best-fit stacks an example's copies (equal lengths) into one pack; build.separate_copies swaps them
+    """Best-fit stacks an example's copies (equal lengths) into one pack; mixing.separate_copies swaps them
     apart without changing the pack count (it was 74 of 90 copies together before)."""
     out, _ = built
     together = sum(c - 1 for r in _rows(out) for c in Counter(i.split("#")[0] for i in r["example_ids"]).values())
@@ -202,17 +203,17 @@ def test_a_file_may_belong_to_one_source_only(same_lengths, tmp_path):
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 1000), n=st.integers(1, 120), reps=st.integers(2, 4))
 def test_separate_copies_keeps_every_budget_and_the_pack_count(seed, n, reps):
-    from packer.packing.planner import plan
-    from packer.pipeline.build import separate_copies
+    from packer.packing import plan
+    from packer.packing.mixing import separate_copies
 
     rng = np.random.default_rng(seed)
     base_len = rng.integers(1, 300, size=n)
     base_vis = np.minimum(base_len, rng.integers(0, 100, size=n))
     index = np.repeat(np.arange(n), reps)  # every example `reps` times, copies together, as sample_sources does
     lengths, vision, images = base_len[index], base_vis[index], (base_vis[index] > 0).astype(np.int64)
-    cfg = BuildConfig.from_inputs(["x.jsonl"], "o", max_length=1024, max_vision_tokens=400, max_images=6)
     ids = plan(lengths, 1024, vision=vision, vision_budget=400, images=images, max_images=6, seed=seed)
-    out = separate_copies(index, ids, lengths, vision, images, cfg)
+    out = separate_copies(index, ids, lengths, vision, images, capacity=1024, vision_budget=400, max_images=6,
+                          seed=seed)
     assert out.max() == ids.max() and np.array_equal(np.bincount(out), np.bincount(ids))
     for values, cap in ((lengths, 1024), (vision, 400), (images, 6)):
         assert np.bincount(out, weights=values).max() <= cap

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer.errors import ConfigError
-from packer.packing.planner import ALGORITHMS, efficiency, groups, lower_bound, pack_totals, plan
+from packer.packing import ALGORITHMS, efficiency, groups, lower_bound, pack_totals, plan
 
 FAST = ("bfd", "ffd", "next-fit")  # the compiled ones; `binpacking` is tested on small inputs only
 SETTINGS = settings(

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer.errors import ConfigError
-from packer.packing.planner import groups, plan
+from packer.packing import groups, plan
 from packer.packing.stream import pack_stream
 
 SETTINGS = settings(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -14,9 +15,10 @@ from packer.config import BuildConfig
 from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
-from packer.formats.records import read_jsonl
+from packer.formats.read import read_jsonl
 from packer.models import get_profile
 from packer.pipeline.build import build
+from packer.pipeline.stages import encode_chunk, write_shard_range
 from packer.shards.io import open_shards
 from packer.train.dataset import PackedDataset
 
@@ -74,6 +76,10 @@ def _config(corpus: Path, out: Path, **kw) -> BuildConfig:
     opts = dict(profile="qwen2-vl", max_length=1024, max_pixels=128 * 28 * 28, rows_per_shard=3, rows_per_row_group=2)
     opts.update(kw)
     return BuildConfig.from_inputs([str(corpus)], str(out), **opts)
+
+
+def _shard_sums(result) -> list[str]:
+    return [s["sha256"] for s in result.manifest["shards"]]
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +155,29 @@ def test_packs_respect_capacity_and_manifest(built):
 def test_rebuild_is_byte_identical_and_parallel_matches(built, corpus, tmp_path):
     _, out, result = built
     again = build(_config(corpus, tmp_path / "again", num_proc=2), progress=False)
-    assert [s["sha256"] for s in again.manifest["shards"]] == [s["sha256"] for s in result.manifest["shards"]]
+    assert _shard_sums(again) == _shard_sums(result)
+
+
+class _ReversedExecutor:
+    """Runs each stage's tasks last to first, in this process, and yields the results in task order: an
+    executor that finishes tasks in another order (the ``Executor`` contract of packer/pipeline/build.py)."""
+
+    def encode(self, chunks, *, encoder, cache, config, hooks):
+        done = {c.index: encode_chunk(c, encoder=encoder, cache=cache, config=config, hooks=hooks)
+                for c in reversed(chunks)}
+        yield from (done[c.index] for c in chunks)
+
+    def write(self, ranges, *, cache, config, hooks):
+        done = [write_shard_range(r, cache=cache, config=config, hooks=hooks) for r in reversed(ranges)]
+        yield from reversed(done)
+
+
+def test_another_executor_writes_the_same_bytes(corpus, tmp_path):
+    local = build(_config(corpus, tmp_path / "local", rows_per_shard=1), progress=False)
+    other = build(_config(corpus, tmp_path / "reversed", rows_per_shard=1), progress=False,
+                  executor=_ReversedExecutor())
+    assert len(local.manifest["shards"]) > 1
+    assert _shard_sums(other) == _shard_sums(local)
 
 
 def test_existing_other_build_is_not_overwritten(built, corpus):
@@ -174,3 +202,44 @@ def test_image_token_option_for_llava_style_templates(tmp_path, coco_images):
     pad = load_tokenizer("qwen2-vl").convert_tokens_to_ids("<|vision_pad|>")
     assert int((row["input_ids"] == pad).sum()) == 576
     assert row["images"][0]["num_tokens"] == 576
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+OTHER = CHATML.replace("<|im_start|>{{ m['role'] }}\n", "<|im_start|>{{ m['role'] }}: ")
+
+
+def _template_build(tmp_path: Path, template: str) -> BuildConfig:
+    """A text-profile build of two chats with ``--chat-template FILE`` holding ``template``."""
+    data = _write_jsonl(tmp_path / "d.jsonl", [
+        {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello."}]},
+        {"messages": [{"role": "user", "content": "How are you?"}, {"role": "assistant", "content": "Fine."}]}])
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    return BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="text", chat_template=str(path),
+                                   max_length=256)
+
+
+def test_editing_the_chat_template_file_is_another_build(tmp_path):
+    """The template FILE's contents are part of the build: after an edit the rerun does not resume from the
+    encode cache of the old template (it refuses, like any other build), and --overwrite rebuilds with the
+    new one, byte for byte a fresh build."""
+    cfg = _template_build(tmp_path, CHATML)
+    first = build(cfg, progress=False)
+    Path(cfg.chat_template).write_text(OTHER)
+    with pytest.raises(ConfigError, match="holds a different packer build; pass --overwrite"):
+        build(cfg, progress=False)
+    again = build(cfg.replace(overwrite=True), progress=False)
+    fresh = build(cfg.replace(output=str(tmp_path / "fresh")), progress=False)
+    assert _shard_sums(again) == _shard_sums(fresh) != _shard_sums(first)
+
+
+def test_manifest_hashes_the_chat_template_used(tmp_path):
+    """``chat_template_sha256`` is the template the build rendered with: the --chat-template file's, not the
+    tokenizer's own."""
+    result = build(_template_build(tmp_path, OTHER), progress=False)
+    assert result.manifest["chat_template_sha256"] == hashlib.sha256(OTHER.encode()).hexdigest()
+    default = build(BuildConfig.from_inputs([str(tmp_path / "d.jsonl")], str(tmp_path / "default"), profile="text",
+                                            max_length=256), progress=False)
+    own = load_tokenizer("qwen2-vl").chat_template
+    assert default.manifest["chat_template_sha256"] == hashlib.sha256(own.encode()).hexdigest()

@@ -2,15 +2,18 @@
 directory is refused as unfinished, and rerunning the same command finishes it with shards byte-identical
 to an uninterrupted build, reusing what was done.
 
-Crash points come from the test-only hook ``PACKER_CRASH_AFTER=stage:n[:signal]`` (packer/build.py), so each
-lands exactly where named. With ``:STOP`` the build freezes there and the test signals the whole process
-group from outside, as a terminal's Ctrl-C or ``kill -9 -PGID`` would, while spawn workers are encoding.
+An interrupted run is ``python -m tests.pipeline.crashing_build POINT:N[:SIGNAL] ARGS``: the real ``packer
+build ARGS`` with a fault hook injected at the named point (packer/pipeline/faults.py), so each crash lands
+exactly where named, in the parent or in a pool worker. With ``:STOP`` the build freezes there and the test
+signals the whole process group from outside, as a terminal's Ctrl-C or ``kill -9 -PGID`` would, while spawn
+workers are encoding.
 A small word-level tokenizer keeps each subprocess at a few seconds (the pipeline is what is under test);
 each subprocess still pays the torch import of ``AutoTokenizer``, so there are as few as the points need.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,8 +27,9 @@ import pytest
 
 from packer.config import BuildConfig
 from packer.errors import RecordError, ShardError
-from packer.formats.records import parse_line
-from packer.pipeline.build import CHUNK_LINES, build
+from packer.formats.read import parse_line
+from packer.pipeline.build import build
+from packer.pipeline.stages import CHUNK_LINES
 from packer.report.verify import verify_build
 from packer.train.dataset import PackedDataset
 
@@ -94,21 +98,23 @@ def reference(corpus, tiny_tokenizer, tmp_path_factory) -> dict[str, bytes]:
     return shards
 
 
-def _cmd(corpus: Path, out: Path, tokenizer: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "packer.cli", "build", str(corpus), "-o", str(out), "--tokenizer", tokenizer,
-            "-q", *OPTS, *extra]
+def _args(corpus: Path, out: Path, tokenizer: str, *extra: str) -> list[str]:
+    """``packer build`` arguments."""
+    return [str(corpus), "-o", str(out), "--tokenizer", tokenizer, "-q", *OPTS, *extra]
 
 
-def _env(crash: str | None = None) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("PACKER_CRASH_AFTER", None)
-    if crash:
-        env["PACKER_CRASH_AFTER"] = crash
-    return env
+def _cmd(args: list[str], crash: str | None = None) -> list[str]:
+    """``packer build ARGS``, or the same build interrupted at ``crash`` (tests/pipeline/crashing_build.py)."""
+    if crash is None:
+        return [sys.executable, "-m", "packer.cli", "build", *args]
+    return [sys.executable, "-m", "tests.pipeline.crashing_build", crash, *args]
 
 
-def _run(cmd: list[str], crash: str | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=_env(crash), cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _run(args: list[str], crash: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(args, crash), env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def _assert_unfinished(out: Path) -> None:
@@ -134,18 +140,18 @@ def _stamps(paths) -> dict[str, int]:
 
 def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokenizer, reference, tmp_path):
     out = tmp_path / "out"
-    cmd = _cmd(corpus, out, tiny_tokenizer)
+    args = _args(corpus, out, tiny_tokenizer)
     encode, shards_dir = out / ".packer" / "encode", out / ".packer" / "shards"
 
     # 1. inside chunk 2: chunks 0, 1 committed; chunk 2's rejects written, its .arrow (the commit) not
-    assert _run(cmd, "encode-partial:2").returncode == -signal.SIGKILL
+    assert _run(args, "encode-partial:2").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert sorted(p.name for p in encode.glob("*.arrow")) == ["chunk-000000.arrow", "chunk-000001.arrow"]
     assert (encode / "chunk-000002.rejects.jsonl").exists()
     done = _stamps(encode.glob("*.arrow"))
 
     # 2. in the middle of writing shard 2: a half-written temp file, no shard-00002.parquet; chunks 0, 1 reused
-    assert _run(cmd, "shard-partial:2").returncode == -signal.SIGKILL
+    assert _run(args, "shard-partial:2").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert list(out.glob("shard-00002.parquet.tmp-*")) and not (out / "shard-00002.parquet").exists()
     assert {k: v for k, v in _stamps(encode.glob("*.arrow")).items() if k in done} == done
@@ -154,28 +160,29 @@ def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokeniz
     assert sorted(written) == ["shard-00000.parquet", "shard-00001.parquet"]
 
     # 3. shard 4 renamed into place, its marker not written; the temp file is gone, shards 0, 1 reused
-    assert _run(cmd, "shard:4").returncode == -signal.SIGKILL
+    assert _run(args, "shard:4").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert not list(out.glob("*.tmp-*"))
     assert (out / "shard-00004.parquet").exists() and not (shards_dir / "00004.json").exists()
     assert {k: v for k, v in _stamps(out.glob("shard-*.parquet")).items() if k in written} == written
 
     # 4. everything but the manifest: shards, rejects.jsonl, stats.json
-    assert _run(cmd, "manifest:0").returncode == -signal.SIGKILL
+    assert _run(args, "manifest:0").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert (out / "rejects.jsonl").exists() and (out / "stats.json").exists()
     assert sorted(p.name for p in out.glob("shard-*.parquet")) == sorted(reference)
 
     # the same command, uninterrupted, finishes it
-    final = _run(cmd)
+    final = _run(args)
     assert final.returncode == 0, final.stderr
     _assert_identical(out, reference, corpus)
     PackedDataset(out)  # readable now
 
 
-def _stopped_build(cmd: list[str]) -> subprocess.Popen:
-    """Start ``cmd`` in its own process group, frozen (SIGSTOP) right after its first encode chunk."""
-    proc = subprocess.Popen(cmd, env=_env("encode:1:STOP"), cwd=REPO, stdout=subprocess.DEVNULL,
+def _stopped_build(args: list[str]) -> subprocess.Popen:
+    """Start ``packer build ARGS`` in its own process group, frozen (SIGSTOP) right after its first encode
+    chunk."""
+    proc = subprocess.Popen(_cmd(args, "encode:1:STOP"), env=ENV, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -199,7 +206,7 @@ def _group_gone(pgid: int) -> bool:
 def test_ctrl_c_to_the_process_group_exits_130_and_resumes(corpus, tiny_tokenizer, reference, tmp_path):
     """Ctrl-C in a terminal signals the parent and every spawn worker: exit 130, one line, no traceback."""
     out = tmp_path / "out"
-    proc = _stopped_build(_cmd(corpus, out, tiny_tokenizer, "--num-proc", "2"))
+    proc = _stopped_build(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"))
     os.killpg(proc.pid, signal.SIGINT)
     os.killpg(proc.pid, signal.SIGCONT)
     _, stderr = proc.communicate(timeout=120)
@@ -215,11 +222,30 @@ def test_ctrl_c_to_the_process_group_exits_130_and_resumes(corpus, tiny_tokenize
 def test_kill_9_of_the_process_group_during_parallel_encode(corpus, tiny_tokenizer, reference, tmp_path):
     """kill -9 of the whole group while workers encode: nothing survives, the rerun finishes it."""
     out = tmp_path / "out"
-    proc = _stopped_build(_cmd(corpus, out, tiny_tokenizer, "--num-proc", "2"))
+    proc = _stopped_build(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert _group_gone(proc.pid)
+    _assert_unfinished(out)
+    build(_config(corpus, out, tiny_tokenizer), progress=False)
+    _assert_identical(out, reference, corpus)
+
+
+def test_killed_inside_a_pool_worker_then_rerun_is_byte_identical(corpus, tiny_tokenizer, reference, tmp_path):
+    """The fault hook reaches the spawn workers: the worker encoding chunk 2 (under --num-proc 2 never the
+    parent) kills the build between the chunk's rejects and its commit; the rerun finishes it."""
+    out = tmp_path / "out"
+    encode = out / ".packer" / "encode"
+    proc = subprocess.Popen(_cmd(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "encode-partial:2"),
+                            env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, stderr
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the other worker, orphaned mid-chunk
+    assert _group_gone(proc.pid)
+    assert (encode / "chunk-000002.rejects.jsonl").exists() and not (encode / "chunk-000002.arrow").exists()
     _assert_unfinished(out)
     build(_config(corpus, out, tiny_tokenizer), progress=False)
     _assert_identical(out, reference, corpus)
@@ -232,7 +258,7 @@ def test_strict_bad_record_in_a_pool_worker_reaches_the_cli_intact(corpus, tiny_
     lines[BAD_LINE - 1] = '{"messages": [{"role": 7, "content": "w1"}, {"role": "assistant", "content": "w2"}]}'
     data = tmp_path / "strict.jsonl"
     data.write_text("\n".join(lines) + "\n")
-    proc = _run(_cmd(data, tmp_path / "out", tiny_tokenizer, "--strict", "--num-proc", "2"))
+    proc = _run(_args(data, tmp_path / "out", tiny_tokenizer, "--strict", "--num-proc", "2"))
     assert proc.returncode == 2, proc.stderr
     with pytest.raises(RecordError) as err:
         parse_line(lines[BAD_LINE - 1].encode(), path=str(data), line=BAD_LINE, base_dir=str(tmp_path))
@@ -243,7 +269,7 @@ def test_strict_bad_record_in_a_pool_worker_reaches_the_cli_intact(corpus, tiny_
 
 def test_a_build_killed_before_its_fingerprint_is_no_other_build(tmp_path):
     """Killed between creating OUT/.packer and renaming its fingerprint into place: the rerun proceeds."""
-    from packer.pipeline.build import prepare_output
+    from packer.pipeline.output import prepare_output
 
     out = tmp_path / "out"
     (out / ".packer").mkdir(parents=True)

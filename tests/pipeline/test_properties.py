@@ -18,7 +18,7 @@ from packer.config import BuildConfig
 from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
-from packer.formats.records import parse_line
+from packer.formats.read import parse_line
 from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.report.verify import verify_build

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from packer.cli import cli
 from packer.config import BuildConfig
-from packer.errors import REJECT_REASONS
+from packer.errors import REJECT_REASONS, ShardError
 from packer.pipeline.build import build
 from packer.report.verify import input_lines, verify_build
 from packer.shards.io import sha256_file
@@ -157,3 +157,18 @@ def test_another_build_is_not_overwritten_without_overwrite(tmp_path):
                                   *_cli_args(SPEC[name]["config"])])
     assert refused.exit_code == 1 and "is not empty; pass --overwrite" in refused.stderr
     assert (stranger / "mine.txt").read_text() == "not a build"
+
+
+def test_a_corrupt_reject_in_the_encode_cache_is_an_error_not_an_assert(tmp_path):
+    """Rejects read back from the encode cache are checked with a real error (an ``assert`` vanishes under
+    ``python -O`` and would let an unknown reason into rejects.jsonl): the file, the line and the fix."""
+    name = "records.jsonl"
+    config = BuildConfig.from_inputs([str(CORPUS / name)], str(tmp_path / "out"), **SPEC[name]["config"])
+    build(config, progress=False)
+    chunk = tmp_path / "out" / ".packer" / "encode" / "chunk-000000.rejects.jsonl"
+    lines = chunk.read_text().splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "reason": "bogus"})
+    chunk.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ShardError, match=rf"{chunk}:2 has reject reason 'bogus', not one of .*: the encode cache is "
+                                         rf"corrupt; delete {chunk.parent} and rerun the same command"):
+        build(config, progress=False)

@@ -1,0 +1,46 @@
+"""The ``messages`` kind: chat messages, optionally a message tree.
+
+``content`` is a string or a list of parts::
+
+    {"type": "text", "text": "..."}
+    {"type": "image", "image": "rel/or/abs/path.jpg" | "data:image/png;base64,..."}
+    {"type": "image_url", "image_url": {"url": ...}}   (OpenAI style; same sources)
+
+With a top-level ``images`` / ``image`` list (LLaMA-Factory style), ``<image>`` in text and
+``{"type": "image"}`` parts without a source take those images in order. A ``branches`` list turns the
+record into a message tree: ``messages`` is the shared prefix, each branch is a list of messages or
+``{"messages": [...], "branches": [...]}``::
+
+    {"messages": [user(img), "Caption it."], "branches": [[asst "A red bus."], [asst "A bus on a street."]]}
+    -> root node [user] with two children [asst], [asst]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packer.core.types import Example, Node
+from packer.formats.common import Ctx, chat_messages, check_pool_used, image_pool, tree_branches
+
+
+def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
+    ctx.pool = image_pool(obj, ctx)
+    items = obj["messages"]
+    if not isinstance(items, list):
+        raise ctx.error("wrong_type", f"'messages' must be a list, got {type(items).__name__}")
+    if not items:
+        raise ctx.error(
+            "empty_messages",
+            "'messages' is empty"
+            + (
+                " (a tree needs a shared prefix; make each branch its own record)"
+                if obj.get("branches")
+                else ""
+            ),
+        )
+    root = Node(
+        messages=chat_messages(items, ctx, "messages"),
+        children=tree_branches(obj.get("branches"), ctx, "record"),
+    )
+    check_pool_used(ctx)
+    return ctx.example(root, "messages")

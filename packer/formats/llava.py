@@ -1,0 +1,59 @@
+"""The ``conversations`` kind (LLaVA / ShareGPT): ``[{"from": "human"|"gpt"|"system", "value": "..."}]`` plus
+``image`` (a path or a list).
+
+Each ``<image>`` placeholder takes the next image. A record with images but no placeholder at all gets
+LLaVA's own convention: ``"<image>\\n"`` per image prepended to the first human turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packer.core.types import Example, Message, Node
+from packer.formats.common import (
+    IMAGE_PLACEHOLDER,
+    Ctx,
+    canonical_role,
+    check_pool_used,
+    content_parts,
+    image_pool,
+    loss_flag,
+)
+
+
+def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
+    ctx.pool = image_pool(obj, ctx)
+    turns = obj["conversations"]
+    if not isinstance(turns, list):
+        raise ctx.error("wrong_type", f"'conversations' must be a list, got {type(turns).__name__}")
+    if not turns:
+        raise ctx.error("empty_messages", "'conversations' is empty")
+    rows: list[tuple[str, str, bool | None, str]] = []
+    for i, turn in enumerate(turns):
+        w = f"conversations[{i}]"
+        if not isinstance(turn, dict):
+            raise ctx.error(
+                "wrong_type", f"{w} must be an object with 'from' and 'value', got {type(turn).__name__}"
+            )
+        role = canonical_role(turn.get("from", turn.get("role")), ctx, w)
+        value = turn.get("value", turn.get("content"))
+        if not isinstance(value, str):
+            raise ctx.error("wrong_type", f"{w} 'value' must be a string, got {type(value).__name__}")
+        rows.append((role, value, loss_flag(turn, ctx, w), w))
+    n_placeholders = sum(v.count(IMAGE_PLACEHOLDER) for _, v, _, _ in rows)
+    if ctx.pool and n_placeholders == 0:
+        # LLaVA's convention (llava/train/train.py preprocess_multimodal): the image goes first in the first
+        # human turn, followed by a newline.
+        first_user = next((i for i, r in enumerate(rows) if r[0] == "user"), None)
+        if first_user is None:
+            raise ctx.error(
+                "image_count_mismatch",
+                f"the record has {len(ctx.pool)} images, no <image> placeholder and no human turn to put them in",
+            )
+        role, value, loss, w = rows[first_user]
+        rows[first_user] = (role, (IMAGE_PLACEHOLDER + "\n") * len(ctx.pool) + value, loss, w)
+    if ctx.pool is None:
+        ctx.pool = []  # placeholders with no images must fail, not pass through as text
+    messages = [Message(role=role, parts=content_parts(value, ctx, w), loss=loss) for role, value, loss, w in rows]
+    check_pool_used(ctx)
+    return ctx.example(Node(messages=messages), "llava")

@@ -1,0 +1,97 @@
+"""Reading input files: JSONL bytes -> records (line numbers, bad UTF-8, bad JSON), and input patterns -> files."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable, Iterator
+
+from packer.core.types import Example
+from packer.errors import ConfigError, RecordError
+from packer.formats import parse_record
+
+
+def parse_line(
+    raw: bytes,
+    *,
+    path: str,
+    line: int,
+    base_dir: str,
+    image_root: str | None = None,
+    source_name: str = "",
+) -> Example:
+    """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record."""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte-order mark some editors write
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(
+            "not_utf8",
+            f"invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at byte {e.start}; re-encode the file as UTF-8",
+            path=path,
+            line=line,
+        ) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
+    except (ValueError, RecursionError) as e:  # a 5000-digit integer, arrays nested 100k deep
+        raise RecordError("malformed_json", f"{type(e).__name__}: {str(e)[:200]}", path=path, line=line) from None
+    if "\\ud" in text or "\\uD" in text:  # only such lines can hold a lone surrogate escape
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # "\ud800" alone is not text: the tokenizer would raise on it
+            raise RecordError(
+                "not_utf8",
+                "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text; "
+                "fix the producer's escaping",
+                path=path,
+                line=line,
+            ) from None
+    return parse_record(
+        obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name
+    )
+
+
+def read_jsonl(
+    path: str, *, image_root: str | None = None, source_name: str = ""
+) -> Iterator[tuple[int, Example | RecordError]]:
+    """Stream ``(line_number, Example or RecordError)`` for every non-blank line of a JSONL file.
+
+    Lines are read as bytes one at a time (1-based numbers; blank lines are skipped but counted), so a bad
+    byte or a bad line becomes a RecordError for that line, never an exception for the file.
+    """
+    base_dir = os.path.dirname(os.path.abspath(path))
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield number, parse_line(
+                    raw, path=path, line=number, base_dir=base_dir, image_root=image_root, source_name=source_name
+                )
+            except RecordError as e:
+                yield number, e
+
+
+def expand_inputs(patterns: Iterable[str]) -> list[str]:
+    """Files, directories (their ``*.jsonl``) and glob patterns -> sorted, deduplicated file paths.
+
+    Raises ConfigError naming the first pattern that matches no file.
+    """
+    found: set[str] = set()
+    for pattern in patterns:
+        if os.path.isfile(pattern):
+            matches = [pattern]
+        elif os.path.isdir(pattern):
+            matches = glob.glob(os.path.join(glob.escape(pattern), "*.jsonl"))
+        else:
+            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
+        if not matches:
+            raise ConfigError(
+                f"input {pattern!r} matches no file; give JSONL files, directories or glob patterns"
+            )
+        found.update(os.path.normpath(m) for m in matches)
+    return sorted(found)

@@ -1,0 +1,111 @@
+"""Mixing weighted sources into one plan: which examples (and how many copies of each) the planner sees,
+and keeping an example's copies out of one pack.
+
+Weight w keeps floor(w) copies of every example of its source plus a seeded (w - floor(w)) fraction once
+more: sources ``[("chat", 2.0), ("captions", 0.5)]`` plan every chat twice and a seeded half of the captions.
+Pure numpy, deterministic in the seed; the counts over an epoch are exact (tests/packing/test_mixing.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def sample_sources(
+    sources: np.ndarray, weights: Sequence[tuple[str, float]], *, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(example index, copy number) of every planned example, in input order, copies of one example together.
+
+    Args:
+        sources: (n,) source name of each example.
+        weights: (name, weight) per source; the seeded draws run in this order.
+        seed: the build's seed (its own stream, independent of the pack shuffle).
+    """
+    rng = np.random.default_rng([seed, 1])
+    index_parts, copy_parts = [], []
+    for name, weight in weights:
+        idx = np.flatnonzero(sources == name)
+        whole, frac = int(np.floor(weight)), weight - np.floor(weight)
+        for k in range(whole):
+            index_parts.append(idx)
+            copy_parts.append(np.full(len(idx), k))
+        if frac > 0 and len(idx):
+            extra = np.sort(rng.choice(idx, size=int(round(frac * len(idx))), replace=False))
+            index_parts.append(extra)
+            copy_parts.append(np.full(len(extra), whole))
+    if not index_parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    index = np.concatenate(index_parts).astype(np.int64)
+    copies = np.concatenate(copy_parts).astype(np.int64)
+    order = np.lexsort((copies, index))  # input order, copies of one example together
+    return index[order], copies[order]
+
+
+def separate_copies(
+    index: np.ndarray,
+    pack_ids: np.ndarray,
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    images: np.ndarray,
+    *,
+    capacity: int,
+    vision_budget: int | None,
+    max_images: int | None,
+    seed: int,
+    max_tries: int = 4096,
+) -> np.ndarray:
+    """Move up-sampled copies out of their original's pack by swapping with another pack's example.
+
+    Best-fit stacks equal lengths into one bin, so an example's copies (same length) land together: the
+    same sequence twice in one row. Each swap keeps both packs within ``capacity`` and the budgets, so the
+    pack count and every budget hold; a conflict with no feasible partner within ``max_tries`` stays.
+    ``index`` is each planned example's input index (copies share it), as ``sample_sources`` returns it.
+    """
+    pack_ids = pack_ids.copy()
+    num_packs = int(pack_ids.max()) + 1
+    key = index * num_packs + pack_ids  # (n,) equal keys: the same example twice in one pack
+    by_key = np.argsort(key, kind="stable")
+    dup = by_key[1:][key[by_key[1:]] == key[by_key[:-1]]]
+    if not len(dup):
+        return pack_ids
+    load = np.bincount(pack_ids, weights=lengths, minlength=num_packs).astype(np.int64)
+    vload = np.bincount(pack_ids, weights=vision, minlength=num_packs).astype(np.int64)
+    iload = np.bincount(pack_ids, weights=images, minlength=num_packs).astype(np.int64)
+    members: dict[int, dict[int, int]] = {}  # pack -> example index -> copies in it
+    for pk, ex in zip(pack_ids.tolist(), index.tolist(), strict=True):
+        m = members.setdefault(pk, {})
+        m[ex] = m.get(ex, 0) + 1
+    vcap = vision_budget if vision_budget is not None else np.iinfo(np.int64).max
+    icap = max_images if max_images is not None else np.iinfo(np.int64).max
+    cap = capacity
+    candidates = np.random.default_rng([seed, 2]).permutation(len(index)).tolist()
+    cursor = 0
+    for p in dup.tolist():
+        a, ea = int(pack_ids[p]), int(index[p])
+        for _ in range(min(max_tries, len(candidates))):
+            q = candidates[cursor]
+            cursor = (cursor + 1) % len(candidates)
+            b, eb = int(pack_ids[q]), int(index[q])
+            if a == b or eb in members[a] or ea in members[b]:
+                continue
+            dl, dv, di = int(lengths[q] - lengths[p]), int(vision[q] - vision[p]), int(images[q] - images[p])
+            if (load[a] + dl > cap or load[b] - dl > cap or vload[a] + dv > vcap or vload[b] - dv > vcap
+                    or iload[a] + di > icap or iload[b] - di > icap):
+                continue
+            pack_ids[p], pack_ids[q] = b, a
+            load[a] += dl
+            load[b] -= dl
+            vload[a] += dv
+            vload[b] -= dv
+            iload[a] += di
+            iload[b] -= di
+            for pk, old_ex, new_ex in ((a, ea, eb), (b, eb, ea)):
+                m = members[pk]
+                m[old_ex] -= 1
+                if not m[old_ex]:
+                    del m[old_ex]
+                m[new_ex] = m.get(new_ex, 0) + 1
+            break
+    return pack_ids

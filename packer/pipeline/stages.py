@@ -1,0 +1,294 @@
+"""The stages of a build, as plain functions that know no executor:
+
+    scan_chunks        input files -> chunks of CHUNK_LINES lines (byte ranges)          in the parent
+    encode_chunk       one chunk -> its rows and rejects in the encode cache             a task (any process)
+    plan_packs         the cache's length columns -> which examples go in which pack      in the parent
+    write_shard_range  consecutive shards of the plan -> Parquet files + markers          a task (any process)
+
+The two task stages are idempotent: a committed chunk is not encoded again and a shard whose marker matches
+its file is not written again, so a resumed build, or an executor that retries a task, redoes only what is
+missing. Each task writes its own files atomically and returns what it did; the same tasks give the same
+bytes whatever runs them, in whatever order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from packer.config import BuildConfig
+from packer.errors import ConfigError, RecordError
+from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.faults import Hooks
+from packer.shards.assemble import assemble_packs, encoded_table
+from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
+from packer.shards.schema import WORK_DIR
+
+if TYPE_CHECKING:
+    from packer.encode.encoder import Encoder
+
+CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
+
+
+def progress_bar(iterable=None, *, enabled: bool, **kw):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- scan
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous range of lines of one input file."""
+
+    index: int
+    path: str
+    source: str
+    start: int  # byte offset
+    end: int  # byte offset (exclusive)
+    first_line: int  # 1-based number of the first line
+    num_lines: int = CHUNK_LINES  # lines in the chunk (blank ones included)
+
+
+def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
+    """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order."""
+    from packer.formats.read import expand_inputs
+
+    chunks: list[Chunk] = []
+    seen: set[str] = set()
+    for source in config.sources:
+        for path in expand_inputs(source.paths):
+            if path in seen:
+                raise ConfigError(f"{path} is named by two sources; each file may belong to one source only")
+            seen.add(path)
+            size = os.path.getsize(path)
+            with open(path, "rb") as f, progress_bar(
+                total=size, enabled=progress, unit="B", unit_scale=True, desc=f"scan {Path(path).name}", leave=False
+            ) as bar:
+                start, line_no, lines = 0, 1, 0
+                pos = 0
+                for raw in f:
+                    pos += len(raw)
+                    lines += 1
+                    if lines == CHUNK_LINES:
+                        chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no))
+                        bar.update(pos - start)
+                        start, line_no, lines = pos, line_no + CHUNK_LINES, 0
+                if lines:
+                    chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no, lines))
+                    bar.update(pos - start)
+    return chunks
+
+
+# -------------------------------------------------------------------------------------------- encode
+def chat_template(config: BuildConfig) -> str | None:
+    """The ``chat_template`` option's text: the file's contents when it names a file, else the string."""
+    template = config.chat_template
+    if template and Path(template).is_file():
+        return Path(template).read_text()
+    return template
+
+
+def make_encoder(config: BuildConfig) -> Encoder:
+    """The Encoder of ``config`` (profile, tokenizer, chat template, length policy); loading the tokenizer
+    is the expensive part, so a build makes one and its executor ships it to the workers."""
+    from packer.encode.encoder import Encoder
+    from packer.encode.tokenizers import load_tokenizer
+    from packer.models import get_profile
+
+    profile = get_profile(config.profile, **config.profile_overrides())
+    tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
+    return Encoder(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
+                    chat_template=chat_template(config))
+
+
+def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        data = f.read(chunk.end - chunk.start)
+    lines = data.split(b"\n")  # the same rule the scan counted lines by (not splitlines: \r is no break)
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, raw in enumerate(lines):
+        yield chunk.first_line + i, raw
+
+
+def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
+    return {"path": err.path, "line": err.line, "reason": err.reason, "message": err.message, "source": source}
+
+
+def encode_chunk(
+    chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+) -> ChunkCounts:
+    """Encode one chunk into the cache and return its counts; a committed chunk is not encoded again.
+
+    Under ``config.strict`` the chunk's first bad record raises its RecordError (it pickles, so it reaches
+    the parent from a worker intact).
+    """
+    from packer.formats.read import parse_line
+
+    done = cache.counts(chunk.index)
+    if done is not None:
+        return done
+    base_dir = os.path.dirname(os.path.abspath(chunk.path))
+    parsed: list[Any] = []  # Example or RecordError, in line order
+    for line_no, raw in _read_chunk_lines(chunk):
+        if not raw.strip():
+            continue  # blank lines are not records
+        try:
+            parsed.append(parse_line(
+                raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
+                source_name=chunk.source,
+            ))
+        except RecordError as e:
+            parsed.append(e if e.path else e.located(chunk.path, line_no))
+    # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
+    results = iter(encoder.encode_batch([p for p in parsed if not isinstance(p, RecordError)]))
+    encoded, rejects = [], []
+    for p in parsed:
+        result = p if isinstance(p, RecordError) else next(results)
+        if isinstance(result, RecordError):
+            if config.strict:
+                raise result
+            rejects.append(_reject_record(result, chunk.source))
+        else:
+            result.source_name = chunk.source
+            encoded.append(result)
+    table = encoded_table(encoded)
+    cache.commit(chunk.index, table, rejects, hooks=hooks)
+    return ChunkCounts(records=len(parsed), encoded=table.num_rows, rejected=len(rejects))
+
+
+# ---------------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class Plan:
+    """Which cached example goes in which pack. Arrays (n,) run over the planned examples, an up-sampled
+    example once per copy, in input order."""
+
+    index: np.ndarray  # row of the example in the encode cache
+    copies: np.ndarray  # copy number: 0 for the original, k for its k-th up-sampled copy
+    pack_ids: np.ndarray  # pack of the example, numbered in write order
+    lengths: np.ndarray  # tokens
+    vision: np.ndarray  # vision tokens
+    images: np.ndarray  # images
+    sources: np.ndarray  # source name (object array)
+
+    @property
+    def pack_sizes(self) -> np.ndarray:
+        """(P,) examples per pack."""
+        return np.bincount(self.pack_ids, minlength=int(self.pack_ids.max()) + 1 if len(self.pack_ids) else 0)
+
+
+def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Examples that encoded fine but can never fit a pack's vision budget: (n,) mask and their rejects
+    (reported as ``overlong``)."""
+    bad = np.zeros(table.num_rows, dtype=bool)
+    if config.max_vision_tokens is not None:
+        bad |= table.column("num_vision_tokens").to_numpy() > config.max_vision_tokens
+    if config.max_images is not None:
+        bad |= table.column("num_images").to_numpy() > config.max_images
+    rejects = []
+    for i in np.flatnonzero(bad).tolist():
+        path, _, line = table.column("example_id")[i].as_py().rpartition(":")
+        rejects.append(
+            {"path": path, "line": int(line), "reason": "overlong", "source": table.column("source_name")[i].as_py(),
+             "message": f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
+             f"{table.column('num_images')[i].as_py()} images exceed --max-vision-tokens / --max-images"}
+        )
+    return bad, rejects
+
+
+def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> Plan:
+    """Sample the sources by weight, then plan every kept example (``exclude``: (n,) cache rows to leave out)
+    from the memory-mapped length columns alone."""
+    from packer.packing import plan
+    from packer.packing.mixing import sample_sources, separate_copies
+
+    sources = np.asarray(table.column("source_name").to_numpy(zero_copy_only=False), dtype=object)
+    index, copies = sample_sources(sources, [(s.name, s.weight) for s in config.sources], seed=config.seed)
+    keep = ~exclude[index]
+    index, copies = index[keep], copies[keep]
+    lengths = table.column("num_tokens").to_numpy().astype(np.int64)[index]
+    vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)[index]
+    images = table.column("num_images").to_numpy().astype(np.int64)[index]
+    pack_ids = plan(
+        lengths, config.max_length, algorithm=config.algorithm,
+        vision=vision if config.max_vision_tokens or config.balance_vision else None,
+        vision_budget=config.max_vision_tokens,
+        images=images if config.max_images else None, max_images=config.max_images,
+        max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
+        refine=config.refine, seed=config.seed,
+    )
+    if copies.any():
+        pack_ids = separate_copies(index, pack_ids, lengths, vision, images, capacity=config.max_length,
+                                   vision_budget=config.max_vision_tokens, max_images=config.max_images,
+                                   seed=config.seed)
+    return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, vision=vision, images=images,
+                sources=sources[index])
+
+
+# --------------------------------------------------------------------------------------------- write
+@dataclass(frozen=True)
+class ShardRange:
+    """Consecutive shards of a plan, self-contained: writing them needs nothing else of the plan."""
+
+    first: int  # index of the first shard
+    pack_sizes: np.ndarray  # (P,) examples per pack, the range's packs in write order
+    examples: np.ndarray  # (sum(pack_sizes),) cache row of each example, pack by pack
+    copies: np.ndarray  # (sum(pack_sizes),) copy number of each
+
+
+def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
+    """One range per shard (progress and resume are per shard); ``write_shard_range`` takes longer ones too."""
+    order = np.argsort(plan.pack_ids, kind="stable")  # examples grouped pack by pack, input order inside a pack
+    examples, copies, pack_sizes = plan.index[order], plan.copies[order], plan.pack_sizes
+    pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes)])
+    ranges = []
+    for s, p0 in enumerate(range(0, len(pack_sizes), rows_per_shard)):
+        p1 = min(len(pack_sizes), p0 + rows_per_shard)
+        e0, e1 = pack_bounds[p0], pack_bounds[p1]
+        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1], examples=examples[e0:e1],
+                                 copies=copies[e0:e1]))
+    return ranges
+
+
+def write_shard_range(
+    shards: ShardRange, *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+) -> list[dict[str, Any]]:
+    """Gather and write the range's shards (``config.rows_per_shard`` packs each); return their manifest
+    entries. A shard whose marker (``.packer/shards/NNNNN.json``, its sha256) matches its file is kept."""
+    out = Path(config.output)
+    markers = out / WORK_DIR / "shards"
+    markers.mkdir(exist_ok=True)
+    pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
+    entries = []
+    for j, p0 in enumerate(range(0, len(shards.pack_sizes), config.rows_per_shard)):
+        s = shards.first + j
+        p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
+        path = out / shard_name(s)
+        marker = markers / f"{s:05d}.json"
+        if marker.exists() and path.exists():
+            entry = json.loads(marker.read_text())
+            if sha256_file(path) == entry["sha256"]:
+                entries.append(entry)
+                continue
+        rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
+        dup = shards.copies[pack_bounds[p0] : pack_bounds[p1]]
+        if dup.any():  # up-sampled copies get unique ids: path:line#k
+            ids = rows.column("example_id").to_pylist()
+            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
+            rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
+        packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
+        hooks.at("shard-write", s, table=packed, path=path)
+        entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
+        hooks.at("shard", s)
+        write_json_atomic(marker, entry)
+        entries.append(entry)
+    return entries
