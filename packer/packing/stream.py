@@ -31,11 +31,16 @@ def pack_stream(
     length: Callable[[T], int] = len,
     vision: Callable[[T], int] | None = None,
     vision_budget: int | None = None,
+    images: Callable[[T], int] | None = None,
+    max_images: int | None = None,
     max_examples: int | None = None,
     algorithm: str = "bfd",
+    refine: bool = False,
     seed: int = 0,
     min_fill: float = 0.99,
     max_wait: int = 8,
+    on_round: Callable[[int, list[T], list[int]], None] | None = None,
+    resume: tuple[int, list[T], list[int]] | None = None,
 ) -> Iterator[list[T]]:
     """Yield packs (lists of examples, in arrival order) whose lengths sum to at most ``capacity``.
 
@@ -46,13 +51,21 @@ def pack_stream(
         length: tokens of an example (default ``len``).
         vision: vision tokens of an example; with ``vision_budget``, at most that many per pack.
         vision_budget: vision-token budget per pack (needs ``vision``).
+        images: images of an example; with ``max_images``, at most that many per pack.
+        max_images: image budget per pack (needs ``images``).
         max_examples: at most this many examples per pack.
         algorithm: planner used on the pool (see ``packing.plan``).
+        refine: the planner's ``refine`` (see ``packing.plan``).
         seed: seed of round r's plan is ``seed + r``; the output is deterministic for a given input.
         min_fill: a planned pack at least this full is emitted; fuller-first, emptier ones wait for the next
             round, as long as the waiting examples fit in half the pool.
         max_wait: an example held back this many rounds is emitted with its pack however full, so no
             example waits for the end of the input.
+        on_round: called as ``on_round(r, pool, ages)`` just before round r plans its pool (the last round
+            too): with ``resume`` this is everything needed to continue exactly (``train/online.py``).
+        resume: ``(r, pool, ages)`` as ``on_round`` saw them: start at round r with that pool;
+            ``examples`` are then the examples read after the pool's. The packs are those the
+            uninterrupted stream yields from round r on.
 
     Every example is emitted exactly once. Raises ``ConfigError`` for an example longer than ``capacity``
     (or over the vision budget) when it is read.
@@ -61,18 +74,42 @@ def pack_stream(
         raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
     if vision_budget is not None and vision is None:
         raise ConfigError("'vision_budget' is set but no `vision` function gives the vision tokens")
+    if max_images is not None and images is None:
+        raise ConfigError("'max_images' is set but no `images` function gives the images")
     if not 0.0 <= min_fill <= 1.0:
         raise ConfigError(f"'min_fill' must be in [0, 1], got {min_fill}")
     keep_at_most = pool_size // 2  # leftovers never crowd out new examples
-    pool: list[T] = []
-    lens: list[int] = []
-    vis: list[int] = []
-    age: list[int] = []  # rounds each pooled example has already been held back
-    rnd = 0
+    budgets = {"vision_budget": vision_budget, "max_images": max_images, "max_examples": max_examples,
+               "algorithm": algorithm, "refine": refine}
+    pool: list[T] = list(resume[1]) if resume else []
+    lens: list[int] = [int(length(e)) for e in pool]
+    vis: list[int] = [int(vision(e)) if vision is not None else 0 for e in pool]
+    imgs: list[int] = [int(images(e)) if images is not None else 0 for e in pool]
+    age: list[int] = list(resume[2]) if resume else []  # rounds each pooled example has already been held back
+    rnd = resume[0] if resume else 0
     seen = 0
+
+    def full_rounds():  # a resumed full pool is planned first, as it was when it filled up
+        nonlocal pool, lens, vis, imgs, age, rnd
+        while len(pool) >= pool_size:
+            if on_round is not None:
+                on_round(rnd, pool, age)
+            packs, kept = _round(lens, vis, imgs, age, capacity, budgets, seed + rnd, min_fill, max_wait,
+                                 keep_at_most)  # fmt: skip
+            rnd += 1
+            for members in packs:
+                yield [pool[i] for i in members]
+            pool = [pool[i] for i in kept]
+            lens = [lens[i] for i in kept]
+            vis = [vis[i] for i in kept]
+            imgs = [imgs[i] for i in kept]
+            age = [age[i] + 1 for i in kept]
+
+    yield from full_rounds()
     for example in examples:
         n = int(length(example))
         v = int(vision(example)) if vision is not None else 0
+        k = int(images(example)) if images is not None else 0
         if not 1 <= n <= capacity:
             raise ConfigError(
                 f"example {seen} of the stream has {n} tokens; each needs 1..capacity ({capacity}) tokens: "
@@ -83,25 +120,22 @@ def pack_stream(
                 f"example {seen} of the stream has {v} vision tokens > vision budget {vision_budget}: "
                 "raise 'max_vision_tokens' or drop it"
             )
+        if max_images is not None and k > max_images:
+            raise ConfigError(
+                f"example {seen} of the stream has {k} images > image budget {max_images}: "
+                "raise 'max_images' or drop it"
+            )
         seen += 1
         pool.append(example)
         lens.append(n)
         vis.append(v)
+        imgs.append(k)
         age.append(0)
-        if len(pool) < pool_size:
-            continue
-        packs, kept = _round(lens, vis, age, capacity, vision_budget, max_examples, algorithm, seed + rnd,
-                             min_fill, max_wait, keep_at_most)  # fmt: skip
-        rnd += 1
-        for members in packs:
-            yield [pool[i] for i in members]
-        pool = [pool[i] for i in kept]
-        lens = [lens[i] for i in kept]
-        vis = [vis[i] for i in kept]
-        age = [age[i] + 1 for i in kept]
+        yield from full_rounds()
     if pool:  # end of input: everything goes
-        packs, _ = _round(lens, vis, age, capacity, vision_budget, max_examples, algorithm, seed + rnd,
-                          0.0, 0, len(pool))  # fmt: skip
+        if on_round is not None:
+            on_round(rnd, pool, age)
+        packs, _ = _round(lens, vis, imgs, age, capacity, budgets, seed + rnd, 0.0, 0, len(pool))
         for members in packs:
             yield [pool[i] for i in members]
 
@@ -109,11 +143,10 @@ def pack_stream(
 def _round(
     lens: list[int],
     vis: list[int],
+    imgs: list[int],
     age: list[int],
     capacity: int,
-    vision_budget: int | None,
-    max_examples: int | None,
-    algorithm: str,
+    budgets: dict,
     seed: int,
     min_fill: float,
     max_wait: int,
@@ -121,9 +154,9 @@ def _round(
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Plan the pool; return (packs to emit, each as pool indices ascending; pool indices kept)."""
     lengths = np.asarray(lens, dtype=np.int64)
-    vision = np.asarray(vis, dtype=np.int64) if vision_budget is not None else None
-    ids = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,
-               max_examples=max_examples, seed=seed)  # fmt: skip
+    vision = np.asarray(vis, dtype=np.int64) if budgets["vision_budget"] is not None else None
+    images = np.asarray(imgs, dtype=np.int64) if budgets["max_images"] is not None else None
+    ids = plan(lengths, capacity, vision=vision, images=images, seed=seed, **budgets)
     num_packs = int(ids.max()) + 1
     fill = np.bincount(ids, weights=lengths, minlength=num_packs) / capacity
     count = np.bincount(ids, minlength=num_packs)

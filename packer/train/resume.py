@@ -197,8 +197,8 @@ class ResumableLoader:
     """
 
     def __init__(self, loader):
-        if not isinstance(getattr(loader.dataset, "progress", None), EpochProgress):
-            raise TypeError("ResumableLoader needs a DataLoader over a PackedDataset")
+        if not callable(getattr(loader.dataset, "update", None)) or not hasattr(loader.dataset, "progress"):
+            raise TypeError("ResumableLoader needs a DataLoader over a PackedDataset or an OnlinePackedDataset")
         if getattr(loader, "persistent_workers", False):
             raise ValueError("ResumableLoader needs persistent_workers=False: persistent workers keep the dataset "
                              "state of their first epoch")

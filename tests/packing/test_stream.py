@@ -130,3 +130,21 @@ def test_errors(kwargs, match):
     args = {"examples": ["abc"], "capacity": 8, **kwargs}
     with pytest.raises(ConfigError, match=match):
         list(pack_stream(args.pop("examples"), **args))
+
+
+@pytest.mark.parametrize("pool_size", [1, 7, 32])
+def test_resume_from_any_round_gives_the_same_packs(pool_size):
+    """``on_round`` sees (r, pool, ages); a stream resumed from it (the examples after the pool's) yields
+    exactly the packs the uninterrupted stream yields from round r on."""
+    rng = np.random.default_rng(pool_size)
+    lengths = rng.integers(1, 100, size=300).tolist()
+    items = list(enumerate(lengths))  # (position, length)
+    kw = dict(capacity=100, pool_size=pool_size, length=lambda t: t[1], seed=5)
+    snaps, tagged = [], []
+    for pack in pack_stream(items, on_round=lambda r, pool, age: snaps.append((r, list(pool), list(age))), **kw):
+        tagged.append((len(snaps) - 1, pack))  # round the pack came from
+    assert [r for r, _, _ in snaps] == list(range(len(snaps)))
+    for r, pool, age in snaps:
+        rest = items[max(p for p, _ in pool) + 1 :]
+        resumed = list(pack_stream(rest, resume=(r, pool, age), **kw))
+        assert resumed == [pack for rr, pack in tagged if rr >= r]

@@ -1,0 +1,204 @@
+"""OnlinePackedDataset: PackedDataset's rows from raw JSONL, every example once over ranks and workers, exact
+resume, the build's rejects. The reference is a real ``packer build`` of the same file read by PackedDataset."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from packer.config import BuildConfig
+from packer.errors import ConfigError
+from packer.pipeline.build import build
+from packer.train.collate import collate
+from packer.train.dataset import PackedDataset
+from packer.train.online import OnlinePackedDataset
+from packer.train.resume import ResumableLoader
+
+OPTS = dict(profile="qwen2-vl", max_length=512, max_pixels=64 * 28 * 28, max_vision_tokens=200)
+
+
+def _records(names: list[str]) -> list:
+    rng = np.random.default_rng(0)
+    recs: list = []
+    for i in range(60):
+        q = f"Question {i}: what is {i} + {i}?" + " more" * int(rng.integers(0, 120))
+        content = q if i % 5 else [{"type": "image", "image": f"images/{names[i % len(names)]}"},
+                                   {"type": "text", "text": q}]
+        recs.append({"messages": [{"role": "user", "content": content},
+                                  {"role": "assistant", "content": f"It is {2 * i}." + " yes" * int(rng.integers(0, 60))}]})
+    recs.append({"messages": [{"role": "user", "content": "Pick one."}],
+                 "branches": [[{"role": "assistant", "content": "A first answer."}],
+                              [{"role": "assistant", "content": "A second, longer answer."}]]})
+    recs.append({"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"},
+                                   {"from": "gpt", "value": "Something."}], "image": f"images/{names[1]}"})
+    recs.append({"text": "Plain text pretraining data. " * 20})
+    recs.append("")  # blank: not a record
+    recs.append("{not json")
+    recs.append({"messages": [{"role": "user", "content": [{"type": "image", "image": "images/missing.jpg"}]},
+                              {"role": "assistant", "content": "x"}]})
+    recs.append({"messages": [{"role": "user", "content": "long " * 600}, {"role": "assistant", "content": "ok"}]})
+    recs.append({"messages": [{"role": "user", "content": [{"type": "image", "image": f"images/{n}"} for n in names]
+                               + [{"type": "text", "text": "All of them."}]},
+                              {"role": "assistant", "content": "Four images."}]})  # over the vision budget
+    return recs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, coco_images) -> Path:
+    root = tmp_path_factory.mktemp("online")
+    (root / "images").mkdir()
+    for im in coco_images[:4]:
+        shutil.copy(im, root / "images" / im.name)
+    path = root / "data.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                            for r in _records([im.name for im in coco_images[:4]])))
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("offline") / "out"
+    build(BuildConfig.from_inputs([str(corpus)], str(out), rows_per_shard=4, rows_per_row_group=2, **OPTS),
+          progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def offline_examples(offline) -> dict[str, dict]:
+    """Each example of the offline build, cut out of its row: id -> arrays, images relative to the example."""
+    return {eid: ex for row in PackedDataset(offline, shuffle=False) for eid, ex in _examples(row).items()}
+
+
+def _examples(row: dict) -> dict[str, dict]:
+    cu, out = row["cu_seqlens"], {}
+    nodes = np.searchsorted(row["node_offsets"], cu)  # first node of each example
+    for k, eid in enumerate(row["example_ids"]):
+        a, b = int(cu[k]), int(cu[k + 1])
+        ex = {name: row[name][a:b] for name in ("input_ids", "labels", "position_ids")}
+        ex["mrope_position_ids"] = row["mrope_position_ids"][:, a:b]
+        ex["node_offsets"] = row["node_offsets"][nodes[k] : nodes[k + 1]] - a
+        ex["images"] = [{**im, "offset": im["offset"] - a} for im in row["images"] if a <= im["offset"] < b]
+        out[eid] = ex
+    return out
+
+
+def _same_example(got: dict, want: dict) -> None:
+    for name in ("input_ids", "labels", "position_ids", "mrope_position_ids", "node_offsets"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert got["images"] == want["images"]
+
+
+def test_one_round_gives_the_offline_build_row_for_row(corpus, offline):
+    """A pool holding the whole file plans it once, as the build does: the same rows, in the same order,
+    with the same keys and arrays as PackedDataset reads from the build (so collate gives the same batch)."""
+    online = list(OnlinePackedDataset(str(corpus), pool_size=1000, shuffle=False, **OPTS))
+    rows = list(PackedDataset(offline, shuffle=False))
+    assert len(online) == len(rows) > 3
+    for got, want in zip(online, rows, strict=True):
+        assert set(got) - {"_state"} == set(want) - {"_state"}
+        for key in want:
+            if key == "_state":
+                continue
+            if isinstance(want[key], np.ndarray):
+                np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+            else:
+                assert got[key] == want[key], key
+    a, b = collate(online[:2]), collate(rows[:2])
+    for key in ("input_ids", "labels", "position_ids", "cu_seqlens", "pixel_values", "image_grid_thw"):
+        np.testing.assert_array_equal(a[key].numpy(), b[key].numpy(), err_msg=key)
+
+
+@pytest.mark.parametrize("world_size,num_workers", [(1, 0), (2, 2), (3, 1)])
+def test_every_example_once_over_ranks_and_workers(corpus, offline_examples, world_size, num_workers):
+    seen: list[str] = []
+    for rank in range(world_size):
+        ds = OnlinePackedDataset(str(corpus), rank=rank, world_size=world_size, pool_size=8, seed=1, **OPTS)
+        loader = DataLoader(ds, batch_size=2, num_workers=num_workers, collate_fn=lambda rows: rows)
+        for batch in loader:
+            for row in batch:
+                assert row["cu_seqlens"][-1] == len(row["input_ids"]) <= OPTS["max_length"]
+                assert sum(im["num_tokens"] for im in row["images"]) <= OPTS["max_vision_tokens"]
+                for eid, ex in _examples(row).items():
+                    _same_example(ex, offline_examples[eid])
+                    seen.append(eid)
+    assert Counter(seen) == Counter(list(offline_examples))
+
+
+def test_rejects_are_the_builds(corpus, offline, tmp_path):
+    path = tmp_path / "rejects.jsonl"
+    ds = OnlinePackedDataset(str(corpus), pool_size=8, rejects_path=path, **OPTS)
+    list(ds)
+    got = sorted((r["path"], r["line"], r["reason"]) for r in map(json.loads, path.read_text().splitlines()))
+    want = sorted((r["path"], r["line"], r["reason"]) for r in map(json.loads, (offline / "rejects.jsonl").read_text().splitlines()))
+    assert got == want and len(got) == 4
+    assert ds.rejects == dict(Counter(r for _, _, r in want))
+
+
+def test_epochs_reshuffle_and_cover_everything(corpus, offline_examples):
+    ds = OnlinePackedDataset(str(corpus), pool_size=8, seed=3, **OPTS)
+    ids0 = [e for row in ds for e in row["example_ids"]]
+    ds.set_epoch(1)
+    ids1 = [e for row in ds for e in row["example_ids"]]
+    assert ids0 != ids1
+    assert Counter(ids0) == Counter(ids1) == Counter(list(offline_examples))
+    ds.set_epoch(0)
+    assert [e for row in ds for e in row["example_ids"]] == ids0
+
+
+def _row_key(row: dict) -> tuple:
+    return tuple(row["example_ids"])
+
+
+@pytest.mark.parametrize("stop", [0, 1, 4, 9])
+def test_resume_in_process_gives_the_uninterrupted_rows(corpus, stop):
+    kw = dict(pool_size=6, seed=2, **OPTS)
+    full = [_row_key(r) for r in OnlinePackedDataset(str(corpus), **kw)]
+    ds = OnlinePackedDataset(str(corpus), **kw)
+    it = iter(ds)
+    first = [_row_key(next(it)) for _ in range(stop)]
+    state = json.loads(json.dumps(ds.state_dict()))  # a checkpoint survives JSON
+    resumed = OnlinePackedDataset(str(corpus), **kw)
+    resumed.load_state_dict(state)
+    assert first + [_row_key(r) for r in resumed] == full
+
+
+@pytest.mark.parametrize("stop", [1, 3])
+def test_resume_with_workers_through_resumable_loader(corpus, stop):
+    """Two workers, batches of 2, checkpoint after ``stop`` batches: the rows before plus the rows after are
+    the uninterrupted run's, none twice (prefetched batches the loop never saw are not counted)."""
+    kw = dict(rank=1, world_size=2, pool_size=5, seed=4, **OPTS)
+
+    def loader(ds):
+        return ResumableLoader(DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate, prefetch_factor=4))
+
+    full = [tuple(b["example_ids"]) for b in loader(OnlinePackedDataset(str(corpus), **kw))]
+    ds = OnlinePackedDataset(str(corpus), **kw)
+    first, it = [], iter(loader(ds))
+    for _ in range(stop):
+        first.append(tuple(next(it)["example_ids"]))
+    state = ds.state_dict()
+    del it
+    resumed = OnlinePackedDataset(str(corpus), **kw)
+    resumed.load_state_dict(state)
+    rest = [tuple(b["example_ids"]) for b in loader(resumed)]
+    assert sorted(first + rest) == sorted(full)
+    flat = [e for b in first + rest for e in b]
+    assert len(flat) == len(set(flat))
+
+
+def test_state_of_another_dataset_is_refused(corpus):
+    state = OnlinePackedDataset(str(corpus), pool_size=6, **OPTS).state_dict()
+    with pytest.raises(ValueError, match="pool_size=6"):
+        OnlinePackedDataset(str(corpus), pool_size=7, **OPTS).load_state_dict(state)
+
+
+def test_weighted_sources_are_refused(corpus):
+    config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": [str(corpus)], "weight": 2.0}], "output": ""})
+    with pytest.raises(ConfigError, match="weight other than 1"):
+        OnlinePackedDataset(config)
