@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from packer.config import BuildConfig
 from packer.errors import ConfigError
+from packer.packing import plan
 from packer.pipeline.build import build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
@@ -58,6 +60,7 @@ def corpus(tmp_path_factory, coco_images) -> Path:
     path = root / "data.jsonl"
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
                             for r in _records([im.name for im in coco_images[:4]])))
+    plan(np.array([1]), 1)  # load the planner's kernels here, so DataLoader workers fork with them (~3 s each)
     return path
 
 
@@ -168,25 +171,32 @@ def test_resume_in_process_gives_the_uninterrupted_rows(corpus, stop):
     assert first + [_row_key(r) for r in resumed] == full
 
 
-@pytest.mark.parametrize("stop", [1, 3])
-def test_resume_with_workers_through_resumable_loader(corpus, stop):
-    """Two workers, batches of 2, checkpoint after ``stop`` batches: the rows before plus the rows after are
-    the uninterrupted run's, none twice (prefetched batches the loop never saw are not counted)."""
-    kw = dict(rank=1, world_size=2, pool_size=5, seed=4, **OPTS)
+def _plain(ds):
+    return ResumableLoader(DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate, prefetch_factor=4))
 
-    def loader(ds):
-        return ResumableLoader(DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate, prefetch_factor=4))
 
+def _stateful(ds):
+    return StatefulDataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate, prefetch_factor=4)
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.parametrize("loader,stop", [(_plain, 1), (_plain, 3), (_stateful, 2)])
+def test_resume_with_workers(corpus, stop, loader):
+    """Two workers, batches of 2, checkpoint after ``stop`` batches (ResumableLoader over a DataLoader, or
+    torchdata's StatefulDataLoader): the rows before plus the rows after are the uninterrupted run's, none
+    twice (prefetched batches the loop never saw are not counted)."""
+    kw = dict(rank=1, world_size=2, pool_size=5, seed=4, load_images=False, **OPTS)  # no pixels: fast workers
     full = [tuple(b["example_ids"]) for b in loader(OnlinePackedDataset(str(corpus), **kw))]
     ds = OnlinePackedDataset(str(corpus), **kw)
-    first, it = [], iter(loader(ds))
+    first, it = [], iter(wrapped := loader(ds))
     for _ in range(stop):
         first.append(tuple(next(it)["example_ids"]))
-    state = ds.state_dict()
+    state = json.loads(json.dumps(wrapped.state_dict()))
     del it
     resumed = OnlinePackedDataset(str(corpus), **kw)
-    resumed.load_state_dict(state)
-    rest = [tuple(b["example_ids"]) for b in loader(resumed)]
+    again = loader(resumed)
+    again.load_state_dict(state)
+    rest = [tuple(b["example_ids"]) for b in again]
     assert sorted(first + rest) == sorted(full)
     flat = [e for b in first + rest for e in b]
     assert len(flat) == len(set(flat))
