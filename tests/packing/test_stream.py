@@ -148,3 +148,13 @@ def test_resume_from_any_round_gives_the_same_packs(pool_size):
         rest = items[max(p for p, _ in pool) + 1 :]
         resumed = list(pack_stream(rest, resume=(r, pool, age), **kw))
         assert resumed == [pack for rr, pack in tagged if rr >= r]
+
+
+def test_image_budget_per_pack():
+    items = [(10, k % 3) for k in range(50)]  # (tokens, images)
+    packs = list(pack_stream(items, capacity=100, pool_size=16, length=lambda t: t[0], images=lambda t: t[1],
+                             max_images=2))
+    assert sorted(x for p in packs for x in p) == sorted(items)
+    assert max(sum(k for _, k in p) for p in packs) <= 2
+    with pytest.raises(ConfigError, match="image budget"):
+        list(pack_stream([(10, 3)], capacity=100, length=lambda t: t[0], images=lambda t: t[1], max_images=2))
