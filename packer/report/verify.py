@@ -16,7 +16,7 @@ What is checked (each failure is one ``Violation``: file, row, what):
   ``num_tokens`` matching the grid; mRoPE positions equal an independent vectorized recomputation of
   ``get_rope_index`` along each tree path;
 - example ids are unique across the whole dataset;
-- with ``inputs``: every non-blank input line is packed (``path:line`` in ``example_ids``) or rejected
+- with ``inputs``: every non-blank input line (every row of a Parquet/Arrow input) is packed (``path:line`` in ``example_ids``) or rejected
   (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``).
 
 Cost: one pass over the shards, each row group decoded once: ~2.5M tokens/s on one core (qwen2-vl rows with
@@ -533,11 +533,16 @@ def _check_totals(manifest: dict[str, Any], root: Path, rep: VerifyReport, sums:
 
 # ---------------------------------------------------------------------------------------- inputs
 def input_lines(path: str) -> np.ndarray:
-    """1-based numbers of the records of a JSONL file: its non-blank lines, by the build's own rule.
+    """1-based numbers of the records of an input file: a JSONL file's non-blank lines, by the build's own
+    rule, or every row of a Parquet/Arrow file (counted from its metadata).
 
     Lines split at ``\\n`` only; a line of ASCII whitespace (incl. a CRLF's ``\\r``, or a lone BOM on line 1)
     is blank.
     """
+    from packer.formats.tables import is_table, unit_rows
+
+    if is_table(path):
+        return np.arange(1, sum(unit_rows(path)) + 1, dtype=np.int64)
     numbers = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
@@ -647,7 +652,7 @@ def _check_inputs(manifest: dict[str, Any], root: Path, ids: pa.ChunkedArray, re
 @click.command("verify")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--input", "inputs", multiple=True, metavar="FILE_OR_GLOB",
-              help="Also check that every non-blank line of these JSONL inputs is packed or rejected exactly once.")
+              help="Also check that every non-blank line (table row) of these inputs is packed or rejected exactly once.")
 @click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,
               help="Violations listed per check and file (the rest are counted).")
 def verify_command(directory: str, inputs: tuple[str, ...], limit: int) -> None:
