@@ -28,6 +28,7 @@ import glob
 import json
 import os
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
@@ -166,25 +167,16 @@ def check_columns(path: str, columns: dict[str, str]) -> None:
                           f"its columns: {', '.join(names)}")
 
 
-def read_rows(path: str, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def read_rows(path: str, start: int, end: int) -> Iterator[pa.RecordBatch | pa.Table]:
     """Rows ``[start, end)`` (0-based) of a table file as record batches, one reading unit at a time."""
     if path.endswith(".parquet"):
-        pf = pq.ParquetFile(path)
-        meta = pf.metadata
-        first = 0
+        first, mtime = 0, os.stat(path).st_mtime_ns
+        meta = _parquet(path, mtime).metadata
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
             lo, hi = max(start, first), min(end, first + n)
             if lo < hi:
-                # A chunk inside a big row group decodes the group up to its end (Parquet has no row seek).
-                at = first
-                for batch in pf.iter_batches(batch_size=4096, row_groups=[g], use_threads=False):
-                    a, b = max(lo, at), min(hi, at + batch.num_rows)
-                    if a < b:
-                        yield batch.slice(a - at, b - a)
-                    at += batch.num_rows
-                    if at >= hi:
-                        break
+                yield _row_group(path, mtime, g).slice(lo - first, hi - lo)
             first += n
             if first >= end:
                 return
@@ -197,6 +189,20 @@ def read_rows(path: str, start: int, end: int) -> Iterator[pa.RecordBatch]:
         first += batch.num_rows
         if first >= end:
             return
+
+
+@lru_cache(maxsize=1)
+def _row_group(path: str, mtime_ns: int, group: int) -> pa.Table:
+    """One decoded Parquet row group, kept for the next chunk of the same group: Parquet cannot seek to a row,
+    so without it the k-th chunk of a 100k-row group would decode the group's first k*512 rows again (4x
+    slower reading such a file, docs/benchmarks.md). Memory: one row group per process."""
+    return _parquet(path, mtime_ns).read_row_group(group, use_threads=False)
+
+
+@lru_cache(maxsize=4)
+def _parquet(path: str, mtime_ns: int) -> pq.ParquetFile:
+    """An open Parquet file (its footer parsed once per process, not once per chunk)."""
+    return pq.ParquetFile(path)
 
 
 def row_records(path: str, start: int, end: int) -> Iterator[dict[str, Any]]:
