@@ -7,6 +7,7 @@ the first call's (each result is freed before the next call). Prints markdown ta
 docs/benchmarks.md "Planner at 10M / 100M lengths", and a linear extrapolation to 1B.
 
     python scripts/bench_scale.py                           # 10M and 100M, lognormal and Wikipedia (~10 min)
+    python scripts/bench_scale.py --sizes 1e7 1e8 1e9       # + 1B (needs ~10 GiB free; ~15 min more)
     python scripts/bench_scale.py --sizes 1e6 --repeats 1   # smoke run (~30 s)
 
 Lengths: lognormal around 300 tokens (sigma 1, scripts/bench_packing.py's workload) at capacity 8192, and
@@ -169,17 +170,18 @@ def main() -> None:
               f"| {peak:,.0f} MiB | {peak - base:,.0f} MiB | {above:.1f} | {r['packs']:,} | +{r['packs'] - lb:,} "
               f"| {same} |")  # fmt: skip
 
+    target = 10**9
     print(
-        "\nExtrapolated to 1,000,000,000 examples (linear in n from the two largest sizes; lengths as uint16):\n"
+        f"\nExtrapolated to {target:,} examples (linear in n from the two largest sizes below it; uint16 lengths;"
     )
+    print("compare with a measured row above when --sizes includes 1e9):\n")
     print("| lengths | from | wall (s) | CPU (s) | peak RSS incl. lengths |")
     print("| --- | --- | ---: | ---: | ---: |")
     for workload in args.workloads:
-        sizes = sorted(n for w, n in extrapolate if w == workload)
+        sizes = sorted(n for w, n in extrapolate if w == workload and n < target)
         if len(sizes) < 2:
             continue
         (n1, r1), (n2, r2) = [(n, extrapolate[(workload, n)]) for n in sizes[-2:]]
-        target = 10**9
         wall, cpu = (r2[k] + (r2[k] - r1[k]) / (n2 - n1) * (target - n2) for k in ("wall", "cpu"))
         # The interpreter and numba (RSS before minus the lengths) stay; everything else scales with n.
         fixed = r2["base_kib"] * 1024 - 2 * n2

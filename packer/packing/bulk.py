@@ -132,10 +132,8 @@ def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> PackOrder
     )
     del nxt
 
-    # 2. Write order: the seeded shuffle of plan(). Generator.shuffle draws the same swaps for any dtype,
-    #    so an int32 arange shuffled in place is permutation(num_packs) at half the bytes.
-    perm = np.arange(num_packs, dtype=index)
-    np.random.default_rng(seed).shuffle(perm)
+    # 2. Write order: plan()'s seeded shuffle, perm[b] = write position of pack b.
+    perm = write_order(num_packs, seed, index)
 
     # 3. Pack sizes in write order -> each pack's first slot in ``order``, stored in place of its write id.
     starts = np.zeros(num_packs + 1, dtype=index)
@@ -157,6 +155,50 @@ def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> PackOrder
     bounds = np.empty(num_packs + 1, dtype=index)
     _read_marks(marks, bounds)
     return PackOrder(order=order, bounds=bounds)
+
+
+def write_order(num_packs: int, seed: int, dtype: type = np.int32) -> np.ndarray:
+    """``np.random.default_rng(seed).permutation(num_packs)`` (``plan``'s write order) as ``dtype``.
+
+    Generator.shuffle is Fisher-Yates from the last element down, each swap partner drawn by
+    ``random_interval`` (masked rejection on 32-bit draws, the low half of each 64-bit output first), and the
+    draws do not depend on the dtype. ``_fisher_yates`` replays it on the same PCG64 outputs, 2x faster than
+    numpy's loop (50M packs: 1.9 vs 4.0 s CPU, the random swaps dominate both); an int32 arange halves the
+    bytes. Checked against numpy once per process, else numpy's own shuffle runs.
+    """
+    perm = np.arange(num_packs, dtype=dtype)
+    if num_packs > 2**32 or not _replay_matches_numpy():  # beyond 2**32 numpy draws 64-bit words
+        np.random.default_rng(seed).shuffle(perm)
+        return perm
+    bits = np.random.default_rng(seed).bit_generator
+    i, have, word = num_packs - 1, False, np.uint64(0)
+    while i > 0:
+        i, have, word = _fisher_yates(perm, bits.random_raw(1 << 20), i, have, np.uint64(word))  # 8 MB a call
+    return perm
+
+
+_REPLAY_OK: list[bool] = []
+
+
+def _replay_matches_numpy() -> bool:
+    if not _REPLAY_OK:
+        _REPLAY_OK.append(
+            all(
+                np.array_equal(_replayed(p, seed), np.random.default_rng(seed).permutation(p))
+                for p in (2, 3, 1000, 70_001)
+                for seed in (0, 1)
+            )
+        )
+    return _REPLAY_OK[0]
+
+
+def _replayed(num_packs: int, seed: int) -> np.ndarray:
+    perm = np.arange(num_packs, dtype=np.int32)
+    bits = np.random.default_rng(seed).bit_generator
+    i, have, word = num_packs - 1, False, np.uint64(0)
+    while i > 0:
+        i, have, word = _fisher_yates(perm, bits.random_raw(64), i, have, np.uint64(word))  # several calls
+    return perm
 
 
 def _raise_misfit(lens: np.ndarray, capacity: int) -> None:
@@ -392,6 +434,35 @@ def _fill(lens, capacity, visit_pack, visit_q, visit_lo, new_first, cursor, orde
         pos = cursor[b]
         cursor[b] = pos + 1
         order[pos] = i
+
+
+@njit(cache=True)
+def _fisher_yates(x, raw, i, have, word):
+    """numpy's Generator.shuffle from position i down, on the 64-bit outputs ``raw``; ``have``/``word`` carry
+    an unused high half across calls. Returns (i, have, word) when ``raw`` runs out, i == 0 when done."""
+    k = 0
+    while i > 0:
+        mask = np.uint64(i)  # the smallest all-ones mask >= i
+        for shift in (1, 2, 4, 8, 16, 32):
+            mask |= mask >> np.uint64(shift)
+        while True:  # a draw in [0, mask], rejected while > i
+            if have:
+                v = word >> np.uint64(32)
+                have = False
+            else:
+                if k == raw.shape[0]:
+                    return i, have, word
+                word = raw[k]
+                k += 1
+                v = word & np.uint64(0xFFFFFFFF)
+                have = True
+            v &= mask
+            if v <= np.uint64(i):
+                break
+        j = np.int64(v)
+        x[i], x[j] = x[j], x[i]
+        i -= 1
+    return i, have, word
 
 
 @njit(cache=True)

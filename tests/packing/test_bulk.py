@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer.errors import ConfigError
-from packer.packing.bulk import PackOrder, plan_bulk
+from packer.packing import bulk
+from packer.packing.bulk import PackOrder, plan_bulk, write_order
 from packer.packing.planner import plan
 
 SETTINGS = settings(
@@ -155,3 +156,13 @@ def test_errors(lengths, capacity, match):
         plan_bulk(np.array(lengths), capacity)
     with pytest.raises(ConfigError, match=match):  # word for word what plan() says
         plan(np.array(lengths), capacity)
+
+
+@pytest.mark.parametrize("num_packs", [0, 1, 2, 3, 64, 1000, 100_003])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_write_order_is_numpys_permutation(num_packs, seed, monkeypatch):
+    """The replayed Fisher-Yates gives plan()'s permutation; so does the fallback (numpy's own shuffle)."""
+    want = np.random.default_rng(seed).permutation(num_packs)
+    assert np.array_equal(write_order(num_packs, seed), want)
+    monkeypatch.setattr(bulk, "_REPLAY_OK", [False])
+    assert np.array_equal(write_order(num_packs, seed), want)
