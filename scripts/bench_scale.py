@@ -47,6 +47,8 @@ def status(key):
 lengths = np.load(path)
 calls = {
     "bulk": lambda x: plan_bulk(x, capacity).num_packs,
+    # today's plan(); once plan() hands its tokens-only path to plan_bulk, point this at the one-at-a-time
+    # kernel (packer.packing.kernels.bfd_fast + the permutation) to keep measuring the old path
     "plan": lambda x: int(plan(x, capacity).max()) + 1,
     "refine": lambda x: int(plan(x, capacity, refine=True).max()) + 1,
 }
