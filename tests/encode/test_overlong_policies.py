@@ -207,7 +207,9 @@ def test_keep_last_turns_drops_an_image_whole(tok, img):
     full = plain.encode(example(rec))
     assert len(full.images) == 1
     want = plain.encode(example(shortened(rec, 3)))
-    got = encoders(tok, full.images[0].offset + 10)[1].encode(example(rec))  # a limit inside the image
+    im = full.images[0]
+    assert im.offset < want.num_tokens < im.offset + im.num_tokens  # a head cut here would split the image
+    got = encoders(tok, want.num_tokens)[1].encode(example(rec))
     assert got.images == [] and got.num_tokens == want.num_tokens
     np.testing.assert_array_equal(got.input_ids, want.input_ids)
     np.testing.assert_array_equal(got.mrope_position_ids, want.mrope_position_ids)
