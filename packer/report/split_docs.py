@@ -20,13 +20,16 @@ import hashlib
 import json
 import os
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.core.types import Example, Node
+
+if TYPE_CHECKING:
+    from packer.shards.schema import Manifest
 
 CHUNK_SUFFIX = r"@[0-9]+$"  # a chunk, copy 0 (copies repeat it byte for byte; verify's row checks cover them)
 
@@ -52,13 +55,11 @@ class ChunkDigests:
             self.by_doc[(path, int(line))][int(chunk)] = digest(ids[s:e], labels[s:e])
 
 
-def check_split_documents(manifest: dict[str, Any], digests: ChunkDigests, files: dict[str, str], base_dir: str,
-                          add) -> None:
+def check_split_documents(manifest: Manifest, digests: ChunkDigests, files: dict[str, str], add) -> None:
     """Compare every split document's packed chunks with its re-tokenized windows; ``add(file, what)`` reports.
 
     ``files``: resolved input path -> the name the user gave (only these files' documents are checked).
     """
-    from packer.config import profile_overrides
     from packer.encode.encoder import Encoder
     from packer.encode.split import chunk_labels, split_windows
     from packer.encode.tokenizers import fingerprint, load_tokenizer
@@ -66,25 +67,25 @@ def check_split_documents(manifest: dict[str, Any], digests: ChunkDigests, files
 
     wanted: dict[str, dict[int, dict[int, str]]] = defaultdict(dict)  # resolved file -> line -> chunks
     for (path, line), chunks in digests.by_doc.items():
-        real = os.path.realpath(path if os.path.isabs(path) else os.path.join(base_dir, path))
+        real = os.path.realpath(manifest.resolve(path))
         if real in files:
             wanted[real][line] = chunks
     if not wanted:
         return
-    cfg = manifest.get("config", {})
-    tok_info = manifest.get("tokenizer", {})
+    cfg, ref = manifest.config, manifest.tokenizer
+    if ref is None:
+        add("<dataset>", "the manifest names no tokenizer: split documents cannot be re-tokenized")
+        return
     try:
-        tok = load_tokenizer(tok_info.get("name"))
+        tok = load_tokenizer(ref.name)
     except Exception as e:  # noqa: BLE001 - any loading failure means the check cannot run; say so
-        add("<dataset>", f"cannot load the build's tokenizer {tok_info.get('name')!r} to check split documents: {e}")
+        add("<dataset>", f"cannot load the build's tokenizer {ref.name!r} to check split documents: {e}")
         return
-    if fingerprint(tok) != tok_info.get("fingerprint"):
-        add("<dataset>", f"tokenizer {tok_info.get('name')!r} differs from the build's (fingerprint); "
-            "split documents not checked")
+    if fingerprint(tok) != ref.fingerprint:
+        add("<dataset>", f"tokenizer {ref.name!r} differs from the build's (fingerprint); split documents not checked")
         return
-    profile = get_profile(manifest.get("profile", cfg.get("profile", "text")), **profile_overrides(cfg))
-    encoder = Encoder(tok, profile)  # no max_length: the whole document
-    max_length, overlap = int(cfg["max_length"]), int(cfg.get("long_docs_overlap", 0))
+    encoder = Encoder(tok, get_profile(manifest.profile, **cfg.profile_overrides()))  # no max_length: whole
+    max_length, overlap = cfg.max_length, cfg.long_docs_overlap
     for real, lines in sorted(wanted.items()):
         name = files[real]
         with open(real, "rb") as f:
