@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.encode import OVERLONG_POLICIES
+from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import PackerError, RecordError, RejectRateError
 from packer.models import profile_names
 from packer.packing import ALGORITHMS
@@ -109,7 +109,12 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
 @click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
-@click.option("--overlong", type=click.Choice(OVERLONG_POLICIES), help="Over-long examples: reject or truncate. [default: drop]")
+@click.option("--overlong", type=click.Choice(OVERLONG_POLICIES),
+              help="Over-long examples: reject (drop), keep the head (truncate), keep the end (truncate_left: a "
+                   "text's last tokens, a chat's last turns) or drop early turns (keep_last_turns). [default: drop]")
+@click.option("--long-docs", type=click.Choice(LONG_DOCS_POLICIES),
+              help="Text records over --max-length: follow --overlong (off) or split them into chunks. [default: off]")
+@click.option("--long-docs-overlap", type=int, help="Tokens each chunk repeats from the previous one as context. [default: 0]")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
 @click.option("--columns", metavar="FIELD=COLUMN,...",
               help="Map input columns onto packer's fields, e.g. messages=conversations,images=image.")

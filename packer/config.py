@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.encode import OVERLONG_POLICIES
+from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import ConfigError
 from packer.models import profile_names
 from packer.packing import ALGORITHMS
@@ -91,7 +91,14 @@ class BuildConfig:
     """Also try BFD with exact pack completion and keep the plan with fewer packs (a few times the planner's
     time, never more packs; measured in docs/benchmarks.md, "Planner")."""
     overlong: str = "drop"
-    """What to do with an example longer than max_length: drop (reject) or truncate."""
+    """What to do with an example longer than max_length: drop (reject), truncate (keep the head),
+    truncate_left (keep the end: a text's last tokens, a conversation's last turns) or keep_last_turns
+    (drop whole early turns; a text keeps its head). See ``packer.encode.OVERLONG_POLICIES``."""
+    long_docs: str = "off"
+    """``text`` records longer than max_length: off (follow ``overlong``) or split (into chunks, each an
+    example ``path:line@k``; no token lost)."""
+    long_docs_overlap: int = 0
+    """With ``long_docs: split``, tokens each chunk repeats from the previous one as context (no loss)."""
     image_root: str | None = None
     """Resolve relative image paths against this directory instead of each JSONL file's directory."""
     columns: dict[str, str] | None = None
@@ -134,6 +141,11 @@ class BuildConfig:
             raise ConfigError(f"'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.overlong not in OVERLONG_POLICIES:
             raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {self.overlong!r}")
+        if self.long_docs not in LONG_DOCS_POLICIES:
+            raise ConfigError(f"'long_docs' must be one of {', '.join(LONG_DOCS_POLICIES)}, got {self.long_docs!r}")
+        if not 0 <= self.long_docs_overlap < self.max_length:
+            raise ConfigError(f"'long_docs_overlap' must be in [0, max_length {self.max_length}), "
+                              f"got {self.long_docs_overlap}")
         if self.num_proc < 1:
             raise ConfigError(f"'num_proc' must be >= 1, got {self.num_proc}")
         if self.rows_per_shard < 1 or self.rows_per_row_group < 1:

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer.config import BuildConfig
+from packer.core.ids import id_location
 from packer.errors import ConfigError, RecordError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
@@ -134,7 +135,8 @@ def make_encoder(config: BuildConfig) -> Encoder:
     profile = get_profile(config.profile, **config.profile_overrides())
     tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
     return Encoder(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
-                    chat_template=chat_template(config))
+                   long_docs=config.long_docs, long_docs_overlap=config.long_docs_overlap,
+                   chat_template=chat_template(config))
 
 
 def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
@@ -205,9 +207,10 @@ def encode_chunk(
             if config.strict:
                 raise result
             rejects.append(_reject_record(result, chunk.source))
-        else:
-            result.source_name = chunk.source
-            encoded.append(result)
+        else:  # one Encoded, or a split text's chunks (ids path:line@k)
+            for one in result if isinstance(result, list) else [result]:
+                one.source_name = chunk.source
+                encoded.append(one)
     table = encoded_table(encoded)
     cache.commit(chunk.index, table, rejects, hooks=hooks)
     return ChunkCounts(records=len(parsed), encoded=table.num_rows, rejected=len(rejects))
@@ -243,9 +246,9 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
         bad |= table.column("num_images").to_numpy() > config.max_images
     rejects = []
     for i in np.flatnonzero(bad).tolist():
-        path, _, line = table.column("example_id")[i].as_py().rpartition(":")
+        path, line = id_location(table.column("example_id")[i].as_py())
         rejects.append(
-            {"path": path, "line": int(line), "reason": "overlong", "source": table.column("source_name")[i].as_py(),
+            {"path": path, "line": line, "reason": "overlong", "source": table.column("source_name")[i].as_py(),
              "message": f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
              f"{table.column('num_images')[i].as_py()} images exceed --max-vision-tokens / --max-images"}
         )
