@@ -32,11 +32,13 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.config import BuildConfig
+from packer.core.ids import id_location
 from packer.core.types import Encoded
 from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.formats.read import expand_inputs, parse_line
+from packer.formats.tables import is_table
 from packer.models import get_profile
 from packer.packing.stream import pack_stream
 from packer.shards.assemble import assemble_packs, encoded_table
@@ -64,6 +66,8 @@ def scan_lines(config: BuildConfig) -> list[LineChunk]:
     chunks: list[LineChunk] = []
     for source in config.sources:
         for path in expand_inputs(source.paths):
+            if is_table(path):
+                raise ConfigError(f"{path} is a table: online packing reads JSONL; build tables with `packer build`")
             with open(path, "rb") as f:
                 start = pos = lines = 0
                 for raw in f:
@@ -86,7 +90,8 @@ def make_encoder(config: BuildConfig) -> Encoder:
     if template and Path(template).is_file():
         template = Path(template).read_text()
     return Encoder(load_tokenizer(config.tokenizer or profile.default_tokenizer), profile,
-                   max_length=config.max_length, overlong=config.overlong, chat_template=template)
+                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
+                   long_docs_overlap=config.long_docs_overlap, chat_template=template)
 
 
 class OnlinePackedDataset(IterableDataset):
@@ -152,7 +157,7 @@ class OnlinePackedDataset(IterableDataset):
         self.encoder = make_encoder(config)  # pickles without the transformers wrapper (Encoder.__getstate__)
         self.chunks = scan_lines(config)
         self.num_lines = sum(c.num_lines for c in self.chunks)
-        self.profile_options = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
+        self.profile_options = config.profile_overrides()  # as PackedDataset reads them from the manifest
         self._row_context = {"profile": config.profile, "profile_options": self.profile_options,
                              "load_images": load_images}
         self.epoch = 0
@@ -211,8 +216,9 @@ class OnlinePackedDataset(IterableDataset):
 
     # ------------------------------------------------------------------------------------ encoding
     def _encoded(self, lines: Iterator[tuple[int, LineChunk, int, bytes]], epoch: int
-                 ) -> Iterator[tuple[int, Encoded]]:
-        """Lines -> (stream position, Encoded), rejects recorded; ``encode_batch`` lines per tokenizer call."""
+                 ) -> Iterator[tuple[tuple[int, int], Encoded]]:
+        """Lines -> ((stream position, k), Encoded), rejects recorded; ``encode_batch`` lines per tokenizer
+        call. k numbers the examples of one line (a long document split by ``long_docs``), else 0."""
         batch: list[tuple[int, LineChunk, int, bytes]] = []
         for item in lines:
             batch.append(item)
@@ -222,14 +228,15 @@ class OnlinePackedDataset(IterableDataset):
         yield from self._encode_lines(batch, epoch)
 
     def _encode_lines(self, batch: list[tuple[int, LineChunk, int, bytes]], epoch: int
-                      ) -> list[tuple[int, Encoded]]:
+                      ) -> list[tuple[tuple[int, int], Encoded]]:
         parsed: list[tuple[int, str, Any]] = []  # (position, source, Example or RecordError)
         for j, chunk, line, raw in batch:
             if not raw.strip():
                 continue  # blank lines are not records
             try:
                 ex = parse_line(raw, path=chunk.path, line=line, base_dir=os.path.dirname(os.path.abspath(chunk.path)),
-                                image_root=self.config.image_root, source_name=chunk.source)
+                                image_root=self.config.image_root, source_name=chunk.source,
+                                columns=self.config.column_map)
             except RecordError as e:
                 ex = e if e.path else e.located(chunk.path, line)
             parsed.append((j, chunk.source, ex))
@@ -238,20 +245,21 @@ class OnlinePackedDataset(IterableDataset):
         cfg = self.config
         for j, source, p in parsed:
             result = p if isinstance(p, RecordError) else next(results)
-            if not isinstance(result, RecordError):
-                result.source_name = source
-                vision, images = result.num_vision_tokens, len(result.images)
-                if (cfg.max_vision_tokens is not None and vision > cfg.max_vision_tokens) or (
-                        cfg.max_images is not None and images > cfg.max_images):
-                    path, _, line = result.example_id.rpartition(":")  # as the build's budget_rejects
-                    result = RecordError("overlong", f"{vision} vision tokens / {images} images exceed "
-                                         "--max-vision-tokens / --max-images", path=path, line=int(line))
-            if isinstance(result, RecordError):
-                if cfg.strict:
-                    raise result
-                self._reject(result, source, epoch)
-            else:
-                out.append((j, result))
+            for k, one in enumerate(result if isinstance(result, list) else [result]):  # a split document: chunks
+                if not isinstance(one, RecordError):
+                    one.source_name = source
+                    vision, images = one.num_vision_tokens, len(one.images)
+                    if (cfg.max_vision_tokens is not None and vision > cfg.max_vision_tokens) or (
+                            cfg.max_images is not None and images > cfg.max_images):
+                        path, line = id_location(one.example_id)  # as the build's budget_rejects
+                        one = RecordError("overlong", f"{vision} vision tokens / {images} images exceed "
+                                          "--max-vision-tokens / --max-images", path=path, line=line)
+                if isinstance(one, RecordError):
+                    if cfg.strict:
+                        raise one
+                    self._reject(one, source, epoch)
+                else:
+                    out.append(((j, k), one))
         return out
 
     def _reject(self, err: RecordError, source: str, epoch: int) -> None:
@@ -265,15 +273,16 @@ class OnlinePackedDataset(IterableDataset):
             finally:
                 os.close(fd)
 
-    def _reencode(self, epoch: int, stream: int, num_streams: int, positions: list[int]) -> list[tuple[int, Encoded]]:
+    def _reencode(self, epoch: int, stream: int, num_streams: int, keys: list[tuple[int, int]]
+                  ) -> list[tuple[tuple[int, int], Encoded]]:
         """The pool of a saved round, encoded again (its lines encoded fine before: they do again)."""
-        wanted = set(positions)
-        lines = [x for x in self.stream_lines(epoch, stream, num_streams, min(positions), max(positions) + 1)
-                 if x[0] in wanted]
+        lines_wanted = {j for j, _ in keys}
+        lines = [x for x in self.stream_lines(epoch, stream, num_streams, min(lines_wanted), max(lines_wanted) + 1)
+                 if x[0] in lines_wanted]
         got = dict(self._encode_lines(lines, epoch))
-        if set(got) != wanted:
+        if not set(keys) <= set(got):
             raise ValueError("the input changed since the state was saved: a pooled line no longer encodes")
-        return [(j, got[j]) for j in positions]
+        return [(key, got[key]) for key in keys]
 
     # ------------------------------------------------------------------------------------ state
     def _header(self) -> dict[str, Any]:
@@ -322,14 +331,16 @@ class OnlinePackedDataset(IterableDataset):
         cfg = self.config
         snap: dict[str, Any] = {}
 
-        def on_round(rnd: int, pool: list[tuple[int, Encoded]], ages: list[int]) -> None:
-            # (2, n) positions and ages: a compact copy per round, carried by each of its rows to the loop
-            snap.update(round=rnd, pool=np.array([[j for j, _ in pool], ages], dtype=np.int64), count=0)
+        def on_round(rnd: int, pool: list[tuple[tuple[int, int], Encoded]], ages: list[int]) -> None:
+            # (3, n) line positions, example of the line, ages: a compact copy per round, carried by its rows
+            snap.update(round=rnd, pool=np.array([[j for (j, _), _ in pool], [k for (_, k), _ in pool], ages],
+                                                 dtype=np.int64).reshape(3, -1), count=0)
 
         resume, start, skip = None, 0, 0
         if saved is not None:
-            positions, ages = np.asarray(saved["pool"], dtype=np.int64).reshape(2, -1).tolist()
-            resume = (saved["round"], self._reencode(epoch, stream, num_streams, positions), ages)
+            positions, ks, ages = np.asarray(saved["pool"], dtype=np.int64).reshape(3, -1).tolist()
+            keys = list(zip(positions, ks, strict=True))
+            resume = (saved["round"], self._reencode(epoch, stream, num_streams, keys), ages)
             start, skip = max(positions) + 1, saved["count"]
         examples = self._encoded(self.stream_lines(epoch, stream, num_streams, start), epoch)
         packs = pack_stream(
