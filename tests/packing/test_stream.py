@@ -137,7 +137,7 @@ def test_resume_from_any_round_gives_the_same_packs(pool_size):
     """``on_round`` sees (r, pool, ages); a stream resumed from it (the examples after the pool's) yields
     exactly the packs the uninterrupted stream yields from round r on."""
     rng = np.random.default_rng(pool_size)
-    lengths = rng.integers(1, 100, size=300).tolist()
+    lengths = rng.integers(1, 100, size=120).tolist()
     items = list(enumerate(lengths))  # (position, length)
     kw = dict(capacity=100, pool_size=pool_size, length=lambda t: t[1], seed=5)
     snaps, tagged = [], []

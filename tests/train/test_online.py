@@ -212,3 +212,35 @@ def test_weighted_sources_are_refused(corpus):
     config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": [str(corpus)], "weight": 2.0}], "output": ""})
     with pytest.raises(ConfigError, match="weight other than 1"):
         OnlinePackedDataset(config)
+
+
+@pytest.fixture(scope="module")
+def long_docs(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(3)
+    path = tmp_path_factory.mktemp("longdocs") / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": " ".join(f"w{int(w)}" for w in rng.integers(0, 999, size=n))}) + "\n"
+                            for n in rng.integers(20, 900, size=30)))
+    return path
+
+
+def test_split_long_documents_match_the_build_and_resume(long_docs, tmp_path):
+    """``long_docs: split`` makes several examples of one line (ids path:line@k): the online rows are the
+    build's, and a resume keys the pool by (line, chunk)."""
+    opts = dict(profile="text", max_length=256, long_docs="split")
+    out = tmp_path / "out"
+    build(BuildConfig.from_inputs([str(long_docs)], str(out), **opts), progress=False)
+    rows = list(PackedDataset(out, shuffle=False))
+    online = list(OnlinePackedDataset(str(long_docs), pool_size=10_000, shuffle=False, **opts))
+    assert [r["example_ids"] for r in online] == [r["example_ids"] for r in rows]
+    assert any("@" in e for r in rows for e in r["example_ids"])
+    for got, want in zip(online, rows, strict=True):
+        np.testing.assert_array_equal(got["input_ids"], want["input_ids"])
+    kw = dict(pool_size=7, seed=1, **opts)
+    full = [_row_key(r) for r in OnlinePackedDataset(str(long_docs), **kw)]
+    for stop in (3, 11):
+        ds = OnlinePackedDataset(str(long_docs), **kw)
+        it = iter(ds)
+        first = [_row_key(next(it)) for _ in range(stop)]
+        resumed = OnlinePackedDataset(str(long_docs), **kw)
+        resumed.load_state_dict(json.loads(json.dumps(ds.state_dict())))
+        assert first + [_row_key(r) for r in resumed] == full
