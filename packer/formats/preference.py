@@ -10,7 +10,7 @@ Explicit prompt, or implicit (the prompt is the longest common message prefix of
 The prompt (its images included) is encoded and computed once; each answer is a branch continuing from it.
 The node order is the contract the DPO loss reads (``packer.train.loss.sequence_logps``: leaves come in
 (chosen, rejected) pairs); no column says it. Messages take the chat kind's fields (parts, images,
-``tool_calls``, ``loss``); a top-level ``images`` / ``tools`` applies to both branches. Why a tree: the
+``tool_calls``, ``loss``; the prompt's turns carry no loss unless they say ``"loss": true``); a top-level ``images`` / ``tools`` applies to both branches. Why a tree: the
 prompt of a padded (prompt+chosen, prompt+rejected) pair is computed twice; here once (docs/benchmarks.md).
 """
 
@@ -59,8 +59,12 @@ def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
             raise ctx.error(
                 "empty_branch", f"'{key}' has no message after the prompt (chosen and rejected must differ)"
             )
+    prompt_messages = chat_messages(prompt, ctx, "prompt")
+    for m in prompt_messages:  # the prompt is context, never a target (TRL's DPO masks it too)
+        if m.loss is None:
+            m.loss = False
     root = Node(
-        messages=chat_messages(prompt, ctx, "prompt"),
+        messages=prompt_messages,
         children=[
             Node(messages=chat_messages(chosen, ctx, "chosen")),
             Node(messages=chat_messages(rejected, ctx, "rejected")),
