@@ -18,8 +18,10 @@ import click
 
 from packer import __version__
 from packer.encode import OVERLONG_POLICIES
-from packer.errors import PackerError, RecordError
+from packer.errors import PackerError, RecordError, RejectRateError
 from packer.models import profile_names
+from packer.packing import ALGORITHMS
+from packer.report.verify import DEFAULT_LIMIT
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
 
@@ -34,8 +36,6 @@ def handle_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from packer.pipeline.build import RejectRateError
-
         try:
             return func(*args, **kwargs)
         except RecordError as e:
@@ -106,7 +106,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
 @click.option("--max-images", type=int, help="Image budget per pack.")
 @click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
-@click.option("--algorithm", type=click.Choice(["bfd", "ffd", "next-fit", "binpacking"]), help="Planner. [default: bfd]")
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
 @click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
 @click.option("--overlong", type=click.Choice(OVERLONG_POLICIES), help="Over-long examples: reject or truncate. [default: drop]")
@@ -200,7 +200,7 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
-        click.secho(f"{directory}  (profile {shards.manifest['profile']}, {len(shards.shards)} shard(s))", bold=True)
+        click.secho(f"{directory}  (profile {shards.manifest.profile}, {len(shards.shards)} shard(s))", bold=True)
         click.echo(format_stats(data))
     if plot_path:
         from packer.report.plots import plot_stats
@@ -262,9 +262,36 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
         click.secho(f"wrote {draw_mask(directory, row, mask_path)}", fg="green", err=True)
 
 
-from packer.report.verify import verify_command  # noqa: E402 - defined in verify.py, which reuses handle_errors above
+@cli.command("verify")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--input", "inputs", multiple=True, metavar="FILE_OR_GLOB",
+              help="Also check that every non-blank line of these JSONL inputs is packed or rejected exactly once.")
+@click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,
+              help="Violations listed per check and file (the rest are counted).")
+@handle_errors
+def verify_command(directory: str, inputs: tuple[str, ...], limit: int) -> None:
+    """Check a finished build: checksums, schema, and every invariant of docs/format.md.
 
-cli.add_command(verify_command)
+    Exit 0 when everything holds; 4 with one line per violation (file, row, what) otherwise.
+
+    \b
+    Examples:
+      packer verify out/
+      packer verify out/ --input train.jsonl --input 'more/*.jsonl'
+    """
+    from packer.report.verify import verify_build
+
+    report = verify_build(directory, inputs=list(inputs) or None, limit=limit)
+    for line in report.lines():
+        click.echo(line)
+    checked = f"{report.shards} shard(s), {report.rows:,} rows, {report.examples:,} examples"
+    if report.input_records is not None:
+        checked += f", {report.input_records:,} input records"
+    if report.ok:
+        click.secho(f"ok: {checked}", fg="green")
+        return
+    click.secho(f"{report.num_violations:,} violation(s) in {checked}", fg="red", err=True)
+    sys.exit(EXIT_VERIFY)
 
 
 def main() -> None:

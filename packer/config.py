@@ -12,8 +12,7 @@ from typing import Any
 from packer.encode import OVERLONG_POLICIES
 from packer.errors import ConfigError
 from packer.models import profile_names
-
-ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")
+from packer.packing import ALGORITHMS
 
 
 def _type_ok(value: Any, expected: Any) -> bool:
@@ -87,8 +86,8 @@ class BuildConfig:
     balance_vision: bool = False
     """Spread vision tokens evenly across packs (same pack count, lower vision-load spread)."""
     refine: bool = True
-    """Also try BFD with exact pack completion and keep the plan with fewer packs (~3x the planner's time,
-    e.g. 0.2 s per 1M examples; Wikipedia-BERT histogram 99.949% -> 99.973% efficiency)."""
+    """Also try BFD with exact pack completion and keep the plan with fewer packs (a few times the planner's
+    time, never more packs; measured in docs/benchmarks.md, "Planner")."""
     overlong: str = "drop"
     """What to do with an example longer than max_length: drop (reject) or truncate."""
     image_root: str | None = None

@@ -37,6 +37,10 @@ class ShardError(PackerError):
     """A shard directory is missing, unfinished, corrupt or of another schema version."""
 
 
+class RejectRateError(PackerError):
+    """More of the input was rejected than --max-reject-fraction allows (exit code 3)."""
+
+
 class RecordError(PackerError):
     """One input record cannot be used. Carries the reason code and where it came from."""
 

@@ -22,11 +22,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from packer.config import BuildConfig  # noqa: E402
 from packer.core.types import IGNORE_INDEX, Encoded  # noqa: E402
 from packer.shards.assemble import assemble_packs, encoded_table  # noqa: E402
 from packer.shards.io import write_json_atomic, write_shard  # noqa: E402
-from packer.shards.schema import SCHEMA_VERSION  # noqa: E402
-from packer.train.dataset import PackedDataset, collate  # noqa: E402
+from packer.shards.schema import SCHEMA_VERSION, Manifest, ShardEntry  # noqa: E402
+from packer.train.collate import collate  # noqa: E402
+from packer.train.dataset import PackedDataset  # noqa: E402
 
 
 def caption_token_pool(coco: Path) -> np.ndarray:
@@ -70,8 +72,9 @@ def write_text_shards(root: Path, pool: np.ndarray, rows: int, row_tokens: int, 
         entries.append(write_shard(packed, root / f"shard-{s:05d}.parquet", rows_per_row_group=64))
         start += n_ex
     write_json_atomic(root / "stats.json", {})
-    write_json_atomic(root / "manifest.json", {"schema_version": SCHEMA_VERSION, "profile": "text",
-                                               "config": {"profile": "text"}, "shards": entries})
+    manifest = Manifest(schema_version=SCHEMA_VERSION, profile="text", shards=tuple(ShardEntry(**e) for e in entries),
+                        config=BuildConfig.from_inputs(["synthetic.jsonl"], str(root), profile="text"))
+    write_json_atomic(root / "manifest.json", manifest.to_dict())
     return total
 
 

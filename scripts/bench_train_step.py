@@ -41,8 +41,9 @@ from check_equivalence import compact_vocab, tiny_model  # noqa: E402
 from packer.config import BuildConfig  # noqa: E402
 from packer.core.types import IGNORE_INDEX  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
-from packer.train.attention import model_inputs, use_packed_attention  # noqa: E402
-from packer.train.dataset import PackedDataset, collate  # noqa: E402
+from packer.train.collate import collate  # noqa: E402
+from packer.train.dataset import PackedDataset  # noqa: E402
+from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
 from packer.train.loss import packed_cross_entropy  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -241,7 +242,7 @@ def run_captions(args, tmp: Path) -> dict:
 
 def _path_tokens(batch: dict) -> int:
     """Tokens of the batch's root-to-leaf paths, each run alone (what one-example-per-path would process)."""
-    from packer.train.attention import PackedLayout
+    from packer.train.layout import PackedLayout
 
     layout = PackedLayout.from_batch(batch)
     anc = layout.ancestors().long()  # (N, N)

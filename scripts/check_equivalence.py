@@ -39,7 +39,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a source checkout
 
 from packer.core.types import IGNORE_INDEX  # noqa: E402
-from packer.train.attention import PackedLayout, model_inputs, use_packed_attention  # noqa: E402
+from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
+from packer.train.layout import PackedLayout  # noqa: E402
 from packer.train.loss import packed_cross_entropy  # noqa: E402
 
 MODELS = ("llama", "qwen2", "qwen2-vl")
@@ -298,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from packer.config import BuildConfig
     from packer.pipeline.build import build
-    from packer.train.dataset import PackedDataset, collate
+    from packer.train.collate import collate
+    from packer.train.dataset import PackedDataset
 
     cuda_only = sorted({"flash", "varlen"} & set(args.backend or []))
     if cuda_only:

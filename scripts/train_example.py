@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from check_equivalence import tiny_model  # noqa: E402
 
-from packer.train.attention import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
-from packer.train.dataset import PackedDataset, collate  # noqa: E402
+from packer.train.collate import collate  # noqa: E402
+from packer.train.dataset import PackedDataset  # noqa: E402
+from packer.train.hf import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
 from packer.train.loss import logits_to_keep, packed_cross_entropy  # noqa: E402
 
 MODEL_OF_PROFILE = {"text": "llama", "qwen2-vl": "qwen2-vl", "qwen2.5-vl": "qwen2-vl"}

@@ -33,8 +33,9 @@ from check_equivalence import tiny_model  # noqa: E402
 from train_example import MODEL_OF_PROFILE  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
-from packer.train.attention import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
-from packer.train.dataset import PackedDataset, collate  # noqa: E402
+from packer.train.collate import collate  # noqa: E402
+from packer.train.dataset import PackedDataset  # noqa: E402
+from packer.train.hf import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
 from packer.train.loss import logits_to_keep, packed_cross_entropy  # noqa: E402
 
 

@@ -1,16 +1,46 @@
-"""Hand-built examples and shard sets for tests of the shard layer and the reader (no tokenizer needed)."""
+"""Hand-built layouts, examples and shard sets for tests of the tree ops, the shard layer and the reader
+(no tokenizer needed)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
 
+from packer.config import BuildConfig
 from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage
 from packer.shards.assemble import assemble_packs, encoded_table
 from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA_VERSION
+from packer.shards.schema import SCHEMA_VERSION, Manifest, ShardEntry, Totals
+
+# packer.core.tree's docstring row: example 0 = prefix P (node 0) with branches a (1) and b (2); example 1 = Q.
+GOLDEN_LAYOUT = dict(num_tokens=10, cu_seqlens=[0, 8, 10], node_offsets=[0, 3, 5, 8], node_parents=[-1, 0, 0, -1])
+
+
+def random_layout(rng: random.Random, *, examples: int = 4, max_len: int = 12, max_nodes: int = 5) -> dict:
+    """A random row: examples of random trees (depth-first, parents first), some of one token."""
+    cu, offsets, parents, t = [0], [], [], 0
+    for _ in range(examples):
+        length = rng.choice([1, rng.randint(1, max_len)])
+        n = rng.randint(1, min(max_nodes, length))
+        starts = sorted(rng.sample(range(1, length), n - 1)) if n > 1 else []
+        base = len(offsets)
+        chain: list[int] = []  # ancestors of the previous node; a depth-first child hangs off one of them
+        for i, s in enumerate([0, *starts]):
+            offsets.append(t + s)
+            if i == 0:
+                parents.append(-1)
+                chain = [base]
+            else:
+                depth = rng.randrange(len(chain))
+                parents.append(chain[depth])
+                chain = chain[: depth + 1] + [base + i]
+        t += length
+        cu.append(t)
+    return dict(num_tokens=t, cu_seqlens=cu, node_offsets=offsets, node_parents=parents)
+
 
 
 def random_tree(rng: np.random.Generator, length: int, max_nodes: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -57,6 +87,17 @@ def write_shardset(root: Path, examples: list[Encoded], pack_sizes: list[int], *
         packed = assemble_packs(rows, np.array(pack_sizes[p0:p1]))
         entries.append(write_shard(packed, root / f"shard-{s:05d}.parquet", rows_per_row_group=rows_per_row_group))
     write_json_atomic(root / "stats.json", {})
-    write_json_atomic(root / "manifest.json", {"schema_version": SCHEMA_VERSION, "profile": profile,
-                                               "config": {"profile": profile}, "shards": entries})
+    (root / "rejects.jsonl").write_text("")
+    longest = max(int(sum(len(e.input_ids) for e in examples[a:b])) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        config=BuildConfig.from_inputs(["f.jsonl"], str(root), profile=profile, max_length=longest),
+        profile=profile, inputs=("f.jsonl",), base_dir=str(root),
+        totals=Totals(input_records=len(examples), rejected=0, rejects_by_reason={}, examples=len(examples),
+                      packs=len(pack_sizes), tokens=sum(len(e.input_ids) for e in examples),
+                      loss_tokens=sum(int((e.labels != IGNORE_INDEX).sum()) for e in examples),
+                      vision_tokens=sum(im.num_tokens for e in examples for im in e.images)),
+        shards=tuple(ShardEntry(**e) for e in entries),
+    )
+    write_json_atomic(root / "manifest.json", manifest.to_dict())
     return root

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packer.core.tree import _node_spans, node_start_positions
+from packer.core.tree import check_layout, node_lengths, node_start_positions
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 
@@ -190,7 +190,8 @@ def mrope_position_ids(
     """
     ids = np.asarray(input_ids)
     length = ids.shape[0]
-    offsets, lengths = _node_spans(length, node_offsets, node_parents)
+    check_layout(length, node_offsets, node_parents, empty_nodes=True)
+    offsets, lengths = np.asarray(node_offsets, dtype=np.int64), node_lengths(length, node_offsets)
     parents = np.asarray(node_parents, dtype=np.int64)
     ends = offsets + lengths
 
@@ -256,7 +257,8 @@ def mrope_position_deltas(
     """
     mrope_ids = np.asarray(mrope_ids)
     length = mrope_ids.shape[1]
-    offsets, lengths = _node_spans(length, node_offsets, node_parents)
+    check_layout(length, node_offsets, node_parents, empty_nodes=True)
+    offsets, lengths = np.asarray(node_offsets, dtype=np.int64), node_lengths(length, node_offsets)
     parents = np.asarray(node_parents, dtype=np.int64)
     n = offsets.shape[0]
     node_max = np.full(n, -1, dtype=np.int64)
@@ -303,7 +305,7 @@ def expected_mrope(
     w[tok] = 0
     w[starts + counts - 1] = np.maximum(grids[:, 1], grids[:, 2]) // merge
     node_w = np.add.reduceat(w, g_off) if len(g_off) else np.zeros(0, np.int64)
-    base = node_start_positions(g_off, node_parents, node_w)  # (N,) weighted sum over each node's ancestors
+    base = node_start_positions(node_parents, node_w)  # (N,) weighted sum over each node's ancestors
     node_of_tok = np.repeat(np.arange(len(g_off)), np.diff(np.append(g_off, length)))
     excl = np.cumsum(w) - w
     text_pos = base[node_of_tok] + excl - excl[g_off][node_of_tok]  # (L,)

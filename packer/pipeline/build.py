@@ -28,7 +28,7 @@ import numpy as np
 
 from packer import __version__
 from packer.config import BuildConfig
-from packer.errors import PackerError
+from packer.errors import RejectRateError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
@@ -50,14 +50,19 @@ from packer.pipeline.stages import (
     shard_ranges,
 )
 from packer.shards.io import write_json_atomic
-from packer.shards.schema import MANIFEST, REJECTS, SCHEMA_VERSION, STATS
+from packer.shards.schema import (
+    MANIFEST,
+    REJECTS,
+    SCHEMA_VERSION,
+    STATS,
+    Manifest,
+    ShardEntry,
+    TokenizerRef,
+    Totals,
+)
 
 if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
-
-
-class RejectRateError(PackerError):
-    """More of the input was rejected than --max-reject-fraction allows."""
 
 
 class Executor(Protocol):
@@ -157,32 +162,32 @@ def manifest_dict(
     inputs: list[str], input_records: int, rejected: int, plan: Plan, stats: dict[str, Any],
     shards: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The manifest of a finished build (docs/format.md)."""
+    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it."""
     profile = encoder.profile
     image_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "packer_version": __version__,
-        "fingerprint": fingerprint,
-        "config": config.to_dict(),
-        "profile": config.profile,
-        "tokenizer": {"name": config.tokenizer or profile.default_tokenizer, "fingerprint": tokenizer_fp},
-        "chat_template_sha256": chat_template_sha256,
-        "inputs": inputs,
-        "base_dir": os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
-        "image_token_id": image_token_id,
-        "totals": {
-            "input_records": input_records,
-            "rejected": rejected,
-            "rejects_by_reason": stats["rejects_by_reason"],
-            "examples": int(len(plan.index)),
-            "packs": int(len(plan.pack_sizes)),
-            "tokens": int(plan.lengths.sum()),
-            "loss_tokens": stats["loss_tokens"],
-            "vision_tokens": int(plan.vision.sum()),
-        },
-        "shards": shards,
-    }
+    return Manifest(
+        schema_version=SCHEMA_VERSION,
+        packer_version=__version__,
+        fingerprint=fingerprint,
+        config=config,
+        profile=config.profile,
+        tokenizer=TokenizerRef(name=config.tokenizer or profile.default_tokenizer, fingerprint=tokenizer_fp),
+        chat_template_sha256=chat_template_sha256,
+        inputs=tuple(inputs),
+        base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
+        image_token_id=image_token_id,
+        totals=Totals(
+            input_records=input_records,
+            rejected=rejected,
+            rejects_by_reason=stats["rejects_by_reason"],
+            examples=int(len(plan.index)),
+            packs=int(len(plan.pack_sizes)),
+            tokens=int(plan.lengths.sum()),
+            loss_tokens=stats["loss_tokens"],
+            vision_tokens=int(plan.vision.sum()),
+        ),
+        shards=tuple(ShardEntry(**entry) for entry in shards),
+    ).to_dict()
 
 
 def _encode(

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure  # no pyplot: no global figure state, no GU
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from packer.core import tree
 from packer.errors import ConfigError
 from packer.report.stats import naive_batches
 from packer.shards.assemble import list_column
@@ -93,11 +94,8 @@ def read_pack_columns(shards: ShardSet) -> PackColumns:
 
 
 def path_tokens(table: pa.Table) -> int:
-    """Sum over every tree of the lengths of its root-to-leaf paths: sum over nodes of length x leaves below.
-
-    Nodes are numbered per row with parents before children, so one sweep from the deepest level up adds each
-    node's leaf count to its parent's (vectorized per level, all rows at once).
-    """
+    """Sum over every tree of the lengths of its root-to-leaf paths: a leaf's path is its start position
+    plus its own length (``packer.core.tree.node_start_positions`` over all rows' nodes as one forest)."""
     off, starts = list_column(table, "node_offsets")
     _, parents = list_column(table, "node_parents")
     nodes_per_row = np.diff(off)
@@ -108,18 +106,8 @@ def path_tokens(table: pa.Table) -> int:
     last = off[1:] - 1
     ends[last[nodes_per_row > 0]] = row_len[nodes_per_row > 0]
     length = ends - starts  # (N,)
-    depth = np.zeros(len(parent), dtype=np.int64)
-    up = parent.copy()
-    while (up >= 0).any():  # pointer jumping: depth = number of ancestors
-        depth += up >= 0
-        up = np.where(up >= 0, parent[np.maximum(up, 0)], -1)
-    has_child = np.zeros(len(parent), dtype=bool)
-    has_child[parent[parent >= 0]] = True
-    leaves = (~has_child).astype(np.int64)  # (N,) leaves below each node, filled bottom-up
-    for d in range(int(depth.max(initial=0)), 0, -1):
-        sel = depth == d
-        np.add.at(leaves, parent[sel], leaves[sel])
-    return int((length * leaves).sum())
+    leaf = np.bincount(parent[parent >= 0], minlength=len(parent)) == 0  # (N,) nodes without children
+    return int((tree.node_start_positions(parent, length) + length)[leaf].sum())
 
 
 @dataclass(frozen=True)
@@ -350,7 +338,7 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
     widths = [1, 1, 1, 1.5] if ncols == 4 else [1] * ncols  # the cost panel's labels need room
     gs = fig.add_gridspec(top_rows + 3, ncols, height_ratios=heights, width_ratios=widths)
 
-    budget = shards.config.get("max_vision_tokens")
+    budget = shards.config.max_vision_tokens
     for k, name in enumerate(panels):
         r, c = divmod(k, ncols)
         last_in_row = k == len(panels) - 1
@@ -400,10 +388,9 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
                Patch(facecolor="white", edgecolor="#999999", label="not computed")]
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
 
-    profile = shards.manifest.get("profile", "?")
     fig.suptitle(
         f"{shards.root.name}: {_plural(stats['examples'], 'example')} in {_plural(stats['packs'], 'pack')} of {capacity:,} tokens "
-        f"({profile}), packing efficiency {_pct(stats['efficiency'])}, "
+        f"({shards.manifest.profile}), packing efficiency {_pct(stats['efficiency'])}, "
         f"lower bound {_plural(stats['lower_bound_packs'], 'pack')} (+{stats['packs_over_lower_bound']:,})",
         fontsize=11,
     )

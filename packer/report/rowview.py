@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from packer.core import tree
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError
 from packer.shards.io import ShardSet, open_shards
@@ -107,9 +108,9 @@ def locate_row(shards: ShardSet, row: int) -> tuple[int, int]:
     if not 0 <= row < total:
         raise ConfigError(f"row {row} is out of range: {shards.root} has {total} row(s), 0..{total - 1}")
     for i, s in enumerate(shards.shards):
-        if row < s["rows"]:
+        if row < s.rows:
             return i, row
-        row -= s["rows"]
+        row -= s.rows
     raise AssertionError("unreachable: the manifest's row counts add up to num_rows")
 
 
@@ -121,7 +122,7 @@ def find_example(shards: ShardSet, example_id: str) -> int:
         for r, row_ids in enumerate(ids.to_pylist()):
             if example_id in row_ids:
                 return base + r
-        base += s["rows"]
+        base += s.rows
     raise ConfigError(f"no example {example_id!r} in {shards.root}; ids look like 'path/to/file.jsonl:LINE'")
 
 
@@ -188,16 +189,16 @@ def _loss_text(tokenizer, ids: np.ndarray, labels: np.ndarray) -> str:
 def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, decode: bool = True) -> RowInfo:
     """Everything ``packer inspect`` shows about global row ``row`` of a finished build.
 
-    ``tokenizer`` defaults to the build's own (``manifest["tokenizer"]["name"]``); ``decode=False`` shows
+    ``tokenizer`` defaults to the build's own (``manifest.tokenizer.name``); ``decode=False`` shows
     token ids instead of text (no tokenizer is loaded).
     """
     shards = open_shards(directory)
     data = read_row(shards, row)
     tok_name = None
     if decode and tokenizer is None:
-        tok_name = (shards.manifest.get("tokenizer") or {}).get("name")
-        if tok_name is None:
+        if shards.manifest.tokenizer is None:
             raise ConfigError(f"{shards.root}/manifest.json names no tokenizer; pass --tokenizer or --ids")
+        tok_name = shards.manifest.tokenizer.name
         from packer.encode.tokenizers import load_tokenizer
 
         tokenizer = load_tokenizer(tok_name)
@@ -211,10 +212,8 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
     cu = data["cu_seqlens"]
     offsets, parents = data["node_offsets"], data["node_parents"]
     node_ends = np.concatenate([offsets[1:], [T]])
-    node_example = np.searchsorted(cu, offsets, side="right") - 1  # (N,)
-    depth = np.zeros(len(offsets), dtype=np.int64)
-    for n, p in enumerate(parents.tolist()):  # parents come before children: one pass
-        depth[n] = 0 if p < 0 else depth[p] + 1
+    node_example = np.searchsorted(cu, offsets, side="right") - 1  # (N,) by cu_seqlens: a broken row still shows
+    depth = tree.node_depths(parents)  # (N,)
     sources = data.get("example_sources") or [""] * (len(cu) - 1)
 
     examples = []
@@ -240,8 +239,8 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
         ))
     shard, shard_row = locate_row(shards, row)
     return RowInfo(
-        directory=str(shards.root), row=row, num_rows=shards.num_rows, shard=shards.shards[shard]["file"],
-        shard_row=shard_row, capacity=shards.config.get("max_length"), num_tokens=T,
+        directory=str(shards.root), row=row, num_rows=shards.num_rows, shard=shards.shards[shard].file,
+        shard_row=shard_row, capacity=shards.config.max_length, num_tokens=T,
         num_loss_tokens=int((labels != IGNORE_INDEX).sum()), num_vision_tokens=int(data["num_vision_tokens"]),
         tokenizer=tok_name if tokenizer is not None else None, examples=examples,
     )
@@ -306,29 +305,29 @@ def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, bidirectional_
 
     ``visible[I, J]`` is True iff some token of query block I sees some token of key block J, with blocks of
     ``factor = ceil(T / cells)`` tokens (factor 1 is the exact mask); ``centre[I]`` is the token that stands
-    for block I when colouring. Node membership and ancestry come from ``packer.train.attention.PackedLayout``
-    (the logic the attention backends use). The token axis is cut into pieces at every block, node and
-    image-span boundary; inside a piece all tokens share a node, so piece p sees piece q iff q's node is an
-    ancestor-or-self of p's and q starts no later than p ends (causal), or both lie in one bidirectional
-    span. A (pieces x pieces) matrix, OR-reduced to blocks, replaces the (T, T) one: a 32k-token row costs
-    about a (1024 + nodes)^2 matrix, not 10^9 booleans.
+    for block I when colouring. Node membership and ancestry come from ``packer.core.tree`` (what the
+    attention backends use). The token axis is cut into pieces at every block, node and image-span boundary;
+    inside a piece all tokens share a node, so piece p sees piece q iff q's node is an ancestor-or-self of
+    p's and q starts no later than p ends (causal), or both lie in one bidirectional span. A
+    (pieces x pieces) matrix, OR-reduced to blocks, replaces the (T, T) one: a 32k-token row costs about a
+    (1024 + nodes)^2 matrix, not 10^9 booleans.
     """
-    from packer.train.attention import PackedLayout
-
     T = len(data["input_ids"])
+    offsets, parents = tree.drop_empty_nodes(T, data["node_offsets"], data["node_parents"])
+    tree.check_layout(T, offsets, parents, data["cu_seqlens"])
+    node = tree.token_nodes(T, offsets)  # (T,)
+    anc = tree.ancestor_matrix(parents)  # (N, N)
+    span = np.full(T, -1, dtype=np.int64)  # (T,) bidirectional span of each token, -1 outside
     spans = None
     if bidirectional_images and data["images"]:
-        spans = [[im["offset"], im["offset"] + im["num_tokens"]] for im in data["images"]]
-    layout = PackedLayout.from_tensors(T, data["cu_seqlens"], data["node_offsets"], data["node_parents"],
-                                       bidirectional_spans=spans)
-    node = layout.token_nodes().numpy()  # (T,)
-    anc = layout.ancestors().numpy()  # (N, N)
-    span = layout.span_ids().numpy()  # (T,) -1 outside bidirectional spans
+        spans = np.array([[im["offset"], im["offset"] + im["num_tokens"]] for im in data["images"]], dtype=np.int64)
+        for k, (a, b) in enumerate(spans.tolist()):
+            span[a:b] = k
     f = max(1, -(-T // cells))
     nb = -(-T // f)
-    cuts = [np.arange(nb) * f, layout.node_offsets.numpy(), np.array([T])]
+    cuts = [np.arange(nb) * f, offsets, np.array([T])]
     if spans is not None:
-        cuts.append(np.asarray(spans).reshape(-1))
+        cuts.append(spans.reshape(-1))
     bounds = np.unique(np.concatenate(cuts).astype(np.int64))
     bounds = bounds[(bounds >= 0) & (bounds <= T)]
     start, end = bounds[:-1], bounds[1:]  # (P,) pieces [start, end)
@@ -420,9 +419,8 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
     shards = open_shards(directory)
     data = read_row(shards, row)
     T = len(data["input_ids"])
-    profile = shards.manifest.get("profile", shards.config.get("profile", "text"))
     try:
-        bidir = get_profile(profile).bidirectional_images
+        bidir = get_profile(shards.manifest.profile).bidirectional_images
     except ConfigError:  # a profile this packer does not know: draw the causal tree mask
         bidir = False
     cu, offsets = data["cu_seqlens"], data["node_offsets"]

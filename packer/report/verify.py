@@ -9,19 +9,20 @@ What is checked (each failure is one ``Violation``: file, row, what):
   list lengths agree (labels, positions, 3·T mRoPE, E+1 cu_seqlens, E ids), ``num_*`` columns equal the
   recomputed totals; ``cu_seqlens`` starts at 0, increases strictly, ends at T; the row is within the
   capacity and the vision / image / example budgets of the manifest config; labels are -100 at every
-  example start and on every image token, and equal ``input_ids`` elsewhere; node offsets increase, roots are
-  exactly the example starts, parents are earlier nodes of the same example; 1-D positions equal
-  ``positions.tree_position_ids`` of the row's node forest; images lie inside one example, in order, without
+  example start and on every image token, and equal ``input_ids`` elsewhere; the node layout keeps every
+  rule of ``packer.core.tree.LAYOUT_RULES`` (offsets rise from 0, roots exactly at the example starts,
+  parents earlier nodes of the same example); 1-D positions equal ``packer.core.tree.tree_position_ids``
+  of the row's node forest; images lie inside one example, in order, without
   overlap, over exactly the image-token run of their ``num_tokens`` (no stray image token), with
   ``num_tokens`` matching the grid; mRoPE positions equal an independent vectorized recomputation of
   ``get_rope_index`` along each tree path;
 - example ids are unique across the whole dataset;
 - with ``inputs``: every non-blank input line is packed (``path:line`` in ``example_ids``) or rejected
-  (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``).
+  (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``); a
+  source whose paths match no file any more is a violation (its copy counts cannot be checked).
 
-Cost: one pass over the shards, each row group decoded once: ~2.5M tokens/s on one core (qwen2-vl rows with
-images and mRoPE, 64-row groups; about a third of it is Parquet decoding). Memory: one row group plus the
-example ids (for the uniqueness check).
+Cost: one pass over the shards, each row group decoded once (docs/benchmarks.md, "Verify"). Memory: one row
+group plus the example ids (for the uniqueness check).
 """
 
 from __future__ import annotations
@@ -34,18 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import click
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from packer.config import profile_overrides
-from packer.core.tree import tree_position_ids
+from packer.core import tree
 from packer.core.types import IGNORE_INDEX
-from packer.errors import REJECT_REASONS
+from packer.errors import REJECT_REASONS, ConfigError
 from packer.shards.io import open_shards, sha256_file
-from packer.shards.schema import MANIFEST, REJECTS, SCHEMA, SCHEMA_VERSION, STATS
+from packer.shards.schema import MANIFEST, REJECTS, SCHEMA, SCHEMA_VERSION, STATS, Manifest
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile
@@ -222,7 +221,8 @@ def _check_shapes(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> np.nd
 
 
 def _check_boundaries(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> np.ndarray:
-    """cu_seqlens, budgets and the node forest; returns the rows whose structure is sound."""
+    """cu_seqlens, budgets and the node forest (``packer.core.tree.layout_faults`` over the whole row group);
+    returns the rows whose structure is sound."""
     good = np.ones(d.R, dtype=bool)
 
     def check(bad: np.ndarray, name: str, describe, structural: bool = True) -> None:
@@ -231,15 +231,22 @@ def _check_boundaries(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> n
         if structural:
             good &= ~bad
 
-    # --- cu_seqlens: 0 = c_0 < c_1 < ... < c_E = T
-    first, last = d.cu[d.cu_off[:-1]], d.cu[d.cu_off[1:] - 1]
-    row_of_cu = _row_of(d.cu_off)
-    not_inc = np.zeros(len(d.cu), dtype=bool)
-    not_inc[:-1] = (np.diff(d.cu) <= 0) & _within_row_pairs(d.cu_off)
-    check(first != 0, "cu_seqlens start", lambda i: f"cu_seqlens starts at {first[i]}, not 0")
-    check(last != d.T, "cu_seqlens end", lambda i: f"cu_seqlens ends at {last[i]}, the row has {d.T[i]} tokens")
-    check(_rows_with(not_inc, row_of_cu, d.R), "cu_seqlens increasing",
-          lambda i: f"cu_seqlens is not strictly increasing: {d.cu[d.cu_off[i]:d.cu_off[i + 1]][:12].tolist()}")
+    faults = tree.layout_faults(d.T, d.noff, d.npar, d.cu, node_splits=d.no_off, cu_splits=d.cu_off)
+    first, last = d.cu[d.cu_off[:-1]], d.cu[d.cu_off[1:] - 1]  # rows have E+1 >= 2 values (_check_shapes)
+    describe = {
+        "cu_seqlens length": lambda i: f"cu_seqlens has {d.cu_off[i + 1] - d.cu_off[i]} values (want >= 2)",
+        "cu_seqlens start": lambda i: f"cu_seqlens starts at {first[i]}, not 0",
+        "cu_seqlens end": lambda i: f"cu_seqlens ends at {last[i]}, the row has {d.T[i]} tokens",
+        "cu_seqlens increasing": lambda i: f"cu_seqlens is not strictly increasing: {d.cu[d.cu_off[i]:d.cu_off[i + 1]][:12].tolist()}",
+        "node offsets": lambda i: "node_offsets do not start at 0 and rise strictly inside [0, T): "
+        f"{d.noff[d.no_off[i]:d.no_off[i + 1]][:12].tolist()}",
+        "node parents": lambda i: f"node_parents must be -1 or an earlier node: {d.npar[d.no_off[i]:d.no_off[i + 1]][:12].tolist()}",
+        "roots": lambda i: f"{int((d.npar[d.no_off[i]:d.no_off[i + 1]] == -1).sum())} root nodes (parent -1) for {d.E[i]} examples",
+        "roots at starts": lambda i: "a root node does not start where its example starts (cu_seqlens)",
+        "parent example": lambda i: "a node's parent belongs to another example",
+    }
+    for name in ("cu_seqlens length", "cu_seqlens start", "cu_seqlens end", "cu_seqlens increasing"):
+        check(faults.pop(name), name, describe[name])
 
     # --- budgets of the manifest config (not structural: the row is still checked further)
     if lim.max_length is not None:
@@ -253,42 +260,9 @@ def _check_boundaries(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> n
         check(d.num_vision > lim.max_vision_tokens, "vision budget",
               lambda i: f"{d.num_vision[i]} vision tokens > max_vision_tokens {lim.max_vision_tokens}", False)
 
-    # --- nodes: offsets strictly increasing inside [0, T), parents earlier nodes (-1 for roots)
-    row_of_node = _row_of(d.no_off)
-    local = np.arange(len(d.noff)) - d.no_off[:-1][row_of_node]  # node index within its row
-    node_inc = np.zeros(len(d.noff), dtype=bool)
-    node_inc[:-1] = (np.diff(d.noff) <= 0) & _within_row_pairs(d.no_off)
-    out_of_row = (d.noff < 0) | (d.noff >= d.T[row_of_node])
-    check(_rows_with(node_inc | out_of_row, row_of_node, d.R), "node offsets",
-          lambda i: f"node_offsets are not strictly increasing inside [0, T): {d.noff[d.no_off[i]:d.no_off[i + 1]][:12].tolist()}")
-    bad_parent = (d.npar < -1) | (d.npar >= local)
-    check(_rows_with(bad_parent, row_of_node, d.R), "node parents",
-          lambda i: f"node_parents must be -1 or an earlier node: {d.npar[d.no_off[i]:d.no_off[i + 1]][:12].tolist()}")
-    good_cu = good.copy()
-
-    # --- roots are exactly the example starts (first node of each example at its cu start)
-    is_root = d.npar == -1
-    roots_per_row = np.bincount(row_of_node[is_root], minlength=d.R)
-    check(roots_per_row != d.E, "roots", lambda i: f"{roots_per_row[i]} root nodes (parent -1) for {d.E[i]} examples")
-    is_start = np.ones(len(d.cu), dtype=bool)
-    is_start[d.cu_off[1:] - 1] = False  # the final T is no start
-    sel_rows = good & good_cu  # rows where both lists are comparable element by element
-    root_off = d.noff[is_root & sel_rows[row_of_node]]
-    starts = d.cu[is_start & sel_rows[row_of_cu]]
-    root_rows = row_of_node[is_root & sel_rows[row_of_node]]
-    check(_rows_with(root_off != starts, root_rows, d.R), "roots at starts",
-          lambda i: "a root node does not start where its example starts (cu_seqlens)")
-
-    # --- a parent belongs to the same example as its child (rows sound so far: their starts are sorted)
-    if good.any():
-        row_base = d.tok_off[:-1]
-        start_sel = is_start & good[row_of_cu]
-        g_starts = row_base[row_of_cu[start_sel]] + d.cu[start_sel]  # example starts in the flat stream
-        g_node = row_base[row_of_node] + d.noff
-        ex_of_node = np.searchsorted(g_starts, g_node, side="right") - 1
-        gpar = np.where(is_root, -1, d.npar + d.no_off[:-1][row_of_node])
-        cross = ~is_root & good[row_of_node] & (ex_of_node[np.maximum(gpar, 0)] != ex_of_node)
-        check(_rows_with(cross, row_of_node, d.R), "parent example", lambda i: "a node's parent belongs to another example")
+    # --- nodes: offsets, parents, roots exactly at the example starts, parents in the same example
+    for name, bad in faults.items():
+        check(bad, name, describe[name])
     return good
 
 
@@ -323,7 +297,7 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
     row_of_node = _row_of(d.no_off)
     g_off = row_base[row_of_node] + d.noff
     g_par = np.where(d.npar < 0, -1, d.npar + d.no_off[:-1][row_of_node])
-    expected = tree_position_ids(L, g_off, g_par).astype(np.int64) if L else np.zeros(0, np.int64)
+    expected = tree.tree_position_ids(L, g_off, g_par).astype(np.int64) if L else np.zeros(0, np.int64)
     check(_rows_with(expected != d.pos, row_of_tok, d.R), "position_ids",
           lambda i: "position_ids differ from the tree positions (0 at each example, a branch continues from its parent)")
 
@@ -373,19 +347,18 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
 
 
 # ---------------------------------------------------------------------------------------- whole build
-def _limits(manifest: dict[str, Any]) -> _Limits:
+def _limits(manifest: Manifest) -> _Limits:
     from packer.models import get_profile
 
-    cfg = manifest.get("config", {})
-    name = manifest.get("profile", cfg.get("profile", "text"))
-    profile = get_profile(name, **profile_overrides(cfg))
+    cfg = manifest.config
+    profile = get_profile(manifest.profile, **cfg.profile_overrides())
     return _Limits(
-        max_length=cfg.get("max_length"),
-        max_vision_tokens=cfg.get("max_vision_tokens"),
-        max_images=cfg.get("max_images"),
-        max_examples=cfg.get("max_examples_per_pack"),
+        max_length=cfg.max_length,
+        max_vision_tokens=cfg.max_vision_tokens,
+        max_images=cfg.max_images,
+        max_examples=cfg.max_examples_per_pack,
         profile=profile,
-        image_token_id=manifest.get("image_token_id"),
+        image_token_id=manifest.image_token_id,
     )
 
 
@@ -412,23 +385,23 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
     id_chunks: list[pa.Array] = []  # every example id, in dataset order
     id_where: list[tuple[str, np.ndarray]] = []  # (file, row of each id) per chunk, to place duplicates
     listed = set()
-    for s, entry in enumerate(shards.shards):
-        file = entry.get("file", f"<shard {s}>")
+    for entry in shards.shards:
+        file = entry.file
         listed.add(file)
         spath = root / file
         rep.shards += 1
         if not spath.is_file():
             rep.add(file, None, "listed in the manifest but missing", "missing shard")
             continue
-        if sha256_file(spath) != entry.get("sha256"):
-            rep.add(file, None, f"sha256 differs from the manifest ({entry.get('sha256')})", "checksum")
+        if sha256_file(spath) != entry.sha256:
+            rep.add(file, None, f"sha256 differs from the manifest ({entry.sha256})", "checksum")
         try:
             pf = pq.ParquetFile(spath)
         except Exception as e:  # noqa: BLE001 - any Parquet/Arrow failure is this file's violation
             rep.add(file, None, f"unreadable Parquet: {type(e).__name__}: {e}", "unreadable")
             continue
-        if pf.metadata.num_rows != entry.get("rows"):
-            rep.add(file, None, f"{pf.metadata.num_rows} rows, the manifest says {entry.get('rows')}", "row count")
+        if pf.metadata.num_rows != entry.rows:
+            rep.add(file, None, f"{pf.metadata.num_rows} rows, the manifest says {entry.rows}", "row count")
         problem = _schema_problem(pf.schema_arrow)
         if problem:
             rep.add(file, None, problem, "schema")
@@ -502,21 +475,22 @@ def _read_rejects(root: Path, rep: VerifyReport) -> list[dict[str, Any]]:
     return out
 
 
-def _check_totals(manifest: dict[str, Any], root: Path, rep: VerifyReport, sums: Counter,
+def _check_totals(manifest: Manifest, root: Path, rep: VerifyReport, sums: Counter,
                   rejects: list[dict[str, Any]]) -> None:
-    totals = manifest.get("totals", {})
-    want = {"packs": rep.rows, "examples": rep.examples, **sums, "rejected": len(rejects)}
-    for key, value in want.items():
-        if key in totals and totals[key] != value:
-            rep.add(MANIFEST, None, f"totals.{key} is {totals[key]}, the build holds {value}", "totals")
+    totals = manifest.totals
     by_reason = dict(sorted(Counter(r["reason"] for r in rejects).items()))
-    if "rejects_by_reason" in totals and totals["rejects_by_reason"] != by_reason:
-        rep.add(MANIFEST, None, f"totals.rejects_by_reason is {totals['rejects_by_reason']}, rejects.jsonl has {by_reason}",
-                "totals")
-    weights = [s.get("weight", 1.0) for s in manifest.get("config", {}).get("sources", [])]
-    if "input_records" in totals and all(w == 1.0 for w in weights):
-        if totals["input_records"] != rep.examples + len(rejects):
-            rep.add(MANIFEST, None, f"totals.input_records is {totals['input_records']}, but {rep.examples} examples "
+    if totals is None:
+        rep.add(MANIFEST, None, "has no 'totals': the whole-build counts cannot be checked", "totals")
+    else:
+        want = {"packs": rep.rows, "examples": rep.examples, **sums, "rejected": len(rejects)}
+        for key, value in want.items():
+            if getattr(totals, key) != value:
+                rep.add(MANIFEST, None, f"totals.{key} is {getattr(totals, key)}, the build holds {value}", "totals")
+        if totals.rejects_by_reason != by_reason:
+            rep.add(MANIFEST, None, f"totals.rejects_by_reason is {totals.rejects_by_reason}, rejects.jsonl has "
+                    f"{by_reason}", "totals")
+        if all(s.weight == 1.0 for s in manifest.config.sources) and totals.input_records != rep.examples + len(rejects):
+            rep.add(MANIFEST, None, f"totals.input_records is {totals.input_records}, but {rep.examples} examples "
                     f"+ {len(rejects)} rejects = {rep.examples + len(rejects)}", "totals")
     stats_path = root / STATS
     try:
@@ -525,8 +499,8 @@ def _check_totals(manifest: dict[str, Any], root: Path, rep: VerifyReport, sums:
         rep.add(STATS, None, f"unreadable: {e}", "stats")
         return
     for key in ("examples", "packs", "rejected", "input_records", "tokens"):
-        if key in stats and key in totals and stats[key] != totals[key]:
-            rep.add(STATS, None, f"{key} is {stats[key]}, the manifest says {totals[key]}", "stats")
+        if key in stats and totals is not None and stats[key] != getattr(totals, key):
+            rep.add(STATS, None, f"{key} is {stats[key]}, the manifest says {getattr(totals, key)}", "stats")
     if "rejects_by_reason" in stats and stats["rejects_by_reason"] != by_reason:
         rep.add(STATS, None, f"rejects_by_reason is {stats['rejects_by_reason']}, rejects.jsonl has {by_reason}", "stats")
 
@@ -548,34 +522,36 @@ def input_lines(path: str) -> np.ndarray:
     return np.asarray(numbers, dtype=np.int64)
 
 
-def _resolve(path: str, base_dir: str) -> str:
-    return os.path.realpath(path if os.path.isabs(path) else os.path.join(base_dir, path))
+def _source_weights(manifest: Manifest, rep: VerifyReport) -> dict[str, float]:
+    """Resolved input file -> its source's weight (files the config's paths match now).
 
-
-def _source_weights(manifest: dict[str, Any], base_dir: str) -> dict[str, float]:
-    """Resolved input file -> its source's weight (files the config's globs still match)."""
-    from packer.errors import ConfigError
+    A source whose paths match no file any more is a violation: its records' copy counts cannot be checked.
+    """
     from packer.formats.read import expand_inputs
 
     out = {}
-    for s in manifest.get("config", {}).get("sources", []):
+    for s in manifest.config.sources:
         try:
-            files = expand_inputs([p if os.path.isabs(p) else os.path.join(base_dir, p) for p in s.get("paths", [])])
-        except ConfigError:
+            files = expand_inputs([manifest.resolve(p) for p in s.paths])
+        except ConfigError as e:
+            rep.add(MANIFEST, None, f"source {s.name!r} (weight {s.weight}): {e}; the copy counts of its records "
+                    "cannot be checked", "source weights")
             continue
         for f in files:
-            out[os.path.realpath(f)] = float(s.get("weight", 1.0))
+            out[os.path.realpath(f)] = s.weight
     return out
 
 
-def _check_inputs(manifest: dict[str, Any], root: Path, ids: pa.ChunkedArray, rejects: list[dict[str, Any]],
+def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects: list[dict[str, Any]],
                   inputs: list[str], rep: VerifyReport) -> None:
     """Every non-blank line of ``inputs`` is packed (with its source's copy count) or rejected, exactly once."""
     from packer.formats.read import expand_inputs
 
-    base_dir = manifest.get("base_dir") or os.getcwd()
+    def resolve(path: str) -> str:
+        return os.path.realpath(manifest.resolve(path))
+
     files = {os.path.realpath(f): f for f in expand_inputs(inputs)}
-    weights = _source_weights(manifest, base_dir)
+    weights = _source_weights(manifest, rep)
     lines = {real: input_lines(f) for real, f in files.items()}
     rep.input_records = int(sum(len(v) for v in lines.values()))
     # Parse ids "path:line" or "path:line#copy" in bulk (Arrow regex), then group them by path.
@@ -607,14 +583,14 @@ def _check_inputs(manifest: dict[str, Any], root: Path, ids: pa.ChunkedArray, re
         max_copy = np.full(n_lines + 2, -1, dtype=np.int64)
         rejected = np.zeros(n_lines + 2, dtype=np.int64)
         for p, idx in by_path.items():
-            if _resolve(p, base_dir) != real:
+            if resolve(p) != real:
                 continue
             ln, cp = id_lines[idx], id_copies[idx]
             clipped = np.clip(ln, 0, n_lines + 1)
             np.add.at(packed, clipped, 1)
             np.maximum.at(max_copy, clipped, cp)
         for p, lns in rej_by_path.items():
-            if _resolve(p, base_dir) == real:
+            if resolve(p) == real:
                 np.add.at(rejected, np.clip(np.asarray(lns, np.int64), 0, n_lines + 1), 1)
         is_record = np.zeros(n_lines + 2, dtype=bool)
         is_record[numbers] = True
@@ -638,46 +614,6 @@ def _check_inputs(manifest: dict[str, Any], root: Path, ids: pa.ChunkedArray, re
                 rep.add(name, None, f"line {ln} {what}{extra}", "input accounting")
     # Records of build inputs not passed here are not checked (the caller's choice); records of files that
     # are no input of this build at all cannot be right.
-    build_inputs = {_resolve(p, base_dir) for p in manifest.get("inputs", [])} | set(files)
-    for p in sorted({p for p in list(by_path) + list(rej_by_path) if _resolve(p, base_dir) not in build_inputs}):
+    build_inputs = {resolve(p) for p in manifest.inputs} | set(files)
+    for p in sorted({p for p in list(by_path) + list(rej_by_path) if resolve(p) not in build_inputs}):
         rep.add("<dataset>", None, f"holds records of {p!r}, which is not an input of this build", "unknown input")
-
-
-# ---------------------------------------------------------------------------------------- CLI
-@click.command("verify")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--input", "inputs", multiple=True, metavar="FILE_OR_GLOB",
-              help="Also check that every non-blank line of these JSONL inputs is packed or rejected exactly once.")
-@click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,
-              help="Violations listed per check and file (the rest are counted).")
-def verify_command(directory: str, inputs: tuple[str, ...], limit: int) -> None:
-    """Check a finished build: checksums, schema, and every invariant of docs/format.md.
-
-    Exit 0 when everything holds; 4 with one line per violation (file, row, what) otherwise.
-
-    \b
-    Examples:
-      packer verify out/
-      packer verify out/ --input train.jsonl --input 'more/*.jsonl'
-    """
-    from packer.cli import EXIT_VERIFY, handle_errors  # here, not at import: cli.py registers this command
-
-    handle_errors(_run_verify)(directory, list(inputs) or None, limit, EXIT_VERIFY)
-
-
-def _run_verify(directory: str, inputs: list[str] | None, limit: int, exit_code: int) -> None:
-    import sys
-
-    report = verify_build(directory, inputs=inputs, limit=limit)
-    for line in report.lines():
-        click.echo(line)
-    checked = f"{report.shards} shard(s), {report.rows:,} rows, {report.examples:,} examples"
-    if report.input_records is not None:
-        checked += f", {report.input_records:,} input records"
-    if report.ok:
-        click.secho(f"ok: {checked}", fg="green")
-        return
-    click.secho(f"{report.num_violations:,} violation(s) in {checked}", fg="red", err=True)
-    sys.exit(exit_code)
-
-

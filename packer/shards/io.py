@@ -12,8 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer.config import BuildConfig
 from packer.errors import ShardError
-from packer.shards.schema import MANIFEST, SCHEMA_VERSION
+from packer.shards.schema import MANIFEST, Manifest, ShardEntry
 
 
 def sha256_file(path: str | Path) -> str:
@@ -67,26 +68,27 @@ class ShardSet:
     """A finished build: its directory and manifest."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
-    def shards(self) -> list[dict[str, Any]]:
-        return self.manifest["shards"]
+    def shards(self) -> tuple[ShardEntry, ...]:
+        return self.manifest.shards
 
     @property
     def num_rows(self) -> int:
-        return sum(s["rows"] for s in self.shards)
+        return sum(s.rows for s in self.shards)
 
     def shard_path(self, i: int) -> Path:
-        return self.root / self.shards[i]["file"]
+        return self.root / self.shards[i].file
 
     @property
-    def config(self) -> dict[str, Any]:
-        return self.manifest["config"]
+    def config(self) -> BuildConfig:
+        return self.manifest.config
 
 
 def open_shards(path: str | Path) -> ShardSet:
-    """Open a finished build; ShardError if the manifest is missing (unfinished build) or of another version."""
+    """Open a finished build; ShardError if the manifest is missing (unfinished build), of another version, or
+    lacks a key a reader needs."""
     root = Path(path)
     if not root.is_dir():
         raise ShardError(f"{root} is not a directory of packer shards")
@@ -97,10 +99,7 @@ def open_shards(path: str | Path) -> ShardSet:
             "Rerun the same `packer build` command to complete it."
         )
     try:
-        manifest = json.loads(mpath.read_text())
+        data = json.loads(mpath.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ShardError(f"{mpath} is unreadable: {e}") from e
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ShardError(f"{root} has shard schema v{version}; this packer reads v{SCHEMA_VERSION}")
-    return ShardSet(root=root, manifest=manifest)
+    return ShardSet(root=root, manifest=Manifest.from_dict(data, where=str(mpath)))

@@ -1,11 +1,20 @@
-"""The shard contract (docs/format.md) as code: the Parquet schema, the encode-cache schema, file names.
+"""The shard contract (docs/format.md) as code: the Parquet schema, the encode-cache schema, file names, and
+the typed ``Manifest`` of ``manifest.json``.
 
-Writer and readers import ``SCHEMA`` from here, so the two sides cannot drift.
+Writer and readers import ``SCHEMA`` and ``Manifest`` from here, so the two sides cannot drift.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
 import pyarrow as pa
+
+from packer.config import BuildConfig
+from packer.errors import ConfigError, ShardError
 
 SCHEMA_VERSION = 1
 
@@ -81,3 +90,178 @@ EXAMPLE_SCHEMA = pa.schema(
 
 
 ROW_LIST_COLUMNS = ("input_ids", "labels", "position_ids", "mrope_position_ids")
+
+
+# ---------------------------------------------------------------------------------------- manifest.json
+def _field(data: dict[str, Any], key: str, kind: type, where: str, *, required: bool = True) -> Any:
+    """``data[key]`` checked against ``kind``; ShardError naming the key when a reader cannot use it."""
+    if key not in data or data[key] is None:
+        if required:
+            raise ShardError(f"{where} has no '{key}'; it is not a manifest this packer can read (rebuild it)")
+        return None
+    value = data[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):  # JSON true is no count
+        raise ShardError(f"{where}: '{key}' is {value!r}, not {kind.__name__}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEntry:
+    """One shard file of a build, as the manifest lists it."""
+
+    file: str
+    """File name inside the build directory (``shard-00000.parquet``)."""
+    rows: int
+    """Packed rows in the file."""
+    bytes: int
+    """File size."""
+    sha256: str
+    """Checksum of the whole file (``packer verify`` recomputes it)."""
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str) -> ShardEntry:
+        if not isinstance(data, dict):
+            raise ShardError(f"{where} is {data!r}, not an object with file, rows, bytes, sha256")
+        return cls(file=_field(data, "file", str, where), rows=_field(data, "rows", int, where),
+                   bytes=_field(data, "bytes", int, where), sha256=_field(data, "sha256", str, where))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "rows": self.rows, "sha256": self.sha256, "bytes": self.bytes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Totals:
+    """What the whole build holds; ``packer verify`` checks each against the shards, rejects.jsonl and stats.json."""
+
+    input_records: int
+    """Non-blank input lines read."""
+    rejected: int
+    """Input lines not packed (each one is in rejects.jsonl)."""
+    rejects_by_reason: dict[str, int]
+    """Rejected lines per reason code (``packer.errors.REJECT_REASONS``), sorted by code."""
+    examples: int
+    """Packed examples, after source weights (a weight of 2 packs each line twice)."""
+    packs: int
+    """Packed rows over all shards."""
+    tokens: int
+    """Tokens over all rows."""
+    loss_tokens: int
+    """Tokens whose label is not -100."""
+    vision_tokens: int
+    """Image tokens over all rows."""
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str) -> Totals:
+        if not isinstance(data, dict):
+            raise ShardError(f"{where} is {data!r}, not an object")
+        values = {f.name: _field(data, f.name, dict if f.name == "rejects_by_reason" else int, where)
+                  for f in dataclasses.fields(cls)}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerRef:
+    """The tokenizer a build used."""
+
+    name: str
+    """HF name, directory or builtin name (``qwen2-vl``): what ``packer inspect`` loads to decode rows."""
+    fingerprint: str
+    """sha256 of its serialized vocabulary, special tokens and template."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "fingerprint": self.fingerprint}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """``manifest.json``: what a finished build is (docs/format.md). The one place its keys and defaults live.
+
+    The writer builds one and writes ``to_dict()``; readers get one from ``open_shards``. Keys a reader
+    needs (schema_version, config, profile, shards) are required; the others are None when an older or
+    hand-written manifest lacks them, and each reader says what it then cannot do.
+    """
+
+    schema_version: int
+    """Shard schema version (``SCHEMA_VERSION``); readers refuse any other."""
+    packer_version: str | None = None
+    """The packer that wrote the build."""
+    fingerprint: str | None = None
+    """sha256 of the effective config (less run-time knobs), tokenizer fingerprint and input files: a rerun
+    with the same fingerprint resumes, another needs ``--overwrite``."""
+    config: BuildConfig
+    """The effective build config (YAML + command line), every field."""
+    profile: str
+    """The vision profile name (``packer.models``): how images became tokens, and how to load their pixels."""
+    tokenizer: TokenizerRef | None = None
+    """The tokenizer used, None if not recorded (``packer inspect`` then needs ``--tokenizer`` or ``--ids``)."""
+    chat_template_sha256: str | None = None
+    """sha256 of the chat template used."""
+    inputs: tuple[str, ...] = ()
+    """The input files, as given (relative ones to ``base_dir``)."""
+    base_dir: str | None = None
+    """The directory relative input paths (and example ids) were resolved from; None: the working directory."""
+    image_token_id: int | None = None
+    """The profile's placeholder token id in the tokenizer; None for text profiles (or not recorded)."""
+    totals: Totals | None = None
+    """Whole-build counts, None if not recorded (nothing for ``packer verify`` to compare then)."""
+    shards: tuple[ShardEntry, ...]
+    """The shard files, in order."""
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = MANIFEST) -> Manifest:
+        """Parse a manifest; ShardError naming the key a reader needs and cannot use."""
+        if not isinstance(data, dict):
+            raise ShardError(f"{where} is not a JSON object")
+        version = _field(data, "schema_version", int, where)
+        if version != SCHEMA_VERSION:
+            raise ShardError(f"{where} has shard schema v{version}; this packer reads v{SCHEMA_VERSION}")
+        try:
+            config = BuildConfig.from_dict(_field(data, "config", dict, where))
+        except ConfigError as e:
+            raise ShardError(f"{where}: 'config' is not a build config this packer reads: {e}") from e
+        tok = _field(data, "tokenizer", dict, where, required=False)
+        inputs = _field(data, "inputs", list, where, required=False) or []
+        if not all(isinstance(p, str) for p in inputs):
+            raise ShardError(f"{where}: 'inputs' must list file paths, got {inputs!r}")
+        totals = _field(data, "totals", dict, where, required=False)
+        shards = _field(data, "shards", list, where)
+        return cls(
+            schema_version=version,
+            packer_version=_field(data, "packer_version", str, where, required=False),
+            fingerprint=_field(data, "fingerprint", str, where, required=False),
+            config=config,
+            profile=_field(data, "profile", str, where),
+            tokenizer=None if tok is None else TokenizerRef(
+                name=_field(tok, "name", str, f"{where} 'tokenizer'"),
+                fingerprint=_field(tok, "fingerprint", str, f"{where} 'tokenizer'")),
+            chat_template_sha256=_field(data, "chat_template_sha256", str, where, required=False),
+            inputs=tuple(inputs),
+            base_dir=_field(data, "base_dir", str, where, required=False),
+            image_token_id=_field(data, "image_token_id", int, where, required=False),
+            totals=None if totals is None else Totals.from_dict(totals, where=f"{where} 'totals'"),
+            shards=tuple(ShardEntry.from_dict(s, where=f"{where} 'shards'[{i}]") for i, s in enumerate(shards)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``manifest.json`` holds (``write_json_atomic`` sorts the keys)."""
+        return {
+            "schema_version": self.schema_version,
+            "packer_version": self.packer_version,
+            "fingerprint": self.fingerprint,
+            "config": self.config.to_dict(),
+            "profile": self.profile,
+            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_dict(),
+            "chat_template_sha256": self.chat_template_sha256,
+            "inputs": list(self.inputs),
+            "base_dir": self.base_dir,
+            "image_token_id": self.image_token_id,
+            "totals": None if self.totals is None else self.totals.to_dict(),
+            "shards": [s.to_dict() for s in self.shards],
+        }
+
+    def resolve(self, path: str) -> str:
+        """An input path or example-id path as the build resolved it: absolute, relative ones from ``base_dir``."""
+        return os.path.abspath(os.path.join(self.base_dir or os.getcwd(), path))

@@ -1,8 +1,9 @@
 """Exact cross-entropy on packed rows, linear or tree.
 
 Labels are stored unshifted: ``labels[t]`` is the target of token t, predicted by the logit of t's
-predecessor on its path: t-1 inside a node, the parent's last token at a node start, nothing at an example
-start. A parent with k children therefore feeds k predictions from one logit:
+predecessor on its path (``packer.core.tree.predecessor_index``): t-1 inside a node, the parent's last token
+at a node start, nothing at an example start. A parent with k children therefore feeds k predictions from
+one logit:
 
     row:     | P0 P1 P2 | a0 a1 | b0 b1 |      node 0 = prefix, nodes 1 and 2 = branches of node 0
     pred:     -1  0  1     2  3    2  5        a0 and b0 are both predicted from P2's logit
@@ -29,39 +30,10 @@ import torch.nn.functional as F
 
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError, ShardError
-from packer.train.attention import PackedLayout
+from packer.train.layout import PackedLayout
 
 REDUCTIONS = ("sum", "mean", "none")
 WEIGHTINGS = ("token", "example")
-
-
-def predecessor_index(
-    num_tokens: int,
-    cu_seqlens: Any,
-    node_offsets: Any = None,
-    node_parents: Any = None,
-) -> torch.Tensor:
-    """The position whose logit predicts each token, -1 where none (an example start).  # (T,) long
-
-    Args:
-        num_tokens: T.
-        cu_seqlens: (E+1,) example boundaries.
-        node_offsets: (N,) node starts; None means one node per example.
-        node_parents: (N,) parent node index, -1 for a root.
-    """
-    layout = PackedLayout.from_tensors(num_tokens, cu_seqlens, node_offsets, node_parents)
-    return _predecessors(layout)
-
-
-def _predecessors(layout: PackedLayout) -> torch.Tensor:
-    T = layout.num_tokens
-    starts = layout.node_offsets.long()  # (N,)
-    ends = torch.cat([starts[1:], torch.tensor([T])])  # (N,) exclusive
-    parents = layout.node_parents.long()
-    parent_last = torch.where(parents >= 0, ends[parents.clamp(min=0)] - 1, torch.full_like(parents, -1))
-    pred = torch.arange(T) - 1  # (T,) inside a node: the previous token
-    pred[starts] = parent_last  # a node start: its parent's last token; a root: none
-    return pred
 
 
 def _layout(meta: Mapping[str, Any] | PackedLayout, num_tokens: int) -> PackedLayout:
@@ -92,7 +64,7 @@ def loss_targets(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout) -
     if layout.num_tokens != labels.numel():
         raise ShardError(f"labels have {labels.numel()} tokens but the layout describes {layout.num_tokens}")
     positions = (labels != IGNORE_INDEX).nonzero().reshape(-1).cpu()  # (L,)
-    pred = _predecessors(layout)[positions]  # (L,)
+    pred = layout.predecessors()[positions]  # (L,)
     if bool((pred < 0).any()):
         bad = positions[pred < 0][:5].tolist()
         raise ShardError(

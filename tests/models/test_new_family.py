@@ -21,8 +21,9 @@ from packer.encode.tokenizers import load_tokenizer
 from packer.models import forward_keys, get_profile, profile_names, register_profile
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.train.attention import model_inputs
-from packer.train.dataset import PackedDataset, collate
+from packer.train.collate import collate
+from packer.train.dataset import PackedDataset
+from packer.train.hf import model_inputs
 from tests.models.toy_family import ToyProfile
 
 TOY_TEMPLATE = (

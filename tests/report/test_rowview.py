@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +21,10 @@ from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.report.rowview import coarse_mask, describe_row, draw_mask, find_example, format_row, read_row
 from packer.shards.io import open_shards
-from packer.train.attention import build_attention_mask
+from packer.train.layout import build_attention_mask
 from tests.helpers import random_tree
 
+REPO = Path(__file__).resolve().parents[2]
 MAX_PIXELS = 64 * 28 * 28  # at most 64 vision tokens per image: a small, fast build
 
 CHAT = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "It is 4."}]}
@@ -241,3 +245,28 @@ def test_cli_inspect(packed, one_per_row, tmp_path):
     assert not_built.exit_code == 1
     assert not_built.stderr == (f"error: {tmp_path} has no manifest.json: the build did not finish (or this is not "
                                 "a packer output). Rerun the same `packer build` command to complete it.\n")
+
+
+def test_report_commands_do_not_import_torch_or_click(packed, tmp_path):
+    """report/ is numpy + pyarrow (+ matplotlib): importing it, `packer stats --plot` and `packer inspect --row 0
+    --mask` leave torch unimported; only packer.cli imports click."""
+    script = f"""
+import sys
+import packer.report.plots, packer.report.rowview, packer.report.stats, packer.report.verify
+assert "torch" not in sys.modules and "click" not in sys.modules, "importing packer.report"
+from packer.cli import main
+for argv in (["stats", {str(packed)!r}, "--plot", {str(tmp_path / "s.png")!r}],
+             ["inspect", {str(packed)!r}, "--row", "0", "--mask", {str(tmp_path / "m.png")!r}]):
+    sys.argv = ["packer", *argv]
+    try:
+        main()
+    except SystemExit as e:
+        assert not e.code, (argv, e.code)
+    assert "torch" not in sys.modules, argv
+print("no torch")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("no torch\n")
+    assert (tmp_path / "s.png").exists() and (tmp_path / "m.png").exists()

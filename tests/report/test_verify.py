@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +22,7 @@ from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA
+from tests.helpers import random_example, write_shardset
 
 U = lambda c: {"role": "user", "content": c}  # noqa: E731
 A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
@@ -174,7 +176,7 @@ MUTATIONS = {
     "root shifted": (_later_tree, _shift_later_root, "a root node does not start where its example starts"),
     "extra root": (_later_tree, _extra_root, "root nodes (parent -1) for"),
     "node offsets": (_later_tree, _set("node_offsets", lambda r: [0, *reversed(r["node_offsets"][1:])]),
-                     "node_offsets are not strictly increasing"),
+                     "node_offsets do not start at 0 and rise strictly"),
     "image offset": (_with_image, lambda r: r["images"][0].__setitem__("offset", r["images"][0]["offset"] + 1),
                      "image tokens (id 151655) disagree"),
     "image outside": (_with_image, lambda r: r["images"][-1].__setitem__("offset", r["num_tokens"]), "outside the row"),
@@ -371,3 +373,37 @@ def test_weighted_mixture_copies_are_accounted_for(tmp_path):
     write_json_atomic(out / "manifest.json", manifest)
     lost = [v for v in verify_build(out, inputs=[str(b)]).lines() if "is neither packed nor rejected" in v]
     assert len(lost) == 10
+
+
+def test_a_source_whose_files_are_gone_is_reported(tmp_path):
+    """A source whose paths match no file any more: its copy counts cannot be checked, and verify says so
+    (it used to skip the source silently and judge its records as if their weight were 1)."""
+    a = tmp_path / "a.jsonl"
+    a.write_text("".join(json.dumps({"text": f"alpha {i} " * 5}) + "\n" for i in range(6)))
+    out = tmp_path / "out"
+    config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": [str(a)], "weight": 2.0}],
+                                    "output": str(out), "profile": "text"})
+    build(config, progress=False)
+    assert verify_build(out, inputs=[str(a)]).ok
+    moved = tmp_path / "moved.jsonl"
+    a.rename(moved)
+    report = verify_build(out, inputs=[str(moved)])
+    assert not report.ok
+    gone = [v for v in report.violations if "source 'a' (weight 2.0)" in v.what]
+    assert len(gone) == 1 and gone[0].file == "manifest.json"
+    assert f"input '{a}' matches no file" in gone[0].what and "cannot be checked" in gone[0].what
+
+
+def test_a_hand_written_shard_set_verifies(tmp_path):
+    """Random trees, several rows per row group (tests.helpers.write_shardset): every layout rule holds, and
+    one broken row is found in its group without flagging its neighbours."""
+    rng = np.random.default_rng(5)
+    examples = [random_example(rng, i) for i in range(40)]
+    out = write_shardset(tmp_path / "out", examples, [4] * 10, rows_per_shard=5, rows_per_row_group=3)
+    report = verify_build(out)
+    assert report.ok, report.lines()
+    assert (report.shards, report.rows, report.examples) == (2, 10, 40)
+    file, row = _mutate(out, _later_tree, _parent_in_other_example)
+    report = verify_build(out)
+    assert [(v.file, v.row) for v in report.violations] == [(file, row)]
+    assert "parent belongs to another example" in report.violations[0].what

@@ -71,7 +71,7 @@ def test_shard_files_follow_schema(tmp_path):
     examples = [random_example(rng, i) for i in range(10)]
     root = write_shardset(tmp_path / "out", examples, [3, 3, 2, 2], rows_per_shard=3)
     shards = open_shards(root)
-    assert [s["rows"] for s in shards.shards] == [3, 1]
+    assert [s.rows for s in shards.shards] == [3, 1]
     f = pq.ParquetFile(root / "shard-00000.parquet")
     assert f.schema_arrow.equals(SCHEMA, check_metadata=False)
     assert f.metadata.num_row_groups == 2  # rows_per_row_group=2

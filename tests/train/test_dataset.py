@@ -1,17 +1,21 @@
-"""PackedDataset: every row exactly once across ranks and workers; collate builds the batch contract."""
+"""PackedDataset: every row exactly once across ranks and workers, rows round-trip, images that moved."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import Counter
 
 import numpy as np
 import pytest
-import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
-from packer.core.types import IGNORE_INDEX
+from packer.config import BuildConfig
 from packer.errors import ShardError
-from packer.train.dataset import PackedDataset, collate
+from packer.pipeline.build import build
+from packer.train.collate import collate
+from packer.train.dataset import PackedDataset
 from tests.helpers import random_example, write_shardset
 
 
@@ -65,51 +69,37 @@ def test_rows_roundtrip_exactly(shardset):
             np.testing.assert_array_equal(row["position_ids"][sl], e.position_ids)
 
 
-def test_collate_contract(shardset):
-    root, _ = shardset
-    rows = list(PackedDataset(root, shuffle=False))[:3]
-    batch = collate(rows)
-    T = sum(len(r["input_ids"]) for r in rows)
-    assert batch["input_ids"].shape == (1, T) and batch["input_ids"].dtype == torch.int64
-    assert batch["labels"].shape == (1, T)
-    assert batch["cu_seqlens"].dtype == torch.int32
-    assert batch["cu_seqlens"][0] == 0 and batch["cu_seqlens"][-1] == T
-    assert torch.all(batch["cu_seqlens"].diff() > 0)
-    assert batch["max_seqlen"] == int(batch["cu_seqlens"].diff().max())
-    assert isinstance(batch["max_seqlen"], int)
-    assert batch["num_loss_tokens"] == int((batch["labels"] != IGNORE_INDEX).sum())
-    # node parents stay inside their row's nodes and point backwards
-    parents = batch["node_parents"]
-    idx = torch.arange(len(parents))
-    assert torch.all((parents == -1) | (parents < idx))
-    # every example start is a root node start
-    starts = set(batch["cu_seqlens"][:-1].tolist())
-    roots = set(batch["node_offsets"][parents == -1].tolist())
-    assert starts == roots
-
-
-def test_collate_shift_labels_for_linear_rows():
-    rng = np.random.default_rng(3)
-    examples = []
-    for i in range(4):
-        e = random_example(rng, i)
-        e.node_offsets, e.node_parents = np.array([0], np.int32), np.array([-1], np.int32)
-        examples.append(e)
-    rows = [{
-        "input_ids": e.input_ids, "labels": e.labels, "position_ids": e.position_ids,
-        "cu_seqlens": np.array([0, e.num_tokens], np.int32), "node_offsets": e.node_offsets,
-        "node_parents": e.node_parents, "images": [], "example_ids": [e.example_id],
-    } for e in examples]
-    batch = collate(rows)
-    shift = batch["shift_labels"][0]
-    labels = batch["labels"][0]
-    assert torch.equal(shift[:-1], labels[1:]) and shift[-1] == IGNORE_INDEX
-    # nothing is predicted across an example boundary: each example's first label is -100
-    for start in batch["cu_seqlens"][1:-1].tolist():
-        assert shift[start - 1] == IGNORE_INDEX
-
-
 def test_unfinished_build_is_refused(tmp_path):
     (tmp_path / "shard-00000.parquet").write_bytes(b"PAR1")
     with pytest.raises(ShardError, match="no manifest.json"):
         PackedDataset(tmp_path)
+
+
+def test_image_root_keeps_each_image_apart(tmp_path, coco_images):
+    """Two images named 1.jpg in two folders, then the folders move: ``image_root`` finds each by its path
+    relative to the build's image directory (re-rooting by file name made both the same file)."""
+    data_dir = tmp_path / "data"
+    by_shape = {}
+    for p in coco_images:  # a landscape and a portrait picture: their grids tell which file was read
+        with Image.open(p) as im:
+            by_shape.setdefault(im.width > im.height, p)
+    for folder, image in (("a", by_shape[True]), ("b", by_shape[False])):
+        (data_dir / folder).mkdir(parents=True)
+        shutil.copy(image, data_dir / folder / "1.jpg")
+    records = [{"messages": [{"role": "user", "content": [{"type": "image", "image": f"{f}/1.jpg"},
+                                                           {"type": "text", "text": "Caption it."}]},
+                             {"role": "assistant", "content": f"Image {f}."}]} for f in ("a", "b")]
+    (data_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    build(BuildConfig.from_inputs([str(data_dir / "train.jsonl")], str(out), max_length=1024,
+                                  max_pixels=64 * 28 * 28), progress=False)
+    moved = tmp_path / "moved"
+    shutil.move(data_dir, moved)  # the images are only at their new place now
+
+    rows = list(PackedDataset(out, shuffle=False, image_root=moved))
+    sources = sorted(im["source"] for r in rows for im in r["images"])
+    assert sources == [str(moved / "a" / "1.jpg"), str(moved / "b" / "1.jpg")]
+    batch = collate(rows)  # decodes the pixels from the new place
+    grids = [(im["grid_t"], im["grid_h"], im["grid_w"]) for r in rows for im in r["images"]]
+    assert batch["image_grid_thw"].tolist() == [list(g) for g in grids]
+    assert len({g for g in grids}) == 2  # two different pictures, not one file twice

@@ -1,4 +1,4 @@
-"""packer.train.loss: predecessors, exact packed cross-entropy, weighting, normalization across micro-batches."""
+"""packer.train.loss: exact packed cross-entropy, weighting, normalization across micro-batches."""
 
 from __future__ import annotations
 
@@ -7,39 +7,12 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from test_attention import GOLDEN, random_layout
 
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError, ShardError
-from packer.train.attention import PackedLayout
-from packer.train.loss import logits_to_keep, packed_cross_entropy, predecessor_index
-
-
-def brute_force_predecessors(num_tokens, cu_seqlens, node_offsets, node_parents) -> list[int]:
-    """Straight from the definition: t-1 inside a node, the parent's last token at a node start."""
-    ends = list(node_offsets[1:]) + [num_tokens]
-    pred = []
-    for t in range(num_tokens):
-        n = max(i for i, o in enumerate(node_offsets) if o <= t)
-        if t > node_offsets[n]:
-            pred.append(t - 1)
-        elif node_parents[n] >= 0:
-            pred.append(ends[node_parents[n]] - 1)
-        else:
-            pred.append(-1)
-    return pred
-
-
-def test_golden_predecessors():
-    # row: | P0 P1 P2 | a0 a1 | b0 b1 b2 | Q0 Q1 |: a0 and b0 are both predicted from P2
-    assert predecessor_index(**GOLDEN).tolist() == [-1, 0, 1, 2, 3, 2, 5, 6, -1, 8]
-    assert predecessor_index(5, [0, 2, 5]).tolist() == [-1, 0, -1, 2, 3]  # linear: the plain shift
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_predecessors_match_brute_force(seed):
-    layout = random_layout(random.Random(seed), examples=5)
-    assert predecessor_index(**layout).tolist() == brute_force_predecessors(**layout)
+from packer.train.layout import PackedLayout
+from packer.train.loss import logits_to_keep, packed_cross_entropy
+from tests.helpers import GOLDEN_LAYOUT, random_layout
 
 
 def _labels(T: int, loss_positions: list[int], vocab: int = 11) -> torch.Tensor:
@@ -61,7 +34,7 @@ def test_tree_loss_by_hand():
     logits = torch.randn(1, 10, 11, requires_grad=True)
     loss_at = [1, 3, 5, 6, 9]  # P1, a0 (branch start), b0 (branch start), b1, Q1
     labels = _labels(10, loss_at)
-    out = packed_cross_entropy(logits, labels, _meta(GOLDEN))
+    out = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT))
     pred = {1: 0, 3: 2, 5: 2, 6: 5, 9: 8}
     expected = sum(F.cross_entropy(logits[0, pred[t]], labels[0, t]) for t in loss_at)
     torch.testing.assert_close(out.loss, expected)
@@ -76,9 +49,9 @@ def test_reductions_and_accuracy():
     torch.manual_seed(1)
     logits = torch.randn(10, 11)
     labels = _labels(10, [1, 3, 5, 6, 9])
-    s = packed_cross_entropy(logits, labels, _meta(GOLDEN), reduction="sum")
-    m = packed_cross_entropy(logits, labels, _meta(GOLDEN), reduction="mean")
-    n = packed_cross_entropy(logits, labels, _meta(GOLDEN), reduction="none")
+    s = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT), reduction="sum")
+    m = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT), reduction="mean")
+    n = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT), reduction="none")
     torch.testing.assert_close(m.loss, s.loss / 5)
     assert n.loss.shape == (10,) and n.loss[[0, 2, 4, 7, 8]].abs().sum() == 0
     torch.testing.assert_close(n.loss.sum(), s.loss)
@@ -92,12 +65,12 @@ def test_example_weighting_uses_segment_ids():
     torch.manual_seed(2)
     logits = torch.randn(10, 11)
     labels = _labels(10, [1, 3, 5, 6, 9])  # example 0 has 4 loss tokens, example 1 has 1
-    tok = packed_cross_entropy(logits, labels, _meta(GOLDEN), reduction="none").loss
-    ex = packed_cross_entropy(logits, labels, _meta(GOLDEN), reduction="mean", weighting="example")
+    tok = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT), reduction="none").loss
+    ex = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT), reduction="mean", weighting="example")
     expected = (tok[[1, 3, 5, 6]].mean() + tok[9]) / 2
     torch.testing.assert_close(ex.loss, expected)
     assert int(ex.count) == 2
-    summed = packed_cross_entropy(logits, labels, _meta(GOLDEN), reduction="sum", weighting="example")
+    summed = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT), reduction="sum", weighting="example")
     torch.testing.assert_close(summed.loss / summed.count, expected)
 
 
@@ -106,7 +79,7 @@ def test_token_mean_over_micro_batches_is_packing_invariant():
     torch.manual_seed(3)
     layout = random_layout(random.Random(3), examples=6)
     T = layout["num_tokens"]
-    pred = predecessor_index(**layout)
+    pred = PackedLayout.from_tensors(**layout).predecessors()
     loss_at = [t for t in range(T) if pred[t] >= 0 and t % 2 == 0]
     logits, labels = torch.randn(T, 11), _labels(T, loss_at)
     whole = packed_cross_entropy(logits, labels, _meta(layout), reduction="mean")
@@ -128,18 +101,18 @@ def test_logits_to_keep_gives_the_same_loss():
     torch.manual_seed(4)
     logits = torch.randn(1, 10, 11)
     labels = _labels(10, [1, 3, 5, 6, 9])
-    keep = logits_to_keep(labels, _meta(GOLDEN))
+    keep = logits_to_keep(labels, _meta(GOLDEN_LAYOUT))
     assert keep.tolist() == [0, 2, 5, 8]  # P2's row once for both branch starts
-    full = packed_cross_entropy(logits, labels, _meta(GOLDEN))
-    part = packed_cross_entropy(logits[:, keep], labels, _meta(GOLDEN), logits_index=keep)
+    full = packed_cross_entropy(logits, labels, _meta(GOLDEN_LAYOUT))
+    part = packed_cross_entropy(logits[:, keep], labels, _meta(GOLDEN_LAYOUT), logits_index=keep)
     torch.testing.assert_close(part.loss, full.loss)
     with pytest.raises(ConfigError, match="logits_to_keep"):
-        packed_cross_entropy(logits[:, keep[:2]], labels, _meta(GOLDEN), logits_index=keep[:2])
+        packed_cross_entropy(logits[:, keep[:2]], labels, _meta(GOLDEN_LAYOUT), logits_index=keep[:2])
 
 
 def test_layout_object_and_bad_arguments():
     logits, labels = torch.randn(10, 11), _labels(10, [1])
-    layout = PackedLayout.from_tensors(**GOLDEN)
+    layout = PackedLayout.from_tensors(**GOLDEN_LAYOUT)
     packed_cross_entropy(logits, labels, layout)  # a PackedLayout works as the metadata too
     with pytest.raises(ConfigError, match="'reduction' must be one of"):
         packed_cross_entropy(logits, labels, layout, reduction="avg")

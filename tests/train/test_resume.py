@@ -12,7 +12,9 @@ import pytest
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from packer.train.dataset import PackedDataset, ResumableLoader, collate
+from packer.train.collate import collate
+from packer.train.dataset import PackedDataset
+from packer.train.resume import ResumableLoader
 from tests.helpers import random_example, write_shardset
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

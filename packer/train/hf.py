@@ -1,0 +1,206 @@
+"""transformers integration: a stock Hugging Face model trains on packed rows with no model code changes.
+
+``use_packed_attention(model)`` registers packer's backends in ``AttentionInterface`` (names "packer" for
+auto and "packer_<backend>"), switches the model to one, and adds a forward pre-hook so that
+``model(**collate(rows))`` works as it is. ``model_inputs(batch)`` is the explicit form: the kwargs of
+``model(**kwargs)``, with the batch's ``PackedLayout`` riding under ``packer_layout`` to every attention call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from packer.errors import ConfigError
+from packer.models import forward_keys
+from packer.train.attention import BACKENDS, packed_attention
+from packer.train.layout import PackedLayout
+
+IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "packer" (auto), "packer_sdpa", ...
+LAYOUT_KWARG = "packer_layout"  # the model kwarg that carries a PackedLayout down to every attention call
+
+
+_RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, T, layout) of the last raw batch
+
+
+def _layout_from_kwargs(kwargs: dict, num_tokens: int) -> PackedLayout | None:
+    """The layout riding in the attention kwargs: ``packer_layout`` (from ``model_inputs``), or the raw
+    collated keys ``cu_seqlens`` / ``node_offsets`` / ``node_parents`` of ``model(**batch)``."""
+    global _RAW_LAYOUT
+    layout = kwargs.get(LAYOUT_KWARG)
+    if layout is not None:
+        return layout
+    cu = kwargs.get("cu_seqlens")
+    if not isinstance(cu, torch.Tensor):
+        return None
+    offsets, parents = kwargs.get("node_offsets"), kwargs.get("node_parents")
+    # Every layer receives the same tensor objects: identity keeps one layout (and its caches) per forward.
+    last = _RAW_LAYOUT
+    if last is not None and last[0] is cu and last[1] is offsets and last[2] is parents and last[3] == num_tokens:
+        return last[4]
+    layout = PackedLayout.from_tensors(num_tokens, cu, offsets, parents)
+    _RAW_LAYOUT = (cu, offsets, parents, num_tokens, layout)
+    return layout
+
+
+def _check_not_packed(position_ids: Any) -> None:
+    """A causal call without packer metadata is one plain sequence; refuse a row whose positions restart,
+    which would otherwise attend across examples silently."""
+    if isinstance(position_ids, torch.Tensor) and position_ids.dim() >= 1 and position_ids.shape[-1] > 1:
+        pos = position_ids.reshape(-1, position_ids.shape[-1])[0]
+        if bool((pos[1:] != pos[:-1] + 1).any()):
+            raise ConfigError(
+                "a packed row reached a packer attention backend without its boundaries: call "
+                "model(**packer.train.hf.model_inputs(batch)) (or pass cu_seqlens/node_offsets/node_parents)"
+            )
+
+
+def make_attention_function(backend: str):
+    """An ``AttentionInterface`` function running ``backend`` ("auto" or one of ``BACKENDS``)."""
+
+    def packer_attention_forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """transformers calls this with query (B, H, T, D), key/value (B, Hkv, T, D); returns (B, T, H, D)."""
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        layout = _layout_from_kwargs(kwargs, query.shape[2]) if causal else None
+        if layout is None or query.shape[2] != layout.num_tokens:
+            # Not a packed text call: a vision tower's per-image attention (non-causal), or one plain sequence.
+            if causal and attention_mask is None:
+                _check_not_packed(kwargs.get("position_ids"))
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+            )
+        if query.shape[0] != 1:
+            raise ConfigError(f"packed attention takes one concatenated row (batch size 1), got {query.shape[0]}")
+        if attention_mask is not None:
+            raise ConfigError("pass packer boundaries or an attention_mask, not both: drop 'attention_mask'")
+        q = query[0].transpose(0, 1)  # (T, H, D)
+        k = key[0].transpose(0, 1)  # (T, Hkv, D)
+        v = value[0].transpose(0, 1)  # (T, Hkv, D)
+        out = packed_attention(q, k, v, layout, backend=backend, scale=scaling, dropout=dropout)  # (T, H, D)
+        return out.unsqueeze(0), None  # (1, T, H, D)
+
+    packer_attention_forward.__name__ = f"packer_{backend}_attention_forward"
+    return packer_attention_forward
+
+
+def _mask_for_fallback(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any):
+    """``AttentionMaskInterface`` entry: packed batches carry no attention_mask, so no (T, T) mask is built
+    from position ids (which would be wrong for trees, and wasted); a padded unpacked batch gets sdpa's mask."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def implementation_name(backend: str = "auto") -> str:
+    """The transformers ``attn_implementation`` name of a packer backend ("packer" for auto)."""
+    if backend == "auto":
+        return IMPLEMENTATION_PREFIX
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown attention backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    return f"{IMPLEMENTATION_PREFIX}_{backend}"
+
+
+def register() -> list[str]:
+    """Register every packer backend in transformers' AttentionInterface and AttentionMaskInterface.
+
+    Names: "packer" (auto per device) and "packer_<backend>". Idempotent. Returns the names.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    names = []
+    for backend in ("auto", *BACKENDS):
+        name = implementation_name(backend)
+        AttentionInterface.register(name, make_attention_function(backend))
+        AttentionMaskInterface.register(name, _mask_for_fallback)
+        names.append(name)
+    return names
+
+
+def use_packed_attention(model: Any, backend: str = "auto") -> str:
+    """Switch a stock transformers model (and its sub-models) to a packer backend; returns the name set.
+
+    No model code changes: the model reads ``config._attn_implementation`` at every call. Vision towers
+    (non-causal, per-image) fall through to SDPA inside the same function. A forward pre-hook lets the
+    model take a collated batch as it is: ``model(**collate(rows))`` (see ``_packed_batch_hook``).
+    """
+    register()
+    name = implementation_name(backend)
+    model.set_attn_implementation(name)
+    if not getattr(model, "_packer_hook", False):
+        model.register_forward_pre_hook(_packed_batch_hook, with_kwargs=True)
+        model._packer_hook = True
+    return name
+
+
+# Keys of a collated batch that are packer's bookkeeping, never model inputs.
+_BATCH_ONLY = ("cu_seqlens", "max_seqlen", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+               "node_offsets", "node_parents", "num_loss_tokens", "example_ids", "image_offsets", "packer_state")
+
+
+def _packed_batch_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """Forward pre-hook: ``model(**collate(rows))`` becomes ``model(**model_inputs(batch))``.
+
+    A raw collated batch carries `cu_seqlens` / `max_seqlen`, which a transformers vision tower would pop as
+    its *own* precomputed boundaries (silently wrong), and tree rows' `labels`, which the model's shifted
+    loss would get wrong. So the hook moves the boundaries into ``packer_layout``, keeps labels only for
+    linear rows (where ``shift_labels`` makes HF's loss exact), and leaves every other kwarg as given.
+    """
+    if LAYOUT_KWARG in kwargs or "cu_seqlens" not in kwargs or "node_parents" not in kwargs:
+        return args, kwargs  # not a packer batch, or already converted
+    layout = PackedLayout.from_batch(kwargs)
+    out = {k: v for k, v in kwargs.items() if k not in _BATCH_ONLY}
+    if not layout.is_linear or "shift_labels" not in kwargs:
+        out.pop("labels", None)
+        out.pop("shift_labels", None)
+    out.setdefault("use_cache", False)
+    out[LAYOUT_KWARG] = layout
+    return args, out
+
+
+def model_inputs(
+    batch: Mapping[str, Any],
+    *,
+    with_labels: bool = False,
+    bidirectional_spans: Any = None,
+) -> dict[str, Any]:
+    """The kwargs of ``model(**kwargs)`` for a collated packed batch.
+
+    Keeps the model's inputs (input_ids, position_ids, images), sets ``use_cache=False``, and adds the row's
+    ``PackedLayout`` under ``packer_layout``; transformers forwards it untouched to every attention call.
+    With ``with_labels=True`` (linear packs only) ``labels`` and ``shift_labels`` are kept so the model's own
+    loss is exact. Other keys (boundaries, counts, provenance) are dropped: a vision tower would read
+    ``cu_seqlens`` / ``max_seqlen`` as its own.
+    """
+    layout = PackedLayout.from_batch(batch, bidirectional_spans=bidirectional_spans)
+    # What the model takes (the model families' forward keys). Everything else stays out: targets and
+    # bookkeeping (the loss is computed outside), and the boundary keys, which a vision tower would pop as its
+    # own precomputed `cu_seqlens` / `max_seqlen` (transformers' vision_utils); they travel as packer_layout.
+    out: dict[str, Any] = {k: batch[k] for k in forward_keys() if batch.get(k) is not None}
+    out["use_cache"] = False
+    out[LAYOUT_KWARG] = layout
+    if with_labels:
+        if "shift_labels" not in batch or not layout.is_linear:
+            raise ConfigError(
+                "with_labels=True needs a linear pack with 'shift_labels'; a tree row needs "
+                "packer.train.loss.packed_cross_entropy (a parent's last logit feeds several targets)"
+            )
+        out["labels"] = batch["labels"]
+        out["shift_labels"] = batch["shift_labels"]
+    return out

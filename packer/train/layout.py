@@ -1,0 +1,318 @@
+"""The boundaries of one packed batch (``PackedLayout``) and what attention derives from them.
+
+A packed row concatenates examples; an example is a tree of nodes laid out depth-first. Token i sees token j
+iff j's node is i's node or one of its ancestors (so both are in the same example) and j <= i; models with
+bidirectional image attention add "tokens of one image span see each other". Boundaries always come from
+``cu_seqlens`` / ``node_offsets`` / ``node_parents``, never from position ids (tree positions go backwards).
+
+    row:   | P P P | a a | b b b | Q Q |     example 0 = node 0 (prefix P) with branches 1 (a) and 2 (b);
+    node:    0 0 0   1 1   2 2 2   3 3       example 1 = node 3 (a plain sequence Q)
+    parent: -1       0     0      -1         cu_seqlens = [0, 8, 10], node_offsets = [0, 3, 5, 8]
+
+    mask (row i sees column j):           varlen plan (one segment per node, K/V gathered):
+          P P P a a b b b Q Q               queries     keys                     causal
+        P x . . . . . . . . .               P P P       P P P                    square
+        P x x . . . . . . . .               a a         P P P a a                bottom-right
+        P x x x . . . . . . .               b b b       P P P b b b              bottom-right
+        a x x x x . . . . . .               Q Q         Q Q                      square
+        a x x x x x . . . . .
+        b x x x . . x . . . .             cu_seqlens_q = [0, 3, 5, 8, 10]   (the node offsets + T)
+        b x x x . . x x . . .             cu_seqlens_k = [0, 3, 8, 14, 16]  (ancestor path + node lengths)
+        b x x x . . x x x . .
+        Q . . . . . . . . x .
+        Q . . . . . . . . x x
+
+The tree structure itself (validation, token -> node, ancestors, predecessors) is ``packer.core.tree``;
+this module turns it into torch masks and plans, cached per device on the layout object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from packer.core import tree
+from packer.errors import ShardError
+
+
+def span_ids(num_tokens: int, spans: torch.Tensor | None) -> torch.Tensor:
+    """Index of the bidirectional span holding each token, -1 outside every span.  # (T,) long
+
+    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint.
+    """
+    out = torch.full((num_tokens,), -1, dtype=torch.long)
+    if spans is None or len(spans) == 0:
+        return out
+    spans = torch.as_tensor(spans, dtype=torch.long).reshape(-1, 2)
+    t = torch.arange(num_tokens)
+    idx = torch.searchsorted(spans[:, 0].contiguous(), t, right=True) - 1  # (T,) last span starting <= t
+    inside = (idx >= 0) & (t < spans[idx.clamp(min=0), 1])
+    return torch.where(inside, idx, out)
+
+
+def image_spans(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """(S, 2) [start, end) of every run of ``image_token_id`` (one image each, as Qwen2-VL lays them out):
+    the bidirectional spans of a Molmo-style model."""
+    ids = input_ids.reshape(-1)
+    is_img = (ids == image_token_id).to(torch.int8)
+    edges = torch.diff(is_img, prepend=is_img.new_zeros(1), append=is_img.new_zeros(1))  # (T+1,)
+    starts = (edges == 1).nonzero().reshape(-1)
+    ends = (edges == -1).nonzero().reshape(-1)
+    return torch.stack([starts, ends], dim=1)
+
+
+def build_attention_mask(
+    num_tokens: int,
+    cu_seqlens: Any,
+    node_offsets: Any = None,
+    node_parents: Any = None,
+    *,
+    bidirectional_spans: Any = None,
+) -> torch.Tensor:
+    """The dense boolean attention mask of a packed row: ``mask[i, j]`` is True iff token i sees token j.
+
+    Args:
+        num_tokens: T, the row length.
+        cu_seqlens: (E+1,) example boundaries, 0 ... T.
+        node_offsets: (N,) node starts; None means one node per example (a linear pack).
+        node_parents: (N,) parent node index, -1 for an example's root.
+        bidirectional_spans: optional (S, 2) [start, end) spans whose tokens all see each other (one image of
+            a Molmo-style model), on top of the causal tree mask.
+
+    Returns:
+        (T, T) bool. Vectorized: an (N, N) ancestor matrix gathered by each token's node, then causal.
+    """
+    layout = PackedLayout.from_tensors(
+        num_tokens, cu_seqlens, node_offsets, node_parents, bidirectional_spans=bidirectional_spans
+    )
+    return layout.dense_mask("cpu")
+
+
+@dataclass(frozen=True)
+class VarlenPlan:
+    """One attention segment per node: the node's queries against [ancestors ; node] keys, causal bottom-right.
+
+    For a linear pack (no trees) the segments are the examples and ``k_index`` is None (keys are not gathered).
+    """
+
+    cu_seqlens_q: torch.Tensor  # (S+1,) int32
+    cu_seqlens_k: torch.Tensor  # (S+1,) int32
+    max_seqlen_q: int
+    max_seqlen_k: int
+    k_index: torch.Tensor | None  # (Tk,) long: the row position of each gathered key, None for identity
+    bounds_q: list[int]  # cu_seqlens_q as Python ints (the per-segment SDPA loop)
+    bounds_k: list[int]
+
+
+@dataclass(frozen=True, eq=False)
+class PackedLayout:
+    """The explicit boundaries of one collated batch, plus per-device caches of what the backends derive
+    from them (dense mask, BlockMask, varlen plan). One object flows through every layer of a forward pass,
+    so each is built once per batch, not once per layer.
+    """
+
+    num_tokens: int
+    """T, the number of tokens in the (1, T) row."""
+    cu_seqlens: torch.Tensor
+    """(E+1,) int32 example boundaries, 0 ... T."""
+    node_offsets: torch.Tensor
+    """(N,) int32 node starts, strictly increasing; every example start is a root node."""
+    node_parents: torch.Tensor
+    """(N,) int32 parent node index (earlier, same example) or -1 for a root."""
+    bidirectional_spans: torch.Tensor | None = None
+    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images); None for none."""
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tree.check_layout(self.num_tokens, self.node_offsets, self.node_parents, self.cu_seqlens)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        num_tokens: int,
+        cu_seqlens: Any,
+        node_offsets: Any = None,
+        node_parents: Any = None,
+        *,
+        bidirectional_spans: Any = None,
+    ) -> PackedLayout:
+        """Build from boundary arrays (tensors, numpy or lists); missing nodes mean one node per example.
+
+        Zero-token nodes (allowed by the shard format, and transparent) are dropped first.
+        """
+        cu = torch.as_tensor(cu_seqlens, dtype=torch.int32).reshape(-1).cpu()
+        if node_offsets is None or len(node_offsets) == 0:
+            offsets = cu[:-1].clone()
+            parents = torch.full_like(offsets, -1)
+        else:
+            if node_parents is None:
+                raise ShardError("'node_parents' is missing while 'node_offsets' is given")
+            off, par = tree.drop_empty_nodes(int(num_tokens), _numpy(node_offsets), _numpy(node_parents))
+            offsets = torch.from_numpy(off.astype(np.int32))
+            parents = torch.from_numpy(par.astype(np.int32))
+        spans = None
+        if bidirectional_spans is not None and len(bidirectional_spans) > 0:
+            spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).reshape(-1, 2).cpu()
+        return cls(int(num_tokens), cu, offsets, parents, spans)
+
+    @classmethod
+    def from_batch(cls, batch: Mapping[str, Any], *, bidirectional_spans: Any = None) -> PackedLayout:
+        """Build from a collated batch (``packer.train.collate.collate``): input_ids, cu_seqlens, node_offsets/parents."""
+        missing = [k for k in ("input_ids", "cu_seqlens") if k not in batch]
+        if missing:
+            raise ShardError(f"the batch has no {missing}; found keys {sorted(batch)}")
+        num_tokens = int(batch["input_ids"].shape[-1])
+        return cls.from_tensors(
+            num_tokens,
+            batch["cu_seqlens"],
+            batch.get("node_offsets"),
+            batch.get("node_parents"),
+            bidirectional_spans=bidirectional_spans if bidirectional_spans is not None else batch.get("image_spans"),
+        )
+
+    # ---- basic properties
+
+    @property
+    def num_examples(self) -> int:
+        return self.cu_seqlens.numel() - 1
+
+    @property
+    def num_nodes(self) -> int:
+        return self.node_offsets.numel()
+
+    @property
+    def is_linear(self) -> bool:
+        """True when every example is one node (no tree): the plain varlen case."""
+        return self.num_nodes == self.num_examples
+
+    @property
+    def max_seqlen(self) -> int:
+        return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+
+    def _cached(self, key: tuple, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def to_device(self, name: str, device: torch.device | str) -> torch.Tensor:
+        """``self.<name>`` on ``device`` (copied once per device)."""
+        device = torch.device(device)
+        return self._cached((name, str(device)), lambda: getattr(self, name).to(device))
+
+    # ---- derived structure (CPU, cached): packer.core.tree on the layout's arrays
+
+    def token_nodes(self) -> torch.Tensor:
+        """(T,) node index of each token."""
+        return self._cached(
+            ("token_nodes",), lambda: torch.from_numpy(tree.token_nodes(self.num_tokens, self.node_offsets.numpy()))
+        )
+
+    def ancestors(self) -> torch.Tensor:
+        """(N, N) bool ancestor-or-self matrix."""
+        return self._cached(("ancestors",), lambda: torch.from_numpy(tree.ancestor_matrix(self.node_parents.numpy())))
+
+    def predecessors(self) -> torch.Tensor:
+        """(T,) long row position whose logit predicts each token, -1 at an example start."""
+        return self._cached(
+            ("predecessors",),
+            lambda: torch.from_numpy(
+                tree.predecessor_index(self.num_tokens, self.node_offsets.numpy(), self.node_parents.numpy())
+            ),
+        )
+
+    def span_ids(self) -> torch.Tensor:
+        """(T,) bidirectional span of each token, -1 outside."""
+        return self._cached(("span_ids",), lambda: span_ids(self.num_tokens, self.bidirectional_spans))
+
+    def dense_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(T, T) bool mask, built once per device."""
+
+        def build() -> torch.Tensor:
+            dev = torch.device(device)
+            node = self.token_nodes().to(dev)  # (T,)
+            anc = self.ancestors().to(dev)  # (N, N)
+            t = torch.arange(self.num_tokens, device=dev)
+            mask = anc[node[:, None], node[None, :]] & (t[None, :] <= t[:, None])  # (T, T)
+            if self.bidirectional_spans is not None:
+                span = self.span_ids().to(dev)
+                mask |= (span[:, None] == span[None, :]) & (span[:, None] >= 0)
+            return mask
+
+        return self._cached(("dense_mask", str(torch.device(device))), build)
+
+    def mask_mod(self, device: torch.device | str):
+        """The flex_attention ``mask_mod(b, h, q_idx, kv_idx)`` of this layout, over tensors on ``device``."""
+        dev = torch.device(device)
+        node = self.token_nodes().to(dev)
+        anc = self.ancestors().to(dev)
+        if self.bidirectional_spans is None:
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return (kv_idx <= q_idx) & anc[node[q_idx], node[kv_idx]]
+
+            return mask_mod
+        span = self.span_ids().to(dev)
+
+        def mask_mod_bidirectional(b, h, q_idx, kv_idx):
+            tree_mask = (kv_idx <= q_idx) & anc[node[q_idx], node[kv_idx]]
+            return tree_mask | ((span[q_idx] == span[kv_idx]) & (span[q_idx] >= 0))
+
+        return mask_mod_bidirectional
+
+    def block_mask(self, device: torch.device | str):
+        """The flex_attention BlockMask, built once per device (compiled on CUDA to avoid a T x T tensor)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        dev = torch.device(device)
+        return self._cached(
+            ("block_mask", str(dev)),
+            lambda: create_block_mask(
+                self.mask_mod(dev),
+                B=None,
+                H=None,
+                Q_LEN=self.num_tokens,
+                KV_LEN=self.num_tokens,
+                device=dev,
+                _compile=dev.type == "cuda",
+            ),
+        )
+
+    def varlen_plan(self, device: torch.device | str = "cpu") -> VarlenPlan:
+        """The per-node segments the varlen kernels run (see the module docstring), once per device."""
+
+        def build() -> VarlenPlan:
+            dev = torch.device(device)
+            offsets = self.node_offsets.numpy().astype(np.int64)
+            q_lens = tree.node_lengths(self.num_tokens, offsets)  # (N,)
+            cu_q = np.append(offsets, self.num_tokens)  # nodes are contiguous: no q gather
+            if self.is_linear:
+                k_index, cu_k, k_lens = None, cu_q, q_lens
+            else:
+                # Segment n's keys are the tokens of n's ancestors and of n, in row order: the (n, m) pairs of
+                # the ancestor matrix in row-major order, each expanded to node m's token range.
+                seg, m = np.nonzero(self.ancestors().numpy())  # (P,) pairs
+                span = q_lens[m]  # (P,) tokens per pair
+                k_lens = np.bincount(seg, weights=span, minlength=len(offsets)).astype(np.int64)  # (N,)
+                within = np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
+                k_index = torch.from_numpy(np.repeat(offsets[m], span) + within)  # (Tk,)
+                cu_k = np.concatenate([[0], np.cumsum(k_lens)])
+            return VarlenPlan(
+                cu_seqlens_q=torch.from_numpy(cu_q).to(device=dev, dtype=torch.int32),
+                cu_seqlens_k=torch.from_numpy(cu_k).to(device=dev, dtype=torch.int32),
+                max_seqlen_q=int(q_lens.max()),
+                max_seqlen_k=int(k_lens.max()),
+                k_index=None if k_index is None else k_index.to(dev),
+                bounds_q=cu_q.tolist(),
+                bounds_k=cu_k.tolist(),
+            )
+
+        return self._cached(("varlen_plan", str(torch.device(device))), build)
+
+
+def _numpy(x: Any) -> np.ndarray:
+    """A CPU view of a tensor (no copy), or the array itself."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
