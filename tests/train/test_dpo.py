@@ -22,8 +22,10 @@ from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX
 from packer.encode.tokenizers import load_tokenizer
 from packer.pipeline.build import build
-from packer.train.attention import PackedLayout, model_inputs, use_packed_attention
-from packer.train.dataset import PackedDataset, collate
+from packer.train.collate import collate
+from packer.train.dataset import PackedDataset
+from packer.train.hf import model_inputs, use_packed_attention
+from packer.train.layout import PackedLayout
 from packer.train.loss import dpo_loss, preference_pairs, sequence_logps
 
 REPO = Path(__file__).resolve().parents[2]
