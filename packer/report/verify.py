@@ -17,9 +17,10 @@ What is checked (each failure is one ``Violation``: file, row, what):
   ``num_tokens`` matching the grid; mRoPE positions equal an independent vectorized recomputation of
   ``get_rope_index`` along each tree path;
 - example ids are unique across the whole dataset;
-- with ``inputs``: every non-blank input line is packed (``path:line`` in ``example_ids``) or rejected
-  (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``); a
-  source whose paths match no file any more is a violation (its copy counts cannot be checked).
+- with ``inputs``: every non-blank input line (every row of a Parquet/Arrow input) is packed (``path:line`` in
+  ``example_ids``) or rejected (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w)
+  copies ``path:line#k``); a source whose paths match no file any more is a violation (its copy counts cannot
+  be checked).
 
 Cost: one pass over the shards, each row group decoded once (docs/benchmarks.md, "Verify"). Memory: one row
 group plus the example ids (for the uniqueness check).
@@ -507,11 +508,16 @@ def _check_totals(manifest: Manifest, root: Path, rep: VerifyReport, sums: Count
 
 # ---------------------------------------------------------------------------------------- inputs
 def input_lines(path: str) -> np.ndarray:
-    """1-based numbers of the records of a JSONL file: its non-blank lines, by the build's own rule.
+    """1-based numbers of the records of an input file: a JSONL file's non-blank lines, by the build's own
+    rule, or every row of a Parquet/Arrow file (counted from its metadata).
 
     Lines split at ``\\n`` only; a line of ASCII whitespace (incl. a CRLF's ``\\r``, or a lone BOM on line 1)
     is blank.
     """
+    from packer.formats.tables import is_table, unit_rows
+
+    if is_table(path):
+        return np.arange(1, sum(unit_rows(path)) + 1, dtype=np.int64)
     numbers = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
