@@ -3,7 +3,8 @@
 The sha256s below were recorded on main at bbb8e06 (before the layout issue's move), by running this file's
 ``write_corpus`` + ``BUILDS`` and printing ``_digests``. A change that alters any shard byte, the stats or the
 rejects of these builds fails here; if a change *means* to alter them (a schema bump), re-record and say why
-in the commit.
+in the commit. Re-recorded once: rejects.jsonl, when the preference-pair input kind joined (the unknown_format
+message lists the `chosen` field); every shard and stats.json byte is still as recorded on bbb8e06.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
