@@ -17,6 +17,9 @@ REJECT_REASONS: dict[str, str] = {
     "empty_branch": "a tree branch has no messages",
     "missing_image": "an image file named by the record does not exist",
     "bad_image": "an image file cannot be read as an image (corrupt, truncated, not an image)",
+    "missing_video": "a video file named by the record does not exist",
+    "bad_video": "a video cannot be used: unreadable or truncated container, no video stream, no frames, or "
+    "sampling options (video_start/end, nframes, pixels) that do not fit the clip",
     "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
     "template_error": "the chat template failed or is not prefix-stable for this record",
     "no_loss_tokens": "the example has no token that contributes to the loss",

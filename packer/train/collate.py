@@ -16,10 +16,10 @@ if TYPE_CHECKING:
 
 
 @lru_cache(maxsize=4)
-def _profile(name: str, min_pixels: int | None, max_pixels: int | None):
+def _profile(name: str, **overrides: Any):
     from packer.models import get_profile
 
-    return get_profile(name, min_pixels=min_pixels, max_pixels=max_pixels)
+    return get_profile(name, **overrides)
 
 
 def _image_ref(image: dict[str, Any]) -> ImageRef:

@@ -40,10 +40,9 @@ rank sums add up to the unsplit packed loss. Divide by ``global_num_loss_tokens`
 never by a rank's own count.
 
 Pads are never seen by a real token: they sit at the end of their example, and a causal mask hides every
-later key. So the padding is exact even for a kernel that only knows ``cu_seqlens_local``. Cost: padding
-each example to a multiple of 2·cp_size adds 0.86 / 2.0 / 4.3% tokens at cp_size 2 / 4 / 8 on SQuAD-length
-examples (mean 172 tokens), and 0.45 / 1.05 / 2.2% on Wikipedia-length ones (mean 256), measured on
-shared/data/length-histograms. A row packed to ``max_length`` therefore grows by up to E·(2·cp_size−1) tokens.
+later key. So the padding is exact even for a kernel that only knows ``cu_seqlens_local``. It costs a few
+percent of tokens (measured in docs/training.md, "Context parallel"); a row packed to ``max_length`` grows by
+up to E·(2·cp_size−1) tokens.
 
 Trees are refused (``ConfigError``). The THD kernels take causal segments only, but a tree branch must skip its
 siblings, which lie between it and its ancestors in the row. Tree loss also needs one logit to feed k
@@ -63,9 +62,15 @@ import torch
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError, ShardError
 
-# Keys passed through unchanged: provenance and resume bookkeeping, and the images (the vision tower is not
-# split here; a CP model embeds the whole row's images and keeps its rows with `cp_index`).
-_PASS_THROUGH = ("example_ids", "packer_state", "pixel_values", "image_grid_thw")
+# Keys passed through unchanged: provenance and resume bookkeeping, and every family's per-image inputs (the
+# vision tower is not split here; a CP model embeds the whole row's images and keeps its rows with `cp_index`).
+_SPLIT = ("input_ids", "position_ids")  # per-token forward inputs, split below
+
+
+def _pass_through() -> tuple[str, ...]:
+    from packer.models import forward_keys
+
+    return ("example_ids", "packer_state", *(k for k in forward_keys() if k not in _SPLIT))
 
 
 def _check_cp(cp_size: Any, cp_rank: Any = 0) -> None:
@@ -195,7 +200,7 @@ def _rank_view(batch: Mapping[str, Any], padded: dict[str, Any], cp_size: int, c
     }
     if "image_offsets" in padded:
         view["image_offsets"] = padded["image_offsets"]
-    view.update({k: batch[k] for k in _PASS_THROUGH if k in batch})
+    view.update({k: batch[k] for k in _pass_through() if k in batch})
     return view
 
 

@@ -94,7 +94,7 @@ class PackedDataset(IterableDataset):
         self.image_root = None if image_root is None else os.path.abspath(image_root)
         manifest = self.shards.manifest
         self.profile = manifest.profile
-        self.profile_options = {"min_pixels": manifest.config.min_pixels, "max_pixels": manifest.config.max_pixels}
+        self.profile_options = manifest.config.profile_overrides()  # the build's family settings
         # what collate needs to decode a row's images, attached to every row
         self._row_context = {"profile": self.profile, "profile_options": self.profile_options,
                              "load_images": load_images}

@@ -1,0 +1,131 @@
+"""The layout is a contract (docs/architecture.md): which package may import which, no import cycles, and the
+light entry points (``import packer``, ``packer stats``, ``packer inspect``, ``packer verify``) never import torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "packer"
+
+# package -> the packer packages it may import (lazily inside a function too). docs/architecture.md draws it.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "core": {"errors"},
+    "media": {"errors", "core"},
+    "formats": {"errors", "core"},
+    "models": {"errors", "core", "media"},
+    "encode": {"errors", "core", "models", "media"},
+    "packing": {"errors"},
+    "shards": {"errors", "core", "config"},  # the manifest records the BuildConfig
+    "config": {"errors", "packing", "encode", "models"},
+    "pipeline": {"errors", "config", "core", "formats", "media", "models", "encode", "packing", "shards", "report"},
+    "report": {"errors", "config", "core", "formats", "models", "encode", "packing", "shards"},
+    "train": {"errors", "core", "media", "models", "shards"},
+    "cli": {"errors", "config", "models", "encode", "packing", "pipeline", "report", "shards"},
+    "__init__": {"errors", "config", "packing", "pipeline", "train", "report"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(REPO).with_suffix("").parts): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path, module: str, *, top_level_only: bool) -> set[str]:
+    """The packer modules ``module`` imports (absolute or relative), at its top level or anywhere."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # top level includes `if TYPE_CHECKING:` blocks? no: those never run
+        nodes = [n for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))]
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "packer"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name.split(".")[0] != "packer":
+                continue
+            found.add(name)
+            found |= {f"{name}.{a.name}" for a in node.names}  # `from packer import cli` imports a module
+    modules = _modules()
+    return {m for m in found if m in modules and m != module}
+
+
+def _area(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def test_every_package_is_in_the_contract():
+    areas = {_area(m) for m in _modules()}
+    assert areas <= set(ALLOWED), f"packages missing from ALLOWED (and docs/architecture.md): {areas - set(ALLOWED)}"
+
+
+def test_packages_import_only_what_the_layering_allows():
+    bad = []
+    for module, path in _modules().items():
+        area = _area(module)
+        for imported in _imports(path, module, top_level_only=False):
+            other = _area(imported)
+            if other != area and other not in ALLOWED[area] and other != "__init__":
+                bad.append(f"{module} imports {imported}")
+    assert not bad, "imports that cross the layering of docs/architecture.md:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {m: _imports(p, m, top_level_only=True) for m, p in modules.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if n.startswith(m + "."):  # a package importing its own submodule is not a cycle
+                continue
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(stack[stack.index(n):] + [n]) if n in stack else f"{m} -> {n}")
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _heavy_modules(code: str) -> dict[str, bool]:
+    probe = code + "\nimport json, sys\nprint(json.dumps({m: m in sys.modules for m in ('torch', 'transformers')}))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_packer_is_light():
+    assert _heavy_modules("import packer") == {"torch": False, "transformers": False}
+
+
+@pytest.mark.parametrize("name", ["build", "BuildConfig", "plan", "PackedDataset", "collate", "packed_cross_entropy",
+                                  "use_packed_attention", "verify_build"])
+def test_public_api_is_lazy_and_complete(name):
+    import packer
+
+    assert name in packer.__all__ and name in dir(packer)
+    assert callable(getattr(packer, name))
+
+
+def test_cli_help_is_light():
+    code = "from click.testing import CliRunner\nfrom packer.cli import cli\nCliRunner().invoke(cli, ['--help'])"
+    assert _heavy_modules(code)["torch"] is False
