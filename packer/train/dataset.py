@@ -33,10 +33,10 @@ import numpy as np
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.core.types import IGNORE_INDEX
 from packer.shards.assemble import list_column
 from packer.shards.io import ShardSet, open_shards
 from packer.shards.schema import Manifest
-from packer.core.types import IGNORE_INDEX
 from packer.train.balance import CostWeights, deal, pad_order, read_row_stats
 from packer.train.resume import STATE_VERSION, EpochProgress, check_state
 
