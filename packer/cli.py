@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.encode import OVERLONG_POLICIES
+from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import PackerError, RecordError, RejectRateError
 from packer.models import profile_names
 from packer.packing import ALGORITHMS
@@ -109,8 +109,15 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
 @click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
-@click.option("--overlong", type=click.Choice(OVERLONG_POLICIES), help="Over-long examples: reject or truncate. [default: drop]")
+@click.option("--overlong", type=click.Choice(OVERLONG_POLICIES),
+              help="Over-long examples: reject (drop), keep the head (truncate), keep the end (truncate_left: a "
+                   "text's last tokens, a chat's last turns) or drop early turns (keep_last_turns). [default: drop]")
+@click.option("--long-docs", type=click.Choice(LONG_DOCS_POLICIES),
+              help="Text records over --max-length: follow --overlong (off) or split them into chunks. [default: off]")
+@click.option("--long-docs-overlap", type=int, help="Tokens each chunk repeats from the previous one as context. [default: 0]")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
+@click.option("--columns", metavar="FIELD=COLUMN,...",
+              help="Map input columns onto packer's fields, e.g. messages=conversations,images=image.")
 @click.option("--image-token", help="The tokenizer's image placeholder token, e.g. '<image>' for LLaVA tokenizers.")
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
 @click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
@@ -127,7 +134,8 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
           quiet: bool, **options: Any) -> None:
     """Read JSONL records, render and encode them, pack them globally and write Parquet shards.
 
-    INPUTS are JSONL files, directories (their *.jsonl) or globs (quote globs). Rerunning an interrupted
+    INPUTS are JSONL, Parquet or Arrow files, directories (their *.jsonl; a `datasets` directory, from
+    save_to_disk or a Hub snapshot, its train split) or globs (quote globs). Rerunning an interrupted
     build with the same command resumes it; the result is byte-identical to an uninterrupted build.
     Rejected records go to OUTPUT/rejects.jsonl with file, line and reason.
 
@@ -137,6 +145,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
       packer build 'data/*.jsonl' -o out/ --profile qwen2-vl --max-vision-tokens 4096 --num-proc 8
       packer build --config configs/qwen2-vl.yaml train.jsonl -o out/
       packer build -o out/ --source chat=chat.jsonl@2 --source captions=caps.jsonl@0.5
+      packer build llava-snapshot/ -o out/ --columns conversations=dialog,image=picture
     """
     from packer.config import BuildConfig
     from packer.pipeline.build import build as run_build
@@ -265,7 +274,7 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
 @cli.command("verify")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--input", "inputs", multiple=True, metavar="FILE_OR_GLOB",
-              help="Also check that every non-blank line of these JSONL inputs is packed or rejected exactly once.")
+              help="Also check that every non-blank line (table row) of these inputs is packed or rejected exactly once.")
 @click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,
               help="Violations listed per check and file (the rest are counted).")
 @handle_errors

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.encode import OVERLONG_POLICIES
+from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import ConfigError
 from packer.models import profile_names
 from packer.packing import ALGORITHMS
@@ -23,6 +23,8 @@ def _type_ok(value: Any, expected: Any) -> bool:
         return value is None
     if origin is tuple:
         return isinstance(value, tuple)
+    if origin is dict:
+        return isinstance(value, dict)
     if expected is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if expected is int:
@@ -89,9 +91,19 @@ class BuildConfig:
     """Also try BFD with exact pack completion and keep the plan with fewer packs (a few times the planner's
     time, never more packs; measured in docs/benchmarks.md, "Planner")."""
     overlong: str = "drop"
-    """What to do with an example longer than max_length: drop (reject) or truncate."""
+    """What to do with an example longer than max_length: drop (reject), truncate (keep the head),
+    truncate_left (keep the end: a text's last tokens, a conversation's last turns) or keep_last_turns
+    (drop whole early turns; a text keeps its head). See ``packer.encode.OVERLONG_POLICIES``."""
+    long_docs: str = "off"
+    """``text`` records longer than max_length: off (follow ``overlong``) or split (into chunks, each an
+    example ``path:line@k``; no token lost)."""
+    long_docs_overlap: int = 0
+    """With ``long_docs: split``, tokens each chunk repeats from the previous one as context (no loss)."""
     image_root: str | None = None
     """Resolve relative image paths against this directory instead of each JSONL file's directory."""
+    columns: dict[str, str] | None = None
+    """Packer field -> the input's column (or key) holding it, e.g. ``{"messages": "conversations",
+    "images": "image"}``; YAML takes a mapping, the CLI ``messages=conversations,images=image``."""
     image_token: str | None = None
     """The tokenizer's image placeholder token, if not the profile's (e.g. `<image>` for a LLaVA tokenizer)."""
     min_pixels: int | None = None
@@ -129,10 +141,19 @@ class BuildConfig:
             raise ConfigError(f"'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.overlong not in OVERLONG_POLICIES:
             raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {self.overlong!r}")
+        if self.long_docs not in LONG_DOCS_POLICIES:
+            raise ConfigError(f"'long_docs' must be one of {', '.join(LONG_DOCS_POLICIES)}, got {self.long_docs!r}")
+        if not 0 <= self.long_docs_overlap < self.max_length:
+            raise ConfigError(f"'long_docs_overlap' must be in [0, max_length {self.max_length}), "
+                              f"got {self.long_docs_overlap}")
         if self.num_proc < 1:
             raise ConfigError(f"'num_proc' must be >= 1, got {self.num_proc}")
         if self.rows_per_shard < 1 or self.rows_per_row_group < 1:
             raise ConfigError("'rows_per_shard' and 'rows_per_row_group' must be >= 1")
+        if self.columns is not None:
+            bad = {k: v for k, v in self.columns.items() if not (isinstance(k, str) and isinstance(v, str) and k and v)}
+            if bad:
+                raise ConfigError(f"'columns' maps packer fields to column names (strings), got {bad}")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ConfigError(f"'max_reject_fraction' must be in [0, 1], got {self.max_reject_fraction}")
 
@@ -145,6 +166,8 @@ class BuildConfig:
     def from_dict(cls, data: dict[str, Any], **overrides: Any) -> BuildConfig:
         """Build from a YAML/JSON mapping; ``overrides`` (CLI options that were given) win."""
         data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+        if isinstance(data.get("columns"), str):
+            data["columns"] = parse_columns(data["columns"])
         known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -200,8 +223,24 @@ class BuildConfig:
         """The profile settings this config overrides (for ``packer.models.get_profile``)."""
         return profile_overrides(self.to_dict())
 
+    @property
+    def column_map(self) -> dict[str, str]:
+        """``columns``, or {} when unset."""
+        return dict(self.columns or {})
+
     def replace(self, **changes: Any) -> BuildConfig:
         return dataclasses.replace(self, **changes)
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    """``"messages=conversations,images=image"`` -> ``{"messages": "conversations", "images": "image"}``."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        field, sep, column = item.partition("=")
+        if not sep or not field.strip() or not column.strip():
+            raise ConfigError(f"'columns': {item!r} is not FIELD=COLUMN (e.g. messages=conversations,images=image)")
+        out[field.strip()] = column.strip()
+    return out
 
 
 def profile_overrides(config: dict[str, Any]) -> dict[str, Any]:

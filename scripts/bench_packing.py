@@ -27,7 +27,7 @@ import numpy as np
 from packer.packing import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
 from packer.packing.stream import pack_stream
 
-HISTOGRAMS = Path("/work/shared/data/length-histograms")
+HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "data" / "length-histograms"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """COCO annotations -> packer JSONL: caption trees and grounding conversations.
 
-    python scripts/coco_to_jsonl.py --coco /work/shared/data/coco-mini --out DIR
+    python scripts/coco_to_jsonl.py --coco ../shared/data/coco-mini --out DIR
 
 writes two files into DIR (deterministic: same input, same bytes):
 

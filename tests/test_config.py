@@ -120,7 +120,8 @@ def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
     [
         ("max_len: 10\n", "error: unknown config keys ['max_len'] ('max_len': did you mean 'max_length'?); "
                           "known keys: algorithm, balance_vision, "
-                          "chat_template, image_root, image_token, inputs, max_examples_per_pack, max_images, max_length, "
+                          "chat_template, columns, image_root, image_token, inputs, long_docs, long_docs_overlap, "
+                          "max_examples_per_pack, max_images, max_length, "
                           "max_pixels, max_reject_fraction, max_vision_tokens, min_pixels, num_proc, output, "
                           "overlong, overwrite, profile, refine, rows_per_row_group, rows_per_shard, seed, "
                           "sources, strict, tokenizer\n"),

@@ -26,15 +26,17 @@ Measured costs: docs/benchmarks.md, "Build throughput".
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from packer.core.ids import chunk_id
 from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef, Node
-from packer.encode import OVERLONG_POLICIES
+from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.encode.labels import carries_loss, loss_labels
+from packer.encode.split import chunk_labels, split_windows
 from packer.encode.templates import ChatTemplate, Span
 from packer.encode.tokenize import (
     Boundaries,
@@ -76,9 +78,12 @@ class _Draft:
 class Encoder:
     """Turns Examples into Encoded examples for one tokenizer, chat template and model profile.
 
-    ``max_length`` (None: unlimited) with ``overlong``: ``drop`` rejects a longer example (``overlong``),
-    ``truncate`` keeps its first ``max_length`` tokens in the depth-first layout, never inside an image.
-    ``chat_template``: a template source that replaces the tokenizer's.
+    ``max_length`` (None: unlimited) with ``overlong`` (``packer.encode.OVERLONG_POLICIES``): ``drop``
+    rejects a longer example (``overlong``), ``truncate`` keeps its first ``max_length`` tokens in the
+    depth-first layout, never inside an image; ``truncate_left`` / ``keep_last_turns`` keep the end (a text's
+    last tokens, a conversation's last whole turns). ``long_docs="split"``: a longer ``text`` record becomes
+    several examples (``split.py``; ``long_docs_overlap`` tokens of context shared), so ``encode_batch``
+    gives a list for it. ``chat_template``: a template source that replaces the tokenizer's.
     """
 
     def __init__(
@@ -88,12 +93,18 @@ class Encoder:
         *,
         max_length: int | None = None,
         overlong: str = "drop",
+        long_docs: str = "off",
+        long_docs_overlap: int = 0,
         chat_template: str | None = None,
     ):
         if overlong not in OVERLONG_POLICIES:
             raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {overlong!r}")
         if max_length is not None and max_length < 1:
             raise ConfigError(f"'max_length' must be a positive integer, got {max_length}")
+        if long_docs not in LONG_DOCS_POLICIES:
+            raise ConfigError(f"'long_docs' must be one of {', '.join(LONG_DOCS_POLICIES)}, got {long_docs!r}")
+        if long_docs_overlap < 0 or (max_length is not None and long_docs_overlap >= max_length):
+            raise ConfigError(f"'long_docs_overlap' must be in [0, max_length), got {long_docs_overlap}")
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ConfigError("packer needs a fast (Rust-backed) tokenizer: it reads character offsets")
@@ -101,6 +112,8 @@ class Encoder:
         self.profile = profile
         self.max_length = max_length
         self.overlong = overlong
+        self.long_docs = long_docs
+        self.long_docs_overlap = long_docs_overlap
         self._backend = backend
         self._chat = ChatTemplate(
             chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None),
@@ -146,15 +159,17 @@ class Encoder:
 
     # ------------------------------------------------------------------ public
 
-    def encode(self, example: Example) -> Encoded:
-        """Render, tokenize and label one example; raise RecordError (with ``path:line``) if unusable."""
+    def encode(self, example: Example) -> Encoded | list[Encoded]:
+        """Render, tokenize and label one example; raise RecordError (with ``path:line``) if unusable. A text
+        split by ``long_docs="split"`` gives its chunks, in order."""
         (result,) = self.encode_batch([example])
         if isinstance(result, RecordError):
             raise result
         return result
 
-    def encode_batch(self, examples: Sequence[Example]) -> list[Encoded | RecordError]:
-        """``encode`` for many examples with ONE tokenizer call: each example's Encoded or its RecordError.
+    def encode_batch(self, examples: Sequence[Example]) -> list[Encoded | list[Encoded] | RecordError]:
+        """``encode`` for many examples with ONE tokenizer call: each example's Encoded (a split text: the
+        list of its chunks) or its RecordError.
 
         Errors are returned (located at ``path:line``), not raised, so one bad record does not cost the others
         their shared tokenizer call. The results equal ``encode`` one example at a time.
@@ -200,17 +215,33 @@ class Encoder:
 
     # ------------------------------------------------------------------ finish
 
-    def _finish(self, example: Example, stage: _Staged, encodings: list) -> Encoded:
-        """Tokens of the staged texts -> the Encoded example (labels, images, truncation, positions)."""
-        if example.kind == "text":
-            draft = self._text_draft(encodings[0])
-        else:
-            draft = self._tree_draft(stage, encodings)
-        self._expand_images(draft)
-        if self.max_length is not None and draft.ids.shape[0] > self.max_length:
-            if self.overlong == "drop":
-                raise RecordError("overlong", f"{draft.ids.shape[0]} tokens > --max-length {self.max_length}")
+    def _finish(self, example: Example, stage: _Staged, encodings: list) -> Encoded | list[Encoded]:
+        """Tokens of the staged texts -> the Encoded example (labels, images, length policy, positions)."""
+        draft = self._draft(example, stage, encodings)
+        length = draft.ids.shape[0]
+        if self.max_length is None or length <= self.max_length:
+            return self._encoded(example, draft)
+        text = example.kind == "text"
+        if text and self.long_docs == "split":
+            return self._split(example, draft)
+        if self.overlong == "drop":
+            raise RecordError("overlong", f"{length} tokens > --max-length {self.max_length}")
+        if self.overlong == "truncate" or (text and self.overlong == "keep_last_turns"):
             self._truncate(draft)
+        elif text:  # truncate_left
+            self._truncate_left(draft)
+        else:  # keep_last_turns, or truncate_left on a conversation
+            draft = self._keep_last_turns(example, length)
+        return self._encoded(example, draft)
+
+    def _draft(self, example: Example, stage: _Staged, encodings: list) -> _Draft:
+        """The whole example's tokens, labels and nodes, its images expanded (no length policy yet)."""
+        draft = self._text_draft(encodings[0]) if example.kind == "text" else self._tree_draft(stage, encodings)
+        self._expand_images(draft)
+        return draft
+
+    def _encoded(self, example: Example, draft: _Draft, *, example_id: str | None = None) -> Encoded:
+        """The Encoded form of a draft that fits: first label cleared, positions (1-D and the profile's)."""
         ids, labels, node_offsets, node_parents, images = (
             draft.ids, draft.labels, draft.node_offsets, draft.node_parents, draft.images
         )  # fmt: skip
@@ -228,7 +259,7 @@ class Encoder:
             ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids
         )
         return Encoded(
-            example_id=example.example_id,
+            example_id=example.example_id if example_id is None else example_id,
             input_ids=ids,
             labels=labels,
             position_ids=positions,
@@ -392,3 +423,69 @@ class Encoder:
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]
         draft.node_parents = draft.node_parents[:keep_nodes]
+
+    def _truncate_left(self, draft: _Draft) -> None:
+        """A text record keeps its last max_length tokens (no bos re-added: the tail does not start the
+        document; its first token's label is cleared by ``_encoded``). Text records hold no images."""
+        cut = draft.ids.shape[0] - self.max_length
+        draft.ids, draft.labels = draft.ids[cut:], draft.labels[cut:].copy()
+
+    def _split(self, example: Example, draft: _Draft) -> list[Encoded]:
+        """A long text record -> its chunks (``split.py``), ids ``path:line@k``."""
+        windows = split_windows(draft.ids.shape[0], max_length=self.max_length, overlap=self.long_docs_overlap)
+        one = np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32)
+        ends = [0] + [b for _, b in windows[:-1]]  # where each chunk's context (the previous chunk) ends
+        return [
+            self._encoded(
+                example,
+                _Draft(draft.ids[a:b], chunk_labels(draft.labels, a, b, context_end=e), *one, refs=[]),
+                example_id=chunk_id(example.example_id, k),
+            )
+            for k, ((a, b), e) in enumerate(zip(windows, ends, strict=True))
+        ]
+
+    def _keep_last_turns(self, example: Example, length: int) -> _Draft:
+        """Drop the fewest whole early turns of the root that make ``example`` fit; re-rendered by the template
+        (a template may depend on what precedes a turn), found by bisection: O(log turns) tokenizer calls.
+
+        Turns: the root's leading system messages are always kept; the rest is cut into turns, each starting
+        at a user message (messages before the first user message form a turn of their own). The root's last
+        turn is always kept: a tree's branches continue it, and the kept part starts at a user message.
+        """
+        root = example.root
+        head = 0
+        while head < len(root.messages) and root.messages[head].role == "system":
+            head += 1
+        rest = root.messages[head:]
+        starts = [0] + [i for i, m in enumerate(rest) if i > 0 and m.role == "user"]
+
+        def drafted(k: int) -> _Draft:  # the example without its first k turns
+            shorter = replace(example, root=Node(root.messages[:head] + rest[starts[k]:], root.children))
+            stage = self._stage(shorter)
+            stage_encodings = tokenize(self._backend, stage.texts, offsets=self._token_bytes is None)
+            return self._draft(shorter, stage, stage_encodings)
+
+        last = len(starts) - 1
+        best = drafted(last) if last > 0 else None
+        kept = length if best is None else best.ids.shape[0]
+        if kept > self.max_length:
+            raise RecordError(
+                "untruncatable",
+                f"the system prompt and the last turn alone are {kept} tokens > --max-length {self.max_length}; "
+                "raise --max-length, or use --overlong truncate to keep the head",
+            )
+        lo, hi = 1, last  # drafted(hi) fits; find the smallest k that does
+        while lo < hi:
+            mid = (lo + hi) // 2
+            candidate = drafted(mid)
+            if candidate.ids.shape[0] <= self.max_length:
+                best, hi = candidate, mid
+            else:
+                lo = mid + 1
+        if not (best.labels[1:] != IGNORE_INDEX).any():
+            raise RecordError(
+                "untruncatable",
+                f"the last {len(starts) - hi} turn(s) that fit --max-length {self.max_length} carry no loss; "
+                "raise --max-length or use --overlong drop",
+            )
+        return best

@@ -37,16 +37,21 @@ KINDS: dict[str, Parser] = {
 
 
 def parse_record(
-    obj: Any, *, path: str, line: int, base_dir: str, image_root: str | None = None, source_name: str = ""
+    obj: Any, *, path: str, line: int, base_dir: str, image_root: str | None = None, source_name: str = "",
+    columns: dict[str, str] | None = None,
 ) -> Example:
-    """Parse one decoded JSON record into an Example; raise RecordError (with ``path:line``) when unusable.
+    """Parse one decoded JSON record (or table row) into an Example; raise RecordError (with ``path:line``)
+    when unusable.
 
-    ``base_dir`` is the directory relative image paths resolve against (the JSONL file's), unless
-    ``image_root`` is given.
+    ``base_dir`` is the directory relative image paths resolve against (the input file's), unless
+    ``image_root`` is given. ``columns`` maps packer fields onto the record's own names
+    (``{"messages": "conversations"}``: packer's ``messages`` is the record's ``conversations``).
     """
     ctx = Ctx(path, line, os.path.abspath(image_root if image_root is not None else base_dir), source_name)
     if not isinstance(obj, dict):
         raise ctx.error("malformed_json", f"the line is a JSON {type(obj).__name__}, not an object")
+    if columns:
+        obj = rename_fields(obj, columns)
     rid = obj.get("id")
     if rid is not None and not isinstance(rid, (str, int)):
         raise ctx.error("wrong_type", f"'id' must be a string or an integer, got {type(rid).__name__}")
@@ -56,3 +61,10 @@ def parse_record(
     keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
     fields = ", ".join(f"'{f}'" for f in KINDS)
     raise ctx.error("unknown_format", f"the record has none of {fields} (keys: {keys})")
+
+
+def rename_fields(obj: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
+    """``obj`` with each packer field taken from its mapped name: ``{"messages": "dialog"}`` turns
+    ``{"dialog": [...], "messages": "x"}`` into ``{"messages": [...]}`` (the mapping decides which wins)."""
+    source = {col: field for field, col in columns.items()}
+    return {source.get(k, k): v for k, v in obj.items() if k in source or k not in columns}

@@ -60,10 +60,21 @@ class Ctx:
 
 
 def image_ref(source: Any, ctx: Ctx) -> ImageRef:
-    """A path or a ``data:`` URL -> ImageRef (path resolved and checked to exist)."""
+    """A path, a ``data:`` URL, raw bytes or a ``{"bytes", "path"}`` struct (``datasets.Image``) -> ImageRef
+    (a path resolved and checked to exist; bytes kept as they are, never re-encoded; bytes win over path)."""
+    if isinstance(source, dict) and ("bytes" in source or "path" in source):
+        data, path = source.get("bytes"), source.get("path")
+        if data is None:
+            return image_ref(path, ctx)
+        source = data
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if not source:
+            raise ctx.error("bad_image", "embedded image bytes are empty")
+        return ImageRef(data=bytes(source))
     if not isinstance(source, str) or not source:
         raise ctx.error(
-            "wrong_type", f"an image source must be a non-empty string (path or data URL), got {source!r}"
+            "wrong_type", "an image source must be a non-empty string (path or data URL), bytes or a "
+            f'{{"bytes", "path"}} struct, got {source!r:.80}'
         )
     if source.startswith("data:"):
         header, sep, payload = source.partition(",")
@@ -232,7 +243,7 @@ def image_pool(obj: dict[str, Any], ctx: Ctx) -> list[ImageRef] | None:
     if key is None or obj[key] is None:
         return None
     value = obj[key]
-    if isinstance(value, str):
+    if isinstance(value, (str, dict, bytes)):  # one image: a path, a {"bytes", "path"} struct, bytes
         value = [value]
     if not isinstance(value, list):
         raise ctx.error(

@@ -1,4 +1,5 @@
-"""Reading input files: JSONL bytes -> records (line numbers, bad UTF-8, bad JSON), and input patterns -> files."""
+"""Reading input files: JSONL bytes -> records (line numbers, bad UTF-8, bad JSON), and input patterns -> files
+(JSONL, Parquet, Arrow, ``datasets`` directories; tables are read by ``tables.py``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def parse_line(
     base_dir: str,
     image_root: str | None = None,
     source_name: str = "",
+    columns: dict[str, str] | None = None,
 ) -> Example:
     """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record."""
     if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -51,7 +53,8 @@ def parse_line(
                 line=line,
             ) from None
     return parse_record(
-        obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name
+        obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name,
+        columns=columns,
     )
 
 
@@ -77,16 +80,23 @@ def read_jsonl(
 
 
 def expand_inputs(patterns: Iterable[str]) -> list[str]:
-    """Files, directories (their ``*.jsonl``) and glob patterns -> sorted, deduplicated file paths.
+    """Files, directories and glob patterns -> sorted, deduplicated file paths.
 
-    Raises ConfigError naming the first pattern that matches no file.
+    A ``datasets`` directory (``save_to_disk`` output, a Hub snapshot) gives its train split's files
+    (``tables.dataset_files``); another directory its ``*.jsonl``, or, with none, its ``*.parquet`` /
+    ``*.arrow``. Raises ConfigError naming the first pattern that matches no file.
     """
+    from packer.formats.tables import TABLE_SUFFIXES, dataset_files, is_dataset_dir
+
     found: set[str] = set()
     for pattern in patterns:
         if os.path.isfile(pattern):
             matches = [pattern]
+        elif os.path.isdir(pattern) and is_dataset_dir(pattern):
+            matches = dataset_files(pattern)
         elif os.path.isdir(pattern):
-            matches = glob.glob(os.path.join(glob.escape(pattern), "*.jsonl"))
+            matches = glob.glob(os.path.join(glob.escape(pattern), "*.jsonl")) or [
+                m for suffix in TABLE_SUFFIXES for m in glob.glob(os.path.join(glob.escape(pattern), "*" + suffix))]
         else:
             matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
         if not matches:

@@ -120,6 +120,10 @@ def plan(
     fast = algorithm == "bfd" and not constrained and not refine and not (balance_vision and vis is not None)
     # The fast path needs no budget columns; skip building an (n, 1) array of ones for it.
     needs, budgets = _constraints(0 if fast else n, vis, vision_budget, imgs, max_images, max_examples)
+    if fast:  # tokens-only BFD: the length-class planner makes the same plan, ids included, in less memory
+        from packer.packing.bulk import plan_bulk
+
+        return plan_bulk(lens, capacity, seed=seed).pack_ids()
 
     if algorithm == "bfd":
         if constrained:

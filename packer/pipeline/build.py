@@ -8,7 +8,8 @@ Stages (``stages.py``) and what each leaves in ``OUT/.packer`` (the work area):
 3. plan    lengths only (memory-mapped columns) -> ``packing.plan`` -> pack id per example.
 4. write   shard ranges as executor tasks: rows gathered chunk file by chunk file, each shard written
            atomically; a rerun skips shards whose marker (sha256) matches.
-5. finish  rejects.jsonl, stats.json, then manifest.json LAST.
+5. finish  rejects.jsonl, stats.json, README.md (a dataset card: ``datasets.load_dataset(OUT)`` works),
+           then manifest.json LAST.
 
 Everything is a pure function of (inputs, config, tokenizer, chat template), so an interrupted and resumed
 build writes the same bytes as an uninterrupted one, whatever executor ran its tasks.
@@ -30,6 +31,7 @@ from packer import __version__
 from packer.config import BuildConfig
 from packer.errors import RejectRateError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.card import write_card
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
 from packer.pipeline.output import (
@@ -103,7 +105,7 @@ def build(
     is called at the named points of ``faults.POINTS`` (default: no-ops; tests inject faults there).
     """
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
-    from packer.report.stats import compute_stats
+    from packer.report.stats import compute_stats, format_stats
 
     executor = executor if executor is not None else LocalExecutor(config.num_proc)
     hooks = hooks if hooks is not None else Hooks()
@@ -147,6 +149,9 @@ def build(
         sources=plan.sources, input_records=totals.records, rejects=rejects,
     )
     write_json_atomic(out / STATS, stats)
+    write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
+               tokenizer=config.tokenizer or encoder.profile.default_tokenizer, max_length=config.max_length,
+               stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)))
     hooks.at("manifest")
     manifest = manifest_dict(
         config=config, fingerprint=fingerprint, encoder=encoder, tokenizer_fp=tokenizer_fp,

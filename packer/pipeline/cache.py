@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from packer.errors import REJECT_REASONS, ShardError
@@ -57,9 +58,12 @@ class EncodeCache:
         if not (arrow.exists() and rejects.exists()):
             return None
         with pa.memory_map(str(arrow)) as src:
-            n = ipc.open_file(src).read_all().num_rows
+            ids = ipc.open_file(src).read_all().column("example_id")
+            n = len(ids)
+            # a split text is one record but several rows: count its chunk 0 only (ids path:line@k, core/ids.py)
+            later_chunks = pc.sum(pc.match_substring_regex(ids, r"@[1-9][0-9]*$")).as_py() or 0
         r = sum(1 for _ in open(rejects, "rb"))
-        return ChunkCounts(records=n + r, encoded=n, rejected=r)
+        return ChunkCounts(records=n - later_chunks + r, encoded=n, rejected=r)
 
     def commit(self, i: int, table: pa.Table, rejects: list[dict[str, Any]], *, hooks: Hooks) -> None:
         """Write chunk ``i``: its rejects, then its rows (the commit), each atomically."""

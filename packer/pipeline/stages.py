@@ -1,6 +1,6 @@
 """The stages of a build, as plain functions that know no executor:
 
-    scan_chunks        input files -> chunks of CHUNK_LINES lines (byte ranges)          in the parent
+    scan_chunks        input files -> chunks of CHUNK_LINES lines (byte ranges) or rows    in the parent
     encode_chunk       one chunk -> its rows and rejects in the encode cache             a task (any process)
     plan_packs         the cache's length columns -> which examples go in which pack      in the parent
     write_shard_range  consecutive shards of the plan -> Parquet files + markers          a task (any process)
@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer.config import BuildConfig
+from packer.core.ids import id_location
 from packer.errors import ConfigError, RecordError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
@@ -46,20 +47,44 @@ def progress_bar(iterable=None, *, enabled: bool, **kw):
 # ---------------------------------------------------------------------------------------------- scan
 @dataclass(frozen=True)
 class Chunk:
-    """A contiguous range of lines of one input file."""
+    """A contiguous range of records of one input file: lines of a JSONL file, rows of a table."""
 
     index: int
     path: str
     source: str
-    start: int  # byte offset
-    end: int  # byte offset (exclusive)
-    first_line: int  # 1-based number of the first line
+    start: int  # byte offset; for a table, 0-based row
+    end: int  # byte offset (exclusive); for a table, row (exclusive)
+    first_line: int  # 1-based number of the first line (row)
     num_lines: int = CHUNK_LINES  # lines in the chunk (blank ones included)
+    table: bool = False  # a Parquet/Arrow file (formats/tables.py): start/end count rows
+
+
+def _table_chunks(path: str, source: str, first_index: int) -> list[Chunk]:
+    """A table's rows in chunks of at most CHUNK_LINES rows: consecutive small row groups (record batches)
+    merged, a big group cut in CHUNK_LINES pieces; counted from the file's metadata alone."""
+    from packer.formats.tables import unit_rows
+
+    chunks: list[Chunk] = []
+    start = end = 0
+    for n in unit_rows(path):
+        if end > start and end - start + n > CHUNK_LINES:
+            chunks.append(Chunk(first_index + len(chunks), path, source, start, end, start + 1, end - start, True))
+            start = end
+        group_end = end + n
+        while group_end - start > CHUNK_LINES:  # a big group: split it
+            chunks.append(Chunk(first_index + len(chunks), path, source, start, start + CHUNK_LINES, start + 1,
+                                CHUNK_LINES, True))
+            start += CHUNK_LINES
+        end = group_end
+    if end > start:
+        chunks.append(Chunk(first_index + len(chunks), path, source, start, end, start + 1, end - start, True))
+    return chunks
 
 
 def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
     """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order."""
     from packer.formats.read import expand_inputs
+    from packer.formats.tables import check_columns, is_table
 
     chunks: list[Chunk] = []
     seen: set[str] = set()
@@ -68,6 +93,10 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
             if path in seen:
                 raise ConfigError(f"{path} is named by two sources; each file may belong to one source only")
             seen.add(path)
+            if is_table(path):
+                check_columns(path, config.column_map)
+                chunks.extend(_table_chunks(path, source.name, len(chunks)))
+                continue
             size = os.path.getsize(path)
             with open(path, "rb") as f, progress_bar(
                 total=size, enabled=progress, unit="B", unit_scale=True, desc=f"scan {Path(path).name}", leave=False
@@ -106,7 +135,8 @@ def make_encoder(config: BuildConfig) -> Encoder:
     profile = get_profile(config.profile, **config.profile_overrides())
     tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
     return Encoder(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
-                    chat_template=chat_template(config))
+                   long_docs=config.long_docs, long_docs_overlap=config.long_docs_overlap,
+                   chat_template=chat_template(config))
 
 
 def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
@@ -118,6 +148,37 @@ def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
         lines.pop()
     for i, raw in enumerate(lines):
         yield chunk.first_line + i, raw
+
+
+def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator[Any]:
+    """Each record of the chunk parsed: an Example or a RecordError, in line (row) order; blank lines skipped."""
+    from packer.formats import parse_record
+    from packer.formats.read import parse_line
+    from packer.formats.tables import row_records
+
+    columns = config.column_map
+    if chunk.table:
+        import pyarrow as pa
+
+        try:
+            rows = list(row_records(chunk.path, chunk.start, chunk.end))
+        except (pa.ArrowException, OSError) as e:  # a file cut short or changed since the scan
+            raise ConfigError(f"cannot read rows {chunk.start}..{chunk.end - 1} of {chunk.path}: {e}") from e
+        for row, obj in enumerate(rows, start=chunk.first_line):
+            try:
+                yield parse_record(obj, path=chunk.path, line=row, base_dir=base_dir, image_root=config.image_root,
+                                   source_name=chunk.source, columns=columns)
+            except RecordError as e:
+                yield e if e.path else e.located(chunk.path, row)
+        return
+    for line_no, raw in _read_chunk_lines(chunk):
+        if not raw.strip():
+            continue  # blank lines are not records
+        try:
+            yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
+                             source_name=chunk.source, columns=columns)
+        except RecordError as e:
+            yield e if e.path else e.located(chunk.path, line_no)
 
 
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
@@ -132,23 +193,11 @@ def encode_chunk(
     Under ``config.strict`` the chunk's first bad record raises its RecordError (it pickles, so it reaches
     the parent from a worker intact).
     """
-    from packer.formats.read import parse_line
-
     done = cache.counts(chunk.index)
     if done is not None:
         return done
     base_dir = os.path.dirname(os.path.abspath(chunk.path))
-    parsed: list[Any] = []  # Example or RecordError, in line order
-    for line_no, raw in _read_chunk_lines(chunk):
-        if not raw.strip():
-            continue  # blank lines are not records
-        try:
-            parsed.append(parse_line(
-                raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
-                source_name=chunk.source,
-            ))
-        except RecordError as e:
-            parsed.append(e if e.path else e.located(chunk.path, line_no))
+    parsed: list[Any] = list(_chunk_records(chunk, config, base_dir))  # Example or RecordError, in line order
     # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     results = iter(encoder.encode_batch([p for p in parsed if not isinstance(p, RecordError)]))
     encoded, rejects = [], []
@@ -158,9 +207,10 @@ def encode_chunk(
             if config.strict:
                 raise result
             rejects.append(_reject_record(result, chunk.source))
-        else:
-            result.source_name = chunk.source
-            encoded.append(result)
+        else:  # one Encoded, or a split text's chunks (ids path:line@k)
+            for one in result if isinstance(result, list) else [result]:
+                one.source_name = chunk.source
+                encoded.append(one)
     table = encoded_table(encoded)
     cache.commit(chunk.index, table, rejects, hooks=hooks)
     return ChunkCounts(records=len(parsed), encoded=table.num_rows, rejected=len(rejects))
@@ -196,9 +246,9 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
         bad |= table.column("num_images").to_numpy() > config.max_images
     rejects = []
     for i in np.flatnonzero(bad).tolist():
-        path, _, line = table.column("example_id")[i].as_py().rpartition(":")
+        path, line = id_location(table.column("example_id")[i].as_py())
         rejects.append(
-            {"path": path, "line": int(line), "reason": "overlong", "source": table.column("source_name")[i].as_py(),
+            {"path": path, "line": line, "reason": "overlong", "source": table.column("source_name")[i].as_py(),
              "message": f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
              f"{table.column('num_images')[i].as_py()} images exceed --max-vision-tokens / --max-images"}
         )

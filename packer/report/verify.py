@@ -17,9 +17,12 @@ What is checked (each failure is one ``Violation``: file, row, what):
   ``num_tokens`` matching the grid; mRoPE positions equal an independent vectorized recomputation of
   ``get_rope_index`` along each tree path;
 - example ids are unique across the whole dataset;
-- with ``inputs``: every non-blank input line is packed (``path:line`` in ``example_ids``) or rejected
-  (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w) copies ``path:line#k``); a
-  source whose paths match no file any more is a violation (its copy counts cannot be checked).
+- with ``inputs``: every non-blank input line (every row of a Parquet/Arrow input) is packed (``path:line`` in
+  ``example_ids``) or rejected (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w)
+  copies ``path:line#k``); a source whose paths match no file any more is a violation (its copy counts cannot
+  be checked); a text split by ``--long-docs split`` is packed as chunks ``path:line@k``, each counted like a
+  record, k = 0..n-1 with none missing, and its tokens re-tokenized to check that no token was lost
+  (split_docs.py).
 
 Cost: one pass over the shards, each row group decoded once (docs/benchmarks.md, "Verify"). Memory: one row
 group plus the example ids (for the uniqueness check).
@@ -41,8 +44,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.core import tree
+from packer.core.ids import ID_PATTERN
 from packer.core.types import IGNORE_INDEX
 from packer.errors import REJECT_REASONS, ConfigError
+from packer.report.split_docs import ChunkDigests, check_split_documents
 from packer.shards.io import open_shards, sha256_file
 from packer.shards.schema import MANIFEST, REJECTS, SCHEMA, SCHEMA_VERSION, STATS, Manifest
 
@@ -385,6 +390,7 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
     id_chunks: list[pa.Array] = []  # every example id, in dataset order
     id_where: list[tuple[str, np.ndarray]] = []  # (file, row of each id) per chunk, to place duplicates
     listed = set()
+    digests = ChunkDigests() if inputs is not None and manifest.config.long_docs == "split" else None
     for entry in shards.shards:
         file = entry.file
         listed.add(file)
@@ -427,6 +433,8 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
             d = d.keep(_check_boundaries(d, lim, rep, file))
             if d.R:
                 _check_content(d, lim, rep, file)
+            if digests is not None and d.R:
+                _add_digests(d, digests)
     for stray in sorted(p.name for p in root.glob("shard-*")):
         if stray not in listed:
             rep.add(stray, None, "a shard file the manifest does not list (stale or temporary)", "stray file")
@@ -434,10 +442,21 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
     ids = pa.chunked_array(id_chunks, pa.string()) if id_chunks else pa.chunked_array([], pa.string())
     _check_unique_ids(ids, id_where, rep)
     rejects = _read_rejects(root, rep)
-    _check_totals(manifest, root, rep, totals, rejects)
+    later = int(pc.sum(pc.match_substring_regex(ids.combine_chunks(), r"@[1-9][0-9]*$")).as_py() or 0) if len(ids) else 0
+    _check_totals(manifest, root, rep, totals, rejects, later)
     if inputs is not None:
-        _check_inputs(manifest, root, ids, rejects, inputs, rep)
+        _check_inputs(manifest, root, ids, rejects, inputs, rep, digests)
     return rep
+
+
+def _add_digests(d: _Rows, digests: ChunkDigests) -> None:
+    """The chunks of split documents among rows whose structure passed (split_docs.py)."""
+    row_of_cu = _row_of(d.cu_off)
+    is_start = np.ones(len(d.cu), dtype=bool)
+    is_start[d.cu_off[1:] - 1] = False
+    at = np.flatnonzero(is_start)
+    base = d.tok_off[:-1][row_of_cu[at]]
+    digests.add(d.ex_ids, d.ids, d.labels, base + d.cu[at], base + d.cu[at + 1])
 
 
 def _check_unique_ids(ids: pa.ChunkedArray, where: list[tuple[str, np.ndarray]], rep: VerifyReport) -> None:
@@ -476,7 +495,7 @@ def _read_rejects(root: Path, rep: VerifyReport) -> list[dict[str, Any]]:
 
 
 def _check_totals(manifest: Manifest, root: Path, rep: VerifyReport, sums: Counter,
-                  rejects: list[dict[str, Any]]) -> None:
+                  rejects: list[dict[str, Any]], later_chunks: int = 0) -> None:
     totals = manifest.totals
     by_reason = dict(sorted(Counter(r["reason"] for r in rejects).items()))
     if totals is None:
@@ -489,9 +508,11 @@ def _check_totals(manifest: Manifest, root: Path, rep: VerifyReport, sums: Count
         if totals.rejects_by_reason != by_reason:
             rep.add(MANIFEST, None, f"totals.rejects_by_reason is {totals.rejects_by_reason}, rejects.jsonl has "
                     f"{by_reason}", "totals")
-        if all(s.weight == 1.0 for s in manifest.config.sources) and totals.input_records != rep.examples + len(rejects):
-            rep.add(MANIFEST, None, f"totals.input_records is {totals.input_records}, but {rep.examples} examples "
-                    f"+ {len(rejects)} rejects = {rep.examples + len(rejects)}", "totals")
+        records = rep.examples - later_chunks  # a split text is one record, n examples
+        if all(s.weight == 1.0 for s in manifest.config.sources) and totals.input_records != records + len(rejects):
+            chunks = f" - {later_chunks} later chunks of split texts" if later_chunks else ""
+            rep.add(MANIFEST, None, f"totals.input_records is {totals.input_records}, but {rep.examples} examples"
+                    f"{chunks} + {len(rejects)} rejects = {records + len(rejects)}", "totals")
     stats_path = root / STATS
     try:
         stats = json.loads(stats_path.read_text())
@@ -507,11 +528,16 @@ def _check_totals(manifest: Manifest, root: Path, rep: VerifyReport, sums: Count
 
 # ---------------------------------------------------------------------------------------- inputs
 def input_lines(path: str) -> np.ndarray:
-    """1-based numbers of the records of a JSONL file: its non-blank lines, by the build's own rule.
+    """1-based numbers of the records of an input file: a JSONL file's non-blank lines, by the build's own
+    rule, or every row of a Parquet/Arrow file (counted from its metadata).
 
     Lines split at ``\\n`` only; a line of ASCII whitespace (incl. a CRLF's ``\\r``, or a lone BOM on line 1)
     is blank.
     """
+    from packer.formats.tables import is_table, unit_rows
+
+    if is_table(path):
+        return np.arange(1, sum(unit_rows(path)) + 1, dtype=np.int64)
     numbers = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
@@ -543,8 +569,9 @@ def _source_weights(manifest: Manifest, rep: VerifyReport) -> dict[str, float]:
 
 
 def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects: list[dict[str, Any]],
-                  inputs: list[str], rep: VerifyReport) -> None:
-    """Every non-blank line of ``inputs`` is packed (with its source's copy count) or rejected, exactly once."""
+                  inputs: list[str], rep: VerifyReport, digests: ChunkDigests | None = None) -> None:
+    """Every non-blank line of ``inputs`` is packed (with its source's copy count) or rejected, exactly once;
+    a split text's chunks each count as a record (``@k``, k = 0..n-1), its tokens checked by ``digests``."""
     from packer.formats.read import expand_inputs
 
     def resolve(path: str) -> str:
@@ -554,18 +581,21 @@ def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects:
     weights = _source_weights(manifest, rep)
     lines = {real: input_lines(f) for real, f in files.items()}
     rep.input_records = int(sum(len(v) for v in lines.values()))
-    # Parse ids "path:line" or "path:line#copy" in bulk (Arrow regex), then group them by path.
+    # Parse ids "path:line[@chunk][#copy]" (core/ids.py) in bulk (Arrow regex), then group them by path.
     by_path: dict[str, np.ndarray] = {}  # id path as written -> indices of its ids
-    id_lines = id_copies = np.zeros(0, np.int64)
+    id_lines = id_copies = id_chunks = np.zeros(0, np.int64)
     if len(ids):
-        parts = pc.extract_regex(ids.combine_chunks(), r"^(?P<path>.*):(?P<line>[0-9]+)(?:#(?P<copy>[0-9]+))?$")
+        parts = pc.extract_regex(ids.combine_chunks(), ID_PATTERN)
         unparsed = len(parts) - int(pc.sum(pc.is_valid(parts)).as_py() or 0)
         if unparsed:
-            rep.add("<dataset>", None, f"{unparsed} example ids are not of the form path:line[#copy]", "example id form")
+            rep.add("<dataset>", None, f"{unparsed} example ids are not of the form path:line[@chunk][#copy]",
+                    "example id form")
             parts = parts.filter(pc.is_valid(parts))
         id_lines = pc.cast(parts.field("line"), pa.int64()).to_numpy()
         copy = parts.field("copy")  # "" when there is no #copy suffix
         id_copies = pc.cast(pc.if_else(pc.equal(copy, ""), "0", copy), pa.int64()).to_numpy()
+        chunk = parts.field("chunk")  # "" for a record packed whole: -1
+        id_chunks = pc.cast(pc.if_else(pc.equal(chunk, ""), "-1", chunk), pa.int64()).to_numpy()
         enc = pc.dictionary_encode(parts.field("path"))
         codes = enc.indices.to_numpy(zero_copy_only=False)
         order = np.argsort(codes, kind="stable")
@@ -579,16 +609,17 @@ def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects:
     for real, numbers in lines.items():
         name = files[real]
         n_lines = int(numbers[-1]) if len(numbers) else 0
-        packed = np.zeros(n_lines + 2, dtype=np.int64)
+        packed = np.zeros(n_lines + 2, dtype=np.int64)  # copies of the record (of a split text: of chunk 0)
+        packed_any = np.zeros(n_lines + 2, dtype=np.int64)  # examples of any chunk
         max_copy = np.full(n_lines + 2, -1, dtype=np.int64)
         rejected = np.zeros(n_lines + 2, dtype=np.int64)
-        for p, idx in by_path.items():
-            if resolve(p) != real:
-                continue
-            ln, cp = id_lines[idx], id_copies[idx]
-            clipped = np.clip(ln, 0, n_lines + 1)
-            np.add.at(packed, clipped, 1)
-            np.maximum.at(max_copy, clipped, cp)
+        mine = [idx for p, idx in by_path.items() if resolve(p) == real]
+        idx = np.concatenate(mine) if mine else np.zeros(0, np.int64)
+        ln, cp, ck = np.clip(id_lines[idx], 0, n_lines + 1), id_copies[idx], id_chunks[idx]
+        first = ck <= 0
+        np.add.at(packed, ln[first], 1)
+        np.add.at(packed_any, ln, 1)
+        np.maximum.at(max_copy, ln[first], cp[first])
         for p, lns in rej_by_path.items():
             if resolve(p) == real:
                 np.add.at(rejected, np.clip(np.asarray(lns, np.int64), 0, n_lines + 1), 1)
@@ -596,12 +627,12 @@ def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects:
         is_record[numbers] = True
         w = weights.get(real, 1.0)
         lo, hi = math.floor(w), math.ceil(w)
-        for ln in np.flatnonzero(~is_record & ((packed > 0) | (rejected > 0))).tolist():
-            rep.add(name, None, f"line {ln} is not a record (blank or past the end) but is "
-                    f"{'packed' if packed[ln] else 'rejected'}", "unknown record")
+        for bad in np.flatnonzero(~is_record & ((packed_any > 0) | (rejected > 0))).tolist():
+            rep.add(name, None, f"line {bad} is not a record (blank or past the end) but is "
+                    f"{'packed' if packed_any[bad] else 'rejected'}", "unknown record")
         rec = is_record
-        both = rec & (packed > 0) & (rejected > 0)
-        lost = rec & (packed == 0) & (rejected == 0) & (lo > 0)
+        both = rec & (packed_any > 0) & (rejected > 0)
+        lost = rec & (packed_any == 0) & (rejected == 0) & (lo > 0)
         twice_rej = rec & (rejected > 1)
         wrong_copies = rec & (rejected == 0) & ((packed < lo) | (packed > hi)) & ~lost
         bad_suffix = rec & (packed > 0) & (max_copy != packed - 1)
@@ -609,11 +640,50 @@ def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects:
                            (twice_rej, "is rejected more than once"),
                            (wrong_copies, f"is packed the wrong number of times (source weight {w}: {lo}..{hi})"),
                            (bad_suffix, "has copies whose #k suffixes are not 0..n-1")):
-            for ln in np.flatnonzero(mask).tolist():
-                extra = f" ({packed[ln]} times)" if mask is wrong_copies else ""
-                rep.add(name, None, f"line {ln} {what}{extra}", "input accounting")
+            for bad in np.flatnonzero(mask).tolist():
+                extra = f" ({packed[bad]} times)" if mask is wrong_copies else ""
+                rep.add(name, None, f"line {bad} {what}{extra}", "input accounting")
+        for what in _chunk_accounting(ln, cp, ck, lo=lo, hi=hi, weight=w):
+            rep.add(name, None, what, "input accounting")
+    if digests is not None:
+        check_split_documents(manifest, digests, files, lambda file, what: rep.add(file, None, what, "split documents"))
     # Records of build inputs not passed here are not checked (the caller's choice); records of files that
     # are no input of this build at all cannot be right.
     build_inputs = {resolve(p) for p in manifest.inputs} | set(files)
     for p in sorted({p for p in list(by_path) + list(rej_by_path) if resolve(p) not in build_inputs}):
         rep.add("<dataset>", None, f"holds records of {p!r}, which is not an input of this build", "unknown input")
+
+
+def _chunk_accounting(lines: np.ndarray, copies: np.ndarray, chunks: np.ndarray, *, lo: int, hi: int,
+                      weight: float) -> list[str]:
+    """What is wrong with one file's split texts: ids of lines (n,), their #copy and @chunk (-1: whole).
+
+    A line is packed whole or split, never both; each chunk k >= 1 is counted like a record (lo..hi copies,
+    suffixes 0..n-1; chunk 0 is checked with the line); with lo >= 1 no chunk of 0..max is missing.
+    """
+    split = chunks >= 0
+    if not split.any():
+        return []
+    out = []
+    whole_lines = set(lines[~split].tolist())
+    out += [f"line {n} is packed both whole and split" for n in sorted(set(lines[split].tolist()) & whole_lines)]
+    later = chunks >= 1
+    if later.any():
+        key = np.stack([lines[later], chunks[later]], axis=1)
+        units, inverse, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        top = np.full(len(units), -1, dtype=np.int64)
+        np.maximum.at(top, inverse.reshape(-1), copies[later])
+        for (n, k), c, t in zip(units.tolist(), counts.tolist(), top.tolist(), strict=True):
+            if not lo <= c <= hi:
+                out.append(f"line {n} chunk {k} is packed the wrong number of times (source weight {weight}: "
+                           f"{lo}..{hi}) ({c} times)")
+            elif t != c - 1:
+                out.append(f"line {n} chunk {k} has copies whose #k suffixes are not 0..n-1")
+    if lo >= 1:
+        key = np.unique(np.stack([lines[split], chunks[split]], axis=1), axis=0)
+        for n in np.unique(key[:, 0]).tolist():
+            have = key[key[:, 0] == n, 1]
+            if len(have) != int(have.max()) + 1:
+                missing = sorted(set(range(int(have.max()) + 1)) - set(have.tolist()))
+                out.append(f"line {n} is split, but chunks {missing[:8]} are missing")
+    return out

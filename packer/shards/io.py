@@ -53,10 +53,15 @@ def write_shard(table: pa.Table, path: str | Path, *, rows_per_row_group: int) -
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON to a temp file and rename it into place."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text (UTF-8) to a temp file and rename it into place."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

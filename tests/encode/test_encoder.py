@@ -292,8 +292,9 @@ def test_bad_image_is_located(qwen, tmp_path: Path):
 
 
 def test_overlong_policies_are_checked(tok):
-    assert OVERLONG_POLICIES == ("drop", "truncate")
-    with pytest.raises(ConfigError, match=r"'overlong' must be one of drop, truncate, got 'cut'"):
+    assert OVERLONG_POLICIES == ("drop", "truncate", "truncate_left", "keep_last_turns")
+    with pytest.raises(ConfigError, match=r"'overlong' must be one of drop, truncate, truncate_left, "
+                       r"keep_last_turns, got 'cut'"):
         Encoder(tok, get_profile("text"), overlong="cut")
     with pytest.raises(ConfigError, match=r"'max_length' must be a positive integer, got 0"):
         Encoder(tok, get_profile("text"), max_length=0)

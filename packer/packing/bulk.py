@@ -1,0 +1,493 @@
+"""Best-fit decreasing over length classes: the tokens-only plan for 10^8..10^9 examples (the bulk planner).
+
+``plan(lengths, capacity)`` places one example at a time and holds ~25 bytes per example above the lengths
+at its peak (int64 copy of the lengths, slot table, assignment, shuffled ids): ~25 GB for 1B examples, and
+the build's ``argsort(pack_ids)`` adds 8-16 more. ``plan_bulk`` makes the same plan from the length
+histogram and returns it as compact arrays grouped the way the writers read them: 4.6 bytes per example
+above uint16 lengths on lognormal lengths (7.5 on the Wikipedia histogram, 2 examples per pack).
+
+Why it is the same plan. BFD takes lengths in decreasing order and puts each example into the open pack
+with the smallest remaining capacity r >= s. Examples of one length s are interchangeable, so their choices
+can be made in bulk: if pack b (remaining r, the tightest fit) takes one example of length s, it has r - s
+left; when r - s >= s that is now the tightest fit, and the next example of length s goes to b again. So b
+takes q = min(left, r // s) examples at once, and only then does best fit move on. When no open pack fits
+s, every new pack takes C // s examples (the last one the rest). Open packs sit in LIFO lists by remaining
+capacity (``head[r]``, ``nxt[b]``) with a 64-ary bitset over r for "smallest r >= s", as ``plan``'s
+tokens-only kernel keeps them (``_bfd_fast``), so the packs are chosen in the same sequence and numbered
+in the same opening order, and ``plan_bulk(...).pack_ids()`` equals ``plan(lengths, capacity, seed=seed)``
+element for element (tests/packing/test_bulk.py checks it on random inputs; scripts/bench_scale.py on
+10M and 100M lengths).
+
+Cost. The loop runs once per (pack, length) visit, not per example: 0.06 visits per example on lognormal
+lengths at 8192, 0.25 on the Wikipedia histogram at 512; the packs opened when nothing fits are one record
+per length. Then the seeded shuffle of the packs (``plan``'s, on an int32 array), two passes over the packs
+(sizes, first slots), one over the examples (each written into its pack's next slot: ~20 ns, the scattered
+write) and a bitmap of the pack ends. Measured (docs/benchmarks.md, 2 shared cores): 100M lognormal
+lengths in 2.5-3.3 s CPU, 1B in 40 s CPU / 96 s wall with a 6.3 GiB peak including the 2 GiB of lengths.
+
+Output (``PackOrder``): the example indices grouped pack by pack in write order (``order``), with pack p's
+examples at ``order[bounds[p]:bounds[p+1]]`` in increasing index. That is what a shard writer reads: shard k
+holds packs [k*R, (k+1)*R), one contiguous slice of ``order``; ``build.py`` today gets the same two arrays
+from ``argsort(pack_ids, kind="stable")`` and ``bincount``. ``pack_ids()`` gives ``plan()``'s per-example
+view.
+
+Memory (n examples, P packs, V visits; int32 indices while n < 2**31). The lengths are read as given
+(2n bytes as uint16, which any capacity < 65536 allows). Peak, during the pass over the examples: ``order``
+4n, one cursor per pack 4P, the visit records 6V (int32 pack + uint16 count), O(capacity) tables. The
+boundaries (4P) are only built after it, from an n-bit map of the pack ends, so they are never held beside
+the cursors.
+
+Example (capacity 10; the same plan and numbering as ``plan(np.array([6, 5, 4, 3, 2]), 10)``)::
+
+    >>> p = plan_bulk(np.array([6, 5, 4, 3, 2], dtype=np.uint16), 10)
+    >>> p.order, p.bounds          # pack 0 = examples 0, 2 (6 + 4); pack 1 = examples 1, 3, 4 (5 + 3 + 2)
+    (array([0, 2, 1, 3, 4], dtype=int32), array([0, 2, 5], dtype=int32))
+    >>> p.pack_ids()
+    array([0, 1, 0, 1, 1])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from packer.errors import ConfigError
+
+# int32 indices and pack ids while they fit: 4 bytes per example instead of 8.
+_INT32_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class PackOrder:
+    """A plan as the shard writers read it: examples grouped pack by pack, packs in write order."""
+
+    order: np.ndarray
+    """(n,) example indices, pack 0's first; inside a pack in increasing index. int32 if n < 2**31."""
+    bounds: np.ndarray
+    """(P + 1,) pack p holds ``order[bounds[p]:bounds[p + 1]]``; ``bounds[0] == 0``, ``bounds[-1] == n``."""
+
+    @property
+    def num_packs(self) -> int:
+        return self.bounds.shape[0] - 1
+
+    def sizes(self) -> np.ndarray:
+        """(P,) examples per pack, int64 (``build.write_shards``'s ``pack_sizes``)."""
+        return np.diff(self.bounds.astype(np.int64))
+
+    def pack(self, p: int) -> np.ndarray:
+        """Example indices of pack ``p``."""
+        return self.order[self.bounds[p] : self.bounds[p + 1]]
+
+    def pack_ids(self) -> np.ndarray:
+        """(n,) int64 pack id per example: ``plan()``'s return value (8n bytes: for small n and tests)."""
+        ids = np.empty(self.order.shape[0], dtype=np.int64)
+        _scatter_ids(self.order, self.bounds, ids)
+        return ids
+
+
+def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> PackOrder:
+    """Tokens-only best-fit decreasing over length classes; the plan of ``plan(lengths, capacity, seed=seed)``.
+
+    Args:
+        lengths: (n,) tokens per example, each in [1, capacity]. Any integer dtype; pass uint16 when
+            capacity < 65536 (2 bytes per example; it is read, never copied).
+        capacity: tokens per pack (the build's ``max_length``).
+        seed: seed of the pack shuffle (``np.random.default_rng(seed)``, the same write order as ``plan``).
+
+    Returns:
+        ``PackOrder``: examples grouped by pack in write order, and the pack boundaries.
+
+    No vision, image or examples-per-pack budgets and no ``refine``: those need per-example state and stay
+    in ``plan``. Measured at 10M, 100M and 1B lengths: docs/benchmarks.md "Planner at 10M / 100M lengths".
+    """
+    lens = np.asarray(lengths)
+    if lens.ndim != 1:
+        raise ConfigError(f"'lengths' must be a 1-D array, got shape {lens.shape}")
+    if lens.size and lens.dtype.kind not in "iu":
+        raise ConfigError(f"'lengths' must hold integers, got dtype {lens.dtype}")
+    if isinstance(capacity, bool) or int(capacity) != capacity or int(capacity) < 1:
+        raise ConfigError(f"'capacity (max_length)' must be a positive integer, got {capacity!r}")
+    capacity = int(capacity)
+    n = lens.shape[0]
+    index = np.int32 if n <= _INT32_LIMIT else np.int64
+    if n == 0:
+        return PackOrder(order=np.zeros(0, dtype=index), bounds=np.zeros(1, dtype=index))
+    lens = np.ascontiguousarray(lens)
+
+    counts = np.zeros(capacity + 1, dtype=np.int64)
+    if _count(lens, capacity, counts) >= 0:
+        _raise_misfit(lens, capacity)
+
+    # 1. BFD over the length classes: pop visits as (pack, count) records, new packs per length.
+    visit_count = np.uint16 if capacity < 2**16 else np.int32  # q <= capacity // s
+    nxt = np.empty(min(n, 2 * int((counts * np.arange(capacity + 1)).sum()) // capacity + 2), dtype=index)
+    visit_pack, visit_q, visit_lo, new_first, num_packs = _bfd_classes(
+        counts,
+        capacity,
+        nxt,
+        np.empty(n // 16 + capacity, dtype=index),
+        np.empty(n // 16 + capacity, visit_count),
+    )
+    del nxt
+
+    # 2. Write order: plan()'s seeded shuffle, perm[b] = write position of pack b.
+    perm = write_order(num_packs, seed, index)
+
+    # 3. Pack sizes in write order -> each pack's first slot in ``order``, stored in place of its write id.
+    starts = np.zeros(num_packs + 1, dtype=index)
+    _sizes(counts, capacity, visit_pack, visit_q, visit_lo, new_first, perm, starts)
+    np.cumsum(starts, out=starts)
+    _cursors(perm, starts)
+    del starts  # not held during the fill: 4 bytes per pack less at the peak (2 bytes/example on Wikipedia)
+
+    # 4. One pass over the examples in index order: each takes the next slot of its length's sequence.
+    order = np.empty(n, dtype=index)
+    _fill(lens, capacity, visit_pack, visit_q, visit_lo, new_first, perm, order)
+    del visit_pack, visit_q
+
+    # 5. The cursors now hold every pack's end. Packs are contiguous, so the sorted ends are the boundaries:
+    #    mark them in an n-bit map (n / 8 bytes) and read it in order, O(n / 64 + P) instead of a sort.
+    marks = np.zeros(n // 64 + 1, dtype=np.uint64)
+    _mark(perm, marks)
+    del perm
+    bounds = np.empty(num_packs + 1, dtype=index)
+    _read_marks(marks, bounds)
+    return PackOrder(order=order, bounds=bounds)
+
+
+def write_order(num_packs: int, seed: int, dtype: type = np.int32) -> np.ndarray:
+    """``np.random.default_rng(seed).permutation(num_packs)`` (``plan``'s write order) as ``dtype``.
+
+    Generator.shuffle is Fisher-Yates from the last element down, each swap partner drawn by
+    ``random_interval`` (masked rejection on 32-bit draws, the low half of each 64-bit output first), and the
+    draws do not depend on the dtype. ``_fisher_yates`` replays it on the same PCG64 outputs, 2x faster than
+    numpy's loop (50M packs: 1.9 vs 4.0 s CPU, the random swaps dominate both); an int32 arange halves the
+    bytes. Checked against numpy once per process, else numpy's own shuffle runs.
+    """
+    perm = np.arange(num_packs, dtype=dtype)
+    if num_packs > 2**32 or not _replay_matches_numpy():  # beyond 2**32 numpy draws 64-bit words
+        np.random.default_rng(seed).shuffle(perm)
+        return perm
+    bits = np.random.default_rng(seed).bit_generator
+    i, have, word = num_packs - 1, False, np.uint64(0)
+    while i > 0:
+        i, have, word = _fisher_yates(perm, bits.random_raw(1 << 20), i, have, np.uint64(word))  # 8 MB a call
+    return perm
+
+
+_REPLAY_OK: list[bool] = []
+
+
+def _replay_matches_numpy() -> bool:
+    if not _REPLAY_OK:
+        _REPLAY_OK.append(
+            all(
+                np.array_equal(_replayed(p, seed), np.random.default_rng(seed).permutation(p))
+                for p in (2, 3, 1000, 70_001)
+                for seed in (0, 1)
+            )
+        )
+    return _REPLAY_OK[0]
+
+
+def _replayed(num_packs: int, seed: int) -> np.ndarray:
+    perm = np.arange(num_packs, dtype=np.int32)
+    bits = np.random.default_rng(seed).bit_generator
+    i, have, word = num_packs - 1, False, np.uint64(0)
+    while i > 0:
+        i, have, word = _fisher_yates(perm, bits.random_raw(64), i, have, np.uint64(word))  # several calls
+    return perm
+
+
+def _raise_misfit(lens: np.ndarray, capacity: int) -> None:
+    """The error ``plan`` raises for the same input (same wording, same example index)."""
+    lo = int(lens.min())
+    if lo < 1:
+        i = int(np.argmin(lens))
+        raise ConfigError(f"example {i} has {lo} tokens; every example needs at least 1")
+    i = int(np.argmax(lens))
+    raise ConfigError(
+        f"example {i} has {int(lens[i])} tokens > capacity {capacity}; raise 'max_length' or drop/truncate the "
+        "example"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _count(lens, capacity, counts):
+    """Histogram of the lengths; returns the index of the first length outside [1, capacity], else -1."""
+    for i in range(lens.shape[0]):
+        s = np.int64(lens[i])
+        if s < 1 or s > capacity:
+            return i
+        counts[s] += 1
+    return -1
+
+
+# 64-ary bitset over remaining capacities 0..C (the same structure as plan()'s kernel's; kept here so the
+# module stands alone while planner.py is being split).
+_DEBRUIJN = 0x03F79D71B4CA8B09
+_DEBRUIJN_TABLE = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    _DEBRUIJN_TABLE[(((1 << _i) * _DEBRUIJN) % 2**64) >> 58] = _i
+del _i
+
+
+@njit(cache=True, inline="always")
+def _ctz(word, table):
+    lowest = word & -word  # the lowest set bit (two's complement, wraps for bit 63)
+    return table[((lowest * np.int64(_DEBRUIJN)) >> 58) & 63]  # & 63 undoes the sign extension
+
+
+@njit(cache=True)
+def _bitset_levels(universe):
+    """Offsets and word counts of a 64-ary bitset hierarchy over 0..universe-1 (top level = one word)."""
+    nlev = 1
+    words = (universe + 63) // 64
+    while words > 1:
+        words = (words + 63) // 64
+        nlev += 1
+    offs = np.zeros(nlev, dtype=np.int64)
+    nwords = np.zeros(nlev, dtype=np.int64)
+    words = (universe + 63) // 64
+    total = 0
+    for k in range(nlev):
+        offs[k] = total
+        nwords[k] = words
+        total += words
+        words = (words + 63) // 64
+    return offs, nwords
+
+
+@njit(cache=True, inline="always")
+def _bits_succ(bits, offs, nwords, x, table):
+    """Smallest set element >= x, or -1."""
+    nlev = offs.shape[0]
+    lvl = 0
+    i = x
+    while lvl < nlev:
+        w = i >> 6
+        if w >= nwords[lvl]:
+            return -1
+        word = bits[offs[lvl] + w] & -(np.int64(1) << (i & 63))  # bits >= i within the word
+        if word != 0:
+            i = (w << 6) + _ctz(word, table)
+            while lvl > 0:  # descend: the lowest set bit at each level below
+                lvl -= 1
+                i = (i << 6) + _ctz(bits[offs[lvl] + i], table)
+            return i
+        lvl += 1
+        i = w + 1
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _bits_set(bits, offs, x):
+    for lvl in range(offs.shape[0]):
+        pos = offs[lvl] + (x >> 6)
+        was_empty = bits[pos] == 0
+        bits[pos] |= np.int64(1) << (x & 63)
+        if not was_empty:
+            return
+        x >>= 6
+
+
+@njit(cache=True, inline="always")
+def _bits_clear(bits, offs, x):
+    for lvl in range(offs.shape[0]):
+        pos = offs[lvl] + (x >> 6)
+        bits[pos] &= ~(np.int64(1) << (x & 63))
+        if bits[pos] != 0:
+            return
+        x >>= 6
+
+
+@njit(cache=True)
+def _grow(a, size):
+    """``a`` copied into an array 1.5x larger (numba cannot resize in place)."""
+    b = np.empty(size + size // 2, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True, inline="always")
+def _push(b, r, head, nxt, bits, offs):
+    if head[r] < 0:
+        _bits_set(bits, offs, r)
+    nxt[b] = head[r]
+    head[r] = b
+
+
+@njit(cache=True)
+def _bfd_classes(counts, capacity, nxt, visit_pack, visit_q):
+    """BFD over length classes. Returns (visit_pack, visit_q, visit_lo, new_first, num_packs).
+
+    Length s's examples, in plan order, go first to the packs of its visits ``visit_lo[s]`` ..
+    ``visit_lo[s - 1] - 1`` (``visit_q`` examples to pack ``visit_pack``), then to new packs numbered from
+    ``new_first[s]``, ``capacity // s`` per pack (the last takes the rest). Packs are numbered in opening
+    order, as ``plan``'s ``_bfd_fast`` numbers them.
+    """
+    table = _DEBRUIJN_TABLE
+    offs, nwords = _bitset_levels(capacity + 1)
+    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)  # remaining capacities with an open pack
+    head = np.full(capacity + 1, -1, dtype=nxt.dtype)  # LIFO list of the open packs with r left
+    visit_lo = np.zeros(capacity + 2, dtype=np.int64)
+    new_first = np.zeros(capacity + 1, dtype=np.int64)
+    v = 0
+    num_packs = 0
+    for s in range(capacity, 0, -1):
+        visit_lo[s] = v
+        left = counts[s]
+        while left > 0:
+            r = _bits_succ(bits, offs, nwords, s, table)
+            if r < 0:  # nothing open fits s: new packs of capacity // s examples each, then one with the rest
+                break
+            b = head[r]
+            head[r] = nxt[b]
+            if head[r] < 0:
+                _bits_clear(bits, offs, r)
+            q = min(left, r // s)  # b stays the tightest fit while it has room for another s
+            left -= q
+            if v == visit_pack.shape[0]:
+                visit_pack = _grow(visit_pack, v)
+                visit_q = _grow(visit_q, v)
+            visit_pack[v] = b
+            visit_q[v] = q
+            v += 1
+            if r - q * s > 0:
+                _push(b, r - q * s, head, nxt, bits, offs)
+        new_first[s] = num_packs
+        if left > 0:
+            per = capacity // s
+            full, rest = left // per, left % per
+            gap = capacity - per * s
+            for b in range(num_packs, num_packs + full):  # pushed in opening order, as one at a time would
+                if gap > 0:
+                    _push(b, gap, head, nxt, bits, offs)
+            num_packs += full
+            if rest > 0:
+                _push(num_packs, capacity - rest * s, head, nxt, bits, offs)
+                num_packs += 1
+    visit_lo[0] = v
+    return visit_pack[:v], visit_q[:v], visit_lo, new_first, num_packs
+
+
+@njit(cache=True)
+def _sizes(counts, capacity, visit_pack, visit_q, visit_lo, new_first, perm, bounds):
+    """bounds[perm[b] + 1] = examples in pack b (bounds is then cumsummed into write-order boundaries)."""
+    for s in range(capacity, 0, -1):
+        placed = 0
+        for j in range(visit_lo[s], visit_lo[s - 1]):
+            bounds[perm[visit_pack[j]] + 1] += visit_q[j]
+            placed += visit_q[j]
+        left = counts[s] - placed
+        per = capacity // s
+        b = new_first[s]
+        while left > 0:
+            bounds[perm[b] + 1] += min(per, left)
+            left -= per
+            b += 1
+
+
+@njit(cache=True)
+def _cursors(perm, bounds):
+    """perm[b] (pack b's write position) becomes the first slot of pack b in ``order``."""
+    for b in range(perm.shape[0]):
+        perm[b] = bounds[perm[b]]
+
+
+@njit(cache=True)
+def _fill(lens, capacity, visit_pack, visit_q, visit_lo, new_first, cursor, order):
+    """order[cursor[b]++] = i for each example i in index order, b its pack: the k-th example of length s
+    takes the k-th slot of s's sequence (its visits, then its new packs), as ``_bfd_fast`` hands them out.
+    Consumes ``visit_q``; leaves each pack's end in ``cursor``. ~16-20 ns CPU per example on 100M lognormal
+    lengths, most of it the scattered write into ``order``."""
+    # One row per length, so an example touches one cache line of state (measured 1.7x faster than five
+    # separate arrays and a division): next visit, end of its visits, current new pack, room left in it.
+    state = np.empty((capacity + 1, 4), dtype=np.int64)
+    for s in range(1, capacity + 1):
+        state[s, 0] = visit_lo[s]
+        state[s, 1] = visit_lo[s - 1]
+        state[s, 2] = new_first[s]
+        state[s, 3] = capacity // s
+    for i in range(lens.shape[0]):
+        s = np.int64(lens[i])
+        j = state[s, 0]
+        if j < state[s, 1]:
+            b = np.int64(visit_pack[j])
+            q = visit_q[j] - 1
+            visit_q[j] = q
+            if q == 0:
+                state[s, 0] = j + 1
+        else:
+            b = state[s, 2]
+            state[s, 3] -= 1
+            if state[s, 3] == 0:  # this new pack is full: the next one (packs opened for s are consecutive)
+                state[s, 3] = capacity // s
+                state[s, 2] = b + 1
+        pos = cursor[b]
+        cursor[b] = pos + 1
+        order[pos] = i
+
+
+@njit(cache=True)
+def _fisher_yates(x, raw, i, have, word):
+    """numpy's Generator.shuffle from position i down, on the 64-bit outputs ``raw``; ``have``/``word`` carry
+    an unused high half across calls. Returns (i, have, word) when ``raw`` runs out, i == 0 when done."""
+    k = 0
+    while i > 0:
+        mask = np.uint64(i)  # the smallest all-ones mask >= i
+        for shift in (1, 2, 4, 8, 16, 32):
+            mask |= mask >> np.uint64(shift)
+        while True:  # a draw in [0, mask], rejected while > i
+            if have:
+                v = word >> np.uint64(32)
+                have = False
+            else:
+                if k == raw.shape[0]:
+                    return i, have, word
+                word = raw[k]
+                k += 1
+                v = word & np.uint64(0xFFFFFFFF)
+                have = True
+            v &= mask
+            if v <= np.uint64(i):
+                break
+        j = np.int64(v)
+        x[i], x[j] = x[j], x[i]
+        i -= 1
+    return i, have, word
+
+
+@njit(cache=True)
+def _mark(ends, marks):
+    for b in range(ends.shape[0]):
+        e = np.uint64(ends[b])
+        marks[e >> np.uint64(6)] |= np.uint64(1) << (e & np.uint64(63))
+
+
+@njit(cache=True)
+def _read_marks(marks, bounds):
+    """bounds = [0] + the marked positions in increasing order."""
+    bounds[0] = 0
+    k = 1
+    for w in range(marks.shape[0]):
+        word = marks[w]
+        while word != 0:
+            low = word & (~word + np.uint64(1))  # the lowest set bit
+            bounds[k] = w * 64 + _DEBRUIJN_TABLE[np.int64((low * np.uint64(_DEBRUIJN)) >> np.uint64(58))]
+            k += 1
+            word ^= low
+
+
+@njit(cache=True)
+def _scatter_ids(order, bounds, ids):
+    for p in range(bounds.shape[0] - 1):
+        for k in range(bounds[p], bounds[p + 1]):
+            ids[order[k]] = p
