@@ -3,7 +3,8 @@
 The sha256s below were recorded on main at bbb8e06 (before the layout issue's move), by running this file's
 ``write_corpus`` + ``BUILDS`` and printing ``_digests``. A change that alters any shard byte, the stats or the
 rejects of these builds fails here; if a change *means* to alter them (a schema bump), re-record and say why
-in the commit.
+in the commit. Re-recorded once: rejects.jsonl, when the preference-pair input kind joined (the unknown_format
+message lists the `chosen` field); every shard and stats.json byte is still as recorded on bbb8e06.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -40,7 +41,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         {
             "shard-00000.parquet": "224d7600785201d09a454a20a3e08419ab2823d51f8c56a3a6e9a9a51e4f5ceb",
             "shard-00001.parquet": "4897665a7b58bc042b2345edb7279dc33a6cd317c4f9d5c931e37997986521be",
-            "rejects.jsonl": "7338c040720529accbb24e2738871a81e9c4fcb1555944202bfcf95d7ebeab09",
+            "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
             "stats.json": "8cbe24f9bd4af7af7e7100d5ba6814950c6aa7581a8bf821ad442befa574e9c7",
         },
     ),

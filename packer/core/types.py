@@ -36,11 +36,15 @@ class ImageRef:
 
 @dataclass(slots=True)
 class Message:
-    """One chat message. ``parts`` holds text strings and ImageRefs in order."""
+    """One chat message. ``parts`` holds text strings and ImageRefs in order (empty for an assistant turn that
+    only calls tools)."""
 
     role: str
     parts: list[str | ImageRef]
     loss: bool | None = None  # None: the default (assistant turns carry loss)
+    tool_calls: list[dict] | None = None  # an assistant's calls, as the record gives them (OpenAI style)
+    tool_call_id: str | None = None  # a tool result's call id, passed to the template as given
+    name: str | None = None  # a tool result's tool name, passed to the template as given
 
     @property
     def images(self) -> list[ImageRef]:
@@ -69,7 +73,8 @@ class Node:
 
 @dataclass(slots=True)
 class Example:
-    """One input record, parsed. ``kind`` is messages | llava | text."""
+    """One input record, parsed. ``kind`` is messages | llava | text | preference (a root prompt node and two
+    children: node 1 the chosen answer, node 2 the rejected one)."""
 
     root: Node
     kind: str
@@ -77,6 +82,7 @@ class Example:
     line: int
     source_name: str = ""  # the named source of a mixed build ("" for a single source)
     text: str | None = None  # the whole text of a `text` record
+    tools: list[dict] | None = None  # the record's tool definitions, passed to the chat template
 
     @property
     def example_id(self) -> str:

@@ -208,7 +208,7 @@ class Encoder:
             nodes.append(node)
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else []) + node.messages)
-        located = [self._chat.locate(p) for p in paths]
+        located = [self._chat.locate(p, tools=example.tools) for p in paths]
         return _Staged(
             texts=[text for text, _ in located], nodes=nodes, parents=parents, spans=[sp for _, sp in located]
         )

@@ -44,7 +44,20 @@ def compile_template(source: str) -> Any:
 
 def hf_message(m: Message, *, marked: bool) -> dict:
     """A Message as the template sees it: string content if text-only, else parts with {"type": "image"};
-    with ``marked``, the content wrapped in OPEN ... CLOSE."""
+    with ``marked``, the content wrapped in OPEN ... CLOSE. Tool fields (``tool_calls``, ``tool_call_id``,
+    ``name``) are passed as the record gave them. A turn with no content (it only calls tools) is never
+    marked: templates test its content for truth (Qwen2.5: ``{% if message.content %}``)."""
+    out = _hf_content(m, marked=marked and not _calls_only(m))
+    if m.tool_calls is not None:
+        out["tool_calls"] = m.tool_calls
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _hf_content(m: Message, *, marked: bool) -> dict:
     if all(isinstance(p, str) for p in m.parts):
         text = "".join(m.parts)  # type: ignore[arg-type]
         return {"role": m.role, "content": OPEN + text + CLOSE if marked else text}
@@ -61,6 +74,28 @@ def hf_message(m: Message, *, marked: bool) -> dict:
         else:
             parts.append({"type": "text", "text": CLOSE})
     return {"role": m.role, "content": parts}
+
+
+def _calls_only(m: Message) -> bool:
+    """A turn with tool calls and no content: not marked (see ``hf_message``)."""
+    return not m.parts and bool(m.tool_calls)
+
+
+def _uses_tools(conv: list[Message], tools: list[dict] | None) -> bool:
+    return bool(tools) or any(m.tool_calls for m in conv)
+
+
+def _check_tools_rendered(text: str, conv: list[Message], tools: list[dict] | None) -> None:
+    """A template without tool support drops calls and tool lists silently: refuse that, naming the fix."""
+    names = [(c.get("function", c))["name"] for m in conv for c in m.tool_calls or ()]
+    names += [(t.get("function", t)).get("name") for t in tools or ()]
+    missing = [n for n in names if isinstance(n, str) and n not in text]
+    if missing:
+        raise RecordError(
+            "template_error",
+            f"the chat template does not render tool calls or tools (no {missing[0]!r} in its text); use a "
+            "template that supports tools (--tokenizer qwen2.5, or --chat-template FILE)",
+        )
 
 
 def probe_conversations(*, images: bool) -> list[list[Message]]:
@@ -103,9 +138,11 @@ class ChatTemplate:
         template never needs it), so unpickling imports no transformers."""
         return {**self.__dict__, "_compiled": None}
 
-    def render(self, conv: list[dict], *, add_generation_prompt: bool = False) -> str:
-        """The template's text for ``conv`` (messages as ``hf_message`` gives them); RecordError if it
-        fails."""
+    def render(
+        self, conv: list[dict], *, add_generation_prompt: bool = False, tools: list[dict] | None = None
+    ) -> str:
+        """The template's text for ``conv`` (messages as ``hf_message`` gives them) and ``tools``;
+        RecordError if it fails."""
         if self.source is None:
             raise ConfigError("the tokenizer has no chat template; pass --chat-template FILE")
         if self._compiled is None:  # unpickled: compiled here, on first use (see __getstate__)
@@ -113,7 +150,7 @@ class ChatTemplate:
         try:
             return self._compiled.render(
                 messages=conv,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._kwargs,
@@ -123,36 +160,71 @@ class ChatTemplate:
                 "template_error", f"the chat template failed: {type(e).__name__}: {e}"
             ) from None
 
-    def locate(self, conv: list[Message]) -> tuple[str, list[Span]]:
-        """Render ``conv``: the text and one Span per message."""
-        if self._fast is not None:
+    def locate(self, conv: list[Message], *, tools: list[dict] | None = None) -> tuple[str, list[Span]]:
+        """Render ``conv`` (with the record's ``tools``): the text and one Span per message.
+
+        A turn with no content (it only calls tools) is not marked; its content starts where the generation
+        prompt after the messages before it ends, which is where a model starts writing its calls. A
+        conversation with tools is always checked against its unmarked rendering (the probes hold none)."""
+        uses_tools = _uses_tools(conv, tools)
+        if self._fast is not None and not uses_tools:
             located = self._fast.locate(conv)
             if located is not None:
                 return located
-        marked = self.render([hf_message(m, marked=True) for m in conv])
+        marked = self.render([hf_message(m, marked=True) for m in conv], tools=tools)
         markers = [(mo.start(), mo.group()) for mo in _MARKER.finditer(marked)]
-        # the markers must come back as OPEN, CLOSE, OPEN, CLOSE, ...: one pair per message, in order
-        if len(markers) == 2 * len(conv) and all(
+        has = [not _calls_only(m) for m in conv]  # which messages carry markers
+        # the markers must come back as OPEN, CLOSE, OPEN, CLOSE, ...: one pair per marked message, in order
+        if len(markers) == 2 * sum(has) and all(
             c == (OPEN if i % 2 == 0 else CLOSE) for i, (_, c) in enumerate(markers)
         ):
             text = marked.replace(OPEN, "").replace(CLOSE, "")
-            if not self._verify or text == self.render([hf_message(m, marked=False) for m in conv]):
+            clean = None
+            if self._verify or uses_tools:
+                clean = self.render([hf_message(m, marked=False) for m in conv], tools=tools)
+            if clean is None or text == clean:
+                if uses_tools:
+                    _check_tools_rendered(text, conv, tools)
                 # marker i sits at clean position p - i (i markers precede it)
-                starts = [p - i for i, (p, _) in enumerate(markers) if i % 2 == 0]
-                ends = [p - i for i, (p, _) in enumerate(markers) if i % 2 == 1]
+                opens = iter(p - i for i, (p, _) in enumerate(markers) if i % 2 == 0)
+                closes = iter(p - i for i, (p, _) in enumerate(markers) if i % 2 == 1)
+                starts, ends = [], []
+                for k, marked_k in enumerate(has):
+                    if marked_k:
+                        starts.append(next(opens))
+                        ends.append(next(closes))
+                    else:
+                        start = self._generation_start(conv, k, text, tools)
+                        starts.append(start)
+                        ends.append(start)
                 limits = starts[1:] + [len(text)]
                 return text, list(zip(starts, ends, limits, strict=True))
-        clean = self.render([hf_message(m, marked=False) for m in conv])
-        return clean, self._locate_by_prefixes(conv, clean)
+        clean = self.render([hf_message(m, marked=False) for m in conv], tools=tools)
+        if uses_tools:
+            _check_tools_rendered(clean, conv, tools)
+        return clean, self._locate_by_prefixes(conv, clean, tools)
 
-    def _locate_by_prefixes(self, conv: list[Message], full: str) -> list[Span]:
+    def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
+        """Where message k's content starts in ``text``: the end of the generation prompt after ``conv[:k]``."""
+        header = self.render(
+            [hf_message(m, marked=False) for m in conv[:k]], add_generation_prompt=True, tools=tools
+        )
+        if not text.startswith(header):
+            raise RecordError(
+                "template_error",
+                f"the generation prompt after messages[:{k}] is not a prefix of the rendering (message {k} has "
+                "no content to mark)",
+            )
+        return len(header)
+
+    def _locate_by_prefixes(self, conv: list[Message], full: str, tools: list[dict] | None = None) -> list[Span]:
         """The fallback: message spans from rendered prefixes, an assistant's header from the generation
         prompt."""
         hf = [hf_message(m, marked=False) for m in conv]
         spans = []
         prev = ""
         for k in range(len(conv)):
-            cur = full if k == len(conv) - 1 else self.render(hf[: k + 1])
+            cur = full if k == len(conv) - 1 else self.render(hf[: k + 1], tools=tools)
             if not cur.startswith(prev) or not full.startswith(cur):
                 raise RecordError(
                     "template_error",
@@ -161,7 +233,7 @@ class ChatTemplate:
                 )
             start = len(prev)
             if conv[k].role == "assistant":
-                header = self.render(hf[:k], add_generation_prompt=True)
+                header = self.render(hf[:k], add_generation_prompt=True, tools=tools)
                 if not (header.startswith(prev) and cur.startswith(header)):
                     raise RecordError(
                         "template_error",

@@ -7,6 +7,12 @@ transformers' ``TikTokenConverter`` turns it into a fast tokenizer whose ids are
 (151643-151656) and Qwen2-VL's ChatML chat template is attached. The result is saved once as an ordinary
 HF tokenizer directory under ``$PACKER_CACHE`` (default ``~/.cache/packer``), so it loads like any other.
 
+``qwen2.5`` is Qwen2.5-Instruct's tokenizer the same way: the same ranks, Qwen2.5's 22 added tokens with
+their real ids (``<tool_call>`` = 151657, ``</tool_call>`` = 151658 and the FIM tokens are added but not
+special, as in Qwen2.5's tokenizer_config.json) and Qwen2.5-Instruct's chat template, which renders tools
+(in the system prompt), ``tool_calls`` (``<tool_call>`` JSON) and ``tool`` turns (``<tool_response>``
+inside a user turn). It is the builtin for tool-use data: Qwen2-VL's template has no tool support.
+
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
 
@@ -64,7 +70,84 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl",)
+# Qwen2.5 adds these after Qwen2-VL's 14, not special (ids 151657-151664), per its tokenizer_config.json.
+QWEN25_EXTRA_TOKENS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+
+# Qwen2.5-Instruct's chat template (Apache-2.0, Qwen/Qwen2.5-*-Instruct tokenizer_config.json "chat_template";
+# text as published, checked against several public copies). Text-only content: a message's content is
+# concatenated as a string.
+QWEN25_CHAT_TEMPLATE = (
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    "    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    "    {%- endif %}\n"
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
+    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
+    "    {%- for tool in tools %}\n"
+    '        {{- "\\n" }}\n'
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
+    "{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or '
+    '(message.role == "assistant" and not message.tool_calls) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n"
+    "            {{- '\\n' + message.content }}\n"
+    "        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n"
+    "            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n"
+    "            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    "            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n"
+    "            {{- tool_call.arguments | tojson }}\n"
+    "            {{- '}\\n</tool_call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5")
 
 
 def cache_dir() -> Path:
@@ -83,8 +166,9 @@ def _qwen_tiktoken_file() -> Path:
     return path
 
 
-def build_qwen2_vl_tokenizer(out_dir: str | Path) -> Path:
-    """Build the offline Qwen2-VL tokenizer into ``out_dir`` (an HF tokenizer directory) and return it."""
+def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") -> Path:
+    """Build the offline Qwen2-VL (or, with ``variant="qwen2.5"``, Qwen2.5-Instruct) tokenizer into
+    ``out_dir`` (an HF tokenizer directory) and return it."""
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -98,6 +182,8 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path) -> Path:
     # Added to the backend first, in order, so the ids are exactly 151643.. (wrapping first would add
     # eos/pad ahead of the rest and shift them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
+    if variant == "qwen2.5":
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN25_EXTRA_TOKENS])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -112,7 +198,11 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path) -> Path:
     expected = list(range(QWEN2_VL_FIRST_SPECIAL_ID, QWEN2_VL_FIRST_SPECIAL_ID + len(QWEN2_VL_SPECIAL_TOKENS)))
     if ids != expected:
         raise ConfigError(f"special token ids {ids} differ from Qwen2-VL's {expected}")
-    tok.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    if variant == "qwen2.5":
+        extra = tok.convert_tokens_to_ids(QWEN25_EXTRA_TOKENS)
+        if extra != list(range(expected[-1] + 1, expected[-1] + 1 + len(QWEN25_EXTRA_TOKENS))):
+            raise ConfigError(f"Qwen2.5's added token ids {extra} differ from 151657..151664")
+    tok.chat_template = QWEN25_CHAT_TEMPLATE if variant == "qwen2.5" else QWEN2_VL_CHAT_TEMPLATE
     out = Path(out_dir)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
@@ -136,7 +226,7 @@ def ensure_builtin(name: str) -> Path:
     path = builtin_path(name)
     if not (path / "tokenizer.json").exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_qwen2_vl_tokenizer(path)
+        build_qwen2_vl_tokenizer(path, variant=name)
     return path
 
 

@@ -5,6 +5,7 @@ One JSON object per line; the first registered field the record has picks its ki
     {"messages": [...], "branches": [...]}            chat.py   chat messages, message trees
     {"conversations": [...], "image": "a.jpg"}         llava.py  LLaVA / ShareGPT turns, <image> placeholders
     {"text": "..."}                                    text.py   plain text, loss on every token
+    {"prompt": [...], "chosen": [...], "rejected": [...]}  preference.py  preference pairs as 2-branch trees
 
 Per message, ``"loss": true|false`` overrides the default (assistant turns carry loss). Relative image paths
 resolve against the JSONL file's directory, or ``image_root`` when given; absolute paths stay. Only a cheap
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from packer.core.types import Example
-from packer.formats import chat, llava, text
+from packer.formats import chat, llava, preference, text
 from packer.formats.common import Ctx
 
 Parser = Callable[[dict[str, Any], Ctx], Example]
@@ -33,6 +34,7 @@ KINDS: dict[str, Parser] = {
     "messages": chat.parse,
     "conversations": llava.parse,
     "text": text.parse,
+    "chosen": preference.parse,
 }
 
 

@@ -13,6 +13,18 @@ record into a message tree: ``messages`` is the shared prefix, each branch is a 
 
     {"messages": [user(img), "Caption it."], "branches": [[asst "A red bus."], [asst "A bus on a street."]]}
     -> root node [user] with two children [asst], [asst]
+
+Tool use (passed to the chat template as given, as ``apply_chat_template(messages, tools=tools)`` takes it):
+a record-level ``tools`` list; an assistant's ``tool_calls`` (its content may then be empty); ``tool`` turns
+with ``tool_call_id`` / ``name``. Calls carry loss with their assistant turn; tool results carry none
+unless ``"loss": true``::
+
+    {"tools": [{"type": "function", "function": {"name": "get_weather", ...}}],
+     "messages": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "tool_calls": [{"type": "function",
+                      "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                  {"role": "tool", "name": "get_weather", "content": "18 C"},
+                  {"role": "assistant", "content": "18 C in Paris."}]}
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from packer.core.types import Example, Node
-from packer.formats.common import Ctx, chat_messages, check_pool_used, image_pool, tree_branches
+from packer.formats.common import Ctx, chat_messages, check_pool_used, image_pool, record_tools, tree_branches
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
@@ -43,4 +55,4 @@ def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
         children=tree_branches(obj.get("branches"), ctx, "record"),
     )
     check_pool_used(ctx)
-    return ctx.example(root, "messages")
+    return ctx.example(root, "messages", tools=record_tools(obj, ctx))

@@ -43,8 +43,10 @@ class Ctx:
     def error(self, reason: str, message: str) -> RecordError:
         return RecordError(reason, message, path=self.path, line=self.line)
 
-    def example(self, root: Node, kind: str, *, text: str | None = None) -> Example:
-        return Example(root=root, kind=kind, path=self.path, line=self.line, source_name=self.source_name, text=text)
+    def example(self, root: Node, kind: str, *, text: str | None = None, tools: list[dict] | None = None) -> Example:
+        return Example(
+            root=root, kind=kind, path=self.path, line=self.line, source_name=self.source_name, text=text, tools=tools
+        )
 
     def next_pooled(self) -> ImageRef:
         if self.pool is None or self.used >= len(self.pool):
@@ -182,8 +184,37 @@ def canonical_role(role: Any, ctx: Ctx, where: str) -> str:
     return canonical
 
 
+def tool_calls(msg: dict[str, Any], role: str, ctx: Ctx, where: str) -> list[dict] | None:
+    """An assistant's ``tool_calls`` (OpenAI style: ``{"type": "function", "function": {"name": ...,
+    "arguments": {...}}}``, or the bare ``{"name", "arguments"}``), checked and kept as given for the
+    template; None when the message has none."""
+    calls = msg.get("tool_calls")
+    if calls is None or calls == []:
+        return None
+    if role != "assistant":
+        raise ctx.error("wrong_type", f"{where} has 'tool_calls' but role {role!r}; only assistant turns call tools")
+    if not isinstance(calls, list):
+        raise ctx.error("wrong_type", f"{where} 'tool_calls' must be a list, got {type(calls).__name__}")
+    for j, call in enumerate(calls):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ctx.error(
+                "wrong_type",
+                f'{where} tool_calls[{j}] must be {{"function": {{"name": "...", "arguments": {{...}}}}}}, got {call!r}'[:300],
+            )
+    return calls
+
+
+def _optional_str(msg: dict[str, Any], key: str, ctx: Ctx, where: str) -> str | None:
+    value = msg.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ctx.error("wrong_type", f"{where} '{key}' must be a string, got {type(value).__name__}")
+    return value
+
+
 def chat_messages(items: Any, ctx: Ctx, where: str) -> list[Message]:
-    """A ``messages`` list (``role`` + ``content``) -> Messages."""
+    """A ``messages`` list (``role`` + ``content``; an assistant's ``tool_calls``; a tool result's
+    ``tool_call_id`` and ``name``) -> Messages. An assistant turn with calls may have no content."""
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"{where} must be a list of messages, got {type(items).__name__}")
     out = []
@@ -193,16 +224,36 @@ def chat_messages(items: Any, ctx: Ctx, where: str) -> list[Message]:
             raise ctx.error(
                 "wrong_type", f"{w} must be an object with 'role' and 'content', got {type(msg).__name__}"
             )
-        if "content" not in msg:
+        role = canonical_role(msg.get("role"), ctx, w)
+        calls = tool_calls(msg, role, ctx, w)
+        content = msg.get("content")
+        if calls is not None and content in (None, "", []):
+            parts: list[str | ImageRef] = []  # a turn that only calls tools
+        elif "content" not in msg:
             raise ctx.error("empty_messages", f"{w} has no 'content'")
+        else:
+            parts = content_parts(content, ctx, w)
         out.append(
             Message(
-                role=canonical_role(msg.get("role"), ctx, w),
-                parts=content_parts(msg["content"], ctx, w),
+                role=role,
+                parts=parts,
                 loss=loss_flag(msg, ctx, w),
+                tool_calls=calls,
+                tool_call_id=_optional_str(msg, "tool_call_id", ctx, w),
+                name=_optional_str(msg, "name", ctx, w),
             )
         )
     return out
+
+
+def record_tools(obj: dict[str, Any], ctx: Ctx) -> list[dict] | None:
+    """The record-level ``tools`` list (function definitions, JSON schema), kept as given for the template."""
+    tools = obj.get("tools")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ctx.error("wrong_type", "'tools' must be a list of tool definitions (JSON objects)")
+    return tools
 
 
 def _branch(obj: Any, ctx: Ctx, where: str) -> Node:

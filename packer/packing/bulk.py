@@ -55,6 +55,16 @@ from numba import njit
 
 from packer.errors import ConfigError
 
+# plan()'s 64-ary bitset over remaining capacities 0..C: "smallest open pack with r >= x" in O(log64 C)
+from packer.packing.kernels import (
+    _DEBRUIJN,
+    _DEBRUIJN_TABLE,
+    _bits_clear,
+    _bits_set,
+    _bits_succ,
+    _bitset_levels,
+)
+
 # int32 indices and pack ids while they fit: 4 bytes per example instead of 8.
 _INT32_LIMIT = 2**31 - 1
 
@@ -228,84 +238,6 @@ def _count(lens, capacity, counts):
             return i
         counts[s] += 1
     return -1
-
-
-# 64-ary bitset over remaining capacities 0..C (the same structure as plan()'s kernel's; kept here so the
-# module stands alone while planner.py is being split).
-_DEBRUIJN = 0x03F79D71B4CA8B09
-_DEBRUIJN_TABLE = np.zeros(64, dtype=np.int64)
-for _i in range(64):
-    _DEBRUIJN_TABLE[(((1 << _i) * _DEBRUIJN) % 2**64) >> 58] = _i
-del _i
-
-
-@njit(cache=True, inline="always")
-def _ctz(word, table):
-    lowest = word & -word  # the lowest set bit (two's complement, wraps for bit 63)
-    return table[((lowest * np.int64(_DEBRUIJN)) >> 58) & 63]  # & 63 undoes the sign extension
-
-
-@njit(cache=True)
-def _bitset_levels(universe):
-    """Offsets and word counts of a 64-ary bitset hierarchy over 0..universe-1 (top level = one word)."""
-    nlev = 1
-    words = (universe + 63) // 64
-    while words > 1:
-        words = (words + 63) // 64
-        nlev += 1
-    offs = np.zeros(nlev, dtype=np.int64)
-    nwords = np.zeros(nlev, dtype=np.int64)
-    words = (universe + 63) // 64
-    total = 0
-    for k in range(nlev):
-        offs[k] = total
-        nwords[k] = words
-        total += words
-        words = (words + 63) // 64
-    return offs, nwords
-
-
-@njit(cache=True, inline="always")
-def _bits_succ(bits, offs, nwords, x, table):
-    """Smallest set element >= x, or -1."""
-    nlev = offs.shape[0]
-    lvl = 0
-    i = x
-    while lvl < nlev:
-        w = i >> 6
-        if w >= nwords[lvl]:
-            return -1
-        word = bits[offs[lvl] + w] & -(np.int64(1) << (i & 63))  # bits >= i within the word
-        if word != 0:
-            i = (w << 6) + _ctz(word, table)
-            while lvl > 0:  # descend: the lowest set bit at each level below
-                lvl -= 1
-                i = (i << 6) + _ctz(bits[offs[lvl] + i], table)
-            return i
-        lvl += 1
-        i = w + 1
-    return -1
-
-
-@njit(cache=True, inline="always")
-def _bits_set(bits, offs, x):
-    for lvl in range(offs.shape[0]):
-        pos = offs[lvl] + (x >> 6)
-        was_empty = bits[pos] == 0
-        bits[pos] |= np.int64(1) << (x & 63)
-        if not was_empty:
-            return
-        x >>= 6
-
-
-@njit(cache=True, inline="always")
-def _bits_clear(bits, offs, x):
-    for lvl in range(offs.shape[0]):
-        pos = offs[lvl] + (x >> 6)
-        bits[pos] &= ~(np.int64(1) << (x & 63))
-        if bits[pos] != 0:
-            return
-        x >>= 6
 
 
 @njit(cache=True)

@@ -70,6 +70,10 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "node_parents": torch.from_numpy(node_parents.astype(np.int32)),  # (N,)
         "num_loss_tokens": int(np.count_nonzero(labels_np != IGNORE_INDEX)),
         "example_ids": [e for r in rows for e in r["example_ids"]],
+        # filler rows (PackedDataset's equal shares): labels all -100, so the loss and the count skip them
+        "num_filler_rows": sum(bool(r.get("is_filler")) for r in rows),
+        "filler_examples": torch.tensor([bool(r.get("is_filler")) for r in rows for _ in r["example_ids"]],
+                                        dtype=torch.bool),  # (E,)
     }
     if not (node_parents >= 0).any():  # linear rows: HF's own shifted loss is exact with these
         shift = np.empty_like(labels_np)
@@ -95,6 +99,11 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-def steps_per_epoch(dataset: PackedDataset, batch_size: int) -> int:
-    """Batches this rank yields per epoch (each worker batches its own rows)."""
-    return math.ceil(len(dataset) / batch_size)
+def steps_per_epoch(dataset: PackedDataset, batch_size: int, *, num_workers: int = 0) -> int:
+    """Batches this rank yields per epoch: each of the DataLoader's workers batches its own slice of the rank's
+    rows, so 2 workers of 5 rows each give 3 + 3 = 6 batches of 2, not 5. The same on every rank.
+
+        steps_per_epoch(ds, 2, num_workers=2)   # len(ds) == 10  ->  6
+    """
+    n, workers = len(dataset), max(num_workers, 1)
+    return sum(math.ceil((n * (w + 1) // workers - n * w // workers) / batch_size) for w in range(workers))

@@ -1,13 +1,21 @@
 """Training-time reader: ``PackedDataset`` streams the rows of a finished build as numpy views.
 
 Split: every epoch has one global row order, a seeded permutation of row groups with each group's rows
-permuted too (so reads stay sequential within a row group). Rank r takes the r-th contiguous slice of that
-order, and DataLoader worker w the w-th contiguous slice of its rank's part: no row is read twice, none is
-lost, and each worker decodes whole row groups once.
+permuted too (so reads stay sequential within a row group). It is padded to a multiple of the world size with
+filler rows (or cut, ``drop_last``) so every rank gets the same N rows, hence the same number of batches for
+any DataLoader: a rank with one batch more would wait at its all-reduce for peers that finished the epoch.
+Rank r then reads row r of ``packer.train.balance.deal``'s (W, N) matrix (balanced: rows of near-equal cost
+at the same step on every rank), or, with ``balance=False``, the r-th contiguous slice of the order; DataLoader
+worker w reads the w-th contiguous slice of its rank's N positions. No real row is read twice, none is lost.
 
-    order:   [g3: r2 r0 r1] [g0: r1 r0 r2] [g2: ...] ...      (seed, epoch)
-    rank 0:  |------ first half ------|   rank 1: |---- second half ----|
-    workers:  |-- w0 --|-- w1 --|              ...
+    order:   [g3: r2 r0 r1] [g0: r1 r0 r2] [g2: ...] ... + fillers    (seed, epoch)
+    balance=False:  rank 0: |---- first half ----|   rank 1: |---- second half ----|
+    balance=True:   each window of W*window rows sorted by cost, dealt one cost-group per step
+    workers:  |-- w0 --|-- w1 --|              (of the rank's N positions)
+
+A filler row is a copy of a real row (the same tokens and images, so every rank runs the same forward and
+the same parameters get gradients) with every label -100 and ``is_filler`` set: the loss and
+``num_loss_tokens`` ignore it, and ``collate`` reports it (``num_filler_rows``, ``filler_examples``).
 
 Columns are decoded with Arrow offsets/values into numpy views (no per-token Python objects);
 ``packer.train.collate.collate`` turns rows into a batch, and ``packer.train.resume`` holds the state that
@@ -25,9 +33,11 @@ import numpy as np
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.core.types import IGNORE_INDEX
 from packer.shards.assemble import list_column
 from packer.shards.io import ShardSet, open_shards
 from packer.shards.schema import Manifest
+from packer.train.balance import CostWeights, deal, pad_order, read_row_stats
 from packer.train.resume import STATE_VERSION, EpochProgress, check_state
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
@@ -47,6 +57,17 @@ class PackedDataset(IterableDataset):
             its path relative to the directory the build resolved it from (``--image-root``, else its JSONL
             file's directory) under this root; an image outside that directory (an absolute path in the
             input) keeps its path.
+        drop_last: drop the epoch order's last ``n % world_size`` rows instead of adding filler rows.
+        balance: deal rows so that every step holds rows of near-equal cost on every rank (``world_size`` > 1;
+            reads the shards' ``num_tokens``, ``num_vision_tokens`` and ``cu_seqlens`` columns once, here).
+            False: rank r reads the r-th contiguous slice of the order (fewer row-group decodes per rank).
+        balance_window: rows per rank in one balancing window (the window is ``world_size`` times that many
+            consecutive rows of the order); larger windows balance finer and reach further in the order.
+        cost_weights: the cost model (``packer.train.balance.CostWeights``; its docstring has the defaults).
+
+    Every rank yields ``len(self)`` rows, so every rank yields the same number of batches for the same
+    DataLoader (``packer.train.collate.steps_per_epoch``), also after a resume (all ranks consumed the same
+    number of batches, hence the same positions).
     """
 
     def __init__(
@@ -59,6 +80,10 @@ class PackedDataset(IterableDataset):
         *,
         load_images: bool = True,
         image_root: str | Path | None = None,
+        drop_last: bool = False,
+        balance: bool = True,
+        balance_window: int = 32,
+        cost_weights: CostWeights | None = None,
     ):
         super().__init__()
         if not 0 <= rank < world_size:
@@ -80,12 +105,21 @@ class PackedDataset(IterableDataset):
         self._blocks = np.array(blocks, dtype=np.int64).reshape(-1, 3)
         self._block_start = np.concatenate([[0], np.cumsum(self._blocks[:, 2])]) if len(blocks) else np.zeros(1, np.int64)
         self.num_rows = int(self._block_start[-1])
-        lo, hi = self.num_rows * rank // world_size, self.num_rows * (rank + 1) // world_size
-        self.progress = EpochProgress(lo, hi)
-        """The consumed positions of this rank's epoch (``packer.train.resume``)."""
+        """Real rows of the build (fillers not counted)."""
+        if balance_window < 1:
+            raise ValueError(f"balance_window must be >= 1, got {balance_window}")
+        self.drop_last = drop_last
+        self.balance = balance and world_size > 1  # one rank: every step is its own, nothing to balance
+        self.balance_window = balance_window
+        self.cost_weights = cost_weights or CostWeights()
+        self._costs = read_row_stats(self.shards).costs(self.cost_weights) if self.balance else None
+        per_rank = self.num_rows // world_size if drop_last else -(-self.num_rows // world_size)
+        self.progress = EpochProgress(0, per_rank)
+        """The consumed positions of this rank's epoch (``packer.train.resume``): indices into ``rank_plan``."""
+        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, rows, filler) cache
 
     def __len__(self) -> int:
-        """Rows this rank yields per epoch (all of its workers together)."""
+        """Rows this rank yields per epoch (all of its workers together), fillers included: equal on all ranks."""
         return self.progress.hi - self.progress.lo
 
     @property
@@ -106,16 +140,41 @@ class PackedDataset(IterableDataset):
         parts = [self._block_start[b] + rng.permutation(int(self._blocks[b, 2])) for b in perm]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
+    def epoch_plan(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's share of an epoch: (rows, filler), both (world_size, len(self)); rank r reads row r.
+
+        ``rows`` are global row indices, ``filler`` marks the positions that yield a filler copy.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        rows, filler = pad_order(self.epoch_order(epoch), self.world_size, drop_last=self.drop_last)
+        w = self.world_size
+        if self.balance:
+            rng = np.random.default_rng([self.seed, epoch, 1]) if self.shuffle else None
+            cols = deal(self._costs[rows], w, window=self.balance_window, rng=rng)  # (W, N) padded positions
+            return rows[cols], filler[cols]
+        return rows.reshape(w, -1), filler.reshape(w, -1)
+
+    def rank_plan(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's share of an epoch: (rows, filler), both (len(self),), in the order it reads them."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._plan is None or self._plan[0] != epoch:
+            rows, filler = self.epoch_plan(epoch)
+            self._plan = (epoch, rows[self.rank].copy(), filler[self.rank].copy())
+        return self._plan[1], self._plan[2]
+
     def worker_range(self, worker: int, num_workers: int) -> tuple[int, int]:
-        """[lo, hi) positions in the epoch order read by one worker of this rank."""
+        """[lo, hi) positions of ``rank_plan`` read by one worker of this rank."""
         lo, hi = self.progress.lo, self.progress.hi
         span = hi - lo
         return lo + span * worker // num_workers, lo + span * (worker + 1) // num_workers
 
     # ------------------------------------------------------------------------------------ state
     def _header(self) -> dict[str, Any]:
+        balance = ({"window": self.balance_window, "cost_weights": self.cost_weights.as_list()}
+                   if self.balance else None)
         return {"version": STATE_VERSION, "seed": self.seed, "shuffle": self.shuffle, "rank": self.rank,
-                "world_size": self.world_size, "num_rows": self.num_rows, "epoch": self.epoch}
+                "world_size": self.world_size, "num_rows": self.num_rows, "drop_last": self.drop_last,
+                "balance": balance, "epoch": self.epoch}
 
     def state_dict(self) -> dict[str, Any]:
         """Resumable position: the epoch and the consumed positions of its order (docs/reliability.md).
@@ -141,29 +200,47 @@ class PackedDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self._iter_worker(worker, num_workers)
+
+    def _iter_worker(self, worker: int, num_workers: int):
+        """The rows one worker (of ``num_workers``) of this rank reads next, with their resume state."""
         positions, state = self.progress.begin(worker, num_workers)
-        order = self.epoch_order()[positions]
-        files: dict[int, pq.ParquetFile] = {}
-        cached_block, decoded = -1, None
-        count = state.counts[worker]
+        plan_rows, plan_filler = self.rank_plan()
+        order, filler = plan_rows[positions], plan_filler[positions]
         blocks = np.searchsorted(self._block_start, order, side="right") - 1  # (n,) row group of each row
-        in_block = order - self._block_start[blocks]
-        for block, i in zip(blocks.tolist(), in_block.tolist(), strict=True):
-            if block != cached_block:
-                shard, group, _ = self._blocks[block]
-                if shard not in files:
-                    files[int(shard)] = pq.ParquetFile(self.shards.shard_path(int(shard)))
-                decoded = _decode_block(files[int(shard)].read_row_group(int(group), columns=READ_COLUMNS))
-                cached_block = block
-            row = _row(decoded, i)
-            if self.image_root is not None and row["images"]:
-                row["images"] = reroot_images(row, self.shards.manifest, self.image_root)
-            row.update(self._row_context)
-            count += 1
-            state.counts[worker] = count  # before the yield: a state taken with this row delivered counts it
-            row["_state"] = {"epoch": state.epoch, "base": state.base, "worker": worker, "num_workers": num_workers,
-                             "count": count}
-            yield row
+        # Read in chunks: a balanced window draws rows from many row groups, so each is decoded once per window
+        # and its rows copied out; otherwise a chunk is a run of rows of one row group (views, no copy).
+        keys = positions // self.balance_window if self.balance else blocks
+        cuts = np.flatnonzero(np.diff(keys)) + 1
+        files: dict[int, pq.ParquetFile] = {}
+        count = state.counts[worker]
+        for chunk in np.split(np.arange(len(order)), cuts):
+            for k, row in zip(chunk.tolist(), self._read_chunk(files, order[chunk], blocks[chunk]), strict=True):
+                if self.image_root is not None and row["images"]:
+                    row["images"] = reroot_images(row, self.shards.manifest, self.image_root)
+                if filler[k]:
+                    row["labels"] = np.full_like(row["labels"], IGNORE_INDEX)
+                row["is_filler"] = bool(filler[k])
+                row.update(self._row_context)
+                count += 1
+                state.counts[worker] = count  # before the yield: a state taken with this row delivered counts it
+                row["_state"] = {"epoch": state.epoch, "base": state.base, "worker": worker,
+                                 "num_workers": num_workers, "count": count}
+                yield row
+
+    def _read_chunk(self, files: dict[int, pq.ParquetFile], order: np.ndarray, blocks: np.ndarray) -> list[dict]:
+        """The rows ``order`` (global indices; row groups ``blocks``), decoding each row group once."""
+        out: list[dict[str, Any] | None] = [None] * len(order)
+        distinct = np.unique(blocks)
+        copy = len(distinct) > 1  # views would keep every decoded row group of the window alive
+        for block in distinct.tolist():
+            shard, group, _ = (int(x) for x in self._blocks[block])
+            if shard not in files:
+                files[shard] = pq.ParquetFile(self.shards.shard_path(shard))
+            decoded = _decode_block(files[shard].read_row_group(group, columns=READ_COLUMNS))
+            for k in np.flatnonzero(blocks == block).tolist():
+                out[k] = _row(decoded, int(order[k] - self._block_start[block]), copy=copy)
+        return out  # type: ignore[return-value]
 
 
 def _decode_block(table) -> dict[str, Any]:
@@ -178,14 +255,15 @@ def _decode_block(table) -> dict[str, Any]:
     return out
 
 
-def _row(block: dict[str, Any], i: int) -> dict[str, Any]:
+def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]:
     row: dict[str, Any] = {}
+    take = np.array if copy else (lambda view: view)
     for name in TOKEN_COLUMNS:
         off, values = block[name]
-        row[name] = values[off[i] : off[i + 1]]
+        row[name] = take(values[off[i] : off[i + 1]])
     if block["mrope_position_ids"] is not None:
         off, values = block["mrope_position_ids"]
-        row["mrope_position_ids"] = values[off[i] : off[i + 1]].reshape(-1, 3).T  # (3, T)
+        row["mrope_position_ids"] = take(values[off[i] : off[i + 1]]).reshape(-1, 3).T  # (3, T)
     row["images"] = block["images"][i]
     row["example_ids"] = block["example_ids"][i]
     return row

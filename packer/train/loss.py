@@ -167,3 +167,88 @@ def packed_cross_entropy(
         if reduction == "mean":
             loss = loss / count.clamp(min=1)
     return PackedLoss(loss=loss, count=count, num_loss_tokens=num_tokens, num_correct=num_correct)
+
+
+@dataclass(frozen=True)
+class SequenceLogps:
+    """What ``sequence_logps`` returns: one entry per leaf branch (root-to-leaf path), leaves in row order.
+
+    For a preference build every example is a prompt with two leaves, chosen then rejected, so entries
+    ``0::2`` are the chosen answers and ``1::2`` the rejected ones (``preference_pairs`` checks that).
+    """
+
+    logps: torch.Tensor  # (B,) fp32 summed log-prob of the path's loss tokens, differentiable
+    num_tokens: torch.Tensor  # (B,) int64 loss tokens on the path
+    examples: torch.Tensor  # (B,) int64 example index (segment id) of each leaf
+    leaves: torch.Tensor  # (B,) int64 node index of each leaf
+
+
+def sequence_logps(
+    logits: torch.Tensor, batch: Mapping[str, Any], *, logits_index: torch.Tensor | None = None
+) -> SequenceLogps:
+    """Per leaf branch: the summed log-prob of the loss tokens on its root-to-leaf path (and their count).
+
+    The predecessor rule is ``packed_cross_entropy``'s: a branch's first token is predicted by its parent's
+    last token, so each path sums exactly what running it alone would (a shared prefix's loss tokens count
+    in every path through it). A preference pair's prompt carries no loss, so chosen and rejected sum only
+    their answers, as TRL's DPO does::
+
+        row:   | P0 P1 P2 | c0 c1 | r0 r1 r2 |      node 0 = prompt, 1 = chosen, 2 = rejected
+        logps: [log p(c0|P) + log p(c1|P c0),  log p(r0|P) + log p(r1|..) + log p(r2|..)]
+
+    Args:
+        logits: (1, T, V) or (T, V); or (1, K, V) / (K, V) rows at ``logits_index`` (see ``logits_to_keep``).
+        batch: the collated batch: ``labels`` and cu_seqlens / node_offsets / node_parents (or ``packer_layout``).
+        logits_index: (K,) sorted row positions of the logits given, None for all.
+    """
+    labels = batch["labels"].reshape(-1)
+    layout = _layout(batch, labels.numel())
+    sel = loss_targets(labels, layout)
+    flat = logits.reshape(-1, logits.shape[-1])  # (T or K, V)
+    rows = sel.predecessors
+    if logits_index is not None:
+        index = logits_index.to(rows.device).reshape(-1)
+        rows = torch.searchsorted(index, rows).clamp(max=index.numel() - 1)
+        if not bool((index[rows] == sel.predecessors).all()):
+            raise ConfigError("'logits_index' misses positions the loss needs: build it with logits_to_keep()")
+    picked = flat.index_select(0, rows).float()  # (L, V)
+    token_logp = -F.cross_entropy(picked, sel.targets, reduction="none")  # (L,) log p(target)
+    starts = layout.node_offsets.long().to(sel.positions.device)  # (N,)
+    node_of = torch.searchsorted(starts, sel.positions, right=True) - 1  # (L,) node of each loss token
+    N = layout.num_nodes
+    node_sum = token_logp.new_zeros(N).index_add(0, node_of, token_logp)  # (N,)
+    node_count = torch.bincount(node_of, minlength=N)  # (N,)
+    parents = layout.node_parents.long()
+    is_leaf = torch.ones(N, dtype=torch.bool)
+    is_leaf[parents[parents >= 0]] = False
+    leaves = is_leaf.nonzero().reshape(-1)  # (B,)
+    on_path = layout.ancestors()[leaves].to(node_sum.device)  # (B, N) ancestor-or-self of each leaf
+    logps = (on_path.to(node_sum.dtype) * node_sum[None, :]).sum(-1)  # (B,)
+    counts = (on_path.long() * node_count[None, :]).sum(-1)  # (B,)
+    examples = torch.searchsorted(layout.cu_seqlens.long(), starts.cpu()[leaves], right=True) - 1  # (B,)
+    return SequenceLogps(logps=logps, num_tokens=counts, examples=examples.to(logps.device), leaves=leaves.to(logps.device))
+
+
+def preference_pairs(seq: SequenceLogps) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) indices into ``seq`` for a preference build: each example's two leaves, in node
+    order (node 1 chosen, node 2 rejected, docs/format.md). ShardError if an example has not exactly two."""
+    per_example = torch.bincount(seq.examples.cpu())
+    if seq.examples.numel() == 0 or bool((per_example[per_example > 0] != 2).any()):
+        raise ShardError(
+            "a preference batch needs exactly two leaves (chosen, rejected) per example; got "
+            f"{per_example.tolist()[:8]}: build it from {{'prompt', 'chosen', 'rejected'}} records, with --overlong drop"
+        )
+    i = torch.arange(0, seq.examples.numel(), 2, device=seq.logps.device)
+    return i, i + 1
+
+
+def dpo_loss(
+    policy: SequenceLogps, reference: SequenceLogps, *, beta: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sigmoid DPO loss of a preference batch (Rafailov et al. 2023; TRL's ``loss_type="sigmoid"``):
+    ``-logsigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` per pair. Returns (per-pair losses (P,),
+    rewards margin (P,)); a trainer averages the losses over the step's pairs."""
+    c, r = preference_pairs(policy)
+    ref = reference.logps.detach().to(policy.logps.device)
+    logits = (policy.logps[c] - ref[c]) - (policy.logps[r] - ref[r])  # (P,)
+    return -F.logsigmoid(beta * logits), beta * logits.detach()

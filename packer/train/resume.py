@@ -1,7 +1,7 @@
 """Exact resumption: which positions of a rank's epoch order are consumed, and a loader that counts them.
 
-The state is the set of epoch-order positions already consumed, as a few [start, end) intervals
-(docs/reliability.md). A pass over the epoch reads the rank's remaining positions, split into contiguous
+The state is the set of positions of the rank's epoch plan (``PackedDataset.rank_plan``: the same number N
+on every rank) already consumed, as a few [start, end) intervals (docs/reliability.md). A pass over the epoch reads the rank's remaining positions, split into contiguous
 worker slices, each in order, so "worker w has delivered c rows" means "the first c positions of w's slice":
 
     rank's positions:  [ 0 1 2 3 4 5 6 7 8 9 ]    consumed before the pass: [(2, 4)]
@@ -19,6 +19,11 @@ Who counts:
 
 A state from N workers resumes with any number of workers (the remaining rows are re-split), except that
 StatefulDataLoader itself needs the same number.
+
+Equal batches after a resume: under DDP every rank has received the same number of batches when a
+checkpoint is taken, and every rank splits and batches its N positions the same way, so every rank has
+consumed the same positions and re-splits the same remaining ones: the resumed epochs are equal in batches too
+(tests/train/test_equal_steps.py).
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ from typing import Any
 
 import numpy as np
 
-STATE_VERSION = 2  # version 1 (per-worker counts only) could not be read back in the main process
-STATE_KEYS = ("seed", "shuffle", "rank", "world_size", "num_rows")  # a state resumes only the dataset it came from
+# version 1 (per-worker counts only) could not be read back in the main process; version 2 counted positions of
+# the global order (ranks had contiguous, unequal slices), version 3 positions of the rank's own plan
+STATE_VERSION = 3
+# a state resumes only the dataset it came from: these decide which rows each rank position holds
+STATE_KEYS = ("seed", "shuffle", "rank", "world_size", "num_rows", "drop_last", "balance")
 
 Intervals = tuple[tuple[int, int], ...]  # sorted, disjoint [start, end) ranges of epoch-order positions
 
@@ -175,9 +183,9 @@ def check_state(state: dict[str, Any], expected: dict[str, Any]) -> None:
         raise ValueError(f"state version {state.get('version')} is not {STATE_VERSION}; it was saved by another "
                          "packer version and cannot be resumed exactly")
     for key in STATE_KEYS:
-        if state[key] != expected[key]:
+        if state.get(key) != expected[key]:
             raise ValueError(f"state was saved with {key}={state[key]!r}, this dataset has {expected[key]!r}; "
-                             "resume with the same shards, seed, shuffle, rank and world size")
+                             "resume with the same shards, seed, shuffle, rank, world size, drop_last and balancing")
 
 
 class ResumableLoader:

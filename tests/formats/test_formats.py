@@ -243,7 +243,7 @@ USER = {"role": "user", "content": "q"}
         (
             {"prompt": "x", "completion": "y"},
             "unknown_format",
-            r"none of 'messages', 'conversations', 'text' \(keys: completion, prompt\)",
+            r"none of 'messages', 'conversations', 'text', 'chosen' \(keys: completion, prompt\)",
         ),
         ([1, 2], "malformed_json", r"a JSON list, not an object"),
         ({"messages": "hi"}, "wrong_type", r"'messages' must be a list"),
@@ -405,11 +405,11 @@ def _parse_prompt(obj: dict, ctx: Ctx) -> Example:
 def test_a_new_kind_is_one_parser_and_one_registry_line(tmp_path: Path, monkeypatch):
     rec = {"prompt": "Hi", "completion": "Hello."}
     with pytest.raises(RecordError, match=r"unknown_format: the record has none of 'messages', 'conversations', "
-                                          r"'text' \(keys: completion, prompt\)"):
+                                          r"'text', 'chosen' \(keys: completion, prompt\)"):
         parse(rec, tmp_path)
     monkeypatch.setitem(KINDS, "prompt", _parse_prompt)
     ex = parse(rec, tmp_path, source_name="s")
     assert shape(ex.root) == [[("user", ["Hi"], None), ("assistant", ["Hello."], None)], []]
     assert (ex.kind, ex.example_id, ex.source_name) == ("messages", "in.jsonl:7", "s")
-    with pytest.raises(RecordError, match=r"none of 'messages', 'conversations', 'text', 'prompt' \(keys: x\)"):
+    with pytest.raises(RecordError, match=r"none of 'messages', 'conversations', 'text', 'chosen', 'prompt' \(keys: x\)"):
         parse({"x": 1}, tmp_path)

@@ -50,7 +50,7 @@ def _take(loader, stop: int | None = None) -> list[str]:
     """Example ids of the batches the loop receives, stopping after ``stop`` batches."""
     seen: list[str] = []
     for n, batch in enumerate(loader, start=1):
-        seen += batch["example_ids"]
+        seen += [e for e, f in zip(batch["example_ids"], batch["filler_examples"].tolist(), strict=True) if not f]
         if n == stop:
             break
     return seen
