@@ -368,6 +368,7 @@ class OnlinePackedDataset(IterableDataset):
         """One pack -> a row exactly as ``PackedDataset`` yields it (same assembly, same decoding)."""
         table = assemble_packs(encoded_table(examples), np.array([len(examples)], dtype=np.int64))
         row = _row(_decode_block(table), 0)
+        row["is_filler"] = False  # PackedDataset's equal-steps fillers have no online counterpart (yet)
         row.update(self._row_context)
         return row
 
