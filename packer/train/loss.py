@@ -111,6 +111,19 @@ class PackedLoss:
         return self.num_correct.double() / self.num_loss_tokens.clamp(min=1).double()
 
 
+def _predecessor_logits(logits: torch.Tensor, sel: LossTargets, logits_index: torch.Tensor | None) -> torch.Tensor:
+    """(L, V) fp32 logits of each loss target's predecessor; ``logits`` may hold only the rows of
+    ``logits_index`` (sorted positions, see ``logits_to_keep``)."""
+    flat = logits.reshape(-1, logits.shape[-1])  # (T or K, V)
+    rows = sel.predecessors
+    if logits_index is not None:
+        index = logits_index.to(rows.device).reshape(-1)
+        rows = torch.searchsorted(index, rows).clamp(max=index.numel() - 1)
+        if not bool((index[rows] == sel.predecessors).all()):
+            raise ConfigError("'logits_index' misses positions the loss needs: build it with logits_to_keep()")
+    return flat.index_select(0, rows).float()  # (L, V)
+
+
 def packed_cross_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -137,14 +150,7 @@ def packed_cross_entropy(
     if weighting not in WEIGHTINGS:
         raise ConfigError(f"'weighting' must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
     sel = loss_targets(labels, meta)
-    flat = logits.reshape(-1, logits.shape[-1])  # (T or K, V)
-    rows = sel.predecessors
-    if logits_index is not None:
-        index = logits_index.to(rows.device).reshape(-1)
-        rows = torch.searchsorted(index, rows).clamp(max=index.numel() - 1)
-        if not bool((index[rows] == sel.predecessors).all()):
-            raise ConfigError("'logits_index' misses positions the loss needs: build it with logits_to_keep()")
-    picked = flat.index_select(0, rows).float()  # (L, V)
+    picked = _predecessor_logits(logits, sel, logits_index)  # (L, V)
     token_loss = F.cross_entropy(picked, sel.targets, reduction="none")  # (L,)
     with torch.no_grad():
         num_correct = (picked.argmax(-1) == sel.targets).sum()
@@ -204,14 +210,7 @@ def sequence_logps(
     labels = batch["labels"].reshape(-1)
     layout = _layout(batch, labels.numel())
     sel = loss_targets(labels, layout)
-    flat = logits.reshape(-1, logits.shape[-1])  # (T or K, V)
-    rows = sel.predecessors
-    if logits_index is not None:
-        index = logits_index.to(rows.device).reshape(-1)
-        rows = torch.searchsorted(index, rows).clamp(max=index.numel() - 1)
-        if not bool((index[rows] == sel.predecessors).all()):
-            raise ConfigError("'logits_index' misses positions the loss needs: build it with logits_to_keep()")
-    picked = flat.index_select(0, rows).float()  # (L, V)
+    picked = _predecessor_logits(logits, sel, logits_index)  # (L, V)
     token_logp = -F.cross_entropy(picked, sel.targets, reduction="none")  # (L,) log p(target)
     starts = layout.node_offsets.long().to(sel.positions.device)  # (N,)
     node_of = torch.searchsorted(starts, sel.positions, right=True) - 1  # (L,) node of each loss token
