@@ -37,13 +37,7 @@ CPU_BACKENDS = ["sdpa", "sdpa_varlen", "flex"]
 RAW_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"  # a branch starts on content
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and immune to a busy machine's oversubscription (~25x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> Path:
