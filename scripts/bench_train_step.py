@@ -36,10 +36,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from check_equivalence import compact_vocab, tiny_model  # noqa: E402
+from check_equivalence import compact_vocab, profile_token_ids, tiny_model  # noqa: E402
 
 from packer.config import BuildConfig  # noqa: E402
 from packer.core.types import IGNORE_INDEX  # noqa: E402
+from packer.encode.tokenizers import load_tokenizer  # noqa: E402
+from packer.models import get_profile  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
 from packer.train.collate import collate  # noqa: E402
 from packer.train.dataset import PackedDataset  # noqa: E402
@@ -173,12 +175,13 @@ def run_text(args, tmp: Path) -> dict:
     build(BuildConfig.from_inputs([str(data)], str(out), profile="text", max_length=args.capacity), progress=False)
     rows = list(PackedDataset(out, shuffle=True, seed=args.seed))
     packed = [collate([r]) for r in rows]
-    packed, ids = compact_vocab(packed)
+    packed, ids, vocab = compact_vocab(packed, {})
     examples = examples_of([{"input_ids": b["input_ids"][0], "labels": b["labels"][0],
                              "cu_seqlens": b["cu_seqlens"].tolist()} for b in packed])
     mean = float(np.mean([len(e["input_ids"]) for e in examples]))
     padded = padded_batches(examples, max(1, round(args.capacity / mean)), args.seed)
-    model = tiny_model("llama", vocab_size=ids["vocab_size"], hidden=args.hidden, layers=args.layers,
+    model = tiny_model("text", model_class="LlamaForCausalLM", token_ids=ids, vocab_size=vocab, hidden=args.hidden,
+                       layers=args.layers,
                        heads=args.heads, kv_heads=args.heads // 2).to(args.device, args.dtype)
     padded, packed = to_device(padded, args.device, args.dtype), to_device(packed, args.device, args.dtype)
     t_pad, t_pack = time_passes(
@@ -206,7 +209,8 @@ def run_captions(args, tmp: Path) -> dict:
         build(BuildConfig.from_inputs([str(data)], str(tmp / name), **opts), progress=False)
     tree_rows = [collate([r]) for r in PackedDataset(tmp / "trees", shuffle=True, seed=args.seed)]
     flat_rows = [collate([r]) for r in PackedDataset(tmp / "flat", shuffle=True, seed=args.seed)]
-    batches, ids = compact_vocab(tree_rows + flat_rows)
+    profile = get_profile("qwen2-vl")
+    batches, ids, vocab = compact_vocab(tree_rows + flat_rows, profile_token_ids(profile, load_tokenizer("qwen2-vl")))
     tree_rows, flat_rows = batches[: len(tree_rows)], batches[len(tree_rows) :]
     # one example per caption, with its own image rows (pixel_values) and grid
     examples = []
@@ -220,13 +224,13 @@ def run_captions(args, tmp: Path) -> dict:
             row += n
     mean = float(np.mean([len(e["input_ids"]) for e in examples]))
     padded = padded_batches(examples, max(1, round(args.capacity / mean)), args.seed)
-    model = tiny_model("qwen2-vl", hidden=args.hidden, layers=args.layers, heads=args.heads,
-                       kv_heads=args.heads // 2, vision_depth=args.vision_depth, vision_dim=args.vision_dim,
-                       **ids).to(args.device, args.dtype)
+    model = tiny_model(profile, token_ids=ids, vocab_size=vocab, hidden=args.hidden, layers=args.layers,
+                       heads=args.heads, kv_heads=args.heads // 2, vision_depth=args.vision_depth,
+                       vision_dim=args.vision_dim).to(args.device, args.dtype)
     tree_tokens = sum(_path_tokens(b) for b in tree_rows)  # on the CPU copies, before they move
     padded, tree_rows = to_device(padded, args.device, args.dtype), to_device(tree_rows, args.device, args.dtype)
     t_pad, t_tree = time_passes(
-        [(lambda b: padded_step(model, b, ids["image_token_id"]), padded),
+        [(lambda b: padded_step(model, b, ids[profile.image_token]), padded),
          (lambda b: packed_step(model, b, args.backend), tree_rows)],
         args.repeats,
     )

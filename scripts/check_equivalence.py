@@ -2,6 +2,7 @@
 """Prove packing changes the cost, never the maths: packed batch vs every path run alone.
 
     python scripts/check_equivalence.py --data examples.jsonl --model qwen2-vl [--backend sdpa]
+    python scripts/check_equivalence.py --data texts.jsonl --model text --model-class LlamaForCausalLM
 
 Builds shards from the JSONL (``packer.pipeline.build``), reads them back with ``PackedDataset`` + ``collate``, and
 for every batch compares, on a tiny random-weight model in fp32:
@@ -15,9 +16,12 @@ for every batch compares, on a tiny random-weight model in fp32:
 
 Prints ONE JSON line (max abs / rel differences and a verdict per backend); exit 0 only if every backend is
 within tolerance: per-token losses |d| <= 1e-6 + 1e-5 |ref|, total within 1e-5 relative, every gradient
-entry |d| <= 1e-5 (|ref| + max |ref| of its parameter). ``grad_max_rel`` is max |d| / max |ref| per
-parameter. The token ids are renumbered 0..K-1 (``compact_vocab``) so a 2-layer model runs in seconds; the
+entry |d| <= 1e-5 (|ref| + max |ref| of its parameter, floored at 1e-5 of the model's largest gradient).
+``grad_max_rel`` is max |d| / that scale per parameter. The token ids are renumbered 0..K-1 (``compact_vocab``) so a 2-layer model runs in seconds; the
 functions here are also what tests/train/test_equivalence.py runs.
+
+Works for any registered profile: the family's file says what to build and how to run one path alone
+(``ModelProfile.hf_model_class``, ``tiny_model``, ``model_tokens``, ``image_inputs``, ``reference_inputs``).
 """
 
 from __future__ import annotations
@@ -39,30 +43,30 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a source checkout
 
 from packer.core.types import IGNORE_INDEX  # noqa: E402
+from packer.models.base import ModelProfile  # noqa: E402
 from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
 from packer.train.layout import PackedLayout  # noqa: E402
 from packer.train.loss import packed_cross_entropy  # noqa: E402
 
-MODELS = ("llama", "qwen2", "qwen2-vl")
 RTOL = 1e-5  # fp32: packed and unpacked matmuls differ only in summation order (~1e-7 relative)
-LOSS_ATOL = 1e-6  # per-token losses are ~12 (ln 151936) for random weights: 1e-6 is ~1e-7 relative
+LOSS_ATOL = 1e-6  # per-token losses are ~5-12 for random weights: 1e-6 is ~1e-7 relative
 GRAD_ATOL_SCALE = 1e-5  # a gradient entry's atol: 1e-5 of its parameter's largest entry (near-zero entries)
-VOCAB = 151936  # Qwen2's padded vocabulary: real ids from the qwen2-vl tokenizer go up to 151656
+# A parameter whose gradient is analytically zero (a key bias under softmax: CLIP's k_proj.bias) holds fp32
+# round-off (~1e-9 when the model's largest gradient is ~20-70): its scale is floored at 1e-5 of that largest.
+GRAD_ZERO_SCALE = 1e-5
 
 
-# Qwen2-VL's special ids (image pad, video pad, vision start/end): kept distinct when the vocabulary is compacted.
-SPECIAL_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-               "vision_end_token_id": 151653}
-
-
-def compact_vocab(batches: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Renumber the token ids used by ``batches`` (and Qwen2-VL's special ids) as 0..K-1.
+def compact_vocab(
+    batches: list[dict[str, Any]], token_ids: Mapping[str, int]
+) -> tuple[list[dict[str, Any]], dict[str, int], int]:
+    """Renumber the token ids used by ``batches`` (and the model's special ``token_ids``) as 0..K-1.
 
     The model's maths is the same for any id -> row mapping, and an LM head of K (~hundreds) rows instead of
     151936 makes a 2-layer model's step ~100x cheaper (the vocabulary projection dominates at hidden 32).
-    Returns the new batches and {"vocab_size": K rounded up to 64, <special>: new id}.
+    Returns the new batches, {token: new id} and the vocabulary size (K rounded up to 64).
     """
-    used = torch.cat([b["input_ids"].reshape(-1) for b in batches] + [torch.tensor(list(SPECIAL_IDS.values()))])
+    special = torch.tensor(list(token_ids.values()), dtype=torch.long)
+    used = torch.cat([b["input_ids"].reshape(-1) for b in batches] + [special])
     used = torch.unique(torch.cat([used] + [b["labels"][b["labels"] != IGNORE_INDEX] for b in batches]))
     table = torch.full((int(used.max()) + 1,), -1, dtype=torch.long)
     table[used] = torch.arange(used.numel())
@@ -77,72 +81,46 @@ def compact_vocab(batches: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
             if key in b:
                 b[key] = renumber(b[key])
         out.append(b)
-    ids = {k: int(table[v]) for k, v in SPECIAL_IDS.items()}
-    return out, {"vocab_size": (used.numel() + 63) // 64 * 64, **ids}
+    return out, {k: int(table[v]) for k, v in token_ids.items()}, (used.numel() + 63) // 64 * 64
+
+
+def profile_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's ids of the tokens the profile's model config names (``model_tokens()``)."""
+    return {t: int(tokenizer.convert_tokens_to_ids(t)) for t in profile.model_tokens()}
+
+
+VOCAB = 151936  # Qwen2's padded vocabulary: the builtin tokenizers' ids go up to 151664
 
 
 def tiny_model(
-    kind: str,
+    profile: str | ModelProfile,
     *,
-    seed: int = 0,
+    token_ids: dict[str, int] | None = None,
     vocab_size: int = VOCAB,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    kv_heads: int = 2,
-    vision_depth: int = 1,
-    vision_dim: int = 32,
-    **special_ids: int,
+    seed: int = 0,
+    tokenizer: str | None = None,
+    **kw: Any,
 ) -> torch.nn.Module:
-    """A small random-weight model from a config (no hub access); defaults: hidden 32, 2 layers, 4 heads,
-    2 KV heads (GQA), a 1-block vision tower of width 32. ``vocab_size`` and Qwen2-VL's ``image_token_id``
-    etc. may come from ``compact_vocab``.
-    """
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-    )
+    """The profile's tiny random-weight fp32 model (``ModelProfile.tiny_model``), seeded.
 
+    ``token_ids`` default to the ids of ``tokenizer`` (default: the profile's ``default_tokenizer``), for a model
+    over the full vocabulary; ``compact_vocab`` gives them for a renumbered one.
+
+        tiny_model("qwen2-vl")                                    # a 2-layer Qwen2VLForConditionalGeneration
+        tiny_model("text", model_class="LlamaForCausalLM", vocab_size=256)
+    """
+    from packer.models import get_profile
+
+    profile = get_profile(profile) if isinstance(profile, str) else profile
+    if token_ids is None:
+        from packer.encode.tokenizers import load_tokenizer
+
+        name = tokenizer or profile.default_tokenizer
+        if name is None:
+            raise ValueError(f"profile {profile.name!r} has no default tokenizer: pass tokenizer= or token_ids=")
+        token_ids = profile_token_ids(profile, load_tokenizer(name))
     torch.manual_seed(seed)
-    text = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        bos_token_id=None,  # generation ids are irrelevant here and may not exist in a compacted vocabulary
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**text, attn_implementation="sdpa"))
-    elif kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**text, attn_implementation="sdpa"))
-    elif kind == "qwen2-vl":
-        # mRoPE splits the head's rotary frequencies t/h/w as Qwen2-VL does (16/24/24 of 64): 1/1/2 of 4 here.
-        half = hidden // heads // 2
-        t = max(1, half // 4)
-        section = [t, (half - t) // 2, half - t - (half - t) // 2]
-        text_config = dict(text, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": section})
-        vision_config = dict(depth=vision_depth, embed_dim=vision_dim, hidden_size=hidden, num_heads=2, mlp_ratio=2,
-                             spatial_merge_size=2)
-        config = Qwen2VLConfig(
-            text_config=text_config,
-            vision_config=vision_config,
-            attn_implementation="sdpa",
-            **{k: special_ids.get(k, v) for k, v in SPECIAL_IDS.items()},
-        )
-        model = Qwen2VLForConditionalGeneration(config)
-    else:
-        raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(MODELS)}")
-    return model.float().train()
+    return profile.tiny_model(token_ids=token_ids, vocab_size=vocab_size, **kw)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -162,28 +140,33 @@ def _node_ranges(layout: PackedLayout) -> list[tuple[int, int]]:
     return list(zip(offsets, offsets[1:] + [layout.num_tokens], strict=True))
 
 
-def _image_table(batch: Mapping[str, Any], merge: int) -> list[tuple[int, int, int, int]]:
-    """(first token, token count, first pixel row, pixel rows) of every image in the batch."""
-    if batch.get("image_grid_thw") is None:
+def _image_table(batch: Mapping[str, Any], image_id: int | None) -> list[tuple[int, int]]:
+    """(first token, token count) of every image in the batch: the run of placeholders at its offset."""
+    if batch.get("image_offsets") is None:
         return []
-    grids = batch["image_grid_thw"].tolist()
-    offsets = batch["image_offsets"].tolist()
-    out, row = [], 0
-    for (t, h, w), off in zip(grids, offsets, strict=True):
-        out.append((off, t * h * w // merge**2, row, t * h * w))
-        row += t * h * w
+    ids = batch["input_ids"][0]
+    out = []
+    for off in batch["image_offsets"].tolist():
+        run = (ids[off:] != image_id).nonzero()
+        out.append((off, int(run[0]) if run.numel() else ids.numel() - off))
     return out
 
 
-def reference(model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-token losses (T,) and total of every path run alone (default attention), and the gradients."""
+def reference(
+    model: torch.nn.Module, batch: Mapping[str, Any], profile: ModelProfile, token_ids: dict[str, int]
+) -> dict[str, Any]:
+    """Per-token losses (T,) and total of every path run alone (default attention), and the gradients.
+
+    ``profile.reference_inputs`` gives the model kwargs of one path (its images from ``image_inputs``), so each
+    path runs with the model's own positions (Qwen2-VL: ``get_rope_index``).
+    """
     model.set_attn_implementation("sdpa")
     model.zero_grad(set_to_none=True)
     layout = PackedLayout.from_batch(batch)
     ids, labels = batch["input_ids"][0], batch["labels"][0]
     ranges = _node_ranges(layout)
-    is_vl = hasattr(model.config, "vision_config")
-    images = _image_table(batch, model.config.vision_config.spatial_merge_size) if is_vl else []
+    images = _image_table(batch, token_ids.get(profile.image_token)) if profile.has_vision else []
+    pixels = profile.image_inputs(dict(batch), num_tokens=[n for _, n in images]) if images else []
     per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
     owner: dict[int, int] = {}  # node -> the first path through it: its targets are counted there only
     paths = leaf_paths(layout)
@@ -193,13 +176,8 @@ def reference(model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, Any
     total = 0.0
     for p, nodes in enumerate(paths):
         tokens = torch.cat([torch.arange(*ranges[n]) for n in nodes])  # (L,) row positions along the path
-        kwargs: dict[str, Any] = {"input_ids": ids[tokens][None], "use_cache": False}
-        if is_vl:
-            inside = [im for im in images if bool(((tokens >= im[0]) & (tokens < im[0] + im[1])).any())]
-            if inside:
-                kwargs["pixel_values"] = torch.cat([batch["pixel_values"][r : r + n] for _, _, r, n in inside])
-                kwargs["image_grid_thw"] = torch.stack([batch["image_grid_thw"][images.index(im)] for im in inside])
-                kwargs["mm_token_type_ids"] = (kwargs["input_ids"] == model.config.image_token_id).int()
+        inside = [pixels[i] for i, (off, _) in enumerate(images) if bool((tokens == off).any())]
+        kwargs = profile.reference_inputs(ids[tokens][None], inside, token_ids=token_ids)
         logits = model(**kwargs).logits[0]  # (L, V)
         node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])  # (L,)
         target = labels[tokens]  # (L,)
@@ -238,9 +216,17 @@ def packed(model: torch.nn.Module, batch: Mapping[str, Any], backend: str) -> di
     return {"per_token": out.loss.detach().double(), "total": float(total.detach()), "grads": grads}
 
 
-def compare(model: torch.nn.Module, batch: Mapping[str, Any], backends: list[str], ref: dict | None = None) -> dict:
+def compare(
+    model: torch.nn.Module,
+    batch: Mapping[str, Any],
+    backends: list[str],
+    *,
+    profile: ModelProfile,
+    token_ids: dict[str, int],
+    ref: dict | None = None,
+) -> dict:
     """Max abs/rel differences of per-token losses, total and gradients, and a verdict, per backend."""
-    ref = ref if ref is not None else reference(model, batch)
+    ref = ref if ref is not None else reference(model, batch, profile, token_ids)
     report: dict[str, Any] = {"tokens": int(batch["input_ids"].shape[-1]), "paths": ref["num_paths"]}
     mask = batch["labels"][0] != IGNORE_INDEX
     for backend in backends:
@@ -254,11 +240,12 @@ def compare(model: torch.nn.Module, batch: Mapping[str, Any], backends: list[str
         ok = loss_ok and total_rel <= RTOL
         if got["grads"] is not None:
             g_abs, g_rel, g_ok, missing = 0.0, 0.0, True, sorted(set(ref["grads"]) ^ set(got["grads"]))
+            floor = GRAD_ZERO_SCALE * max(float(g.abs().max()) for g in ref["grads"].values())
             for name, gr in ref["grads"].items():
                 if name not in got["grads"]:
                     continue
                 diff = (got["grads"][name] - gr).abs()
-                scale = float(gr.abs().max()) or 1.0  # relative to the parameter's largest gradient entry
+                scale = max(float(gr.abs().max()), floor) or 1.0  # relative to the parameter's largest entry
                 g_abs = max(g_abs, float(diff.max()))
                 g_rel = max(g_rel, float(diff.max()) / scale)
                 g_ok &= bool((diff <= GRAD_ATOL_SCALE * scale + RTOL * gr.abs()).all())
@@ -286,18 +273,25 @@ def default_backends(device: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from packer.models import get_profile, profile_names
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="a JSONL file of examples (any packer input format)")
-    parser.add_argument("--model", choices=MODELS, default="qwen2-vl")
+    parser.add_argument("--model", choices=profile_names(), default="qwen2-vl", help="the profile (model family)")
+    parser.add_argument("--model-class", help="a transformers class to build instead of the profile's "
+                        "(e.g. LlamaForCausalLM for --model text)")
+    parser.add_argument("--tokenizer", help="the build's tokenizer (default: the profile's default_tokenizer)")
     parser.add_argument("--backend", action="append", help="backend(s) to check (default: all available)")
     parser.add_argument("--max-length", type=int, default=1024, help="pack capacity in tokens")
-    parser.add_argument("--max-pixels", type=int, default=56 * 56 * 4, help="small images keep it fast")
+    parser.add_argument("--max-pixels", type=int, default=56 * 56 * 4,
+                        help="small images keep it fast (profiles with a max_pixels setting)")
     parser.add_argument("--max-batches", type=int, default=4, help="rows checked (each row is one batch)")
     parser.add_argument("--out", help="shard directory (default: a temporary one)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is fastest)")
     args = parser.parse_args(argv)
 
     from packer.config import BuildConfig
+    from packer.encode.tokenizers import load_tokenizer
     from packer.pipeline.build import build
     from packer.train.collate import collate
     from packer.train.dataset import PackedDataset
@@ -306,17 +300,24 @@ def main(argv: list[str] | None = None) -> int:
     if cuda_only:
         parser.error(f"{cuda_only} run on CUDA in bf16; this check is fp32 on CPU. Use `pytest -m gpu` on a GPU machine")
     torch.set_num_threads(args.threads)
-    vision = {"profile": "qwen2-vl", "max_pixels": args.max_pixels} if args.model == "qwen2-vl" else {"profile": "text"}
+    profile = get_profile(args.model)
+    options: dict[str, Any] = {"profile": args.model, "tokenizer": args.tokenizer}
+    if "max_pixels" in profile.overridable:
+        options["max_pixels"] = args.max_pixels
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or str(Path(tmp) / "shards")
-        config = BuildConfig.from_inputs([args.data], out, max_length=args.max_length, overwrite=True, **vision)
+        config = BuildConfig.from_inputs([args.data], out, max_length=args.max_length, overwrite=True, **options)
         build(config, progress=False)
+        profile = get_profile(args.model, **config.profile_overrides())
+        tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
         rows = list(PackedDataset(out, shuffle=False))[: args.max_batches]
-        batches, ids = compact_vocab([collate([row]) for row in rows])
-        model = tiny_model(args.model, **ids)
+        batches, ids, vocab = compact_vocab([collate([row]) for row in rows], profile_token_ids(profile, tokenizer))
+        other = {"model_class": args.model_class} if args.model_class else {}
+        model = tiny_model(profile, token_ids=ids, vocab_size=vocab, **other)
         backends = args.backend or default_backends("cpu")
-        reports = [compare(model, batch, backends) for batch in batches]
-    summary: dict[str, Any] = {"model": args.model, "data": args.data, "rows": len(reports)}
+        reports = [compare(model, batch, backends, profile=profile, token_ids=ids) for batch in batches]
+    summary: dict[str, Any] = {"model": args.model, "model_class": type(model).__name__, "data": args.data,
+                               "rows": len(reports)}
     for b in backends:
         entries = [r[b] for r in reports]
         summary[b] = {

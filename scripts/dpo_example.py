@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     data = Path(args.data) if args.data else demo_shards(Path(tempfile.mkdtemp(prefix="packer-dpo-")))
     torch.manual_seed(0)
-    policy = tiny_model("llama", hidden=64)
+    policy = tiny_model("text", model_class="LlamaForCausalLM", hidden=64)
     reference = copy.deepcopy(policy).eval().requires_grad_(False)  # frozen at step 0
     for m in (policy, reference):
         use_packed_attention(m)

@@ -35,8 +35,6 @@ from packer.train.dataset import PackedDataset  # noqa: E402
 from packer.train.hf import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
 from packer.train.loss import logits_to_keep, packed_cross_entropy  # noqa: E402
 
-MODEL_OF_PROFILE = {"text": "llama", "qwen2-vl": "qwen2-vl", "qwen2.5-vl": "qwen2-vl"}
-
 
 def step_count(micro_batches: list[dict], weighting: str, device: torch.device) -> torch.Tensor:
     """The optimizer step's normalizer, summed over micro-batches and ranks (known before the forward)."""
@@ -70,11 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     dataset = PackedDataset(args.data, rank=rank, world_size=world, shuffle=True, seed=args.seed)
-    kind = MODEL_OF_PROFILE.get(dataset.profile)
-    if kind is None:
-        raise SystemExit(f"no tiny model for profile {dataset.profile!r}; this example supports {sorted(MODEL_OF_PROFILE)}")
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.rows, collate_fn=collate)
-    model = tiny_model(kind, hidden=args.hidden, seed=args.seed).to(device)
+    tokenizer = dataset.shards.manifest.config.tokenizer  # the build's (None: the profile's default)
+    model = tiny_model(dataset.profile, tokenizer=tokenizer, hidden=args.hidden, seed=args.seed).to(device)
+    kind = type(model).__name__
     name = use_packed_attention(model, args.backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     print(f"{kind} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {name}, "

@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from check_equivalence import tiny_model  # noqa: E402
-from train_example import MODEL_OF_PROFILE  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from packer.train.collate import collate  # noqa: E402
@@ -90,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     dataset = PackedDataset(args.data, shuffle=True, seed=0)
-    kind = MODEL_OF_PROFILE.get(dataset.profile)
-    if kind is None:
-        raise SystemExit(f"no tiny model for profile {dataset.profile!r}; this example supports {sorted(MODEL_OF_PROFILE)}")
-    model = tiny_model(kind, hidden=args.hidden)
+    model = tiny_model(dataset.profile, tokenizer=dataset.shards.manifest.config.tokenizer, hidden=args.hidden)
     use_packed_attention(model, args.backend)
     with tempfile.TemporaryDirectory() as tmp:
         training_args = TrainingArguments(

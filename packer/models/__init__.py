@@ -13,7 +13,7 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
 from packer.models.llava import LlavaProfile
-from packer.models.qwen_vl import QwenVLProfile
+from packer.models.qwen_vl import Qwen25VLProfile, QwenVLProfile
 from packer.models.text import TextProfile
 
 _PROFILES: dict[str, ModelProfile] = {}
@@ -57,6 +57,6 @@ def forward_keys() -> tuple[str, ...]:
 
 
 register_profile(QwenVLProfile(name="qwen2-vl"))
-register_profile(QwenVLProfile(name="qwen2.5-vl"))
+register_profile(Qwen25VLProfile(name="qwen2.5-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(TextProfile(name="text"))

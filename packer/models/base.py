@@ -11,6 +11,9 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              forward_keys                        batch keys the model's forward takes
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
+    check    hf_model_class, tiny_model(...)     a tiny random-weight model of the family's real HF class
+             image_inputs(batch, ...)            a batch's vision inputs cut per image
+             reference_inputs(ids, images, ...)  the kwargs that run one path alone with the model's defaults
 
 The base class is a model without vision (the ``text`` family); a vision family overrides the rest.
 """
@@ -54,6 +57,8 @@ class ModelProfile:
     """The collated batch keys the model's forward takes (``packer.train`` passes these and no others)."""
     overridable: ClassVar[tuple[str, ...]] = ("image_token", "bidirectional_images", "default_tokenizer")
     """Fields ``get_profile(name, **overrides)`` may change."""
+    hf_model_class: ClassVar[str | None] = None
+    """The transformers class of the family's model (``tiny_model`` builds one), or None where none runs."""
 
     @property
     def has_vision(self) -> bool:
@@ -130,12 +135,83 @@ class ModelProfile:
         """
         return None
 
+    # ------------------------------------------------------------------ check (scripts/check_equivalence.py)
+
+    def model_tokens(self) -> tuple[str, ...]:
+        """The tokens whose ids ``tiny_model``'s config names: the placeholder and delimiters by default.
+
+        The equivalence check renumbers a build's ids to a small vocabulary and keeps these distinct.
+        """
+        return tuple(t for t in (self.image_token, self.vision_start, self.vision_end) if t is not None)
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """A tiny random-weight fp32 model of ``hf_model_class`` (train mode), built from a config offline.
+
+        ``token_ids`` maps each of ``model_tokens()`` to its id in a ``vocab_size`` vocabulary; ``kw`` sizes
+        the language model (``tiny_text_config``). The base builds a causal LM: ``model_class="LlamaForCausalLM"``
+        picks another. Seed torch first for reproducible weights.
+
+            TextProfile(name="text").tiny_model(token_ids={}, vocab_size=256)   # a 2-layer Qwen2ForCausalLM
+        """
+        import transformers
+
+        name = kw.pop("model_class", None) or self.hf_model_class
+        if name is None:
+            raise ConfigError(f"profile {self.name!r} names no transformers model class to check against")
+        cls = getattr(transformers, name)
+        config = cls.config_class(**tiny_text_config(vocab_size=vocab_size, **kw), attn_implementation="sdpa")
+        return cls(config).float().train()
+
+    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
+        """The batch's vision inputs cut per image, in batch order: what each image alone gives the model.
+
+        ``num_tokens`` are the images' placeholder counts. The base cuts every vision key of ``forward_keys``
+        into one leading entry per image (LLaVA's ``pixel_values`` (N, 3, 336, 336)); a family whose images
+        take several entries (patches, tiles) overrides it.
+        """
+        keys = [k for k in self.forward_keys if k not in ("input_ids", "position_ids") and batch.get(k) is not None]
+        return [{k: batch[k][i : i + 1] for k in keys} for i in range(len(num_tokens))]
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """Model kwargs that run ``input_ids`` (1, L), one root-to-leaf path, alone with the model's own defaults
+        (its positions, its attention), given the path's images (``image_inputs`` entries, in token order)."""
+        import torch
+
+        out: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+        for key in images[0] if images else ():
+            out[key] = torch.cat([im[key] for im in images])
+        return out
+
     def _no_vision(self) -> ConfigError:
         from packer.models import get_profile, profile_names  # the registry imports this module
 
         names = [n for n in profile_names() if get_profile(n).has_vision]
         choices = " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # "a, b or c"
         return ConfigError(f"profile {self.name!r} has no vision encoder; use {choices}")
+
+
+def tiny_text_config(
+    *, vocab_size: int, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2
+) -> dict[str, Any]:
+    """A tiny language model's config kwargs: hidden 32, 2 layers, 4 heads, 2 KV heads (GQA), untied head.
+
+    Generation ids are None: they are irrelevant to a loss and may not exist in a renumbered vocabulary.
+    """
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
 
 
 @lru_cache(maxsize=16)

@@ -11,11 +11,14 @@ tokenizer has its own <image> (``--image-token``). Pixel values are exact agains
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from packer.models.base import ModelProfile
+from packer.models.base import ModelProfile, tiny_text_config
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +32,7 @@ class LlavaProfile(ModelProfile):
     """Vision transformer patch side in pixels (no merging: one token per patch)."""
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values")
+    hf_model_class: ClassVar[str | None] = "LlavaForConditionalGeneration"
 
     def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
         side = self.image_px // self.patch_size
@@ -63,3 +67,22 @@ class LlavaProfile(ModelProfile):
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """576 for any stored grid: the count is fixed."""
         return np.full(len(grids), self.tokens_per_image, dtype=np.int64)
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """A tiny LLaVA: a 1-layer CLIP tower of width 32 at ``image_px`` (576 patches), a Llama of
+        ``tiny_text_config``; features from the last layer, CLS dropped (LLaVA-1.5's "default")."""
+        from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+        width = kw.pop("vision_dim", 32)
+        vision = dict(model_type="clip_vision_model", hidden_size=width, intermediate_size=2 * width,
+                      num_hidden_layers=1, num_attention_heads=2, image_size=self.image_px,
+                      patch_size=self.patch_size, projection_dim=width)
+        config = LlavaConfig(
+            text_config=dict(tiny_text_config(vocab_size=vocab_size, **kw), model_type="llama"),
+            vision_config=vision,
+            image_token_index=token_ids[self.image_token],
+            image_seq_length=self.tokens_per_image,
+            vision_feature_layer=-1,
+            attn_implementation="sdpa",
+        )
+        return LlavaForConditionalGeneration(config).float().train()

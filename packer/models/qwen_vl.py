@@ -23,13 +23,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from packer.core.tree import check_layout, node_lengths, node_start_positions
 from packer.errors import ConfigError, RecordError
-from packer.models.base import ModelProfile
+from packer.models.base import ModelProfile, tiny_text_config
+
+if TYPE_CHECKING:
+    import torch
 
 # Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
 MAX_ASPECT_RATIO = 200
@@ -61,6 +64,8 @@ class QwenVLProfile(ModelProfile):
         "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"
     )
     overridable: ClassVar[tuple[str, ...]] = ("min_pixels", "max_pixels", *ModelProfile.overridable)
+    hf_model_class: ClassVar[str | None] = "Qwen2VLForConditionalGeneration"
+    video_token: ClassVar[str] = "<|video_pad|>"
 
     def __post_init__(self) -> None:
         if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
@@ -134,6 +139,72 @@ class QwenVLProfile(ModelProfile):
         return expected_mrope(
             length, node_offsets, node_parents, image_offsets, image_grids, spatial_merge_size=self.merge_size
         )
+
+
+    # ------------------------------------------------------------------ check
+
+    def model_tokens(self) -> tuple[str, ...]:
+        return (*super().model_tokens(), self.video_token)
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """A tiny Qwen2-VL (or Qwen2.5-VL): ``tiny_text_config`` + a 1-block vision tower of width 32.
+
+        mRoPE splits the head's rotary frequencies t/h/w as Qwen2-VL does (16/24/24 of 64): 1/1/2 of 4 here.
+        """
+        import transformers
+
+        vision_depth, vision_dim = kw.pop("vision_depth", 1), kw.pop("vision_dim", 32)
+        text = tiny_text_config(vocab_size=vocab_size, **kw)
+        half = text["hidden_size"] // text["num_attention_heads"] // 2
+        t = max(1, half // 4)
+        section = [t, (half - t) // 2, half - t - (half - t) // 2]
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": section}
+        vision = self._tiny_vision(depth=vision_depth, width=vision_dim, out=text["hidden_size"])
+        cls = getattr(transformers, self.hf_model_class)
+        names = {"image_token_id": self.image_token, "video_token_id": self.video_token,
+                 "vision_start_token_id": self.vision_start, "vision_end_token_id": self.vision_end}
+        config = cls.config_class(
+            text_config=text,
+            vision_config=vision,
+            attn_implementation="sdpa",
+            **{key: token_ids[tok] for key, tok in names.items()},
+        )
+        return cls(config).float().train()
+
+    def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
+        return dict(depth=depth, embed_dim=width, hidden_size=out, num_heads=2, mlp_ratio=2,
+                    spatial_merge_size=self.merge_size)
+
+    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Each image's t*h*w rows of ``pixel_values`` and its ``image_grid_thw`` row."""
+        out, row = [], 0
+        for i, (t, h, w) in enumerate(batch["image_grid_thw"].tolist()):
+            out.append({"pixel_values": batch["pixel_values"][row : row + t * h * w],
+                        "image_grid_thw": batch["image_grid_thw"][i : i + 1]})
+            row += t * h * w
+        return out
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """Adds ``mm_token_type_ids``, from which the model's ``get_rope_index`` finds the images (mRoPE)."""
+        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
+        if images:
+            out["mm_token_type_ids"] = (input_ids == token_ids[self.image_token]).int()
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Qwen25VLProfile(QwenVLProfile):
+    """Qwen2.5-VL: Qwen2-VL's image side (see the module docstring); its own model class (window attention)."""
+
+    hf_model_class: ClassVar[str | None] = "Qwen2_5_VLForConditionalGeneration"
+
+    def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
+        # windows of 56 px (2x2 merged tokens) and the last block full: both attention kinds run
+        return dict(depth=max(depth, 2), hidden_size=width, out_hidden_size=out, intermediate_size=2 * width,
+                    num_heads=2, spatial_merge_size=self.merge_size, window_size=56,
+                    fullatt_block_indexes=[max(depth, 2) - 1])
 
 
 def smart_resize(

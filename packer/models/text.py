@@ -6,6 +6,7 @@ Everything is ``ModelProfile``'s default: the base class is a model without visi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from packer.models.base import ModelProfile
 
@@ -13,3 +14,5 @@ from packer.models.base import ModelProfile
 @dataclass(frozen=True, kw_only=True)
 class TextProfile(ModelProfile):
     """A language model without a vision encoder."""
+
+    hf_model_class: ClassVar[str | None] = "Qwen2ForCausalLM"  # the builtin tokenizer's; any *ForCausalLM works

@@ -101,10 +101,9 @@ def test_shards_hold_prompt_chosen_rejected_trees(pref_build):
 
 
 def test_dpo_loss_and_grads_equal_unpacked_pairs(pref_build):
-    batches, ids = ce.compact_vocab([collate(pref_build)])
-    (batch,) = batches
-    policy = ce.tiny_model("llama", seed=0, vocab_size=ids["vocab_size"])
-    ref = ce.tiny_model("llama", seed=1, vocab_size=ids["vocab_size"])
+    (batch,), ids, vocab = ce.compact_vocab([collate(pref_build)], {})
+    policy = ce.tiny_model("text", token_ids=ids, vocab_size=vocab, seed=0, model_class="LlamaForCausalLM")
+    ref = ce.tiny_model("text", token_ids=ids, vocab_size=vocab, seed=1, model_class="LlamaForCausalLM")
 
     # packed: one forward per model over the whole row
     for m in (policy, ref):

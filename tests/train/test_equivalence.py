@@ -21,6 +21,7 @@ import torch
 
 from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX
+from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
@@ -135,6 +136,14 @@ def text_build(tmp_path_factory):
     return {"rows": _rows(root / "out"), "data": data}
 
 
+def _tiny(name: str, batches: list[dict], tokenizer, *, seed: int = 0, **kw) -> tuple[list[dict], object, dict]:
+    """Renumbered batches, the profile's tiny model and ``compare``'s profile/token_ids kwargs."""
+    profile = get_profile(name)
+    batches, ids, vocab = ce.compact_vocab(batches, ce.profile_token_ids(profile, tokenizer))
+    model = ce.tiny_model(profile, token_ids=ids, vocab_size=vocab, seed=seed, **kw)
+    return batches, model, {"profile": profile, "token_ids": ids}
+
+
 def _check(report: dict, backends: list[str]) -> None:
     for b in backends:
         assert report[b]["ok"], (b, json.dumps(report[b]))
@@ -165,28 +174,25 @@ def test_build_covers_the_cases(vl_build, text_build):
     assert bool((text["labels"][0, starts] != IGNORE_INDEX).any()), "no branch starts on a loss token"
 
 
-def test_qwen2_vl_rows_match_unpacked(vl_build):
-    batches = [collate([r]) for r in vl_build["rows"]]
-    batches, ids = ce.compact_vocab(batches)
-    model = ce.tiny_model("qwen2-vl", **ids)
+def test_qwen2_vl_rows_match_unpacked(vl_build, qwen_tokenizer):
+    batches, model, ctx = _tiny("qwen2-vl", [collate([r]) for r in vl_build["rows"]], qwen_tokenizer)
     for batch in batches:
-        report = ce.compare(model, batch, CPU_BACKENDS)
+        report = ce.compare(model, batch, CPU_BACKENDS, **ctx)
         _check(report, CPU_BACKENDS)
 
 
-def test_qwen2_vl_multi_row_batch_matches_unpacked(vl_build):
+def test_qwen2_vl_multi_row_batch_matches_unpacked(vl_build, qwen_tokenizer):
     """collate() of several rows: node indices and image offsets shift across rows."""
-    (batch,), ids = ce.compact_vocab([collate(vl_build["rows"])])
-    model = ce.tiny_model("qwen2-vl", seed=1, **ids)
-    _check(ce.compare(model, batch, ["sdpa_varlen"]), ["sdpa_varlen"])
+    (batch,), model, ctx = _tiny("qwen2-vl", [collate(vl_build["rows"])], qwen_tokenizer, seed=1)
+    _check(ce.compare(model, batch, ["sdpa_varlen"], **ctx), ["sdpa_varlen"])
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_text_tree_rows_match_unpacked(text_build, kind):
-    batches, ids = ce.compact_vocab([collate(text_build["rows"])])
-    model = ce.tiny_model(kind, vocab_size=ids["vocab_size"])
+@pytest.mark.parametrize("model_class", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_text_tree_rows_match_unpacked(text_build, qwen_tokenizer, model_class):
+    batches, model, ctx = _tiny("text", [collate(text_build["rows"])], qwen_tokenizer, model_class=model_class)
+    assert type(model).__name__ == model_class
     for batch in batches:
-        _check(ce.compare(model, batch, CPU_BACKENDS), CPU_BACKENDS)
+        _check(ce.compare(model, batch, CPU_BACKENDS, **ctx), CPU_BACKENDS)
 
 
 def _hand_batch(tokenizer) -> dict:
@@ -232,29 +238,26 @@ def _hand_batch(tokenizer) -> dict:
 
 
 def test_hand_built_edge_cases_match_unpacked(qwen_tokenizer):
-    (batch,), ids = ce.compact_vocab([_hand_batch(qwen_tokenizer)])
+    (batch,), model, ctx = _tiny("text", [_hand_batch(qwen_tokenizer)], qwen_tokenizer, model_class="LlamaForCausalLM")
     layout = PackedLayout.from_batch(batch)
     assert (layout.cu_seqlens.diff() == 1).sum() == 2  # two one-token examples
-    model = ce.tiny_model("llama", vocab_size=ids["vocab_size"])
-    _check(ce.compare(model, batch, CPU_BACKENDS), CPU_BACKENDS)
+    _check(ce.compare(model, batch, CPU_BACKENDS, **ctx), CPU_BACKENDS)
 
 
-def test_hf_own_loss_is_exact_on_linear_packs(vl_build):
+def test_hf_own_loss_is_exact_on_linear_packs(vl_build, qwen_tokenizer):
     """For a linear row the collate's shift_labels make the model's own loss equal packed_cross_entropy."""
     linear = [collate([r]) for r in vl_build["rows"] if not (np.asarray(r["node_parents"]) >= 0).any()]
     assert linear, "the build has no linear row"
-    (batch,), ids = ce.compact_vocab([linear[0]])
-    model = ce.tiny_model("qwen2-vl", **ids)
+    (batch,), model, _ = _tiny("qwen2-vl", [linear[0]], qwen_tokenizer)
     use_packed_attention(model, "sdpa_varlen")
     out = model(**model_inputs(batch, with_labels=True))
     ours = packed_cross_entropy(out.logits, batch["labels"], batch, reduction="mean")
     torch.testing.assert_close(out.loss, ours.loss, rtol=1e-6, atol=1e-6)
 
 
-def test_raw_collated_batch_works_for_text_models(text_build):
+def test_raw_collated_batch_works_for_text_models(text_build, qwen_tokenizer):
     """model(**batch) straight from collate: the hook turns it into model_inputs(batch), bit for bit."""
-    (batch,), ids = ce.compact_vocab([collate(text_build["rows"])])
-    model = ce.tiny_model("llama", vocab_size=ids["vocab_size"])
+    (batch,), model, _ = _tiny("text", [collate(text_build["rows"])], qwen_tokenizer, model_class="LlamaForCausalLM")
     use_packed_attention(model, "sdpa")
     with torch.no_grad():
         a = model(**batch).logits
@@ -262,14 +265,13 @@ def test_raw_collated_batch_works_for_text_models(text_build):
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_raw_collated_batch_works_for_qwen2_vl(vl_build):
+def test_raw_collated_batch_works_for_qwen2_vl(vl_build, qwen_tokenizer):
     """The raw batch's cu_seqlens / max_seqlen must not reach the vision tower as its own boundaries, and a
     tree row's labels must not feed HF's shifted loss: model(**batch) equals the explicit path exactly."""
     rows = vl_build["rows"]
     tree = next(r for r in rows if (np.asarray(r["node_parents"]) >= 0).any())
-    (batch,), ids = ce.compact_vocab([collate([tree])])
+    (batch,), model, _ = _tiny("qwen2-vl", [collate([tree])], qwen_tokenizer)
     assert "pixel_values" in batch and "cu_seqlens" in batch
-    model = ce.tiny_model("qwen2-vl", **ids)
     use_packed_attention(model, "sdpa_varlen")
     with torch.no_grad():
         raw = model(**batch)
@@ -278,11 +280,10 @@ def test_raw_collated_batch_works_for_qwen2_vl(vl_build):
     torch.testing.assert_close(raw.logits, explicit.logits, rtol=0, atol=0)
 
 
-def test_raw_collated_linear_batch_gives_hf_loss(vl_build):
+def test_raw_collated_linear_batch_gives_hf_loss(vl_build, qwen_tokenizer):
     """A linear row straight from collate: HF's own loss (via shift_labels) equals packed_cross_entropy."""
     linear = [collate([r]) for r in vl_build["rows"] if not (np.asarray(r["node_parents"]) >= 0).any()]
-    (batch,), ids = ce.compact_vocab([linear[0]])
-    model = ce.tiny_model("qwen2-vl", **ids)
+    (batch,), model, _ = _tiny("qwen2-vl", [linear[0]], qwen_tokenizer)
     use_packed_attention(model, "sdpa_varlen")
     out = model(**batch)
     ours = packed_cross_entropy(out.logits, batch["labels"], batch, reduction="mean")
@@ -290,17 +291,18 @@ def test_raw_collated_linear_batch_gives_hf_loss(vl_build):
 
 
 def test_check_equivalence_cli(text_build, capsys):
-    code = ce.main(["--data", str(text_build["data"]), "--model", "llama", "--max-length", "64",
-                    "--backend", "sdpa_varlen"])
+    code = ce.main(["--data", str(text_build["data"]), "--model", "text", "--model-class", "LlamaForCausalLM",
+                    "--max-length", "64", "--backend", "sdpa_varlen"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     report = json.loads(line)
     assert code == 0 and report["ok"] and report["sdpa_varlen"]["ok"] and report["rows"] >= 1
+    assert report["model"] == "text" and report["model_class"] == "LlamaForCausalLM"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["varlen", "flash", "flex"])
-def test_gpu_backends_match_sdpa(vl_build, backend):
+def test_gpu_backends_match_sdpa(vl_build, qwen_tokenizer, backend):
     """On CUDA the kernels run in bf16: losses within 2e-2, gradients aligned (cosine > 0.999) vs fp32 sdpa."""
     from packer.train.attention import flash_available, varlen_available
 
@@ -308,8 +310,8 @@ def test_gpu_backends_match_sdpa(vl_build, backend):
         pytest.skip("flash-attn is not installed")
     if backend == "varlen" and not varlen_available():
         pytest.skip("torch varlen_attn needs PyTorch's flash kernels (sm80+)")
-    batches, ids = ce.compact_vocab([collate([r]) for r in vl_build["rows"]])
-    model = ce.tiny_model("qwen2-vl", **ids).cuda()
+    batches, model, _ = _tiny("qwen2-vl", [collate([r]) for r in vl_build["rows"]], qwen_tokenizer)
+    model = model.cuda()
     for batch in batches:
         batch = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         ref = ce.packed(model, batch, "sdpa")
@@ -319,3 +321,13 @@ def test_gpu_backends_match_sdpa(vl_build, backend):
         for name, g in ref["grads"].items():
             cos = torch.nn.functional.cosine_similarity(got["grads"][name].flatten(), g.flatten(), dim=0)
             assert cos > 0.999 or g.abs().max() < 1e-8, (name, float(cos))
+
+
+@pytest.mark.parametrize(("profile", "max_length"), [("qwen2.5-vl", 512), ("llava", 2048)])
+def test_check_equivalence_cli_for_vision_families(vl_build, capsys, profile, max_length):
+    """The script is family-agnostic: the family's file builds its tiny model and runs each path alone."""
+    code = ce.main(["--data", str(vl_build["data"]), "--model", profile, "--max-length", str(max_length),
+                    "--tokenizer", "qwen2-vl", "--backend", "sdpa_varlen", "--max-batches", "8"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["ok"], report
+    assert report["model_class"] == get_profile(profile).hf_model_class
