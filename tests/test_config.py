@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 EXPECTED = {  # config -> (profile, max_length, vision tokens of a 640x480 image under its pixel bounds)
     "coco-caption-trees.yaml": ("qwen2-vl", 2048, 13 * 18),  # 640x480 scaled into 200704 px: 364x504
+    "internvl.yaml": ("internvl", 16384, 13 * 256),  # 4x3 tiles of 448 px + a thumbnail
     "llama3-text.yaml": ("text", 8192, None),
     "llava-1.5.yaml": ("llava", 4096, 576),
     "qwen2-vl.yaml": ("qwen2-vl", 8192, 17 * 23),  # 640x480 -> 644x476 (multiples of 28)

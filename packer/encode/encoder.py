@@ -384,7 +384,8 @@ class Encoder:
             w, h = sizes[ref]
             grids.append(self.profile.grid_thw(w, h))
             counts.append(self.profile.num_tokens(w, h))
-        repeats[pos] = counts
+        wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
+        repeats[pos] = np.asarray(counts) + 2 * wrap
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
         labels = draft.labels.copy()
         labels[pos] = IGNORE_INDEX
@@ -393,20 +394,25 @@ class Encoder:
                 source=ref.path if ref.data is None else "",
                 data=ref.data,
                 grid_thw=tuple(int(x) for x in g),
-                offset=int(new_index[p]),
+                offset=int(new_index[p]) + wrap,
                 num_tokens=int(c),
             )
             for ref, g, c, p in zip(refs, grids, counts, pos, strict=True)
         ]
         draft.ids = np.repeat(draft.ids, repeats)
         draft.labels = np.repeat(labels, repeats)
+        if wrap:
+            starts = new_index[pos]
+            draft.ids[starts] = self._token_ids["vision_start"]
+            draft.ids[starts + repeats[pos] - 1] = self._token_ids["vision_end"]
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
 
     def _truncate(self, draft: _Draft) -> None:
         """Keep the first max_length tokens (depth-first layout), cutting before an image, never inside."""
         cut = self.max_length
+        tail = int(self.profile.processor_wraps_images)  # the image's </img> stays with it
         for im in draft.images:
-            if im.offset < cut < im.offset + im.num_tokens:
+            if im.offset < cut < im.offset + im.num_tokens + tail:
                 cut = im.offset
                 break
         if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:

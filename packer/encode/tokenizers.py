@@ -13,6 +13,13 @@ special, as in Qwen2.5's tokenizer_config.json) and Qwen2.5-Instruct's chat temp
 (in the system prompt), ``tool_calls`` (``<tool_call>`` JSON) and ``tool`` turns (``<tool_response>``
 inside a user turn). It is the builtin for tool-use data: Qwen2-VL's template has no tool support.
 
+``internvl3`` is InternVL3-hf's tokenizer as transformers' InternVL conversion script builds it: Qwen2.5-VL's
+(the ``qwen2.5`` vocabulary and added tokens) plus InternVL's special tokens ``<img>`` = 151665, ``</img>``,
+``<IMG_CONTEXT>`` = 151667 (InternVLConfig's image_token_id), ``<quad>``, ``</quad>``, ``<ref>``, ``</ref>``,
+``<box>``, ``</box>`` = 151673, the ``extra_special_tokens`` InternVLProcessor reads, and the conversion's chat
+template (one ``<IMG_CONTEXT>`` per image; no default system turn). A stand-in in one detail: ``<video>``
+(151674 here) is added so the processor's video token exists; video is not packed for InternVL yet.
+
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
 
@@ -147,7 +154,24 @@ QWEN25_CHAT_TEMPLATE = (
     "{%- endif %}\n"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5")
+# InternVL's tokens, appended after Qwen2.5's 22 in this order (151665-151673), then <video> (see above).
+INTERNVL_SPECIAL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>"]
+INTERNVL_FIRST_ID = 151665
+INTERNVL_EXTRA_SPECIAL = {"start_image_token": "<img>", "end_image_token": "</img>",
+                          "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
+# transformers' convert_internvl_weights_to_hf.py chat_template (InternVL*-hf processors and tokenizers).
+INTERNVL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{'<|im_end|>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}"
+)
+
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "internvl3")
 
 
 def cache_dir() -> Path:
@@ -167,8 +191,8 @@ def _qwen_tiktoken_file() -> Path:
 
 
 def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") -> Path:
-    """Build the offline Qwen2-VL (or, with ``variant="qwen2.5"``, Qwen2.5-Instruct) tokenizer into
-    ``out_dir`` (an HF tokenizer directory) and return it."""
+    """Build the offline Qwen2-VL (or, with ``variant="qwen2.5"``, Qwen2.5-Instruct; ``"internvl3"``, InternVL3-hf)
+    tokenizer into ``out_dir`` (an HF tokenizer directory) and return it."""
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -182,27 +206,33 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     # Added to the backend first, in order, so the ids are exactly 151643.. (wrapping first would add
     # eos/pad ahead of the rest and shift them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
-    if variant == "qwen2.5":
+    if variant in ("qwen2.5", "internvl3"):
         backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN25_EXTRA_TOKENS])
+    internvl = INTERNVL_SPECIAL_TOKENS + ["<video>"] if variant == "internvl3" else []
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in internvl])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
-        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS,
+        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + internvl,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
+        **({"extra_special_tokens": INTERNVL_EXTRA_SPECIAL} if internvl else {}),
     )
     ids = tok.convert_tokens_to_ids(QWEN2_VL_SPECIAL_TOKENS)
     expected = list(range(QWEN2_VL_FIRST_SPECIAL_ID, QWEN2_VL_FIRST_SPECIAL_ID + len(QWEN2_VL_SPECIAL_TOKENS)))
     if ids != expected:
         raise ConfigError(f"special token ids {ids} differ from Qwen2-VL's {expected}")
-    if variant == "qwen2.5":
+    if internvl and tok.convert_tokens_to_ids(internvl) != list(range(INTERNVL_FIRST_ID, INTERNVL_FIRST_ID + 10)):
+        raise ConfigError(f"InternVL's token ids {tok.convert_tokens_to_ids(internvl)} differ from 151665..151674")
+    if variant in ("qwen2.5", "internvl3"):
         extra = tok.convert_tokens_to_ids(QWEN25_EXTRA_TOKENS)
         if extra != list(range(expected[-1] + 1, expected[-1] + 1 + len(QWEN25_EXTRA_TOKENS))):
             raise ConfigError(f"Qwen2.5's added token ids {extra} differ from 151657..151664")
-    tok.chat_template = QWEN25_CHAT_TEMPLATE if variant == "qwen2.5" else QWEN2_VL_CHAT_TEMPLATE
+    templates = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "internvl3": INTERNVL_CHAT_TEMPLATE}
+    tok.chat_template = templates.get(variant, QWEN2_VL_CHAT_TEMPLATE)
     out = Path(out_dir)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))

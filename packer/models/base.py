@@ -48,8 +48,8 @@ class ModelProfile:
     """Token after an image's placeholders (Qwen), or None."""
     bidirectional_images: bool = False
     """True when tokens of one image attend to each other in both directions (Molmo-style)."""
-    default_tokenizer: str = "qwen2-vl"
-    """Tokenizer used when the build names none."""
+    default_tokenizer: str | None = "qwen2-vl"
+    """Tokenizer used when the build names none; None where no honest default exists (the build must name one)."""
 
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
@@ -57,6 +57,9 @@ class ModelProfile:
     """The collated batch keys the model's forward takes (``packer.train`` passes these and no others)."""
     overridable: ClassVar[tuple[str, ...]] = ("image_token", "bidirectional_images", "default_tokenizer")
     """Fields ``get_profile(name, **overrides)`` may change."""
+    processor_wraps_images: ClassVar[bool] = False
+    """True when the processor, not the chat template, puts ``vision_start``/``vision_end`` around each image's
+    placeholder run (InternVL's ``<img>``...``</img>``): the encoder then writes them."""
     hf_model_class: ClassVar[str | None] = None
     """The transformers class of the family's model (``tiny_model`` builds one), or None where none runs."""
 

@@ -14,7 +14,8 @@ from tests.conftest import REPO
 
 
 def test_get_profile() -> None:
-    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "llava", "text")
+    assert profile_names()[:4] == ("qwen2-vl", "qwen2.5-vl", "llava", "text")  # then the newer families
+    assert "internvl" in profile_names()
     assert get_profile("qwen2-vl") is get_profile("qwen2-vl")
     assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
@@ -36,7 +37,7 @@ def test_get_profile() -> None:
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
     assert text.image_token is None and not text.mrope
-    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl or llava"):
+    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, llava"):
         text.num_tokens(640, 480)
     with pytest.raises(ConfigError, match="no vision encoder"):
         text.grid_thw(640, 480)
