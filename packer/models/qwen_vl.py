@@ -161,15 +161,16 @@ class QwenVLProfile(ModelProfile):
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": section}
         vision = self._tiny_vision(depth=vision_depth, width=vision_dim, out=text["hidden_size"])
         cls = getattr(transformers, self.hf_model_class)
-        names = {"image_token_id": self.image_token, "video_token_id": self.video_token,
-                 "vision_start_token_id": self.vision_start, "vision_end_token_id": self.vision_end}
         config = cls.config_class(
-            text_config=text,
-            vision_config=vision,
-            attn_implementation="sdpa",
-            **{key: token_ids[tok] for key, tok in names.items()},
+            text_config=text, vision_config=vision, attn_implementation="sdpa", **self._config_ids(token_ids)
         )
         return cls(config).float().train()
+
+    def _config_ids(self, token_ids: dict[str, int]) -> dict[str, int]:
+        """The model config's token-id fields from ``token_ids`` (token -> id)."""
+        names = {"image_token_id": self.image_token, "video_token_id": self.video_token,
+                 "vision_start_token_id": self.vision_start, "vision_end_token_id": self.vision_end}
+        return {key: token_ids[tok] for key, tok in names.items()}
 
     def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
         return dict(depth=depth, embed_dim=width, hidden_size=out, num_heads=2, mlp_ratio=2,
