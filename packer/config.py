@@ -11,7 +11,7 @@ from typing import Any
 
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import ConfigError
-from packer.models import profile_names
+from packer.models import get_profile, profile_names
 from packer.packing import ALGORITHMS
 
 
@@ -218,6 +218,18 @@ class BuildConfig:
         d = dataclasses.asdict(self)
         d["sources"] = [{**s, "paths": list(s["paths"])} for s in d["sources"]]
         return d
+
+    def tokenizer_name(self) -> str:
+        """``tokenizer``, else the profile's ``default_tokenizer``; a ConfigError where neither is set (a family
+        with no honest default, LLaVA-1.5's Vicuna, must be told which tokenizer its model uses)."""
+        name = self.tokenizer or get_profile(self.profile).default_tokenizer
+        if name is None:
+            raise ConfigError(
+                f"profile {self.profile!r} has no default tokenizer: set `tokenizer:` in the config (or "
+                "--tokenizer) to the model's own tokenizer (a local HF directory), or a builtin stand-in "
+                "such as qwen2-vl"
+            )
+        return name
 
     def profile_overrides(self) -> dict[str, Any]:
         """The profile settings this config overrides (for ``packer.models.get_profile``)."""

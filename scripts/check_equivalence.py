@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         config = BuildConfig.from_inputs([args.data], out, max_length=args.max_length, overwrite=True, **options)
         build(config, progress=False)
         profile = get_profile(args.model, **config.profile_overrides())
-        tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer_name())
         rows = list(PackedDataset(out, shuffle=False))[: args.max_batches]
         batches, ids, vocab = compact_vocab([collate([row]) for row in rows], profile_token_ids(profile, tokenizer))
         other = {"model_class": args.model_class} if args.model_class else {}

@@ -52,7 +52,8 @@ def test_every_config_is_listed_and_parses():
         config = BuildConfig.from_yaml(path, inputs=["x.jsonl"], output="out")
         profile, max_length, tokens = EXPECTED[path.name]
         assert (config.profile, config.max_length) == (profile, max_length)
-        assert config.tokenizer in BUILTIN_TOKENIZERS  # every shipped config runs offline
+        # every shipped config runs offline, or names no tokenizer because its family has no honest default
+        assert config.tokenizer in BUILTIN_TOKENIZERS or get_profile(config.profile).default_tokenizer is None
         vision = get_profile(config.profile, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
         assert (vision.num_tokens(640, 480) if vision.has_vision else None) == tokens
 
@@ -70,10 +71,15 @@ def test_qwen25_config_counts_like_qwen2():
 def test_config_builds_and_manifest_holds_the_effective_config(path, corpus, tmp_path):
     data = corpus["text" if EXPECTED[path.name][0] == "text" else "vision"]
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli, ["build", "--config", str(path), str(data), "-o", str(out), "-q"])
+    args = ["build", "--config", str(path), str(data), "-o", str(out), "-q"]
+    given = {} if BuildConfig.from_yaml(path, inputs=["x"], output="o").tokenizer else {"tokenizer": "qwen2-vl"}
+    if given:  # a family without a default tokenizer refuses to guess
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 1 and "has no default tokenizer: set `tokenizer:`" in res.output, res.output
+    res = CliRunner().invoke(cli, args + [f"--tokenizer={v}" for v in given.values()])
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / "manifest.json").read_text())
-    effective = BuildConfig.from_yaml(path, inputs=[str(data)], output=str(out)).to_dict()
+    effective = BuildConfig.from_yaml(path, inputs=[str(data)], output=str(out), **given).to_dict()
     assert manifest["config"] == effective
     assert manifest["totals"]["rejected"] == 0
     assert manifest["totals"]["examples"] == (1 if data == corpus["text"] else 3)

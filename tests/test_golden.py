@@ -46,8 +46,8 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         },
     ),
     "llava": (
-        ["chats.jsonl", "--profile", "llava", "--max-length", "2048", "--image-root", ".", "--overlong",
-         "truncate"],
+        ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
+         "--overlong", "truncate"],
         {
             "shard-00000.parquet": "5ac3bdeb082f7ce6b992e2f65de8771b54f098d3ac6927b5d8e12e39a280480f",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",

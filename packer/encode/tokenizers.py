@@ -25,6 +25,13 @@ Qwen3-VL's config uses Qwen2-VL's vision ids (image 151655, video 151656, vision
 template (one ``<IMG_CONTEXT>`` per image; no default system turn). A stand-in in one detail: ``<video>``
 (151674 here) is added so the processor's video token exists; video is not packed for InternVL yet.
 
+``llama3`` is Llama-3's real tokenizer, from Meta's own PyPI package ``llama-models`` (0.3.0):
+``llama_models/llama3/tokenizer.model`` holds the 128,000 tiktoken BPE ranks, and that package's ``Tokenizer``
+names the 256 special tokens (128000 ``<|begin_of_text|>`` ... ``<|start_header_id|>`` 128006,
+``<|end_header_id|>`` 128007, ``<|eot_id|>`` 128009; the chat tokens have the same ids in Llama 3, 3.1 and
+3.2, whose reserved names differ). The chat template is Meta-Llama-3-Instruct's (``LLAMA3_CHAT_TEMPLATE``);
+``<|eot_id|>`` ends a turn and is the eos token ("Hello world!" -> [9906, 1917, 0]).
+
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
 
@@ -35,6 +42,7 @@ import os
 import shutil
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from packer.errors import ConfigError
 
@@ -272,7 +280,28 @@ INTERNVL_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "internvl3")
+# Llama-3's pre-tokenizer split pattern (numbers in groups of up to 3), llama_models.llama3.tokenizer.pat_str.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama_models.llama3.tokenizer.Tokenizer's special tokens (ids 128000..), then reserved ones up to 256.
+LLAMA3_SPECIAL_TOKENS = [
+    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+    "<|eot_id|>", "<|python_tag|>", "<|image|>",
+]
+LLAMA3_SPECIAL_TOKENS += [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(LLAMA3_SPECIAL_TOKENS))]
+LLAMA3_BASE_TOKENS = 128000
+# Meta-Llama-3-8B-Instruct's chat template (tokenizer_config.json "chat_template").
+LLAMA3_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] "
+    "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "internvl3", "llama3")
 
 
 def cache_dir() -> Path:
@@ -334,7 +363,48 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
         raise ConfigError(f"InternVL's token ids {tok.convert_tokens_to_ids(internvl)} differ from 151665..151674")
     tok.chat_template = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "qwen3-vl": QWEN3_VL_CHAT_TEMPLATE,
                          "internvl3": INTERNVL_CHAT_TEMPLATE}.get(variant, QWEN2_VL_CHAT_TEMPLATE)
-    out = Path(out_dir)
+    return _save(tok, Path(out_dir))
+
+
+def _llama3_ranks_file() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_models")  # not imported: only its data file is read
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the `llama3` tokenizer needs the `llama-models` package: pip install llama-models==0.3.0")
+    path = Path(next(iter(spec.submodule_search_locations))) / "llama3" / "tokenizer.model"
+    if not path.exists():
+        raise ConfigError(f"llama-models is installed but {path} is missing; reinstall llama-models==0.3.0")
+    return path
+
+
+def build_llama3_tokenizer(out_dir: str | Path) -> Path:
+    """Build Llama-3's tokenizer from llama-models' ranks into ``out_dir`` (an HF tokenizer directory)."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab = _llama3_ranks_file()
+    backend = TikTokenConverter(vocab_file=str(vocab), pattern=LLAMA3_PATTERN).converted()
+    if backend.get_vocab_size() != LLAMA3_BASE_TOKENS:
+        raise ConfigError(f"{vocab} has {backend.get_vocab_size()} ranks, expected {LLAMA3_BASE_TOKENS}")
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIAL_TOKENS])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        unk_token=None,
+        model_max_length=8192,
+        clean_up_tokenization_spaces=False,
+    )
+    ids = tok.convert_tokens_to_ids(LLAMA3_SPECIAL_TOKENS)
+    if ids != list(range(LLAMA3_BASE_TOKENS, LLAMA3_BASE_TOKENS + 256)):
+        raise ConfigError("Llama-3's special token ids differ from 128000..128255")
+    tok.chat_template = LLAMA3_CHAT_TEMPLATE
+    return _save(tok, Path(out_dir))
+
+
+def _save(tok: Any, out: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
     try:
@@ -346,7 +416,8 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
 
 def builtin_path(name: str) -> Path:
     """The cache directory of a builtin tokenizer, versioned by the vocabulary file's hash."""
-    digest = hashlib.sha256(_qwen_tiktoken_file().read_bytes()).hexdigest()[:12]
+    ranks = _llama3_ranks_file() if name == "llama3" else _qwen_tiktoken_file()
+    digest = hashlib.sha256(ranks.read_bytes()).hexdigest()[:12]
     return cache_dir() / "tokenizers" / f"{name}-{digest}"
 
 
@@ -357,7 +428,10 @@ def ensure_builtin(name: str) -> Path:
     path = builtin_path(name)
     if not (path / "tokenizer.json").exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_qwen2_vl_tokenizer(path, variant=name)
+        if name == "llama3":
+            build_llama3_tokenizer(path)
+        else:
+            build_qwen2_vl_tokenizer(path, variant=name)
     return path
 
 

@@ -3,8 +3,9 @@
     640x480 -> shortest edge to 336, centre crop 336x336 -> grid (t, h, w) = (1, 24, 24) patches of 14 px
             -> 24*24 = 576 tokens, the placeholder repeated 576 times; positions stay 1-D
 
-The placeholder is the builtin (Qwen2) tokenizer's <|image_pad|>, so the builtin tokenizer works; a LLaVA
-tokenizer has its own <image> (``--image-token``). Pixel values are exact against ``LlavaImageProcessorPil``
+The placeholder defaults to <|image_pad|>, which the builtin (Qwen2) tokenizer has, so ``--tokenizer qwen2-vl``
+builds a stand-in; a LLaVA tokenizer has its own <image> (``--image-token``). No tokenizer is the default
+(``default_tokenizer`` None): LLaVA-1.5's is Vicuna's, which no package ships offline. Pixel values are exact against ``LlavaImageProcessorPil``
 (tests/models/test_llava.py).
 """
 
@@ -26,6 +27,7 @@ class LlavaProfile(ModelProfile):
     """LLaVA-1.5: every image becomes (image_px / patch_size)**2 tokens; ``pixel_values`` (N, 3, 336, 336)."""
 
     image_token: str | None = "<|image_pad|>"
+    default_tokenizer: str | None = None  # LLaVA-1.5's is Vicuna's (Llama-2 SentencePiece): none ships offline
     image_px: int = 336
     """The square side the processor resizes and crops to."""
     patch_size: int = 14

@@ -150,7 +150,7 @@ def build(
     )
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
-               tokenizer=config.tokenizer or encoder.profile.default_tokenizer, max_length=config.max_length,
+               tokenizer=config.tokenizer_name(), max_length=config.max_length,
                stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)))
     hooks.at("manifest")
     manifest = manifest_dict(
@@ -176,7 +176,7 @@ def manifest_dict(
         fingerprint=fingerprint,
         config=config,
         profile=config.profile,
-        tokenizer=TokenizerRef(name=config.tokenizer or profile.default_tokenizer, fingerprint=tokenizer_fp),
+        tokenizer=TokenizerRef(name=config.tokenizer_name(), fingerprint=tokenizer_fp),
         chat_template_sha256=chat_template_sha256,
         inputs=tuple(inputs),
         base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)

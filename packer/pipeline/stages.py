@@ -133,7 +133,7 @@ def make_encoder(config: BuildConfig) -> Encoder:
     from packer.models import get_profile
 
     profile = get_profile(config.profile, **config.profile_overrides())
-    tokenizer = load_tokenizer(config.tokenizer or profile.default_tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer_name())
     return Encoder(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
                    long_docs=config.long_docs, long_docs_overlap=config.long_docs_overlap,
                    chat_template=chat_template(config))

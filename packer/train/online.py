@@ -90,7 +90,7 @@ def make_encoder(config: BuildConfig) -> Encoder:
     template = config.chat_template
     if template and Path(template).is_file():
         template = Path(template).read_text()
-    return Encoder(load_tokenizer(config.tokenizer or profile.default_tokenizer), profile,
+    return Encoder(load_tokenizer(config.tokenizer_name()), profile,
                    max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
                    long_docs_overlap=config.long_docs_overlap, chat_template=template)
 

@@ -64,3 +64,15 @@ def test_tokenize_with_and_without_offsets(tok):
     [one] = tokenize(backend, texts[1:2], offsets=False)
     assert one.ids == want[1] and one.offsets[0] == (0, 12)  # one text: encoded with its offsets
     assert tokenize(backend, [], offsets=True) == []
+
+
+def test_llama3_builtin_is_llama3s_tokenizer() -> None:
+    """Meta's llama-models ships Llama-3's ranks; the ids are Llama-3's own (published examples below)."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("llama3")
+    assert tok("Hello world!").input_ids == [9906, 1917, 0]
+    assert (tok.bos_token_id, tok.eos_token_id, len(tok)) == (128000, 128009, 128256)
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)["input_ids"]
+    # <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant...
+    assert ids == [128000, 128006, 882, 128007, 271, 13347, 128009, 128006, 78191, 128007, 271]

@@ -194,8 +194,8 @@ def test_image_token_option_for_llava_style_templates(tmp_path, coco_images):
     shutil.copy(coco_images[0], tmp_path / "a.jpg")
     data = _write_jsonl(tmp_path / "d.jsonl", [{"conversations": [
         {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A photo."}], "image": "a.jpg"}])
-    cfg = BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="llava", image_token="<|vision_pad|>",
-                                  chat_template=template, max_length=1024)
+    cfg = BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="llava", tokenizer="qwen2-vl",
+                                  image_token="<|vision_pad|>", chat_template=template, max_length=1024)
     result = build(cfg, progress=False)
     assert result.stats["examples"] == 1 and result.stats["vision_tokens"] == 576
     (row,) = list(PackedDataset(tmp_path / "out", shuffle=False, load_images=False))
