@@ -10,6 +10,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
              forward_keys                        batch keys the model's forward takes
              image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
+    report   image_units(grids) -> (name, (I,))  what an image becomes besides tokens (tiles, crops), or None
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
     check    hf_model_class, tiny_model(...)     a tiny random-weight model of the family's real HF class
@@ -128,6 +129,16 @@ class ModelProfile:
         if not self.bidirectional_images:
             return []
         return [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in images]
+
+    # ------------------------------------------------------------------ report
+
+    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray] | None:
+        """The unit the vision tower works in per image, for ``packer stats``: (name, count per stored grid).
+
+        ``grids`` (I, 3) int64 as stored; e.g. InternVL ("tiles", rows * cols + thumbnail). None (the default)
+        when tokens say it all: stats then show no units.
+        """
+        return None
 
     # ------------------------------------------------------------------ verify
 

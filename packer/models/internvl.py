@@ -96,6 +96,11 @@ class InternVLProfile(ModelProfile):
         ok = (grids[:, 0] == 1) & (tiles >= self.min_tiles) & (tiles <= self.max_tiles)
         return np.where(ok, (tiles + (tiles > 1)) * self.tokens_per_tile, -1)
 
+    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
+        """("tiles", rows * cols + the thumbnail): the 448-px crops the vision tower runs on, per image."""
+        tiles = grids[:, 1] * grids[:, 2]
+        return "tiles", tiles + (tiles > 1)
+
     # ------------------------------------------------------------------ check
 
     def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:

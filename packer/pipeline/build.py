@@ -147,6 +147,7 @@ def build(
         lengths=plan.lengths, vision=plan.vision, pack_ids=plan.pack_ids, capacity=config.max_length,
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
+        image_units=_image_units(table, plan.index, encoder.profile),
     )
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
@@ -226,3 +227,26 @@ def _write(
             entries.extend(written)
             bar.update(len(shards.pack_sizes))
     return entries
+
+
+def _image_units(table: Any, index: np.ndarray, profile: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(unit name, units per planned example, units per planned image) of the profile's ``image_units``, read
+    from the encode cache's image grids (an up-sampled example counts once per copy); None if it has none."""
+    import pyarrow.compute as pc
+
+    images = table.column("images").combine_chunks()  # list<struct> per cached example
+    structs = images.flatten()
+    grids = np.stack([structs.field(f).to_numpy(zero_copy_only=False) for f in ("grid_t", "grid_h", "grid_w")],
+                     axis=1).astype(np.int64).reshape(-1, 3)  # (I, 3) every cached image
+    units = profile.image_units(grids)
+    if units is None:
+        return None
+    name, per_image = units
+    counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)  # (E,) images each
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    per_example = np.add.reduceat(np.append(per_image, 0), starts[:-1])  # (E,); 0 where an example has none
+    per_example[counts == 0] = 0
+    planned = counts[index]
+    picked = np.repeat(starts[index], planned) + (np.arange(planned.sum()) - np.repeat(np.cumsum(planned) - planned, planned))
+    return name, per_example[index], per_image[picked]
+

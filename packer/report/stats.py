@@ -54,8 +54,14 @@ def compute_stats(
     sources: np.ndarray | None = None,
     input_records: int = 0,
     rejects: list[dict[str, Any]] | None = None,
+    image_units: tuple[str, np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """Statistics of one plan; every array is per packed example, in input order."""
+    """Statistics of one plan; every array is per packed example, in input order.
+
+    ``image_units``: (name, units per example, units per image) where the family counts its images in units
+    the vision tower runs on (``ModelProfile.image_units``: InternVL's tiles); stats then hold
+    ``image_units`` = {"name", "total", "per_pack", "per_image"} (min/mean/max).
+    """
     rejects = rejects or []
     lengths = np.asarray(lengths, dtype=np.int64)
     num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
@@ -96,6 +102,11 @@ def compute_stats(
             },
         },
     }
+    if image_units is not None:
+        name, per_example, per_image = image_units
+        pack_units = np.bincount(pack_ids, weights=per_example, minlength=num_packs).astype(np.int64)
+        stats["image_units"] = {"name": name, "total": int(np.asarray(per_example).sum()),
+                                "per_pack": _summary(pack_units), "per_image": _summary(np.asarray(per_image))}
     if sources is not None and len(sources) and any(sources):
         per_source: dict[str, dict[str, Any]] = {}
         for name in sorted(set(sources.tolist())):
@@ -146,6 +157,10 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("examples / pack", f"min {epp['min']}  mean {epp['mean']:.2f}  max {epp['max']}"),
         ("tokens / pack", f"min {tpp['min']:,}  mean {tpp['mean']:,.0f}  max {tpp['max']:,}"),
     ]
+    if "image_units" in stats:
+        u = stats["image_units"]
+        for label, s in ((f"{u['name']} / pack", u["per_pack"]), (f"{u['name']} / image", u["per_image"])):
+            rows.append((label, f"min {s['min']}  mean {s['mean']:.2f}  max {s['max']}"))
     for key, label in naive_batches(pad):
         slots = pad[key]
         rows.append((f"naive padding, batch {label}", f"{slots:,} slots, {_pct(1 - tokens / slots) if slots else '-'} padding"

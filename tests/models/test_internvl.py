@@ -29,6 +29,7 @@ from packer.media.images import load_image
 from packer.models import get_profile
 from packer.models.internvl import tile_layout
 from packer.pipeline.build import build
+from packer.report.stats import format_stats
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 
@@ -126,10 +127,10 @@ def test_expansion_and_pixels_equal_the_processor(tmp_path: Path, tokenizer, pro
     ]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    build(BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="internvl", max_length=8192),
-          progress=False)
+    result = build(BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="internvl", max_length=8192),
+                   progress=False)
     rows = list(PackedDataset(tmp_path / "out", shuffle=False))
-    seen = 0
+    seen, processor_tiles = 0, []
     for row in rows:
         batch = collate([row])
         cu = batch["cu_seqlens"].tolist()
@@ -146,12 +147,18 @@ def test_expansion_and_pixels_equal_the_processor(tmp_path: Path, tokenizer, pro
             assert got.tolist() == want["input_ids"][0].tolist(), example_id
             if pics:
                 n = want["pixel_values"].shape[0]
+                processor_tiles.append(n)
                 assert torch.equal(batch["pixel_values"][tiles : tiles + n], want["pixel_values"])
                 tiles += n
             seen += 1
         if tiles:
             assert batch["pixel_values"].shape[0] == tiles
     assert seen == len(records)
+    # packer stats: tiles per pack and per image, from the stored grids, equal the processor's tiles
+    units = result.stats["image_units"]
+    assert units["name"] == "tiles" and units["total"] == sum(processor_tiles)
+    assert units["per_pack"]["max"] <= units["total"] and units["per_image"]["max"] == 13  # the 1x700 line
+    assert "tiles / pack" in format_stats(result.stats) and "tiles / image" in format_stats(result.stats)
 
 
 def test_truncation_drops_a_cut_image_with_its_delimiters(tmp_path: Path) -> None:
