@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,9 @@ class LocalExecutor:
         # ~5 s to import transformers and load the tokenizer in every worker. A file, not initargs: spawn
         # writes initargs through a pipe the child drains only after its imports, so workers would start one
         # by one. (The hooks are small: they travel in initargs.)
-        blob = cache.root / f"encoder.pkl.tmp-{os.getpid()}"
+        # (beside the cache, or in the temp dir when the cache is on an object store: the pool is this machine's)
+        here = cache.root if isinstance(cache.root, Path) else Path(tempfile.gettempdir())
+        blob = here / f"encoder.pkl.tmp-{os.getpid()}"
         try:
             blob.write_bytes(pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL))
             yield from self._in_pool(_encode_task, [(chunk, cache, config) for chunk in chunks],
