@@ -34,7 +34,6 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -96,8 +95,10 @@ class ObjectPath:
         self.protocol, self.key = protocol, key.rstrip("/")
         self.storage_options = dict(storage_options or {})
 
-    @cached_property
+    @property
     def fs(self) -> Any:
+        """This process's client (looked up per call, not kept: a forked DataLoader worker must not use its
+        parent's, whose event-loop thread did not survive the fork)."""
         return _filesystem(self.protocol, self.storage_options)
 
     @property
@@ -226,9 +227,10 @@ def open_input(path: Path | ObjectPath) -> str | IO[bytes]:
 
 def local_file(path: Path | ObjectPath) -> Path:
     """A local file with ``path``'s content, to memory-map: the path itself, or a copy of the object in this
-    machine's mirror (``$TMPDIR/packer-store``), downloaded once per object version (its ``ukey``, an ETag on S3)
-    and shared by every process on the machine. The shard writers read the encode cache this way: a shard's
-    rows come from most chunk files, so each machine downloads each chunk once instead of once per shard."""
+    machine's mirror (``$TMPDIR/packer-store``), downloaded once per object version (its ``ukey``; on S3 a
+    hash of size, ETag and mtime) and shared by every process on the machine. The shard writers read the
+    encode cache this way: a shard's rows come from most chunk files, so each machine downloads each chunk
+    once instead of once per shard."""
     if not isinstance(path, ObjectPath):
         return path
     key = hashlib.sha256(f"{path.url}\0{path.fs.ukey(path.key)}".encode()).hexdigest()[:24]
