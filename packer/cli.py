@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -24,6 +23,21 @@ from packer.packing import ALGORITHMS
 from packer.report.verify import DEFAULT_LIMIT
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
+
+
+class BuildDir(click.ParamType):
+    """A build's directory (must exist) or object-store URL (``s3://bucket/prefix``, read as is)."""
+
+    name = "directory"
+    _local = click.Path(exists=True, file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from packer.shards.store import is_url
+
+        return value if is_url(value) else self._local.convert(value, param, ctx)
+
+
+BUILD_DIR = BuildDir()
 
 
 def _fail(message: str, code: int) -> None:
@@ -93,7 +107,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 
 @cli.command(short_help="Read JSONL, pack it globally, write Parquet shards.")
 @click.argument("inputs", nargs=-1)
-@click.option("-o", "--output", type=click.Path(file_okay=False), help="Output directory for shards.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), help="Output directory for shards, or an object-store URL (s3://bucket/prefix).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML build config (configs/*.yaml); command-line options override it.")
 @click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[@W]",
@@ -185,7 +199,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
 
 
 @cli.command(short_help="What the packing achieved: table, JSON or picture.")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("directory", type=BUILD_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print stats.json instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
               help="Also draw the picture: pack fill, examples and vision tokens per pack, and the padding "
@@ -205,7 +219,7 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
     from packer.shards.schema import STATS
 
     shards = open_shards(directory)
-    data = json.loads((Path(directory) / STATS).read_text())
+    data = json.loads((shards.root / STATS).read_text())
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -218,7 +232,7 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
 
 
 @cli.command(short_help="One packed row: examples, tree, roles, images, mask.")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("directory", type=BUILD_DIR)
 @click.option("--row", type=int, help="The row (packed sequence) to show, counted from 0 across shards. [default: 0]")
 @click.option("--example", "example_id", metavar="PATH:LINE",
               help="Show the row that holds this example (an id from example_ids or rejects) instead of --row.")
@@ -272,7 +286,7 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
 
 
 @cli.command("verify")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("directory", type=BUILD_DIR)
 @click.option("--input", "inputs", multiple=True, metavar="FILE_OR_GLOB",
               help="Also check that every non-blank line (table row) of these inputs is packed or rejected exactly once.")
 @click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,

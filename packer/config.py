@@ -68,7 +68,8 @@ class BuildConfig:
     sources: tuple[SourceConfig, ...]
     """The inputs; a plain `packer build a.jsonl b.jsonl` is one source named ''."""
     output: str
-    """Output directory for shards, manifest, stats and rejects."""
+    """Output directory for shards, manifest, stats and rejects; or an object-store URL (``s3://bucket/prefix``,
+    the ``s3`` extra), where the encode cache lives too."""
     profile: str = "qwen2-vl"
     """Model family profile (``packer.models.profile_names()``): qwen2-vl, qwen2.5-vl, llava, text, ..."""
     tokenizer: str | None = None
@@ -124,6 +125,10 @@ class BuildConfig:
     """Fail the build (exit 3) when more than this fraction of input records is rejected."""
     overwrite: bool = False
     """Replace an output directory that holds a different build."""
+    storage_options: dict[str, Any] | None = None
+    """fsspec options for an object-store ``output`` (e.g. ``{"endpoint_url": ..., "key": ..., "secret": ...}``
+    for s3fs); unset: the standard AWS environment and config. Never stored in the manifest (it may hold
+    credentials) and no part of the build's identity."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -214,8 +219,9 @@ class BuildConfig:
         return cls.from_dict(data, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """The effective config, JSON-serialisable (stored in the manifest)."""
+        """The effective config, JSON-serialisable (stored in the manifest), less ``storage_options``."""
         d = dataclasses.asdict(self)
+        del d["storage_options"]
         d["sources"] = [{**s, "paths": list(s["paths"])} for s in d["sources"]]
         return d
 

@@ -18,7 +18,9 @@ build writes the same bytes as an uninterrupted one, whatever executor ran its t
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import shutil
 from collections.abc import Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -62,6 +64,7 @@ from packer.shards.schema import (
     TokenizerRef,
     Totals,
 )
+from packer.shards.store import ObjectPath, mirror_dir, store_path, write_atomic
 
 if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
@@ -77,7 +80,8 @@ class Executor(Protocol):
     then stops its workers. Tasks are independent and idempotent (each skips what is already committed), so
     running one twice is safe and the bytes never depend on the executor. ``encoder`` (the Encoder, ~8 MB
     pickled) and ``hooks`` must reach every process that runs a task, and the output directory
-    (``config.output``, its work area included) must be one file system for all of them.
+    (``config.output``, its work area included) must be one file system for all of them: a shared disk, or
+    an object store (``s3://...``, shards/store.py) that every node reaches.
     """
 
     def encode(
@@ -91,7 +95,7 @@ class Executor(Protocol):
 
 @dataclass
 class BuildResult:
-    output: Path
+    output: Path | ObjectPath
     manifest: dict[str, Any]
     stats: dict[str, Any]
 
@@ -113,7 +117,7 @@ def build(
     encoder = make_encoder(config)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
     template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
-    out = Path(config.output)
+    out = store_path(config.output, config.storage_options)
     chunks = scan_chunks(config, progress=progress)
     files = sorted({c.path for c in chunks})
     fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
@@ -133,12 +137,16 @@ def build(
             f"see {cache.root}/*.rejects.jsonl for the reasons, fix the input or the config"
         )
     plan = plan_packs(table, config, exclude=over_budget)
-    np.save(work / "plan.npy", np.stack([plan.index, plan.copies, plan.pack_ids]))
+    buf = io.BytesIO()
+    np.save(buf, np.stack([plan.index, plan.copies, plan.pack_ids]))
+    write_atomic(work / "plan.npy", buf.getvalue())
     hooks.at("plan")
 
     shard_entries = _write(executor, shard_ranges(plan, rows_per_shard=config.rows_per_shard),
                            cache=cache.indexed(), config=config, hooks=hooks, progress=progress)
     remove_stale_shards(out, {e["file"] for e in shard_entries})
+    if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
+        shutil.rmtree(mirror_dir(cache.root), ignore_errors=True)
 
     rejects = sorted(cache.rejects() + budget_rejected, key=lambda r: (r["path"], r["line"]))
     write_rejects(out / REJECTS, rejects)

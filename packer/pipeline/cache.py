@@ -6,12 +6,16 @@
 A chunk is committed by its ``.arrow`` file, renamed into place after its rejects: a chunk with rejects but no
 ``.arrow`` was interrupted and is encoded again. Token data stays on disk: the planner reads memory-mapped
 length columns, the writer takes the rows of one shard file by file (``shards.assemble.take_rows``).
+
+On an object store (``shards/store.py``) the same files are objects: the planner reads only the columns it
+needs of each (ranged reads), the writers memory-map this machine's copy of each chunk (``store.local_file``).
 """
 
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,12 @@ import pyarrow.ipc as ipc
 from packer.errors import REJECT_REASONS, ShardError
 from packer.pipeline.faults import Hooks
 from packer.shards.assemble import take_rows
+from packer.shards.io import write_text_atomic
 from packer.shards.schema import EXAMPLE_SCHEMA
+from packer.shards.store import ObjectPath, write_atomic
+
+PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "num_vision_tokens", "num_images")
+"""What ``EncodeCache.open`` reads: the plan, the budget rejects and the stats need no token data."""
 
 
 @dataclass(frozen=True)
@@ -40,16 +49,16 @@ class ChunkCounts:
 class EncodeCache:
     """The cache of one build: ``num_chunks`` chunks under ``root`` (``OUT/.packer/encode``)."""
 
-    root: Path
+    root: Path | ObjectPath
     num_chunks: int
     starts: np.ndarray | None = field(default=None, compare=False, repr=False)
     """(num_chunks + 1,) index of each chunk's first example in the whole cache, then the total; set by
     ``indexed()`` once every chunk is committed."""
 
-    def arrow(self, i: int) -> Path:
+    def arrow(self, i: int) -> Path | ObjectPath:
         return self.root / f"chunk-{i:06d}.arrow"
 
-    def rejects_file(self, i: int) -> Path:
+    def rejects_file(self, i: int) -> Path | ObjectPath:
         return self.root / f"chunk-{i:06d}.rejects.jsonl"
 
     def counts(self, i: int) -> ChunkCounts | None:
@@ -57,38 +66,38 @@ class EncodeCache:
         arrow, rejects = self.arrow(i), self.rejects_file(i)
         if not (arrow.exists() and rejects.exists()):
             return None
-        with pa.memory_map(str(arrow)) as src:
-            ids = ipc.open_file(src).read_all().column("example_id")
+        with _open_ipc(arrow, columns=("example_id",)) as reader:
+            ids = reader.read_all().column("example_id")
             n = len(ids)
             # a split text is one record but several rows: count its chunk 0 only (ids path:line@k, core/ids.py)
             later_chunks = pc.sum(pc.match_substring_regex(ids, r"@[1-9][0-9]*$")).as_py() or 0
-        r = sum(1 for _ in open(rejects, "rb"))
+        r = rejects.read_bytes().count(b"\n")
         return ChunkCounts(records=n - later_chunks + r, encoded=n, rejected=r)
 
     def commit(self, i: int, table: pa.Table, rejects: list[dict[str, Any]], *, hooks: Hooks) -> None:
         """Write chunk ``i``: its rejects, then its rows (the commit), each atomically."""
-        rej = self.rejects_file(i)
-        tmp_rej = rej.with_name(rej.name + f".tmp-{os.getpid()}")
-        tmp_rej.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
-        os.replace(tmp_rej, rej)
+        write_text_atomic(self.rejects_file(i), "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
         hooks.at("encode-partial", i)
-        out = self.arrow(i)
-        tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, EXAMPLE_SCHEMA) as writer:
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, EXAMPLE_SCHEMA) as writer:
             writer.write_table(table)
-        os.replace(tmp, out)
+        write_atomic(self.arrow(i), sink.getvalue().to_pybytes())
 
     def open(self) -> pa.Table:
-        """The whole cache as one memory-mapped table (token data is not read into memory)."""
-        tables = [ipc.open_file(pa.memory_map(str(self.arrow(i)))).read_all() for i in range(self.num_chunks)]
-        return pa.concat_tables(tables) if tables else EXAMPLE_SCHEMA.empty_table()
+        """The ``PLAN_COLUMNS`` of the whole cache as one table: memory-mapped on a local disk, only those
+        columns' bytes read from an object store (token data is never read)."""
+        tables = []
+        for i in range(self.num_chunks):
+            with _open_ipc(self.arrow(i), columns=PLAN_COLUMNS) as reader:
+                tables.append(reader.read_all())
+        schema = pa.schema([EXAMPLE_SCHEMA.field(c) for c in PLAN_COLUMNS])
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def indexed(self) -> EncodeCache:
         """This cache with ``starts`` read from the chunk files' footers (what ``take`` needs)."""
         rows = []
         for i in range(self.num_chunks):
-            with pa.memory_map(str(self.arrow(i))) as src:
-                reader = ipc.open_file(src)
+            with _open_ipc(self.arrow(i)) as reader:
                 rows.append(sum(reader.get_batch(b).num_rows for b in range(reader.num_record_batches)))
         return replace(self, starts=np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]))
 
@@ -103,14 +112,26 @@ class EncodeCache:
         out = []
         for i in range(self.num_chunks):
             path = self.rejects_file(i)
-            with open(path) as f:
-                for n, line in enumerate(f, start=1):
-                    try:
-                        out.append(_checked_reject(line))
-                    except ValueError as e:
-                        raise ShardError(f"{path}:{n} {e}: the encode cache is corrupt; delete {self.root} and rerun "
-                                         "the same command") from None
+            for n, line in enumerate(path.read_text().splitlines(keepends=True), start=1):
+                try:
+                    out.append(_checked_reject(line))
+                except ValueError as e:
+                    raise ShardError(f"{path}:{n} {e}: the encode cache is corrupt; delete {self.root} and rerun "
+                                     "the same command") from None
         return out
+
+
+@contextmanager
+def _open_ipc(path: Path | ObjectPath, *, columns: tuple[str, ...] | None = None) -> Iterator[ipc.RecordBatchFileReader]:
+    """An Arrow IPC file's reader: a local file memory-mapped, an object read by ranges (the footer and only
+    ``columns``' buffers)."""
+    if isinstance(path, ObjectPath):
+        source = path.open("rb", block_size=1 << 16)  # small reads: a column's buffers, not s3fs's 50 MB blocks
+    else:
+        source = pa.memory_map(str(path))
+    with source:
+        fields = None if columns is None else [EXAMPLE_SCHEMA.get_field_index(c) for c in columns]
+        yield ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=fields))
 
 
 def _checked_reject(line: str) -> dict[str, Any]:

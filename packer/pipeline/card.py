@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from packer.shards.io import write_text_atomic
 from packer.shards.schema import SCHEMA
+from packer.shards.store import ObjectPath
 
 CARD = "README.md"
 
@@ -79,8 +80,8 @@ def card_text(*, title: str, packer_version: str, profile: str, tokenizer: str, 
     )
 
 
-def write_card(out: Path, **fields: Any) -> Path:
+def write_card(out: Path | ObjectPath, **fields: Any) -> Path | ObjectPath:
     """Write ``OUT/README.md`` atomically; returns its path."""
-    path = Path(out) / CARD
+    path = out / CARD
     write_text_atomic(path, card_text(**fields))
     return path

@@ -1,5 +1,6 @@
 """The output directory: its fingerprint (which build it holds), creating or reusing it, and the files an
-interrupted run leaves (temp files, shards of an earlier plan).
+interrupted run leaves (temp files, shards of an earlier plan). ``out`` is a local ``Path`` or an
+``ObjectPath`` (shards/store.py): the same steps on an object-store prefix.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,9 @@ from packer import __version__
 from packer.config import BuildConfig
 from packer.errors import ConfigError
 from packer.pipeline.stages import CHUNK_LINES
+from packer.shards.io import write_text_atomic
 from packer.shards.schema import MANIFEST, SCHEMA_VERSION, WORK_DIR
+from packer.shards.store import ObjectPath, remove_tree
 
 
 def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_sha256: str, files: list[str]) -> str:
@@ -35,7 +37,7 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
     return h.hexdigest()
 
 
-def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
+def prepare_output(out: Path | ObjectPath, fingerprint: str, *, overwrite: bool) -> Path | ObjectPath:
     """Create or reuse the output directory; refuse to mix with a different build unless ``overwrite``."""
     work = out / WORK_DIR
     marker = work / "fingerprint"
@@ -49,7 +51,7 @@ def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
             if not overwrite:
                 raise ConfigError(f"{out} is not empty; pass --overwrite to replace its contents")
             for child in out.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+                remove_tree(child)
         else:
             if (out / MANIFEST).exists():
                 (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
@@ -57,19 +59,17 @@ def prepare_output(out: Path, fingerprint: str, *, overwrite: bool) -> Path:
     elif work.is_dir():
         remove_stale_temp_files(out)  # a fingerprint.tmp-PID of a build killed at its very start
     work.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_name(f"fingerprint.tmp-{os.getpid()}")
-    tmp.write_text(fingerprint + "\n")
-    os.replace(tmp, marker)  # atomic: a half-written fingerprint would read as "a different build"
+    write_text_atomic(marker, fingerprint + "\n")  # a half-written fingerprint would read as "a different build"
     return work
 
 
-def _only_empty_work_dir(out: Path, work: Path) -> bool:
+def _only_empty_work_dir(out: Path | ObjectPath, work: Path | ObjectPath) -> bool:
     """True for what a build killed between creating its work dir and writing the fingerprint leaves."""
     return ([p.name for p in out.iterdir()] == [WORK_DIR] and work.is_dir()
             and all(".tmp-" in p.name for p in work.iterdir()))
 
 
-def remove_stale_temp_files(out: Path) -> list[Path]:
+def remove_stale_temp_files(out: Path | ObjectPath) -> list[Path | ObjectPath]:
     """Delete the ``*.tmp-PID`` files an interrupted run of this build left (half-written shards, chunks, JSON).
 
     Every writer writes ``NAME.tmp-PID`` and renames it; a temp name is never a finished file, so removing
@@ -84,16 +84,12 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
     return stale
 
 
-def remove_stale_shards(out: Path, keep: set[str]) -> None:
+def remove_stale_shards(out: Path | ObjectPath, keep: set[str]) -> None:
     """Delete ``shard-*.parquet`` files not in ``keep``: shards of an earlier, larger plan of this directory."""
     for stale in out.glob("shard-*.parquet"):
         if stale.name not in keep:
             stale.unlink()
 
 
-def write_rejects(path: Path, rejects: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        for r in rejects:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+def write_rejects(path: Path | ObjectPath, rejects: list[dict[str, Any]]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))

@@ -31,6 +31,7 @@ from packer.pipeline.faults import Hooks
 from packer.shards.assemble import assemble_packs, encoded_table
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
+from packer.shards.store import store_path
 
 if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
@@ -314,7 +315,7 @@ def write_shard_range(
 ) -> list[dict[str, Any]]:
     """Gather and write the range's shards (``config.rows_per_shard`` packs each); return their manifest
     entries. A shard whose marker (``.packer/shards/NNNNN.json``, its sha256) matches its file is kept."""
-    out = Path(config.output)
+    out = store_path(config.output, config.storage_options)
     markers = out / WORK_DIR / "shards"
     markers.mkdir(exist_ok=True)
     pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])

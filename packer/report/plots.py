@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure  # no pyplot: no global figure state, no GUI backend, nothing to close
 from matplotlib.patches import Patch
@@ -76,7 +75,7 @@ def read_pack_columns(shards: ShardSet) -> PackColumns:
     """The small columns of every shard: counts, boundaries and sources (token columns stay on disk)."""
     cols = ["num_tokens", "num_vision_tokens", "num_loss_tokens", "cu_seqlens", "example_sources", "node_offsets",
             "node_parents"]
-    tables = [pq.read_table(shards.shard_path(i), columns=cols) for i in range(len(shards.shards))]
+    tables = [shards.parquet(i).read(columns=cols) for i in range(len(shards.shards))]
     if not tables:
         raise ConfigError(f"{shards.root} has no shards to plot")
     table = pa.concat_tables(tables)
@@ -122,7 +121,7 @@ class SampleExample:
 def _leading_rows(shards: ShardSet, columns: list[str]):
     """Rows of the build in shard order, decoded 16 at a time (files closed as soon as they are done)."""
     for i in range(len(shards.shards)):
-        with pq.ParquetFile(shards.shard_path(i)) as pf:
+        with shards.parquet(i) as pf:
             for batch in pf.iter_batches(batch_size=16, columns=columns):
                 yield from batch.to_pylist()
 

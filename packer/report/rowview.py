@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from packer.core import tree
 from packer.core.types import IGNORE_INDEX
@@ -122,7 +121,7 @@ def find_example(shards: ShardSet, example_id: str) -> int:
     """The global row holding the example ``example_id`` (``path:line`` or ``path:line#k``)."""
     base = 0
     for i, s in enumerate(shards.shards):
-        ids = pq.read_table(shards.shard_path(i), columns=["example_ids"]).column("example_ids")
+        ids = shards.parquet(i).read(columns=["example_ids"]).column("example_ids")
         for r, row_ids in enumerate(ids.to_pylist()):
             if example_id in row_ids:
                 return base + r
@@ -133,7 +132,7 @@ def find_example(shards: ShardSet, example_id: str) -> int:
 def read_row(shards: ShardSet, row: int) -> dict[str, Any]:
     """One row as a dict: list columns as numpy int arrays, ``images`` as dicts, the rest as Python values."""
     shard, r = locate_row(shards, row)
-    with pq.ParquetFile(shards.shard_path(shard)) as pf:
+    with shards.parquet(shard) as pf:
         for g in range(pf.metadata.num_row_groups):  # decode only the row group that holds the row
             n = pf.metadata.row_group(g).num_rows
             if r < n:

@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from packer.core import tree
 from packer.core.ids import ID_PATTERN
 from packer.core.types import IGNORE_INDEX
 from packer.errors import REJECT_REASONS, ConfigError
 from packer.report.split_docs import ChunkDigests, check_split_documents
-from packer.shards.io import open_shards, sha256_file
+from packer.shards.io import open_shards, parquet_file, sha256_file
 from packer.shards.schema import MANIFEST, REJECTS, SCHEMA, SCHEMA_VERSION, STATS, Manifest
 
 if TYPE_CHECKING:
@@ -402,7 +401,7 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
         if sha256_file(spath) != entry.sha256:
             rep.add(file, None, f"sha256 differs from the manifest ({entry.sha256})", "checksum")
         try:
-            pf = pq.ParquetFile(spath)
+            pf = parquet_file(spath)
         except Exception as e:  # noqa: BLE001 - any Parquet/Arrow failure is this file's violation
             rep.add(file, None, f"unreadable Parquet: {type(e).__name__}: {e}", "unreadable")
             continue
@@ -479,7 +478,7 @@ def _read_rejects(root: Path, rep: VerifyReport) -> list[dict[str, Any]]:
         rep.add(REJECTS, None, "missing", "rejects")
         return []
     out = []
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
                 r = json.loads(raw)

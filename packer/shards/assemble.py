@@ -16,6 +16,7 @@ import pyarrow.ipc as ipc
 
 from packer.errors import ShardError
 from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA
+from packer.shards.store import ObjectPath, local_file, store_path
 
 
 def encoded_to_record(enc) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def encoded_table(encoded: list) -> pa.Table:
 _INT_LISTS = ("input_ids", "labels", "position_ids", "mrope_position_ids", "node_offsets", "node_parents")
 
 
-def take_rows(files: Sequence[str | Path], starts: np.ndarray, sel: np.ndarray) -> pa.Table:
+def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel: np.ndarray) -> pa.Table:
     """``take(sel)`` on the EXAMPLE_SCHEMA Arrow IPC ``files`` (the encode cache's chunks) read as one table,
     reading from each file only the rows ``sel`` names. ``starts``: (len(files) + 1,) the index of each
     file's first row in that table, then its length.
@@ -66,7 +67,8 @@ def take_rows(files: Sequence[str | Path], starts: np.ndarray, sel: np.ndarray) 
     of the 50k-record bench cache touched all 381 MB), so every shard cost the whole cache, and the touched
     pages stayed mapped: peak RSS grew with the corpus. Here the token lists are copied with numpy straight
     from one mapped file at a time into one array per column (a first pass reads only the offsets), so
-    memory is the rows taken plus one file; the small columns use pyarrow's take per file.
+    memory is the rows taken plus one file; the small columns use pyarrow's take per file. Files on an object
+    store are read from this machine's copy (``store.local_file``).
     """
     n = sel.shape[0]
     chunk = np.searchsorted(starts, sel, side="right") - 1  # (n,) file of each selected example
@@ -78,7 +80,7 @@ def take_rows(files: Sequence[str | Path], starts: np.ndarray, sel: np.ndarray) 
     small = [f.name for f in EXAMPLE_SCHEMA if f.name not in _INT_LISTS]
 
     def read(c: int) -> pa.Table:
-        with pa.memory_map(str(files[c])) as src:
+        with pa.memory_map(str(local_file(store_path(files[c])))) as src:
             return ipc.open_file(src).read_all().combine_chunks()  # zero-copy views of the mapping
 
     # pass 1: the small columns, each list's length, and which list columns are null (no mRoPE)

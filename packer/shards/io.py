@@ -1,4 +1,5 @@
-"""Atomic shard and JSON writes, checksums, and opening a finished build (``ShardSet``)."""
+"""Atomic shard and JSON writes, checksums, and opening a finished build (``ShardSet``), on a local disk or an
+object store (``shards/store.py``: a path here is a ``Path`` or an ``ObjectPath``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import pyarrow.parquet as pq
 from packer.config import BuildConfig
 from packer.errors import ShardError
 from packer.shards.schema import MANIFEST, Manifest, ShardEntry
+from packer.shards.store import ObjectPath, open_input, store_path, write_atomic
 
 
-def sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | Path | ObjectPath) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") if isinstance(path, ObjectPath) else open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -29,19 +31,22 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.parquet"
 
 
-def write_shard(table: pa.Table, path: str | Path, *, rows_per_row_group: int) -> dict[str, Any]:
-    """Write one shard atomically (temp name, fsync, rename); return its manifest entry."""
+def write_shard(table: pa.Table, path: str | Path | ObjectPath, *, rows_per_row_group: int) -> dict[str, Any]:
+    """Write one shard atomically (temp name, fsync, rename; on a store: temp object, copy); return its
+    manifest entry."""
+    options = dict(compression="zstd", row_group_size=rows_per_row_group, use_dictionary=["example_sources"],
+                   write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"])
+    if isinstance(path, ObjectPath):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        data = sink.getvalue().to_pybytes()
+        write_atomic(path, data)
+        return {"file": path.name, "rows": table.num_rows, "sha256": hashlib.sha256(data).hexdigest(),
+                "bytes": len(data)}
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        pq.write_table(
-            table,
-            tmp,
-            compression="zstd",
-            row_group_size=rows_per_row_group,
-            use_dictionary=["example_sources"],
-            write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"],
-        )
+        pq.write_table(table, tmp, **options)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -51,28 +56,21 @@ def write_shard(table: pa.Table, path: str | Path, *, rows_per_row_group: int) -
     return {"file": path.name, "rows": table.num_rows, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
+def write_json_atomic(path: str | Path | ObjectPath, obj: Any) -> None:
     """Write JSON to a temp file and rename it into place."""
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
+def write_text_atomic(path: str | Path | ObjectPath, text: str) -> None:
     """Write text (UTF-8) to a temp file and rename it into place."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(store_path(path), text.encode("utf-8"))
 
 
 @dataclass(frozen=True)
 class ShardSet:
-    """A finished build: its directory and manifest."""
+    """A finished build: its directory (or object-store prefix) and manifest."""
 
-    root: Path
+    root: Path | ObjectPath
     manifest: Manifest
 
     @property
@@ -83,19 +81,29 @@ class ShardSet:
     def num_rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
-    def shard_path(self, i: int) -> Path:
+    def shard_path(self, i: int) -> Path | ObjectPath:
         return self.root / self.shards[i].file
+
+    def parquet(self, i: int) -> pq.ParquetFile:
+        """Shard ``i`` opened for reading (footer read; row groups on demand)."""
+        return parquet_file(self.shard_path(i))
 
     @property
     def config(self) -> BuildConfig:
         return self.manifest.config
 
 
-def open_shards(path: str | Path) -> ShardSet:
-    """Open a finished build; ShardError if the manifest is missing (unfinished build), of another version, or
-    lacks a key a reader needs."""
-    root = Path(path)
-    if not root.is_dir():
+def parquet_file(path: Path | ObjectPath) -> pq.ParquetFile:
+    """A shard opened for reading, local or on an object store."""
+    return pq.ParquetFile(open_input(path))
+
+
+def open_shards(path: str | Path | ObjectPath, *, storage_options: dict[str, Any] | None = None) -> ShardSet:
+    """Open a finished build (a directory, or an object-store URL: ``storage_options`` go to its fsspec
+    filesystem); ShardError if the manifest is missing (unfinished build), of another version, or lacks a key a
+    reader needs."""
+    root = store_path(path, storage_options)
+    if isinstance(root, Path) and not root.is_dir():
         raise ShardError(f"{root} is not a directory of packer shards")
     mpath = root / MANIFEST
     if not mpath.exists():

@@ -30,7 +30,6 @@ import math
 from dataclasses import astuple, dataclass
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from packer.shards.assemble import list_column
 from packer.shards.io import ShardSet
@@ -75,7 +74,7 @@ def read_row_stats(shards: ShardSet) -> RowStats:
     """Read only the three small columns the cost needs (``cu_seqlens`` has E+1 values per row)."""
     tokens, sq, vision = [], [], []
     for s in range(len(shards.shards)):
-        table = pq.read_table(shards.shard_path(s), columns=["num_tokens", "num_vision_tokens", "cu_seqlens"])
+        table = shards.parquet(s).read(columns=["num_tokens", "num_vision_tokens", "cu_seqlens"])
         off, cu = list_column(table, "cu_seqlens")
         lens = np.diff(cu.astype(np.int64))  # (sum E + n - 1,): the steps between rows are junk, dropped below
         lens[off[1:-1] - 1] = 0  # the difference across two rows' cu lists (last of one, first of the next)

@@ -48,7 +48,7 @@ class PackedDataset(IterableDataset):
     """Rows of a finished ``packer build`` as a torch ``IterableDataset``.
 
     Args:
-        path: the build's output directory (must hold ``manifest.json``).
+        path: the build's output directory or object-store URL (must hold ``manifest.json``).
         rank, world_size: this process's data-parallel rank and the number of ranks.
         shuffle: a new deterministic order each epoch from (seed, epoch); False reads rows in shard order.
         seed: the shuffle seed.
@@ -64,6 +64,8 @@ class PackedDataset(IterableDataset):
         balance_window: rows per rank in one balancing window (the window is ``world_size`` times that many
             consecutive rows of the order); larger windows balance finer and reach further in the order.
         cost_weights: the cost model (``packer.train.balance.CostWeights``; its docstring has the defaults).
+        storage_options: fsspec options when ``path`` is an object-store URL (``s3://bucket/prefix``; unset:
+            the standard AWS environment and config), as ``BuildConfig.storage_options``.
 
     Every rank yields ``len(self)`` rows, so every rank yields the same number of batches for the same
     DataLoader (``packer.train.collate.steps_per_epoch``), also after a resume (all ranks consumed the same
@@ -84,11 +86,12 @@ class PackedDataset(IterableDataset):
         balance: bool = True,
         balance_window: int = 32,
         cost_weights: CostWeights | None = None,
+        storage_options: dict[str, Any] | None = None,
     ):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
-        self.shards: ShardSet = open_shards(path)
+        self.shards: ShardSet = open_shards(path, storage_options=storage_options)
         self.rank, self.world_size, self.shuffle, self.seed = rank, world_size, shuffle, seed
         self.load_images = load_images
         self.image_root = None if image_root is None else os.path.abspath(image_root)
@@ -100,7 +103,7 @@ class PackedDataset(IterableDataset):
                              "load_images": load_images}
         blocks = []  # (shard index, row group index, rows)
         for s in range(len(self.shards.shards)):
-            meta = pq.ParquetFile(self.shards.shard_path(s)).metadata
+            meta = self.shards.parquet(s).metadata
             blocks.extend((s, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
         self._blocks = np.array(blocks, dtype=np.int64).reshape(-1, 3)
         self._block_start = np.concatenate([[0], np.cumsum(self._blocks[:, 2])]) if len(blocks) else np.zeros(1, np.int64)
@@ -236,7 +239,7 @@ class PackedDataset(IterableDataset):
         for block in distinct.tolist():
             shard, group, _ = (int(x) for x in self._blocks[block])
             if shard not in files:
-                files[shard] = pq.ParquetFile(self.shards.shard_path(shard))
+                files[shard] = self.shards.parquet(shard)
             decoded = _decode_block(files[shard].read_row_group(group, columns=READ_COLUMNS))
             for k in np.flatnonzero(blocks == block).tolist():
                 out[k] = _row(decoded, int(order[k] - self._block_start[block]), copy=copy)

@@ -277,3 +277,22 @@ def test_a_build_killed_before_its_fingerprint_is_no_other_build(tmp_path):
     work = prepare_output(out, "f" * 64, overwrite=False)
     assert sorted(p.name for p in work.iterdir()) == ["fingerprint"]
     assert (work / "fingerprint").read_text() == "f" * 64 + "\n"
+
+
+def test_killed_while_a_pool_worker_writes_shards_then_rerun_is_byte_identical(corpus, tiny_tokenizer, reference,
+                                                                                tmp_path):
+    """--num-proc 2 writes shards in the pool: the worker that renamed shard 3 into place kills the build
+    before its marker; the rerun keeps what is complete and finishes byte-identical."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_cmd(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "shard:3"),
+                            env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, stderr
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the other worker, orphaned mid-shard
+    assert _group_gone(proc.pid)
+    assert (out / "shard-00003.parquet").exists() and not (out / ".packer" / "shards" / "00003.json").exists()
+    _assert_unfinished(out)
+    build(_config(corpus, out, tiny_tokenizer).replace(num_proc=2), progress=False)
+    _assert_identical(out, reference, corpus)
