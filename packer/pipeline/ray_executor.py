@@ -23,7 +23,6 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packer.config import BuildConfig
@@ -77,7 +76,7 @@ class RayExecutor:
         task = ray.remote(max_retries=MAX_RETRIES)(_encode_task)
         boxed = [ray.put(encoder)]  # in a list: Ray passes the reference, the worker fetches it once
         yield from self._ordered(lambda c: task.remote(c, boxed, cache, config, hooks, self.cwd), chunks)
-        remove_stale_temp_files(Path(config.output))  # of retried tasks: every task is done, none is a live write
+        remove_stale_temp_files(_output(cache))  # of retried tasks: every task is done, none is a live write
 
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -89,7 +88,7 @@ class RayExecutor:
         # it from its node's object store without a copy
         cache_ref = ray.put(cache)
         yield from self._ordered(lambda r: task.remote(r, cache_ref, config, hooks, self.cwd), ranges)
-        remove_stale_temp_files(Path(config.output))
+        remove_stale_temp_files(_output(cache))
 
     def _ordered(self, submit: Callable[[Any], Any], items: Iterable[Any]) -> Generator[Any, None, None]:
         """Submit a task per item, at most ``window`` ahead of the one awaited; yield results in item order.
@@ -108,6 +107,12 @@ class RayExecutor:
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
+
+
+def _output(cache: EncodeCache) -> Any:
+    """The output location as the driver resolved it (a directory, or an object-store prefix): the cache
+    lives in its ``.packer/encode``."""
+    return cache.root.parent.parent
 
 
 def _get(ray, ref) -> Any:
