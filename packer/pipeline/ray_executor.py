@@ -12,9 +12,9 @@ preemption, ``kill -9``) is run again (``max_retries``); a rerun of the command 
 markers as a local build (the tasks skip committed chunks and shards).
 
 The encoder travels once: ``ray.put`` on the driver, then each worker process loads it on its first task
-and keeps it (~0.5 s per worker instead of per task). Every node must see the inputs and the output
-directory at the same paths (a shared file system or object-store URLs); relative paths resolve against the
-driver's working directory where a node has it.
+and keeps it (~0.5 s per worker instead of per task). Every node needs packer installed (the driver's
+version) and must see the inputs and the output directory at the same paths (a shared file system or
+object-store URLs); relative paths resolve against the driver's working directory where a node has it.
 """
 
 from __future__ import annotations
