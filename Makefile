@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,s3]'
+	$(PY) -m pip install -q -e '.[dev,s3,ray]'  # s3, ray: their tests run in CI
 	$(PY) -m packer.encode.tokenizers
 	touch $@
 

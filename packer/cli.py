@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from packer import __version__
+from packer.config import EXECUTORS
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import PackerError, RecordError, RejectRateError
 from packer.models import profile_names
@@ -136,7 +137,12 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
 @click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
 @click.option("--seed", type=int, help="Seed of the pack shuffle and of source sampling. [default: 0]")
-@click.option("--num-proc", type=int, help="Encoding processes. [default: 1]")
+@click.option("--num-proc", type=int, help="Encoding processes (the local executor). [default: 1]")
+@click.option("--executor", type=click.Choice(EXECUTORS),
+              help="Run the encode and write tasks on this machine or on a Ray cluster (pip install "
+                   "'packer[ray]'); the bytes are the same. [default: local]")
+@click.option("--ray-address", metavar="ADDR",
+              help="The Ray cluster to join with --executor ray. [default: RAY_ADDRESS, else Ray on this machine]")
 @click.option("--rows-per-shard", type=int, help="Packs per Parquet file. [default: 2048]")
 @click.option("--rows-per-row-group", type=int, help="Packs per Parquet row group. [default: 64]")
 @click.option("--strict/--no-strict", default=None, help="Stop at the first bad record (exit 2).")
@@ -160,6 +166,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
       packer build --config configs/qwen2-vl.yaml train.jsonl -o out/
       packer build -o out/ --source chat=chat.jsonl@2 --source captions=caps.jsonl@0.5
       packer build llava-snapshot/ -o out/ --columns conversations=dialog,image=picture
+      packer build '/shared/data/*.jsonl' -o /shared/out --executor ray --ray-address auto
     """
     from packer.config import BuildConfig
     from packer.pipeline.build import build as run_build

@@ -14,6 +14,8 @@ from packer.errors import ConfigError
 from packer.models import get_profile, profile_names
 from packer.packing import ALGORITHMS
 
+EXECUTORS = ("local", "ray")  # packer/pipeline/build.py's make_executor runs each
+
 
 def _type_ok(value: Any, expected: Any) -> bool:
     origin = typing.get_origin(expected)
@@ -114,7 +116,13 @@ class BuildConfig:
     seed: int = 0
     """Seed of the pack shuffle and of source down-sampling."""
     num_proc: int = 1
-    """Processes for encoding."""
+    """Processes for encoding (the local executor)."""
+    executor: str = "local"
+    """What runs the encode and write tasks (``EXECUTORS``): local (this machine, ``num_proc`` processes) or
+    ray (a Ray cluster: ``pip install packer[ray]``). Never changes the output bytes."""
+    ray_address: str | None = None
+    """With ``executor: ray``, the cluster to join (``ray.init(address=...)``); None: ``RAY_ADDRESS`` or a
+    Ray started on this machine for the build."""
     rows_per_shard: int = 2048
     """Packs per Parquet file."""
     rows_per_row_group: int = 64
@@ -153,6 +161,10 @@ class BuildConfig:
                               f"got {self.long_docs_overlap}")
         if self.num_proc < 1:
             raise ConfigError(f"'num_proc' must be >= 1, got {self.num_proc}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"'executor' must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError(f"'ray_address' is for executor: ray, got executor {self.executor!r}")
         if self.rows_per_shard < 1 or self.rows_per_row_group < 1:
             raise ConfigError("'rows_per_shard' and 'rows_per_row_group' must be >= 1")
         if self.columns is not None:

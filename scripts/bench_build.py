@@ -1,13 +1,21 @@
-"""Build throughput: `packer build --num-proc N` end to end vs the tokenizer alone, on the same records.
+"""Build throughput: `packer build --num-proc N` end to end vs the tokenizer alone, on the same records;
+with `--executor local ray`, the Ray executor on a local Ray of N CPUs against the local executor too.
 
 The corpus is synthetic but realistic: English text assembled from COCO captions (real sentences, so BPE
 sees real words), lognormal conversation lengths, 1-4 turns, ~30% of records with a real COCO image,
 ~10% caption trees. The baseline renders the same records with the chat template and batch-encodes them
 with the tokenizer in N processes (what any pipeline must do at minimum). Text tokens are compared
-(vision tokens are the build's extra output, not tokenizer work). Peak RSS is the whole process tree's.
+(vision tokens are the build's extra output, not tokenizer work). Peak RSS and CPU seconds are the whole
+process tree's (a local Ray's processes included).
 
     python scripts/bench_build.py --records 200000 --num-proc 2
     python scripts/bench_build.py --records 50000 --rss-only
+    python scripts/bench_build.py --records 50000 --num-proc 2 --executor local ray --rss-only
+    python scripts/bench_build.py --ray-tasks 20000   # what one Ray task costs the driver
+
+Each build runs in a fresh process (this script with ``--child``) that times its stages: ``start`` (the
+executor: a local Ray cluster of N CPUs for ray), ``scan`` (tokenizer load, scan, fingerprint), ``encode``,
+``plan``, ``write`` and ``finish`` (rejects, stats, card, manifest).
 """
 
 from __future__ import annotations
@@ -87,14 +95,19 @@ def tokenizer_alone(path: Path, num_proc: int) -> dict[str, float]:
     return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt}
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants, in bytes (from /proc)."""
+def _tree_usage(pid: int, cpu: dict[int, tuple[str, float]]) -> int:
+    """Resident memory of a process and all its descendants, in bytes (from /proc); records each one's name
+    and CPU seconds so far (user + system) in ``cpu``, by pid."""
     total, stack = 0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
     while stack:
         p = stack.pop()
         try:
             with open(f"/proc/{p}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu[p] = (cpu[p][0] if p in cpu else _process_name(p), (int(fields[11]) + int(fields[12])) / tick)
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     stack += [int(c) for c in f.read().split()]
@@ -103,23 +116,102 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def packer_build(path: Path, out: Path, num_proc: int) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "packer.cli", "build", str(path), "-o", str(out), "--profile", "qwen2-vl",
-           "--max-length", "8192", "--max-pixels", str(256 * 28 * 28), "--num-proc", str(num_proc), "--overwrite", "-q"]
+class _Timed:
+    """An executor that times the stages around the one it wraps: when each method is first called and when
+    its results run out (``build`` calls encode, then plans, then calls write)."""
+
+    def __init__(self, inner, marks: dict[str, float]):
+        self.inner, self.marks = inner, marks
+
+    def encode(self, chunks, **kw):
+        self.marks["encode"] = time.perf_counter()
+        yield from self.inner.encode(chunks, **kw)
+        self.marks["plan"] = time.perf_counter()
+
+    def write(self, ranges, **kw):
+        self.marks["write"] = time.perf_counter()
+        yield from self.inner.write(ranges, **kw)
+        self.marks["finish"] = time.perf_counter()
+
+
+def _child(path: str, out: str, num_proc: int, executor: str) -> None:
+    """One build in this process; print its stage times (s) as JSON."""
+    from packer.config import BuildConfig
+    from packer.pipeline.build import build, make_executor
+
+    marks = {"start": time.perf_counter()}
+    if executor == "ray":
+        import ray
+
+        ray.init(num_cpus=num_proc, include_dashboard=False)  # a local cluster of N CPUs, as --num-proc N
+    config = BuildConfig.from_inputs([path], out, profile="qwen2-vl", max_length=8192, max_pixels=256 * 28 * 28,
+                                     num_proc=num_proc, executor=executor, overwrite=True)
+    inner = make_executor(config)
+    marks["scan"] = time.perf_counter()
+    build(config, progress=False, executor=_Timed(inner, marks))
+    marks["end"] = time.perf_counter()
+    names = list(marks)
+    print(json.dumps({a: marks[b] - marks[a] for a, b in zip(names, names[1:], strict=False)}))
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def ray_task_cost(num_tasks: int, num_cpus: int) -> dict[str, float]:
+    """``num_tasks`` no-op tasks through the Ray executor's ordered window on a local Ray of ``num_cpus``:
+    wall and driver CPU per task, the floor under every encode and write task."""
+    import ray
+
+    from packer.pipeline.ray_executor import RayExecutor
+
+    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    executor, noop = RayExecutor(), ray.remote(_noop)
+    for _ in executor._ordered(lambda i: noop.remote(i), range(4 * num_cpus)):  # workers up
+        pass
+    t0, c0 = time.perf_counter(), time.process_time()
+    done = sum(1 for _ in executor._ordered(lambda i: noop.remote(i), range(num_tasks)))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    ray.shutdown()
+    return {"tasks": done, "wall_ms": 1e3 * wall / done, "driver_cpu_ms": 1e3 * cpu / done, "tasks_per_s": done / wall}
+
+
+def _process_name(pid: int) -> str:
+    """``ray workers`` (titled ``ray::TASK``), a Python process's script, else the command."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    if args and args[0].startswith("ray::"):
+        return "ray workers"
+    script = next((a for a in args[1:] if a.endswith(".py")), None)
+    return Path(script).name if script else Path(args[0]).name if args else "?"
+
+
+def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per process name (a Ray worker is named for its task), most first."""
+    out: dict[str, float] = {}
+    for name, c in cpu.values():
+        out[name] = out.get(name, 0.0) + c
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local") -> dict[str, float]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), executor]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    peak = 0
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, text=True)
+    peak, cpu = 0, {}
     while proc.poll() is None:
-        peak = max(peak, _tree_rss(proc.pid))
+        peak = max(peak, _tree_usage(proc.pid, cpu))
         time.sleep(0.2)
     dt = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")
+    stages = json.loads(proc.stdout.read().strip().splitlines()[-1])
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["totals"]
     return {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
             "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
-            "examples": t["examples"], "packs": t["packs"]}
+            "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu), "examples": t["examples"], "packs": t["packs"], "stages": stages,
+            "shards": [s["sha256"] for s in manifest["shards"]]}
 
 
 def main() -> None:
@@ -128,23 +220,50 @@ def main() -> None:
     ap.add_argument("--num-proc", type=int, default=2)
     ap.add_argument("--coco", type=Path, default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")) / "data" / "coco-mini")
     ap.add_argument("--rss-only", action="store_true", help="skip the tokenizer-alone baseline")
+    ap.add_argument("--executor", nargs="+", choices=["local", "ray"], default=["local"],
+                    help="build with each (ray: a local Ray cluster of --num-proc CPUs, started in the build)")
+    ap.add_argument("--ray-tasks", type=int, metavar="N", help="only time N no-op tasks through the Ray executor")
+    ap.add_argument("--child", nargs=4, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.child:
+        _child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
+        return
+    if args.ray_tasks:
+        r = ray_task_cost(args.ray_tasks, args.num_proc)
+        print(f"{r['tasks']:,} no-op Ray tasks on {args.num_proc} CPUs: {r['wall_ms']:.2f} ms wall, "
+              f"{r['driver_cpu_ms']:.2f} ms driver CPU per task ({r['tasks_per_s']:,.0f} tasks/s)")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.records:
             corpus = Path(tmp) / f"corpus-{n}.jsonl"
             make_corpus(corpus, args.coco, n)
             print(f"\n{n:,} records ({corpus.stat().st_size / 2**20:.0f} MiB JSONL)")
-            b = packer_build(corpus, Path(tmp) / f"out-{n}", args.num_proc)
-            print(f"  packer build --num-proc {args.num_proc}: {b['seconds']:.1f} s, {b['text_tokens']:,} text tokens "
-                  f"({b['tokens']:,} with vision), {b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, "
-                  f"peak RSS {b['peak_rss_mib']:.0f} MiB, {b['examples']:,} examples in {b['packs']:,} packs")
+            builds = {}
+            for executor in args.executor:
+                b = builds[executor] = packer_build(corpus, Path(tmp) / f"out-{n}-{executor}", args.num_proc, executor)
+                split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
+                print(f"  packer build --executor {executor} --num-proc {args.num_proc}: {b['seconds']:.1f} s, "
+                      f"{b['cpu_seconds']:.1f} CPU-s "
+                      f"({split}), {b['text_tokens']:,} text tokens ({b['tokens']:,} with vision), "
+                      f"{b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, peak RSS {b['peak_rss_mib']:.0f} MiB, "
+                      f"{b['examples']:,} examples in {b['packs']:,} packs")
+                print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
+                                                      if v >= 0.1))
+            if {"local", "ray"} <= set(builds):
+                local, ray = builds["local"], builds["ray"]
+                assert local["shards"] == ray["shards"], "the Ray build's shards differ from the local build's"
+                warm = ray["seconds"] - ray["stages"]["start"]  # on a cluster that is already up
+                print(f"  ray / local throughput: {local['seconds'] / ray['seconds']:.1%} whole, "
+                      f"{local['seconds'] / warm:.1%} without starting Ray (target >= 80%); per CPU-second "
+                      f"{local['cpu_seconds'] / ray['cpu_seconds']:.1%}; shards identical")
             if not args.rss_only:
                 a = tokenizer_alone(corpus, args.num_proc)
                 print(f"  tokenizer alone ({args.num_proc} processes): {a['seconds']:.1f} s, {a['tokens']:,} tokens, "
                       f"{a['tokens_per_s'] / 1e3:.0f}k tokens/s")
-                print(f"  build / tokenizer-alone throughput: {b['text_tokens_per_s'] / a['tokens_per_s']:.1%} "
-                      f"(target >= 85%)")
+                for executor, b in builds.items():
+                    print(f"  build ({executor}) / tokenizer-alone throughput: "
+                          f"{b['text_tokens_per_s'] / a['tokens_per_s']:.1%} (target >= 85%)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The layout is a contract (docs/architecture.md): which package may import which, no import cycles, and the
-light entry points (``import packer``, ``packer stats``, ``packer inspect``, ``packer verify``) never import torch.
+light entry points (``import packer``, ``packer stats``, ``packer inspect``, ``packer verify``) never import torch (nor transformers, nor ray).
 """
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ def test_no_import_cycles():
 
 
 def _heavy_modules(code: str) -> dict[str, bool]:
-    probe = code + "\nimport json, sys\nprint(json.dumps({m: m in sys.modules for m in ('torch', 'transformers')}))"
+    probe = code + "\nimport json, sys\nprint(json.dumps({m: m in sys.modules for m in ('torch', 'transformers', 'ray')}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_import_packer_is_light():
-    assert _heavy_modules("import packer") == {"torch": False, "transformers": False}
+    assert _heavy_modules("import packer") == {"torch": False, "transformers": False, "ray": False}
 
 
 @pytest.mark.parametrize("name", ["build", "BuildConfig", "plan", "PackedDataset", "collate", "packed_cross_entropy",
@@ -129,4 +129,4 @@ def test_public_api_is_lazy_and_complete(name):
 
 def test_cli_help_is_light():
     code = "from click.testing import CliRunner\nfrom packer.cli import cli\nCliRunner().invoke(cli, ['--help'])"
-    assert _heavy_modules(code)["torch"] is False
+    assert _heavy_modules(code) == {"torch": False, "transformers": False, "ray": False}

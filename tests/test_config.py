@@ -130,14 +130,17 @@ def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
     [
         ("max_len: 10\n", "error: unknown config keys ['max_len'] ('max_len': did you mean 'max_length'?); "
                           "known keys: algorithm, balance_vision, "
-                          "chat_template, columns, image_root, image_token, inputs, long_docs, long_docs_overlap, "
+                          "chat_template, columns, executor, image_root, image_token, inputs, long_docs, long_docs_overlap, "
                           "max_examples_per_pack, max_images, max_length, "
                           "max_pixels, max_reject_fraction, max_vision_tokens, min_pixels, num_proc, output, "
-                          "overlong, overwrite, profile, refine, rows_per_row_group, rows_per_shard, seed, "
-                          "sources, storage_options, strict, tokenizer\n"),
+                          "overlong, overwrite, profile, ray_address, refine, rows_per_row_group, rows_per_shard, seed, "
+                          "sources, storage_options, strict, tokenizer
+"),
         ("- a list\n", "error: config {cfg} must be a mapping of option: value\n"),
         ("inputs: [x.jsonl]\nmax_length: 0\n", "error: 'max_length' must be a positive integer, got 0\n"),
         ("inputs: [x.jsonl]\nalgorithm: magic\n", "error: 'algorithm' must be one of bfd, ffd, next-fit, binpacking, got 'magic'\n"),
+        ("inputs: [x.jsonl]\nexecutor: spark\n", "error: 'executor' must be one of local, ray, got 'spark'\n"),
+        ("inputs: [x.jsonl]\nray_address: auto\n", "error: 'ray_address' is for executor: ray, got executor 'local'\n"),
         ("sources: [{name: a}]\n", "error: each source needs 'name' and 'paths', got {'name': 'a'}\n"),
         ("inputs: [a.jsonl]\nsources: [{name: a, paths: [b.jsonl]}]\n",
          "error: give either 'inputs' or 'sources', not both\n"),

@@ -72,8 +72,8 @@ if TYPE_CHECKING:
 
 class Executor(Protocol):
     """Runs the two task stages of a build (``stages.encode_chunk``, ``stages.write_shard_range``); ``build``
-    does the rest (scan, plan, finish) in its own process. ``LocalExecutor`` is one machine; a Ray executor
-    is one more file with these two methods.
+    does the rest (scan, plan, finish) in its own process. ``LocalExecutor`` is one machine, ``RayExecutor``
+    (``ray_executor.py``) a Ray cluster: one file each, with these two methods.
 
     Each method is a generator: it runs its tasks wherever and in whatever order it likes and yields their
     results in task order, in the calling process; ``build`` closes it early on an error or Ctrl-C, and it
@@ -105,13 +105,13 @@ def build(
 ) -> BuildResult:
     """Run the whole pipeline for ``config`` and return the manifest and stats.
 
-    ``executor`` runs the encode and write tasks (default: ``LocalExecutor(config.num_proc)``); ``hooks``
-    is called at the named points of ``faults.POINTS`` (default: no-ops; tests inject faults there).
+    ``executor`` runs the encode and write tasks (default: ``make_executor(config)``); ``hooks`` is called
+    at the named points of ``faults.POINTS`` (default: no-ops; tests inject faults there).
     """
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
     from packer.report.stats import compute_stats, format_stats
 
-    executor = executor if executor is not None else LocalExecutor(config.num_proc)
+    executor = executor if executor is not None else make_executor(config)
     hooks = hooks if hooks is not None else Hooks()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     encoder = make_encoder(config)
@@ -169,6 +169,16 @@ def build(
     )
     write_json_atomic(out / MANIFEST, manifest)  # last: its presence means the build is complete
     return BuildResult(output=out, manifest=manifest, stats=stats)
+
+
+def make_executor(config: BuildConfig) -> Executor:
+    """The executor ``config.executor`` names: ``LocalExecutor(config.num_proc)`` or a ``RayExecutor`` on
+    ``config.ray_address`` (Ray is imported only here, and only then)."""
+    if config.executor == "ray":
+        from packer.pipeline.ray_executor import RayExecutor
+
+        return RayExecutor(config.ray_address)
+    return LocalExecutor(config.num_proc)
 
 
 def manifest_dict(

@@ -24,7 +24,7 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
     """sha256 of what determines the output: config (less run-time knobs), tokenizer, the chat template used
     (a ``--chat-template`` FILE is in the config by name only), input files (names, sizes, mtimes)."""
     cfg = config.to_dict()
-    for k in ("output", "num_proc", "overwrite", "strict", "max_reject_fraction"):
+    for k in ("output", "num_proc", "executor", "ray_address", "overwrite", "strict", "max_reject_fraction"):
         cfg.pop(k)
     h = hashlib.sha256()
     # CHUNK_LINES: the encode cache is indexed by chunk, so a cache of another chunking must not be reused.

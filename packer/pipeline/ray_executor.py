@@ -1,0 +1,150 @@
+"""``RayExecutor``: runs a build's encode and write tasks on a Ray cluster (the ``Executor`` of ``build.py``).
+
+    packer build 'data/*.jsonl' -o /shared/out --executor ray --ray-address ray://head:10001
+
+Each encode chunk and each shard range is one Ray task running the same stage function as the local
+executor (``stages.encode_chunk``, ``stages.write_shard_range``), so the bytes are the same. Plain tasks,
+not Ray Data: a build's tasks are already independent, idempotent and ordered by index, and what returns to
+the driver is a few counts per chunk and a manifest entry per shard; Ray Data's blocks, operators and
+streaming would add a data model (rows in the object store) that a build does not need and whose order it
+would have to undo. Ray gives what the local pool cannot: many nodes, and a task whose worker dies (OOM,
+preemption, ``kill -9``) is run again (``max_retries``); a rerun of the command resumes from the same
+markers as a local build (the tasks skip committed chunks and shards).
+
+The encoder travels once: ``ray.put`` on the driver, then each worker process loads it on its first task
+and keeps it (~0.5 s per worker instead of per task). Every node needs packer installed (the driver's
+version) and must see the inputs and the output directory at the same paths (a shared file system or
+object-store URLs); relative paths resolve against the driver's working directory where a node has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from packer.config import BuildConfig
+from packer.errors import ConfigError
+from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.faults import Hooks
+from packer.pipeline.output import remove_stale_temp_files
+from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
+
+if TYPE_CHECKING:
+    from packer.encode.encoder import Encoder
+
+MAX_RETRIES = 3  # runs of a task whose worker process died, after the first (Ray's default, made explicit)
+TASKS_PER_CPU = 4  # tasks in flight per cluster CPU: enough to keep every CPU busy behind a slow one
+_ENCODER: dict[str, Encoder] = {}  # a worker's encoder, by the object id it came from (one at a time)
+
+
+def _ray():
+    """The ``ray`` module; ConfigError naming the extra when it is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("executor 'ray' needs Ray: pip install 'packer[ray]'") from None
+    return ray
+
+
+class RayExecutor:
+    """Encode chunks and write shard ranges as Ray tasks on the cluster at ``address``.
+
+    ``address`` None joins ``RAY_ADDRESS`` or starts Ray on this machine; a program that called
+    ``ray.init`` itself keeps its cluster. Example: ``build(config, executor=RayExecutor("auto"))``.
+    """
+
+    def __init__(self, address: str | None = None):
+        ray = _ray()
+        if not ray.is_initialized():
+            # a local Ray started for the build needs no dashboard (seconds of start-up, a web server)
+            local = {} if address else {"include_dashboard": False}
+            try:
+                ray.init(address=address, logging_level=logging.WARNING, **local)
+            except ConnectionError as e:
+                raise ConfigError(f"cannot join the Ray cluster at {address!r}: {e}") from None
+        self.window = max(1, int(ray.cluster_resources().get("CPU", 1))) * TASKS_PER_CPU
+        self.cwd = os.getcwd()
+
+    def encode(
+        self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[ChunkCounts, None, None]:
+        """One task per chunk; yield each chunk's counts in chunk order."""
+        ray = _ray()
+        task = ray.remote(max_retries=MAX_RETRIES)(_encode_task)
+        boxed = [ray.put(encoder)]  # in a list: Ray passes the reference, the worker fetches it once
+        yield from self._ordered(lambda c: task.remote(c, boxed, cache, config, hooks, self.cwd), chunks)
+        remove_stale_temp_files(_output(cache))  # of retried tasks: every task is done, none is a live write
+
+    def write(
+        self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[list[dict[str, Any]], None, None]:
+        """One task per shard range; yield each range's manifest entries in shard order."""
+        ray = _ray()
+        task = ray.remote(max_retries=MAX_RETRIES)(_write_task)
+        # once, not per task: the indexed cache holds 8 bytes per chunk (0.5 MB at 61k chunks); a task reads
+        # it from its node's object store without a copy
+        cache_ref = ray.put(cache)
+        yield from self._ordered(lambda r: task.remote(r, cache_ref, config, hooks, self.cwd), ranges)
+        remove_stale_temp_files(_output(cache))
+
+    def _ordered(self, submit: Callable[[Any], Any], items: Iterable[Any]) -> Generator[Any, None, None]:
+        """Submit a task per item, at most ``window`` ahead of the one awaited; yield results in item order.
+        A task's own exception (a RecordError under --strict) is raised as itself; on any exit before the
+        end (an error, Ctrl-C, the caller closing early) the tasks still running are cancelled."""
+        ray = _ray()
+        pending: deque = deque()
+        try:
+            for item in items:
+                pending.append(submit(item))
+                if len(pending) >= self.window:
+                    yield _get(ray, pending.popleft())
+            while pending:
+                yield _get(ray, pending.popleft())
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+
+
+def _output(cache: EncodeCache) -> Any:
+    """The output location as the driver resolved it (a directory, or an object-store prefix): the cache
+    lives in its ``.packer/encode``."""
+    return cache.root.parent.parent
+
+
+def _get(ray, ref) -> Any:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, Exception):
+            raise e.cause from None  # what the local executor raises (RecordError: exit 2), not Ray's wrapper
+        raise
+
+
+def _enter(cwd: str) -> None:
+    """Prepare this worker process for a task: the driver's working directory (relative paths), where this
+    node has it, and no tokenizer threads (one task per CPU)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.getcwd() != cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+
+
+def _encode_task(chunk: Chunk, boxed: list, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
+                 cwd: str) -> ChunkCounts:
+    import ray
+
+    _enter(cwd)
+    key = boxed[0].hex()
+    if key not in _ENCODER:
+        _ENCODER.clear()  # a worker serves one build at a time: drop an earlier build's encoder
+        _ENCODER[key] = ray.get(boxed[0])
+    return encode_chunk(chunk, encoder=_ENCODER[key], cache=cache, config=config, hooks=hooks)
+
+
+def _write_task(shards: ShardRange, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
+                cwd: str) -> list[dict[str, Any]]:
+    _enter(cwd)
+    return write_shard_range(shards, cache=cache, config=config, hooks=hooks)
