@@ -143,6 +143,8 @@ class EncodedVideo:
     grid_thw: tuple[int, int, int]  # video_grid_thw: (frames / temporal patch, height / patch, width / patch)
     height: int  # frame size in the vision tower (pixels), after every resize
     width: int
+    utils_height: int  # frame size after qwen-vl-utils' resize, before the HF processor's (often the same)
+    utils_width: int
     offset: int  # index of the first video token inside the example
     num_tokens: int  # number of video tokens this video became
     second_per_grid_t: float  # seconds per temporal patch (Qwen2.5-VL's second_per_grid_ts)

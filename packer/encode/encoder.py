@@ -550,6 +550,8 @@ def _encoded_video(ref: VideoRef, plan, *, offset: int) -> EncodedVideo:
         grid_thw=tuple(int(x) for x in plan.grid_thw),
         height=int(plan.size[0]),
         width=int(plan.size[1]),
+        utils_height=int(plan.utils_size[0]),
+        utils_width=int(plan.utils_size[1]),
         offset=offset,
         num_tokens=int(plan.num_tokens),
         second_per_grid_t=float(plan.second_per_grid_t),

@@ -13,6 +13,7 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
 from packer.models.llava import LlavaProfile
+from packer.models.qwen3_vl import Qwen3VLProfile
 from packer.models.qwen_vl import QwenVLProfile
 from packer.models.text import TextProfile
 
@@ -58,5 +59,6 @@ def forward_keys() -> tuple[str, ...]:
 
 register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(QwenVLProfile(name="qwen2.5-vl", tokens_per_second=2))
+register_profile(Qwen3VLProfile(name="qwen3-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(TextProfile(name="text"))

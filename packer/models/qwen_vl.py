@@ -42,6 +42,7 @@ from packer.core.tree import check_layout, node_lengths, node_start_positions
 from packer.core.types import EncodedVideo, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
+from packer.models.qwen_video import CLIP_MEAN, CLIP_STD
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +81,10 @@ class QwenVLProfile(ModelProfile):
     """The video processor's per-frame lower bound on area (None: its class default, 128 * 28 * 28)."""
     video_max_pixels: int | None = None
     """The video processor's per-frame upper bound on area (None: its class default, 768 * 28 * 28)."""
+
+    image_mean: ClassVar[tuple[float, ...]] = CLIP_MEAN
+    """The processors' normalization mean (images and videos alike)."""
+    image_std: ClassVar[tuple[float, ...]] = CLIP_STD
 
     mrope: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
@@ -120,6 +125,9 @@ class QwenVLProfile(ModelProfile):
         """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""
         from packer.media import video as media
 
+        if self.video_family().timestamps:  # Qwen3-VL renders "<t seconds>" text and start/end tokens per patch
+            raise ConfigError(f"profile {self.name!r} does not take videos yet (its per-frame timestamps are not "
+                              "rendered); use qwen2-vl or qwen2.5-vl for video")
         request = media.VideoRequest.from_part(dict(video.options))
         if video.frames:
             return media.plan_frame_list(media.probe_frame_list(video.frames), request, self.video_family())
@@ -214,18 +222,29 @@ class QwenVLProfile(ModelProfile):
         )
 
     def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """``pixel_values_videos`` (sum(t*h*w), 3*2*14*14) float32, ``video_grid_thw`` (V, 3) int64 and
-        ``second_per_grid_ts`` (V,) float32 of ``videos`` (rows of the shards' ``videos`` column): only the
-        planned frames are decoded (``qwen_video_pixels``)."""
+        """``pixel_values_videos`` (sum(t*h*w), 3*2*14*14) float32, ``video_grid_thw`` (V, 3) int64 and, for
+        Qwen2.5-VL, ``second_per_grid_ts`` (V,) float32 of ``videos`` (rows of the shards' ``videos`` column).
+
+        Only the planned frames are decoded (``media.video.decode_frames``); qwen-vl-utils' resize to
+        ``utils_height`` x ``utils_width`` then the processor's to ``height`` x ``width`` follow
+        ``qwen_video.video_pixel_values`` (torch ops, no torchvision). A frame list's images, which qwen-vl-utils
+        first resizes one by one as images, are resized here straight to the utils size (PIL bicubic).
+        """
         import torch
 
-        from packer.models.qwen_video_pixels import video_pixels
+        from packer.models.qwen_video import video_pixel_values
 
-        pixels = [video_pixels(v, profile=self) for v in videos]
-        out = {
-            "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)),
-            "video_grid_thw": torch.tensor([[v["grid_t"], v["grid_h"], v["grid_w"]] for v in videos], dtype=torch.int64),
-        }
+        pixels, grids = [], []
+        for v in videos:
+            utils_size = (v["utils_height"], v["utils_width"])
+            pixel_values, grid = video_pixel_values(
+                _sampled_frames(v, utils_size), resized_height=v["height"], resized_width=v["width"],
+                patch_size=self.patch_size, image_mean=self.image_mean, image_std=self.image_std,
+                temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size, utils_size=utils_size,
+            )
+            pixels.append(pixel_values)
+            grids.append(grid)
+        out = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids)}
         if self.tokens_per_second is not None:  # the Qwen2.5-VL processor's float32 tensor
             out["second_per_grid_ts"] = torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32)
         return out
@@ -437,6 +456,21 @@ def expected_mrope(
     out[1, tok] = origin + (k // lw[img_tok]) % lh[img_tok]
     out[2, tok] = origin + k % lw[img_tok]
     return out
+
+
+def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int]) -> np.ndarray:
+    """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
+    images (resized to ``utils_size`` where their sizes differ from it)."""
+    from packer.media.video import decode_frame_list, decode_frames
+
+    if not video["frames"]:
+        return decode_frames(video["source"], video["frame_indices"])
+    from PIL import Image
+
+    height, width = utils_size
+    frames = decode_frame_list([video["frames"][i] for i in video["frame_indices"]])
+    return np.stack([f if f.shape[:2] == (height, width) else
+                     np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
 
 
 @lru_cache(maxsize=16)

@@ -55,6 +55,8 @@ def encoded_to_record(enc) -> dict[str, Any]:
                 "grid_w": v.grid_thw[2],
                 "height": v.height,
                 "width": v.width,
+                "utils_height": v.utils_height,
+                "utils_width": v.utils_width,
                 "offset": v.offset,
                 "num_tokens": v.num_tokens,
                 "second_per_grid_t": v.second_per_grid_t,

@@ -63,6 +63,8 @@ VIDEO_TYPE = pa.struct(
         ("grid_w", pa.int32()),
         ("height", pa.int32()),  # frame size in the vision tower, pixels
         ("width", pa.int32()),
+        ("utils_height", pa.int32()),  # frame size after qwen-vl-utils' resize, before the processor's
+        ("utils_width", pa.int32()),
         ("offset", pa.int32()),  # first video token, relative to the row (example, in the encode cache)
         ("num_tokens", pa.int32()),
         ("second_per_grid_t", pa.float64()),  # seconds per temporal patch (Qwen2.5-VL's second_per_grid_ts)

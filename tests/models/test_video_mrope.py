@@ -81,7 +81,7 @@ def random_vision_tree(rng: np.random.Generator):
             else:
                 videos.append(EncodedVideo(
                     source="v.mp4", frames=[], video_start=None, video_end=None, frame_indices=[], video_fps=30.0,
-                    grid_thw=what, height=what[1] * 14, width=what[2] * 14, offset=len(ids) - 1 - what[0] * what[1] * what[2] // 4,
+                    grid_thw=what, height=what[1] * 14, width=what[2] * 14, utils_height=what[1] * 14, utils_width=what[2] * 14, offset=len(ids) - 1 - what[0] * what[1] * what[2] // 4,
                     num_tokens=what[0] * what[1] * what[2] // 4, second_per_grid_t=seconds,
                 ))
     return np.array(ids), np.array(offsets, np.int32), np.array(parents, np.int32), images, videos
@@ -120,7 +120,7 @@ def test_qwen25_temporal_index_is_scaled_by_time() -> None:
     """One 4-patch video at 1 s per patch: temporal index k * tokens_per_second(2) * 1.0 = 0, 2, 4, 6; Qwen2-VL:
     0, 1, 2, 3; the text after it continues at start + max(h, w) // 2 in both."""
     video = EncodedVideo(source="v.mp4", frames=[], video_start=None, video_end=None, frame_indices=[],
-                         video_fps=2.0, grid_thw=(4, 2, 2), height=28, width=28, offset=2, num_tokens=4,
+                         video_fps=2.0, grid_thw=(4, 2, 2), height=28, width=28, utils_height=28, utils_width=28, offset=2, num_tokens=4,
                          second_per_grid_t=1.0)
     ids = np.array([7, VISION_START] + [VIDEO_PAD] * 4 + [VISION_END, 8])
     one, root = np.array([0], np.int32), np.array([-1], np.int32)
