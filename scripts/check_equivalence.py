@@ -2,6 +2,7 @@
 """Prove packing changes the cost, never the maths: packed batch vs every path run alone.
 
     python scripts/check_equivalence.py --data examples.jsonl --model qwen2-vl [--backend sdpa]
+    python scripts/check_equivalence.py --data videos.jsonl --model qwen2.5-vl   # videos too
 
 Builds shards from the JSONL (``packer.pipeline.build``), reads them back with ``PackedDataset`` + ``collate``, and
 for every batch compares, on a tiny random-weight model in fp32:
@@ -9,7 +10,8 @@ for every batch compares, on a tiny random-weight model in fp32:
 - per-token losses and the total loss of the packed batch (``packed_cross_entropy`` on the model run with a
   packer attention backend), against
 - the reference: every root-to-leaf path of every example run alone, unpadded, with the model's own default
-  attention (SDPA) and its own positions (``get_rope_index`` for Qwen2-VL), each distinct target token counted
+  attention (SDPA) and its own positions (``get_rope_index`` for Qwen2-VL / Qwen2.5-VL, with the path's images
+  and videos: ``second_per_grid_ts`` for Qwen2.5-VL), each distinct target token counted
   once (a shared prefix's loss tokens are taken from the first path through them), and
 - the gradients of every parameter of both totals.
 
@@ -43,7 +45,7 @@ from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
 from packer.train.layout import PackedLayout  # noqa: E402
 from packer.train.loss import packed_cross_entropy  # noqa: E402
 
-MODELS = ("llama", "qwen2", "qwen2-vl")
+MODELS = ("llama", "qwen2", "qwen2-vl", "qwen2.5-vl")
 RTOL = 1e-5  # fp32: packed and unpacked matmuls differ only in summation order (~1e-7 relative)
 LOSS_ATOL = 1e-6  # per-token losses are ~12 (ln 151936) for random weights: 1e-6 is ~1e-7 relative
 GRAD_ATOL_SCALE = 1e-5  # a gradient entry's atol: 1e-5 of its parameter's largest entry (near-zero entries)
@@ -101,6 +103,8 @@ def tiny_model(
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen2VLConfig,
@@ -140,6 +144,23 @@ def tiny_model(
             **{k: special_ids.get(k, v) for k, v in SPECIAL_IDS.items()},
         )
         model = Qwen2VLForConditionalGeneration(config)
+    elif kind == "qwen2.5-vl":
+        # as Qwen2-VL's, plus windowed vision attention (window 56 px: 2x2 merged tokens; block 0 full) and
+        # tokens_per_second 2, the released checkpoints' value and the qwen2.5-vl profile's
+        half = hidden // heads // 2
+        t = max(1, half // 4)
+        section = [t, (half - t) // 2, half - t - (half - t) // 2]
+        text_config = dict(text, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": section})
+        vision_config = dict(depth=max(vision_depth, 2), hidden_size=vision_dim, intermediate_size=2 * vision_dim,
+                             num_heads=2, out_hidden_size=hidden, spatial_merge_size=2, window_size=56,
+                             fullatt_block_indexes=[0], tokens_per_second=2)
+        config = Qwen2_5_VLConfig(
+            text_config=text_config,
+            vision_config=vision_config,
+            attn_implementation="sdpa",
+            **{k: special_ids.get(k, v) for k, v in SPECIAL_IDS.items()},
+        )
+        model = Qwen2_5_VLForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(MODELS)}")
     return model.float().train()
@@ -162,12 +183,13 @@ def _node_ranges(layout: PackedLayout) -> list[tuple[int, int]]:
     return list(zip(offsets, offsets[1:] + [layout.num_tokens], strict=True))
 
 
-def _image_table(batch: Mapping[str, Any], merge: int) -> list[tuple[int, int, int, int]]:
-    """(first token, token count, first pixel row, pixel rows) of every image in the batch."""
-    if batch.get("image_grid_thw") is None:
+def _image_table(batch: Mapping[str, Any], merge: int, kind: str = "image") -> list[tuple[int, int, int, int]]:
+    """(first token, token count, first pixel row, pixel rows) of every image (``kind="video"``: video) in the
+    batch."""
+    if batch.get(f"{kind}_grid_thw") is None:
         return []
-    grids = batch["image_grid_thw"].tolist()
-    offsets = batch["image_offsets"].tolist()
+    grids = batch[f"{kind}_grid_thw"].tolist()
+    offsets = batch[f"{kind}_offsets"].tolist()
     out, row = [], 0
     for (t, h, w), off in zip(grids, offsets, strict=True):
         out.append((off, t * h * w // merge**2, row, t * h * w))
@@ -184,6 +206,7 @@ def reference(model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, Any
     ranges = _node_ranges(layout)
     is_vl = hasattr(model.config, "vision_config")
     images = _image_table(batch, model.config.vision_config.spatial_merge_size) if is_vl else []
+    videos = _image_table(batch, model.config.vision_config.spatial_merge_size, "video") if is_vl else []
     per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
     owner: dict[int, int] = {}  # node -> the first path through it: its targets are counted there only
     paths = leaf_paths(layout)
@@ -199,7 +222,15 @@ def reference(model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, Any
             if inside:
                 kwargs["pixel_values"] = torch.cat([batch["pixel_values"][r : r + n] for _, _, r, n in inside])
                 kwargs["image_grid_thw"] = torch.stack([batch["image_grid_thw"][images.index(im)] for im in inside])
-                kwargs["mm_token_type_ids"] = (kwargs["input_ids"] == model.config.image_token_id).int()
+            clips = [v for v in videos if bool(((tokens >= v[0]) & (tokens < v[0] + v[1])).any())]
+            if clips:  # the path's videos, as the processor gives them for that example alone
+                kwargs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][r : r + n] for _, _, r, n in clips])
+                kwargs["video_grid_thw"] = torch.stack([batch["video_grid_thw"][videos.index(v)] for v in clips])
+                if "second_per_grid_ts" in batch:
+                    kwargs["second_per_grid_ts"] = torch.stack([batch["second_per_grid_ts"][videos.index(v)] for v in clips])
+            if inside or clips:  # the processor's mm_token_type_ids: image 1, video 2
+                kwargs["mm_token_type_ids"] = ((kwargs["input_ids"] == model.config.image_token_id).int()
+                                               + 2 * (kwargs["input_ids"] == model.config.video_token_id).int())
         logits = model(**kwargs).logits[0]  # (L, V)
         node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])  # (L,)
         target = labels[tokens]  # (L,)
@@ -306,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda_only:
         parser.error(f"{cuda_only} run on CUDA in bf16; this check is fp32 on CPU. Use `pytest -m gpu` on a GPU machine")
     torch.set_num_threads(args.threads)
-    vision = {"profile": "qwen2-vl", "max_pixels": args.max_pixels} if args.model == "qwen2-vl" else {"profile": "text"}
+    vision = {"profile": args.model, "max_pixels": args.max_pixels} if "-vl" in args.model else {"profile": "text"}
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or str(Path(tmp) / "shards")
         config = BuildConfig.from_inputs([args.data], out, max_length=args.max_length, overwrite=True, **vision)
