@@ -155,3 +155,31 @@ def test_collate_yields_qwen25_video_inputs(built):
     ids = batch["input_ids"][0].numpy()
     for offset, v in zip(batch["video_offsets"].tolist(), videos, strict=True):
         assert (ids[offset : offset + v["num_tokens"]] == 151656).all()
+
+
+def test_inspect_and_plot_show_videos(built, tmp_path):
+    from packer.report.plots import plot_stats
+    from packer.report.rowview import describe_row, format_row
+
+    out, _ = built
+    rows = list(PackedDataset(out, shuffle=False, load_images=False))
+    row = next(i for i, r in enumerate(rows) if r["videos"])
+    text = format_row(describe_row(out, row, decode=False))
+    assert "video 0  [" in text and "frames sampled" in text
+    assert plot_stats(out, tmp_path / "stats.png").stat().st_size > 0
+
+
+def test_families_without_video_refuse_it(tmp_path):
+    from packer.encode.encoder import Encoder
+    from packer.encode.tokenizers import load_tokenizer
+    from packer.errors import ConfigError, RecordError
+    from packer.formats import parse_record
+    from packer.models import get_profile
+
+    write_clip(tmp_path / "a.mp4", fps=24, frames=24, width=64, height=48)
+    example = parse_record({"messages": [U(vid("a.mp4")), A("x")]}, path="in.jsonl", line=1, base_dir=str(tmp_path))
+    with pytest.raises(RecordError, match="profile 'llava' takes no videos") as e:
+        Encoder(load_tokenizer("qwen2-vl"), get_profile("llava")).encode(example)
+    assert e.value.reason == "image_count_mismatch" and e.value.line == 1
+    with pytest.raises(ConfigError, match="'qwen3-vl' does not take videos yet"):
+        Encoder(load_tokenizer("qwen3-vl"), get_profile("qwen3-vl")).encode(example)
