@@ -15,7 +15,8 @@ panned COCO photos, 10 s 640x360 mp4, 5 s 1280x720 mp4, 10 s 640x360 Matroska):
 
 Part 2: ``packer build`` (qwen2.5-vl) of a mixed corpus: the clips under several sampling options (fps 1/2,
 windows, pixel caps), COCO caption records and lognormal text, with a vision budget; prints packing
-efficiency and the spread of image, video and vision tokens per pack. Prints markdown tables and a JSON line.
+efficiency and the spread of image, video and vision tokens per pack, without and with ``balance_vision``
+(the planner spreads vision tokens evenly over packs). Prints markdown tables and a JSON line.
 """
 
 from __future__ import annotations
@@ -107,14 +108,16 @@ def main(argv: list[str] | None = None) -> int:
                                 "ms_per_video_wall": 1e3 * dec_wall / n},
         }
         data = mixed_corpus(root, clips, np.random.default_rng(0))
-        config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="qwen2.5-vl",
-                                         max_length=args.max_length, max_vision_tokens=args.max_vision_tokens,
-                                         max_pixels=512 * 28 * 28)
-        stats = build(config, progress=False).stats
-        out["pack"] = {k: stats[k] for k in ("examples", "packs", "efficiency", "lower_bound_packs", "tokens",
-                                             "vision_tokens", "video_tokens", "image_tokens", "rejected")}
-        for k in ("vision_tokens_per_pack", "video_tokens_per_pack", "image_tokens_per_pack"):
-            out["pack"][k] = stats[k]
+        for balance in (False, True):
+            config = BuildConfig.from_inputs([str(data)], str(root / f"out-{balance}"), profile="qwen2.5-vl",
+                                             max_length=args.max_length, max_vision_tokens=args.max_vision_tokens,
+                                             max_pixels=512 * 28 * 28, balance_vision=balance)
+            stats = build(config, progress=False).stats
+            key = "pack_balanced" if balance else "pack"
+            out[key] = {k: stats[k] for k in ("examples", "packs", "efficiency", "lower_bound_packs", "tokens",
+                                              "vision_tokens", "video_tokens", "image_tokens", "rejected")}
+            for k in ("vision_tokens_per_pack", "video_tokens_per_pack", "image_tokens_per_pack"):
+                out[key][k] = stats[k]
     c = out["count"]
     print(f"{n} clips, {frames} frames, {tokens} video tokens (qwen2.5-vl defaults), best of {args.repeats * 10} "
           f"(encode) / {max(1, args.repeats // 2)} (decode)\n")
@@ -125,14 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         r = c[key]
         print(f"| {name} | {r['ms_per_video_cpu']:.2f} ms | {r['ms_per_video_wall']:.2f} ms | {r['videos_per_cpu_s']:,.0f} |")
     p = out["pack"]
-    print(f"\nmixed corpus: {p['examples']} examples ({p['rejected']} rejected), {p['packs']} packs of "
-          f"{args.max_length} (lower bound {p['lower_bound_packs']}), efficiency {100 * p['efficiency']:.2f}%, "
-          f"vision budget {args.max_vision_tokens}\n")
-    print("| per pack | min | mean | max | std |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for k in ("vision_tokens_per_pack", "video_tokens_per_pack", "image_tokens_per_pack"):
-        s = p[k]
-        print(f"| {k.removesuffix('_per_pack').replace('_', ' ')} | {s['min']:,} | {s['mean']:,.0f} | {s['max']:,} | {s['std']:,.0f} |")
+    print(f"\nmixed corpus: {p['examples']} examples ({p['rejected']} rejected), {p['tokens']:,} tokens of which "
+          f"{p['video_tokens']:,} video and {p['image_tokens']:,} image; packs of {args.max_length}, vision budget "
+          f"{args.max_vision_tokens}, lower bound {p['lower_bound_packs']} packs\n")
+    print("| planner | packs | efficiency | vision / pack: mean, std, max | video / pack: std | image / pack: std |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, key in (("dual budget (tokens + vision)", "pack"), ("dual budget + balance_vision", "pack_balanced")):
+        q = out[key]
+        v = q["vision_tokens_per_pack"]
+        print(f"| {name} | {q['packs']} | {100 * q['efficiency']:.2f}% | {v['mean']:,.0f}, {v['std']:,.0f}, {v['max']:,} "
+              f"| {q['video_tokens_per_pack']['std']:,.0f} | {q['image_tokens_per_pack']['std']:,.0f} |")
     print(json.dumps(out))
     return 0
 

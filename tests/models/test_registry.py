@@ -49,7 +49,8 @@ def test_a_name_is_registered_once() -> None:
 
 def test_forward_keys_are_the_families_union() -> None:
     assert forward_keys() == (
-        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+        "second_per_grid_ts",
     )
 
 
