@@ -3,6 +3,7 @@
 
     python scripts/check_equivalence.py --data examples.jsonl --model qwen2-vl [--backend sdpa]
     python scripts/check_equivalence.py --data texts.jsonl --model text --model-class LlamaForCausalLM
+    python scripts/check_equivalence.py --data videos.jsonl --model qwen2.5-vl   # videos too
 
 Builds shards from the JSONL (``packer.pipeline.build``), reads them back with ``PackedDataset`` + ``collate``, and
 for every batch compares, on a tiny random-weight model in fp32:
@@ -10,7 +11,8 @@ for every batch compares, on a tiny random-weight model in fp32:
 - per-token losses and the total loss of the packed batch (``packed_cross_entropy`` on the model run with a
   packer attention backend), against
 - the reference: every root-to-leaf path of every example run alone, unpadded, with the model's own default
-  attention (SDPA) and its own positions (``get_rope_index`` for Qwen2-VL), each distinct target token counted
+  attention (SDPA) and its own positions (``get_rope_index`` for Qwen2-VL / Qwen2.5-VL, with the path's images
+  and videos: ``second_per_grid_ts`` for Qwen2.5-VL), each distinct target token counted
   once (a shared prefix's loss tokens are taken from the first path through them), and
 - the gradients of every parameter of both totals.
 
@@ -154,6 +156,18 @@ def _image_table(batch: Mapping[str, Any], image_id: int | None) -> list[tuple[i
     return out
 
 
+def _video_table(batch: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
+    """(first token, first pixel row, pixel rows, index) of every video in the batch (Qwen-VL's layout)."""
+    if batch.get("video_grid_thw") is None:
+        return []
+    out, row = [], 0
+    for i, ((t, h, w), off) in enumerate(zip(batch["video_grid_thw"].tolist(), batch["video_offsets"].tolist(),
+                                             strict=True)):
+        out.append((off, row, t * h * w, i))
+        row += t * h * w
+    return out
+
+
 def reference(
     model: torch.nn.Module, batch: Mapping[str, Any], profile: ModelProfile, token_ids: dict[str, int]
 ) -> dict[str, Any]:
@@ -169,6 +183,7 @@ def reference(
     ranges = _node_ranges(layout)
     images = _image_table(batch, token_ids.get(profile.image_token)) if profile.has_vision else []
     pixels = profile.image_inputs(dict(batch), num_tokens=[n for _, n in images]) if images else []
+    videos = _video_table(batch)
     per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
     owner: dict[int, int] = {}  # node -> the first path through it: its targets are counted there only
     paths = leaf_paths(layout)
@@ -180,6 +195,15 @@ def reference(
         tokens = torch.cat([torch.arange(*ranges[n]) for n in nodes])  # (L,) row positions along the path
         inside = [pixels[i] for i, (off, _) in enumerate(images) if bool((tokens == off).any())]
         kwargs = profile.reference_inputs(ids[tokens][None], inside, token_ids=token_ids)
+        clips = [v for v in videos if bool((tokens == v[0]).any())]
+        if clips:  # the path's videos, as the processor gives them for that example alone (Qwen-VL)
+            kwargs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][r : r + n] for _, r, n, _ in clips])
+            kwargs["video_grid_thw"] = torch.stack([batch["video_grid_thw"][i] for *_, i in clips])
+            if "second_per_grid_ts" in batch:
+                kwargs["second_per_grid_ts"] = torch.stack([batch["second_per_grid_ts"][i] for *_, i in clips])
+            path_ids = kwargs["input_ids"]  # the processor's mm_token_type_ids: image 1, video 2
+            kwargs["mm_token_type_ids"] = ((path_ids == token_ids[profile.image_token]).int()
+                                           + 2 * (path_ids == token_ids[profile.video_token]).int())
         logits = model(**kwargs).logits[0]  # (L, V)
         node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])  # (L,)
         target = labels[tokens]  # (L,)

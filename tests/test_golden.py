@@ -4,7 +4,11 @@ The sha256s below were recorded on main at bbb8e06 (before the layout issue's mo
 ``write_corpus`` + ``BUILDS`` and printing ``_digests``. A change that alters any shard byte, the stats or the
 rejects of these builds fails here; if a change *means* to alter them (a schema bump), re-record and say why
 in the commit. Re-recorded once: rejects.jsonl, when the preference-pair input kind joined (the unknown_format
-message lists the `chosen` field); every shard and stats.json byte is still as recorded on bbb8e06.
+message lists the `chosen` field). Re-recorded once more, the shards only, for shard schema v2 (the video
+issue): every shard gained the `videos` and `num_video_tokens` columns (empty lists and zeros here) and its
+schema metadata says version 2; with those two columns dropped, every row group reads back equal to the v1
+shards of main at 8098e90 (the digests recorded before; compared table by table), and rejects.jsonl and
+stats.json are unchanged.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -39,8 +43,8 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
          "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
          "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
         {
-            "shard-00000.parquet": "224d7600785201d09a454a20a3e08419ab2823d51f8c56a3a6e9a9a51e4f5ceb",
-            "shard-00001.parquet": "4897665a7b58bc042b2345edb7279dc33a6cd317c4f9d5c931e37997986521be",
+            "shard-00000.parquet": "ff7f92dade62982617fb72b7b691f45197b19d10ee6f6d9e388ee69312df5197",
+            "shard-00001.parquet": "d00a46deef12dca4db140b9a0325a24cfb405f379aa6c65d2cdb893067f10735",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
             "stats.json": "8cbe24f9bd4af7af7e7100d5ba6814950c6aa7581a8bf821ad442befa574e9c7",
         },
@@ -49,7 +53,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
          "--overlong", "truncate"],
         {
-            "shard-00000.parquet": "5ac3bdeb082f7ce6b992e2f65de8771b54f098d3ac6927b5d8e12e39a280480f",
+            "shard-00000.parquet": "c481712a5a84c7179e6d712d381f89c4dc948a94bc50824406174546d1c8e80d",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
             "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
         },

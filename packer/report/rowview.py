@@ -85,6 +85,7 @@ class ExampleInfo:
     loss_tokens: int
     nodes: list[NodeInfo] = field(default_factory=list)
     images: list[ImageInfo] = field(default_factory=list)
+    videos: list[ImageInfo] = field(default_factory=list)  # source: the clip, or "N frames from <first>"
 
 
 @dataclass
@@ -141,7 +142,7 @@ def read_row(shards: ShardSet, row: int) -> dict[str, Any]:
             r -= n
     out: dict[str, Any] = {}
     for k, v in data.items():
-        if k in ("images", "example_ids", "example_sources") or not isinstance(v, list):
+        if k in ("images", "videos", "example_ids", "example_sources") or not isinstance(v, list):
             out[k] = v
         else:
             out[k] = np.asarray(v, dtype=np.int64)
@@ -240,6 +241,14 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
             index=i, example=ex, source=source, grid=(im["grid_t"], im["grid_h"], im["grid_w"]),
             start=im["offset"], end=im["offset"] + im["num_tokens"], num_tokens=im["num_tokens"],
         ))
+    for i, v in enumerate(data.get("videos") or []):
+        ex = int(np.searchsorted(cu, v["offset"], side="right") - 1)
+        source = v["source"] or f"{len(v['frames'])} frames from {v['frames'][0]}"
+        examples[ex].videos.append(ImageInfo(
+            index=i, example=ex, source=f"{source}, {len(v['frame_indices'])} frames sampled",
+            grid=(v["grid_t"], v["grid_h"], v["grid_w"]), start=v["offset"], end=v["offset"] + v["num_tokens"],
+            num_tokens=v["num_tokens"],
+        ))
     shard, shard_row = locate_row(shards, row)
     return RowInfo(
         directory=str(shards.root), row=row, num_rows=shards.num_rows, shard=shards.shards[shard].file,
@@ -295,10 +304,11 @@ def format_row(info: RowInfo, *, width: int = SNIPPET_CHARS) -> str:
             lines.append(fmt.format(*r, _snippet(n.text, width)))
             if n.loss_text:
                 lines.append(f"{pad}loss: {_snippet(n.loss_text, width)}")
-        for im in ex.images:
-            t, h, w_ = im.grid
-            lines.append(f"  image {im.index}  [{im.start}, {im.end})  {_plural(im.num_tokens, 'token')}, "
-                         f"grid {t}x{h}x{w_}  {im.source}")
+        for kind, items in (("image", ex.images), ("video", ex.videos)):
+            for im in items:
+                t, h, w_ = im.grid
+                lines.append(f"  {kind} {im.index}  [{im.start}, {im.end})  {_plural(im.num_tokens, 'token')}, "
+                             f"grid {t}x{h}x{w_}  {im.source}")
     return "\n".join(lines)
 
 

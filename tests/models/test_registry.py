@@ -32,7 +32,7 @@ def test_get_profile() -> None:
     with pytest.raises(ConfigError, match="dynamic-resolution"):
         get_profile("text", min_pixels=1000)
     with pytest.raises(ConfigError, match=r"cannot override \['patch_size'\] of profile 'qwen2-vl'; overridable: "
-                                          "min_pixels, max_pixels, image_token, bidirectional_images, default_tokenizer"):
+                                          "min_pixels, max_pixels, video_min_pixels, video_max_pixels, image_token, bidirectional_images, default_tokenizer"):
         get_profile("qwen2-vl", patch_size=16)
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
@@ -50,7 +50,8 @@ def test_a_name_is_registered_once() -> None:
 
 def test_forward_keys_are_the_families_union() -> None:
     assert forward_keys() == (
-        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+        "second_per_grid_ts",
     )
 
 
