@@ -10,7 +10,8 @@ and model profile.
 Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the
 parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
 on its own belongs to the root. Images: the template's single image token per image is expanded to the
-profile's ``num_tokens`` copies (labels -100) with ``np.repeat``; no per-token Python loop anywhere.
+profile's ``num_tokens`` copies (labels -100) with ``np.repeat`` (then overwritten with the profile's own
+run of tokens where it has one, Molmo2); no per-token Python loop anywhere.
 Positions: a token's position on its root-to-leaf path; the profile adds its own (``extra_positions``:
 mRoPE for the Qwen2-VL family).
 
@@ -132,6 +133,7 @@ class Encoder:
             "vision_start": self.vision_start_id,
             "vision_end": self._token_id(profile.vision_end),
         }
+        self._image_runs: dict[tuple[int, int, int], np.ndarray] = {}  # grid -> its tokens (expanded_images)
         self.bos_id = tokenizer.bos_token_id
         self.eos_id = tokenizer.eos_token_id
 
@@ -399,8 +401,19 @@ class Encoder:
             for ref, g, c, p in zip(refs, grids, counts, pos, strict=True)
         ]
         draft.ids = np.repeat(draft.ids, repeats)
+        if self.profile.expanded_images:  # Molmo2: the run is the image's own layout of several tokens
+            for im in draft.images:
+                draft.ids[im.offset : im.offset + im.num_tokens] = self._image_run(im.grid_thw)
         draft.labels = np.repeat(labels, repeats)
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
+
+    def _image_run(self, grid: tuple[int, int, int]) -> np.ndarray:
+        """The token ids of ``profile.image_token_names(grid)``, once per distinct grid."""
+        if grid not in self._image_runs:
+            names = self.profile.image_token_names(grid)
+            ids = {name: self._token_id(name) for name in set(names)}
+            self._image_runs[grid] = np.array([ids[name] for name in names], dtype=np.int32)
+        return self._image_runs[grid]
 
     def _truncate(self, draft: _Draft) -> None:
         """Keep the first max_length tokens (depth-first layout), cutting before an image, never inside."""

@@ -13,6 +13,12 @@ special, as in Qwen2.5's tokenizer_config.json) and Qwen2.5-Instruct's chat temp
 (in the system prompt), ``tool_calls`` (``<tool_call>`` JSON) and ``tool`` turns (``<tool_response>``
 inside a user turn). It is the builtin for tool-use data: Qwen2-VL's template has no tool support.
 
+``molmo2`` is a STAND-IN for Molmo2's tokenizer (no package ships the real one): Qwen2-VL's vocabulary and
+special tokens, then Molmo2's ten image/video tokens (``MOLMO2_TOKENS``, ids 151657-151666; the real
+checkpoints put them at 151936.., after Qwen3's extra tokens), ``bos_token`` ``<|endoftext|>`` (Molmo2's
+processor prepends bos, or eos without one) and a ChatML template in which an image part renders as Molmo2's
+placeholder ``<|image|>``. Token counts and expansions are the real Molmo2 processor's; the ids are not.
+
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
 
@@ -147,7 +153,34 @@ QWEN25_CHAT_TEMPLATE = (
     "{%- endif %}\n"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5")
+# Molmo2's image/video tokens (Molmo2Processor.image_token_ids, its <|image|> / <|video|> placeholders), in
+# the order Molmo2Config's default ids imply: <im_start>, <im_end>, <im_patch> first, <low_res_im_start> 4th
+# after them, <frame_start> / <frame_end> 7th / 8th (the unnamed ones fill the gaps).
+MOLMO2_TOKENS = [
+    "<im_start>",
+    "<im_end>",
+    "<im_patch>",
+    "<im_col>",
+    "<low_res_im_start>",
+    "<|image|>",
+    "<im_low>",
+    "<frame_start>",
+    "<frame_end>",
+    "<|video|>",
+]
+
+# The stand-in's template: ChatML without a default system prompt, bos first, an image part -> <|image|>.
+MOLMO2_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content %}<|image|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}<|video|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "molmo2")
 
 
 def cache_dir() -> Path:
@@ -184,13 +217,15 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
     if variant == "qwen2.5":
         backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN25_EXTRA_TOKENS])
+    extra_special = MOLMO2_TOKENS if variant == "molmo2" else []
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        bos_token=None,
-        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS,
+        bos_token="<|endoftext|>" if variant == "molmo2" else None,
+        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + extra_special,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
     )
@@ -202,7 +237,10 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
         extra = tok.convert_tokens_to_ids(QWEN25_EXTRA_TOKENS)
         if extra != list(range(expected[-1] + 1, expected[-1] + 1 + len(QWEN25_EXTRA_TOKENS))):
             raise ConfigError(f"Qwen2.5's added token ids {extra} differ from 151657..151664")
-    tok.chat_template = QWEN25_CHAT_TEMPLATE if variant == "qwen2.5" else QWEN2_VL_CHAT_TEMPLATE
+    if extra_special and tok.convert_tokens_to_ids(extra_special) != list(range(expected[-1] + 1, expected[-1] + 11)):
+        raise ConfigError("Molmo2's tokens did not get ids 151657..151666")
+    templates = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "molmo2": MOLMO2_CHAT_TEMPLATE}
+    tok.chat_template = templates.get(variant, QWEN2_VL_CHAT_TEMPLATE)
     out = Path(out_dir)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))

@@ -13,6 +13,7 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
 from packer.models.llava import LlavaProfile
+from packer.models.molmo2 import Molmo2Profile
 from packer.models.qwen_vl import QwenVLProfile
 from packer.models.text import TextProfile
 
@@ -60,3 +61,4 @@ register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(QwenVLProfile(name="qwen2.5-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(TextProfile(name="text"))
+register_profile(Molmo2Profile(name="molmo2"))

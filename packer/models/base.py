@@ -6,8 +6,11 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
     encode   image_size(ref) -> (w, h)           the header (media/images.py), shared by every family
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
+             image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
+             row_inputs(T, images) -> {key: T}   inputs derived from a collated row (Molmo2's token types)
+             image_spans(images)                 bidirectional spans of a row's images
              forward_keys                        batch keys the model's forward takes
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
@@ -48,6 +51,9 @@ class ModelProfile:
     default_tokenizer: str = "qwen2-vl"
     """Tokenizer used when the build names none."""
 
+    expanded_images: ClassVar[bool] = False
+    """True when an image becomes ``image_token_names(grid)`` (several kinds of token, Molmo2), not
+    ``image_token`` repeated; the placeholder then never appears in a row."""
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
@@ -71,6 +77,10 @@ class ModelProfile:
 
     def num_tokens(self, width: int, height: int) -> int:
         """Vision tokens one image of this size becomes in the LLM sequence."""
+        raise self._no_vision()
+
+    def image_token_names(self, grid: tuple[int, int, int]) -> tuple[str, ...]:
+        """The ``num_tokens`` tokens, by name, one image of this grid becomes (``expanded_images`` only)."""
         raise self._no_vision()
 
     def extra_positions(
@@ -105,6 +115,16 @@ class ModelProfile:
         decoded = [load_image(ref) for ref in images]
         out = self.image_processor()(images=decoded, return_tensors="pt")
         return {k: out[k] for k in self.forward_keys if k in out}
+
+    def row_inputs(self, num_tokens: int, images: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """Model inputs derived from a collated row of ``num_tokens`` tokens whose images are
+        ``(offset, num_tokens)``: none for most families (Molmo2: ``mm_token_type_ids``)."""
+        return {}
+
+    def image_spans(self, images: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+        """The bidirectional spans of a row's images ``(offset, num_tokens)``: [start, end) each, or
+        (start, end, group) where spans of one group see each other too (within one root-to-leaf path)."""
+        return [(offset, offset + n) for offset, n in images]
 
     # ------------------------------------------------------------------ verify
 

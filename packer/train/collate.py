@@ -91,9 +91,16 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
         refs = [_image_ref(im) for im in images]
         batch.update(profile.pixel_values(refs))
-    if images:  # first vision token of each image in the batch
-        offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
+    # first vision token of each image in the batch
+    offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
+    if images:
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
+    if "profile" in rows[0]:  # inputs the family derives from the row (Molmo2's mm_token_type_ids), spans
+        profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
+        runs = [(o, int(im["num_tokens"])) for o, im in zip(offsets, images, strict=True)]
+        batch.update(profile.row_inputs(int(row_start[-1]), runs))
+        if profile.bidirectional_images and runs:
+            batch["image_spans"] = torch.tensor(profile.image_spans(runs), dtype=torch.int64)
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch

@@ -40,18 +40,22 @@ from packer.errors import ShardError
 
 
 def span_ids(num_tokens: int, spans: torch.Tensor | None) -> torch.Tensor:
-    """Index of the bidirectional span holding each token, -1 outside every span.  # (T,) long
+    """Group of the bidirectional span holding each token, -1 outside every span.  # (T,) long
 
-    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint.
+    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint; each span is its own group (its
+    index). (S, 3) rows (start, end, group) name the group: spans of one group see each other (Molmo2 puts all
+    of a sequence's images in one).
     """
     out = torch.full((num_tokens,), -1, dtype=torch.long)
     if spans is None or len(spans) == 0:
         return out
-    spans = torch.as_tensor(spans, dtype=torch.long).reshape(-1, 2)
+    spans = torch.as_tensor(spans, dtype=torch.long)
+    spans = spans.reshape(-1, spans.shape[-1])
     t = torch.arange(num_tokens)
     idx = torch.searchsorted(spans[:, 0].contiguous(), t, right=True) - 1  # (T,) last span starting <= t
     inside = (idx >= 0) & (t < spans[idx.clamp(min=0), 1])
-    return torch.where(inside, idx, out)
+    group = spans[idx.clamp(min=0), 2] if spans.shape[1] == 3 else idx
+    return torch.where(inside, group, out)
 
 
 def image_spans(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
@@ -81,7 +85,8 @@ def build_attention_mask(
         node_offsets: (N,) node starts; None means one node per example (a linear pack).
         node_parents: (N,) parent node index, -1 for an example's root.
         bidirectional_spans: optional (S, 2) [start, end) spans whose tokens all see each other (one image of
-            a Molmo-style model), on top of the causal tree mask.
+            a Molmo-style model), on top of the causal tree mask; (S, 3) (start, end, group) rows join the
+            spans of a group (within one root-to-leaf path).
 
     Returns:
         (T, T) bool. Vectorized: an (N, N) ancestor matrix gathered by each token's node, then causal.
@@ -124,7 +129,8 @@ class PackedLayout:
     node_parents: torch.Tensor
     """(N,) int32 parent node index (earlier, same example) or -1 for a root."""
     bidirectional_spans: torch.Tensor | None = None
-    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images); None for none."""
+    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images), or (S, 3) with a group
+    per span (spans of a group on one root-to-leaf path see each other); None for none."""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -156,7 +162,8 @@ class PackedLayout:
             parents = torch.from_numpy(par.astype(np.int32))
         spans = None
         if bidirectional_spans is not None and len(bidirectional_spans) > 0:
-            spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).reshape(-1, 2).cpu()
+            spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).cpu()
+            spans = spans.reshape(-1, spans.shape[-1] if spans.dim() == 2 else 2)  # (S, 2) or (S, 3) with groups
         return cls(int(num_tokens), cu, offsets, parents, spans)
 
     @classmethod
@@ -239,7 +246,9 @@ class PackedLayout:
             mask = anc[node[:, None], node[None, :]] & (t[None, :] <= t[:, None])  # (T, T)
             if self.bidirectional_spans is not None:
                 span = self.span_ids().to(dev)
-                mask |= (span[:, None] == span[None, :]) & (span[:, None] >= 0)
+                same = (span[:, None] == span[None, :]) & (span[:, None] >= 0)
+                # a group spanning nodes stays on one root-to-leaf path: one node is the other's ancestor
+                mask |= same & (anc[node[:, None], node[None, :]] | anc[node[None, :], node[:, None]])
             return mask
 
         return self._cached(("dense_mask", str(torch.device(device))), build)
@@ -259,7 +268,8 @@ class PackedLayout:
 
         def mask_mod_bidirectional(b, h, q_idx, kv_idx):
             tree_mask = (kv_idx <= q_idx) & anc[node[q_idx], node[kv_idx]]
-            return tree_mask | ((span[q_idx] == span[kv_idx]) & (span[q_idx] >= 0))
+            on_path = anc[node[q_idx], node[kv_idx]] | anc[node[kv_idx], node[q_idx]]
+            return tree_mask | ((span[q_idx] == span[kv_idx]) & (span[q_idx] >= 0) & on_path)
 
         return mask_mod_bidirectional
 
