@@ -127,6 +127,41 @@ class Molmo2Profile(ModelProfile):
         """Every image in group 0: Molmo2 makes all image tokens of a sequence one bidirectional block."""
         return [(offset, offset + n, 0) for offset, n in images]
 
+    # ------------------------------------------------------------------ train
+
+    hf_model_class: ClassVar[str | None] = "Molmo2ForConditionalGeneration"
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> Any:
+        """A tiny random fp32 ``Molmo2ForConditionalGeneration`` (2+2 layers, width 64, vision width 32),
+        whose image token ids are ``token_ids`` by token name (``<im_patch>``, ``<im_start>``,
+        ``<low_res_im_start>``, ``<im_end>``; the frame tokens default to ``<im_start>`` / ``<im_end>``'s).
+
+        The vision tower keeps the real 378-px / 14-px geometry (729 position embeddings): the processor's
+        crops must fit it. ``kw`` overrides Molmo2Config fields (e.g. ``attn_implementation``).
+        """
+        from transformers import Molmo2Config, Molmo2ForConditionalGeneration
+
+        side = self.crop_px // self.patch_size
+        config = Molmo2Config(
+            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+                           "image_size": [self.crop_px, self.crop_px], "patch_size": self.patch_size,
+                           "num_position_embeddings": side * side},
+            adapter_config={"vision_feature_layer": [-1, -2], "hidden_size": 32, "num_attention_heads": 2,
+                            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "text_hidden_size": 64},
+            text_config={"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                         "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": vocab_size,
+                         "additional_vocab_size": 0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+            image_patch_id=token_ids["<im_patch>"],
+            image_start_token_id=token_ids["<im_start>"],
+            low_res_image_start_token_id=token_ids["<low_res_im_start>"],
+            image_end_token_id=token_ids["<im_end>"],
+            frame_start_token_id=token_ids.get("<frame_start>", token_ids["<im_start>"]),
+            frame_end_token_id=token_ids.get("<frame_end>", token_ids["<im_end>"]),
+            **{"attn_implementation": "sdpa", **kw},
+        )
+        return Molmo2ForConditionalGeneration(config).float()
+
     # ------------------------------------------------------------------ verify
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
