@@ -252,6 +252,9 @@ class Encoder:
             raise RecordError(
                 "no_loss_tokens", 'no token carries loss (no assistant turn, or every turn has "loss": false)'
             )
+        if images and node_offsets.shape[0] > 1:
+            starts = np.array([im.offset for im in images])
+            self.profile.check_image_nodes(node_parents, np.searchsorted(node_offsets, starts, "right") - 1)
         length = ids.shape[0]
         if node_offsets.shape[0] == 1:  # a linear example: positions are simply 0..L-1
             positions = np.arange(length, dtype=np.int32)

@@ -83,6 +83,10 @@ class ModelProfile:
         """The ``num_tokens`` tokens, by name, one image of this grid becomes (``expanded_images`` only)."""
         raise self._no_vision()
 
+    def check_image_nodes(self, node_parents: np.ndarray, image_nodes: list[int]) -> None:
+        """Refuse (RecordError) a tree whose images, in nodes ``image_nodes``, this model cannot pack
+        exactly; any layout is fine unless images attend to each other across nodes (Molmo2)."""
+
     def extra_positions(
         self,
         ids: np.ndarray,

@@ -99,6 +99,24 @@ class Molmo2Profile(ModelProfile):
         _, h, w = self.grid_thw(width, height)
         return int(self._run_length(*self.low_res_grid) + self._run_length(h, w))
 
+    def check_image_nodes(self, node_parents: np.ndarray, image_nodes: list[int]) -> None:
+        """An image node's tokens see every image of their path (the block): exact only if each image below
+        it lies on every path through it, i.e. no branch point between the two nodes."""
+        parents = np.asarray(node_parents).tolist()
+        children = np.bincount([p for p in parents if p >= 0], minlength=len(parents))
+        has_image = {int(n) for n in image_nodes}
+        for node in has_image:
+            between, n = [], parents[node]
+            while n >= 0:
+                between.append(n)
+                if n in has_image and (children[between] > 1).any():
+                    raise RecordError(
+                        "image_tree",
+                        f"tree node {n} holds an image and branches before node {node}'s image: Molmo2's image "
+                        "block would differ per branch; put the images in the shared prefix or in the branches only",
+                    )
+                n = parents[n]
+
     def image_token_names(self, grid: tuple[int, int, int]) -> tuple[str, ...]:
         """``Molmo2Processor.replace_image_token``: the low-res view, then the high-res one, row by row."""
         return _image_layout(self.low_res_grid, (grid[1], grid[2]), self.col_tokens)
