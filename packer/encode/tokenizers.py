@@ -13,11 +13,17 @@ special, as in Qwen2.5's tokenizer_config.json) and Qwen2.5-Instruct's chat temp
 (in the system prompt), ``tool_calls`` (``<tool_call>`` JSON) and ``tool`` turns (``<tool_response>``
 inside a user turn). It is the builtin for tool-use data: Qwen2-VL's template has no tool support.
 
-``molmo2`` is a STAND-IN for Molmo2's tokenizer (no package ships the real one): Qwen2-VL's vocabulary and
-special tokens, then Molmo2's ten image/video tokens (``MOLMO2_TOKENS``, ids 151657-151666; the real
-checkpoints put them at 151936.., after Qwen3's extra tokens), ``bos_token`` ``<|endoftext|>`` (Molmo2's
-processor prepends bos, or eos without one) and a ChatML template in which an image part renders as Molmo2's
-placeholder ``<|image|>``. Token counts and expansions are the real Molmo2 processor's; the ids are not.
+``qwen3-vl`` is Qwen3-VL's: the same ranks and pre-tokenizer (Qwen3 kept Qwen2's BPE), Qwen3's 26 added tokens
+with their real ids (Qwen2.5's 22, then ``<tool_response>`` 151665, ``</tool_response>`` 151666, ``<think>``
+151667, ``</think>`` 151668, not special) and Qwen3-VL-Instruct's chat template (``QWEN3_VL_CHAT_TEMPLATE``).
+Qwen3-VL's config uses Qwen2-VL's vision ids (image 151655, video 151656, vision start/end 151652/151653).
+
+``molmo2`` is a STAND-IN for Molmo2's tokenizer (no package ships the real one): Qwen3's vocabulary as in
+``qwen3-vl`` (Molmo2-8B's LLM is Qwen3), then Molmo2's ten image/video tokens (``MOLMO2_TOKENS``, special, ids
+151669-151678; the real checkpoints put them at 151936.., past Qwen3's padded vocabulary), ``bos_token``
+``<|endoftext|>`` (Molmo2's processor prepends bos, or eos without one) and a ChatML template in which an image
+part renders as Molmo2's placeholder ``<|image|>`` (``MOLMO2_CHAT_TEMPLATE``). Token counts and expansions are
+the real Molmo2 processor's; the ids of its tokens are not the checkpoints'.
 
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
@@ -153,6 +159,102 @@ QWEN25_CHAT_TEMPLATE = (
     "{%- endif %}\n"
 )
 
+# Qwen3 adds these after Qwen2.5's 22, not special (ids 151665-151668), per Qwen3's tokenizer_config.json.
+QWEN3_EXTRA_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+# Qwen3-VL-*-Instruct's chat template (Apache-2.0): Qwen3-Instruct's ChatML with tools, and a render_content
+# macro that turns image and video parts into vision placeholders. No default system prompt. Its Thinking
+# sibling (public copies checked) differs only in what it adds for reasoning: a backwards scan for the last
+# user query (no output of its own), <think> blocks in assistant turns after it, and "<think>\n" after the
+# generation prompt; those are left out here, which renders every conversation the same as the Instruct one.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- set image_count = namespace(value=0) %}\n"
+    "{%- set video_count = namespace(value=0) %}\n"
+    "{%- macro render_content(content, do_vision_count) %}\n"
+    "    {%- if content is string %}\n"
+    "        {{- content }}\n"
+    "    {%- else %}\n"
+    "        {%- for item in content %}\n"
+    "            {%- if 'image' in item or 'image_url' in item or item.type == 'image' %}\n"
+    "                {%- if do_vision_count %}\n"
+    "                    {%- set image_count.value = image_count.value + 1 %}\n"
+    "                {%- endif %}\n"
+    "                {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}\n"
+    "                <|vision_start|><|image_pad|><|vision_end|>\n"
+    "            {%- elif 'video' in item or item.type == 'video' %}\n"
+    "                {%- if do_vision_count %}\n"
+    "                    {%- set video_count.value = video_count.value + 1 %}\n"
+    "                {%- endif %}\n"
+    "                {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}\n"
+    "                <|vision_start|><|video_pad|><|vision_end|>\n"
+    "            {%- elif 'text' in item %}\n"
+    "                {{- item.text }}\n"
+    "            {%- endif %}\n"
+    "        {%- endfor %}\n"
+    "    {%- endif %}\n"
+    "{%- endmacro %}\n"
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- render_content(messages[0].content, false) + '\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    '    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with '
+    'function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
+    "    {%- for tool in tools %}\n"
+    '        {{- "\\n" }}\n'
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
+    "{%- else %}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + render_content(messages[0].content, false) + '<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- set content = render_content(message.content, True) %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "        {%- if message.tool_calls %}\n"
+    "            {%- for tool_call in message.tool_calls %}\n"
+    "                {%- if (loop.first and content) or (not loop.first) %}\n"
+    "                    {{- '\\n' }}\n"
+    "                {%- endif %}\n"
+    "                {%- if tool_call.function %}\n"
+    "                    {%- set tool_call = tool_call.function %}\n"
+    "                {%- endif %}\n"
+    "                {{- '<tool_call>\\n{\"name\": \"' }}\n"
+    "                {{- tool_call.name }}\n"
+    "                {{- '\", \"arguments\": ' }}\n"
+    "                {%- if tool_call.arguments is string %}\n"
+    "                    {{- tool_call.arguments }}\n"
+    "                {%- else %}\n"
+    "                    {{- tool_call.arguments | tojson }}\n"
+    "                {%- endif %}\n"
+    "                {{- '}\\n</tool_call>' }}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
 # Molmo2's image/video tokens (Molmo2Processor.image_token_ids, its <|image|> / <|video|> placeholders), in
 # the order Molmo2Config's default ids imply: <im_start>, <im_end>, <im_patch> first, <low_res_im_start> 4th
 # after them, <frame_start> / <frame_end> 7th / 8th (the unnamed ones fill the gaps).
@@ -168,6 +270,7 @@ MOLMO2_TOKENS = [
     "<frame_end>",
     "<|video|>",
 ]
+MOLMO2_FIRST_ID = 151669  # right after Qwen3's added tokens
 
 # The stand-in's template: ChatML without a default system prompt, bos first, an image part -> <|image|>.
 MOLMO2_CHAT_TEMPLATE = (
@@ -180,7 +283,7 @@ MOLMO2_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "molmo2")
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "molmo2")
 
 
 def cache_dir() -> Path:
@@ -201,7 +304,8 @@ def _qwen_tiktoken_file() -> Path:
 
 def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") -> Path:
     """Build the offline Qwen2-VL (or, with ``variant="qwen2.5"``, Qwen2.5-Instruct) tokenizer into
-    ``out_dir`` (an HF tokenizer directory) and return it."""
+    ``out_dir`` (an HF tokenizer directory) and return it; ``variant="qwen3-vl"``: Qwen3-VL's; ``"molmo2"``:
+    the Molmo2 stand-in."""
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -215,17 +319,18 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     # Added to the backend first, in order, so the ids are exactly 151643.. (wrapping first would add
     # eos/pad ahead of the rest and shift them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
-    if variant == "qwen2.5":
-        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN25_EXTRA_TOKENS])
-    extra_special = MOLMO2_TOKENS if variant == "molmo2" else []
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
+    qwen3 = QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS
+    extra = {"qwen2.5": QWEN25_EXTRA_TOKENS, "qwen3-vl": qwen3, "molmo2": qwen3}.get(variant, [])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
+    molmo2 = MOLMO2_TOKENS if variant == "molmo2" else []
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in molmo2])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        bos_token="<|endoftext|>" if variant == "molmo2" else None,
-        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + extra_special,
+        bos_token="<|endoftext|>" if molmo2 else None,
+        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + molmo2,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
     )
@@ -233,14 +338,14 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     expected = list(range(QWEN2_VL_FIRST_SPECIAL_ID, QWEN2_VL_FIRST_SPECIAL_ID + len(QWEN2_VL_SPECIAL_TOKENS)))
     if ids != expected:
         raise ConfigError(f"special token ids {ids} differ from Qwen2-VL's {expected}")
-    if variant == "qwen2.5":
-        extra = tok.convert_tokens_to_ids(QWEN25_EXTRA_TOKENS)
-        if extra != list(range(expected[-1] + 1, expected[-1] + 1 + len(QWEN25_EXTRA_TOKENS))):
-            raise ConfigError(f"Qwen2.5's added token ids {extra} differ from 151657..151664")
-    if extra_special and tok.convert_tokens_to_ids(extra_special) != list(range(expected[-1] + 1, expected[-1] + 11)):
-        raise ConfigError("Molmo2's tokens did not get ids 151657..151666")
-    templates = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "molmo2": MOLMO2_CHAT_TEMPLATE}
-    tok.chat_template = templates.get(variant, QWEN2_VL_CHAT_TEMPLATE)
+    if extra and tok.convert_tokens_to_ids(extra) != list(range(expected[-1] + 1, expected[-1] + 1 + len(extra))):
+        raise ConfigError(f"{variant}'s added token ids {tok.convert_tokens_to_ids(extra)} differ from 151657..")
+    if molmo2 and tok.convert_tokens_to_ids(molmo2) != list(range(MOLMO2_FIRST_ID, MOLMO2_FIRST_ID + len(molmo2))):
+        raise ConfigError(f"Molmo2's token ids {tok.convert_tokens_to_ids(molmo2)} differ from {MOLMO2_FIRST_ID}..")
+    tok.chat_template = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "qwen3-vl": QWEN3_VL_CHAT_TEMPLATE,
+                         "molmo2": MOLMO2_CHAT_TEMPLATE}.get(
+        variant, QWEN2_VL_CHAT_TEMPLATE
+    )
     out = Path(out_dir)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))

@@ -14,6 +14,7 @@ from packer.errors import ConfigError
 from packer.models.base import ModelProfile
 from packer.models.llava import LlavaProfile
 from packer.models.molmo2 import Molmo2Profile
+from packer.models.qwen3_vl import Qwen3VLProfile
 from packer.models.qwen_vl import QwenVLProfile
 from packer.models.text import TextProfile
 
@@ -59,6 +60,7 @@ def forward_keys() -> tuple[str, ...]:
 
 register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(QwenVLProfile(name="qwen2.5-vl"))
+register_profile(Qwen3VLProfile(name="qwen3-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(TextProfile(name="text"))
 register_profile(Molmo2Profile(name="molmo2"))

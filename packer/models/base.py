@@ -9,9 +9,9 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
-             row_inputs(T, images) -> {key: T}   inputs derived from a collated row (Molmo2's token types)
-             image_spans(images)                 bidirectional spans of a row's images
+             row_inputs(T, images) -> {key: T}   inputs derived from a collated batch (Molmo2's token types)
              forward_keys                        batch keys the model's forward takes
+             image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
 
@@ -121,14 +121,29 @@ class ModelProfile:
         return {k: out[k] for k in self.forward_keys if k in out}
 
     def row_inputs(self, num_tokens: int, images: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-        """Model inputs derived from a collated row of ``num_tokens`` tokens whose images are
+        """Model inputs derived from a collated batch of ``num_tokens`` tokens whose images are
         ``(offset, num_tokens)``: none for most families (Molmo2: ``mm_token_type_ids``)."""
         return {}
 
-    def image_spans(self, images: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        """The bidirectional spans of a row's images ``(offset, num_tokens)``: [start, end) each, or
-        (start, end, group) where spans of one group see each other too (within one root-to-leaf path)."""
-        return [(offset, offset + n) for offset, n in images]
+    def image_spans(
+        self, images: list[dict[str, Any]], *, node_offsets: np.ndarray | None = None,
+        node_parents: np.ndarray | None = None,
+    ) -> list[tuple[int, ...]]:
+        """The [start, end) token ranges of one row whose tokens all see each other, relative to the row.
+
+        ``images`` are the row's image entries (docs/format.md: ``offset``, ``num_tokens``, ...). The default is
+        each image's placeholder run when ``bidirectional_images`` is set, else none; a family whose block
+        differs (e.g. includes its start/end tokens) overrides it. ``collate`` emits these as the batch's
+        ``bidirectional_spans`` and ``packer inspect --mask`` draws them, so both follow this one rule.
+        A family may give (start, end, group) rows instead: the spans of one group see each other too
+        (Molmo2); a group's spans lie on one root-to-leaf path; ``node_offsets`` / ``node_parents`` are the
+        row's tree, and group ids are its node indices.
+
+            images = [{"offset": 5, "num_tokens": 4}]  ->  [(5, 9)] with bidirectional_images, else []
+        """
+        if not self.bidirectional_images:
+            return []
+        return [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in images]
 
     # ------------------------------------------------------------------ verify
 

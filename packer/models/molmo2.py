@@ -8,8 +8,9 @@
 The template's one ``<|image|>`` per image becomes that whole run (``image_token_names``); all of it is what
 Molmo2Processor marks ``mm_token_type_ids == 1``, and Molmo2Model lets those tokens attend to each other
 in both directions: ALL image tokens of a sequence form one block (``block_sequence_ids`` 0), so two images of
-one example see each other, the text between them stays causal. ``image_spans`` puts every image in one
-group; the packed mask keeps a group inside one root-to-leaf path of one example (``PackedLayout``).
+one example see each other, the text between them stays causal. ``image_spans`` gives each image the group
+of its chain of image nodes (an example's images, in a linear one); spans of a group see each other on every
+backend (``PackedLayout.span_plan`` runs a group as one varlen segment).
 
 Stored per image (docs/format.md, "Molmo2"): grid_t = crops (tiling_h * tiling_w + 1, the low-res view
 included), grid_h / grid_w = the high-res pooled grid (``image_grids[2:]``); the low-res grid is the profile's
@@ -141,9 +142,29 @@ class Molmo2Profile(ModelProfile):
             out[0, offset : offset + n] = 1
         return {"mm_token_type_ids": out}
 
-    def image_spans(self, images: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-        """Every image in group 0: Molmo2 makes all image tokens of a sequence one bidirectional block."""
-        return [(offset, offset + n, 0) for offset, n in images]
+    def image_spans(
+        self, images: list[dict[str, Any]], *, node_offsets: np.ndarray | None = None,
+        node_parents: np.ndarray | None = None,
+    ) -> list[tuple[int, int, int]]:
+        """(start, end, group) per image; group = the highest node with images on the image's path.
+
+        Molmo2 makes all image tokens of a sequence one block; ``check_image_nodes`` admits only trees whose
+        image nodes form chains without a branch point between them, so each chain is the block of every
+        path through it (two branches' own images: two chains, two groups)."""
+        starts = [int(im["offset"]) for im in images]
+        if node_offsets is None or len(node_offsets) <= 1:
+            return [(s, s + int(im["num_tokens"]), 0) for s, im in zip(starts, images, strict=True)]
+        parents = np.asarray(node_parents).tolist()
+        nodes = (np.searchsorted(np.asarray(node_offsets), starts, side="right") - 1).tolist()
+        has_image = set(nodes)
+        out = []
+        for s, im, node in zip(starts, images, nodes, strict=True):
+            top, n = node, parents[node]
+            while n >= 0:
+                top = n if n in has_image else top
+                n = parents[n]
+            out.append((s, s + int(im["num_tokens"]), top))
+        return out
 
     # ------------------------------------------------------------------ train
 

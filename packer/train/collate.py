@@ -38,7 +38,8 @@ def _cat(rows: list[dict[str, Any]], key: str, shifts: np.ndarray | None = None)
 
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md)."""
+    """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md); rows with images
+    of a profile with ``bidirectional_images`` add ``bidirectional_spans`` (``ModelProfile.image_spans``)."""
     row_start = np.cumsum([0] + [len(r["input_ids"]) for r in rows])  # (R+1,)
     labels_np = _cat(rows, "labels").astype(np.int64)  # (T,)
     input_ids = torch.from_numpy(_cat(rows, "input_ids").astype(np.int64))[None]  # (1, T)
@@ -70,6 +71,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "node_parents": torch.from_numpy(node_parents.astype(np.int32)),  # (N,)
         "num_loss_tokens": int(np.count_nonzero(labels_np != IGNORE_INDEX)),
         "example_ids": [e for r in rows for e in r["example_ids"]],
+        "num_rows": len(rows),
         # filler rows (PackedDataset's equal shares): labels all -100, so the loss and the count skip them
         "num_filler_rows": sum(bool(r.get("is_filler")) for r in rows),
         "filler_examples": torch.tensor([bool(r.get("is_filler")) for r in rows for _ in r["example_ids"]],
@@ -87,20 +89,26 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         full[1:, 0] = mrope
         batch["position_ids"] = torch.from_numpy(full)
     images = [im for r in rows for im in r["images"]]
+    profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images or "profile" in rows[0] else None
     if images and rows[0].get("load_images", True):
-        profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
-        refs = [_image_ref(im) for im in images]
-        batch.update(profile.pixel_values(refs))
-    # first vision token of each image in the batch
+        batch.update(profile.pixel_values([_image_ref(im) for im in images]))
+    if images and profile.bidirectional_images:  # each row's spans (the profile's rule), in the batch
+        spans, nodes = [], 0
+        for r, s in zip(rows, row_start[:-1], strict=True):
+            # (start, end) or (start, end, group): rows shift the offsets, and a group (a row node) by the
+            # nodes before the row, so no two rows share one
+            for a, b, *group in profile.image_spans(r["images"], node_offsets=r["node_offsets"],
+                                                      node_parents=r["node_parents"]):
+                spans.append((a + int(s), b + int(s), *(g + nodes for g in group)))
+            nodes += len(r["node_offsets"])
+        width = len(spans[0]) if spans else 2
+        batch["bidirectional_spans"] = torch.tensor(spans, dtype=torch.int32).reshape(-1, width)  # (S, 2|3)
     offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
-    if images:
+    if images:  # first vision token of each image in the batch
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
-    if "profile" in rows[0]:  # inputs the family derives from the row (Molmo2's mm_token_type_ids), spans
-        profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
+    if profile is not None:  # inputs the family derives from the batch (Molmo2's mm_token_type_ids)
         runs = [(o, int(im["num_tokens"])) for o, im in zip(offsets, images, strict=True)]
         batch.update(profile.row_inputs(int(row_start[-1]), runs))
-        if profile.bidirectional_images and runs:
-            batch["image_spans"] = torch.tensor(profile.image_spans(runs), dtype=torch.int64)
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch

@@ -22,6 +22,15 @@ bidirectional image attention add "tokens of one image span see each other". Bou
         Q . . . . . . . . x .
         Q . . . . . . . . x x
 
+Bidirectional spans (one image each, e.g. [1, 4) below) add "a span's tokens see each other". The varlen
+kernels run one mask shape per call, so ``span_plan`` adds a second call, merged with the first by
+``packer.train.span_attention`` (whose docstring derives it): each span's tokens but its last as queries
+against its tokens but its first as keys, window "key at or after the query's diagonal", i.e. exactly the
+pairs j > i inside a span that the causal call leaves out.
+
+    row:  | t i i i t |   span [1, 4)     call 1 (varlen_plan): the causal tree mask above
+    span call: queries [1, 3), keys [2, 4): q1 sees k2 k3, q2 sees k3   cu_seqlens = [0, 2]
+
 The tree structure itself (validation, token -> node, ancestors, predecessors) is ``packer.core.tree``;
 this module turns it into torch masks and plans, cached per device on the layout object.
 """
@@ -42,15 +51,14 @@ from packer.errors import ShardError
 def span_ids(num_tokens: int, spans: torch.Tensor | None) -> torch.Tensor:
     """Group of the bidirectional span holding each token, -1 outside every span.  # (T,) long
 
-    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint; each span is its own group (its
-    index). (S, 3) rows (start, end, group) name the group: spans of one group see each other (Molmo2 puts all
-    of a sequence's images in one).
+    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint: each span is its own group (its
+    index). (S, 3) rows (start, end, group) name the group, >= 0: spans of one group see each other.
     """
     out = torch.full((num_tokens,), -1, dtype=torch.long)
     if spans is None or len(spans) == 0:
         return out
     spans = torch.as_tensor(spans, dtype=torch.long)
-    spans = spans.reshape(-1, spans.shape[-1])
+    spans = spans.reshape(-1, spans.shape[-1] if spans.dim() == 2 else 2)
     t = torch.arange(num_tokens)
     idx = torch.searchsorted(spans[:, 0].contiguous(), t, right=True) - 1  # (T,) last span starting <= t
     inside = (idx >= 0) & (t < spans[idx.clamp(min=0), 1])
@@ -85,8 +93,7 @@ def build_attention_mask(
         node_offsets: (N,) node starts; None means one node per example (a linear pack).
         node_parents: (N,) parent node index, -1 for an example's root.
         bidirectional_spans: optional (S, 2) [start, end) spans whose tokens all see each other (one image of
-            a Molmo-style model), on top of the causal tree mask; (S, 3) (start, end, group) rows join the
-            spans of a group (within one root-to-leaf path).
+            a Molmo-style model), on top of the causal tree mask.
 
     Returns:
         (T, T) bool. Vectorized: an (N, N) ancestor matrix gathered by each token's node, then causal.
@@ -99,9 +106,12 @@ def build_attention_mask(
 
 @dataclass(frozen=True)
 class VarlenPlan:
-    """One attention segment per node: the node's queries against [ancestors ; node] keys, causal bottom-right.
+    """Segments of one varlen call: segment s runs queries ``bounds_q[s]:bounds_q[s+1]`` of the (gathered)
+    queries against keys ``bounds_k[s]:bounds_k[s+1]`` of the gathered keys.
 
-    For a linear pack (no trees) the segments are the examples and ``k_index`` is None (keys are not gathered).
+    ``varlen_plan``: one segment per node, the node's queries against [ancestors ; node] keys, causal
+    bottom-right; for a linear pack (no trees) the segments are the examples and nothing is gathered.
+    ``span_plan``: one segment per bidirectional span (see the module docstring), q and k both gathered.
     """
 
     cu_seqlens_q: torch.Tensor  # (S+1,) int32
@@ -111,6 +121,7 @@ class VarlenPlan:
     k_index: torch.Tensor | None  # (Tk,) long: the row position of each gathered key, None for identity
     bounds_q: list[int]  # cu_seqlens_q as Python ints (the per-segment SDPA loop)
     bounds_k: list[int]
+    q_index: torch.Tensor | None = None  # (Tq,) long: the row position of each gathered query, None for identity
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,12 +140,17 @@ class PackedLayout:
     node_parents: torch.Tensor
     """(N,) int32 parent node index (earlier, same example) or -1 for a root."""
     bidirectional_spans: torch.Tensor | None = None
-    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images), or (S, 3) with a group
-    per span (spans of a group on one root-to-leaf path see each other); None for none."""
+    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images), sorted, disjoint,
+    each inside one node; or (S, 3) with a group per span: a group's spans see each other (Molmo2 joins all
+    the images of a sequence), and lie on one root-to-leaf path; None for none."""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tree.check_layout(self.num_tokens, self.node_offsets, self.node_parents, self.cu_seqlens)
+        if self.bidirectional_spans is not None:
+            _check_spans(self.num_tokens, self.node_offsets.numpy(), self.bidirectional_spans.numpy())
+            if self.bidirectional_spans.shape[1] == 3:
+                _check_groups(self.node_offsets.numpy(), self.ancestors().numpy(), self.bidirectional_spans.numpy())
 
     @classmethod
     def from_tensors(
@@ -148,7 +164,8 @@ class PackedLayout:
     ) -> PackedLayout:
         """Build from boundary arrays (tensors, numpy or lists); missing nodes mean one node per example.
 
-        Zero-token nodes (allowed by the shard format, and transparent) are dropped first.
+        Zero-token nodes (allowed by the shard format, and transparent) are dropped first, and so are empty
+        spans; spans are sorted by start.
         """
         cu = torch.as_tensor(cu_seqlens, dtype=torch.int32).reshape(-1).cpu()
         if node_offsets is None or len(node_offsets) == 0:
@@ -163,12 +180,15 @@ class PackedLayout:
         spans = None
         if bidirectional_spans is not None and len(bidirectional_spans) > 0:
             spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).cpu()
-            spans = spans.reshape(-1, spans.shape[-1] if spans.dim() == 2 else 2)  # (S, 2) or (S, 3) with groups
+            spans = spans.reshape(-1, spans.shape[-1] if spans.dim() == 2 else 2)  # (S, 2), or (S, 3) with groups
+            spans = spans[spans[:, 1] > spans[:, 0]]
+            spans = spans[spans[:, 0].argsort(stable=True)] if len(spans) else None
         return cls(int(num_tokens), cu, offsets, parents, spans)
 
     @classmethod
     def from_batch(cls, batch: Mapping[str, Any], *, bidirectional_spans: Any = None) -> PackedLayout:
-        """Build from a collated batch (``packer.train.collate.collate``): input_ids, cu_seqlens, node_offsets/parents."""
+        """Build from a collated batch (``packer.train.collate.collate``): input_ids, cu_seqlens, node_offsets/parents
+        and, for a profile with ``bidirectional_images``, ``bidirectional_spans`` (an explicit argument wins)."""
         missing = [k for k in ("input_ids", "cu_seqlens") if k not in batch]
         if missing:
             raise ShardError(f"the batch has no {missing}; found keys {sorted(batch)}")
@@ -178,7 +198,7 @@ class PackedLayout:
             batch["cu_seqlens"],
             batch.get("node_offsets"),
             batch.get("node_parents"),
-            bidirectional_spans=bidirectional_spans if bidirectional_spans is not None else batch.get("image_spans"),
+            bidirectional_spans=bidirectional_spans if bidirectional_spans is not None else batch.get("bidirectional_spans"),
         )
 
     # ---- basic properties
@@ -246,9 +266,7 @@ class PackedLayout:
             mask = anc[node[:, None], node[None, :]] & (t[None, :] <= t[:, None])  # (T, T)
             if self.bidirectional_spans is not None:
                 span = self.span_ids().to(dev)
-                same = (span[:, None] == span[None, :]) & (span[:, None] >= 0)
-                # a group spanning nodes stays on one root-to-leaf path: one node is the other's ancestor
-                mask |= same & (anc[node[:, None], node[None, :]] | anc[node[None, :], node[:, None]])
+                mask |= (span[:, None] == span[None, :]) & (span[:, None] >= 0)
             return mask
 
         return self._cached(("dense_mask", str(torch.device(device))), build)
@@ -268,8 +286,7 @@ class PackedLayout:
 
         def mask_mod_bidirectional(b, h, q_idx, kv_idx):
             tree_mask = (kv_idx <= q_idx) & anc[node[q_idx], node[kv_idx]]
-            on_path = anc[node[q_idx], node[kv_idx]] | anc[node[kv_idx], node[q_idx]]
-            return tree_mask | ((span[q_idx] == span[kv_idx]) & (span[q_idx] >= 0) & on_path)
+            return tree_mask | ((span[q_idx] == span[kv_idx]) & (span[q_idx] >= 0))
 
         return mask_mod_bidirectional
 
@@ -321,6 +338,86 @@ class PackedLayout:
             )
 
         return self._cached(("varlen_plan", str(torch.device(device))), build)
+
+    def span_plan(self, device: torch.device | str = "cpu") -> VarlenPlan | None:
+        """The second varlen call of ``packer.train.span_attention``, once per device; None when no span has two
+        tokens (a one-token span adds nothing to the causal mask).
+
+        Span [a, b) becomes one segment: queries a .. b-2 (``q_index``) against keys a+1 .. b-1 (``k_index``),
+        b-a-1 of each; run with window (0, -1) (key >= query along the segment's diagonal), query i sees the
+        keys j with i < j < b: the span's pairs the causal call leaves out, and no other. A group of spans
+        (S, 3) is one segment the same way over its tokens in row order (g_0 < g_1 < ...): queries g_0 ..
+        g_{n-2} against keys g_1 .. g_{n-1}, so g_p sees the group's later tokens, on its path (checked).
+        """
+
+        def build() -> VarlenPlan | None:
+            if self.bidirectional_spans is None:
+                return None
+            spans = self.bidirectional_spans.numpy()
+            groups = spans[:, 2] if spans.shape[1] == 3 else np.arange(len(spans))
+            order = np.lexsort((spans[:, 0], groups))  # group-major, then row order
+            spans, groups = spans[order], groups[order]
+            lens = spans[:, 1] - spans[:, 0]  # (S,)
+            within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            tokens = np.repeat(spans[:, 0], lens) + within  # (Tg,) every span token, group-major
+            _, first, sizes = np.unique(np.repeat(groups, lens), return_index=True, return_counts=True)
+            big = np.repeat(sizes >= 2, sizes)  # a one-token group adds nothing to the causal mask
+            if not big.any():
+                return None
+            last = np.zeros(len(tokens), dtype=bool)
+            last[first + sizes - 1] = True
+            head = np.zeros(len(tokens), dtype=bool)
+            head[first] = True
+            q_index, k_index = tokens[big & ~last], tokens[big & ~head]  # (T2,) each
+            seg = sizes[sizes >= 2] - 1  # queries (= keys) per segment
+            cu = np.concatenate([[0], np.cumsum(seg)])
+            dev = torch.device(device)
+            return VarlenPlan(
+                cu_seqlens_q=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
+                cu_seqlens_k=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
+                max_seqlen_q=int(seg.max()),
+                max_seqlen_k=int(seg.max()),
+                k_index=torch.from_numpy(k_index).to(dev),
+                bounds_q=cu.tolist(),
+                bounds_k=cu.tolist(),
+                q_index=torch.from_numpy(q_index).to(dev),
+            )
+
+        return self._cached(("span_plan", str(torch.device(device))), build)
+
+
+def _check_spans(num_tokens: int, node_offsets: np.ndarray, spans: np.ndarray) -> None:
+    """Spans are sorted, disjoint, non-empty, inside the row and each inside one node (an image never straddles
+    nodes: ``packer verify`` checks the shards for it), which the span call relies on (its keys are the
+    span's own tokens, all in the query's node)."""
+    start, end = spans[:, 0], spans[:, 1]
+    if len(spans) and (start.min() < 0 or end.max() > num_tokens or (end <= start).any()):
+        raise ShardError(f"bidirectional spans must be non-empty [start, end) ranges inside 0..{num_tokens}, "
+                         f"got {spans[:8].tolist()}")
+    if (start[1:] < end[:-1]).any():
+        raise ShardError(f"bidirectional spans overlap: {spans[:8].tolist()}")
+    node_first = np.searchsorted(node_offsets, start, side="right")
+    node_last = np.searchsorted(node_offsets, end - 1, side="right")
+    if (node_first != node_last).any():
+        s = int(np.flatnonzero(node_first != node_last)[0])
+        raise ShardError(f"bidirectional span {spans[s].tolist()} crosses a node boundary "
+                         f"(node_offsets {node_offsets[:16].tolist()}): a span must lie inside one node")
+
+
+def _check_groups(node_offsets: np.ndarray, anc: np.ndarray, spans: np.ndarray) -> None:
+    """Grouped spans (sorted by start) lie on one root-to-leaf path per group: each span's node descends from
+    (or is) the node of the group's previous span, so the span call's keys are all visible to every path
+    holding the query (and a group never joins two examples)."""
+    if (spans[:, 2] < 0).any():
+        raise ShardError(f"bidirectional span groups must be >= 0, got {spans[:8].tolist()}")
+    order = np.lexsort((spans[:, 0], spans[:, 2]))
+    nodes = np.searchsorted(node_offsets, spans[order, 0], side="right") - 1
+    same = spans[order[1:], 2] == spans[order[:-1], 2]
+    bad = same & ~anc[nodes[1:], nodes[:-1]]
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ShardError(f"bidirectional spans {spans[order[k]].tolist()} and {spans[order[k + 1]].tolist()} share "
+                         "a group but not a root-to-leaf path")
 
 
 def _numpy(x: Any) -> np.ndarray:

@@ -174,7 +174,9 @@ def test_reader_gives_the_processor_output(tmp_path, profile, processor, tokeniz
             assert batch[key].dtype == ref[key].dtype and bool((batch[key] == ref[key]).all()), key
         ids = batch["input_ids"][0]
         assert batch["mm_token_type_ids"][0].tolist() == np.isin(ids.numpy(), processor.image_token_ids).astype(int).tolist()
-        assert batch["image_spans"][:, 2].tolist() == [0] * len(row["images"])
+        # linear examples: each image's group is its example's root node, so one example's images join
+        roots = np.searchsorted(row["node_offsets"], [im["offset"] for im in row["images"]], side="right") - 1
+        assert batch["bidirectional_spans"][:, 2].tolist() == roots.tolist()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="torchvision is not installed")

@@ -28,8 +28,10 @@ from PIL import Image
 from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX, ImageRef
 from packer.encode.tokenizers import MOLMO2_TOKENS, load_tokenizer
+from packer.errors import ShardError
 from packer.models import get_profile
 from packer.pipeline.build import build
+from packer.train.attention import packed_attention
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 from packer.train.hf import model_inputs, use_packed_attention
@@ -40,7 +42,7 @@ _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scri
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
-BACKENDS = ["sdpa"]  # of the CPU backends that take spans; flex's mask_mod is checked on its own (eager CPU flex is slow)
+BACKENDS = ["sdpa", "sdpa_varlen"]  # the dense mask, and the varlen plan + span call (the CUDA kernels' plan)
 IMAGE_RUN = ["<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>"]
 
 
@@ -171,23 +173,45 @@ def test_model_takes_the_collated_batch(molmo2_rows) -> None:
     with torch.no_grad():
         raw = model(**batch).logits
         explicit = model(**model_inputs(batch)).logits
-        causal_only = model(**model_inputs({k: v for k, v in batch.items() if k != "image_spans"})).logits
+        causal_only = model(**model_inputs({k: v for k, v in batch.items() if k != "bidirectional_spans"})).logits
     assert torch.equal(raw, explicit)
     assert not torch.allclose(raw, causal_only)
     assert np.isfinite(raw.numpy()).all()
 
 
-def test_flex_mask_mod_equals_the_dense_mask() -> None:
-    """Grouped spans on a tree: flex's mask_mod == the dense mask (the sdpa reference) on every pair.
+def _grouped_layout(spans) -> PackedLayout:
+    """Example 0: node 0 [0, 6) -> its one child node 1 [6, 12) -> branches node 2 [12, 16), node 3 [16, 20);
+    example 1: node 4 [20, 26)."""
+    return PackedLayout.from_tensors(26, [0, 20, 26], [0, 6, 12, 16, 20], [-1, 0, 1, 1, -1],
+                                     bidirectional_spans=spans)
 
-    Row: example 0 = prefix node 0 [0, 6) with branches 1 [6, 10) and 2 [10, 14); example 1 = [14, 20).
-    One group (as Molmo2's collate gives): node 1's and node 2's spans see node 0's and not each other;
-    example 1's two spans see each other, never example 0's.
-    """
-    spans = [(1, 3, 0), (7, 9, 0), (11, 13, 0), (15, 17, 0), (18, 19, 0)]
-    layout = PackedLayout.from_tensors(20, [0, 14, 20], [0, 6, 10, 14], [-1, 0, 0, -1], bidirectional_spans=spans)
+
+def test_grouped_spans_on_every_cpu_backend() -> None:
+    """Groups as Molmo2's collate gives them (a chain of image nodes is one group; each branch's own image
+    its own): the dense mask (sdpa), the varlen plan + group span call (sdpa_varlen) and flex's mask_mod agree,
+    values and gradients."""
+    spans = [(1, 3, 0), (7, 9, 0), (13, 15, 2), (17, 20, 3), (21, 23, 4), (24, 26, 4)]
+    layout = _grouped_layout(spans)
     dense = layout.dense_mask("cpu")
-    q, kv = torch.meshgrid(torch.arange(20), torch.arange(20), indexing="ij")
+    assert dense[1, 8] and dense[7, 2] and not dense[13, 18] and not dense[2, 14]  # chain yes, branches no
+    assert dense[21, 25] and not dense[21, 8]  # one example's images see each other, never another's
+    q, kv = torch.meshgrid(torch.arange(26), torch.arange(26), indexing="ij")
     assert torch.equal(layout.mask_mod("cpu")(0, 0, q, kv), dense)
-    assert dense[1, 8] and dense[7, 2] and not dense[8, 12] and not dense[12, 8]  # on a path / across branches
-    assert dense[15, 18] and not dense[15, 2] and not dense[1, 16]  # one example's block, never another's
+    plan = layout.span_plan()
+    assert plan.q_index.tolist() == [1, 2, 7, 13, 17, 18, 21, 22, 24]  # each group's tokens but its last
+    assert plan.k_index.tolist() == [2, 7, 8, 14, 18, 19, 22, 24, 25]  # each group's tokens but its first
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(26, h, 8, generator=g, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2))
+    w = torch.randn(26, 4, 8, generator=g, dtype=torch.float64)
+    outs = {}
+    for backend in ("sdpa", "sdpa_varlen"):
+        out = packed_attention(q, k, v, layout, backend=backend)
+        outs[backend] = (out, torch.autograd.grad((out * w).sum(), (q, k, v)))
+    assert torch.allclose(outs["sdpa"][0], outs["sdpa_varlen"][0], atol=1e-12)
+    for a, b in zip(outs["sdpa"][1], outs["sdpa_varlen"][1], strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_a_group_across_branches_is_refused() -> None:
+    with pytest.raises(ShardError, match="share a group but not a root-to-leaf path"):
+        _grouped_layout([(13, 15, 2), (17, 20, 2)])
