@@ -201,6 +201,56 @@ class Molmo2Profile(ModelProfile):
         )
         return Molmo2ForConditionalGeneration(config).float()
 
+    def model_tokens(self) -> tuple[str, ...]:
+        """The tokens ``tiny_model``'s config names by id (and the image run's <im_col>, kept distinct)."""
+        return (*IMAGE_RUN_TOKENS, "<|image|>")
+
+    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
+        """The batch's image inputs cut per image: its crops' ``pixel_values``, its pooled tokens'
+        ``image_token_pooling`` (re-based to its own crops), its ``image_grids`` and ``image_num_crops`` rows."""
+        crops = batch["image_num_crops"].tolist()
+        grids = batch["image_grids"]
+        pooled = (grids[:, 0] * grids[:, 1] + grids[:, 2] * grids[:, 3]).tolist()
+        patches = batch["pixel_values"].shape[1]
+        out, c0, p0 = [], 0, 0
+        for i, (c, p) in enumerate(zip(crops, pooled, strict=True)):
+            pool = batch["image_token_pooling"][p0 : p0 + p]
+            out.append({
+                "pixel_values": batch["pixel_values"][c0 : c0 + c],
+                "image_token_pooling": pool.where(pool < 0, pool - c0 * patches),
+                "image_grids": grids[i : i + 1],
+                "image_num_crops": batch["image_num_crops"][i : i + 1],
+            })
+            c0, p0 = c0 + c, p0 + p
+        return out
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """One path as Molmo2Processor gives it: the images' inputs joined (pooling indices offset by the crops
+        before), ``mm_token_type_ids`` 1 on the image run tokens; the model's own attention and positions."""
+        import torch
+
+        run_ids = torch.tensor([token_ids[t] for t in IMAGE_RUN_TOKENS], device=input_ids.device)
+        out: dict[str, Any] = {"input_ids": input_ids, "use_cache": False,
+                               "mm_token_type_ids": torch.isin(input_ids, run_ids).long()}
+        if images:
+            pools, patches = [], 0
+            for im in images:
+                pool = im["image_token_pooling"]
+                pools.append(pool.where(pool < 0, pool + patches))
+                patches += im["pixel_values"].shape[0] * im["pixel_values"].shape[1]
+            out["image_token_pooling"] = torch.cat(pools)
+            for key in ("pixel_values", "image_grids", "image_num_crops"):
+                out[key] = torch.cat([im[key] for im in images])
+        return out
+
+    # ------------------------------------------------------------------ report
+
+    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
+        """("crops", crops per stored grid): the vision tower's work per image, low-res view included."""
+        return "crops", np.asarray(grids, dtype=np.int64).reshape(-1, 3)[:, 0]
+
     # ------------------------------------------------------------------ verify
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:

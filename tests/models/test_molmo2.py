@@ -114,6 +114,7 @@ def test_grid_num_tokens_refuses_impossible_grids(profile) -> None:
     good = profile.grid_thw(640, 480)
     grids = np.array([good, (4, *good[1:]), (5, 24, 23), (10, 42, 14), (2, 14, 14)])
     assert profile.grid_num_tokens(grids).tolist() == [766, -1, -1, -1, 212 + 212]
+    assert profile.image_units(grids[:1])[0] == "crops" and profile.image_units(grids[:1])[1].tolist() == [5]
 
 
 def _example(parts_and_answers: list, image_dir: Path) -> Example:

@@ -97,9 +97,11 @@ def _compact(batches: list[dict], tokenizer) -> tuple[list[dict], dict[str, int]
     return out, {t: int(table[i]) for t, i in zip(MOLMO2_TOKENS, special, strict=True)}, len(used)
 
 
-def _reference(model, batch: dict, refs: list[ImageRef], run_ids: list[int]) -> dict[str, Any]:
+def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, int]) -> dict[str, Any]:
     """Every root-to-leaf path run alone as Molmo2's processor + model would (see the module docstring)."""
     profile = get_profile("molmo2")
+    run_ids = [token_ids[t] for t in IMAGE_RUN]
+    per_image = profile.image_inputs(batch, num_tokens=[0] * len(refs)) if refs else []
     model.set_attn_implementation("sdpa")
     model.zero_grad(set_to_none=True)
     layout = PackedLayout.from_batch(batch)
@@ -122,6 +124,9 @@ def _reference(model, batch: dict, refs: list[ImageRef], run_ids: list[int]) -> 
         inside = [k for k, s in enumerate(starts) if bool((tokens == s).any())]
         if inside:
             kwargs.update(profile.pixel_values([refs[k] for k in inside]))
+        # the profile's check hooks (scripts/check_equivalence.py) cut the batch to the same inputs
+        hooks = profile.reference_inputs(path_ids, [per_image[k] for k in inside], token_ids=token_ids)
+        assert hooks.keys() == kwargs.keys() and all(torch.equal(hooks[k], kwargs[k]) for k in kwargs if k != "use_cache")
         logits = model(**kwargs).logits[0]
         node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])
         target = labels[tokens]
@@ -154,7 +159,7 @@ def test_packed_equals_unpacked(molmo2_rows) -> None:
     run_ids = [token_ids[t] for t in IMAGE_RUN]
     refs = [ImageRef(path=im["source"]) for r in rows for im in r["images"]]
     assert batch["mm_token_type_ids"][0].tolist() == torch.isin(batch["input_ids"][0], torch.tensor(run_ids)).long().tolist()
-    report = ce.compare(model, batch, BACKENDS, ref=_reference(model, batch, refs, run_ids))
+    report = ce.compare(model, batch, BACKENDS, ref=_reference(model, batch, refs, token_ids))
     for b in BACKENDS:
         assert report[b]["ok"], (b, report[b])
         assert report[b]["loss_max_rel"] <= 1e-5 and report[b]["total_rel"] <= 1e-5
