@@ -176,7 +176,8 @@ class Molmo2Profile(ModelProfile):
         ``<low_res_im_start>``, ``<im_end>``; the frame tokens default to ``<im_start>`` / ``<im_end>``'s).
 
         The vision tower keeps the real 378-px / 14-px geometry (729 position embeddings): the processor's
-        crops must fit it. ``kw`` overrides Molmo2Config fields (e.g. ``attn_implementation``).
+        crops must fit it. ``kw`` overrides Molmo2Config fields (e.g. ``attn_implementation``). Train mode;
+        the key biases are frozen (see below).
         """
         from transformers import Molmo2Config, Molmo2ForConditionalGeneration
 
@@ -199,7 +200,13 @@ class Molmo2Profile(ModelProfile):
             frame_end_token_id=token_ids.get("<frame_end>", token_ids["<im_end>"]),
             **{"attn_implementation": "sdpa", **kw},
         )
-        return Molmo2ForConditionalGeneration(config).float()
+        model = Molmo2ForConditionalGeneration(config).float().train()
+        for name, param in model.named_parameters():
+            # a key bias shifts all of a query's scores alike, which softmax ignores: its gradient is 0 but
+            # for ~1e-17 of rounding noise, which no relative comparison of gradients can take
+            if name.endswith("k_proj.bias"):
+                param.requires_grad_(False)
+        return model
 
     def model_tokens(self) -> tuple[str, ...]:
         """The tokens ``tiny_model``'s config names by id (and the image run's <im_col>, kept distinct)."""
