@@ -10,9 +10,10 @@ and model profile.
 Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the
 parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
 on its own belongs to the root. Images: the template's single image token per image is expanded to the
-profile's ``num_tokens`` copies (labels -100) with ``np.repeat``; no per-token Python loop anywhere. Videos
-the same way: the video token (``<|video_pad|>``) becomes the ``num_tokens`` of the profile's ``plan_video``
-(frames and grid from the clip's header; a tree's branches share one clip, planned once).
+profile's ``num_tokens`` copies (labels -100) with ``np.repeat`` (then overwritten with the profile's own
+run of tokens where it has one, Molmo2); no per-token Python loop anywhere. Videos the same way: the video
+token (``<|video_pad|>``) becomes the ``num_tokens`` of the profile's ``plan_video`` (frames and grid from the
+clip's header; a tree's branches share one clip, planned once).
 Positions: a token's position on its root-to-leaf path; the profile adds its own (``extra_positions``:
 mRoPE for the Qwen2-VL family).
 
@@ -146,6 +147,7 @@ class Encoder:
             "vision_start": self.vision_start_id,
             "vision_end": self._token_id(profile.vision_end),
         }
+        self._image_runs: dict[tuple[int, int, int], np.ndarray] = {}  # grid -> its tokens (expanded_images)
         self.bos_id = tokenizer.bos_token_id
         self.eos_id = tokenizer.eos_token_id
 
@@ -264,6 +266,9 @@ class Encoder:
             raise RecordError(
                 "no_loss_tokens", 'no token carries loss (no assistant turn, or every turn has "loss": false)'
             )
+        if images and node_offsets.shape[0] > 1:
+            starts = np.array([im.offset for im in images])
+            self.profile.check_image_nodes(node_parents, np.searchsorted(node_offsets, starts, "right") - 1)
         length = ids.shape[0]
         if node_offsets.shape[0] == 1:  # a linear example: positions are simply 0..L-1
             positions = np.arange(length, dtype=np.int32)
@@ -443,12 +448,23 @@ class Encoder:
                     num_tokens=int(c),
                 ))
         draft.ids = np.repeat(draft.ids, repeats)
+        if self.profile.expanded_images:  # Molmo2: the run is the image's own layout of several tokens
+            for im in draft.images:
+                draft.ids[im.offset : im.offset + im.num_tokens] = self._image_run(im.grid_thw)
         draft.labels = np.repeat(labels, repeats)
         if wrap:
             starts = new_index[pos]
             draft.ids[starts] = self._token_ids["vision_start"]
             draft.ids[starts + repeats[pos] - 1] = self._token_ids["vision_end"]
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
+
+    def _image_run(self, grid: tuple[int, int, int]) -> np.ndarray:
+        """The token ids of ``profile.image_token_names(grid)``, once per distinct grid."""
+        if grid not in self._image_runs:
+            names = self.profile.image_token_names(grid)
+            ids = {name: self._token_id(name) for name in set(names)}
+            self._image_runs[grid] = np.array([ids[name] for name in names], dtype=np.int32)
+        return self._image_runs[grid]
 
     def _truncate(self, draft: _Draft) -> None:
         """Keep the first max_length tokens (depth-first layout), cutting before an image or video, never

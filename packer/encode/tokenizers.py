@@ -31,6 +31,12 @@ names the 256 special tokens (128000 ``<|begin_of_text|>`` ... ``<|start_header_
 ``<|end_header_id|>`` 128007, ``<|eot_id|>`` 128009; the chat tokens have the same ids in Llama 3, 3.1 and
 3.2, whose reserved names differ). The chat template is Meta-Llama-3-Instruct's (``LLAMA3_CHAT_TEMPLATE``);
 ``<|eot_id|>`` ends a turn and is the eos token ("Hello world!" -> [9906, 1917, 0]).
+``molmo2`` is a STAND-IN for Molmo2's tokenizer (no package ships the real one): Qwen3's vocabulary as in
+``qwen3-vl`` (Molmo2-8B's LLM is Qwen3), then Molmo2's ten image/video tokens (``MOLMO2_TOKENS``, special, ids
+151669-151678; the real checkpoints put them at 151936.., past Qwen3's padded vocabulary), ``bos_token``
+``<|endoftext|>`` (Molmo2's processor prepends bos, or eos without one) and a ChatML template in which an image
+part renders as Molmo2's placeholder ``<|image|>`` (``MOLMO2_CHAT_TEMPLATE``). Token counts and expansions are
+the real Molmo2 processor's; the ids of its tokens are not the checkpoints'.
 
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
@@ -301,7 +307,36 @@ LLAMA3_CHAT_TEMPLATE = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "internvl3", "llama3")
+
+# Molmo2's image/video tokens (Molmo2Processor.image_token_ids, its <|image|> / <|video|> placeholders), in
+# the order Molmo2Config's default ids imply: <im_start>, <im_end>, <im_patch> first, <low_res_im_start> 4th
+# after them, <frame_start> / <frame_end> 7th / 8th (the unnamed ones fill the gaps).
+MOLMO2_TOKENS = [
+    "<im_start>",
+    "<im_end>",
+    "<im_patch>",
+    "<im_col>",
+    "<low_res_im_start>",
+    "<|image|>",
+    "<im_low>",
+    "<frame_start>",
+    "<frame_end>",
+    "<|video|>",
+]
+MOLMO2_FIRST_ID = 151669  # right after Qwen3's added tokens
+
+# The stand-in's template: ChatML without a default system prompt, bos first, an image part -> <|image|>.
+MOLMO2_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content %}<|image|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}<|video|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "internvl3", "llama3", "molmo2")
 
 
 def cache_dir() -> Path:
@@ -323,7 +358,7 @@ def _qwen_tiktoken_file() -> Path:
 def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") -> Path:
     """Build the offline Qwen2-VL (or, with ``variant="qwen2.5"``, Qwen2.5-Instruct) tokenizer into
     ``out_dir`` (an HF tokenizer directory) and return it; ``variant="qwen3-vl"``: Qwen3-VL's; ``"internvl3"``:
-    InternVL3-hf's."""
+    InternVL3-hf's; ``"molmo2"``: the Molmo2 stand-in."""
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -337,18 +372,20 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     # Added to the backend first, in order, so the ids are exactly 151643.. (wrapping first would add
     # eos/pad ahead of the rest and shift them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
-    extra = {"qwen2.5": QWEN25_EXTRA_TOKENS, "qwen3-vl": QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS,
-             "internvl3": QWEN25_EXTRA_TOKENS}.get(variant, [])
+    qwen3 = QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS
+    extra = {"qwen2.5": QWEN25_EXTRA_TOKENS, "qwen3-vl": qwen3, "internvl3": QWEN25_EXTRA_TOKENS,
+             "molmo2": qwen3}.get(variant, [])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
     internvl = INTERNVL_SPECIAL_TOKENS + ["<video>"] if variant == "internvl3" else []
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in internvl])
+    molmo2 = MOLMO2_TOKENS if variant == "molmo2" else []
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in internvl + molmo2])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        bos_token=None,
-        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + internvl,
+        bos_token="<|endoftext|>" if molmo2 else None,
+        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + internvl + molmo2,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
         **({"extra_special_tokens": INTERNVL_EXTRA_SPECIAL} if internvl else {}),
@@ -361,8 +398,11 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
         raise ConfigError(f"{variant}'s added token ids {tok.convert_tokens_to_ids(extra)} differ from 151657..")
     if internvl and tok.convert_tokens_to_ids(internvl) != list(range(INTERNVL_FIRST_ID, INTERNVL_FIRST_ID + 10)):
         raise ConfigError(f"InternVL's token ids {tok.convert_tokens_to_ids(internvl)} differ from 151665..151674")
+    if molmo2 and tok.convert_tokens_to_ids(molmo2) != list(range(MOLMO2_FIRST_ID, MOLMO2_FIRST_ID + len(molmo2))):
+        raise ConfigError(f"Molmo2's token ids {tok.convert_tokens_to_ids(molmo2)} differ from {MOLMO2_FIRST_ID}..")
     tok.chat_template = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "qwen3-vl": QWEN3_VL_CHAT_TEMPLATE,
-                         "internvl3": INTERNVL_CHAT_TEMPLATE}.get(variant, QWEN2_VL_CHAT_TEMPLATE)
+                         "internvl3": INTERNVL_CHAT_TEMPLATE, "molmo2": MOLMO2_CHAT_TEMPLATE}.get(
+                             variant, QWEN2_VL_CHAT_TEMPLATE)
     return _save(tok, Path(out_dir))
 
 

@@ -14,6 +14,7 @@ from packer.errors import ConfigError
 from packer.models.base import ModelProfile
 from packer.models.internvl import InternVLProfile
 from packer.models.llava import LlavaProfile
+from packer.models.molmo2 import Molmo2Profile
 from packer.models.qwen3_vl import Qwen3VLProfile
 from packer.models.qwen_vl import Qwen25VLProfile, QwenVLProfile
 from packer.models.text import TextProfile
@@ -64,3 +65,4 @@ register_profile(Qwen3VLProfile(name="qwen3-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(TextProfile(name="text"))
 register_profile(InternVLProfile(name="internvl"))
+register_profile(Molmo2Profile(name="molmo2"))

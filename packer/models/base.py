@@ -7,9 +7,11 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
              plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
+             image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
              video_pixel_values(videos)          the model's video inputs, from the planned frames
+             row_inputs(T, images) -> {key: T}   inputs derived from a collated batch (Molmo2's token types)
              forward_keys                        batch keys the model's forward takes
              image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
     report   image_units(grids) -> (name, (I,))  what an image becomes besides tokens (tiles, crops), or None
@@ -59,6 +61,9 @@ class ModelProfile:
     video_token: str | None = None
     """The placeholder repeated once per video token (Qwen: ``<|video_pad|>``); None for a family without video."""
 
+    expanded_images: ClassVar[bool] = False
+    """True when an image becomes ``image_token_names(grid)`` (several kinds of token, Molmo2), not
+    ``image_token`` repeated; the placeholder then never appears in a row."""
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
@@ -102,6 +107,14 @@ class ModelProfile:
             f"profile {self.name!r} takes no videos, but the record names one; use {' or '.join(video_families)}",
         )
 
+    def image_token_names(self, grid: tuple[int, int, int]) -> tuple[str, ...]:
+        """The ``num_tokens`` tokens, by name, one image of this grid becomes (``expanded_images`` only)."""
+        raise self._no_vision()
+
+    def check_image_nodes(self, node_parents: np.ndarray, image_nodes: list[int]) -> None:
+        """Refuse (RecordError) a tree whose images, in nodes ``image_nodes``, this model cannot pack
+        exactly; any layout is fine unless images attend to each other across nodes (Molmo2)."""
+
     def extra_positions(
         self,
         ids: np.ndarray,
@@ -142,13 +155,24 @@ class ModelProfile:
         planned frames."""
         raise self._no_vision()
 
-    def image_spans(self, images: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    def row_inputs(self, num_tokens: int, images: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """Model inputs derived from a collated batch of ``num_tokens`` tokens whose images are
+        ``(offset, num_tokens)``: none for most families (Molmo2: ``mm_token_type_ids``)."""
+        return {}
+
+    def image_spans(
+        self, images: list[dict[str, Any]], *, node_offsets: np.ndarray | None = None,
+        node_parents: np.ndarray | None = None,
+    ) -> list[tuple[int, ...]]:
         """The [start, end) token ranges of one row whose tokens all see each other, relative to the row.
 
         ``images`` are the row's image entries (docs/format.md: ``offset``, ``num_tokens``, ...). The default is
         each image's placeholder run when ``bidirectional_images`` is set, else none; a family whose block
         differs (e.g. includes its start/end tokens) overrides it. ``collate`` emits these as the batch's
         ``bidirectional_spans`` and ``packer inspect --mask`` draws them, so both follow this one rule.
+        A family may give (start, end, group) rows instead: the spans of one group see each other too
+        (Molmo2); a group's spans lie on one root-to-leaf path; ``node_offsets`` / ``node_parents`` are the
+        row's tree, and group ids are its node indices.
 
             images = [{"offset": 5, "num_tokens": 4}]  ->  [(5, 9)] with bidirectional_images, else []
         """

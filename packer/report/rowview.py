@@ -332,15 +332,15 @@ def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, spans: Sequenc
     node = tree.token_nodes(T, offsets)  # (T,)
     anc = tree.ancestor_matrix(parents)  # (N, N)
     span = np.full(T, -1, dtype=np.int64)  # (T,) bidirectional span of each token, -1 outside
-    spans = np.array(spans, dtype=np.int64).reshape(-1, 2) if len(spans) else None
-    if spans is not None:
-        for k, (a, b) in enumerate(spans.tolist()):
-            span[a:b] = k
+    spans = np.array(spans, dtype=np.int64).reshape(len(spans), -1) if len(spans) else None
+    if spans is not None:  # (S, 2), or (S, 3) rows (start, end, group): a group's spans see each other
+        for k, (a, b, *group) in enumerate(spans.tolist()):
+            span[a:b] = group[0] if group else k
     f = max(1, -(-T // cells))
     nb = -(-T // f)
     cuts = [np.arange(nb) * f, offsets, np.array([T])]
     if spans is not None:
-        cuts.append(spans.reshape(-1))
+        cuts.append(spans[:, :2].reshape(-1))
     bounds = np.unique(np.concatenate(cuts).astype(np.int64))
     bounds = bounds[(bounds >= 0) & (bounds <= T)]
     start, end = bounds[:-1], bounds[1:]  # (P,) pieces [start, end)
@@ -384,7 +384,8 @@ def _draw_mask_panel(ax, data: dict[str, Any], *, cells: int, profile: ModelProf
 
     T = len(data["input_ids"])
     lo = data.get("first_token", 0)
-    spans = profile.image_spans(data["images"]) if profile is not None else []
+    spans = profile.image_spans(data["images"], node_offsets=data["node_offsets"],
+                                node_parents=data["node_parents"]) if profile is not None else []
     visible, centre, f = coarse_mask(data, cells=cells, spans=spans)
     nb = len(centre)
     cu, offsets = data["cu_seqlens"], data["node_offsets"]

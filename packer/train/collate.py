@@ -89,23 +89,33 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         full[1:, 0] = mrope
         batch["position_ids"] = torch.from_numpy(full)
     images = [im for r in rows for im in r["images"]]
-    profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images else None
+    profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images or "profile" in rows[0] else None
     if images and rows[0].get("load_images", True):
         batch.update(profile.pixel_values([_image_ref(im) for im in images]))
-    if profile is not None and profile.bidirectional_images:  # each row's spans (the profile's rule), in the batch
-        spans = [(a + int(s), b + int(s)) for r, s in zip(rows, row_start[:-1], strict=True)
-                 for a, b in profile.image_spans(r["images"])]
-        batch["bidirectional_spans"] = torch.tensor(spans, dtype=torch.int32).reshape(-1, 2)  # (S, 2)
+    if images and profile.bidirectional_images:  # each row's spans (the profile's rule), in the batch
+        spans, nodes = [], 0
+        for r, s in zip(rows, row_start[:-1], strict=True):
+            # (start, end) or (start, end, group): rows shift the offsets, and a group (a row node) by the
+            # nodes before the row, so no two rows share one
+            for a, b, *group in profile.image_spans(r["images"], node_offsets=r["node_offsets"],
+                                                      node_parents=r["node_parents"]):
+                spans.append((a + int(s), b + int(s), *(g + nodes for g in group)))
+            nodes += len(r["node_offsets"])
+        width = len(spans[0]) if spans else 2
+        batch["bidirectional_spans"] = torch.tensor(spans, dtype=torch.int32).reshape(-1, width)  # (S, 2|3)
+    offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
     if images:  # first vision token of each image in the batch
-        offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
+    if profile is not None:  # inputs the family derives from the batch (Molmo2's mm_token_type_ids)
+        runs = [(o, int(im["num_tokens"])) for o, im in zip(offsets, images, strict=True)]
+        batch.update(profile.row_inputs(int(row_start[-1]), runs))
     videos = [v for r in rows for v in r.get("videos", ())]
     if videos:  # the profile decodes only each video's sampled frames (video_grid_thw, second_per_grid_ts too)
         if rows[0].get("load_images", True):
-            profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
-            batch.update(profile.video_pixel_values(videos))
-        offsets = [v["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for v in r["videos"]]
-        batch["video_offsets"] = torch.tensor(offsets, dtype=torch.int64)
+            video_profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
+            batch.update(video_profile.video_pixel_values(videos))
+        video_offsets = [v["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for v in r["videos"]]
+        batch["video_offsets"] = torch.tensor(video_offsets, dtype=torch.int64)
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch

@@ -49,18 +49,21 @@ from packer.errors import ShardError
 
 
 def span_ids(num_tokens: int, spans: torch.Tensor | None) -> torch.Tensor:
-    """Index of the bidirectional span holding each token, -1 outside every span.  # (T,) long
+    """Group of the bidirectional span holding each token, -1 outside every span.  # (T,) long
 
-    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint.
+    ``spans`` is (S, 2) of [start, end) row offsets, sorted and disjoint: each span is its own group (its
+    index). (S, 3) rows (start, end, group) name the group, >= 0: spans of one group see each other.
     """
     out = torch.full((num_tokens,), -1, dtype=torch.long)
     if spans is None or len(spans) == 0:
         return out
-    spans = torch.as_tensor(spans, dtype=torch.long).reshape(-1, 2)
+    spans = torch.as_tensor(spans, dtype=torch.long)
+    spans = spans.reshape(-1, spans.shape[-1] if spans.dim() == 2 else 2)
     t = torch.arange(num_tokens)
     idx = torch.searchsorted(spans[:, 0].contiguous(), t, right=True) - 1  # (T,) last span starting <= t
     inside = (idx >= 0) & (t < spans[idx.clamp(min=0), 1])
-    return torch.where(inside, idx, out)
+    group = spans[idx.clamp(min=0), 2] if spans.shape[1] == 3 else idx
+    return torch.where(inside, group, out)
 
 
 def image_spans(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
@@ -138,13 +141,16 @@ class PackedLayout:
     """(N,) int32 parent node index (earlier, same example) or -1 for a root."""
     bidirectional_spans: torch.Tensor | None = None
     """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images), sorted, disjoint,
-    each inside one node; None for none."""
+    each inside one node; or (S, 3) with a group per span: a group's spans see each other (Molmo2 joins all
+    the images of a sequence), and lie on one root-to-leaf path; None for none."""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tree.check_layout(self.num_tokens, self.node_offsets, self.node_parents, self.cu_seqlens)
         if self.bidirectional_spans is not None:
             _check_spans(self.num_tokens, self.node_offsets.numpy(), self.bidirectional_spans.numpy())
+            if self.bidirectional_spans.shape[1] == 3:
+                _check_groups(self.node_offsets.numpy(), self.ancestors().numpy(), self.bidirectional_spans.numpy())
 
     @classmethod
     def from_tensors(
@@ -173,7 +179,8 @@ class PackedLayout:
             parents = torch.from_numpy(par.astype(np.int32))
         spans = None
         if bidirectional_spans is not None and len(bidirectional_spans) > 0:
-            spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).reshape(-1, 2).cpu()
+            spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).cpu()
+            spans = spans.reshape(-1, spans.shape[-1] if spans.dim() == 2 else 2)  # (S, 2), or (S, 3) with groups
             spans = spans[spans[:, 1] > spans[:, 0]]
             spans = spans[spans[:, 0].argsort(stable=True)] if len(spans) else None
         return cls(int(num_tokens), cu, offsets, parents, spans)
@@ -338,26 +345,39 @@ class PackedLayout:
 
         Span [a, b) becomes one segment: queries a .. b-2 (``q_index``) against keys a+1 .. b-1 (``k_index``),
         b-a-1 of each; run with window (0, -1) (key >= query along the segment's diagonal), query i sees the
-        keys j with i < j < b: the span's pairs the causal call leaves out, and no other.
+        keys j with i < j < b: the span's pairs the causal call leaves out, and no other. A group of spans
+        (S, 3) is one segment the same way over its tokens in row order (g_0 < g_1 < ...): queries g_0 ..
+        g_{n-2} against keys g_1 .. g_{n-1}, so g_p sees the group's later tokens, on its path (checked).
         """
 
         def build() -> VarlenPlan | None:
             if self.bidirectional_spans is None:
                 return None
             spans = self.bidirectional_spans.numpy()
-            spans = spans[spans[:, 1] - spans[:, 0] >= 2]  # (S, 2)
-            if len(spans) == 0:
+            groups = spans[:, 2] if spans.shape[1] == 3 else np.arange(len(spans))
+            order = np.lexsort((spans[:, 0], groups))  # group-major, then row order
+            spans, groups = spans[order], groups[order]
+            lens = spans[:, 1] - spans[:, 0]  # (S,)
+            within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            tokens = np.repeat(spans[:, 0], lens) + within  # (Tg,) every span token, group-major
+            _, first, sizes = np.unique(np.repeat(groups, lens), return_index=True, return_counts=True)
+            big = np.repeat(sizes >= 2, sizes)  # a one-token group adds nothing to the causal mask
+            if not big.any():
                 return None
+            last = np.zeros(len(tokens), dtype=bool)
+            last[first + sizes - 1] = True
+            head = np.zeros(len(tokens), dtype=bool)
+            head[first] = True
+            q_index, k_index = tokens[big & ~last], tokens[big & ~head]  # (T2,) each
+            seg = sizes[sizes >= 2] - 1  # queries (= keys) per segment
+            cu = np.concatenate([[0], np.cumsum(seg)])
             dev = torch.device(device)
-            lens = spans[:, 1] - spans[:, 0] - 1  # (S,) queries (= keys) per segment
-            cu = np.concatenate([[0], np.cumsum(lens)])
-            q_index = np.repeat(spans[:, 0], lens) + np.arange(int(cu[-1])) - np.repeat(cu[:-1], lens)  # (T2,)
             return VarlenPlan(
                 cu_seqlens_q=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
                 cu_seqlens_k=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
-                max_seqlen_q=int(lens.max()),
-                max_seqlen_k=int(lens.max()),
-                k_index=torch.from_numpy(q_index + 1).to(dev),
+                max_seqlen_q=int(seg.max()),
+                max_seqlen_k=int(seg.max()),
+                k_index=torch.from_numpy(k_index).to(dev),
                 bounds_q=cu.tolist(),
                 bounds_k=cu.tolist(),
                 q_index=torch.from_numpy(q_index).to(dev),
@@ -382,6 +402,22 @@ def _check_spans(num_tokens: int, node_offsets: np.ndarray, spans: np.ndarray) -
         s = int(np.flatnonzero(node_first != node_last)[0])
         raise ShardError(f"bidirectional span {spans[s].tolist()} crosses a node boundary "
                          f"(node_offsets {node_offsets[:16].tolist()}): a span must lie inside one node")
+
+
+def _check_groups(node_offsets: np.ndarray, anc: np.ndarray, spans: np.ndarray) -> None:
+    """Grouped spans (sorted by start) lie on one root-to-leaf path per group: each span's node descends from
+    (or is) the node of the group's previous span, so the span call's keys are all visible to every path
+    holding the query (and a group never joins two examples)."""
+    if (spans[:, 2] < 0).any():
+        raise ShardError(f"bidirectional span groups must be >= 0, got {spans[:8].tolist()}")
+    order = np.lexsort((spans[:, 0], spans[:, 2]))
+    nodes = np.searchsorted(node_offsets, spans[order, 0], side="right") - 1
+    same = spans[order[1:], 2] == spans[order[:-1], 2]
+    bad = same & ~anc[nodes[1:], nodes[:-1]]
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ShardError(f"bidirectional spans {spans[order[k]].tolist()} and {spans[order[k + 1]].tolist()} share "
+                         "a group but not a root-to-leaf path")
 
 
 def _numpy(x: Any) -> np.ndarray:

@@ -15,14 +15,14 @@ from tests.conftest import REPO
 
 def test_get_profile() -> None:
     assert profile_names()[:5] == ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava", "text")  # then newer families
-    assert "internvl" in profile_names()
+    assert {"internvl", "molmo2"} <= set(profile_names())
     assert get_profile("qwen2-vl") is get_profile("qwen2-vl")
     assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
     assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
     assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
     assert p.num_tokens(640, 480) <= 256
-    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, qwen3-vl, llava, text"):
+    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, qwen3-vl, llava, text, molmo2"):
         get_profile("gpt-5")
     with pytest.raises(ConfigError, match="min_pixels"):
         get_profile("qwen2-vl", min_pixels=100, max_pixels=10)
@@ -52,6 +52,7 @@ def test_forward_keys_are_the_families_union() -> None:
     assert forward_keys() == (
         "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
         "second_per_grid_ts",
+        "image_token_pooling", "image_grids", "image_num_crops", "mm_token_type_ids",
     )
 
 

@@ -217,6 +217,21 @@ def _template_records() -> list[tuple[dict, str, str]]:
     ]
 
 
+def _molmo2_records() -> list[tuple[dict, str, str]]:
+    a, b = {"type": "image", "image": "good.jpg"}, {"type": "image", "image": "good.png"}
+    return [
+        ({"messages": [U(img("good.jpg"))], "branches": [[A("One.")], [A("Two.")]]}, "packed",
+         "image in the shared prefix only"),
+        ({"messages": [U("Look."), A("Yes.")], "branches": [[U([a]), A("One.")], [U([b]), A("Two.")]]}, "packed",
+         "an image in each branch, none shared"),
+        ({"messages": [U(img("good.jpg")), A("Ok.")], "branches": [[U([b]), A("One.")], [A("Two.")]]}, "image_tree",
+         "an image in the prefix and one in a branch (Molmo2's block differs per branch)"),
+        ({"messages": [U(img("good.jpg")), A("Ok.")], "branches": [{"messages": [U([b]), A("Deeper.")],
+                                                                   "branches": [[A("x")], [A("y")]]}]},
+         "packed", "a single branch with an image (no branch point between the images)"),
+    ]
+
+
 def _write(name: str, cases, config: dict) -> dict:
     out = bytearray()
     expect, notes = {}, {}
@@ -249,6 +264,7 @@ def main() -> None:
                                                                           "chat_template": ALTERNATING_TEMPLATE}),
         "videos.jsonl": _write("videos.jsonl", _video_records(), {**common, "profile": "qwen2.5-vl",
                                                                   "max_length": 1024, "max_vision_tokens": 300}),
+        "molmo2.jsonl": _write("molmo2.jsonl", _molmo2_records(), {"profile": "molmo2", "max_length": 2048}),
     }
     (HERE / "expected.json").write_text(json.dumps({"files": spec}, indent=1) + "\n")
 
