@@ -155,7 +155,7 @@ def build(
         lengths=plan.lengths, vision=plan.vision, pack_ids=plan.pack_ids, capacity=config.max_length,
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
-        image_units=_image_units(table, plan.index, encoder.profile),
+        image_units=_image_units(cache, plan.index, encoder.profile),
         video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
     )
     write_json_atomic(out / STATS, stats)
@@ -250,12 +250,14 @@ def _write(
     return entries
 
 
-def _image_units(table: Any, index: np.ndarray, profile: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
+def _image_units(cache: Any, index: np.ndarray, profile: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
     """(unit name, units per planned example, units per planned image) of the profile's ``image_units``, read
     from the encode cache's image grids (an up-sampled example counts once per copy); None if it has none."""
     import pyarrow.compute as pc
 
-    images = table.column("images").combine_chunks()  # list<struct> per cached example
+    if profile.image_units(np.zeros((0, 3), dtype=np.int64)) is None:
+        return None  # the family counts no units: the images column is not read
+    images = cache.open(("images",)).column("images").combine_chunks()  # list<struct> per cached example
     structs = images.flatten()
     grids = np.stack([structs.field(f).to_numpy(zero_copy_only=False) for f in ("grid_t", "grid_h", "grid_w")],
                      axis=1).astype(np.int64).reshape(-1, 3)  # (I, 3) every cached image

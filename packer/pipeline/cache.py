@@ -32,7 +32,8 @@ from packer.shards.io import write_text_atomic
 from packer.shards.schema import EXAMPLE_SCHEMA
 from packer.shards.store import ObjectPath, write_atomic
 
-PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "num_vision_tokens", "num_images")
+PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "num_vision_tokens", "num_video_tokens",
+                "num_images")
 """What ``EncodeCache.open`` reads: the plan, the budget rejects and the stats need no token data."""
 
 
@@ -83,14 +84,14 @@ class EncodeCache:
             writer.write_table(table)
         write_atomic(self.arrow(i), sink.getvalue().to_pybytes())
 
-    def open(self) -> pa.Table:
-        """The ``PLAN_COLUMNS`` of the whole cache as one table: memory-mapped on a local disk, only those
-        columns' bytes read from an object store (token data is never read)."""
+    def open(self, columns: tuple[str, ...] = PLAN_COLUMNS) -> pa.Table:
+        """``columns`` of the whole cache as one table: memory-mapped on a local disk, only those columns'
+        bytes read from an object store (by default the plan's: token data is never read)."""
         tables = []
         for i in range(self.num_chunks):
-            with _open_ipc(self.arrow(i), columns=PLAN_COLUMNS) as reader:
+            with _open_ipc(self.arrow(i), columns=columns) as reader:
                 tables.append(reader.read_all())
-        schema = pa.schema([EXAMPLE_SCHEMA.field(c) for c in PLAN_COLUMNS])
+        schema = pa.schema([EXAMPLE_SCHEMA.field(c) for c in columns])
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def indexed(self) -> EncodeCache:
