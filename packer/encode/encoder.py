@@ -377,13 +377,11 @@ class Encoder:
             return
         pos = np.flatnonzero(draft.ids == self.image_token_id)  # (I,) one per image, in order (checked above)
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
-        sizes, grids, counts = {}, [], []
+        sizes: dict[ImageRef, tuple[int, int]] = {}
         for ref in refs:
             if ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
-            w, h = sizes[ref]
-            grids.append(self.profile.grid_thw(w, h))
-            counts.append(self.profile.num_tokens(w, h))
+        grids, counts = zip(*self.profile.example_images([sizes[ref] for ref in refs]), strict=True)
         repeats[pos] = counts
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
         labels = draft.labels.copy()
@@ -419,7 +417,16 @@ class Encoder:
                 f"cutting to --max-length {self.max_length} (at token {cut}, before any image it would split) "
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
-        draft.images = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        kept = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        if 0 < len(kept) < len(draft.images):
+            alone = self.profile.example_images([self.profile.image_size(r) for r in draft.refs[: len(kept)]])
+            if [c for _, c in alone] != [im.num_tokens for im in kept]:  # the count depended on the lost images
+                raise RecordError(
+                    "untruncatable",
+                    f"cutting to --max-length {self.max_length} drops images that decide how many tokens the "
+                    f"kept ones take (profile {self.profile.name!r}); raise --max-length or use --overlong drop",
+                )
+        draft.images = kept
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]
         draft.node_parents = draft.node_parents[:keep_nodes]

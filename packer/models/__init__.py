@@ -13,6 +13,7 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
 from packer.models.llava import LlavaProfile
+from packer.models.llava_onevision import LlavaOnevisionProfile
 from packer.models.qwen_vl import QwenVLProfile
 from packer.models.text import TextProfile
 
@@ -59,4 +60,5 @@ def forward_keys() -> tuple[str, ...]:
 register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(QwenVLProfile(name="qwen2.5-vl"))
 register_profile(LlavaProfile(name="llava"))
+register_profile(LlavaOnevisionProfile(name="llava-onevision"))
 register_profile(TextProfile(name="text"))

@@ -6,8 +6,10 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
     encode   image_size(ref) -> (w, h)           the header (media/images.py), shared by every family
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
+             example_images(sizes)               (grid, tokens) of one example's images (default: each alone)
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
+             image_inputs(refs, grids)           the same for collate, which also has the stored grids
              forward_keys                        batch keys the model's forward takes
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
@@ -73,6 +75,14 @@ class ModelProfile:
         """Vision tokens one image of this size becomes in the LLM sequence."""
         raise self._no_vision()
 
+    def example_images(self, sizes: list[tuple[int, int]]) -> list[tuple[tuple[int, int, int], int]]:
+        """(grid_thw, num_tokens) of each image of one example, in token order, from their (w, h) sizes.
+
+        Each image alone by default; a family whose rule looks at the example's other images overrides it
+        (LLaVA-OneVision tiles an image only when it is its example's one image).
+        """
+        return [(self.grid_thw(w, h), self.num_tokens(w, h)) for w, h in sizes]
+
     def extra_positions(
         self,
         ids: np.ndarray,
@@ -105,6 +115,13 @@ class ModelProfile:
         decoded = [load_image(ref) for ref in images]
         out = self.image_processor()(images=decoded, return_tensors="pt")
         return {k: out[k] for k in self.forward_keys if k in out}
+
+    def image_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+        """What ``collate`` adds for a batch's images, given their stored grids too: ``pixel_values`` by default.
+
+        A family whose model needs more than the pixels (which images were tiled) overrides it.
+        """
+        return self.pixel_values(images)
 
     # ------------------------------------------------------------------ verify
 

@@ -90,7 +90,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if images and rows[0].get("load_images", True):
         profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
         refs = [_image_ref(im) for im in images]
-        batch.update(profile.pixel_values(refs))
+        batch.update(profile.image_inputs(refs, [(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]))
     if images:  # first vision token of each image in the batch
         offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
