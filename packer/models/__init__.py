@@ -12,6 +12,7 @@ from typing import Any
 
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
+from packer.models.gemma3 import Gemma3Profile
 from packer.models.llava import LlavaProfile
 from packer.models.llava_onevision import LlavaOnevisionProfile
 from packer.models.qwen_vl import QwenVLProfile
@@ -61,4 +62,5 @@ register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(QwenVLProfile(name="qwen2.5-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(LlavaOnevisionProfile(name="llava-onevision"))
+register_profile(Gemma3Profile(name="gemma3"))
 register_profile(TextProfile(name="text"))

@@ -14,14 +14,14 @@ from tests.conftest import REPO
 
 
 def test_get_profile() -> None:
-    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "llava", "llava-onevision", "text")
+    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "llava", "llava-onevision", "gemma3", "text")
     assert get_profile("qwen2-vl") is get_profile("qwen2-vl")
     assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
     assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
     assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
     assert p.num_tokens(640, 480) <= 256
-    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, llava, llava-onevision, text"):
+    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, llava, llava-onevision, gemma3, text"):
         get_profile("gpt-5")
     with pytest.raises(ConfigError, match="min_pixels"):
         get_profile("qwen2-vl", min_pixels=100, max_pixels=10)
@@ -36,8 +36,8 @@ def test_get_profile() -> None:
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
     assert text.image_token is None and not text.mrope
-    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, llava "
-                                          "or llava-onevision"):
+    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, llava, "
+                                          "llava-onevision or gemma3"):
         text.num_tokens(640, 480)
     with pytest.raises(ConfigError, match="no vision encoder"):
         text.grid_thw(640, 480)
