@@ -70,6 +70,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "node_parents": torch.from_numpy(node_parents.astype(np.int32)),  # (N,)
         "num_loss_tokens": int(np.count_nonzero(labels_np != IGNORE_INDEX)),
         "example_ids": [e for r in rows for e in r["example_ids"]],
+        "num_rows": len(rows),
         # filler rows (PackedDataset's equal shares): labels all -100, so the loss and the count skip them
         "num_filler_rows": sum(bool(r.get("is_filler")) for r in rows),
         "filler_examples": torch.tensor([bool(r.get("is_filler")) for r in rows for _ in r["example_ids"]],
