@@ -115,7 +115,7 @@ class LlavaOnevisionProfile(ModelProfile):
         )
 
     def pixel_values(self, images: list[ImageRef]) -> dict[str, torch.Tensor]:
-        """Each image as its example's only one (tiled)."""
+        """Each image as its example's only one (tiled): any grid with t > 1 says so."""
         return self.image_inputs(images, [(2, 0, 0)] * len(images))
 
     def image_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
