@@ -28,6 +28,7 @@ EXPECTED = {  # config -> (profile, max_length, vision tokens of a 640x480 image
     "qwen2-vl.yaml": ("qwen2-vl", 8192, 17 * 23),  # 640x480 -> 644x476 (multiples of 28)
     "qwen2.5-vl.yaml": ("qwen2.5-vl", 8192, 17 * 23),
     "qwen2.5-tools.yaml": ("text", 8192, None),
+    "qwen3-vl.yaml": ("qwen3-vl", 8192, 15 * 20),  # 640x480 kept (multiples of 32): 30x40 patches of 16 px
 }
 
 

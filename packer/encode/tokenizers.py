@@ -13,6 +13,11 @@ special, as in Qwen2.5's tokenizer_config.json) and Qwen2.5-Instruct's chat temp
 (in the system prompt), ``tool_calls`` (``<tool_call>`` JSON) and ``tool`` turns (``<tool_response>``
 inside a user turn). It is the builtin for tool-use data: Qwen2-VL's template has no tool support.
 
+``qwen3-vl`` is Qwen3-VL's: the same ranks and pre-tokenizer (Qwen3 kept Qwen2's BPE), Qwen3's 26 added tokens
+with their real ids (Qwen2.5's 22, then ``<tool_response>`` 151665, ``</tool_response>`` 151666, ``<think>``
+151667, ``</think>`` 151668, not special) and Qwen3-VL-Instruct's chat template (``QWEN3_VL_CHAT_TEMPLATE``).
+Qwen3-VL's config uses Qwen2-VL's vision ids (image 151655, video 151656, vision start/end 151652/151653).
+
 ``llava-onevision`` is LLaVA-OneVision's (llava-hf/llava-onevision-qwen2-*-ov-hf) vocabulary the same way: the
 same ranks, then ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, ``<image>``, ``<video>`` at 151643-151647
 (the model config's image_token_index = 151646, video_token_index = 151647), and a ChatML template that writes
@@ -158,6 +163,102 @@ QWEN25_CHAT_TEMPLATE = (
     "{%- endif %}\n"
 )
 
+# Qwen3 adds these after Qwen2.5's 22, not special (ids 151665-151668), per Qwen3's tokenizer_config.json.
+QWEN3_EXTRA_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+# Qwen3-VL-*-Instruct's chat template (Apache-2.0): Qwen3-Instruct's ChatML with tools, and a render_content
+# macro that turns image and video parts into vision placeholders. No default system prompt. Its Thinking
+# sibling (public copies checked) differs only in what it adds for reasoning: a backwards scan for the last
+# user query (no output of its own), <think> blocks in assistant turns after it, and "<think>\n" after the
+# generation prompt; those are left out here, which renders every conversation the same as the Instruct one.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- set image_count = namespace(value=0) %}\n"
+    "{%- set video_count = namespace(value=0) %}\n"
+    "{%- macro render_content(content, do_vision_count) %}\n"
+    "    {%- if content is string %}\n"
+    "        {{- content }}\n"
+    "    {%- else %}\n"
+    "        {%- for item in content %}\n"
+    "            {%- if 'image' in item or 'image_url' in item or item.type == 'image' %}\n"
+    "                {%- if do_vision_count %}\n"
+    "                    {%- set image_count.value = image_count.value + 1 %}\n"
+    "                {%- endif %}\n"
+    "                {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}\n"
+    "                <|vision_start|><|image_pad|><|vision_end|>\n"
+    "            {%- elif 'video' in item or item.type == 'video' %}\n"
+    "                {%- if do_vision_count %}\n"
+    "                    {%- set video_count.value = video_count.value + 1 %}\n"
+    "                {%- endif %}\n"
+    "                {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}\n"
+    "                <|vision_start|><|video_pad|><|vision_end|>\n"
+    "            {%- elif 'text' in item %}\n"
+    "                {{- item.text }}\n"
+    "            {%- endif %}\n"
+    "        {%- endfor %}\n"
+    "    {%- endif %}\n"
+    "{%- endmacro %}\n"
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- render_content(messages[0].content, false) + '\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    '    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with '
+    'function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
+    "    {%- for tool in tools %}\n"
+    '        {{- "\\n" }}\n'
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
+    "{%- else %}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + render_content(messages[0].content, false) + '<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- set content = render_content(message.content, True) %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "        {%- if message.tool_calls %}\n"
+    "            {%- for tool_call in message.tool_calls %}\n"
+    "                {%- if (loop.first and content) or (not loop.first) %}\n"
+    "                    {{- '\\n' }}\n"
+    "                {%- endif %}\n"
+    "                {%- if tool_call.function %}\n"
+    "                    {%- set tool_call = tool_call.function %}\n"
+    "                {%- endif %}\n"
+    "                {{- '<tool_call>\\n{\"name\": \"' }}\n"
+    "                {{- tool_call.name }}\n"
+    "                {{- '\", \"arguments\": ' }}\n"
+    "                {%- if tool_call.arguments is string %}\n"
+    "                    {{- tool_call.arguments }}\n"
+    "                {%- else %}\n"
+    "                    {{- tool_call.arguments | tojson }}\n"
+    "                {%- endif %}\n"
+    "                {{- '}\\n</tool_call>' }}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
 # LLaVA-OneVision's added tokens after the Qwen2 ranks, ids 151643-151647 (llava-hf's OneVision tokenizers).
 LLAVA_ONEVISION_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"]
 
@@ -225,7 +326,7 @@ GEMMA3_CHAT_TEMPLATE = (
     "{%- endif -%}\n"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "llava-onevision", "gemma3")
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "llava-onevision", "gemma3")
 FAMILY_TOKENIZERS = {  # the two built from family tokens: (special tokens, chat template)
     "llava-onevision": (LLAVA_ONEVISION_SPECIAL_TOKENS, LLAVA_ONEVISION_CHAT_TEMPLATE),
     "gemma3": (GEMMA3_SPECIAL_TOKENS, GEMMA3_CHAT_TEMPLATE),
@@ -250,7 +351,7 @@ def _qwen_tiktoken_file() -> Path:
 
 def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") -> Path:
     """Build the offline Qwen2-VL (or, with ``variant="qwen2.5"``, Qwen2.5-Instruct) tokenizer into
-    ``out_dir`` (an HF tokenizer directory) and return it."""
+    ``out_dir`` (an HF tokenizer directory) and return it; ``variant="qwen3-vl"``: Qwen3-VL's."""
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -266,8 +367,8 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     # Added to the backend first, in order, so the ids are exactly 151643.. (wrapping first would add
     # eos/pad ahead of the rest and shift them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
-    if variant == "qwen2.5":
-        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN25_EXTRA_TOKENS])
+    extra = {"qwen2.5": QWEN25_EXTRA_TOKENS, "qwen3-vl": QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS}.get(variant, [])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -282,11 +383,11 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
     expected = list(range(QWEN2_VL_FIRST_SPECIAL_ID, QWEN2_VL_FIRST_SPECIAL_ID + len(QWEN2_VL_SPECIAL_TOKENS)))
     if ids != expected:
         raise ConfigError(f"special token ids {ids} differ from Qwen2-VL's {expected}")
-    if variant == "qwen2.5":
-        extra = tok.convert_tokens_to_ids(QWEN25_EXTRA_TOKENS)
-        if extra != list(range(expected[-1] + 1, expected[-1] + 1 + len(QWEN25_EXTRA_TOKENS))):
-            raise ConfigError(f"Qwen2.5's added token ids {extra} differ from 151657..151664")
-    tok.chat_template = QWEN25_CHAT_TEMPLATE if variant == "qwen2.5" else QWEN2_VL_CHAT_TEMPLATE
+    if extra and tok.convert_tokens_to_ids(extra) != list(range(expected[-1] + 1, expected[-1] + 1 + len(extra))):
+        raise ConfigError(f"{variant}'s added token ids {tok.convert_tokens_to_ids(extra)} differ from 151657..")
+    tok.chat_template = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "qwen3-vl": QWEN3_VL_CHAT_TEMPLATE}.get(
+        variant, QWEN2_VL_CHAT_TEMPLATE
+    )
     return _save(tok, out_dir)
 
 

@@ -15,6 +15,7 @@ from packer.models.base import ModelProfile
 from packer.models.gemma3 import Gemma3Profile
 from packer.models.llava import LlavaProfile
 from packer.models.llava_onevision import LlavaOnevisionProfile
+from packer.models.qwen3_vl import Qwen3VLProfile
 from packer.models.qwen_vl import QwenVLProfile
 from packer.models.text import TextProfile
 
@@ -60,6 +61,7 @@ def forward_keys() -> tuple[str, ...]:
 
 register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(QwenVLProfile(name="qwen2.5-vl"))
+register_profile(Qwen3VLProfile(name="qwen3-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(LlavaOnevisionProfile(name="llava-onevision"))
 register_profile(Gemma3Profile(name="gemma3"))

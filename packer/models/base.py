@@ -9,8 +9,9 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              example_images(sizes)               (grid, tokens) of one example's images (default: each alone)
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
-             image_inputs(refs, grids)           the same for collate, which also has the stored grids
+             pixel_inputs(refs, grids)           the same for collate, which also has the stored grids
              forward_keys                        batch keys the model's forward takes
+             image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
 
@@ -116,12 +117,26 @@ class ModelProfile:
         out = self.image_processor()(images=decoded, return_tensors="pt")
         return {k: out[k] for k in self.forward_keys if k in out}
 
-    def image_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+    def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
         """What ``collate`` adds for a batch's images, given their stored grids too: ``pixel_values`` by default.
 
         A family whose model needs more than the pixels (which images were tiled) overrides it.
         """
         return self.pixel_values(images)
+
+    def image_spans(self, images: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        """The [start, end) token ranges of one row whose tokens all see each other, relative to the row.
+
+        ``images`` are the row's image entries (docs/format.md: ``offset``, ``num_tokens``, ...). The default is
+        each image's placeholder run when ``bidirectional_images`` is set, else none; a family whose block
+        differs (e.g. includes its start/end tokens) overrides it. ``collate`` emits these as the batch's
+        ``bidirectional_spans`` and ``packer inspect --mask`` draws them, so both follow this one rule.
+
+            images = [{"offset": 5, "num_tokens": 4}]  ->  [(5, 9)] with bidirectional_images, else []
+        """
+        if not self.bidirectional_images:
+            return []
+        return [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in images]
 
     # ------------------------------------------------------------------ verify
 

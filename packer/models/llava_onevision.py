@@ -48,7 +48,7 @@ def anyres_pinpoints(crop_px: int, max_tiles_per_side: int = 6) -> tuple[tuple[i
 class LlavaOnevisionProfile(ModelProfile):
     """LLaVA-OneVision (llava-hf/llava-onevision-qwen2-*-ov-hf): SigLIP 384/14, ``anyres_max_9``.
 
-    ``image_inputs`` gives {"pixel_values": (sum(crops), 3, px, px) float32, "image_sizes": (N, 2) int64 (h, w),
+    ``pixel_inputs`` gives {"pixel_values": (sum(crops), 3, px, px) float32, "image_sizes": (N, 2) int64 (h, w),
     "batch_num_images": (G,) int64}: groups of one (tiled) or several (untiled) images, as the model reads them.
     """
 
@@ -116,9 +116,9 @@ class LlavaOnevisionProfile(ModelProfile):
 
     def pixel_values(self, images: list[ImageRef]) -> dict[str, torch.Tensor]:
         """Each image as its example's only one (tiled): any grid with t > 1 says so."""
-        return self.image_inputs(images, [(2, 0, 0)] * len(images))
+        return self.pixel_inputs(images, [(2, 0, 0)] * len(images))
 
-    def image_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+    def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
         """Tiled images (t > 1) go to the processor alone, each run of untiled ones (t == 1) together, so its
         ``batch_num_images`` and the model's pick the same crops. An untiled image always has company: its
         example's other images, kept whole in one row (the encoder refuses a cut that would part them)."""

@@ -110,7 +110,7 @@ def test_input_ids_and_pixels_match_the_processor(coco_images, tok, processor, n
     assert enc.input_ids.tolist() == out["input_ids"][0].tolist()
     assert [im.num_tokens for im in enc.images] == [int(n) for n in np.diff(
         np.flatnonzero(np.diff(np.r_[0, enc.input_ids == IMAGE, 0]) != 0))[::2]]
-    mine = get_profile("llava-onevision").image_inputs([ImageRef(path=str(p)) for p in files],
+    mine = get_profile("llava-onevision").pixel_inputs([ImageRef(path=str(p)) for p in files],
                                                      [im.grid_thw for im in enc.images])
     crops = [im.grid_thw[0] for im in enc.images]
     expected = np.concatenate([out["pixel_values"][i][:c] for i, c in enumerate(crops)])  # unpad, concatenate
@@ -130,4 +130,4 @@ def test_a_cut_that_parts_an_examples_images_is_refused(coco_images, tok) -> Non
 
 def test_a_lone_untiled_image_is_refused() -> None:
     with pytest.raises(ConfigError, match="untiled image without"):
-        get_profile("llava-onevision").image_inputs([ImageRef(path="x.jpg")], [(1, 27, 27)])
+        get_profile("llava-onevision").pixel_inputs([ImageRef(path="x.jpg")], [(1, 27, 27)])

@@ -14,19 +14,19 @@ from tests.conftest import REPO
 
 
 def test_get_profile() -> None:
-    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "llava", "llava-onevision", "gemma3", "text")
+    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava", "llava-onevision", "gemma3", "text")
     assert get_profile("qwen2-vl") is get_profile("qwen2-vl")
     assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
     assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
     assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
     assert p.num_tokens(640, 480) <= 256
-    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, llava, llava-onevision, gemma3, text"):
+    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, qwen3-vl, llava, llava-onevision, gemma3, text"):
         get_profile("gpt-5")
     with pytest.raises(ConfigError, match="min_pixels"):
         get_profile("qwen2-vl", min_pixels=100, max_pixels=10)
     with pytest.raises(ConfigError, match=r"\['max_pixels'\] only apply to dynamic-resolution profiles "
-                                          r"\(qwen2-vl, qwen2.5-vl\), not 'llava'"):
+                                          r"\(qwen2-vl, qwen2.5-vl, qwen3-vl\), not 'llava'"):
         get_profile("llava", max_pixels=1000)
     with pytest.raises(ConfigError, match="dynamic-resolution"):
         get_profile("text", min_pixels=1000)
@@ -36,7 +36,7 @@ def test_get_profile() -> None:
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
     assert text.image_token is None and not text.mrope
-    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, llava, "
+    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, qwen3-vl, llava, "
                                           "llava-onevision or gemma3"):
         text.num_tokens(640, 480)
     with pytest.raises(ConfigError, match="no vision encoder"):

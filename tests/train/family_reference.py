@@ -2,7 +2,7 @@
 
 scripts/check_equivalence.py's reference runs Qwen2-VL's inputs; this one asks the family: every root-to-leaf
 path of every example runs alone (default attention, no packing) with ``path_inputs(tokens, images)`` — the
-row's images inside the path, from the profile's own ``image_inputs`` — and ``ce.compare`` checks the packed
+row's images inside the path, from the profile's own ``pixel_inputs`` — and ``ce.compare`` checks the packed
 forward (packer backends + packed_cross_entropy) against it: per-token losses, total and gradients.
 """
 

@@ -2,10 +2,8 @@
 ``packer build`` mixing text, one- and two-image examples and a two-level caption tree; a sliding-window layer
 (window 16, shorter than the rows) and a global one; each image's soft tokens bidirectional. The reference runs
 every root-to-leaf path alone with the processor's ``token_type_ids``, from which Gemma 3 builds its own
-masks (``create_masks_for_vision_model``); the packed side takes the images' spans (tests/train/family_reference.py).
-
-Until ``collate`` emits the spans itself, the batch carries them as ``image_spans`` (what ``PackedLayout.
-from_batch`` reads): each image's [offset, offset + num_tokens), the profile's bidirectional block.
+masks (``create_masks_for_vision_model``); the packed side takes the spans ``collate`` emits from the profile
+(each image's soft tokens) (tests/train/family_reference.py).
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 SOFT, BOI, EOI = 151650, 151648, 151649  # <image_soft_token>, <start_of_image>, <end_of_image> (stand-in ids)
 TINY = Gemma3Profile(name="gemma3-tiny", image_px=56, tokens_per_image=4)
 """56 px images: 4x4 patches pooled 2x2 -> 4 tokens; the same rule as 896 px -> 64x64 -> 256."""
-BACKENDS = ["sdpa", "flex"]  # the backends that take bidirectional spans today
+BACKENDS = ["sdpa", "sdpa_varlen", "flex"]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +80,7 @@ def test_packed_rows_match_unpacked_on_the_real_model(tiny_rows) -> None:
     batches, ids, vocab = fr.compact([collate(rows)], [SOFT, BOI, EOI])
     (batch,) = batches
     assert batch["input_ids"].shape[1] > 3 * 16  # several sliding windows long
-    batch["image_spans"] = torch.tensor([[im["at"], im["at"] + im["num_tokens"]] for im in images])
+    assert batch["bidirectional_spans"].tolist() == [[im["at"], im["at"] + im["num_tokens"]] for im in images]
     model = TINY.tiny_model(token_ids={"image_token": ids[SOFT], "vision_start": ids[BOI], "vision_end": ids[EOI]},
                             vocab_size=vocab)
     fr.freeze_key_biases(model)
@@ -93,7 +91,7 @@ def test_packed_rows_match_unpacked_on_the_real_model(tiny_rows) -> None:
 
     # causal image attention is measurably different: the spans are doing the work
     causal = dict(batch)
-    del causal["image_spans"]
+    del causal["bidirectional_spans"]
     assert not fr.ce.compare(model, causal, ["sdpa"], ref=ref)["sdpa"]["ok"]
 
     # model(**collate(rows)) as it is, after use_packed_attention: the same logits as model_inputs

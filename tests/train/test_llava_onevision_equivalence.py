@@ -65,7 +65,7 @@ def _path_inputs(profile: LlavaOnevisionProfile):
         if not images:
             return {}
         refs = [ImageRef(path=im["source"]) for im in images]
-        return profile.image_inputs(refs, [(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images])
+        return profile.pixel_inputs(refs, [(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images])
 
     return inputs
 

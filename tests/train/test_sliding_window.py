@@ -3,7 +3,7 @@
 Reference: every path of a hand-made row (two examples, one a nested tree) run alone with the mask
 transformers builds for a sliding layer, AND(kv > q - window, OR(causal, same image block)), on dense SDPA;
 the packed row must give each path's outputs on every CPU backend (flex forward-only), with and without
-bidirectional spans. A branch's first token is far from its parent's last in the row but adjacent on its path.
+bidirectional spans (on sdpa_varlen: span_attention's two calls, the window on the causal one). A branch's first token is far from its parent's last in the row but adjacent on its path.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ def test_packed_sliding_window_matches_each_path_alone(window: int, with_spans: 
     layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=spans or None)
     assert layout.path_positions().tolist()[11:14] == [6, 7, 8]  # branch 2 continues its parent, not the row
     expected = _reference(q, k, v, layout, window, spans)
-    backends = ["sdpa", "flex"] + ([] if with_spans else ["sdpa_varlen"])
-    for backend in backends:
+    for backend in ("sdpa", "flex", "sdpa_varlen"):  # sdpa_varlen with spans: the two merged varlen calls
         with torch.no_grad():
             got = packed_attention(q, k, v, layout, backend=backend, window=window)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=backend)
@@ -68,3 +67,22 @@ def test_no_window_is_the_plain_tree_mask() -> None:
     layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
     assert torch.equal(layout.dense_mask("cpu", T), layout.dense_mask("cpu"))
     assert not torch.equal(layout.dense_mask("cpu", 2), layout.dense_mask("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["flash", "varlen", "flex"])
+@pytest.mark.parametrize("with_spans", [False, True])
+def test_cuda_kernels_take_the_window(backend: str, with_spans: bool) -> None:
+    """window_size=(window - 1, 0) on the varlen segments (and span_attention's causal call) equals fp32 sdpa."""
+    from packer.train.attention import flash_available, varlen_available
+
+    if (backend == "flash" and not flash_available()) or (backend == "varlen" and not varlen_available()):
+        pytest.skip(f"{backend} is not available")
+    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS if with_spans else None)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(T, h, 64, device="cuda").to(torch.bfloat16) for h in (4, 2, 2))
+    for window in (2, 5):
+        ref = packed_attention(q.float(), k.float(), v.float(), layout, backend="sdpa", window=window)
+        got = packed_attention(q, k, v, layout, backend=backend, window=window)
+        assert (got.float() - ref).abs().max() < 2e-2, (backend, window)
