@@ -132,3 +132,21 @@ def test_non_causal_calls_fall_through_to_sdpa():
     out, _ = attn(module, q, q, q, None, is_causal=False, **{LAYOUT_KWARG: PackedLayout.from_tensors(**GOLDEN_LAYOUT)})
     ref = torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2)
     torch.testing.assert_close(out, ref)
+
+
+def test_hook_passes_no_bookkeeping_to_the_model():
+    """Every key collate adds for packer's own use (boundaries, counts, fillers) stays out of the forward."""
+    from packer.train.collate import collate
+    from packer.train.hf import _packed_batch_hook
+
+    lay = PackedLayout.from_tensors(**GOLDEN_LAYOUT)
+    row = {"input_ids": (torch.arange(GOLDEN_LAYOUT["num_tokens"]) % 64).numpy(),
+           "labels": (torch.arange(GOLDEN_LAYOUT["num_tokens"]) % 64).numpy(),
+           "position_ids": torch.zeros(GOLDEN_LAYOUT["num_tokens"], dtype=torch.long).numpy(),
+           "cu_seqlens": lay.cu_seqlens.numpy(), "node_offsets": lay.node_offsets.numpy(),
+           "node_parents": lay.node_parents.numpy(), "images": [], "example_ids": ["a", "b"],
+           "is_filler": True, "_state": {"count": 1}}
+    batch = collate([row])
+    assert {"num_rows", "num_filler_rows", "filler_examples", "packer_state"} <= set(batch)
+    _, kwargs = _packed_batch_hook(None, (), batch)
+    assert set(kwargs) <= {"input_ids", "position_ids", "labels", "shift_labels", "use_cache", LAYOUT_KWARG}
