@@ -103,7 +103,8 @@ def test_stats_table_json_and_picture(built, tmp_path):
         (["build", "{tmp}/none.jsonl", "-o", "{tmp}/o"], 1,
          "error: input '{tmp}/none.jsonl' matches no file; give JSONL files, directories or glob patterns\n"),
         (["build", "{data}", "-o", "{tmp}/o", "--profile", "gpt"], 2,
-         "Error: Invalid value for '--profile': 'gpt' is not one of 'qwen2-vl', 'qwen2.5-vl', 'qwen3-vl', 'llava', 'text', 'internvl', 'molmo2'.\n"),
+         "Error: Invalid value for '--profile': 'gpt' is not one of 'qwen2-vl', 'qwen2.5-vl', 'qwen3-vl', 'llava', "
+         "'llava-onevision', 'gemma3', 'text', 'internvl', 'molmo2'.\n"),
         (["build", "{data}", "-o", "{tmp}/o", "--max-length", "0"], 1,
          "error: 'max_length' must be a positive integer, got 0\n"),
         (["build", "{data}", "-o", "{out}", *OPTS, "--max-length", "512", "-q"], 1,

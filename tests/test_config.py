@@ -24,6 +24,8 @@ EXPECTED = {  # config -> (profile, max_length, vision tokens of a 640x480 image
     "internvl.yaml": ("internvl", 16384, 13 * 256),  # 4x3 tiles of 448 px + a thumbnail
     "llama3-text.yaml": ("text", 8192, None),
     "llava-1.5.yaml": ("llava", 4096, 576),
+    "gemma3.yaml": ("gemma3", 8192, 256),
+    "llava-onevision.yaml": ("llava-onevision", 32768, 2929),  # 729 base + 40 rows x (54 + newline)
     "qwen2-vl.yaml": ("qwen2-vl", 8192, 17 * 23),  # 640x480 -> 644x476 (multiples of 28)
     "qwen2.5-vl.yaml": ("qwen2.5-vl", 8192, 17 * 23),
     "qwen2.5-tools.yaml": ("text", 8192, None),

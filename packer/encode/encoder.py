@@ -419,19 +419,21 @@ class Encoder:
         ):
             raise RecordError("template_error", "the chat template put the images and videos out of their order")
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
-        sizes, plans, grids, counts = {}, {}, [], []
+        sizes: dict[ImageRef, tuple[int, int]] = {}
+        plans: dict[VideoRef, Any] = {}
         for ref in refs:
             if isinstance(ref, VideoRef):
                 if ref not in plans:  # a tree's shared clip is planned once
                     plans[ref] = self.profile.plan_video(ref)
-                grids.append(plans[ref].grid_thw)
-                counts.append(plans[ref].num_tokens)
-                continue
-            if ref not in sizes:  # a tree's shared image is measured once
+            elif ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
-            w, h = sizes[ref]
-            grids.append(self.profile.grid_thw(w, h))
-            counts.append(self.profile.num_tokens(w, h))
+        # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
+        image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
+        grids, counts = [], []
+        for ref in refs:
+            g, c = (plans[ref].grid_thw, plans[ref].num_tokens) if isinstance(ref, VideoRef) else next(image_plans)
+            grids.append(g)
+            counts.append(c)
         wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
         repeats[pos] = np.asarray(counts) + 2 * wrap
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
@@ -485,7 +487,17 @@ class Encoder:
                 f"cutting to --max-length {self.max_length} (at token {cut}, before any image it would split) "
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
-        draft.images = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        kept = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        if 0 < len(kept) < len(draft.images):
+            image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(kept)]
+            alone = self.profile.example_images([self.profile.image_size(r) for r in image_refs])
+            if [c for _, c in alone] != [im.num_tokens for im in kept]:  # the count depended on the lost images
+                raise RecordError(
+                    "untruncatable",
+                    f"cutting to --max-length {self.max_length} drops images that decide how many tokens the "
+                    f"kept ones take (profile {self.profile.name!r}); raise --max-length or use --overlong drop",
+                )
+        draft.images = kept
         draft.videos = [v for v in draft.videos if v.offset + v.num_tokens <= cut]
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]

@@ -38,6 +38,17 @@ names the 256 special tokens (128000 ``<|begin_of_text|>`` ... ``<|start_header_
 part renders as Molmo2's placeholder ``<|image|>`` (``MOLMO2_CHAT_TEMPLATE``). Token counts and expansions are
 the real Molmo2 processor's; the ids of its tokens are not the checkpoints'.
 
+``llava-onevision`` is LLaVA-OneVision's (llava-hf/llava-onevision-qwen2-*-ov-hf) vocabulary the same way: the
+same ranks, then ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, ``<image>``, ``<video>`` at 151643-151647
+(the model config's image_token_index = 151646, video_token_index = 151647), and a ChatML template that writes
+each image part as ``<image>`` where it stands (``LLAVA_ONEVISION_CHAT_TEMPLATE`` says how it differs from the
+hub's).
+
+``gemma3`` is a STAND-IN for Gemma 3's tokenizer (its SentencePiece model is not on PyPI): the Qwen2 ranks,
+then Gemma 3's special tokens (``<bos>``, ``<start_of_turn>``, ``<end_of_turn>``, ``<start_of_image>``,
+``<image_soft_token>``, ``<end_of_image>``, ...) appended with ids of their own, and Gemma 3's chat template.
+Token ids are not Gemma's; the structure around images (what the processor and the model read) is.
+
 Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 """
 
@@ -336,7 +347,78 @@ MOLMO2_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "internvl3", "llama3", "molmo2")
+# LLaVA-OneVision's added tokens after the Qwen2 ranks, ids 151643-151647 (llava-hf's OneVision tokenizers).
+LLAVA_ONEVISION_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"]
+
+# ChatML with each image part written as "<image>\n" where it stands. The hub's chat_template.json writes a
+# message's images first, then "\n" + each text part; that reorders parts, which packer's content spans do not
+# follow (pass it with --chat-template to train on exactly its rendering: packer then renders prefixes).
+LLAVA_ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<image>\n{% elif content['type'] == 'video' %}<video>\n"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Gemma 3's special tokens, appended after the Qwen2 ranks (151643-151650): a stand-in, not Gemma's ids.
+# No <unk>: the Qwen2 ranks hold that string as an ordinary token (128244), and byte-level BPE never needs one.
+GEMMA3_SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
+                         "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+
+# Gemma 3 instruct's chat template (google/gemma-3-*-it tokenizer_config.json), with one change: an image part
+# is written as the processor's expansion of <start_of_image> ("\n\n<start_of_image>" + soft tokens +
+# "<end_of_image>\n\n", Gemma3Processor.full_image_sequence) with ONE soft token, which the gemma3 profile
+# repeats 256 times; so the rendering equals the processor's text before tokenization.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '\n\n<start_of_image><image_soft_token><end_of_image>\n\n' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+BUILTIN_TOKENIZERS = ("qwen2-vl", "qwen2.5", "qwen3-vl", "internvl3", "llama3", "molmo2", "llava-onevision", "gemma3")
+FAMILY_TOKENIZERS = {  # the two built from family tokens: (special tokens, chat template)
+    "llava-onevision": (LLAVA_ONEVISION_SPECIAL_TOKENS, LLAVA_ONEVISION_CHAT_TEMPLATE),
+    "gemma3": (GEMMA3_SPECIAL_TOKENS, GEMMA3_CHAT_TEMPLATE),
+}
 
 
 def cache_dir() -> Path:
@@ -369,6 +451,8 @@ def build_qwen2_vl_tokenizer(out_dir: str | Path, *, variant: str = "qwen2-vl") 
         raise ConfigError(f"{vocab} has {base} ranks, expected {QWEN2_VL_FIRST_SPECIAL_ID}")
     from tokenizers import AddedToken
 
+    if variant in FAMILY_TOKENIZERS:
+        return _save(_family_tokenizer(backend, variant), Path(out_dir))
     # Added to the backend first, in order, so the ids are exactly 151643.. (wrapping first would add
     # eos/pad ahead of the rest and shift them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL_TOKENS])
@@ -444,6 +528,30 @@ def build_llama3_tokenizer(out_dir: str | Path) -> Path:
     return _save(tok, Path(out_dir))
 
 
+def _family_tokenizer(backend, variant: str):
+    """The Qwen2 ranks plus LLaVA-OneVision's (real ids) or Gemma 3's (stand-in ids) special tokens."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    specials, template = FAMILY_TOKENIZERS[variant]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    if variant == "llava-onevision":
+        roles = dict(eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None)
+        extra = {"image_token": "<image>", "video_token": "<video>"}
+    else:
+        roles = dict(eos_token="<eos>", pad_token="<pad>", bos_token="<bos>", unk_token=None)
+        # what Gemma3Processor reads off its tokenizer (tokenizer.boi_token, .image_token_id, ...)
+        extra = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, additional_special_tokens=specials,
+                                  extra_special_tokens=extra, model_max_length=131072,
+                                  clean_up_tokenization_spaces=False, **roles)
+    ids = tok.convert_tokens_to_ids(specials)
+    if ids != list(range(QWEN2_VL_FIRST_SPECIAL_ID, QWEN2_VL_FIRST_SPECIAL_ID + len(specials))):
+        raise ConfigError(f"{variant} special token ids {ids} do not follow the Qwen2 ranks")
+    tok.chat_template = template
+    return tok
+
+
 def _save(tok: Any, out: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
@@ -456,8 +564,10 @@ def _save(tok: Any, out: Path) -> Path:
 
 def builtin_path(name: str) -> Path:
     """The cache directory of a builtin tokenizer, versioned by the vocabulary file's hash."""
-    ranks = _llama3_ranks_file() if name == "llama3" else _qwen_tiktoken_file()
-    digest = hashlib.sha256(ranks.read_bytes()).hexdigest()[:12]
+    h = hashlib.sha256((_llama3_ranks_file() if name == "llama3" else _qwen_tiktoken_file()).read_bytes())
+    if name in FAMILY_TOKENIZERS:  # their templates and tokens live here: a change rebuilds them
+        h.update(repr(FAMILY_TOKENIZERS[name]).encode())
+    digest = h.hexdigest()[:12]
     return cache_dir() / "tokenizers" / f"{name}-{digest}"
 
 

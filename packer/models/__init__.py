@@ -12,8 +12,10 @@ from typing import Any
 
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
+from packer.models.gemma3 import Gemma3Profile
 from packer.models.internvl import InternVLProfile
 from packer.models.llava import LlavaProfile
+from packer.models.llava_onevision import LlavaOnevisionProfile
 from packer.models.molmo2 import Molmo2Profile
 from packer.models.qwen3_vl import Qwen3VLProfile
 from packer.models.qwen_vl import Qwen25VLProfile, QwenVLProfile
@@ -63,6 +65,8 @@ register_profile(QwenVLProfile(name="qwen2-vl"))
 register_profile(Qwen25VLProfile(name="qwen2.5-vl", tokens_per_second=2))
 register_profile(Qwen3VLProfile(name="qwen3-vl"))
 register_profile(LlavaProfile(name="llava"))
+register_profile(LlavaOnevisionProfile(name="llava-onevision"))
+register_profile(Gemma3Profile(name="gemma3"))
 register_profile(TextProfile(name="text"))
 register_profile(InternVLProfile(name="internvl"))
 register_profile(Molmo2Profile(name="molmo2"))

@@ -7,9 +7,11 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
              plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
+             example_images(sizes)               (grid, tokens) of one example's images (default: each alone)
              image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
+             pixel_inputs(refs, grids)           the same for collate, which also has the stored grids
              video_pixel_values(videos)          the model's video inputs, from the planned frames
              row_inputs(T, images) -> {key: T}   inputs derived from a collated batch (Molmo2's token types)
              forward_keys                        batch keys the model's forward takes
@@ -98,6 +100,13 @@ class ModelProfile:
         """Vision tokens one image of this size becomes in the LLM sequence."""
         raise self._no_vision()
 
+    def example_images(self, sizes: list[tuple[int, int]]) -> list[tuple[tuple[int, int, int], int]]:
+        """(grid_thw, num_tokens) of each image of one example, in token order, from their (w, h) sizes.
+
+        Each image alone by default; a family whose rule looks at the example's other images overrides it
+        (LLaVA-OneVision tiles an image only when it is its example's one image).
+        """
+        return [(self.grid_thw(w, h), self.num_tokens(w, h)) for w, h in sizes]
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """The frames, grid and token count of one video, from its header alone (``packer.media.video``);
         RecordError for a video the family cannot use."""
@@ -149,6 +158,13 @@ class ModelProfile:
         decoded = [load_image(ref) for ref in images]
         out = self.image_processor()(images=decoded, return_tensors="pt")
         return {k: out[k] for k in self.forward_keys if k in out}
+
+    def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+        """What ``collate`` adds for a batch's images, given their stored grids too: ``pixel_values`` by default.
+
+        A family whose model needs more than the pixels (which images were tiled) overrides it.
+        """
+        return self.pixel_values(images)
 
     def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """The model's video inputs for ``videos`` (rows of the shards' ``videos`` column), decoding only the

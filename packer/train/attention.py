@@ -83,11 +83,11 @@ def _gather_kv(k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> tuple[torc
     return k.index_select(0, plan.k_index), v.index_select(0, plan.k_index)  # (Tk, Hkv, D)
 
 
-def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
+def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
     if layout.span_plan(q.device) is not None:
-        return _two_calls(q, k, v, layout, scale, dropout, "flash")
+        return _two_calls(q, k, v, layout, scale, dropout, "flash", window)
     plan = layout.varlen_plan(q.device)
     kg, vg = _gather_kv(k, v, plan)
     (q16, k16, v16), dtype = _low_precision(q, kg, vg)
@@ -104,17 +104,18 @@ def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch
         dropout_p=dropout,
         softmax_scale=scale,
         causal=True,
+        window_size=(-1, -1) if window is None else (window - 1, 0),  # segments are contiguous path positions
     )  # (T, H, D)
     return out.to(dtype)
 
 
-def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
+def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout:
         raise ConfigError("backend 'varlen' has no attention dropout (torch hardcodes 0); use 'flash' or 'sdpa'")
     if layout.span_plan(q.device) is not None:
-        return _two_calls(q, k, v, layout, scale, dropout, "varlen")
+        return _two_calls(q, k, v, layout, scale, dropout, "varlen", window)
     plan = layout.varlen_plan(q.device)
     kg, vg = _gather_kv(k, v, plan)
     (q16, k16, v16), dtype = _low_precision(q, kg, vg)
@@ -128,7 +129,7 @@ def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torc
         plan.max_seqlen_q,
         plan.max_seqlen_k,
         scale=scale,
-        window_size=(-1, 0),
+        window_size=(-1 if window is None else window - 1, 0),
         enable_gqa=q.shape[1] != k.shape[1],
     )  # (T, H, D)
     return out.to(dtype)
@@ -137,7 +138,7 @@ def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torc
 _COMPILED_FLEX = None
 
 
-def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
+def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     global _COMPILED_FLEX
@@ -159,12 +160,12 @@ def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.
     with warnings.catch_warnings():
         # On CPU the unfused path is deliberate (inductor's CPU flex kernel has no backward either).
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out = fn(qh, kh, vh, block_mask=layout.block_mask(q.device), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        out = fn(qh, kh, vh, block_mask=layout.block_mask(q.device, window), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)  # (T, H, D)
 
 
-def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
-    mask = layout.dense_mask(q.device)  # (T, T)
+def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
+    mask = layout.dense_mask(q.device, window)  # (T, T)
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, H, T, D)
     out = F.scaled_dot_product_attention(
         qh, kh, vh, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
@@ -172,11 +173,13 @@ def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.
     return out[0].transpose(0, 1)  # (T, H, D)
 
 
-def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
+def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
     if layout.span_plan(q.device) is not None:
-        return _two_calls(q, k, v, layout, scale, dropout, "reference")
+        return _two_calls(q, k, v, layout, scale, dropout, "reference", window)
     plan = layout.varlen_plan(q.device)
     kg, vg = _gather_kv(k, v, plan)
+    pos = layout.path_positions().to(q.device)  # (T,)
+    pos_k = pos if plan.k_index is None else pos[plan.k_index]  # (Tk,)
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, kg, vg))  # (1, H, T, D), (1, Hkv, Tk, D)
     gqa = q.shape[1] != k.shape[1]
     outs = []
@@ -185,6 +188,9 @@ def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) ->
         lq, lk = q1 - q0, k1 - k0
         # SDPA's is_causal is top-left aligned, so a node's segment (lq < lk) gets an explicit bottom-right mask.
         mask = None if lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+        if window is not None:  # a segment's keys are its path, so the window is a band on positions
+            band = pos_k[None, k0:k1] > pos[q0:q1, None] - window  # (lq, lk)
+            mask = band & (pos_k[None, k0:k1] <= pos[q0:q1, None])
         outs.append(
             F.scaled_dot_product_attention(
                 qh[:, :, q0:q1],
@@ -200,15 +206,16 @@ def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) ->
     return torch.cat(outs, dim=2)[0].transpose(0, 1)  # (T, H, D)
 
 
-def _two_calls(q, k, v, layout: PackedLayout, scale: float, dropout: float, kernel: str) -> torch.Tensor:
+def _two_calls(q, k, v, layout: PackedLayout, scale: float, dropout: float, kernel: str,
+               window: int | None) -> torch.Tensor:
     """The causal varlen call plus the span call, merged (``packer.train.span_attention``)."""
     if dropout:
         raise ConfigError("attention dropout with bidirectional spans needs backend 'sdpa' (the two merged "
                           "varlen calls cannot share a dropout pattern); set attention_dropout=0 or use 'sdpa'")
     if kernel == "reference":
-        return span_attention(q, k, v, layout, KERNELS[kernel], scale=scale)
+        return span_attention(q, k, v, layout, KERNELS[kernel], scale=scale, window=window)
     (q16, k16, v16), dtype = _low_precision(q, k, v)
-    return span_attention(q16, k16, v16, layout, KERNELS[kernel], scale=scale).to(dtype)  # (T, H, D)
+    return span_attention(q16, k16, v16, layout, KERNELS[kernel], scale=scale, window=window).to(dtype)  # (T, H, D)
 
 
 _KERNELS = {"flash": _flash, "varlen": _varlen, "flex": _flex, "sdpa": _sdpa, "sdpa_varlen": _sdpa_varlen}
@@ -223,6 +230,7 @@ def packed_attention(
     backend: str = "auto",
     scale: float | None = None,
     dropout: float = 0.0,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention over one packed row with the tree mask of ``layout``.
 
@@ -232,6 +240,8 @@ def packed_attention(
         backend: one of ``BACKENDS`` or "auto" (see ``resolve_backend``).
         scale: softmax scale, default 1/sqrt(D).
         dropout: attention dropout probability (sdpa, sdpa_varlen and flash only).
+        window: a sliding-window layer's window (Gemma 3's local layers): a key must also lie less than
+            ``window`` positions back along the query's path (positions, not row offsets: see layout.py).
 
     Returns:
         (T, H, D), in q's dtype.
@@ -240,4 +250,4 @@ def packed_attention(
         raise ShardError(f"q has {q.shape[0]} tokens but the layout describes {layout.num_tokens}")
     name = resolve_backend(backend, q.device, bidirectional=layout.bidirectional_spans is not None)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _KERNELS[name](q, k, v, layout, scale, dropout)
+    return _KERNELS[name](q, k, v, layout, scale, dropout, window)

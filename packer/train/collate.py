@@ -91,7 +91,8 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     images = [im for r in rows for im in r["images"]]
     profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images or "profile" in rows[0] else None
     if images and rows[0].get("load_images", True):
-        batch.update(profile.pixel_values([_image_ref(im) for im in images]))
+        grids = [(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]
+        batch.update(profile.pixel_inputs([_image_ref(im) for im in images], grids))
     if images and profile.bidirectional_images:  # each row's spans (the profile's rule), in the batch
         spans, nodes = [], 0
         for r, s in zip(rows, row_start[:-1], strict=True):

@@ -92,7 +92,8 @@ def make_attention_function(backend: str):
         q = query[0].transpose(0, 1)  # (T, H, D)
         k = key[0].transpose(0, 1)  # (T, Hkv, D)
         v = value[0].transpose(0, 1)  # (T, Hkv, D)
-        out = packed_attention(q, k, v, layout, backend=backend, scale=scaling, dropout=dropout)  # (T, H, D)
+        window = kwargs.get("sliding_window")  # a sliding-window layer's (Gemma 3, Mistral): along each path
+        out = packed_attention(q, k, v, layout, backend=backend, scale=scaling, dropout=dropout, window=window)
         return out.unsqueeze(0), None  # (1, T, H, D)
 
     packer_attention_forward.__name__ = f"packer_{backend}_attention_forward"

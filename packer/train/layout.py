@@ -251,12 +251,31 @@ class PackedLayout:
             ),
         )
 
+    def path_positions(self) -> torch.Tensor:
+        """(T,) long position of each token on its root-to-leaf path: what it is when its path runs alone, so
+        a sliding window counts along the path, not along the row (siblings sit between a branch and its parent)."""
+        return self._cached(
+            ("path_positions",),
+            lambda: torch.from_numpy(
+                tree.tree_position_ids(self.num_tokens, self.node_offsets.numpy(), self.node_parents.numpy())
+            ).long(),
+        )
+
     def span_ids(self) -> torch.Tensor:
         """(T,) bidirectional span of each token, -1 outside."""
         return self._cached(("span_ids",), lambda: span_ids(self.num_tokens, self.bidirectional_spans))
 
-    def dense_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """(T, T) bool mask, built once per device."""
+    def dense_mask(self, device: torch.device | str = "cpu", window: int | None = None) -> torch.Tensor:
+        """(T, T) bool mask, built once per device and window.
+
+        ``window`` (a sliding-window layer's): key j also needs pos(j) > pos(i) - window, positions along the
+        path (transformers' ``sliding_window_overlay`` ANDed onto causal-or-span, as Gemma 3 composes it).
+        """
+        if window is not None:
+            return self._cached(
+                ("dense_mask", str(torch.device(device)), window),
+                lambda: self.dense_mask(device) & _in_window(self.path_positions().to(device), window),
+            )
 
         def build() -> torch.Tensor:
             dev = torch.device(device)
@@ -271,9 +290,16 @@ class PackedLayout:
 
         return self._cached(("dense_mask", str(torch.device(device))), build)
 
-    def mask_mod(self, device: torch.device | str):
+    def mask_mod(self, device: torch.device | str, window: int | None = None):
         """The flex_attention ``mask_mod(b, h, q_idx, kv_idx)`` of this layout, over tensors on ``device``."""
         dev = torch.device(device)
+        if window is not None:
+            inner, pos = self.mask_mod(dev), self.path_positions().to(dev)
+
+            def mask_mod_window(b, h, q_idx, kv_idx):
+                return inner(b, h, q_idx, kv_idx) & (pos[kv_idx] > pos[q_idx] - window)
+
+            return mask_mod_window
         node = self.token_nodes().to(dev)
         anc = self.ancestors().to(dev)
         if self.bidirectional_spans is None:
@@ -290,15 +316,15 @@ class PackedLayout:
 
         return mask_mod_bidirectional
 
-    def block_mask(self, device: torch.device | str):
-        """The flex_attention BlockMask, built once per device (compiled on CUDA to avoid a T x T tensor)."""
+    def block_mask(self, device: torch.device | str, window: int | None = None):
+        """The flex_attention BlockMask, built once per device and window (compiled on CUDA: no T x T tensor)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         dev = torch.device(device)
         return self._cached(
-            ("block_mask", str(dev)),
+            ("block_mask", str(dev), window),
             lambda: create_block_mask(
-                self.mask_mod(dev),
+                self.mask_mod(dev, window),
                 B=None,
                 H=None,
                 Q_LEN=self.num_tokens,
@@ -418,6 +444,9 @@ def _check_groups(node_offsets: np.ndarray, anc: np.ndarray, spans: np.ndarray) 
         k = int(np.flatnonzero(bad)[0])
         raise ShardError(f"bidirectional spans {spans[order[k]].tolist()} and {spans[order[k + 1]].tolist()} share "
                          "a group but not a root-to-leaf path")
+def _in_window(pos: torch.Tensor, window: int) -> torch.Tensor:
+    """(T, T) bool: pos(j) > pos(i) - window; it bounds the past only, as transformers' sliding_window_overlay."""
+    return pos[None, :] > pos[:, None] - window
 
 
 def _numpy(x: Any) -> np.ndarray:

@@ -53,8 +53,8 @@ class _TwoCalls(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k1, v1, q2, k2, v2, kernel: VarlenKernel, plan1: VarlenPlan, plan2: VarlenPlan,
-                scale: float):
-        o1, l1, st1 = kernel.forward(q, k1, v1, plan1, scale=scale, window=CAUSAL)  # (T, H, D), (H, T)
+                scale: float, window1: tuple[int, int]):
+        o1, l1, st1 = kernel.forward(q, k1, v1, plan1, scale=scale, window=window1)  # (T, H, D), (H, T)
         o2, l2, st2 = kernel.forward(q2, k2, v2, plan2, scale=scale, window=AFTER)  # (T2, H, D), (H, T2)
         idx = plan2.q_index  # (T2,) row of each call-2 query
         l1s = l1[:, idx]  # (H, T2)
@@ -66,7 +66,7 @@ class _TwoCalls(torch.autograd.Function):
         lse_all = l1.clone()
         lse_all[:, idx] = lse  # (H, T)
         ctx.save_for_backward(q, k1, v1, q2, k2, v2, out, lse_all)
-        ctx.kernel, ctx.plans, ctx.states, ctx.scale = kernel, (plan1, plan2), (st1, st2), scale
+        ctx.kernel, ctx.plans, ctx.states, ctx.scale, ctx.window1 = kernel, (plan1, plan2), (st1, st2), scale, window1
         return out
 
     @staticmethod
@@ -74,19 +74,21 @@ class _TwoCalls(torch.autograd.Function):
         q, k1, v1, q2, k2, v2, out, lse_all = ctx.saved_tensors
         (plan1, plan2), (st1, st2), kernel = ctx.plans, ctx.states, ctx.kernel
         idx = plan2.q_index
-        dq, dk1, dv1 = kernel.backward(dout, q, k1, v1, out, lse_all, plan1, scale=ctx.scale, window=CAUSAL,
+        dq, dk1, dv1 = kernel.backward(dout, q, k1, v1, out, lse_all, plan1, scale=ctx.scale, window=ctx.window1,
                                        state=st1)
         dq2, dk2, dv2 = kernel.backward(dout[idx], q2, k2, v2, out[idx], lse_all[:, idx], plan2, scale=ctx.scale,
                                         window=AFTER, state=st2)
-        return dq, dk1, dv1, dq2, dk2, dv2, None, None, None, None
+        return dq, dk1, dv1, dq2, dk2, dv2, None, None, None, None, None
 
 
 def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: PackedLayout, kernel: VarlenKernel,
-                   *, scale: float) -> torch.Tensor:
+                   *, scale: float, window: int | None = None) -> torch.Tensor:
     """Packed attention with ``layout``'s bidirectional spans on a varlen ``kernel``: (T, H, D) in q's dtype.
 
     q (T, H, D), k and v (T, Hkv, D) in a dtype the kernel takes; the layout has a ``span_plan`` (a span of two
-    or more tokens). Differentiable in q, k, v.
+    or more tokens). Differentiable in q, k, v. ``window`` (a sliding-window layer's, Gemma 3): call 1 keeps
+    keys less than ``window`` path positions back (its segments are paths, so a bottom-right band); call 2's
+    keys lie after their query, which a window never cuts (transformers' sliding_window_overlay bounds the past).
     """
     plan1, plan2 = layout.varlen_plan(q.device), layout.span_plan(q.device)
     if plan2 is None:
@@ -94,4 +96,5 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Pa
     k1, v1 = (k, v) if plan1.k_index is None else (k.index_select(0, plan1.k_index), v.index_select(0, plan1.k_index))
     q2 = q.index_select(0, plan2.q_index)  # (T2, H, D)
     k2, v2 = k.index_select(0, plan2.k_index), v.index_select(0, plan2.k_index)  # (T2, Hkv, D)
-    return _TwoCalls.apply(q, k1, v1, q2, k2, v2, kernel, plan1, plan2, scale)
+    window1 = CAUSAL if window is None else (window - 1, 0)
+    return _TwoCalls.apply(q, k1, v1, q2, k2, v2, kernel, plan1, plan2, scale, window1)

@@ -14,15 +14,15 @@ from tests.conftest import REPO
 
 
 def test_get_profile() -> None:
-    assert profile_names()[:5] == ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava", "text")  # then newer families
-    assert {"internvl", "molmo2"} <= set(profile_names())
+    assert profile_names() == ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava", "llava-onevision", "gemma3", "text",
+                               "internvl", "molmo2")
     assert get_profile("qwen2-vl") is get_profile("qwen2-vl")
     assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
     assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
     assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
     assert p.num_tokens(640, 480) <= 256
-    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, qwen3-vl, llava, text, molmo2"):
+    with pytest.raises(ConfigError, match="known profiles: qwen2-vl, qwen2.5-vl, qwen3-vl, llava, llava-onevision, gemma3, text"):
         get_profile("gpt-5")
     with pytest.raises(ConfigError, match="min_pixels"):
         get_profile("qwen2-vl", min_pixels=100, max_pixels=10)
@@ -37,7 +37,8 @@ def test_get_profile() -> None:
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
     assert text.image_token is None and not text.mrope
-    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, qwen3-vl, llava"):
+    with pytest.raises(ConfigError, match="profile 'text' has no vision encoder; use qwen2-vl, qwen2.5-vl, qwen3-vl, llava, "
+                                          "llava-onevision"):
         text.num_tokens(640, 480)
     with pytest.raises(ConfigError, match="no vision encoder"):
         text.grid_thw(640, 480)
@@ -51,7 +52,7 @@ def test_a_name_is_registered_once() -> None:
 def test_forward_keys_are_the_families_union() -> None:
     assert forward_keys() == (
         "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-        "second_per_grid_ts",
+        "second_per_grid_ts", "image_sizes", "batch_num_images",
         "image_token_pooling", "image_grids", "image_num_crops", "mm_token_type_ids",
     )
 

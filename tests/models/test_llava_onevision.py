@@ -1,0 +1,133 @@
+"""LLaVA-OneVision against transformers 5.23.0's own code: the processor's token counts (every COCO-mini image
+and odd sizes), its input_ids and pixel values, the model's packed feature lengths; packed == unpacked on
+``LlavaOnevisionForConditionalGeneration`` is tests/train/test_llava_onevision_equivalence.py.
+
+Tokenizer: the builtin ``llava-onevision`` (the real Qwen2 ranks + OneVision's added tokens at their real ids,
+151643-151647); the processor runs the same tokenizer, so the comparison is of the image expansion itself.
+The processor is built without its video processor (torchvision), which images do not use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+
+from packer.core.types import ImageRef
+from packer.encode.encoder import Encoder
+from packer.encode.tokenizers import load_tokenizer
+from packer.errors import ConfigError, RecordError
+from packer.formats import parse_record
+from packer.models import get_profile
+
+IMAGE = 151646  # <image>
+ODD_SIZES = [(w, h) for w in (1, 2, 13, 100, 383, 384, 385, 767, 769, 1000, 2304, 3000, 5000)
+             for h in (1, 7, 50, 384, 500, 1153, 2305, 4000)]
+
+
+class _Processor(transformers.LlavaOnevisionProcessor):
+    """The real processor minus its video processor, whose class check needs torchvision."""
+
+    def check_argument_for_proper_class(self, name, arg):
+        return None if arg is None else super().check_argument_for_proper_class(name, arg)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("llava-onevision")
+
+
+@pytest.fixture(scope="module")
+def processor(tok):
+    # llava-hf/llava-onevision-qwen2-*-ov-hf: SigLIP 384/14 -> 729 features, strategy "full", anyres_max_9
+    return _Processor(image_processor=transformers.LlavaOnevisionImageProcessorPil(), tokenizer=tok,
+                      num_image_tokens=729, vision_feature_select_strategy="full")
+
+
+def _sizes(coco_images: list[Path]) -> list[tuple[int, int]]:
+    profile = get_profile("llava-onevision")
+    return [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+
+
+def test_every_coco_image_and_odd_sizes_match_the_processor(coco_images, processor) -> None:
+    profile = get_profile("llava-onevision")
+    sizes = _sizes(coco_images)
+    assert len(sizes) == len(coco_images) + len(ODD_SIZES) > 300
+    want = processor._get_num_multimodal_tokens(image_sizes=[(h, w) for w, h in sizes])["num_image_tokens"]
+    assert [profile.num_tokens(w, h) for w, h in sizes] == want
+    grids = np.array([profile.grid_thw(w, h) for w, h in sizes])
+    assert profile.grid_num_tokens(grids).tolist() == want
+    assert {int(t) for t in grids[:, 0]} >= {2, 3, 5, 37}  # 1x1 ... 6x6 tiles, plus the base crop
+
+
+def test_feature_lengths_match_the_model(coco_images) -> None:
+    """``LlavaOnevisionModel.pack_image_features`` (unpad, downscale, newlines, base) on features of the right
+    shape gives each image exactly ``num_tokens`` rows, tiled and untiled."""
+    profile = get_profile("llava-onevision")
+    model = profile.tiny_model(token_ids={"image_token": 5}, vocab_size=64, hidden=8).model
+    sizes = sorted(set(_sizes(coco_images)))
+    for w, h in sizes:
+        crops = profile.grid_thw(w, h)[0]
+        feats, lens = model.pack_image_features(
+            [torch.zeros(crops, 729, 8)], torch.tensor([[h, w]]), image_newline=model.image_newline
+        )
+        assert int(lens[0]) == profile.num_tokens(w, h), (w, h)
+    feats, lens = model.pack_image_features([torch.zeros(1, 729, 8)] * 2, torch.tensor([[480, 640]] * 2),
+                                            image_newline=model.image_newline)
+    assert lens.tolist() == [730, 730] == [c for _, c in profile.example_images([(640, 480), (10, 10)])]
+
+
+def test_worked_example_640x480() -> None:
+    profile = get_profile("llava-onevision")
+    assert profile.grid_thw(640, 480) == (5, 40, 54)
+    assert profile.num_tokens(640, 480) == 729 + 40 * 55 == 2929
+    assert profile.example_images([(640, 480), (640, 480)]) == [((1, 27, 27), 730)] * 2
+    assert len(profile.pinpoints) == 36 and profile.pinpoints[:2] == ((384, 384), (384, 768))
+
+
+def _record(files: list[Path], text: str = "Describe.") -> dict:
+    parts = [{"type": "image", "image": str(p)} for p in files] + [{"type": "text", "text": text}]
+    return {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "A picture."}]}
+
+
+@pytest.mark.parametrize("n_images", [1, 2])
+def test_input_ids_and_pixels_match_the_processor(coco_images, tok, processor, n_images) -> None:
+    """One image: tiled; two: each one untiled crop. Same tokens and pixel values as the processor's."""
+    files = coco_images[3 : 3 + n_images]
+    rec = _record(files)
+    enc = Encoder(tok, get_profile("llava-onevision")).encode(parse_record(rec, path="t.jsonl", line=1, base_dir="/"))
+    messages = [{"role": m["role"], "content": m["content"]} for m in rec["messages"]]
+    for m in messages:  # the template's parts: images by type only
+        if isinstance(m["content"], list):
+            m["content"] = [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    images = [Image.open(p).convert("RGB") for p in files]
+    out = processor(text=[text], images=[images], return_tensors="np")
+    assert enc.input_ids.tolist() == out["input_ids"][0].tolist()
+    assert [im.num_tokens for im in enc.images] == [int(n) for n in np.diff(
+        np.flatnonzero(np.diff(np.r_[0, enc.input_ids == IMAGE, 0]) != 0))[::2]]
+    mine = get_profile("llava-onevision").pixel_inputs([ImageRef(path=str(p)) for p in files],
+                                                     [im.grid_thw for im in enc.images])
+    crops = [im.grid_thw[0] for im in enc.images]
+    expected = np.concatenate([out["pixel_values"][i][:c] for i, c in enumerate(crops)])  # unpad, concatenate
+    assert np.array_equal(mine["pixel_values"].numpy(), expected)
+    assert mine["image_sizes"].tolist() == np.asarray(out["image_sizes"]).reshape(-1, 2).tolist()
+    assert mine["batch_num_images"].tolist() == [n_images]
+
+
+def test_a_cut_that_parts_an_examples_images_is_refused(coco_images, tok) -> None:
+    """Cutting the second of two images would leave one untiled image whose count assumed its neighbour."""
+    rec = _record(coco_images[:1])
+    rec["messages"] += _record(coco_images[1:2], "And this one?")["messages"]
+    example = parse_record(rec, path="t.jsonl", line=1, base_dir="/")
+    with pytest.raises(RecordError, match="decide how many tokens"):
+        Encoder(tok, get_profile("llava-onevision"), max_length=800, overlong="truncate").encode(example)
+
+
+def test_a_lone_untiled_image_is_refused() -> None:
+    with pytest.raises(ConfigError, match="untiled image without"):
+        get_profile("llava-onevision").pixel_inputs([ImageRef(path="x.jpg")], [(1, 27, 27)])
