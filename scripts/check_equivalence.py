@@ -247,12 +247,18 @@ def compare(
     batch: Mapping[str, Any],
     backends: list[str],
     *,
-    profile: ModelProfile,
-    token_ids: dict[str, int],
+    profile: ModelProfile | None = None,
+    token_ids: dict[str, int] | None = None,
     ref: dict | None = None,
 ) -> dict:
-    """Max abs/rel differences of per-token losses, total and gradients, and a verdict, per backend."""
-    ref = ref if ref is not None else reference(model, batch, profile, token_ids)
+    """Max abs/rel differences of per-token losses, total and gradients, and a verdict, per backend.
+
+    ``ref`` is ``reference(model, batch, profile, token_ids)`` unless given (a family test's own reference).
+    """
+    if ref is None:
+        if profile is None or token_ids is None:
+            raise ValueError("compare() needs profile and token_ids to compute the reference, or ref")
+        ref = reference(model, batch, profile, token_ids)
     report: dict[str, Any] = {"tokens": int(batch["input_ids"].shape[-1]), "paths": ref["num_paths"]}
     mask = batch["labels"][0] != IGNORE_INDEX
     for backend in backends:
