@@ -34,13 +34,30 @@ class ImageRef:
         return self.path if self.data is None else f"<inline {len(self.data)} bytes>"
 
 
+@dataclass(frozen=True, slots=True)
+class VideoRef:
+    """One video named by a record: a resolved clip path, or resolved frame image paths, and its sampling
+    options as the record gave them (``packer.media.video.VideoRequest`` reads them: fps, video_start, ...).
+
+        {"type": "video", "video": "clip.mp4", "fps": 1}  ->  VideoRef(path="/data/clip.mp4", options=(("fps", 1),))
+    """
+
+    path: str = ""
+    frames: tuple[str, ...] = ()  # a video given as frame images, in order ("" path)
+    options: tuple[tuple[str, float], ...] = ()  # (name, value) pairs, sorted by name
+
+    @property
+    def source(self) -> str:
+        return self.path if not self.frames else f"<{len(self.frames)} frames from {self.frames[0]}>"
+
+
 @dataclass(slots=True)
 class Message:
-    """One chat message. ``parts`` holds text strings and ImageRefs in order (empty for an assistant turn that
-    only calls tools)."""
+    """One chat message. ``parts`` holds text strings, ImageRefs and VideoRefs in order (empty for an assistant
+    turn that only calls tools)."""
 
     role: str
-    parts: list[str | ImageRef]
+    parts: list[str | ImageRef | VideoRef]
     loss: bool | None = None  # None: the default (assistant turns carry loss)
     tool_calls: list[dict] | None = None  # an assistant's calls, as the record gives them (OpenAI style)
     tool_call_id: str | None = None  # a tool result's call id, passed to the template as given
@@ -49,6 +66,10 @@ class Message:
     @property
     def images(self) -> list[ImageRef]:
         return [p for p in self.parts if isinstance(p, ImageRef)]
+
+    @property
+    def videos(self) -> list[VideoRef]:
+        return [p for p in self.parts if isinstance(p, VideoRef)]
 
 
 @dataclass(slots=True)
@@ -92,6 +113,10 @@ class Example:
     def images(self) -> list[ImageRef]:
         return [im for node, _ in self.root.walk() for m in node.messages for im in m.images]
 
+    @property
+    def videos(self) -> list[VideoRef]:
+        return [v for node, _ in self.root.walk() for m in node.messages for v in m.videos]
+
 
 @dataclass(slots=True)
 class EncodedImage:
@@ -102,6 +127,25 @@ class EncodedImage:
     grid_thw: tuple[int, int, int]  # patch grid before merging (Qwen2-VL's image_grid_thw); llava: (1, 24, 24)
     offset: int  # index of the first vision token inside the example
     num_tokens: int  # number of vision tokens this image became
+
+
+@dataclass(slots=True)
+class EncodedVideo:
+    """One video inside an encoded example: where it comes from, which frames and size the reader makes of it,
+    and its place in the tokens. ``packer.media.video.VideoPlan`` is where the numbers come from."""
+
+    source: str  # resolved clip path ("" for a frame list)
+    frames: list[str]  # a frame list's resolved image paths ([] for a clip)
+    video_start: float | None  # the record's window, seconds (None: the clip's start / end)
+    video_end: float | None
+    frame_indices: list[int]  # sampled frames, in order: indices into the clip, or into the (padded) frame list
+    video_fps: float  # the clip's average frame rate (a frame list: its raw_fps)
+    grid_thw: tuple[int, int, int]  # video_grid_thw: (frames / temporal patch, height / patch, width / patch)
+    height: int  # frame size in the vision tower (pixels), after every resize
+    width: int
+    offset: int  # index of the first video token inside the example
+    num_tokens: int  # number of video tokens this video became
+    second_per_grid_t: float  # seconds per temporal patch (Qwen2.5-VL's second_per_grid_ts)
 
 
 @dataclass(slots=True)
@@ -117,6 +161,7 @@ class Encoded:
     images: list[EncodedImage]
     mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models
     source_name: str = ""
+    videos: list[EncodedVideo] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -128,4 +173,9 @@ class Encoded:
 
     @property
     def num_vision_tokens(self) -> int:
-        return sum(im.num_tokens for im in self.images)
+        """Image and video tokens: what the vision budget counts."""
+        return sum(im.num_tokens for im in self.images) + sum(v.num_tokens for v in self.videos)
+
+    @property
+    def num_video_tokens(self) -> int:
+        return sum(v.num_tokens for v in self.videos)

@@ -10,7 +10,9 @@ and model profile.
 Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the
 parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
 on its own belongs to the root. Images: the template's single image token per image is expanded to the
-profile's ``num_tokens`` copies (labels -100) with ``np.repeat``; no per-token Python loop anywhere.
+profile's ``num_tokens`` copies (labels -100) with ``np.repeat``; no per-token Python loop anywhere. Videos
+the same way: the video token (``<|video_pad|>``) becomes the ``num_tokens`` of the profile's ``plan_video``
+(frames and grid from the clip's header; a tree's branches share one clip, planned once).
 Positions: a token's position on its root-to-leaf path; the profile adds its own (``extra_positions``:
 mRoPE for the Qwen2-VL family).
 
@@ -33,7 +35,16 @@ import numpy as np
 
 from packer.core.ids import chunk_id
 from packer.core.tree import tree_position_ids
-from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef, Node
+from packer.core.types import (
+    IGNORE_INDEX,
+    Encoded,
+    EncodedImage,
+    EncodedVideo,
+    Example,
+    ImageRef,
+    Node,
+    VideoRef,
+)
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.encode.labels import carries_loss, loss_labels
 from packer.encode.split import chunk_labels, split_windows
@@ -71,8 +82,9 @@ class _Draft:
     labels: np.ndarray  # (L,) int32, IGNORE_INDEX where no loss
     node_offsets: np.ndarray  # (N,) int32, first token of each node
     node_parents: np.ndarray  # (N,) int32, -1 for the root
-    refs: list[ImageRef]  # the images named, in token order: one image token each until expanded
+    refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
     images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
+    videos: list[EncodedVideo] = field(default_factory=list)  # likewise
 
 
 class Encoder:
@@ -125,10 +137,12 @@ class Encoder:
         # (V,) UTF-8 bytes per token id, or None: boundaries from character offsets
         self._token_bytes = cached_token_byte_lengths(backend, size=self._is_special.shape[0])
         self.image_token_id = self._token_id(profile.image_token)
+        self.video_token_id = self._token_id(profile.video_token)
         self.vision_start_id = self._token_id(profile.vision_start)
         # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
             "image_token": self.image_token_id,
+            "video_token": self.video_token_id,
             "vision_start": self.vision_start_id,
             "vision_end": self._token_id(profile.vision_end),
         }
@@ -256,7 +270,8 @@ class Encoder:
         else:
             positions = tree_position_ids(length, node_offsets, node_parents)
         extra = self.profile.extra_positions(
-            ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids
+            ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids,
+            **({"videos": draft.videos} if draft.videos else {}),  # only a video family is ever passed videos
         )
         return Encoded(
             example_id=example.example_id if example_id is None else example_id,
@@ -268,6 +283,7 @@ class Encoder:
             images=images,
             mrope_position_ids=extra,  # (3, L) for mRoPE families, else None
             source_name=example.source_name,
+            videos=draft.videos,
         )
 
     def _text_draft(self, enc) -> _Draft:
@@ -279,10 +295,11 @@ class Encoder:
         if self.eos_id is not None:
             ids = [*ids, self.eos_id]
         arr = np.asarray(ids, dtype=np.int32)
-        if self.image_token_id is not None and (arr == self.image_token_id).any():
-            raise RecordError(
-                "image_count_mismatch", "the text holds the image token literally but names no image"
-            )
+        for token_id, what in ((self.image_token_id, "image"), (self.video_token_id, "video")):
+            if token_id is not None and (arr == token_id).any():
+                raise RecordError(
+                    "image_count_mismatch", f"the text holds the {what} token literally but names no {what}"
+                )
         return _Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
 
     def _tree_draft(self, stage: _Staged, encodings: list) -> _Draft:
@@ -340,12 +357,19 @@ class Encoder:
         )
 
     def _check_image_tokens(
-        self, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef]]
+        self, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef | VideoRef]]
     ) -> None:
-        """Each node must hold exactly one image token per image its messages name."""
-        if not any(refs) and (self.image_token_id is None or not (ids == self.image_token_id).any()):
+        """Each node must hold exactly one image token per image its messages name, and one video token per
+        video."""
+        videos = [[r for r in node if isinstance(r, VideoRef)] for node in refs]
+        if any(videos) and self.video_token_id is None:
+            self.profile.plan_video(next(v for node in videos for v in node))  # raises: no video in this family
+        if self.video_token_id is not None and (any(videos) or (ids == self.video_token_id).any()):
+            self._check_token_counts(ids, node_offsets, videos, self.video_token_id, self.profile.video_token, "video")
+        images = [[r for r in node if isinstance(r, ImageRef)] for node in refs]
+        if not any(images) and (self.image_token_id is None or not (ids == self.image_token_id).any()):
             return  # the common text-only case: nothing to count
-        want = np.array([len(r) for r in refs], dtype=np.int64)
+        want = np.array([len(r) for r in images], dtype=np.int64)
         if self.image_token_id is None:
             if want.any():
                 raise RecordError(
@@ -354,31 +378,50 @@ class Encoder:
                     "use a vision profile (qwen2-vl, qwen2.5-vl, llava)",
                 )
             return
-        pos = np.flatnonzero(ids == self.image_token_id)
+        self._check_token_counts(ids, node_offsets, images, self.image_token_id, self.profile.image_token, "image")
+
+    def _check_token_counts(
+        self, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list], token_id: int, token: str, what: str
+    ) -> None:
+        want = np.array([len(r) for r in refs], dtype=np.int64)
+        pos = np.flatnonzero(ids == token_id)
         got = np.bincount(np.searchsorted(node_offsets, pos, side="right") - 1, minlength=want.shape[0])
         if (got != want).any():
             node = int(np.flatnonzero(got != want)[0])
             if got[node] > want[node]:
                 raise RecordError(
                     "image_count_mismatch",
-                    f"{int(got.sum())} image tokens for {int(want.sum())} images: the text holds "
-                    f"{self.profile.image_token!r} literally",
+                    f"{int(got.sum())} {what} tokens for {int(want.sum())} {what}s: the text holds {token!r} literally",
                 )
             raise RecordError(
                 "template_error",
-                f"the chat template emitted {int(got.sum())} image tokens for {int(want.sum())} images; "
-                'it must emit one per {"type": "image"} part',
+                f"the chat template emitted {int(got.sum())} {what} tokens for {int(want.sum())} {what}s; "
+                f'it must emit one per {{"type": "{what}"}} part',
             )
 
     def _expand_images(self, draft: _Draft) -> None:
-        """Repeat each image token ``num_tokens`` times (labels -100); shift node offsets accordingly."""
+        """Repeat each image (video) token ``num_tokens`` times (labels -100); shift node offsets accordingly."""
         refs = draft.refs
         if not refs:
             return
-        pos = np.flatnonzero(draft.ids == self.image_token_id)  # (I,) one per image, in order (checked above)
+        placeholders = draft.ids == self.image_token_id
+        if self.video_token_id is not None:
+            placeholders |= draft.ids == self.video_token_id
+        pos = np.flatnonzero(placeholders)  # (I + V,) one per image or video, in order (counted above)
+        is_video = [isinstance(r, VideoRef) for r in refs]
+        if self.video_token_id is not None and (
+            (draft.ids[pos] == self.video_token_id).tolist() != is_video
+        ):
+            raise RecordError("template_error", "the chat template put the images and videos out of their order")
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
-        sizes, grids, counts = {}, [], []
+        sizes, plans, grids, counts = {}, {}, [], []
         for ref in refs:
+            if isinstance(ref, VideoRef):
+                if ref not in plans:  # a tree's shared clip is planned once
+                    plans[ref] = self.profile.plan_video(ref)
+                grids.append(plans[ref].grid_thw)
+                counts.append(plans[ref].num_tokens)
+                continue
             if ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
             w, h = sizes[ref]
@@ -388,24 +431,25 @@ class Encoder:
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
         labels = draft.labels.copy()
         labels[pos] = IGNORE_INDEX
-        draft.images = [
-            EncodedImage(
-                source=ref.path if ref.data is None else "",
-                data=ref.data,
-                grid_thw=tuple(int(x) for x in g),
-                offset=int(new_index[p]),
-                num_tokens=int(c),
-            )
-            for ref, g, c, p in zip(refs, grids, counts, pos, strict=True)
-        ]
+        draft.images, draft.videos = [], []
+        for ref, g, c, p in zip(refs, grids, counts, pos, strict=True):
+            grid, offset = tuple(int(x) for x in g), int(new_index[p])
+            if isinstance(ref, VideoRef):
+                draft.videos.append(_encoded_video(ref, plans[ref], offset=offset))
+            else:
+                draft.images.append(EncodedImage(
+                    source=ref.path if ref.data is None else "", data=ref.data, grid_thw=grid, offset=offset,
+                    num_tokens=int(c),
+                ))
         draft.ids = np.repeat(draft.ids, repeats)
         draft.labels = np.repeat(labels, repeats)
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
 
     def _truncate(self, draft: _Draft) -> None:
-        """Keep the first max_length tokens (depth-first layout), cutting before an image, never inside."""
+        """Keep the first max_length tokens (depth-first layout), cutting before an image or video, never
+        inside."""
         cut = self.max_length
-        for im in draft.images:
+        for im in [*draft.images, *draft.videos]:
             if im.offset < cut < im.offset + im.num_tokens:
                 cut = im.offset
                 break
@@ -420,6 +464,7 @@ class Encoder:
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
         draft.images = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        draft.videos = [v for v in draft.videos if v.offset + v.num_tokens <= cut]
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]
         draft.node_parents = draft.node_parents[:keep_nodes]
@@ -489,3 +534,23 @@ class Encoder:
                 "raise --max-length or use --overlong drop",
             )
         return best
+
+
+def _encoded_video(ref: VideoRef, plan, *, offset: int) -> EncodedVideo:
+    """A planned video (``packer.media.video.VideoPlan``) at ``offset`` of its example."""
+    options = dict(ref.options)
+    start, end = options.get("video_start"), options.get("video_end")
+    return EncodedVideo(
+        source=ref.path,
+        frames=list(ref.frames),
+        video_start=None if start is None else float(start),
+        video_end=None if end is None else float(end),
+        frame_indices=list(plan.frame_indices),
+        video_fps=float(plan.video_fps),
+        grid_thw=tuple(int(x) for x in plan.grid_thw),
+        height=int(plan.size[0]),
+        width=int(plan.size[1]),
+        offset=offset,
+        num_tokens=int(plan.num_tokens),
+        second_per_grid_t=float(plan.second_per_grid_t),
+    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from packer.core.types import ImageRef, Message
+from packer.core.types import ImageRef, Message, VideoRef
 from packer.encode.tokenizers import QWEN2_VL_CHAT_TEMPLATE
 from packer.errors import ConfigError, RecordError
 
@@ -43,7 +43,8 @@ def compile_template(source: str) -> Any:
 
 
 def hf_message(m: Message, *, marked: bool) -> dict:
-    """A Message as the template sees it: string content if text-only, else parts with {"type": "image"};
+    """A Message as the template sees it: string content if text-only, else parts with {"type": "image"} and
+    {"type": "video"};
     with ``marked``, the content wrapped in OPEN ... CLOSE. Tool fields (``tool_calls``, ``tool_call_id``,
     ``name``) are passed as the record gave them. A turn with no content (it only calls tools) is never
     marked: templates test its content for truth (Qwen2.5: ``{% if message.content %}``)."""
@@ -62,7 +63,8 @@ def _hf_content(m: Message, *, marked: bool) -> dict:
         text = "".join(m.parts)  # type: ignore[arg-type]
         return {"role": m.role, "content": OPEN + text + CLOSE if marked else text}
     parts: list[dict] = [
-        {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in m.parts
+        {"type": "text", "text": p} if isinstance(p, str) else {"type": "video" if isinstance(p, VideoRef) else "image"}
+        for p in m.parts
     ]
     if marked:  # glue the markers onto text parts where possible, so no part is added
         if "text" in parts[0]:
@@ -262,9 +264,10 @@ class ChatTemplate:
         """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
         if fast is None:
             return None
-        image = ImageRef(path="probe.jpg")
-        extra = [  # multi-part messages, image-only content, a tool turn, a system turn later on
+        image, video = ImageRef(path="probe.jpg"), VideoRef(path="probe.mp4")
+        extra = [  # multi-part messages, image-only content, videos, a tool turn, a system turn later on
             [Message("user", [image, "a", image, "b ", image]), Message("assistant", ["c"], loss=True)],
+            [Message("user", [video, "a", image, video]), Message("assistant", ["c"])],
             [
                 Message("user", [image]),
                 Message("tool", ["{}"]),
@@ -288,9 +291,10 @@ class _ChatML:
     Jinja on the probe conversations (``ChatTemplate._checked``).
     """
 
-    def __init__(self, *, default_system: str, image: str):
+    def __init__(self, *, default_system: str, image: str, video: str):
         self.default_system = default_system  # emitted before a first message that is not a system message
         self.image = image  # what one image part renders to
+        self.video = video  # and one video part
 
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
         """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character (Jinja decides)."""
@@ -306,7 +310,7 @@ class _ChatML:
             pos += len(header)
             starts.append(pos)
             for p in m.parts:
-                piece = p if isinstance(p, str) else self.image
+                piece = p if isinstance(p, str) else self.video if isinstance(p, VideoRef) else self.image
                 if isinstance(p, str) and (OPEN in p or CLOSE in p):
                     return None
                 pieces.append(piece)
@@ -324,5 +328,6 @@ def _fast_template(source: str | None) -> _ChatML | None:
         return _ChatML(
             default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
             image="<|vision_start|><|image_pad|><|vision_end|>",
+            video="<|vision_start|><|video_pad|><|vision_end|>",
         )
     return None

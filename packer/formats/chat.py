@@ -5,9 +5,12 @@
     {"type": "text", "text": "..."}
     {"type": "image", "image": "rel/or/abs/path.jpg" | "data:image/png;base64,..."}
     {"type": "image_url", "image_url": {"url": ...}}   (OpenAI style; same sources)
+    {"type": "video", "video": "clip.mp4" | ["f0.jpg", "f1.jpg", ...], "fps": 2, "video_start": 3.0, ...}
+        (qwen-vl-utils' options: fps/nframes, min/max_frames, video_start/end, min/max/total_pixels)
 
 With a top-level ``images`` / ``image`` list (LLaMA-Factory style), ``<image>`` in text and
-``{"type": "image"}`` parts without a source take those images in order. A ``branches`` list turns the
+``{"type": "image"}`` parts without a source take those images in order; a top-level ``videos`` / ``video``
+list and ``<video>`` / ``{"type": "video"}`` the same way. A ``branches`` list turns the
 record into a message tree: ``messages`` is the shared prefix, each branch is a list of messages or
 ``{"messages": [...], "branches": [...]}``::
 
@@ -32,11 +35,20 @@ from __future__ import annotations
 from typing import Any
 
 from packer.core.types import Example, Node
-from packer.formats.common import Ctx, chat_messages, check_pool_used, image_pool, record_tools, tree_branches
+from packer.formats.common import (
+    Ctx,
+    chat_messages,
+    check_pool_used,
+    image_pool,
+    record_tools,
+    tree_branches,
+    video_pool,
+)
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
     ctx.pool = image_pool(obj, ctx)
+    ctx.video_pool = video_pool(obj, ctx)
     items = obj["messages"]
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"'messages' must be a list, got {type(items).__name__}")

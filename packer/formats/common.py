@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import os
+import re
 from typing import Any
 
-from packer.core.types import Example, ImageRef, Message, Node
+from packer.core.types import Example, ImageRef, Message, Node, VideoRef
 from packer.errors import RecordError
 
 # Accepted roles -> canonical role. LLaVA / ShareGPT names map onto the chat roles.
@@ -25,12 +27,19 @@ ROLES: dict[str, str] = {
     "gpt": "assistant",
 }
 IMAGE_PLACEHOLDER = "<image>"  # LLaVA's placeholder for "the next image goes here"
+VIDEO_PLACEHOLDER = "<video>"  # and for the next video (LLaMA-Factory, LLaVA-Video)
+# A video part's sampling options, named as qwen-vl-utils names them (packer.media.video.VideoRequest reads
+# them; tests/formats/test_formats.py checks the two lists agree).
+VIDEO_OPTIONS = (
+    "fps", "nframes", "min_frames", "max_frames", "video_start", "video_end", "min_pixels", "max_pixels",
+    "total_pixels", "resized_height", "resized_width", "sample_fps", "raw_fps",
+)
 
 
 class Ctx:
     """What resolving a record needs: where it is, where relative paths point, the pool of top-level images."""
 
-    __slots__ = ("path", "line", "root_dir", "source_name", "pool", "used")
+    __slots__ = ("path", "line", "root_dir", "source_name", "pool", "used", "video_pool", "videos_used")
 
     def __init__(self, path: str, line: int, root_dir: str, source_name: str = ""):
         self.path = path
@@ -39,6 +48,8 @@ class Ctx:
         self.source_name = source_name
         self.pool: list[ImageRef] | None = None  # top-level images consumed by placeholders; None: the record has none
         self.used = 0
+        self.video_pool: list[VideoRef] | None = None  # top-level videos, the same way
+        self.videos_used = 0
 
     def error(self, reason: str, message: str) -> RecordError:
         return RecordError(reason, message, path=self.path, line=self.line)
@@ -58,6 +69,18 @@ class Ctx:
             )
         ref = self.pool[self.used]
         self.used += 1
+        return ref
+
+    def next_pooled_video(self) -> VideoRef:
+        if self.video_pool is None or self.videos_used >= len(self.video_pool):
+            n = 0 if self.video_pool is None else len(self.video_pool)
+            raise self.error(
+                "image_count_mismatch",
+                f"more video placeholders than videos (the record lists {n}); "
+                "give each <video> placeholder (or source-less video part) a video",
+            )
+        ref = self.video_pool[self.videos_used]
+        self.videos_used += 1
         return ref
 
 
@@ -109,21 +132,73 @@ def image_ref(source: Any, ctx: Ctx) -> ImageRef:
     return ImageRef(path=path)
 
 
-def _split_placeholders(text: str, ctx: Ctx, parts: list[str | ImageRef]) -> None:
-    """Append ``text`` to ``parts``, each ``<image>`` replaced by the next pooled image."""
-    pieces = text.split(IMAGE_PLACEHOLDER)
-    for i, piece in enumerate(pieces):
-        if i:
+def _file_path(source: str, ctx: Ctx, *, missing: str, bad: str, what: str) -> str:
+    """A file path named by a record, resolved against the record's root and checked to be a file."""
+    if source.startswith(("http://", "https://")):
+        raise ctx.error(missing, f"{source!r} is a URL; packer works offline: download the {what}s and use paths")
+    if source.startswith("file://"):
+        source = source[len("file://") :]
+    path = source if os.path.isabs(source) else os.path.normpath(os.path.join(ctx.root_dir, source))
+    if os.path.isdir(path):
+        raise ctx.error(bad, f"{what} {path} is a directory, not a file (named {source!r})")
+    if not os.path.isfile(path):
+        raise ctx.error(
+            missing,
+            f"{what} {path} does not exist (named {source!r}; set --image-root if paths are relative to another directory)",
+        )
+    return path
+
+
+def video_ref(source: Any, ctx: Ctx, options: dict[str, Any] | None = None) -> VideoRef:
+    """A clip path, or a list of frame image paths, plus the part's sampling options -> VideoRef.
+
+        video_ref("clip.mp4", ctx, {"type": "video", "fps": 1})  ->  VideoRef(path=".../clip.mp4", options=(("fps", 1),))
+
+    Options are checked to be numbers here; what they mean for the clip (a window past its end, ...) is
+    checked when the clip's header is read (``packer.media.video``), with the same ``path:line``.
+    """
+    kept = []
+    for name in VIDEO_OPTIONS:
+        value = (options or {}).get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ctx.error("wrong_type", f"video option {name!r} must be a number, got {value!r:.80}")
+        kept.append((name, value))
+    if isinstance(source, str) and source:
+        if source.startswith("data:"):
+            raise ctx.error("bad_video", "inline (data: URL) videos are not supported; give a file path")
+        return VideoRef(path=_file_path(source, ctx, missing="missing_video", bad="bad_video", what="video"),
+                        options=tuple(kept))
+    if isinstance(source, list) and source and all(isinstance(f, str) and f for f in source):
+        frames = tuple(_file_path(f, ctx, missing="missing_image", bad="bad_image", what="frame image") for f in source)
+        return VideoRef(frames=frames, options=tuple(kept))
+    if isinstance(source, list) and not source:
+        raise ctx.error("bad_video", "the video's frame list is empty")
+    raise ctx.error(
+        "wrong_type", f"a video source must be a file path or a list of frame image paths, got {source!r:.80}"
+    )
+
+
+def _split_placeholders(text: str, ctx: Ctx, parts: list[str | ImageRef | VideoRef]) -> None:
+    """Append ``text`` to ``parts``, each ``<image>`` (``<video>``) replaced by the next pooled image (video)
+    where the record has such a pool."""
+    names = [p for p, pool in ((IMAGE_PLACEHOLDER, ctx.pool), (VIDEO_PLACEHOLDER, ctx.video_pool)) if pool is not None]
+    for piece in re.split("(" + "|".join(names) + ")", text) if names else [text]:
+        if piece == IMAGE_PLACEHOLDER and ctx.pool is not None:
             parts.append(ctx.next_pooled())
-        if piece:
+        elif piece == VIDEO_PLACEHOLDER and ctx.video_pool is not None:
+            parts.append(ctx.next_pooled_video())
+        elif piece:
             parts.append(piece)
 
 
 def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
     """A message's content (string or list of parts) -> text strings and ImageRefs in order."""
-    parts: list[str | ImageRef] = []
+    parts: list[str | ImageRef | VideoRef] = []
+    pooled = ctx.pool is not None or ctx.video_pool is not None
     if isinstance(content, str):
-        if ctx.pool is not None:
+        if pooled:
             _split_placeholders(content, ctx, parts)
         elif content:
             parts.append(content)
@@ -141,7 +216,7 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
                     raise ctx.error(
                         "wrong_type", f"{where} part {j}: 'text' must be a string, got {type(text).__name__}"
                     )
-                if ctx.pool is not None:
+                if pooled:
                     _split_placeholders(text, ctx, parts)
                 elif text:
                     parts.append(text)
@@ -152,10 +227,13 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
                 parts.append(image_ref(url, ctx))
+            elif kind == "video" or (kind is None and "video" in part):
+                source = part.get("video")
+                parts.append(ctx.next_pooled_video() if source is None else video_ref(source, ctx, part))
             else:
                 raise ctx.error(
                     "wrong_type",
-                    f"{where} part {j} has unsupported type {kind!r}; use text, image or image_url",
+                    f"{where} part {j} has unsupported type {kind!r}; use text, image, image_url or video",
                 )
     else:
         raise ctx.error(
@@ -228,7 +306,7 @@ def chat_messages(items: Any, ctx: Ctx, where: str) -> list[Message]:
         calls = tool_calls(msg, role, ctx, w)
         content = msg.get("content")
         if calls is not None and content in (None, "", []):
-            parts: list[str | ImageRef] = []  # a turn that only calls tools
+            parts: list[str | ImageRef | VideoRef] = []  # a turn that only calls tools
         elif "content" not in msg:
             raise ctx.error("empty_messages", f"{w} has no 'content'")
         else:
@@ -303,10 +381,31 @@ def image_pool(obj: dict[str, Any], ctx: Ctx) -> list[ImageRef] | None:
     return [image_ref(v, ctx) for v in value]
 
 
+def video_pool(obj: dict[str, Any], ctx: Ctx) -> list[VideoRef] | None:
+    """The top-level ``videos`` / ``video`` field, resolved; None when absent. One entry is a clip path or a
+    list of frame paths, so ``"video": "clip.mp4"`` is one clip and ``"videos": [["f0.jpg", "f1.jpg"]]`` one
+    frame-list video (LLaMA-Factory)."""
+    key = "videos" if "videos" in obj else "video" if "video" in obj else None
+    if key is None or obj[key] is None:
+        return None
+    value = obj[key]
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise ctx.error("wrong_type", f"'{key}' must be a path or a list of videos, got {type(value).__name__}")
+    return [video_ref(v, ctx) for v in value]
+
+
 def check_pool_used(ctx: Ctx) -> None:
     if ctx.pool is not None and ctx.used != len(ctx.pool):
         raise ctx.error(
             "image_count_mismatch",
             f"the record lists {len(ctx.pool)} images but its messages have {ctx.used} image placeholders; "
             'put one <image> (or {"type": "image"} part) per image',
+        )
+    if ctx.video_pool is not None and ctx.videos_used != len(ctx.video_pool):
+        raise ctx.error(
+            "image_count_mismatch",
+            f"the record lists {len(ctx.video_pool)} videos but its messages have {ctx.videos_used} video "
+            'placeholders; put one <video> (or {"type": "video"} part) per video',
         )

@@ -1,8 +1,12 @@
 """The ``conversations`` kind (LLaVA / ShareGPT): ``[{"from": "human"|"gpt"|"system", "value": "..."}]`` plus
-``image`` (a path or a list).
+``image`` (a path or a list), and/or ``video`` (a clip path, or a list of clips or of frame-path lists).
 
-Each ``<image>`` placeholder takes the next image. A record with images but no placeholder at all gets
-LLaVA's own convention: ``"<image>\\n"`` per image prepended to the first human turn.
+Each ``<image>`` placeholder takes the next image, each ``<video>`` the next video. A record with images but
+no placeholder at all gets LLaVA's own convention: ``"<image>\\n"`` per image prepended to the first human
+turn; videos likewise (``"<video>\\n"``). LLaVA-Video-178K marks its one video with ``<image>``: a record
+with videos, no images and no ``<video>`` reads its ``<image>`` placeholders as the videos'.
+
+    {"video": "clip.mp4", "conversations": [{"from": "human", "value": "<video>\\nWhat happens?"}, ...]}
 """
 
 from __future__ import annotations
@@ -12,17 +16,20 @@ from typing import Any
 from packer.core.types import Example, Message, Node
 from packer.formats.common import (
     IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
     Ctx,
     canonical_role,
     check_pool_used,
     content_parts,
     image_pool,
     loss_flag,
+    video_pool,
 )
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
     ctx.pool = image_pool(obj, ctx)
+    ctx.video_pool = video_pool(obj, ctx)
     turns = obj["conversations"]
     if not isinstance(turns, list):
         raise ctx.error("wrong_type", f"'conversations' must be a list, got {type(turns).__name__}")
@@ -40,20 +47,25 @@ def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
         if not isinstance(value, str):
             raise ctx.error("wrong_type", f"{w} 'value' must be a string, got {type(value).__name__}")
         rows.append((role, value, loss_flag(turn, ctx, w), w))
-    n_placeholders = sum(v.count(IMAGE_PLACEHOLDER) for _, v, _, _ in rows)
-    if ctx.pool and n_placeholders == 0:
-        # LLaVA's convention (llava/train/train.py preprocess_multimodal): the image goes first in the first
-        # human turn, followed by a newline.
-        first_user = next((i for i, r in enumerate(rows) if r[0] == "user"), None)
-        if first_user is None:
-            raise ctx.error(
-                "image_count_mismatch",
-                f"the record has {len(ctx.pool)} images, no <image> placeholder and no human turn to put them in",
-            )
-        role, value, loss, w = rows[first_user]
-        rows[first_user] = (role, (IMAGE_PLACEHOLDER + "\n") * len(ctx.pool) + value, loss, w)
+    if ctx.video_pool and not ctx.pool and not any(VIDEO_PLACEHOLDER in v for _, v, _, _ in rows):
+        rows = [(r, v.replace(IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER), lo, w) for r, v, lo, w in rows]  # LLaVA-Video
+    for placeholder, pool in ((VIDEO_PLACEHOLDER, ctx.video_pool), (IMAGE_PLACEHOLDER, ctx.pool)):
+        if pool and not any(placeholder in v for _, v, _, _ in rows):
+            # LLaVA's convention (llava/train/train.py preprocess_multimodal): the image goes first in the first
+            # human turn, followed by a newline.
+            first_user = next((i for i, r in enumerate(rows) if r[0] == "user"), None)
+            if first_user is None:
+                raise ctx.error(
+                    "image_count_mismatch",
+                    f"the record has {len(pool)} {placeholder[1:-1]}s, no {placeholder} placeholder and no human turn "
+                    "to put them in",
+                )
+            role, value, loss, w = rows[first_user]
+            rows[first_user] = (role, (placeholder + "\n") * len(pool) + value, loss, w)
     if ctx.pool is None:
         ctx.pool = []  # placeholders with no images must fail, not pass through as text
+    if ctx.video_pool is None:
+        ctx.video_pool = []
     messages = [Message(role=role, parts=content_parts(value, ctx, w), loss=loss) for role, value, loss, w in rows]
     check_pool_used(ctx)
     return ctx.example(Node(messages=messages), "llava")

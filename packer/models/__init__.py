@@ -58,7 +58,7 @@ def forward_keys() -> tuple[str, ...]:
 
 
 register_profile(QwenVLProfile(name="qwen2-vl"))
-register_profile(QwenVLProfile(name="qwen2.5-vl"))
+register_profile(QwenVLProfile(name="qwen2.5-vl", tokens_per_second=2))
 register_profile(Qwen3VLProfile(name="qwen3-vl"))
 register_profile(LlavaProfile(name="llava"))
 register_profile(TextProfile(name="text"))

@@ -6,8 +6,10 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
     encode   image_size(ref) -> (w, h)           the header (media/images.py), shared by every family
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
+             plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
+             video_pixel_values(videos)          the model's video inputs, from the planned frames
              forward_keys                        batch keys the model's forward takes
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
@@ -23,12 +25,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from packer.core.types import ImageRef
-from packer.errors import ConfigError
+from packer.core.types import EncodedVideo, ImageRef, VideoRef
+from packer.errors import ConfigError, RecordError
 from packer.media.images import image_size, load_image
 
 if TYPE_CHECKING:
     import torch
+
+    from packer.media.video import VideoPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +51,8 @@ class ModelProfile:
     """True when tokens of one image attend to each other in both directions (Molmo-style)."""
     default_tokenizer: str = "qwen2-vl"
     """Tokenizer used when the build names none."""
+    video_token: str | None = None
+    """The placeholder repeated once per video token (Qwen: ``<|video_pad|>``); None for a family without video."""
 
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
@@ -58,6 +64,10 @@ class ModelProfile:
     @property
     def has_vision(self) -> bool:
         return self.image_token is not None
+
+    @property
+    def has_video(self) -> bool:
+        return self.video_token is not None
 
     # ------------------------------------------------------------------ encode
 
@@ -73,6 +83,15 @@ class ModelProfile:
         """Vision tokens one image of this size becomes in the LLM sequence."""
         raise self._no_vision()
 
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        """The frames, grid and token count of one video, from its header alone (``packer.media.video``);
+        RecordError for a video the family cannot use."""
+        video_families = [n for n in _profile_names() if _named(n).has_video]
+        raise RecordError(
+            "image_count_mismatch",
+            f"profile {self.name!r} takes no videos, but the record names one; use {' or '.join(video_families)}",
+        )
+
     def extra_positions(
         self,
         ids: np.ndarray,
@@ -82,11 +101,13 @@ class ModelProfile:
         grids: list[tuple[int, int, int]],
         *,
         token_ids: dict[str, int | None],
+        videos: list[EncodedVideo] = (),  # type: ignore[assignment]
     ) -> np.ndarray | None:
         """Positions the model takes beyond the 1-D ``positions`` of one encoded example, or None.
 
         ``ids`` (L,) are the expanded tokens, ``grids`` the example's images in token order, ``token_ids`` the
-        ids the encoder resolved for "image_token", "vision_start" and "vision_end" (None where unset).
+        ids the encoder resolved for "image_token", "video_token", "vision_start" and "vision_end" (None where
+        unset), ``videos`` the example's videos in token order (passed only when it has some).
         """
         return None
 
@@ -106,6 +127,11 @@ class ModelProfile:
         out = self.image_processor()(images=decoded, return_tensors="pt")
         return {k: out[k] for k in self.forward_keys if k in out}
 
+    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """The model's video inputs for ``videos`` (rows of the shards' ``videos`` column), decoding only the
+        planned frames."""
+        raise self._no_vision()
+
     # ------------------------------------------------------------------ verify
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
@@ -122,13 +148,21 @@ class ModelProfile:
         node_parents: np.ndarray,
         image_offsets: np.ndarray,
         image_grids: np.ndarray,
+        **videos: np.ndarray,
     ) -> np.ndarray | None:
         """``extra_positions`` of a forest of nodes (a row group's examples, flattened), without a loop.
 
         ``node_offsets``/``node_parents`` (N,) index the flat stream of ``length`` tokens, -1 at each root;
-        ``image_offsets`` (I,) are the images' first tokens and ``image_grids`` (I, 3) their grids.
+        ``image_offsets`` (I,) are the images' first tokens and ``image_grids`` (I, 3) their grids; a video
+        family also gets ``video_offsets`` (V,), ``video_grids`` (V, 3) and ``video_seconds`` (V,)
+        (second_per_grid_t).
         """
         return None
+
+    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        """(V,) bool: a stored video whose grid, frame size (V, 2: height, width) or sampled frame count
+        disagree under this family (verify's check). Without video every video is wrong."""
+        return np.ones(len(grids), dtype=bool)
 
     def _no_vision(self) -> ConfigError:
         from packer.models import get_profile, profile_names  # the registry imports this module
@@ -141,3 +175,15 @@ class ModelProfile:
 @lru_cache(maxsize=16)
 def _image_processor(profile: ModelProfile) -> Any:
     return profile.make_image_processor()
+
+
+def _profile_names() -> tuple[str, ...]:
+    from packer.models import profile_names  # the registry imports this module
+
+    return profile_names()
+
+
+def _named(name: str) -> ModelProfile:
+    from packer.models import get_profile
+
+    return get_profile(name)

@@ -16,20 +16,37 @@ tower (model), not in the token count. ``get_rope_index`` is the same for images
 differs only for video, where Qwen2.5-VL spaces temporal positions by ``tokens_per_second *
 second_per_grid_ts``. Released checkpoints' ``preprocessor_config.json`` set ``max_pixels=12845056``; the
 class default (used here) is 1003520 - pass ``max_pixels`` to match a checkpoint.
+
+Video (``plan_video``): frames sampled as qwen-vl-utils samples them and resized as ``Qwen2VLVideoProcessor``
+does, from the container's header (``packer.media.video``); rendered
+``<|vision_start|><|video_pad|><|vision_end|>`` with the pad repeated t*h*w/4 times. mRoPE gives a video's
+tokens (t, h, w) positions like an image's, the temporal index of patch k being k (Qwen2-VL) or
+``int(k * tokens_per_second * second_per_grid_t)`` in float32 (Qwen2.5-VL), and the text after it continues
+at ``max(h, w) // 2`` past its start, as for an image (transformers 5.23.0 ``get_rope_index``).
+
+    10 s clip at 30 fps, 640x480, qwen2.5-vl: 20 frames -> grid (10, 34, 46), 3910 tokens,
+    second_per_grid_t 1.0 -> temporal indices 0, 2, 4, ..., 18 (tokens_per_second 2)
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from packer.core.tree import check_layout, node_lengths, node_start_positions
+from packer.core.types import EncodedVideo, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
+
+if TYPE_CHECKING:
+    import torch
+
+    from packer.media.video import VideoFamily, VideoPlan
 
 # Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
 MAX_ASPECT_RATIO = 200
@@ -55,12 +72,23 @@ class QwenVLProfile(ModelProfile):
     """Smart-resize lower bound on resized height*width (the processor's class default)."""
     max_pixels: int = 28 * 28 * 1280
     """Smart-resize upper bound on resized height*width (class default: at most 1280 tokens per image)."""
+    video_token: str | None = "<|video_pad|>"
+    tokens_per_second: int | None = None
+    """Qwen2.5-VL: the vision config's ``tokens_per_second`` (released checkpoints: 2), which spaces a video's
+    temporal positions by ``second_per_grid_t``; None: Qwen2-VL's one position per temporal patch."""
+    video_min_pixels: int | None = None
+    """The video processor's per-frame lower bound on area (None: its class default, 128 * 28 * 28)."""
+    video_max_pixels: int | None = None
+    """The video processor's per-frame upper bound on area (None: its class default, 768 * 28 * 28)."""
 
     mrope: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
-        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+        "second_per_grid_ts",  # Qwen2.5-VL only: video_pixel_values sets it where tokens_per_second is set
     )
-    overridable: ClassVar[tuple[str, ...]] = ("min_pixels", "max_pixels", *ModelProfile.overridable)
+    overridable: ClassVar[tuple[str, ...]] = (
+        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", *ModelProfile.overridable
+    )
 
     def __post_init__(self) -> None:
         if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
@@ -84,6 +112,26 @@ class QwenVLProfile(ModelProfile):
         t, h, w = self.grid_thw(width, height)
         return t * h * w // self.merge_size**2
 
+    def video_family(self) -> VideoFamily:
+        """The qwen-vl-utils + HF video processor rule of this profile (``packer.media.video``)."""
+        return _video_family(self.name, self.video_min_pixels, self.video_max_pixels)
+
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""
+        from packer.media import video as media
+
+        request = media.VideoRequest.from_part(dict(video.options))
+        if video.frames:
+            return media.plan_frame_list(media.probe_frame_list(video.frames), request, self.video_family())
+        return media.plan_video(media.probe(video.path), request, self.video_family())
+
+    def temporal_interval(self, second_per_grid_t: float) -> np.float32:
+        """A video's temporal position step per patch, as get_rope_index computes it: float32
+        ``tokens_per_second * second_per_grid_t`` (Qwen2.5-VL), 1 (Qwen2-VL)."""
+        if self.tokens_per_second is None:
+            return np.float32(1.0)
+        return np.float32(np.float32(self.tokens_per_second) * np.float32(second_per_grid_t))
+
     def extra_positions(
         self,
         ids: np.ndarray,
@@ -93,15 +141,18 @@ class QwenVLProfile(ModelProfile):
         grids: list[tuple[int, int, int]],
         *,
         token_ids: dict[str, int | None],
+        videos: Sequence[EncodedVideo] = (),
     ) -> np.ndarray:
         """mRoPE rows (3, L) int32, as ``get_rope_index`` gives them for each root-to-leaf path alone."""
-        if not grids:  # get_rope_index on text alone: three equal rows
+        if not grids and not videos:  # get_rope_index on text alone: three equal rows
             out = np.empty((3, positions.shape[0]), dtype=np.int32)
             out[:] = positions  # a broadcast copy: ~6x cheaper than np.tile's reshape-and-repeat
             return out
         return mrope_position_ids(
             ids, node_offsets, node_parents, grids,
             image_token_id=token_ids["image_token"], spatial_merge_size=self.merge_size,
+            video_token_id=token_ids.get("video_token"), video_grids=[v.grid_thw for v in videos],
+            video_intervals=[self.temporal_interval(v.second_per_grid_t) for v in videos],
         )
 
     def make_image_processor(self) -> Any:
@@ -130,10 +181,54 @@ class QwenVLProfile(ModelProfile):
         node_parents: np.ndarray,
         image_offsets: np.ndarray,
         image_grids: np.ndarray,
+        *,
+        video_offsets: np.ndarray | None = None,
+        video_grids: np.ndarray | None = None,
+        video_seconds: np.ndarray | None = None,
     ) -> np.ndarray:
+        """Images and videos are one list of vision spans to ``expected_mrope``; a video's temporal step is its
+        ``temporal_interval``, an image's 1 (its t index is always 0)."""
+        offsets = np.asarray(image_offsets, dtype=np.int64)
+        grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
+        intervals = np.ones(len(offsets), dtype=np.float32)
+        if video_offsets is not None and len(video_offsets):
+            seconds = np.asarray(video_seconds, dtype=np.float64)
+            offsets = np.concatenate([offsets, np.asarray(video_offsets, dtype=np.int64)])
+            grids = np.concatenate([grids, np.asarray(video_grids, dtype=np.int64).reshape(-1, 3)])
+            intervals = np.concatenate([intervals, np.array([self.temporal_interval(x) for x in seconds.tolist()],
+                                                            dtype=np.float32)])
+            order = np.argsort(offsets, kind="stable")
+            offsets, grids, intervals = offsets[order], grids[order], intervals[order]
         return expected_mrope(
-            length, node_offsets, node_parents, image_offsets, image_grids, spatial_merge_size=self.merge_size
+            length, node_offsets, node_parents, offsets, grids, spatial_merge_size=self.merge_size,
+            temporal_intervals=intervals,
         )
+
+    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        """Frames = grid_t * temporal_patch_size, frame size = grid (h, w) * patch_size, (h, w) whole merges."""
+        p, m = self.patch_size, self.merge_size
+        return (
+            (grids[:, 0] * self.temporal_patch_size != num_frames) | (grids[:, 0] < 1)
+            | (grids[:, 1] * p != sizes[:, 0]) | (grids[:, 2] * p != sizes[:, 1])
+            | (grids[:, 1] % m != 0) | (grids[:, 2] % m != 0) | (grids[:, 1] < 1) | (grids[:, 2] < 1)
+        )
+
+    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """``pixel_values_videos`` (sum(t*h*w), 3*2*14*14) float32, ``video_grid_thw`` (V, 3) int64 and
+        ``second_per_grid_ts`` (V,) float32 of ``videos`` (rows of the shards' ``videos`` column): only the
+        planned frames are decoded (``qwen_video_pixels``)."""
+        import torch
+
+        from packer.models.qwen_video_pixels import video_pixels
+
+        pixels = [video_pixels(v, profile=self) for v in videos]
+        out = {
+            "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)),
+            "video_grid_thw": torch.tensor([[v["grid_t"], v["grid_h"], v["grid_w"]] for v in videos], dtype=torch.int64),
+        }
+        if self.tokens_per_second is not None:  # the Qwen2.5-VL processor's float32 tensor
+            out["second_per_grid_ts"] = torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32)
+        return out
 
 
 def smart_resize(
@@ -163,6 +258,14 @@ def smart_resize(
 
 
 # ---------------------------------------------------------------------------------------- mRoPE
+def _runs(ids: np.ndarray, token_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the maximal runs of ``token_id`` in ``ids`` (none for a None id)."""
+    if token_id is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    edges = np.diff(np.concatenate([[False], ids == token_id, [False]]).astype(np.int8))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
 def mrope_position_ids(
     input_ids: np.ndarray,
     node_offsets: np.ndarray,
@@ -171,22 +274,27 @@ def mrope_position_ids(
     *,
     image_token_id: int,
     spatial_merge_size: int = 2,
+    video_token_id: int | None = None,
+    video_grids: Sequence[tuple[int, int, int]] = (),
+    video_intervals: Sequence[float] = (),
 ) -> np.ndarray:
     """Qwen2-VL 3-D mRoPE positions (int32, (3, L): t, h, w rows) of a tree, per root-to-leaf path.
 
-    Each path gets exactly what transformers 5.23.0's ``Qwen2VLModel.get_rope_index`` returns for that path
-    run alone (also Qwen2.5-VL's for images). In that code an image is a maximal run of ``image_token_id``
-    tokens (``mm_token_type_ids == 1``) and:
+    Each path gets exactly what transformers 5.23.0's ``Qwen2VLModel.get_rope_index`` (and Qwen2.5-VL's)
+    returns for that path run alone. In that code an image is a maximal run of ``image_token_id`` tokens
+    (``mm_token_type_ids == 1``), a video one of ``video_token_id`` (type 2), and:
 
     - text continues 1-D: all three rows equal ``current_pos + i``;
-    - an image with grid (t, h, w) has llm grid (t, h // m, w // m) and positions
-      ``current_pos + (ti, hi, wi)`` in t-major, then h, then w order;
-    - after an image ``current_pos += max(h, w) // m`` (for a still image, t = 1, this is its max + 1).
+    - an image or video with grid (t, h, w) has llm grid (t, h // m, w // m) and positions
+      ``current_pos + (T(ti), hi, wi)`` in t-major, then h, then w order, T(ti) = ti for an image and a
+      Qwen2-VL video, ``int(float32(ti) * interval)`` for a Qwen2.5-VL video (``video_intervals``, float32
+      tokens_per_second * second_per_grid_t);
+    - after it ``current_pos += max(h, w) // m`` (for a still image, t = 1, this is its max + 1).
 
     A node starts from its parent's final ``current_pos`` (a whole packed row works too: every root starts
-    at 0). ``image_grids`` are the images in token order. Every image run must be one whole image inside one
-    node; otherwise a RecordError ("image_count_mismatch"), which also catches a text containing a literal
-    image token.
+    at 0). ``image_grids`` / ``video_grids`` are the images / videos in token order. Every run must be one
+    whole image or video inside one node; otherwise a RecordError ("image_count_mismatch"), which also
+    catches a text containing a literal image or video token.
     """
     ids = np.asarray(input_ids)
     length = ids.shape[0]
@@ -195,41 +303,46 @@ def mrope_position_ids(
     parents = np.asarray(node_parents, dtype=np.int64)
     ends = offsets + lengths
 
-    is_image = np.concatenate([[False], ids == image_token_id, [False]]).astype(np.int8)
-    edges = np.diff(is_image)
-    run_starts = np.flatnonzero(edges == 1)
-    run_ends = np.flatnonzero(edges == -1)
-    grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
-    llm_h = grids[:, 1] // spatial_merge_size
-    llm_w = grids[:, 2] // spatial_merge_size
-    counts = grids[:, 0] * llm_h * llm_w
-    if run_starts.shape[0] != grids.shape[0] or (run_ends - run_starts != counts).any():
-        raise RecordError(
-            "image_count_mismatch",
-            f"{run_starts.shape[0]} runs of image tokens of lengths {(run_ends - run_starts).tolist()} "
-            f"do not match {grids.shape[0]} images of {counts.tolist()} tokens",
-        )
+    spans = []  # (start, end, grid, interval) of each vision run, images then videos
+    for token_id, grids_in, intervals, what in (
+        (image_token_id, image_grids, None, "image"),
+        (video_token_id, video_grids, video_intervals, "video"),
+    ):
+        starts_k, ends_k = _runs(ids, token_id)
+        grids = np.asarray(grids_in, dtype=np.int64).reshape(-1, 3)
+        counts = grids[:, 0] * (grids[:, 1] // spatial_merge_size) * (grids[:, 2] // spatial_merge_size)
+        if starts_k.shape[0] != grids.shape[0] or (ends_k - starts_k != counts).any():
+            raise RecordError(
+                "image_count_mismatch",
+                f"{starts_k.shape[0]} runs of {what} tokens of lengths {(ends_k - starts_k).tolist()} "
+                f"do not match {grids.shape[0]} {what}s of {counts.tolist()} tokens",
+            )
+        for k, (rs, re_) in enumerate(zip(starts_k.tolist(), ends_k.tolist(), strict=True)):
+            spans.append((rs, re_, tuple(grids[k].tolist()), 1.0 if intervals is None else float(intervals[k])))
+    spans.sort()
+    run_starts = np.array([sp[0] for sp in spans], dtype=np.int64)
+    run_ends = np.array([sp[1] for sp in spans], dtype=np.int64)
     run_node = np.searchsorted(offsets, run_starts, side="right") - 1
     # Zero-length nodes share an offset with the next node; searchsorted picks the last of them, which
     # is the one holding tokens.
     if (run_ends > ends[run_node]).any():
-        raise RecordError("image_count_mismatch", "an image's tokens are split across two tree nodes")
+        raise RecordError("image_count_mismatch", "an image's or video's tokens are split across two tree nodes")
 
     # int32 throughout (the result's dtype): positions stay below the length, and lengths fit int32
     out = np.empty((3, length), dtype=np.int32)
     next_pos = [0] * offsets.shape[0]  # current_pos after each node's path
-    k = 0  # next image, in token order
-    run_starts_l, run_ends_l, run_node_l = run_starts.tolist(), run_ends.tolist(), run_node.tolist()
-    grid_l, llm_h_l, llm_w_l = grids.tolist(), llm_h.tolist(), llm_w.tolist()
+    k = 0  # next vision run, in token order
+    run_node_l = run_node.tolist()
+    m = spatial_merge_size
     for n, (s, e, parent) in enumerate(zip(offsets.tolist(), ends.tolist(), parents.tolist(), strict=True)):
         cur = 0 if parent < 0 else next_pos[parent]
-        while k < len(run_starts_l) and run_node_l[k] == n:
-            rs, re_ = run_starts_l[k], run_ends_l[k]
-            out[:, s:rs] = np.arange(cur, cur + rs - s)  # text before the image, broadcast to 3 rows
+        while k < len(spans) and run_node_l[k] == n:
+            rs, re_, (t, h, w), interval = spans[k]
+            out[:, s:rs] = np.arange(cur, cur + rs - s)  # text before the run, broadcast to 3 rows
             cur += rs - s
-            out[:, rs:re_] = _grid_positions(grid_l[k][0], llm_h_l[k], llm_w_l[k])
+            out[:, rs:re_] = _grid_positions(t, h // m, w // m, interval)
             out[:, rs:re_] += cur
-            cur += max(grid_l[k][1], grid_l[k][2]) // spatial_merge_size
+            cur += max(h, w) // m
             s = re_
             k += 1
         out[:, s:e] = np.arange(cur, cur + e - s)
@@ -238,10 +351,13 @@ def mrope_position_ids(
 
 
 @lru_cache(maxsize=256)  # a dataset has few distinct grids; <= 256 * 15 KB (1280-token images) cached
-def _grid_positions(t: int, h: int, w: int) -> np.ndarray:
-    """(t, h, w) rows of one image's llm grid in t-major, then h, then w order: (3, t*h*w) int32, read-only."""
+def _grid_positions(t: int, h: int, w: int, interval: float = 1.0) -> np.ndarray:
+    """(t, h, w) rows of one llm grid in t-major, then h, then w order: (3, t*h*w) int32, read-only; the t
+    row scaled by the float32 ``interval`` and truncated, as get_rope_index's ``(arange(t) * interval).long()``."""
     tt, rest = np.divmod(np.arange(t * h * w, dtype=np.int32), h * w)
     hh, ww = np.divmod(rest, w)
+    if interval != 1.0:
+        tt = (tt.astype(np.float32) * np.float32(interval)).astype(np.int32)
     block = np.stack([tt, hh, ww])
     block.flags.writeable = False
     return block
@@ -282,6 +398,7 @@ def expected_mrope(
     image_grids: np.ndarray,
     *,
     spatial_merge_size: int,
+    temporal_intervals: np.ndarray | None = None,
 ) -> np.ndarray:
     """``mrope_position_ids`` (as int64) of a node forest, without a Python loop over nodes: verify's check.
 
@@ -290,7 +407,8 @@ def expected_mrope(
     image's advance): a text token's position is the weighted prefix sum along its path (the ancestors'
     node sums from ``node_start_positions`` + the exclusive sum inside its node). An image token adds its
     (t, h, w) index in the merged grid to the position where its image starts. Images must be whole and
-    inside one node (verify checks that first).
+    inside one node (verify checks that first). Videos are spans like images (in offset order with them),
+    their t index scaled by ``temporal_intervals`` (float32 per span, 1 for an image).
     """
     merge = spatial_merge_size
     grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
@@ -311,7 +429,18 @@ def expected_mrope(
     text_pos = base[node_of_tok] + excl - excl[g_off][node_of_tok]  # (L,)
     out = np.broadcast_to(text_pos, (3, length)).copy()
     origin = text_pos[starts][img_tok]
-    out[0, tok] = origin + k // (lh * lw)[img_tok]
+    t_index = k // (lh * lw)[img_tok]
+    if temporal_intervals is not None:
+        interval = np.asarray(temporal_intervals, dtype=np.float32)[img_tok]
+        t_index = (t_index.astype(np.float32) * interval).astype(np.int64)
+    out[0, tok] = origin + t_index
     out[1, tok] = origin + (k // lw[img_tok]) % lh[img_tok]
     out[2, tok] = origin + k % lw[img_tok]
     return out
+
+
+@lru_cache(maxsize=16)
+def _video_family(name: str, min_pixels: int | None, max_pixels: int | None) -> VideoFamily:
+    from packer.media.video import get_video_family
+
+    return get_video_family(name, min_pixels=min_pixels, max_pixels=max_pixels)

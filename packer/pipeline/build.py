@@ -147,6 +147,7 @@ def build(
         lengths=plan.lengths, vision=plan.vision, pack_ids=plan.pack_ids, capacity=config.max_length,
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
+        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
     )
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
@@ -170,6 +171,7 @@ def manifest_dict(
     """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it."""
     profile = encoder.profile
     image_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
+    video_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.video_token) if profile.video_token else None
     return Manifest(
         schema_version=SCHEMA_VERSION,
         packer_version=__version__,
@@ -181,6 +183,7 @@ def manifest_dict(
         inputs=tuple(inputs),
         base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
         image_token_id=image_token_id,
+        video_token_id=video_token_id,
         totals=Totals(
             input_records=input_records,
             rejected=rejected,

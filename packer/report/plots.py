@@ -53,7 +53,8 @@ class PackColumns:
     """Per-pack and per-example columns of a whole build (no token data)."""
 
     num_tokens: np.ndarray  # (P,) tokens per pack
-    num_vision: np.ndarray  # (P,) vision tokens per pack
+    num_vision: np.ndarray  # (P,) vision tokens per pack (images and videos)
+    num_video: np.ndarray  # (P,) video tokens per pack
     num_loss: np.ndarray  # (P,) loss tokens per pack
     cu_offsets: np.ndarray  # (P+1,) pack p's cu_seqlens are cu_values[cu_offsets[p]:cu_offsets[p+1]]
     cu_values: np.ndarray
@@ -74,8 +75,8 @@ class PackColumns:
 
 def read_pack_columns(shards: ShardSet) -> PackColumns:
     """The small columns of every shard: counts, boundaries and sources (token columns stay on disk)."""
-    cols = ["num_tokens", "num_vision_tokens", "num_loss_tokens", "cu_seqlens", "example_sources", "node_offsets",
-            "node_parents"]
+    cols = ["num_tokens", "num_vision_tokens", "num_video_tokens", "num_loss_tokens", "cu_seqlens", "example_sources",
+            "node_offsets", "node_parents"]
     tables = [pq.read_table(shards.shard_path(i), columns=cols) for i in range(len(shards.shards))]
     if not tables:
         raise ConfigError(f"{shards.root} has no shards to plot")
@@ -85,6 +86,7 @@ def read_pack_columns(shards: ShardSet) -> PackColumns:
     return PackColumns(
         num_tokens=table.column("num_tokens").to_numpy().astype(np.int64),
         num_vision=table.column("num_vision_tokens").to_numpy().astype(np.int64),
+        num_video=table.column("num_video_tokens").to_numpy().astype(np.int64),
         num_loss=table.column("num_loss_tokens").to_numpy().astype(np.int64),
         cu_offsets=cu_off,
         cu_values=cu_val.astype(np.int64),
@@ -133,13 +135,13 @@ def sample_examples(shards: ShardSet, max_examples: int = SAMPLE_EXAMPLES) -> li
     packs: list[list[SampleExample]] = []
     taken = 0
     colour = 0
-    rows = _leading_rows(shards, ["cu_seqlens", "images"])
+    rows = _leading_rows(shards, ["cu_seqlens", "images", "videos"])
     for row in rows:
         cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
         if packs and taken + len(cu) - 1 > max_examples:
             break
         vision = np.zeros(int(cu[-1]), dtype=bool)  # (T,)
-        for im in row["images"]:
+        for im in row["images"] + row["videos"]:
             vision[im["offset"] : im["offset"] + im["num_tokens"]] = True
         pack = []
         for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
@@ -357,9 +359,16 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         elif name == "vision":
             hi = max(int(cols.num_vision.max()), budget or 0, 1)
-            _hist_panel(ax, cols.num_vision, bins=np.linspace(0, hi, 21), title="vision tokens per pack",
+            if cols.num_video.any():  # image and video tokens per pack: two distributions, side by side
+                ax.hist([cols.num_vision - cols.num_video, cols.num_video], bins=np.linspace(0, hi, 21),
+                        color=["#9467bd", "#17becf"], label=["image tokens", "video tokens"], edgecolor="white",
+                        linewidth=0.5)
+            _hist_panel(ax, cols.num_vision if not cols.num_video.any() else np.zeros(0), bins=np.linspace(0, hi, 21),
+                        title="vision tokens per pack" + (" (images, videos)" if cols.num_video.any() else ""),
                         xlabel="vision tokens in a pack", color="#9467bd",
                         vline=budget, vlabel=f"budget {budget:,}" if budget else "")
+            if cols.num_video.any():
+                ax.legend(fontsize=7, loc="best", frameon=True, framealpha=0.9)
         elif name == "length":
             _hist_panel(ax, cols.example_lengths, bins=np.linspace(0, capacity, 33),
                         title="example lengths", xlabel="tokens in an example", color="#ff7f0e",

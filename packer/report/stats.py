@@ -54,8 +54,11 @@ def compute_stats(
     sources: np.ndarray | None = None,
     input_records: int = 0,
     rejects: list[dict[str, Any]] | None = None,
+    video: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Statistics of one plan; every array is per packed example, in input order."""
+    """Statistics of one plan; every array is per packed example, in input order. ``video``: the video tokens
+    among ``vision``; a build with any adds ``video_tokens`` / ``image_tokens`` and their per-pack spreads
+    (a build without video keeps the keys it always had)."""
     rejects = rejects or []
     lengths = np.asarray(lengths, dtype=np.int64)
     num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
@@ -96,6 +99,14 @@ def compute_stats(
             },
         },
     }
+    if video is not None and np.asarray(video).sum():
+        video = np.asarray(video, dtype=np.int64)
+        pack_video = np.bincount(pack_ids, weights=video, minlength=num_packs).astype(np.int64)
+        pack_image = pack_vision - pack_video
+        stats["video_tokens"] = int(video.sum())
+        stats["image_tokens"] = stats["vision_tokens"] - stats["video_tokens"]
+        stats["video_tokens_per_pack"] = {**_summary(pack_video), "std": float(pack_video.std()) if num_packs else 0.0}
+        stats["image_tokens_per_pack"] = {**_summary(pack_image), "std": float(pack_image.std()) if num_packs else 0.0}
     if sources is not None and len(sources) and any(sources):
         per_source: dict[str, dict[str, Any]] = {}
         for name in sorted(set(sources.tolist())):
@@ -140,12 +151,18 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("packs", f"{stats['packs']:,}  (capacity {cap:,} tokens)"),
         ("tokens", f"{tokens:,}"),
         ("loss tokens", f"{stats['loss_tokens']:,}  ({_pct(stats['loss_tokens'] / tokens) if tokens else '-'})"),
-        ("vision tokens", f"{stats['vision_tokens']:,}"),
+        ("vision tokens", f"{stats['vision_tokens']:,}" + (
+            f"  (images {stats['image_tokens']:,}, videos {stats['video_tokens']:,})" if "video_tokens" in stats else "")),
         ("packing efficiency", _pct(stats["efficiency"])),
         ("lower bound", f"{stats['lower_bound_packs']:,} packs  (+{stats['packs_over_lower_bound']:,} over it)"),
         ("examples / pack", f"min {epp['min']}  mean {epp['mean']:.2f}  max {epp['max']}"),
         ("tokens / pack", f"min {tpp['min']:,}  mean {tpp['mean']:,.0f}  max {tpp['max']:,}"),
     ]
+    for kind in ("image", "video"):
+        if f"{kind}_tokens_per_pack" in stats:
+            per = stats[f"{kind}_tokens_per_pack"]
+            rows.append((f"{kind} tokens / pack", f"min {per['min']:,}  mean {per['mean']:,.0f}  max {per['max']:,}"
+                         f"  std {per['std']:,.0f}"))
     for key, label in naive_batches(pad):
         slots = pad[key]
         rows.append((f"naive padding, batch {label}", f"{slots:,} slots, {_pct(1 - tokens / slots) if slots else '-'} padding"

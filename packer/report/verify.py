@@ -14,8 +14,10 @@ What is checked (each failure is one ``Violation``: file, row, what):
   parents earlier nodes of the same example); 1-D positions equal ``packer.core.tree.tree_position_ids``
   of the row's node forest; images lie inside one example, in order, without
   overlap, over exactly the image-token run of their ``num_tokens`` (no stray image token), with
-  ``num_tokens`` matching the grid; mRoPE positions equal an independent vectorized recomputation of
-  ``get_rope_index`` along each tree path;
+  ``num_tokens`` matching the grid; videos the same way over their video-token runs, and each video's grid
+  agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); mRoPE positions
+  equal an independent vectorized recomputation of ``get_rope_index`` along each tree path (with each
+  video's ``second_per_grid_t``);
 - example ids are unique across the whole dataset;
 - with ``inputs``: every non-blank input line (every row of a Parquet/Arrow input) is packed (``path:line`` in
   ``example_ids``) or rejected (in rejects.jsonl) exactly once (a source weight w packs floor(w) or ceil(w)
@@ -158,6 +160,7 @@ class _Limits:
     max_examples: int | None
     profile: ModelProfile
     image_token_id: int | None
+    video_token_id: int | None
 
 
 class _Rows:
@@ -187,9 +190,17 @@ class _Rows:
             f: imgs.field(f).to_numpy(zero_copy_only=False).astype(np.int64)
             for f in ("offset", "num_tokens", "grid_t", "grid_h", "grid_w")
         }
+        self.vid_off, vids = _lists(table.column("videos"))
+        self.vid = {
+            f: vids.field(f).to_numpy(zero_copy_only=False).astype(np.int64)
+            for f in ("offset", "num_tokens", "grid_t", "grid_h", "grid_w", "height", "width")
+        }
+        self.vid["second_per_grid_t"] = vids.field("second_per_grid_t").to_numpy(zero_copy_only=False)
+        self.vid["num_frames"] = np.diff(vids.field("frame_indices").offsets.to_numpy()).astype(np.int64)
         self.num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
         self.num_loss = table.column("num_loss_tokens").to_numpy().astype(np.int64)
         self.num_vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)
+        self.num_video = table.column("num_video_tokens").to_numpy().astype(np.int64)
 
     def keep(self, good: np.ndarray) -> _Rows:
         return self if good.all() else _Rows(self.table.filter(pa.array(good)), self.rows[good])
@@ -294,9 +305,12 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
           lambda i: "a label is neither -100 nor the token's own id (labels are unshifted)")
     loss = np.bincount(row_of_tok, weights=d.labels != IGNORE_INDEX, minlength=d.R).astype(np.int64)
     check(loss != d.num_loss, "num_loss_tokens", lambda i: f"num_loss_tokens is {d.num_loss[i]}, labels have {loss[i]}")
-    vision = np.bincount(_row_of(d.img_off), weights=d.img["num_tokens"], minlength=d.R).astype(np.int64)
+    video = np.bincount(_row_of(d.vid_off), weights=d.vid["num_tokens"], minlength=d.R).astype(np.int64)
+    vision = np.bincount(_row_of(d.img_off), weights=d.img["num_tokens"], minlength=d.R).astype(np.int64) + video
     check(vision != d.num_vision, "num_vision_tokens",
-          lambda i: f"num_vision_tokens is {d.num_vision[i]}, the images have {vision[i]}")
+          lambda i: f"num_vision_tokens is {d.num_vision[i]}, the images and videos have {vision[i]}")
+    check(video != d.num_video, "num_video_tokens",
+          lambda i: f"num_video_tokens is {d.num_video[i]}, the videos have {video[i]}")
 
     # --- 1-D positions: the row's nodes as one forest in the flat stream (roots restart at 0)
     row_of_node = _row_of(d.no_off)
@@ -306,49 +320,82 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
     check(_rows_with(expected != d.pos, row_of_tok, d.R), "position_ids",
           lambda i: "position_ids differ from the tree positions (0 at each example, a branch continues from its parent)")
 
-    # --- images: one contiguous run of image tokens each, in order, inside one example
-    row_of_img = _row_of(d.img_off)
-    s, n = d.img["offset"], d.img["num_tokens"]
+    # --- images, then videos: one contiguous run of their tokens each, in order, inside one example
+    spans = {}
+    for what, lists, fields, token_id in (("image", d.img_off, d.img, lim.image_token_id),
+                                          ("video", d.vid_off, d.vid, lim.video_token_id)):
+        spans[what] = _check_spans(d, lim, check, what, lists, fields, token_id, g_starts, g_off)
+    if len(d.vid["offset"]):
+        _, _, vid_grids = spans["video"]
+        sizes = np.stack([d.vid["height"], d.vid["width"]], axis=1)
+        faults = lim.profile.video_faults(vid_grids, sizes, d.vid["num_frames"])
+        faults |= ~(d.vid["second_per_grid_t"] > 0)
+        check(_rows_with(faults, _row_of(d.vid_off), d.R), "video plan",
+              lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
+              f"{lim.profile.name!r}")
+    tok_ok = spans["image"][0] & spans["video"][0]
+
+    # --- mRoPE: recomputed along each tree path by the model family
+    if lim.profile.mrope and L:
+        got = d.mrope.reshape(-1, 3).T  # (3, L): token-major storage
+        _, img_sel, img_grids = spans["image"]
+        _, vid_sel, vid_grids = spans["video"]
+        img_starts = (row_base[_row_of(d.img_off)] + d.img["offset"])[img_sel]
+        videos = {}
+        if vid_sel.any():
+            videos = dict(video_offsets=(row_base[_row_of(d.vid_off)] + d.vid["offset"])[vid_sel],
+                          video_grids=vid_grids[vid_sel], video_seconds=d.vid["second_per_grid_t"][vid_sel])
+        want = lim.profile.expected_extra_positions(L, g_off, g_par, img_starts, img_grids[img_sel], **videos)
+        bad = (got != want).any(axis=0) & tok_ok
+        check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
+              lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
+
+
+def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fields: dict[str, np.ndarray],
+                 token_id: int | None, g_starts: np.ndarray, g_off: np.ndarray):
+    """Images' (or videos') spans: inside the row, in order, no overlap, one example and one tree node each,
+    ``num_tokens`` matching the grid, exactly over the runs of their token, labels -100 there.
+
+    Returns ((T_total,) tokens of rows whose spans are sound, (I,) spans of such rows, (I, 3) grids).
+    """
+    L = len(d.ids)
+    row_base, row_of_tok = d.tok_off[:-1], _row_of(d.tok_off)
+    row_of_img = _row_of(lists)
+    s, n = fields["offset"], fields["num_tokens"]
     img_ok = (n >= 1) & (s >= 0) & (s + n <= d.T[row_of_img])
     overlap = np.zeros(len(s), dtype=bool)
-    overlap[1:] = (s[1:] < s[:-1] + n[:-1]) & _within_row_pairs(d.img_off)
+    overlap[1:] = (s[1:] < s[:-1] + n[:-1]) & _within_row_pairs(lists)
     gs = row_base[row_of_img] + s
     ex_first = np.searchsorted(g_starts, gs, side="right")
     ex_last = np.searchsorted(g_starts, gs + np.maximum(n, 1) - 1, side="right")
     node_first = np.searchsorted(g_off, gs, side="right")
     node_last = np.searchsorted(g_off, gs + np.maximum(n, 1) - 1, side="right")
     spans_bad = ~img_ok | overlap | (img_ok & ((ex_first != ex_last) | (node_first != node_last)))
-    check(_rows_with(spans_bad, row_of_img, d.R), "image spans",
-          lambda i: "an image's tokens are outside the row, overlap another image, are out of order or cross "
+    check(_rows_with(spans_bad, row_of_img, d.R), f"{what} spans",
+          lambda i: f"a {what}'s tokens are outside the row, overlap another {what}, are out of order or cross "
           "an example or tree-node boundary")
-    grids = np.stack([d.img["grid_t"], d.img["grid_h"], d.img["grid_w"]], axis=1)  # (I, 3)
+    grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)  # (I, 3)
     grid_bad = lim.profile.grid_num_tokens(grids) != n
-    check(_rows_with(grid_bad, row_of_img, d.R), "image grid",
-          lambda i: f"an image's num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
+    check(_rows_with(grid_bad, row_of_img, d.R), f"{what} grid",
+          lambda i: f"a {what}'s num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
     img_rows_ok = ~_rows_with(spans_bad | grid_bad, row_of_img, d.R)
     sel = img_rows_ok[row_of_img]
     in_image = np.zeros(L + 1, dtype=np.int64)
     np.add.at(in_image, gs[sel], 1)
     np.add.at(in_image, gs[sel] + n[sel], -1)
-    in_image = np.cumsum(in_image)[:L] > 0  # (L,) token lies in some image span
-    image_id = lim.image_token_id
-    if image_id is None and sel.any():  # an old manifest: take the id the first image span holds
-        image_id = int(d.ids[gs[sel][0]])
+    in_image = np.cumsum(in_image)[:L] > 0  # (L,) token lies in some span
+    if token_id is None and sel.any():  # an old manifest: take the id the first span holds
+        token_id = int(d.ids[gs[sel][0]])
     tok_ok = img_rows_ok[row_of_tok]
-    if image_id is not None:
-        stray = tok_ok & (in_image != (d.ids == image_id))
-        check(_rows_with(stray, row_of_tok, d.R), "image tokens",
-              lambda i: f"image spans and image tokens (id {image_id}) disagree: a span over other tokens, or a stray image token")
-    check(_rows_with(tok_ok & in_image & (d.labels != IGNORE_INDEX), row_of_tok, d.R), "image labels",
-          lambda i: "an image token carries a label (vision tokens carry no loss)")
-
-    # --- mRoPE: recomputed along each tree path by the model family
-    if lim.profile.mrope and L:
-        got = d.mrope.reshape(-1, 3).T  # (3, L): token-major storage
-        want = lim.profile.expected_extra_positions(L, g_off, g_par, gs[sel], grids[sel])
-        bad = (got != want).any(axis=0) & tok_ok
-        check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
-              lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
+    if token_id is not None:
+        stray = tok_ok & (in_image != (d.ids == token_id))
+        check(_rows_with(stray, row_of_tok, d.R), f"{what} tokens",
+              lambda i: f"{what} spans and {what} tokens (id {token_id}) disagree: a span over other tokens, or a "
+              f"stray {what} token")
+    check(_rows_with(tok_ok & in_image & (d.labels != IGNORE_INDEX), row_of_tok, d.R), f"{what} labels",
+          lambda i: f"an {what} token carries a label (vision tokens carry no loss)" if what == "image" else
+          f"a {what} token carries a label (vision tokens carry no loss)")
+    return tok_ok, sel, grids
 
 
 # ---------------------------------------------------------------------------------------- whole build
@@ -364,6 +411,7 @@ def _limits(manifest: Manifest) -> _Limits:
         max_examples=cfg.max_examples_per_pack,
         profile=profile,
         image_token_id=manifest.image_token_id,
+        video_token_id=manifest.video_token_id,
     )
 
 

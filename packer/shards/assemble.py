@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from packer.errors import ShardError
-from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA
+from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA, VIDEO_TYPE
 
 
 def encoded_to_record(enc) -> dict[str, Any]:
@@ -42,9 +42,29 @@ def encoded_to_record(enc) -> dict[str, Any]:
             }
             for im in enc.images
         ],
+        "videos": [
+            {
+                "source": v.source,
+                "frames": v.frames,
+                "video_start": v.video_start,
+                "video_end": v.video_end,
+                "frame_indices": v.frame_indices,
+                "video_fps": v.video_fps,
+                "grid_t": v.grid_thw[0],
+                "grid_h": v.grid_thw[1],
+                "grid_w": v.grid_thw[2],
+                "height": v.height,
+                "width": v.width,
+                "offset": v.offset,
+                "num_tokens": v.num_tokens,
+                "second_per_grid_t": v.second_per_grid_t,
+            }
+            for v in enc.videos
+        ],
         "num_tokens": enc.num_tokens,
         "num_loss_tokens": enc.num_loss_tokens,
         "num_vision_tokens": enc.num_vision_tokens,
+        "num_video_tokens": enc.num_video_tokens,
         "num_images": len(enc.images),
     }
 
@@ -189,14 +209,15 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["node_offsets"] = _regroup(pa.array(starts.astype(np.int32)), node_off, pack_bounds)
     cols["node_parents"] = _regroup(pa.array(parents.astype(np.int32)), node_off, pack_bounds)
 
-    img_off, img_vals = _list_parts(examples.column("images"))
-    images_per_example = np.diff(img_off)
-    if len(img_vals):
-        shifted = img_vals.field("offset").to_numpy() + np.repeat(ex_start_in_row, images_per_example)
-        fields = [img_vals.field(f.name) for f in IMAGE_TYPE]
-        fields[IMAGE_TYPE.get_field_index("offset")] = pa.array(shifted.astype(np.int32))
-        img_vals = pa.StructArray.from_arrays(fields, fields=list(IMAGE_TYPE))
-    cols["images"] = _regroup(img_vals, img_off, pack_bounds)
+    for name, kind in (("images", IMAGE_TYPE), ("videos", VIDEO_TYPE)):
+        img_off, img_vals = _list_parts(examples.column(name))
+        images_per_example = np.diff(img_off)
+        if len(img_vals):
+            shifted = img_vals.field("offset").to_numpy() + np.repeat(ex_start_in_row, images_per_example)
+            fields = [img_vals.field(f.name) for f in kind]
+            fields[kind.get_field_index("offset")] = pa.array(shifted.astype(np.int32))
+            img_vals = pa.StructArray.from_arrays(fields, fields=list(kind))
+        cols[name] = _regroup(img_vals, img_off, pack_bounds)
 
     ids = examples.column("example_id").combine_chunks()
     srcs = examples.column("source_name").combine_chunks()
@@ -211,6 +232,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["num_tokens"] = pa.array(row_lengths.astype(np.int32))
     cols["num_loss_tokens"] = per_pack("num_loss_tokens")
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
+    cols["num_video_tokens"] = per_pack("num_video_tokens")
     return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from packer.config import BuildConfig
 from packer.errors import ConfigError, ShardError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the videos and num_video_tokens columns
 
 
 MANIFEST = "manifest.json"
@@ -48,6 +48,28 @@ IMAGE_TYPE = pa.struct(
 I32_LIST = pa.list_(pa.int32())
 
 
+# One video (docs/format.md, "Videos"): what the reader decodes (source or frames, the sampled frame indices)
+# and makes of it (height x width frames, grid), and where its tokens are.
+VIDEO_TYPE = pa.struct(
+    [
+        ("source", pa.string()),  # resolved clip path, "" for a frame list
+        ("frames", pa.list_(pa.string())),  # a frame list's resolved image paths, [] for a clip
+        ("video_start", pa.float64()),  # the record's window in seconds, null when not given
+        ("video_end", pa.float64()),
+        ("frame_indices", I32_LIST),  # sampled frames in order (into the clip, or the padded frame list)
+        ("video_fps", pa.float64()),  # the clip's average frame rate (a frame list: its raw_fps)
+        ("grid_t", pa.int32()),
+        ("grid_h", pa.int32()),
+        ("grid_w", pa.int32()),
+        ("height", pa.int32()),  # frame size in the vision tower, pixels
+        ("width", pa.int32()),
+        ("offset", pa.int32()),  # first video token, relative to the row (example, in the encode cache)
+        ("num_tokens", pa.int32()),
+        ("second_per_grid_t", pa.float64()),  # seconds per temporal patch (Qwen2.5-VL's second_per_grid_ts)
+    ]
+)
+
+
 # One explicit schema: never inferred from the first row.
 SCHEMA = pa.schema(
     [
@@ -59,11 +81,13 @@ SCHEMA = pa.schema(
         ("node_offsets", I32_LIST),
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),
+        ("videos", pa.list_(VIDEO_TYPE)),
         ("example_ids", pa.list_(pa.string())),
         ("example_sources", pa.list_(pa.string())),
         ("num_tokens", pa.int32()),
         ("num_loss_tokens", pa.int32()),
-        ("num_vision_tokens", pa.int32()),
+        ("num_vision_tokens", pa.int32()),  # image and video tokens
+        ("num_video_tokens", pa.int32()),
     ],
     metadata={"packer.schema_version": str(SCHEMA_VERSION)},
 )
@@ -81,9 +105,11 @@ EXAMPLE_SCHEMA = pa.schema(
         ("node_offsets", I32_LIST),
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),
+        ("videos", pa.list_(VIDEO_TYPE)),
         ("num_tokens", pa.int32()),
         ("num_loss_tokens", pa.int32()),
         ("num_vision_tokens", pa.int32()),
+        ("num_video_tokens", pa.int32()),
         ("num_images", pa.int32()),
     ]
 )
@@ -205,6 +231,8 @@ class Manifest:
     """The directory relative input paths (and example ids) were resolved from; None: the working directory."""
     image_token_id: int | None = None
     """The profile's placeholder token id in the tokenizer; None for text profiles (or not recorded)."""
+    video_token_id: int | None = None
+    """The profile's video placeholder token id; None for profiles without video (or not recorded)."""
     totals: Totals | None = None
     """Whole-build counts, None if not recorded (nothing for ``packer verify`` to compare then)."""
     shards: tuple[ShardEntry, ...]
@@ -241,6 +269,7 @@ class Manifest:
             inputs=tuple(inputs),
             base_dir=_field(data, "base_dir", str, where, required=False),
             image_token_id=_field(data, "image_token_id", int, where, required=False),
+            video_token_id=_field(data, "video_token_id", int, where, required=False),
             totals=None if totals is None else Totals.from_dict(totals, where=f"{where} 'totals'"),
             shards=tuple(ShardEntry.from_dict(s, where=f"{where} 'shards'[{i}]") for i, s in enumerate(shards)),
         )
@@ -258,6 +287,7 @@ class Manifest:
             "inputs": list(self.inputs),
             "base_dir": self.base_dir,
             "image_token_id": self.image_token_id,
+            "video_token_id": self.video_token_id,
             "totals": None if self.totals is None else self.totals.to_dict(),
             "shards": [s.to_dict() for s in self.shards],
         }

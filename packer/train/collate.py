@@ -94,6 +94,13 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if images:  # first vision token of each image in the batch
         offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
+    videos = [v for r in rows for v in r.get("videos", ())]
+    if videos:  # the profile decodes only each video's sampled frames (video_grid_thw, second_per_grid_ts too)
+        if rows[0].get("load_images", True):
+            profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
+            batch.update(profile.video_pixel_values(videos))
+        offsets = [v["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for v in r["videos"]]
+        batch["video_offsets"] = torch.tensor(offsets, dtype=torch.int64)
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch

@@ -41,7 +41,7 @@ from packer.train.balance import CostWeights, deal, pad_order, read_row_stats
 from packer.train.resume import STATE_VERSION, EpochProgress, check_state
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
-READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "example_ids"]  # what a row needs
+READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "videos", "example_ids"]  # what a row needs
 
 
 class PackedDataset(IterableDataset):
@@ -251,6 +251,7 @@ def _decode_block(table) -> dict[str, Any]:
     mrope = table.column("mrope_position_ids")
     out["mrope_position_ids"] = None if mrope.null_count == table.num_rows else list_column(table, "mrope_position_ids")
     out["images"] = table.column("images").to_pylist()  # a few small structs per row
+    out["videos"] = table.column("videos").to_pylist()
     out["example_ids"] = table.column("example_ids").to_pylist()
     return out
 
@@ -265,6 +266,7 @@ def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]
         off, values = block["mrope_position_ids"]
         row["mrope_position_ids"] = take(values[off[i] : off[i + 1]]).reshape(-1, 3).T  # (3, T)
     row["images"] = block["images"][i]
+    row["videos"] = block["videos"][i]
     row["example_ids"] = block["example_ids"][i]
     return row
 

@@ -31,7 +31,7 @@ def test_get_profile() -> None:
     with pytest.raises(ConfigError, match="dynamic-resolution"):
         get_profile("text", min_pixels=1000)
     with pytest.raises(ConfigError, match=r"cannot override \['patch_size'\] of profile 'qwen2-vl'; overridable: "
-                                          "min_pixels, max_pixels, image_token, bidirectional_images, default_tokenizer"):
+                                          "min_pixels, max_pixels, video_min_pixels, video_max_pixels, image_token, bidirectional_images, default_tokenizer"):
         get_profile("qwen2-vl", patch_size=16)
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
