@@ -85,6 +85,7 @@ class _Draft:
     refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
     images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
+    video_spans: list[int] = field(default_factory=list)  # tokens each video's expansion spans (Qwen3-VL: > num_tokens)
 
 
 class Encoder:
@@ -414,13 +415,16 @@ class Encoder:
         ):
             raise RecordError("template_error", "the chat template put the images and videos out of their order")
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
-        sizes, plans, grids, counts = {}, {}, [], []
-        for ref in refs:
+        sizes, plans, grids, counts, spliced = {}, {}, [], [], {}
+        for ref, p in zip(refs, pos.tolist(), strict=True):
             if isinstance(ref, VideoRef):
                 if ref not in plans:  # a tree's shared clip is planned once
                     plans[ref] = self.profile.plan_video(ref)
                 grids.append(plans[ref].grid_thw)
-                counts.append(plans[ref].num_tokens)
+                tokens = self._video_tokens(plans[ref], draft.ids, p)
+                if tokens is not None:  # the profile's own expansion (Qwen3-VL: timestamped frames)
+                    spliced[p] = tokens
+                counts.append(plans[ref].num_tokens if tokens is None else tokens.shape[0])
                 continue
             if ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
@@ -431,27 +435,50 @@ class Encoder:
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
         labels = draft.labels.copy()
         labels[pos] = IGNORE_INDEX
-        draft.images, draft.videos = [], []
+        draft.images, draft.videos, draft.video_spans = [], [], []
         for ref, g, c, p in zip(refs, grids, counts, pos, strict=True):
             grid, offset = tuple(int(x) for x in g), int(new_index[p])
             if isinstance(ref, VideoRef):
                 draft.videos.append(_encoded_video(ref, plans[ref], offset=offset))
+                draft.video_spans.append(int(c))
             else:
                 draft.images.append(EncodedImage(
                     source=ref.path if ref.data is None else "", data=ref.data, grid_thw=grid, offset=offset,
                     num_tokens=int(c),
                 ))
         draft.ids = np.repeat(draft.ids, repeats)
+        for p, tokens in spliced.items():
+            draft.ids[new_index[p] : new_index[p] + tokens.shape[0]] = tokens
         draft.labels = np.repeat(labels, repeats)
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
+
+    def _video_tokens(self, plan, ids: np.ndarray, p: int) -> np.ndarray | None:
+        """The tokens a video's placeholder at ``p`` becomes where the profile writes its own text for it
+        (``ModelProfile.video_text``), else None (the placeholder repeated ``num_tokens`` times).
+
+        The text is tokenized alone, which equals tokenizing it in place only where a special token precedes
+        it: the template's <|vision_start|> (Qwen3-VL's timestamps are text, and BPE would merge a "<" with a
+        preceding space or punctuation), so anything else is refused."""
+        text = self.profile.video_text(plan)
+        if text is None:
+            return None
+        if p == 0 or self.vision_start_id is None or ids[p - 1] != self.vision_start_id:
+            raise RecordError(
+                "template_error",
+                f"the chat template must put {self.profile.vision_start!r} right before each "
+                f"{self.profile.video_token!r} (the video's timestamps are tokenized after it)",
+            )
+        return np.asarray(self._backend.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def _truncate(self, draft: _Draft) -> None:
         """Keep the first max_length tokens (depth-first layout), cutting before an image or video, never
         inside."""
         cut = self.max_length
-        for im in [*draft.images, *draft.videos]:
-            if im.offset < cut < im.offset + im.num_tokens:
-                cut = im.offset
+        spans = [(im.offset, im.num_tokens) for im in draft.images]
+        spans += [(v.offset, n) for v, n in zip(draft.videos, draft.video_spans, strict=True)]
+        for offset, n in spans:
+            if offset < cut < offset + n:
+                cut = offset
                 break
         if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:
             cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
@@ -464,7 +491,8 @@ class Encoder:
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
         draft.images = [im for im in draft.images if im.offset + im.num_tokens <= cut]
-        draft.videos = [v for v in draft.videos if v.offset + v.num_tokens <= cut]
+        kept = [(v, n) for v, n in zip(draft.videos, draft.video_spans, strict=True) if v.offset + n <= cut]
+        draft.videos, draft.video_spans = [v for v, _ in kept], [n for _, n in kept]
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]
         draft.node_parents = draft.node_parents[:keep_nodes]

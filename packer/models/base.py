@@ -7,6 +7,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
              plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
+             video_text(plan) -> str | None      what a video's placeholder becomes, if not repeated (Qwen3-VL)
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
              video_pixel_values(videos)          the model's video inputs, from the planned frames
@@ -54,6 +55,8 @@ class ModelProfile:
     video_token: str | None = None
     """The placeholder repeated once per video token (Qwen: ``<|video_pad|>``); None for a family without video."""
 
+    timestamped_video: ClassVar[bool] = False
+    """True when each temporal patch of a video is a run of its own among text (Qwen3-VL's timestamps)."""
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
@@ -91,6 +94,12 @@ class ModelProfile:
             "image_count_mismatch",
             f"profile {self.name!r} takes no videos, but the record names one; use {' or '.join(video_families)}",
         )
+
+    def video_text(self, plan: VideoPlan) -> str | None:
+        """The text a video's placeholder token becomes, where the family writes more than the placeholder
+        repeated ``plan.num_tokens`` times (Qwen3-VL: a timestamp and start/end tokens around each temporal
+        patch); None for the repeat."""
+        return None
 
     def extra_positions(
         self,
