@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from fractions import Fraction
 from functools import partial
 from types import SimpleNamespace
@@ -151,9 +152,32 @@ def test_positions_match_get_rope_index_on_every_path(clips) -> None:
     assert paths == 7  # 3 linear examples + the video tree's 4 leaves
 
 
-def test_verify_accepts_the_build(clips) -> None:
+def test_verify_accepts_the_build_and_catches_faults(clips, tmp_path) -> None:
+    from tests.report.test_verify import _mutate
+
     report = verify_build(clips["out"], inputs=[str(clips["data"])])
     assert not report.violations and report.examples == 4, report.violations[:3]
+
+    def second_patch(row: dict) -> int:  # a token of the tree video's second temporal patch
+        v = next(v for v in row["videos"] if v["grid_t"] == 3)
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(row["input_ids"]) == VIDEO_PAD, [0]])) == 1)
+        return int(runs[runs >= v["offset"]][1])
+
+    def shift_position(row: dict) -> None:
+        row["mrope_position_ids"][3 * second_patch(row) + 1] += 1  # token-major (t, h, w): its h position
+
+    def drop_video_token(row: dict) -> None:
+        row["input_ids"][second_patch(row)] = 0
+
+    def miscount(row: dict) -> None:
+        row["videos"][0]["num_tokens"] += 1
+
+    for change, check in ((shift_position, "mrope_position_ids"), (drop_video_token, "video"), (miscount, "video")):
+        out = tmp_path / change.__name__
+        shutil.copytree(clips["out"], out)
+        _mutate(out, lambda row: any(v["grid_t"] == 3 for v in row["videos"]), change)
+        report = verify_build(out)
+        assert any(check in c for _, c in report.counts), (change.__name__, report.counts)
 
 
 def _reference_with_videos(model, batch) -> dict:
