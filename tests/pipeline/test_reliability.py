@@ -72,16 +72,9 @@ def test_every_line_meets_its_expected_fate(built, name):
         assert r["path"] == str(CORPUS / name) and r["line"] == line and r["message"]
 
 
-# Raised by packer.media.video.probe/plan_video and checked there (tests/media/test_video.py), on real
-# broken videos; the record formats do not read video parts yet (the video issue), so no corpus line can
-# reach them through a build. When they do, these lines join the corpus and this set empties.
-NOT_YET_REACHABLE_BY_A_BUILD = {"missing_video", "bad_video"}
-
-
 def test_corpus_covers_every_reject_reason():
     covered = {v for spec in SPEC.values() for v in spec["expect"].values()} - {"packed", "blank"}
-    assert covered == set(REJECT_REASONS) - NOT_YET_REACHABLE_BY_A_BUILD
-    assert not covered & NOT_YET_REACHABLE_BY_A_BUILD  # reachable now: drop them from the set above
+    assert covered == set(REJECT_REASONS)
 
 
 def test_corpus_bytes_keep_their_traps():

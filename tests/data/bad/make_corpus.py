@@ -11,12 +11,21 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))  # run as a script from anywhere: tests.media is beside it
+
+from tests.media.make_videos import (  # noqa: E402
+    truncate,
+    write_audio_only,
+    write_clip,
+    write_without_frames,
+)
 
 
 def _images() -> str:
@@ -85,7 +94,7 @@ def _records(data_url: str) -> list[tuple[bytes | str | dict | None, str, str]]:
         ({"messages": "hello"}, "wrong_type", "messages is a string"),
         ({"messages": None}, "wrong_type", "messages is null"),
         ({"messages": ["hi", A("x")]}, "wrong_type", "a message is a string"),
-        ({"messages": [U([{"type": "video", "video": "a.mp4"}]), A("x")]}, "wrong_type", "unsupported part type"),
+        ({"messages": [U([{"type": "audio", "audio": "a.wav"}]), A("x")]}, "wrong_type", "unsupported part type"),
         ({"messages": [U([{"type": "image", "image": 5}]), A("x")]}, "wrong_type", "image source is a number"),
         ({"messages": [U("x"), {"role": "assistant", "content": "y", "loss": "yes"}]}, "wrong_type", "loss is a string"),
         ({"text": 5}, "wrong_type", "text is a number"),
@@ -145,6 +154,49 @@ def _truncate_records() -> list[tuple[dict, str, str]]:
     ]
 
 
+def _videos() -> None:
+    """good.mp4 (2 s, 64x48 at 8 fps, faststart: its header comes first), truncated.mp4 (its first half),
+    text.mp4, audio.m4a (no video stream), no_frames.mkv (a video stream without packets)."""
+    write_clip(HERE / "good.mp4", fps=8, frames=16, width=64, height=48, options={"movflags": "faststart"})
+    truncate(HERE / "good.mp4", HERE / "truncated.mp4")
+    (HERE / "text.mp4").write_text("this file is text, not a video\n")
+    write_audio_only(HERE / "audio.m4a")
+    write_without_frames(HERE / "no_frames.mkv")
+
+
+def vid(source, text: str = "What happens?", **options) -> list[dict]:
+    return [{"type": "video", "video": source, **options}, {"type": "text", "text": text}]
+
+
+def _video_records() -> list[tuple[dict, str, str]]:
+    """videos.jsonl (qwen2.5-vl): good.mp4 (64x48) plans to 4 frames of 392x280 -> grid (2, 20, 28) -> 280 tokens at the video
+    processor's class defaults; the budget of 300 vision tokens fits one clip, not two."""
+    llava = [{"from": "human", "value": "<video>\nDescribe."}, {"from": "gpt", "value": "Grey levels."}]
+    return [
+        ({"messages": [U(vid("good.mp4")), A("Flat grey frames.")]}, "packed", "a clip"),
+        ({"conversations": llava, "video": "good.mp4"}, "packed", "LLaVA-Video: <video> and a top-level video"),
+        ({"messages": [U(vid("good.mp4", "Ask."))], "branches": [[A("One answer.")], [A("Another.")],
+                                                                 [A("A third.")]]},
+         "packed", "a video message tree: one clip, three answers"),
+        ({"messages": [U(vid(["good.jpg", "good.jpg", "good.jpg"], fps=1)), A("Noise.")]}, "packed",
+         "a frame list (padded to 4 frames)"),
+        ({"messages": [U(vid("good.mp4", video_start=0.5, video_end=1.5)), A("x")]}, "packed",
+         "video_start / video_end inside the clip"),
+        ({"messages": [U(img("good.jpg") + vid("good.mp4")), A("Both.")]}, "packed", "an image and a clip"),
+        ({"messages": [U(vid("missing.mp4")), A("x")]}, "missing_video", "video file does not exist"),
+        ({"messages": [U(vid("truncated.mp4")), A("x")]}, "bad_video", "truncated mp4 (half the file)"),
+        ({"messages": [U(vid("text.mp4")), A("x")]}, "bad_video", "text file named .mp4"),
+        ({"messages": [U(vid("audio.m4a")), A("x")]}, "bad_video", "no video stream"),
+        ({"messages": [U(vid("no_frames.mkv")), A("x")]}, "bad_video", "a video stream with no frames"),
+        ({"messages": [U(vid("good.mp4", video_start=5)), A("x")]}, "bad_video", "video_start after the clip's end"),
+        ({"messages": [U(vid("good.mp4", video_end=9)), A("x")]}, "bad_video", "video_end far past the clip's end"),
+        ({"messages": [U(vid("good.mp4") + vid("good.mp4")), A("x")]}, "overlong",
+         "two clips exceed --max-vision-tokens (budget)"),
+        ({"messages": [U(vid("good.mp4", fps="two")), A("x")]}, "wrong_type", "a video option that is not a number"),
+        ({"conversations": llava}, "image_count_mismatch", "a <video> placeholder, no video"),
+    ]
+
+
 # A template in the style of Llama-2 / Mistral, which refuse conversations whose roles do not alternate.
 ALTERNATING_TEMPLATE = (
     "{% for m in messages %}"
@@ -187,6 +239,7 @@ def _write(name: str, cases, config: dict) -> dict:
 
 def main() -> None:
     data_url = _images()
+    _videos()
     common = {"profile": "qwen2-vl", "max_pixels": 64 * 28 * 28, "max_length": 256}
     spec = {
         "records.jsonl": _write("records.jsonl", _records(data_url), {**common, "max_vision_tokens": 30}),
@@ -194,6 +247,8 @@ def main() -> None:
                                                                           "overlong": "truncate"}),
         "template.jsonl": _write("template.jsonl", _template_records(), {**common,
                                                                           "chat_template": ALTERNATING_TEMPLATE}),
+        "videos.jsonl": _write("videos.jsonl", _video_records(), {**common, "profile": "qwen2.5-vl",
+                                                                  "max_length": 1024, "max_vision_tokens": 300}),
     }
     (HERE / "expected.json").write_text(json.dumps({"files": spec}, indent=1) + "\n")
 
