@@ -42,6 +42,18 @@ def random_layout(rng: random.Random, *, examples: int = 4, max_len: int = 12, m
     return dict(num_tokens=t, cu_seqlens=cu, node_offsets=offsets, node_parents=parents)
 
 
+def random_spans(rng: random.Random, layout: dict, *, p: float = 0.7) -> list[tuple[int, int]]:
+    """Random bidirectional spans for ``random_layout``'s row: at most one per node, inside it (as images are),
+    of 1 token up to the whole node."""
+    ends = [*layout["node_offsets"][1:], layout["num_tokens"]]
+    spans = []
+    for a, b in zip(layout["node_offsets"], ends, strict=True):
+        if rng.random() < p:
+            s = rng.randrange(a, b)
+            spans.append((s, rng.randint(s + 1, b)))
+    return spans
+
+
 
 def random_tree(rng: np.random.Generator, length: int, max_nodes: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """Random depth-first node layout of ``length`` tokens: (node_offsets, node_parents)."""

@@ -12,6 +12,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
              video_pixel_values(videos)          the model's video inputs, from the planned frames
              forward_keys                        batch keys the model's forward takes
+             image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
     verify   grid_num_tokens(grids) -> (I,)      num_tokens of stored grids, vectorized
              expected_extra_positions(...)       extra_positions of a whole row group, vectorized
 
@@ -140,6 +141,20 @@ class ModelProfile:
         """The model's video inputs for ``videos`` (rows of the shards' ``videos`` column), decoding only the
         planned frames."""
         raise self._no_vision()
+
+    def image_spans(self, images: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        """The [start, end) token ranges of one row whose tokens all see each other, relative to the row.
+
+        ``images`` are the row's image entries (docs/format.md: ``offset``, ``num_tokens``, ...). The default is
+        each image's placeholder run when ``bidirectional_images`` is set, else none; a family whose block
+        differs (e.g. includes its start/end tokens) overrides it. ``collate`` emits these as the batch's
+        ``bidirectional_spans`` and ``packer inspect --mask`` draws them, so both follow this one rule.
+
+            images = [{"offset": 5, "num_tokens": 4}]  ->  [(5, 9)] with bidirectional_images, else []
+        """
+        if not self.bidirectional_images:
+            return []
+        return [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in images]
 
     # ------------------------------------------------------------------ verify
 

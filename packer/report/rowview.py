@@ -24,9 +24,10 @@ lighter columns are vision tokens. Rows longer than ``MASK_CELLS`` tokens are dr
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -35,6 +36,9 @@ from packer.core import tree
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError
 from packer.shards.io import ShardSet, open_shards
+
+if TYPE_CHECKING:
+    from packer.models.base import ModelProfile
 
 MASK_CELLS = 1024  # the drawn mask is at most this many cells a side: ~1 px per cell at the saved size
 SNIPPET_CHARS = 160  # decoded text shown per node (the middle is elided)
@@ -300,7 +304,7 @@ def format_row(info: RowInfo, *, width: int = SNIPPET_CHARS) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the mask
-def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, bidirectional_images: bool = False):
+def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, spans: Sequence[tuple[int, int]] = ()):
     """The row's attention mask at block resolution: (visible, centre, factor).
 
     ``visible[I, J]`` is True iff some token of query block I sees some token of key block J, with blocks of
@@ -308,7 +312,8 @@ def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, bidirectional_
     for block I when colouring. Node membership and ancestry come from ``packer.core.tree`` (what the
     attention backends use). The token axis is cut into pieces at every block, node and image-span boundary;
     inside a piece all tokens share a node, so piece p sees piece q iff q's node is an ancestor-or-self of
-    p's and q starts no later than p ends (causal), or both lie in one bidirectional span. A
+    p's and q starts no later than p ends (causal), or both lie in one bidirectional span (``spans``: the
+    profile's ``image_spans`` of the row, as ``collate`` emits them for training). A
     (pieces x pieces) matrix, OR-reduced to blocks, replaces the (T, T) one: a 32k-token row costs about a
     (1024 + nodes)^2 matrix, not 10^9 booleans.
     """
@@ -318,9 +323,8 @@ def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, bidirectional_
     node = tree.token_nodes(T, offsets)  # (T,)
     anc = tree.ancestor_matrix(parents)  # (N, N)
     span = np.full(T, -1, dtype=np.int64)  # (T,) bidirectional span of each token, -1 outside
-    spans = None
-    if bidirectional_images and data["images"]:
-        spans = np.array([[im["offset"], im["offset"] + im["num_tokens"]] for im in data["images"]], dtype=np.int64)
+    spans = np.array(spans, dtype=np.int64).reshape(-1, 2) if len(spans) else None
+    if spans is not None:
         for k, (a, b) in enumerate(spans.tolist()):
             span[a:b] = k
     f = max(1, -(-T // cells))
@@ -361,8 +365,9 @@ def _sub_row(data: dict[str, Any], k: int) -> dict[str, Any]:
     }
 
 
-def _draw_mask_panel(ax, data: dict[str, Any], *, cells: int, bidirectional: bool, node_labels: bool) -> int:
-    """Draw one (sub-)row's mask into ``ax``; return the cell factor used."""
+def _draw_mask_panel(ax, data: dict[str, Any], *, cells: int, profile: ModelProfile | None, node_labels: bool) -> int:
+    """Draw one (sub-)row's mask into ``ax`` (bidirectional spans from ``profile``, none without one); return the
+    cell factor used."""
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Rectangle
 
@@ -370,7 +375,8 @@ def _draw_mask_panel(ax, data: dict[str, Any], *, cells: int, bidirectional: boo
 
     T = len(data["input_ids"])
     lo = data.get("first_token", 0)
-    visible, centre, f = coarse_mask(data, cells=cells, bidirectional_images=bidirectional)
+    spans = profile.image_spans(data["images"]) if profile is not None else []
+    visible, centre, f = coarse_mask(data, cells=cells, spans=spans)
     nb = len(centre)
     cu, offsets = data["cu_seqlens"], data["node_offsets"]
     example_of = np.searchsorted(cu, centre, side="right") - 1 + data.get("first_example", 0)  # (nb,)
@@ -420,9 +426,9 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
     data = read_row(shards, row)
     T = len(data["input_ids"])
     try:
-        bidir = get_profile(shards.manifest.profile).bidirectional_images
+        profile = get_profile(shards.manifest.profile, **shards.manifest.config.profile_overrides())
     except ConfigError:  # a profile this packer does not know: draw the causal tree mask
-        bidir = False
+        profile = None
     cu, offsets = data["cu_seqlens"], data["node_offsets"]
     nodes_per_example = np.bincount(np.searchsorted(cu, offsets, side="right") - 1, minlength=len(cu) - 1)
     zoom = int(np.argmax(nodes_per_example))  # the first example with the most nodes
@@ -430,12 +436,12 @@ def draw_mask(directory: str | Path, row: int, path: str | Path, *, cells: int =
 
     fig = Figure(figsize=(16 if show_zoom else 9, 9), dpi=dpi, layout="constrained")
     axes = fig.subplots(1, 2 if show_zoom else 1, squeeze=False)[0]
-    f = _draw_mask_panel(axes[0], data, cells=cells, bidirectional=bidir, node_labels=True)
+    f = _draw_mask_panel(axes[0], data, cells=cells, profile=profile, node_labels=True)
     res = "exact" if f == 1 else f"one cell = {f}x{f} tokens, drawn if any pair in it is visible"
     axes[0].set_title(f"the whole row ({res})", fontsize=9, loc="left")
     if show_zoom:
         sub = _sub_row(data, zoom)
-        fz = _draw_mask_panel(axes[1], sub, cells=cells, bidirectional=bidir, node_labels=True)
+        fz = _draw_mask_panel(axes[1], sub, cells=cells, profile=profile, node_labels=True)
         axes[1].set_title(f"example {zoom} alone: {data['example_ids'][zoom]}, {_plural(len(sub['node_offsets']), 'node')}"
                           f" ({'exact' if fz == 1 else f'cells of {fz}x{fz} tokens'})", fontsize=9, loc="left")
     fig.suptitle(f"{shards.root.name} row {row}: {_plural(T, 'token')}, {_plural(len(cu) - 1, 'example')}, "

@@ -12,6 +12,11 @@
   gather the CUDA kernels use) on CPU, and it is the fastest CPU backend: no (T, T) mask (measured in
   docs/training.md, "Backends").
 
+Bidirectional image spans run on every backend: flex and sdpa put them in the mask; flash, varlen and
+sdpa_varlen add a second varlen call over the spans and merge the two by their log-sum-exps
+(``packer.train.span_attention``; sdpa_varlen runs both calls on the plain-torch reference kernel of
+``packer.train.varlen_kernels``). No attention dropout with spans on those three.
+
 For transformers, ``packer.train.hf`` registers these backends in ``AttentionInterface``.
 """
 
@@ -26,6 +31,8 @@ import torch.nn.functional as F
 
 from packer.errors import ConfigError, ShardError
 from packer.train.layout import PackedLayout, VarlenPlan
+from packer.train.span_attention import span_attention
+from packer.train.varlen_kernels import KERNELS
 
 BACKENDS = ("flash", "varlen", "flex", "sdpa", "sdpa_varlen")
 
@@ -79,7 +86,8 @@ def _gather_kv(k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> tuple[torc
 def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
-    _no_spans(layout, "flash")
+    if layout.span_plan(q.device) is not None:
+        return _two_calls(q, k, v, layout, scale, dropout, "flash")
     plan = layout.varlen_plan(q.device)
     kg, vg = _gather_kv(k, v, plan)
     (q16, k16, v16), dtype = _low_precision(q, kg, vg)
@@ -103,9 +111,10 @@ def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch
 def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    _no_spans(layout, "varlen")
     if dropout:
         raise ConfigError("backend 'varlen' has no attention dropout (torch hardcodes 0); use 'flash' or 'sdpa'")
+    if layout.span_plan(q.device) is not None:
+        return _two_calls(q, k, v, layout, scale, dropout, "varlen")
     plan = layout.varlen_plan(q.device)
     kg, vg = _gather_kv(k, v, plan)
     (q16, k16, v16), dtype = _low_precision(q, kg, vg)
@@ -164,7 +173,8 @@ def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.
 
 
 def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) -> torch.Tensor:
-    _no_spans(layout, "sdpa_varlen")
+    if layout.span_plan(q.device) is not None:
+        return _two_calls(q, k, v, layout, scale, dropout, "reference")
     plan = layout.varlen_plan(q.device)
     kg, vg = _gather_kv(k, v, plan)
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, kg, vg))  # (1, H, T, D), (1, Hkv, Tk, D)
@@ -190,11 +200,15 @@ def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float) ->
     return torch.cat(outs, dim=2)[0].transpose(0, 1)  # (T, H, D)
 
 
-def _no_spans(layout: PackedLayout, backend: str) -> None:
-    if layout.bidirectional_spans is not None:
-        raise ConfigError(
-            f"backend {backend!r} runs causal segments only; bidirectional image spans need backend 'flex' or 'sdpa'"
-        )
+def _two_calls(q, k, v, layout: PackedLayout, scale: float, dropout: float, kernel: str) -> torch.Tensor:
+    """The causal varlen call plus the span call, merged (``packer.train.span_attention``)."""
+    if dropout:
+        raise ConfigError("attention dropout with bidirectional spans needs backend 'sdpa' (the two merged "
+                          "varlen calls cannot share a dropout pattern); set attention_dropout=0 or use 'sdpa'")
+    if kernel == "reference":
+        return span_attention(q, k, v, layout, KERNELS[kernel], scale=scale)
+    (q16, k16, v16), dtype = _low_precision(q, k, v)
+    return span_attention(q16, k16, v16, layout, KERNELS[kernel], scale=scale).to(dtype)  # (T, H, D)
 
 
 _KERNELS = {"flash": _flash, "varlen": _varlen, "flex": _flex, "sdpa": _sdpa, "sdpa_varlen": _sdpa_varlen}

@@ -38,7 +38,8 @@ def _cat(rows: list[dict[str, Any]], key: str, shifts: np.ndarray | None = None)
 
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md)."""
+    """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md); rows with images
+    of a profile with ``bidirectional_images`` add ``bidirectional_spans`` (``ModelProfile.image_spans``)."""
     row_start = np.cumsum([0] + [len(r["input_ids"]) for r in rows])  # (R+1,)
     labels_np = _cat(rows, "labels").astype(np.int64)  # (T,)
     input_ids = torch.from_numpy(_cat(rows, "input_ids").astype(np.int64))[None]  # (1, T)
@@ -70,6 +71,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "node_parents": torch.from_numpy(node_parents.astype(np.int32)),  # (N,)
         "num_loss_tokens": int(np.count_nonzero(labels_np != IGNORE_INDEX)),
         "example_ids": [e for r in rows for e in r["example_ids"]],
+        "num_rows": len(rows),
         # filler rows (PackedDataset's equal shares): labels all -100, so the loss and the count skip them
         "num_filler_rows": sum(bool(r.get("is_filler")) for r in rows),
         "filler_examples": torch.tensor([bool(r.get("is_filler")) for r in rows for _ in r["example_ids"]],
@@ -87,10 +89,13 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         full[1:, 0] = mrope
         batch["position_ids"] = torch.from_numpy(full)
     images = [im for r in rows for im in r["images"]]
+    profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images else None
     if images and rows[0].get("load_images", True):
-        profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
-        refs = [_image_ref(im) for im in images]
-        batch.update(profile.pixel_values(refs))
+        batch.update(profile.pixel_values([_image_ref(im) for im in images]))
+    if profile is not None and profile.bidirectional_images:  # each row's spans (the profile's rule), in the batch
+        spans = [(a + int(s), b + int(s)) for r, s in zip(rows, row_start[:-1], strict=True)
+                 for a, b in profile.image_spans(r["images"])]
+        batch["bidirectional_spans"] = torch.tensor(spans, dtype=torch.int32).reshape(-1, 2)  # (S, 2)
     if images:  # first vision token of each image in the batch
         offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)

@@ -136,6 +136,12 @@ def _linear_layout(batch: Mapping[str, Any]) -> tuple[np.ndarray, int]:
             "branches skip their siblings and whose loss feeds several targets from one logit; train tree rows "
             "without context parallelism (a packer attention backend and packed_cross_entropy)"
         )
+    spans = batch.get("bidirectional_spans")
+    if spans is not None and len(spans) > 0:
+        raise ConfigError(
+            "context parallel runs causal examples only: this batch has bidirectional image spans, which TE's "
+            "THD attention cannot express; train it without context parallelism (a packer attention backend)"
+        )
     return cu, T
 
 

@@ -22,12 +22,13 @@ IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "pac
 LAYOUT_KWARG = "packer_layout"  # the model kwarg that carries a PackedLayout down to every attention call
 
 
-_RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, T, layout) of the last raw batch
+_RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, spans, T, layout) of the last raw batch
 
 
 def _layout_from_kwargs(kwargs: dict, num_tokens: int) -> PackedLayout | None:
     """The layout riding in the attention kwargs: ``packer_layout`` (from ``model_inputs``), or the raw
-    collated keys ``cu_seqlens`` / ``node_offsets`` / ``node_parents`` of ``model(**batch)``."""
+    collated keys ``cu_seqlens`` / ``node_offsets`` / ``node_parents`` / ``bidirectional_spans`` of
+    ``model(**batch)``."""
     global _RAW_LAYOUT
     layout = kwargs.get(LAYOUT_KWARG)
     if layout is not None:
@@ -35,13 +36,14 @@ def _layout_from_kwargs(kwargs: dict, num_tokens: int) -> PackedLayout | None:
     cu = kwargs.get("cu_seqlens")
     if not isinstance(cu, torch.Tensor):
         return None
-    offsets, parents = kwargs.get("node_offsets"), kwargs.get("node_parents")
+    offsets, parents, spans = kwargs.get("node_offsets"), kwargs.get("node_parents"), kwargs.get("bidirectional_spans")
     # Every layer receives the same tensor objects: identity keeps one layout (and its caches) per forward.
     last = _RAW_LAYOUT
-    if last is not None and last[0] is cu and last[1] is offsets and last[2] is parents and last[3] == num_tokens:
-        return last[4]
-    layout = PackedLayout.from_tensors(num_tokens, cu, offsets, parents)
-    _RAW_LAYOUT = (cu, offsets, parents, num_tokens, layout)
+    key = (cu, offsets, parents, spans)
+    if last is not None and all(a is b for a, b in zip(last[:4], key, strict=True)) and last[4] == num_tokens:
+        return last[5]
+    layout = PackedLayout.from_tensors(num_tokens, cu, offsets, parents, bidirectional_spans=spans)
+    _RAW_LAYOUT = (cu, offsets, parents, spans, num_tokens, layout)
     return layout
 
 
@@ -152,7 +154,7 @@ def use_packed_attention(model: Any, backend: str = "auto") -> str:
 # Keys of a collated batch that are packer's bookkeeping, never model inputs.
 _BATCH_ONLY = ("cu_seqlens", "max_seqlen", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                "node_offsets", "node_parents", "num_loss_tokens", "example_ids", "image_offsets", "video_offsets",
-               "packer_state")
+               "packer_state", "bidirectional_spans")
 
 
 def _packed_batch_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -184,7 +186,9 @@ def model_inputs(
     """The kwargs of ``model(**kwargs)`` for a collated packed batch.
 
     Keeps the model's inputs (input_ids, position_ids, images), sets ``use_cache=False``, and adds the row's
-    ``PackedLayout`` under ``packer_layout``; transformers forwards it untouched to every attention call.
+    ``PackedLayout`` under ``packer_layout``; transformers forwards it untouched to every attention call. The
+    layout takes the batch's ``bidirectional_spans`` (collate emits them for a profile with
+    ``bidirectional_images``); an explicit ``bidirectional_spans=`` wins.
     With ``with_labels=True`` (linear packs only) ``labels`` and ``shift_labels`` are kept so the model's own
     loss is exact. Other keys (boundaries, counts, provenance) are dropped: a vision tower would read
     ``cu_seqlens`` / ``max_seqlen`` as its own.

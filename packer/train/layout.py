@@ -22,6 +22,15 @@ bidirectional image attention add "tokens of one image span see each other". Bou
         Q . . . . . . . . x .
         Q . . . . . . . . x x
 
+Bidirectional spans (one image each, e.g. [1, 4) below) add "a span's tokens see each other". The varlen
+kernels run one mask shape per call, so ``span_plan`` adds a second call, merged with the first by
+``packer.train.span_attention`` (whose docstring derives it): each span's tokens but its last as queries
+against its tokens but its first as keys, window "key at or after the query's diagonal", i.e. exactly the
+pairs j > i inside a span that the causal call leaves out.
+
+    row:  | t i i i t |   span [1, 4)     call 1 (varlen_plan): the causal tree mask above
+    span call: queries [1, 3), keys [2, 4): q1 sees k2 k3, q2 sees k3   cu_seqlens = [0, 2]
+
 The tree structure itself (validation, token -> node, ancestors, predecessors) is ``packer.core.tree``;
 this module turns it into torch masks and plans, cached per device on the layout object.
 """
@@ -94,9 +103,12 @@ def build_attention_mask(
 
 @dataclass(frozen=True)
 class VarlenPlan:
-    """One attention segment per node: the node's queries against [ancestors ; node] keys, causal bottom-right.
+    """Segments of one varlen call: segment s runs queries ``bounds_q[s]:bounds_q[s+1]`` of the (gathered)
+    queries against keys ``bounds_k[s]:bounds_k[s+1]`` of the gathered keys.
 
-    For a linear pack (no trees) the segments are the examples and ``k_index`` is None (keys are not gathered).
+    ``varlen_plan``: one segment per node, the node's queries against [ancestors ; node] keys, causal
+    bottom-right; for a linear pack (no trees) the segments are the examples and nothing is gathered.
+    ``span_plan``: one segment per bidirectional span (see the module docstring), q and k both gathered.
     """
 
     cu_seqlens_q: torch.Tensor  # (S+1,) int32
@@ -106,6 +118,7 @@ class VarlenPlan:
     k_index: torch.Tensor | None  # (Tk,) long: the row position of each gathered key, None for identity
     bounds_q: list[int]  # cu_seqlens_q as Python ints (the per-segment SDPA loop)
     bounds_k: list[int]
+    q_index: torch.Tensor | None = None  # (Tq,) long: the row position of each gathered query, None for identity
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,11 +137,14 @@ class PackedLayout:
     node_parents: torch.Tensor
     """(N,) int32 parent node index (earlier, same example) or -1 for a root."""
     bidirectional_spans: torch.Tensor | None = None
-    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images); None for none."""
+    """(S, 2) int64 [start, end) spans with full attention inside (Molmo-style images), sorted, disjoint,
+    each inside one node; None for none."""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tree.check_layout(self.num_tokens, self.node_offsets, self.node_parents, self.cu_seqlens)
+        if self.bidirectional_spans is not None:
+            _check_spans(self.num_tokens, self.node_offsets.numpy(), self.bidirectional_spans.numpy())
 
     @classmethod
     def from_tensors(
@@ -142,7 +158,8 @@ class PackedLayout:
     ) -> PackedLayout:
         """Build from boundary arrays (tensors, numpy or lists); missing nodes mean one node per example.
 
-        Zero-token nodes (allowed by the shard format, and transparent) are dropped first.
+        Zero-token nodes (allowed by the shard format, and transparent) are dropped first, and so are empty
+        spans; spans are sorted by start.
         """
         cu = torch.as_tensor(cu_seqlens, dtype=torch.int32).reshape(-1).cpu()
         if node_offsets is None or len(node_offsets) == 0:
@@ -157,11 +174,14 @@ class PackedLayout:
         spans = None
         if bidirectional_spans is not None and len(bidirectional_spans) > 0:
             spans = torch.as_tensor(bidirectional_spans, dtype=torch.long).reshape(-1, 2).cpu()
+            spans = spans[spans[:, 1] > spans[:, 0]]
+            spans = spans[spans[:, 0].argsort(stable=True)] if len(spans) else None
         return cls(int(num_tokens), cu, offsets, parents, spans)
 
     @classmethod
     def from_batch(cls, batch: Mapping[str, Any], *, bidirectional_spans: Any = None) -> PackedLayout:
-        """Build from a collated batch (``packer.train.collate.collate``): input_ids, cu_seqlens, node_offsets/parents."""
+        """Build from a collated batch (``packer.train.collate.collate``): input_ids, cu_seqlens, node_offsets/parents
+        and, for a profile with ``bidirectional_images``, ``bidirectional_spans`` (an explicit argument wins)."""
         missing = [k for k in ("input_ids", "cu_seqlens") if k not in batch]
         if missing:
             raise ShardError(f"the batch has no {missing}; found keys {sorted(batch)}")
@@ -171,7 +191,7 @@ class PackedLayout:
             batch["cu_seqlens"],
             batch.get("node_offsets"),
             batch.get("node_parents"),
-            bidirectional_spans=bidirectional_spans if bidirectional_spans is not None else batch.get("image_spans"),
+            bidirectional_spans=bidirectional_spans if bidirectional_spans is not None else batch.get("bidirectional_spans"),
         )
 
     # ---- basic properties
@@ -311,6 +331,57 @@ class PackedLayout:
             )
 
         return self._cached(("varlen_plan", str(torch.device(device))), build)
+
+    def span_plan(self, device: torch.device | str = "cpu") -> VarlenPlan | None:
+        """The second varlen call of ``packer.train.span_attention``, once per device; None when no span has two
+        tokens (a one-token span adds nothing to the causal mask).
+
+        Span [a, b) becomes one segment: queries a .. b-2 (``q_index``) against keys a+1 .. b-1 (``k_index``),
+        b-a-1 of each; run with window (0, -1) (key >= query along the segment's diagonal), query i sees the
+        keys j with i < j < b: the span's pairs the causal call leaves out, and no other.
+        """
+
+        def build() -> VarlenPlan | None:
+            if self.bidirectional_spans is None:
+                return None
+            spans = self.bidirectional_spans.numpy()
+            spans = spans[spans[:, 1] - spans[:, 0] >= 2]  # (S, 2)
+            if len(spans) == 0:
+                return None
+            dev = torch.device(device)
+            lens = spans[:, 1] - spans[:, 0] - 1  # (S,) queries (= keys) per segment
+            cu = np.concatenate([[0], np.cumsum(lens)])
+            q_index = np.repeat(spans[:, 0], lens) + np.arange(int(cu[-1])) - np.repeat(cu[:-1], lens)  # (T2,)
+            return VarlenPlan(
+                cu_seqlens_q=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
+                cu_seqlens_k=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
+                max_seqlen_q=int(lens.max()),
+                max_seqlen_k=int(lens.max()),
+                k_index=torch.from_numpy(q_index + 1).to(dev),
+                bounds_q=cu.tolist(),
+                bounds_k=cu.tolist(),
+                q_index=torch.from_numpy(q_index).to(dev),
+            )
+
+        return self._cached(("span_plan", str(torch.device(device))), build)
+
+
+def _check_spans(num_tokens: int, node_offsets: np.ndarray, spans: np.ndarray) -> None:
+    """Spans are sorted, disjoint, non-empty, inside the row and each inside one node (an image never straddles
+    nodes: ``packer verify`` checks the shards for it), which the span call relies on (its keys are the
+    span's own tokens, all in the query's node)."""
+    start, end = spans[:, 0], spans[:, 1]
+    if len(spans) and (start.min() < 0 or end.max() > num_tokens or (end <= start).any()):
+        raise ShardError(f"bidirectional spans must be non-empty [start, end) ranges inside 0..{num_tokens}, "
+                         f"got {spans[:8].tolist()}")
+    if (start[1:] < end[:-1]).any():
+        raise ShardError(f"bidirectional spans overlap: {spans[:8].tolist()}")
+    node_first = np.searchsorted(node_offsets, start, side="right")
+    node_last = np.searchsorted(node_offsets, end - 1, side="right")
+    if (node_first != node_last).any():
+        s = int(np.flatnonzero(node_first != node_last)[0])
+        raise ShardError(f"bidirectional span {spans[s].tolist()} crosses a node boundary "
+                         f"(node_offsets {node_offsets[:16].tolist()}): a span must lie inside one node")
 
 
 def _numpy(x: Any) -> np.ndarray:

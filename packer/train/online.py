@@ -113,7 +113,7 @@ class OnlinePackedDataset(IterableDataset):
             waits at most this many rounds).
 
     Every line is read by one stream per epoch; ranks may differ by a few rows per epoch (each stream packs
-    its own lines), so under DDP stop an epoch at a step count all ranks reach. Source weights other than 1
+    its own lines), so under DDP wrap the loader in ``packer.train.join.EqualSteps``. Source weights other than 1
     are refused (sampling needs the whole input: use ``packer build``). In the process that iterates,
     ``rejects`` counts rejects by reason (with workers, read ``rejects_path``).
     """
@@ -368,7 +368,7 @@ class OnlinePackedDataset(IterableDataset):
         """One pack -> a row exactly as ``PackedDataset`` yields it (same assembly, same decoding)."""
         table = assemble_packs(encoded_table(examples), np.array([len(examples)], dtype=np.int64))
         row = _row(_decode_block(table), 0)
-        row["is_filler"] = False  # PackedDataset's equal-steps fillers have no online counterpart (yet)
+        row["is_filler"] = False  # ranks are evened out per batch (train/join.py), not per row
         row.update(self._row_context)
         return row
 

@@ -176,18 +176,20 @@ def test_coarse_mask_is_the_block_or_of_the_dense_mask(seed):
         parents += [x if x < 0 else x + len(offsets) for x in p]
         offsets += (np.asarray(o) + cu[k]).tolist()
     images = []
-    if T > 8:
-        s = int(rng.integers(0, T - 4))
-        images = [{"offset": s, "num_tokens": int(rng.integers(1, 5))}]
-    bidir = bool(seed % 2)
+    ends = [*offsets[1:], T]
+    n = int(np.argmax(np.diff([*offsets, T])))  # an image inside the longest node (images never straddle nodes)
+    if ends[n] - offsets[n] >= 2:
+        s = int(rng.integers(offsets[n], ends[n] - 1))
+        images = [{"offset": s, "num_tokens": int(rng.integers(1, min(5, ends[n] - s) + 1))}]
+    profile = get_profile("qwen2-vl", bidirectional_images=bool(seed % 2))
     data = {"input_ids": np.zeros(T, np.int64), "cu_seqlens": cu.astype(np.int64), "images": images,
             "node_offsets": np.array(offsets), "node_parents": np.array(parents)}
-    spans = [[im["offset"], im["offset"] + im["num_tokens"]] for im in images] if bidir and images else None
+    spans = profile.image_spans(images)  # what collate emits for training
     dense = build_attention_mask(T, cu, np.array(offsets), np.array(parents), bidirectional_spans=spans).numpy()
-    exact, _, f = coarse_mask(data, cells=T, bidirectional_images=bidir)
+    exact, _, f = coarse_mask(data, cells=T, spans=spans)
     assert f == 1 and np.array_equal(exact, dense)
     cells = int(rng.integers(1, T + 1))
-    pooled, _, f = coarse_mask(data, cells=cells, bidirectional_images=bidir)
+    pooled, _, f = coarse_mask(data, cells=cells, spans=spans)
     nb = -(-T // f)
     padded = np.zeros((nb * f, nb * f), bool)
     padded[:T, :T] = dense

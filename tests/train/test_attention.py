@@ -10,7 +10,7 @@ import torch
 from packer.errors import ConfigError
 from packer.train.attention import packed_attention, resolve_backend
 from packer.train.layout import PackedLayout
-from tests.helpers import GOLDEN_LAYOUT, random_layout
+from tests.helpers import GOLDEN_LAYOUT, random_layout, random_spans
 
 
 def _qkv(T: int, dtype=torch.float64, heads: int = 4, kv_heads: int = 2, dim: int = 8, seed: int = 0):
@@ -37,8 +37,9 @@ def test_sdpa_varlen_matches_reference_with_grads(seed):
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_flex_forward_matches_reference_on_cpu(bidirectional):
-    layout_args = random_layout(random.Random(7), examples=4)
-    spans = [(0, 2)] if bidirectional else None
+    rng = random.Random(7)
+    layout_args = random_layout(rng, examples=4)
+    spans = random_spans(rng, layout_args) if bidirectional else None
     layout = PackedLayout.from_tensors(**layout_args, bidirectional_spans=spans)
     q, k, v = _qkv(layout.num_tokens, dtype=torch.float32)
     with torch.no_grad():
@@ -54,13 +55,6 @@ def test_flex_cannot_train_on_cpu():
     q, k, v = (x.requires_grad_() for x in _qkv(10, dtype=torch.float32))
     with pytest.raises(ConfigError, match="no CPU backward"):
         packed_attention(q, k, v, layout, backend="flex")
-
-
-def test_causal_segment_backends_refuse_bidirectional_spans():
-    layout = PackedLayout.from_tensors(**GOLDEN_LAYOUT, bidirectional_spans=[(0, 2)])
-    q, k, v = _qkv(10)
-    with pytest.raises(ConfigError, match="bidirectional image spans need backend 'flex' or 'sdpa'"):
-        packed_attention(q, k, v, layout, backend="sdpa_varlen")
 
 
 def test_resolve_backend():

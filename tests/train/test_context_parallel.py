@@ -408,6 +408,15 @@ def test_tree_rows_are_refused():
         context_parallel_view(batch, cp_size=2, cp_rank=0)
 
 
+def test_bidirectional_spans_are_refused():
+    batch = make_batch([6, 4])
+    batch["bidirectional_spans"] = torch.tensor([[1, 4]], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="causal examples only: this batch has bidirectional image spans"):
+        context_parallel_view(batch, cp_size=2, cp_rank=0)
+    batch["bidirectional_spans"] = torch.zeros(0, 2, dtype=torch.int32)  # none in this batch: fine
+    context_parallel_view(batch, cp_size=2, cp_rank=0)
+
+
 @pytest.mark.parametrize("cp_size,cp_rank,match", [
     (0, 0, "'cp_size' must be a positive integer, got 0"),
     (2.0, 0, "'cp_size' must be a positive integer, got 2.0"),
