@@ -267,8 +267,8 @@ class Encoder:
             raise RecordError(
                 "no_loss_tokens", 'no token carries loss (no assistant turn, or every turn has "loss": false)'
             )
-        if images and node_offsets.shape[0] > 1:
-            starts = np.array([im.offset for im in images])
+        if (images or draft.videos) and node_offsets.shape[0] > 1:  # a video's frames join Molmo2's block too
+            starts = np.array([im.offset for im in [*images, *draft.videos]])
             self.profile.check_image_nodes(node_parents, np.searchsorted(node_offsets, starts, "right") - 1)
         length = ids.shape[0]
         if node_offsets.shape[0] == 1:  # a linear example: positions are simply 0..L-1
@@ -485,11 +485,12 @@ class Encoder:
 
         The text is tokenized alone, which equals tokenizing it in place only where a special token precedes
         it: the template's <|vision_start|> (Qwen3-VL's timestamps are text, and BPE would merge a "<" with a
-        preceding space or punctuation), so anything else is refused."""
+        preceding space or punctuation), so anything else is refused. A family without a vision start (Molmo2)
+        writes text that begins with a digit, which Qwen2's pre-tokenizer always splits off on its own."""
         text = self.profile.video_text(plan)
         if text is None:
             return None
-        if p == 0 or self.vision_start_id is None or ids[p - 1] != self.vision_start_id:
+        if self.vision_start_id is not None and (p == 0 or ids[p - 1] != self.vision_start_id):
             raise RecordError(
                 "template_error",
                 f"the chat template must put {self.profile.vision_start!r} right before each "

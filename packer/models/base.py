@@ -15,6 +15,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              pixel_inputs(refs, grids)           the same for collate, which also has the stored grids
              video_pixel_values(videos)          the model's video inputs, from the planned frames
              row_inputs(T, images) -> {key: T}   inputs derived from a collated batch (Molmo2's token types)
+             video_runs(ids, video) -> [(a, b)]  a video's frame runs that count as image runs (Molmo2)
              forward_keys                        batch keys the model's forward takes
              image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
     report   image_units(grids) -> (name, (I,))  what an image becomes besides tokens (tiles, crops), or None
@@ -179,6 +180,12 @@ class ModelProfile:
         """The model's video inputs for ``videos`` (rows of the shards' ``videos`` column), decoding only the
         planned frames."""
         raise self._no_vision()
+
+    def video_runs(self, ids: np.ndarray, video: dict[str, Any]) -> list[tuple[int, int]]:
+        """[start, end) token ranges of one video's frames in its row's ``ids`` that the family treats as image
+        runs (Molmo2: each frame's <frame_start>..<frame_end>, for mm_token_type_ids and the bidirectional
+        block); none by default."""
+        return []
 
     def row_inputs(self, num_tokens: int, images: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         """Model inputs derived from a collated batch of ``num_tokens`` tokens whose images are

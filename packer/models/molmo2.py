@@ -30,11 +30,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from packer.core.types import VideoRef
 from packer.errors import RecordError
 from packer.models.base import ModelProfile
 
 if TYPE_CHECKING:
     import torch
+
+    from packer.media.video import VideoPlan
 
 # Every token an image's run may hold (Molmo2Processor.image_token_ids): mm_token_type_ids 1, bidirectional.
 IMAGE_RUN_TOKENS = ("<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>")
@@ -62,11 +65,18 @@ class Molmo2Profile(ModelProfile):
     """Patches pooled into one token (rows, cols)."""
     col_tokens: bool = True
     """``image_use_col_tokens``: an <im_col> after every row of tokens (low-res and high-res views)."""
+    video_token: str | None = "<|video|>"
+    video_max_frames: int = 64
+    """``Molmo2VideoProcessor.num_frames``: most frames sampled from a clip."""
+    video_max_fps: float = 2.0
+    """``Molmo2VideoProcessor.max_fps``: a clip faster than this samples at most duration * max_fps frames."""
+    video_pooling: tuple[int, int] = (3, 3)
+    """``Molmo2VideoProcessor.pooling_size``: a frame's 27x27 patches pooled 3x3 into 9x9 tokens."""
 
     expanded_images: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
         "input_ids", "position_ids", "pixel_values", "image_token_pooling", "image_grids", "image_num_crops",
-        "mm_token_type_ids",
+        "mm_token_type_ids", "pixel_values_videos", "video_token_pooling", "video_grids",
     )
 
     # ------------------------------------------------------------------ geometry
@@ -121,6 +131,40 @@ class Molmo2Profile(ModelProfile):
     def image_token_names(self, grid: tuple[int, int, int]) -> tuple[str, ...]:
         """``Molmo2Processor.replace_image_token``: the low-res view, then the high-res one, row by row."""
         return _image_layout(self.low_res_grid, (grid[1], grid[2]), self.col_tokens)
+
+    # ------------------------------------------------------------------ video
+
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        """A clip's frames and tokens from its header (``packer.models.molmo2_video.plan``)."""
+        from packer.models.molmo2_video import plan
+
+        return plan(self, video)
+
+    def video_text(self, plan: VideoPlan) -> str:
+        """``Molmo2Processor.get_video_string``: per frame its time, then <frame_start> <im_patch>*81 <frame_end>."""
+        from packer.models.molmo2_video import video_text
+
+        return video_text(plan)
+
+    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        """Frames = grid_t, every frame at the crop size, its pooled grid that of the crop."""
+        side = self.crop_px // self.patch_size
+        rows, cols = -(-side // self.video_pooling[0]), -(-side // self.video_pooling[1])
+        return ((grids[:, 0] != num_frames) | (grids[:, 0] < 1) | (grids[:, 1] != rows) | (grids[:, 2] != cols)
+                | (sizes[:, 0] != self.crop_px) | (sizes[:, 1] != self.crop_px))
+
+    def video_runs(self, ids: np.ndarray, video: dict[str, Any]) -> list[tuple[int, int]]:
+        """Each frame's <frame_start> <im_patch>*81 <frame_end> in the row (``molmo2_video.frame_runs``)."""
+        from packer.models.molmo2_video import frame_runs
+
+        return frame_runs(ids, offset=int(video["offset"]), grid=(video["grid_t"], video["grid_h"], video["grid_w"]))
+
+    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """``pixel_values_videos`` (frames, 729, 588), ``video_token_pooling`` (tokens, 9), ``video_grids``
+        (V, 3) of the shards' videos: the planned frames decoded, then Molmo2VideoProcessor's own code."""
+        from packer.models.molmo2_video import video_pixel_values
+
+        return video_pixel_values(self, videos)
 
     # ------------------------------------------------------------------ read
 

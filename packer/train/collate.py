@@ -90,15 +90,18 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         batch["position_ids"] = torch.from_numpy(full)
     images = [im for r in rows for im in r["images"]]
     profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images or "profile" in rows[0] else None
+    # a family's video frames that act as image runs (Molmo2: token types, the bidirectional block), per row
+    frames = [[{"offset": a, "num_tokens": b - a} for v in r.get("videos", ()) for a, b in profile.video_runs(r["input_ids"], v)]
+              if profile is not None else [] for r in rows]
     if images and rows[0].get("load_images", True):
         grids = [(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]
         batch.update(profile.pixel_inputs([_image_ref(im) for im in images], grids))
-    if images and profile.bidirectional_images:  # each row's spans (the profile's rule), in the batch
+    if (images or any(frames)) and profile.bidirectional_images:  # each row's spans (the profile's rule)
         spans, nodes = [], 0
-        for r, s in zip(rows, row_start[:-1], strict=True):
+        for r, s, f in zip(rows, row_start[:-1], frames, strict=True):
             # (start, end) or (start, end, group): rows shift the offsets, and a group (a row node) by the
             # nodes before the row, so no two rows share one
-            for a, b, *group in profile.image_spans(r["images"], node_offsets=r["node_offsets"],
+            for a, b, *group in profile.image_spans([*r["images"], *f], node_offsets=r["node_offsets"],
                                                       node_parents=r["node_parents"]):
                 spans.append((a + int(s), b + int(s), *(g + nodes for g in group)))
             nodes += len(r["node_offsets"])
@@ -109,6 +112,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
     if profile is not None:  # inputs the family derives from the batch (Molmo2's mm_token_type_ids)
         runs = [(o, int(im["num_tokens"])) for o, im in zip(offsets, images, strict=True)]
+        runs += [(f["offset"] + int(s), f["num_tokens"]) for fs, s in zip(frames, row_start[:-1], strict=True) for f in fs]
         batch.update(profile.row_inputs(int(row_start[-1]), runs))
     videos = [v for r in rows for v in r.get("videos", ())]
     if videos:  # the profile decodes only each video's sampled frames (video_grid_thw, second_per_grid_ts too)
