@@ -16,6 +16,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              video_pixel_values(videos)          the model's video inputs, from the planned frames
              row_inputs(T, images) -> {key: T}   inputs derived from a collated batch (Molmo2's token types)
              video_runs(ids, video) -> [(a, b)]  a video's frame runs that count as image runs (Molmo2)
+             join_vision(batch) -> batch         images and videos of one batch as the model takes both
              forward_keys                        batch keys the model's forward takes
              image_spans(images) -> [(a, b)]     token ranges that attend bidirectionally (collate, rowview)
     report   image_units(grids) -> (name, (I,))  what an image becomes besides tokens (tiles, crops), or None
@@ -181,6 +182,12 @@ class ModelProfile:
         planned frames."""
         raise self._no_vision()
 
+    def join_vision(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """A collated batch's vision inputs as the model takes them when images and videos share it (after
+        ``pixel_inputs`` and ``video_pixel_values``): unchanged by default; Molmo2's forward refuses both at
+        once, so it gives its videos as images."""
+        return batch
+
     def video_runs(self, ids: np.ndarray, video: dict[str, Any]) -> list[tuple[int, int]]:
         """[start, end) token ranges of one video's frames in its row's ``ids`` that the family treats as image
         runs (Molmo2: each frame's <frame_start>..<frame_end>, for mm_token_type_ids and the bidirectional
@@ -230,6 +237,11 @@ class ModelProfile:
         verify checks every image's ``num_tokens`` against it; without vision every image is wrong.
         """
         return np.full(len(grids), -1, dtype=np.int64)
+
+    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """``num_tokens`` of stored video grids ((V, 3) -> (V,)), -1 where no video has that grid: the image
+        rule by default (Qwen's t * h * w / 4 serves both); Molmo2's frames differ from its images."""
+        return self.grid_num_tokens(grids)
 
     def expected_extra_positions(
         self,

@@ -166,6 +166,21 @@ class Molmo2Profile(ModelProfile):
 
         return video_pixel_values(self, videos)
 
+    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """<im_patch> tokens of stored (frames, rows, cols): frames * rows * cols, -1 unless (rows, cols) is
+        the pooled frame grid (9, 9)."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        side = self.crop_px // self.patch_size
+        ok = (grids[:, 0] >= 1) & (grids[:, 1] == -(-side // self.video_pooling[0]))
+        ok &= grids[:, 2] == -(-side // self.video_pooling[1])
+        return np.where(ok, grids.prod(axis=1), -1)
+
+    def join_vision(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Videos given as images where a batch has both (``molmo2_video.join_vision``)."""
+        from packer.models.molmo2_video import join_vision
+
+        return join_vision(batch)
+
     # ------------------------------------------------------------------ read
 
     def make_image_processor(self) -> Any:

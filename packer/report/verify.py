@@ -331,7 +331,7 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         vid_grids = np.stack([d.vid["grid_t"], d.vid["grid_h"], d.vid["grid_w"]], axis=1)
         sizes = np.stack([d.vid["height"], d.vid["width"]], axis=1)
         faults = lim.profile.video_faults(vid_grids, sizes, d.vid["num_frames"])
-        faults |= lim.profile.grid_num_tokens(vid_grids) != d.vid["num_tokens"]
+        faults |= lim.profile.video_grid_num_tokens(vid_grids) != d.vid["num_tokens"]
         faults |= ~(d.vid["second_per_grid_t"] > 0)
         check(_rows_with(faults, _row_of(d.vid_off), d.R), "video plan",
               lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
@@ -401,7 +401,8 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
           lambda i: f"a {what}'s tokens are outside the row, overlap another {what}, are out of order or cross "
           "an example or tree-node boundary")
     grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)  # (I, 3)
-    grid_bad = lim.profile.grid_num_tokens(grids) != n
+    count = lim.profile.video_grid_num_tokens if what == "video" else lim.profile.grid_num_tokens
+    grid_bad = count(grids) != n
     check(_rows_with(grid_bad, row_of_img, d.R), f"{what} grid",
           lambda i: f"a {what}'s num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
     img_rows_ok = ~_rows_with(spans_bad | grid_bad, row_of_img, d.R)
@@ -414,8 +415,8 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
         token_id = int(d.ids[gs[sel][0]])
     tok_ok = img_rows_ok[row_of_tok]
     if token_id is not None:
-        # an expanded family (Molmo2) lays images out in other tokens: its placeholder belongs nowhere
-        want = np.zeros_like(in_image) if what == "image" and lim.profile.expanded_images else in_image
+        # an expanded family (Molmo2) lays images and videos out in other tokens: its placeholders belong nowhere
+        want = np.zeros_like(in_image) if lim.profile.expanded_images else in_image
         stray = tok_ok & (want != (d.ids == token_id))
         check(_rows_with(stray, row_of_tok, d.R), f"{what} tokens",
               lambda i: f"{what} spans and {what} tokens (id {token_id}) disagree: a span over other tokens, or a "

@@ -121,6 +121,8 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             batch.update(video_profile.video_pixel_values(videos))
         video_offsets = [v["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for v in r["videos"]]
         batch["video_offsets"] = torch.tensor(video_offsets, dtype=torch.int64)
+        if rows[0].get("load_images", True):
+            batch = video_profile.join_vision(batch)
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch

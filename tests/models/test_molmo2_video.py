@@ -9,6 +9,7 @@ packer/models/molmo2.py). The tokenizer is packer's ``molmo2`` STAND-IN (Qwen2 B
 
 from __future__ import annotations
 
+import importlib.util
 from fractions import Fraction
 from pathlib import Path
 
@@ -137,3 +138,42 @@ def test_rejects(profile, tmp_path, clips) -> None:
         with pytest.raises(RecordError) as e:
             profile.plan_video(ref)
         assert e.value.reason == reason, ref
+
+
+def _shard_video(path: Path, plan) -> dict:
+    """A shard ``videos`` entry's fields the reader reads."""
+    return {"source": str(path), "frame_indices": list(plan.frame_indices), "offset": 0,
+            "grid_t": plan.grid_thw[0], "grid_h": plan.grid_thw[1], "grid_w": plan.grid_thw[2]}
+
+
+def test_reader_gives_the_processor_output(profile, processor, clips) -> None:
+    """``video_pixel_values`` of the planned frames == the processor on the whole decoded clip (it samples
+    itself): pixel_values_videos, video_token_pooling (offsets across two videos) and video_grids."""
+    import torch
+
+    chosen = [clips[2], clips[3]]
+    plans = [profile.plan_video(_ref(p)) for p in chosen]
+    ours = profile.video_pixel_values([_shard_video(p, plan) for p, plan in zip(chosen, plans, strict=True)])
+    clips_decoded = []
+    for path in chosen:
+        with av.open(str(path)) as c:
+            clips_decoded.append(torch.from_numpy(np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])])))
+    ref = processor.video_processor(videos=clips_decoded, video_metadata=[_metadata(p) for p in chosen],
+                                    return_tensors="pt")
+    for key in ("pixel_values_videos", "video_token_pooling", "video_grids"):
+        assert torch.equal(ours[key], ref[key]), key
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="needs torchvision (see the issue)")
+def test_same_pixels_as_torchvision(profile, clips) -> None:
+    """The unmodified Molmo2VideoProcessor (torchvision) gives the pixels the torch-only reader gives."""
+    import torch
+    from transformers.models.molmo2.video_processing_molmo2 import Molmo2VideoProcessor
+
+    plan = profile.plan_video(_ref(clips[2]))
+    ours = profile.video_pixel_values([_shard_video(clips[2], plan)])
+    with av.open(str(clips[2])) as c:
+        frames = torch.from_numpy(np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]))
+    ref = Molmo2VideoProcessor()(videos=[frames], video_metadata=[_metadata(clips[2])], return_tensors="pt")
+    torch.testing.assert_close(ours["pixel_values_videos"], ref["pixel_values_videos"], rtol=0, atol=1e-6)
+    assert torch.equal(ours["video_token_pooling"], ref["video_token_pooling"])

@@ -2,7 +2,7 @@
 
 Shards built from JSONL with the ``molmo2`` profile (stand-in tokenizer, see tests/models/test_molmo2_video.py):
 a video QA tree (the clip in the shared prefix, three answers), a clip asked twice in one conversation, a text
-example, packed together. The reference runs every root-to-leaf path alone as Molmo2's processor and model
+example and an image example, packed and collated into one batch (videos and an image in one forward). The reference runs every root-to-leaf path alone as Molmo2's processor and model
 would: the path's ``pixel_values_videos`` / ``video_token_pooling`` / ``video_grids``, ``mm_token_type_ids``
 1 on the processor's image token ids (frame runs, not the timestamps), the model's own attention (SDPA with
 ``block_sequence_ids``: every frame token of the path sees every other). Per-token losses, total and every
@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from packer.config import BuildConfig
-from packer.core.types import IGNORE_INDEX
+from packer.core.types import IGNORE_INDEX, ImageRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.pipeline.build import build
@@ -47,9 +48,11 @@ def video_rows(tmp_path_factory) -> list[dict]:
     root = tmp_path_factory.mktemp("molmo2_video")
     # noise, not flat frames: over 9 equal patches the pooling attention is uniform, its q/k gradients 0 + round-off
     noise = lambda n, w, h: [np.random.default_rng(i).integers(0, 256, (h, w, 3), np.uint8) for i in range(n)]  # noqa: E731
-    a = write_clip(root / "a.mp4", fps=4, frames=10, width=64, height=48, images=noise(10, 64, 48))  # 5 frames at 2 fps
+    a = write_clip(root / "a.mp4", fps=4, frames=6, width=64, height=48, images=noise(6, 64, 48))  # 3 frames at 2 fps
     b = write_clip(root / "b.mp4", fps=25, frames=30, width=99, height=57, pix_fmt="yuv444p",
                    images=noise(30, 99, 57))  # 1.2 s: 2 frames
+    im = root / "im.png"
+    Image.fromarray(np.random.default_rng(9).integers(0, 256, (150, 200, 3), np.uint8)).save(im)
     vid = lambda p: {"type": "video", "video": str(p)}  # noqa: E731
     txt = lambda t: {"type": "text", "text": t}  # noqa: E731
     recs = [
@@ -61,6 +64,8 @@ def video_rows(tmp_path_factory) -> list[dict]:
                       {"role": "assistant", "content": "Flat frames."},
                       {"role": "user", "content": "How long?"}, {"role": "assistant", "content": "About a second."}]},
         {"text": "A text example packed beside the videos."},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": str(im)}, txt("And this?")]},
+                      {"role": "assistant", "content": "A still picture."}]},
     ]
     data = root / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -69,8 +74,9 @@ def video_rows(tmp_path_factory) -> list[dict]:
     return list(PackedDataset(root / "out", shuffle=False))
 
 
-def _reference(model, batch: dict, videos: list[dict], token_ids: dict[str, int]) -> dict[str, Any]:
-    """Every root-to-leaf path alone with its video's inputs, Molmo2's token types and own attention."""
+def _reference(model, batch: dict, videos: list[dict], images: list[ImageRef], token_ids: dict[str, int]) -> dict[str, Any]:
+    """Every root-to-leaf path alone with its video's (or image's) inputs, Molmo2's token types and own
+    attention."""
     profile = get_profile("molmo2")
     run_ids = torch.tensor([token_ids[t] for t in RUN])
     model.set_attn_implementation("sdpa")
@@ -80,6 +86,7 @@ def _reference(model, batch: dict, videos: list[dict], token_ids: dict[str, int]
     offsets = layout.node_offsets.tolist()
     ranges = list(zip(offsets, offsets[1:] + [layout.num_tokens], strict=True))
     starts = batch["video_offsets"].tolist()
+    image_starts = batch["image_offsets"].tolist()
     per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
     paths = ce.leaf_paths(layout)
     owner: dict[int, int] = {}
@@ -95,6 +102,9 @@ def _reference(model, batch: dict, videos: list[dict], token_ids: dict[str, int]
         inside = [k for k, s in enumerate(starts) if bool((tokens == s).any())]
         if inside:
             kwargs.update(profile.video_pixel_values([videos[k] for k in inside]))
+        pictures = [k for k, s in enumerate(image_starts) if bool((tokens == s).any())]
+        if pictures:
+            kwargs.update(profile.pixel_values([images[k] for k in pictures]))
         logits = model(**kwargs).logits[0]
         node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])
         target = labels[tokens]
@@ -118,11 +128,15 @@ def test_packed_equals_unpacked(video_rows) -> None:
     run_ids = torch.tensor([token_ids[t] for t in RUN])
     assert batch["mm_token_type_ids"][0].tolist() == torch.isin(batch["input_ids"][0], run_ids).long().tolist()
     spans = batch["bidirectional_spans"].tolist()
-    assert len(spans) == 5 + 2 and all(b - a == 83 for a, b, _ in spans) and len({g for *_, g in spans}) == 2
+    frames = [(a, b, g) for a, b, g in spans if b - a == 83]
+    assert len(frames) == 3 + 2 and len(spans) == 3 + 2 + 1 and len({g for *_, g in spans}) == 3
     torch.manual_seed(0)
     model = get_profile("molmo2").tiny_model(token_ids=token_ids, vocab_size=vocab)
     videos = [v for r in rows for v in r["videos"]]
-    report = ce.compare(model, batch, BACKENDS, ref=_reference(model, batch, videos, token_ids))
+    images = [ImageRef(path=im["source"]) for r in rows for im in r["images"]]
+    # the image example shares a row with a video: the videos ride in the image inputs (the model takes one kind)
+    assert "pixel_values_videos" not in batch and batch["image_grids"].shape[0] == 3
+    report = ce.compare(model, batch, BACKENDS, ref=_reference(model, batch, videos, images, token_ids))
     for b in BACKENDS:
         assert report[b]["ok"], (b, report[b]["grad_max_rel"], report[b]["grad_missing"])
         assert report[b]["loss_max_rel"] <= 1e-5 and report[b]["total_rel"] <= 1e-5
