@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 # Every token an image's run may hold (Molmo2Processor.image_token_ids): mm_token_type_ids 1, bidirectional.
 IMAGE_RUN_TOKENS = ("<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>")
+FRAME_TOKENS = ("<frame_start>", "<frame_end>")  # a video frame's run: the same, around <im_patch> only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +270,7 @@ class Molmo2Profile(ModelProfile):
 
     def model_tokens(self) -> tuple[str, ...]:
         """The tokens ``tiny_model``'s config names by id (and the image run's <im_col>, kept distinct)."""
-        return (*IMAGE_RUN_TOKENS, "<|image|>")
+        return (*IMAGE_RUN_TOKENS, *FRAME_TOKENS, "<|image|>", "<|video|>")
 
     def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
         """The batch's image inputs cut per image: its crops' ``pixel_values``, its pooled tokens'
@@ -294,10 +295,12 @@ class Molmo2Profile(ModelProfile):
         self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
     ) -> dict[str, Any]:
         """One path as Molmo2Processor gives it: the images' inputs joined (pooling indices offset by the crops
-        before), ``mm_token_type_ids`` 1 on the image run tokens; the model's own attention and positions."""
+        before; a video: its frames as crops, ``join_vision``), ``mm_token_type_ids`` 1 on the image and frame run
+        tokens; the model's own attention and positions."""
         import torch
 
-        run_ids = torch.tensor([token_ids[t] for t in IMAGE_RUN_TOKENS], device=input_ids.device)
+        run_ids = torch.tensor([token_ids[t] for t in (*IMAGE_RUN_TOKENS, *FRAME_TOKENS) if t in token_ids],
+                               device=input_ids.device)
         out: dict[str, Any] = {"input_ids": input_ids, "use_cache": False,
                                "mm_token_type_ids": torch.isin(input_ids, run_ids).long()}
         if images:

@@ -152,33 +152,38 @@ def video_pixel_values(profile: Molmo2Profile, videos: list[dict[str, Any]]) -> 
     return {k: out[k] for k in ("pixel_values_videos", "video_token_pooling", "video_grids")}
 
 
+
 def join_vision(batch: dict[str, Any]) -> dict[str, Any]:
-    """A batch holding images and videos with its videos given as images, in token order.
+    """A batch's videos given as images, at their places in token order; ``image_offsets`` then names every
+    image input's first token (images' and videos'), ``video_offsets`` the videos' still.
 
     Molmo2Model.forward refuses ``pixel_values`` and ``pixel_values_videos`` together, yet a packed row mixes
     image and video examples. Its ``get_video_features`` is ``get_image_features`` of the frames as crops with
-    image_grids (frames * rows, cols, 0, 0); the pooled features land on the <im_patch> tokens in order. So each
-    video joins the image inputs at its place by token offset: its frames as crops, its pooling rows (9 wide,
-    the images' 4 padded with -1, which the adapter masks) offset past the crops before it.
+    image_grids (frames * rows, cols, 0, 0), and the pooled features land on the <im_patch> tokens in order.
+    So each video joins the image inputs by token offset: its frames as crops, its pooling rows (9 wide; the
+    images' 4 padded with -1, which the adapter masks) offset past the crops before it. Every batch with videos
+    takes this one form, so every check runs the same path (tests/train/test_molmo2_video_equivalence.py
+    compares it with the model's own pixel_values_videos path).
 
         images at 10 and 900, a video at 400  ->  crops: image 0's, the video's frames, image 1's
     """
     import torch
 
-    if "pixel_values" not in batch or "pixel_values_videos" not in batch:
+    if "pixel_values_videos" not in batch:
         return batch
     from packer.models import get_profile
 
-    images = get_profile("molmo2").image_inputs(batch, num_tokens=[0] * len(batch["image_offsets"]))
-    grids = batch["video_grids"]
-    items = [(int(o), im["pixel_values"], im["image_token_pooling"], im["image_grids"][0], int(im["image_num_crops"][0]))
-             for o, im in zip(batch["image_offsets"].tolist(), images, strict=True)]
+    items = []
+    if "pixel_values" in batch:
+        images = get_profile("molmo2").image_inputs(batch, num_tokens=[0] * len(batch["image_offsets"]))
+        items = [(int(o), im["pixel_values"], im["image_token_pooling"], im["image_grids"][0],
+                  int(im["image_num_crops"][0])) for o, im in zip(batch["image_offsets"].tolist(), images, strict=True)]
     patches = batch["pixel_values_videos"].shape[1]
     f0 = p0 = 0
-    for o, (t, h, w) in zip(batch["video_offsets"].tolist(), grids.tolist(), strict=True):
+    for o, (t, h, w) in zip(batch["video_offsets"].tolist(), batch["video_grids"].tolist(), strict=True):
         pool = batch["video_token_pooling"][p0 : p0 + t * h * w]
         pool = pool.where(pool < 0, pool - f0 * patches)
-        grid = torch.tensor([t * h, w, 0, 0], dtype=batch["image_grids"].dtype)
+        grid = torch.tensor([t * h, w, 0, 0], dtype=torch.int64)
         items.append((int(o), batch["pixel_values_videos"][f0 : f0 + t], pool, grid, t))
         f0, p0 = f0 + t, p0 + t * h * w
     items.sort(key=lambda x: x[0])
@@ -190,6 +195,7 @@ def join_vision(batch: dict[str, Any]) -> dict[str, Any]:
         crops += pixels.shape[0]
     out = {k: v for k, v in batch.items() if k not in ("pixel_values_videos", "video_token_pooling", "video_grids")}
     out.update(pixel_values=torch.cat([x[1] for x in items]), image_token_pooling=torch.cat(pools),
-               image_grids=torch.stack([x[3] for x in items]),
-               image_num_crops=torch.tensor([x[4] for x in items], dtype=batch["image_num_crops"].dtype))
+               image_grids=torch.stack([x[3].to(torch.int64) for x in items]),
+               image_num_crops=torch.tensor([x[4] for x in items], dtype=torch.int64),
+               image_offsets=torch.tensor([x[0] for x in items], dtype=torch.int64))
     return out
