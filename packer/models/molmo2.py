@@ -77,8 +77,8 @@ class Molmo2Profile(ModelProfile):
     expanded_images: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
         "input_ids", "position_ids", "pixel_values", "image_token_pooling", "image_grids", "image_num_crops",
-        "mm_token_type_ids", "pixel_values_videos", "video_token_pooling", "video_grids",
-    )
+        "mm_token_type_ids",
+    )  # a batch's videos reach the model as image inputs (join_vision)
 
     # ------------------------------------------------------------------ geometry
 
