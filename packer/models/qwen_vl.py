@@ -18,7 +18,7 @@ second_per_grid_ts``. Released checkpoints' ``preprocessor_config.json`` set ``m
 class default (used here) is 1003520 - pass ``max_pixels`` to match a checkpoint.
 
 Video (``plan_video``): frames sampled as qwen-vl-utils samples them and resized as ``Qwen2VLVideoProcessor``
-does, from the container's header (``packer.media.video``); rendered
+does, from the container's header (``packer.models.qwen_video_plan``); rendered
 ``<|vision_start|><|video_pad|><|vision_end|>`` with the pad repeated t*h*w/4 times. mRoPE gives a video's
 tokens (t, h, w) positions like an image's, the temporal index of patch k being k (Qwen2-VL) or
 ``int(k * tokens_per_second * second_per_grid_t)`` in float32 (Qwen2.5-VL), and the text after it continues
@@ -47,7 +47,8 @@ from packer.models.qwen_video import CLIP_MEAN, CLIP_STD
 if TYPE_CHECKING:
     import torch
 
-    from packer.media.video import VideoFamily, VideoPlan
+    from packer.media.video import VideoPlan
+    from packer.models.qwen_video_plan import VideoFamily
 
 # Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
 MAX_ASPECT_RATIO = 200
@@ -119,17 +120,18 @@ class QwenVLProfile(ModelProfile):
         return t * h * w // self.merge_size**2
 
     def video_family(self) -> VideoFamily:
-        """The qwen-vl-utils + HF video processor rule of this profile (``packer.media.video``)."""
+        """The qwen-vl-utils + HF video processor rule of this profile (``packer.models.qwen_video_plan``)."""
         return _video_family(self.name, self.video_min_pixels, self.video_max_pixels)
 
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""
-        from packer.media import video as media
+        from packer.media.video import probe, probe_frame_list
+        from packer.models import qwen_video_plan as rules
 
-        request = media.VideoRequest.from_part(dict(video.options))
+        request = rules.VideoRequest.from_part(dict(video.options))
         if video.frames:
-            return media.plan_frame_list(media.probe_frame_list(video.frames), request, self.video_family())
-        return media.plan_video(media.probe(video.path), request, self.video_family())
+            return rules.plan_frame_list(probe_frame_list(video.frames), request, self.video_family())
+        return rules.plan_video(probe(video.path), request, self.video_family())
 
     def temporal_interval(self, second_per_grid_t: float) -> np.float32:
         """A video's temporal position step per patch, as get_rope_index computes it: float32
@@ -540,6 +542,6 @@ def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int]) -> np.nd
 
 @lru_cache(maxsize=16)
 def _video_family(name: str, min_pixels: int | None, max_pixels: int | None) -> VideoFamily:
-    from packer.media.video import get_video_family
+    from packer.models.qwen_video_plan import get_video_family
 
     return get_video_family(name, min_pixels=min_pixels, max_pixels=max_pixels)

@@ -220,7 +220,8 @@ def test_constants_are_transformers() -> None:
 
 def test_decoded_clip_grid_equals_plan(tmp_path) -> None:
     """A PyAV clip through the build's plan and the reader's decode: the grid is the plan's, for both rules."""
-    from packer.media.video import VideoRequest, decode_frames, get_video_family, plan_video, probe
+    from packer.media.video import decode_frames, probe
+    from packer.models.qwen_video_plan import VideoRequest, get_video_family, plan_video
     from tests.media.make_videos import write_clip
 
     path = write_clip(tmp_path / "c.mp4", fps=25, frames=30, width=150, height=98)

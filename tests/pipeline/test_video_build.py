@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from packer.config import BuildConfig
-from packer.media.video import VideoRequest, get_video_family, plan_video, probe
+from packer.media.video import probe
+from packer.models.qwen_video_plan import VideoRequest, get_video_family, plan_video
 from packer.pipeline.build import build
 from packer.report.stats import format_stats
 from packer.report.verify import verify_build
