@@ -505,6 +505,25 @@ def plan_frame_list(sizes: Sequence[tuple[int, int]], request: VideoRequest, fam
     )
 
 
+def frame_list_fetch_size(
+    height: int, width: int, *, nframes: int, utils_size: tuple[int, int], family: VideoFamily
+) -> tuple[int, int]:
+    """(height, width) qwen-vl-utils' ``fetch_image`` gives a frame-list image of ``height`` x ``width``
+    (vision_process.py:425, its first resize), recovered by the reader from the stored ``utils_size``.
+
+    The shards keep the frame size after qwen-vl-utils (``utils_size``), not the fetched one between, so the
+    reader takes the fetch with the image bounds the part gives by default (4..16384 * (2 * factor)**2) when
+    the video rule then yields ``utils_size``, and ``utils_size`` itself otherwise (a part whose min/max_pixels
+    put the fetched frame inside the video bounds, where the video resize keeps it). Exact for every part
+    without pixel options, and for every fetched size inside the video bounds:
+
+        qwen2-vl, 4 frames of 64x48: fetched 168x112 (min 4 * 56**2), then the video min 128 * 28**2 -> 392x280
+    """
+    fetched = _utils_smart_resize(height, width, family.factor * SPATIAL_MERGE_SIZE)
+    default = utils_frame_size(VideoRequest(), nframes=nframes, height=fetched[0], width=fetched[1], family=family)
+    return fetched if default == tuple(utils_size) else (int(utils_size[0]), int(utils_size[1]))
+
+
 def _plan(
     *, indices: np.ndarray, video_fps: float, total_frames: float, sample_fps: float, height: int, width: int,
     request: VideoRequest, family: VideoFamily, timestamp_indices: np.ndarray | None = None,

@@ -227,8 +227,8 @@ class QwenVLProfile(ModelProfile):
 
         Only the planned frames are decoded (``media.video.decode_frames``); qwen-vl-utils' resize to
         ``utils_height`` x ``utils_width`` then the processor's to ``height`` x ``width`` follow
-        ``qwen_video.video_pixel_values`` (torch ops, no torchvision). A frame list's images, which qwen-vl-utils
-        first resizes one by one as images, are resized here straight to the utils size (PIL bicubic).
+        ``qwen_video.video_pixel_values`` (torch ops, no torchvision). A frame list's images are first resized
+        one by one as qwen-vl-utils' ``fetch_image`` resizes them (``_sampled_frames``).
         """
         import torch
 
@@ -238,7 +238,7 @@ class QwenVLProfile(ModelProfile):
         for v in videos:
             utils_size = (v["utils_height"], v["utils_width"])
             pixel_values, grid = video_pixel_values(
-                _sampled_frames(v, utils_size), resized_height=v["height"], resized_width=v["width"],
+                _sampled_frames(v, utils_size, self.video_family()), resized_height=v["height"], resized_width=v["width"],
                 patch_size=self.patch_size, image_mean=self.image_mean, image_std=self.image_std,
                 temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size, utils_size=utils_size,
             )
@@ -525,19 +525,23 @@ def expected_mrope(
     return out
 
 
-def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int]) -> np.ndarray:
+def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
     """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
-    images (resized to ``utils_size`` where their sizes differ from it)."""
+    images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
+    ``qwen_video_plan.frame_list_fetch_size``); ``video_pixel_values`` then does fetch_video's resize."""
     from packer.media.video import decode_frame_list, decode_frames
+    from packer.models.qwen_video_plan import frame_list_fetch_size
 
     if not video["frames"]:
         return decode_frames(video["source"], video["frame_indices"])
     from PIL import Image
 
-    height, width = utils_size
-    frames = decode_frame_list([video["frames"][i] for i in video["frame_indices"]])
-    return np.stack([f if f.shape[:2] == (height, width) else
-                     np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
+    nframes = len(video["frame_indices"])
+    out = []
+    for f in decode_frame_list([video["frames"][i] for i in video["frame_indices"]]):
+        h, w = frame_list_fetch_size(f.shape[0], f.shape[1], nframes=nframes, utils_size=utils_size, family=family)
+        out.append(f if f.shape[:2] == (h, w) else np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)))
+    return np.stack(out)
 
 
 @lru_cache(maxsize=16)
