@@ -85,6 +85,7 @@ class _Draft:
     node_parents: np.ndarray  # (N,) int32, -1 for the root
     refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
     images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
+    blocks: list[int] = field(default_factory=list)  # entries of `images` per image named (ImageBlocks), in order
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
 
 
@@ -225,9 +226,47 @@ class Encoder:
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else []) + node.messages)
         located = [self._chat.locate(p, tools=example.tools) for p in paths]
+        if self.profile.splits_images:
+            located = [self._split_images(text, spans, p) for (text, spans), p in zip(located, paths, strict=True)]
         return _Staged(
             texts=[text for text, _ in located], nodes=nodes, parents=parents, spans=[sp for _, sp in located]
         )
+
+    def _split_images(self, text: str, spans: list[Span], path: list) -> tuple[str, list[Span]]:
+        """The rendering with each image the profile splits into blocks written as its processor writes it
+        (``ModelProfile.image_blocks``: Gemma 3's crops), and the message spans moved to match."""
+        token = self.profile.image_token
+        pieces, shifts, at, start = [], [], 0, 0
+        for ref in (p for m in path for p in m.parts if isinstance(p, ImageRef)):
+            at = text.find(token, at)
+            if at < 0:
+                return text, spans  # fewer image tokens than images: _check_image_tokens says so
+            blocks = self.profile.image_blocks(*self.profile.image_size(ref))
+            if blocks is not None:
+                a = at - blocks.rendered.index(token)
+                if text[a : a + len(blocks.rendered)] != blocks.rendered:
+                    raise RecordError(
+                        "template_error",
+                        f"profile {self.profile.name!r} writes this image as blocks, and needs the chat template "
+                        f"to write an image as {blocks.rendered!r} (the builtin {self.profile.default_tokenizer} "
+                        "template does)",
+                    )
+                pieces += [text[start:a], blocks.text]
+                start = a + len(blocks.rendered)
+                shifts.append((start, len(blocks.text) - len(blocks.rendered)))
+            at += len(token)
+        if not shifts:
+            return text, spans
+        ends = np.array([e for e, _ in shifts])
+        moved = np.cumsum([d for _, d in shifts])
+
+        def move(c: int | None) -> int | None:  # a position at or after a replaced rendering's end moves
+            if c is None:
+                return None
+            k = int(np.searchsorted(ends, c, side="right"))
+            return c + int(moved[k - 1]) if k else c
+
+        return "".join([*pieces, text[start:]]), [(move(a), move(b), move(c)) for a, b, c in spans]
 
     # ------------------------------------------------------------------ finish
 
@@ -375,6 +414,8 @@ class Encoder:
         if not any(images) and (self.image_token_id is None or not (ids == self.image_token_id).any()):
             return  # the common text-only case: nothing to count
         want = np.array([len(r) for r in images], dtype=np.int64)
+        if self.profile.splits_images:  # an image written as blocks holds one image token per block
+            images = [[b for r in node for b in self._blocks_of(r)] for node in images]
         if self.image_token_id is None:
             if want.any():
                 raise RecordError(
@@ -429,11 +470,22 @@ class Encoder:
                 sizes[ref] = self.profile.image_size(ref)
         # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
         image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
-        grids, counts = [], []
+        grids, counts, entries = [], [], []
+        draft.blocks = []
         for ref in refs:
             g, c = (plans[ref].grid_thw, plans[ref].num_tokens) if isinstance(ref, VideoRef) else next(image_plans)
-            grids.append(g)
-            counts.append(c)
+            blocks = self.profile.image_blocks(*sizes[ref]) if ref in sizes and self.profile.splits_images else None
+            if blocks is None:
+                grids.append(g)
+                counts.append(c)
+                entries.append(ref)
+            else:  # one entry per block, each its own run of placeholders (written by _split_images)
+                grids += blocks.grids
+                counts += self.profile.grid_num_tokens(np.array(blocks.grids)).tolist()
+                entries += [ref] * len(blocks.grids)
+            if not isinstance(ref, VideoRef):
+                draft.blocks.append(1 if blocks is None else len(blocks.grids))
+        refs = entries
         wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
         repeats[pos] = np.asarray(counts) + 2 * wrap
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
@@ -460,6 +512,11 @@ class Encoder:
             draft.ids[starts + repeats[pos] - 1] = self._token_ids["vision_end"]
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
 
+    def _blocks_of(self, ref: ImageRef) -> list[ImageRef]:
+        """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``)."""
+        blocks = self.profile.image_blocks(*self.profile.image_size(ref))
+        return [ref] if blocks is None else [ref] * len(blocks.grids)
+
     def _image_run(self, grid: tuple[int, int, int]) -> np.ndarray:
         """The token ids of ``profile.image_token_names(grid)``, once per distinct grid."""
         if grid not in self._image_runs:
@@ -473,9 +530,11 @@ class Encoder:
         inside."""
         cut = self.max_length
         tail = int(self.profile.processor_wraps_images)  # the image's </img> stays with it
-        for im in [*draft.images, *draft.videos]:
-            if im.offset < cut < im.offset + im.num_tokens + tail:
-                cut = im.offset
+        firsts = np.cumsum([0, *draft.blocks])  # an image's blocks go together (its crops and the text between)
+        groups = [draft.images[a:b] for a, b in zip(firsts[:-1], firsts[1:], strict=True)]
+        for group in [*groups, *[[v] for v in draft.videos]]:
+            if group[0].offset < cut < group[-1].offset + group[-1].num_tokens + tail:
+                cut = group[0].offset
                 break
         if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:
             cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
@@ -488,10 +547,11 @@ class Encoder:
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
         kept = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        whole = [g[0] for g in groups if g[-1].offset + g[-1].num_tokens <= cut]  # each kept image's first block
         if 0 < len(kept) < len(draft.images):
-            image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(kept)]
+            image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(whole)]
             alone = self.profile.example_images([self.profile.image_size(r) for r in image_refs])
-            if [c for _, c in alone] != [im.num_tokens for im in kept]:  # the count depended on the lost images
+            if [c for _, c in alone] != [im.num_tokens for im in whole]:  # the count depended on the lost images
                 raise RecordError(
                     "untruncatable",
                     f"cutting to --max-length {self.max_length} drops images that decide how many tokens the "
