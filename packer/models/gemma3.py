@@ -163,7 +163,7 @@ class Gemma3Profile(ModelProfile):
     ) -> Any:
         """A random-weight fp32 ``Gemma3ForConditionalGeneration`` for this profile's images: a 1-layer SigLIP of
         ``image_px`` / ``patch_size``, a 2-layer Gemma 3 text model (one sliding-window layer of
-        ``sliding_window``, one global). ``token_ids``: "image_token", "vision_start", "vision_end"."""
+        ``sliding_window``, one global). ``token_ids``: the ids of ``model_tokens()`` (soft, begin, end of image)."""
         import torch
         from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
@@ -177,9 +177,19 @@ class Gemma3Profile(ModelProfile):
             vision_config=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
                                num_attention_heads=2, image_size=self.image_px, patch_size=self.patch_size),
             mm_tokens_per_image=self.tokens_per_image,
-            image_token_index=token_ids["image_token"],
-            boi_token_index=token_ids["vision_start"],
-            eoi_token_index=token_ids["vision_end"],
+            image_token_index=token_ids[self.image_token],
+            boi_token_index=token_ids[self.vision_start],
+            eoi_token_index=token_ids[self.vision_end],
             attn_implementation="sdpa",
         )
         return Gemma3ForConditionalGeneration(config).float().train()
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """The path's pixels (one entry per block) and the processor's ``token_type_ids`` (1 on soft tokens),
+        from which ``Gemma3Model`` builds its own bidirectional blocks: each run of consecutive soft tokens."""
+        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
+        if images:
+            out["token_type_ids"] = (input_ids == token_ids[self.image_token]).long()
+        return out
