@@ -12,8 +12,15 @@ tokens), and its sliding window counts positions along each root-to-leaf path (p
 
 The builtin ``gemma3`` tokenizer is a stand-in (Gemma's SentencePiece model is on no registry): the Qwen2
 ranks plus Gemma 3's special tokens, with Gemma 3's chat template writing an image part as the processor's
-expansion with one soft token, which ``num_tokens`` repeats. Pan-and-scan crops are not supported (the
-processor's default, ``do_pan_and_scan`` off): a cropped image interleaves text between its crops' blocks.
+expansion with one soft token, which ``num_tokens`` repeats.
+
+Pan-and-scan (``profile_options: {do_pan_and_scan: true}``; off in the checkpoints' config): an elongated image
+also becomes 2..4 crops, each its own 256-token block after the whole image's, with the processor's text
+between them (``image_blocks``); each block is a stored image entry, grid (1 + crop index, 16, 16).
+
+    1000x400, pan-and-scan -> crops (1, 3) -> "Here is the original image " + block + " and here are some
+    crops to help you see better " + block + " " + block + " " + block      (4 entries, 4 x 256 tokens)
+
 Exact against transformers 5.23.0 (tests/models/test_gemma3.py, tests/train/test_gemma3_equivalence.py).
 """
 

@@ -1,6 +1,6 @@
-"""Gemma 3 against transformers 5.23.0's ``Gemma3Processor`` (PIL image processor, 896 px, no pan-and-scan):
-256 tokens per image for every COCO-mini image, the processor's input_ids (begin/end-of-image tokens and the
-"\\n\\n" around them) and token_type_ids, and its pixel values. Packed == unpacked on the model is
+"""Gemma 3 against transformers 5.23.0's ``Gemma3Processor`` (PIL image processor, 896 px): 256 tokens per image
+for every COCO-mini image, the processor's input_ids (begin/end-of-image tokens and the "\\n\\n" around
+them) and token_type_ids, and its pixel values; the same with pan-and-scan crops (``do_pan_and_scan``). Packed == unpacked on the model is
 tests/train/test_gemma3_equivalence.py.
 
 Tokenizer: the builtin ``gemma3`` STAND-IN (Qwen2's ranks + Gemma 3's special tokens; Gemma's own
