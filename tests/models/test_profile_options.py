@@ -70,19 +70,20 @@ def test_internvl_max_tiles_from_cli_and_yaml_matches_the_processor(tmp_path: Pa
     pics = [load_image(ImageRef(path=str(tmp_path / f"{i}.png"))) for i in range(len(SIZES))]
     want = processor(images=pics, return_tensors="pt")
     assert want["num_patches"].tolist() == [7, 7, 7, 7]  # + thumbnail; max_tiles 12 would give 13, 10, 13, 7
-    for how, args in [("cli", ["--profile", "internvl", "--profile-option", "max_tiles=6"]),
-                      ("yaml", ["--config", str(tmp_path / "c.yaml")])]:
-        out = tmp_path / how
-        result = CliRunner().invoke(cli, ["build", str(data), "-o", str(out), "--max-length", "16384", "-q", *args])
-        assert result.exit_code == 0, result.output
-        shards = open_shards(out)
-        assert shards.manifest.config.profile_options == {"max_tiles": 6}
-        rows = list(PackedDataset(out, shuffle=False))
-        images = [im for r in rows for im in r["images"]]
-        order = [int(Path(im["source"]).stem) for im in images]
-        tiles = want["num_patches"].tolist()
-        assert [im["num_tokens"] for im in images] == [256 * tiles[i] for i in order]
-        batch = collate(rows)
-        starts = np.cumsum([0] + tiles)
-        expected = torch.cat([want["pixel_values"][starts[i] : starts[i + 1]] for i in order])
-        assert torch.equal(batch["pixel_values"], expected)
+    out = tmp_path / "out"
+    args = ["build", str(data), "-o", str(out), "--max-length", "16384", "-q", "--profile", "internvl"]
+    result = CliRunner().invoke(cli, [*args, "--profile-option", "max_tiles=6"])
+    assert result.exit_code == 0, result.output
+    config = open_shards(out).manifest.config
+    assert config.profile_options == {"max_tiles": 6}
+    assert BuildConfig.from_yaml(tmp_path / "c.yaml", inputs=[str(data)], output="x").profile_overrides() == \
+        config.profile_overrides()  # the YAML mapping is the same setting
+    rows = list(PackedDataset(out, shuffle=False))
+    images = [im for r in rows for im in r["images"]]
+    order = [int(Path(im["source"]).stem) for im in images]
+    tiles = want["num_patches"].tolist()
+    assert [im["num_tokens"] for im in images] == [256 * tiles[i] for i in order]
+    batch = collate(rows)
+    starts = np.cumsum([0] + tiles)
+    expected = torch.cat([want["pixel_values"][starts[i] : starts[i + 1]] for i in order])
+    assert torch.equal(batch["pixel_values"], expected)
