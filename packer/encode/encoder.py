@@ -453,13 +453,7 @@ class Encoder:
         placeholders = draft.ids == self.image_token_id
         if self.video_token_id is not None:
             placeholders |= draft.ids == self.video_token_id
-        pos = np.flatnonzero(placeholders)  # (I + V,) one per image or video, in order (counted above)
-        is_video = [isinstance(r, VideoRef) for r in refs]
-        if self.video_token_id is not None and (
-            (draft.ids[pos] == self.video_token_id).tolist() != is_video
-        ):
-            raise RecordError("template_error", "the chat template put the images and videos out of their order")
-        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
+        pos = np.flatnonzero(placeholders)  # one per image or video (per block of a split image), in order
         sizes: dict[ImageRef, tuple[int, int]] = {}
         plans: dict[VideoRef, Any] = {}
         for ref in refs:
@@ -468,23 +462,29 @@ class Encoder:
                     plans[ref] = self.profile.plan_video(ref)
             elif ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
+        split = [self.profile.image_blocks(*sizes[r]) if r in sizes and self.profile.splits_images else None
+                 for r in refs]  # ImageBlocks of an image written as several blocks (_split_images), else None
+        draft.blocks = [1 if b is None else len(b.grids) for r, b in zip(refs, split, strict=True) if r in sizes]
+        ref_pos = pos[np.cumsum([0] + [1 if b is None else len(b.grids) for b in split])[:-1]]  # each ref's first
+        is_video = [isinstance(r, VideoRef) for r in refs]
+        if self.video_token_id is not None and (
+            (draft.ids[ref_pos] == self.video_token_id).tolist() != is_video
+        ):
+            raise RecordError("template_error", "the chat template put the images and videos out of their order")
+        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
         # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
         image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
         grids, counts, entries = [], [], []
-        draft.blocks = []
-        for ref in refs:
+        for ref, blocks in zip(refs, split, strict=True):
             g, c = (plans[ref].grid_thw, plans[ref].num_tokens) if isinstance(ref, VideoRef) else next(image_plans)
-            blocks = self.profile.image_blocks(*sizes[ref]) if ref in sizes and self.profile.splits_images else None
             if blocks is None:
                 grids.append(g)
                 counts.append(c)
                 entries.append(ref)
-            else:  # one entry per block, each its own run of placeholders (written by _split_images)
+            else:  # one entry per block, each its own run of placeholders
                 grids += blocks.grids
                 counts += self.profile.grid_num_tokens(np.array(blocks.grids)).tolist()
                 entries += [ref] * len(blocks.grids)
-            if not isinstance(ref, VideoRef):
-                draft.blocks.append(1 if blocks is None else len(blocks.grids))
         refs = entries
         wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
         repeats[pos] = np.asarray(counts) + 2 * wrap
