@@ -169,6 +169,8 @@ def test_pan_and_scan_input_ids_and_pixels_match_the_processor(tmp_path, coco_im
             want = processor(text=[text], images=[pics], return_tensors="pt", add_special_tokens=False, **kw)
             got = batch["input_ids"][0, cu[e] : cu[e + 1]]
             assert got.tolist() == want["input_ids"][0].tolist(), example_id
+            labels = batch["labels"][0, cu[e] : cu[e + 1]]
+            assert tok.decode(labels[labels != -100]) == rec["messages"][1]["content"] + "<end_of_turn>"  # spans moved
             types_ = torch.zeros(cu[e + 1] - cu[e], dtype=torch.long)
             for a, b in batch["bidirectional_spans"].tolist():
                 if cu[e] <= a < cu[e + 1]:
