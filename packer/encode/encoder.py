@@ -87,6 +87,7 @@ class _Draft:
     images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
     blocks: list[int] = field(default_factory=list)  # entries of `images` per image named (ImageBlocks), in order
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
+    video_spans: list[int] = field(default_factory=list)  # tokens each video's expansion spans (Qwen3-VL: > num_tokens)
 
 
 class Encoder:
@@ -471,12 +472,21 @@ class Encoder:
             (draft.ids[ref_pos] == self.video_token_id).tolist() != is_video
         ):
             raise RecordError("template_error", "the chat template put the images and videos out of their order")
+        spliced: dict[int, np.ndarray] = {}  # placeholder position -> the video's own tokens (Qwen3-VL)
+        for ref, p in zip(refs, ref_pos.tolist(), strict=True):
+            if isinstance(ref, VideoRef):
+                tokens = self._video_tokens(plans[ref], draft.ids, p)
+                if tokens is not None:  # the profile's own expansion (Qwen3-VL: timestamped frames)
+                    spliced[p] = tokens
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
         # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
         image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
-        grids, counts, entries = [], [], []
-        for ref, blocks in zip(refs, split, strict=True):
-            g, c = (plans[ref].grid_thw, plans[ref].num_tokens) if isinstance(ref, VideoRef) else next(image_plans)
+        grids, counts, entries = [], [], []  # counts: the tokens each placeholder becomes (a spliced video: its text)
+        for ref, blocks, p in zip(refs, split, ref_pos.tolist(), strict=True):
+            if isinstance(ref, VideoRef):
+                g, c = plans[ref].grid_thw, plans[ref].num_tokens if p not in spliced else spliced[p].shape[0]
+            else:
+                g, c = next(image_plans)
             if blocks is None:
                 grids.append(g)
                 counts.append(c)
@@ -491,11 +501,12 @@ class Encoder:
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
         labels = draft.labels.copy()
         labels[pos] = IGNORE_INDEX
-        draft.images, draft.videos = [], []
+        draft.images, draft.videos, draft.video_spans = [], [], []
         for ref, g, c, p in zip(refs, grids, counts, pos, strict=True):
             grid, offset = tuple(int(x) for x in g), int(new_index[p])
             if isinstance(ref, VideoRef):
                 draft.videos.append(_encoded_video(ref, plans[ref], offset=offset))
+                draft.video_spans.append(int(c))
             else:
                 draft.images.append(EncodedImage(
                     source=ref.path if ref.data is None else "", data=ref.data, grid_thw=grid, offset=offset + wrap,
@@ -505,6 +516,8 @@ class Encoder:
         if self.profile.expanded_images:  # Molmo2: the run is the image's own layout of several tokens
             for im in draft.images:
                 draft.ids[im.offset : im.offset + im.num_tokens] = self._image_run(im.grid_thw)
+        for p, tokens in spliced.items():
+            draft.ids[new_index[p] : new_index[p] + tokens.shape[0]] = tokens
         draft.labels = np.repeat(labels, repeats)
         if wrap:
             starts = new_index[pos]
@@ -525,16 +538,36 @@ class Encoder:
             self._image_runs[grid] = np.array([ids[name] for name in names], dtype=np.int32)
         return self._image_runs[grid]
 
+    def _video_tokens(self, plan, ids: np.ndarray, p: int) -> np.ndarray | None:
+        """The tokens a video's placeholder at ``p`` becomes where the profile writes its own text for it
+        (``ModelProfile.video_text``), else None (the placeholder repeated ``num_tokens`` times).
+
+        The text is tokenized alone, which equals tokenizing it in place only where a special token precedes
+        it: the template's <|vision_start|> (Qwen3-VL's timestamps are text, and BPE would merge a "<" with a
+        preceding space or punctuation), so anything else is refused."""
+        text = self.profile.video_text(plan)
+        if text is None:
+            return None
+        if p == 0 or self.vision_start_id is None or ids[p - 1] != self.vision_start_id:
+            raise RecordError(
+                "template_error",
+                f"the chat template must put {self.profile.vision_start!r} right before each "
+                f"{self.profile.video_token!r} (the video's timestamps are tokenized after it)",
+            )
+        return np.asarray(self._backend.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
     def _truncate(self, draft: _Draft) -> None:
         """Keep the first max_length tokens (depth-first layout), cutting before an image or video, never
         inside."""
         cut = self.max_length
         tail = int(self.profile.processor_wraps_images)  # the image's </img> stays with it
         firsts = np.cumsum([0, *draft.blocks])  # an image's blocks go together (its crops and the text between)
-        groups = [draft.images[a:b] for a, b in zip(firsts[:-1], firsts[1:], strict=True)]
-        for group in [*groups, *[[v] for v in draft.videos]]:
-            if group[0].offset < cut < group[-1].offset + group[-1].num_tokens + tail:
-                cut = group[0].offset
+        spans = [(draft.images[i].offset, draft.images[j - 1].offset + draft.images[j - 1].num_tokens + tail)
+                 for i, j in zip(firsts[:-1], firsts[1:], strict=True)]  # [first token, end) of each image
+        spans += [(v.offset, v.offset + n) for v, n in zip(draft.videos, draft.video_spans, strict=True)]
+        for start, end in spans:
+            if start < cut < end:
+                cut = start
                 break
         if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:
             cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
@@ -547,7 +580,8 @@ class Encoder:
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
         kept = [im for im in draft.images if im.offset + im.num_tokens <= cut]
-        whole = [g[0] for g in groups if g[-1].offset + g[-1].num_tokens <= cut]  # each kept image's first block
+        whole = [draft.images[i] for i, (_, end) in zip(firsts[:-1], spans[: len(draft.blocks)], strict=True)
+                 if end - tail <= cut]  # each kept image's first block
         if 0 < len(kept) < len(draft.images):
             image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(whole)]
             alone = self.profile.example_images([self.profile.image_size(r) for r in image_refs])
@@ -558,7 +592,8 @@ class Encoder:
                     f"kept ones take (profile {self.profile.name!r}); raise --max-length or use --overlong drop",
                 )
         draft.images = kept
-        draft.videos = [v for v in draft.videos if v.offset + v.num_tokens <= cut]
+        kept_videos = [(v, n) for v, n in zip(draft.videos, draft.video_spans, strict=True) if v.offset + n <= cut]
+        draft.videos, draft.video_spans = [v for v, _ in kept_videos], [n for _, n in kept_videos]
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]
         draft.node_parents = draft.node_parents[:keep_nodes]
