@@ -427,8 +427,12 @@ class Encoder:
                     plans[ref] = self.profile.plan_video(ref)
             elif ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
-        # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
-        image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
+        # the example's images together: a family's count may depend on the others on a path (LLaVA-OneVision)
+        is_image = ~np.array(is_video, dtype=bool)
+        image_plans = iter(self.profile.example_images(
+            [sizes[r] for r in refs if not isinstance(r, VideoRef)], node_parents=draft.node_parents,
+            image_nodes=np.searchsorted(draft.node_offsets, pos[is_image], side="right") - 1,
+        ))
         grids, counts = [], []
         for ref in refs:
             g, c = (plans[ref].grid_thw, plans[ref].num_tokens) if isinstance(ref, VideoRef) else next(image_plans)
@@ -490,8 +494,15 @@ class Encoder:
         kept = [im for im in draft.images if im.offset + im.num_tokens <= cut]
         if 0 < len(kept) < len(draft.images):
             image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(kept)]
-            alone = self.profile.example_images([self.profile.image_size(r) for r in image_refs])
-            if [c for _, c in alone] != [im.num_tokens for im in kept]:  # the count depended on the lost images
+            starts = np.array([im.offset for im in kept])
+            try:
+                alone = [c for _, c in self.profile.example_images(
+                    [self.profile.image_size(r) for r in image_refs], node_parents=draft.node_parents[:keep_nodes],
+                    image_nodes=np.searchsorted(draft.node_offsets[:keep_nodes], starts, side="right") - 1,
+                )]
+            except RecordError:  # the cut tree's paths disagree on a kept image (image_tree): no count fits
+                alone = None
+            if alone != [im.num_tokens for im in kept]:  # the count depended on the lost images
                 raise RecordError(
                     "untruncatable",
                     f"cutting to --max-length {self.max_length} drops images that decide how many tokens the "

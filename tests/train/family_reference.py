@@ -1,4 +1,4 @@
-"""Packed == unpacked for a vision family whose model takes its own image inputs (LLaVA-OneVision, Gemma 3).
+"""Packed == unpacked for a vision family whose model takes its own image inputs (Gemma 3).
 
 scripts/check_equivalence.py's reference runs Qwen2-VL's inputs; this one asks the family: every root-to-leaf
 path of every example runs alone (default attention, no packing) with ``path_inputs(tokens, images)`` — the
