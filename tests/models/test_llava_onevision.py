@@ -210,3 +210,21 @@ def test_an_image_tiled_on_one_path_and_not_on_another_is_refused(coco_images, t
     with pytest.raises(RecordError, match="tree node 0's image is the only image on one path") as e:
         Encoder(tok, get_profile("llava-onevision")).encode(parse_record(rec, path="t.jsonl", line=1, base_dir="/"))
     assert e.value.reason == "image_tree"
+
+
+def test_a_cut_that_leaves_paths_disagreeing_is_refused(coco_images, tok) -> None:
+    """A root image and one more on every path (all untiled); a cut inside the last branch's image leaves a
+    path holding only the root image, which the model would tile: untruncatable, not a wrong count."""
+    img = lambda k: {"type": "image", "image": str(coco_images[k])}  # noqa: E731
+    rec = {"messages": [_U(img(0), "Look."), _A("Ok.")],
+           "branches": [[_U(img(1), "And?"), _A("Two.")],
+                        {"messages": [_U("Go on."), _A("Sure.")],
+                         "branches": [[_U(img(2), "This?"), _A("Three.")], [_U(img(3), "That?"), _A("Four.")]]}]}
+    example = parse_record(rec, path="t.jsonl", line=1, base_dir="/")
+    profile = get_profile("llava-onevision")
+    full = Encoder(tok, profile).encode(example)
+    assert [im.grid_thw[0] for im in full.images] == [1, 1, 1, 1]
+    cut = Encoder(tok, profile, max_length=full.images[2].offset + 10, overlong="truncate")
+    with pytest.raises(RecordError, match="decide how many tokens") as e:
+        cut.encode(example)
+    assert e.value.reason == "untruncatable"
