@@ -120,6 +120,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--max-length", type=int, help="Pack capacity in tokens. [default: 4096]")
 @click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
 @click.option("--max-images", type=int, help="Image budget per pack.")
+@click.option("--max-videos", type=int, help="Video budget per pack.")
 @click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")

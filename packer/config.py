@@ -84,6 +84,8 @@ class BuildConfig:
     """Optional vision-token budget per pack."""
     max_images: int | None = None
     """Optional image-count budget per pack."""
+    max_videos: int | None = None
+    """Optional video-count budget per pack (each clip or frame list counts one)."""
     max_examples_per_pack: int | None = None
     """Optional cap on examples per pack."""
     algorithm: str = "bfd"
@@ -144,7 +146,7 @@ class BuildConfig:
             raise ConfigError("no input: give at least one JSONL file or a `sources:` list")
         if self.max_length < 1:
             raise ConfigError(f"'max_length' must be a positive integer, got {self.max_length}")
-        for name in ("max_vision_tokens", "max_images", "max_examples_per_pack", "min_pixels", "max_pixels"):
+        for name in ("max_vision_tokens", "max_images", "max_videos", "max_examples_per_pack", "min_pixels", "max_pixels"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
