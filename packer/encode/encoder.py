@@ -479,8 +479,12 @@ class Encoder:
                 if tokens is not None:  # the profile's own expansion (Qwen3-VL: timestamped frames)
                     spliced[p] = tokens
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
-        # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
-        image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
+        # the example's images together: a family's count may depend on the others on a path (LLaVA-OneVision)
+        is_image = ~np.array(is_video, dtype=bool)
+        image_plans = iter(self.profile.example_images(
+            [sizes[r] for r in refs if not isinstance(r, VideoRef)], node_parents=draft.node_parents,
+            image_nodes=np.searchsorted(draft.node_offsets, ref_pos[is_image], side="right") - 1,
+        ))
         grids, counts, entries = [], [], []  # counts: the tokens each placeholder becomes (a spliced video: its text)
         for ref, blocks, p in zip(refs, split, ref_pos.tolist(), strict=True):
             if isinstance(ref, VideoRef):
@@ -584,8 +588,15 @@ class Encoder:
                  if end - tail <= cut]  # each kept image's first block
         if 0 < len(kept) < len(draft.images):
             image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(whole)]
-            alone = self.profile.example_images([self.profile.image_size(r) for r in image_refs])
-            if [c for _, c in alone] != [im.num_tokens for im in whole]:  # the count depended on the lost images
+            starts = np.array([im.offset for im in whole])
+            try:
+                alone = [c for _, c in self.profile.example_images(
+                    [self.profile.image_size(r) for r in image_refs], node_parents=draft.node_parents[:keep_nodes],
+                    image_nodes=np.searchsorted(draft.node_offsets[:keep_nodes], starts, side="right") - 1,
+                )]
+            except RecordError:  # the cut tree's paths disagree on a kept image (image_tree): no count fits
+                alone = None
+            if alone != [im.num_tokens for im in whole]:  # the count depended on the lost images
                 raise RecordError(
                     "untruncatable",
                     f"cutting to --max-length {self.max_length} drops images that decide how many tokens the "

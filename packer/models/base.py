@@ -7,7 +7,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
              plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
-             example_images(sizes)               (grid, tokens) of one example's images (default: each alone)
+             example_images(sizes, ...)          (grid, tokens) of an example's images, by tree node (default: alone)
              image_blocks(w, h) -> ImageBlocks   an image written as several blocks with text between (crops)
              image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
              video_text(plan) -> str | None      what a video's placeholder becomes, if not repeated (Qwen3-VL)
@@ -121,11 +121,16 @@ class ModelProfile:
         """Vision tokens one image of this size becomes in the LLM sequence."""
         raise self._no_vision()
 
-    def example_images(self, sizes: list[tuple[int, int]]) -> list[tuple[tuple[int, int, int], int]]:
+    def example_images(
+        self, sizes: list[tuple[int, int]], *, image_nodes: np.ndarray | None = None,
+        node_parents: np.ndarray | None = None,
+    ) -> list[tuple[tuple[int, int, int], int]]:
         """(grid_thw, num_tokens) of each image of one example, in token order, from their (w, h) sizes.
 
-        Each image alone by default; a family whose rule looks at the example's other images overrides it
-        (LLaVA-OneVision tiles an image only when it is its example's one image).
+        ``image_nodes`` (I,) is each image's tree node and ``node_parents`` (N,) the example's tree (-1 at the
+        root); None for a linear example (one node). Each image alone by default; a family whose rule looks at
+        the other images of the example the model sees (one root-to-leaf path) overrides it: LLaVA-OneVision
+        tiles an image only when it is its path's one image.
         """
         return [(self.grid_thw(w, h), self.num_tokens(w, h)) for w, h in sizes]
 
