@@ -349,7 +349,10 @@ def _runs(ids: np.ndarray, token_id: int | None) -> tuple[np.ndarray, np.ndarray
     """(starts, ends) of the maximal runs of ``token_id`` in ``ids`` (none for a None id)."""
     if token_id is None:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    edges = np.diff(np.concatenate([[False], ids == token_id, [False]]).astype(np.int8))
+    hits = ids == token_id
+    if not hits.any():  # the usual case for the video token: one pass, no edges to find
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    edges = np.diff(np.concatenate([[False], hits, [False]]).astype(np.int8))
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
