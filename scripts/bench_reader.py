@@ -2,10 +2,14 @@
 
 Text: a synthetic shard set of real token ids (COCO captions tokenized with the qwen2-vl tokenizer, so
 zstd sees realistic data), written by packer's own writer. Images: an existing image build (e.g. the COCO
-demo) read with pixel decoding by the profile's HF image processor.
+demo) read with pixel decoding by the profile's HF image processor. Videos (``--videos N``): N H.264 clips
+written with PyAV (a moving 640x480 window over COCO photos, 30 fps), built with each ``--video-profiles``
+profile at qwen-vl-utils' defaults (2 fps), and read back: sampled frames decoded (PyAV, only the planned
+ones) and turned into ``pixel_values_videos`` per worker, with the time split between the two.
 
     python scripts/bench_reader.py --rows 2000 --row-tokens 8192
     python scripts/bench_reader.py --image-data demo_out/caption_trees
+    python scripts/bench_reader.py --rows 0 --videos 8 --video-seconds 10
 """
 
 from __future__ import annotations
@@ -94,6 +98,71 @@ def time_reader(path: Path, *, load_images: bool, limit: int | None = None) -> d
             "tokens_per_s": tokens / dt, "rows_per_s": rows / dt, "images_per_s": images / dt}
 
 
+def write_video_corpus(root: Path, coco: Path, *, videos: int, seconds: float, fps: int = 30) -> Path:
+    """``videos`` clips of 640x480 at ``fps`` (a window panning over a COCO photo, a new photo every 2 s) and a
+    JSONL of one question per clip; returns the JSONL."""
+    import av
+    from PIL import Image
+
+    photos = sorted((coco / "val2017").glob("*.jpg"))
+    root.mkdir(parents=True, exist_ok=True)
+    records = []
+    for v in range(videos):
+        path = root / f"clip{v}.mp4"
+        with av.open(str(path), "w") as out:
+            stream = out.add_stream("libx264", rate=fps)
+            stream.width, stream.height, stream.pix_fmt = 640, 480, "yuv420p"
+            for i in range(int(seconds * fps)):
+                if i % (2 * fps) == 0:  # a new photo, 800x600, panned across by the 640x480 window
+                    photo = np.asarray(Image.open(photos[(v * 7 + i // (2 * fps)) % len(photos)]).convert("RGB")
+                                       .resize((800, 600), Image.BICUBIC))
+                x, y = (i * 3) % 160, (i * 2) % 120
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(photo[y : y + 480, x : x + 640]), format="rgb24")
+                for packet in stream.encode(frame):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+        records.append({"messages": [{"role": "user", "content": [{"type": "video", "video": path.name},
+                                                                  {"type": "text", "text": "What happens?"}]},
+                                     {"role": "assistant", "content": "A slow pan over a photo."}]})
+    data = root / "videos.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return data
+
+
+def time_videos(path: Path) -> dict[str, float]:
+    """One worker reading video rows: frames decoded (the planned ones only) and the whole collate, timed."""
+    from packer.media import video as media
+
+    decode_s = 0.0
+    real_decode = media.decode_frames
+
+    def timed_decode(*args, **kwargs):  # the reader's only decoding call, timed in place
+        nonlocal decode_s
+        t = time.perf_counter()
+        try:
+            return real_decode(*args, **kwargs)
+        finally:
+            decode_s += time.perf_counter() - t
+
+    media.decode_frames = timed_decode
+    try:
+        ds = PackedDataset(path, shuffle=False, load_images=True)
+        t0 = time.perf_counter()
+        frames = videos = rows = patches = 0
+        for row in ds:
+            batch = collate([row])
+            frames += sum(len(v["frame_indices"]) for v in row["videos"])
+            videos += len(row["videos"])
+            patches += int(batch["pixel_values_videos"].shape[0]) if "pixel_values_videos" in batch else 0
+            rows += 1
+        dt = time.perf_counter() - t0
+    finally:
+        media.decode_frames = real_decode
+    return {"rows": rows, "videos": videos, "frames": frames, "patches": patches, "seconds": dt,
+            "frames_per_s": frames / dt, "decode_share": decode_s / dt, "decode_frames_per_s": frames / decode_s}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2000)
@@ -101,8 +170,27 @@ def main() -> None:
     ap.add_argument("--coco", type=Path, default=Path(os.environ.get("PACKER_SHARED", "../shared")) / "data" / "coco-mini")
     ap.add_argument("--image-data", type=Path, help="an image build to time with pixel decoding")
     ap.add_argument("--repeat", type=int, default=3, help="text passes; the best is reported")
+    ap.add_argument("--videos", type=int, default=0, help="video clips to write, build and read (0: none)")
+    ap.add_argument("--video-seconds", type=float, default=10.0)
+    ap.add_argument("--video-profiles", nargs="+", default=["qwen2-vl", "qwen3-vl"])
     args = ap.parse_args()
 
+    if args.videos:
+        from packer.pipeline.build import build
+
+        with tempfile.TemporaryDirectory() as tmp:
+            data = write_video_corpus(Path(tmp) / "clips", args.coco, videos=args.videos, seconds=args.video_seconds)
+            for profile in args.video_profiles:
+                out = Path(tmp) / profile
+                build(BuildConfig.from_inputs([str(data)], str(out), profile=profile, max_length=32768), progress=False)
+                r = time_videos(out)
+                print(json.dumps({"profile": profile, **{k: round(v, 3) if isinstance(v, float) else v
+                                                        for k, v in r.items()}}))
+                print(f"{profile}: {r['frames_per_s']:.1f} sampled frames/s per worker end to end "
+                      f"({r['videos']} clips of {args.video_seconds:g} s, {r['frames']} frames, {r['patches']} patches); "
+                      f"decoding alone {r['decode_frames_per_s']:.1f} frames/s, {100 * r['decode_share']:.0f}% of the time")
+    if args.rows <= 0:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "text"
         total = write_text_shards(root, caption_token_pool(args.coco), args.rows, args.row_tokens)

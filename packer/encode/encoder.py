@@ -86,6 +86,7 @@ class _Draft:
     refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
     images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
+    video_spans: list[int] = field(default_factory=list)  # tokens each video's expansion spans (Qwen3-VL: > num_tokens)
 
 
 class Encoder:
@@ -421,17 +422,24 @@ class Encoder:
         repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
         sizes: dict[ImageRef, tuple[int, int]] = {}
         plans: dict[VideoRef, Any] = {}
-        for ref in refs:
+        spliced: dict[int, np.ndarray] = {}  # placeholder position -> the video's own tokens (Qwen3-VL)
+        for ref, p in zip(refs, pos.tolist(), strict=True):
             if isinstance(ref, VideoRef):
                 if ref not in plans:  # a tree's shared clip is planned once
                     plans[ref] = self.profile.plan_video(ref)
+                tokens = self._video_tokens(plans[ref], draft.ids, p)
+                if tokens is not None:  # the profile's own expansion (Qwen3-VL: timestamped frames)
+                    spliced[p] = tokens
             elif ref not in sizes:  # a tree's shared image is measured once
                 sizes[ref] = self.profile.image_size(ref)
         # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
         image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
-        grids, counts = [], []
-        for ref in refs:
-            g, c = (plans[ref].grid_thw, plans[ref].num_tokens) if isinstance(ref, VideoRef) else next(image_plans)
+        grids, counts = [], []  # counts: the tokens each placeholder becomes (a spliced video: its whole text)
+        for ref, p in zip(refs, pos.tolist(), strict=True):
+            if isinstance(ref, VideoRef):
+                g, c = plans[ref].grid_thw, plans[ref].num_tokens if p not in spliced else spliced[p].shape[0]
+            else:
+                g, c = next(image_plans)
             grids.append(g)
             counts.append(c)
         wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
@@ -439,11 +447,12 @@ class Encoder:
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
         labels = draft.labels.copy()
         labels[pos] = IGNORE_INDEX
-        draft.images, draft.videos = [], []
+        draft.images, draft.videos, draft.video_spans = [], [], []
         for ref, g, c, p in zip(refs, grids, counts, pos, strict=True):
             grid, offset = tuple(int(x) for x in g), int(new_index[p])
             if isinstance(ref, VideoRef):
                 draft.videos.append(_encoded_video(ref, plans[ref], offset=offset))
+                draft.video_spans.append(int(c))
             else:
                 draft.images.append(EncodedImage(
                     source=ref.path if ref.data is None else "", data=ref.data, grid_thw=grid, offset=offset + wrap,
@@ -453,6 +462,8 @@ class Encoder:
         if self.profile.expanded_images:  # Molmo2: the run is the image's own layout of several tokens
             for im in draft.images:
                 draft.ids[im.offset : im.offset + im.num_tokens] = self._image_run(im.grid_thw)
+        for p, tokens in spliced.items():
+            draft.ids[new_index[p] : new_index[p] + tokens.shape[0]] = tokens
         draft.labels = np.repeat(labels, repeats)
         if wrap:
             starts = new_index[pos]
@@ -468,14 +479,34 @@ class Encoder:
             self._image_runs[grid] = np.array([ids[name] for name in names], dtype=np.int32)
         return self._image_runs[grid]
 
+    def _video_tokens(self, plan, ids: np.ndarray, p: int) -> np.ndarray | None:
+        """The tokens a video's placeholder at ``p`` becomes where the profile writes its own text for it
+        (``ModelProfile.video_text``), else None (the placeholder repeated ``num_tokens`` times).
+
+        The text is tokenized alone, which equals tokenizing it in place only where a special token precedes
+        it: the template's <|vision_start|> (Qwen3-VL's timestamps are text, and BPE would merge a "<" with a
+        preceding space or punctuation), so anything else is refused."""
+        text = self.profile.video_text(plan)
+        if text is None:
+            return None
+        if p == 0 or self.vision_start_id is None or ids[p - 1] != self.vision_start_id:
+            raise RecordError(
+                "template_error",
+                f"the chat template must put {self.profile.vision_start!r} right before each "
+                f"{self.profile.video_token!r} (the video's timestamps are tokenized after it)",
+            )
+        return np.asarray(self._backend.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
     def _truncate(self, draft: _Draft) -> None:
         """Keep the first max_length tokens (depth-first layout), cutting before an image or video, never
         inside."""
         cut = self.max_length
         tail = int(self.profile.processor_wraps_images)  # the image's </img> stays with it
-        for im in [*draft.images, *draft.videos]:
-            if im.offset < cut < im.offset + im.num_tokens + tail:
-                cut = im.offset
+        spans = [(im.offset, im.num_tokens + tail) for im in draft.images]
+        spans += [(v.offset, n) for v, n in zip(draft.videos, draft.video_spans, strict=True)]
+        for offset, n in spans:
+            if offset < cut < offset + n:
+                cut = offset
                 break
         if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:
             cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
@@ -498,7 +529,8 @@ class Encoder:
                     f"kept ones take (profile {self.profile.name!r}); raise --max-length or use --overlong drop",
                 )
         draft.images = kept
-        draft.videos = [v for v in draft.videos if v.offset + v.num_tokens <= cut]
+        kept_videos = [(v, n) for v, n in zip(draft.videos, draft.video_spans, strict=True) if v.offset + n <= cut]
+        draft.videos, draft.video_spans = [v for v, _ in kept_videos], [n for _, n in kept_videos]
         draft.ids, draft.labels = draft.ids[:cut], labels
         draft.node_offsets = draft.node_offsets[:keep_nodes]
         draft.node_parents = draft.node_parents[:keep_nodes]

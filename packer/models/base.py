@@ -9,6 +9,7 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
              example_images(sizes)               (grid, tokens) of one example's images (default: each alone)
              image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
+             video_text(plan) -> str | None      what a video's placeholder becomes, if not repeated (Qwen3-VL)
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
     read     pixel_values(refs) -> {key: Tensor} the model's image inputs (torch imported lazily)
              pixel_inputs(refs, grids)           the same for collate, which also has the stored grids
@@ -66,6 +67,8 @@ class ModelProfile:
     expanded_images: ClassVar[bool] = False
     """True when an image becomes ``image_token_names(grid)`` (several kinds of token, Molmo2), not
     ``image_token`` repeated; the placeholder then never appears in a row."""
+    timestamped_video: ClassVar[bool] = False
+    """True when each temporal patch of a video is a run of its own among text (Qwen3-VL's timestamps)."""
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
@@ -123,6 +126,12 @@ class ModelProfile:
     def check_image_nodes(self, node_parents: np.ndarray, image_nodes: list[int]) -> None:
         """Refuse (RecordError) a tree whose images, in nodes ``image_nodes``, this model cannot pack
         exactly; any layout is fine unless images attend to each other across nodes (Molmo2)."""
+
+    def video_text(self, plan: VideoPlan) -> str | None:
+        """The text a video's placeholder token becomes, where the family writes more than the placeholder
+        repeated ``plan.num_tokens`` times (Qwen3-VL: a timestamp and start/end tokens around each temporal
+        patch); None for the repeat."""
+        return None
 
     def extra_positions(
         self,

@@ -24,14 +24,20 @@ What changes from Qwen2-VL (transformers 5.23.0), and what does not:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
+from packer.core.types import EncodedVideo
 from packer.models.qwen_video import HALF_MEAN, HALF_STD
-from packer.models.qwen_vl import QwenVLProfile
+from packer.models.qwen_vl import QwenVLProfile, mrope_position_ids
 
 if TYPE_CHECKING:
     import torch
+
+    from packer.media.video import VideoPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +59,41 @@ class Qwen3VLProfile(QwenVLProfile):
     image_mean: ClassVar[tuple[float, ...]] = HALF_MEAN
     """The processor's normalization mean (images and videos alike)."""
     image_std: ClassVar[tuple[float, ...]] = HALF_STD
+
+    timestamped_video: ClassVar[bool] = True
+    """Each temporal patch of a video is its own run of video tokens behind a timestamp (verify splits them)."""
+
+    def video_text(self, plan: VideoPlan) -> str:
+        """``<{t:.1f} seconds><|vision_start|>`` + pad * (h*w/4) + ``<|vision_end|>`` per temporal patch: what
+        transformers 5.23.0's ``Qwen3VLProcessor.replace_video_token`` substitutes for the ``<|video_pad|>``
+        (processing_qwen3_vl.py:75-103), t the mean time of the patch's first and last frame."""
+        from packer.media.video import qwen3_video_text
+
+        return qwen3_video_text(
+            plan, video_token=self.video_token, vision_start=self.vision_start, vision_end=self.vision_end
+        )
+
+    def extra_positions(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        grids: list[tuple[int, int, int]],
+        *,
+        token_ids: dict[str, int | None],
+        videos: Sequence[EncodedVideo] = (),
+    ) -> np.ndarray:
+        """Qwen2-VL's rule, each temporal patch of a video a (1, h, w) run of its own: ``get_rope_index`` splits
+        ``video_grid_thw`` by frames (``repeat_interleave``, t = 1) and the timestamps between them are text."""
+        if not videos:
+            return super().extra_positions(ids, positions, node_offsets, node_parents, grids, token_ids=token_ids)
+        frames = [(1, h, w) for v in videos for _ in range(v.grid_thw[0]) for h, w in [v.grid_thw[1:]]]
+        return mrope_position_ids(
+            ids, node_offsets, node_parents, grids, image_token_id=token_ids["image_token"],
+            spatial_merge_size=self.merge_size, video_token_id=token_ids["video_token"], video_grids=frames,
+            video_intervals=[1.0] * len(frames),
+        )
 
     def make_image_processor(self) -> Any:
         # The PIL backend, as transformers picks it for qwen3_vl without torchvision (image_processing_auto.py).

@@ -126,9 +126,6 @@ class QwenVLProfile(ModelProfile):
         """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""
         from packer.media import video as media
 
-        if self.video_family().timestamps:  # Qwen3-VL renders "<t seconds>" text and start/end tokens per patch
-            raise ConfigError(f"profile {self.name!r} does not take videos yet (its per-frame timestamps are not "
-                              "rendered); use qwen2-vl or qwen2.5-vl for video")
         request = media.VideoRequest.from_part(dict(video.options))
         if video.frames:
             return media.plan_frame_list(media.probe_frame_list(video.frames), request, self.video_family())

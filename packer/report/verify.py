@@ -321,13 +321,17 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
 
     # --- images, then videos: one contiguous run of their tokens each, in order, inside one example
     spans = {}
+    vid_off, vid = d.vid_off, d.vid
+    if lim.profile.timestamped_video and len(vid["offset"]):  # Qwen3-VL: the spans are the temporal patches
+        vid_off, vid = _frame_spans(d, lim.video_token_id)
     for what, lists, fields, token_id in (("image", d.img_off, d.img, lim.image_token_id),
-                                          ("video", d.vid_off, d.vid, lim.video_token_id)):
+                                          ("video", vid_off, vid, lim.video_token_id)):
         spans[what] = _check_spans(d, lim, check, what, lists, fields, token_id, g_starts, g_off)
     if len(d.vid["offset"]):
-        _, _, vid_grids = spans["video"]
+        vid_grids = np.stack([d.vid["grid_t"], d.vid["grid_h"], d.vid["grid_w"]], axis=1)
         sizes = np.stack([d.vid["height"], d.vid["width"]], axis=1)
         faults = lim.profile.video_faults(vid_grids, sizes, d.vid["num_frames"])
+        faults |= lim.profile.grid_num_tokens(vid_grids) != d.vid["num_tokens"]
         faults |= ~(d.vid["second_per_grid_t"] > 0)
         check(_rows_with(faults, _row_of(d.vid_off), d.R), "video plan",
               lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
@@ -342,12 +346,35 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         img_starts = (row_base[_row_of(d.img_off)] + d.img["offset"])[img_sel]
         videos = {}
         if vid_sel.any():
-            videos = dict(video_offsets=(row_base[_row_of(d.vid_off)] + d.vid["offset"])[vid_sel],
-                          video_grids=vid_grids[vid_sel], video_seconds=d.vid["second_per_grid_t"][vid_sel])
+            videos = dict(video_offsets=(row_base[_row_of(vid_off)] + vid["offset"])[vid_sel],
+                          video_grids=vid_grids[vid_sel], video_seconds=vid["second_per_grid_t"][vid_sel])
         want = lim.profile.expected_extra_positions(L, g_off, g_par, img_starts, img_grids[img_sel], **videos)
         bad = (got != want).any(axis=0) & tok_ok
         check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
               lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
+
+
+def _frame_spans(d: _Rows, token_id: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Qwen3-VL's videos as spans of their temporal patches: (list offsets per row, fields), each patch a
+    (1, h, w) span over the k-th run of video tokens from its video's offset (its timestamp and start/end
+    tokens lie between the runs). A video whose runs are missing gets offset -1 (a bad span)."""
+    row_base = d.tok_off[:-1]
+    row_of_vid = _row_of(d.vid_off)
+    t = d.vid["grid_t"]
+    edges = np.diff(np.concatenate([[0], (d.ids == token_id).astype(np.int8), [0]]))
+    runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
+    first = np.searchsorted(runs, row_base[row_of_vid] + d.vid["offset"])  # (V,) each video's first run
+    video_of = np.repeat(np.arange(len(t)), np.maximum(t, 0))  # (F,) the video of each patch
+    run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, np.maximum(t, 0))
+    found = run < len(runs)
+    flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
+    offset = np.where(found, flat - row_base[row_of_vid[video_of]], -1)
+    grid_h, grid_w = d.vid["grid_h"][video_of], d.vid["grid_w"][video_of]
+    fields = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
+              "num_tokens": d.vid["num_tokens"][video_of] // np.maximum(t[video_of], 1),
+              "second_per_grid_t": d.vid["second_per_grid_t"][video_of]}
+    per_row = np.bincount(row_of_vid, weights=t, minlength=d.R).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(per_row)]), fields
 
 
 def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fields: dict[str, np.ndarray],
