@@ -396,6 +396,8 @@ def mrope_position_ids(
         (video_token_id, video_grids, video_intervals, "video"),
     ):
         starts_k, ends_k = _runs(ids, token_id)
+        if starts_k.shape[0] == 0 and len(grids_in) == 0:
+            continue  # none named, none found (the video kind of an image example)
         grids = np.asarray(grids_in, dtype=np.int64).reshape(-1, 3)
         counts = grids[:, 0] * (grids[:, 1] // spatial_merge_size) * (grids[:, 2] // spatial_merge_size)
         if starts_k.shape[0] != grids.shape[0] or (ends_k - starts_k != counts).any():

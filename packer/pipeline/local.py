@@ -87,6 +87,7 @@ class LocalExecutor:
         shard is a pure function of its range.
         """
         if self.num_proc == 1 or len(ranges) <= 1:
+            self.close()  # the workers' memory is free before this process gathers a shard
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
@@ -124,6 +125,24 @@ def _encode_task(args: tuple[Chunk, EncodeCache, BuildConfig, Hooks, str]) -> Ch
     return encode_chunk(chunk, encoder=_encoder(encoder_file), cache=cache, config=config, hooks=hooks)
 
 
+def _drop_encoder() -> None:
+    """Free this worker's encoder (~160 MiB resident, the Rust tokenizer's tables) before it writes shards:
+    the write stage needs none, and its gathered rows are the peak. ``malloc_trim`` hands the freed heap back
+    to the system (glibc keeps it otherwise); elsewhere the memory is only reused."""
+    if _WORKER.pop("encoder", None) is None:
+        return
+    _WORKER.pop("encoder_file", None)
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _write_task(args: tuple[ShardRange, EncodeCache, BuildConfig, Hooks]) -> list[dict[str, Any]]:
     shards, cache, config, hooks = args
+    _drop_encoder()
     return write_shard_range(shards, cache=cache, config=config, hooks=hooks)
