@@ -120,6 +120,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--max-length", type=int, help="Pack capacity in tokens. [default: 4096]")
 @click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
 @click.option("--max-images", type=int, help="Image budget per pack.")
+@click.option("--max-videos", type=int, help="Video budget per pack.")
 @click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
@@ -136,6 +137,9 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--image-token", help="The tokenizer's image placeholder token, e.g. '<image>' for LLaVA tokenizers.")
 @click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
 @click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
+@click.option("--profile-option", "profile_option", multiple=True, metavar="KEY=VALUE",
+              help="Set one of the profile's settings, e.g. max_tiles=6 (internvl), do_pan_and_scan=true (gemma3); "
+                   "repeatable. The value is read as a bool, int, float or string.")
 @click.option("--seed", type=int, help="Seed of the pack shuffle and of source sampling. [default: 0]")
 @click.option("--num-proc", type=int, help="Encoding processes (the local executor). [default: 1]")
 @click.option("--executor", type=click.Choice(EXECUTORS),
@@ -168,10 +172,13 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
       packer build llava-snapshot/ -o out/ --columns conversations=dialog,image=picture
       packer build '/shared/data/*.jsonl' -o /shared/out --executor ray --ray-address auto
     """
-    from packer.config import BuildConfig
+    from packer.config import BuildConfig, parse_profile_options
     from packer.pipeline.build import build as run_build
 
+    profile_option = options.pop("profile_option")
     overrides = {k: v for k, v in options.items() if v is not None}
+    if profile_option:
+        overrides["profile_options"] = parse_profile_options(profile_option)
     if output:
         overrides["output"] = output
     source_list = _source_option(sources)

@@ -84,6 +84,8 @@ class BuildConfig:
     """Optional vision-token budget per pack."""
     max_images: int | None = None
     """Optional image-count budget per pack."""
+    max_videos: int | None = None
+    """Optional video-count budget per pack (each clip or frame list counts one)."""
     max_examples_per_pack: int | None = None
     """Optional cap on examples per pack."""
     algorithm: str = "bfd"
@@ -113,6 +115,10 @@ class BuildConfig:
     """Override the profile's min_pixels (Qwen2-VL smart resize)."""
     max_pixels: int | None = None
     """Override the profile's max_pixels (Qwen2-VL smart resize)."""
+    profile_options: dict[str, Any] | None = None
+    """Family settings beyond the ones above, by the profile's names (its ``overridable``), e.g. InternVL's
+    ``{"max_tiles": 6}`` or Gemma 3's ``{"do_pan_and_scan": true}``; YAML takes a mapping, the CLI
+    ``--profile-option KEY=VALUE`` (repeatable). Stored in the manifest, so the reader rebuilds the profile."""
     seed: int = 0
     """Seed of the pack shuffle and of source down-sampling."""
     num_proc: int = 1
@@ -144,7 +150,7 @@ class BuildConfig:
             raise ConfigError("no input: give at least one JSONL file or a `sources:` list")
         if self.max_length < 1:
             raise ConfigError(f"'max_length' must be a positive integer, got {self.max_length}")
-        for name in ("max_vision_tokens", "max_images", "max_examples_per_pack", "min_pixels", "max_pixels"):
+        for name in ("max_vision_tokens", "max_images", "max_videos", "max_examples_per_pack", "min_pixels", "max_pixels"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
@@ -173,6 +179,8 @@ class BuildConfig:
                 raise ConfigError(f"'columns' maps packer fields to column names (strings), got {bad}")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ConfigError(f"'max_reject_fraction' must be in [0, 1], got {self.max_reject_fraction}")
+        if self.profile_options is not None:
+            _check_profile_options(self)
 
     @classmethod
     def from_inputs(cls, inputs: list[str] | tuple[str, ...], output: str, **options: Any) -> BuildConfig:
@@ -182,7 +190,10 @@ class BuildConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], **overrides: Any) -> BuildConfig:
         """Build from a YAML/JSON mapping; ``overrides`` (CLI options that were given) win."""
-        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if isinstance(data.get("profile_options"), dict) and isinstance(given.get("profile_options"), dict):
+            given["profile_options"] = {**data["profile_options"], **given["profile_options"]}  # per key
+        data = {**data, **given}
         if isinstance(data.get("columns"), str):
             data["columns"] = parse_columns(data["columns"])
         known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
@@ -234,6 +245,8 @@ class BuildConfig:
         """The effective config, JSON-serialisable (stored in the manifest), less ``storage_options``."""
         d = dataclasses.asdict(self)
         del d["storage_options"]
+        if d["profile_options"] is None:  # unset: the manifest and fingerprint of a build stay as before it existed
+            del d["profile_options"]
         d["sources"] = [{**s, "paths": list(s["paths"])} for s in d["sources"]]
         return d
 
@@ -273,6 +286,52 @@ def parse_columns(text: str) -> dict[str, str]:
     return out
 
 
+def parse_profile_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["max_tiles=6", "do_pan_and_scan=true"]`` -> ``{"max_tiles": 6, "do_pan_and_scan": True}``: each value
+    read as a bool (true/false), an int, a float, else kept as the string (as YAML would read it)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"'profile_options': {item!r} is not KEY=VALUE (e.g. max_tiles=6)")
+        out[key.strip()] = _scalar(text.strip())
+    return out
+
+
+def _scalar(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _check_profile_options(config: BuildConfig) -> None:
+    """ConfigError unless every key of ``profile_options`` is a setting the profile lets a build change, with
+    a value of that setting's type, and is not also given as its own config key."""
+    profile = get_profile(config.profile)
+    options = config.profile_options or {}
+    unknown = sorted(k for k in options if not isinstance(k, str) or k not in profile.overridable)
+    if unknown:
+        raise ConfigError(f"'profile_options': profile {config.profile!r} has no setting {unknown}; it takes "
+                          f"{', '.join(profile.overridable)}")
+    hints = typing.get_type_hints(type(profile))
+    for key, value in options.items():
+        if not _type_ok(value, hints[key]):
+            expected = str(hints[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise ConfigError(f"'profile_options': {key!r} of profile {config.profile!r} must be {expected}, "
+                              f"got {value!r}")
+        if key in _OWN_KEYS and getattr(config, key) is not None:
+            raise ConfigError(f"'{key}' is set both as its own key and in 'profile_options'; set it once")
+    get_profile(config.profile, **config.profile_overrides())  # the family's own checks (Gemma 3's sizes)
+
+
+_OWN_KEYS = ("min_pixels", "max_pixels", "image_token")  # profile settings with a config key of their own
+
+
 def profile_overrides(config: dict[str, Any]) -> dict[str, Any]:
     """Vision-profile overrides from a config mapping (a manifest's stored config too)."""
-    return {k: config.get(k) for k in ("min_pixels", "max_pixels", "image_token")}
+    return {**{k: config.get(k) for k in _OWN_KEYS}, **(config.get("profile_options") or {})}

@@ -23,7 +23,8 @@ REJECT_REASONS: dict[str, str] = {
     "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
     "template_error": "the chat template failed or is not prefix-stable for this record",
     "image_tree": "a tree node with images is shared by branches that hold images of their own, which a model "
-    "attending all of a sequence's images as one block (Molmo2) would see differently per branch",
+    "attending all of a sequence's images as one block (Molmo2) would see differently per branch, or by branches "
+    "that disagree on whether it is their only image, which LLaVA-OneVision tiles only then",
     "no_loss_tokens": "the example has no token that contributes to the loss",
     "overlong": "the example is longer than --max-length (with --overlong drop)",
     "untruncatable": "the example cannot be truncated without cutting an image or losing all loss tokens",

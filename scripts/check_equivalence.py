@@ -317,12 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=1024, help="pack capacity in tokens")
     parser.add_argument("--max-pixels", type=int, default=56 * 56 * 4,
                         help="small images keep it fast (profiles with a max_pixels setting)")
+    parser.add_argument("--profile-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a profile setting, as `packer build --profile-option` (e.g. do_pan_and_scan=true)")
     parser.add_argument("--max-batches", type=int, default=4, help="rows checked (each row is one batch)")
     parser.add_argument("--out", help="shard directory (default: a temporary one)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is fastest)")
     args = parser.parse_args(argv)
 
-    from packer.config import BuildConfig
+    from packer.config import BuildConfig, parse_profile_options
     from packer.encode.tokenizers import load_tokenizer
     from packer.pipeline.build import build
     from packer.train.collate import collate
@@ -336,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     options: dict[str, Any] = {"profile": args.model, "tokenizer": args.tokenizer}
     if "max_pixels" in profile.overridable:
         options["max_pixels"] = args.max_pixels
+    if args.profile_option:
+        options["profile_options"] = parse_profile_options(args.profile_option)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or str(Path(tmp) / "shards")
         config = BuildConfig.from_inputs([args.data], out, max_length=args.max_length, overwrite=True, **options)

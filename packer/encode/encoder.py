@@ -85,6 +85,7 @@ class _Draft:
     node_parents: np.ndarray  # (N,) int32, -1 for the root
     refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
     images: list[EncodedImage] = field(default_factory=list)  # set by _expand_images (and cut by _truncate)
+    blocks: list[int] = field(default_factory=list)  # entries of `images` per image named (ImageBlocks), in order
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
     video_spans: list[int] = field(default_factory=list)  # tokens each video's expansion spans (Qwen3-VL: > num_tokens)
 
@@ -226,9 +227,47 @@ class Encoder:
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else []) + node.messages)
         located = [self._chat.locate(p, tools=example.tools) for p in paths]
+        if self.profile.splits_images:
+            located = [self._split_images(text, spans, p) for (text, spans), p in zip(located, paths, strict=True)]
         return _Staged(
             texts=[text for text, _ in located], nodes=nodes, parents=parents, spans=[sp for _, sp in located]
         )
+
+    def _split_images(self, text: str, spans: list[Span], path: list) -> tuple[str, list[Span]]:
+        """The rendering with each image the profile splits into blocks written as its processor writes it
+        (``ModelProfile.image_blocks``: Gemma 3's crops), and the message spans moved to match."""
+        token = self.profile.image_token
+        pieces, shifts, at, start = [], [], 0, 0
+        for ref in (p for m in path for p in m.parts if isinstance(p, ImageRef)):
+            at = text.find(token, at)
+            if at < 0:
+                return text, spans  # fewer image tokens than images: _check_image_tokens says so
+            blocks = self.profile.image_blocks(*self.profile.image_size(ref))
+            if blocks is not None:
+                a = at - blocks.rendered.index(token)
+                if text[a : a + len(blocks.rendered)] != blocks.rendered:
+                    raise RecordError(
+                        "template_error",
+                        f"profile {self.profile.name!r} writes this image as blocks, and needs the chat template "
+                        f"to write an image as {blocks.rendered!r} (the builtin {self.profile.default_tokenizer} "
+                        "template does)",
+                    )
+                pieces += [text[start:a], blocks.text]
+                start = a + len(blocks.rendered)
+                shifts.append((start, len(blocks.text) - len(blocks.rendered)))
+            at += len(token)
+        if not shifts:
+            return text, spans
+        ends = np.array([e for e, _ in shifts])
+        moved = np.cumsum([d for _, d in shifts])
+
+        def move(c: int | None) -> int | None:  # a position at or after a replaced rendering's end moves
+            if c is None:
+                return None
+            k = int(np.searchsorted(ends, c, side="right"))
+            return c + int(moved[k - 1]) if k else c
+
+        return "".join([*pieces, text[start:]]), [(move(a), move(b), move(c)) for a, b, c in spans]
 
     # ------------------------------------------------------------------ finish
 
@@ -376,6 +415,8 @@ class Encoder:
         if not any(images) and (self.image_token_id is None or not (ids == self.image_token_id).any()):
             return  # the common text-only case: nothing to count
         want = np.array([len(r) for r in images], dtype=np.int64)
+        if self.profile.splits_images:  # an image written as blocks holds one image token per block
+            images = [[b for r in node for b in self._blocks_of(r)] for node in images]
         if self.image_token_id is None:
             if want.any():
                 raise RecordError(
@@ -413,35 +454,52 @@ class Encoder:
         placeholders = draft.ids == self.image_token_id
         if self.video_token_id is not None:
             placeholders |= draft.ids == self.video_token_id
-        pos = np.flatnonzero(placeholders)  # (I + V,) one per image or video, in order (counted above)
-        is_video = [isinstance(r, VideoRef) for r in refs]
-        if self.video_token_id is not None and (
-            (draft.ids[pos] == self.video_token_id).tolist() != is_video
-        ):
-            raise RecordError("template_error", "the chat template put the images and videos out of their order")
-        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
+        pos = np.flatnonzero(placeholders)  # one per image or video (per block of a split image), in order
         sizes: dict[ImageRef, tuple[int, int]] = {}
         plans: dict[VideoRef, Any] = {}
-        spliced: dict[int, np.ndarray] = {}  # placeholder position -> the video's own tokens (Qwen3-VL)
-        for ref, p in zip(refs, pos.tolist(), strict=True):
+        for ref in refs:
             if isinstance(ref, VideoRef):
                 if ref not in plans:  # a tree's shared clip is planned once
                     plans[ref] = self.profile.plan_video(ref)
+            elif ref not in sizes:  # a tree's shared image is measured once
+                sizes[ref] = self.profile.image_size(ref)
+        split = [self.profile.image_blocks(*sizes[r]) if r in sizes and self.profile.splits_images else None
+                 for r in refs]  # ImageBlocks of an image written as several blocks (_split_images), else None
+        draft.blocks = [1 if b is None else len(b.grids) for r, b in zip(refs, split, strict=True) if r in sizes]
+        ref_pos = pos[np.cumsum([0] + [1 if b is None else len(b.grids) for b in split])[:-1]]  # each ref's first
+        is_video = [isinstance(r, VideoRef) for r in refs]
+        if self.video_token_id is not None and (
+            (draft.ids[ref_pos] == self.video_token_id).tolist() != is_video
+        ):
+            raise RecordError("template_error", "the chat template put the images and videos out of their order")
+        spliced: dict[int, np.ndarray] = {}  # placeholder position -> the video's own tokens (Qwen3-VL)
+        for ref, p in zip(refs, ref_pos.tolist(), strict=True):
+            if isinstance(ref, VideoRef):
                 tokens = self._video_tokens(plans[ref], draft.ids, p)
                 if tokens is not None:  # the profile's own expansion (Qwen3-VL: timestamped frames)
                     spliced[p] = tokens
-            elif ref not in sizes:  # a tree's shared image is measured once
-                sizes[ref] = self.profile.image_size(ref)
-        # the example's images together: a family's count may depend on the others (LLaVA-OneVision)
-        image_plans = iter(self.profile.example_images([sizes[r] for r in refs if not isinstance(r, VideoRef)]))
-        grids, counts = [], []  # counts: the tokens each placeholder becomes (a spliced video: its whole text)
-        for ref, p in zip(refs, pos.tolist(), strict=True):
+        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
+        # the example's images together: a family's count may depend on the others on a path (LLaVA-OneVision)
+        is_image = ~np.array(is_video, dtype=bool)
+        image_plans = iter(self.profile.example_images(
+            [sizes[r] for r in refs if not isinstance(r, VideoRef)], node_parents=draft.node_parents,
+            image_nodes=np.searchsorted(draft.node_offsets, ref_pos[is_image], side="right") - 1,
+        ))
+        grids, counts, entries = [], [], []  # counts: the tokens each placeholder becomes (a spliced video: its text)
+        for ref, blocks, p in zip(refs, split, ref_pos.tolist(), strict=True):
             if isinstance(ref, VideoRef):
                 g, c = plans[ref].grid_thw, plans[ref].num_tokens if p not in spliced else spliced[p].shape[0]
             else:
                 g, c = next(image_plans)
-            grids.append(g)
-            counts.append(c)
+            if blocks is None:
+                grids.append(g)
+                counts.append(c)
+                entries.append(ref)
+            else:  # one entry per block, each its own run of placeholders
+                grids += blocks.grids
+                counts += self.profile.grid_num_tokens(np.array(blocks.grids)).tolist()
+                entries += [ref] * len(blocks.grids)
+        refs = entries
         wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
         repeats[pos] = np.asarray(counts) + 2 * wrap
         new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
@@ -470,6 +528,11 @@ class Encoder:
             draft.ids[starts] = self._token_ids["vision_start"]
             draft.ids[starts + repeats[pos] - 1] = self._token_ids["vision_end"]
         draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
+
+    def _blocks_of(self, ref: ImageRef) -> list[ImageRef]:
+        """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``)."""
+        blocks = self.profile.image_blocks(*self.profile.image_size(ref))
+        return [ref] if blocks is None else [ref] * len(blocks.grids)
 
     def _image_run(self, grid: tuple[int, int, int]) -> np.ndarray:
         """The token ids of ``profile.image_token_names(grid)``, once per distinct grid."""
@@ -502,11 +565,13 @@ class Encoder:
         inside."""
         cut = self.max_length
         tail = int(self.profile.processor_wraps_images)  # the image's </img> stays with it
-        spans = [(im.offset, im.num_tokens + tail) for im in draft.images]
-        spans += [(v.offset, n) for v, n in zip(draft.videos, draft.video_spans, strict=True)]
-        for offset, n in spans:
-            if offset < cut < offset + n:
-                cut = offset
+        firsts = np.cumsum([0, *draft.blocks])  # an image's blocks go together (its crops and the text between)
+        spans = [(draft.images[i].offset, draft.images[j - 1].offset + draft.images[j - 1].num_tokens + tail)
+                 for i, j in zip(firsts[:-1], firsts[1:], strict=True)]  # [first token, end) of each image
+        spans += [(v.offset, v.offset + n) for v, n in zip(draft.videos, draft.video_spans, strict=True)]
+        for start, end in spans:
+            if start < cut < end:
+                cut = start
                 break
         if self.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == self.vision_start_id:
             cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
@@ -519,10 +584,19 @@ class Encoder:
                 "leaves no loss token; raise --max-length or use --overlong drop",
             )
         kept = [im for im in draft.images if im.offset + im.num_tokens <= cut]
+        whole = [draft.images[i] for i, (_, end) in zip(firsts[:-1], spans[: len(draft.blocks)], strict=True)
+                 if end - tail <= cut]  # each kept image's first block
         if 0 < len(kept) < len(draft.images):
-            image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(kept)]
-            alone = self.profile.example_images([self.profile.image_size(r) for r in image_refs])
-            if [c for _, c in alone] != [im.num_tokens for im in kept]:  # the count depended on the lost images
+            image_refs = [r for r in draft.refs if not isinstance(r, VideoRef)][: len(whole)]
+            starts = np.array([im.offset for im in whole])
+            try:
+                alone = [c for _, c in self.profile.example_images(
+                    [self.profile.image_size(r) for r in image_refs], node_parents=draft.node_parents[:keep_nodes],
+                    image_nodes=np.searchsorted(draft.node_offsets[:keep_nodes], starts, side="right") - 1,
+                )]
+            except RecordError:  # the cut tree's paths disagree on a kept image (image_tree): no count fits
+                alone = None
+            if alone != [im.num_tokens for im in whole]:  # the count depended on the lost images
                 raise RecordError(
                     "untruncatable",
                     f"cutting to --max-length {self.max_length} drops images that decide how many tokens the "

@@ -7,7 +7,8 @@ runs the family's own HF processor; verify re-derives what the encoder wrote. A 
              grid_thw(w, h) -> (t, h, w)         the family's resize rule, stored per image
              num_tokens(w, h) -> int             placeholder tokens one image becomes
              plan_video(ref) -> VideoPlan        a video's frames, grid and tokens from its header (video families)
-             example_images(sizes)               (grid, tokens) of one example's images (default: each alone)
+             example_images(sizes, ...)          (grid, tokens) of an example's images, by tree node (default: alone)
+             image_blocks(w, h) -> ImageBlocks   an image written as several blocks with text between (crops)
              image_token_names(grid) -> names    the run one image becomes, where not the placeholder repeated
              video_text(plan) -> str | None      what a video's placeholder becomes, if not repeated (Qwen3-VL)
              extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,23 @@ if TYPE_CHECKING:
     import torch
 
     from packer.media.video import VideoPlan
+
+
+class ImageBlocks(NamedTuple):
+    """One image that the processor writes as several placeholder blocks with text between them, each block a
+    stored image entry of its own (Gemma 3's pan-and-scan: the whole image, then its crops).
+
+        rendered  "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"   what the chat template writes
+        text      "Here is the original image " + rendered + " and here are ..." + rendered + " " + rendered
+        grids     ((1, 16, 16), (2, 16, 16), (3, 16, 16))                     each block's stored grid
+    """
+
+    rendered: str
+    """The chat template's rendering of the image: one ``image_token``."""
+    text: str
+    """What the processor tokenizes instead: one ``image_token`` per block."""
+    grids: tuple[tuple[int, int, int], ...]
+    """Each block's stored grid, in token order (``grid_num_tokens`` gives its tokens)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,13 +121,30 @@ class ModelProfile:
         """Vision tokens one image of this size becomes in the LLM sequence."""
         raise self._no_vision()
 
-    def example_images(self, sizes: list[tuple[int, int]]) -> list[tuple[tuple[int, int, int], int]]:
+    def example_images(
+        self, sizes: list[tuple[int, int]], *, image_nodes: np.ndarray | None = None,
+        node_parents: np.ndarray | None = None,
+    ) -> list[tuple[tuple[int, int, int], int]]:
         """(grid_thw, num_tokens) of each image of one example, in token order, from their (w, h) sizes.
 
-        Each image alone by default; a family whose rule looks at the example's other images overrides it
-        (LLaVA-OneVision tiles an image only when it is its example's one image).
+        ``image_nodes`` (I,) is each image's tree node and ``node_parents`` (N,) the example's tree (-1 at the
+        root); None for a linear example (one node). Each image alone by default; a family whose rule looks at
+        the other images of the example the model sees (one root-to-leaf path) overrides it: LLaVA-OneVision
+        tiles an image only when it is its path's one image.
         """
         return [(self.grid_thw(w, h), self.num_tokens(w, h)) for w, h in sizes]
+
+    @property
+    def splits_images(self) -> bool:
+        """True when ``image_blocks`` may split an image (the encoder then reads image headers while it renders)."""
+        return False
+
+    def image_blocks(self, width: int, height: int) -> ImageBlocks | None:
+        """How an image of this size is written when the processor splits it into blocks with text between
+        them (``ImageBlocks``), or None (the default): one run of ``num_tokens`` placeholders where the chat
+        template put the image. Only asked when ``splits_images``."""
+        return None
+
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """The frames, grid and token count of one video, from its header alone (``packer.media.video``);
         RecordError for a video the family cannot use."""

@@ -12,20 +12,37 @@ tokens), and its sliding window counts positions along each root-to-leaf path (p
 
 The builtin ``gemma3`` tokenizer is a stand-in (Gemma's SentencePiece model is on no registry): the Qwen2
 ranks plus Gemma 3's special tokens, with Gemma 3's chat template writing an image part as the processor's
-expansion with one soft token, which ``num_tokens`` repeats. Pan-and-scan crops are not supported (the
-processor's default, ``do_pan_and_scan`` off): a cropped image interleaves text between its crops' blocks.
+expansion with one soft token, which ``num_tokens`` repeats.
+
+Pan-and-scan (``profile_options: {do_pan_and_scan: true}``; off in the checkpoints' config): an elongated image
+also becomes 2..4 crops, each its own 256-token block after the whole image's, with the processor's text
+between them (``image_blocks``); each block is a stored image entry, grid (1 + crop index, 16, 16).
+
+    1000x400, pan-and-scan -> crops (1, 3) -> "Here is the original image " + block + " and here are some
+    crops to help you see better " + block + " " + block + " " + block      (4 entries, 4 x 256 tokens)
+
 Exact against transformers 5.23.0 (tests/models/test_gemma3.py, tests/train/test_gemma3_equivalence.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from packer.core.types import ImageRef
 from packer.errors import ConfigError
-from packer.models.base import ModelProfile
+from packer.media.images import load_image
+from packer.models.base import ImageBlocks, ModelProfile
+
+if TYPE_CHECKING:
+    import torch
+
+# Gemma3Processor.replace_image_token: the text around an image's blocks when it has pan-and-scan crops
+ORIGINAL_PREFIX = "Here is the original image "
+CROPS_INTRO = " and here are some crops to help you see better "
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +60,21 @@ class Gemma3Profile(ModelProfile):
     """SigLIP patch side: 896 // 14 = 64 patches per side."""
     tokens_per_image: int = 256
     """``mm_tokens_per_image``: the 64x64 patches are average-pooled to 16x16."""
+    do_pan_and_scan: bool = False
+    """Also cut an elongated image into crops, each a block of ``tokens_per_image`` after the whole image
+    (the processor's ``do_pan_and_scan``; off in the checkpoints' preprocessor config)."""
+    pan_and_scan_min_crop_size: int = 256
+    """Smallest crop side in pixels (Gemma3Processor's default)."""
+    pan_and_scan_max_num_crops: int = 4
+    """Most crops of one image (Gemma3Processor's default)."""
+    pan_and_scan_min_ratio_to_activate: float = 1.2
+    """Crop only an image whose long side is at least this many times its short one (Gemma3Processor's)."""
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values")
+    overridable: ClassVar[tuple[str, ...]] = (
+        "do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+        "pan_and_scan_min_ratio_to_activate", *ModelProfile.overridable,
+    )
     hf_model_class: ClassVar[str | None] = "Gemma3ForConditionalGeneration"
 
     def __post_init__(self) -> None:
@@ -66,17 +96,73 @@ class Gemma3Profile(ModelProfile):
     def num_tokens(self, width: int, height: int) -> int:
         return self.tokens_per_image
 
+    def crop_layout(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of an image's pan-and-scan crops, (0, 0) for none: ``Gemma3ImageProcessorPil.pan_and_scan``
+        on the header size (the crops are cut from the image as decoded, before any resize).
+
+            1000x400 -> (1, 2): two 500x400 crops      400x400 -> (0, 0): not elongated enough
+        """
+        if not self.do_pan_and_scan:
+            return (0, 0)
+        long, short = max(width, height), min(width, height)
+        if long / short < self.pan_and_scan_min_ratio_to_activate:
+            return (0, 0)
+        n = min(int(math.floor(long / short + 0.5)), int(math.floor(long / self.pan_and_scan_min_crop_size)))
+        n = min(self.pan_and_scan_max_num_crops, max(2, n))
+        rows, cols = (1, n) if width >= height else (n, 1)
+        if min(math.ceil(width / cols), math.ceil(height / rows)) < self.pan_and_scan_min_crop_size:
+            return (0, 0)
+        return (rows, cols)
+
+    @property
+    def splits_images(self) -> bool:
+        return self.do_pan_and_scan
+
+    def image_blocks(self, width: int, height: int) -> ImageBlocks | None:
+        """With crops: the whole image's block, then one per crop, as ``Gemma3Processor.replace_image_token``
+        writes them; grid (1 + k, 16, 16) is crop k (the whole image is k = 0, as without crops)."""
+        rows, cols = self.crop_layout(width, height)
+        if not rows:
+            return None
+        block = f"\n\n{self.vision_start}{self.image_token}{self.vision_end}\n\n"  # full_image_sequence, 1 token
+        text = ORIGINAL_PREFIX + block + CROPS_INTRO + " ".join([block] * (rows * cols))
+        side = self.pooled_side
+        return ImageBlocks(rendered=block, text=text, grids=tuple((1 + k, side, side) for k in range(1 + rows * cols)))
+
     def make_image_processor(self) -> Any:
         # The PIL backend (torchvision is not a dependency). google/gemma-3-*-it preprocessor_config.json:
-        # 896x896, bilinear, rescale 1/255, mean = std = 0.5 (the class defaults but for the size), no pan-and-scan.
+        # 896x896, bilinear, rescale 1/255, mean = std = 0.5 (the class defaults but for the size), pan-and-scan
+        # off; its settings as Gemma3Processor passes them (its defaults, or the profile's options).
         from transformers import Gemma3ImageProcessorPil
 
-        return Gemma3ImageProcessorPil(size={"height": self.image_px, "width": self.image_px}, do_pan_and_scan=False)
+        return Gemma3ImageProcessorPil(
+            size={"height": self.image_px, "width": self.image_px}, do_pan_and_scan=self.do_pan_and_scan,
+            pan_and_scan_min_crop_size=self.pan_and_scan_min_crop_size,
+            pan_and_scan_max_num_crops=self.pan_and_scan_max_num_crops,
+            pan_and_scan_min_ratio_to_activate=self.pan_and_scan_min_ratio_to_activate,
+        )
+
+    def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+        """One (3, 896, 896) entry per stored block: grid (1 + k, ...) is block k of its image as the processor
+        orders them (the whole image, then the crops); an image is decoded and processed once per call."""
+        if not self.do_pan_and_scan:
+            return self.pixel_values(images)
+        import torch
+
+        blocks: dict[ImageRef, torch.Tensor] = {}
+        out = []
+        for ref, grid in zip(images, grids, strict=True):
+            if ref not in blocks:
+                blocks[ref] = self.image_processor()(images=[load_image(ref)], return_tensors="pt")["pixel_values"]
+            out.append(blocks[ref][int(grid[0]) - 1])
+        return {"pixel_values": torch.stack(out)}
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """tokens_per_image for the one grid every image has, -1 for any other."""
+        """tokens_per_image for a block's grid (1 + crop index, 16, 16), -1 for any other."""
         grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        ok = (grids[:, 0] == 1) & (grids[:, 1] == self.pooled_side) & (grids[:, 2] == self.pooled_side)
+        blocks = 1 + (self.pan_and_scan_max_num_crops if self.do_pan_and_scan else 0)
+        ok = (grids[:, 0] >= 1) & (grids[:, 0] <= blocks) & (grids[:, 1] == self.pooled_side) & (
+            grids[:, 2] == self.pooled_side)
         return np.where(ok, self.tokens_per_image, -1)
 
     def tiny_model(
@@ -84,7 +170,7 @@ class Gemma3Profile(ModelProfile):
     ) -> Any:
         """A random-weight fp32 ``Gemma3ForConditionalGeneration`` for this profile's images: a 1-layer SigLIP of
         ``image_px`` / ``patch_size``, a 2-layer Gemma 3 text model (one sliding-window layer of
-        ``sliding_window``, one global). ``token_ids``: "image_token", "vision_start", "vision_end"."""
+        ``sliding_window``, one global). ``token_ids``: the ids of ``model_tokens()`` (soft, begin, end of image)."""
         import torch
         from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
@@ -98,9 +184,19 @@ class Gemma3Profile(ModelProfile):
             vision_config=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
                                num_attention_heads=2, image_size=self.image_px, patch_size=self.patch_size),
             mm_tokens_per_image=self.tokens_per_image,
-            image_token_index=token_ids["image_token"],
-            boi_token_index=token_ids["vision_start"],
-            eoi_token_index=token_ids["vision_end"],
+            image_token_index=token_ids[self.image_token],
+            boi_token_index=token_ids[self.vision_start],
+            eoi_token_index=token_ids[self.vision_end],
             attn_implementation="sdpa",
         )
         return Gemma3ForConditionalGeneration(config).float().train()
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """The path's pixels (one entry per block) and the processor's ``token_type_ids`` (1 on soft tokens),
+        from which ``Gemma3Model`` builds its own bidirectional blocks: each run of consecutive soft tokens."""
+        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
+        if images:
+            out["token_type_ids"] = (input_ids == token_ids[self.image_token]).long()
+        return out

@@ -1,7 +1,9 @@
 """LLaVA-OneVision: SigLIP crops of 384 px, anyres tiling (``anyres_max_9``), unpadding and a newline per row.
 
 An example's ONE image is tiled; every image of an example with several is not (the processor's and the
-model's ``batch_num_images`` rule, "only single image patching is supported"):
+model's ``batch_num_images`` rule, "only single image patching is supported"). In a message tree the example
+the model sees is one root-to-leaf path: an image is tiled when every path through its node holds it alone,
+untiled when every such path holds others too, and the record is refused (``image_tree``) when they differ:
 
     one image, 640x480 -> best pinpoint (h, w) = (768, 768): 1 base crop + 2x2 tiles of 384 px = 5 crops
         tiles' features 54x54 (27 per tile side), unpadded to the image's aspect: 40 x 54 (7 rows of
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from packer.core.types import ImageRef
-from packer.errors import ConfigError
+from packer.errors import ConfigError, RecordError
 from packer.media.images import load_image
 from packer.models.base import ModelProfile
 
@@ -95,11 +97,20 @@ class LlavaOnevisionProfile(ModelProfile):
     def num_tokens(self, width: int, height: int) -> int:
         return int(self.grid_num_tokens(np.array([self.grid_thw(width, height)]))[0])
 
-    def example_images(self, sizes: list[tuple[int, int]]) -> list[tuple[tuple[int, int, int], int]]:
-        """Tiled if the example has one image; else each image is one crop: side**2 + 1 newline tokens."""
-        if len(sizes) == 1:
-            return super().example_images(sizes)
-        return [((1, self.side, self.side), self.side**2 + 1)] * len(sizes)
+    def example_images(
+        self, sizes: list[tuple[int, int]], *, image_nodes: np.ndarray | None = None,
+        node_parents: np.ndarray | None = None,
+    ) -> list[tuple[tuple[int, int, int], int]]:
+        """Tiled if every path through the image's node holds it alone; else one crop: side**2 + 1 tokens.
+
+        The model sees each root-to-leaf path as its own example (``tiled_alone``)."""
+        nodes = np.zeros(len(sizes), dtype=np.int64) if image_nodes is None else np.asarray(image_nodes)
+        parents = np.array([-1]) if node_parents is None else np.asarray(node_parents)
+        untiled = ((1, self.side, self.side), self.side**2 + 1)
+        return [
+            (self.grid_thw(w, h), self.num_tokens(w, h)) if alone else untiled
+            for (w, h), alone in zip(sizes, tiled_alone(nodes, parents), strict=True)
+        ]
 
     # ------------------------------------------------------------------ read
 
@@ -120,8 +131,9 @@ class LlavaOnevisionProfile(ModelProfile):
 
     def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
         """Tiled images (t > 1) go to the processor alone, each run of untiled ones (t == 1) together, so its
-        ``batch_num_images`` and the model's pick the same crops. An untiled image always has company: its
-        example's other images, kept whole in one row (the encoder refuses a cut that would part them)."""
+        ``batch_num_images`` and the model's pick the same crops. An untiled image always has company: the
+        other images on its paths, next to it in token order and kept in its row (the encoder refuses a cut
+        that would part them)."""
         import torch
 
         groups: list[list[int]] = []  # image indices, one processor "sample" each
@@ -156,14 +168,18 @@ class LlavaOnevisionProfile(ModelProfile):
 
     # ------------------------------------------------------------------ the reference model
 
-    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, seed: int = 0, hidden: int = 32) -> Any:
+    def model_tokens(self) -> tuple[str, ...]:
+        """``<image>`` and ``<video>``: the config names both, so a renumbered vocabulary keeps them apart."""
+        return (self.image_token or "<image>", "<video>")
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, hidden: int = 32) -> Any:
         """A random-weight fp32 ``LlavaOnevisionForConditionalGeneration`` shaped like this profile's crops:
-        a 1-layer SigLIP of ``crop_px`` / ``patch_size``, a 2-layer Qwen2 of width ``hidden``.
-        ``token_ids["image_token"]`` is the placeholder's id in ``vocab_size``."""
-        import torch
+        a 1-layer SigLIP of ``crop_px`` / ``patch_size``, a 2-layer Qwen2 of width ``hidden``; ``token_ids``
+        maps ``model_tokens()`` to ids in ``vocab_size``. SigLIP's key bias is frozen: softmax ignores it, so
+        its exact gradient is 0 and both sides hold only rounding noise that no tolerance compares."""
         from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
 
-        torch.manual_seed(seed)
+        image, video = self.model_tokens()
         config = LlavaOnevisionConfig(
             text_config=dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=hidden,
                              intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
@@ -172,15 +188,80 @@ class LlavaOnevisionProfile(ModelProfile):
             vision_config=dict(model_type="siglip_vision_model", hidden_size=hidden, intermediate_size=2 * hidden,
                                num_hidden_layers=1, num_attention_heads=2, image_size=self.crop_px,
                                patch_size=self.patch_size),
-            image_token_index=token_ids["image_token"],
-            video_token_index=token_ids.get("video_token", vocab_size - 1),
+            image_token_index=token_ids[image],
+            video_token_index=token_ids[video],
             image_grid_pinpoints=[list(p) for p in self.pinpoints],
             vision_aspect_ratio=f"anyres_max_{self.max_tiles}",
             vision_feature_select_strategy="full",
             vision_feature_layer=-1,
             attn_implementation="sdpa",
         )
-        return LlavaOnevisionForConditionalGeneration(config).float().train()
+        model = LlavaOnevisionForConditionalGeneration(config).float().train()
+        for name, param in model.named_parameters():
+            if name.endswith("k_proj.bias"):
+                param.requires_grad_(False)
+        return model
+
+    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Each image's crops and size: ``side**2 + 1`` tokens mark an untiled image (one crop; a tiled one has
+        at least side**2 + 2), else its crops are the base one plus its pinpoint's tiles."""
+        out, row = [], 0
+        for i, n in enumerate(num_tokens):
+            h, w = batch["image_sizes"][i].tolist()
+            best_h, best_w = select_best_resolution(h, w, self.pinpoints)
+            crops = 1 if n == self.side**2 + 1 else 1 + (best_h // self.crop_px) * (best_w // self.crop_px)
+            out.append({"pixel_values": batch["pixel_values"][row : row + crops],
+                        "image_sizes": batch["image_sizes"][i : i + 1]})
+            row += crops
+        return out
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """One path as the processor gives it alone: its images are one sample (``batch_num_images`` = how
+        many), so the model itself decides which to tile; the model's own positions and attention."""
+        import torch
+
+        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
+        if images:
+            out["batch_num_images"] = torch.tensor([len(images)], dtype=torch.int64)
+        return out
+
+
+def tiled_alone(image_nodes: np.ndarray, node_parents: np.ndarray) -> list[bool]:
+    """Per image (in node ``image_nodes``), True if every root-to-leaf path through its node holds exactly one
+    image (the processor and model tile it), False if every such path holds several; RecordError
+    ``image_tree`` if they disagree, as no one token count is right for every path.
+
+    A root image with two branches that each add one is untiled (2 on every path); an image in each of
+    two branches and none in the root is tiled (1 on each); a root image with one branch that adds one and
+    one that does not is refused (1 on one path, 2 on the other):
+
+        tiled_alone(np.array([1, 2]), np.array([-1, 0, 0])) == [True, True]
+    """
+    parents = np.asarray(node_parents).tolist()  # parents before children (depth-first order)
+    count = np.bincount(np.asarray(image_nodes, dtype=np.int64), minlength=len(parents)).tolist()
+    on_path = list(count)  # images from the root down to each node
+    for n, p in enumerate(parents):
+        if p >= 0:
+            on_path[n] += on_path[p]
+    has_child = {p for p in parents if p >= 0}
+    low = [math.inf if n in has_child else on_path[n] for n in range(len(parents))]  # fewest/most images on
+    high = [-1 if n in has_child else on_path[n] for n in range(len(parents))]  # a path through each node
+    for n in range(len(parents) - 1, 0, -1):
+        if parents[n] >= 0:
+            low[parents[n]], high[parents[n]] = min(low[parents[n]], low[n]), max(high[parents[n]], high[n])
+    out = []
+    for n in np.asarray(image_nodes).tolist():
+        if low[n] == 1 < high[n]:
+            raise RecordError(
+                "image_tree",
+                f"tree node {n}'s image is the only image on one path through it but has {high[n] - 1} more on "
+                "another: LLaVA-OneVision tiles an example's one image and not several, so no one token count "
+                "fits both; give every branch below it an image, or none",
+            )
+        out.append(high[n] == 1)
+    return out
 
 
 def select_best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:

@@ -18,7 +18,7 @@ second_per_grid_ts``. Released checkpoints' ``preprocessor_config.json`` set ``m
 class default (used here) is 1003520 - pass ``max_pixels`` to match a checkpoint.
 
 Video (``plan_video``): frames sampled as qwen-vl-utils samples them and resized as ``Qwen2VLVideoProcessor``
-does, from the container's header (``packer.media.video``); rendered
+does, from the container's header (``packer.models.qwen_video_plan``); rendered
 ``<|vision_start|><|video_pad|><|vision_end|>`` with the pad repeated t*h*w/4 times. mRoPE gives a video's
 tokens (t, h, w) positions like an image's, the temporal index of patch k being k (Qwen2-VL) or
 ``int(k * tokens_per_second * second_per_grid_t)`` in float32 (Qwen2.5-VL), and the text after it continues
@@ -47,7 +47,8 @@ from packer.models.qwen_video import CLIP_MEAN, CLIP_STD
 if TYPE_CHECKING:
     import torch
 
-    from packer.media.video import VideoFamily, VideoPlan
+    from packer.media.video import VideoPlan
+    from packer.models.qwen_video_plan import VideoFamily
 
 # Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
 MAX_ASPECT_RATIO = 200
@@ -119,17 +120,18 @@ class QwenVLProfile(ModelProfile):
         return t * h * w // self.merge_size**2
 
     def video_family(self) -> VideoFamily:
-        """The qwen-vl-utils + HF video processor rule of this profile (``packer.media.video``)."""
+        """The qwen-vl-utils + HF video processor rule of this profile (``packer.models.qwen_video_plan``)."""
         return _video_family(self.name, self.video_min_pixels, self.video_max_pixels)
 
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""
-        from packer.media import video as media
+        from packer.media.video import probe, probe_frame_list
+        from packer.models import qwen_video_plan as rules
 
-        request = media.VideoRequest.from_part(dict(video.options))
+        request = rules.VideoRequest.from_part(dict(video.options))
         if video.frames:
-            return media.plan_frame_list(media.probe_frame_list(video.frames), request, self.video_family())
-        return media.plan_video(media.probe(video.path), request, self.video_family())
+            return rules.plan_frame_list(probe_frame_list(video.frames), request, self.video_family())
+        return rules.plan_video(probe(video.path), request, self.video_family())
 
     def temporal_interval(self, second_per_grid_t: float) -> np.float32:
         """A video's temporal position step per patch, as get_rope_index computes it: float32
@@ -225,8 +227,8 @@ class QwenVLProfile(ModelProfile):
 
         Only the planned frames are decoded (``media.video.decode_frames``); qwen-vl-utils' resize to
         ``utils_height`` x ``utils_width`` then the processor's to ``height`` x ``width`` follow
-        ``qwen_video.video_pixel_values`` (torch ops, no torchvision). A frame list's images, which qwen-vl-utils
-        first resizes one by one as images, are resized here straight to the utils size (PIL bicubic).
+        ``qwen_video.video_pixel_values`` (torch ops, no torchvision). A frame list's images are first resized
+        one by one as qwen-vl-utils' ``fetch_image`` resizes them (``_sampled_frames``).
         """
         import torch
 
@@ -236,7 +238,7 @@ class QwenVLProfile(ModelProfile):
         for v in videos:
             utils_size = (v["utils_height"], v["utils_width"])
             pixel_values, grid = video_pixel_values(
-                _sampled_frames(v, utils_size), resized_height=v["height"], resized_width=v["width"],
+                _sampled_frames(v, utils_size, self.video_family()), resized_height=v["height"], resized_width=v["width"],
                 patch_size=self.patch_size, image_mean=self.image_mean, image_std=self.image_std,
                 temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size, utils_size=utils_size,
             )
@@ -528,23 +530,27 @@ def expected_mrope(
     return out
 
 
-def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int]) -> np.ndarray:
+def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
     """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
-    images (resized to ``utils_size`` where their sizes differ from it)."""
+    images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
+    ``qwen_video_plan.frame_list_fetch_size``); ``video_pixel_values`` then does fetch_video's resize."""
     from packer.media.video import decode_frame_list, decode_frames
+    from packer.models.qwen_video_plan import frame_list_fetch_size
 
     if not video["frames"]:
         return decode_frames(video["source"], video["frame_indices"])
     from PIL import Image
 
-    height, width = utils_size
-    frames = decode_frame_list([video["frames"][i] for i in video["frame_indices"]])
-    return np.stack([f if f.shape[:2] == (height, width) else
-                     np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
+    nframes = len(video["frame_indices"])
+    out = []
+    for f in decode_frame_list([video["frames"][i] for i in video["frame_indices"]]):
+        h, w = frame_list_fetch_size(f.shape[0], f.shape[1], nframes=nframes, utils_size=utils_size, family=family)
+        out.append(f if f.shape[:2] == (h, w) else np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)))
+    return np.stack(out)
 
 
 @lru_cache(maxsize=16)
 def _video_family(name: str, min_pixels: int | None, max_pixels: int | None) -> VideoFamily:
-    from packer.media.video import get_video_family
+    from packer.models.qwen_video_plan import get_video_family
 
     return get_video_family(name, min_pixels=min_pixels, max_pixels=max_pixels)

@@ -54,6 +54,8 @@ def separate_copies(
     vision_budget: int | None,
     max_images: int | None,
     seed: int,
+    videos: np.ndarray | None = None,
+    max_videos: int | None = None,
     max_tries: int = 4096,
 ) -> np.ndarray:
     """Move up-sampled copies out of their original's pack by swapping with another pack's example.
@@ -73,12 +75,15 @@ def separate_copies(
     load = np.bincount(pack_ids, weights=lengths, minlength=num_packs).astype(np.int64)
     vload = np.bincount(pack_ids, weights=vision, minlength=num_packs).astype(np.int64)
     iload = np.bincount(pack_ids, weights=images, minlength=num_packs).astype(np.int64)
+    videos = np.zeros_like(lengths) if videos is None else videos
+    wload = np.bincount(pack_ids, weights=videos, minlength=num_packs).astype(np.int64)
     members: dict[int, dict[int, int]] = {}  # pack -> example index -> copies in it
     for pk, ex in zip(pack_ids.tolist(), index.tolist(), strict=True):
         m = members.setdefault(pk, {})
         m[ex] = m.get(ex, 0) + 1
     vcap = vision_budget if vision_budget is not None else np.iinfo(np.int64).max
     icap = max_images if max_images is not None else np.iinfo(np.int64).max
+    wcap = max_videos if max_videos is not None else np.iinfo(np.int64).max
     cap = capacity
     candidates = np.random.default_rng([seed, 2]).permutation(len(index)).tolist()
     cursor = 0
@@ -91,8 +96,9 @@ def separate_copies(
             if a == b or eb in members[a] or ea in members[b]:
                 continue
             dl, dv, di = int(lengths[q] - lengths[p]), int(vision[q] - vision[p]), int(images[q] - images[p])
+            dw = int(videos[q] - videos[p])
             if (load[a] + dl > cap or load[b] - dl > cap or vload[a] + dv > vcap or vload[b] - dv > vcap
-                    or iload[a] + di > icap or iload[b] - di > icap):
+                    or iload[a] + di > icap or iload[b] - di > icap or wload[a] + dw > wcap or wload[b] - dw > wcap):
                 continue
             pack_ids[p], pack_ids[q] = b, a
             load[a] += dl
@@ -101,6 +107,8 @@ def separate_copies(
             vload[b] -= dv
             iload[a] += di
             iload[b] -= di
+            wload[a] += dw
+            wload[b] -= dw
             for pk, old_ex, new_ex in ((a, ea, eb), (b, eb, ea)):
                 m = members[pk]
                 m[old_ex] -= 1

@@ -56,6 +56,8 @@ def plan(
     vision_budget: int | None = None,
     images: np.ndarray | None = None,
     max_images: int | None = None,
+    videos: np.ndarray | None = None,
+    max_videos: int | None = None,
     max_examples: int | None = None,
     balance_vision: bool = False,
     refine: bool = False,
@@ -72,6 +74,8 @@ def plan(
         vision_budget: at most this many vision tokens per pack (``max_vision_tokens``).
         images: (n,) images per example; needed for ``max_images``.
         max_images: at most this many images per pack.
+        videos: (n,) videos per example; needed for ``max_videos``.
+        max_videos: at most this many videos per pack.
         max_examples: at most this many examples per pack (``max_examples_per_pack``).
         balance_vision: spread vision tokens evenly over the packs (same-ish pack count, lower spread of
             vision tokens per pack, so no rank gets all the image-heavy rows). A no-op without ``vision``.
@@ -97,8 +101,9 @@ def plan(
     capacity = _positive_int(capacity, "capacity (max_length)")
     vis = None if vision is None else _int_array(vision, "vision", n)
     imgs = None if images is None else _int_array(images, "images", n)
+    vids = None if videos is None else _int_array(videos, "videos", n)
     for value, knob in ((vision_budget, "max_vision_tokens"), (max_images, "max_images"),
-                        (max_examples, "max_examples_per_pack")):  # fmt: skip
+                        (max_videos, "max_videos"), (max_examples, "max_examples_per_pack")):  # fmt: skip
         if value is not None:
             _positive_int(value, knob)
     if n == 0:
@@ -115,11 +120,14 @@ def plan(
             raise ConfigError(f"example {i} has {vis[i]} vision tokens but only {lens[i]} tokens in all")
     if imgs is not None:
         _check_fits(imgs, None, "images", "", "", lower=0)
+    if vids is not None:
+        _check_fits(vids, None, "videos", "", "", lower=0)
 
-    constrained = vision_budget is not None or max_images is not None or max_examples is not None
+    constrained = any(b is not None for b in (vision_budget, max_images, max_videos, max_examples))
     fast = algorithm == "bfd" and not constrained and not refine and not (balance_vision and vis is not None)
     # The fast path needs no budget columns; skip building an (n, 1) array of ones for it.
-    needs, budgets = _constraints(0 if fast else n, vis, vision_budget, imgs, max_images, max_examples)
+    needs, budgets = _constraints(0 if fast else n, vis, vision_budget, imgs, max_images, max_examples,
+                                  vids=vids, max_videos=max_videos)
     if fast:  # tokens-only BFD: the length-class planner makes the same plan, ids included, in less memory
         from packer.packing.bulk import plan_bulk
 
@@ -147,8 +155,8 @@ def plan(
     else:
         if constrained:
             raise ConfigError(
-                "algorithm 'binpacking' only knows the token budget; unset max_vision_tokens, max_images and "
-                "max_examples_per_pack, or use algorithm 'bfd'"
+                "algorithm 'binpacking' only knows the token budget; unset max_vision_tokens, max_images, "
+                "max_videos and max_examples_per_pack, or use algorithm 'bfd'"
             )
         assign, num_packs = _binpacking_library(lens, capacity)
 
@@ -265,8 +273,11 @@ def _constraints(
     imgs: np.ndarray | None,
     max_images: int | None,
     max_examples: int | None,
+    *,
+    vids: np.ndarray | None = None,
+    max_videos: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Secondary per-pack budgets as columns: 0 = examples (always), then vision tokens, then images."""
+    """Secondary per-pack budgets as columns: 0 = examples (always), then vision tokens, images, videos."""
     cols = [np.ones(n, dtype=np.int64)]
     budgets = [_UNBOUNDED if max_examples is None else _positive_int(max_examples, "max_examples_per_pack")]
     if vision_budget is not None:
@@ -282,6 +293,13 @@ def _constraints(
             raise ConfigError("'max_images' is set but no per-example image counts were given")
         _check_fits(imgs, budget, "images", "max_images", "max_images", lower=0)
         cols.append(imgs[:n])
+        budgets.append(budget)
+    if max_videos is not None:
+        budget = _positive_int(max_videos, "max_videos")
+        if vids is None:
+            raise ConfigError("'max_videos' is set but no per-example video counts were given")
+        _check_fits(vids, budget, "videos", "max_videos", "max_videos", lower=0)
+        cols.append(vids[:n])
         budgets.append(budget)
     return np.ascontiguousarray(np.stack(cols, axis=1)), np.array(budgets, dtype=np.int64)
 

@@ -171,7 +171,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
         image_units=_image_units(cache, plan.index, encoder.profile),
-        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
+        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index], videos=plan.videos,
     )
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,

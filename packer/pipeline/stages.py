@@ -230,6 +230,7 @@ class Plan:
     vision: np.ndarray  # vision tokens
     images: np.ndarray  # images
     sources: np.ndarray  # source name (object array)
+    videos: np.ndarray | None = None  # videos, where the build has a video budget
 
     @property
     def pack_sizes(self) -> np.ndarray:
@@ -245,14 +246,17 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
         bad |= table.column("num_vision_tokens").to_numpy() > config.max_vision_tokens
     if config.max_images is not None:
         bad |= table.column("num_images").to_numpy() > config.max_images
+    if config.max_videos is not None:
+        bad |= table.column("num_videos").to_numpy() > config.max_videos
     rejects = []
     for i in np.flatnonzero(bad).tolist():
         path, line = id_location(table.column("example_id")[i].as_py())
-        rejects.append(
-            {"path": path, "line": line, "reason": "overlong", "source": table.column("source_name")[i].as_py(),
-             "message": f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
-             f"{table.column('num_images')[i].as_py()} images exceed --max-vision-tokens / --max-images"}
-        )
+        message = (f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
+                   f"{table.column('num_images')[i].as_py()} images exceed --max-vision-tokens / --max-images")
+        if config.max_videos is not None:
+            message += f" (or {table.column('num_videos')[i].as_py()} videos exceed --max-videos)"
+        rejects.append({"path": path, "line": line, "reason": "overlong",
+                        "source": table.column("source_name")[i].as_py(), "message": message})
     return bad, rejects
 
 
@@ -269,20 +273,22 @@ def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> 
     lengths = table.column("num_tokens").to_numpy().astype(np.int64)[index]
     vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)[index]
     images = table.column("num_images").to_numpy().astype(np.int64)[index]
+    videos = None if config.max_videos is None else table.column("num_videos").to_numpy().astype(np.int64)[index]
     pack_ids = plan(
         lengths, config.max_length, algorithm=config.algorithm,
         vision=vision if config.max_vision_tokens or config.balance_vision else None,
         vision_budget=config.max_vision_tokens,
         images=images if config.max_images else None, max_images=config.max_images,
+        videos=videos, max_videos=config.max_videos,
         max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
         refine=config.refine, seed=config.seed,
     )
     if copies.any():
         pack_ids = separate_copies(index, pack_ids, lengths, vision, images, capacity=config.max_length,
                                    vision_budget=config.max_vision_tokens, max_images=config.max_images,
-                                   seed=config.seed)
+                                   videos=videos, max_videos=config.max_videos, seed=config.seed)
     return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, vision=vision, images=images,
-                sources=sources[index])
+                sources=sources[index], videos=videos)
 
 
 # --------------------------------------------------------------------------------------------- write

@@ -56,6 +56,7 @@ def compute_stats(
     rejects: list[dict[str, Any]] | None = None,
     image_units: tuple[str, np.ndarray, np.ndarray] | None = None,
     video: np.ndarray | None = None,
+    videos: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Statistics of one plan; every array is per packed example, in input order.
 
@@ -63,7 +64,8 @@ def compute_stats(
     the vision tower runs on (``ModelProfile.image_units``: InternVL's tiles); stats then hold
     ``image_units`` = {"name", "total", "per_pack", "per_image"} (min/mean/max). ``video``: the video tokens
     among ``vision``; a build with any adds ``video_tokens`` / ``image_tokens`` and their per-pack spreads
-    (a build without video keeps the keys it always had).
+    (a build without video keeps the keys it always had). ``videos``: videos per example, given by a build
+    with a video budget (``max_videos``): stats then hold ``videos`` and ``videos_per_pack`` (min/mean/max).
     """
     rejects = rejects or []
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -118,6 +120,10 @@ def compute_stats(
         stats["image_tokens"] = stats["vision_tokens"] - stats["video_tokens"]
         stats["video_tokens_per_pack"] = {**_summary(pack_video), "std": float(pack_video.std()) if num_packs else 0.0}
         stats["image_tokens_per_pack"] = {**_summary(pack_image), "std": float(pack_image.std()) if num_packs else 0.0}
+    if videos is not None:
+        pack_videos = np.bincount(pack_ids, weights=videos, minlength=num_packs).astype(np.int64)
+        stats["videos"] = int(np.asarray(videos).sum())
+        stats["videos_per_pack"] = _summary(pack_videos)
     if sources is not None and len(sources) and any(sources):
         per_source: dict[str, dict[str, Any]] = {}
         for name in sorted(set(sources.tolist())):
@@ -178,6 +184,9 @@ def format_stats(stats: dict[str, Any]) -> str:
             per = stats[f"{kind}_tokens_per_pack"]
             rows.append((f"{kind} tokens / pack", f"min {per['min']:,}  mean {per['mean']:,.0f}  max {per['max']:,}"
                          f"  std {per['std']:,.0f}"))
+    if "videos_per_pack" in stats:
+        s = stats["videos_per_pack"]
+        rows.append(("videos / pack", f"min {s['min']}  mean {s['mean']:.2f}  max {s['max']}"))
     for key, label in naive_batches(pad):
         slots = pad[key]
         rows.append((f"naive padding, batch {label}", f"{slots:,} slots, {_pct(1 - tokens / slots) if slots else '-'} padding"

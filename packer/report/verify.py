@@ -157,6 +157,7 @@ class _Limits:
     max_vision_tokens: int | None
     max_images: int | None
     max_examples: int | None
+    max_videos: int | None
     profile: ModelProfile
     image_token_id: int | None
     video_token_id: int | None
@@ -271,6 +272,9 @@ def _check_boundaries(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> n
               lambda i: f"{d.E[i]} examples > max_examples_per_pack {lim.max_examples}", False)
     if lim.max_images is not None:
         check(d.I > lim.max_images, "image budget", lambda i: f"{d.I[i]} images > max_images {lim.max_images}", False)
+    if lim.max_videos is not None:
+        nv = np.diff(d.vid_off)
+        check(nv > lim.max_videos, "video budget", lambda i: f"{nv[i]} videos > max_videos {lim.max_videos}", False)
     if lim.max_vision_tokens is not None:
         check(d.num_vision > lim.max_vision_tokens, "vision budget",
               lambda i: f"{d.num_vision[i]} vision tokens > max_vision_tokens {lim.max_vision_tokens}", False)
@@ -437,6 +441,7 @@ def _limits(manifest: Manifest) -> _Limits:
         max_vision_tokens=cfg.max_vision_tokens,
         max_images=cfg.max_images,
         max_examples=cfg.max_examples_per_pack,
+        max_videos=cfg.max_videos,
         profile=profile,
         image_token_id=manifest.image_token_id,
         video_token_id=manifest.video_token_id,

@@ -69,6 +69,7 @@ def encoded_to_record(enc) -> dict[str, Any]:
         "num_vision_tokens": enc.num_vision_tokens,
         "num_video_tokens": enc.num_video_tokens,
         "num_images": len(enc.images),
+        "num_videos": len(enc.videos),
     }
 
 

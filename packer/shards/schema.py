@@ -113,6 +113,7 @@ EXAMPLE_SCHEMA = pa.schema(
         ("num_vision_tokens", pa.int32()),
         ("num_video_tokens", pa.int32()),
         ("num_images", pa.int32()),
+        ("num_videos", pa.int32()),
     ]
 )
 

@@ -150,6 +150,8 @@ class OnlinePackedDataset(IterableDataset):
                               "per epoch; up/down-sample with `packer build` instead")
         if pool_size < 1:
             raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
+        if config.max_videos is not None:  # pack_stream has no video column yet
+            raise ConfigError("online packing takes no 'max_videos' yet; use `packer build` for a video budget")
         self.config = config
         self.rank, self.world_size, self.pool_size = rank, world_size, pool_size
         self.shuffle, self.seed, self.encode_batch = shuffle, seed, encode_batch

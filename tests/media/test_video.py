@@ -1,4 +1,5 @@
-"""packer.media.video: header-only video plans equal what Qwen's own pipeline gives after decoding the clip.
+"""packer.media.video (probe, decode) and packer.models.qwen_video_plan (the Qwen rules): header-only video
+plans equal what Qwen's own pipeline gives after decoding the clip.
 
 The reference (tests/media/qwen_reference.py) transcribes qwen-vl-utils 0.0.14's decoding path, decodes every
 frame of each clip with PyAV to count them, and uses transformers 5.23.0's own resize code; packer's plan comes
@@ -17,17 +18,14 @@ import torch
 from PIL import Image
 
 from packer.errors import RecordError
-from packer.media.video import (
+from packer.media.video import decode_frame_list, decode_frames, probe, probe_frame_list
+from packer.models.qwen_video_plan import (
     END_SLACK_S,
     VideoRequest,
-    decode_frame_list,
-    decode_frames,
     get_video_family,
     linspace_indices,
     plan_frame_list,
     plan_video,
-    probe,
-    probe_frame_list,
     qwen3_video_text,
     qwen25_temporal_positions,
 )

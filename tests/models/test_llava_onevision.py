@@ -68,7 +68,7 @@ def test_feature_lengths_match_the_model(coco_images) -> None:
     """``LlavaOnevisionModel.pack_image_features`` (unpad, downscale, newlines, base) on features of the right
     shape gives each image exactly ``num_tokens`` rows, tiled and untiled."""
     profile = get_profile("llava-onevision")
-    model = profile.tiny_model(token_ids={"image_token": 5}, vocab_size=64, hidden=8).model
+    model = profile.tiny_model(token_ids={"<image>": 5, "<video>": 6}, vocab_size=64, hidden=8).model
     sizes = sorted(set(_sizes(coco_images)))
     for w, h in sizes:
         crops = profile.grid_thw(w, h)[0]
@@ -131,3 +131,100 @@ def test_a_cut_that_parts_an_examples_images_is_refused(coco_images, tok) -> Non
 def test_a_lone_untiled_image_is_refused() -> None:
     with pytest.raises(ConfigError, match="untiled image without"):
         get_profile("llava-onevision").pixel_inputs([ImageRef(path="x.jpg")], [(1, 27, 27)])
+
+
+def _U(*parts) -> dict:
+    return {"role": "user", "content": [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]}
+
+
+def _A(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def _leaf_paths(rec: dict) -> list[list[dict]]:
+    """The messages of every root-to-leaf path of a record, leaves in depth-first order (the encoder's)."""
+    branches = rec.get("branches") or []
+    if not branches:
+        return [rec["messages"]]
+    subs = [b if isinstance(b, dict) else {"messages": b} for b in branches]
+    return [rec["messages"] + path for sub in subs for path in _leaf_paths(sub)]
+
+
+def _tree_records(files: list[Path]) -> list[dict]:
+    img = lambda k: {"type": "image", "image": str(files[k])}  # noqa: E731
+    return [
+        # an image in one branch (1 on its path: tiled), two in another (untiled), none in a third
+        {"messages": [_U("Look."), _A("Sure.")],
+         "branches": [[_U(img(0), "One?"), _A("One.")], [_U(img(1), img(2), "Two?"), _A("Two.")],
+                      [_U("None?"), _A("No image.")]]},
+        # a root image and an image in each branch: 2 on every path, all untiled
+        {"messages": [_U(img(3), "Caption."), _A("A scene.")],
+         "branches": [[_U(img(0), "And this?"), _A("Another.")], [_U(img(1), "This?"), _A("A third.")]]},
+        # a root image, branches without images below it (tiled), nested
+        {"messages": [_U(img(2), "What?")],
+         "branches": [[_A("A thing.")], {"messages": [_A("Hm.")], "branches": [[_U("Sure?"), _A("Yes.")],
+                                                                             [_U("Really?"), _A("No.")]]}]},
+    ]
+
+
+def test_tree_paths_match_the_processor_run_on_each_path_alone(coco_images, tok, processor) -> None:
+    """Every root-to-leaf path of a tree (the example the model sees) has the tokens, counts and tiling the
+    processor gives that path alone: an image is tiled iff each path through it holds it alone."""
+    profile = get_profile("llava-onevision")
+    encoder = Encoder(tok, profile)
+    seen = set()
+    for rec in _tree_records(coco_images[10:14]):
+        enc = encoder.encode(parse_record(rec, path="t.jsonl", line=1, base_dir="/"))
+        offsets = enc.node_offsets.tolist()
+        ranges = list(zip(offsets, offsets[1:] + [len(enc.input_ids)], strict=True))
+        parents = enc.node_parents.tolist()
+        leaves = [n for n in range(len(parents)) if n not in parents]
+        paths = _leaf_paths(rec)
+        assert len(paths) == len(leaves) > 1
+        for leaf, messages in zip(leaves, paths, strict=True):
+            nodes, n = [], leaf
+            while n >= 0:
+                nodes.insert(0, n)
+                n = parents[n]
+            mine = np.concatenate([enc.input_ids[slice(*ranges[k])] for k in nodes])
+            files = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                     if p["type"] == "image"]
+            shown = [{**m, "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]}
+                     if isinstance(m["content"], list) else m for m in messages]
+            text = tok.apply_chat_template(shown, tokenize=False)
+            images = [[Image.open(f).convert("RGB") for f in files]] if files else None
+            out = processor(text=[text], images=images, return_tensors="np")
+            assert mine.tolist() == out["input_ids"][0].tolist(), (leaf, len(files))
+            inside = [im for im in enc.images if any(a <= im.offset < b for a, b in (ranges[k] for k in nodes))]
+            assert [im.grid_thw[0] > 1 for im in inside] == [len(files) == 1] * len(files)
+            seen.add(len(files))
+    assert seen == {0, 1, 2}  # paths without images, with one (tiled), with several (untiled)
+
+
+def test_an_image_tiled_on_one_path_and_not_on_another_is_refused(coco_images, tok) -> None:
+    """A root image with one branch that adds an image (2 on that path) and one that does not (1): the model
+    would tile it on one path only, so no one count is right for the packed tree."""
+    img = lambda k: {"type": "image", "image": str(coco_images[k])}  # noqa: E731
+    rec = {"messages": [_U(img(0), "Look."), _A("Ok.")],
+           "branches": [[_U(img(1), "And?"), _A("Two.")], [_U("Alone?"), _A("One.")]]}
+    with pytest.raises(RecordError, match="tree node 0's image is the only image on one path") as e:
+        Encoder(tok, get_profile("llava-onevision")).encode(parse_record(rec, path="t.jsonl", line=1, base_dir="/"))
+    assert e.value.reason == "image_tree"
+
+
+def test_a_cut_that_leaves_paths_disagreeing_is_refused(coco_images, tok) -> None:
+    """A root image and one more on every path (all untiled); a cut inside the last branch's image leaves a
+    path holding only the root image, which the model would tile: untruncatable, not a wrong count."""
+    img = lambda k: {"type": "image", "image": str(coco_images[k])}  # noqa: E731
+    rec = {"messages": [_U(img(0), "Look."), _A("Ok.")],
+           "branches": [[_U(img(1), "And?"), _A("Two.")],
+                        {"messages": [_U("Go on."), _A("Sure.")],
+                         "branches": [[_U(img(2), "This?"), _A("Three.")], [_U(img(3), "That?"), _A("Four.")]]}]}
+    example = parse_record(rec, path="t.jsonl", line=1, base_dir="/")
+    profile = get_profile("llava-onevision")
+    full = Encoder(tok, profile).encode(example)
+    assert [im.grid_thw[0] for im in full.images] == [1, 1, 1, 1]
+    cut = Encoder(tok, profile, max_length=full.images[2].offset + 10, overlong="truncate")
+    with pytest.raises(RecordError, match="decide how many tokens") as e:
+        cut.encode(example)
+    assert e.value.reason == "untruncatable"

@@ -220,7 +220,8 @@ def test_constants_are_transformers() -> None:
 
 def test_decoded_clip_grid_equals_plan(tmp_path) -> None:
     """A PyAV clip through the build's plan and the reader's decode: the grid is the plan's, for both rules."""
-    from packer.media.video import VideoRequest, decode_frames, get_video_family, plan_video, probe
+    from packer.media.video import decode_frames, probe
+    from packer.models.qwen_video_plan import VideoRequest, get_video_family, plan_video
     from tests.media.make_videos import write_clip
 
     path = write_clip(tmp_path / "c.mp4", fps=25, frames=30, width=150, height=98)
@@ -288,3 +289,74 @@ def torchvision_v1_resize(frames: np.ndarray, size: tuple[int, int]) -> torch.Te
 
     video = torch.tensor(frames).permute(0, 3, 1, 2)
     return transforms.functional.resize(video, list(size), interpolation=InterpolationMode.BICUBIC, antialias=True).float()
+
+
+@pytest.mark.parametrize(("name", "size", "options"), [
+    ("qwen2-vl", (64, 48), {}),  # fetched 168x112 (image min), then the video min: two resizes
+    ("qwen2-vl", (1000, 700), {}),  # fetched ~full size, then the video max: two resizes
+    ("qwen3-vl", (48, 36), {}),
+    ("qwen2.5-vl", (120, 90), {"min_pixels": 64 * 28 * 28, "max_pixels": 128 * 28 * 28}),  # fetched in bounds
+])
+def test_frame_list_pixels_follow_qwen_vl_utils(tmp_path, coco_images, name, size, options) -> None:
+    """A frame list read back: each image resized as qwen-vl-utils' ``fetch_image`` does (PIL), then as its
+    ``fetch_video`` does, then the processor - against tests/media/qwen_reference.py's transcription of
+    qwen-vl-utils 0.0.14 (frames, sizes) and ``video_pixel_values`` (checked above against the processor).
+    The first two cases fail if the reader resizes each image straight to the utils size."""
+    from packer.core.types import VideoRef
+    from packer.models import get_profile
+    from tests.media import qwen_reference as ref
+
+    paths = _frame_images(tmp_path, coco_images, size)
+    profile = get_profile(name)
+    family = profile.video_family()
+    want = ref.reference({"type": "video", "video": paths, **options}, family)
+    want_pixels, want_grid = video_pixel_values(
+        want.frames.permute(0, 2, 3, 1).numpy(), resized_height=want.size[0], resized_width=want.size[1],
+        patch_size=profile.patch_size, image_mean=profile.image_mean, image_std=profile.image_std,
+        utils_size=want.utils_size,
+    )
+    plan = profile.plan_video(VideoRef(frames=tuple(paths), options=tuple(sorted(options.items()))))
+    assert (plan.utils_size, plan.size, plan.grid_thw) == (want.utils_size, want.size, tuple(want_grid[0].tolist()))
+    stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
+              "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
+              "second_per_grid_t": plan.second_per_grid_t}
+    got = profile.video_pixel_values([stored])
+    assert torch.equal(got["video_grid_thw"], want_grid)
+    assert torch.equal(got["pixel_values_videos"], want_pixels)
+
+
+def _frame_images(root, coco_images, size: tuple[int, int]) -> list[str]:
+    from PIL import Image
+
+    paths = []
+    for i, src in enumerate(coco_images[:3]):
+        paths.append(str(root / f"{i}.png"))  # lossless: every reader reads the same pixels
+        Image.open(src).convert("RGB").resize(size, Image.Resampling.BILINEAR).save(paths[-1])
+    return paths
+
+
+@pytest.mark.parametrize(("name", "size"), [("qwen2-vl", (64, 48)), ("qwen2-vl", (1000, 700)), ("qwen3-vl", (48, 36))])
+def test_frame_list_matches_real_qwen_vl_utils(tmp_path, coco_images, name, size) -> None:
+    """The same against the real qwen-vl-utils ``fetch_video`` and HF video processor (they need torchvision:
+    skipped without it; qwen-vl-utils is not a dependency either)."""
+    pytest.importorskip("torchvision")
+    qwen_vl_utils = pytest.importorskip("qwen_vl_utils")
+    from transformers import Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
+
+    from packer.core.types import VideoRef
+    from packer.models import get_profile
+
+    paths = _frame_images(tmp_path, coco_images, size)
+    profile = get_profile(name)
+    video = qwen_vl_utils.fetch_video({"type": "video", "video": paths}, image_patch_size=profile.patch_size)
+    if name == "qwen3-vl":  # as Qwen3-VL's README calls it
+        out = Qwen3VLVideoProcessor()(videos=[video], do_sample_frames=False, do_resize=False, return_tensors="pt")
+    else:
+        out = Qwen2VLVideoProcessor()(videos=[video], do_sample_frames=False, return_tensors="pt")
+    plan = profile.plan_video(VideoRef(frames=tuple(paths)))
+    stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
+              "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
+              "second_per_grid_t": plan.second_per_grid_t}
+    got = profile.video_pixel_values([stored])
+    assert torch.equal(got["video_grid_thw"], out["video_grid_thw"])
+    assert torch.equal(got["pixel_values_videos"], out["pixel_values_videos"])

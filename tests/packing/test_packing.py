@@ -159,6 +159,20 @@ def test_budgets_hold(case, algorithm, balance, refine):
 
 
 @SETTINGS
+@given(multimodal(), st.sampled_from(FAST), st.integers(1, 3), st.booleans())
+def test_video_budget_holds(case, algorithm, max_videos, balance):
+    """``max_videos`` is one more budget column: never exceeded, beside the vision and image budgets."""
+    lengths, capacity, vision, images, vision_budget, max_images, _, n = case
+    videos = np.minimum(images, max_videos)  # some examples at the budget, some without video
+    ids = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,
+               images=images, max_images=max_images, videos=videos, max_videos=max_videos, balance_vision=balance)
+    if n:
+        check_plan(ids, lengths, capacity)
+        assert pack_totals(videos, ids).max() <= max_videos
+        assert pack_totals(images, ids).max() <= max_images
+
+
+@SETTINGS
 @given(multimodal())
 def test_balance_never_costs_more_than_tolerance(case):
     lengths, capacity, vision, *_ = case
@@ -298,6 +312,8 @@ def test_groups_and_totals():
         ({"vision_budget": 4}, r"'max_vision_tokens' is set but no per-example vision token counts"),
         ({"images": [0, 3], "max_images": 2}, r"example 1 has 3 images > max_images 2; raise 'max_images'"),
         ({"max_images": 2}, r"'max_images' is set but no per-example image counts"),
+        ({"videos": [0, 3], "max_videos": 2}, r"example 1 has 3 videos > max_videos 2; raise 'max_videos'"),
+        ({"max_videos": 2}, r"'max_videos' is set but no per-example video counts"),
         ({"max_examples": 0}, r"'max_examples_per_pack' must be a positive integer"),
         ({"lengths": [], "max_images": -1}, r"'max_images' must be a positive integer"),
         ({"algorithm": "binpacking", "max_examples": 2}, r"'binpacking' only knows the token budget"),

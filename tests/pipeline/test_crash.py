@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,8 +31,8 @@ from packer.pipeline.build import build
 from packer.pipeline.stages import CHUNK_LINES
 from packer.report.verify import verify_build
 from packer.train.dataset import PackedDataset
+from tests.pipeline.crash_setup import ENV, REPO, build_command, run_build, word_records, word_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
 WORDS = [f"w{i}" for i in range(3000)]
 NUM_LINES = 3 * CHUNK_LINES + 60  # 4 encode chunks
 BAD_LINE = CHUNK_LINES + 77  # in the second chunk: under --num-proc 2 a worker, not the parent, meets it
@@ -42,43 +41,16 @@ OPTS = ["--profile", "text", "--max-length", "1024", "--rows-per-shard", "30", "
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer(tmp_path_factory) -> str:
-    """A word-level HF tokenizer directory with a ChatML template (loads in milliseconds, no hub)."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(["[UNK]", *WORDS, "system", "user", "assistant"])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token="[UNK]")
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    path = tmp_path_factory.mktemp("tok") / "tiny"
-    tok.save_pretrained(str(path))
-    return str(path)
-
-
-def _lines(rng: np.random.Generator, n: int) -> list[str]:
-    """Text records, a chat every 7th line and a bad record every 97th (so rejects exist)."""  # ~1.3 ms/record
-    out = []
-    for i in range(1, n + 1):
-        words = " ".join(WORDS[j] for j in rng.integers(0, len(WORDS), size=int(rng.integers(5, 400))))
-        if i % 97 == 0:
-            out.append('{"messages": [{"role": "user", "content": 5}]}')
-        elif i % 7 == 0:
-            out.append(json.dumps({"messages": [{"role": "user", "content": words[:200]},
-                                                {"role": "assistant", "content": words[200:] or "w1"}]}))
-        else:
-            out.append(json.dumps({"text": words}))
-    return out
+    return word_tokenizer(tmp_path_factory.mktemp("tok") / "tiny", words=WORDS)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
+    """Text records, a chat every 7th line and a bad record every 97th (so rejects exist)."""  # ~1.3 ms/record
+    lines = word_records(np.random.default_rng(0), NUM_LINES, words=WORDS, lengths=(5, 400), chat_every=7,
+                         bad_every=97, question_chars=200)
     path = tmp_path_factory.mktemp("corpus") / "data.jsonl"
-    path.write_text("\n".join(_lines(np.random.default_rng(0), NUM_LINES)) + "\n")
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
@@ -101,20 +73,6 @@ def reference(corpus, tiny_tokenizer, tmp_path_factory) -> dict[str, bytes]:
 def _args(corpus: Path, out: Path, tokenizer: str, *extra: str) -> list[str]:
     """``packer build`` arguments."""
     return [str(corpus), "-o", str(out), "--tokenizer", tokenizer, "-q", *OPTS, *extra]
-
-
-def _cmd(args: list[str], crash: str | None = None) -> list[str]:
-    """``packer build ARGS``, or the same build interrupted at ``crash`` (tests/pipeline/crashing_build.py)."""
-    if crash is None:
-        return [sys.executable, "-m", "packer.cli", "build", *args]
-    return [sys.executable, "-m", "tests.pipeline.crashing_build", crash, *args]
-
-
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def _run(args: list[str], crash: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(_cmd(args, crash), env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def _assert_unfinished(out: Path) -> None:
@@ -144,14 +102,14 @@ def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokeniz
     encode, shards_dir = out / ".packer" / "encode", out / ".packer" / "shards"
 
     # 1. inside chunk 2: chunks 0, 1 committed; chunk 2's rejects written, its .arrow (the commit) not
-    assert _run(args, "encode-partial:2").returncode == -signal.SIGKILL
+    assert run_build(args, "encode-partial:2").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert sorted(p.name for p in encode.glob("*.arrow")) == ["chunk-000000.arrow", "chunk-000001.arrow"]
     assert (encode / "chunk-000002.rejects.jsonl").exists()
     done = _stamps(encode.glob("*.arrow"))
 
     # 2. in the middle of writing shard 2: a half-written temp file, no shard-00002.parquet; chunks 0, 1 reused
-    assert _run(args, "shard-partial:2").returncode == -signal.SIGKILL
+    assert run_build(args, "shard-partial:2").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert list(out.glob("shard-00002.parquet.tmp-*")) and not (out / "shard-00002.parquet").exists()
     assert {k: v for k, v in _stamps(encode.glob("*.arrow")).items() if k in done} == done
@@ -160,20 +118,20 @@ def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokeniz
     assert sorted(written) == ["shard-00000.parquet", "shard-00001.parquet"]
 
     # 3. shard 4 renamed into place, its marker not written; the temp file is gone, shards 0, 1 reused
-    assert _run(args, "shard:4").returncode == -signal.SIGKILL
+    assert run_build(args, "shard:4").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert not list(out.glob("*.tmp-*"))
     assert (out / "shard-00004.parquet").exists() and not (shards_dir / "00004.json").exists()
     assert {k: v for k, v in _stamps(out.glob("shard-*.parquet")).items() if k in written} == written
 
     # 4. everything but the manifest: shards, rejects.jsonl, stats.json
-    assert _run(args, "manifest:0").returncode == -signal.SIGKILL
+    assert run_build(args, "manifest:0").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert (out / "rejects.jsonl").exists() and (out / "stats.json").exists()
     assert sorted(p.name for p in out.glob("shard-*.parquet")) == sorted(reference)
 
     # the same command, uninterrupted, finishes it
-    final = _run(args)
+    final = run_build(args)
     assert final.returncode == 0, final.stderr
     _assert_identical(out, reference, corpus)
     PackedDataset(out)  # readable now
@@ -182,7 +140,7 @@ def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokeniz
 def _stopped_build(args: list[str]) -> subprocess.Popen:
     """Start ``packer build ARGS`` in its own process group, frozen (SIGSTOP) right after its first encode
     chunk."""
-    proc = subprocess.Popen(_cmd(args, "encode:1:STOP"), env=ENV, cwd=REPO, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(build_command(args, "encode:1:STOP"), env=ENV, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -237,7 +195,7 @@ def test_killed_inside_a_pool_worker_then_rerun_is_byte_identical(corpus, tiny_t
     parent) kills the build between the chunk's rejects and its commit; the rerun finishes it."""
     out = tmp_path / "out"
     encode = out / ".packer" / "encode"
-    proc = subprocess.Popen(_cmd(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "encode-partial:2"),
+    proc = subprocess.Popen(build_command(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "encode-partial:2"),
                             env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     _, stderr = proc.communicate(timeout=300)
@@ -258,7 +216,7 @@ def test_strict_bad_record_in_a_pool_worker_reaches_the_cli_intact(corpus, tiny_
     lines[BAD_LINE - 1] = '{"messages": [{"role": 7, "content": "w1"}, {"role": "assistant", "content": "w2"}]}'
     data = tmp_path / "strict.jsonl"
     data.write_text("\n".join(lines) + "\n")
-    proc = _run(_args(data, tmp_path / "out", tiny_tokenizer, "--strict", "--num-proc", "2"))
+    proc = run_build(_args(data, tmp_path / "out", tiny_tokenizer, "--strict", "--num-proc", "2"))
     assert proc.returncode == 2, proc.stderr
     with pytest.raises(RecordError) as err:
         parse_line(lines[BAD_LINE - 1].encode(), path=str(data), line=BAD_LINE, base_dir=str(tmp_path))
@@ -284,7 +242,7 @@ def test_killed_while_a_pool_worker_writes_shards_then_rerun_is_byte_identical(c
     """--num-proc 2 writes shards in the pool: the worker that renamed shard 3 into place kills the build
     before its marker; the rerun keeps what is complete and finishes byte-identical."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(_cmd(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "shard:3"),
+    proc = subprocess.Popen(build_command(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "shard:3"),
                             env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     _, stderr = proc.communicate(timeout=300)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from packer.config import BuildConfig
-from packer.media.video import VideoRequest, get_video_family, plan_video, probe
+from packer.media.video import probe
+from packer.models.qwen_video_plan import VideoRequest, get_video_family, plan_video
 from packer.pipeline.build import build
 from packer.report.stats import format_stats
 from packer.report.verify import verify_build
@@ -181,3 +182,28 @@ def test_families_without_video_refuse_it(tmp_path):
     with pytest.raises(RecordError, match="profile 'llava' takes no videos") as e:
         Encoder(load_tokenizer("qwen2-vl"), get_profile("llava")).encode(example)
     assert e.value.reason == "image_count_mismatch" and e.value.line == 1
+
+
+def test_video_budget_per_pack(built, tmp_path):
+    """``--max-videos``: every pack of a mixed build holds at most that many videos (beside the vision budget),
+    stats show videos per pack, the build verifies; ``packer verify`` reports a pack over the manifest's budget."""
+    from packer.shards.io import write_json_atomic
+
+    out, data = built
+    config = BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="qwen2.5-vl", max_length=1400,
+                                     max_pixels=100 * 28 * 28, max_vision_tokens=1000, max_videos=1)
+    build(config, progress=False)
+    rows = list(PackedDataset(tmp_path / "out", shuffle=False, load_images=False))
+    assert max(len(r["videos"]) for r in rows) == 1 and sum(len(r["videos"]) for r in rows) == 7
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["videos"] == 7 and stats["videos_per_pack"]["max"] == 1 and stats["rejected"] == 0
+    assert "videos / pack" in format_stats(stats)
+    assert verify_build(tmp_path / "out", inputs=[str(data)]).ok
+    # the unbudgeted build packs two clips in a row somewhere: a budget of 1 in its manifest is broken there
+    assert max(len(r["videos"]) for r in PackedDataset(out, shuffle=False, load_images=False)) >= 2
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["config"]["max_videos"] = 1
+    write_json_atomic(copy / "manifest.json", manifest)
+    assert "videos > max_videos 1" in "\n".join(verify_build(copy).lines())

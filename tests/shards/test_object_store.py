@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,8 +33,8 @@ from packer.report.verify import verify_build  # noqa: E402
 from packer.shards.io import open_shards  # noqa: E402
 from packer.shards.store import ObjectPath, store_path, write_atomic  # noqa: E402
 from packer.train.dataset import PackedDataset  # noqa: E402
+from tests.pipeline.crash_setup import run_build, word_records, word_tokenizer  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 WORDS = [f"w{i}" for i in range(500)]
 OPTS = dict(profile="text", max_length=256, rows_per_shard=40, rows_per_row_group=16)
 CLI_OPTS = ["--profile", "text", "--max-length", "256", "--rows-per-shard", "40", "--rows-per-row-group", "16"]
@@ -70,38 +68,14 @@ def s3():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> str:
-    """A word-level HF tokenizer with a ChatML template: loads in milliseconds, no hub."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(["[UNK]", *WORDS, "system", "user", "assistant"])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token="[UNK]")
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    path = tmp_path_factory.mktemp("tok") / "tiny"
-    tok.save_pretrained(str(path))
-    return str(path)
+    return word_tokenizer(tmp_path_factory.mktemp("tok") / "tiny", words=WORDS)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """700 records (two encode chunks): texts, a chat every 5th line, a bad record every 61st."""
-    rng = np.random.default_rng(0)
-    lines = []
-    for i in range(1, 701):
-        words = " ".join(WORDS[j] for j in rng.integers(0, len(WORDS), size=int(rng.integers(3, 120))))
-        if i % 61 == 0:
-            lines.append('{"messages": [{"role": "user", "content": 5}]}')
-        elif i % 5 == 0:
-            lines.append(json.dumps({"messages": [{"role": "user", "content": words[:60]},
-                                                  {"role": "assistant", "content": words[60:] or "w1"}]}))
-        else:
-            lines.append(json.dumps({"text": words}))
+    lines = word_records(np.random.default_rng(0), 700, words=WORDS, lengths=(3, 120), chat_every=5, bad_every=61,
+                         question_chars=60)
     path = tmp_path_factory.mktemp("corpus") / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -167,19 +141,11 @@ def test_an_object_path_pickles_to_a_working_client(s3):
     assert copy.read_bytes() == b"{}" and not [p for p in copy.parent.iterdir() if ".tmp-" in p.name]
 
 
-def _crashing_build(crash: str, url: str, corpus: Path, tokenizer: str, env: dict[str, str]) -> int:
-    """``packer build`` to ``url`` killed at ``crash`` (tests/pipeline/crashing_build.py); its return code."""
-    cmd = [sys.executable, "-m", "tests.pipeline.crashing_build", crash, str(corpus), "-o", url, "--tokenizer",
-           tokenizer, "-q", *CLI_OPTS]
-    proc = subprocess.run(cmd, env={**os.environ, **env, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    return proc.returncode
-
-
 def test_a_build_killed_on_s3_shows_no_partial_shard_and_resumes(s3, corpus, tokenizer, local_build):
     url = "s3://packer/runs/killed"
     # killed in the middle of writing shard 1: a half-written temp object, nothing under the shard's name
-    assert _crashing_build("shard-partial:1", url, corpus, tokenizer, s3) == -signal.SIGKILL
+    args = [corpus, "-o", url, "--tokenizer", tokenizer, "-q", *CLI_OPTS]
+    assert run_build(args, "shard-partial:1", env=s3).returncode == -signal.SIGKILL
     keys = _keys(url)
     assert [k for k in keys if k.startswith("shard-") and ".tmp-" not in k] == ["shard-00000.parquet"]
     assert any(k.startswith("shard-00001.parquet.tmp-") for k in keys)

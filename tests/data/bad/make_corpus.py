@@ -232,6 +232,18 @@ def _molmo2_records() -> list[tuple[dict, str, str]]:
     ]
 
 
+def _llava_onevision_records() -> list[tuple[dict, str, str]]:
+    a, b = {"type": "image", "image": "good.jpg"}, {"type": "image", "image": "good.png"}
+    return [
+        ({"messages": [U("Look."), A("Yes.")], "branches": [[U([a]), A("One.")], [U([b]), A("Two.")]]}, "packed",
+         "an image in each branch, none shared (one per path: each tiled)"),
+        ({"messages": [U(img("good.jpg")), A("Ok.")], "branches": [[U([b]), A("One.")], [U([a]), A("Two.")]]},
+         "packed", "an image in the prefix and one in every branch (two per path: all untiled)"),
+        ({"messages": [U(img("good.jpg")), A("Ok.")], "branches": [[U([b]), A("One.")], [A("Two.")]]}, "image_tree",
+         "an image in the prefix, one branch adding an image and one not (tiled on one path only)"),
+    ]
+
+
 def _write(name: str, cases, config: dict) -> dict:
     out = bytearray()
     expect, notes = {}, {}
@@ -265,6 +277,8 @@ def main() -> None:
         "videos.jsonl": _write("videos.jsonl", _video_records(), {**common, "profile": "qwen2.5-vl",
                                                                   "max_length": 1024, "max_vision_tokens": 300}),
         "molmo2.jsonl": _write("molmo2.jsonl", _molmo2_records(), {"profile": "molmo2", "max_length": 2048}),
+        "llava_onevision.jsonl": _write("llava_onevision.jsonl", _llava_onevision_records(),
+                                        {"profile": "llava-onevision", "max_length": 8192}),
     }
     (HERE / "expected.json").write_text(json.dumps({"files": spec}, indent=1) + "\n")
 
