@@ -123,6 +123,14 @@ class _Timed:
     def __init__(self, inner, marks: dict[str, float]):
         self.inner, self.marks = inner, marks
 
+    def start(self):
+        if hasattr(self.inner, "start"):
+            self.inner.start()
+
+    def close(self):
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
     def encode(self, chunks, **kw):
         self.marks["encode"] = time.perf_counter()
         yield from self.inner.encode(chunks, **kw)

@@ -348,7 +348,10 @@ def _runs(ids: np.ndarray, token_id: int | None) -> tuple[np.ndarray, np.ndarray
     """(starts, ends) of the maximal runs of ``token_id`` in ``ids`` (none for a None id)."""
     if token_id is None:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    edges = np.diff(np.concatenate([[False], ids == token_id, [False]]).astype(np.int8))
+    hits = ids == token_id
+    if not hits.any():  # the usual case for the video token: one pass, no edges to find
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    edges = np.diff(np.concatenate([[False], hits, [False]]).astype(np.int8))
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
@@ -395,6 +398,8 @@ def mrope_position_ids(
         (video_token_id, video_grids, video_intervals, "video"),
     ):
         starts_k, ends_k = _runs(ids, token_id)
+        if starts_k.shape[0] == 0 and len(grids_in) == 0:
+            continue  # none named, none found (the video kind of an image example)
         grids = np.asarray(grids_in, dtype=np.int64).reshape(-1, 3)
         counts = grids[:, 0] * (grids[:, 1] // spatial_merge_size) * (grids[:, 2] // spatial_merge_size)
         if starts_k.shape[0] != grids.shape[0] or (ends_k - starts_k != counts).any():

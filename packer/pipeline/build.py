@@ -75,6 +75,10 @@ class Executor(Protocol):
     does the rest (scan, plan, finish) in its own process. ``LocalExecutor`` is one machine, ``RayExecutor``
     (``ray_executor.py``) a Ray cluster: one file each, with these two methods.
 
+    An executor may also define ``start()`` and ``close()``: ``build`` calls ``start`` first, before it
+    loads the tokenizer (``LocalExecutor`` spawns its workers then, so their start-up overlaps the load),
+    and ``close`` when it ends, also on an error.
+
     Each method is a generator: it runs its tasks wherever and in whatever order it likes and yields their
     results in task order, in the calling process; ``build`` closes it early on an error or Ctrl-C, and it
     then stops its workers. Tasks are independent and idempotent (each skips what is already committed), so
@@ -108,11 +112,22 @@ def build(
     ``executor`` runs the encode and write tasks (default: ``make_executor(config)``); ``hooks`` is called
     at the named points of ``faults.POINTS`` (default: no-ops; tests inject faults there).
     """
+    executor = executor if executor is not None else make_executor(config)
+    hooks = hooks if hooks is not None else Hooks()
+    if hasattr(executor, "start"):
+        executor.start()
+    try:
+        return _build(config, executor=executor, hooks=hooks, progress=progress)
+    finally:
+        if hasattr(executor, "close"):
+            executor.close()
+
+
+def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool) -> BuildResult:
+    """``build`` once its executor is started."""
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
     from packer.report.stats import compute_stats, format_stats
 
-    executor = executor if executor is not None else make_executor(config)
-    hooks = hooks if hooks is not None else Hooks()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     encoder = make_encoder(config)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)

@@ -1,8 +1,10 @@
 """``LocalExecutor``: runs a build's tasks on this machine (the ``Executor`` of ``pipeline/build.py``).
 
-Encode tasks and shard ranges run in this process (``num_proc=1``) or in a spawn pool of ``num_proc``
-workers, one pool per stage. Resuming needs nothing here: the tasks skip what a previous run committed
-(encode-cache chunks, shard markers).
+Encode tasks and shard ranges run in this process (``num_proc=1``) or in ONE spawn pool of ``num_proc``
+workers that serves both stages: ``start`` spawns it when the build begins, so the workers' interpreter
+start and imports overlap the parent's tokenizer load, and the write stage reuses the encode stage's
+workers instead of spawning its own. Resuming needs nothing here: the tasks skip what a previous run
+committed (encode-cache chunks, shard markers).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from packer.pipeline.faults import Hooks
 from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
 
 if TYPE_CHECKING:
+    from multiprocessing.pool import Pool
+
     from packer.encode.encoder import Encoder
 
-_WORKER: dict[str, Any] = {}  # a pool worker's encoder (encode pools only) and hooks, set once by _worker_init
+_WORKER: dict[str, Any] = {}  # a pool worker's encoder and the file it came from (encode_file), set by _encoder
 
 
 class LocalExecutor:
@@ -30,6 +34,24 @@ class LocalExecutor:
 
     def __init__(self, num_proc: int = 1):
         self.num_proc = num_proc
+        self._pool: Pool | None = None
+        self._encodes = 0  # encode calls so far: numbers each call's encoder file
+
+    def start(self) -> None:
+        """Spawn the pool now (``build`` calls this before it loads the tokenizer); a no-op for one process."""
+        if self.num_proc > 1 and self._pool is None:
+            import multiprocessing as mp
+
+            # spawn, not fork: the parent may hold tokenizer threads and locks that fork would copy mid-state.
+            self._pool = mp.get_context("spawn").Pool(self.num_proc, initializer=_worker_init)
+
+    def close(self) -> None:
+        """Stop the pool's workers (``build`` calls this when it ends, also on an error); ``start`` again
+        makes a new pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()
+            pool.join()
 
     def encode(
         self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -42,16 +64,16 @@ class LocalExecutor:
         import pickle
 
         # Workers load the parent's encoder from this file (Rust tokenizer only, 8 MB): ~0.5 s each, against
-        # ~5 s to import transformers and load the tokenizer in every worker. A file, not initargs: spawn
-        # writes initargs through a pipe the child drains only after its imports, so workers would start one
-        # by one. (The hooks are small: they travel in initargs.)
+        # ~5 s to import transformers and load the tokenizer in every worker. A file named in each task, not
+        # the pool's initargs: the pool is started before the encoder exists, and the file is read once per
+        # worker (the name is unique per encode call, so a reused executor never keeps an older encoder).
         # (beside the cache, or in the temp dir when the cache is on an object store: the pool is this machine's)
         here = cache.root if isinstance(cache.root, Path) else Path(tempfile.gettempdir())
-        blob = here / f"encoder.pkl.tmp-{os.getpid()}"
+        self._encodes += 1
+        blob = here / f"encoder.pkl.tmp-{os.getpid()}-{id(self):x}-{self._encodes}"
         try:
             blob.write_bytes(pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL))
-            yield from self._in_pool(_encode_task, [(chunk, cache, config) for chunk in chunks],
-                                     hooks=hooks, encoder_file=str(blob))
+            yield from self._in_pool(_encode_task, [(chunk, cache, config, hooks, str(blob)) for chunk in chunks])
         finally:
             blob.unlink(missing_ok=True)
 
@@ -65,49 +87,62 @@ class LocalExecutor:
         shard is a pure function of its range.
         """
         if self.num_proc == 1 or len(ranges) <= 1:
+            self.close()  # the workers' memory is free before this process gathers a shard
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
-        yield from self._in_pool(_write_task, [(shards, cache, config) for shards in ranges], hooks=hooks)
+        yield from self._in_pool(_write_task, [(shards, cache, config, hooks) for shards in ranges])
 
-    def _in_pool(
-        self, task: Callable[[Any], Any], args: list[Any], *, hooks: Hooks, encoder_file: str | None = None
-    ) -> Generator[Any, None, None]:
-        """``task`` over ``args`` in a spawn pool of ``num_proc`` workers, results in order; the pool is
-        terminated on an error, Ctrl-C or the caller closing the generator early."""
-        import multiprocessing as mp
-
-        pool = None
+    def _in_pool(self, task: Callable[[Any], Any], args: list[Any]) -> Generator[Any, None, None]:
+        """``task`` over ``args`` in the pool (started here if ``start`` was not called), results in order;
+        the pool is terminated on an error, Ctrl-C or the caller closing the generator early."""
         try:
-            # spawn, not fork: the parent may hold tokenizer threads and locks that fork would copy mid-state.
-            pool = mp.get_context("spawn").Pool(min(self.num_proc, len(args)), initializer=_worker_init,
-                                                initargs=(encoder_file, hooks))
-            yield from pool.imap(task, args, chunksize=1)
-            pool.close()
-            pool.join()
+            self.start()
+            yield from self._pool.imap(task, args, chunksize=1)
         except BaseException:
-            if pool is not None:
-                pool.terminate()
+            self.close()
             raise
 
 
-def _worker_init(encoder_file: str | None, hooks: Hooks) -> None:
+def _worker_init() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if encoder_file is not None:
-        import pickle
-
-        _WORKER["encoder"] = pickle.loads(Path(encoder_file).read_bytes())
-    _WORKER["hooks"] = hooks
     # Ctrl-C reaches the whole process group: the parent alone handles it (terminates the pool, exit 130),
     # so workers do not print a KeyboardInterrupt traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _encode_task(args: tuple[Chunk, EncodeCache, BuildConfig]) -> ChunkCounts:
-    chunk, cache, config = args  # under --strict a RecordError propagates (it pickles) to the parent
-    return encode_chunk(chunk, encoder=_WORKER["encoder"], cache=cache, config=config, hooks=_WORKER["hooks"])
+def _encoder(path: str) -> Encoder:
+    """The encoder pickled at ``path``, loaded on this worker's first task of an encode stage and kept."""
+    if _WORKER.get("encoder_file") != path:
+        import pickle
+
+        _WORKER.update(encoder=pickle.loads(Path(path).read_bytes()), encoder_file=path)
+    return _WORKER["encoder"]
 
 
-def _write_task(args: tuple[ShardRange, EncodeCache, BuildConfig]) -> list[dict[str, Any]]:
-    shards, cache, config = args
-    return write_shard_range(shards, cache=cache, config=config, hooks=_WORKER["hooks"])
+def _encode_task(args: tuple[Chunk, EncodeCache, BuildConfig, Hooks, str]) -> ChunkCounts:
+    chunk, cache, config, hooks, encoder_file = args  # under --strict a RecordError propagates (it pickles)
+    return encode_chunk(chunk, encoder=_encoder(encoder_file), cache=cache, config=config, hooks=hooks)
+
+
+def _drop_encoder() -> None:
+    """Free this worker's encoder (~160 MiB resident, the Rust tokenizer's tables) before it writes shards:
+    the write stage needs none, and its gathered rows are the peak. ``malloc_trim`` hands the freed heap back
+    to the system (glibc keeps it otherwise); elsewhere the memory is only reused."""
+    if _WORKER.pop("encoder", None) is None:
+        return
+    _WORKER.pop("encoder_file", None)
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _write_task(args: tuple[ShardRange, EncodeCache, BuildConfig, Hooks]) -> list[dict[str, Any]]:
+    shards, cache, config, hooks = args
+    _drop_encoder()
+    return write_shard_range(shards, cache=cache, config=config, hooks=hooks)

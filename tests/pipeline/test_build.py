@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -18,7 +20,8 @@ from packer.errors import ConfigError
 from packer.formats.read import read_jsonl
 from packer.models import get_profile
 from packer.pipeline.build import build
-from packer.pipeline.stages import encode_chunk, write_shard_range
+from packer.pipeline.faults import Hooks
+from packer.pipeline.stages import CHUNK_LINES, encode_chunk, write_shard_range
 from packer.shards.io import open_shards
 from packer.train.dataset import PackedDataset
 
@@ -243,3 +246,37 @@ def test_manifest_hashes_the_chat_template_used(tmp_path):
                                             max_length=256), progress=False)
     own = load_tokenizer("qwen2-vl").chat_template
     assert default.manifest["chat_template_sha256"] == hashlib.sha256(own.encode()).hexdigest()
+
+
+class _RecordPids(Hooks):
+    """Touches ``POINT-N-PID`` in ``root`` at each encoded chunk and each written shard."""
+
+    def __init__(self, root: Path):
+        self.root = str(root)
+
+    def at(self, point: str, n: int = 0, **state) -> None:
+        if point in ("encode-partial", "shard"):
+            Path(self.root, f"{point}-{n}-{os.getpid()}").touch()
+
+
+def test_one_pool_encodes_and_writes(tmp_path):
+    """``--num-proc 2``: the write stage runs in the encode stage's workers (no second pool), which are gone
+    when the build returns; the bytes equal a one-process build's."""
+    lines = [{"messages": [{"role": "user", "content": f"Count to {i}."},
+                           {"role": "assistant", "content": " ".join(map(str, range(i % 40 + 1)))}]}
+             for i in range(CHUNK_LINES + 100)]  # two encode chunks
+    corpus = _write_jsonl(tmp_path / "count.jsonl", lines)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    opts = dict(profile="qwen2-vl", max_length=512, rows_per_shard=8)
+    one = build(BuildConfig.from_inputs([str(corpus)], str(tmp_path / "one"), **opts), progress=False)
+    two = build(BuildConfig.from_inputs([str(corpus)], str(tmp_path / "two"), num_proc=2, **opts), progress=False,
+                hooks=_RecordPids(pids))
+    assert _shard_sums(two) == _shard_sums(one) and len(one.manifest["shards"]) > 1
+    by_point: dict[str, set[int]] = {}
+    for f in pids.iterdir():
+        point, _, pid = f.name.rsplit("-", 2)
+        by_point.setdefault(point, set()).add(int(pid))
+    assert by_point["shard"] <= by_point["encode-partial"] and os.getpid() not in by_point["shard"]
+    assert not multiprocessing.active_children()
+    assert not list((tmp_path / "two" / ".packer").rglob("encoder.pkl*"))

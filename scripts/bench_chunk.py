@@ -1,0 +1,116 @@
+"""One build worker's per-chunk work against the tokenizer-alone baseline's, in one process, interleaved.
+
+On bench_build's corpus (4,096 records = 8 encode chunks of 512 lines): the build's phases (parse the JSONL
+lines, render every root-to-node path, the tokenizer call, finish = labels, images, positions, and the
+chunk's Arrow table) and the baseline's (``apply_chat_template`` + one tokenizer call per chunk, as
+bench_build's ``tokenizer alone``). CPU time, best of ``--repeats`` rounds, the contenders alternating
+inside each round so that load on the shared cores hits both alike. Where the build's encode stage goes,
+without the noise of a whole build (docs/benchmarks.md, "Build throughput").
+
+    python scripts/bench_chunk.py               # ~1 min
+    python scripts/bench_chunk.py --repeats 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))
+
+import bench_build  # noqa: E402
+
+from packer.config import BuildConfig  # noqa: E402
+from packer.encode.tokenize import tokenize  # noqa: E402
+from packer.pipeline import stages  # noqa: E402
+from packer.shards.assemble import encoded_table  # noqa: E402
+
+
+def build_phases(chunks, config, encoder, base_dir: str) -> dict[str, float]:
+    """CPU seconds of each phase of ``stages.encode_chunk`` over ``chunks`` (the cache commit left out)."""
+    t = dict.fromkeys(("parse", "render", "tokenizer", "finish"), 0.0)
+    for chunk in chunks:
+        t0 = time.process_time()
+        parsed = list(stages._chunk_records(chunk, config, base_dir))
+        t1 = time.process_time()
+        staged, texts = [], []
+        for example in parsed:
+            stage = encoder._stage(example)
+            stage.first = len(texts)
+            texts.extend(stage.texts)
+            staged.append(stage)
+        t2 = time.process_time()
+        encodings = tokenize(encoder._backend, texts, offsets=False)
+        t3 = time.process_time()
+        done = []
+        for example, stage in zip(parsed, staged, strict=True):
+            one = encoder._finish(example, stage, encodings[stage.first : stage.first + len(stage.texts)])
+            one.source_name = chunk.source
+            done.append(one)
+        encoded_table(done)
+        t4 = time.process_time()
+        for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            t[k] += dt
+    return t
+
+
+def baseline_phases(lines: list[str]) -> dict[str, float]:
+    """CPU seconds of bench_build's baseline, split into render (template) and tokenizer."""
+    import json
+
+    t = {"render": 0.0, "tokenizer": 0.0}
+    tok = bench_build._TOK
+    for i in range(0, len(lines), stages.CHUNK_LINES):
+        t0 = time.process_time()
+        texts = []
+        for line in lines[i : i + stages.CHUNK_LINES]:
+            rec = json.loads(line)
+            msgs = [{**m, "content": [{"type": "image"} if p.get("type") == "image" else p for p in m["content"]]}
+                    if isinstance(m["content"], list) else m for m in rec["messages"]]
+            for branch in rec.get("branches", [[]]):
+                texts.append(tok.apply_chat_template(msgs + branch, tokenize=False))
+        t1 = time.process_time()
+        sum(len(ids) for ids in tok(texts).input_ids)
+        t["render"] += t1 - t0
+        t["tokenizer"] += time.process_time() - t1
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        bench_build.make_corpus(corpus, SHARED / "data" / "coco-mini", args.records)
+        config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile="qwen2-vl",
+                                         max_length=8192, max_pixels=256 * 28 * 28)
+        encoder = pickle.loads(pickle.dumps(stages.make_encoder(config)))  # what a worker holds
+        chunks = stages.scan_chunks(config)
+        lines = corpus.read_text().splitlines()
+        bench_build._init()
+        best: dict[str, dict[str, float]] = {}
+        for r in range(args.repeats + 1):  # round 0 warms the caches (image sizes, BPE)
+            for name, run in (("build", lambda: build_phases(chunks, config, encoder, tmp)),
+                              ("baseline", lambda: baseline_phases(lines))):
+                t = run()
+                if r:
+                    prev = best.get(name)
+                    best[name] = t if prev is None or sum(t.values()) < sum(prev.values()) else prev
+    for name, t in best.items():
+        split = ", ".join(f"{k} {v:.3f}" for k, v in t.items())
+        print(f"{name}: {sum(t.values()):.3f} s CPU per {args.records:,} records ({split})")
+
+
+if __name__ == "__main__":
+    main()
