@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.core.ids import chunk_id
-from packer.core.tree import tree_position_ids
+from packer.core.tree import ancestor_matrix, tree_position_ids
 from packer.core.types import (
     IGNORE_INDEX,
     Encoded,
@@ -472,6 +472,9 @@ class Encoder:
             (draft.ids[ref_pos] == self.video_token_id).tolist() != is_video
         ):
             raise RecordError("template_error", "the chat template put the images and videos out of their order")
+        if self.profile.video_alone and any(is_video):
+            _check_video_alone(np.searchsorted(draft.node_offsets, ref_pos, side="right") - 1, refs,
+                               draft.node_parents, self.profile.name)
         spliced: dict[int, np.ndarray] = {}  # placeholder position -> the video's own tokens (Qwen3-VL)
         for ref, p in zip(refs, ref_pos.tolist(), strict=True):
             if isinstance(ref, VideoRef):
@@ -697,3 +700,20 @@ def _encoded_video(ref: VideoRef, plan, *, offset: int) -> EncodedVideo:
         num_tokens=int(plan.num_tokens),
         second_per_grid_t=float(plan.second_per_grid_t),
     )
+
+
+def _check_video_alone(nodes: np.ndarray, refs: list, node_parents: np.ndarray, profile: str) -> None:
+    """RecordError when a root-to-leaf path holds two videos, or a video and an image (``video_alone``)."""
+    anc = ancestor_matrix(node_parents)
+    leaves = np.setdiff1d(np.arange(len(node_parents)), node_parents)
+    videos = np.zeros(len(node_parents), dtype=np.int64)
+    images = np.zeros(len(node_parents), dtype=np.int64)
+    for node, ref in zip(nodes.tolist(), refs, strict=True):
+        (videos if isinstance(ref, VideoRef) else images)[node] += 1
+    per_path_videos, per_path_images = anc[leaves] @ videos, anc[leaves] @ images
+    if (per_path_videos > 1).any():
+        raise RecordError("bad_video", f"profile {profile!r} takes at most one video per example (path); "
+                                       f"one holds {int(per_path_videos.max())}: split them into separate records")
+    if ((per_path_videos > 0) & (per_path_images > 0)).any():
+        raise RecordError("bad_video", f"profile {profile!r} takes no image beside a video in one example (path): "
+                                       "its model refuses pixel_values with pixel_values_videos; split the record")

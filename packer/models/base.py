@@ -89,6 +89,9 @@ class ModelProfile:
     ``image_token`` repeated; the placeholder then never appears in a row."""
     timestamped_video: ClassVar[bool] = False
     """True when each temporal patch of a video is a run of its own among text (Qwen3-VL's timestamps)."""
+    video_alone: ClassVar[bool] = False
+    """True when an example the model sees (one root-to-leaf path) may hold at most one video and then no
+    image (Molmo2: its processor allows one video per sample, its forward refuses images beside videos)."""
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")

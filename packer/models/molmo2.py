@@ -75,6 +75,7 @@ class Molmo2Profile(ModelProfile):
     """``Molmo2VideoProcessor.pooling_size``: a frame's 27x27 patches pooled 3x3 into 9x9 tokens."""
 
     expanded_images: ClassVar[bool] = True
+    video_alone: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
         "input_ids", "position_ids", "pixel_values", "image_token_pooling", "image_grids", "image_num_crops",
         "mm_token_type_ids",

@@ -17,7 +17,7 @@ import av
 import numpy as np
 import pytest
 
-from packer.core.types import Example, Message, Node, VideoRef
+from packer.core.types import Example, ImageRef, Message, Node, VideoRef
 from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
@@ -177,3 +177,26 @@ def test_same_pixels_as_torchvision(profile, clips) -> None:
     ref = Molmo2VideoProcessor()(videos=[frames], video_metadata=[_metadata(clips[2])], return_tensors="pt")
     torch.testing.assert_close(ours["pixel_values_videos"], ref["pixel_values_videos"], rtol=0, atol=1e-6)
     assert torch.equal(ours["video_token_pooling"], ref["video_token_pooling"])
+
+
+def test_one_video_per_path(profile, tokenizer, clips, coco_images) -> None:
+    """Molmo2Processor allows one video per sample and Molmo2Model no image beside it, so an example (one
+    root-to-leaf path) with two videos, or a video and an image, is a bad_video reject; a tree whose branches
+    each hold their own clip is fine (every path has one)."""
+    encoder = Encoder(tokenizer, profile)
+    a, b, image = _ref(clips[0]), _ref(clips[1]), ImageRef(path=str(coco_images[0]))
+
+    def turn(*parts) -> list[Message]:
+        return [Message(role="user", parts=[*parts, "What happens?"]), Message(role="assistant", parts=["Grey."])]
+
+    def example(root: Node) -> Example:
+        return Example(root=root, kind="messages", path="t.jsonl", line=1)
+
+    for bad in (Node(messages=turn(a, b)), Node(messages=turn(a), children=[Node(messages=turn(image))]),
+                Node(messages=turn(image), children=[Node(messages=turn(a)), Node(messages=turn("plain"))])):
+        with pytest.raises(RecordError) as e:
+            encoder.encode(example(bad))
+        assert e.value.reason == "bad_video" and "example (path)" in str(e.value)
+    branches = encoder.encode(example(Node(messages=[Message(role="system", parts=["Watch."])],
+                                           children=[Node(messages=turn(a)), Node(messages=turn(b))])))
+    assert len(branches.videos) == 2
