@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(PY) scripts/coco_to_jsonl.py --coco $(COCO) --out $(DEMO)/jsonl
+	$(PY) scripts/coco_to_jsonl.py --coco $(COCO) --out $(DEMO)/jsonl --videos 8
 	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_caption_trees.jsonl --output $(DEMO)/caption_trees \
 		--config configs/coco-caption-trees.yaml --overwrite
 	$(VENV)/bin/packer stats $(DEMO)/caption_trees --plot $(DEMO)/caption_trees_stats.png
@@ -33,6 +33,10 @@ demo: setup
 		--profile qwen2-vl --max-length 4096 --overwrite
 	$(VENV)/bin/packer stats $(DEMO)/grounding --plot $(DEMO)/grounding_stats.png
 	$(VENV)/bin/packer verify $(DEMO)/caption_trees --input $(DEMO)/jsonl/coco_caption_trees.jsonl
+	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_video_trees.jsonl --output $(DEMO)/video_trees \
+		--profile qwen2.5-vl --max-length 8192 --overwrite
+	$(VENV)/bin/packer stats $(DEMO)/video_trees
+	$(VENV)/bin/packer verify $(DEMO)/video_trees --input $(DEMO)/jsonl/coco_video_trees.jsonl
 
 test: setup
 	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 $(PYTEST_ARGS)

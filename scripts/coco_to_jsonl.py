@@ -12,6 +12,11 @@ writes two files into DIR (deterministic: same input, same bytes):
                               ``<|object_ref_start|>dog<|object_ref_end|><|box_start|>(x1,y1),(x2,y2)<|box_end|>``
                               (several boxes follow each other for several instances).
 
+``coco_video_trees.jsonl``    with ``--videos N``: N slideshow clips written into DIR/videos (three captioned
+                              COCO photos, 2 s each, 448x336 at 12 fps, H.264 via PyAV) and one video message
+                              tree per clip: the shared prefix holds the clip, each photo's question and
+                              caption is one branch (one clip's ~1.2k video tokens shared by three QA branches).
+
 Image paths are written relative to DIR (packer resolves them against the JSONL file's directory, so the
 files work from any working directory); ``--absolute`` writes absolute paths instead.
 """
@@ -127,6 +132,46 @@ def grounding_records(coco: Path, out: Path, absolute: bool) -> list[dict]:
     return records
 
 
+def video_records(coco: Path, out: Path, absolute: bool, clips: int) -> list[dict]:
+    """``clips`` slideshows of three consecutive caption-tree images each, and one QA tree per clip."""
+    import av
+    import numpy as np
+    from PIL import Image
+
+    photos = []  # (path, first caption), in caption_records' order
+    for rec in caption_records(coco, out, absolute=True):
+        photos.append((rec["messages"][0]["content"][0]["image"], rec["branches"][0][0]["content"]))
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    ordinals = ("first", "second", "third")
+    records = []
+    for k in range(min(clips, len(photos) // 3)):
+        shown = photos[3 * k : 3 * k + 3]
+        clip = out / "videos" / f"slideshow{k}.mp4"
+        with av.open(str(clip), "w") as container:
+            stream = container.add_stream("libx264", rate=12)
+            stream.width, stream.height, stream.pix_fmt = 448, 336, "yuv420p"
+            for path, _ in shown:
+                pixels = np.asarray(Image.open(path).convert("RGB").resize((448, 336), Image.BICUBIC))
+                for _ in range(24):  # 2 s at 12 fps
+                    for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                        container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        video = str(clip.resolve()) if absolute else os.path.relpath(clip.resolve(), out.resolve())
+        records.append({
+            "id": f"coco-slideshow-{k}",
+            "messages": [
+                {"role": "user", "content": [{"type": "video", "video": video},
+                                             {"type": "text", "text": "This clip shows three photos, one after another."}]},
+                {"role": "assistant", "content": "I see them. Ask me about any of the three."},
+            ],
+            "branches": [[{"role": "user", "content": f"Describe the {ordinal} photo."},
+                          {"role": "assistant", "content": caption}]
+                         for ordinal, (_, caption) in zip(ordinals, shown, strict=True)],
+        })
+    return records
+
+
 def write_jsonl(records: list[dict], path: Path) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -142,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory (created)")
     parser.add_argument("--absolute", action="store_true", help="write absolute image paths")
+    parser.add_argument("--videos", type=int, default=0, metavar="N",
+                        help="also write N slideshow clips and coco_video_trees.jsonl (video QA trees)")
     args = parser.parse_args(argv)
     if not (args.coco / "annotations").is_dir():
         parser.error(f"{args.coco}/annotations not found; --coco must be a COCO root")
@@ -154,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     turns = sum(len(r["messages"]) // 2 for r in grounding)
     print(f"{args.out / 'coco_caption_trees.jsonl'}: {len(captions)} images, {branches} caption branches")
     print(f"{args.out / 'coco_grounding.jsonl'}: {len(grounding)} images, {turns} grounding turns")
+    if args.videos:
+        videos = video_records(args.coco, args.out, args.absolute, args.videos)
+        write_jsonl(videos, args.out / "coco_video_trees.jsonl")
+        print(f"{args.out / 'coco_video_trees.jsonl'}: {len(videos)} slideshow clips, {3 * len(videos)} QA branches")
     return 0
 
 

@@ -24,6 +24,7 @@ from PIL import Image
 from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode import OVERLONG_POLICIES
 from packer.encode.encoder import Encoder
+from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.models import get_profile
 from tests.encode.helpers import (
@@ -454,6 +455,36 @@ def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monke
     with pytest.raises(SystemExit):
         runpy.run_path(str(script), run_name="__main__")
     assert (out / "coco_caption_trees.jsonl").read_bytes() == first
+
+
+def test_coco_script_video_trees(coco_dir: Path, tmp_path: Path, monkeypatch):
+    """``--videos 2``: two slideshow clips of three COCO photos each, one QA tree per clip (the make demo
+    video build); each encodes with qwen2.5-vl to one video shared by three branches, answers as loss."""
+    import json
+    import runpy
+
+    from packer.formats.read import read_jsonl
+
+    out = tmp_path / "jsonl"
+    monkeypatch.setattr("sys.argv", ["coco_to_jsonl.py", "--coco", str(coco_dir), "--out", str(out), "--videos", "2"])
+    script = Path(__file__).resolve().parents[2] / "scripts" / "coco_to_jsonl.py"
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
+    records = [json.loads(line) for line in (out / "coco_video_trees.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == ["coco-slideshow-0", "coco-slideshow-1"]
+    profile = get_profile("qwen2.5-vl")
+    encoder = Encoder(load_tokenizer(profile.default_tokenizer), profile)
+    monkeypatch.chdir(tmp_path)  # paths resolve against the JSONL's directory, not the working one
+    for (_, ex), record in zip(read_jsonl(str(out / "coco_video_trees.jsonl")), records, strict=True):
+        enc = encoder.encode(ex)
+        (video,) = enc.videos
+        assert video.grid_thw == (6, 24, 32) and video.num_tokens == 6 * 24 * 32 // 4  # 6 s at 2 fps, 448x336
+        assert enc.node_parents.tolist() == [-1, 0, 0, 0]
+        loss = enc.labels[enc.labels != IGNORE_INDEX].tolist()
+        for branch in record["branches"]:
+            answer = encoder.tokenizer.encode(branch[1]["content"], add_special_tokens=False)
+            assert any(loss[i : i + len(answer)] == answer for i in range(len(loss)))
 
 
 # ---------------------------------------------------------------- fast paths vs the general path
