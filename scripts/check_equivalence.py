@@ -33,7 +33,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -176,23 +176,12 @@ def reference(
     ``profile.reference_inputs`` gives the model kwargs of one path (its images from ``image_inputs``), so each
     path runs with the model's own positions (Qwen2-VL: ``get_rope_index``).
     """
-    model.set_attn_implementation("sdpa")
-    model.zero_grad(set_to_none=True)
-    layout = PackedLayout.from_batch(batch)
-    ids, labels = batch["input_ids"][0], batch["labels"][0]
-    ranges = _node_ranges(layout)
+    ids = batch["input_ids"][0]
     images = _image_table(batch, token_ids.get(profile.image_token)) if profile.has_vision else []
     pixels = profile.image_inputs(dict(batch), num_tokens=[n for _, n in images]) if images else []
     videos = _video_table(batch)
-    per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
-    owner: dict[int, int] = {}  # node -> the first path through it: its targets are counted there only
-    paths = leaf_paths(layout)
-    for p, nodes in enumerate(paths):
-        for n in nodes:
-            owner.setdefault(n, p)
-    total = 0.0
-    for p, nodes in enumerate(paths):
-        tokens = torch.cat([torch.arange(*ranges[n]) for n in nodes])  # (L,) row positions along the path
+
+    def path_kwargs(tokens: torch.Tensor) -> dict[str, Any]:
         inside = [pixels[i] for i, (off, _) in enumerate(images) if bool((tokens == off).any())]
         kwargs = profile.reference_inputs(ids[tokens][None], inside, token_ids=token_ids)
         clips = [v for v in videos if bool((tokens == v[0]).any())]
@@ -204,7 +193,32 @@ def reference(
             path_ids = kwargs["input_ids"]  # the processor's mm_token_type_ids: image 1, video 2
             kwargs["mm_token_type_ids"] = ((path_ids == token_ids[profile.image_token]).int()
                                            + 2 * (path_ids == token_ids[profile.video_token]).int())
-        logits = model(**kwargs).logits[0]  # (L, V)
+        return kwargs
+
+    return path_reference(model, batch, path_kwargs)
+
+
+def path_reference(
+    model: torch.nn.Module, batch: Mapping[str, Any], path_kwargs: Callable[[torch.Tensor], dict[str, Any]]
+) -> dict[str, Any]:
+    """Run every root-to-leaf path alone (sdpa, no packing) with ``path_kwargs(tokens)`` as the model's inputs,
+    ``tokens`` (L,) the path's row positions; each target is counted on the first path through its node.
+    Per-token losses (T,), their total and the gradients of the total."""
+    model.set_attn_implementation("sdpa")
+    model.zero_grad(set_to_none=True)
+    layout = PackedLayout.from_batch(batch)
+    labels = batch["labels"][0]
+    ranges = _node_ranges(layout)
+    per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
+    owner: dict[int, int] = {}  # node -> the first path through it: its targets are counted there only
+    paths = leaf_paths(layout)
+    for p, nodes in enumerate(paths):
+        for n in nodes:
+            owner.setdefault(n, p)
+    total = 0.0
+    for p, nodes in enumerate(paths):
+        tokens = torch.cat([torch.arange(*ranges[n]) for n in nodes])  # (L,) row positions along the path
+        logits = model(**path_kwargs(tokens)).logits[0]  # (L, V)
         node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])  # (L,)
         target = labels[tokens]  # (L,)
         counted = (target != IGNORE_INDEX) & torch.tensor([owner[int(n)] == p for n in node_of])

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from packer.config import BuildConfig
@@ -102,22 +101,10 @@ def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, in
     profile = get_profile("molmo2")
     run_ids = [token_ids[t] for t in IMAGE_RUN]
     per_image = profile.image_inputs(batch, num_tokens=[0] * len(refs)) if refs else []
-    model.set_attn_implementation("sdpa")
-    model.zero_grad(set_to_none=True)
-    layout = PackedLayout.from_batch(batch)
-    ids, labels = batch["input_ids"][0], batch["labels"][0]
-    offsets = layout.node_offsets.tolist()
-    ranges = list(zip(offsets, offsets[1:] + [layout.num_tokens], strict=True))
+    ids = batch["input_ids"][0]
     starts = batch["image_offsets"].tolist() if "image_offsets" in batch else []
-    per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
-    paths = ce.leaf_paths(layout)
-    owner: dict[int, int] = {}
-    for p, nodes in enumerate(paths):
-        for n in nodes:
-            owner.setdefault(n, p)
-    total = 0.0
-    for p, nodes in enumerate(paths):
-        tokens = torch.cat([torch.arange(*ranges[n]) for n in nodes])
+
+    def path_kwargs(tokens: torch.Tensor) -> dict[str, Any]:
         path_ids = ids[tokens][None]
         kwargs: dict[str, Any] = {"input_ids": path_ids, "use_cache": False,
                                   "mm_token_type_ids": torch.isin(path_ids, torch.tensor(run_ids)).long()}
@@ -127,19 +114,9 @@ def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, in
         # the profile's check hooks (scripts/check_equivalence.py) cut the batch to the same inputs
         hooks = profile.reference_inputs(path_ids, [per_image[k] for k in inside], token_ids=token_ids)
         assert hooks.keys() == kwargs.keys() and all(torch.equal(hooks[k], kwargs[k]) for k in kwargs if k != "use_cache")
-        logits = model(**kwargs).logits[0]
-        node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])
-        target = labels[tokens]
-        counted = (target != IGNORE_INDEX) & torch.tensor([owner[int(n)] == p for n in node_of])
-        k = counted.nonzero().reshape(-1)
-        if k.numel() == 0:
-            continue
-        losses = F.cross_entropy(logits[k - 1].float(), target[k], reduction="none")
-        per_token[tokens[k]] = losses.detach().double()
-        total = total + losses.sum()
-    total.backward()
-    grads = {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
-    return {"per_token": per_token, "total": float(total.detach()), "grads": grads, "num_paths": len(paths)}
+        return kwargs
+
+    return ce.path_reference(model, batch, path_kwargs)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -20,17 +20,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from packer.config import BuildConfig
-from packer.core.types import IGNORE_INDEX, ImageRef
+from packer.core.types import ImageRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
-from packer.train.layout import PackedLayout
 from tests.media.make_videos import write_clip
 from tests.train.test_molmo2_equivalence import BACKENDS, _compact
 
@@ -79,23 +77,11 @@ def _reference(model, batch: dict, videos: list[dict], images: list[ImageRef], t
     attention."""
     profile = get_profile("molmo2")
     run_ids = torch.tensor([token_ids[t] for t in RUN])
-    model.set_attn_implementation("sdpa")
-    model.zero_grad(set_to_none=True)
-    layout = PackedLayout.from_batch(batch)
-    ids, labels = batch["input_ids"][0], batch["labels"][0]
-    offsets = layout.node_offsets.tolist()
-    ranges = list(zip(offsets, offsets[1:] + [layout.num_tokens], strict=True))
+    ids = batch["input_ids"][0]
     starts = batch["video_offsets"].tolist()
     image_starts = [o for o in batch["image_offsets"].tolist() if o not in starts]  # join_vision lists videos too
-    per_token = torch.zeros(layout.num_tokens, dtype=torch.float64)
-    paths = ce.leaf_paths(layout)
-    owner: dict[int, int] = {}
-    for p, nodes in enumerate(paths):
-        for n in nodes:
-            owner.setdefault(n, p)
-    total = 0.0
-    for p, nodes in enumerate(paths):
-        tokens = torch.cat([torch.arange(*ranges[n]) for n in nodes])
+
+    def path_kwargs(tokens: torch.Tensor) -> dict[str, Any]:
         path_ids = ids[tokens][None]
         kwargs: dict[str, Any] = {"input_ids": path_ids, "use_cache": False,
                                   "mm_token_type_ids": torch.isin(path_ids, run_ids).long()}
@@ -105,17 +91,9 @@ def _reference(model, batch: dict, videos: list[dict], images: list[ImageRef], t
         pictures = [k for k, s in enumerate(image_starts) if bool((tokens == s).any())]
         if pictures:
             kwargs.update(profile.pixel_values([images[k] for k in pictures]))
-        logits = model(**kwargs).logits[0]
-        node_of = torch.cat([torch.full((ranges[n][1] - ranges[n][0],), n) for n in nodes])
-        target = labels[tokens]
-        counted = (target != IGNORE_INDEX) & torch.tensor([owner[int(n)] == p for n in node_of])
-        k = counted.nonzero().reshape(-1)
-        losses = F.cross_entropy(logits[k - 1].float(), target[k], reduction="none")
-        per_token[tokens[k]] = losses.detach().double()
-        total = total + losses.sum()
-    total.backward()
-    grads = {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
-    return {"per_token": per_token, "total": float(total.detach()), "grads": grads, "num_paths": len(paths)}
+        return kwargs
+
+    return ce.path_reference(model, batch, path_kwargs)
 
 
 @pytest.mark.usefixtures("one_thread")
