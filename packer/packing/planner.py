@@ -280,26 +280,18 @@ def _constraints(
     """Secondary per-pack budgets as columns: 0 = examples (always), then vision tokens, images, videos."""
     cols = [np.ones(n, dtype=np.int64)]
     budgets = [_UNBOUNDED if max_examples is None else _positive_int(max_examples, "max_examples_per_pack")]
-    if vision_budget is not None:
-        budget = _positive_int(vision_budget, "max_vision_tokens")
-        if vis is None:
-            raise ConfigError("'max_vision_tokens' is set but no per-example vision token counts were given")
-        _check_fits(vis, budget, "vision tokens", "vision budget", "max_vision_tokens", lower=0)
-        cols.append(vis[:n])
-        budgets.append(budget)
-    if max_images is not None:
-        budget = _positive_int(max_images, "max_images")
-        if imgs is None:
-            raise ConfigError("'max_images' is set but no per-example image counts were given")
-        _check_fits(imgs, budget, "images", "max_images", "max_images", lower=0)
-        cols.append(imgs[:n])
-        budgets.append(budget)
-    if max_videos is not None:
-        budget = _positive_int(max_videos, "max_videos")
-        if vids is None:
-            raise ConfigError("'max_videos' is set but no per-example video counts were given")
-        _check_fits(vids, budget, "videos", "max_videos", "max_videos", lower=0)
-        cols.append(vids[:n])
+    for limit, values, key, noun, what, label in (
+        (vision_budget, vis, "max_vision_tokens", "vision token", "vision tokens", "vision budget"),
+        (max_images, imgs, "max_images", "image", "images", "max_images"),
+        (max_videos, vids, "max_videos", "video", "videos", "max_videos"),
+    ):
+        if limit is None:
+            continue
+        budget = _positive_int(limit, key)
+        if values is None:
+            raise ConfigError(f"'{key}' is set but no per-example {noun} counts were given")
+        _check_fits(values, budget, what, label, key, lower=0)
+        cols.append(values[:n])
         budgets.append(budget)
     return np.ascontiguousarray(np.stack(cols, axis=1)), np.array(budgets, dtype=np.int64)
 
