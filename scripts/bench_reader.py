@@ -163,6 +163,42 @@ def time_videos(path: Path) -> dict[str, float]:
             "frames_per_s": frames / dt, "decode_share": decode_s / dt, "decode_frames_per_s": frames / decode_s}
 
 
+def time_codec_threads(clips: list[Path], *, fps: float = 2.0, rounds: int = 2, passes: int = 3) -> list[dict]:
+    """``decode_frames`` of each clip's frames at ``fps`` as it is, and with PyAV's codec threads
+    (``thread_type = "AUTO"``) on its stream; interleaved rounds, wall and CPU seconds, pixels checked equal."""
+    import av
+    import numpy as np
+
+    from packer.media import video as media
+
+    real_stream = media._video_stream
+
+    def threaded_stream(container):  # the one place decode_frames gets its stream
+        stream = real_stream(container)
+        if stream is not None:
+            stream.thread_type = "AUTO"
+        return stream
+
+    plans = []
+    for clip in clips:
+        with av.open(str(clip)) as c:
+            s = c.streams.video[0]
+            step = max(1, round(float(s.average_rate) / fps))
+            plans.append((str(clip), list(range(0, s.frames, step))))
+    out = []
+    for r in range(rounds):
+        for threaded in (False, True):
+            media._video_stream = threaded_stream if threaded else real_stream
+            try:
+                w, c = time.perf_counter(), time.process_time()
+                pixels = [media.decode_frames(path, idx) for _ in range(passes) for path, idx in plans]
+                out.append({"round": r, "threaded": threaded, "wall_s": time.perf_counter() - w,
+                            "cpu_s": time.process_time() - c, "checksum": int(sum(int(np.sum(p)) for p in pixels))})
+            finally:
+                media._video_stream = real_stream
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2000)
@@ -173,6 +209,8 @@ def main() -> None:
     ap.add_argument("--videos", type=int, default=0, help="video clips to write, build and read (0: none)")
     ap.add_argument("--video-seconds", type=float, default=10.0)
     ap.add_argument("--video-profiles", nargs="+", default=["qwen2-vl", "qwen3-vl"])
+    ap.add_argument("--codec-threads", action="store_true",
+                    help="with --videos: decode_frames with and without PyAV's codec threads, interleaved")
     args = ap.parse_args()
 
     if args.videos:
@@ -180,6 +218,10 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             data = write_video_corpus(Path(tmp) / "clips", args.coco, videos=args.videos, seconds=args.video_seconds)
+            if args.codec_threads:
+                for r in time_codec_threads(sorted((Path(tmp) / "clips").glob("*.mp4"))):
+                    print(f"decode_frames, round {r['round']}, {'codec threads' if r['threaded'] else 'plain        '}: "
+                          f"{r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} CPU-s (pixel checksum {r['checksum']})")
             for profile in args.video_profiles:
                 out = Path(tmp) / profile
                 build(BuildConfig.from_inputs([str(data)], str(out), profile=profile, max_length=32768), progress=False)
