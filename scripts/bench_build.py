@@ -123,6 +123,9 @@ class _Timed:
     def __init__(self, inner, marks: dict[str, float]):
         self.inner, self.marks = inner, marks
 
+    def __getattr__(self, name):  # the wrapped executor's optional methods (submit, preload), if it has them
+        return getattr(self.inner, name)
+
     def start(self):
         if hasattr(self.inner, "start"):
             self.inner.start()

@@ -21,6 +21,7 @@ import hashlib
 import io
 import os
 import shutil
+import threading
 from collections.abc import Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from packer import __version__
 from packer.config import BuildConfig
@@ -52,6 +54,7 @@ from packer.pipeline.stages import (
     progress_bar,
     scan_chunks,
     shard_ranges,
+    warm_planner,
 )
 from packer.shards.io import write_json_atomic
 from packer.shards.schema import (
@@ -75,9 +78,11 @@ class Executor(Protocol):
     does the rest (scan, plan, finish) in its own process. ``LocalExecutor`` is one machine, ``RayExecutor``
     (``ray_executor.py``) a Ray cluster: one file each, with these two methods.
 
-    An executor may also define ``start()`` and ``close()``: ``build`` calls ``start`` first, before it
-    loads the tokenizer (``LocalExecutor`` spawns its workers then, so their start-up overlaps the load),
-    and ``close`` when it ends, also on an error.
+    An executor may also define ``start()``, ``submit(fn, *args, **kwargs)``, ``preload(encoder)`` and
+    ``close()``: ``build`` calls ``start`` first, before it loads the tokenizer (``LocalExecutor`` spawns its
+    workers then, so their start-up overlaps the load), ``submit`` to scan the inputs on a worker during
+    that load, ``preload`` as soon as it has the encoder, before it fingerprints the tokenizer
+    (``LocalExecutor``'s workers load the encoder meanwhile), and ``close`` when it ends, also on an error.
 
     Each method is a generator: it runs its tasks wherever and in whatever order it likes and yields their
     results in task order, in the calling process; ``build`` closes it early on an error or Ctrl-C, and it
@@ -129,11 +134,16 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     from packer.report.stats import compute_stats, format_stats
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the scan runs on a worker while this process loads the tokenizer (else here, after the load)
+    scanned = (executor.submit(scan_chunks, config, progress=progress) if hasattr(executor, "submit")
+               else lambda: scan_chunks(config, progress=progress))
     encoder = make_encoder(config)
+    if hasattr(executor, "preload"):
+        executor.preload(encoder)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
     template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
     out = store_path(config.output, config.storage_options)
-    chunks = scan_chunks(config, progress=progress)
+    chunks = scanned()
     files = sorted({c.path for c in chunks})
     fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
                                     files=files)
@@ -141,8 +151,12 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     cache = EncodeCache(work / "encode", len(chunks))
     cache.root.mkdir(exist_ok=True)
 
-    totals = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks, progress=progress)
-    table = cache.open()
+    # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
+    warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
+    warm.start()
+    totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
+                            progress=progress)
+    table = cache.open(parts=parts)
     over_budget, budget_rejected = budget_rejects(table, config)
     rejected = totals.rejected + len(budget_rejected)
     if totals.records and rejected / totals.records > config.max_reject_fraction:
@@ -151,6 +165,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
             f"({rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}); "
             f"see {cache.root}/*.rejects.jsonl for the reasons, fix the input or the config"
         )
+    warm.join()
     plan = plan_packs(table, config, exclude=over_budget)
     buf = io.BytesIO()
     np.save(buf, np.stack([plan.index, plan.copies, plan.pack_ids]))
@@ -158,7 +173,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     hooks.at("plan")
 
     shard_entries = _write(executor, shard_ranges(plan, rows_per_shard=config.rows_per_shard),
-                           cache=cache.indexed(), config=config, hooks=hooks, progress=progress)
+                           cache=cache.indexed([t.num_rows for t in parts]), config=config, hooks=hooks,
+                           progress=progress)
     remove_stale_shards(out, {e["file"] for e in shard_entries})
     if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
         shutil.rmtree(mirror_dir(cache.root), ignore_errors=True)
@@ -235,19 +251,23 @@ def manifest_dict(
 def _encode(
     executor: Executor, chunks: list[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
     progress: bool,
-) -> ChunkCounts:
-    """Run the encode tasks; return the totals over all chunks."""
+) -> tuple[ChunkCounts, list[pa.Table]]:
+    """Run the encode tasks; return the totals over all chunks and each chunk's plan columns
+    (``EncodeCache.read``), read as it lands: this process is idle while the workers encode, so the plan
+    does not wait on a pass over every chunk file."""
     records = encoded = rejected = 0
+    parts = []
     # counted in input lines (what users know their files by), advanced a chunk at a time
     with progress_bar(total=sum(c.num_lines for c in chunks), enabled=progress, desc="encode", unit="line",
                       unit_scale=True) as bar, \
             closing(executor.encode(chunks, encoder=encoder, cache=cache, config=config, hooks=hooks)) as results:
         for done, counts in enumerate(results, start=1):
             records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
+            parts.append(cache.read(chunks[done - 1].index))
             bar.update(chunks[done - 1].num_lines)
             bar.set_postfix(examples=encoded, rejects=rejected, refresh=False)
             hooks.at("encode", done)
-    return ChunkCounts(records=records, encoded=encoded, rejected=rejected)
+    return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
 
 
 def _write(

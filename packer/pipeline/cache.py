@@ -84,22 +84,30 @@ class EncodeCache:
             writer.write_table(table)
         write_atomic(self.arrow(i), sink.getvalue().to_pybytes())
 
-    def open(self, columns: tuple[str, ...] = PLAN_COLUMNS) -> pa.Table:
+    def read(self, i: int, columns: tuple[str, ...] = PLAN_COLUMNS) -> pa.Table:
+        """``columns`` of committed chunk ``i`` (memory-mapped, or only those bytes of an object): ``build``
+        reads each chunk's as it is committed, while the workers encode the next."""
+        with _open_ipc(self.arrow(i), columns=columns) as reader:
+            return reader.read_all()
+
+    def open(self, columns: tuple[str, ...] = PLAN_COLUMNS, *, parts: list[pa.Table] | None = None) -> pa.Table:
         """``columns`` of the whole cache as one table: memory-mapped on a local disk, only those columns'
-        bytes read from an object store (by default the plan's: token data is never read)."""
-        tables = []
-        for i in range(self.num_chunks):
-            with _open_ipc(self.arrow(i), columns=columns) as reader:
-                tables.append(reader.read_all())
+        bytes read from an object store (by default the plan's: token data is never read). ``parts``: every
+        chunk's ``read(i, columns)`` already, in chunk order (nothing is read again)."""
+        tables = parts if parts is not None else [self.read(i, columns) for i in range(self.num_chunks)]
         schema = pa.schema([EXAMPLE_SCHEMA.field(c) for c in columns])
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def indexed(self) -> EncodeCache:
-        """This cache with ``starts`` read from the chunk files' footers (what ``take`` needs)."""
-        rows = []
-        for i in range(self.num_chunks):
-            with _open_ipc(self.arrow(i)) as reader:
-                rows.append(sum(reader.get_batch(b).num_rows for b in range(reader.num_record_batches)))
+    def indexed(self, rows: list[int] | None = None) -> EncodeCache:
+        """This cache with ``starts`` (what ``take`` needs), from ``rows`` (each chunk's row count, known
+        from ``read``) or else read from the chunk files' footers."""
+        if rows is None:
+            rows = []
+            for i in range(self.num_chunks):
+                with _open_ipc(self.arrow(i)) as reader:
+                    rows.append(sum(reader.get_batch(b).num_rows for b in range(reader.num_record_batches)))
+        if len(rows) != self.num_chunks:
+            raise ValueError(f"indexed: {len(rows)} row counts for {self.num_chunks} chunks")
         return replace(self, starts=np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]))
 
     def take(self, sel: np.ndarray) -> pa.Table:

@@ -14,7 +14,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packer.config import BuildConfig
 from packer.pipeline.cache import ChunkCounts, EncodeCache
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from packer.encode.encoder import Encoder
 
+T = TypeVar("T")
 _WORKER: dict[str, Any] = {}  # a pool worker's encoder and the file it came from (encode_file), set by _encoder
 
 
@@ -35,7 +36,8 @@ class LocalExecutor:
     def __init__(self, num_proc: int = 1):
         self.num_proc = num_proc
         self._pool: Pool | None = None
-        self._encodes = 0  # encode calls so far: numbers each call's encoder file
+        self._encodes = 0  # encoder files written so far: numbers each one
+        self._preloaded: tuple[Encoder, Path] | None = None  # the encoder ``preload`` shipped, and its file
 
     def start(self) -> None:
         """Spawn the pool now (``build`` calls this before it loads the tokenizer); a no-op for one process."""
@@ -45,6 +47,28 @@ class LocalExecutor:
             # spawn, not fork: the parent may hold tokenizer threads and locks that fork would copy mid-state.
             self._pool = mp.get_context("spawn").Pool(self.num_proc, initializer=_worker_init)
 
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Callable[[], T]:
+        """Start ``fn(*args, **kwargs)`` on a worker now; return a function that waits for its result (or
+        raises its error). ``build`` scans the inputs this way while it loads the tokenizer, on a core that
+        would idle; for one process ``fn`` runs when its result is asked for."""
+        if self.num_proc == 1:
+            return lambda: fn(*args, **kwargs)
+        self.start()
+        return self._pool.apply_async(fn, args, kwargs).get
+
+    def preload(self, encoder: Encoder) -> None:
+        """Have every worker load ``encoder`` now (``build`` calls this as soon as it has made it): each
+        unpickles it (~0.6 s) while this process fingerprints the tokenizer and scans the inputs, not after
+        the first tasks arrive. ``encode`` with the same encoder reuses its file; a no-op for one process."""
+        if self.num_proc == 1:
+            return
+        self.start()
+        self._drop_preloaded()
+        blob = self._encoder_file(encoder, Path(tempfile.gettempdir()))
+        self._preloaded = (encoder, blob)
+        for _ in range(self.num_proc):  # one each while they idle (a worker that takes two loads once)
+            self._pool.apply_async(_preload, (str(blob),))
+
     def close(self) -> None:
         """Stop the pool's workers (``build`` calls this when it ends, also on an error); ``start`` again
         makes a new pool."""
@@ -52,6 +76,22 @@ class LocalExecutor:
         if pool is not None:
             pool.terminate()
             pool.join()
+        self._drop_preloaded()
+
+    def _drop_preloaded(self) -> None:
+        if self._preloaded is not None:
+            self._preloaded[1].unlink(missing_ok=True)
+            self._preloaded = None
+
+    def _encoder_file(self, encoder: Encoder, here: Path) -> Path:
+        """``encoder`` pickled into a new file in ``here``, named uniquely per call (a reused executor never
+        keeps an older encoder)."""
+        import pickle
+
+        self._encodes += 1
+        blob = here / f"encoder.pkl.tmp-{os.getpid()}-{id(self):x}-{self._encodes}"
+        blob.write_bytes(pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL))
+        return blob
 
     def encode(
         self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -61,21 +101,21 @@ class LocalExecutor:
             for chunk in chunks:
                 yield encode_chunk(chunk, encoder=encoder, cache=cache, config=config, hooks=hooks)
             return
-        import pickle
-
-        # Workers load the parent's encoder from this file (Rust tokenizer only, 8 MB): ~0.5 s each, against
+        # Workers load the parent's encoder from a file (Rust tokenizer only, 8 MB): ~0.5 s each, against
         # ~5 s to import transformers and load the tokenizer in every worker. A file named in each task, not
         # the pool's initargs: the pool is started before the encoder exists, and the file is read once per
-        # worker (the name is unique per encode call, so a reused executor never keeps an older encoder).
-        # (beside the cache, or in the temp dir when the cache is on an object store: the pool is this machine's)
-        here = cache.root if isinstance(cache.root, Path) else Path(tempfile.gettempdir())
-        self._encodes += 1
-        blob = here / f"encoder.pkl.tmp-{os.getpid()}-{id(self):x}-{self._encodes}"
+        # worker. The one ``preload`` wrote, else one beside the cache (or in the temp dir when the cache is
+        # on an object store: the pool is this machine's).
+        if self._preloaded is not None and self._preloaded[0] is encoder:
+            blob = self._preloaded[1]
+        else:
+            blob = self._encoder_file(encoder, cache.root if isinstance(cache.root, Path) else Path(tempfile.gettempdir()))
         try:
-            blob.write_bytes(pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL))
             yield from self._in_pool(_encode_task, [(chunk, cache, config, hooks, str(blob)) for chunk in chunks])
         finally:
             blob.unlink(missing_ok=True)
+            if self._preloaded is not None and self._preloaded[1] == blob:
+                self._preloaded = None
 
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -109,6 +149,15 @@ def _worker_init() -> None:
     # Ctrl-C reaches the whole process group: the parent alone handles it (terminates the pool, exit 130),
     # so workers do not print a KeyboardInterrupt traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # What the first encode task would import (the encoder's and the parsers' modules; pandas, which
+    # pyarrow imports at its first conversion from Python objects): imported here, while the parent
+    # still loads the tokenizer, not on the critical path.
+    import pyarrow as pa
+
+    import packer.encode.encoder  # noqa: F401
+    import packer.formats  # noqa: F401
+
+    pa.array([0])
 
 
 def _encoder(path: str) -> Encoder:
@@ -118,6 +167,10 @@ def _encoder(path: str) -> Encoder:
 
         _WORKER.update(encoder=pickle.loads(Path(path).read_bytes()), encoder_file=path)
     return _WORKER["encoder"]
+
+
+def _preload(path: str) -> None:
+    _encoder(path)  # returns nothing: the encoder is not sent back to the parent
 
 
 def _encode_task(args: tuple[Chunk, EncodeCache, BuildConfig, Hooks, str]) -> ChunkCounts:

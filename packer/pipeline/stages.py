@@ -263,7 +263,6 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
 def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> Plan:
     """Sample the sources by weight, then plan every kept example (``exclude``: (n,) cache rows to leave out)
     from the memory-mapped length columns alone."""
-    from packer.packing import plan
     from packer.packing.mixing import sample_sources, separate_copies
 
     sources = np.asarray(table.column("source_name").to_numpy(zero_copy_only=False), dtype=object)
@@ -274,7 +273,21 @@ def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> 
     vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)[index]
     images = table.column("num_images").to_numpy().astype(np.int64)[index]
     videos = None if config.max_videos is None else table.column("num_videos").to_numpy().astype(np.int64)[index]
-    pack_ids = plan(
+    pack_ids = _plan(config, lengths, vision, images, videos)
+    if copies.any():
+        pack_ids = separate_copies(index, pack_ids, lengths, vision, images, capacity=config.max_length,
+                                   vision_budget=config.max_vision_tokens, max_images=config.max_images,
+                                   videos=videos, max_videos=config.max_videos, seed=config.seed)
+    return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, vision=vision, images=images,
+                sources=sources[index], videos=videos)
+
+
+def _plan(config: BuildConfig, lengths: np.ndarray, vision: np.ndarray, images: np.ndarray,
+          videos: np.ndarray | None) -> np.ndarray:
+    """``packing.plan`` with ``config``'s options: (n,) pack id per example."""
+    from packer.packing import plan
+
+    return plan(
         lengths, config.max_length, algorithm=config.algorithm,
         vision=vision if config.max_vision_tokens or config.balance_vision else None,
         vision_budget=config.max_vision_tokens,
@@ -283,12 +296,22 @@ def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> 
         max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
         refine=config.refine, seed=config.seed,
     )
-    if copies.any():
-        pack_ids = separate_copies(index, pack_ids, lengths, vision, images, capacity=config.max_length,
-                                   vision_budget=config.max_vision_tokens, max_images=config.max_images,
-                                   videos=videos, max_videos=config.max_videos, seed=config.seed)
-    return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, vision=vision, images=images,
-                sources=sources[index], videos=videos)
+
+
+def warm_planner(config: BuildConfig) -> None:
+    """Load what ``plan_packs`` will need (numba and its cached kernels for ``config``'s options, pandas,
+    which pyarrow imports at its first ``to_numpy``) by planning one example; ``build`` runs this in a
+    thread while the workers encode, so ~1 s of imports and kernel loads leaves the plan's critical path.
+
+    Example: ``warm_planner(config)`` then ``plan_packs(table, config, exclude=...)``: the same plan,
+    without the loads. Errors are left to the real plan, which raises them with the real data.
+    """
+    one = np.ones(1, dtype=np.int64)
+    try:
+        pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
+        _plan(config, one, one * 0, one * 0, None if config.max_videos is None else one * 0)
+    except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
+        return
 
 
 # --------------------------------------------------------------------------------------------- write

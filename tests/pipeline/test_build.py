@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -280,3 +281,4 @@ def test_one_pool_encodes_and_writes(tmp_path):
     assert by_point["shard"] <= by_point["encode-partial"] and os.getpid() not in by_point["shard"]
     assert not multiprocessing.active_children()
     assert not list((tmp_path / "two" / ".packer").rglob("encoder.pkl*"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"encoder.pkl.tmp-{os.getpid()}-*"))  # preload's file
