@@ -15,7 +15,8 @@ process tree's (a local Ray's processes included).
 
 Each build runs in a fresh process (this script with ``--child``) that times its stages: ``start`` (the
 executor: a local Ray cluster of N CPUs for ray), ``scan`` (tokenizer load, scan, fingerprint), ``encode``,
-``plan``, ``write`` and ``finish`` (rejects, stats, card, manifest).
+``plan``, ``write`` and ``finish`` (rejects, stats, card, manifest), in wall time and in the build process's
+own CPU time (its threads included, its workers not: what it spends on the critical path).
 """
 
 from __future__ import annotations
@@ -135,14 +136,19 @@ class _Timed:
             self.inner.close()
 
     def encode(self, chunks, **kw):
-        self.marks["encode"] = time.perf_counter()
+        self.marks["encode"] = _now()
         yield from self.inner.encode(chunks, **kw)
-        self.marks["plan"] = time.perf_counter()
+        self.marks["plan"] = _now()
 
     def write(self, ranges, **kw):
-        self.marks["write"] = time.perf_counter()
+        self.marks["write"] = _now()
         yield from self.inner.write(ranges, **kw)
-        self.marks["finish"] = time.perf_counter()
+        self.marks["finish"] = _now()
+
+
+def _now() -> tuple[float, float]:
+    """(wall, this process's CPU, all its threads) seconds: the build's own process, not its workers."""
+    return time.perf_counter(), time.process_time()
 
 
 def _child(path: str, out: str, num_proc: int, executor: str) -> None:
@@ -150,7 +156,7 @@ def _child(path: str, out: str, num_proc: int, executor: str) -> None:
     from packer.config import BuildConfig
     from packer.pipeline.build import build, make_executor
 
-    marks = {"start": time.perf_counter()}
+    marks = {"start": _now()}
     if executor == "ray":
         import ray
 
@@ -158,11 +164,11 @@ def _child(path: str, out: str, num_proc: int, executor: str) -> None:
     config = BuildConfig.from_inputs([path], out, profile="qwen2-vl", max_length=8192, max_pixels=256 * 28 * 28,
                                      num_proc=num_proc, executor=executor, overwrite=True)
     inner = make_executor(config)
-    marks["scan"] = time.perf_counter()
+    marks["scan"] = _now()
     build(config, progress=False, executor=_Timed(inner, marks))
-    marks["end"] = time.perf_counter()
+    marks["end"] = _now()
     names = list(marks)
-    print(json.dumps({a: marks[b] - marks[a] for a, b in zip(names, names[1:], strict=False)}))
+    print(json.dumps([{a: marks[b][k] - marks[a][k] for a, b in zip(names, names[1:], strict=False)} for k in (0, 1)]))
 
 
 def _noop(i: int) -> int:
@@ -216,12 +222,12 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local") 
     dt = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")
-    stages = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    stages, parent_cpu = json.loads(proc.stdout.read().strip().splitlines()[-1])
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["totals"]
     return {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
             "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
-            "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu), "examples": t["examples"], "packs": t["packs"], "stages": stages,
+            "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu), "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
             "shards": [s["sha256"] for s in manifest["shards"]]}
 
 
@@ -261,6 +267,7 @@ def main() -> None:
                       f"{b['examples']:,} examples in {b['packs']:,} packs")
                 print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
                                                       if v >= 0.1))
+                print("    the build process's CPU-s by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in b["parent_cpu"].items()))
             if {"local", "ray"} <= set(builds):
                 local, ray = builds["local"], builds["ray"]
                 assert local["shards"] == ray["shards"], "the Ray build's shards differ from the local build's"
