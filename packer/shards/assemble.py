@@ -181,8 +181,10 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         for name in dense:
             arr = table.column(name).chunk(0)
             src, offsets, out = arr.values.to_numpy(zero_copy_only=True), arr.offsets.to_numpy(), values[name]
-            begin, end = offsets[local[c]].tolist(), offsets[local[c] + 1].tolist()
-            for a, b, d in zip(begin, end, out_offsets[name][dest[c]].tolist(), strict=True):
+            begin, end = offsets[local[c]], offsets[local[c] + 1]
+            some = end > begin  # all but a text example's mRoPE rows, stored as [] (encoded_table)
+            for a, b, d in zip(begin[some].tolist(), end[some].tolist(), out_offsets[name][dest[c][some]].tolist(),
+                               strict=True):
                 out[d : d + b - a] = src[a:b]
         del table
     for name in dense:
@@ -217,7 +219,11 @@ def _full_mrope(item_off: np.ndarray, stored: np.ndarray, positions: pa.ChunkedA
         raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 0 or 3 per token)")
     _, pos = _list_parts(positions)
     out = np.repeat(pos.to_numpy(), 3)  # (t, h, w) = (p, p, p) per token
-    out.reshape(-1, 3)[np.repeat(full, lengths)] = stored.reshape(-1, 3)  # the stored examples' own rows
+    ends = 3 * np.cumsum(lengths)
+    at = 0
+    for a, b in zip((ends - 3 * lengths)[full].tolist(), ends[full].tolist(), strict=True):
+        out[a:b] = stored[at : at + b - a]  # a stored example's own rows (slices: cheaper than a token mask)
+        at += b - a
     return out
 
 
