@@ -58,8 +58,8 @@ class LocalExecutor:
 
     def preload(self, encoder: Encoder) -> None:
         """Have every worker load ``encoder`` now (``build`` calls this as soon as it has made it): each
-        unpickles it (~0.6 s) while this process fingerprints the tokenizer and scans the inputs, not after
-        the first tasks arrive. ``encode`` with the same encoder reuses its file; a no-op for one process."""
+        unpickles it while this process fingerprints the tokenizer and prepares the output, not after the
+        first tasks arrive. ``encode`` with the same encoder reuses its file; a no-op for one process."""
         if self.num_proc == 1:
             return
         self.start()

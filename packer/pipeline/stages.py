@@ -301,7 +301,7 @@ def _plan(config: BuildConfig, lengths: np.ndarray, vision: np.ndarray, images: 
 def warm_planner(config: BuildConfig) -> None:
     """Load what ``plan_packs`` will need (numba and its cached kernels for ``config``'s options, pandas,
     which pyarrow imports at its first ``to_numpy``) by planning one example; ``build`` runs this in a
-    thread while the workers encode, so ~1 s of imports and kernel loads leaves the plan's critical path.
+    thread while the workers encode, so those imports and kernel loads leave the plan's critical path.
 
     Example: ``warm_planner(config)`` then ``plan_packs(table, config, exclude=...)``: the same plan,
     without the loads. Errors are left to the real plan, which raises them with the real data.
