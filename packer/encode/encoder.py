@@ -84,7 +84,8 @@ class _Tokens:
     ids: np.ndarray  # (T,) int32
     labels: np.ndarray  # (T,) int32
     starts: list[int]  # (texts + 1,)
-    placeholders: list[int]  # image and video tokens in each text: 0 for most, whose checks are skipped
+    images: list[int]  # image tokens in each text (the template's placeholders: one per image named)
+    videos: list[int]  # video tokens in each text
 
     def text(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Text k's ids and labels (views: the batch's texts do not overlap)."""
@@ -311,8 +312,11 @@ class Encoder:
             enc = encodings[k] if self._token_bytes is None else self._backend.encode(texts[k], add_special_tokens=False)
             labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=self._is_special,
                                       boundaries=offset_boundaries(ids[a:b], enc, texts[k]))
-        found = np.flatnonzero(self._is_placeholder[ids])
-        return _Tokens(ids, labels, starts, placeholders=np.diff(np.searchsorted(found, starts)).tolist())
+        images, videos = (
+            [0] * len(texts) if t is None else np.diff(np.searchsorted(np.flatnonzero(ids == t), starts)).tolist()
+            for t in (self.image_token_id, self.video_token_id)
+        )
+        return _Tokens(ids, labels, starts, images=images, videos=videos)
 
     # ------------------------------------------------------------------ finish
 
@@ -386,7 +390,7 @@ class Encoder:
             parts.append(np.array([self.eos_id], dtype=np.int32))
         arr = np.concatenate(parts)  # a copy: the batch's ids stay as they are
         for token_id, what in ((self.image_token_id, "image"), (self.video_token_id, "video")):
-            if tokens.placeholders[k] and token_id is not None and (arr == token_id).any():
+            if (tokens.images[k] or tokens.videos[k]) and token_id is not None and (arr == token_id).any():
                 raise RecordError(
                     "image_count_mismatch", f"the text holds the {what} token literally but names no {what}"
                 )
@@ -399,9 +403,16 @@ class Encoder:
             ids, labels = tokens.text(first)
             node_offsets = np.zeros(1, dtype=np.int32)
             refs = [[p for m in nodes[0].messages for p in m.parts if not isinstance(p, str)]]
+            # its counts are its text's, taken for the whole batch: the check below only runs to say what is wrong
+            videos = sum(isinstance(r, VideoRef) for r in refs[0])
+            counted = (tokens.images[first], tokens.videos[first]) == (len(refs[0]) - videos, videos) and (
+                not self.profile.splits_images or not refs[0]  # a split image holds one token per block
+            )
         else:
             ids, labels, node_offsets, refs = self._join_nodes(stage, tokens)
-        if any(refs) or any(tokens.placeholders[first : first + len(texts)]):  # else nothing to count
+            paths = slice(first, first + len(texts))
+            counted = not any(refs) and not any(tokens.images[paths]) and not any(tokens.videos[paths])
+        if not counted:
             self._check_image_tokens(ids, node_offsets, refs)
         node_parents = np.array(parents, dtype=np.int32)
         return _Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])

@@ -111,13 +111,13 @@ class ByteOffsets:
         if text.isascii():
             if self._base[k + 1] - base != size:
                 return None
-            return [base + min(c, size) for c in chars]
+            return [base + (c if c < size else size) for c in chars]
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         width = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)  # UTF-8 bytes
         char_byte = np.concatenate([[0], np.cumsum(width)]).tolist()  # byte offset of each character
         if self._base[k + 1] - base != char_byte[-1]:
             return None
-        return [base + char_byte[min(c, size)] for c in chars]
+        return [base + char_byte[c if c < size else size] for c in chars]
 
     def token_at(self, byte: np.ndarray, *, end: np.ndarray) -> np.ndarray:
         """The first token that ends after each ``byte`` (a global token index), at most ``end`` (its text's

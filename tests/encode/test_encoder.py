@@ -600,3 +600,33 @@ def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
     assert run.returncode == 0, run.stderr.decode()
     for got, want in zip(pickle.loads(run.stdout), encoders["qwen2-vl"].encode_batch(examples), strict=True):
         assert_same(got, want)
+
+
+@pytest.mark.parametrize(("name", "options"), [("qwen2.5-vl", {"max_pixels": 128 * 32 * 32}),
+                                               ("qwen3-vl", {"max_pixels": 128 * 32 * 32}), ("molmo2", {})])
+def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, options):
+    """Videos beside images, in trees and in linear examples, with the checks' failures (a literal video token,
+    a video beside an image where the family refuses it): the batch path equals the general one, one example
+    at a time. qwen3-vl splices the video's own timestamped text in (``_video_tokens``); Molmo2 writes each
+    image as its own run of tokens, wrapped, and takes one video per path alone (``video_alone``)."""
+    from tests.media.make_videos import write_clip
+
+    clip = write_clip(tmp_path / "clip.mp4", fps=2, frames=4, width=64, height=48)
+    video = {"type": "video", "video": str(clip)}
+    image = {"type": "image", "image": "img/a.jpg"}
+    ask = lambda *parts: {"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]}  # noqa: E731
+    answer = {"role": "assistant", "content": "A grey square."}
+    records = [
+        {"messages": [ask(video), answer]},
+        {"messages": [ask(video), answer, ask(image), answer]},  # Molmo2 refuses it (video_alone)
+        {"messages": [ask(video)], "branches": [[answer], [answer, ask(image), answer]]},
+        {"messages": [{"role": "user", "content": "a literal <|video_pad|> token"}, answer]},
+        {"messages": [ask(image)], "branches": [[{"role": "assistant", "content": "x <|video_pad|>"}], [answer]]},
+        {"messages": [ask(image, video), answer]},
+    ]
+    encoder = Encoder(load_tokenizer(get_profile(name).default_tokenizer), get_profile(name, **options))
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    batch = encoder.encode_batch(examples)
+    assert sum(isinstance(b, RecordError) for b in batch) >= 2  # the literal tokens, at least
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
