@@ -4,8 +4,8 @@ and model profile.
 ``Encoder.encode_batch`` runs three steps:
 
     stage     render every root-to-node path of each example: texts and content spans (templates.py)
-    tokenize  ONE tokenizer call for all the batch's texts (tokenize.py)
-    finish    per example: labels (labels.py), tree nodes, image expansion, truncation, positions
+    tokenize  ONE tokenizer call for all the batch's texts (tokenize.py), then labels for all (labels.py)
+    finish    per example: tree nodes, image expansion, truncation, positions
 
 Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the
 parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
@@ -22,6 +22,10 @@ Fast paths, each checked against the general one it replaces (tests/encode/test_
 - ``encode_batch``: one tokenizer call per batch (the build passes a 512-line chunk), because one call per
   record interleaved with Python work runs slower: the tokenizer's tables leave the CPU caches.
 - the ChatML template in pure Python (templates.py); token boundaries from byte lengths (tokenize.py).
+- the batch's tokens as one array (``_Tokens``): the loss rule for all its texts in a few numpy calls
+  (``labels.batch_loss_labels``, from byte lengths; ``loss_labels`` per text from offsets is the general path),
+  and each text's image and video tokens counted once, so a linear example whose counts match its images
+  skips the per-node check, and is its path's tokens as they are (no node bookkeeping).
 
 Measured costs: docs/benchmarks.md, "Build throughput".
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -429,9 +434,8 @@ class Encoder:
             start = 0
             if parent >= 0:
                 start = path_ids[parent].shape[0]
-                if not texts[i].startswith(texts[parent]) or not np.array_equal(
-                    ids[:start], path_ids[parent]
-                ):
+                # bytes compared: np.array_equal's checks cost more than the compare on a few hundred tokens
+                if not texts[i].startswith(texts[parent]) or ids[:start].tobytes() != path_ids[parent].tobytes():
                     raise RecordError(
                         "template_error",
                         f"tree node {i}: the rendering of its parent's path is not a token-level prefix of its "
@@ -440,13 +444,11 @@ class Encoder:
             node_ids.append(ids[start:])
             node_labels.append(labels[start:])
             refs.append([p for m in node.messages for p in m.parts if not isinstance(p, str)])
-        sizes = np.array([a.shape[0] for a in node_ids], dtype=np.int64)
-        if (sizes[1:] == 0).any():
-            raise RecordError(
-                "template_error",
-                f"tree node {int(np.flatnonzero(sizes[1:] == 0)[0]) + 1} renders to no tokens",
-            )
-        return np.concatenate(node_ids), np.concatenate(node_labels), (np.cumsum(sizes) - sizes).astype(np.int32), refs
+        sizes = [a.shape[0] for a in node_ids]
+        if 0 in sizes[1:]:
+            raise RecordError("template_error", f"tree node {sizes.index(0, 1)} renders to no tokens")
+        offsets = np.array([0, *accumulate(sizes[:-1])], dtype=np.int32)
+        return np.concatenate(node_ids), np.concatenate(node_labels), offsets, refs
 
     def _check_image_tokens(
         self, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef | VideoRef]]

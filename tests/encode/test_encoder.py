@@ -630,3 +630,28 @@ def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, opti
     assert sum(isinstance(b, RecordError) for b in batch) >= 2  # the literal tokens, at least
     for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
         assert_same(got, want)
+
+
+SKIPS_TOOLS = ("{%- for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+               "{% endif %}{% endfor %}")
+RUN_ON = "{%- for m in messages %}{{ m.content }}{% endfor %}"  # "ab" + "cd": BPE merges across the branch point
+
+
+@pytest.mark.parametrize(("template", "reason", "message"), [
+    (SKIPS_TOOLS, "template_error", "tree node 2 renders to no tokens"),
+    (RUN_ON, "template_error", "tree node 1: the rendering of its parent's path is not a token-level prefix"),
+])
+def test_tree_template_errors(tok, image_root, template, reason, message):
+    """A tree whose node renders to nothing, or whose parent's rendering is not a prefix of the child's: the
+    same located error from the batch path and the general one."""
+    answer = {"role": "assistant", "content": "Fine."}
+    records = [{"messages": [{"role": "user", "content": "ab"}],
+                "branches": [[{"role": "assistant", "content": "cd"}], [{"role": "tool", "content": "unseen"}]]},
+               {"messages": [{"role": "user", "content": "Hi"}, answer]}]
+    encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=template)
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    batch = encoder.encode_batch(examples)
+    assert isinstance(batch[0], RecordError) and batch[0].reason == reason and message in batch[0].message
+    assert not isinstance(batch[1], RecordError)
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
