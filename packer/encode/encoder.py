@@ -588,7 +588,7 @@ class Encoder:
             draft.ids[starts] = self._token_ids["vision_start"]
             draft.ids[[a + r - 1 for a, r in zip(starts, runs, strict=True)]] = self._token_ids["vision_end"]
         if draft.node_offsets.shape[0] > 1:  # a linear example's one node starts at 0, before every image
-            shifts = np.cumsum([0] + [r - 1 for r in runs])  # tokens added before the k-th placeholder's end
+            shifts = np.cumsum([0] + [r - 1 for r in runs])  # (P + 1,) tokens the first k placeholders add
             before = np.searchsorted(np.array(pos, dtype=np.int64), draft.node_offsets, side="left")
             draft.node_offsets = (draft.node_offsets + shifts[before]).astype(np.int32)
 
