@@ -655,3 +655,29 @@ def test_tree_template_errors(tok, image_root, template, reason, message):
     assert not isinstance(batch[1], RecordError)
     for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
         assert_same(got, want)
+
+
+TRIMS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # alters content: the prefix fallback
+
+
+def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
+    """A template that trims content leaves each assistant's content end unknown (templates.py's prefix
+    fallback, labels.py's last-special-token rule): the batch path equals the general one, in linear examples,
+    trees and ``loss`` overrides, with multi-byte text."""
+    user = {"role": "user", "content": "  Grüße?  "}
+    records = [
+        {"messages": [user, {"role": "assistant", "content": " Hallo 🙂 "}]},
+        {"messages": [user, {"role": "assistant", "content": "a\n"}, {"role": "user", "content": "b", "loss": True},
+                      {"role": "assistant", "content": "  c", "loss": False}, {"role": "assistant", "content": "d "}]},
+        {"messages": [user], "branches": [[{"role": "assistant", "content": " one"}],
+                                          [{"role": "assistant", "content": "two  "}, user,
+                                           {"role": "assistant", "content": "três"}]]},
+    ]
+    encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=TRIMS)
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    assert all(None in [ce for _, ce, _ in spans] for spans in encoder._stage(examples[0]).spans)  # the fallback
+    batch = encoder.encode_batch(examples)
+    assert not any(isinstance(b, RecordError) for b in batch)
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
