@@ -1,6 +1,6 @@
 """The parsing fast paths against the general paths they skip, on varied records: the same Example, or the same
 reject (reason and message). ``chat_messages``' plain message vs ``chat_message``; ``chat.parse``'s record
-with no pools, branches or tools vs the full checks; ``read._loads`` vs ``json.loads``; ``common._file_type``
+with no pools, branches or tools vs the full checks; ``read._loads`` vs ``json.loads`` and its surrogate-escape regex vs two substring tests; ``common._file_type``
 vs ``os.path.isdir`` / ``isfile``; the chunk reader's blank-line test vs ``bytes.strip``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from packer.core.types import ImageRef
 from packer.errors import RecordError
 from packer.formats import parse_record
 from packer.formats.common import Ctx, _file_type, chat_message, chat_messages
-from packer.formats.read import _loads
+from packer.formats.read import _SURROGATE_ESCAPE, _loads
 
 ROLE = st.sampled_from(["system", "user", "assistant", "tool", "human", "gpt", "bot", "", 1, None, ["user"]])
 TEXT = st.sampled_from(["", "hi", " x ", "<image>", "a <image> b", "<video>", "\ue000", "é中🙂"])
@@ -159,3 +159,9 @@ def test_file_type_answers_isdir_and_isfile(tmp_path: Path):
 def test_blank_line_test_equals_strip(raw: bytes):
     """stages._chunk_records skips a line by ``not raw or raw.isspace()``: the lines ``not raw.strip()`` skipped."""
     assert (not raw or raw.isspace()) == (not raw.strip())
+
+
+@pytest.mark.parametrize("text", ['"\\ud800"', '"\\uD83D"', '"\\u00e9"', '"\\\\ud"', '"ud"', "\\u", '"\\uDx"', "\ud800"])
+def test_surrogate_escape_regex_equals_substring_tests(text: str):
+    """parse_line looks for a lone surrogate escape only in lines the regex finds: those the two tests found."""
+    assert bool(_SURROGATE_ESCAPE.search(text)) == ("\\ud" in text or "\\uD" in text)
