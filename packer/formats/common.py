@@ -310,7 +310,7 @@ def chat_messages(items: Any, ctx: Ctx, where: str) -> list[Message]:
     no loss flag to check, so it is built from its content alone (a non-empty string, in a record with no
     placeholder pools, without even ``content_parts``), because ``chat_message``'s checks ran per message and
     were most of a chat record's parse time. Every other message takes ``chat_message``, which gives the same
-    Message (or error) for those shapes too (tests/formats/test_formats.py compares them)."""
+    Message (or error) for those shapes too (tests/formats/test_fast_paths.py compares them)."""
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"{where} must be a list of messages, got {type(items).__name__}")
     plain = ctx.pool is None and ctx.video_pool is None  # no <image> / <video> to split content at
