@@ -308,7 +308,7 @@ class Encoder:
             draft.ids, draft.labels, draft.node_offsets, draft.node_parents, draft.images
         )  # fmt: skip
         labels[0] = IGNORE_INDEX  # nothing predicts an example's first token
-        if not (labels != IGNORE_INDEX).any():
+        if labels.max() == IGNORE_INDEX == labels.min():  # every label is IGNORE_INDEX; one reduction, no mask
             raise RecordError(
                 "no_loss_tokens", 'no token carries loss (no assistant turn, or every turn has "loss": false)'
             )

@@ -31,6 +31,7 @@ at ``max(h, w) // 2`` past its start, as for an image (transformers 5.23.0 ``get
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -152,9 +153,12 @@ class QwenVLProfile(ModelProfile):
         videos: Sequence[EncodedVideo] = (),
     ) -> np.ndarray:
         """mRoPE rows (3, L) int32, as ``get_rope_index`` gives them for each root-to-leaf path alone."""
-        if not grids and not videos:  # get_rope_index on text alone: three equal rows
-            out = np.empty((3, positions.shape[0]), dtype=np.int32)
-            out[:] = positions  # a broadcast copy: ~6x cheaper than np.tile's reshape-and-repeat
+        if not grids and not videos:  # get_rope_index on text alone: three rows equal to the 1-D positions
+            # one row seen three times (row stride 0), read-only: no copy, and encoded_table compares one row to
+            # position_ids, not three, before it stores them as an empty list (np.broadcast_to: the same view, slower)
+            row = np.ascontiguousarray(positions, dtype=np.int32)
+            out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
+            out.flags.writeable = False
             return out
         return mrope_position_ids(
             ids, node_offsets, node_parents, grids,
@@ -387,58 +391,79 @@ def mrope_position_ids(
     """
     ids = np.asarray(input_ids)
     length = ids.shape[0]
-    check_layout(length, node_offsets, node_parents, empty_nodes=True)
-    offsets, lengths = np.asarray(node_offsets, dtype=np.int64), node_lengths(length, node_offsets)
-    parents = np.asarray(node_parents, dtype=np.int64)
-    ends = offsets + lengths
-
-    spans = []  # (start, end, grid, interval) of each vision run, images then videos
-    for token_id, grids_in, intervals, what in (
-        (image_token_id, image_grids, None, "image"),
-        (video_token_id, video_grids, video_intervals, "video"),
-    ):
-        starts_k, ends_k = _runs(ids, token_id)
-        if starts_k.shape[0] == 0 and len(grids_in) == 0:
-            continue  # none named, none found (the video kind of an image example)
-        grids = np.asarray(grids_in, dtype=np.int64).reshape(-1, 3)
-        counts = grids[:, 0] * (grids[:, 1] // spatial_merge_size) * (grids[:, 2] // spatial_merge_size)
-        if starts_k.shape[0] != grids.shape[0] or (ends_k - starts_k != counts).any():
-            raise RecordError(
-                "image_count_mismatch",
-                f"{starts_k.shape[0]} runs of {what} tokens of lengths {(ends_k - starts_k).tolist()} "
-                f"do not match {grids.shape[0]} {what}s of {counts.tolist()} tokens",
-            )
-        for k, (rs, re_) in enumerate(zip(starts_k.tolist(), ends_k.tolist(), strict=True)):
-            spans.append((rs, re_, tuple(grids[k].tolist()), 1.0 if intervals is None else float(intervals[k])))
+    # the few nodes and runs as Python ints: scalar work instead of numpy calls on tiny arrays
+    starts, parents = np.asarray(node_offsets).reshape(-1).tolist(), np.asarray(node_parents).reshape(-1).tolist()
+    if starts != [0] or parents != [-1]:  # one node at 0 with no parent: a valid linear example, nothing to check
+        check_layout(length, node_offsets, node_parents, empty_nodes=True)
+    ends = [*starts[1:], length]
+    spans = [  # (start, end, grid, interval) of each vision run, in token order
+        *_vision_runs(ids, image_token_id, image_grids, None, spatial_merge_size, "image"),
+        *_vision_runs(ids, video_token_id, video_grids, video_intervals, spatial_merge_size, "video"),
+    ]
     spans.sort()
-    run_starts = np.array([sp[0] for sp in spans], dtype=np.int64)
-    run_ends = np.array([sp[1] for sp in spans], dtype=np.int64)
-    run_node = np.searchsorted(offsets, run_starts, side="right") - 1
-    # Zero-length nodes share an offset with the next node; searchsorted picks the last of them, which
-    # is the one holding tokens.
-    if (run_ends > ends[run_node]).any():
+    # Zero-length nodes share an offset with the next node; bisect_right picks the last of them, which is the
+    # one holding tokens.
+    run_node = [bisect_right(starts, sp[0]) - 1 for sp in spans]
+    if any(sp[1] > ends[n] for sp, n in zip(spans, run_node, strict=True)):
         raise RecordError("image_count_mismatch", "an image's or video's tokens are split across two tree nodes")
 
     # int32 throughout (the result's dtype): positions stay below the length, and lengths fit int32
     out = np.empty((3, length), dtype=np.int32)
-    next_pos = [0] * offsets.shape[0]  # current_pos after each node's path
+    next_pos = [0] * len(starts)  # current_pos after each node's path
     k = 0  # next vision run, in token order
-    run_node_l = run_node.tolist()
     m = spatial_merge_size
-    for n, (s, e, parent) in enumerate(zip(offsets.tolist(), ends.tolist(), parents.tolist(), strict=True)):
+    for n, (s, e, parent) in enumerate(zip(starts, ends, parents, strict=True)):
         cur = 0 if parent < 0 else next_pos[parent]
-        while k < len(spans) and run_node_l[k] == n:
+        while k < len(spans) and run_node[k] == n:
             rs, re_, (t, h, w), interval = spans[k]
             out[:, s:rs] = np.arange(cur, cur + rs - s)  # text before the run, broadcast to 3 rows
             cur += rs - s
-            out[:, rs:re_] = _grid_positions(t, h // m, w // m, interval)
-            out[:, rs:re_] += cur
+            np.add(_grid_positions(t, h // m, w // m, interval), cur, out=out[:, rs:re_])
             cur += max(h, w) // m
             s = re_
             k += 1
         out[:, s:e] = np.arange(cur, cur + e - s)
         next_pos[n] = cur + e - s
     return out
+
+
+def _vision_runs(
+    ids: np.ndarray,
+    token_id: int | None,
+    grids: Sequence[tuple[int, int, int]],
+    intervals: Sequence[float] | None,
+    merge: int,
+    what: str,
+) -> list[tuple[int, int, tuple[int, int, int], float]]:
+    """(start, end, grid, interval) of each maximal run of ``token_id`` in ``ids``, the k-th run being the k-th
+    of ``grids``: it must span exactly that grid's t * (h // merge) * (w // merge) tokens (RecordError
+    "image_count_mismatch" otherwise). Scalar checks on the hits' indices instead of a pass for run edges:
+    the k-th grid's tokens are the next ``count`` hits, and they form a maximal run when they are consecutive
+    and the hit after them is not adjacent."""
+    if len(grids) == 0 and (token_id is None or not (ids == token_id).any()):
+        return []  # none named, none found (the video kind of an image example)
+    hits = np.zeros(0, np.int64) if token_id is None else np.flatnonzero(ids == token_id)
+    found, spans, j = hits.shape[0], [], 0
+    for k, grid in enumerate(grids):
+        t, h, w = (int(x) for x in grid)
+        count = t * (h // merge) * (w // merge)
+        if count <= 0 or j + count > found:
+            break
+        a, b = int(hits[j]), int(hits[j + count - 1])
+        if b - a != count - 1 or (j + count < found and int(hits[j + count]) == b + 1):
+            break
+        spans.append((a, b + 1, (t, h, w), 1.0 if intervals is None else float(intervals[k])))
+        j += count
+    if len(spans) == len(grids) and j == found:
+        return spans
+    starts, ends = _runs(ids, token_id)
+    sizes = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    counts = sizes[:, 0] * (sizes[:, 1] // merge) * (sizes[:, 2] // merge)
+    raise RecordError(
+        "image_count_mismatch",
+        f"{starts.shape[0]} runs of {what} tokens of lengths {(ends - starts).tolist()} "
+        f"do not match {sizes.shape[0]} {what}s of {counts.tolist()} tokens",
+    )
 
 
 @lru_cache(maxsize=256)  # a dataset has few distinct grids; <= 256 * 15 KB (1280-token images) cached

@@ -358,3 +358,52 @@ def test_extra_positions_is_mrope_and_text_is_three_equal_rows(tok) -> None:
     got = profile.extra_positions(ids, pos, offsets, parents, [(1, 4, 6)], token_ids=token_ids)
     np.testing.assert_array_equal(got, mrope_position_ids(ids, offsets, parents, [(1, 4, 6)], image_token_id=IMAGE_PAD))
     assert get_profile("llava").extra_positions(ids, pos, offsets, parents, [], token_ids=token_ids) is None
+
+
+def _runs_rule(ids, token_id, grids, merge=2):
+    """The rule ``_vision_runs`` checks with scalars, the plain way: the maximal runs of the token, one per grid
+    in order, each of its grid's t * (h // m) * (w // m) tokens; (start, end) of each, or None."""
+    hits = np.concatenate([[False], ids == token_id, [False]]).astype(np.int8)
+    edges = np.diff(hits)
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    counts = [t * (h // merge) * (w // merge) for t, h, w in grids]
+    if len(starts) != len(grids) or (ends - starts).tolist() != counts:
+        return None
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def test_vision_runs_match_the_plain_rule_on_random_runs():
+    """``_vision_runs`` (the k-th grid's tokens are the next hits: consecutive, the next hit not adjacent) finds
+    or refuses exactly what the maximal-run rule does: adjacent images, short and long runs, stray tokens."""
+    from packer.models.qwen_vl import _vision_runs
+
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        ids, grids = [], []
+        for _ in range(int(rng.integers(0, 4))):
+            ids += rng.integers(0, 5, int(rng.integers(0, 3))).tolist()  # 0-2 text tokens (9 = image) between
+            grid = (int(rng.integers(1, 3)), 2 * int(rng.integers(0, 3)), 2 * int(rng.integers(1, 3)))
+            grids.append(grid)
+            n = grid[0] * (grid[1] // 2) * (grid[2] // 2) + int(rng.choice([0, 0, 0, -1, 1]))
+            ids += [9] * max(n, 0)
+        if rng.random() < 0.1:
+            ids.insert(int(rng.integers(0, len(ids) + 1)), 9)  # a stray image token
+        ids = np.array(ids, dtype=np.int32)
+        want = _runs_rule(ids, 9, grids)
+        if want is None:
+            with pytest.raises(RecordError, match="do not match"):
+                _vision_runs(ids, 9, grids, None, 2, "image")
+        else:
+            got = _vision_runs(ids, 9, grids, None, 2, "image")
+            assert [(a, b) for a, b, _, _ in got] == want
+            assert [g for _, _, g, _ in got] == grids
+
+
+def test_text_mrope_rows_are_a_read_only_view_of_the_positions():
+    pos = tree_position_ids(7, np.array([0, 3]), np.array([-1, 0]))
+    rows = get_profile("qwen2-vl").extra_positions(np.zeros(7, np.int32), pos, np.array([0, 3]), np.array([-1, 0]),
+                                                   [], token_ids={"image_token": IMAGE_PAD})
+    np.testing.assert_array_equal(rows, np.tile(pos, (3, 1)))
+    assert rows.dtype == np.int32 and rows.strides[0] == 0
+    with pytest.raises(ValueError, match="read-only"):
+        rows[0, 0] = 5

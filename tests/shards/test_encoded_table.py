@@ -1,0 +1,126 @@
+"""``encoded_table`` (columns from offsets + one concatenation each, text mRoPE stored as an empty list) against
+the general path it replaced (``pa.Table.from_pylist`` over one dict per example): same columns, and the same
+pack rows out of ``assemble_packs``, straight or through the encode cache's ``take_rows``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from packer.core.types import Encoded, EncodedVideo
+from packer.errors import ShardError
+from packer.models import get_profile
+from packer.shards.assemble import assemble_packs, encoded_table, take_rows
+from packer.shards.schema import EXAMPLE_SCHEMA
+from tests.helpers import random_example
+
+
+def _record(enc: Encoded) -> dict:
+    """One example as a dict of EXAMPLE_SCHEMA columns, every mRoPE row stored (the replaced general path)."""
+    mrope = enc.mrope_position_ids
+    return {
+        "example_id": enc.example_id, "source_name": enc.source_name, "input_ids": enc.input_ids,
+        "labels": enc.labels, "position_ids": enc.position_ids,
+        "mrope_position_ids": None if mrope is None else np.ascontiguousarray(mrope.T).reshape(-1),
+        "node_offsets": enc.node_offsets, "node_parents": enc.node_parents,
+        "images": [{"source": im.source, "data": im.data, "grid_t": im.grid_thw[0], "grid_h": im.grid_thw[1],
+                    "grid_w": im.grid_thw[2], "offset": im.offset, "num_tokens": im.num_tokens} for im in enc.images],
+        "videos": [{"source": v.source, "frames": v.frames, "video_start": v.video_start, "video_end": v.video_end,
+                    "frame_indices": v.frame_indices, "video_fps": v.video_fps, "grid_t": v.grid_thw[0],
+                    "grid_h": v.grid_thw[1], "grid_w": v.grid_thw[2], "height": v.height, "width": v.width,
+                    "utils_height": v.utils_height, "utils_width": v.utils_width, "offset": v.offset,
+                    "num_tokens": v.num_tokens, "second_per_grid_t": v.second_per_grid_t} for v in enc.videos],
+        "num_tokens": enc.num_tokens, "num_loss_tokens": enc.num_loss_tokens,
+        "num_vision_tokens": enc.num_vision_tokens, "num_video_tokens": enc.num_video_tokens,
+        "num_images": len(enc.images), "num_videos": len(enc.videos),
+    }
+
+
+def _reference_table(examples: list[Encoded]) -> pa.Table:
+    return pa.Table.from_pylist([_record(e) for e in examples], schema=EXAMPLE_SCHEMA)
+
+
+def _examples(seed: int, mrope: str) -> list[Encoded]:
+    """Random trees with images and a video or two; mRoPE rows: ``none``, or ``mixed``: the profile's text
+    rows (a stride-0 view of position_ids), equal rows as a plain copy, rows that differ, one 1-D view of them."""
+    rng = np.random.default_rng(seed)
+    text_rows = get_profile("qwen2-vl").extra_positions
+    out = []
+    for i in range(int(rng.integers(1, 12))):
+        e = random_example(rng, i, images=True)
+        e.source_name = ["", "web", "books"][i % 3]
+        if rng.random() < 0.3 and e.num_tokens > 8:
+            e.videos = [EncodedVideo(source=f"/v/{i}.mp4", frames=[], video_start=None, video_end=1.5,
+                                     frame_indices=[0, 2, 4, 6], video_fps=30.0, grid_thw=(2, 4, 4), height=56,
+                                     width=56, utils_height=56, utils_width=56, offset=7, num_tokens=1,
+                                     second_per_grid_t=0.5)]
+        if mrope == "mixed":
+            pos = e.position_ids
+            kind = i % 4
+            if kind == 0:
+                e.mrope_position_ids = text_rows(e.input_ids, pos, e.node_offsets, e.node_parents, [],
+                                                 token_ids={"image_token": None})
+            elif kind == 1:
+                e.mrope_position_ids = np.tile(pos, (3, 1))
+            elif kind == 2:
+                e.mrope_position_ids = np.stack([pos, pos + 1, pos * 2]).astype(np.int32)
+            else:  # a stride-0 view whose row is not position_ids
+                e.mrope_position_ids = np.broadcast_to(pos + 1, (3, pos.shape[0]))
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("mrope", ["none", "mixed"])
+@pytest.mark.parametrize("seed", range(12))
+def test_encoded_table_packs_like_the_general_path(seed, mrope):
+    examples = _examples(seed, mrope)
+    got, want = encoded_table(examples), _reference_table(examples)
+    assert got.schema == want.schema
+    for name in EXAMPLE_SCHEMA.names:
+        if name != "mrope_position_ids":
+            assert got.column(name).equals(want.column(name)), name
+    # mRoPE: every example's rows as the general path has them, or an empty list where they are its positions
+    for e, stored, full in zip(examples, got.column("mrope_position_ids").to_pylist(),
+                               want.column("mrope_position_ids").to_pylist(), strict=True):
+        assert stored == full or (stored == [] and full == np.repeat(e.position_ids, 3).tolist())
+    # the shard rows are the same
+    rng = np.random.default_rng(seed)
+    sizes = np.diff(np.unique(np.concatenate([[0, len(examples)], rng.integers(0, len(examples), 3)])))
+    assert assemble_packs(got, sizes).equals(assemble_packs(want, sizes))
+
+
+def test_text_rows_are_stored_empty_and_come_back(tmp_path):
+    """The cache holds no mRoPE values for a text example; a shard gathered from it (take_rows) has them all."""
+    examples = _examples(3, "mixed")
+    table = encoded_table(examples)
+    lengths = np.diff(table.column("mrope_position_ids").chunk(0).offsets.to_numpy())
+    assert lengths[0] == 0 and lengths[2] == 3 * examples[2].num_tokens  # the profile's view; rows that differ
+    files, starts = [], [0]
+    for c, (a, b) in enumerate([(0, len(examples) // 2), (len(examples) // 2, len(examples))]):
+        files.append(tmp_path / f"chunk-{c}.arrow")
+        with ipc.new_file(str(files[-1]), EXAMPLE_SCHEMA) as writer:
+            writer.write_table(table.slice(a, b - a))
+        starts.append(b)
+    sel = np.random.default_rng(0).permutation(len(examples))
+    taken = take_rows(files, np.array(starts), sel)
+    want = _reference_table([examples[i] for i in sel])
+    assert assemble_packs(taken, np.array([len(sel)])).equals(assemble_packs(want, np.array([len(sel)])))
+
+
+def test_encoded_table_of_nothing_is_the_empty_schema():
+    assert encoded_table([]).equals(EXAMPLE_SCHEMA.empty_table())
+
+
+def test_assemble_refuses_mrope_of_another_length():
+    examples = _examples(1, "mixed")
+    table = encoded_table(examples)
+    column = table.column("mrope_position_ids").chunk(0)
+    offsets = column.offsets.to_numpy().copy()
+    offsets[1:] += 1  # the first example gets one value too many
+    bad = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), np.int32)))
+    table = table.set_column(EXAMPLE_SCHEMA.get_field_index("mrope_position_ids"), EXAMPLE_SCHEMA.field(
+        "mrope_position_ids"), bad)
+    with pytest.raises(ShardError, match="mRoPE values"):
+        assemble_packs(table, np.array([len(examples)]))
