@@ -52,9 +52,9 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
         t2 = time.process_time()
         encodings = tokenize(encoder._backend, texts, offsets=False)
         t3 = time.process_time()
-        done = []
+        done, tokens = [], encoder._tokens(staged, texts, encodings)
         for example, stage in zip(parsed, staged, strict=True):
-            one = encoder._finish(example, stage, encodings[stage.first : stage.first + len(stage.texts)])
+            one = encoder._finish(example, stage, tokens)
             one.source_name = chunk.source
             done.append(one)
         table = encoded_table(done)

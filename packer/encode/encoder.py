@@ -4,8 +4,8 @@ and model profile.
 ``Encoder.encode_batch`` runs three steps:
 
     stage     render every root-to-node path of each example: texts and content spans (templates.py)
-    tokenize  ONE tokenizer call for all the batch's texts (tokenize.py)
-    finish    per example: labels (labels.py), tree nodes, image expansion, truncation, positions
+    tokenize  ONE tokenizer call for all the batch's texts (tokenize.py), then labels for all (labels.py)
+    finish    per example: tree nodes, image expansion, truncation, positions
 
 Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the
 parent's tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts
@@ -22,6 +22,10 @@ Fast paths, each checked against the general one it replaces (tests/encode/test_
 - ``encode_batch``: one tokenizer call per batch (the build passes a 512-line chunk), because one call per
   record interleaved with Python work runs slower: the tokenizer's tables leave the CPU caches.
 - the ChatML template in pure Python (templates.py); token boundaries from byte lengths (tokenize.py).
+- the batch's tokens as one array (``_Tokens``): the loss rule for all its texts in a few numpy calls
+  (``labels.batch_loss_labels``, from byte lengths; ``loss_labels`` per text from offsets is the general path),
+  and each text's image and video tokens counted once, so a linear example whose counts match its images
+  skips the per-node check, and is its path's tokens as they are (no node bookkeeping).
 
 Measured costs: docs/benchmarks.md, "Build throughput".
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,13 +52,13 @@ from packer.core.types import (
     VideoRef,
 )
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
-from packer.encode.labels import carries_loss, loss_labels
+from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels
 from packer.encode.split import chunk_labels, split_windows
 from packer.encode.templates import ChatTemplate, Span
 from packer.encode.tokenize import (
-    Boundaries,
-    byte_boundaries,
+    ByteOffsets,
     cached_token_byte_lengths,
+    flat_ids,
     offset_boundaries,
     special_token_mask,
     tokenize,
@@ -73,6 +78,24 @@ class _Staged:
     parents: list[int]  # parent index of each node (-1 for the root)
     spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
     first: int = 0  # index of texts[0] in the batch's tokenizer call
+
+
+@dataclass(slots=True)
+class _Tokens:
+    """A batch's tokens and labels, its texts back to back (``tokenize.flat_ids``): text k's are
+    ``ids[starts[k]:starts[k + 1]]``. Labels are those of the loss rule (labels.py) for a conversation's
+    path, IGNORE_INDEX for a text record (``_text_draft`` gives its own)."""
+
+    ids: np.ndarray  # (T,) int32
+    labels: np.ndarray  # (T,) int32
+    starts: list[int]  # (texts + 1,)
+    images: list[int]  # image tokens in each text (the template's placeholders: one per image named)
+    videos: list[int]  # video tokens in each text
+
+    def text(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Text k's ids and labels (views: the batch's texts do not overlap)."""
+        a, b = self.starts[k], self.starts[k + 1]
+        return self.ids[a:b], self.labels[a:b]
 
 
 @dataclass(slots=True)
@@ -141,6 +164,8 @@ class Encoder:
         self._token_bytes = cached_token_byte_lengths(backend, size=self._is_special.shape[0])
         self.image_token_id = self._token_id(profile.image_token)
         self.video_token_id = self._token_id(profile.video_token)
+        self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image or video token?
+        self._is_placeholder[[t for t in (self.image_token_id, self.video_token_id) if t is not None]] = True
         self.vision_start_id = self._token_id(profile.vision_start)
         # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
@@ -204,13 +229,14 @@ class Encoder:
             texts.extend(stage.texts)
             staged.append(stage)
         encodings = tokenize(self._backend, texts, offsets=self._token_bytes is None)
+        tokens = self._tokens([s for s in staged if not isinstance(s, RecordError)], texts, encodings)
         out: list[Encoded | RecordError] = []
         for example, stage in zip(examples, staged, strict=True):
             if isinstance(stage, RecordError):
                 out.append(stage)
                 continue
             try:
-                out.append(self._finish(example, stage, encodings[stage.first : stage.first + len(stage.texts)]))
+                out.append(self._finish(example, stage, tokens))
             except RecordError as e:
                 out.append(e if e.path else e.located(example.path, example.line))
         return out
@@ -275,11 +301,39 @@ class Encoder:
 
         return "".join([*pieces, text[start:]]), [(move(a), move(b), move(c)) for a, b, c in spans]
 
+    # ------------------------------------------------------------------ tokens
+
+    def _tokens(self, staged: list[_Staged], texts: list[str], encodings: list) -> _Tokens:
+        """The batch's tokens (``encodings`` of ``texts``) with every conversation path's labels: the loss
+        rule for all texts at once from byte lengths (``batch_loss_labels``), one text at a time from character
+        offsets where those do not apply (the general path, ``loss_labels``)."""
+        ids, starts = flat_ids(encodings)
+        spans: list[list[Span]] = [[] for _ in texts]  # per text, its loss messages' spans
+        for stage in staged:
+            for i, node in enumerate(stage.nodes):  # a text record has none
+                own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
+                spans[stage.first + i] = [s for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+        if self._token_bytes is None:  # the batch was tokenized with offsets
+            labels, rest = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32), [k for k, s in enumerate(spans) if s]
+        else:
+            labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=self._is_special,
+                                             offsets=ByteOffsets(ids, starts, self._token_bytes))
+        for k in rest:
+            a, b = starts[k], starts[k + 1]
+            enc = encodings[k] if self._token_bytes is None else self._backend.encode(texts[k], add_special_tokens=False)
+            labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=self._is_special,
+                                      boundaries=offset_boundaries(ids[a:b], enc, texts[k]))
+        images, videos = (
+            [0] * len(texts) if t is None else np.diff(np.searchsorted(np.flatnonzero(ids == t), starts)).tolist()
+            for t in (self.image_token_id, self.video_token_id)
+        )
+        return _Tokens(ids, labels, starts, images=images, videos=videos)
+
     # ------------------------------------------------------------------ finish
 
-    def _finish(self, example: Example, stage: _Staged, encodings: list) -> Encoded | list[Encoded]:
+    def _finish(self, example: Example, stage: _Staged, tokens: _Tokens) -> Encoded | list[Encoded]:
         """Tokens of the staged texts -> the Encoded example (labels, images, length policy, positions)."""
-        draft = self._draft(example, stage, encodings)
+        draft = self._draft(example, stage, tokens)
         length = draft.ids.shape[0]
         if self.max_length is None or length <= self.max_length:
             return self._encoded(example, draft)
@@ -296,9 +350,9 @@ class Encoder:
             draft = self._keep_last_turns(example, length)
         return self._encoded(example, draft)
 
-    def _draft(self, example: Example, stage: _Staged, encodings: list) -> _Draft:
+    def _draft(self, example: Example, stage: _Staged, tokens: _Tokens) -> _Draft:
         """The whole example's tokens, labels and nodes, its images expanded (no length policy yet)."""
-        draft = self._text_draft(encodings[0]) if example.kind == "text" else self._tree_draft(stage, encodings)
+        draft = self._text_draft(tokens, stage.first) if example.kind == "text" else self._tree_draft(stage, tokens)
         self._expand_images(draft)
         return draft
 
@@ -337,75 +391,70 @@ class Encoder:
             videos=draft.videos,
         )
 
-    def _text_draft(self, enc) -> _Draft:
-        """A ``text`` record (``enc``: its Encoding): [bos] + tokens + eos, loss on every token (the first
+    def _text_draft(self, tokens: _Tokens, k: int) -> _Draft:
+        """A ``text`` record (text ``k`` of ``tokens``): [bos] + tokens + eos, loss on every token (the first
         is cleared later)."""
-        ids = enc.ids
+        parts = [tokens.text(k)[0]]
         if self.bos_id is not None:
-            ids = [self.bos_id, *ids]
+            parts.insert(0, np.array([self.bos_id], dtype=np.int32))
         if self.eos_id is not None:
-            ids = [*ids, self.eos_id]
-        arr = np.asarray(ids, dtype=np.int32)
+            parts.append(np.array([self.eos_id], dtype=np.int32))
+        arr = np.concatenate(parts)  # a copy: the batch's ids stay as they are
         for token_id, what in ((self.image_token_id, "image"), (self.video_token_id, "video")):
-            if token_id is not None and (arr == token_id).any():
+            if (tokens.images[k] or tokens.videos[k]) and token_id is not None and (arr == token_id).any():
                 raise RecordError(
                     "image_count_mismatch", f"the text holds the {what} token literally but names no {what}"
                 )
         return _Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
 
-    def _tree_draft(self, stage: _Staged, encodings: list) -> _Draft:
+    def _tree_draft(self, stage: _Staged, tokens: _Tokens) -> _Draft:
         """Nodes are path deltas: node n's tokens are its path's minus its parent's path's."""
-        nodes, parents, texts = stage.nodes, stage.parents, stage.texts
+        nodes, parents, texts, first = stage.nodes, stage.parents, stage.texts, stage.first
+        if len(nodes) == 1:  # a linear conversation, most records: its one path is the example
+            ids, labels = tokens.text(first)
+            node_offsets = np.zeros(1, dtype=np.int32)
+            refs = [[p for m in nodes[0].messages for p in m.parts if not isinstance(p, str)]]
+            # its counts are its text's, taken for the whole batch: the check below only runs to say what is wrong
+            videos = sum(isinstance(r, VideoRef) for r in refs[0])
+            counted = (tokens.images[first], tokens.videos[first]) == (len(refs[0]) - videos, videos) and (
+                not self.profile.splits_images or not refs[0]  # a split image holds one token per block
+            )
+        else:
+            ids, labels, node_offsets, refs = self._join_nodes(stage, tokens)
+            paths = slice(first, first + len(texts))
+            counted = not any(refs) and not any(tokens.images[paths]) and not any(tokens.videos[paths])
+        if not counted:
+            self._check_image_tokens(ids, node_offsets, refs)
+        node_parents = np.array(parents, dtype=np.int32)
+        return _Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
+
+    def _join_nodes(
+        self, stage: _Staged, tokens: _Tokens
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef]]]:
+        """A tree's ids, labels, node offsets and each node's images and videos, from its paths' tokens."""
+        texts = stage.texts
         node_ids, node_labels, refs, path_ids = [], [], [], []
-        for i, (node, parent) in enumerate(zip(nodes, parents, strict=True)):
-            enc = encodings[i]
-            ids = np.array(enc.ids, dtype=np.int32)
+        for i, (node, parent) in enumerate(zip(stage.nodes, stage.parents, strict=True)):
+            ids, labels = tokens.text(stage.first + i)
             path_ids.append(ids)
             start = 0
             if parent >= 0:
                 start = path_ids[parent].shape[0]
-                if not texts[i].startswith(texts[parent]) or not np.array_equal(
-                    ids[:start], path_ids[parent]
-                ):
+                # bytes compared: np.array_equal's checks cost more than the compare on a few hundred tokens
+                if not texts[i].startswith(texts[parent]) or ids[:start].tobytes() != path_ids[parent].tobytes():
                     raise RecordError(
                         "template_error",
                         f"tree node {i}: the rendering of its parent's path is not a token-level prefix of its "
                         "own path (the template or tokenizer is not prefix-stable at this branch)",
                     )
-            own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
-            spans = [s for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
-            if spans:
-                labels = loss_labels(
-                    ids, spans, is_special=self._is_special, boundaries=self._boundaries(ids, enc, texts[i])
-                )
-            else:
-                labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32)
             node_ids.append(ids[start:])
             node_labels.append(labels[start:])
             refs.append([p for m in node.messages for p in m.parts if not isinstance(p, str)])
-        if len(node_ids) == 1:  # a linear conversation, most records: nothing to join
-            ids, labels, node_offsets = node_ids[0], node_labels[0], np.zeros(1, dtype=np.int32)
-        else:
-            sizes = np.array([a.shape[0] for a in node_ids], dtype=np.int64)
-            if (sizes[1:] == 0).any():
-                raise RecordError(
-                    "template_error",
-                    f"tree node {int(np.flatnonzero(sizes[1:] == 0)[0]) + 1} renders to no tokens",
-                )
-            ids = np.concatenate(node_ids)
-            labels = np.concatenate(node_labels)
-            node_offsets = (np.cumsum(sizes) - sizes).astype(np.int32)
-        self._check_image_tokens(ids, node_offsets, refs)
-        node_parents = np.array(parents, dtype=np.int32)
-        return _Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
-
-    def _boundaries(self, ids: np.ndarray, enc, text: str) -> Boundaries:
-        """Token boundaries of ``text``: from byte lengths where they apply, else from character offsets."""
-        if self._token_bytes is None:  # the batch was tokenized with offsets
-            return offset_boundaries(ids, enc, text)
-        return byte_boundaries(ids, text, self._token_bytes) or offset_boundaries(
-            ids, self._backend.encode(text, add_special_tokens=False), text
-        )
+        sizes = [a.shape[0] for a in node_ids]
+        if 0 in sizes[1:]:
+            raise RecordError("template_error", f"tree node {sizes.index(0, 1)} renders to no tokens")
+        offsets = np.array([0, *accumulate(sizes[:-1])], dtype=np.int32)
+        return np.concatenate(node_ids), np.concatenate(node_labels), offsets, refs
 
     def _check_image_tokens(
         self, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef | VideoRef]]
@@ -453,14 +502,15 @@ class Encoder:
             )
 
     def _expand_images(self, draft: _Draft) -> None:
-        """Repeat each image (video) token ``num_tokens`` times (labels -100); shift node offsets accordingly."""
+        """Repeat each image (video) token ``num_tokens`` times (labels -100); shift node offsets accordingly.
+
+        Placeholder positions are Python ints: an example names a few images, and numpy calls on a few items
+        cost a microsecond each for nothing."""
         refs = draft.refs
         if not refs:
             return
-        placeholders = draft.ids == self.image_token_id
-        if self.video_token_id is not None:
-            placeholders |= draft.ids == self.video_token_id
-        pos = np.flatnonzero(placeholders)  # one per image or video (per block of a split image), in order
+        # one per image or video (per block of a split image), in order
+        pos = np.flatnonzero(self._is_placeholder[draft.ids]).tolist()
         sizes: dict[ImageRef, tuple[int, int]] = {}
         plans: dict[VideoRef, Any] = {}
         for ref in refs:
@@ -472,30 +522,32 @@ class Encoder:
         split = [self.profile.image_blocks(*sizes[r]) if r in sizes and self.profile.splits_images else None
                  for r in refs]  # ImageBlocks of an image written as several blocks (_split_images), else None
         draft.blocks = [1 if b is None else len(b.grids) for r, b in zip(refs, split, strict=True) if r in sizes]
-        ref_pos = pos[np.cumsum([0] + [1 if b is None else len(b.grids) for b in split])[:-1]]  # each ref's first
+        ref_pos, at = [], 0  # each ref's first placeholder
+        for b in split:
+            ref_pos.append(pos[at])
+            at += 1 if b is None else len(b.grids)
         is_video = [isinstance(r, VideoRef) for r in refs]
         if self.video_token_id is not None and (
-            (draft.ids[ref_pos] == self.video_token_id).tolist() != is_video
+            [t == self.video_token_id for t in draft.ids[ref_pos].tolist()] != is_video
         ):
             raise RecordError("template_error", "the chat template put the images and videos out of their order")
         if self.profile.video_alone and any(is_video):
             _check_video_alone(np.searchsorted(draft.node_offsets, ref_pos, side="right") - 1, refs,
                                draft.node_parents, self.profile.name)
         spliced: dict[int, np.ndarray] = {}  # placeholder position -> the video's own tokens (Qwen3-VL)
-        for ref, p in zip(refs, ref_pos.tolist(), strict=True):
+        for ref, p in zip(refs, ref_pos, strict=True):
             if isinstance(ref, VideoRef):
                 tokens = self._video_tokens(plans[ref], draft.ids, p)
                 if tokens is not None:  # the profile's own expansion (Qwen3-VL: timestamped frames)
                     spliced[p] = tokens
-        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
         # the example's images together: a family's count may depend on the others on a path (LLaVA-OneVision)
-        is_image = ~np.array(is_video, dtype=bool)
+        image_pos = np.array([p for p, v in zip(ref_pos, is_video, strict=True) if not v], dtype=np.int64)
         image_plans = iter(self.profile.example_images(
             [sizes[r] for r in refs if not isinstance(r, VideoRef)], node_parents=draft.node_parents,
-            image_nodes=np.searchsorted(draft.node_offsets, ref_pos[is_image], side="right") - 1,
+            image_nodes=np.searchsorted(draft.node_offsets, image_pos, side="right") - 1,
         ))
         grids, counts, entries = [], [], []  # counts: the tokens each placeholder becomes (a spliced video: its text)
-        for ref, blocks, p in zip(refs, split, ref_pos.tolist(), strict=True):
+        for ref, blocks, p in zip(refs, split, ref_pos, strict=True):
             if isinstance(ref, VideoRef):
                 g, c = plans[ref].grid_thw, plans[ref].num_tokens if p not in spliced else spliced[p].shape[0]
             else:
@@ -510,13 +562,18 @@ class Encoder:
                 entries += [ref] * len(blocks.grids)
         refs = entries
         wrap = int(self.profile.processor_wraps_images)  # <img> + run + </img>: the processor's, not the template's
-        repeats[pos] = np.asarray(counts) + 2 * wrap
-        new_index = np.cumsum(repeats) - repeats  # (L,) where each old token lands
+        runs = [int(c) + 2 * wrap for c in counts]  # the tokens each placeholder becomes
+        starts, shift = [], 0  # where each placeholder's run starts once expanded
+        for p, r in zip(pos, runs, strict=True):
+            starts.append(p + shift)
+            shift += r - 1
+        repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
+        repeats[pos] = runs
         labels = draft.labels.copy()
         labels[pos] = IGNORE_INDEX
         draft.images, draft.videos, draft.video_spans = [], [], []
-        for ref, g, c, p in zip(refs, grids, counts, pos, strict=True):
-            grid, offset = tuple(int(x) for x in g), int(new_index[p])
+        for ref, g, c, offset in zip(refs, grids, counts, starts, strict=True):
+            grid = tuple(int(x) for x in g)
             if isinstance(ref, VideoRef):
                 draft.videos.append(_encoded_video(ref, plans[ref], offset=offset))
                 draft.video_spans.append(int(c))
@@ -529,14 +586,17 @@ class Encoder:
         if self.profile.expanded_images:  # Molmo2: the run is the image's own layout of several tokens
             for im in draft.images:
                 draft.ids[im.offset : im.offset + im.num_tokens] = self._image_run(im.grid_thw)
+        start_of = dict(zip(pos, starts, strict=True))
         for p, tokens in spliced.items():
-            draft.ids[new_index[p] : new_index[p] + tokens.shape[0]] = tokens
+            draft.ids[start_of[p] : start_of[p] + tokens.shape[0]] = tokens
         draft.labels = np.repeat(labels, repeats)
         if wrap:
-            starts = new_index[pos]
             draft.ids[starts] = self._token_ids["vision_start"]
-            draft.ids[starts + repeats[pos] - 1] = self._token_ids["vision_end"]
-        draft.node_offsets = new_index[draft.node_offsets].astype(np.int32)
+            draft.ids[[a + r - 1 for a, r in zip(starts, runs, strict=True)]] = self._token_ids["vision_end"]
+        if draft.node_offsets.shape[0] > 1:  # a linear example's one node starts at 0, before every image
+            shifts = np.cumsum([0] + [r - 1 for r in runs])  # (P + 1,) tokens the first k placeholders add
+            before = np.searchsorted(np.array(pos, dtype=np.int64), draft.node_offsets, side="left")
+            draft.node_offsets = (draft.node_offsets + shifts[before]).astype(np.int32)
 
     def _blocks_of(self, ref: ImageRef) -> list[ImageRef]:
         """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``)."""
@@ -657,8 +717,8 @@ class Encoder:
         def drafted(k: int) -> _Draft:  # the example without its first k turns
             shorter = replace(example, root=Node(root.messages[:head] + rest[starts[k]:], root.children))
             stage = self._stage(shorter)
-            stage_encodings = tokenize(self._backend, stage.texts, offsets=self._token_bytes is None)
-            return self._draft(shorter, stage, stage_encodings)
+            encodings = tokenize(self._backend, stage.texts, offsets=self._token_bytes is None)
+            return self._draft(shorter, stage, self._tokens([stage], stage.texts, encodings))
 
         last = len(starts) - 1
         best = drafted(last) if last > 0 else None

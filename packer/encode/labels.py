@@ -24,7 +24,7 @@ import numpy as np
 
 from packer.core.types import IGNORE_INDEX, Message
 from packer.encode.templates import Span
-from packer.encode.tokenize import Boundaries
+from packer.encode.tokenize import Boundaries, ByteOffsets
 
 
 def carries_loss(m: Message) -> bool:
@@ -57,3 +57,50 @@ def loss_labels(
                 last = special[k] + 1  # the end-of-turn token
         labels[first:last] = ids[first:last]
     return labels
+
+
+def batch_loss_labels(
+    ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]], *, is_special: np.ndarray,
+    offsets: ByteOffsets,
+) -> tuple[np.ndarray, list[int]]:
+    """``loss_labels`` of a whole batch of texts at once (``tokenize.flat_ids``: text k's tokens are
+    ``ids[starts[k]:starts[k + 1]]``, ``spans[k]`` its loss messages' Spans), boundaries from ``offsets``.
+
+    Returns the (T,) int32 labels and the texts it left unlabeled (IGNORE_INDEX): those with spans whose
+    tokens do not spell their bytes, for ``loss_labels`` with offsets. Why: a few numpy calls per batch
+    instead of a dozen per text (each costs about a microsecond, as much as a short text's whole rule).
+    """
+    labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32)
+    rest: list[int] = []
+    # per loss message: bytes of content start, content end (the limit where unknown), limit; text end token
+    queries: list[int] = []
+    text_end: list[int] = []
+    known_end: list[bool] = []
+    for k, text_spans in enumerate(spans):
+        if not text_spans:
+            continue
+        chars = [c for cs, ce, limit in text_spans for c in (cs, limit if ce is None else ce, limit)]
+        found = offsets.bytes_of(k, texts[k], chars)
+        if found is None:
+            rest.append(k)
+            continue
+        queries += found
+        text_end += [starts[k + 1]] * len(text_spans)
+        known_end += [ce is not None for _, ce, _ in text_spans]
+    if not queries:
+        return labels, rest
+    q = np.array(queries, dtype=np.int64).reshape(-1, 3)  # (M, 3) bytes: content start, content end, limit
+    end = np.array(text_end, dtype=np.int64)
+    first, last, lim = (offsets.token_at(q[:, j], end=end) for j in range(3))
+    last += (last < end) & offsets.starts_before(last, q[:, 1])  # the last content token straddles the end
+    special = np.flatnonzero(is_special[ids])  # (S,) token index of each control token
+    padded = np.concatenate(([-1], special, [ids.shape[0]]))  # the [-1] and [T]: "none before", "none after"
+    after = padded[np.searchsorted(special, last, side="left") + 1]  # first special token at or after `last`
+    last = np.where(after < lim, after + 1, last)  # the end-of-turn token
+    before = padded[np.searchsorted(special, lim, side="left")]  # last special token before `lim`
+    last = np.where(known_end, last, np.where(before >= first, before + 1, lim))  # fallback: content end unknown
+    keep = first < last
+    edges = np.bincount(first[keep], minlength=ids.shape[0] + 1) - np.bincount(last[keep], minlength=ids.shape[0] + 1)
+    covered = np.cumsum(edges[:-1]) > 0  # (T,) inside some [first, last)
+    labels[covered] = ids[covered]
+    return labels, rest

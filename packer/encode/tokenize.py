@@ -4,16 +4,17 @@ Two ways to find the token at a character, checked against each other at every c
 tests/encode/test_tokenize.py:
 
 - ``offset_boundaries``: from the tokenizer's character offsets (any fast tokenizer).
-- ``byte_boundaries``: from each token's UTF-8 length, for byte-level BPE tokenizers with no normalizer and
+- ``ByteOffsets``: from each token's UTF-8 length, for byte-level BPE tokenizers with no normalizer and
   no offset trimming (Qwen2's, GPT-2's), whose tokens spell the text's bytes exactly. The tokenizer then runs
-  without computing offsets (``encode_batch_fast``): less tokenizer time (docs/benchmarks.md).
+  without computing offsets (``encode_batch_fast``): less tokenizer time (docs/benchmarks.md). It answers
+  for a whole batch of texts at once (``flat_ids``): numpy calls per batch, not per text.
 """
 
 from __future__ import annotations
 
 import weakref
-from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate, chain, pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -69,39 +70,63 @@ def offset_boundaries(ids: np.ndarray, enc: Any, text: str) -> Boundaries:
     return Boundaries(token_at, lambda token, char: enc.token_to_chars(token)[0] < char)
 
 
-def byte_boundaries(ids: np.ndarray, text: str, byte_lengths: np.ndarray) -> Boundaries | None:
-    """``Boundaries`` as ``offset_boundaries`` gives them, from token byte lengths alone.
+def flat_ids(encodings: list) -> tuple[np.ndarray, list[int]]:
+    """(T,) int32 ids of all ``encodings`` back to back, and where each starts: encoding k's ids are
+    ``ids[starts[k]:starts[k + 1]]``. One conversion for the whole batch: numpy's per-call cost paid once.
 
-    Valid when the tokens spell the text's UTF-8 bytes exactly (``byte_lengths`` from ``token_byte_lengths``;
-    checked here on the total). A character split across tokens belongs to the token holding its first byte,
-    as in the offsets (where ``char_to_token`` returns the first token whose span holds the character). None
-    when not applicable: the caller uses the offsets.
+        encodings' ids [5, 6, 7], [8, 9]  ->  ids [5, 6, 7, 8, 9], starts [0, 3, 5]
     """
-    if ids.shape[0] == 0:
-        return None
-    ends = np.cumsum(byte_lengths[ids]).tolist()  # (L,) end byte of each token
-    n, size = ids.shape[0], len(text)
-    if text.isascii():
-        if ends[-1] != size:
+    lists = [e.ids for e in encodings]
+    starts = [0, *accumulate(map(len, lists))]
+    return np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=starts[-1]), starts
+
+
+class ByteOffsets:
+    """Token boundaries of a whole batch of texts (``flat_ids``) from each token's UTF-8 length: those
+    ``offset_boundaries`` gives, for all the batch's queries in one numpy call each.
+
+    Valid for a text whose tokens spell its UTF-8 bytes exactly (``byte_lengths`` from ``token_byte_lengths``;
+    checked per text on its total: ``bytes_of`` gives None where not). A character split across tokens
+    belongs to the token holding its first byte, as in the offsets (where ``char_to_token`` returns the
+    first token whose span holds the character). Positions are bytes counted from the batch's start:
+
+        texts "hello", "wörld"; tokens [hel, lo] [w, ör, ld]; starts [0, 2, 5]
+        start                  [0, 3, 5, 6, 9, 11]   byte where each token starts (and the last ends)
+        bytes_of(1, "wörld", [2, 9])  -> [5 + 3, 5 + 6]   ("ö" is 2 bytes; 9 >= len: the text's end)
+        token_at([8, 11], end=[5, 5]) -> [3, 5]           ("r" is in "ör"; 5: the text's end)
+    """
+
+    def __init__(self, ids: np.ndarray, starts: list[int], byte_lengths: np.ndarray):
+        self.start = np.concatenate(([0], np.cumsum(byte_lengths[ids])))  # (T+1,) int64
+        self._ends = self.start[1:]  # (T,) end byte of each token
+        self._base = self.start[starts].tolist()  # byte where each text starts (and the last one ends)
+        self._empty = [a == b for a, b in pairwise(starts)]
+
+    def bytes_of(self, k: int, text: str, chars: list[int]) -> list[int] | None:
+        """The byte of each of ``chars`` in text ``k`` (a character at or past the end: the text's end),
+        or None when its tokens do not spell its bytes (then use the offsets)."""
+        base, size = self._base[k], len(text)
+        if self._empty[k]:
             return None
-        char_byte = None
-    else:
+        if text.isascii():
+            if self._base[k + 1] - base != size:
+                return None
+            return [base + (c if c < size else size) for c in chars]
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         width = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)  # UTF-8 bytes
         char_byte = np.concatenate([[0], np.cumsum(width)]).tolist()  # byte offset of each character
-        if ends[-1] != char_byte[-1]:
+        if self._base[k + 1] - base != char_byte[-1]:
             return None
+        return [base + char_byte[c if c < size else size] for c in chars]
 
-    def token_at(char: int) -> int:
-        if char >= size:
-            return n
-        return bisect_right(ends, char if char_byte is None else char_byte[char])
+    def token_at(self, byte: np.ndarray, *, end: np.ndarray) -> np.ndarray:
+        """The first token that ends after each ``byte`` (a global token index), at most ``end`` (its text's
+        end: a byte at the text's end gives its token count)."""
+        return np.minimum(np.searchsorted(self._ends, byte, side="right"), end)
 
-    def starts_before(token: int, char: int) -> bool:
-        start = ends[token - 1] if token else 0
-        return start < (char if char_byte is None else char_byte[char])
-
-    return Boundaries(token_at, starts_before)
+    def starts_before(self, token: np.ndarray, byte: np.ndarray) -> np.ndarray:
+        """Whether each ``token`` (global index) starts before ``byte``."""
+        return self.start[token] < byte
 
 
 def cached_token_byte_lengths(backend: Any, *, size: int) -> np.ndarray | None:

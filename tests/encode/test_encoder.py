@@ -602,6 +602,87 @@ def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
         assert_same(got, want)
 
 
+@pytest.mark.parametrize(("name", "options"), [("qwen2.5-vl", {"max_pixels": 128 * 32 * 32}),
+                                               ("qwen3-vl", {"max_pixels": 128 * 32 * 32}), ("molmo2", {})])
+def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, options):
+    """Videos beside images, in trees and in linear examples, with the checks' failures (a literal video token,
+    a video beside an image where the family refuses it): the batch path equals the general one, one example
+    at a time. qwen3-vl splices the video's own timestamped text in (``_video_tokens``); Molmo2 writes each
+    image as its own run of tokens, wrapped, and takes one video per path alone (``video_alone``)."""
+    from tests.media.make_videos import write_clip
+
+    clip = write_clip(tmp_path / "clip.mp4", fps=2, frames=4, width=64, height=48)
+    video = {"type": "video", "video": str(clip)}
+    image = {"type": "image", "image": "img/a.jpg"}
+    ask = lambda *parts: {"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]}  # noqa: E731
+    answer = {"role": "assistant", "content": "A grey square."}
+    records = [
+        {"messages": [ask(video), answer]},
+        {"messages": [ask(video), answer, ask(image), answer]},  # Molmo2 refuses it (video_alone)
+        {"messages": [ask(video)], "branches": [[answer], [answer, ask(image), answer]]},
+        {"messages": [{"role": "user", "content": "a literal <|video_pad|> token"}, answer]},
+        {"messages": [ask(image)], "branches": [[{"role": "assistant", "content": "x <|video_pad|>"}], [answer]]},
+        {"messages": [ask(image, video), answer]},
+    ]
+    encoder = Encoder(load_tokenizer(get_profile(name).default_tokenizer), get_profile(name, **options))
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    batch = encoder.encode_batch(examples)
+    assert sum(isinstance(b, RecordError) for b in batch) >= 2  # the literal tokens, at least
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+
+
+SKIPS_TOOLS = ("{%- for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+               "{% endif %}{% endfor %}")
+RUN_ON = "{%- for m in messages %}{{ m.content }}{% endfor %}"  # "ab" + "cd": BPE merges across the branch point
+
+
+@pytest.mark.parametrize(("template", "reason", "message"), [
+    (SKIPS_TOOLS, "template_error", "tree node 2 renders to no tokens"),
+    (RUN_ON, "template_error", "tree node 1: the rendering of its parent's path is not a token-level prefix"),
+])
+def test_tree_template_errors(tok, image_root, template, reason, message):
+    """A tree whose node renders to nothing, or whose parent's rendering is not a prefix of the child's: the
+    same located error from the batch path and the general one."""
+    answer = {"role": "assistant", "content": "Fine."}
+    records = [{"messages": [{"role": "user", "content": "ab"}],
+                "branches": [[{"role": "assistant", "content": "cd"}], [{"role": "tool", "content": "unseen"}]]},
+               {"messages": [{"role": "user", "content": "Hi"}, answer]}]
+    encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=template)
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    batch = encoder.encode_batch(examples)
+    assert isinstance(batch[0], RecordError) and batch[0].reason == reason and message in batch[0].message
+    assert not isinstance(batch[1], RecordError)
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+
+
+TRIMS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # alters content: the prefix fallback
+
+
+def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
+    """A template that trims content leaves each assistant's content end unknown (templates.py's prefix
+    fallback, labels.py's last-special-token rule): the batch path equals the general one, in linear examples,
+    trees and ``loss`` overrides, with multi-byte text."""
+    user = {"role": "user", "content": "  Grüße?  "}
+    records = [
+        {"messages": [user, {"role": "assistant", "content": " Hallo 🙂 "}]},
+        {"messages": [user, {"role": "assistant", "content": "a\n"}, {"role": "user", "content": "b", "loss": True},
+                      {"role": "assistant", "content": "  c", "loss": False}, {"role": "assistant", "content": "d "}]},
+        {"messages": [user], "branches": [[{"role": "assistant", "content": " one"}],
+                                          [{"role": "assistant", "content": "two  "}, user,
+                                           {"role": "assistant", "content": "três"}]]},
+    ]
+    encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=TRIMS)
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    assert all(None in [ce for _, ce, _ in spans] for spans in encoder._stage(examples[0]).spans)  # the fallback
+    batch = encoder.encode_batch(examples)
+    assert not any(isinstance(b, RecordError) for b in batch)
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+
+
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rec=record(), name=st.sampled_from(["qwen2-vl", "llava"]))

@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from packer.core.types import IGNORE_INDEX, Message
 from packer.encode.encoder import Encoder
-from packer.encode.labels import carries_loss, loss_labels
-from packer.encode.tokenize import Boundaries
+from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels
+from packer.encode.tokenize import (
+    Boundaries,
+    ByteOffsets,
+    cached_token_byte_lengths,
+    flat_ids,
+    offset_boundaries,
+    special_token_mask,
+)
 from packer.errors import RecordError
 from packer.models import get_profile
-from tests.encode.helpers import SYS_DEFAULT, Seq, assert_encoded, example, msg
+from tests.encode.helpers import ALPHABET, SYS_DEFAULT, Seq, assert_encoded, example, msg
 
 NO = IGNORE_INDEX
 # Hand-made tokens of a 14-character text: [hdr, "He", "llo", END, "\n", hdr, "Hi", END]; END (id 9) is
@@ -52,6 +61,44 @@ def test_loss_labels_on_hand_made_tokens():
     assert labels([(2, None, 14)]) == [NO, 2, 3, 9, 4, 1, 5, 9]
     assert labels([(2, 7, 11), (11, 13, 14)]) == [NO, 2, 3, 9, NO, NO, 5, 9]
     assert labels([]) == [NO] * 8
+
+
+@st.composite
+def spans_of(draw, size: int) -> list[tuple[int, int | None, int]]:
+    """Loss spans over a text of ``size`` characters: (content start, end or None: unknown, limit), in order,
+    some past the text's end (a message the text does not reach)."""
+    cuts = sorted(draw(st.lists(st.integers(0, size + 2), max_size=9).map(lambda c: c[: len(c) // 3 * 3])))
+    return [(a, None if draw(st.integers(0, 4)) == 0 else b, c) for a, b, c in zip(*[iter(cuts)] * 3, strict=True)]
+
+
+@st.composite
+def labeled_texts(draw) -> tuple[list[str], list[list]]:
+    pieces = st.sampled_from(["<|im_start|>assistant\n", "<|im_end|>", "\n", "<|image_pad|>"])
+    texts = draw(st.lists(st.lists(st.one_of(st.text(alphabet=ALPHABET, max_size=12), pieces), max_size=6)
+                          .map("".join), min_size=1, max_size=5))
+    return texts, [draw(spans_of(len(t))) for t in texts]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=labeled_texts())
+def test_batch_loss_labels_equal_loss_labels(tok, batch):
+    """The loss rule for a whole batch at once (byte lengths) equals ``loss_labels`` one text at a time
+    with boundaries from character offsets (the general path), including the fallback for an unknown content
+    end, multi-byte characters, special tokens, spans past a text's end and empty texts (left to the caller)."""
+    texts, spans = batch
+    backend = tok.backend_tokenizer
+    special = special_token_mask(tok)
+    encs = [backend.encode(t, add_special_tokens=False) for t in texts]
+    ids, starts = flat_ids(encs)
+    offsets = ByteOffsets(ids, starts, cached_token_byte_lengths(backend, size=special.shape[0]))
+    got, rest = batch_loss_labels(ids, starts, texts, spans, is_special=special, offsets=offsets)
+    assert got.dtype == np.int32
+    assert rest == [k for k, t in enumerate(texts) if spans[k] and not encs[k].ids]
+    for k, (text, enc) in enumerate(zip(texts, encs, strict=True)):
+        a, b = starts[k], starts[k + 1]
+        want = loss_labels(ids[a:b], spans[k], is_special=special, boundaries=offset_boundaries(ids[a:b], enc, text))
+        assert got[a:b].tolist() == want.tolist(), (text, spans[k])
 
 
 def test_carries_loss():

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.encode.tokenize import (
-    byte_boundaries,
+    ByteOffsets,
     cached_token_byte_lengths,
+    flat_ids,
     offset_boundaries,
     special_token_mask,
     token_byte_lengths,
@@ -17,21 +18,31 @@ from packer.encode.tokenize import (
 from tests.encode.helpers import ALPHABET
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(text=st.text(alphabet=ALPHABET + "\u0301\U0001f44d\u200d" + "<|im_end|>", min_size=1, max_size=50))
-def test_byte_boundaries_equal_offsets(tok, text):
-    """Token boundaries from byte lengths equal those from character offsets at every character, including
-    characters split across byte-level tokens (emoji, combining marks) and special tokens in the text."""
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(texts=st.lists(st.text(alphabet=ALPHABET + "\u0301\U0001f44d\u200d" + "<|im_end|>", max_size=50),
+                      min_size=1, max_size=4))
+def test_byte_offsets_equal_offsets(tok, texts):
+    """Token boundaries from byte lengths, for a batch of texts at once, equal those from each text's character
+    offsets at every character, including characters split across byte-level tokens (emoji, combining marks),
+    special tokens in the text and empty texts (which byte lengths leave to the offsets)."""
     backend = tok.backend_tokenizer
-    enc = backend.encode(text, add_special_tokens=False)
-    ids = np.array(enc.ids, dtype=np.int32)
-    lengths = cached_token_byte_lengths(backend, size=special_token_mask(tok).shape[0])
-    token_at, starts_before = byte_boundaries(ids, text, lengths)
-    want_at, want_before = offset_boundaries(ids, enc, text)
-    for c in range(len(text) + 1):
-        assert token_at(c) == want_at(c), c
-        for t in range(ids.shape[0]):
-            assert starts_before(t, c) == want_before(t, c), (t, c)
+    encs = [backend.encode(text, add_special_tokens=False) for text in texts]
+    ids, starts = flat_ids(encs)
+    assert ids.dtype == np.int32 and ids.tolist() == [i for e in encs for i in e.ids]
+    offsets = ByteOffsets(ids, starts, cached_token_byte_lengths(backend, size=special_token_mask(tok).shape[0]))
+    for k, (text, enc) in enumerate(zip(texts, encs, strict=True)):
+        chars = list(range(len(text) + 2))
+        found = offsets.bytes_of(k, text, chars)
+        if not text:
+            assert found is None
+            continue
+        a, b = starts[k], starts[k + 1]
+        want_at, want_before = offset_boundaries(ids[a:b], enc, text)
+        got = offsets.token_at(np.array(found), end=np.full(len(chars), b)) - a
+        assert got.tolist() == [want_at(c) for c in chars]
+        for t in range(b - a):
+            before = offsets.starts_before(np.full(len(text) + 1, a + t), np.array(found[: len(text) + 1]))
+            assert before.tolist() == [want_before(t, c) for c in range(len(text) + 1)], t
 
 
 def test_byte_lengths_only_for_byte_level_tokenizers(tok):
