@@ -247,6 +247,12 @@ class Encoder:
         """Render every root-to-node path of ``example`` (a ``text`` record is its own text)."""
         if example.kind == "text":
             return _Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
+        root = example.root
+        if not root.children:  # one node, one path (most conversations): the tree walk below, without its lists
+            text, spans = self._chat.locate(root.messages, tools=example.tools)
+            if self.profile.splits_images:
+                text, spans = self._split_images(text, spans, root.messages)
+            return _Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans])
         nodes, parents, paths = [], [], []
         for node, parent in example.root.walk():
             nodes.append(node)

@@ -168,11 +168,11 @@ class ChatTemplate:
         A turn with no content (it only calls tools) is not marked; its content starts where the generation
         prompt after the messages before it ends, which is where a model starts writing its calls. A
         conversation with tools is always checked against its unmarked rendering (the probes hold none)."""
-        uses_tools = _uses_tools(conv, tools)
-        if self._fast is not None and not uses_tools:
-            located = self._fast.locate(conv)
+        if self._fast is not None and not tools:
+            located = self._fast.locate(conv)  # None where a message calls tools: the checks below see to them
             if located is not None:
                 return located
+        uses_tools = _uses_tools(conv, tools)
         marked = self.render([hf_message(m, marked=True) for m in conv], tools=tools)
         markers = [(mo.start(), mo.group()) for mo in _MARKER.finditer(marked)]
         has = [not _calls_only(m) for m in conv]  # which messages carry markers
@@ -297,28 +297,34 @@ class _ChatML:
         self.video = video  # and one video part
 
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
-        """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character (Jinja decides)."""
-        pieces: list[str] = []
-        pos = 0
+        """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character or a message calls
+        tools (Jinja decides)."""
+        pieces: list[str] = [self.default_system] if conv and conv[0].role != "system" else []
+        pos = len(pieces[0]) if pieces else 0
         starts, ends = [], []
-        for k, m in enumerate(conv):
-            if k == 0 and m.role != "system":
-                pieces.append(self.default_system)
-                pos += len(self.default_system)
+        for m in conv:
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            if len(parts) == 1 and type(parts[0]) is str:  # the common text-only message: no join
+                content = parts[0]
+            else:
+                content = "".join(
+                    [p if isinstance(p, str) else self.video if isinstance(p, VideoRef) else self.image for p in parts]
+                )
             header = f"<|im_start|>{m.role}\n"
-            pieces.append(header)
             pos += len(header)
             starts.append(pos)
-            for p in m.parts:
-                piece = p if isinstance(p, str) else self.video if isinstance(p, VideoRef) else self.image
-                if isinstance(p, str) and (OPEN in p or CLOSE in p):
-                    return None
-                pieces.append(piece)
-                pos += len(piece)
+            pos += len(content)
             ends.append(pos)
-            pieces.append("<|im_end|>\n")
             pos += 11  # len("<|im_end|>\n")
+            pieces += (header, content, "<|im_end|>\n")
         text = "".join(pieces)
+        # one look at the whole text (an ASCII text cannot hold a marker: no scan at all), then at the texts
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
         return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
 
 

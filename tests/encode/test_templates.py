@@ -55,6 +55,15 @@ def test_chatml_renderer_equals_jinja(qwen, convs):
     assert locate(template, conv) == want
 
 
+def test_chatml_renderer_leaves_tool_calls_to_jinja(qwen):
+    """A turn that calls tools is not the pure-Python renderer's: it answers None, and ``locate`` gives what
+    Jinja gives (here: the template drops the calls, which ``locate`` refuses)."""
+    call = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    conv = [Message("user", ["Weather?"]), Message("assistant", [], tool_calls=call)]
+    assert qwen._chat._fast.locate(conv) is None
+    assert locate(qwen._chat, conv) == locate(jinja(qwen._chat), conv)
+
+
 def test_fast_path_only_for_registered_templates(tok):
     template = chat(tok)
     assert template._fast is not None
