@@ -55,6 +55,7 @@ Any other name or path goes to ``AutoTokenizer.from_pretrained``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from functools import lru_cache
@@ -555,6 +556,12 @@ def _family_tokenizer(backend, variant: str):
 def _save(tok: Any, out: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
+    # The added tokens written into tokenizer_config.json as well: without them, from_pretrained reads the
+    # whole tokenizer.json once more in Python to find them (every load, on the build's critical path).
+    config_file = tmp / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in sorted(tok.added_tokens_decoder.items())}
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     try:
         os.replace(tmp, out)  # atomic: a half-written directory is never seen as the tokenizer
     except OSError:  # another process finished first; keep its copy
@@ -562,11 +569,15 @@ def _save(tok: Any, out: Path) -> Path:
     return out
 
 
+_LAYOUT = b"added_tokens_decoder"  # what _save writes besides save_pretrained: a change rebuilds every builtin
+
+
 def builtin_path(name: str) -> Path:
     """The cache directory of a builtin tokenizer, versioned by the vocabulary file's hash."""
     h = hashlib.sha256((_llama3_ranks_file() if name == "llama3" else _qwen_tiktoken_file()).read_bytes())
     if name in FAMILY_TOKENIZERS:  # their templates and tokens live here: a change rebuilds them
         h.update(repr(FAMILY_TOKENIZERS[name]).encode())
+    h.update(_LAYOUT)
     digest = h.hexdigest()[:12]
     return cache_dir() / "tokenizers" / f"{name}-{digest}"
 

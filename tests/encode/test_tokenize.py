@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +91,26 @@ def test_llama3_builtin_is_llama3s_tokenizer() -> None:
     ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)["input_ids"]
     # <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant...
     assert ids == [128000, 128006, 882, 128007, 271, 13347, 128009, 128006, 78191, 128007, 271]
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl", "llama3", "gemma3"])
+def test_builtin_config_lists_added_tokens_without_changing_the_tokenizer(name, tmp_path) -> None:
+    """A builtin's tokenizer_config.json lists its added tokens (so from_pretrained need not read tokenizer.json
+    in Python); the directory without that entry, as save_pretrained wrote it, loads the same tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    from packer.encode.tokenizers import ensure_builtin, fingerprint
+
+    path = ensure_builtin(name)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    assert config["added_tokens_decoder"]
+    plain = tmp_path / "plain"
+    shutil.copytree(path, plain)
+    del config["added_tokens_decoder"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    ours, theirs = (PreTrainedTokenizerFast.from_pretrained(str(p)) for p in (path, plain))
+    assert str(ours).replace(str(path), "DIR") == str(theirs).replace(str(plain), "DIR")
+    assert fingerprint(ours) == fingerprint(theirs)
+    assert ours.added_tokens_decoder == theirs.added_tokens_decoder
+    assert ours.special_tokens_map == theirs.special_tokens_map and ours.all_special_ids == theirs.all_special_ids
+    assert ours.chat_template == theirs.chat_template
