@@ -2,15 +2,18 @@
 
 On bench_build's corpus (2,000 records): one conversation rendered by the Jinja template vs the pure-Python
 ChatML renderer vs tokenized; the token byte-length table; the pickled Encoder a worker loads; importing what
-unpickling a transformers tokenizer would need. CPU time, best of several runs.
+unpickling a transformers tokenizer would need; loading the builtin tokenizer with and without its added tokens
+listed in tokenizer_config.json. CPU time, best of several runs.
 
     python scripts/bench_encode.py
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +30,7 @@ from bench_build import make_corpus  # noqa: E402
 from packer.encode.encoder import Encoder  # noqa: E402
 from packer.encode.templates import hf_message  # noqa: E402
 from packer.encode.tokenize import special_token_mask, token_byte_lengths  # noqa: E402
-from packer.encode.tokenizers import load_tokenizer  # noqa: E402
+from packer.encode.tokenizers import ensure_builtin, load_tokenizer  # noqa: E402
 from packer.formats.read import parse_line  # noqa: E402
 from packer.models import get_profile  # noqa: E402
 
@@ -75,6 +78,16 @@ def main() -> None:
     print(f"import transformers' tokenizer classes: "
           f"{import_seconds('import transformers.tokenization_utils_tokenizers'):.2f} s; "
           f"AutoTokenizer (imports torch): {import_seconds('from transformers import AutoTokenizer'):.2f} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        listed, plain = ensure_builtin("qwen2-vl"), Path(tmp) / "plain"
+        shutil.copytree(listed, plain)  # as save_pretrained wrote it: no added_tokens_decoder
+        config = json.loads((plain / "tokenizer_config.json").read_text())
+        del config["added_tokens_decoder"]
+        (plain / "tokenizer_config.json").write_text(json.dumps(config))
+        cls = type(tok)
+        with_list, without = (best(lambda d=d: cls.from_pretrained(str(d)), 3) for d in (listed, plain))
+    print(f"builtin qwen2-vl from_pretrained: {with_list:.2f} s with its added tokens in tokenizer_config.json, "
+          f"{without:.2f} s without (transformers then parses tokenizer.json in Python)")
 
 
 if __name__ == "__main__":
