@@ -117,33 +117,35 @@ def _tree_usage(pid: int, cpu: dict[int, tuple[str, float]]) -> int:
     return total
 
 
-class _Timed:
+def _timed(inner, marks: dict[str, float]):
     """An executor that times the stages around the one it wraps: when each method is first called and when
     its results run out (``build`` calls encode, then plans, then calls write)."""
+    from packer.pipeline.executor import Executor
 
-    def __init__(self, inner, marks: dict[str, float]):
-        self.inner, self.marks = inner, marks
+    class Timed(Executor):
+        def start(self):
+            inner.start()
 
-    def __getattr__(self, name):  # the wrapped executor's optional methods (submit, preload), if it has them
-        return getattr(self.inner, name)
+        def submit(self, fn, /, *args, **kwargs):
+            return inner.submit(fn, *args, **kwargs)
 
-    def start(self):
-        if hasattr(self.inner, "start"):
-            self.inner.start()
+        def preload(self, encoder):
+            inner.preload(encoder)
 
-    def close(self):
-        if hasattr(self.inner, "close"):
-            self.inner.close()
+        def close(self):
+            inner.close()
 
-    def encode(self, chunks, **kw):
-        self.marks["encode"] = _now()
-        yield from self.inner.encode(chunks, **kw)
-        self.marks["plan"] = _now()
+        def encode(self, chunks, **kw):
+            marks["encode"] = _now()
+            yield from inner.encode(chunks, **kw)
+            marks["plan"] = _now()
 
-    def write(self, ranges, **kw):
-        self.marks["write"] = _now()
-        yield from self.inner.write(ranges, **kw)
-        self.marks["finish"] = _now()
+        def write(self, ranges, **kw):
+            marks["write"] = _now()
+            yield from inner.write(ranges, **kw)
+            marks["finish"] = _now()
+
+    return Timed()
 
 
 def _now() -> tuple[float, float]:
@@ -165,7 +167,7 @@ def _child(path: str, out: str, num_proc: int, executor: str) -> None:
                                      num_proc=num_proc, executor=executor, overwrite=True)
     inner = make_executor(config)
     marks["scan"] = _now()
-    build(config, progress=False, executor=_Timed(inner, marks))
+    build(config, progress=False, executor=_timed(inner, marks))
     marks["end"] = _now()
     names = list(marks)
     print(json.dumps([{a: marks[b][k] - marks[a][k] for a, b in zip(names, names[1:], strict=False)} for k in (0, 1)]))

@@ -22,11 +22,10 @@ import io
 import os
 import shutil
 import threading
-from collections.abc import Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +35,7 @@ from packer.config import BuildConfig
 from packer.errors import RejectRateError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
+from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
 from packer.pipeline.output import (
@@ -73,35 +73,6 @@ if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
 
 
-class Executor(Protocol):
-    """Runs the two task stages of a build (``stages.encode_chunk``, ``stages.write_shard_range``); ``build``
-    does the rest (scan, plan, finish) in its own process. ``LocalExecutor`` is one machine, ``RayExecutor``
-    (``ray_executor.py``) a Ray cluster: one file each, with these two methods.
-
-    An executor may also define ``start()``, ``submit(fn, *args, **kwargs)``, ``preload(encoder)`` and
-    ``close()``: ``build`` calls ``start`` first, before it loads the tokenizer (``LocalExecutor`` spawns its
-    workers then, so their start-up overlaps the load), ``submit`` to scan the inputs on a worker during
-    that load, ``preload`` as soon as it has the encoder, before it fingerprints the tokenizer
-    (``LocalExecutor``'s workers load the encoder meanwhile), and ``close`` when it ends, also on an error.
-
-    Each method is a generator: it runs its tasks wherever and in whatever order it likes and yields their
-    results in task order, in the calling process; ``build`` closes it early on an error or Ctrl-C, and it
-    then stops its workers. Tasks are independent and idempotent (each skips what is already committed), so
-    running one twice is safe and the bytes never depend on the executor. ``encoder`` (the Encoder, ~8 MB
-    pickled) and ``hooks`` must reach every process that runs a task, and the output directory
-    (``config.output``, its work area included) must be one file system for all of them: a shared disk, or
-    an object store (``s3://...``, shards/store.py) that every node reaches.
-    """
-
-    def encode(
-        self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[ChunkCounts, None, None]: ...
-
-    def write(
-        self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[list[dict[str, Any]], None, None]: ...
-
-
 @dataclass
 class BuildResult:
     output: Path | ObjectPath
@@ -114,18 +85,17 @@ def build(
 ) -> BuildResult:
     """Run the whole pipeline for ``config`` and return the manifest and stats.
 
-    ``executor`` runs the encode and write tasks (default: ``make_executor(config)``); ``hooks`` is called
+    ``executor`` runs the encode and write tasks: an ``Executor`` (executor.py; default:
+    ``make_executor(config)``), started here and closed when the build ends; ``hooks`` is called
     at the named points of ``faults.POINTS`` (default: no-ops; tests inject faults there).
     """
     executor = executor if executor is not None else make_executor(config)
+    if not isinstance(executor, Executor):
+        raise TypeError(f"executor must be a packer.pipeline.executor.Executor (subclass it and define encode "
+                        f"and write), not {type(executor).__qualname__}")
     hooks = hooks if hooks is not None else Hooks()
-    if hasattr(executor, "start"):
-        executor.start()
-    try:
+    with executor:  # start() now, close() when the build ends, also on an error
         return _build(config, executor=executor, hooks=hooks, progress=progress)
-    finally:
-        if hasattr(executor, "close"):
-            executor.close()
 
 
 def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool) -> BuildResult:
@@ -134,12 +104,10 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     from packer.report.stats import compute_stats, format_stats
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the scan runs on a worker while this process loads the tokenizer (else here, after the load)
-    scanned = (executor.submit(scan_chunks, config, progress=progress) if hasattr(executor, "submit")
-               else lambda: scan_chunks(config, progress=progress))
+    # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it)
+    scanned = executor.submit(scan_chunks, config, progress=progress)
     encoder = make_encoder(config)
-    if hasattr(executor, "preload"):
-        executor.preload(encoder)
+    executor.preload(encoder)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
     template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
     out = store_path(config.output, config.storage_options)

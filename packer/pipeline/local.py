@@ -1,4 +1,4 @@
-"""``LocalExecutor``: runs a build's tasks on this machine (the ``Executor`` of ``pipeline/build.py``).
+"""``LocalExecutor``: runs a build's tasks on this machine (an ``Executor``, ``pipeline/executor.py``).
 
 Encode tasks and shard ranges run in this process (``num_proc=1``) or in ONE spawn pool of ``num_proc``
 workers that serves both stages: ``start`` spawns it when the build begins, so the workers' interpreter
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from packer.config import BuildConfig
 from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
 
@@ -30,7 +31,7 @@ T = TypeVar("T")
 _WORKER: dict[str, Any] = {}  # a pool worker's encoder and the file it came from (encode_file), set by _encoder
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """One machine: ``num_proc`` processes (1: this one) encode chunks, then write shard ranges."""
 
     def __init__(self, num_proc: int = 1):
@@ -52,7 +53,7 @@ class LocalExecutor:
         raises its error). ``build`` scans the inputs this way while it loads the tokenizer, on a core that
         would idle; for one process ``fn`` runs when its result is asked for."""
         if self.num_proc == 1:
-            return lambda: fn(*args, **kwargs)
+            return super().submit(fn, *args, **kwargs)
         self.start()
         return self._pool.apply_async(fn, args, kwargs).get
 

@@ -1,4 +1,4 @@
-"""``RayExecutor``: runs a build's encode and write tasks on a Ray cluster (the ``Executor`` of ``build.py``).
+"""``RayExecutor``: runs a build's encode and write tasks on a Ray cluster (an ``Executor``, ``executor.py``).
 
     packer build 'data/*.jsonl' -o /shared/out --executor ray --ray-address ray://head:10001
 
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from packer.config import BuildConfig
 from packer.errors import ConfigError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.output import remove_stale_temp_files
 from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
@@ -49,7 +50,7 @@ def _ray():
     return ray
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """Encode chunks and write shard ranges as Ray tasks on the cluster at ``address``.
 
     ``address`` None joins ``RAY_ADDRESS`` or starts Ray on this machine; a program that called

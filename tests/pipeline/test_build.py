@@ -21,6 +21,7 @@ from packer.errors import ConfigError
 from packer.formats.read import read_jsonl
 from packer.models import get_profile
 from packer.pipeline.build import build
+from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.stages import CHUNK_LINES, encode_chunk, write_shard_range
 from packer.shards.io import open_shards
@@ -162,9 +163,10 @@ def test_rebuild_is_byte_identical_and_parallel_matches(built, corpus, tmp_path)
     assert _shard_sums(again) == _shard_sums(result)
 
 
-class _ReversedExecutor:
+class _ReversedExecutor(Executor):
     """Runs each stage's tasks last to first, in this process, and yields the results in task order: an
-    executor that finishes tasks in another order (the ``Executor`` contract of packer/pipeline/build.py)."""
+    executor that finishes tasks in another order and defines only ``encode`` and ``write`` (the optional
+    steps are ``Executor``'s no-ops, packer/pipeline/executor.py)."""
 
     def encode(self, chunks, *, encoder, cache, config, hooks):
         done = {c.index: encode_chunk(c, encoder=encoder, cache=cache, config=config, hooks=hooks)

@@ -1,0 +1,76 @@
+"""``Executor``: what runs a build's tasks (``build.py`` calls it; ``LocalExecutor`` in ``local.py`` and
+``RayExecutor`` in ``ray_executor.py`` are two).
+
+A new executor subclasses ``Executor`` and defines ``encode`` and ``write``; ``start``, ``submit``,
+``preload`` and ``close`` are optional steps whose defaults do nothing (``submit``: runs the function when
+its result is asked for), overridden where the executor has something to do early or late.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from packer.config import BuildConfig
+    from packer.encode.encoder import Encoder
+    from packer.pipeline.cache import ChunkCounts, EncodeCache
+    from packer.pipeline.faults import Hooks
+    from packer.pipeline.stages import Chunk, ShardRange
+
+T = TypeVar("T")
+E = TypeVar("E", bound="Executor")
+
+
+class Executor(ABC):
+    """Runs the two task stages of a build (``stages.encode_chunk``, ``stages.write_shard_range``); ``build``
+    does the rest (scan, plan, finish) in its own process.
+
+    ``build`` calls, in order: ``start()`` before it loads the tokenizer (``LocalExecutor`` spawns its workers
+    then, so their start-up overlaps the load); ``submit(scan_chunks, ...)`` to scan the inputs during that
+    load; ``preload(encoder)`` as soon as it has the encoder, before it fingerprints the tokenizer (workers
+    may load it meanwhile); ``encode`` then ``write``; and ``close()`` when it ends, also on an error. An
+    executor is also a context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
+
+    ``encode`` and ``write`` are generators: each runs its tasks wherever and in whatever order it likes and
+    yields their results in task order, in the calling process; ``build`` closes it early on an error or
+    Ctrl-C, and it then stops its workers. Tasks are independent and idempotent (each skips what is already
+    committed), so running one twice is safe and the bytes never depend on the executor. ``encoder`` (the
+    Encoder, ~8 MB pickled) and ``hooks`` must reach every process that runs a task, and the output
+    directory (``config.output``, its work area included) must be one file system for all of them: a shared
+    disk, or an object store (``s3://...``, shards/store.py) that every node reaches.
+    """
+
+    def start(self) -> None:  # noqa: B027 (optional: a no-op unless overridden)
+        """Get ready to run tasks (spawn workers, join a cluster); by default nothing."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Callable[[], T]:
+        """Start ``fn(*args, **kwargs)`` and return a function that waits for its result (or raises its
+        error). By default nothing starts: ``fn`` runs in this process when its result is asked for."""
+        return lambda: fn(*args, **kwargs)
+
+    def preload(self, encoder: Encoder) -> None:  # noqa: B027 (optional: a no-op unless overridden)
+        """Ship ``encoder`` to the workers ahead of the first encode task; by default nothing."""
+
+    def close(self) -> None:  # noqa: B027 (optional: a no-op unless overridden)
+        """Stop what ``start`` (or a stage) started; by default nothing. Safe to call twice."""
+
+    @abstractmethod
+    def encode(
+        self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[ChunkCounts, None, None]:
+        """Encode each chunk (``stages.encode_chunk``); yield each chunk's counts in chunk order."""
+
+    @abstractmethod
+    def write(
+        self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[list[dict[str, Any]], None, None]:
+        """Write each shard range (``stages.write_shard_range``); yield its manifest entries in range order."""
+
+    def __enter__(self: E) -> E:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
