@@ -69,7 +69,7 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
 def timed_mrope():
     """Wrap ``qwen_vl.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
     returns the timings list, one CPU-time per call, and the function that undoes the wrap."""
-    from packer.models import qwen_vl
+    import packer.models.qwen_vl.profile as qwen_vl
 
     real, times = qwen_vl.mrope_position_ids, []
 

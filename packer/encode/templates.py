@@ -12,7 +12,7 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 ``conv[:k+1]`` (else ``template_error``, "not prefix-stable"), and an assistant's content starts where
 ``add_generation_prompt=True`` ends (its end is then unknown: see labels.py).
 
-Fast path: a registered ChatML template (Qwen2-VL's) is rendered in pure Python with its content spans,
+Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's) is rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access; it is used only if it reproduces Jinja on
 the probes, and tests/encode/test_templates.py compares both on random conversations.
 """
@@ -23,8 +23,8 @@ import re
 from typing import Any
 
 from packer.core.types import ImageRef, Message, VideoRef
-from packer.encode.tokenizers import QWEN2_VL_CHAT_TEMPLATE
 from packer.errors import ConfigError, RecordError
+from packer.models.registry import fast_renderer
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -329,11 +329,9 @@ class _ChatML:
 
 
 def _fast_template(source: str | None) -> _ChatML | None:
-    """The pure-Python renderer registered for exactly this template string, if any."""
-    if source == QWEN2_VL_CHAT_TEMPLATE:  # also Qwen2-VL-*-Instruct's own chat_template.json
-        return _ChatML(
-            default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
-            image="<|vision_start|><|image_pad|><|vision_end|>",
-            video="<|vision_start|><|video_pad|><|vision_end|>",
-        )
-    return None
+    """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
+    (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
+    spec = fast_renderer(source)
+    if spec is None:
+        return None
+    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video)

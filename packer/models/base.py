@@ -41,6 +41,7 @@ import numpy as np
 from packer.core.types import EncodedVideo, ImageRef, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.media.images import image_size, load_image
+from packer.models.registry import profiles_with
 
 if TYPE_CHECKING:
     import torch
@@ -153,7 +154,7 @@ class ModelProfile:
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """The frames, grid and token count of one video, from its header alone (``packer.media.video``);
         RecordError for a video the family cannot use."""
-        video_families = [n for n in _profile_names() if _named(n).has_video]
+        video_families = profiles_with("video")
         raise RecordError(
             "image_count_mismatch",
             f"profile {self.name!r} takes no videos, but the record names one; use {' or '.join(video_families)}",
@@ -353,9 +354,7 @@ class ModelProfile:
         return np.ones(len(grids), dtype=bool)
 
     def _no_vision(self) -> ConfigError:
-        from packer.models import get_profile, profile_names  # the registry imports this module
-
-        names = [n for n in profile_names() if get_profile(n).has_vision]
+        names = profiles_with("image")
         choices = " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # "a, b or c"
         return ConfigError(f"profile {self.name!r} has no vision encoder; use {choices}")
 
@@ -386,14 +385,3 @@ def tiny_text_config(
 def _image_processor(profile: ModelProfile) -> Any:
     return profile.make_image_processor()
 
-
-def _profile_names() -> tuple[str, ...]:
-    from packer.models import profile_names  # the registry imports this module
-
-    return profile_names()
-
-
-def _named(name: str) -> ModelProfile:
-    from packer.models import get_profile
-
-    return get_profile(name)

@@ -24,10 +24,11 @@ from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optim
 
 from packer.config import BuildConfig
 from packer.core.types import ImageRef
-from packer.encode.tokenizers import INTERNVL_CHAT_TEMPLATE, load_tokenizer
+from packer.encode.tokenizers import load_tokenizer
 from packer.media.images import load_image
 from packer.models import get_profile
 from packer.models.internvl import tile_layout
+from packer.models.internvl.tokenizers import INTERNVL_CHAT_TEMPLATE
 from packer.pipeline.build import build
 from packer.report.stats import format_stats
 from packer.train.collate import collate

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-import packer.models
+import packer.models.registry
 from packer.config import BuildConfig
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import forward_keys, get_profile, profile_names, register_profile
@@ -57,7 +57,7 @@ def _records(names: list[str]) -> list[dict]:
 def toy(tmp_path_factory, coco_images):
     """The one registry line, undone after the module so other tests see the builtin families only."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packer.models, "_PROFILES", dict(packer.models._PROFILES))
+        mp.setattr(packer.models.registry, "_PROFILES", dict(packer.models.registry._PROFILES))
         register_profile(ToyProfile(name="toy"))
 
         root = tmp_path_factory.mktemp("toy")

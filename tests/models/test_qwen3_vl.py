@@ -17,7 +17,7 @@ from packer.encode.templates import ChatTemplate, hf_message
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.models import get_profile
-from packer.models.qwen3_vl import Qwen3VLProfile
+from packer.models.qwen_vl.qwen3 import Qwen3VLProfile
 from tests.conftest import COCO
 from tests.models.test_mrope import _depth_first, build_tree, image, linear_cases, paths, text
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import packer.models
+import packer.models.registry
 from packer.config import BuildConfig
 from packer.models import register_profile
 from packer.models.llava_onevision import LlavaOnevisionProfile, anyres_pinpoints
@@ -42,7 +42,7 @@ def tiny_rows(tmp_path_factory, coco_dir):
     """Rows mixing text, one-image (tiled), two-image (untiled) and tree examples (images in the root, in
     different branches, or both), built by packer build."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packer.models, "_PROFILES", dict(packer.models._PROFILES))
+        mp.setattr(packer.models.registry, "_PROFILES", dict(packer.models.registry._PROFILES))
         register_profile(TINY)
         root = tmp_path_factory.mktemp("ov")
         names = sorted(p.name for p in (coco_dir / "val2017").glob("*.jpg"))[:3]

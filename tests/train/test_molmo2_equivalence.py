@@ -27,9 +27,10 @@ from PIL import Image
 
 from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX, ImageRef
-from packer.encode.tokenizers import MOLMO2_TOKENS, load_tokenizer
+from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ShardError
 from packer.models import get_profile
+from packer.models.molmo2.tokenizers import MOLMO2_TOKENS
 from packer.pipeline.build import build
 from packer.train.attention import packed_attention
 from packer.train.collate import collate

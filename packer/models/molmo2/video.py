@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from packer.core.types import VideoRef
     from packer.media.video import VideoPlan
-    from packer.models.molmo2 import Molmo2Profile
+    from packer.models.molmo2.profile import Molmo2Profile
 
 # the options a Molmo2 video part may carry: the processor's sample_frames arguments
 OPTIONS = ("fps", "max_frames", "max_fps")
@@ -126,7 +126,7 @@ def _video_processor_class() -> type:
     """transformers' ``Molmo2VideoProcessor`` with its two torchvision calls done in torch (as for images)."""
     from transformers.models.molmo2.video_processing_molmo2 import Molmo2VideoProcessor
 
-    from packer.models.molmo2 import _processor_class
+    from packer.models.molmo2.profile import _processor_class
 
     image_class = _processor_class()
 

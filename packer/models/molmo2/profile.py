@@ -137,14 +137,14 @@ class Molmo2Profile(ModelProfile):
     # ------------------------------------------------------------------ video
 
     def plan_video(self, video: VideoRef) -> VideoPlan:
-        """A clip's frames and tokens from its header (``packer.models.molmo2_video.plan``)."""
-        from packer.models.molmo2_video import plan
+        """A clip's frames and tokens from its header (``packer.models.molmo2.video.plan``)."""
+        from packer.models.molmo2.video import plan
 
         return plan(self, video)
 
     def video_text(self, plan: VideoPlan) -> str:
         """``Molmo2Processor.get_video_string``: per frame its time, then <frame_start> <im_patch>*81 <frame_end>."""
-        from packer.models.molmo2_video import video_text
+        from packer.models.molmo2.video import video_text
 
         return video_text(plan)
 
@@ -157,14 +157,14 @@ class Molmo2Profile(ModelProfile):
 
     def video_runs(self, ids: np.ndarray, video: dict[str, Any]) -> list[tuple[int, int]]:
         """Each frame's <frame_start> <im_patch>*81 <frame_end> in the row (``molmo2_video.frame_runs``)."""
-        from packer.models.molmo2_video import frame_runs
+        from packer.models.molmo2.video import frame_runs
 
         return frame_runs(ids, offset=int(video["offset"]), grid=(video["grid_t"], video["grid_h"], video["grid_w"]))
 
     def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """``pixel_values_videos`` (frames, 729, 588), ``video_token_pooling`` (tokens, 9), ``video_grids``
         (V, 3) of the shards' videos: the planned frames decoded, then Molmo2VideoProcessor's own code."""
-        from packer.models.molmo2_video import video_pixel_values
+        from packer.models.molmo2.video import video_pixel_values
 
         return video_pixel_values(self, videos)
 
@@ -179,7 +179,7 @@ class Molmo2Profile(ModelProfile):
 
     def join_vision(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Videos given as images where a batch has both (``molmo2_video.join_vision``)."""
-        from packer.models.molmo2_video import join_vision
+        from packer.models.molmo2.video import join_vision
 
         return join_vision(batch)
 
