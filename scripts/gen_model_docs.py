@@ -5,7 +5,7 @@
 
 One row per registered profile (``packer.models.profile_names()``): its family page docs/models/<family>.md,
 the HF model class it is exact against, its default builtin tokenizer and whether it takes videos. A family is
-the package that holds the profile (``family_of``); each family's page is written by hand.
+the package that holds the profile (``ModelProfile.family``); each family's page is written by hand.
 """
 
 from __future__ import annotations
@@ -17,19 +17,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "models" / "README.md"
-
-# A profile's family from the module that defines its class, for profiles without a ``family`` attribute:
-# the family package's name (packer/models/<family>/...) or, before the packages, the family's module.
-MODULE_FAMILY = {
-    "qwen_vl": "qwen_vl",
-    "qwen3_vl": "qwen_vl",
-    "llava": "llava",
-    "llava_onevision": "llava_onevision",
-    "gemma3": "gemma3",
-    "internvl": "internvl",
-    "molmo2": "molmo2",
-    "text": "text",
-}
 
 HEADER = """\
 # Model families
@@ -49,33 +36,19 @@ docs/training.md; the shard columns each family fills in its own way are summari
 """
 
 
-def family_of(profile: Any) -> str:
-    """The family (package) a profile belongs to: its ``family`` attribute, else the module of its class."""
-    family = getattr(profile, "family", None)
-    if family:
-        return family
-    module = type(profile).__module__
-    for part in reversed(module.split(".")):  # packer.models.<family>.profile, or packer.models.<module>
-        if part in MODULE_FAMILY:
-            return MODULE_FAMILY[part]
-    raise KeyError(f"no family for profile {profile.name!r} (class {type(profile).__qualname__} in {module}): "
-                   f"give it a `family` attribute or add its module to MODULE_FAMILY")
-
-
-def hf_model_class(profile: Any) -> str | None:
-    """The HF model class the profile is checked against, wherever the profile keeps it."""
-    return getattr(profile, "hf_model_class", None)
+def model_class(profile: Any) -> str | None:
+    """The HF model class the profile is proven exact on (its proof's; importing the proof imports torch)."""
+    return profile.proof().model_class
 
 
 def rows() -> list[tuple[str, str, str | None, str | None, bool]]:
-    """(profile, family, hf_model_class, default tokenizer, has video) per registered profile, in order."""
+    """(profile, family, HF model class, default tokenizer, has video) per registered profile, in order."""
     from packer.models import get_profile, profile_names
 
     out = []
     for name in profile_names():
         profile = get_profile(name)
-        out.append((name, family_of(profile), hf_model_class(profile), getattr(profile, "default_tokenizer", None),
-                    bool(profile.has_video)))
+        out.append((name, profile.family, model_class(profile), profile.default_tokenizer, profile.has_video))
     return out
 
 

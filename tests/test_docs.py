@@ -72,7 +72,7 @@ def test_models_check_fails_on_a_stale_page(tmp_path, monkeypatch, capsys):
 def test_every_family_has_a_page_and_every_page_a_family():
     from packer.models import get_profile, profile_names
 
-    families = {gen_model_docs.family_of(get_profile(name)) for name in profile_names()}
+    families = {get_profile(name).family for name in profile_names()}
     pages = {p.stem for p in (REPO / "docs" / "models").glob("*.md")} - {"README"}
     assert not families - pages, f"registered families without a page docs/models/<family>.md: {families - pages}"
     assert not pages - families, f"docs/models/ has pages for no registered family: {pages - families}"
@@ -81,19 +81,10 @@ def test_every_family_has_a_page_and_every_page_a_family():
         assert f"]({family}.md)" in index
 
 
-def test_family_of_reads_the_attribute_then_the_module():
-    class Packaged:  # a profile class defined in packer/models/<family>/profile.py
-        name = "x"
-    Packaged.__module__ = "packer.models.llava_onevision.profile"
-    assert gen_model_docs.family_of(Packaged()) == "llava_onevision"
-    Packaged.__module__ = "packer.models.qwen3_vl"  # the one-file layout
-    assert gen_model_docs.family_of(Packaged()) == "qwen_vl"
-    named = Packaged()
-    named.family = "gemma3"
-    assert gen_model_docs.family_of(named) == "gemma3"
-    Packaged.__module__ = "tests.models.toy_family"
-    with pytest.raises(KeyError, match="family"):
-        gen_model_docs.family_of(Packaged())
+def test_a_profiles_family_is_its_package():
+    from packer.models import get_profile
+
+    assert get_profile("qwen3-vl").family == "qwen_vl" and get_profile("llava-onevision").family == "llava_onevision"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(REPO / "docs").as_posix())

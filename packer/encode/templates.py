@@ -20,6 +20,7 @@ the probes, and tests/encode/test_templates.py compares both on random conversat
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from packer.core.types import ImageRef, Message, VideoRef
@@ -118,12 +119,14 @@ class ChatTemplate:
     """One chat template source, compiled, with its way of locating content decided once at construction.
 
     ``special_tokens`` are passed to the template (``bos_token``, ``eos_token``, ...); ``images``: whether the
-    probes include image parts (the profile takes images). A None ``source`` fails on the first chat record
-    (a text-only build needs no template).
+    probes include image parts (the profile takes images); ``fast`` False: never the pure-Python renderer (the
+    general path, which the fast one is checked against). A None ``source`` fails on the first chat record
+    (a text-only build needs no template). ``paths`` counts the renderings each path made.
     """
 
-    def __init__(self, source: str | None, *, special_tokens: dict[str, str], images: bool):
+    def __init__(self, source: str | None, *, special_tokens: dict[str, str], images: bool, fast: bool = True):
         self.source = source
+        self.paths: Counter[str] = Counter()  # renderings by path: "python", "jinja", "jinja+prefixes"
         self._kwargs = special_tokens
         self._compiled = None
         if source is not None:
@@ -133,7 +136,8 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
         self._fast: _ChatML | None = None  # set only after the Jinja path has checked it on the probes
-        self._fast = None if self._verify else self._checked(_fast_template(source))
+        self._fast = None if self._verify or not fast else self._checked(_fast_template(source))
+        self.paths.clear()  # the probes' renderings are not the data's
 
     def __getstate__(self) -> dict:
         """A compiled Jinja template does not pickle: it is compiled again on first use (a registered ChatML
@@ -171,6 +175,7 @@ class ChatTemplate:
         if self._fast is not None and not tools:
             located = self._fast.locate(conv)  # None where a message calls tools: the checks below see to them
             if located is not None:
+                self.paths["python"] += 1
                 return located
         uses_tools = _uses_tools(conv, tools)
         marked = self.render([hf_message(m, marked=True) for m in conv], tools=tools)
@@ -200,10 +205,12 @@ class ChatTemplate:
                         starts.append(start)
                         ends.append(start)
                 limits = starts[1:] + [len(text)]
+                self.paths["jinja"] += 1
                 return text, list(zip(starts, ends, limits, strict=True))
         clean = self.render([hf_message(m, marked=False) for m in conv], tools=tools)
         if uses_tools:
             _check_tools_rendered(clean, conv, tools)
+        self.paths["jinja+prefixes"] += 1
         return clean, self._locate_by_prefixes(conv, clean, tools)
 
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:

@@ -24,6 +24,7 @@ from PIL import Image
 from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode import OVERLONG_POLICIES
 from packer.encode.encoder import Encoder
+from packer.encode.render import stage
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.models import get_profile
@@ -607,7 +608,7 @@ def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
 def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, options):
     """Videos beside images, in trees and in linear examples, with the checks' failures (a literal video token,
     a video beside an image where the family refuses it): the batch path equals the general one, one example
-    at a time. qwen3-vl splices the video's own timestamped text in (``_video_tokens``); Molmo2 writes each
+    at a time. qwen3-vl splices the video's own timestamped text in (``MediaRun.text``); Molmo2 writes each
     image as its own run of tokens, wrapped, and takes one video per path alone (``video_alone``)."""
     from tests.media.make_videos import write_clip
 
@@ -676,7 +677,7 @@ def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
     ]
     encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=TRIMS)
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
-    assert all(None in [ce for _, ce, _ in spans] for spans in encoder._stage(examples[0]).spans)  # the fallback
+    assert all(None in [ce for _, ce, _ in spans] for spans in stage(examples[0], encoder._chat, encoder.profile).spans)  # the fallback
     batch = encoder.encode_batch(examples)
     assert not any(isinstance(b, RecordError) for b in batch)
     for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
@@ -687,7 +688,7 @@ def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rec=record(), name=st.sampled_from(["qwen2-vl", "llava"]))
 def test_stage_of_one_node_equals_the_tree_walk(encoders, image_root, rec, name):
-    """``_stage`` renders a one-node example (most records) without walking the tree; what the walk gives:
+    """``render.stage`` renders a one-node example (most records) without walking the tree; what the walk gives:
     one path, the root's messages, node [root] with parent -1."""
     encoder = encoders[name]
     (ex,) = parse_all([rec], image_root)
@@ -698,8 +699,8 @@ def test_stage_of_one_node_equals_the_tree_walk(encoders, image_root, rec, name)
         want = [encoder._chat.locate(list(ex.root.messages), tools=ex.tools)]
     except RecordError as e:
         with pytest.raises(RecordError, match=e.reason):
-            encoder._stage(ex)
+            stage(ex, encoder._chat, encoder.profile)
         return
-    stage = encoder._stage(ex)
-    assert (stage.nodes, stage.parents) == ([n for n, _ in walked], [p for _, p in walked])
-    assert list(zip(stage.texts, stage.spans, strict=True)) == want
+    staged = stage(ex, encoder._chat, encoder.profile)
+    assert (staged.nodes, staged.parents) == ([n for n, _ in walked], [p for _, p in walked])
+    assert list(zip(staged.texts, staged.spans, strict=True)) == want

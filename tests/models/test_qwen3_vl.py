@@ -51,7 +51,7 @@ def test_every_coco_image_matches_processor(processor) -> None:
     """Every image's header-only grid and count equal the processor's, run on one decoded image per size
     (the grid depends on the size alone: 239 images, 83 sizes), and its get_number_of_image_patches."""
     profile = get_profile("qwen3-vl")
-    assert isinstance(profile.image_processor(), transformers.Qwen2VLImageProcessorPil)
+    assert isinstance(profile.reader().image_processor(), transformers.Qwen2VLImageProcessorPil)
     by_size: dict[tuple[int, int], list[ImageRef]] = {}
     for p in IMAGE_FILES:
         ref = ImageRef(path=str(p))
@@ -86,7 +86,7 @@ def test_odd_sizes_match_processor(processor, size) -> None:
 def test_pixel_values_match_processor_exactly(processor) -> None:
     profile = get_profile("qwen3-vl")
     refs = [ImageRef(path=str(p)) for p in IMAGE_FILES[:2]]
-    out = profile.pixel_values(refs)
+    out = profile.reader().pixel_values(refs)
     expected = processor(images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt")
     assert out["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
     assert torch.equal(out["pixel_values"], expected["pixel_values"])

@@ -320,7 +320,7 @@ def test_frame_list_pixels_follow_qwen_vl_utils(tmp_path, coco_images, name, siz
     stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
               "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
               "second_per_grid_t": plan.second_per_grid_t}
-    got = profile.video_pixel_values([stored])
+    got = profile.reader().video_pixel_values([stored])
     assert torch.equal(got["video_grid_thw"], want_grid)
     assert torch.equal(got["pixel_values_videos"], want_pixels)
 
@@ -357,6 +357,6 @@ def test_frame_list_matches_real_qwen_vl_utils(tmp_path, coco_images, name, size
     stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
               "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
               "second_per_grid_t": plan.second_per_grid_t}
-    got = profile.video_pixel_values([stored])
+    got = profile.reader().video_pixel_values([stored])
     assert torch.equal(got["video_grid_thw"], out["video_grid_thw"])
     assert torch.equal(got["pixel_values_videos"], out["pixel_values_videos"])

@@ -330,4 +330,4 @@ def test_check_equivalence_cli_for_vision_families(vl_build, capsys, profile, ma
                     "--tokenizer", "qwen2-vl", "--backend", "sdpa_varlen", "--max-batches", "8"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and report["ok"], report
-    assert report["model_class"] == get_profile(profile).hf_model_class
+    assert report["model_class"] == get_profile(profile).proof().model_class

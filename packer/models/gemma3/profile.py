@@ -28,17 +28,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from packer.core.types import ImageRef
 from packer.errors import ConfigError
-from packer.media.images import load_image
-from packer.models.base import ImageBlocks, ModelProfile
+from packer.models.base import ImageBlocks, MediaRun, ModelProfile
 
 if TYPE_CHECKING:
-    import torch
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 # Gemma3Processor.replace_image_token: the text around an image's blocks when it has pan-and-scan crops
 ORIGINAL_PREFIX = "Here is the original image "
@@ -75,7 +74,6 @@ class Gemma3Profile(ModelProfile):
         "do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
         "pan_and_scan_min_ratio_to_activate", *ModelProfile.overridable,
     )
-    hf_model_class: ClassVar[str | None] = "Gemma3ForConditionalGeneration"
 
     def __post_init__(self) -> None:
         side, pooled = self.image_px // self.patch_size, round(self.tokens_per_image**0.5)
@@ -114,10 +112,6 @@ class Gemma3Profile(ModelProfile):
             return (0, 0)
         return (rows, cols)
 
-    @property
-    def splits_images(self) -> bool:
-        return self.do_pan_and_scan
-
     def image_blocks(self, width: int, height: int) -> ImageBlocks | None:
         """With crops: the whole image's block, then one per crop, as ``Gemma3Processor.replace_image_token``
         writes them; grid (1 + k, 16, 16) is crop k (the whole image is k = 0, as without crops)."""
@@ -127,35 +121,18 @@ class Gemma3Profile(ModelProfile):
         block = f"\n\n{self.vision_start}{self.image_token}{self.vision_end}\n\n"  # full_image_sequence, 1 token
         text = ORIGINAL_PREFIX + block + CROPS_INTRO + " ".join([block] * (rows * cols))
         side = self.pooled_side
-        return ImageBlocks(rendered=block, text=text, grids=tuple((1 + k, side, side) for k in range(1 + rows * cols)))
+        runs = tuple(MediaRun((1 + k, side, side), self.tokens_per_image) for k in range(1 + rows * cols))
+        return ImageBlocks(rendered=block, text=text, runs=runs)
 
-    def make_image_processor(self) -> Any:
-        # The PIL backend (torchvision is not a dependency). google/gemma-3-*-it preprocessor_config.json:
-        # 896x896, bilinear, rescale 1/255, mean = std = 0.5 (the class defaults but for the size), pan-and-scan
-        # off; its settings as Gemma3Processor passes them (its defaults, or the profile's options).
-        from transformers import Gemma3ImageProcessorPil
+    def reader(self) -> Reader:
+        from packer.models.gemma3.reader import Gemma3Reader
 
-        return Gemma3ImageProcessorPil(
-            size={"height": self.image_px, "width": self.image_px}, do_pan_and_scan=self.do_pan_and_scan,
-            pan_and_scan_min_crop_size=self.pan_and_scan_min_crop_size,
-            pan_and_scan_max_num_crops=self.pan_and_scan_max_num_crops,
-            pan_and_scan_min_ratio_to_activate=self.pan_and_scan_min_ratio_to_activate,
-        )
+        return Gemma3Reader(self)
 
-    def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
-        """One (3, 896, 896) entry per stored block: grid (1 + k, ...) is block k of its image as the processor
-        orders them (the whole image, then the crops); an image is decoded and processed once per call."""
-        if not self.do_pan_and_scan:
-            return self.pixel_values(images)
-        import torch
+    def proof(self) -> Proof:
+        from packer.models.gemma3.proof import Gemma3Proof
 
-        blocks: dict[ImageRef, torch.Tensor] = {}
-        out = []
-        for ref, grid in zip(images, grids, strict=True):
-            if ref not in blocks:
-                blocks[ref] = self.image_processor()(images=[load_image(ref)], return_tensors="pt")["pixel_values"]
-            out.append(blocks[ref][int(grid[0]) - 1])
-        return {"pixel_values": torch.stack(out)}
+        return Gemma3Proof(self)
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """tokens_per_image for a block's grid (1 + crop index, 16, 16), -1 for any other."""
@@ -165,38 +142,4 @@ class Gemma3Profile(ModelProfile):
             grids[:, 2] == self.pooled_side)
         return np.where(ok, self.tokens_per_image, -1)
 
-    def tiny_model(
-        self, *, token_ids: dict[str, int], vocab_size: int, seed: int = 0, hidden: int = 32, sliding_window: int = 16
-    ) -> Any:
-        """A random-weight fp32 ``Gemma3ForConditionalGeneration`` for this profile's images: a 1-layer SigLIP of
-        ``image_px`` / ``patch_size``, a 2-layer Gemma 3 text model (one sliding-window layer of
-        ``sliding_window``, one global). ``token_ids``: the ids of ``model_tokens()`` (soft, begin, end of image)."""
-        import torch
-        from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-        torch.manual_seed(seed)
-        config = Gemma3Config(
-            text_config=dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                             layer_types=["sliding_attention", "full_attention"], sliding_window=sliding_window,
-                             max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
-                             pad_token_id=None),
-            vision_config=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-                               num_attention_heads=2, image_size=self.image_px, patch_size=self.patch_size),
-            mm_tokens_per_image=self.tokens_per_image,
-            image_token_index=token_ids[self.image_token],
-            boi_token_index=token_ids[self.vision_start],
-            eoi_token_index=token_ids[self.vision_end],
-            attn_implementation="sdpa",
-        )
-        return Gemma3ForConditionalGeneration(config).float().train()
-
-    def reference_inputs(
-        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
-    ) -> dict[str, Any]:
-        """The path's pixels (one entry per block) and the processor's ``token_type_ids`` (1 on soft tokens),
-        from which ``Gemma3Model`` builds its own bidirectional blocks: each run of consecutive soft tokens."""
-        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
-        if images:
-            out["token_type_ids"] = (input_ids == token_ids[self.image_token]).long()
-        return out

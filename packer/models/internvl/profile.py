@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.errors import ConfigError
-from packer.models.base import ModelProfile, tiny_text_config
+from packer.models.base import MediaRun, ModelProfile
 
 if TYPE_CHECKING:
-    import torch
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +54,6 @@ class InternVLProfile(ModelProfile):
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values")
     overridable: ClassVar[tuple[str, ...]] = ("min_tiles", "max_tiles", *ModelProfile.overridable)
-    processor_wraps_images: ClassVar[bool] = True
-    hf_model_class: ClassVar[str | None] = "InternVLForConditionalGeneration"
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_tiles <= self.max_tiles:
@@ -73,22 +72,22 @@ class InternVLProfile(ModelProfile):
         _, rows, cols = self.grid_thw(width, height)
         return num_tiles(rows * cols) * self.tokens_per_tile
 
-    def make_image_processor(self) -> Any:
-        # InternVL3-hf's preprocessor: 448-px tiles, ImageNet mean/std, bicubic; InternVLProcessor turns
-        # crop_to_patches on. The PIL backend: torchvision is not a dependency.
-        from transformers import GotOcr2ImageProcessorPil
-        from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, PILImageResampling
+    def image_run(self, width: int, height: int) -> MediaRun:
+        """``<img>`` + ``<IMG_CONTEXT>`` * num_tokens + ``</img>``: the chat template writes one ``<IMG_CONTEXT>``
+        and the processor the rest, the delimiters included (the entry starts after ``<img>``)."""
+        grid = self.grid_thw(width, height)
+        return MediaRun(grid, self.num_tokens(width, height), tokens=_wrapped(self.vision_start, self.image_token,
+                                                                              self.vision_end, self.num_tokens(width, height)), lead=1)
 
-        return GotOcr2ImageProcessorPil(
-            size={"height": self.tile_px, "width": self.tile_px},
-            crop_to_patches=True,
-            min_patches=self.min_tiles,
-            max_patches=self.max_tiles,
-            image_mean=IMAGENET_DEFAULT_MEAN,
-            image_std=IMAGENET_DEFAULT_STD,
-            resample=PILImageResampling.BICUBIC,
-            do_convert_rgb=True,
-        )
+    def reader(self) -> Reader:
+        from packer.models.internvl.reader import InternVLReader
+
+        return InternVLReader(self)
+
+    def proof(self) -> Proof:
+        from packer.models.internvl.proof import InternVLProof
+
+        return InternVLProof(self)
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """(rows * cols + thumbnail) * 256 for a layout of min..max tiles, else -1."""
@@ -100,34 +99,6 @@ class InternVLProfile(ModelProfile):
         """("tiles", rows * cols + the thumbnail): the 448-px crops the vision tower runs on, per image."""
         tiles = grids[:, 1] * grids[:, 2]
         return "tiles", tiles + (tiles > 1)
-
-    # ------------------------------------------------------------------ check
-
-    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
-        """A tiny InternVL: a 1-layer InternViT of width 32 on 448-px tiles (1024 patches -> 256 tokens after
-        the 0.5 pixel shuffle), a Qwen2 of ``tiny_text_config`` (InternVL3's LLM is Qwen2.5)."""
-        from transformers import InternVLConfig, InternVLForConditionalGeneration
-
-        width = kw.pop("vision_dim", 32)
-        vision = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1, num_attention_heads=2,
-                      image_size=self.tile_px, patch_size=14)
-        config = InternVLConfig(
-            text_config=dict(tiny_text_config(vocab_size=vocab_size, **kw), model_type="qwen2"),
-            vision_config=vision,
-            image_token_id=token_ids[self.image_token],
-            image_seq_length=self.tokens_per_tile,
-            attn_implementation="sdpa",
-        )
-        return InternVLForConditionalGeneration(config).float().train()
-
-    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Each image's tiles (num_tokens / 256 rows of ``pixel_values``)."""
-        out, row = [], 0
-        for n in num_tokens:
-            tiles = n // self.tokens_per_tile
-            out.append({"pixel_values": batch["pixel_values"][row : row + tiles]})
-            row += tiles
-        return out
 
 
 def num_tiles(layout_tiles: int) -> int:
@@ -161,3 +132,8 @@ def tile_layout(width: int, height: int, *, tile_px: int, min_tiles: int, max_ti
         elif diff == best_diff and area > 0.5 * tile_px * tile_px * cols * rows:
             best = (cols, rows)
     return best
+
+
+@lru_cache(maxsize=64)
+def _wrapped(start: str, token: str, end: str, n: int) -> tuple[str, ...]:
+    return (start, *(token,) * n, end)

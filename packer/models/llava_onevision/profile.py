@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from packer.core.types import ImageRef
+from packer.core.types import VideoRef
 from packer.errors import ConfigError, RecordError
-from packer.media.images import load_image
-from packer.models.base import ModelProfile
+from packer.models.base import Media, MediaRun, ModelProfile
 
 if TYPE_CHECKING:
-    import torch
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 
 def anyres_pinpoints(crop_px: int, max_tiles_per_side: int = 6) -> tuple[tuple[int, int], ...]:
@@ -68,7 +68,6 @@ class LlavaOnevisionProfile(ModelProfile):
     forward_keys: ClassVar[tuple[str, ...]] = (
         "input_ids", "position_ids", "pixel_values", "image_sizes", "batch_num_images"
     )
-    hf_model_class: ClassVar[str | None] = "LlavaOnevisionForConditionalGeneration"
 
     def __post_init__(self) -> None:
         if self.crop_px < self.patch_size or any(h % self.crop_px or w % self.crop_px for h, w in self.pinpoints):
@@ -97,63 +96,27 @@ class LlavaOnevisionProfile(ModelProfile):
     def num_tokens(self, width: int, height: int) -> int:
         return int(self.grid_num_tokens(np.array([self.grid_thw(width, height)]))[0])
 
-    def example_images(
-        self, sizes: list[tuple[int, int]], *, image_nodes: np.ndarray | None = None,
-        node_parents: np.ndarray | None = None,
-    ) -> list[tuple[tuple[int, int, int], int]]:
+    def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
         """Tiled if every path through the image's node holds it alone; else one crop: side**2 + 1 tokens.
 
         The model sees each root-to-leaf path as its own example (``tiled_alone``)."""
-        nodes = np.zeros(len(sizes), dtype=np.int64) if image_nodes is None else np.asarray(image_nodes)
-        parents = np.array([-1]) if node_parents is None else np.asarray(node_parents)
-        untiled = ((1, self.side, self.side), self.side**2 + 1)
-        return [
-            (self.grid_thw(w, h), self.num_tokens(w, h)) if alone else untiled
-            for (w, h), alone in zip(sizes, tiled_alone(nodes, parents), strict=True)
-        ]
+        if any(isinstance(m.ref, VideoRef) for m in media):
+            return super().media_runs(media, node_parents)  # refused: no video here (plan_video says so)
+        untiled = MediaRun((1, self.side, self.side), self.side**2 + 1)
+        alone = tiled_alone(np.array([m.node for m in media], dtype=np.int64), np.asarray(node_parents))
+        return [self.image_run(*self.image_size(m.ref)) if a else untiled for m, a in zip(media, alone, strict=True)]
 
     # ------------------------------------------------------------------ read
 
-    def make_image_processor(self) -> Any:
-        # The PIL backend: torchvision is not a dependency. llava-hf's preprocessor_config.json for OneVision
-        # is the class defaults (384 px, bicubic, CLIP mean/std, the 36 anyres pinpoints).
-        from transformers import LlavaOnevisionImageProcessorPil
+    def reader(self) -> Reader:
+        from packer.models.llava_onevision.reader import LlavaOnevisionReader
 
-        return LlavaOnevisionImageProcessorPil(
-            size={"height": self.crop_px, "width": self.crop_px},
-            image_grid_pinpoints=[list(p) for p in self.pinpoints],
-            do_pad=False,  # crops are concatenated (4-D), not padded to the batch's most crops
-        )
+        return LlavaOnevisionReader(self)
 
-    def pixel_values(self, images: list[ImageRef]) -> dict[str, torch.Tensor]:
-        """Each image as its example's only one (tiled): any grid with t > 1 says so."""
-        return self.pixel_inputs(images, [(2, 0, 0)] * len(images))
+    def proof(self) -> Proof:
+        from packer.models.llava_onevision.proof import LlavaOnevisionProof
 
-    def pixel_inputs(self, images: list[ImageRef], grids: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
-        """Tiled images (t > 1) go to the processor alone, each run of untiled ones (t == 1) together, so its
-        ``batch_num_images`` and the model's pick the same crops. An untiled image always has company: the
-        other images on its paths, next to it in token order and kept in its row (the encoder refuses a cut
-        that would part them)."""
-        import torch
-
-        groups: list[list[int]] = []  # image indices, one processor "sample" each
-        for i, (t, _, _) in enumerate(grids):
-            if t == 1 and groups and grids[groups[-1][-1]][0] == 1:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-        if any(len(g) == 1 and grids[g[0]][0] == 1 for g in groups):
-            raise ConfigError(
-                f"profile {self.name!r}: an untiled image without its example's other images; the model would "
-                "tile it (batch_num_images 1). Collate whole examples"
-            )
-        decoded = [load_image(ref) for ref in images]
-        out = self.image_processor()(images=[[decoded[i] for i in g] for g in groups], return_tensors=None)
-        return {
-            "pixel_values": torch.from_numpy(np.concatenate(out["pixel_values"])),  # (sum(crops), 3, px, px)
-            "image_sizes": torch.tensor(np.array(out["image_sizes"]), dtype=torch.int64),  # (N, 2) (h, w)
-            "batch_num_images": torch.tensor([len(g) for g in groups], dtype=torch.int64),  # (G,)
-        }
+        return LlavaOnevisionProof(self)
 
     # ------------------------------------------------------------------ verify
 
@@ -165,67 +128,6 @@ class LlavaOnevisionProfile(ModelProfile):
         untiled = (t == 1) & (h == self.side) & (w == self.side)
         tiled = (t > 1) & (h > 0) & (w > 0)
         return np.where(untiled, base + 1, np.where(tiled, base + h * (w + 1), -1))
-
-    # ------------------------------------------------------------------ the reference model
-
-    def model_tokens(self) -> tuple[str, ...]:
-        """``<image>`` and ``<video>``: the config names both, so a renumbered vocabulary keeps them apart."""
-        return (self.image_token or "<image>", "<video>")
-
-    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, hidden: int = 32) -> Any:
-        """A random-weight fp32 ``LlavaOnevisionForConditionalGeneration`` shaped like this profile's crops:
-        a 1-layer SigLIP of ``crop_px`` / ``patch_size``, a 2-layer Qwen2 of width ``hidden``; ``token_ids``
-        maps ``model_tokens()`` to ids in ``vocab_size``. SigLIP's key bias is frozen: softmax ignores it, so
-        its exact gradient is 0 and both sides hold only rounding noise that no tolerance compares."""
-        from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
-
-        image, video = self.model_tokens()
-        config = LlavaOnevisionConfig(
-            text_config=dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=hidden,
-                             intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=False,
-                             bos_token_id=None, eos_token_id=None, pad_token_id=None),
-            vision_config=dict(model_type="siglip_vision_model", hidden_size=hidden, intermediate_size=2 * hidden,
-                               num_hidden_layers=1, num_attention_heads=2, image_size=self.crop_px,
-                               patch_size=self.patch_size),
-            image_token_index=token_ids[image],
-            video_token_index=token_ids[video],
-            image_grid_pinpoints=[list(p) for p in self.pinpoints],
-            vision_aspect_ratio=f"anyres_max_{self.max_tiles}",
-            vision_feature_select_strategy="full",
-            vision_feature_layer=-1,
-            attn_implementation="sdpa",
-        )
-        model = LlavaOnevisionForConditionalGeneration(config).float().train()
-        for name, param in model.named_parameters():
-            if name.endswith("k_proj.bias"):
-                param.requires_grad_(False)
-        return model
-
-    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Each image's crops and size: ``side**2 + 1`` tokens mark an untiled image (one crop; a tiled one has
-        at least side**2 + 2), else its crops are the base one plus its pinpoint's tiles."""
-        out, row = [], 0
-        for i, n in enumerate(num_tokens):
-            h, w = batch["image_sizes"][i].tolist()
-            best_h, best_w = select_best_resolution(h, w, self.pinpoints)
-            crops = 1 if n == self.side**2 + 1 else 1 + (best_h // self.crop_px) * (best_w // self.crop_px)
-            out.append({"pixel_values": batch["pixel_values"][row : row + crops],
-                        "image_sizes": batch["image_sizes"][i : i + 1]})
-            row += crops
-        return out
-
-    def reference_inputs(
-        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
-    ) -> dict[str, Any]:
-        """One path as the processor gives it alone: its images are one sample (``batch_num_images`` = how
-        many), so the model itself decides which to tile; the model's own positions and attention."""
-        import torch
-
-        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
-        if images:
-            out["batch_num_images"] = torch.tensor([len(images)], dtype=torch.int64)
-        return out
 
 
 def tiled_alone(image_nodes: np.ndarray, node_parents: np.ndarray) -> list[bool]:

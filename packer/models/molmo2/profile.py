@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from packer.core.tree import ancestor_matrix
 from packer.core.types import VideoRef
 from packer.errors import RecordError
-from packer.models.base import ModelProfile
+from packer.models.base import Media, MediaRun, ModelProfile
+from packer.models.molmo2.video import frame_runs, plan, video_text
 
 if TYPE_CHECKING:
-    import torch
-
     from packer.media.video import VideoPlan
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 # Every token an image's run may hold (Molmo2Processor.image_token_ids): mm_token_type_ids 1, bidirectional.
 IMAGE_RUN_TOKENS = ("<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>")
@@ -74,8 +76,6 @@ class Molmo2Profile(ModelProfile):
     video_pooling: tuple[int, int] = (3, 3)
     """``Molmo2VideoProcessor.pooling_size``: a frame's 27x27 patches pooled 3x3 into 9x9 tokens."""
 
-    expanded_images: ClassVar[bool] = True
-    video_alone: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
         "input_ids", "position_ids", "pixel_values", "image_token_pooling", "image_grids", "image_num_crops",
         "mm_token_type_ids",
@@ -112,41 +112,32 @@ class Molmo2Profile(ModelProfile):
         _, h, w = self.grid_thw(width, height)
         return int(self._run_length(*self.low_res_grid) + self._run_length(h, w))
 
-    def check_image_nodes(self, node_parents: np.ndarray, image_nodes: list[int]) -> None:
-        """An image node's tokens see every image of their path (the block): exact only if each image below
-        it lies on every path through it, i.e. no branch point between the two nodes."""
-        parents = np.asarray(node_parents).tolist()
-        children = np.bincount([p for p in parents if p >= 0], minlength=len(parents))
-        has_image = {int(n) for n in image_nodes}
-        for node in has_image:
-            between, n = [], parents[node]
-            while n >= 0:
-                between.append(n)
-                if n in has_image and (children[between] > 1).any():
-                    raise RecordError(
-                        "image_tree",
-                        f"tree node {n} holds an image and branches before node {node}'s image: Molmo2's image "
-                        "block would differ per branch; put the images in the shared prefix or in the branches only",
-                    )
-                n = parents[n]
+    # ------------------------------------------------------------------ runs
 
-    def image_token_names(self, grid: tuple[int, int, int]) -> tuple[str, ...]:
+    def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
+        """Each image as its own layout of tokens (``image_run``), each video as its frames' text
+        (``video_run``); refused (RecordError) where the model cannot take the example's media together: two
+        videos, or a video and an image, on one root-to-leaf path (its processor takes one video per sample, its
+        forward no images beside a video), or media above a branch point whose block would differ per branch."""
+        if any(isinstance(m.ref, VideoRef) for m in media):
+            check_video_alone(media, node_parents, self.name)
+        if len(node_parents) > 1 and media:
+            check_media_nodes(node_parents, [m.node for m in media])
+        return super().media_runs(media, node_parents)
+
+    def image_run(self, width: int, height: int) -> MediaRun:
         """``Molmo2Processor.replace_image_token``: the low-res view, then the high-res one, row by row."""
-        return _image_layout(self.low_res_grid, (grid[1], grid[2]), self.col_tokens)
+        grid = self.grid_thw(width, height)
+        tokens = _image_layout(self.low_res_grid, (grid[1], grid[2]), self.col_tokens)
+        return MediaRun(grid, len(tokens), tokens=tokens)
 
-    # ------------------------------------------------------------------ video
+    def video_run(self, plan: VideoPlan) -> MediaRun:
+        """``Molmo2Processor.get_video_string``: per frame its time, then <frame_start> <im_patch>*81 <frame_end>."""
+        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=video_text(plan), plan=plan)
 
     def plan_video(self, video: VideoRef) -> VideoPlan:
-        """A clip's frames and tokens from its header (``packer.models.molmo2.video.plan``)."""
-        from packer.models.molmo2.video import plan
-
+        """A clip's frames and tokens from its header (``video.plan``)."""
         return plan(self, video)
-
-    def video_text(self, plan: VideoPlan) -> str:
-        """``Molmo2Processor.get_video_string``: per frame its time, then <frame_start> <im_patch>*81 <frame_end>."""
-        from packer.models.molmo2.video import video_text
-
-        return video_text(plan)
 
     def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
         """Frames = grid_t, every frame at the crop size, its pooled grid that of the crop."""
@@ -154,19 +145,6 @@ class Molmo2Profile(ModelProfile):
         rows, cols = -(-side // self.video_pooling[0]), -(-side // self.video_pooling[1])
         return ((grids[:, 0] != num_frames) | (grids[:, 0] < 1) | (grids[:, 1] != rows) | (grids[:, 2] != cols)
                 | (sizes[:, 0] != self.crop_px) | (sizes[:, 1] != self.crop_px))
-
-    def video_runs(self, ids: np.ndarray, video: dict[str, Any]) -> list[tuple[int, int]]:
-        """Each frame's <frame_start> <im_patch>*81 <frame_end> in the row (``molmo2_video.frame_runs``)."""
-        from packer.models.molmo2.video import frame_runs
-
-        return frame_runs(ids, offset=int(video["offset"]), grid=(video["grid_t"], video["grid_h"], video["grid_w"]))
-
-    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """``pixel_values_videos`` (frames, 729, 588), ``video_token_pooling`` (tokens, 9), ``video_grids``
-        (V, 3) of the shards' videos: the planned frames decoded, then Molmo2VideoProcessor's own code."""
-        from packer.models.molmo2.video import video_pixel_values
-
-        return video_pixel_values(self, videos)
 
     def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """<im_patch> tokens of stored (frames, rows, cols): frames * rows * cols, -1 unless (rows, cols) is
@@ -177,143 +155,42 @@ class Molmo2Profile(ModelProfile):
         ok &= grids[:, 2] == -(-side // self.video_pooling[1])
         return np.where(ok, grids.prod(axis=1), -1)
 
-    def join_vision(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Videos given as images where a batch has both (``molmo2_video.join_vision``)."""
-        from packer.models.molmo2.video import join_vision
-
-        return join_vision(batch)
-
     # ------------------------------------------------------------------ read
 
-    def make_image_processor(self) -> Any:
-        return _processor_class()(
-            size={"height": self.crop_px, "width": self.crop_px},
-            max_crops=self.max_crops,
-            overlap_margins=list(self.overlap_margins),
-            patch_size=self.patch_size,
-            pooling_size=list(self.pooling),
-        )
+    def bidirectional_spans(self, row: dict[str, Any]) -> list[tuple[int, int, int]]:
+        """(start, end, group) per image run and per video frame run; group = the highest node with media on
+        the run's path.
 
-    def row_inputs(self, num_tokens: int, images: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-        """``mm_token_type_ids`` (1, T): 1 on every token of an image's run, as Molmo2Processor marks them."""
-        import torch
-
-        out = torch.zeros((1, num_tokens), dtype=torch.int64)
-        for offset, n in images:
-            out[0, offset : offset + n] = 1
-        return {"mm_token_type_ids": out}
-
-    def image_spans(
-        self, images: list[dict[str, Any]], *, node_offsets: np.ndarray | None = None,
-        node_parents: np.ndarray | None = None,
-    ) -> list[tuple[int, int, int]]:
-        """(start, end, group) per image; group = the highest node with images on the image's path.
-
-        Molmo2 makes all image tokens of a sequence one block; ``check_image_nodes`` admits only trees whose
-        image nodes form chains without a branch point between them, so each chain is the block of every
-        path through it (two branches' own images: two chains, two groups)."""
-        starts = [int(im["offset"]) for im in images]
+        Molmo2 makes all image tokens of a sequence one block (a video's frames too); ``media_runs`` admits
+        only trees whose media nodes form chains without a branch point between them, so each chain is the
+        block of every path through it (two branches' own images: two chains, two groups)."""
+        runs = [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
+        for v in row.get("videos") or ():
+            runs += frame_runs(row["input_ids"], offset=int(v["offset"]), grid=(v["grid_t"], v["grid_h"], v["grid_w"]))
+        node_offsets = row.get("node_offsets")
         if node_offsets is None or len(node_offsets) <= 1:
-            return [(s, s + int(im["num_tokens"]), 0) for s, im in zip(starts, images, strict=True)]
-        parents = np.asarray(node_parents).tolist()
-        nodes = (np.searchsorted(np.asarray(node_offsets), starts, side="right") - 1).tolist()
-        has_image = set(nodes)
+            return [(a, b, 0) for a, b in runs]
+        parents = np.asarray(row["node_parents"]).tolist()
+        nodes = (np.searchsorted(np.asarray(node_offsets), [a for a, _ in runs], side="right") - 1).tolist()
+        has_media = set(nodes)
         out = []
-        for s, im, node in zip(starts, images, nodes, strict=True):
+        for (a, b), node in zip(runs, nodes, strict=True):
             top, n = node, parents[node]
             while n >= 0:
-                top = n if n in has_image else top
+                top = n if n in has_media else top
                 n = parents[n]
-            out.append((s, s + int(im["num_tokens"]), top))
+            out.append((a, b, top))
         return out
 
-    # ------------------------------------------------------------------ train
+    def reader(self) -> Reader:
+        from packer.models.molmo2.reader import Molmo2Reader
 
-    hf_model_class: ClassVar[str | None] = "Molmo2ForConditionalGeneration"
+        return Molmo2Reader(self)
 
-    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> Any:
-        """A tiny random fp32 ``Molmo2ForConditionalGeneration`` (2+2 layers, width 64, vision width 32),
-        whose image token ids are ``token_ids`` by token name (``<im_patch>``, ``<im_start>``,
-        ``<low_res_im_start>``, ``<im_end>``; the frame tokens default to ``<im_start>`` / ``<im_end>``'s).
+    def proof(self) -> Proof:
+        from packer.models.molmo2.proof import Molmo2Proof
 
-        The vision tower keeps the real 378-px / 14-px geometry (729 position embeddings): the processor's
-        crops must fit it. ``kw`` overrides Molmo2Config fields (e.g. ``attn_implementation``). Train mode;
-        the key biases are frozen (see below).
-        """
-        from transformers import Molmo2Config, Molmo2ForConditionalGeneration
-
-        side = self.crop_px // self.patch_size
-        config = Molmo2Config(
-            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-                           "image_size": [self.crop_px, self.crop_px], "patch_size": self.patch_size,
-                           "num_position_embeddings": side * side},
-            adapter_config={"vision_feature_layer": [-1, -2], "hidden_size": 32, "num_attention_heads": 2,
-                            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "text_hidden_size": 64},
-            text_config={"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-                         "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": vocab_size,
-                         "additional_vocab_size": 0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
-            image_patch_id=token_ids["<im_patch>"],
-            image_start_token_id=token_ids["<im_start>"],
-            low_res_image_start_token_id=token_ids["<low_res_im_start>"],
-            image_end_token_id=token_ids["<im_end>"],
-            frame_start_token_id=token_ids.get("<frame_start>", token_ids["<im_start>"]),
-            frame_end_token_id=token_ids.get("<frame_end>", token_ids["<im_end>"]),
-            **{"attn_implementation": "sdpa", **kw},
-        )
-        model = Molmo2ForConditionalGeneration(config).float().train()
-        for name, param in model.named_parameters():
-            # a key bias shifts all of a query's scores alike, which softmax ignores: its gradient is 0 but
-            # for ~1e-17 of rounding noise, which no relative comparison of gradients can take
-            if name.endswith("k_proj.bias"):
-                param.requires_grad_(False)
-        return model
-
-    def model_tokens(self) -> tuple[str, ...]:
-        """The tokens ``tiny_model``'s config names by id (and the image run's <im_col>, kept distinct)."""
-        return (*IMAGE_RUN_TOKENS, *FRAME_TOKENS, "<|image|>", "<|video|>")
-
-    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
-        """The batch's image inputs cut per image: its crops' ``pixel_values``, its pooled tokens'
-        ``image_token_pooling`` (re-based to its own crops), its ``image_grids`` and ``image_num_crops`` rows."""
-        crops = batch["image_num_crops"].tolist()
-        grids = batch["image_grids"]
-        pooled = (grids[:, 0] * grids[:, 1] + grids[:, 2] * grids[:, 3]).tolist()
-        patches = batch["pixel_values"].shape[1]
-        out, c0, p0 = [], 0, 0
-        for i, (c, p) in enumerate(zip(crops, pooled, strict=True)):
-            pool = batch["image_token_pooling"][p0 : p0 + p]
-            out.append({
-                "pixel_values": batch["pixel_values"][c0 : c0 + c],
-                "image_token_pooling": pool.where(pool < 0, pool - c0 * patches),
-                "image_grids": grids[i : i + 1],
-                "image_num_crops": batch["image_num_crops"][i : i + 1],
-            })
-            c0, p0 = c0 + c, p0 + p
-        return out
-
-    def reference_inputs(
-        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
-    ) -> dict[str, Any]:
-        """One path as Molmo2Processor gives it: the images' inputs joined (pooling indices offset by the crops
-        before; a video: its frames as crops, ``join_vision``), ``mm_token_type_ids`` 1 on the image and frame run
-        tokens; the model's own attention and positions."""
-        import torch
-
-        run_ids = torch.tensor([token_ids[t] for t in (*IMAGE_RUN_TOKENS, *FRAME_TOKENS) if t in token_ids],
-                               device=input_ids.device)
-        out: dict[str, Any] = {"input_ids": input_ids, "use_cache": False,
-                               "mm_token_type_ids": torch.isin(input_ids, run_ids).long()}
-        if images:
-            pools, patches = [], 0
-            for im in images:
-                pool = im["image_token_pooling"]
-                pools.append(pool.where(pool < 0, pool + patches))
-                patches += im["pixel_values"].shape[0] * im["pixel_values"].shape[1]
-            out["image_token_pooling"] = torch.cat(pools)
-            for key in ("pixel_values", "image_grids", "image_num_crops"):
-                out[key] = torch.cat([im[key] for im in images])
-        return out
+        return Molmo2Proof(self)
 
     # ------------------------------------------------------------------ report
 
@@ -322,6 +199,13 @@ class Molmo2Profile(ModelProfile):
         return "crops", np.asarray(grids, dtype=np.int64).reshape(-1, 3)[:, 0]
 
     # ------------------------------------------------------------------ verify
+
+    def verify_spans(
+        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
+        token_id: int | None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """Images and videos are laid out in tokens of their own: the placeholders appear nowhere in a row."""
+        return lists, fields, False
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """Tokens of stored (crops, rows, cols); -1 unless rows/cols are pooled canvases of some tiling with
@@ -367,24 +251,37 @@ def _image_layout(low: tuple[int, int], high: tuple[int, int], col_tokens: bool)
     return low_run + high_run
 
 
-@lru_cache(maxsize=1)
-def _processor_class() -> type:
-    """transformers' ``Molmo2ImageProcessor`` with its two torchvision calls done in torch (no torchvision)."""
-    import torch
-    import torch.nn.functional as F
-    from transformers.models.molmo2.image_processing_molmo2 import Molmo2ImageProcessor
+def check_media_nodes(node_parents: np.ndarray, media_nodes: list[int]) -> None:
+    """A media node's tokens see every image of their path (the block): exact only if each image below it
+    lies on every path through it, i.e. no branch point between the two nodes."""
+    parents = np.asarray(node_parents).tolist()
+    children = np.bincount([p for p in parents if p >= 0], minlength=len(parents))
+    has_image = {int(n) for n in media_nodes}
+    for node in has_image:
+        between, n = [], parents[node]
+        while n >= 0:
+            between.append(n)
+            if n in has_image and (children[between] > 1).any():
+                raise RecordError(
+                    "image_tree",
+                    f"tree node {n} holds an image and branches before node {node}'s image: Molmo2's image "
+                    "block would differ per branch; put the images in the shared prefix or in the branches only",
+                )
+            n = parents[n]
 
-    class Molmo2ImageProcessorTorch(Molmo2ImageProcessor):
-        def resize(self, image, size, resample=None, antialias=True, **kwargs):
-            # torchvision's tensor resize of a float image: this very interpolate call (bilinear is the only
-            # mode Molmo2 uses; it passes antialias=False)
-            return F.interpolate(
-                image, size=(size.height, size.width), mode="bilinear", align_corners=False, antialias=antialias
-            )
 
-        def normalize(self, image, mean, std, inplace=False, **kwargs):
-            mean = torch.as_tensor(mean, dtype=image.dtype, device=image.device).view(-1, 1, 1)
-            std = torch.as_tensor(std, dtype=image.dtype, device=image.device).view(-1, 1, 1)
-            return image.sub_(mean).div_(std) if inplace else (image - mean) / std
-
-    return Molmo2ImageProcessorTorch
+def check_video_alone(media: list[Media], node_parents: np.ndarray, profile: str) -> None:
+    """RecordError when a root-to-leaf path holds two videos, or a video and an image."""
+    anc = ancestor_matrix(np.asarray(node_parents))
+    leaves = np.setdiff1d(np.arange(len(node_parents)), node_parents)
+    videos = np.zeros(len(node_parents), dtype=np.int64)
+    images = np.zeros(len(node_parents), dtype=np.int64)
+    for m in media:
+        (videos if isinstance(m.ref, VideoRef) else images)[m.node] += 1
+    per_path_videos, per_path_images = anc[leaves] @ videos, anc[leaves] @ images
+    if (per_path_videos > 1).any():
+        raise RecordError("bad_video", f"profile {profile!r} takes at most one video per example (path); "
+                                       f"one holds {int(per_path_videos.max())}: split them into separate records")
+    if ((per_path_videos > 0) & (per_path_images > 0)).any():
+        raise RecordError("bad_video", f"profile {profile!r} takes no image beside a video in one example (path): "
+                                       "its model refuses pixel_values with pixel_values_videos; split the record")

@@ -16,16 +16,13 @@ Why one module apart from molmo2.py: images and videos share the vision tower bu
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packer.errors import RecordError
 
 if TYPE_CHECKING:
-    import torch
-
     from packer.core.types import VideoRef
     from packer.media.video import VideoPlan
     from packer.models.molmo2.profile import Molmo2Profile
@@ -119,83 +116,3 @@ def frame_runs(ids: np.ndarray, *, offset: int, grid: tuple[int, int, int]) -> l
     first_patch = int(np.flatnonzero(tail[1:] == tail[:-1])[0])
     starts = np.flatnonzero(tail == tail[first_patch - 1])[:frames]
     return [(offset + int(a), offset + int(a) + rows * cols + 2) for a in starts]
-
-
-@lru_cache(maxsize=1)
-def _video_processor_class() -> type:
-    """transformers' ``Molmo2VideoProcessor`` with its two torchvision calls done in torch (as for images)."""
-    from transformers.models.molmo2.video_processing_molmo2 import Molmo2VideoProcessor
-
-    from packer.models.molmo2.profile import _processor_class
-
-    image_class = _processor_class()
-
-    class Molmo2VideoProcessorTorch(Molmo2VideoProcessor):
-        resize = image_class.resize
-        normalize = image_class.normalize
-
-    return Molmo2VideoProcessorTorch
-
-
-def video_pixel_values(profile: Molmo2Profile, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """The processor's video outputs for shard video rows: decode only ``frame_indices``, no resampling."""
-    import torch
-
-    from packer.media.video import decode_frames
-
-    processor = _video_processor_class()(
-        size={"height": profile.crop_px, "width": profile.crop_px}, patch_size=profile.patch_size,
-        pooling_size=list(profile.video_pooling),
-    )
-    clips = [torch.from_numpy(decode_frames(v["source"], list(v["frame_indices"]))) for v in videos]
-    out = processor(videos=clips, do_sample_frames=False, input_data_format="channels_last", return_tensors="pt")
-    return {k: out[k] for k in ("pixel_values_videos", "video_token_pooling", "video_grids")}
-
-
-
-def join_vision(batch: dict[str, Any]) -> dict[str, Any]:
-    """A batch's videos given as images, at their places in token order; ``image_offsets`` then names every
-    image input's first token (images' and videos'), ``video_offsets`` the videos' still.
-
-    Molmo2Model.forward refuses ``pixel_values`` and ``pixel_values_videos`` together, yet a packed row mixes
-    image and video examples. Its ``get_video_features`` is ``get_image_features`` of the frames as crops with
-    image_grids (frames * rows, cols, 0, 0), and the pooled features land on the <im_patch> tokens in order.
-    So each video joins the image inputs by token offset: its frames as crops, its pooling rows (9 wide; the
-    images' 4 padded with -1, which the adapter masks) offset past the crops before it. Every batch with videos
-    takes this one form, so every check runs the same path (tests/train/test_molmo2_video_equivalence.py
-    compares it with the model's own pixel_values_videos path).
-
-        images at 10 and 900, a video at 400  ->  crops: image 0's, the video's frames, image 1's
-    """
-    import torch
-
-    if "pixel_values_videos" not in batch:
-        return batch
-    from packer.models import get_profile
-
-    items = []
-    if "pixel_values" in batch:
-        images = get_profile("molmo2").image_inputs(batch, num_tokens=[0] * len(batch["image_offsets"]))
-        items = [(int(o), im["pixel_values"], im["image_token_pooling"], im["image_grids"][0],
-                  int(im["image_num_crops"][0])) for o, im in zip(batch["image_offsets"].tolist(), images, strict=True)]
-    patches = batch["pixel_values_videos"].shape[1]
-    f0 = p0 = 0
-    for o, (t, h, w) in zip(batch["video_offsets"].tolist(), batch["video_grids"].tolist(), strict=True):
-        pool = batch["video_token_pooling"][p0 : p0 + t * h * w]
-        pool = pool.where(pool < 0, pool - f0 * patches)
-        grid = torch.tensor([t * h, w, 0, 0], dtype=torch.int64)
-        items.append((int(o), batch["pixel_values_videos"][f0 : f0 + t], pool, grid, t))
-        f0, p0 = f0 + t, p0 + t * h * w
-    items.sort(key=lambda x: x[0])
-    width = max(x[2].shape[1] for x in items)
-    pools, crops = [], 0
-    for _, pixels, pool, _, _ in items:
-        pool = torch.nn.functional.pad(pool, (0, width - pool.shape[1]), value=-1)
-        pools.append(pool.where(pool < 0, pool + crops * patches))
-        crops += pixels.shape[0]
-    out = {k: v for k, v in batch.items() if k not in ("pixel_values_videos", "video_token_pooling", "video_grids")}
-    out.update(pixel_values=torch.cat([x[1] for x in items]), image_token_pooling=torch.cat(pools),
-               image_grids=torch.stack([x[3].to(torch.int64) for x in items]),
-               image_num_crops=torch.tensor([x[4] for x in items], dtype=torch.int64),
-               image_offsets=torch.tensor([x[0] for x in items], dtype=torch.int64))
-    return out

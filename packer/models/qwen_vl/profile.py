@@ -33,22 +33,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.core.types import EncodedVideo, VideoRef
 from packer.errors import ConfigError
-from packer.models.base import ModelProfile, tiny_text_config
+from packer.models.base import ModelProfile
 from packer.models.qwen_vl.resize import smart_resize
 from packer.models.qwen_vl.video_pixels import CLIP_MEAN, CLIP_STD
 from packer.models.shared.mrope import expected_mrope, mrope_position_ids
 
 if TYPE_CHECKING:
-    import torch
-
     from packer.media.video import VideoPlan
+    from packer.models.proof import Proof
     from packer.models.qwen_vl.video_plan import VideoFamily
+    from packer.models.reader import Reader
 
 @dataclass(frozen=True, kw_only=True)
 class QwenVLProfile(ModelProfile):
@@ -91,7 +91,6 @@ class QwenVLProfile(ModelProfile):
     overridable: ClassVar[tuple[str, ...]] = (
         "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", *ModelProfile.overridable
     )
-    hf_model_class: ClassVar[str | None] = "Qwen2VLForConditionalGeneration"
 
     def __post_init__(self) -> None:
         if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
@@ -162,19 +161,6 @@ class QwenVLProfile(ModelProfile):
             video_intervals=[self.temporal_interval(v.second_per_grid_t) for v in videos],
         )
 
-    def make_image_processor(self) -> Any:
-        # The PIL backend: torchvision is not a dependency, and transformers' Qwen2VLImageProcessor itself
-        # falls back to Qwen2VLImageProcessorPil without it. Grids are identical in both backends.
-        from transformers import Qwen2VLImageProcessorPil
-
-        return Qwen2VLImageProcessorPil(
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            patch_size=self.patch_size,
-            temporal_patch_size=self.temporal_patch_size,
-            merge_size=self.merge_size,
-        )
-
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """t * (h // m) * (w // m); -1 unless h and w are multiples of the merge size m, as every grid is."""
         m = self.merge_size
@@ -220,119 +206,27 @@ class QwenVLProfile(ModelProfile):
             | (grids[:, 1] % m != 0) | (grids[:, 2] % m != 0) | (grids[:, 1] < 1) | (grids[:, 2] < 1)
         )
 
-    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """``pixel_values_videos`` (sum(t*h*w), 3*2*14*14) float32, ``video_grid_thw`` (V, 3) int64 and, for
-        Qwen2.5-VL, ``second_per_grid_ts`` (V,) float32 of ``videos`` (rows of the shards' ``videos`` column).
+    # ------------------------------------------------------------------ reader, proof
 
-        Only the planned frames are decoded (``media.video.decode_frames``); qwen-vl-utils' resize to
-        ``utils_height`` x ``utils_width`` then the processor's to ``height`` x ``width`` follow
-        ``qwen_video.video_pixel_values`` (torch ops, no torchvision). A frame list's images are first resized
-        one by one as qwen-vl-utils' ``fetch_image`` resizes them (``_sampled_frames``).
-        """
-        import torch
+    def reader(self) -> Reader:
+        from packer.models.qwen_vl.reader import QwenVLReader
 
-        from packer.models.qwen_vl.video_pixels import video_pixel_values
+        return QwenVLReader(self)
 
-        pixels, grids = [], []
-        for v in videos:
-            utils_size = (v["utils_height"], v["utils_width"])
-            pixel_values, grid = video_pixel_values(
-                _sampled_frames(v, utils_size, self.video_family()), resized_height=v["height"], resized_width=v["width"],
-                patch_size=self.patch_size, image_mean=self.image_mean, image_std=self.image_std,
-                temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size, utils_size=utils_size,
-            )
-            pixels.append(pixel_values)
-            grids.append(grid)
-        out = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids)}
-        if self.tokens_per_second is not None:  # the Qwen2.5-VL processor's float32 tensor
-            out["second_per_grid_ts"] = torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32)
-        return out
+    def proof(self) -> Proof:
+        from packer.models.qwen_vl.proof import QwenVLProof
 
-
-    # ------------------------------------------------------------------ check
-
-    def model_tokens(self) -> tuple[str, ...]:
-        return (*super().model_tokens(), self.video_token)
-
-    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
-        """A tiny Qwen2-VL (or Qwen2.5-VL): ``tiny_text_config`` + a 1-block vision tower of width 32.
-
-        mRoPE splits the head's rotary frequencies t/h/w as Qwen2-VL does (16/24/24 of 64): 1/1/2 of 4 here.
-        """
-        import transformers
-
-        vision_depth, vision_dim = kw.pop("vision_depth", 1), kw.pop("vision_dim", 32)
-        text = tiny_text_config(vocab_size=vocab_size, **kw)
-        half = text["hidden_size"] // text["num_attention_heads"] // 2
-        t = max(1, half // 4)
-        section = [t, (half - t) // 2, half - t - (half - t) // 2]
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": section}
-        vision = self._tiny_vision(depth=vision_depth, width=vision_dim, out=text["hidden_size"])
-        cls = getattr(transformers, self.hf_model_class)
-        config = cls.config_class(
-            text_config=text, vision_config=vision, attn_implementation="sdpa", **self._config_ids(token_ids)
-        )
-        return cls(config).float().train()
-
-    def _config_ids(self, token_ids: dict[str, int]) -> dict[str, int]:
-        """The model config's token-id fields from ``token_ids`` (token -> id)."""
-        names = {"image_token_id": self.image_token, "video_token_id": self.video_token,
-                 "vision_start_token_id": self.vision_start, "vision_end_token_id": self.vision_end}
-        return {key: token_ids[tok] for key, tok in names.items()}
-
-    def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
-        return dict(depth=depth, embed_dim=width, hidden_size=out, num_heads=2, mlp_ratio=2,
-                    spatial_merge_size=self.merge_size)
-
-    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Each image's t*h*w rows of ``pixel_values`` and its ``image_grid_thw`` row."""
-        out, row = [], 0
-        for i, (t, h, w) in enumerate(batch["image_grid_thw"].tolist()):
-            out.append({"pixel_values": batch["pixel_values"][row : row + t * h * w],
-                        "image_grid_thw": batch["image_grid_thw"][i : i + 1]})
-            row += t * h * w
-        return out
-
-    def reference_inputs(
-        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
-    ) -> dict[str, Any]:
-        """Adds ``mm_token_type_ids``, from which the model's ``get_rope_index`` finds the images (mRoPE)."""
-        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
-        if images:
-            out["mm_token_type_ids"] = (input_ids == token_ids[self.image_token]).int()
-        return out
+        return QwenVLProof(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Qwen25VLProfile(QwenVLProfile):
     """Qwen2.5-VL: Qwen2-VL's image side (see the module docstring); its own model class (window attention)."""
 
-    hf_model_class: ClassVar[str | None] = "Qwen2_5_VLForConditionalGeneration"
+    def proof(self) -> Proof:
+        from packer.models.qwen_vl.proof import Qwen25VLProof
 
-    def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
-        # windows of 56 px (2x2 merged tokens) and the last block full: both attention kinds run
-        return dict(depth=max(depth, 2), hidden_size=width, out_hidden_size=out, intermediate_size=2 * width,
-                    num_heads=2, spatial_merge_size=self.merge_size, window_size=56,
-                    fullatt_block_indexes=[max(depth, 2) - 1], tokens_per_second=self.tokens_per_second or 2)
-
-
-def _sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
-    """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
-    images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
-    ``qwen_video_plan.frame_list_fetch_size``); ``video_pixel_values`` then does fetch_video's resize."""
-    from packer.media.video import decode_frame_list, decode_frames
-    from packer.models.qwen_vl.video_plan import frame_list_fetch_size
-
-    if not video["frames"]:
-        return decode_frames(video["source"], video["frame_indices"])
-    from PIL import Image
-
-    nframes = len(video["frame_indices"])
-    out = []
-    for f in decode_frame_list([video["frames"][i] for i in video["frame_indices"]]):
-        h, w = frame_list_fetch_size(f.shape[0], f.shape[1], nframes=nframes, utils_size=utils_size, family=family)
-        out.append(f if f.shape[:2] == (h, w) else np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)))
-    return np.stack(out)
+        return Qwen25VLProof(self)
 
 
 @lru_cache(maxsize=16)

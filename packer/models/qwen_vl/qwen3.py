@@ -26,19 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.core.types import EncodedVideo
+from packer.models.base import MediaRun
 from packer.models.qwen_vl.profile import QwenVLProfile
 from packer.models.qwen_vl.video_pixels import HALF_MEAN, HALF_STD
 from packer.models.shared.mrope import mrope_position_ids
 
 if TYPE_CHECKING:
-    import torch
-
     from packer.media.video import VideoPlan
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,24 +56,19 @@ class Qwen3VLProfile(QwenVLProfile):
     """Smart-resize upper bound (the checkpoints' size["longest_edge"]: 4096 x 4096, 16384 tokens)."""
     default_tokenizer: str = "qwen3-vl"
 
-    hf_model_class: ClassVar[str | None] = "Qwen3VLForConditionalGeneration"
-    """The transformers class a checkpoint of this family loads as."""
     image_mean: ClassVar[tuple[float, ...]] = HALF_MEAN
     """The processor's normalization mean (images and videos alike)."""
     image_std: ClassVar[tuple[float, ...]] = HALF_STD
 
-    timestamped_video: ClassVar[bool] = True
-    """Each temporal patch of a video is its own run of video tokens behind a timestamp (verify splits them)."""
-
-    def video_text(self, plan: VideoPlan) -> str:
+    def video_run(self, plan: VideoPlan) -> MediaRun:
         """``<{t:.1f} seconds><|vision_start|>`` + pad * (h*w/4) + ``<|vision_end|>`` per temporal patch: what
         transformers 5.23.0's ``Qwen3VLProcessor.replace_video_token`` substitutes for the ``<|video_pad|>``
         (processing_qwen3_vl.py:75-103), t the mean time of the patch's first and last frame."""
         from packer.models.qwen_vl.video_plan import qwen3_video_text
 
-        return qwen3_video_text(
-            plan, video_token=self.video_token, vision_start=self.vision_start, vision_end=self.vision_end
-        )
+        text = qwen3_video_text(plan, video_token=self.video_token, vision_start=self.vision_start,
+                                vision_end=self.vision_end)
+        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, plan=plan)
 
     def extra_positions(
         self,
@@ -96,42 +92,39 @@ class Qwen3VLProfile(QwenVLProfile):
             video_intervals=[1.0] * len(frames),
         )
 
-    def make_image_processor(self) -> Any:
-        # The PIL backend, as transformers picks it for qwen3_vl without torchvision (image_processing_auto.py).
-        from transformers import Qwen2VLImageProcessorPil
+    def verify_spans(
+        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
+        token_id: int | None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """A video as spans of its temporal patches: each patch a (1, h, w) span over the k-th run of video
+        tokens from its video's offset (its timestamp and start/end tokens lie between the runs). A video whose
+        runs are missing gets offset -1 (a bad span)."""
+        if what != "video" or not len(fields["offset"]):
+            return lists, fields, True
+        rows = len(lists) - 1
+        row_of_vid = np.repeat(np.arange(rows), np.diff(lists))
+        t = fields["grid_t"]
+        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
+        runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
+        first = np.searchsorted(runs, row_starts[row_of_vid] + fields["offset"])  # (V,) each video's first run
+        video_of = np.repeat(np.arange(len(t)), np.maximum(t, 0))  # (F,) the video of each patch
+        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, np.maximum(t, 0))
+        found = run < len(runs)
+        flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
+        offset = np.where(found, flat - row_starts[row_of_vid[video_of]], -1)
+        grid_h, grid_w = fields["grid_h"][video_of], fields["grid_w"][video_of]
+        patches = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
+                   "num_tokens": fields["num_tokens"][video_of] // np.maximum(t[video_of], 1),
+                   "second_per_grid_t": fields["second_per_grid_t"][video_of]}
+        per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
+        return np.concatenate([[0], np.cumsum(per_row)]), patches, True
 
-        return Qwen2VLImageProcessorPil(
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            patch_size=self.patch_size,
-            temporal_patch_size=self.temporal_patch_size,
-            merge_size=self.merge_size,
-            image_mean=list(self.image_mean),
-            image_std=list(self.image_std),
-        )
+    def reader(self) -> Reader:
+        from packer.models.qwen_vl.reader import Qwen3VLReader
 
-    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
-        """A random-weight fp32 ``Qwen3VLForConditionalGeneration`` small enough for CPU tests.
+        return Qwen3VLReader(self)
 
-        Text: hidden 32, 2 layers, 4 heads of 8 with 2 KV heads, interleaved mRoPE over the 4 rotary
-        frequencies (sections 2/1/1, as the released 24/20/20 of 64); vision: 2 blocks of width 32, patch 16,
-        DeepStack from both blocks into the first two decoder layers. ``token_ids``: the ids of
-        ``model_tokens()`` (e.g. from a compacted vocabulary); ``kw`` overrides text-config fields.
-        """
-        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    def proof(self) -> Proof:
+        from packer.models.qwen_vl.proof import Qwen3VLProof
 
-        text = dict(
-            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=32768, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 1, 1],
-                             "mrope_interleaved": True},
-            bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        ) | kw
-        vision = dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=self.patch_size,
-            spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size, out_hidden_size=32,
-            num_position_embeddings=64, deepstack_visual_indexes=[0, 1],
-        )
-        config = Qwen3VLConfig(text_config=text, vision_config=vision, attn_implementation="sdpa",
-                               **self._config_ids(token_ids))
-        return Qwen3VLForConditionalGeneration(config).float().train()
+        return Qwen3VLProof(self)

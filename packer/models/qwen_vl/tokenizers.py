@@ -201,7 +201,6 @@ QWEN3_VL_CHAT_TEMPLATE = (
 )
 
 
-
 def _qwen(name: str, extra: tuple[str, ...], template: str, **kw) -> TokenizerSpec:
     return TokenizerSpec(
         name=name, ranks="qwen2",

@@ -6,13 +6,19 @@ Everything is ``ModelProfile``'s default: the base class is a model without visi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 from packer.models.base import ModelProfile
+
+if TYPE_CHECKING:
+    from packer.models.proof import Proof
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextProfile(ModelProfile):
     """A language model without a vision encoder."""
 
-    hf_model_class: ClassVar[str | None] = "Qwen2ForCausalLM"  # the builtin tokenizer's; any *ForCausalLM works
+    def proof(self) -> Proof:
+        from packer.models.text.proof import TextProof
+
+        return TextProof(self)

@@ -1,8 +1,4 @@
-"""A toy model family, whole in this one file (registered by tests/models/test_new_family.py).
-
-Every image becomes 9 tokens, whatever its size: a 48 px square cut into 3x3 patches of 16 px, one token
-each. Its placeholder is its own, ``<|vision_pad|>`` (a special token of the builtin Qwen2 tokenizer that
-no builtin family uses), its positions are 1-D, and its pixel values travel under its own batch key.
+"""The toy family's profile: every image 9 tokens, 1-D positions.
 
     640x480 -> 48x48 -> grid (t, h, w) = (1, 3, 3) -> 9 tokens of <|vision_pad|>
 """
@@ -14,12 +10,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from packer.core.types import ImageRef
-from packer.media.images import load_image
 from packer.models.base import ModelProfile
 
 if TYPE_CHECKING:
-    import torch
+    from packer.models.reader import Reader
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,12 +39,10 @@ class ToyProfile(ModelProfile):
     def num_tokens(self, width: int, height: int) -> int:
         return self.tokens_per_image
 
-    def pixel_values(self, images: list[ImageRef]) -> dict[str, torch.Tensor]:
-        import torch
+    def reader(self) -> Reader:
+        from tests.models.toy_family.reader import ToyReader
 
-        s = self.side_px
-        pixels = np.stack([np.asarray(load_image(r).resize((s, s)), dtype=np.float32) / 255 for r in images])
-        return {"toy_pixel_values": torch.from_numpy(pixels).permute(0, 3, 1, 2)}  # (N, 3, S, S)
+        return ToyReader(self)
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         return np.full(len(grids), self.tokens_per_image, dtype=np.int64)
