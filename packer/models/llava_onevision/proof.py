@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from packer.models.llava_onevision.profile import select_best_resolution
+from packer.models.llava_onevision.anyres import select_best_resolution
 from packer.models.proof import Proof
 
 

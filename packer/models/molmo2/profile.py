@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     from packer.models.proof import Proof
     from packer.models.reader import Reader
 
-# Every token an image's run may hold (Molmo2Processor.image_token_ids): mm_token_type_ids 1, bidirectional.
-IMAGE_RUN_TOKENS = ("<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>")
-FRAME_TOKENS = ("<frame_start>", "<frame_end>")  # a video frame's run: the same, around <im_patch> only
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from packer.models.molmo2.profile import FRAME_TOKENS, IMAGE_RUN_TOKENS
 from packer.models.molmo2.reader import cut_images
+from packer.models.molmo2.tokenizers import FRAME_TOKENS, IMAGE_RUN_TOKENS
 from packer.models.proof import Proof
 
 

@@ -27,6 +27,9 @@ MOLMO2_TOKENS = (
     "<|video|>",
 )
 MOLMO2_FIRST_ID = 151669  # right after Qwen3's added tokens
+# Every token an image's run may hold (Molmo2Processor.image_token_ids): mm_token_type_ids 1, bidirectional.
+IMAGE_RUN_TOKENS = ("<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>")
+FRAME_TOKENS = ("<frame_start>", "<frame_end>")  # a video frame's run: the same, around <im_patch> only
 
 # The stand-in's template: ChatML without a default system prompt, bos first, an image part -> <|image|>.
 MOLMO2_CHAT_TEMPLATE = (
