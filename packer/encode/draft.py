@@ -120,12 +120,13 @@ def tree_draft(enc: Encoder, stage: Staged, tokens: Tokens) -> Draft:
         refs = [[p for m in nodes[0].messages for p in m.parts if not isinstance(p, str)]]
         # its counts are its text's, taken for the whole batch: the check below only runs to say what is wrong
         videos = sum(isinstance(r, VideoRef) for r in refs[0])
-        counted = enc.fast and not stage.rewritten and (
+        counted = "batch-counts" in enc.fast_paths and not stage.rewritten and (
             (tokens.images[first], tokens.videos[first]) == (len(refs[0]) - videos, videos))
     else:
         ids, labels, node_offsets, refs = join_nodes(stage, tokens)
         paths = slice(first, first + len(texts))
-        counted = enc.fast and not any(refs) and not any(tokens.images[paths]) and not any(tokens.videos[paths])
+        counted = ("batch-counts" in enc.fast_paths and not any(refs) and not any(tokens.images[paths])
+                   and not any(tokens.videos[paths]))
     if counted:
         enc.paths["media:batch-counted"] += 1
     else:

@@ -10,15 +10,16 @@ model profile. The Encoder orchestrates four stages, each in its own module:
 then positions: a token's position on its root-to-leaf path, and the profile's own (``extra_positions``: mRoPE).
 
 Fast paths, each beside the general path it replaces, selected by one argument: ``Encoder(..., fast=True)`` (the
-default) takes them where they apply, ``fast=False`` never does; tests/encode/test_encoder.py compares both on
-random records, and ``Encoder.paths`` counts which path each step took (a test proves the general one ran):
+default) takes them where they apply, ``fast=False`` never does, ``fast={"byte-lengths", ...}`` takes those named
+(``FAST_PATHS``); tests/encode/test_encoder.py compares them on random records, and ``Encoder.path_counts()``
+says which path each step took (a test proves the general one ran):
 
-- one tokenizer call per batch (the build passes a 512-line chunk): one call per record interleaved with Python
-  work runs slower, the tokenizer's tables leaving the CPU caches (not a switch: both paths share it);
-- the ChatML template in pure Python (templates.py), where Jinja is the general path;
-- the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where character
-  offsets per text are the general path;
-- a linear example whose batch-counted media tokens match its media skips the per-node check.
+- ``python-template``: the ChatML template in pure Python (templates.py), where Jinja is the general path;
+- ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
+  character offsets per text are the general path;
+- ``batch-counts``: a linear example whose batch-counted media tokens match its media skips the per-node check.
+
+Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
 Their measured gains: docs/benchmarks.md, "Fast paths".
 """
@@ -26,7 +27,7 @@ Their measured gains: docs/benchmarks.md, "Fast paths".
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +40,9 @@ from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
 from packer.encode.tokenize import cached_token_byte_lengths, special_token_mask, tokenize
 from packer.errors import ConfigError, RecordError
+
+FAST_PATHS = ("python-template", "byte-lengths", "batch-counts")
+"""The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile
@@ -53,7 +57,8 @@ class Encoder:
     last tokens, a conversation's last whole turns). ``long_docs="split"``: a longer ``text`` record becomes
     several examples (``lengths.split``; ``long_docs_overlap`` tokens of context shared), so ``encode_batch``
     gives a list for it. ``chat_template``: a template source that replaces the tokenizer's. ``fast``: take the
-    fast paths (module docstring); False runs the general path only, for tests and for a suspected fast path.
+    fast paths (module docstring: True all, False none, or the ``FAST_PATHS`` named); False runs the general
+    path only, for tests and for a suspected fast path.
     """
 
     def __init__(
@@ -66,7 +71,7 @@ class Encoder:
         long_docs: str = "off",
         long_docs_overlap: int = 0,
         chat_template: str | None = None,
-        fast: bool = True,
+        fast: bool | Iterable[str] = True,
     ):
         if overlong not in OVERLONG_POLICIES:
             raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {overlong!r}")
@@ -85,18 +90,21 @@ class Encoder:
         self.overlong = overlong
         self.long_docs = long_docs
         self.long_docs_overlap = long_docs_overlap
-        self.fast = fast
+        self.fast_paths = frozenset(FAST_PATHS if fast is True else () if fast is False else fast)
+        if self.fast_paths - set(FAST_PATHS):
+            raise ConfigError(f"unknown fast paths {sorted(self.fast_paths - set(FAST_PATHS))}; known: {', '.join(FAST_PATHS)}")
         self._chat_template = chat_template
         self._backend = backend
         self._chat = ChatTemplate(
             chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None),
             special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
-            images=profile.has_vision, fast=fast,
+            images=profile.has_vision, fast="python-template" in self.fast_paths,
         )
         # Special (control) tokens: an end-of-turn marker is the first of them after a message's content.
         self._is_special = special_token_mask(tokenizer)  # (V,) id -> control token?
         # (V,) UTF-8 bytes per token id, or None: boundaries from character offsets (the general path)
-        self._token_bytes = cached_token_byte_lengths(backend, size=self._is_special.shape[0]) if fast else None
+        self._token_bytes = (cached_token_byte_lengths(backend, size=self._is_special.shape[0])
+                             if "byte-lengths" in self.fast_paths else None)
         self.image_token_id = self._token_id(profile.image_token)
         self.video_token_id = self._token_id(profile.video_token)
         self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image or video token?
@@ -128,7 +136,8 @@ class Encoder:
     def replace(self, **changes: Any) -> Encoder:
         """A new Encoder with these options changed (``fast=False``: the general path), the same tokenizer."""
         options = dict(max_length=self.max_length, overlong=self.overlong, long_docs=self.long_docs,
-                       long_docs_overlap=self.long_docs_overlap, chat_template=self._chat_template, fast=self.fast)
+                       long_docs_overlap=self.long_docs_overlap, chat_template=self._chat_template,
+                       fast=self.fast_paths)
         return Encoder(self.tokenizer, self.profile, **(options | changes))
 
     def __getstate__(self) -> dict:

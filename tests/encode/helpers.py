@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,7 @@ def assert_encoded(enc, seq: Seq) -> None:
     np.testing.assert_array_equal(enc.labels, labels)
 
 
+@lru_cache(maxsize=32)
 def general(encoder: Encoder) -> Encoder:
     """The same Encoder on the general path (``fast=False``): every conversation through the Jinja template,
     every label boundary from the tokenizer's character offsets, every example's image and video tokens counted

@@ -23,7 +23,7 @@ from PIL import Image
 
 from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode import OVERLONG_POLICIES
-from packer.encode.encoder import Encoder
+from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.render import stage
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
@@ -559,6 +559,37 @@ def test_encode_batch_equals_general_path(encoders, image_root, records, name):
     assert len(batch) == len(examples)
     for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
         assert_same(got, want)
+
+
+def test_fast_false_runs_only_the_general_paths(tok, image_root):
+    """``fast=False`` takes no fast path (the path counts say which ran), ``fast={name}`` takes that one only,
+    and all of them give the same bytes."""
+    records = [
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "img/a.jpg"}, {"type": "text", "text": "What?"}]},
+                      {"role": "assistant", "content": "A cat."}]},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]},
+        {"messages": [{"role": "user", "content": "Hi"}], "branches": [[{"role": "assistant", "content": "One."}],
+                                                                      [{"role": "assistant", "content": "Two."}]]},
+        {"text": "plain text"},
+    ]
+    examples = [ex for ex in parse_all(records, image_root) if isinstance(ex, Example)]
+    profile = get_profile("qwen2-vl", max_pixels=64 * 28 * 28)
+    fast, slow = Encoder(tok, profile), Encoder(tok, profile, fast=False)
+    want = fast.encode_batch(examples)
+    for got, w in zip(slow.encode_batch(examples), want, strict=True):
+        assert_same(got, w)
+    taken, general_taken = fast.path_counts(), slow.path_counts()
+    fast_keys = {"render:python", "labels:byte-lengths", "media:batch-counted"}
+    assert all(taken[k] > 0 for k in fast_keys), taken
+    assert not any(general_taken[k] for k in fast_keys), general_taken
+    assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "media:per-node")), general_taken
+    for name, key in zip(FAST_PATHS, ("render:python", "labels:byte-lengths", "media:batch-counted"), strict=True):
+        one = Encoder(tok, profile, fast={name})
+        for got, w in zip(one.encode_batch(examples), want, strict=True):
+            assert_same(got, w)
+        assert {k for k in fast_keys if one.path_counts()[k]} == {key}
+    with pytest.raises(ConfigError, match="unknown fast paths"):
+        Encoder(tok, profile, fast={"warp-drive"})
 
 
 def test_encode_batch_mixed_errors_are_located(encoders, image_root):
