@@ -78,6 +78,7 @@ def test_qwen25_config_counts_like_qwen2():
         assert a.grid_thw(w, h) == b.grid_thw(w, h)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_builds_and_manifest_holds_the_effective_config(path, corpus, tmp_path):
     data = corpus["vision" if _profile(path).has_vision else "text"]

@@ -613,6 +613,7 @@ def test_encode_batch_mixed_errors_are_located(encoders, image_root):
     assert encoder.encode_batch([]) == []
 
 
+@pytest.mark.slow
 def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
     """A worker gets the Encoder pickled: same Encoded bytes, and transformers is never imported."""
     recs = [{"messages": [{"role": "user", "content": [{"type": "image", "image": "img/a.jpg"}, {"type": "text", "text": "What?"}]},
@@ -634,6 +635,7 @@ def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
         assert_same(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "options"), [("qwen2.5-vl", {"max_pixels": 128 * 32 * 32}),
                                                ("qwen3-vl", {"max_pixels": 128 * 32 * 32}), ("molmo2", {})])
 def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, options):

@@ -105,6 +105,7 @@ def _compare(plan, want: ref.Reference, *, list_length: int | None = None) -> li
     return [f"{k}: packer {v!r} != reference {getattr(want, k)!r}" for k, v in got.items() if v != getattr(want, k)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("name", GOOD)
 def test_header_plan_equals_decoded_reference(videos, decoded, name, family):

@@ -98,6 +98,7 @@ def _png(w: int, h: int, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow
 def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     """Crops counted from the header equal Gemma3ImageProcessorPil's ``pan_and_scan`` on every COCO-mini image
     (the decoded pixels) and its whole output (``num_crops``, pixel blocks) on odd sizes."""
@@ -130,6 +131,7 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     assert PAS.grid_num_tokens(np.array([(6, 16, 16), (0, 16, 16)])).tolist() == [-1, -1]  # 4 crops at most
 
 
+@pytest.mark.slow
 def test_pan_and_scan_input_ids_and_pixels_match_the_processor(tmp_path, coco_images, tok, processor) -> None:
     """A build with ``profile_options: {do_pan_and_scan: true}``: each example's tokens equal the processor's
     input_ids (the crops' blocks and the text between them) and token_type_ids (one bidirectional block per

@@ -5,7 +5,7 @@ References: ``Molmo2ImageProcessor`` (its ``get_image_grid_and_crops`` and its w
 torchvision calls run in torch, see packer/models/molmo2.py, and ``test_same_pixels_as_torchvision`` checks
 those against the unmodified class where torchvision is installed) and ``Molmo2Processor`` (input_ids,
 mm_token_type_ids). The tokenizer is packer's ``molmo2`` STAND-IN (Qwen2 BPE + Molmo2's special tokens, see
-packer/encode/tokenizers.py): no package ships Molmo2's own.
+packer/models/molmo2/tokenizers.py): no package ships Molmo2's own.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def _hf_tokens(processor, width: int, height: int) -> tuple[list[int], int]:
     return grid, n
 
 
+@pytest.mark.slow
 def test_token_counts_from_the_header(profile, processor, coco_images, odd_images) -> None:
     """Every COCO-mini image and every odd size: header-only grid and count == the HF processor's rule."""
     assert len(coco_images) >= 200
@@ -96,6 +97,7 @@ def test_token_counts_from_the_header(profile, processor, coco_images, odd_image
         assert profile.grid_num_tokens(np.array([[crops, rows, cols]]))[0] == n
 
 
+@pytest.mark.slow
 def test_token_counts_of_the_processor_output(profile, processor, coco_images, odd_images) -> None:
     """The full processor on decoded pixels (a COCO sample + the odd sizes below 2 MP): its image_grids,
     crops and pooled tokens agree with what packer stored from the header."""
@@ -156,6 +158,7 @@ def test_expansion_equals_the_processor(profile, processor, tokenizer, coco_imag
         assert types[0].tolist() == ref["mm_token_type_ids"][0].tolist()
 
 
+@pytest.mark.slow
 def test_reader_gives_the_processor_output(tmp_path, profile, processor, tokenizer, coco_images) -> None:
     """A build's rows collate to the processor's own pixel_values / image_token_pooling / image_grids /
     image_num_crops for the row's images (several images per row, pooling offsets across images), and

@@ -179,6 +179,7 @@ def test_same_pixels_as_torchvision(profile, clips) -> None:
     assert torch.equal(ours["video_token_pooling"], ref["video_token_pooling"])
 
 
+@pytest.mark.slow
 def test_one_video_per_path(profile, tokenizer, clips, coco_images) -> None:
     """Molmo2Processor allows one video per sample and Molmo2Model no image beside it, so an example (one
     root-to-leaf path) with two videos, or a video and an image, is a bad_video reject; a tree whose branches

@@ -75,6 +75,7 @@ def toy(tmp_path_factory, coco_images):
         yield build(config, progress=False), root / "out"
 
 
+@pytest.mark.slow
 def test_workers_build_the_same_bytes(toy, tmp_path):
     """Spawned encode workers get the toy profile inside the pickled encoder; the shards are identical."""
     result, out = toy

@@ -47,6 +47,7 @@ def _hf_grids(processor, images: list[Image.Image]) -> list[tuple[int, int, int]
     return [tuple(int(x) for x in g) for g in out["image_grid_thw"]]
 
 
+@pytest.mark.slow
 def test_every_coco_image_matches_processor(processor) -> None:
     """Every image's header-only grid and count equal the processor's, run on one decoded image per size
     (the grid depends on the size alone: 239 images, 83 sizes), and its get_number_of_image_patches."""

@@ -297,6 +297,7 @@ def torchvision_v1_resize(frames: np.ndarray, size: tuple[int, int]) -> torch.Te
     ("qwen3-vl", (48, 36), {}),
     ("qwen2.5-vl", (120, 90), {"min_pixels": 64 * 28 * 28, "max_pixels": 128 * 28 * 28}),  # fetched in bounds
 ])
+@pytest.mark.slow
 def test_frame_list_pixels_follow_qwen_vl_utils(tmp_path, coco_images, name, size, options) -> None:
     """A frame list read back: each image resized as qwen-vl-utils' ``fetch_image`` does (PIL), then as its
     ``fetch_video`` does, then the processor - against tests/media/qwen_reference.py's transcription of

@@ -55,6 +55,7 @@ def _check_against(
         assert [profile.num_tokens(*wh) for wh in sizes] == hf_tokens, profile.name
 
 
+@pytest.mark.slow
 def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.Image]) -> None:
     # transformers maps both model types to the same image processor class (the PIL backend without
     # torchvision), so one pass over the images checks both profiles.
@@ -80,6 +81,7 @@ def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.I
         (28 * 28, 28 * 28),  # one token per image
     ],
 )
+@pytest.mark.slow
 def test_qwen2_vl_custom_pixels_match_processor(decoded, min_pixels: int, max_pixels: int) -> None:
     profile = get_profile("qwen2-vl", min_pixels=min_pixels, max_pixels=max_pixels)
     processor = transformers.Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)

@@ -249,6 +249,7 @@ def test_cli_inspect(packed, one_per_row, tmp_path):
                                 "a packer output). Rerun the same `packer build` command to complete it.\n")
 
 
+@pytest.mark.slow
 def test_report_commands_do_not_import_torch_or_click(packed, tmp_path):
     """report/ is numpy + pyarrow (+ matplotlib): importing it, `packer stats --plot` and `packer inspect --row 0
     --mask` leave torch unimported; only packer.cli imports click."""

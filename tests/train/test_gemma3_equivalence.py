@@ -75,6 +75,7 @@ def tiny_rows(request, tmp_path_factory, coco_dir):
         yield request.param, list(PackedDataset(root / "out", shuffle=False))
 
 
+@pytest.mark.slow
 def test_packed_rows_match_unpacked_on_the_real_model(tiny_rows) -> None:
     cropped, rows = tiny_rows
     assert sum(len(r["example_ids"]) for r in rows) == 4 and len(rows) == 1, "examples should share a row"

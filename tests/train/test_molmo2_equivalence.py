@@ -120,6 +120,7 @@ def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, in
     return ce.path_reference(model, batch, path_kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(molmo2_rows) -> None:
     rows = molmo2_rows

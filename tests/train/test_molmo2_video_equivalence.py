@@ -96,6 +96,7 @@ def _reference(model, batch: dict, videos: list[dict], images: list[ImageRef], t
     return ce.path_reference(model, batch, path_kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(video_rows) -> None:
     rows = video_rows
@@ -121,6 +122,7 @@ def test_packed_equals_unpacked(video_rows) -> None:
     assert report["sdpa"]["grad_missing"] == [] and report["sdpa"]["grad_params"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_check_equivalence_runs_videos(video_rows) -> None:
     """scripts/check_equivalence.py's generic reference (the profile's image_inputs / reference_inputs hooks,

@@ -12,7 +12,7 @@ one example see each other, the text between them stays causal. ``image_spans`` 
 of its chain of image nodes (an example's images, in a linear one); spans of a group see each other on every
 backend (``PackedLayout.span_plan`` runs a group as one varlen segment).
 
-Stored per image (docs/format.md, "Molmo2"): grid_t = crops (tiling_h * tiling_w + 1, the low-res view
+Stored per image (docs/models/molmo2.md, "In the shards"): grid_t = crops (tiling_h * tiling_w + 1, the low-res view
 included), grid_h / grid_w = the high-res pooled grid (``image_grids[2:]``); the low-res grid is the profile's
 constant 14x14. Exact against transformers 5.23.0's ``Molmo2ImageProcessor`` / ``Molmo2Processor``
 (tests/models/test_molmo2.py). That processor is torchvision-backed; ``make_image_processor`` runs its own code

@@ -18,7 +18,7 @@ What changes from Qwen2-VL (transformers 5.23.0), and what does not:
   tests/models/test_qwen3_vl.py checks it against the real ``get_rope_index`` on every root-to-leaf path.
 - DeepStack adds vision features to the first decoder layers' hidden states at the vision tokens: per token,
   so a packed row needs nothing more (tests/train check packed == unpacked on the real model).
-- Tokenizer: the builtin ``qwen3-vl`` (packer/encode/tokenizers.py): Qwen2's BPE with Qwen3's 26 added tokens
+- Tokenizer: the builtin ``qwen3-vl`` (tokenizers.py): Qwen2's BPE with Qwen3's 26 added tokens
   at their real ids and Qwen3-VL-Instruct's chat template (no default system prompt).
 """
 
