@@ -7,7 +7,7 @@ its size; the image's tokens see each other in both directions.
 
 Bidirectional attention: ``Gemma3Model`` builds, from ``token_type_ids``, blocks of consecutive image tokens
 that see each other whole (``blockwise_overlay``), ORed onto causal; its sliding-window layers AND a window
-onto that. packer's spans are the same blocks (``image_spans``: each image's soft-token run, not the begin/end
+onto that. packer's spans are the same blocks (``bidirectional_spans``: each image's soft-token run, not the begin/end
 tokens), and its sliding window counts positions along each root-to-leaf path (packer/train/layout.py).
 
 The builtin ``gemma3`` tokenizer is a stand-in (Gemma's SentencePiece model is on no registry): the Qwen2

@@ -13,7 +13,7 @@ Exact against transformers 5.23.0's ``InternVLProcessor`` with ``GotOcr2ImagePro
 torchvision is not a dependency; the torchvision ``GotOcr2ImageProcessor`` shares the same
 ``get_optimal_tiled_canvas``): tile counts on every COCO-mini image and odd sizes, expansions against the
 processor's ``input_ids`` (tests/models/test_internvl.py). The chat template writes one ``<IMG_CONTEXT>`` per
-image and the *processor* writes ``<img>``/``</img>`` around its run (``processor_wraps_images``).
+image and the *processor* writes ``<img>``/``</img>`` around its run (``image_run``: the run's tokens, the entry after ``<img>``).
 """
 
 from __future__ import annotations

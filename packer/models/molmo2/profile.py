@@ -5,17 +5,17 @@
             -> <low_res_im_start> (<im_patch>*14 <im_col>)*14 <im_end>
                <im_start> (<im_patch>*23 <im_col>)*23 <im_end>               = 212 + 554 = 766 tokens
 
-The template's one ``<|image|>`` per image becomes that whole run (``image_token_names``); all of it is what
+The template's one ``<|image|>`` per image becomes that whole run (``image_run``); all of it is what
 Molmo2Processor marks ``mm_token_type_ids == 1``, and Molmo2Model lets those tokens attend to each other
 in both directions: ALL image tokens of a sequence form one block (``block_sequence_ids`` 0), so two images of
-one example see each other, the text between them stays causal. ``image_spans`` gives each image the group
+one example see each other, the text between them stays causal. ``bidirectional_spans`` gives each image the group
 of its chain of image nodes (an example's images, in a linear one); spans of a group see each other on every
 backend (``PackedLayout.span_plan`` runs a group as one varlen segment).
 
 Stored per image (docs/models/molmo2.md, "In the shards"): grid_t = crops (tiling_h * tiling_w + 1, the low-res view
 included), grid_h / grid_w = the high-res pooled grid (``image_grids[2:]``); the low-res grid is the profile's
 constant 14x14. Exact against transformers 5.23.0's ``Molmo2ImageProcessor`` / ``Molmo2Processor``
-(tests/models/test_molmo2.py). That processor is torchvision-backed; ``make_image_processor`` runs its own code
+(tests/models/test_molmo2.py). That processor is torchvision-backed; the reader runs its own code
 with the two torchvision calls it makes (a bilinear float resize without antialias, normalize) done by the
 torch functions torchvision runs for them.
 """
