@@ -10,7 +10,7 @@ COCO ?= $(SHARED)/data/coco-mini
 DEMO ?= demo_out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint docs gpu-check clean
+.PHONY: setup demo test test-fast lint docs gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ demo: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+# The edit loop: everything not marked `slow` (multi-process crash and Ray runs, real-model proofs, processor
+# sweeps over every COCO image), under a minute on 2 cores. CI and `make test` run the whole suite.
+test-fast: setup
+	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check packer tests scripts

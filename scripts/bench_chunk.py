@@ -29,6 +29,8 @@ sys.path.insert(0, str(REPO))
 import bench_build  # noqa: E402
 
 from packer.config import BuildConfig  # noqa: E402
+from packer.encode.draft import batch_tokens  # noqa: E402
+from packer.encode.render import stage  # noqa: E402
 from packer.encode.tokenize import tokenize  # noqa: E402
 from packer.pipeline import stages  # noqa: E402
 from packer.pipeline.cache import EncodeCache  # noqa: E402
@@ -45,16 +47,16 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
         t1 = time.process_time()
         staged, texts = [], []
         for example in parsed:
-            stage = encoder._stage(example)
-            stage.first = len(texts)
-            texts.extend(stage.texts)
-            staged.append(stage)
+            one = stage(example, encoder._chat, encoder.profile)
+            one.first = len(texts)
+            texts.extend(one.texts)
+            staged.append(one)
         t2 = time.process_time()
         encodings = tokenize(encoder._backend, texts, offsets=False)
         t3 = time.process_time()
-        done, tokens = [], encoder._tokens(staged, texts, encodings)
-        for example, stage in zip(parsed, staged, strict=True):
-            one = encoder._finish(example, stage, tokens)
+        done, tokens = [], batch_tokens(encoder, staged, texts, encodings)
+        for example, staged_one in zip(parsed, staged, strict=True):
+            one = encoder._finish(example, staged_one, tokens)
             one.source_name = chunk.source
             done.append(one)
         table = encoded_table(done)
@@ -69,7 +71,7 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
 def timed_mrope():
     """Wrap ``qwen_vl.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
     returns the timings list, one CPU-time per call, and the function that undoes the wrap."""
-    from packer.models import qwen_vl
+    import packer.models.qwen_vl.profile as qwen_vl
 
     real, times = qwen_vl.mrope_position_ids, []
 

@@ -18,12 +18,13 @@ for every batch compares, on a tiny random-weight model in fp32:
 
 Prints ONE JSON line (max abs / rel differences and a verdict per backend); exit 0 only if every backend is
 within tolerance: per-token losses |d| <= 1e-6 + 1e-5 |ref|, total within 1e-5 relative, every gradient
-entry |d| <= 1e-5 (|ref| + max |ref| of its parameter, floored at 1e-3 of the model's largest gradient).
+entry |d| <= 1e-5 (|ref| + max |ref| of its parameter, floored at 1e-2 of the model's largest gradient).
 ``grad_max_rel`` is max |d| / that scale per parameter. The token ids are renumbered 0..K-1 (``compact_vocab``) so a 2-layer model runs in seconds; the
 functions here are also what tests/train/test_equivalence.py runs.
 
-Works for any registered profile: the family's file says what to build and how to run one path alone
-(``ModelProfile.hf_model_class``, ``tiny_model``, ``model_tokens``, ``image_inputs``, ``reference_inputs``).
+Works for any registered profile: the family's proof (``ModelProfile.proof()``, packer/models/<family>/proof.py)
+says what to build and how to run one path alone (``model_class``, ``tiny_model``, ``model_tokens``,
+``path_inputs``).
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ from packer.train.loss import packed_cross_entropy  # noqa: E402
 RTOL = 1e-5  # fp32: packed and unpacked matmuls differ only in summation order (~1e-7 relative)
 LOSS_ATOL = 1e-6  # per-token losses are ~5-12 for random weights: 1e-6 is ~1e-7 relative
 GRAD_ATOL_SCALE = 1e-5  # a gradient entry's atol: 1e-5 of its parameter's largest entry (near-zero entries)
-# A parameter's scale is floored at 1e-3 of the model's largest gradient (so its atol is >= 1e-8 of it): a
-# gradient that is analytically zero (a key bias under softmax: CLIP's k_proj.bias) holds only fp32 round-off,
-# and a small one summed over ~30k vision tokens (InternVL, 28 tiles of 1025 patches: a layernorm bias at
-# 1e-4 of the largest) carries summation-order noise of ~2e-5 of its own scale.
-GRAD_ZERO_SCALE = 1e-3
+# A parameter's scale is floored at 1e-2 of the model's largest gradient, so its atol is >= 1e-7 of it: about
+# fp32's epsilon (1.2e-7), the finest difference two summation orders of terms that large can be told apart by.
+# A gradient that is analytically zero (a key bias under softmax: CLIP's k_proj.bias) or tiny (Molmo2's pooling
+# attention q/k, ~1e-8 of the largest: summation-order noise of 1.2e-8 of it was measured there), or small and
+# summed over ~30k vision tokens (InternVL, 28 tiles of 1025 patches: a layernorm bias at 1e-4 of the largest,
+# ~2e-5 of its own scale), holds only round-off; a packing error moves gradients by far more than that.
+GRAD_ZERO_SCALE = 1e-2
 
 
 def compact_vocab(
@@ -90,7 +93,7 @@ def compact_vocab(
 
 def profile_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, int]:
     """The tokenizer's ids of the tokens the profile's model config names (``model_tokens()``)."""
-    return {t: int(tokenizer.convert_tokens_to_ids(t)) for t in profile.model_tokens()}
+    return {t: int(tokenizer.convert_tokens_to_ids(t)) for t in profile.proof().model_tokens()}
 
 
 VOCAB = 151936  # Qwen2's padded vocabulary: the builtin tokenizers' ids go up to 151664
@@ -105,7 +108,7 @@ def tiny_model(
     tokenizer: str | None = None,
     **kw: Any,
 ) -> torch.nn.Module:
-    """The profile's tiny random-weight fp32 model (``ModelProfile.tiny_model``), seeded.
+    """The profile's tiny random-weight fp32 model (``Proof.tiny_model``), seeded.
 
     ``token_ids`` default to the ids of ``tokenizer`` (default: the profile's ``default_tokenizer``), for a model
     over the full vocabulary; ``compact_vocab`` gives them for a renumbered one.
@@ -124,7 +127,7 @@ def tiny_model(
             raise ValueError(f"profile {profile.name!r} has no default tokenizer: pass tokenizer= or token_ids=")
         token_ids = profile_token_ids(profile, load_tokenizer(name))
     torch.manual_seed(seed)
-    return profile.tiny_model(token_ids=token_ids, vocab_size=vocab_size, **kw)
+    return profile.proof().tiny_model(token_ids=token_ids, vocab_size=vocab_size, **kw)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -144,58 +147,15 @@ def _node_ranges(layout: PackedLayout) -> list[tuple[int, int]]:
     return list(zip(offsets, offsets[1:] + [layout.num_tokens], strict=True))
 
 
-def _image_table(batch: Mapping[str, Any], image_id: int | None) -> list[tuple[int, int]]:
-    """(first token, token count) of every image in the batch: the run of placeholders at its offset."""
-    if batch.get("image_offsets") is None:
-        return []
-    ids = batch["input_ids"][0]
-    out = []
-    for off in batch["image_offsets"].tolist():
-        run = (ids[off:] != image_id).nonzero()
-        out.append((off, int(run[0]) if run.numel() else ids.numel() - off))
-    return out
-
-
-def _video_table(batch: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
-    """(first token, first pixel row, pixel rows, index) of every video in the batch (Qwen-VL's layout)."""
-    if batch.get("video_grid_thw") is None:
-        return []
-    out, row = [], 0
-    for i, ((t, h, w), off) in enumerate(zip(batch["video_grid_thw"].tolist(), batch["video_offsets"].tolist(),
-                                             strict=True)):
-        out.append((off, row, t * h * w, i))
-        row += t * h * w
-    return out
-
-
 def reference(
     model: torch.nn.Module, batch: Mapping[str, Any], profile: ModelProfile, token_ids: dict[str, int]
 ) -> dict[str, Any]:
     """Per-token losses (T,) and total of every path run alone (default attention), and the gradients.
 
-    ``profile.reference_inputs`` gives the model kwargs of one path (its images from ``image_inputs``), so each
-    path runs with the model's own positions (Qwen2-VL: ``get_rope_index``).
+    ``profile.proof().path_inputs`` gives the model kwargs of one path (its images and videos), so each path runs
+    with the model's own positions (Qwen2-VL: ``get_rope_index``) and attention.
     """
-    ids = batch["input_ids"][0]
-    images = _image_table(batch, token_ids.get(profile.image_token)) if profile.has_vision else []
-    pixels = profile.image_inputs(dict(batch), num_tokens=[n for _, n in images]) if images else []
-    videos = _video_table(batch)
-
-    def path_kwargs(tokens: torch.Tensor) -> dict[str, Any]:
-        inside = [pixels[i] for i, (off, _) in enumerate(images) if bool((tokens == off).any())]
-        kwargs = profile.reference_inputs(ids[tokens][None], inside, token_ids=token_ids)
-        clips = [v for v in videos if bool((tokens == v[0]).any())]
-        if clips:  # the path's videos, as the processor gives them for that example alone (Qwen-VL)
-            kwargs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][r : r + n] for _, r, n, _ in clips])
-            kwargs["video_grid_thw"] = torch.stack([batch["video_grid_thw"][i] for *_, i in clips])
-            if "second_per_grid_ts" in batch:
-                kwargs["second_per_grid_ts"] = torch.stack([batch["second_per_grid_ts"][i] for *_, i in clips])
-            path_ids = kwargs["input_ids"]  # the processor's mm_token_type_ids: image 1, video 2
-            kwargs["mm_token_type_ids"] = ((path_ids == token_ids[profile.image_token]).int()
-                                           + 2 * (path_ids == token_ids[profile.video_token]).int())
-        return kwargs
-
-    return path_reference(model, batch, path_kwargs)
+    return path_reference(model, batch, profile.proof().path_inputs(batch, token_ids))
 
 
 def path_reference(

@@ -39,3 +39,14 @@ def qwen_tokenizer():
     from packer.encode.tokenizers import load_tokenizer
 
     return load_tokenizer("qwen2-vl")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread is faster, and immune to a busy machine's oversubscription (~25x)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -39,15 +39,43 @@ def _modules() -> dict[str, Path]:
     return {".".join(p.relative_to(REPO).with_suffix("").parts): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def _import_nodes(tree: ast.AST, *, top_level_only: bool) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements that run: at the top level (``top_level_only``) or anywhere, never inside an
+    ``if TYPE_CHECKING:`` block (those are for the type checker and never run)."""
+    out: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                for other in child.orelse:
+                    visit(other, top)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                if top or not top_level_only:
+                    out.append(child)
+            elif not top_level_only or not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+
+    visit(tree, True)
+    return out
+
+
+def _families() -> tuple[str, ...]:
+    """``packer.models.FAMILIES``: the family packages the registry imports by name (import_module)."""
+    tree = ast.parse((PACKAGE / "models" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FAMILIES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError("packer/models/__init__.py defines no FAMILIES")
+
+
 def _imports(path: Path, module: str, *, top_level_only: bool) -> set[str]:
-    """The packer modules ``module`` imports (absolute or relative), at its top level or anywhere."""
+    """The packer modules ``module`` imports (absolute or relative), at its top level or anywhere (imports under
+    ``if TYPE_CHECKING:`` never run and do not count). ``packer.models`` imports its ``FAMILIES`` by name."""
     tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    if top_level_only:  # top level includes `if TYPE_CHECKING:` blocks? no: those never run
-        nodes = [n for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))]
     found = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in nodes:
+    for node in _import_nodes(tree, top_level_only=top_level_only):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "packer"}
         elif isinstance(node, ast.ImportFrom):
@@ -60,6 +88,8 @@ def _imports(path: Path, module: str, *, top_level_only: bool) -> set[str]:
                 continue
             found.add(name)
             found |= {f"{name}.{a.name}" for a in node.names}  # `from packer import cli` imports a module
+    if module == "packer.models":
+        found |= {f"packer.models.{f}" for f in _families()}
     modules = _modules()
     return {m for m in found if m in modules and m != module}
 
@@ -85,9 +115,9 @@ def test_packages_import_only_what_the_layering_allows():
     assert not bad, "imports that cross the layering of docs/architecture.md:\n" + "\n".join(bad)
 
 
-def test_no_import_cycles():
+def _cycles(top_level_only: bool) -> list[str]:
     modules = _modules()
-    graph = {m: _imports(p, m, top_level_only=True) for m, p in modules.items()}
+    graph = {m: _imports(p, m, top_level_only=top_level_only) for m, p in modules.items()}
     state: dict[str, int] = {}
     cycles = []
 
@@ -105,7 +135,32 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+    return cycles
+
+
+def test_no_import_cycles():
+    """No cycle among packer's modules, counting every import that runs: inside functions too (a lazy import is
+    a cycle that waits for its first call), not ``if TYPE_CHECKING:`` ones."""
+    cycles = _cycles(top_level_only=False)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_a_family_imports_no_other_family():
+    """A family package imports the shared parts (base, reader, proof, registry, shared/) and itself; what two
+    families share lives in models/shared/, so adding or changing one family touches one package."""
+    families = set(_families())
+    bad = []
+    for module, path in _modules().items():
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] != "models":
+            continue
+        own = parts[2] if parts[2] in families else None
+        for imported in _imports(path, module, top_level_only=False):
+            other = imported.split(".")
+            if len(other) >= 3 and other[1] == "models" and other[2] in families and other[2] != own:
+                if module != "packer.models":  # the registry's package imports them all
+                    bad.append(f"{module} imports {imported}")
+    assert not bad, "cross-family imports:\n" + "\n".join(bad)
 
 
 def _heavy_modules(code: str) -> dict[str, bool]:
@@ -129,4 +184,14 @@ def test_public_api_is_lazy_and_complete(name):
 
 def test_cli_help_is_light():
     code = "from click.testing import CliRunner\nfrom packer.cli import cli\nCliRunner().invoke(cli, ['--help'])"
+    assert _heavy_modules(code) == {"torch": False, "transformers": False, "ray": False}
+
+
+def test_the_build_side_of_every_family_is_light():
+    """Every profile, its media runs and the encoder load without torch or transformers: a family's reader and
+    proof (reader.py, proof.py, where torch lives) load only when asked for."""
+    code = ("from packer.models import get_profile, profile_names\nfrom packer.encode.encoder import Encoder\n"
+            "import packer.encode.media, packer.encode.lengths\n"
+            "profiles = [get_profile(n) for n in profile_names()]\n"
+            "[p.media_runs([], __import__('numpy').array([-1])) for p in profiles]")
     assert _heavy_modules(code) == {"torch": False, "transformers": False, "ray": False}

@@ -71,6 +71,7 @@ def test_quiet_build_prints_nothing(built, tmp_path):
     assert res.exit_code == 0 and res.stdout == "" and res.stderr == ""
 
 
+@pytest.mark.slow
 def test_stats_table_json_and_picture(built, tmp_path):
     _, out, _ = built
     runner = CliRunner()
@@ -125,6 +126,7 @@ def test_stats_table_json_and_picture(built, tmp_path):
          "error: File exists: {data} (set PACKER_DEBUG=1 to see the traceback)\n"),
     ],
 )
+@pytest.mark.slow
 def test_errors_are_one_line_with_documented_exit_codes(built, tmp_path, args, code, message):
     data, out, _ = built
     fill = {"tmp": tmp_path, "data": data, "out": out, "profiles": ", ".join(map(repr, profile_names()))}

@@ -1,5 +1,5 @@
-"""Docs that cannot drift: docs/cli.md is the commands' --help (like `cog --check`), and every test that
-docs/*.md names as proof exists."""
+"""Docs that cannot drift: docs/cli.md is the commands' --help (like `cog --check`), docs/models/README.md is the
+profile registry, every registered family has its page, and every test and module the docs name exists."""
 
 from __future__ import annotations
 
@@ -15,8 +15,17 @@ REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("gen_cli_docs", REPO / "scripts" / "gen_cli_docs.py")
 gen_cli_docs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen_cli_docs)
+_spec = importlib.util.spec_from_file_location("gen_model_docs", REPO / "scripts" / "gen_model_docs.py")
+gen_model_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen_model_docs)
 
 TEST_REF = re.compile(r"tests/((?:\w+/)?test_\w+\.py)::(test_\w+)")
+MODULE_PATH = re.compile(r"\bpacker/[\w/]*\.py\b")
+DOTTED = re.compile(r"\bpacker(?:\.[A-Za-z_]\w*)+")
+# The pages that must stay true of today's code. docs/benchmarks-log.md is history: the tests and modules it
+# names were those of the day, and may since have moved.
+DOCS = sorted(p for p in [*(REPO / "docs").glob("*.md"), *(REPO / "docs" / "models").glob("*.md")]
+              if p.name != "benchmarks-log.md")
 
 
 def test_cli_md_is_up_to_date():
@@ -44,7 +53,63 @@ def test_check_fails_on_a_stale_page(tmp_path, monkeypatch, capsys):
     assert gen_cli_docs.main([]) == 0 and gen_cli_docs.main(["--check"]) == 0
 
 
-@pytest.mark.parametrize("doc", sorted((REPO / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_models_md_is_up_to_date():
+    expected = gen_model_docs.render()
+    assert (REPO / "docs" / "models" / "README.md").read_text() == expected, (
+        "docs/models/README.md is out of date: run `python scripts/gen_model_docs.py` and commit it")
+    assert gen_model_docs.main(["--check"]) == 0
+
+
+def test_models_check_fails_on_a_stale_page(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "models" / "README.md"
+    monkeypatch.setattr(gen_model_docs, "DOC", stale)
+    monkeypatch.setattr(gen_model_docs, "REPO", tmp_path)
+    assert gen_model_docs.main(["--check"]) == 1
+    assert capsys.readouterr().err == "models/README.md is out of date: run `python scripts/gen_model_docs.py`\n"
+    assert gen_model_docs.main([]) == 0 and gen_model_docs.main(["--check"]) == 0
+
+
+def test_every_family_has_a_page_and_every_page_a_family():
+    from packer.models import get_profile, profile_names
+
+    families = {get_profile(name).family for name in profile_names()}
+    pages = {p.stem for p in (REPO / "docs" / "models").glob("*.md")} - {"README"}
+    assert not families - pages, f"registered families without a page docs/models/<family>.md: {families - pages}"
+    assert not pages - families, f"docs/models/ has pages for no registered family: {pages - families}"
+    index = (REPO / "docs" / "models" / "README.md").read_text()
+    for family in families:
+        assert f"]({family}.md)" in index
+
+
+def test_a_profiles_family_is_its_package():
+    from packer.models import get_profile
+
+    assert get_profile("qwen3-vl").family == "qwen_vl" and get_profile("llava-onevision").family == "llava_onevision"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(REPO / "docs").as_posix())
+def test_named_modules_exist(doc):
+    """Every `packer/....py` file and `packer.module.name` a page names exists (docs/format.md once named
+    modules that had moved)."""
+    text = doc.read_text()
+    missing = sorted({m for m in MODULE_PATH.findall(text) if not (REPO / m).exists()})
+    for dotted in sorted(set(DOTTED.findall(text))):
+        parts = dotted.split(".")
+        obj, k = None, len(parts)
+        while k and obj is None:
+            try:
+                obj = importlib.import_module(".".join(parts[:k]))
+            except ImportError:
+                k -= 1
+        for attr in parts[k:]:
+            if not hasattr(obj, attr):
+                missing.append(dotted)
+                break
+            obj = getattr(obj, attr)
+    assert not missing, f"{doc.name} names modules or objects that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(REPO / "docs").as_posix())
 def test_named_tests_exist(doc):
     refs = TEST_REF.findall(doc.read_text())
     if doc.name == "pitfalls.md":

@@ -13,6 +13,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine gpu-check really runs (make gpu-check)")
 def test_gpu_check_without_cuda_says_so_and_exits_0():
     proc = subprocess.run([sys.executable, "scripts/gpu_check.py"], cwd=REPO, capture_output=True, text=True,

@@ -1,8 +1,9 @@
 """Example -> Encoded: chat template, tokenizer, labels, images and positions.
 
-encoder.py (``Encoder``) runs the steps; templates.py renders conversations and locates message content;
-tokenize.py calls the tokenizer and maps characters to tokens; labels.py is the loss rule; tokenizers.py
-loads tokenizers offline; split.py cuts a long text into chunks. This module imports nothing heavy: config
+encoder.py (``Encoder``) orchestrates the stages: render.py renders conversations (templates.py locates message
+content), draft.py tokenizes a batch (tokenize.py), labels it (labels.py, the loss rule) and joins trees,
+media.py expands each media placeholder into its family's run, lengths.py applies the length policies (split.py
+cuts a long text into chunks); tokenizers.py loads tokenizers offline. This module imports nothing heavy: config
 and cli read ``OVERLONG_POLICIES`` and ``LONG_DOCS_POLICIES``.
 """
 

@@ -12,7 +12,7 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 ``conv[:k+1]`` (else ``template_error``, "not prefix-stable"), and an assistant's content starts where
 ``add_generation_prompt=True`` ends (its end is then unknown: see labels.py).
 
-Fast path: a registered ChatML template (Qwen2-VL's) is rendered in pure Python with its content spans,
+Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's) is rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access; it is used only if it reproduces Jinja on
 the probes, and tests/encode/test_templates.py compares both on random conversations.
 """
@@ -20,11 +20,12 @@ the probes, and tests/encode/test_templates.py compares both on random conversat
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from packer.core.types import ImageRef, Message, VideoRef
-from packer.encode.tokenizers import QWEN2_VL_CHAT_TEMPLATE
 from packer.errors import ConfigError, RecordError
+from packer.models.registry import fast_renderer
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -118,12 +119,14 @@ class ChatTemplate:
     """One chat template source, compiled, with its way of locating content decided once at construction.
 
     ``special_tokens`` are passed to the template (``bos_token``, ``eos_token``, ...); ``images``: whether the
-    probes include image parts (the profile takes images). A None ``source`` fails on the first chat record
-    (a text-only build needs no template).
+    probes include image parts (the profile takes images); ``fast`` False: never the pure-Python renderer (the
+    general path, which the fast one is checked against). A None ``source`` fails on the first chat record
+    (a text-only build needs no template). ``paths`` counts the renderings each path made.
     """
 
-    def __init__(self, source: str | None, *, special_tokens: dict[str, str], images: bool):
+    def __init__(self, source: str | None, *, special_tokens: dict[str, str], images: bool, fast: bool = True):
         self.source = source
+        self.paths: Counter[str] = Counter()  # renderings by path: "python", "jinja", "jinja+prefixes"
         self._kwargs = special_tokens
         self._compiled = None
         if source is not None:
@@ -133,7 +136,8 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
         self._fast: _ChatML | None = None  # set only after the Jinja path has checked it on the probes
-        self._fast = None if self._verify else self._checked(_fast_template(source))
+        self._fast = None if self._verify or not fast else self._checked(_fast_template(source))
+        self.paths.clear()  # the probes' renderings are not the data's
 
     def __getstate__(self) -> dict:
         """A compiled Jinja template does not pickle: it is compiled again on first use (a registered ChatML
@@ -171,6 +175,7 @@ class ChatTemplate:
         if self._fast is not None and not tools:
             located = self._fast.locate(conv)  # None where a message calls tools: the checks below see to them
             if located is not None:
+                self.paths["python"] += 1
                 return located
         uses_tools = _uses_tools(conv, tools)
         marked = self.render([hf_message(m, marked=True) for m in conv], tools=tools)
@@ -200,10 +205,12 @@ class ChatTemplate:
                         starts.append(start)
                         ends.append(start)
                 limits = starts[1:] + [len(text)]
+                self.paths["jinja"] += 1
                 return text, list(zip(starts, ends, limits, strict=True))
         clean = self.render([hf_message(m, marked=False) for m in conv], tools=tools)
         if uses_tools:
             _check_tools_rendered(clean, conv, tools)
+        self.paths["jinja+prefixes"] += 1
         return clean, self._locate_by_prefixes(conv, clean, tools)
 
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
@@ -329,11 +336,9 @@ class _ChatML:
 
 
 def _fast_template(source: str | None) -> _ChatML | None:
-    """The pure-Python renderer registered for exactly this template string, if any."""
-    if source == QWEN2_VL_CHAT_TEMPLATE:  # also Qwen2-VL-*-Instruct's own chat_template.json
-        return _ChatML(
-            default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
-            image="<|vision_start|><|image_pad|><|vision_end|>",
-            video="<|vision_start|><|video_pad|><|vision_end|>",
-        )
-    return None
+    """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
+    (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
+    spec = fast_renderer(source)
+    if spec is None:
+        return None
+    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video)

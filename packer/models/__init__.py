@@ -1,72 +1,32 @@
 """The model families packer knows, by profile name: ``get_profile("qwen2-vl", max_pixels=...)``.
 
-A family is one ``ModelProfile`` subclass in one file (base.py says what it answers) plus one
-``register_profile`` line below. Importing this package imports neither torch nor transformers: the CLI reads
-``profile_names()`` for its choices.
+A family is one package, ``packer/models/<family>/``, holding everything that family knows (its profiles, their
+resize and count rules, positions, media planning, the reader and the proof, its builtin tokenizers); its
+``__init__`` exports ``PROFILES`` (and ``TOKENIZERS``). Adding one is its package plus its name in ``FAMILIES``
+below (docs/architecture.md, "Adding a model family"). Importing this package imports neither torch nor
+transformers: the CLI reads ``profile_names()`` for its choices.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from importlib import import_module
 
-from packer.errors import ConfigError
 from packer.models.base import ModelProfile
-from packer.models.gemma3 import Gemma3Profile
-from packer.models.internvl import InternVLProfile
-from packer.models.llava import LlavaProfile
-from packer.models.llava_onevision import LlavaOnevisionProfile
-from packer.models.molmo2 import Molmo2Profile
-from packer.models.qwen3_vl import Qwen3VLProfile
-from packer.models.qwen_vl import Qwen25VLProfile, QwenVLProfile
-from packer.models.text import TextProfile
+from packer.models.registry import (
+    builtin_tokenizers,
+    forward_keys,
+    get_profile,
+    profile_names,
+    register_family,
+    register_profile,
+    register_tokenizer,
+)
 
-_PROFILES: dict[str, ModelProfile] = {}
+__all__ = ["ModelProfile", "builtin_tokenizers", "forward_keys", "get_profile", "profile_names", "register_family",
+           "register_profile", "register_tokenizer", "FAMILIES"]
 
+# The family packages, in the order their profiles are listed (``--profile`` choices, docs/models/).
+FAMILIES = ("qwen_vl", "llava", "llava_onevision", "gemma3", "text", "internvl", "molmo2", "smolvlm")
 
-def register_profile(profile: ModelProfile) -> ModelProfile:
-    """Make ``profile`` known by its name (to ``get_profile``, the CLI, the reader and verify)."""
-    if profile.name in _PROFILES:
-        raise ConfigError(f"profile {profile.name!r} is already registered")
-    _PROFILES[profile.name] = profile
-    return profile
-
-
-def profile_names() -> tuple[str, ...]:
-    """Registered profile names, in registration order."""
-    return tuple(_PROFILES)
-
-
-def get_profile(name: str, **overrides: Any) -> ModelProfile:
-    """The named profile, with ``overrides`` (e.g. min_pixels/max_pixels) applied; None values are ignored."""
-    if name not in _PROFILES:
-        raise ConfigError(f"unknown profile {name!r}; known profiles: {', '.join(_PROFILES)}")
-    profile = _PROFILES[name]
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    known = list(dict.fromkeys(k for p in _PROFILES.values() for k in p.overridable))
-    unknown = sorted(set(changes) - set(known))
-    if unknown:
-        raise ConfigError(f"cannot override {unknown} of profile {name!r}; overridable: {', '.join(known)}")
-    foreign = sorted(set(changes) - set(profile.overridable))
-    if foreign:  # another family's knob (today only Qwen's min_pixels / max_pixels)
-        owners = [n for n, p in _PROFILES.items() if set(foreign) <= set(p.overridable)]
-        raise ConfigError(
-            f"{foreign} only apply to dynamic-resolution profiles ({', '.join(owners)}), not {name!r}"
-        )
-    return dataclasses.replace(profile, **changes) if changes else profile
-
-
-def forward_keys() -> tuple[str, ...]:
-    """Every batch key some registered family's model forward takes (a batch holds only its own family's)."""
-    return tuple(dict.fromkeys(k for p in _PROFILES.values() for k in p.forward_keys))
-
-
-register_profile(QwenVLProfile(name="qwen2-vl"))
-register_profile(Qwen25VLProfile(name="qwen2.5-vl", tokens_per_second=2))
-register_profile(Qwen3VLProfile(name="qwen3-vl"))
-register_profile(LlavaProfile(name="llava"))
-register_profile(LlavaOnevisionProfile(name="llava-onevision"))
-register_profile(Gemma3Profile(name="gemma3"))
-register_profile(TextProfile(name="text"))
-register_profile(InternVLProfile(name="internvl"))
-register_profile(Molmo2Profile(name="molmo2"))
+for _name in FAMILIES:
+    register_family(import_module(f"packer.models.{_name}"))

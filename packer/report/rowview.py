@@ -322,7 +322,7 @@ def coarse_mask(data: dict[str, Any], *, cells: int = MASK_CELLS, spans: Sequenc
     attention backends use). The token axis is cut into pieces at every block, node and image-span boundary;
     inside a piece all tokens share a node, so piece p sees piece q iff q's node is an ancestor-or-self of
     p's and q starts no later than p ends (causal), or both lie in one bidirectional span (``spans``: the
-    profile's ``image_spans`` of the row, as ``collate`` emits them for training). A
+    profile's ``bidirectional_spans`` of the row, as ``collate`` emits them for training). A
     (pieces x pieces) matrix, OR-reduced to blocks, replaces the (T, T) one: a 32k-token row costs about a
     (1024 + nodes)^2 matrix, not 10^9 booleans.
     """
@@ -384,8 +384,7 @@ def _draw_mask_panel(ax, data: dict[str, Any], *, cells: int, profile: ModelProf
 
     T = len(data["input_ids"])
     lo = data.get("first_token", 0)
-    spans = profile.image_spans(data["images"], node_offsets=data["node_offsets"],
-                                node_parents=data["node_parents"]) if profile is not None else []
+    spans = profile.bidirectional_spans(data) if profile is not None else []
     visible, centre, f = coarse_mask(data, cells=cells, spans=spans)
     nb = len(centre)
     cu, offsets = data["cu_seqlens"], data["node_offsets"]

@@ -324,13 +324,14 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
           lambda i: "position_ids differ from the tree positions (0 at each example, a branch continues from its parent)")
 
     # --- images, then videos: one contiguous run of their tokens each, in order, inside one example
-    spans = {}
-    vid_off, vid = d.vid_off, d.vid
-    if lim.profile.timestamped_video and len(vid["offset"]):  # Qwen3-VL: the spans are the temporal patches
-        vid_off, vid = _frame_spans(d, lim.video_token_id)
+    spans, checked = {}, {}
     for what, lists, fields, token_id in (("image", d.img_off, d.img, lim.image_token_id),
-                                          ("video", vid_off, vid, lim.video_token_id)):
-        spans[what] = _check_spans(d, lim, check, what, lists, fields, token_id, g_starts, g_off)
+                                          ("video", d.vid_off, d.vid, lim.video_token_id)):
+        # the family's spans of its placeholders (Qwen3-VL: a video's temporal patches, each a run of its own)
+        lists, fields, placed = lim.profile.verify_spans(what, d.ids, row_base, lists, fields, token_id)
+        spans[what] = _check_spans(d, lim, check, what, lists, fields, token_id, g_starts, g_off, placed=placed)
+        checked[what] = lists, fields
+    vid_off, vid = checked["video"]
     if len(d.vid["offset"]):
         vid_grids = np.stack([d.vid["grid_t"], d.vid["grid_h"], d.vid["grid_w"]], axis=1)
         sizes = np.stack([d.vid["height"], d.vid["width"]], axis=1)
@@ -358,33 +359,11 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
               lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
 
 
-def _frame_spans(d: _Rows, token_id: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Qwen3-VL's videos as spans of their temporal patches: (list offsets per row, fields), each patch a
-    (1, h, w) span over the k-th run of video tokens from its video's offset (its timestamp and start/end
-    tokens lie between the runs). A video whose runs are missing gets offset -1 (a bad span)."""
-    row_base = d.tok_off[:-1]
-    row_of_vid = _row_of(d.vid_off)
-    t = d.vid["grid_t"]
-    edges = np.diff(np.concatenate([[0], (d.ids == token_id).astype(np.int8), [0]]))
-    runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
-    first = np.searchsorted(runs, row_base[row_of_vid] + d.vid["offset"])  # (V,) each video's first run
-    video_of = np.repeat(np.arange(len(t)), np.maximum(t, 0))  # (F,) the video of each patch
-    run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, np.maximum(t, 0))
-    found = run < len(runs)
-    flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
-    offset = np.where(found, flat - row_base[row_of_vid[video_of]], -1)
-    grid_h, grid_w = d.vid["grid_h"][video_of], d.vid["grid_w"][video_of]
-    fields = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
-              "num_tokens": d.vid["num_tokens"][video_of] // np.maximum(t[video_of], 1),
-              "second_per_grid_t": d.vid["second_per_grid_t"][video_of]}
-    per_row = np.bincount(row_of_vid, weights=t, minlength=d.R).astype(np.int64)
-    return np.concatenate([[0], np.cumsum(per_row)]), fields
-
-
 def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fields: dict[str, np.ndarray],
-                 token_id: int | None, g_starts: np.ndarray, g_off: np.ndarray):
+                 token_id: int | None, g_starts: np.ndarray, g_off: np.ndarray, *, placed: bool = True):
     """Images' (or videos') spans: inside the row, in order, no overlap, one example and one tree node each,
-    ``num_tokens`` matching the grid, exactly over the runs of their token, labels -100 there.
+    ``num_tokens`` matching the grid, exactly over the runs of their token (``placed``; else the placeholder
+    appears nowhere: the family's runs are other tokens), labels -100 there.
 
     Returns ((T_total,) tokens of rows whose spans are sound, (I,) spans of such rows, (I, 3) grids).
     """
@@ -419,8 +398,7 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
         token_id = int(d.ids[gs[sel][0]])
     tok_ok = img_rows_ok[row_of_tok]
     if token_id is not None:
-        # an expanded family (Molmo2) lays images and videos out in other tokens: its placeholders belong nowhere
-        want = np.zeros_like(in_image) if lim.profile.expanded_images else in_image
+        want = in_image if placed else np.zeros_like(in_image)
         stray = tok_ok & (want != (d.ids == token_id))
         check(_rows_with(stray, row_of_tok, d.R), f"{what} tokens",
               lambda i: f"{what} spans and {what} tokens (id {token_id}) disagree: a span over other tokens, or a "

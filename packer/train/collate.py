@@ -9,23 +9,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from packer.core.types import IGNORE_INDEX, ImageRef
+from packer.core.types import IGNORE_INDEX
 
 if TYPE_CHECKING:
+    from packer.models.base import ModelProfile
+    from packer.models.reader import Reader
     from packer.train.dataset import PackedDataset
 
 
 @lru_cache(maxsize=4)
-def _profile(name: str, **overrides: Any):
+def _family(name: str, options: tuple[tuple[str, Any], ...]) -> tuple[ModelProfile, Reader]:
+    """The rows' profile (``profile`` and ``profile_options`` of a row) and its reader, once per batch kind."""
     from packer.models import get_profile
 
-    return get_profile(name, **overrides)
-
-
-def _image_ref(image: dict[str, Any]) -> ImageRef:
-    if image["data"] is not None:
-        return ImageRef(data=image["data"])
-    return ImageRef(path=image["source"])
+    profile = get_profile(name, **dict(options))
+    return profile, profile.reader()
 
 
 def _cat(rows: list[dict[str, Any]], key: str, shifts: np.ndarray | None = None) -> np.ndarray:
@@ -38,8 +36,10 @@ def _cat(rows: list[dict[str, Any]], key: str, shifts: np.ndarray | None = None)
 
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md); rows with images
-    of a profile with ``bidirectional_images`` add ``bidirectional_spans`` (``ModelProfile.image_spans``)."""
+    """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md): tokens, labels,
+    positions, ``cu_seqlens``, the tree; then the family's part, from the rows' profile: the token ranges that see
+    each other (``ModelProfile.bidirectional_spans`` -> ``bidirectional_spans``) and the model's media inputs
+    (``Reader.batch_inputs``: pixels, grids, ``image_offsets``, its own keys)."""
     row_start = np.cumsum([0] + [len(r["input_ids"]) for r in rows])  # (R+1,)
     labels_np = _cat(rows, "labels").astype(np.int64)  # (T,)
     input_ids = torch.from_numpy(_cat(rows, "input_ids").astype(np.int64))[None]  # (1, T)
@@ -88,41 +88,19 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         full[0, 0] = pos[0].numpy()
         full[1:, 0] = mrope
         batch["position_ids"] = torch.from_numpy(full)
-    images = [im for r in rows for im in r["images"]]
-    profile = _profile(rows[0]["profile"], **dict(rows[0]["profile_options"])) if images or "profile" in rows[0] else None
-    # a family's video frames that act as image runs (Molmo2: token types, the bidirectional block), per row
-    frames = [[{"offset": a, "num_tokens": b - a} for v in r.get("videos", ()) for a, b in profile.video_runs(r["input_ids"], v)]
-              if profile is not None else [] for r in rows]
-    if images and rows[0].get("load_images", True):
-        grids = [(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]
-        batch.update(profile.pixel_inputs([_image_ref(im) for im in images], grids))
-    if (images or any(frames)) and profile.bidirectional_images:  # each row's spans (the profile's rule)
+    if "profile" in rows[0] or any(r["images"] for r in rows):  # the family's part: its spans, then its media inputs
+        name, options = rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items()))
+        profile, reader = _family(name, options)
         spans, nodes = [], 0
-        for r, s, f in zip(rows, row_start[:-1], frames, strict=True):
+        for r, s in zip(rows, row_start[:-1], strict=True):
             # (start, end) or (start, end, group): rows shift the offsets, and a group (a row node) by the
             # nodes before the row, so no two rows share one
-            for a, b, *group in profile.image_spans([*r["images"], *f], node_offsets=r["node_offsets"],
-                                                      node_parents=r["node_parents"]):
+            for a, b, *group in profile.bidirectional_spans(r):
                 spans.append((a + int(s), b + int(s), *(g + nodes for g in group)))
             nodes += len(r["node_offsets"])
-        width = len(spans[0]) if spans else 2
-        batch["bidirectional_spans"] = torch.tensor(spans, dtype=torch.int32).reshape(-1, width)  # (S, 2|3)
-    offsets = [im["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for im in r["images"]]
-    if images:  # first vision token of each image in the batch
-        batch["image_offsets"] = torch.tensor(offsets, dtype=torch.int64)
-    if profile is not None:  # inputs the family derives from the batch (Molmo2's mm_token_type_ids)
-        runs = [(o, int(im["num_tokens"])) for o, im in zip(offsets, images, strict=True)]
-        runs += [(f["offset"] + int(s), f["num_tokens"]) for fs, s in zip(frames, row_start[:-1], strict=True) for f in fs]
-        batch.update(profile.row_inputs(int(row_start[-1]), runs))
-    videos = [v for r in rows for v in r.get("videos", ())]
-    if videos:  # the profile decodes only each video's sampled frames (video_grid_thw, second_per_grid_ts too)
-        if rows[0].get("load_images", True):
-            video_profile = _profile(rows[0]["profile"], **{k: v for k, v in rows[0]["profile_options"].items()})
-            batch.update(video_profile.video_pixel_values(videos))
-        video_offsets = [v["offset"] + int(s) for r, s in zip(rows, row_start[:-1], strict=True) for v in r["videos"]]
-        batch["video_offsets"] = torch.tensor(video_offsets, dtype=torch.int64)
-        if rows[0].get("load_images", True):
-            batch = video_profile.join_vision(batch)
+        if spans:
+            batch["bidirectional_spans"] = torch.tensor(spans, dtype=torch.int32).reshape(len(spans), -1)  # (S, 2|3)
+        batch.update(reader.batch_inputs(rows, row_start, load_media=rows[0].get("load_images", True)))
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch

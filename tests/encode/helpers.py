@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -75,21 +74,12 @@ def assert_encoded(enc, seq: Seq) -> None:
     np.testing.assert_array_equal(enc.labels, labels)
 
 
+@lru_cache(maxsize=32)
 def general(encoder: Encoder) -> Encoder:
-    """The same Encoder on the general path: every conversation through the Jinja template, every label
-    boundary from the tokenizer's character offsets, every example's image and video tokens counted per node
-    (no batch counts to skip the check by: -1 matches no count)."""
-    slow = copy.copy(encoder)
-    slow._chat = copy.copy(encoder._chat)
-    slow._chat._fast = None
-    slow._token_bytes = None
-
-    def uncounted(*args, **kwargs):
-        tokens = Encoder._tokens(slow, *args, **kwargs)
-        return dataclasses.replace(tokens, images=[-1] * len(tokens.images), videos=[-1] * len(tokens.videos))
-
-    slow._tokens = uncounted
-    return slow
+    """The same Encoder on the general path (``fast=False``): every conversation through the Jinja template,
+    every label boundary from the tokenizer's character offsets, every example's image and video tokens counted
+    per node."""
+    return encoder.replace(fast=False)
 
 
 def parse_all(records: list[dict], root: Path) -> list[Example | RecordError]:

@@ -23,7 +23,8 @@ from PIL import Image
 
 from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode import OVERLONG_POLICIES
-from packer.encode.encoder import Encoder
+from packer.encode.encoder import FAST_PATHS, Encoder
+from packer.encode.render import stage
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.models import get_profile
@@ -560,6 +561,37 @@ def test_encode_batch_equals_general_path(encoders, image_root, records, name):
         assert_same(got, want)
 
 
+def test_fast_false_runs_only_the_general_paths(tok, image_root):
+    """``fast=False`` takes no fast path (the path counts say which ran), ``fast={name}`` takes that one only,
+    and all of them give the same bytes."""
+    records = [
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "img/a.jpg"}, {"type": "text", "text": "What?"}]},
+                      {"role": "assistant", "content": "A cat."}]},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]},
+        {"messages": [{"role": "user", "content": "Hi"}], "branches": [[{"role": "assistant", "content": "One."}],
+                                                                      [{"role": "assistant", "content": "Two."}]]},
+        {"text": "plain text"},
+    ]
+    examples = [ex for ex in parse_all(records, image_root) if isinstance(ex, Example)]
+    profile = get_profile("qwen2-vl", max_pixels=64 * 28 * 28)
+    fast, slow = Encoder(tok, profile), Encoder(tok, profile, fast=False)
+    want = fast.encode_batch(examples)
+    for got, w in zip(slow.encode_batch(examples), want, strict=True):
+        assert_same(got, w)
+    taken, general_taken = fast.path_counts(), slow.path_counts()
+    fast_keys = {"render:python", "labels:byte-lengths", "media:batch-counted"}
+    assert all(taken[k] > 0 for k in fast_keys), taken
+    assert not any(general_taken[k] for k in fast_keys), general_taken
+    assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "media:per-node")), general_taken
+    for name, key in zip(FAST_PATHS, ("render:python", "labels:byte-lengths", "media:batch-counted"), strict=True):
+        one = Encoder(tok, profile, fast={name})
+        for got, w in zip(one.encode_batch(examples), want, strict=True):
+            assert_same(got, w)
+        assert {k for k in fast_keys if one.path_counts()[k]} == {key}
+    with pytest.raises(ConfigError, match="unknown fast paths"):
+        Encoder(tok, profile, fast={"warp-drive"})
+
+
 def test_encode_batch_mixed_errors_are_located(encoders, image_root):
     """Bad records in the middle of a batch: each gets its own located error, the others are unaffected."""
     records = [
@@ -581,6 +613,7 @@ def test_encode_batch_mixed_errors_are_located(encoders, image_root):
     assert encoder.encode_batch([]) == []
 
 
+@pytest.mark.slow
 def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
     """A worker gets the Encoder pickled: same Encoded bytes, and transformers is never imported."""
     recs = [{"messages": [{"role": "user", "content": [{"type": "image", "image": "img/a.jpg"}, {"type": "text", "text": "What?"}]},
@@ -602,12 +635,13 @@ def test_pickled_encoder_needs_no_transformers(encoders, image_root, tmp_path):
         assert_same(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "options"), [("qwen2.5-vl", {"max_pixels": 128 * 32 * 32}),
                                                ("qwen3-vl", {"max_pixels": 128 * 32 * 32}), ("molmo2", {})])
 def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, options):
     """Videos beside images, in trees and in linear examples, with the checks' failures (a literal video token,
     a video beside an image where the family refuses it): the batch path equals the general one, one example
-    at a time. qwen3-vl splices the video's own timestamped text in (``_video_tokens``); Molmo2 writes each
+    at a time. qwen3-vl splices the video's own timestamped text in (``MediaRun.text``); Molmo2 writes each
     image as its own run of tokens, wrapped, and takes one video per path alone (``video_alone``)."""
     from tests.media.make_videos import write_clip
 
@@ -676,7 +710,7 @@ def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
     ]
     encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=TRIMS)
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
-    assert all(None in [ce for _, ce, _ in spans] for spans in encoder._stage(examples[0]).spans)  # the fallback
+    assert all(None in [ce for _, ce, _ in spans] for spans in stage(examples[0], encoder._chat, encoder.profile).spans)  # the fallback
     batch = encoder.encode_batch(examples)
     assert not any(isinstance(b, RecordError) for b in batch)
     for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
@@ -687,7 +721,7 @@ def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rec=record(), name=st.sampled_from(["qwen2-vl", "llava"]))
 def test_stage_of_one_node_equals_the_tree_walk(encoders, image_root, rec, name):
-    """``_stage`` renders a one-node example (most records) without walking the tree; what the walk gives:
+    """``render.stage`` renders a one-node example (most records) without walking the tree; what the walk gives:
     one path, the root's messages, node [root] with parent -1."""
     encoder = encoders[name]
     (ex,) = parse_all([rec], image_root)
@@ -698,8 +732,8 @@ def test_stage_of_one_node_equals_the_tree_walk(encoders, image_root, rec, name)
         want = [encoder._chat.locate(list(ex.root.messages), tools=ex.tools)]
     except RecordError as e:
         with pytest.raises(RecordError, match=e.reason):
-            encoder._stage(ex)
+            stage(ex, encoder._chat, encoder.profile)
         return
-    stage = encoder._stage(ex)
-    assert (stage.nodes, stage.parents) == ([n for n, _ in walked], [p for _, p in walked])
-    assert list(zip(stage.texts, stage.spans, strict=True)) == want
+    staged = stage(ex, encoder._chat, encoder.profile)
+    assert (staged.nodes, staged.parents) == ([n for n, _ in walked], [p for _, p in walked])
+    assert list(zip(staged.texts, staged.spans, strict=True)) == want

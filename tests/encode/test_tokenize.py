@@ -49,6 +49,7 @@ def test_byte_offsets_equal_offsets(tok, texts):
             assert before.tolist() == [want_before(t, c) for c in range(len(text) + 1)], t
 
 
+@pytest.mark.slow
 def test_byte_lengths_only_for_byte_level_tokenizers(tok):
     """A normalizer, a prefix space or trimmed offsets break "tokens spell the bytes": offsets are used."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
@@ -93,6 +94,7 @@ def test_llama3_builtin_is_llama3s_tokenizer() -> None:
     assert ids == [128000, 128006, 882, 128007, 271, 13347, 128009, 128006, 78191, 128007, 271]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2-vl", "llama3", "gemma3"])
 def test_builtin_config_lists_added_tokens_without_changing_the_tokenizer(name, tmp_path) -> None:
     """A builtin's tokenizer_config.json lists its added tokens (so from_pretrained need not read tokenizer.json

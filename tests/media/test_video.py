@@ -1,4 +1,4 @@
-"""packer.media.video (probe, decode) and packer.models.qwen_video_plan (the Qwen rules): header-only video
+"""packer.media.video (probe, decode) and packer.models.qwen_vl.video_plan (the Qwen rules): header-only video
 plans equal what Qwen's own pipeline gives after decoding the clip.
 
 The reference (tests/media/qwen_reference.py) transcribes qwen-vl-utils 0.0.14's decoding path, decodes every
@@ -19,7 +19,7 @@ from PIL import Image
 
 from packer.errors import RecordError
 from packer.media.video import decode_frame_list, decode_frames, probe, probe_frame_list
-from packer.models.qwen_video_plan import (
+from packer.models.qwen_vl.video_plan import (
     END_SLACK_S,
     VideoRequest,
     get_video_family,
@@ -105,6 +105,7 @@ def _compare(plan, want: ref.Reference, *, list_length: int | None = None) -> li
     return [f"{k}: packer {v!r} != reference {getattr(want, k)!r}" for k, v in got.items() if v != getattr(want, k)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("name", GOOD)
 def test_header_plan_equals_decoded_reference(videos, decoded, name, family):

@@ -80,9 +80,9 @@ def test_input_ids_token_types_and_pixels_match_the_processor(coco_images, tok, 
     for im in enc.images:  # each image's bidirectional block: its soft tokens, not begin/end
         types[im.offset : im.offset + im.num_tokens] = 1
     assert types.tolist() == out["token_type_ids"][0].tolist()
-    pixels = get_profile("gemma3").pixel_values([ImageRef(path=str(p)) for p in files])["pixel_values"]
+    pixels = get_profile("gemma3").reader().pixel_values([ImageRef(path=str(p)) for p in files])["pixel_values"]
     assert np.array_equal(pixels.numpy(), out["pixel_values"])
-    assert isinstance(get_profile("gemma3").image_processor(), transformers.Gemma3ImageProcessorPil)
+    assert isinstance(get_profile("gemma3").reader().image_processor(), transformers.Gemma3ImageProcessorPil)
 
 
 # pan-and-scan: odd sizes around each rule (ratio 1.2, crop side 256, 4 crops, rounding half up) and extremes
@@ -98,6 +98,7 @@ def _png(w: int, h: int, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow
 def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     """Crops counted from the header equal Gemma3ImageProcessorPil's ``pan_and_scan`` on every COCO-mini image
     (the decoded pixels) and its whole output (``num_crops``, pixel blocks) on odd sizes."""
@@ -123,13 +124,14 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     assert [r * c for r, c in (small.crop_layout(w, h) for w, h in ODD_SIZES)] == out["num_crops"].tolist()
     assert {0, 2, 3, 4} <= set(out["num_crops"].tolist())
     entries = [(r, g) for r, (w, h) in zip(refs, ODD_SIZES, strict=True)
-               for g in (small.image_blocks(w, h) or types.SimpleNamespace(grids=[(1, 2, 2)])).grids]
+               for g in [run.grid for run in (small.image_blocks(w, h) or types.SimpleNamespace(runs=[small.image_run(w, h)])).runs]]
     assert small.grid_num_tokens(np.array([g for _, g in entries])).tolist() == [4] * len(out["pixel_values"])
-    pixels = small.pixel_inputs([r for r, _ in entries], [g for _, g in entries])["pixel_values"]
+    pixels = small.reader().pixel_inputs([r for r, _ in entries], [g for _, g in entries])["pixel_values"]
     assert np.array_equal(pixels.numpy(), out["pixel_values"])
     assert PAS.grid_num_tokens(np.array([(6, 16, 16), (0, 16, 16)])).tolist() == [-1, -1]  # 4 crops at most
 
 
+@pytest.mark.slow
 def test_pan_and_scan_input_ids_and_pixels_match_the_processor(tmp_path, coco_images, tok, processor) -> None:
     """A build with ``profile_options: {do_pan_and_scan: true}``: each example's tokens equal the processor's
     input_ids (the crops' blocks and the text between them) and token_type_ids (one bidirectional block per

@@ -1,8 +1,8 @@
 """InternVL against transformers 5.23.0's own code: tile counts (GotOcr2's ``get_optimal_tiled_canvas`` and the
 PIL image processor), the processor's ``input_ids`` and pixel values. Packed == unpacked on the real model:
-tests/train/test_internvl_equivalence.py.
+tests/models/test_conformance.py.
 
-The tokenizer is the builtin ``internvl3`` (packer/encode/tokenizers.py): Qwen2.5's real BPE plus InternVL's
+The tokenizer is the builtin ``internvl3`` (packer/models/internvl/tokenizers.py): Qwen2.5's real BPE plus InternVL's
 special tokens with InternVL3's ids and the conversion script's chat template, built offline; its ``<video>``
 id is a stand-in. The reference processor is ``InternVLProcessor`` without its video processor, which needs
 torchvision (not installed): ``_ImageOnlyProcessor`` only drops that attribute; images go through the real
@@ -24,10 +24,11 @@ from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optim
 
 from packer.config import BuildConfig
 from packer.core.types import ImageRef
-from packer.encode.tokenizers import INTERNVL_CHAT_TEMPLATE, load_tokenizer
+from packer.encode.tokenizers import load_tokenizer
 from packer.media.images import load_image
 from packer.models import get_profile
 from packer.models.internvl import tile_layout
+from packer.models.internvl.tokenizers import INTERNVL_CHAT_TEMPLATE
 from packer.pipeline.build import build
 from packer.report.stats import format_stats
 from packer.train.collate import collate
@@ -85,6 +86,7 @@ def test_tile_layout_equals_got_ocr2_on_a_sweep() -> None:
                 assert tile_layout(w, h, tile_px=448, min_tiles=lo, max_tiles=hi) == want, (w, h, lo, hi)
 
 
+@pytest.mark.slow
 def test_every_coco_image_and_odd_sizes_match_processor(coco_images: list[Path], processor) -> None:
     """Counts from the header equal the processor's rule on every COCO-mini image, and its real output
     (tiles of pixel values) on one COCO image per distinct tile layout and on every odd size."""
@@ -108,6 +110,7 @@ def test_every_coco_image_and_odd_sizes_match_processor(coco_images: list[Path],
         assert profile.grid_num_tokens(np.array([[1, rows, cols]])).tolist() == [tiles * 256]
 
 
+@pytest.mark.slow
 def test_expansion_and_pixels_equal_the_processor(tmp_path: Path, tokenizer, processor, coco_images) -> None:
     """Every example's tokens equal the processor's input_ids for its rendered chat, and collate's pixel values
     equal the processor's, bit for bit (one COCO image, odd sizes, two images in one turn, text only)."""

@@ -19,10 +19,10 @@ def test_llava_is_576_tokens_of_336px(coco_images: list[Path]) -> None:
         w, h = profile.image_size(ref)
         assert profile.num_tokens(w, h) == 576
         assert profile.grid_thw(w, h) == (1, 24, 24)
-    out = profile.pixel_values(refs)
+    out = profile.reader().pixel_values(refs)
     assert set(out) == {"pixel_values"}
     assert tuple(out["pixel_values"].shape) == (3, 3, 336, 336)
-    assert isinstance(profile.image_processor(), transformers.LlavaImageProcessorPil)
+    assert isinstance(profile.reader().image_processor(), transformers.LlavaImageProcessorPil)
 
 
 def test_pixel_values_match_processor(coco_images: list[Path]) -> None:
@@ -34,7 +34,7 @@ def test_pixel_values_match_processor(coco_images: list[Path]) -> None:
         size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, do_center_crop=True, do_pad=False,
         resample=3, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD,  # 3: bicubic
     )(images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt")
-    out = get_profile("llava").pixel_values(refs)
+    out = get_profile("llava").reader().pixel_values(refs)
     assert (out["pixel_values"] == expected["pixel_values"]).all()
 
 

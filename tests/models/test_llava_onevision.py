@@ -9,6 +9,7 @@ The processor is built without its video processor (torchvision), which images d
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
 from packer.models import get_profile
+from packer.models.base import Media
 
 IMAGE = 151646  # <image>
 ODD_SIZES = [(w, h) for w in (1, 2, 13, 100, 383, 384, 385, 767, 769, 1000, 2304, 3000, 5000)
@@ -68,7 +70,7 @@ def test_feature_lengths_match_the_model(coco_images) -> None:
     """``LlavaOnevisionModel.pack_image_features`` (unpad, downscale, newlines, base) on features of the right
     shape gives each image exactly ``num_tokens`` rows, tiled and untiled."""
     profile = get_profile("llava-onevision")
-    model = profile.tiny_model(token_ids={"<image>": 5, "<video>": 6}, vocab_size=64, hidden=8).model
+    model = profile.proof().tiny_model(token_ids={"<image>": 5, "<video>": 6}, vocab_size=64, hidden=8).model
     sizes = sorted(set(_sizes(coco_images)))
     for w, h in sizes:
         crops = profile.grid_thw(w, h)[0]
@@ -78,15 +80,26 @@ def test_feature_lengths_match_the_model(coco_images) -> None:
         assert int(lens[0]) == profile.num_tokens(w, h), (w, h)
     feats, lens = model.pack_image_features([torch.zeros(1, 729, 8)] * 2, torch.tensor([[480, 640]] * 2),
                                             image_newline=model.image_newline)
-    assert lens.tolist() == [730, 730] == [c for _, c in profile.example_images([(640, 480), (10, 10)])]
+    assert lens.tolist() == [730, 730] == [run.num_tokens for run in profile.media_runs(_two_images(), np.array([-1]))]
 
 
 def test_worked_example_640x480() -> None:
     profile = get_profile("llava-onevision")
     assert profile.grid_thw(640, 480) == (5, 40, 54)
     assert profile.num_tokens(640, 480) == 729 + 40 * 55 == 2929
-    assert profile.example_images([(640, 480), (640, 480)]) == [((1, 27, 27), 730)] * 2
+    assert [(run.grid, run.num_tokens) for run in profile.media_runs(_two_images(), np.array([-1]))] == [((1, 27, 27), 730)] * 2
     assert len(profile.pinpoints) == 36 and profile.pinpoints[:2] == ((384, 384), (384, 768))
+
+
+def _png(width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 200)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _two_images() -> list[Media]:
+    """Two images of one linear example (node 0): whatever their sizes, neither is its path's only image."""
+    return [Media(ImageRef(data=_png(640, 480)), 0), Media(ImageRef(data=_png(10, 10)), 0)]
 
 
 def _record(files: list[Path], text: str = "Describe.") -> dict:
@@ -110,7 +123,7 @@ def test_input_ids_and_pixels_match_the_processor(coco_images, tok, processor, n
     assert enc.input_ids.tolist() == out["input_ids"][0].tolist()
     assert [im.num_tokens for im in enc.images] == [int(n) for n in np.diff(
         np.flatnonzero(np.diff(np.r_[0, enc.input_ids == IMAGE, 0]) != 0))[::2]]
-    mine = get_profile("llava-onevision").pixel_inputs([ImageRef(path=str(p)) for p in files],
+    mine = get_profile("llava-onevision").reader().pixel_inputs([ImageRef(path=str(p)) for p in files],
                                                      [im.grid_thw for im in enc.images])
     crops = [im.grid_thw[0] for im in enc.images]
     expected = np.concatenate([out["pixel_values"][i][:c] for i, c in enumerate(crops)])  # unpad, concatenate
@@ -130,7 +143,7 @@ def test_a_cut_that_parts_an_examples_images_is_refused(coco_images, tok) -> Non
 
 def test_a_lone_untiled_image_is_refused() -> None:
     with pytest.raises(ConfigError, match="untiled image without"):
-        get_profile("llava-onevision").pixel_inputs([ImageRef(path="x.jpg")], [(1, 27, 27)])
+        get_profile("llava-onevision").reader().pixel_inputs([ImageRef(path="x.jpg")], [(1, 27, 27)])
 
 
 def _U(*parts) -> dict:

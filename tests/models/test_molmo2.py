@@ -5,7 +5,7 @@ References: ``Molmo2ImageProcessor`` (its ``get_image_grid_and_crops`` and its w
 torchvision calls run in torch, see packer/models/molmo2.py, and ``test_same_pixels_as_torchvision`` checks
 those against the unmodified class where torchvision is installed) and ``Molmo2Processor`` (input_ids,
 mm_token_type_ids). The tokenizer is packer's ``molmo2`` STAND-IN (Qwen2 BPE + Molmo2's special tokens, see
-packer/encode/tokenizers.py): no package ships Molmo2's own.
+packer/models/molmo2/tokenizers.py): no package ships Molmo2's own.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def processor(profile, tokenizer):
         def check_argument_for_proper_class(self, name, arg):
             return None if name == "video_processor" and arg is None else super().check_argument_for_proper_class(name, arg)
 
-    return NoVideo(image_processor=profile.image_processor(), video_processor=None, tokenizer=tokenizer,
+    return NoVideo(image_processor=profile.reader().image_processor(), video_processor=None, tokenizer=tokenizer,
                    chat_template=tokenizer.chat_template)
 
 
@@ -82,6 +82,7 @@ def _hf_tokens(processor, width: int, height: int) -> tuple[list[int], int]:
     return grid, n
 
 
+@pytest.mark.slow
 def test_token_counts_from_the_header(profile, processor, coco_images, odd_images) -> None:
     """Every COCO-mini image and every odd size: header-only grid and count == the HF processor's rule."""
     assert len(coco_images) >= 200
@@ -96,13 +97,14 @@ def test_token_counts_from_the_header(profile, processor, coco_images, odd_image
         assert profile.grid_num_tokens(np.array([[crops, rows, cols]]))[0] == n
 
 
+@pytest.mark.slow
 def test_token_counts_of_the_processor_output(profile, processor, coco_images, odd_images) -> None:
     """The full processor on decoded pixels (a COCO sample + the odd sizes below 2 MP): its image_grids,
     crops and pooled tokens agree with what packer stored from the header."""
     small = [p for p, (w, h) in zip(odd_images, ODD_SIZES, strict=True) if w * h < 2_000_000]
     for path in [*coco_images[::60], *small]:
         image = load_image(ImageRef(path=str(path)))
-        out = profile.image_processor()(images=[image], return_tensors="pt")
+        out = profile.reader().image_processor()(images=[image], return_tensors="pt")
         crops, rows, cols = profile.grid_thw(*image.size)
         assert out["image_num_crops"].tolist() == [crops], path.name
         assert out["image_grids"][0, 2:].tolist() == [rows, cols]
@@ -133,7 +135,7 @@ def _hf_messages(example: Example) -> list[dict]:
 
 def test_expansion_equals_the_processor(profile, processor, tokenizer, coco_images) -> None:
     """Encoder input_ids == Molmo2Processor's input_ids (images of several sizes, two in one turn, a later
-    turn with one more); row_inputs' mm_token_type_ids == the processor's."""
+    turn with one more); the reader's mm_token_type_ids == the processor's."""
     encoder = Encoder(tokenizer, profile)
     d = coco_images[0].parent
     names = [p.name for p in coco_images if p.parent == d][:3]
@@ -149,11 +151,14 @@ def test_expansion_equals_the_processor(profile, processor, tokenizer, coco_imag
         images = [load_image(p) for m in example.root.messages for p in m.parts if isinstance(p, ImageRef)]
         ref = processor(text=text, images=images, return_tensors="np")
         assert enc.input_ids.tolist() == ref["input_ids"][0].tolist()
-        runs = [(im.offset, im.num_tokens) for im in enc.images]
-        types = profile.row_inputs(len(enc.input_ids), runs)["mm_token_type_ids"]
+        row = {"input_ids": enc.input_ids, "images": [{"offset": im.offset, "num_tokens": im.num_tokens}
+                                                      for im in enc.images]}
+        types = profile.reader().batch_inputs([row], np.array([0, len(enc.input_ids)]),
+                                              load_media=False)["mm_token_type_ids"]
         assert types[0].tolist() == ref["mm_token_type_ids"][0].tolist()
 
 
+@pytest.mark.slow
 def test_reader_gives_the_processor_output(tmp_path, profile, processor, tokenizer, coco_images) -> None:
     """A build's rows collate to the processor's own pixel_values / image_token_pooling / image_grids /
     image_num_crops for the row's images (several images per row, pooling offsets across images), and
@@ -189,7 +194,7 @@ def test_same_pixels_as_torchvision(profile, coco_images, odd_images) -> None:
     real = Molmo2ImageProcessor()
     for path in [*coco_images[::8], *odd_images[:-2]]:
         image = load_image(ImageRef(path=str(path)))
-        ours = profile.image_processor()(images=[image], return_tensors="pt")
+        ours = profile.reader().image_processor()(images=[image], return_tensors="pt")
         theirs = real(images=[image], return_tensors="pt")
         for key in theirs:
             assert bool((ours[key] == theirs[key]).all()), (path.name, key)

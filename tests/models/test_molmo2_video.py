@@ -79,7 +79,7 @@ def processor(profile, tokenizer):
         def check_argument_for_proper_class(self, name, arg):
             return None if name == "video_processor" else super().check_argument_for_proper_class(name, arg)
 
-    return Processor(image_processor=profile.image_processor(), video_processor=VideoProcessor(),
+    return Processor(image_processor=profile.reader().image_processor(), video_processor=VideoProcessor(),
                      tokenizer=tokenizer, chat_template=tokenizer.chat_template)
 
 
@@ -153,7 +153,7 @@ def test_reader_gives_the_processor_output(profile, processor, clips) -> None:
 
     chosen = [clips[2], clips[3]]
     plans = [profile.plan_video(_ref(p)) for p in chosen]
-    ours = profile.video_pixel_values([_shard_video(p, plan) for p, plan in zip(chosen, plans, strict=True)])
+    ours = profile.reader().video_pixel_values([_shard_video(p, plan) for p, plan in zip(chosen, plans, strict=True)])
     clips_decoded = []
     for path in chosen:
         with av.open(str(path)) as c:
@@ -171,7 +171,7 @@ def test_same_pixels_as_torchvision(profile, clips) -> None:
     from transformers.models.molmo2.video_processing_molmo2 import Molmo2VideoProcessor
 
     plan = profile.plan_video(_ref(clips[2]))
-    ours = profile.video_pixel_values([_shard_video(clips[2], plan)])
+    ours = profile.reader().video_pixel_values([_shard_video(clips[2], plan)])
     with av.open(str(clips[2])) as c:
         frames = torch.from_numpy(np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]))
     ref = Molmo2VideoProcessor()(videos=[frames], video_metadata=[_metadata(clips[2])], return_tensors="pt")
@@ -179,6 +179,7 @@ def test_same_pixels_as_torchvision(profile, clips) -> None:
     assert torch.equal(ours["video_token_pooling"], ref["video_token_pooling"])
 
 
+@pytest.mark.slow
 def test_one_video_per_path(profile, tokenizer, clips, coco_images) -> None:
     """Molmo2Processor allows one video per sample and Molmo2Model no image beside it, so an example (one
     root-to-leaf path) with two videos, or a video and an image, is a bad_video reject; a tree whose branches

@@ -14,7 +14,7 @@ from packer.core.tree import tree_position_ids
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.models import get_profile
-from packer.models.qwen_vl import expected_mrope, mrope_position_deltas, mrope_position_ids
+from packer.models.shared.mrope import expected_mrope, mrope_position_deltas, mrope_position_ids
 from tests.helpers import random_tree
 
 IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
@@ -375,7 +375,7 @@ def _runs_rule(ids, token_id, grids, merge=2):
 def test_vision_runs_match_the_plain_rule_on_random_runs():
     """``_vision_runs`` (the k-th grid's tokens are the next hits: consecutive, the next hit not adjacent) finds
     or refuses exactly what the maximal-run rule does: adjacent images, short and long runs, stray tokens."""
-    from packer.models.qwen_vl import _vision_runs
+    from packer.models.shared.mrope import _vision_runs
 
     rng = np.random.default_rng(0)
     for _ in range(400):

@@ -1,5 +1,5 @@
-"""Adding a model family is one file: a toy family (tests/models/toy_family.py: 9 tokens per image, its own
-placeholder) plus one ``register_profile`` line builds, verifies, reads and collates.
+"""Adding a model family is one package: a toy family (tests/models/toy_family/: 9 tokens per image, its own
+placeholder, its own reader) plus one ``register_family`` line builds, verifies, reads and collates.
 
 The placeholder is honestly the toy's own token in the shards: the builtin tokenizer is Qwen2's, so the toy
 takes ``<|vision_pad|>``, a special token of that tokenizer that no builtin family uses, and the build's
@@ -15,15 +15,16 @@ import shutil
 import numpy as np
 import pytest
 
-import packer.models
+import packer.models.registry
 from packer.config import BuildConfig
 from packer.encode.tokenizers import load_tokenizer
-from packer.models import forward_keys, get_profile, profile_names, register_profile
+from packer.models import forward_keys, get_profile, profile_names, register_family
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 from packer.train.hf import model_inputs
+from tests.models import toy_family
 from tests.models.toy_family import ToyProfile
 
 TOY_TEMPLATE = (
@@ -57,8 +58,8 @@ def _records(names: list[str]) -> list[dict]:
 def toy(tmp_path_factory, coco_images):
     """The one registry line, undone after the module so other tests see the builtin families only."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packer.models, "_PROFILES", dict(packer.models._PROFILES))
-        register_profile(ToyProfile(name="toy"))
+        mp.setattr(packer.models.registry, "_PROFILES", dict(packer.models.registry._PROFILES))
+        register_family(toy_family)
 
         root = tmp_path_factory.mktemp("toy")
         (root / "images").mkdir()
@@ -74,6 +75,7 @@ def toy(tmp_path_factory, coco_images):
         yield build(config, progress=False), root / "out"
 
 
+@pytest.mark.slow
 def test_workers_build_the_same_bytes(toy, tmp_path):
     """Spawned encode workers get the toy profile inside the pickled encoder; the shards are identical."""
     result, out = toy

@@ -55,6 +55,7 @@ def test_bad_profile_options_name_the_allowed_keys() -> None:
     assert "profile_options" not in BuildConfig.from_dict(base).to_dict()
 
 
+@pytest.mark.slow
 def test_internvl_max_tiles_from_cli_and_yaml_matches_the_processor(tmp_path: Path) -> None:
     for i, (w, h) in enumerate(SIZES):
         (tmp_path / f"{i}.png").write_bytes(_png(w, h, i))

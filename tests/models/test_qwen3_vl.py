@@ -17,7 +17,7 @@ from packer.encode.templates import ChatTemplate, hf_message
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.models import get_profile
-from packer.models.qwen3_vl import Qwen3VLProfile
+from packer.models.qwen_vl.qwen3 import Qwen3VLProfile
 from tests.conftest import COCO
 from tests.models.test_mrope import _depth_first, build_tree, image, linear_cases, paths, text
 
@@ -47,11 +47,12 @@ def _hf_grids(processor, images: list[Image.Image]) -> list[tuple[int, int, int]
     return [tuple(int(x) for x in g) for g in out["image_grid_thw"]]
 
 
+@pytest.mark.slow
 def test_every_coco_image_matches_processor(processor) -> None:
     """Every image's header-only grid and count equal the processor's, run on one decoded image per size
     (the grid depends on the size alone: 239 images, 83 sizes), and its get_number_of_image_patches."""
     profile = get_profile("qwen3-vl")
-    assert isinstance(profile.image_processor(), transformers.Qwen2VLImageProcessorPil)
+    assert isinstance(profile.reader().image_processor(), transformers.Qwen2VLImageProcessorPil)
     by_size: dict[tuple[int, int], list[ImageRef]] = {}
     for p in IMAGE_FILES:
         ref = ImageRef(path=str(p))
@@ -86,7 +87,7 @@ def test_odd_sizes_match_processor(processor, size) -> None:
 def test_pixel_values_match_processor_exactly(processor) -> None:
     profile = get_profile("qwen3-vl")
     refs = [ImageRef(path=str(p)) for p in IMAGE_FILES[:2]]
-    out = profile.pixel_values(refs)
+    out = profile.reader().pixel_values(refs)
     expected = processor(images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt")
     assert out["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
     assert torch.equal(out["pixel_values"], expected["pixel_values"])

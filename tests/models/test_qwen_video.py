@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.nn.functional import interpolate
 
-from packer.models.qwen_video import CLIP_MEAN, CLIP_STD, HALF_MEAN, HALF_STD, video_pixel_values
+from packer.models.qwen_vl.video_pixels import CLIP_MEAN, CLIP_STD, HALF_MEAN, HALF_STD, video_pixel_values
 
 QWEN2 = dict(patch_size=14, image_mean=CLIP_MEAN, image_std=CLIP_STD)
 QWEN3 = dict(patch_size=16, image_mean=HALF_MEAN, image_std=HALF_STD)
@@ -221,7 +221,7 @@ def test_constants_are_transformers() -> None:
 def test_decoded_clip_grid_equals_plan(tmp_path) -> None:
     """A PyAV clip through the build's plan and the reader's decode: the grid is the plan's, for both rules."""
     from packer.media.video import decode_frames, probe
-    from packer.models.qwen_video_plan import VideoRequest, get_video_family, plan_video
+    from packer.models.qwen_vl.video_plan import VideoRequest, get_video_family, plan_video
     from tests.media.make_videos import write_clip
 
     path = write_clip(tmp_path / "c.mp4", fps=25, frames=30, width=150, height=98)
@@ -297,6 +297,7 @@ def torchvision_v1_resize(frames: np.ndarray, size: tuple[int, int]) -> torch.Te
     ("qwen3-vl", (48, 36), {}),
     ("qwen2.5-vl", (120, 90), {"min_pixels": 64 * 28 * 28, "max_pixels": 128 * 28 * 28}),  # fetched in bounds
 ])
+@pytest.mark.slow
 def test_frame_list_pixels_follow_qwen_vl_utils(tmp_path, coco_images, name, size, options) -> None:
     """A frame list read back: each image resized as qwen-vl-utils' ``fetch_image`` does (PIL), then as its
     ``fetch_video`` does, then the processor - against tests/media/qwen_reference.py's transcription of
@@ -320,7 +321,7 @@ def test_frame_list_pixels_follow_qwen_vl_utils(tmp_path, coco_images, name, siz
     stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
               "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
               "second_per_grid_t": plan.second_per_grid_t}
-    got = profile.video_pixel_values([stored])
+    got = profile.reader().video_pixel_values([stored])
     assert torch.equal(got["video_grid_thw"], want_grid)
     assert torch.equal(got["pixel_values_videos"], want_pixels)
 
@@ -357,6 +358,6 @@ def test_frame_list_matches_real_qwen_vl_utils(tmp_path, coco_images, name, size
     stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
               "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
               "second_per_grid_t": plan.second_per_grid_t}
-    got = profile.video_pixel_values([stored])
+    got = profile.reader().video_pixel_values([stored])
     assert torch.equal(got["video_grid_thw"], out["video_grid_thw"])
     assert torch.equal(got["pixel_values_videos"], out["pixel_values_videos"])

@@ -55,6 +55,7 @@ def _check_against(
         assert [profile.num_tokens(*wh) for wh in sizes] == hf_tokens, profile.name
 
 
+@pytest.mark.slow
 def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.Image]) -> None:
     # transformers maps both model types to the same image processor class (the PIL backend without
     # torchvision), so one pass over the images checks both profiles.
@@ -63,7 +64,7 @@ def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.I
     processor = transformers.Qwen2VLImageProcessorPil()  # the class defaults, built independently
     profiles = [get_profile("qwen2-vl"), get_profile("qwen2.5-vl")]
     for profile in profiles:
-        assert isinstance(profile.image_processor(), transformers.Qwen2VLImageProcessorPil)
+        assert isinstance(profile.reader().image_processor(), transformers.Qwen2VLImageProcessorPil)
         assert (profile.min_pixels, profile.max_pixels) == (
             processor.size["shortest_edge"],
             processor.size["longest_edge"],
@@ -80,6 +81,7 @@ def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.I
         (28 * 28, 28 * 28),  # one token per image
     ],
 )
+@pytest.mark.slow
 def test_qwen2_vl_custom_pixels_match_processor(decoded, min_pixels: int, max_pixels: int) -> None:
     profile = get_profile("qwen2-vl", min_pixels=min_pixels, max_pixels=max_pixels)
     processor = transformers.Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
@@ -118,7 +120,7 @@ def test_aspect_ratio_above_200_is_a_bad_image() -> None:
 def test_pixel_values_match_processor_exactly() -> None:
     profile = get_profile("qwen2-vl")
     refs = [ImageRef(path=str(p)) for p in IMAGE_FILES[:2]]
-    out = profile.pixel_values(refs)
+    out = profile.reader().pixel_values(refs)
     expected = transformers.Qwen2VLImageProcessorPil()(
         images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt"
     )
@@ -138,7 +140,7 @@ def test_worked_example_640x480() -> None:
 def test_inline_bytes_give_the_same_pixels() -> None:
     profile = get_profile("qwen2-vl")
     path = IMAGE_FILES[5]
-    out = profile.pixel_values([ImageRef(data=path.read_bytes()), ImageRef(path=str(path))])
+    out = profile.reader().pixel_values([ImageRef(data=path.read_bytes()), ImageRef(path=str(path))])
     n = out["pixel_values"].shape[0] // 2
     assert (out["pixel_values"][:n] == out["pixel_values"][n:]).all()
 
@@ -146,7 +148,7 @@ def test_inline_bytes_give_the_same_pixels() -> None:
 def test_pixel_values_of_a_bad_file_is_a_bad_image(tmp_path: Path) -> None:
     (tmp_path / "text.jpg").write_text("this is not an image\n")
     with pytest.raises(RecordError, match="bad_image"):
-        get_profile("qwen2-vl").pixel_values([ImageRef(path=str(tmp_path / "text.jpg"))])
+        get_profile("qwen2-vl").reader().pixel_values([ImageRef(path=str(tmp_path / "text.jpg"))])
 
 
 def test_verify_hooks() -> None:

@@ -22,7 +22,7 @@ def test_get_profile() -> None:
     assert get_profile("qwen2-vl", min_pixels=None, max_pixels=None) is get_profile("qwen2-vl")
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
     assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
-    assert p.image_processor().size["longest_edge"] == 256 * 28 * 28
+    assert p.reader().image_processor().size["longest_edge"] == 256 * 28 * 28
     assert p.num_tokens(640, 480) <= 256
     with pytest.raises(ConfigError, match=f"unknown profile 'gpt-5'; known profiles: {', '.join(names)}$"):
         get_profile("gpt-5")

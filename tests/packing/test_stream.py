@@ -132,6 +132,7 @@ def test_errors(kwargs, match):
         list(pack_stream(args.pop("examples"), **args))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool_size", [1, 7, 32])
 def test_resume_from_any_round_gives_the_same_packs(pool_size):
     """``on_round`` sees (r, pool, ages); a stream resumed from it (the examples after the pool's) yields

@@ -157,6 +157,7 @@ def test_packs_respect_capacity_and_manifest(built):
     assert 0 < result.stats["efficiency"] <= 1
 
 
+@pytest.mark.slow
 def test_rebuild_is_byte_identical_and_parallel_matches(built, corpus, tmp_path):
     _, out, result = built
     again = build(_config(corpus, tmp_path / "again", num_proc=2), progress=False)
@@ -262,6 +263,7 @@ class _RecordPids(Hooks):
             Path(self.root, f"{point}-{n}-{os.getpid()}").touch()
 
 
+@pytest.mark.slow
 def test_one_pool_encodes_and_writes(tmp_path):
     """``--num-proc 2``: the write stage runs in the encode stage's workers (no second pool), which are gone
     when the build returns; the bytes equal a one-process build's."""

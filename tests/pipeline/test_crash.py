@@ -96,6 +96,7 @@ def _stamps(paths) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in paths}
 
 
+@pytest.mark.slow
 def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokenizer, reference, tmp_path):
     out = tmp_path / "out"
     args = _args(corpus, out, tiny_tokenizer)
@@ -161,6 +162,7 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_process_group_exits_130_and_resumes(corpus, tiny_tokenizer, reference, tmp_path):
     """Ctrl-C in a terminal signals the parent and every spawn worker: exit 130, one line, no traceback."""
     out = tmp_path / "out"
@@ -177,6 +179,7 @@ def test_ctrl_c_to_the_process_group_exits_130_and_resumes(corpus, tiny_tokenize
     _assert_identical(out, reference, corpus)
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_process_group_during_parallel_encode(corpus, tiny_tokenizer, reference, tmp_path):
     """kill -9 of the whole group while workers encode: nothing survives, the rerun finishes it."""
     out = tmp_path / "out"
@@ -190,6 +193,7 @@ def test_kill_9_of_the_process_group_during_parallel_encode(corpus, tiny_tokeniz
     _assert_identical(out, reference, corpus)
 
 
+@pytest.mark.slow
 def test_killed_inside_a_pool_worker_then_rerun_is_byte_identical(corpus, tiny_tokenizer, reference, tmp_path):
     """The fault hook reaches the spawn workers: the worker encoding chunk 2 (under --num-proc 2 never the
     parent) kills the build between the chunk's rejects and its commit; the rerun finishes it."""
@@ -209,6 +213,7 @@ def test_killed_inside_a_pool_worker_then_rerun_is_byte_identical(corpus, tiny_t
     _assert_identical(out, reference, corpus)
 
 
+@pytest.mark.slow
 def test_strict_bad_record_in_a_pool_worker_reaches_the_cli_intact(corpus, tiny_tokenizer, tmp_path):
     """--strict --num-proc 2: the worker's RecordError reaches the parent: exit 2 and the record's message."""
     lines = corpus.read_text().splitlines()
@@ -237,6 +242,7 @@ def test_a_build_killed_before_its_fingerprint_is_no_other_build(tmp_path):
     assert (work / "fingerprint").read_text() == "f" * 64 + "\n"
 
 
+@pytest.mark.slow
 def test_killed_while_a_pool_worker_writes_shards_then_rerun_is_byte_identical(corpus, tiny_tokenizer, reference,
                                                                                 tmp_path):
     """--num-proc 2 writes shards in the pool: the worker that renamed shard 3 into place kills the build

@@ -104,6 +104,7 @@ def parquet_build(tmp_path_factory, jpegs):
     return root, ds, out, result
 
 
+@pytest.mark.slow
 def test_parquet_packs_what_its_jsonl_twin_packs(parquet_build, tmp_path, jpegs):
     root, _, out, result = parquet_build
     twin = build(BuildConfig.from_inputs([str(root / "chat.jsonl")], str(tmp_path / "twin"), **BUILD), progress=False)

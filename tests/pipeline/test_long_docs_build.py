@@ -47,6 +47,7 @@ def _ids_and_tokens(out: Path) -> dict[str, np.ndarray]:
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [0, 5])
 def test_split_build_verifies_and_loses_no_token(tmp_path, overlap):
     data = _corpus(tmp_path / "data.jsonl")

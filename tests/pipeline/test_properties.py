@@ -118,6 +118,7 @@ def _examples_in(out: Path) -> dict[str, dict]:
     return got
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(records=st.lists(record(), min_size=1, max_size=12),

@@ -88,6 +88,7 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
     return digests
 
 
+@pytest.mark.slow
 def test_ray_build_is_byte_identical_to_local(cluster, corpus, reference, tmp_path, monkeypatch):
     monkeypatch.chdir(corpus)
     result = build(_config(corpus, tmp_path / "out", executor="ray"), progress=False)
@@ -135,6 +136,7 @@ def _kill_when_reported(pid_files: list[Path], stop: threading.Event, killed: li
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_ray_worker_killed_mid_encode_and_mid_write_is_retried(cluster, corpus, reference, tmp_path, monkeypatch):
     monkeypatch.chdir(corpus)
     pid_files = {("encode-partial", 1): tmp_path / "encode.pid", ("shard-write", 2): tmp_path / "write.pid"}
@@ -152,6 +154,7 @@ def test_a_ray_worker_killed_mid_encode_and_mid_write_is_retried(cluster, corpus
     assert not list((tmp_path / "out").rglob("*.tmp-*"))  # the killed write's half file is cleaned up
 
 
+@pytest.mark.slow
 def test_a_killed_driver_resumes_by_rerunning_the_command(cluster, corpus, reference, tmp_path, monkeypatch):
     """``packer build --executor ray --ray-address`` (a second driver on the module's cluster) killed -9 while
     its Ray tasks write shards (shard 1 renamed, its marker not written); the same build run again finishes
@@ -175,6 +178,7 @@ def test_a_killed_driver_resumes_by_rerunning_the_command(cluster, corpus, refer
     assert {p.name: p.stat().st_mtime_ns for p in (out / ".packer" / "encode").glob("*.arrow")} == encoded
 
 
+@pytest.mark.slow
 def test_strict_raises_the_record_error_itself(cluster, corpus, tmp_path, monkeypatch):
     monkeypatch.chdir(corpus)
     with pytest.raises(RecordError) as e:
@@ -182,6 +186,7 @@ def test_strict_raises_the_record_error_itself(cluster, corpus, tmp_path, monkey
     assert e.value.path == FILES[0] and e.value.reason == "malformed_json"
 
 
+@pytest.mark.slow
 def test_without_ray_the_error_names_the_extra(corpus, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where Ray is not installed
     with pytest.raises(ConfigError, match=r"pip install 'packer\[ray\]'"):

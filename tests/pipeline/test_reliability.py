@@ -53,6 +53,7 @@ def _fates(out: Path) -> tuple[Counter, dict[int, dict]]:
     return packed, rejects
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPEC))
 def test_every_line_meets_its_expected_fate(built, name):
     out, _ = built[name]

@@ -126,6 +126,7 @@ def test_cells_colour_examples_tint_vision_and_grey_padding():
     "kind, n, capacity",
     [("text, a few packs", 12, 64), ("vision + 3 sources, many packs", 600, 96), ("one pack", 2, 256)],
 )
+@pytest.mark.slow
 def test_plot_stats_writes_a_picture(tmp_path, kind, n, capacity):
     root, _, _ = _build(tmp_path / "b", n=n, capacity=capacity, images="vision" in kind,
                         sources=("chat", "captions", "docs") if "sources" in kind else ())

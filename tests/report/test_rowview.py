@@ -184,7 +184,7 @@ def test_coarse_mask_is_the_block_or_of_the_dense_mask(seed):
     profile = get_profile("qwen2-vl", bidirectional_images=bool(seed % 2))
     data = {"input_ids": np.zeros(T, np.int64), "cu_seqlens": cu.astype(np.int64), "images": images,
             "node_offsets": np.array(offsets), "node_parents": np.array(parents)}
-    spans = profile.image_spans(images)  # what collate emits for training
+    spans = profile.bidirectional_spans({"images": images})  # what collate emits for training
     dense = build_attention_mask(T, cu, np.array(offsets), np.array(parents), bidirectional_spans=spans).numpy()
     exact, _, f = coarse_mask(data, cells=T, spans=spans)
     assert f == 1 and np.array_equal(exact, dense)
@@ -249,6 +249,7 @@ def test_cli_inspect(packed, one_per_row, tmp_path):
                                 "a packer output). Rerun the same `packer build` command to complete it.\n")
 
 
+@pytest.mark.slow
 def test_report_commands_do_not_import_torch_or_click(packed, tmp_path):
     """report/ is numpy + pyarrow (+ matplotlib): importing it, `packer stats --plot` and `packer inspect --row 0
     --mask` leave torch unimported; only packer.cli imports click."""

@@ -189,6 +189,7 @@ MUTATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_each_broken_row_invariant_is_reported(copy, name):
     out, _ = copy

@@ -99,6 +99,7 @@ def _keys(url: str) -> list[str]:
     return sorted(k[len(root.key) + 1:] for k in root.fs.find(root.key))
 
 
+@pytest.mark.slow
 def test_a_build_on_s3_is_byte_identical_and_reads_back(s3, corpus, tokenizer, local_build):
     url = "s3://packer/runs/identical"
     # explicit storage_options (what YAML `storage_options:` passes)
@@ -141,6 +142,7 @@ def test_an_object_path_pickles_to_a_working_client(s3):
     assert copy.read_bytes() == b"{}" and not [p for p in copy.parent.iterdir() if ".tmp-" in p.name]
 
 
+@pytest.mark.slow
 def test_a_build_killed_on_s3_shows_no_partial_shard_and_resumes(s3, corpus, tokenizer, local_build):
     url = "s3://packer/runs/killed"
     # killed in the middle of writing shard 1: a half-written temp object, nothing under the shard's name

@@ -35,6 +35,7 @@ def _ids(batch_iter):
             if not f]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_two_ranks_two_workers_cover_every_row_once(shardset, shuffle):
     root, examples = shardset
@@ -77,6 +78,7 @@ def test_unfinished_build_is_refused(tmp_path):
         PackedDataset(tmp_path)
 
 
+@pytest.mark.slow
 def test_image_root_keeps_each_image_apart(tmp_path, coco_images):
     """Two images named 1.jpg in two folders, then the folders move: ``image_root`` finds each by its path
     relative to the build's image directory (re-rooting by file name made both the same file)."""

@@ -79,6 +79,7 @@ def _ds(root, rank: int, world: int, **kw) -> PackedDataset:
     return PackedDataset(root, rank=rank, world_size=world, seed=4, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", range(1, 9))
 def test_equal_batches_on_every_rank_with_resume(root, all_ids, world):
     rng = random.Random(world)
@@ -130,6 +131,7 @@ def test_fewer_rows_than_ranks(root):
     assert len(_ds(root, 0, 40, drop_last=True)) == 0
 
 
+@pytest.mark.slow
 def test_emulation_matches_the_real_dataloader(root):
     """The in-process ``_loader`` yields what torch's DataLoader yields with worker processes, batch by batch,
     and a StatefulDataLoader resumed on three ranks gives each the same number of batches."""

@@ -174,6 +174,7 @@ def test_build_covers_the_cases(vl_build, text_build):
     assert bool((text["labels"][0, starts] != IGNORE_INDEX).any()), "no branch starts on a loss token"
 
 
+@pytest.mark.slow
 def test_qwen2_vl_rows_match_unpacked(vl_build, qwen_tokenizer):
     batches, model, ctx = _tiny("qwen2-vl", [collate([r]) for r in vl_build["rows"]], qwen_tokenizer)
     for batch in batches:
@@ -323,6 +324,7 @@ def test_gpu_backends_match_sdpa(vl_build, qwen_tokenizer, backend):
             assert cos > 0.999 or g.abs().max() < 1e-8, (name, float(cos))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("profile", "max_length"), [("qwen2.5-vl", 512), ("llava", 2048)])
 def test_check_equivalence_cli_for_vision_families(vl_build, capsys, profile, max_length):
     """The script is family-agnostic: the family's file builds its tiny model and runs each path alone."""
@@ -330,4 +332,4 @@ def test_check_equivalence_cli_for_vision_families(vl_build, capsys, profile, ma
                     "--tokenizer", "qwen2-vl", "--backend", "sdpa_varlen", "--max-batches", "8"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and report["ok"], report
-    assert report["model_class"] == get_profile(profile).hf_model_class
+    assert report["model_class"] == get_profile(profile).proof().model_class

@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-import packer.models
+import packer.models.registry
 from packer.config import BuildConfig
 from packer.models import get_profile, register_profile
 from packer.models.gemma3 import Gemma3Profile
@@ -44,7 +44,7 @@ BACKENDS = ["sdpa", "sdpa_varlen", "flex"]
 @pytest.fixture(scope="module", params=[False, True], ids=["whole", "pan_and_scan"])
 def tiny_rows(request, tmp_path_factory, coco_dir):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packer.models, "_PROFILES", dict(packer.models._PROFILES))
+        mp.setattr(packer.models.registry, "_PROFILES", dict(packer.models.registry._PROFILES))
         register_profile(TINY)
         root = tmp_path_factory.mktemp("gemma3")
         rng = np.random.default_rng(0)
@@ -75,6 +75,7 @@ def tiny_rows(request, tmp_path_factory, coco_dir):
         yield request.param, list(PackedDataset(root / "out", shuffle=False))
 
 
+@pytest.mark.slow
 def test_packed_rows_match_unpacked_on_the_real_model(tiny_rows) -> None:
     cropped, rows = tiny_rows
     assert sum(len(r["example_ids"]) for r in rows) == 4 and len(rows) == 1, "examples should share a row"

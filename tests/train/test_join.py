@@ -87,6 +87,7 @@ def _real_examples(batches: list[dict]) -> list[str]:
     return [e for b in batches for e, f in zip(b["example_ids"], b["filler_examples"].tolist(), strict=True) if not f]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world", "workers", "batch"), [(1, 0, 1), (2, 0, 2), (3, 2, 1), (4, 0, 3), (5, 0, 2),
                                                          (8, 0, 1)])
 def test_equal_steps_every_real_row_once(corpus, world, workers, batch):
@@ -166,6 +167,7 @@ def _gloo_rank(rank: int, world: int, init: str, corpus: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_real_process_group(corpus, tmp_path):
     """Two processes, a real gloo all-reduce: equal steps on both, every real example once."""
     world = 2

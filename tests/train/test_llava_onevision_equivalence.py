@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import packer.models
+import packer.models.registry
 from packer.config import BuildConfig
 from packer.models import register_profile
 from packer.models.llava_onevision import LlavaOnevisionProfile, anyres_pinpoints
@@ -42,7 +42,7 @@ def tiny_rows(tmp_path_factory, coco_dir):
     """Rows mixing text, one-image (tiled), two-image (untiled) and tree examples (images in the root, in
     different branches, or both), built by packer build."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packer.models, "_PROFILES", dict(packer.models._PROFILES))
+        mp.setattr(packer.models.registry, "_PROFILES", dict(packer.models.registry._PROFILES))
         register_profile(TINY)
         root = tmp_path_factory.mktemp("ov")
         names = sorted(p.name for p in (coco_dir / "val2017").glob("*.jpg"))[:3]
@@ -88,6 +88,7 @@ def _assistant(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
+@pytest.mark.slow
 def test_packed_rows_match_unpacked_on_the_real_model(tiny_rows) -> None:
     rows = tiny_rows
     assert sum(len(r["example_ids"]) for r in rows) == 6 and len(rows) <= 2, "examples should share rows"
@@ -112,6 +113,7 @@ def test_packed_rows_match_unpacked_on_the_real_model(tiny_rows) -> None:
     assert torch.equal(direct, explicit)
 
 
+@pytest.mark.slow
 def test_check_equivalence_cli_llava_onevision(tmp_path, coco_dir, capsys) -> None:
     """The script on the real profile (384 px crops): a tree whose branches each hold one image (tiled)."""
     names = sorted(p.name for p in (coco_dir / "val2017").glob("*.jpg"))[3:5]

@@ -27,9 +27,10 @@ from PIL import Image
 
 from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX, ImageRef
-from packer.encode.tokenizers import MOLMO2_TOKENS, load_tokenizer
+from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ShardError
 from packer.models import get_profile
+from packer.models.molmo2.tokenizers import MOLMO2_TOKENS
 from packer.pipeline.build import build
 from packer.train.attention import packed_attention
 from packer.train.collate import collate
@@ -100,7 +101,7 @@ def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, in
     """Every root-to-leaf path run alone as Molmo2's processor + model would (see the module docstring)."""
     profile = get_profile("molmo2")
     run_ids = [token_ids[t] for t in IMAGE_RUN]
-    per_image = profile.image_inputs(batch, num_tokens=[0] * len(refs)) if refs else []
+    per_image = profile.proof().image_inputs(batch, num_tokens=[0] * len(refs)) if refs else []
     ids = batch["input_ids"][0]
     starts = batch["image_offsets"].tolist() if "image_offsets" in batch else []
 
@@ -110,15 +111,16 @@ def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, in
                                   "mm_token_type_ids": torch.isin(path_ids, torch.tensor(run_ids)).long()}
         inside = [k for k, s in enumerate(starts) if bool((tokens == s).any())]
         if inside:
-            kwargs.update(profile.pixel_values([refs[k] for k in inside]))
+            kwargs.update(profile.reader().pixel_values([refs[k] for k in inside]))
         # the profile's check hooks (scripts/check_equivalence.py) cut the batch to the same inputs
-        hooks = profile.reference_inputs(path_ids, [per_image[k] for k in inside], token_ids=token_ids)
+        hooks = profile.proof().reference_inputs(path_ids, [per_image[k] for k in inside], token_ids=token_ids)
         assert hooks.keys() == kwargs.keys() and all(torch.equal(hooks[k], kwargs[k]) for k in kwargs if k != "use_cache")
         return kwargs
 
     return ce.path_reference(model, batch, path_kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(molmo2_rows) -> None:
     rows = molmo2_rows
@@ -127,7 +129,7 @@ def test_packed_equals_unpacked(molmo2_rows) -> None:
     tokenizer = load_tokenizer("molmo2")
     (batch,), token_ids, vocab = _compact([collate(rows)], tokenizer)  # every row in one batch
     torch.manual_seed(0)
-    model = get_profile("molmo2").tiny_model(token_ids=token_ids, vocab_size=vocab)
+    model = get_profile("molmo2").proof().tiny_model(token_ids=token_ids, vocab_size=vocab)
     run_ids = [token_ids[t] for t in IMAGE_RUN]
     refs = [ImageRef(path=im["source"]) for r in rows for im in r["images"]]
     assert batch["mm_token_type_ids"][0].tolist() == torch.isin(batch["input_ids"][0], torch.tensor(run_ids)).long().tolist()
@@ -145,7 +147,7 @@ def test_model_takes_the_collated_batch(molmo2_rows) -> None:
     tokenizer = load_tokenizer("molmo2")
     (batch,), token_ids, vocab = _compact([collate([next(r for r in molmo2_rows if len(r["images"]) >= 2)])], tokenizer)
     torch.manual_seed(0)
-    model = get_profile("molmo2").tiny_model(token_ids=token_ids, vocab_size=vocab)
+    model = get_profile("molmo2").proof().tiny_model(token_ids=token_ids, vocab_size=vocab)
     use_packed_attention(model, "sdpa")
     model.train()
     with torch.no_grad():

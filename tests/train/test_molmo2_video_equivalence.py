@@ -87,15 +87,16 @@ def _reference(model, batch: dict, videos: list[dict], images: list[ImageRef], t
                                   "mm_token_type_ids": torch.isin(path_ids, run_ids).long()}
         inside = [k for k, s in enumerate(starts) if bool((tokens == s).any())]
         if inside:
-            kwargs.update(profile.video_pixel_values([videos[k] for k in inside]))
+            kwargs.update(profile.reader().video_pixel_values([videos[k] for k in inside]))
         pictures = [k for k, s in enumerate(image_starts) if bool((tokens == s).any())]
         if pictures:
-            kwargs.update(profile.pixel_values([images[k] for k in pictures]))
+            kwargs.update(profile.reader().pixel_values([images[k] for k in pictures]))
         return kwargs
 
     return ce.path_reference(model, batch, path_kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(video_rows) -> None:
     rows = video_rows
@@ -109,7 +110,7 @@ def test_packed_equals_unpacked(video_rows) -> None:
     frames = [(a, b, g) for a, b, g in spans if b - a == 83]
     assert len(frames) == 3 + 2 and len(spans) == 3 + 2 + 1 and len({g for *_, g in spans}) == 3
     torch.manual_seed(0)
-    model = get_profile("molmo2").tiny_model(token_ids=token_ids, vocab_size=vocab)
+    model = get_profile("molmo2").proof().tiny_model(token_ids=token_ids, vocab_size=vocab)
     videos = [v for r in rows for v in r["videos"]]
     images = [ImageRef(path=im["source"]) for r in rows for im in r["images"]]
     # the image example shares a row with a video: the videos ride in the image inputs (the model takes one kind)
@@ -121,6 +122,7 @@ def test_packed_equals_unpacked(video_rows) -> None:
     assert report["sdpa"]["grad_missing"] == [] and report["sdpa"]["grad_params"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_check_equivalence_runs_videos(video_rows) -> None:
     """scripts/check_equivalence.py's generic reference (the profile's image_inputs / reference_inputs hooks,
@@ -129,6 +131,6 @@ def test_check_equivalence_runs_videos(video_rows) -> None:
     (batch,), token_ids, vocab = _compact([collate(video_rows)], tokenizer)
     torch.manual_seed(0)
     profile = get_profile("molmo2")
-    model = profile.tiny_model(token_ids=token_ids, vocab_size=vocab)
+    model = profile.proof().tiny_model(token_ids=token_ids, vocab_size=vocab)
     report = ce.compare(model, batch, ["sdpa"], profile=profile, token_ids=token_ids)
     assert report["sdpa"]["ok"], report["sdpa"]

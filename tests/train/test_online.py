@@ -97,6 +97,7 @@ def _same_example(got: dict, want: dict) -> None:
     assert got["images"] == want["images"]
 
 
+@pytest.mark.slow
 def test_one_round_gives_the_offline_build_row_for_row(corpus, offline):
     """A pool holding the whole file plans it once, as the build does: the same rows, in the same order,
     with the same keys and arrays as PackedDataset reads from the build (so collate gives the same batch)."""
@@ -117,6 +118,7 @@ def test_one_round_gives_the_offline_build_row_for_row(corpus, offline):
         np.testing.assert_array_equal(a[key].numpy(), b[key].numpy(), err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size,num_workers", [(1, 0), (2, 2), (3, 1)])
 def test_every_example_once_over_ranks_and_workers(corpus, offline_examples, world_size, num_workers):
     seen: list[str] = []
@@ -179,6 +181,7 @@ def _stateful(ds):
     return StatefulDataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate, prefetch_factor=4)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize("loader,stop", [(_plain, 1), (_plain, 3), (_stateful, 2)])
 def test_resume_with_workers(corpus, stop, loader):
@@ -223,6 +226,7 @@ def long_docs(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_split_long_documents_match_the_build_and_resume(long_docs, tmp_path):
     """``long_docs: split`` makes several examples of one line (ids path:line@k): the online rows are the
     build's, and a resume keys the pool by (line, chunk)."""

@@ -98,6 +98,7 @@ def _hf_text(tok, record: dict, videos: list[dict], images: list[dict]) -> str:
     return pattern.sub(lambda m: next(replacements[m.lastgroup]), text)
 
 
+@pytest.mark.slow
 def test_expansion_matches_qwen3vl_processor(clips) -> None:
     """Linear examples: packer's tokens equal the tokenizer run on transformers' expanded text."""
     tok = load_tokenizer("qwen3-vl")

@@ -66,6 +66,7 @@ def _roundtrip(state: dict) -> dict:
     return json.loads(json.dumps(state))  # a checkpoint stores it as plain JSON / torch.save
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "stateful"])
 @pytest.mark.parametrize("stop", [0, 1, 4, 11])  # 11 batches: every row of the rank (the epoch is done)
 def test_resume_mid_epoch_yields_exactly_the_rest(root, kind, stop):
@@ -95,6 +96,7 @@ def test_ranks_together_cover_the_epoch_once(root):
     assert len(every) == len(set(every)) == NUM_ROWS + 9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resume_workers", [0, 2, 3])
 def test_plain_state_resumes_with_another_worker_count(root, resume_workers):
     full = _epoch(root, 1)
@@ -107,6 +109,7 @@ def test_plain_state_resumes_with_another_worker_count(root, resume_workers):
     assert Counter(first + rest) == Counter(full) and len(first + rest) == len(full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "stateful"])
 def test_interrupted_twice(root, kind):
     make = LOADERS[kind]
@@ -130,6 +133,7 @@ def test_state_only_counts_received_batches_not_prefetched(root):
     assert sum(b - a for a, b in consumed) == len(first) == BATCH
 
 
+@pytest.mark.slow
 def test_epochs_differ_and_are_deterministic(root):
     e0, e1 = _epoch(root, 0, 0), _epoch(root, 0, 1)
     assert e0 != e1 and sorted(e0 + _epoch(root, 1, 0)) == sorted(e1 + _epoch(root, 1, 1))
@@ -145,6 +149,7 @@ def test_epochs_differ_and_are_deterministic(root):
     assert runs[0] == runs[2] and runs[0] != runs[1]
 
 
+@pytest.mark.slow
 def test_resume_in_the_next_epoch(root):
     ds = PackedDataset(root, rank=0, world_size=WORLD, seed=SEED)
     loader = _plain(ds, 3)

@@ -48,6 +48,7 @@ def _reference(q, k, v, layout, window: int | None, spans) -> torch.Tensor:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [1, 2, 3, 5, 100])
 @pytest.mark.parametrize("with_spans", [False, True])
 def test_packed_sliding_window_matches_each_path_alone(window: int, with_spans: bool) -> None:

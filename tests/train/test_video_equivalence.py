@@ -47,6 +47,7 @@ def _tiny(batches: list[dict], *, seed: int = 0) -> tuple[list[dict], object, di
     return batches, model, {"profile": profile, "token_ids": ids}
 
 
+@pytest.mark.slow
 def test_qwen25_vl_video_rows_match_unpacked(video_rows):
     batches, model, ctx = _tiny([collate([r]) for r in video_rows])
     assert any(len(b.get("video_grid_thw", ())) >= 2 for b in batches), "no row packs two videos"
@@ -63,6 +64,7 @@ def test_qwen25_vl_video_rows_match_unpacked(video_rows):
            for b in BACKENDS}, sum(r["paths"] for r in reports), "paths")
 
 
+@pytest.mark.slow
 def test_qwen25_vl_multi_row_batch_matches_unpacked(video_rows):
     """collate() of several video rows: video offsets and pixel rows shift across rows."""
     (batch,), model, ctx = _tiny([collate(video_rows[:3])], seed=1)

@@ -1,0 +1,213 @@
+"""Stage two of encoding: a batch's tokens and labels, and each example's tree joined from its paths' tokens.
+
+    Tokens   the batch's texts tokenized back to back, with the loss rule's labels (labels.py) for all of them
+    Draft    one example: ids, labels, node offsets and parents, and its media references in token order, one
+             placeholder each until media.py expands them
+
+Trees: node n's tokens are the tokens of the path root..n minus those of the path root..parent(n); the parent's
+tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts on its own
+belongs to the root.
+
+Fast paths, each beside the general one it must equal (``Encoder(fast=False)`` runs only the general ones;
+tests/encode/test_encoder.py compares them): the loss rule for all texts at once from token byte lengths
+(``labels.batch_loss_labels``; the general path: ``loss_labels`` per text from character offsets), and a linear
+example whose batch-counted media tokens match its media skipping the per-node check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from packer.core.types import IGNORE_INDEX, EncodedImage, EncodedVideo, ImageRef, VideoRef
+from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels
+from packer.encode.templates import Span
+from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
+from packer.errors import RecordError
+
+if TYPE_CHECKING:
+    from packer.encode.encoder import Encoder
+    from packer.encode.render import Staged
+
+
+@dataclass(slots=True)
+class Tokens:
+    """A batch's tokens and labels, its texts back to back (``tokenize.flat_ids``): text k's are
+    ``ids[starts[k]:starts[k + 1]]``. Labels are those of the loss rule (labels.py) for a conversation's
+    path, IGNORE_INDEX for a text record (``text_draft`` gives its own)."""
+
+    ids: np.ndarray  # (T,) int32
+    labels: np.ndarray  # (T,) int32
+    starts: list[int]  # (texts + 1,)
+    images: list[int]  # image tokens in each text (the template's placeholders: one per image named)
+    videos: list[int]  # video tokens in each text
+
+    def text(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Text k's ids and labels (views: the batch's texts do not overlap)."""
+        a, b = self.starts[k], self.starts[k + 1]
+        return self.ids[a:b], self.labels[a:b]
+
+
+@dataclass(slots=True)
+class Draft:
+    """One example between tokenization and its Encoded form; the later steps update it in place."""
+
+    ids: np.ndarray  # (L,) int32
+    labels: np.ndarray  # (L,) int32, IGNORE_INDEX where no loss
+    node_offsets: np.ndarray  # (N,) int32, first token of each node
+    node_parents: np.ndarray  # (N,) int32, -1 for the root
+    refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
+    images: list[EncodedImage] = field(default_factory=list)  # set by media.expand (and cut by lengths.truncate)
+    image_runs: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each image entry's run
+    blocks: list[int] = field(default_factory=list)  # entries of `images` per image named (ImageBlocks), in order
+    videos: list[EncodedVideo] = field(default_factory=list)  # likewise
+    video_runs: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each video's run
+
+
+def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings: list) -> Tokens:
+    """The batch's tokens (``encodings`` of ``texts``) with every conversation path's labels: the loss rule for
+    all texts at once from byte lengths (``batch_loss_labels``), one text at a time from character offsets
+    where those do not apply (the general path, ``loss_labels``)."""
+    ids, starts = flat_ids(encodings)
+    spans: list[list[Span]] = [[] for _ in texts]  # per text, its loss messages' spans
+    for stage in staged:
+        for i, node in enumerate(stage.nodes):  # a text record has none
+            own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
+            spans[stage.first + i] = [s for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+    if enc._token_bytes is None:  # the batch was tokenized with offsets
+        labels, rest = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32), [k for k, s in enumerate(spans) if s]
+    else:
+        labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=enc._is_special,
+                                         offsets=ByteOffsets(ids, starts, enc._token_bytes))
+        enc.paths["labels:byte-lengths"] += len(texts) - len(rest)
+    enc.paths["labels:offsets"] += len(rest)
+    for k in rest:
+        a, b = starts[k], starts[k + 1]
+        encoding = encodings[k] if enc._token_bytes is None else enc._backend.encode(texts[k], add_special_tokens=False)
+        labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=enc._is_special,
+                                  boundaries=offset_boundaries(ids[a:b], encoding, texts[k]))
+    images, videos = (
+        [0] * len(texts) if t is None else np.diff(np.searchsorted(np.flatnonzero(ids == t), starts)).tolist()
+        for t in (enc.image_token_id, enc.video_token_id)
+    )
+    return Tokens(ids, labels, starts, images=images, videos=videos)
+
+
+def text_draft(enc: Encoder, tokens: Tokens, k: int) -> Draft:
+    """A ``text`` record (text ``k`` of ``tokens``): [bos] + tokens + eos, loss on every token (the first is
+    cleared later)."""
+    parts = [tokens.text(k)[0]]
+    if enc.bos_id is not None:
+        parts.insert(0, np.array([enc.bos_id], dtype=np.int32))
+    if enc.eos_id is not None:
+        parts.append(np.array([enc.eos_id], dtype=np.int32))
+    arr = np.concatenate(parts)  # a copy: the batch's ids stay as they are
+    for token_id, what in ((enc.image_token_id, "image"), (enc.video_token_id, "video")):
+        if (tokens.images[k] or tokens.videos[k]) and token_id is not None and (arr == token_id).any():
+            raise RecordError("image_count_mismatch", f"the text holds the {what} token literally but names no {what}")
+    return Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
+
+
+def tree_draft(enc: Encoder, stage: Staged, tokens: Tokens) -> Draft:
+    """Nodes are path deltas: node n's tokens are its path's minus its parent's path's."""
+    nodes, parents, texts, first = stage.nodes, stage.parents, stage.texts, stage.first
+    if len(nodes) == 1:  # a linear conversation, most records: its one path is the example
+        ids, labels = tokens.text(first)
+        node_offsets = np.zeros(1, dtype=np.int32)
+        refs = [[p for m in nodes[0].messages for p in m.parts if not isinstance(p, str)]]
+        # its counts are its text's, taken for the whole batch: the check below only runs to say what is wrong
+        videos = sum(isinstance(r, VideoRef) for r in refs[0])
+        counted = "batch-counts" in enc.fast_paths and not stage.rewritten and (
+            (tokens.images[first], tokens.videos[first]) == (len(refs[0]) - videos, videos))
+    else:
+        ids, labels, node_offsets, refs = join_nodes(stage, tokens)
+        paths = slice(first, first + len(texts))
+        counted = ("batch-counts" in enc.fast_paths and not any(refs) and not any(tokens.images[paths])
+                   and not any(tokens.videos[paths]))
+    if counted:
+        enc.paths["media:batch-counted"] += 1
+    else:
+        enc.paths["media:per-node"] += 1
+        check_media_tokens(enc, ids, node_offsets, refs)
+    node_parents = np.array(parents, dtype=np.int32)
+    return Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
+
+
+def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef]]]:
+    """A tree's ids, labels, node offsets and each node's images and videos, from its paths' tokens."""
+    texts = stage.texts
+    node_ids, node_labels, refs, path_ids = [], [], [], []
+    for i, (node, parent) in enumerate(zip(stage.nodes, stage.parents, strict=True)):
+        ids, labels = tokens.text(stage.first + i)
+        path_ids.append(ids)
+        start = 0
+        if parent >= 0:
+            start = path_ids[parent].shape[0]
+            # bytes compared: np.array_equal's checks cost more than the compare on a few hundred tokens
+            if not texts[i].startswith(texts[parent]) or ids[:start].tobytes() != path_ids[parent].tobytes():
+                raise RecordError(
+                    "template_error",
+                    f"tree node {i}: the rendering of its parent's path is not a token-level prefix of its "
+                    "own path (the template or tokenizer is not prefix-stable at this branch)",
+                )
+        node_ids.append(ids[start:])
+        node_labels.append(labels[start:])
+        refs.append([p for m in node.messages for p in m.parts if not isinstance(p, str)])
+    sizes = [a.shape[0] for a in node_ids]
+    if 0 in sizes[1:]:
+        raise RecordError("template_error", f"tree node {sizes.index(0, 1)} renders to no tokens")
+    offsets = np.array([0, *accumulate(sizes[:-1])], dtype=np.int32)
+    return np.concatenate(node_ids), np.concatenate(node_labels), offsets, refs
+
+
+def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef | VideoRef]]) -> None:
+    """Each node must hold exactly one image token per image its messages name (one per block of an image the
+    processor writes as blocks), and one video token per video."""
+    profile = enc.profile
+    videos = [[r for r in node if isinstance(r, VideoRef)] for node in refs]
+    if any(videos) and enc.video_token_id is None:
+        profile.plan_video(next(v for node in videos for v in node))  # raises: no video in this family
+    if enc.video_token_id is not None and (any(videos) or (ids == enc.video_token_id).any()):
+        _check_token_counts(ids, node_offsets, videos, enc.video_token_id, profile.video_token, "video")
+    images = [[r for r in node if isinstance(r, ImageRef)] for node in refs]
+    if not any(images) and (enc.image_token_id is None or not (ids == enc.image_token_id).any()):
+        return  # the common text-only case: nothing to count
+    want = np.array([len(r) for r in images], dtype=np.int64)
+    if enc.image_token_id is None:
+        if want.any():
+            raise RecordError(
+                "image_count_mismatch",
+                f"profile {profile.name!r} takes no images, but the record names {int(want.sum())}; "
+                "use a vision profile (qwen2-vl, qwen2.5-vl, llava)",
+            )
+        return
+    blocks = [[b for r in node for b in blocks_of(enc, r)] for node in images]
+    _check_token_counts(ids, node_offsets, blocks, enc.image_token_id, profile.image_token, "image")
+
+
+def blocks_of(enc: Encoder, ref: ImageRef) -> list[ImageRef]:
+    """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``): once by default."""
+    blocks = enc.profile.image_blocks(*enc.profile.image_size(ref))
+    return [ref] if blocks is None else [ref] * len(blocks.runs)
+
+
+def _check_token_counts(ids: np.ndarray, node_offsets: np.ndarray, refs: list[list], token_id: int, token: str,
+                        what: str) -> None:
+    want = np.array([len(r) for r in refs], dtype=np.int64)
+    pos = np.flatnonzero(ids == token_id)
+    got = np.bincount(np.searchsorted(node_offsets, pos, side="right") - 1, minlength=want.shape[0])
+    if (got != want).any():
+        node = int(np.flatnonzero(got != want)[0])
+        if got[node] > want[node]:
+            raise RecordError(
+                "image_count_mismatch",
+                f"{int(got.sum())} {what} tokens for {int(want.sum())} {what}s: the text holds {token!r} literally",
+            )
+        raise RecordError(
+            "template_error",
+            f"the chat template emitted {int(got.sum())} {what} tokens for {int(want.sum())} {what}s; "
+            f'it must emit one per {{"type": "{what}"}} part',
+        )

@@ -1,0 +1,150 @@
+"""Length policies for an example longer than ``max_length`` (``packer.encode.OVERLONG_POLICIES`` and
+``--long-docs split``), applied to its draft after its media are expanded.
+
+    truncate         keep the first max_length tokens (depth-first layout), never inside an image or video
+    truncate_left    a text record keeps its last max_length tokens
+    keep_last_turns  drop the fewest whole early turns (re-rendered: a template may depend on what precedes)
+    split            a long text record becomes chunks ``path:line@k`` (split.py), losing no token
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from packer.core.ids import chunk_id
+from packer.core.types import IGNORE_INDEX, Encoded, Example, ImageRef, Node
+from packer.encode.draft import Draft
+from packer.encode.split import chunk_labels, split_windows
+from packer.errors import RecordError
+from packer.models.base import Media
+
+if TYPE_CHECKING:
+    from packer.encode.encoder import Encoder
+
+
+def truncate(enc: Encoder, draft: Draft) -> None:
+    """Keep the first max_length tokens (depth-first layout), cutting before an image or video, never inside."""
+    cut = enc.max_length
+    firsts = np.cumsum([0, *draft.blocks])  # an image's blocks go together (its crops and the text between)
+    spans = [(draft.image_runs[i][0], draft.image_runs[j - 1][1])
+             for i, j in zip(firsts[:-1], firsts[1:], strict=True)]  # [first token, end) of each image's runs
+    spans += draft.video_runs
+    for start, end in spans:
+        if start < cut < end:
+            cut = start
+            break
+    if enc.vision_start_id is not None and cut > 0 and draft.ids[cut - 1] == enc.vision_start_id:
+        cut -= 1  # a <|vision_start|> whose image was cut off would announce an image that never comes
+    keep_nodes = int(np.searchsorted(draft.node_offsets, cut, side="left"))  # nodes that start before it
+    labels = draft.labels[:cut]
+    if keep_nodes == 0 or not (labels[1:] != IGNORE_INDEX).any():
+        raise RecordError(
+            "untruncatable",
+            f"cutting to --max-length {enc.max_length} (at token {cut}, before any image it would split) "
+            "leaves no loss token; raise --max-length or use --overlong drop",
+        )
+    kept = [k for k, (_, end) in enumerate(draft.image_runs) if end <= cut]
+    whole = [draft.images[i] for i, (_, end) in zip(firsts[:-1], spans[: len(draft.blocks)], strict=True)
+             if end <= cut]  # each kept image's first block
+    if 0 < len(kept) < len(draft.images):
+        _check_counts_kept(enc, draft, whole, keep_nodes)
+    draft.images = [draft.images[k] for k in kept]
+    draft.image_runs = [draft.image_runs[k] for k in kept]
+    kept_videos = [k for k, (_, end) in enumerate(draft.video_runs) if end <= cut]
+    draft.videos = [draft.videos[k] for k in kept_videos]
+    draft.video_runs = [draft.video_runs[k] for k in kept_videos]
+    draft.ids, draft.labels = draft.ids[:cut], labels
+    draft.node_offsets = draft.node_offsets[:keep_nodes]
+    draft.node_parents = draft.node_parents[:keep_nodes]
+
+
+def _check_counts_kept(enc: Encoder, draft: Draft, whole: list, keep_nodes: int) -> None:
+    """RecordError "untruncatable" where a kept image's token count depended on the images cut away (its runs
+    under the cut tree differ from the ones it has): no cut keeps it exact."""
+    profile = enc.profile
+    refs = [r for r in draft.refs if isinstance(r, ImageRef)][: len(whole)]
+    plain = [(r, im) for r, im in zip(refs, whole, strict=True) if profile.image_blocks(*profile.image_size(r)) is None]
+    if not plain:
+        return
+    offsets, parents = draft.node_offsets[:keep_nodes], draft.node_parents[:keep_nodes]
+    nodes = (np.searchsorted(offsets, [im.offset for _, im in plain], side="right") - 1).tolist()
+    try:
+        alone = [run.num_tokens for run in profile.media_runs([Media(r, n) for (r, _), n in zip(plain, nodes, strict=True)],
+                                                              parents)]
+    except RecordError:  # the cut tree's paths disagree on a kept image (image_tree): no count fits
+        alone = None
+    if alone != [im.num_tokens for _, im in plain]:
+        raise RecordError(
+            "untruncatable",
+            f"cutting to --max-length {enc.max_length} drops images that decide how many tokens the "
+            f"kept ones take (profile {profile.name!r}); raise --max-length or use --overlong drop",
+        )
+
+
+def truncate_left(enc: Encoder, draft: Draft) -> None:
+    """A text record keeps its last max_length tokens (no bos re-added: the tail does not start the document;
+    its first token's label is cleared when it is encoded). Text records hold no images."""
+    cut = draft.ids.shape[0] - enc.max_length
+    draft.ids, draft.labels = draft.ids[cut:], draft.labels[cut:].copy()
+
+
+def split(enc: Encoder, example: Example, draft: Draft) -> list[Encoded]:
+    """A long text record -> its chunks (``split.py``), ids ``path:line@k``."""
+    windows = split_windows(draft.ids.shape[0], max_length=enc.max_length, overlap=enc.long_docs_overlap)
+    one = np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32)
+    ends = [0] + [b for _, b in windows[:-1]]  # where each chunk's context (the previous chunk) ends
+    return [
+        enc._encoded(
+            example,
+            Draft(draft.ids[a:b], chunk_labels(draft.labels, a, b, context_end=e), *one, refs=[]),
+            example_id=chunk_id(example.example_id, k),
+        )
+        for k, ((a, b), e) in enumerate(zip(windows, ends, strict=True))
+    ]
+
+
+def keep_last_turns(enc: Encoder, example: Example, length: int) -> Draft:
+    """Drop the fewest whole early turns of the root that make ``example`` fit; re-rendered by the template (a
+    template may depend on what precedes a turn), found by bisection: O(log turns) tokenizer calls.
+
+    Turns: the root's leading system messages are always kept; the rest is cut into turns, each starting at a
+    user message (messages before the first user message form a turn of their own). The root's last turn is
+    always kept: a tree's branches continue it, and the kept part starts at a user message.
+    """
+    root = example.root
+    head = 0
+    while head < len(root.messages) and root.messages[head].role == "system":
+        head += 1
+    rest = root.messages[head:]
+    starts = [0] + [i for i, m in enumerate(rest) if i > 0 and m.role == "user"]
+
+    def drafted(k: int) -> Draft:  # the example without its first k turns
+        return enc._draft_alone(replace(example, root=Node(root.messages[:head] + rest[starts[k]:], root.children)))
+
+    last = len(starts) - 1
+    best = drafted(last) if last > 0 else None
+    kept = length if best is None else best.ids.shape[0]
+    if kept > enc.max_length:
+        raise RecordError(
+            "untruncatable",
+            f"the system prompt and the last turn alone are {kept} tokens > --max-length {enc.max_length}; "
+            "raise --max-length, or use --overlong truncate to keep the head",
+        )
+    lo, hi = 1, last  # drafted(hi) fits; find the smallest k that does
+    while lo < hi:
+        mid = (lo + hi) // 2
+        candidate = drafted(mid)
+        if candidate.ids.shape[0] <= enc.max_length:
+            best, hi = candidate, mid
+        else:
+            lo = mid + 1
+    if not (best.labels[1:] != IGNORE_INDEX).any():
+        raise RecordError(
+            "untruncatable",
+            f"the last {len(starts) - hi} turn(s) that fit --max-length {enc.max_length} carry no loss; "
+            "raise --max-length or use --overlong drop",
+        )
+    return best

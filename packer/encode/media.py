@@ -1,0 +1,171 @@
+"""Stage three of encoding: each media placeholder becomes its run (``ModelProfile.media_runs``), with np.repeat
+for the placeholder repeated (labels -100) and the run's own ids written over it where the family lays it out in
+other tokens; node offsets shift to match. No per-token Python loop anywhere.
+
+    ids   ... <|vision_start|> <|image_pad|> <|vision_end|> ...            one placeholder per image
+      ->  ... <|vision_start|> <|image_pad|> x 391 <|vision_end|> ...       MediaRun((1, 34, 46), 391)
+
+A run given as text is tokenized alone, which equals tokenizing it in place only where no merge crosses its
+edges: a special (control) token on each side of every edge does it (Qwen3-VL's timestamps follow the
+template's <|vision_start|>); elsewhere the edge is checked by tokenizing the text between the nearest special
+tokens with the run (``RunIds.check_edges``), else ``template_error``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from packer.core.types import IGNORE_INDEX, EncodedImage, EncodedVideo, ImageRef, VideoRef
+from packer.errors import ConfigError, RecordError
+from packer.models.base import Media, MediaRun
+
+if TYPE_CHECKING:
+    from packer.encode.draft import Draft
+    from packer.encode.encoder import Encoder
+    from packer.media.video import VideoPlan
+
+
+def expand(enc: Encoder, draft: Draft) -> None:
+    """Replace each of ``draft``'s placeholders with its run; record the stored image and video entries.
+
+    Placeholder positions are Python ints: an example names a few media, and numpy calls on a few items cost a
+    microsecond each for nothing."""
+    refs = draft.refs
+    if not refs:
+        return
+    profile = enc.profile
+    pos = np.flatnonzero(enc._is_placeholder[draft.ids]).tolist()  # one per video, image, or block of an image
+    blocks = [None if isinstance(r, VideoRef) else profile.image_blocks(*profile.image_size(r)) for r in refs]
+    draft.blocks = [1 if b is None else len(b.runs) for r, b in zip(refs, blocks, strict=True) if isinstance(r, ImageRef)]
+    ref_pos, at = [], 0  # each ref's first placeholder
+    for b in blocks:
+        ref_pos.append(pos[at])
+        at += 1 if b is None else len(b.runs)
+    is_video = [isinstance(r, VideoRef) for r in refs]
+    if enc.video_token_id is not None and [t == enc.video_token_id for t in draft.ids[ref_pos].tolist()] != is_video:
+        raise RecordError("template_error", "the chat template put the images and videos out of their order")
+    nodes = (np.searchsorted(draft.node_offsets, ref_pos, side="right") - 1).tolist()
+    plain = [Media(r, n) for r, n, b in zip(refs, nodes, blocks, strict=True) if b is None]
+    plain_runs = iter(profile.media_runs(plain, draft.node_parents) if plain else ())
+    entries: list[tuple[ImageRef | VideoRef, MediaRun]] = []  # one per placeholder, in token order
+    for ref, b in zip(refs, blocks, strict=True):
+        entries += [(ref, next(plain_runs))] if b is None else [(ref, run) for run in b.runs]
+    ids_of = [enc._runs.ids(run, draft.ids, p) for (_, run), p in zip(entries, pos, strict=True)]
+    spans = [run.num_tokens if ids is None else ids.shape[0] for (_, run), ids in zip(entries, ids_of, strict=True)]
+    starts, shift = [], 0  # where each placeholder's run starts once expanded
+    for p, n in zip(pos, spans, strict=True):
+        starts.append(p + shift)
+        shift += n - 1
+    repeats = np.ones(draft.ids.shape[0], dtype=np.int64)
+    repeats[pos] = spans
+    labels = draft.labels.copy()
+    labels[pos] = IGNORE_INDEX
+    draft.images, draft.image_runs, draft.videos, draft.video_runs = [], [], [], []
+    for (ref, run), start, n in zip(entries, starts, spans, strict=True):
+        grid = tuple(int(x) for x in run.grid)
+        if isinstance(ref, VideoRef):
+            draft.videos.append(encoded_video(ref, run.plan, offset=start + run.lead))
+            draft.video_runs.append((start, start + n))
+        else:
+            draft.images.append(EncodedImage(
+                source=ref.path if ref.data is None else "", data=ref.data, grid_thw=grid, offset=start + run.lead,
+                num_tokens=int(run.num_tokens),
+            ))
+            draft.image_runs.append((start, start + n))
+    draft.ids = np.repeat(draft.ids, repeats)
+    for ids, start in zip(ids_of, starts, strict=True):
+        if ids is not None:  # the family's own layout of the run
+            draft.ids[start : start + ids.shape[0]] = ids
+    draft.labels = np.repeat(labels, repeats)
+    if draft.node_offsets.shape[0] > 1:  # a linear example's one node starts at 0, before every placeholder
+        shifts = np.cumsum([0] + [n - 1 for n in spans])  # (P + 1,) tokens the first k placeholders add
+        before = np.searchsorted(np.array(pos, dtype=np.int64), draft.node_offsets, side="left")
+        draft.node_offsets = (draft.node_offsets + shifts[before]).astype(np.int32)
+
+
+class RunIds:
+    """The token ids of ``MediaRun``s laid out in tokens of their own, cached per run (a dataset has few
+    distinct grids and runs)."""
+
+    def __init__(self, enc: Encoder):
+        self._enc = enc
+        self._names: dict[tuple[str, ...], np.ndarray] = {}
+        self._texts: dict[str, np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_enc": self._enc, "_names": {}, "_texts": {}}
+
+    def ids(self, run: MediaRun, ids: np.ndarray, p: int) -> np.ndarray | None:
+        """The run's ids where it is not the placeholder repeated (None), its placeholder at ``p`` of ``ids``."""
+        if run.tokens is not None:
+            out = self._names.get(run.tokens)
+            if out is None:
+                lookup = {name: self._enc._token_id(name) for name in set(run.tokens)}
+                out = self._names[run.tokens] = np.array([lookup[n] for n in run.tokens], dtype=np.int32)
+            return out
+        if run.text is not None:
+            out = self._texts.get(run.text)
+            if out is None:
+                out = self._texts[run.text] = self._encode(run.text)
+            self.check_edges(run.text, out, ids, p)
+            return out
+        return None
+
+    def _encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._enc._backend.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def check_edges(self, text: str, run: np.ndarray, ids: np.ndarray, p: int) -> None:
+        """RecordError unless tokenizing ``text`` in place of the placeholder at ``p`` gives ``run``: at each
+        edge either side is a special token, or the text between the edge's nearest special token and the run,
+        tokenized with it, splits at the edge."""
+        special = self._enc._is_special
+        if p > 0 and not special[ids[p - 1]] and not special[run[0]]:
+            q = p - 1
+            while q > 0 and not special[ids[q - 1]]:
+                q -= 1
+            before = ids[q:p]
+            joined = self._encode(self._enc._backend.decode(before.tolist(), skip_special_tokens=False) + text)
+            if joined.shape[0] < before.shape[0] or not np.array_equal(joined[: before.shape[0]], before):
+                raise self._error()
+        if p + 1 < ids.shape[0] and not special[ids[p + 1]] and not special[run[-1]]:
+            q = p + 2
+            while q < ids.shape[0] and not special[ids[q]]:
+                q += 1
+            after = ids[p + 1 : q]
+            joined = self._encode(text + self._enc._backend.decode(after.tolist(), skip_special_tokens=False))
+            if joined.shape[0] < after.shape[0] or not np.array_equal(joined[-after.shape[0] :], after):
+                raise self._error()
+
+    def _error(self) -> RecordError:
+        profile = self._enc.profile
+        return RecordError(
+            "template_error",
+            f"profile {profile.name!r} writes a video as text that would merge with the text around its "
+            f"placeholder; the chat template must put a special token (e.g. {profile.vision_start!r}) next to it",
+        )
+
+
+def encoded_video(ref: VideoRef, plan: VideoPlan | None, *, offset: int) -> EncodedVideo:
+    """A planned video (``packer.media.video.VideoPlan``) at ``offset`` of its example."""
+    if plan is None:
+        raise ConfigError("a video's MediaRun must carry its plan (ModelProfile.video_run)")
+    options = dict(ref.options)
+    start, end = options.get("video_start"), options.get("video_end")
+    return EncodedVideo(
+        source=ref.path,
+        frames=list(ref.frames),
+        video_start=None if start is None else float(start),
+        video_end=None if end is None else float(end),
+        frame_indices=list(plan.frame_indices),
+        video_fps=float(plan.video_fps),
+        grid_thw=tuple(int(x) for x in plan.grid_thw),
+        height=int(plan.size[0]),
+        width=int(plan.size[1]),
+        utils_height=int(plan.utils_size[0]),
+        utils_width=int(plan.utils_size[1]),
+        offset=offset,
+        num_tokens=int(plan.num_tokens),
+        second_per_grid_t=float(plan.second_per_grid_t),
+    )

@@ -1,0 +1,99 @@
+"""Stage one of encoding: render every root-to-node path of an example with the chat template, locating each
+message's content (templates.py), and apply the processor's rewrite of an image's text where the family has one
+(``ModelProfile.image_blocks``: Gemma 3's pan-and-scan writes an image as several blocks with text between,
+BEFORE tokenizing, so the text around them tokenizes as the processor's does).
+
+    Example (tree of Nodes)  ->  Staged(texts=[path 0's text, path 1's, ...], nodes, parents, spans)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer.core.types import Example, ImageRef, Message, Node
+from packer.encode.templates import ChatTemplate, Span
+from packer.errors import RecordError
+from packer.models.base import ModelProfile
+
+
+@dataclass(slots=True)
+class Staged:
+    """One example between rendering and tokenization."""
+
+    texts: list[str]  # what to tokenize: one rendering per root-to-node path (a text record: its text)
+    nodes: list[Node]  # tree nodes, depth-first ([] for a text record)
+    parents: list[int]  # parent index of each node (-1 for the root)
+    spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
+    first: int = 0  # index of texts[0] in the batch's tokenizer call
+    rewritten: bool = False  # an image was rewritten as blocks: its placeholders are not one per image
+
+
+def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged:
+    """Render every root-to-node path of ``example`` (a ``text`` record is its own text)."""
+    if example.kind == "text":
+        return Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
+    root = example.root
+    if not root.children:  # one node, one path (most conversations): the tree walk below, without its lists
+        text, spans = chat.locate(root.messages, tools=example.tools)
+        out = Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans])
+        _rewrite_images(out, [root.messages], profile)
+        return out
+    nodes, parents, paths = [], [], []
+    for node, parent in example.root.walk():
+        nodes.append(node)
+        parents.append(parent)
+        paths.append((paths[parent] if parent >= 0 else []) + node.messages)
+    located = [chat.locate(p, tools=example.tools) for p in paths]
+    out = Staged(texts=[text for text, _ in located], nodes=nodes, parents=parents, spans=[sp for _, sp in located])
+    _rewrite_images(out, paths, profile)
+    return out
+
+
+def _rewrite_images(staged: Staged, paths: list[list[Message]], profile: ModelProfile) -> None:
+    """Each path's text with every image the processor rewrites (``image_blocks``) written its way."""
+    token = profile.image_token
+    if token is None or not any(token in t for t in staged.texts):  # the common case: one look per text
+        return
+    for k, path in enumerate(paths):
+        text, spans = rewrite_images(staged.texts[k], staged.spans[k], path, profile)
+        if text is not staged.texts[k]:
+            staged.texts[k], staged.spans[k], staged.rewritten = text, spans, True
+
+
+def rewrite_images(text: str, spans: list[Span], path: list[Message], profile: ModelProfile) -> tuple[str, list[Span]]:
+    """The rendering with each image the profile writes as blocks written as its processor writes it, and the
+    message spans moved to match (``text`` itself where no image is rewritten)."""
+    token = profile.image_token
+    pieces, shifts, at, start = [], [], 0, 0
+    for ref in (p for m in path for p in m.parts if isinstance(p, ImageRef)):
+        at = text.find(token, at)
+        if at < 0:
+            return text, spans  # fewer image tokens than images: the token check says so
+        blocks = profile.image_blocks(*profile.image_size(ref))
+        if blocks is not None:
+            a = at - blocks.rendered.index(token)
+            if text[a : a + len(blocks.rendered)] != blocks.rendered:
+                raise RecordError(
+                    "template_error",
+                    f"profile {profile.name!r} writes this image as blocks, and needs the chat template "
+                    f"to write an image as {blocks.rendered!r} (the builtin {profile.default_tokenizer} "
+                    "template does)",
+                )
+            pieces += [text[start:a], blocks.text]
+            start = a + len(blocks.rendered)
+            shifts.append((start, len(blocks.text) - len(blocks.rendered)))
+        at += len(token)
+    if not shifts:
+        return text, spans
+    ends = np.array([e for e, _ in shifts])
+    moved = np.cumsum([d for _, d in shifts])
+
+    def move(c: int | None) -> int | None:  # a position at or after a replaced rendering's end moves
+        if c is None:
+            return None
+        k = int(np.searchsorted(ends, c, side="right"))
+        return c + int(moved[k - 1]) if k else c
+
+    return "".join([*pieces, text[start:]]), [(move(a), move(b), move(c)) for a, b, c in spans]

@@ -1,0 +1,151 @@
+"""The Qwen-VL proof: tiny ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration`` /
+``Qwen3VLForConditionalGeneration`` models, and one path alone as the processor gives it: its images' and
+videos' pixels and grids, ``mm_token_type_ids`` (image 1, video 2), from which the model's own
+``get_rope_index`` finds the vision runs (mRoPE)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from packer.models.proof import Proof, tiny_text_config
+
+
+class QwenVLProof(Proof):
+    """Qwen2-VL: ``tiny_text_config`` + a 1-block vision tower of width 32."""
+
+    model_class = "Qwen2VLForConditionalGeneration"
+
+    def model_tokens(self) -> tuple[str, ...]:
+        return (*super().model_tokens(), self.profile.video_token)
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """A tiny Qwen2-VL (or Qwen2.5-VL): ``tiny_text_config`` + a 1-block vision tower of width 32.
+
+        mRoPE splits the head's rotary frequencies t/h/w as Qwen2-VL does (16/24/24 of 64): 1/1/2 of 4 here.
+        """
+        import transformers
+
+        vision_depth, vision_dim = kw.pop("vision_depth", 1), kw.pop("vision_dim", 32)
+        text = tiny_text_config(vocab_size=vocab_size, **kw)
+        half = text["hidden_size"] // text["num_attention_heads"] // 2
+        t = max(1, half // 4)
+        section = [t, (half - t) // 2, half - t - (half - t) // 2]
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": section}
+        vision = self._tiny_vision(depth=vision_depth, width=vision_dim, out=text["hidden_size"])
+        cls = getattr(transformers, self.model_class)
+        config = cls.config_class(
+            text_config=text, vision_config=vision, attn_implementation="sdpa", **self._config_ids(token_ids)
+        )
+        return cls(config).float().train()
+
+    def _config_ids(self, token_ids: dict[str, int]) -> dict[str, int]:
+        """The model config's token-id fields from ``token_ids`` (token -> id)."""
+        p = self.profile
+        names = {"image_token_id": p.image_token, "video_token_id": p.video_token,
+                 "vision_start_token_id": p.vision_start, "vision_end_token_id": p.vision_end}
+        return {key: token_ids[tok] for key, tok in names.items()}
+
+    def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
+        return dict(depth=depth, embed_dim=width, hidden_size=out, num_heads=2, mlp_ratio=2,
+                    spatial_merge_size=self.profile.merge_size)
+
+    def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Each image's t*h*w rows of ``pixel_values`` and its ``image_grid_thw`` row."""
+        out, row = [], 0
+        for i, (t, h, w) in enumerate(batch["image_grid_thw"].tolist()):
+            out.append({"pixel_values": batch["pixel_values"][row : row + t * h * w],
+                        "image_grid_thw": batch["image_grid_thw"][i : i + 1]})
+            row += t * h * w
+        return out
+
+    def reference_inputs(
+        self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
+    ) -> dict[str, Any]:
+        """Adds ``mm_token_type_ids``, from which the model's ``get_rope_index`` finds the images (mRoPE)."""
+        out = super().reference_inputs(input_ids, images, token_ids=token_ids)
+        if images:
+            out["mm_token_type_ids"] = (input_ids == token_ids[self.profile.image_token]).int()
+        return out
+
+    def path_inputs(
+        self, batch: Mapping[str, Any], token_ids: dict[str, int]
+    ) -> Callable[[torch.Tensor], dict[str, Any]]:
+        """The base's images, plus the path's videos as the processor gives them for that example alone."""
+        base = super().path_inputs(batch, token_ids)
+        videos = _video_table(batch)
+
+        def inputs(tokens: torch.Tensor) -> dict[str, Any]:
+            kwargs = base(tokens)
+            clips = [v for v in videos if bool((tokens == v[0]).any())]
+            if clips:
+                kwargs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][r : r + n] for _, r, n, _ in clips])
+                kwargs["video_grid_thw"] = torch.stack([batch["video_grid_thw"][i] for *_, i in clips])
+                if "second_per_grid_ts" in batch:
+                    kwargs["second_per_grid_ts"] = torch.stack([batch["second_per_grid_ts"][i] for *_, i in clips])
+                path_ids = kwargs["input_ids"]  # the processor's mm_token_type_ids: image 1, video 2
+                kwargs["mm_token_type_ids"] = ((path_ids == token_ids[self.profile.image_token]).int()
+                                               + 2 * (path_ids == token_ids[self.profile.video_token]).int())
+            return kwargs
+
+        return inputs
+
+
+class Qwen25VLProof(QwenVLProof):
+    """Qwen2.5-VL: windowed vision attention."""
+
+    model_class = "Qwen2_5_VLForConditionalGeneration"
+
+    def _tiny_vision(self, *, depth: int, width: int, out: int) -> dict[str, Any]:
+        # windows of 56 px (2x2 merged tokens) and the last block full: both attention kinds run
+        p = self.profile
+        return dict(depth=max(depth, 2), hidden_size=width, out_hidden_size=out, intermediate_size=2 * width,
+                    num_heads=2, spatial_merge_size=p.merge_size, window_size=56,
+                    fullatt_block_indexes=[max(depth, 2) - 1], tokens_per_second=p.tokens_per_second or 2)
+
+
+class Qwen3VLProof(QwenVLProof):
+    """Qwen3-VL: interleaved mRoPE, DeepStack."""
+
+    model_class = "Qwen3VLForConditionalGeneration"
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """A random-weight fp32 ``Qwen3VLForConditionalGeneration`` small enough for CPU tests.
+
+        Text: hidden 32, 2 layers, 4 heads of 8 with 2 KV heads, interleaved mRoPE over the 4 rotary
+        frequencies (sections 2/1/1, as the released 24/20/20 of 64); vision: 2 blocks of width 32, patch 16,
+        DeepStack from both blocks into the first two decoder layers. ``token_ids``: the ids of
+        ``model_tokens()`` (e.g. from a compacted vocabulary); ``kw`` overrides text-config fields.
+        """
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+        p = self.profile
+        text = dict(
+            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=32768, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 1, 1],
+                             "mrope_interleaved": True},
+            bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        ) | kw
+        vision = dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=p.patch_size,
+            spatial_merge_size=p.merge_size, temporal_patch_size=p.temporal_patch_size, out_hidden_size=32,
+            num_position_embeddings=64, deepstack_visual_indexes=[0, 1],
+        )
+        config = Qwen3VLConfig(text_config=text, vision_config=vision, attn_implementation="sdpa",
+                               **self._config_ids(token_ids))
+        return Qwen3VLForConditionalGeneration(config).float().train()
+
+
+def _video_table(batch: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
+    """(first token, first pixel row, pixel rows, index) of every video in the batch."""
+    if batch.get("video_grid_thw") is None:
+        return []
+    out, row = [], 0
+    for i, ((t, h, w), off) in enumerate(zip(batch["video_grid_thw"].tolist(), batch["video_offsets"].tolist(),
+                                             strict=True)):
+        out.append((off, row, t * h * w, i))
+        row += t * h * w
+    return out

@@ -1,0 +1,90 @@
+"""The Qwen-VL reader: images through ``Qwen2VLImageProcessorPil`` (the class transformers itself falls back to
+without torchvision), videos from their planned frames only (``video_pixels.py``: the video processor's maths in
+torch, no torchvision).
+
+    pixel_values        (sum(t*h*w), 3*2*14*14) float32   image_grid_thw (N, 3) int64
+    pixel_values_videos (sum(t*h*w), 3*2*14*14) float32   video_grid_thw (V, 3) int64   [second_per_grid_ts (V,)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from packer.media.video import decode_frame_list, decode_frames
+from packer.models.qwen_vl.video_pixels import video_pixel_values
+from packer.models.qwen_vl.video_plan import VideoFamily, frame_list_fetch_size
+from packer.models.reader import Reader
+
+
+class QwenVLReader(Reader):
+    """Qwen2-VL and Qwen2.5-VL (Qwen3-VL: ``Qwen3VLReader``)."""
+
+    def make_image_processor(self) -> Any:
+        # The PIL backend: torchvision is not a dependency, and transformers' Qwen2VLImageProcessor itself
+        # falls back to Qwen2VLImageProcessorPil without it. Grids are identical in both backends.
+        from transformers import Qwen2VLImageProcessorPil
+
+        p = self.profile
+        return Qwen2VLImageProcessorPil(
+            min_pixels=p.min_pixels, max_pixels=p.max_pixels, patch_size=p.patch_size,
+            temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
+        )
+
+    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """``pixel_values_videos`` (sum(t*h*w), 3*2*14*14) float32, ``video_grid_thw`` (V, 3) int64 and, for
+        Qwen2.5-VL, ``second_per_grid_ts`` (V,) float32 of ``videos`` (rows of the shards' ``videos`` column).
+
+        Only the planned frames are decoded (``media.video.decode_frames``); qwen-vl-utils' resize to
+        ``utils_height`` x ``utils_width`` then the processor's to ``height`` x ``width`` follow
+        ``video_pixels.video_pixel_values`` (torch ops, no torchvision). A frame list's images are first resized
+        one by one as qwen-vl-utils' ``fetch_image`` resizes them (``sampled_frames``).
+        """
+        p = self.profile
+        pixels, grids = [], []
+        for v in videos:
+            utils_size = (v["utils_height"], v["utils_width"])
+            pixel_values, grid = video_pixel_values(
+                sampled_frames(v, utils_size, p.video_family()), resized_height=v["height"], resized_width=v["width"],
+                patch_size=p.patch_size, image_mean=p.image_mean, image_std=p.image_std,
+                temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size, utils_size=utils_size,
+            )
+            pixels.append(pixel_values)
+            grids.append(grid)
+        out = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids)}
+        if p.tokens_per_second is not None:  # the Qwen2.5-VL processor's float32 tensor
+            out["second_per_grid_ts"] = torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32)
+        return out
+
+
+class Qwen3VLReader(QwenVLReader):
+    """Qwen3-VL: the same processor class with its checkpoints' patch 16 and mean = std = 0.5."""
+
+    def make_image_processor(self) -> Any:
+        # The PIL backend, as transformers picks it for qwen3_vl without torchvision (image_processing_auto.py).
+        from transformers import Qwen2VLImageProcessorPil
+
+        p = self.profile
+        return Qwen2VLImageProcessorPil(
+            min_pixels=p.min_pixels, max_pixels=p.max_pixels, patch_size=p.patch_size,
+            temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
+            image_mean=list(p.image_mean), image_std=list(p.image_std),
+        )
+
+
+def sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
+    """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
+    images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
+    ``video_plan.frame_list_fetch_size``); ``video_pixel_values`` then does fetch_video's resize."""
+    if not video["frames"]:
+        return decode_frames(video["source"], video["frame_indices"])
+    from PIL import Image
+
+    nframes = len(video["frame_indices"])
+    out = []
+    for f in decode_frame_list([video["frames"][i] for i in video["frame_indices"]]):
+        h, w = frame_list_fetch_size(f.shape[0], f.shape[1], nframes=nframes, utils_size=utils_size, family=family)
+        out.append(f if f.shape[:2] == (h, w) else np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)))
+    return np.stack(out)

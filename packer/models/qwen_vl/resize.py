@@ -1,0 +1,37 @@
+"""Qwen-VL's resize rule: ``smart_resize`` (multiples of a factor, area bounds, aspect kept), shared by its
+image processor and by qwen-vl-utils' frame sizing (``video_plan.py``)."""
+
+from __future__ import annotations
+
+import math
+
+from packer.errors import RecordError
+
+# Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
+MAX_ASPECT_RATIO = 200
+
+
+def smart_resize(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen2-VL's resize target (height, width): multiples of ``factor``, area in [min, max], same aspect.
+
+    Same arithmetic as transformers' ``qwen2_vl.image_processing_qwen2_vl.smart_resize`` (rounding and all),
+    but a RecordError instead of a ValueError for an aspect ratio above 200.
+    """
+    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise RecordError(
+            "bad_image",
+            f"image of {width}x{height} px has an aspect ratio above {MAX_ASPECT_RATIO}, which Qwen2-VL refuses",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar

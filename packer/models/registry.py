@@ -1,0 +1,102 @@
+"""The registry: profiles by name (``--profile``) and builtin tokenizers by name (``--tokenizer``).
+
+A leaf below the families: ``packer.models`` registers each family package here (``register_family``), and a
+family's code may ask the registry (e.g. which profiles take videos) without importing the package that
+registers it. Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from packer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from packer.models.base import ModelProfile
+    from packer.models.shared.tokenizer import TokenizerSpec
+
+_PROFILES: dict[str, ModelProfile] = {}
+_TOKENIZERS: dict[str, TokenizerSpec] = {}
+
+
+def register_family(package: ModuleType) -> None:
+    """Register a family package: its ``PROFILES`` (ModelProfile instances, in order) and its ``TOKENIZERS``
+    (builtin ``TokenizerSpec``s, optional)."""
+    profiles = getattr(package, "PROFILES", None)
+    if not profiles:
+        raise ConfigError(f"family package {package.__name__} defines no PROFILES")
+    for profile in profiles:
+        register_profile(profile)
+    for spec in getattr(package, "TOKENIZERS", ()):
+        register_tokenizer(spec)
+
+
+def register_profile(profile: ModelProfile) -> ModelProfile:
+    """Make ``profile`` known by its name (to ``get_profile``, the CLI, the reader and verify)."""
+    if profile.name in _PROFILES:
+        raise ConfigError(f"profile {profile.name!r} is already registered")
+    _PROFILES[profile.name] = profile
+    return profile
+
+
+def register_tokenizer(spec: TokenizerSpec) -> TokenizerSpec:
+    """Make a builtin tokenizer known by its name (``--tokenizer``, ``load_tokenizer``)."""
+    if spec.name in _TOKENIZERS:
+        raise ConfigError(f"builtin tokenizer {spec.name!r} is already registered")
+    _TOKENIZERS[spec.name] = spec
+    return spec
+
+
+def profile_names() -> tuple[str, ...]:
+    """Registered profile names, in registration order."""
+    return tuple(_PROFILES)
+
+
+def get_profile(name: str, **overrides: Any) -> ModelProfile:
+    """The named profile, with ``overrides`` (e.g. min_pixels/max_pixels) applied; None values are ignored."""
+    if name not in _PROFILES:
+        raise ConfigError(f"unknown profile {name!r}; known profiles: {', '.join(_PROFILES)}")
+    profile = _PROFILES[name]
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    known = list(dict.fromkeys(k for p in _PROFILES.values() for k in p.overridable))
+    unknown = sorted(set(changes) - set(known))
+    if unknown:
+        raise ConfigError(f"cannot override {unknown} of profile {name!r}; overridable: {', '.join(known)}")
+    foreign = sorted(set(changes) - set(profile.overridable))
+    if foreign:  # another family's knob (today only Qwen's min_pixels / max_pixels)
+        owners = [n for n, p in _PROFILES.items() if set(foreign) <= set(p.overridable)]
+        raise ConfigError(
+            f"{foreign} only apply to dynamic-resolution profiles ({', '.join(owners)}), not {name!r}"
+        )
+    return dataclasses.replace(profile, **changes) if changes else profile
+
+
+def forward_keys() -> tuple[str, ...]:
+    """Every batch key some registered family's model forward takes (a batch holds only its own family's)."""
+    return tuple(dict.fromkeys(k for p in _PROFILES.values() for k in p.forward_keys))
+
+
+def profiles_with(what: str) -> tuple[str, ...]:
+    """Names of the profiles that take ``what`` ("image" or "video"), for error messages."""
+    return tuple(n for n, p in _PROFILES.items() if (p.has_video if what == "video" else p.has_vision))
+
+
+def builtin_tokenizers() -> tuple[str, ...]:
+    """Names of the builtin tokenizers, in registration order."""
+    return tuple(_TOKENIZERS)
+
+
+def tokenizer_spec(name: str) -> TokenizerSpec:
+    if name not in _TOKENIZERS:
+        raise ConfigError(f"unknown builtin tokenizer {name!r}; builtins: {', '.join(_TOKENIZERS)}")
+    return _TOKENIZERS[name]
+
+
+def fast_renderer(template: str | None) -> Any:
+    """The pure-Python renderer a builtin registers for exactly this chat template source, or None."""
+    for spec in _TOKENIZERS.values():
+        if spec.fast_renderer is not None and spec.chat_template == template:
+            return spec.fast_renderer
+    return None
