@@ -65,11 +65,10 @@ def get_profile(name: str, **overrides: Any) -> ModelProfile:
     if unknown:
         raise ConfigError(f"cannot override {unknown} of profile {name!r}; overridable: {', '.join(known)}")
     foreign = sorted(set(changes) - set(profile.overridable))
-    if foreign:  # another family's knob (today only Qwen's min_pixels / max_pixels)
+    if foreign:  # another family's knob
         owners = [n for n, p in _PROFILES.items() if set(foreign) <= set(p.overridable)]
-        raise ConfigError(
-            f"{foreign} only apply to dynamic-resolution profiles ({', '.join(owners)}), not {name!r}"
-        )
+        raise ConfigError(f"{foreign} only apply to profiles {', '.join(owners)}, not {name!r}; {name!r} takes: "
+                          f"{', '.join(profile.overridable)}")
     return dataclasses.replace(profile, **changes) if changes else profile
 
 
