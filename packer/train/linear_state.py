@@ -278,7 +278,8 @@ def tree_gated_delta_rule(
     Hk, Hv = k.shape[1], v.shape[1]
     if Hk != Hv:
         q, k = q.repeat_interleave(Hv // Hk, dim=1), k.repeat_interleave(Hv // Hk, dim=1)  # (T, Hv, Dk)
-    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    work = torch.promote_types(dtype, torch.float32)  # fp32 as transformers (fp64 stays fp64: the tests' exact check)
+    q, k, v, g, beta = (x.to(work) for x in (q, k, v, g, beta))
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     q = q * q.shape[-1] ** -0.5

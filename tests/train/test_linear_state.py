@@ -104,6 +104,29 @@ def test_tree_delta_rule_equals_transformers_on_each_path(chunk, grouped):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
+def test_tree_delta_rule_in_fp64_equals_each_path_alone_exactly():
+    """In fp64 the tree of chunks (chunks restart at every node) and each path alone (chunks from the path's
+    start) agree to 1e-12, values and gradients: the fp32 differences above are rounding, not maths."""
+    torch.manual_seed(5)
+    layout = _layout()
+    q, k, v = (torch.randn(T, 2, 8, dtype=torch.float64) for _ in range(3))
+    g, beta = -F.softplus(torch.randn(T, 2, dtype=torch.float64)), torch.rand(T, 2, dtype=torch.float64)
+    inputs = [x.requires_grad_() for x in (q, k, v, g, beta)]
+    got = linear_state.tree_gated_delta_rule(*inputs, layout, chunk=16)
+    weights = torch.randn_like(got)
+    got_grads = torch.autograd.grad((got * weights).sum(), inputs)
+    ref_loss, seen = 0, set()
+    for tokens in _paths(layout):
+        alone = PackedLayout.from_tensors(len(tokens), [0, len(tokens)])
+        out = linear_state.tree_gated_delta_rule(*(x[tokens] for x in inputs), alone, chunk=16)
+        mine = torch.tensor([t not in seen for t in tokens.tolist()])
+        seen.update(tokens.tolist())
+        torch.testing.assert_close(got[tokens].detach(), out.detach(), rtol=1e-12, atol=1e-12)
+        ref_loss = ref_loss + (out[mine] * weights[tokens[mine]]).sum()
+    for a, b in zip(got_grads, torch.autograd.grad(ref_loss, inputs), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
 def test_branches_fork_from_the_parent_not_the_sibling():
     """The same tokens under 'node 2 is node 1's child' (chained) give different outputs for node 2 than under
     'node 2 is node 0's child' (forked): the parent really is what a branch starts from."""
