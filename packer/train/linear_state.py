@@ -354,6 +354,65 @@ def fla_tree_gated_delta_rule(
 
 
 # --------------------------------------------------------------------------------------------------------
+# Mamba-2's SSD (Granite-4.0-H, Nemotron-H, Bamba): transformers' torch mamba2_chunk_scan over the chunk tree
+
+
+def tree_ssd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    layout: PackedLayout,
+    *,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    chunk: int = CHUNK,
+) -> torch.Tensor:
+    """Mamba-2's selective state space (SSD) over every root-to-leaf path of the row, in plain torch.
+
+    Per head: dt = clamp(softplus(dt + dt_bias)); state S (P, N) <- exp(A dt) S + (dt x) B^T; y = S C + D x.
+    The maths of transformers' ``mamba2_chunk_scan`` (fp32, dt softplus), with ``chunk_schedule``'s chunks:
+    each example from a zero state, each branch from its parent's end state.
+
+    Args:
+        x: (T, H, P). dt: (T, H) before bias and softplus. A: (H,) negative. B, C: (T, G, N), H a multiple of G.
+        D: (H,) skip, dt_bias: (H,). dt_limit: dt's clamp.
+    Returns:
+        (T, H, P) fp32 (as transformers' torch path).
+    """
+    H, G = x.shape[1], B.shape[1]
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    dt = F.softplus(dt).clamp(min=dt_limit[0], max=dt_limit[1])  # (T, H)
+    work = torch.promote_types(x.dtype, torch.float32)
+    x = x.to(work)
+    B, C = (t.to(work).repeat_interleave(H // G, dim=1) for t in (B, C))  # (T, H, N)
+    skip = None if D is None else D[:, None].to(work) * x  # (T, H, P)
+    xd, a = x * dt[..., None].to(work), A.to(work) * dt.to(work)  # (T, H, P), (T, H) log-decay per token
+    sched = chunk_schedule(layout, chunk, x.device)
+    xd, a, B, C = (to_chunks(t, sched) for t in (xd, a, B, C))  # (M, H, C, P), (M, H, C), (M, H, C, N) x 2
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).triu(1)
+    cum = a.cumsum(-1)  # (M, H, C)
+    L = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()  # (M, H, C, C)
+    y_diag = ((C @ B.transpose(-1, -2)) * L) @ xd  # (M, H, C, P) within the chunk
+    writes = xd.transpose(-1, -2) @ (B * (cum[..., -1:] - cum).exp()[..., None])  # (M, H, P, N) to the chunk end
+    c_dec = C * cum.exp()[..., None]  # (M, H, C, N) reads the chunk's initial state
+    chunk_decay = cum[..., -1].exp()[..., None, None]  # (M, H, 1, 1)
+    sizes = level_sizes(sched)
+    y_diag, writes, c_dec, chunk_decay = (t.split(sizes) for t in (y_diag, writes, c_dec, chunk_decay))
+
+    def step(lv: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = y_diag[lv] + c_dec[lv] @ state.transpose(-1, -2)  # (n, H, C, P)
+        return out, state * chunk_decay[lv] + writes[lv]  # (n, H, P, N)
+
+    zero = x.new_zeros(H, x.shape[-1], B.shape[-1])  # (H, P, N)
+    y = from_chunks(torch.cat(tree_chunk_scan(sched, step, zero)), sched)  # (T, H, P)
+    return y if skip is None else y + skip
+
+
+# --------------------------------------------------------------------------------------------------------
 # Adapters: one per layer kind
 
 
@@ -406,6 +465,33 @@ class GatedDeltaNetAdapter(LinearStateAdapter):
         return module.out_proj(core.reshape(1, T, -1))  # (1, T, hidden)
 
 
+class Mamba2Adapter(LinearStateAdapter):
+    """Mamba-2 mixers as transformers 5.23.0 writes them for Granite-4.0-H (``GraniteMoeHybridMambaLayer``),
+    Nemotron-H (``NemotronHMamba2Mixer``) and Bamba (``BambaMixer``), whose forwards are the same code:
+    in_proj -> gate | xBC | dt; causal conv (kernel 4) + SiLU over xBC -> x, B, C; SSD with A = -exp(A_log), D,
+    dt_bias, softplus, dt clamped to ``time_step_limit``; grouped gated RMSNorm with the gate; out_proj."""
+
+    classes = ("GraniteMoeHybridMambaLayer", "NemotronHMamba2Mixer", "BambaMixer")
+
+    def forward(self, module, hidden_states, layout, **kwargs):
+        from transformers.activations import ACT2FN
+
+        T, dtype = hidden_states.shape[1], hidden_states.dtype
+        gate, xbc, dt = module.in_proj(hidden_states)[0].split(
+            [module.intermediate_size, module.conv_dim, module.num_heads], dim=-1)  # (T, I), (T, conv), (T, H)
+        xbc = tree_causal_conv(xbc, module.conv1d.weight[:, 0], module.conv1d.bias, layout,
+                               ACT2FN[module.activation])  # (T, conv)
+        gn = module.n_groups * module.ssm_state_size
+        x, B, C = torch.split(xbc, [module.intermediate_size, gn, gn], dim=-1)
+        y = tree_ssd(
+            x.reshape(T, module.num_heads, module.head_dim), dt, -torch.exp(module.A_log.float()),
+            B.reshape(T, module.n_groups, -1), C.reshape(T, module.n_groups, -1), layout,
+            D=module.D, dt_bias=module.dt_bias, dt_limit=tuple(module.time_step_limit),
+        )  # (T, H, P)
+        y = module.norm(y.reshape(1, T, -1), gate[None])  # (1, T, I)
+        return module.out_proj(y.to(dtype))  # (1, T, hidden)
+
+
 ADAPTERS: dict[str, LinearStateAdapter] = {}
 
 
@@ -417,6 +503,7 @@ def register_adapter(adapter: LinearStateAdapter) -> LinearStateAdapter:
 
 
 register_adapter(GatedDeltaNetAdapter())
+register_adapter(Mamba2Adapter())
 
 # Class-name fragments of token mixers that carry state across tokens (transformers 5.23's hybrids: Mamba,
 # Mamba-2, Gated DeltaNet, Kimi Delta Attention, LFM2's short conv, RWKV, xLSTM, RecurrentGemma, Lightning

@@ -231,7 +231,8 @@ def test_refuses_a_cache_on_a_packed_row():
 
 
 def test_refuses_a_stateful_layer_it_cannot_fork():
-    """Qwen3-Next's Gated DeltaNet (fused projections) has no adapter: refused by name, never run leaking."""
+    """Qwen3-Next's Gated DeltaNet (fused projections, another forward) has no adapter: refused by name, never
+    run leaking."""
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     config = Qwen3NextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -253,6 +254,87 @@ def test_refuses_a_stateful_model_with_no_known_layer():
 
     with pytest.raises(ConfigError, match="Recurrent is a stateful model"):
         linear_state.install(Recurrent())
+
+
+def test_tree_ssd_equals_transformers_mamba2_chunk_scan_on_each_path():
+    """Mamba-2's SSD (Granite-4.0-H, Nemotron-H, Bamba) against transformers' torch mamba2_chunk_scan on each
+    path alone: values and gradients of x, dt, B, C (fp32; chunk 16 theirs from the path start, 4 ours)."""
+    from transformers.models.granitemoehybrid.modeling_granitemoehybrid import mamba2_chunk_scan
+
+    torch.manual_seed(6)
+    layout, H, P, G, N = _layout(), 4, 6, 2, 5
+    x, dt = torch.randn(T, H, P), torch.randn(T, H)
+    B, C = torch.randn(T, G, N), torch.randn(T, G, N)
+    A, D, dt_bias = -torch.rand(H) - 0.1, torch.randn(H), torch.randn(H)
+    inputs = [t.requires_grad_() for t in (x, dt, B, C)]
+    got = linear_state.tree_ssd(*inputs[:2], A, *inputs[2:], layout, D=D, dt_bias=dt_bias, chunk=4)  # (T, H, P)
+    weights = torch.randn_like(got)
+    got_grads = torch.autograd.grad((got * weights).sum(), inputs)
+    ref_loss, seen = 0, set()
+    for tokens in _paths(layout):
+        out = mamba2_chunk_scan(x[tokens][None], dt[tokens][None], A, B[tokens][None], C[tokens][None], chunk_size=16,
+                                D=D, dt_bias=dt_bias, dt_softplus=True)[0]  # (L, H, P)
+        mine = torch.tensor([t not in seen for t in tokens.tolist()])
+        seen.update(tokens.tolist())
+        torch.testing.assert_close(got[tokens].detach(), out.detach(), rtol=1e-5, atol=1e-5)
+        ref_loss = ref_loss + (out[mine] * weights[tokens[mine]]).sum()
+    for a, b in zip(got_grads, torch.autograd.grad(ref_loss, inputs), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
+def _ids_only(batch):
+    """One path alone: its token ids, the model's own defaults for everything else."""
+    return lambda tokens: {"input_ids": batch["input_ids"][0][tokens][None], "use_cache": False}
+
+
+def _mamba2_hybrid(name: str) -> torch.nn.Module:
+    """A tiny Mamba-2 hybrid: 3 Mamba-2 mixers then 1 attention layer (4 heads, 2 groups, state 8)."""
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    mamba = dict(mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8, mamba_d_head="auto", mamba_chunk_size=16)
+    if name == "granite":
+        config = transformers.GraniteMoeHybridConfig(
+            **common, **mamba, intermediate_size=64, num_hidden_layers=4,
+            layer_types=["mamba", "mamba", "mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+            shared_intermediate_size=32, position_embedding_type="rope")
+        cls = transformers.GraniteMoeHybridForCausalLM
+    elif name == "bamba":
+        config = transformers.BambaConfig(**common, **mamba, intermediate_size=64, num_hidden_layers=4,
+                                          attn_layer_indices=[3])
+        cls = transformers.BambaForCausalLM
+    else:
+        config = transformers.NemotronHConfig(
+            **common, layers_block_type=["mamba", "mamba", "mamba", "attention"], head_dim=8, intermediate_size=64,
+            ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, chunk_size=16)
+        cls = transformers.NemotronHForCausalLM
+    model = cls(config)
+    model.config._attn_implementation = "sdpa"
+    return model.float().train()
+
+
+@pytest.mark.parametrize("name", ["granite", "bamba", "nemotron_h"])
+def test_mamba2_hybrids_packed_trees_equal_each_path_alone(name):
+    """Granite-4.0-H, Bamba, Nemotron-H: Mamba-2 mixers through the same mechanism (conv along each path, SSD
+    state forked at each branch) composed with the attention layer's tree mask, per-token losses, total and
+    every gradient against each path alone."""
+    model = _mamba2_hybrid(name)
+    assert sum(type(m).__name__ in linear_state.ADAPTERS for m in model.modules()) == 3
+    batch = _batch()
+    report = ce.compare(model, batch, ["sdpa_varlen"], ref=ce.path_reference(model, batch, _ids_only(batch)))
+    assert report["sdpa_varlen"]["ok"] and report["sdpa_varlen"]["grad_missing"] == [], json.dumps(report)
+    for m in model.modules():  # unrouted: the SSD state and the conv run from example 0 into example 1
+        m.__dict__.pop("forward", None)
+    model.set_attn_implementation("packer_sdpa_varlen")  # the attention layer still masked by packer
+    second = torch.arange(159, 171)
+    with torch.no_grad():
+        leaky = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                      **{LAYOUT_KWARG: _layout()}).logits[0, second]
+        model.set_attn_implementation("sdpa")
+        alone = model(input_ids=batch["input_ids"][:, second], use_cache=False).logits[0]
+    assert (leaky - alone).abs().max() > 1e-2
 
 
 @pytest.mark.gpu
