@@ -25,7 +25,8 @@ the sequential steps are the longest path's chunk count, as for one example alon
 examples and branches in the row.
 
 A layer kind plugs in as a ``LinearStateAdapter`` (the module classes it handles, and its packed forward built
-from ``tree_causal_conv`` and ``tree_chunk_scan``). ``install(model)`` (called by
+from ``tree_causal_conv`` and ``tree_chunk_scan``): ``GatedDeltaNetAdapter`` (Qwen3.5, dense and MoE) and
+``Mamba2Adapter`` (the Mamba-2 mixers of Granite-4.0-H, Nemotron-H and Bamba) today. ``install(model)`` (called by
 ``packer.train.hf.use_packed_attention``) wraps the forward of every module an adapter knows; the wrapped
 forward takes the packed path when a ``packer_layout`` reaches it and is the module's own forward otherwise. A
 stateful model with a mixer packer does not know is refused there, by name: never silently wrong.
@@ -422,8 +423,7 @@ class LinearStateAdapter:
     ``classes``: the transformers module class names it handles. ``forward(module, hidden_states, layout,
     **kwargs)`` returns what the module's own forward returns for each root-to-leaf path alone, packed: built
     from ``tree_causal_conv`` (a conv window along each path) and ``tree_chunk_scan`` / the fla kernels (a
-    recurrent state forked at each branch). A Mamba-2 mixer plugs in the same way: its conv over xBC is
-    ``tree_causal_conv``, its SSD chunk recurrence (state * exp(A_cum) + B x) a ``tree_chunk_scan`` step.
+    recurrent state forked at each branch), as ``GatedDeltaNetAdapter`` and ``Mamba2Adapter`` are.
     """
 
     classes: tuple[str, ...] = ()
