@@ -26,7 +26,17 @@ __all__ = ["ModelProfile", "builtin_tokenizers", "forward_keys", "get_profile", 
            "register_profile", "register_tokenizer", "FAMILIES"]
 
 # The family packages, in the order their profiles are listed (``--profile`` choices, docs/models/).
-FAMILIES = ("qwen_vl", "llava", "llava_onevision", "gemma3", "text", "internvl", "molmo2", "smolvlm")
+FAMILIES = (
+    "qwen_vl",
+    "llava",
+    "llava_onevision",
+    "gemma3",
+    "text",
+    "internvl",
+    "molmo2",
+    "smolvlm",
+    "qwen3_5",
+)
 
 for _name in FAMILIES:
     register_family(import_module(f"packer.models.{_name}"))

@@ -15,11 +15,12 @@ import torch
 
 from packer.errors import ConfigError
 from packer.models import forward_keys
+from packer.train import linear_state
 from packer.train.attention import BACKENDS, packed_attention
 from packer.train.layout import PackedLayout
 
 IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "packer" (auto), "packer_sdpa", ...
-LAYOUT_KWARG = "packer_layout"  # the model kwarg that carries a PackedLayout down to every attention call
+LAYOUT_KWARG = linear_state.LAYOUT_KWARG  # "packer_layout": carries a PackedLayout down to every attention call
 
 
 _RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, spans, T, layout) of the last raw batch
@@ -142,7 +143,12 @@ def use_packed_attention(model: Any, backend: str = "auto") -> str:
     No model code changes: the model reads ``config._attn_implementation`` at every call. Vision towers
     (non-causal, per-image) fall through to SDPA inside the same function. A forward pre-hook lets the
     model take a collated batch as it is: ``model(**collate(rows))`` (see ``_packed_batch_hook``).
+
+    Linear-state layers (Qwen3.5's Gated DeltaNet) have no mask to set: ``packer.train.linear_state.install``
+    routes each one through packer's tree path (conv windows along each path, recurrent state forked at each
+    branch), and refuses a model with a stateful layer it does not know (``ConfigError``, naming it).
     """
+    linear_state.install(model)
     register()
     name = implementation_name(backend)
     model.set_attn_implementation(name)
