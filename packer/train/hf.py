@@ -83,6 +83,11 @@ def make_attention_function(backend: str):
             # Not a packed text call: a vision tower's per-image attention (non-causal), or one plain sequence.
             if causal and attention_mask is None:
                 _check_not_packed(kwargs.get("position_ids"))
+            bounds = kwargs.get("cu_seq_lens_q")
+            if not causal and attention_mask is None and bounds is not None:
+                # A vision tower under a flash-named implementation (packer_flash) passes its images' boundaries
+                # and no mask (Qwen2-VL's and Pixtral's towers): each image attends within itself only.
+                return _per_segment(module, query, key, value, bounds, dropout=dropout, scaling=scaling), None
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
             )
@@ -99,6 +104,20 @@ def make_attention_function(backend: str):
 
     packer_attention_forward.__name__ = f"packer_{backend}_attention_forward"
     return packer_attention_forward
+
+
+def _per_segment(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 bounds: torch.Tensor, *, dropout: float, scaling: float | None) -> torch.Tensor:
+    """Bidirectional attention within each [bounds[i], bounds[i+1]) of the sequence dimension: (B, T, H, D)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cuts = bounds.tolist()
+    outs = [
+        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, dropout=dropout,
+                               scaling=scaling, is_causal=False)[0]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+    ]
+    return torch.cat(outs, dim=1)
 
 
 def _mask_for_fallback(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any):

@@ -134,6 +134,24 @@ def test_non_causal_calls_fall_through_to_sdpa():
     torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.parametrize("backend", ["flash", "sdpa_varlen"])
+def test_a_vision_towers_images_stay_apart_under_a_flash_named_backend(backend):
+    """Qwen2-VL's and Pixtral's towers, under an implementation whose name holds "flash" (packer_flash), pass
+    their images' boundaries as cu_seq_lens and no mask: each image attends within itself, as each alone."""
+    attn = make_attention_function(backend)
+    module = torch.nn.Module()
+    module.is_causal = False
+    q, k, v = torch.randn(3, 1, 2, 10, 8).unbind(0)  # (1, H, T, D): two images of 4 and 6 patches
+    bounds = torch.tensor([0, 4, 10], dtype=torch.int32)
+    out, _ = attn(module, q, k, v, None, is_causal=False, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
+                  max_length_q=6, max_length_k=6)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    alone = torch.cat([sdpa(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]) for a, b in ((0, 4), (4, 10))], dim=2)
+    torch.testing.assert_close(out, alone.transpose(1, 2))
+    together = sdpa(q, k, v).transpose(1, 2)
+    assert (out - together).abs().max() > 1e-3  # the boundaries matter: one attention over both differs
+
+
 def test_hook_passes_no_bookkeeping_to_the_model():
     """Every key collate adds for packer's own use (boundaries, counts, fillers) stays out of the forward."""
     from packer.train.collate import collate
