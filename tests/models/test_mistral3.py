@@ -66,11 +66,16 @@ def _processor(tokenizer, options: dict | None = None):
     """transformers' PixtralProcessor with PixtralImageProcessorPil, set as the checkpoint's processor_config
     (patch_size, spatial_merge_size) and preprocessor_config (size) set it."""
     name = "transformers.models.pixtral.image_processing_pixtral"
-    if importlib.util.find_spec("torchvision") is None and name not in sys.modules:
+    stubbed = importlib.util.find_spec("torchvision") is None and name not in sys.modules
+    if stubbed:  # only while processing_pixtral is imported: nothing else sees the stand-in afterwards
         stub = types.ModuleType(name)  # the one name processing_pixtral imports from there
         stub.get_resize_output_image_size = image_processing_pil_pixtral.get_resize_output_image_size
         sys.modules[name] = stub
-    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+    try:
+        from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+    finally:
+        if stubbed:
+            del sys.modules[name]
 
     o = {**DEFAULTS, **(options or {})}
     return PixtralProcessor(image_processor=PixtralImageProcessorPil(size={"longest_edge": o["longest_edge"]}),
