@@ -486,15 +486,12 @@ def test_pixtral_tower_keeps_images_apart(monkeypatch) -> None:
     assert _rel(_features(model, pixels, sizes), alone) > 1e-3
 
 
-@pytest.mark.xfail(strict=True, reason="packer's attention function runs a non-causal call without a mask as one "
-                   "SDPA over all of it; a backend named *flash* makes Pixtral's tower pass cu_seq_lens and no mask "
-                   "(packer/train/hf.py; reported, not fixed here)")
 @pytest.mark.usefixtures("one_thread")
 def test_pixtral_tower_under_a_flash_named_backend() -> None:
     """transformers' Pixtral tower asks ``is_flash_attention_requested`` (any name holding "flash"): then it passes
     the images' ``cu_seq_lens_q/k`` instead of its block mask. Set on the tower's config directly (on CPU
-    transformers refuses to switch a model to "packer_flash": it looks for a hub kernel of that name), packer's
-    function ignores them and lets the images see each other."""
+    transformers refuses to switch a model to "packer_flash": it looks for a hub kernel of that name): packer's
+    function keeps each image within itself (packer/train/hf.py), as each image alone."""
     from packer.train.hf import register
 
     profile = get_profile("mistral3")
