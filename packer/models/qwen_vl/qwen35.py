@@ -10,7 +10,7 @@ rope rows ``[text; t; h; w]``, which is what it does for a text path alone.
 
 Images and video are not taken yet (a record that names one is rejected): Qwen3.5's processor is
 ``Qwen3VLProcessor`` (transformers 5.23.0, ``processing_auto``), so they would follow the Qwen3-VL rules of
-``packer/models/qwen_vl/qwen3.py`` with Qwen3.5's own vision ids (docs/models/qwen3_5.md, "What remains").
+``qwen3.py`` with Qwen3.5's own vision ids (docs/models/qwen_vl.md, "Qwen3.5").
 """
 
 from __future__ import annotations
@@ -33,6 +33,6 @@ class Qwen35Profile(ModelProfile):
     default_tokenizer: str | None = "qwen3.5-standin"
 
     def proof(self) -> Proof:
-        from packer.models.qwen3_5.proof import Qwen35Proof
+        from packer.models.qwen_vl.proof import Qwen35Proof
 
         return Qwen35Proof(self)
