@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     options: dict[str, Any] = {"profile": args.model, "tokenizer": args.tokenizer}
     if "max_pixels" in profile.overridable:
         options["max_pixels"] = args.max_pixels
+        if getattr(profile, "min_pixels", 0) > args.max_pixels:  # Qwen3-VL / Qwen3.5: 65536 by default
+            options["min_pixels"] = args.max_pixels
     if args.profile_option:
         options["profile_options"] = parse_profile_options(args.profile_option)
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,7 +35,6 @@ FAMILIES = (
     "internvl",
     "molmo2",
     "smolvlm",
-    "qwen3_5",
     "mistral3",
 )
 

@@ -325,7 +325,7 @@ def test_gpu_backends_match_sdpa(vl_build, qwen_tokenizer, backend):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("profile", "max_length"), [("qwen2.5-vl", 512), ("llava", 2048)])
+@pytest.mark.parametrize(("profile", "max_length"), [("qwen2.5-vl", 512), ("llava", 2048), ("qwen3.5", 512)])
 def test_check_equivalence_cli_for_vision_families(vl_build, capsys, profile, max_length):
     """The script is family-agnostic: the family's file builds its tiny model and runs each path alone."""
     code = ce.main(["--data", str(vl_build["data"]), "--model", profile, "--max-length", str(max_length),

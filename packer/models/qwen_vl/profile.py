@@ -82,6 +82,8 @@ class QwenVLProfile(ModelProfile):
     image_mean: ClassVar[tuple[float, ...]] = CLIP_MEAN
     """The processors' normalization mean (images and videos alike)."""
     image_std: ClassVar[tuple[float, ...]] = CLIP_STD
+    video_rule: ClassVar[str | None] = None
+    """The video rule (``video_plan.VIDEO_FAMILIES``) this profile's videos follow; None: the one of its name."""
 
     mrope: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = (
@@ -116,7 +118,7 @@ class QwenVLProfile(ModelProfile):
 
     def video_family(self) -> VideoFamily:
         """The qwen-vl-utils + HF video processor rule of this profile (``video_plan.py``)."""
-        return _video_family(self.name, self.video_min_pixels, self.video_max_pixels)
+        return _video_family(self.video_rule or self.name, self.video_min_pixels, self.video_max_pixels)
 
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""

@@ -1,7 +1,8 @@
 """The Qwen-VL proof: tiny ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration`` /
-``Qwen3VLForConditionalGeneration`` models, and one path alone as the processor gives it: its images' and
-videos' pixels and grids, ``mm_token_type_ids`` (image 1, video 2), from which the model's own
-``get_rope_index`` finds the vision runs (mRoPE)."""
+``Qwen3VLForConditionalGeneration`` / ``Qwen3_5ForConditionalGeneration`` (and Qwen3.5's MoE and text classes)
+models, and one path alone as the processor gives it: its images' and videos' pixels and grids,
+``mm_token_type_ids`` (image 1, video 2), from which the model's own ``get_rope_index`` finds the vision runs
+(mRoPE)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,62 @@ class Qwen3VLProof(QwenVLProof):
                                **self._config_ids(token_ids))
         return Qwen3VLForConditionalGeneration(config).float().train()
 
+
+class Qwen35Proof(Qwen3VLProof):
+    """Qwen3.5: the hybrid language model under Qwen3-VL's vision tower without DeepStack; ``model_class`` by the
+    profile (dense or MoE), ``text_model_class`` its language model alone."""
+
+    @property
+    def model_class(self) -> str:  # type: ignore[override]
+        return "Qwen3_5MoeForConditionalGeneration" if self.profile.moe else "Qwen3_5ForConditionalGeneration"
+
+    @property
+    def text_model_class(self) -> str:
+        """The text-only class (``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM``): ``tiny_model(model_class=...)``
+        builds it, for text rows."""
+        return "Qwen3_5MoeForCausalLM" if self.profile.moe else "Qwen3_5ForCausalLM"
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """A random-weight fp32 Qwen3.5 small enough for CPU tests.
+
+        Text: hidden 32, layers linear, linear, linear, full (the released interval of 4); full attention 4 heads
+        of 8 (2 KV heads), rotary over 3/4 of each head (Qwen3.5's partial rotary; released 1/4 of 256) with the
+        3 frequencies interleaved t, h, w (sections 1/1/1, as the released 11/11/10); linear attention 2 key heads
+        and 4 value heads of 8 (grouped, as the released 16 / 32), conv kernel 4. MoE: 4 experts, top 2, a shared
+        expert. Vision (``model_class`` a ``...ForConditionalGeneration``): Qwen3-VL's tiny tower (2 blocks of
+        width 32, patch 16), no DeepStack (Qwen3.5 has none). ``token_ids``: the ids of ``model_tokens()`` (unused
+        by a text class); ``kw`` overrides text-config fields (``layers``: the layer count, ``model_class``).
+        """
+        import transformers
+
+        name = kw.pop("model_class", None) or self.model_class
+        cls = getattr(transformers, name)
+        layers = kw.pop("layers", 4)
+        text = dict(
+            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=32768,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, layer_types=["linear_attention" if (i + 1) % 4 else "full_attention"
+                                                   for i in range(layers)],
+            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.75,
+                             "mrope_section": [1, 1, 1], "mrope_interleaved": True},
+            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        )
+        if self.profile.moe:
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        shared_expert_intermediate_size=16)
+        text.update(kw)
+        if name.endswith("ForCausalLM"):
+            return cls(cls.config_class(**text, attn_implementation="sdpa")).float().train()
+        p = self.profile
+        vision = dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=p.patch_size,
+            spatial_merge_size=p.merge_size, temporal_patch_size=p.temporal_patch_size,
+            out_hidden_size=text["hidden_size"], num_position_embeddings=64,
+        )
+        config = cls.config_class(text_config=text, vision_config=vision, attn_implementation="sdpa",
+                                  **self._config_ids(token_ids))
+        return cls(config).float().train()
 
 def _video_table(batch: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
     """(first token, first pixel row, pixel rows, index) of every video in the batch."""

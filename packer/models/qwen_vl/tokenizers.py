@@ -14,6 +14,15 @@ builtin for tool-use data: Qwen2-VL's template has no tool support.
 with their real ids (Qwen2.5's 22, then ``<tool_response>`` 151665, ``</tool_response>`` 151666, ``<think>``
 151667, ``</think>`` 151668, not special) and Qwen3-VL-Instruct's chat template (``QWEN3_VL_CHAT_TEMPLATE``).
 Qwen3-VL's config uses Qwen2-VL's vision ids (image 151655, video 151656, vision start/end 151652/151653).
+
+``qwen3.5-standin``: a STAND-IN for Qwen3.5's tokenizer, which ships on no package registry. Qwen3.5's real
+vocabulary has 248,320 entries (its own BPE, a pre-tokenizer that also keeps combining marks ``\\p{M}`` with
+letters, ``<|image_pad|>`` = 248056; transformers' ``Qwen3_5Tokenizer`` and ``Qwen3_5Config``), and only a
+checkpoint directory carries it. The stand-in is ``qwen3-vl`` under another name: Qwen3's vocabulary (the Qwen2
+ranks with Qwen3's 26 added tokens at Qwen3's ids: ``<|im_end|>`` 151645, ``<think>`` 151667) and the
+Qwen3-VL-Instruct ChatML template (no default system prompt, tools, no thinking blocks). Packing and its
+exactness do not depend on the vocabulary, so the proof and the tests run on it; to train a real Qwen3.5, pass
+its tokenizer directory (``--tokenizer /path/to/Qwen3.5-9B``): the ids then are Qwen3.5's own.
 """
 
 from __future__ import annotations
@@ -129,4 +138,5 @@ TOKENIZERS = (
     )),
     _qwen("qwen2.5", QWEN25_EXTRA_TOKENS, QWEN25_CHAT_TEMPLATE),
     _qwen("qwen3-vl", QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, QWEN3_VL_CHAT_TEMPLATE),
+    _qwen("qwen3.5-standin", QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, QWEN3_VL_CHAT_TEMPLATE),
 )

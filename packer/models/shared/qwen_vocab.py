@@ -1,7 +1,7 @@
 """The Qwen2 vocabulary's added tokens, shared by every family whose language model is a Qwen (Qwen-VL, and the
 InternVL, Molmo2 and LLaVA-OneVision LLMs): the ``qwen2`` ranks (``shared.tokenizer.RANKS``) end at 151642,
 and these follow with their real ids. Also the Qwen3-VL-Instruct chat template, which the ``qwen3-vl`` builtin and
-the Qwen3.5 stand-in (``qwen3_5/tokenizers.py``) both render with.
+the Qwen3.5 stand-in (``qwen_vl/tokenizers.py``) both render with.
 """
 
 from __future__ import annotations
