@@ -36,6 +36,7 @@ FAMILIES = (
     "molmo2",
     "smolvlm",
     "qwen3_5",
+    "glm46v",
 )
 
 for _name in FAMILIES:
