@@ -390,12 +390,15 @@ def _records() -> list[dict]:
                        {"role": "assistant", "content": "More grey."}]]},
         {"messages": [{"role": "user", "content": [*text("Two: "), *vid("short.mp4"), *vid("three.mp4")]},
                       {"role": "assistant", "content": "Two clips."}]},
+        {"messages": [{"role": "user", "content": "Look."}],  # an image in one branch, a video in the other
+         "branches": [[{"role": "user", "content": [*img("wide.png")]}, {"role": "assistant", "content": "Wide."}],
+                      [{"role": "user", "content": [*vid("three.mp4")]}, {"role": "assistant", "content": "Grey."}]]},
         {"messages": [{"role": "user", "content": [*img("small.png"), *vid("short.mp4")]},  # refused: image + video
                       {"role": "assistant", "content": "No."}]},
     ]
 
 
-VIDEO_RECORDS = {7, 8, 9}  # 1-based lines with a video; 9 is refused on every setting
+VIDEO_RECORDS = {7, 8, 9, 10}  # 1-based lines with a video; 10 is refused on every setting
 
 
 def _build(root: Path, *, videos: bool) -> dict:
@@ -503,8 +506,8 @@ def test_default_build_refuses_videos_and_verifies(built) -> None:
     assert totals["examples"] == len(_records()) - len(VIDEO_RECORDS) and totals["rejected"] == len(VIDEO_RECORDS)
     rejects = [json.loads(line) for line in (built["out"] / "rejects.jsonl").read_text().splitlines()]
     assert [(r["line"], r["reason"]) for r in rejects] == [(line, "bad_video") for line in sorted(VIDEO_RECORDS)]
-    assert ["videos are off" in r["message"] for r in rejects] == [True, True, False]
-    assert "no image beside a video" in rejects[2]["message"]
+    assert ["videos are off" in r["message"] for r in rejects] == [True, True, True, False]
+    assert "no image beside a video" in rejects[3]["message"]
     assert any(len(r["example_ids"]) > 1 for r in built["rows"])
     assert verify_build(built["out"], inputs=[str(built["data"])]).ok
 
@@ -512,7 +515,8 @@ def test_default_build_refuses_videos_and_verifies(built) -> None:
 @pytest.mark.slow
 def test_ids_and_positions_equal_the_processor_and_get_rope_index(built_videos, tokenizer, processor) -> None:
     """Every root-to-leaf path (images, two images in a turn, a tree with an image in its prefix and one in a
-    nested branch, LLaVA, text, a video tree, two videos in a turn): its ids == Glm46VProcessor's input_ids, and
+    nested branch, LLaVA, text, a video tree, two videos in a turn, an image and a video in sibling branches):
+    its ids == Glm46VProcessor's input_ids, and
     its stored mRoPE rows == Glm46VModel.get_rope_index on the processor's own inputs (mm_token_type_ids,
     image_grid_thw, video_grid_thw)."""
     torch.manual_seed(0)
@@ -530,7 +534,7 @@ def test_ids_and_positions_equal_the_processor_and_get_rope_index(built_videos, 
         assert np.array_equal(row["mrope_position_ids"][:, positions], want[:, 0].numpy())
         seen += 1
         videos += "video_grid_thw" in hf
-    assert (seen, videos) == (1 + 1 + 3 + 1 + 1 + 1 + 2 + 1, 3)
+    assert (seen, videos) == (1 + 1 + 3 + 1 + 1 + 1 + 2 + 1 + 2, 4)
 
 
 @pytest.mark.slow
@@ -575,7 +579,7 @@ def test_packed_equals_unpacked_with_videos(built_videos, tokenizer) -> None:
     rows = [r for r in built_videos["rows"] if len(r["videos"])]
     token_ids = ce.profile_token_ids(profile, tokenizer)
     (batch,), ids, vocab = ce.compact_vocab([collate(rows)], token_ids)
-    assert len(batch["video_offsets"]) == 4 and "pixel_values_videos" not in batch
+    assert len(batch["video_offsets"]) == 5 and "pixel_values_videos" not in batch
     torch.manual_seed(0)
     model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
     report = ce.compare(model, batch, ["sdpa_varlen"], profile=profile, token_ids=ids)
