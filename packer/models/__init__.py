@@ -36,6 +36,7 @@ FAMILIES = (
     "molmo2",
     "smolvlm",
     "mistral3",
+    "glm46v",
 )
 
 for _name in FAMILIES:

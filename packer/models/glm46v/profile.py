@@ -1,0 +1,290 @@
+"""GLM-4.6V (GLM-4.6V, GLM-4.6V-Flash; transformers' ``glm46v``): Qwen2-VL-style dynamic resolution with GLM's own
+``smart_resize``, 2x2 patch merging, 3-D mRoPE, video as one timestamped image run per temporal patch.
+
+    640x480 -> smart_resize(2 frames, factor 28, 12544 <= 2 * area <= 9633792) -> 644x476
+            -> grid (t, h, w) = (1, 34, 46) patches of 14 px -> 34 * 46 // 2**2 = 391 tokens
+    rendered <|begin_of_image|><|image|><|end_of_image|>, the <|image|> repeated 391 times; mRoPE gives those
+    tokens (t, h, w) positions over the merged 1x17x23 grid, text tokens three equal rows.
+
+Exact against transformers 5.23.0 (tests/models/test_glm46v.py): grids against ``Glm46VImageProcessorPil`` on every
+COCO-mini image and odd sizes (its ``get_number_of_image_patches`` and its pixels), every example's ids against
+``Glm46VProcessor``, positions against ``Glm46VModel.get_rope_index`` on every root-to-leaf path.
+
+Positions: ``Glm46VModel.get_rope_index`` is Qwen2-VL's (transformers 5.23.0 ``modeling_qwen2_vl.py``), line for
+line: runs of one ``mm_token_type_ids`` value are text (1-D) or one vision grid ((t, h, w) from the current
+position, then ``max(h, w) // 2`` on), with one difference: it first splits ``video_grid_thw`` into one (1, h, w)
+grid per temporal patch (``repeat_interleave``), because each patch is a run of its own between timestamps. So
+every image and every temporal patch of a video is a (1, h, w) run of ``<|image|>`` tokens (GLM's videos hold the
+image token too), and ``packer.models.shared.mrope`` (Qwen2-VL's rule, per root-to-leaf path) gives exactly GLM's
+positions when handed those runs' grids in token order.
+
+Videos are off by default (``videos=False``: every video refused with the reason): their frames hold
+``<|image|>``, and ``packer verify`` checks that the image placeholder lies exactly on the image entries, which a
+family cannot widen to its videos' frames (docs/models/glm46v.md, "Videos"). ``videos=True`` builds them exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from packer.core.tree import ancestor_matrix
+from packer.core.types import EncodedVideo, VideoRef
+from packer.errors import ConfigError, RecordError
+from packer.models.base import Media, MediaRun, ModelProfile
+from packer.models.glm46v.resize import smart_resize
+from packer.models.shared.mrope import expected_mrope, mrope_position_ids
+
+if TYPE_CHECKING:
+    from packer.media.video import VideoPlan
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
+
+VIDEOS_OFF = (
+    "GLM-4.6V videos are off: their frames are runs of the image placeholder <|image|>, and packer verify checks "
+    "that placeholder against the image entries alone (a family cannot show it its videos' frames), so their rows "
+    "would fail verify. --profile-option videos=true packs them exactly anyway (docs/models/glm46v.md, 'Videos')"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Glm46VProfile(ModelProfile):
+    """GLM-4.6V: the GLM-V checkpoints' preprocessor_config.json for images (``size`` shortest_edge 12544,
+    longest_edge 9633792; patch 14, merge 2, temporal patch 2), ``Glm46VVideoProcessor``'s class defaults for video.
+
+    ``pixel_values`` gives {"pixel_values": (sum(h*w), 3*2*14*14) float32, "image_grid_thw": (N, 3) int64}; a
+    batch's videos are in them too, each temporal patch a (1, h, w) image (``Glm46VReader``).
+    """
+
+    image_token: str | None = "<|image|>"
+    vision_start: str | None = "<|begin_of_image|>"
+    vision_end: str | None = "<|end_of_image|>"
+    video_token: str | None = "<|video|>"
+    default_tokenizer: str | None = "glm-4.6v"
+    patch_size: int = 14
+    """The vision tower's patch side in pixels."""
+    merge_size: int = 2
+    """Patches merged per side into one LLM token (2x2 -> 1)."""
+    temporal_patch_size: int = 2
+    """Frames per temporal patch (an image is two copies of itself: ``smart_resize`` sees 2 frames)."""
+    min_pixels: int = 112 * 112
+    """``size["shortest_edge"]``: the lower bound on 2 x the resized area (the image counts as 2 frames)."""
+    max_pixels: int = 28 * 28 * 2 * 6144
+    """``size["longest_edge"]``: the upper bound on 2 x the resized area, 9633792 in the GLM-V checkpoints'
+    preprocessor_config.json (at most 6144 tokens an image); the class default is 28 * 28 * 15000."""
+    video_min_pixels: int = 112 * 112
+    """The video processor's ``size["shortest_edge"]``: lower bound on frames x area."""
+    video_max_pixels: int = 28 * 28 * 2 * 30000
+    """The video processor's ``size["longest_edge"]``: upper bound on frames x area (its class default)."""
+    videos: bool = False
+    """Build videos (off by default: see the module docstring and ``VIDEOS_OFF``)."""
+
+    mrope: ClassVar[bool] = True
+    forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
+    overridable: ClassVar[tuple[str, ...]] = (
+        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "videos", *ModelProfile.overridable,
+    )
+
+    def __post_init__(self) -> None:
+        for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
+            if getattr(self, low) < 1 or getattr(self, high) < getattr(self, low):
+                raise ConfigError(f"profile {self.name!r}: need 1 <= {low!r} <= {high!r}, got "
+                                  f"{low}={getattr(self, low)}, {high}={getattr(self, high)}")
+
+    @property
+    def has_video(self) -> bool:
+        return self.videos and self.video_token is not None
+
+    # ------------------------------------------------------------------ encode
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """(1, h, w) patches: ``Glm46VImageProcessorPil``'s ``image_grid_thw`` (``smart_resize`` of 2 frames)."""
+        h, w = _image_size(height, width, self.patch_size * self.merge_size, self.temporal_patch_size,
+                           self.min_pixels, self.max_pixels)
+        return (1, h // self.patch_size, w // self.patch_size)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        _, h, w = self.grid_thw(width, height)
+        return h * w // self.merge_size**2
+
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        """A clip's frames, grid and tokens from its header (``video.plan``); RecordError with videos off."""
+        if not self.videos:
+            raise RecordError("bad_video", VIDEOS_OFF)
+        from packer.models.glm46v.video import plan
+
+        return plan(self, video)
+
+    def video_run(self, plan: VideoPlan) -> MediaRun:
+        """``Glm46VProcessor.replace_video_token``'s text (``video.video_text``), tokenized alone; the entry starts at
+        its first ``<|image|>`` (lead 1) and counts the ``<|image|>`` tokens of all its temporal patches."""
+        from packer.models.glm46v.video import video_text
+
+        text = video_text(plan, image_token=self.image_token, begin=self.vision_start, end=self.vision_end)
+        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, lead=1, plan=plan)
+
+    def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
+        """Each alone (``image_run`` / ``video_run``); RecordError for an image and a video on one root-to-leaf
+        path: ``Glm46VModel.get_placeholder_mask`` takes every ``<|image|>`` token as an image token AND as a video
+        token (a video's frames hold ``<|image|>``), so with both kinds in one sample the image features meet more
+        placeholders than they fill, and the model raises."""
+        kinds = [isinstance(m.ref, VideoRef) for m in media]
+        if any(kinds) and not all(kinds):
+            anc = ancestor_matrix(np.asarray(node_parents))
+            video_nodes = [m.node for m, v in zip(media, kinds, strict=True) if v]
+            image_nodes = [m.node for m, v in zip(media, kinds, strict=True) if not v]
+            if any(anc[a, b] or anc[b, a] for a in video_nodes for b in image_nodes):
+                raise RecordError(
+                    "bad_video", f"profile {self.name!r} takes no image beside a video in one example (path): "
+                    "Glm46VModel counts a video's <|image|> tokens as image placeholders too and refuses the pair; "
+                    "split the record",
+                )
+        return super().media_runs(media, node_parents)
+
+    def extra_positions(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        grids: list[tuple[int, int, int]],
+        *,
+        token_ids: dict[str, int | None],
+        videos: Sequence[EncodedVideo] = (),
+    ) -> np.ndarray:
+        """mRoPE rows (3, L) int32, as ``Glm46VModel.get_rope_index`` gives them for each root-to-leaf path alone:
+        Qwen2-VL's rule (``shared.mrope``) over every run of ``<|image|>`` tokens, each image and each temporal patch
+        of a video a (1, h, w) grid, in token order."""
+        if not grids and not videos:  # text alone: three rows equal to the 1-D positions (a read-only view)
+            row = np.ascontiguousarray(positions, dtype=np.int32)
+            out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
+            out.flags.writeable = False
+            return out
+        image_id = token_ids["image_token"]
+        runs = _grids_in_token_order(np.asarray(ids), image_id, grids, videos) if videos else list(grids)
+        return mrope_position_ids(ids, node_offsets, node_parents, runs, image_token_id=image_id,
+                                  spatial_merge_size=self.merge_size)
+
+    # ------------------------------------------------------------------ read / proof
+
+    def reader(self) -> Reader:
+        from packer.models.glm46v.reader import Glm46VReader
+
+        return Glm46VReader(self)
+
+    def proof(self) -> Proof:
+        from packer.models.glm46v.proof import Glm46VProof
+
+        return Glm46VProof(self)
+
+    # ------------------------------------------------------------------ verify
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """h * w / 4 of an image's (1, h, w); -1 unless t is 1 and h, w are whole merges."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        m = self.merge_size
+        ok = (grids[:, 0] == 1) & (grids[:, 1] >= m) & (grids[:, 2] >= m) & (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
+        return np.where(ok, grids[:, 1] * grids[:, 2] // m**2, -1)
+
+    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """t * h * w / 4 of a video's (t, h, w) (and of each temporal patch's (1, h, w) span)."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        m = self.merge_size
+        ok = (grids[:, 0] >= 1) & (grids[:, 1] >= m) & (grids[:, 2] >= m) & (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
+        return np.where(ok, grids[:, 0] * grids[:, 1] * grids[:, 2] // m**2, -1)
+
+    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        """Frames = grid_t * 2 (the sampled count is made even), frame size = grid (h, w) * patch_size."""
+        p = self.patch_size
+        return ((grids[:, 0] * self.temporal_patch_size != num_frames) | (grids[:, 0] < 1)
+                | (grids[:, 1] * p != sizes[:, 0]) | (grids[:, 2] * p != sizes[:, 1]))
+
+    def verify_spans(
+        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
+        token_id: int | None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """A video as spans of its temporal patches, each a (1, h, w) span over the k-th run of its frame token from
+        the video's offset (the timestamp and ``<|end_of_image|><|begin_of_image|>`` lie between the runs); the frame
+        token is the one at the first video's offset (``<|image|>``: the manifest records only ``<|video|>``'s id),
+        a video whose offset holds another gets offset -1. The ``<|video|>`` placeholder appears nowhere (False).
+        Images: the entries themselves."""
+        if what != "video" or not len(fields["offset"]):
+            return lists, fields, what != "video"
+        rows = len(lists) - 1
+        row_of_vid = np.repeat(np.arange(rows), np.diff(lists))
+        start = row_starts[row_of_vid] + fields["offset"]  # (V,) flat first token of each video
+        inside = (fields["offset"] >= 0) & (start < len(ids))
+        frame_tok = ids[np.where(inside, start, 0)]
+        token = int(frame_tok[np.argmax(inside)]) if inside.any() else -1
+        t = np.maximum(fields["grid_t"], 0)
+        edges = np.diff(np.concatenate([[0], (ids == token).astype(np.int8), [0]]))
+        runs = np.flatnonzero(edges == 1)  # flat starts of every run of the frame token
+        first = np.searchsorted(runs, start)  # (V,) each video's first run
+        video_of = np.repeat(np.arange(len(t)), t)  # (F,) the video of each temporal patch
+        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, t)
+        found = (run < len(runs)) & inside[video_of] & (frame_tok[video_of] == token)
+        flat = np.append(runs, -1)[np.where(found, run, len(runs))]
+        offset = np.where(found, flat - row_starts[row_of_vid[video_of]], -1)
+        grid_h, grid_w = fields["grid_h"][video_of], fields["grid_w"][video_of]
+        patches = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
+                   "num_tokens": fields["num_tokens"][video_of] // np.maximum(t[video_of], 1),
+                   "second_per_grid_t": fields["second_per_grid_t"][video_of]}
+        per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
+        return np.concatenate([[0], np.cumsum(per_row)]), patches, False
+
+    def expected_extra_positions(
+        self,
+        length: int,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        image_offsets: np.ndarray,
+        image_grids: np.ndarray,
+        *,
+        video_offsets: np.ndarray | None = None,
+        video_grids: np.ndarray | None = None,
+        video_seconds: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``expected_mrope`` over the images and the videos' temporal patches (``verify_spans``' (1, h, w) spans),
+        one list of runs in offset order."""
+        offsets = np.asarray(image_offsets, dtype=np.int64)
+        grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
+        if video_offsets is not None and len(video_offsets):
+            offsets = np.concatenate([offsets, np.asarray(video_offsets, dtype=np.int64)])
+            grids = np.concatenate([grids, np.asarray(video_grids, dtype=np.int64).reshape(-1, 3)])
+            order = np.argsort(offsets, kind="stable")
+            offsets, grids = offsets[order], grids[order]
+        return expected_mrope(length, node_offsets, node_parents, offsets, grids, spatial_merge_size=self.merge_size)
+
+
+@lru_cache(maxsize=65536)
+def _image_size(height: int, width: int, factor: int, frames: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    return smart_resize(frames, height, width, temporal_factor=frames, factor=factor, min_pixels=min_pixels,
+                        max_pixels=max_pixels)
+
+
+def _grids_in_token_order(
+    ids: np.ndarray, image_id: int, grids: Sequence[tuple[int, int, int]], videos: Sequence[EncodedVideo],
+) -> list[tuple[int, int, int]]:
+    """The (1, h, w) grid of every run of ``<|image|>`` tokens in ``ids``, in token order: a video's temporal patches
+    are the ``grid_t`` runs from its offset, the other runs the images, in order. RecordError where the runs do
+    not fall so (``mrope_position_ids`` then checks every run's length against its grid)."""
+    hits = ids == image_id
+    starts = np.flatnonzero(hits & ~np.concatenate([[False], hits[:-1]])).tolist()
+    kind: list[tuple[int, int, int] | None] = [None] * len(starts)
+    for v in videos:
+        t, h, w = (int(x) for x in v.grid_thw)
+        k = int(np.searchsorted(starts, v.offset))
+        if k + t > len(starts) or starts[k] != v.offset or any(kind[k : k + t]):
+            raise RecordError("image_count_mismatch", f"a video's {t} temporal patches are not runs of image "
+                                                      f"tokens from its offset {v.offset}")
+        kind[k : k + t] = [(1, h, w)] * t
+    images = iter(grids)
+    out = [g if g is not None else next(images, None) for g in kind]
+    if None in out or next(images, None) is not None:
+        raise RecordError("image_count_mismatch", f"{len(starts)} runs of image tokens do not match {len(grids)} "
+                                                  f"images and {sum(int(v.grid_thw[0]) for v in videos)} video patches")
+    return out  # type: ignore[return-value]
