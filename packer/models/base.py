@@ -258,10 +258,12 @@ class ModelProfile:
     def verify_spans(
         self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
         token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """The spans verify checks for the stored ``what`` ("image" or "video") entries of a row group, and
-        whether the placeholder lies exactly on them (False: the family's runs hold other tokens, and the
-        placeholder must appear nowhere).
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool | int | None]:
+        """The spans verify checks for the stored ``what`` ("image" or "video") entries of a row group, and which
+        token lies exactly on them: True for the placeholder (``token_id``), another id (GLM-4.6V's video frames hold
+        its image placeholder), or False / None where the family's runs hold other tokens. Verify checks every such
+        id against all the spans that claim it, images' and videos' together; a placeholder no span claims must
+        appear nowhere.
 
         ``ids`` is the row group's flat tokens, ``row_starts`` (R,) each row's first, ``lists`` (R+1,) each
         row's entries, ``fields`` the entries' columns (offset, grid_t/h/w, num_tokens, ...), ``token_id`` the

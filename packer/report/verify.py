@@ -324,14 +324,33 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
           lambda i: "position_ids differ from the tree positions (0 at each example, a branch continues from its parent)")
 
     # --- images, then videos: one contiguous run of their tokens each, in order, inside one example
-    spans, checked = {}, {}
+    spans, checked, claims, named = {}, {}, {}, {}
     for what, lists, fields, token_id in (("image", d.img_off, d.img, lim.image_token_id),
                                           ("video", d.vid_off, d.vid, lim.video_token_id)):
         # the family's spans of its placeholders (Qwen3-VL: a video's temporal patches, each a run of its own)
-        lists, fields, placed = lim.profile.verify_spans(what, d.ids, row_base, lists, fields, token_id)
-        spans[what] = _check_spans(d, lim, check, what, lists, fields, token_id, g_starts, g_off, placed=placed)
+        lists, fields, on = lim.profile.verify_spans(what, d.ids, row_base, lists, fields, token_id)
+        on = (token_id if on else None) if isinstance(on, bool) else on  # the id lying exactly on the spans
+        spans[what] = _check_spans(d, lim, check, what, lists, fields, g_starts, g_off)
         checked[what] = lists, fields
+        _, sel_k, _, in_span = spans[what]
+        if on is None and token_id is None and sel_k.any():  # an old manifest: the id the first span holds
+            on = int(d.ids[(row_base[_row_of(lists)] + fields["offset"])[sel_k][0]])
+        if on is not None:
+            claims[on] = claims.get(on, np.zeros(L, dtype=bool)) | in_span
+            named.setdefault(on, what)
+        if token_id is not None:
+            named.setdefault(token_id, what)
+    tok_ok = spans["image"][0] & spans["video"][0]
+    # Each placeholder (and each id a family says its spans hold) lies exactly on the spans that claim it: a
+    # family that lays its runs out in other tokens claims none (its placeholder then appears nowhere), and
+    # GLM-4.6V's video frames claim its image placeholder beside its images.
+    for tid, what in named.items():
+        stray = tok_ok & (claims.get(tid, np.zeros(L, dtype=bool)) != (d.ids == tid))
+        check(_rows_with(stray, row_of_tok, d.R), f"{what} tokens",
+              lambda i, tid=tid, what=what: f"{what} spans and {what} tokens (id {tid}) disagree: a span over other "
+              f"tokens, or a stray {what} token")
     vid_off, vid = checked["video"]
+    img_off, img = checked["image"]
     if len(d.vid["offset"]):
         vid_grids = np.stack([d.vid["grid_t"], d.vid["grid_h"], d.vid["grid_w"]], axis=1)
         sizes = np.stack([d.vid["height"], d.vid["width"]], axis=1)
@@ -341,14 +360,13 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         check(_rows_with(faults, _row_of(d.vid_off), d.R), "video plan",
               lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
               f"{lim.profile.name!r}")
-    tok_ok = spans["image"][0] & spans["video"][0]
 
     # --- mRoPE: recomputed along each tree path by the model family
     if lim.profile.mrope and L:
         got = d.mrope.reshape(-1, 3).T  # (3, L): token-major storage
-        _, img_sel, img_grids = spans["image"]
-        _, vid_sel, vid_grids = spans["video"]
-        img_starts = (row_base[_row_of(d.img_off)] + d.img["offset"])[img_sel]
+        _, img_sel, img_grids, _ = spans["image"]
+        _, vid_sel, vid_grids, _ = spans["video"]
+        img_starts = (row_base[_row_of(img_off)] + img["offset"])[img_sel]
         videos = {}
         if vid_sel.any():
             videos = dict(video_offsets=(row_base[_row_of(vid_off)] + vid["offset"])[vid_sel],
@@ -360,12 +378,12 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
 
 
 def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fields: dict[str, np.ndarray],
-                 token_id: int | None, g_starts: np.ndarray, g_off: np.ndarray, *, placed: bool = True):
+                 g_starts: np.ndarray, g_off: np.ndarray):
     """Images' (or videos') spans: inside the row, in order, no overlap, one example and one tree node each,
-    ``num_tokens`` matching the grid, exactly over the runs of their token (``placed``; else the placeholder
-    appears nowhere: the family's runs are other tokens), labels -100 there.
+    ``num_tokens`` matching the grid, labels -100 there (which token lies on them: the caller checks).
 
-    Returns ((T_total,) tokens of rows whose spans are sound, (I,) spans of such rows, (I, 3) grids).
+    Returns ((T_total,) tokens of rows whose spans are sound, (I,) spans of such rows, (I, 3) grids,
+    (T_total,) tokens inside a sound span).
     """
     L = len(d.ids)
     row_base, row_of_tok = d.tok_off[:-1], _row_of(d.tok_off)
@@ -394,19 +412,11 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
     np.add.at(in_image, gs[sel], 1)
     np.add.at(in_image, gs[sel] + n[sel], -1)
     in_image = np.cumsum(in_image)[:L] > 0  # (L,) token lies in some span
-    if token_id is None and sel.any():  # an old manifest: take the id the first span holds
-        token_id = int(d.ids[gs[sel][0]])
     tok_ok = img_rows_ok[row_of_tok]
-    if token_id is not None:
-        want = in_image if placed else np.zeros_like(in_image)
-        stray = tok_ok & (want != (d.ids == token_id))
-        check(_rows_with(stray, row_of_tok, d.R), f"{what} tokens",
-              lambda i: f"{what} spans and {what} tokens (id {token_id}) disagree: a span over other tokens, or a "
-              f"stray {what} token")
     check(_rows_with(tok_ok & in_image & (d.labels != IGNORE_INDEX), row_of_tok, d.R), f"{what} labels",
           lambda i: f"an {what} token carries a label (vision tokens carry no loss)" if what == "image" else
           f"a {what} token carries a label (vision tokens carry no loss)")
-    return tok_ok, sel, grids
+    return tok_ok, sel, grids, in_image & tok_ok
 
 
 # ---------------------------------------------------------------------------------------- whole build

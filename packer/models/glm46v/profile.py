@@ -18,9 +18,9 @@ every image and every temporal patch of a video is a (1, h, w) run of ``<|image|
 image token too), and ``packer.models.shared.mrope`` (Qwen2-VL's rule, per root-to-leaf path) gives exactly GLM's
 positions when handed those runs' grids in token order.
 
-Videos are off by default (``videos=False``: every video refused with the reason): their frames hold
-``<|image|>``, and ``packer verify`` checks that the image placeholder lies exactly on the image entries, which a
-family cannot widen to its videos' frames (docs/models/glm46v.md, "Videos"). ``videos=True`` builds them exactly.
+Videos are built by default; their frames hold ``<|image|>``, so ``verify_spans`` tells verify that the video
+spans (one per temporal patch) hold the image placeholder too, and verify checks it against images' and videos'
+spans together. ``videos=False`` refuses every video with the reason (docs/models/glm46v.md, "Videos").
 """
 
 from __future__ import annotations
@@ -44,11 +44,7 @@ if TYPE_CHECKING:
     from packer.models.proof import Proof
     from packer.models.reader import Reader
 
-VIDEOS_OFF = (
-    "GLM-4.6V videos are off: their frames are runs of the image placeholder <|image|>, and packer verify checks "
-    "that placeholder against the image entries alone (a family cannot show it its videos' frames), so their rows "
-    "would fail verify. --profile-option videos=true packs them exactly anyway (docs/models/glm46v.md, 'Videos')"
-)
+VIDEOS_OFF = "GLM-4.6V videos are off in this build (--profile-option videos=false); drop it to pack them"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +76,8 @@ class Glm46VProfile(ModelProfile):
     """The video processor's ``size["shortest_edge"]``: lower bound on frames x area."""
     video_max_pixels: int = 28 * 28 * 2 * 30000
     """The video processor's ``size["longest_edge"]``: upper bound on frames x area (its class default)."""
-    videos: bool = False
-    """Build videos (off by default: see the module docstring and ``VIDEOS_OFF``)."""
+    videos: bool = True
+    """Build videos (``False``: refuse each with ``VIDEOS_OFF``)."""
 
     mrope: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
@@ -210,8 +206,9 @@ class Glm46VProfile(ModelProfile):
         """A video as spans of its temporal patches, each a (1, h, w) span over the k-th run of its frame token from
         the video's offset (the timestamp and ``<|end_of_image|><|begin_of_image|>`` lie between the runs); the frame
         token is the one at the first video's offset (``<|image|>``: the manifest records only ``<|video|>``'s id),
-        a video whose offset holds another gets offset -1. The ``<|video|>`` placeholder appears nowhere (False).
-        Images: the entries themselves."""
+        a video whose offset holds another gets offset -1. The spans hold that token, which verify checks against
+        the images' spans and these together; the ``<|video|>`` placeholder appears nowhere. Images: the entries
+        themselves."""
         if what != "video" or not len(fields["offset"]):
             return lists, fields, what != "video"
         rows = len(lists) - 1
@@ -234,7 +231,7 @@ class Glm46VProfile(ModelProfile):
                    "num_tokens": fields["num_tokens"][video_of] // np.maximum(t[video_of], 1),
                    "second_per_grid_t": fields["second_per_grid_t"][video_of]}
         per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
-        return np.concatenate([[0], np.cumsum(per_row)]), patches, False
+        return np.concatenate([[0], np.cumsum(per_row)]), patches, (token if token >= 0 else None)
 
     def expected_extra_positions(
         self,
