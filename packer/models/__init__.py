@@ -36,6 +36,7 @@ FAMILIES = (
     "molmo2",
     "smolvlm",
     "qwen3_5",
+    "gemma4",
 )
 
 for _name in FAMILIES:
