@@ -24,20 +24,21 @@ class Gemma4Proof(Proof):
     def tiny_model(
         self, *, token_ids: dict[str, int], vocab_size: int, seed: int = 0, hidden: int = 32, sliding_window: int = 16
     ) -> torch.nn.Module:
-        """A random-weight fp32 ``Gemma4ForConditionalGeneration``: 4 text layers (sliding, full, sliding, full;
-        a window of ``sliding_window``; head size 8 on sliding layers, 16 on full ones, whose rotary is
-        Gemma 4's proportional one), per-layer inputs of 8, the last 2 layers sharing the first 2's keys and
-        values (E2B shares its last 20 of 35), logits soft-capped at 30; a 1-layer vision tower of width 32 on
-        the profile's 16 px patches pooled 3x3. ``token_ids``: the ids of ``model_tokens()``."""
+        """A random-weight fp32 ``Gemma4ForConditionalGeneration``: 6 text layers (sliding and full in turn; a
+        window of ``sliding_window``; head size 8 on sliding layers, 16 on full ones, whose rotary is Gemma 4's
+        proportional one), per-layer inputs of 8, the last 2 layers reusing layers 3 and 4's keys and values
+        (E2B reuses in its last 20 of 35; two layers of each kind before them, so every layer's output reaches
+        the loss), logits soft-capped at 30; a 1-layer vision tower of width 32 on the profile's 16 px patches
+        pooled 3x3. ``token_ids``: the ids of ``model_tokens()``."""
         from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
         torch.manual_seed(seed)
         p = self.profile
         text = dict(
             vocab_size=vocab_size, vocab_size_per_layer_input=vocab_size, hidden_size_per_layer_input=8,
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4, num_attention_heads=4,
+            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, global_head_dim=16, num_kv_shared_layers=2,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            layer_types=["sliding_attention", "full_attention"] * 3,
             sliding_window=sliding_window, final_logit_softcapping=30.0, max_position_embeddings=32768,
             use_bidirectional_attention=p.use_bidirectional_attention,
             pad_token_id=token_ids["<pad>"], bos_token_id=None, eos_token_id=None,
