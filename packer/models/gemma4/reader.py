@@ -17,6 +17,7 @@ import torch
 
 from packer.errors import ShardError
 from packer.media.video import decode_frames
+from packer.models.gemma4.resize import target_size
 from packer.models.gemma4.video_pixels import video_pixel_values
 from packer.models.reader import Reader
 
@@ -39,12 +40,13 @@ class Gemma4Reader(Reader):
         pixels, positions = [], []
         for v in videos:
             frames = decode_frames(v["source"], v["frame_indices"])  # (T, H, W, 3) uint8
-            x, pos = video_pixel_values(frames, patch_size=p.patch_size, max_soft_tokens=p.video_max_soft_tokens,
-                                        pooling=p.pooling_kernel_size)
-            rows, cols = int(v["height"]) // p.token_side, int(v["width"]) // p.token_side
-            if int((pos[0, :, 0] >= 0).sum()) != rows * cols * p.pooling_kernel_size**2:
+            size = target_size(frames.shape[1], frames.shape[2], patch_size=p.patch_size,
+                               max_soft_tokens=p.video_max_soft_tokens, pooling=p.pooling_kernel_size)
+            if size != (int(v["height"]), int(v["width"])):
                 raise ShardError(f"{v['source']}: its frames are {frames.shape[2]}x{frames.shape[1]} px now, which "
                                  f"do not resize to the stored {v['width']}x{v['height']}; the clip changed since the build")
+            x, pos = video_pixel_values(frames, patch_size=p.patch_size, max_soft_tokens=p.video_max_soft_tokens,
+                                        pooling=p.pooling_kernel_size)
             pixels.append(x)
             positions.append(pos)
         return {"pixel_values_videos": torch.cat(pixels), "video_position_ids": torch.cat(positions),
