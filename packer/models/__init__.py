@@ -37,6 +37,7 @@ FAMILIES = (
     "smolvlm",
     "mistral3",
     "glm46v",
+    "gemma4",
 )
 
 for _name in FAMILIES:
