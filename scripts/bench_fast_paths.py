@@ -41,7 +41,6 @@ import os
 import random
 import resource
 import shutil
-import stat
 import statistics
 import subprocess
 import sys
@@ -73,107 +72,6 @@ def _mark(name: str) -> None:
 
 # ------------------------------------------------------------------------------------- the general paths
 # Each returns the (module, attribute, replacement) patches that put a fast path's general path in its place.
-
-
-def _general_chat_messages() -> list[tuple[Any, str, Any]]:
-    """common.chat_messages: every message through ``chat_message`` (all its checks)."""
-    from packer.formats import chat, common, preference
-
-    def chat_messages(items, ctx, where):
-        _mark("plain-message")
-        if not isinstance(items, list):
-            raise ctx.error("wrong_type", f"{where} must be a list of messages, got {type(items).__name__}")
-        return [common.chat_message(msg, ctx, f"{where}[{i}]") for i, msg in enumerate(items)]
-
-    return [(m, "chat_messages", chat_messages) for m in (common, chat, preference)]
-
-
-def _general_chat_parse() -> list[tuple[Any, str, Any]]:
-    """chat.parse: every record through the pool, branch and tool checks."""
-    import packer.formats as formats
-    from packer.formats import chat, common
-
-    def parse(obj, ctx):
-        _mark("plain-record")
-        items = obj["messages"]
-        ctx.pool = common.image_pool(obj, ctx)
-        ctx.video_pool = common.video_pool(obj, ctx)
-        if not isinstance(items, list):
-            raise ctx.error("wrong_type", f"'messages' must be a list, got {type(items).__name__}")
-        if not items:
-            raise ctx.error("empty_messages", "'messages' is empty" + (
-                " (a tree needs a shared prefix; make each branch its own record)" if obj.get("branches") else ""))
-        from packer.core.types import Node
-
-        root = Node(messages=chat.chat_messages(items, ctx, "messages"),
-                    children=common.tree_branches(obj.get("branches"), ctx, "record"))
-        common.check_pool_used(ctx)
-        return ctx.example(root, "messages", tools=common.record_tools(obj, ctx))
-
-    return [(chat, "parse", parse), (formats.KINDS, "messages", parse)]
-
-
-def _general_json() -> list[tuple[Any, str, Any]]:
-    """read._loads: ``json.loads``; the lone-surrogate pre-check: two substring tests."""
-    from packer.formats import read
-
-    def loads(text):
-        _mark("json-scan")
-        return json.loads(text)
-
-    class Substrings:
-        @staticmethod
-        def search(text):
-            return "\\ud" in text or "\\uD" in text
-
-    return [(read, "_loads", loads), (read, "_SURROGATE_ESCAPE", Substrings)]
-
-
-def _general_file_type() -> list[tuple[Any, str, Any]]:
-    """common._file_type: ``os.path.isdir``, then ``os.path.isfile``."""
-    from packer.formats import common
-
-    def file_type(path):
-        _mark("one-stat")
-        return stat.S_IFDIR if os.path.isdir(path) else stat.S_IFREG if os.path.isfile(path) else 0
-
-    return [(common, "_file_type", file_type)]
-
-
-def _general_root_dir() -> list[tuple[Any, str, Any]]:
-    """formats._root_dir: ``os.path.abspath`` for every record."""
-    import packer.formats as formats
-
-    def root_dir(directory):
-        _mark("root-dir")
-        return os.path.abspath(directory)
-
-    return [(formats, "_root_dir", root_dir)]
-
-
-def _general_blank_lines() -> list[tuple[Any, str, Any]]:
-    """stages._chunk_records: a JSONL line is blank when ``not raw.strip()``."""
-    from packer.errors import RecordError
-    from packer.formats.read import parse_line
-    from packer.pipeline import stages
-
-    real = stages._chunk_records
-
-    def chunk_records(chunk, config, base_dir):
-        if chunk.table:
-            yield from real(chunk, config, base_dir)
-            return
-        _mark("blank-line")
-        for line_no, raw in stages._read_chunk_lines(chunk):
-            if not raw.strip():
-                continue
-            try:
-                yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
-                                 source_name=chunk.source, columns=config.column_map)
-            except RecordError as e:
-                yield e if e.path else e.located(chunk.path, line_no)
-
-    return [(stages, "_chunk_records", chunk_records)]
 
 
 def _general_stage() -> list[tuple[Any, str, Any]]:
@@ -375,14 +273,6 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
     "byte-lengths": ("encode/labels.py + draft.py: the loss rule for the batch from token byte lengths, not "
                      "per text from character offsets", None),
     "batch-counts": ("encode/draft.py: a linear example's batch-counted media tokens, not the per-node check", None),
-    "plain-message": ("formats/common.py chat_messages: a {role, content} message without chat_message's checks",
-                      _general_chat_messages),
-    "plain-record": ("formats/chat.py parse: a record without pools, branches or tools skips their checks",
-                     _general_chat_parse),
-    "json-scan": ("formats/read.py: json's C scanner called directly, the surrogate-escape regex", _general_json),
-    "one-stat": ("formats/common.py _file_type: one stat per image, not isdir + isfile", _general_file_type),
-    "root-dir": ("formats/__init__.py _root_dir: the root directory's abspath remembered", _general_root_dir),
-    "blank-line": ("pipeline/stages.py: a blank line by isspace, not strip", _general_blank_lines),
     "one-node-stage": ("encode/render.py stage: a one-node example without the tree walk", _general_stage),
     "linear-draft": ("encode/draft.py tree_draft: a linear example's tokens without join_nodes", _general_tree_draft),
     "encoded-table": ("shards/assemble.py encoded_table: offsets + one concatenation per column, not from_pylist",
