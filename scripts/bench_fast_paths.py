@@ -74,27 +74,6 @@ def _mark(name: str) -> None:
 # Each returns the (module, attribute, replacement) patches that put a fast path's general path in its place.
 
 
-def _general_stage() -> list[tuple[Any, str, Any]]:
-    """render.stage: a one-node example through the tree walk too."""
-    from packer.encode import encoder, render
-
-    def stage(example, chat, profile):
-        _mark("one-node-stage")
-        if example.kind == "text":
-            return render.Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
-        nodes, parents, paths = [], [], []
-        for node, parent in example.root.walk():
-            nodes.append(node)
-            parents.append(parent)
-            paths.append((paths[parent] if parent >= 0 else []) + node.messages)
-        located = [chat.locate(p, tools=example.tools) for p in paths]
-        out = render.Staged(texts=[t for t, _ in located], nodes=nodes, parents=parents, spans=[s for _, s in located])
-        render._rewrite_images(out, paths, profile)
-        return out
-
-    return [(render, "stage", stage), (encoder, "stage", stage)]
-
-
 def _general_tree_draft() -> list[tuple[Any, str, Any]]:
     """draft.tree_draft: a linear example's tokens through ``join_nodes`` too (its batch-counts rule kept)."""
     from packer.core.types import VideoRef
@@ -273,7 +252,6 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
     "byte-lengths": ("encode/labels.py + draft.py: the loss rule for the batch from token byte lengths, not "
                      "per text from character offsets", None),
     "batch-counts": ("encode/draft.py: a linear example's batch-counted media tokens, not the per-node check", None),
-    "one-node-stage": ("encode/render.py stage: a one-node example without the tree walk", _general_stage),
     "linear-draft": ("encode/draft.py tree_draft: a linear example's tokens without join_nodes", _general_tree_draft),
     "encoded-table": ("shards/assemble.py encoded_table: offsets + one concatenation per column, not from_pylist",
                       _general_encoded_table),

@@ -34,12 +34,6 @@ def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged
     """Render every root-to-node path of ``example`` (a ``text`` record is its own text)."""
     if example.kind == "text":
         return Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
-    root = example.root
-    if not root.children:  # one node, one path (most conversations): the tree walk below, without its lists
-        text, spans = chat.locate(root.messages, tools=example.tools)
-        out = Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans])
-        _rewrite_images(out, [root.messages], profile)
-        return out
     nodes, parents, paths = [], [], []
     for node, parent in example.root.walk():
         nodes.append(node)
