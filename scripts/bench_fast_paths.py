@@ -103,8 +103,7 @@ def _general_tree_draft() -> list[tuple[Any, str, Any]]:
 
 
 def _general_encoded_table() -> list[tuple[Any, str, Any]]:
-    """assemble.encoded_table: ``pa.Table.from_pylist`` over one dict per example (what it replaced), text
-    mRoPE still stored as an empty list (that is the ``mrope-empty`` path)."""
+    """assemble.encoded_table: ``pa.Table.from_pylist`` over one dict per example (what it replaced)."""
     import pyarrow as pa
 
     from packer.pipeline import stages
@@ -112,11 +111,7 @@ def _general_encoded_table() -> list[tuple[Any, str, Any]]:
 
     def mrope(e):
         r = e.mrope_position_ids
-        if r is None:
-            return None
-        if r.strides[0] == 0 and np.array_equal(r[0], e.position_ids):
-            return []
-        return np.ascontiguousarray(r.T, dtype=np.int32).reshape(-1)
+        return None if r is None else np.ascontiguousarray(r.T, dtype=np.int32).reshape(-1)
 
     def image(im):
         t, h, w = im.grid_thw
@@ -143,28 +138,6 @@ def _general_encoded_table() -> list[tuple[Any, str, Any]]:
         } for e in encoded], schema=EXAMPLE_SCHEMA)
 
     return [(stages, "encoded_table", encoded_table)]
-
-
-def _general_mrope_list() -> list[tuple[Any, str, Any]]:
-    """assemble._mrope_list: every example's mRoPE rows stored in the encode cache (a text example's too)."""
-    import pyarrow as pa
-
-    from packer.shards import assemble
-    from packer.shards.schema import I32_LIST
-
-    def mrope_list(encoded, lengths, positions):
-        _mark("mrope-empty")
-        rows = [e.mrope_position_ids for e in encoded]
-        present = np.fromiter((r is not None for r in rows), bool, len(rows))
-        if not present.any():
-            return pa.nulls(len(rows), I32_LIST)
-        kept = [r for r in rows if r is not None]
-        values = np.ascontiguousarray(np.concatenate(kept, axis=1).T, dtype=np.int32).reshape(-1)
-        mask = None if present.all() else pa.array(~present)
-        return pa.ListArray.from_arrays(pa.array(assemble._offsets(3 * lengths * present)), pa.array(values),
-                                        type=I32_LIST, mask=mask)
-
-    return [(assemble, "_mrope_list", mrope_list)]
 
 
 def _general_mrope() -> list[tuple[Any, str, Any]]:
@@ -255,8 +228,6 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
     "linear-draft": ("encode/draft.py tree_draft: a linear example's tokens without join_nodes", _general_tree_draft),
     "encoded-table": ("shards/assemble.py encoded_table: offsets + one concatenation per column, not from_pylist",
                       _general_encoded_table),
-    "mrope-empty": ("shards/assemble.py: a text example's mRoPE stored as [] in the encode cache",
-                    _general_mrope_list),
     "mrope-scalars": ("models/shared/mrope.py mrope_position_ids on Python scalars", _general_mrope),
     "small-trees": ("core/tree.py tree_position_ids: <= 16 nodes node by node, not pointer jumping",
                     _general_small_trees),
@@ -443,7 +414,7 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
     from packer.shards.assemble import assemble_packs
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    writes = [v for v in ("all-on", "encoded-table", "mrope-empty") if v == "all-on" or v in variants]
+    writes = [v for v in ("all-on", "encoded-table") if v == "all-on" or v in variants]
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[_MARKS_ENV] = tmp
         corpus = Path(tmp) / "corpus.jsonl"

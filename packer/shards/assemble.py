@@ -26,9 +26,7 @@ def encoded_table(encoded: Sequence[Encoded]) -> pa.Table:
 
         examples of 5, 2 and 4 tokens -> input_ids: offsets [0, 5, 7, 11], values one (11,) int32 array
 
-    ``mrope_position_ids`` is token-major (t, h, w per token), and an empty list where all three rows equal
-    ``position_ids`` (every text-only example): the cache then holds 12 fewer bytes per such token, and
-    ``assemble_packs`` writes those rows back from ``position_ids``.
+    ``mrope_position_ids`` is token-major (t, h, w per token).
     """
     n = len(encoded)
     lengths = np.fromiter((e.input_ids.shape[0] for e in encoded), np.int64, n)
@@ -37,8 +35,7 @@ def encoded_table(encoded: Sequence[Encoded]) -> pa.Table:
     for name, sizes in (("input_ids", lengths), ("labels", lengths), ("position_ids", lengths),
                         ("node_offsets", nodes), ("node_parents", nodes)):
         cols[name] = _int_list([getattr(e, name) for e in encoded], sizes)
-    positions = cols["position_ids"].values.to_numpy()
-    cols["mrope_position_ids"] = _mrope_list(encoded, lengths, positions)
+    cols["mrope_position_ids"] = _mrope_list(encoded, lengths)
     labels = cols["labels"].values.to_numpy()
     cols["images"], image_tokens = _struct_list([e.images for e in encoded], IMAGE_TYPE, _image_record)
     cols["videos"], video_tokens = _struct_list([e.videos for e in encoded], VIDEO_TYPE, _video_record)
@@ -76,26 +73,16 @@ def _int_list(arrays: list[np.ndarray], lengths: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(_offsets(lengths)), pa.array(values), type=I32_LIST)
 
 
-def _mrope_list(encoded: Sequence[Encoded], lengths: np.ndarray, positions: np.ndarray) -> pa.Array:
+def _mrope_list(encoded: Sequence[Encoded], lengths: np.ndarray) -> pa.Array:
     """The cache's ``mrope_position_ids`` (see ``encoded_table``): null where an example has none."""
-    n = len(encoded)
     rows = [e.mrope_position_ids for e in encoded]
-    present = np.fromiter((r is not None for r in rows), bool, n)
+    present = np.fromiter((r is not None for r in rows), bool, len(rows))
     if not present.any():
-        return pa.nulls(n, I32_LIST)
-    # A text example's rows are its positions seen three times (a row stride of 0: QwenVLProfile's
-    # broadcast view), so one row decides whether all three equal position_ids. Other rows are stored whole.
-    seen_thrice = np.fromiter((r is not None and r.strides[0] == 0 for r in rows), bool, n)
-    stored = present.copy()
-    if seen_thrice.any():
-        first = np.concatenate([r[0] for r, one in zip(rows, seen_thrice, strict=True) if one])
-        differ = first != positions[np.repeat(seen_thrice, lengths)]
-        stored[seen_thrice] = _sums(differ, lengths[seen_thrice]) > 0
-    kept = [r for r, keep in zip(rows, stored, strict=True) if keep]
-    values = (np.ascontiguousarray(np.concatenate(kept, axis=1).T, dtype=np.int32).reshape(-1) if kept
-              else np.zeros(0, np.int32))
+        return pa.nulls(len(rows), I32_LIST)
+    kept = [r for r in rows if r is not None]
+    values = np.ascontiguousarray(np.concatenate(kept, axis=1).T, dtype=np.int32).reshape(-1)
     mask = None if present.all() else pa.array(~present)
-    return pa.ListArray.from_arrays(pa.array(_offsets(3 * lengths * stored)), pa.array(values), type=I32_LIST,
+    return pa.ListArray.from_arrays(pa.array(_offsets(3 * lengths * present)), pa.array(values), type=I32_LIST,
                                     mask=mask)
 
 
@@ -181,10 +168,8 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         for name in dense:
             arr = table.column(name).chunk(0)
             src, offsets, out = arr.values.to_numpy(zero_copy_only=True), arr.offsets.to_numpy(), values[name]
-            begin, end = offsets[local[c]], offsets[local[c] + 1]
-            some = end > begin  # all but a text example's mRoPE rows, stored as [] (encoded_table)
-            for a, b, d in zip(begin[some].tolist(), end[some].tolist(), out_offsets[name][dest[c][some]].tolist(),
-                               strict=True):
+            begin, end = offsets[local[c]].tolist(), offsets[local[c] + 1].tolist()
+            for a, b, d in zip(begin, end, out_offsets[name][dest[c]].tolist(), strict=True):
                 out[d : d + b - a] = src[a:b]
         del table
     for name in dense:
@@ -206,25 +191,6 @@ def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Arra
 def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray) -> pa.Array:
     """Concatenate consecutive examples' lists into one list per pack (zero-copy on the values)."""
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
-
-
-def _full_mrope(item_off: np.ndarray, stored: np.ndarray, positions: pa.ChunkedArray | pa.Array,
-                lengths: np.ndarray) -> np.ndarray:
-    """The 3*T token-major mRoPE values of examples whose stored list is either all 3*L of them or empty
-    (then all three rows are the example's ``position_ids``, ``encoded_table``); ShardError for any other."""
-    have = np.diff(item_off)
-    full = have == 3 * lengths
-    if not (full | (have == 0)).all():
-        i = int(np.flatnonzero(~(full | (have == 0)))[0])
-        raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 0 or 3 per token)")
-    _, pos = _list_parts(positions)
-    out = np.repeat(pos.to_numpy(), 3)  # (t, h, w) = (p, p, p) per token
-    ends = 3 * np.cumsum(lengths)
-    at = 0
-    for a, b in zip((ends - 3 * lengths)[full].tolist(), ends[full].tolist(), strict=True):
-        out[a:b] = stored[at : at + b - a]  # a stored example's own rows (slices: cheaper than a token mask)
-        at += b - a
-    return out
 
 
 def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
@@ -255,9 +221,11 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         raise ShardError("some examples have mRoPE positions and others do not")
     else:
         item_off, values = _list_parts(mrope)
-        if not np.array_equal(np.diff(item_off), 3 * lengths):  # rows that are the positions' (encoded_table)
-            values = pa.array(_full_mrope(item_off, values.to_numpy(), examples.column("position_ids"), lengths))
-        cols["mrope_position_ids"] = _regroup(values, 3 * tok_bounds, pack_bounds)
+        have = np.diff(item_off)
+        if not np.array_equal(have, 3 * lengths):
+            i = int(np.flatnonzero(have != 3 * lengths)[0])
+            raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 3 per token)")
+        cols["mrope_position_ids"] = _regroup(values, item_off, pack_bounds)
 
     # cu_seqlens per pack: example start offsets within the row, then the row length.
     row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)

@@ -1,6 +1,6 @@
-"""``encoded_table`` (columns from offsets + one concatenation each, text mRoPE stored as an empty list) against
-the general path it replaced (``pa.Table.from_pylist`` over one dict per example): same columns, and the same
-pack rows out of ``assemble_packs``, straight or through the encode cache's ``take_rows``."""
+"""``encoded_table`` (columns from offsets + one concatenation each) against the general path it replaced
+(``pa.Table.from_pylist`` over one dict per example): same columns, and the same pack rows out of
+``assemble_packs``, straight or through the encode cache's ``take_rows``."""
 
 from __future__ import annotations
 
@@ -79,24 +79,17 @@ def test_encoded_table_packs_like_the_general_path(seed, mrope):
     got, want = encoded_table(examples), _reference_table(examples)
     assert got.schema == want.schema
     for name in EXAMPLE_SCHEMA.names:
-        if name != "mrope_position_ids":
-            assert got.column(name).equals(want.column(name)), name
-    # mRoPE: every example's rows as the general path has them, or an empty list where they are its positions
-    for e, stored, full in zip(examples, got.column("mrope_position_ids").to_pylist(),
-                               want.column("mrope_position_ids").to_pylist(), strict=True):
-        assert stored == full or (stored == [] and full == np.repeat(e.position_ids, 3).tolist())
+        assert got.column(name).equals(want.column(name)), name
     # the shard rows are the same
     rng = np.random.default_rng(seed)
     sizes = np.diff(np.unique(np.concatenate([[0, len(examples)], rng.integers(0, len(examples), 3)])))
     assert assemble_packs(got, sizes).equals(assemble_packs(want, sizes))
 
 
-def test_text_rows_are_stored_empty_and_come_back(tmp_path):
-    """The cache holds no mRoPE values for a text example; a shard gathered from it (take_rows) has them all."""
+def test_rows_taken_from_chunk_files_pack_like_the_table(tmp_path):
+    """Rows gathered from the encode cache's chunk files (take_rows) pack as the table's own rows do."""
     examples = _examples(3, "mixed")
     table = encoded_table(examples)
-    lengths = np.diff(table.column("mrope_position_ids").chunk(0).offsets.to_numpy())
-    assert lengths[0] == 0 and lengths[2] == 3 * examples[2].num_tokens  # the profile's view; rows that differ
     files, starts = [], [0]
     for c, (a, b) in enumerate([(0, len(examples) // 2), (len(examples) // 2, len(examples))]):
         files.append(tmp_path / f"chunk-{c}.arrow")
