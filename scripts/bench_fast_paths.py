@@ -102,44 +102,6 @@ def _general_tree_draft() -> list[tuple[Any, str, Any]]:
     return [(encoder, "tree_draft", tree_draft)]
 
 
-def _general_encoded_table() -> list[tuple[Any, str, Any]]:
-    """assemble.encoded_table: ``pa.Table.from_pylist`` over one dict per example (what it replaced)."""
-    import pyarrow as pa
-
-    from packer.pipeline import stages
-    from packer.shards.schema import EXAMPLE_SCHEMA
-
-    def mrope(e):
-        r = e.mrope_position_ids
-        return None if r is None else np.ascontiguousarray(r.T, dtype=np.int32).reshape(-1)
-
-    def image(im):
-        t, h, w = im.grid_thw
-        return {"source": im.source, "data": im.data, "grid_t": t, "grid_h": h, "grid_w": w, "offset": im.offset,
-                "num_tokens": im.num_tokens}
-
-    def video(v):
-        t, h, w = v.grid_thw
-        return {"source": v.source, "frames": v.frames, "video_start": v.video_start, "video_end": v.video_end,
-                "frame_indices": v.frame_indices, "video_fps": v.video_fps, "grid_t": t, "grid_h": h,
-                "grid_w": w, "height": v.height, "width": v.width, "utils_height": v.utils_height,
-                "utils_width": v.utils_width, "offset": v.offset, "num_tokens": v.num_tokens,
-                "second_per_grid_t": v.second_per_grid_t}
-
-    def encoded_table(encoded):
-        _mark("encoded-table")
-        return pa.Table.from_pylist([{
-            "example_id": e.example_id, "source_name": e.source_name, "input_ids": e.input_ids, "labels": e.labels,
-            "position_ids": e.position_ids, "mrope_position_ids": mrope(e), "node_offsets": e.node_offsets,
-            "node_parents": e.node_parents, "images": [image(im) for im in e.images],
-            "videos": [video(v) for v in e.videos], "num_tokens": e.num_tokens,
-            "num_loss_tokens": e.num_loss_tokens, "num_vision_tokens": e.num_vision_tokens,
-            "num_video_tokens": e.num_video_tokens, "num_images": len(e.images), "num_videos": len(e.videos),
-        } for e in encoded], schema=EXAMPLE_SCHEMA)
-
-    return [(stages, "encoded_table", encoded_table)]
-
-
 def _general_mrope() -> list[tuple[Any, str, Any]]:
     """mrope_position_ids on numpy arrays: runs from their edges, the layout always checked (before 4983dc0)."""
     from packer.core.tree import check_layout, node_lengths
@@ -226,8 +188,6 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
                      "per text from character offsets", None),
     "batch-counts": ("encode/draft.py: a linear example's batch-counted media tokens, not the per-node check", None),
     "linear-draft": ("encode/draft.py tree_draft: a linear example's tokens without join_nodes", _general_tree_draft),
-    "encoded-table": ("shards/assemble.py encoded_table: offsets + one concatenation per column, not from_pylist",
-                      _general_encoded_table),
     "mrope-scalars": ("models/shared/mrope.py mrope_position_ids on Python scalars", _general_mrope),
     "small-trees": ("core/tree.py tree_position_ids: <= 16 nodes node by node, not pointer jumping",
                     _general_small_trees),
@@ -401,9 +361,7 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
     """The encode stage in this process, interleaved chunk by chunk: every chunk of the corpus is encoded
     (``stages.encode_chunk``, its cache commit included) once per variant, the variants in a new random order
     for each chunk, so that the load of the moment falls on all of them alike; CPU summed per variant over the
-    chunks. Then the write stage's gather (``EncodeCache.take`` + ``assemble_packs`` per shard, as
-    ``write_shard_range`` runs them, without the Parquet write, whose bytes are the same) from each variant's
-    cache, where a variant changes what the cache holds."""
+    chunks."""
     import pickle
     import shutil
 
@@ -411,10 +369,8 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
     from packer.pipeline import stages
     from packer.pipeline.cache import EncodeCache
     from packer.pipeline.faults import Hooks
-    from packer.shards.assemble import assemble_packs
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    writes = [v for v in ("all-on", "encoded-table") if v == "all-on" or v in variants]
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[_MARKS_ENV] = tmp
         corpus = Path(tmp) / "corpus.jsonl"
@@ -429,10 +385,8 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
         gc.freeze()  # as a worker does once it holds the encoder: collections do not walk what is set up
         rng = random.Random(0)
         cpu: dict[str, list[float]] = {v: [] for v in encoders}
-        write_cpu: dict[str, list[float]] = {v: [] for v in writes}
         print(f"{args.records:,} records{f' ({args.subset} only)' if args.subset else ''} in {len(chunks)} chunks, "
-              f"{args.rounds} rounds; uptime: {_uptime()}",
-              flush=True)
+              f"{args.rounds} rounds; uptime: {_uptime()}", flush=True)
         loads = [os.getloadavg()[0]]
         for r in range(args.rounds):
             caches = {v: EncodeCache(Path(tmp) / f"cache-{v}-{r}", len(chunks)) for v in encoders}
@@ -449,30 +403,13 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
                         t0 = time.process_time()
                         stages.encode_chunk(chunk, encoder=encoders[variant], cache=cache, config=config, hooks=Hooks())
                         dt = time.process_time() - t0
-                    if k == 0 or variant not in writes:  # only the write variants' caches are read again
-                        cache.arrow(chunk.index).unlink()
-                        cache.rejects_file(chunk.index).unlink()
+                    cache.arrow(chunk.index).unlink()  # the next round encodes it again
+                    cache.rejects_file(chunk.index).unlink()
                     total[variant] += dt if k else 0.0
                 loads.append(os.getloadavg()[0])
             for v in encoders:
                 cpu[v].append(total[v])
             print(f"  round {r + 1}: " + ", ".join(f"{v} {total[v]:.2f}" for v in encoders), flush=True)
-            # the write stage's gather, from each cache that differs
-            rows = [caches["all-on"].read(i, ("num_tokens",)).num_rows for i in range(len(chunks))]
-            table = caches["all-on"].open()
-            plan = stages.plan_packs(table, config, exclude=np.zeros(table.num_rows, dtype=bool))
-            ranges = stages.shard_ranges(plan, rows_per_shard=config.rows_per_shard)
-            indexed = {v: caches[v].indexed(rows) for v in writes}
-            for _ in range(3):
-                order = writes[:]
-                rng.shuffle(order)
-                for v in order:
-                    with general_path(v) if v != "all-on" else contextlib.nullcontext():
-                        gc.collect()
-                        t0 = time.process_time()
-                        for shards in ranges:
-                            assemble_packs(indexed[v].take(shards.examples), shards.pack_sizes)
-                        write_cpu[v].append(time.process_time() - t0)
             for v in encoders:
                 shutil.rmtree(caches[v].root)
         print(f"uptime: {_uptime()}")
@@ -484,8 +421,6 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
         raise SystemExit(f"these variants did not take their general path: {missing}")
     runs = {v: [{"cpu": c, "round": r} for r, c in enumerate(cs)] for v, cs in cpu.items()}
     _report(runs, f"encode-stage CPU-s, {args.records:,} records", wall=False)
-    print(f"\nwrite-stage gather (take + assemble_packs), CPU-s, {len(write_cpu['all-on'])} runs each: " + ", ".join(
-        f"{v} {statistics.median(c):.2f} ({min(c):.2f}-{max(c):.2f})" for v, c in write_cpu.items()))
     print(f"load average (1 min) over the chunks: {min(loads):.1f}-{max(loads):.1f}")
 
 
