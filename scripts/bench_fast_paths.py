@@ -17,7 +17,7 @@ build closes its pool): ``resource.getrusage(RUSAGE_CHILDREN)`` in this process 
 in a fresh process (``--child``), as bench_build runs it. CPU rather than wall because the 2 cores are shared:
 a build's CPU barely moves with other jobs' load, its wall does. The load average is printed with each build.
 
-**Switching a fast path off.** ``python-template``, ``byte-lengths`` and ``batch-counts`` through the public
+**Switching a fast path off.** ``python-template`` and ``byte-lengths`` through the public
 ``Encoder(fast=...)`` (the build's encoder made with every encoder fast path but the one named, pickled to the
 workers as it is). Every other one by a monkeypatch that puts its general path in its place (the ``GENERAL``
 functions below; the library has no switch for them), applied in the build process and, because a spawn worker
@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 
 import bench_build  # noqa: E402
 
-ENCODER_PATHS = ("python-template", "byte-lengths", "batch-counts")  # packer.encode.encoder.FAST_PATHS
+ENCODER_PATHS = ("python-template", "byte-lengths")  # packer.encode.encoder.FAST_PATHS
 _ENV, _MARKS_ENV = "PACKER_BENCH_GENERAL", "PACKER_BENCH_MARKS"
 _marked: set[str] = set()
 
@@ -72,34 +72,6 @@ def _mark(name: str) -> None:
 
 # ------------------------------------------------------------------------------------- the general paths
 # Each returns the (module, attribute, replacement) patches that put a fast path's general path in its place.
-
-
-def _general_tree_draft() -> list[tuple[Any, str, Any]]:
-    """draft.tree_draft: a linear example's tokens through ``join_nodes`` too (its batch-counts rule kept)."""
-    from packer.core.types import VideoRef
-    from packer.encode import draft, encoder
-
-    def tree_draft(enc, stage, tokens):
-        _mark("linear-draft")
-        ids, labels, node_offsets, refs = draft.join_nodes(stage, tokens)
-        first = stage.first
-        if len(stage.nodes) == 1:
-            videos = sum(isinstance(r, VideoRef) for r in refs[0])
-            counted = "batch-counts" in enc.fast_paths and not stage.rewritten and (
-                (tokens.images[first], tokens.videos[first]) == (len(refs[0]) - videos, videos))
-        else:
-            paths = slice(first, first + len(stage.texts))
-            counted = ("batch-counts" in enc.fast_paths and not any(refs) and not any(tokens.images[paths])
-                       and not any(tokens.videos[paths]))
-        if counted:
-            enc.paths["media:batch-counted"] += 1
-        else:
-            enc.paths["media:per-node"] += 1
-            draft.check_media_tokens(enc, ids, node_offsets, refs)
-        return draft.Draft(ids, labels, node_offsets, np.array(stage.parents, dtype=np.int32),
-                           refs=[im for r in refs for im in r])
-
-    return [(encoder, "tree_draft", tree_draft)]
 
 
 def _general_mrope() -> list[tuple[Any, str, Any]]:
@@ -186,8 +158,6 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
     "python-template": ("encode/templates.py: Qwen2-VL's ChatML in pure Python, not Jinja", None),
     "byte-lengths": ("encode/labels.py + draft.py: the loss rule for the batch from token byte lengths, not "
                      "per text from character offsets", None),
-    "batch-counts": ("encode/draft.py: a linear example's batch-counted media tokens, not the per-node check", None),
-    "linear-draft": ("encode/draft.py tree_draft: a linear example's tokens without join_nodes", _general_tree_draft),
     "mrope-scalars": ("models/shared/mrope.py mrope_position_ids on Python scalars", _general_mrope),
     "small-trees": ("core/tree.py tree_position_ids: <= 16 nodes node by node, not pointer jumping",
                     _general_small_trees),
@@ -197,7 +167,7 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
 
 
 def _patch(name: str) -> list[tuple[Any, str, Any]]:
-    """Put ``name``'s general path in place of its fast path (the encoder's three: nothing to patch); returns
+    """Put ``name``'s general path in place of its fast path (the encoder's own: nothing to patch); returns
     what it replaced, for ``_restore``."""
     make = GENERAL[name][1]
     patches = make() if make else []
@@ -415,7 +385,7 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
         print(f"uptime: {_uptime()}")
         taken = {p.name.split(".")[0] for p in Path(tmp).iterdir() if "." in p.name and not p.name.endswith(".jsonl")}
     missing = [v for v in variants if v not in ENCODER_PATHS and v not in taken]
-    key = dict(zip(ENCODER_PATHS, ("render:python", "labels:byte-lengths", "media:batch-counted"), strict=True))
+    key = dict(zip(ENCODER_PATHS, ("render:python", "labels:byte-lengths"), strict=True))
     missing += [v for v in variants if v in ENCODER_PATHS and encoders[v].path_counts()[key[v]]]
     if missing:
         raise SystemExit(f"these variants did not take their general path: {missing}")

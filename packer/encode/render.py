@@ -27,7 +27,6 @@ class Staged:
     parents: list[int]  # parent index of each node (-1 for the root)
     spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
     first: int = 0  # index of texts[0] in the batch's tokenizer call
-    rewritten: bool = False  # an image was rewritten as blocks: its placeholders are not one per image
 
 
 def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged:
@@ -53,7 +52,7 @@ def _rewrite_images(staged: Staged, paths: list[list[Message]], profile: ModelPr
     for k, path in enumerate(paths):
         text, spans = rewrite_images(staged.texts[k], staged.spans[k], path, profile)
         if text is not staged.texts[k]:
-            staged.texts[k], staged.spans[k], staged.rewritten = text, spans, True
+            staged.texts[k], staged.spans[k] = text, spans
 
 
 def rewrite_images(text: str, spans: list[Span], path: list[Message], profile: ModelProfile) -> tuple[str, list[Span]]:

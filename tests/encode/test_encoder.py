@@ -579,11 +579,11 @@ def test_fast_false_runs_only_the_general_paths(tok, image_root):
     for got, w in zip(slow.encode_batch(examples), want, strict=True):
         assert_same(got, w)
     taken, general_taken = fast.path_counts(), slow.path_counts()
-    fast_keys = {"render:python", "labels:byte-lengths", "media:batch-counted"}
+    fast_keys = {"render:python", "labels:byte-lengths"}
     assert all(taken[k] > 0 for k in fast_keys), taken
     assert not any(general_taken[k] for k in fast_keys), general_taken
-    assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "media:per-node")), general_taken
-    for name, key in zip(FAST_PATHS, ("render:python", "labels:byte-lengths", "media:batch-counted"), strict=True):
+    assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets")), general_taken
+    for name, key in zip(FAST_PATHS, ("render:python", "labels:byte-lengths"), strict=True):
         one = Encoder(tok, profile, fast={name})
         for got, w in zip(one.encode_batch(examples), want, strict=True):
             assert_same(got, w)
