@@ -129,19 +129,6 @@ def _general_mrope() -> list[tuple[Any, str, Any]]:
     return [(profile, "mrope_position_ids", mrope_position_ids)]
 
 
-def _general_small_trees() -> list[tuple[Any, str, Any]]:
-    """core.tree.tree_position_ids: pointer jumping for every tree (``_FEW_NODES`` 0)."""
-    from packer.core import tree
-
-    real = tree.node_start_positions
-
-    def node_start_positions(*args, **kwargs):
-        _mark("small-trees")
-        return real(*args, **kwargs)
-
-    return [(tree, "_FEW_NODES", 0), (tree, "node_start_positions", node_start_positions)]
-
-
 def _general_layout_check() -> list[tuple[Any, str, Any]]:
     """core.tree.check_layout of one example: ``layout_faults`` (the row-group check) instead of scalar rules."""
     from packer.core import tree
@@ -159,8 +146,6 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
     "byte-lengths": ("encode/labels.py + draft.py: the loss rule for the batch from token byte lengths, not "
                      "per text from character offsets", None),
     "mrope-scalars": ("models/shared/mrope.py mrope_position_ids on Python scalars", _general_mrope),
-    "small-trees": ("core/tree.py tree_position_ids: <= 16 nodes node by node, not pointer jumping",
-                    _general_small_trees),
     "scalar-layout": ("core/tree.py check_layout of one example: scalar rules, not layout_faults",
                       _general_layout_check),
 }
