@@ -1,33 +1,35 @@
 """Fast paths against their general paths: what each one is worth to scripts/bench_build.py.
 
 Every fast path beside a general one must move bench_build (or its own stage's benchmark) by >= 5% to stay
-(docs/benchmarks.md, "Fast paths"). This script builds bench_build's corpus (``bench_build.make_corpus``) with
-bench_build's build (``bench_build._child``: qwen2-vl, packs of 8,192 tokens, ``--num-proc`` workers), once with
-every fast path ("all-on", twice per round) and once with EACH fast path switched to its general path, the
-variants in a new random order every round, and prints per variant the medians of the build's CPU seconds and
-wall, and its CPU against all-on's median. The shards of every variant must equal all-on's, byte for byte.
+(docs/benchmarks.md, "Fast paths", where the measured gains and the paths removed are listed). Each mode runs
+bench_build's corpus (``bench_build.make_corpus``: qwen2-vl, packs of 8,192 tokens) once with every fast path
+("all-on") and once with EACH fast path switched to its general path:
 
-    python scripts/bench_fast_paths.py                          # 50k records, 3 rounds (~25 min on 2 cores)
-    python scripts/bench_fast_paths.py --only json-scan one-stat --rounds 5
-    python scripts/bench_fast_paths.py --stage --records 4096   # one worker's encode stage, in-process
+    python scripts/bench_fast_paths.py --stage                  # one process's encode stage, 50k records, 3 rounds
+    python scripts/bench_fast_paths.py --stage --subset images --records 15000 --only mrope-scalars
+    python scripts/bench_fast_paths.py --rounds 3               # whole builds (bench_build's child), --num-proc 2
     python scripts/bench_fast_paths.py --planner                # the planner's own benchmark (1M lengths)
 
-**CPU seconds** are the build process's and all its descendants' (the spawn pool's workers, reaped when the
-build closes its pool): ``resource.getrusage(RUSAGE_CHILDREN)`` in this process around each build, which runs
-in a fresh process (``--child``), as bench_build runs it. CPU rather than wall because the 2 cores are shared:
-a build's CPU barely moves with other jobs' load, its wall does. The load average is printed with each build.
+``--stage`` is the instrument to trust on a shared machine: every chunk of the corpus is encoded
+(``stages.encode_chunk``, its cache commit included, as a pool worker runs it: the encoder pickled and loaded,
+``gc.freeze`` after) once per variant, the variants in a new random order for each chunk, so that other jobs'
+load falls on all of them alike; CPU (``time.process_time``) summed per variant, and its gain as the median over
+rounds of (variant / all-on - 1). "all-on again", a second all-on encoder, is the control: its gain is the noise.
+``--subset images|trees`` keeps only bench_build's records with an image, or only its caption trees, for a path
+whose work is confined to that kind.
 
-**Switching a fast path off.** ``python-template`` and ``byte-lengths`` through the public
-``Encoder(fast=...)`` (the build's encoder made with every encoder fast path but the one named, pickled to the
-workers as it is). Every other one by a monkeypatch that puts its general path in its place (the ``GENERAL``
-functions below; the library has no switch for them), applied in the build process and, because a spawn worker
-imports this script as ``__mp_main__`` before its first task, in every worker too. Each patch leaves a mark
-file the first time a process takes it, and a variant whose general path left no mark fails the run.
+Whole builds run bench_build's build in a fresh process (``--child``) per variant, all-on twice per round, the
+variants shuffled per round, and report the CPU of the process tree (``resource.getrusage(RUSAGE_CHILDREN)``
+around each build: the build process and its spawn workers, reaped when it closes its pool), wall and the load
+average; every variant's shards must equal all-on's, byte for byte. On the shared 2-core dev box one build's CPU
+moved by up to 15% with other jobs' load, more than most of the effects measured, hence ``--stage``.
 
-``--stage``: the same variants on one process's encode stage (``stages.encode_chunk`` over bench_build's
-records in 512-line chunks, as a worker runs it: the encoder pickled and loaded, ``gc.freeze`` after), CPU by
-``time.process_time``, variants alternating inside each round, patches scoped to their variant; the ratio to
-all-on is a share of the encode stage, where the fast paths of parsing and encoding live.
+**Switching a fast path off.** The encoder's (``packer.encode.encoder.FAST_PATHS``) through the public
+``Encoder(fast=...)``: every one but the one named, the encoder pickled to the workers as it is. Every other one
+by a monkeypatch that puts its general path in its place (the ``GENERAL`` functions below; the library has no
+switch for them), scoped to its variant in ``--stage``; in a whole build applied in the build process and,
+because a spawn worker imports this script as ``__mp_main__`` before its first task, in every worker too. Each
+patch leaves a mark file the first time a process takes it, and a variant whose general path left none fails.
 ``--planner``: the planner's fast paths on ``plan()`` of 1M lognormal lengths (bench_packing's workload).
 """
 
