@@ -135,7 +135,8 @@ def layout_faults(
 
 def _example_fault(num_tokens: int, off: np.ndarray, par: np.ndarray, *, empty_nodes: bool) -> str | None:
     """The first rule one example (or forest, no cu_seqlens) breaks, or None: ``layout_faults`` of one row
-    with scalar checks first, for the encoder's per-example hot path (a test holds the two equal)."""
+    with scalar checks first, for the encoder's per-example hot path (a test holds the two equal; its measured
+    gain: docs/benchmarks.md, "Fast paths")."""
     if len(off) == 1:  # a linear example, most of them: three scalar rules, no array ops
         bad_offsets = off[0] != 0 or off[0] > num_tokens - (not empty_nodes)
         return "node offsets" if bad_offsets else "node parents" if par[0] != -1 else None
