@@ -135,7 +135,8 @@ def layout_faults(
 
 def _example_fault(num_tokens: int, off: np.ndarray, par: np.ndarray, *, empty_nodes: bool) -> str | None:
     """The first rule one example (or forest, no cu_seqlens) breaks, or None: ``layout_faults`` of one row
-    with scalar checks first, for the encoder's per-example hot path (a test holds the two equal)."""
+    with scalar checks first, for the encoder's per-example hot path (a test holds the two equal; its measured
+    gain: docs/benchmarks.md, "Fast paths")."""
     if len(off) == 1:  # a linear example, most of them: three scalar rules, no array ops
         bad_offsets = off[0] != 0 or off[0] > num_tokens - (not empty_nodes)
         return "node offsets" if bad_offsets else "node parents" if par[0] != -1 else None
@@ -246,28 +247,9 @@ def tree_position_ids(num_tokens: int, node_offsets: ArrayLike, node_parents: Ar
     if len(offsets) == 1 and len(parents) == 1 and offsets[0] == 0 and parents[0] == -1:
         return np.arange(num_tokens, dtype=np.int32)  # one node (a linear example): nothing else to check
     check_layout(num_tokens, offsets, parents, empty_nodes=True)
-    if len(offsets) <= _FEW_NODES:  # an example's tree: one arange per node beats pointer jumping's array ops
-        return _positions_by_node(num_tokens, offsets.tolist(), parents.tolist())
     lengths = node_lengths(num_tokens, offsets)
     shift = np.repeat(offsets - node_start_positions(parents, lengths), lengths)  # (T,) row offset - position
     return (np.arange(num_tokens, dtype=np.int64) - shift).astype(np.int32)
-
-
-_FEW_NODES = 16
-"""Up to this many nodes, ``tree_position_ids`` loops over them in Python: a small tree (a caption tree's
-root and branches) pays the vectorized path's fixed cost of a dozen array ops for nothing."""
-
-
-def _positions_by_node(num_tokens: int, offsets: list[int], parents: list[int]) -> np.ndarray:
-    """``tree_position_ids`` of a valid layout, node by node: each node continues from its parent's end
-    (parents come first)."""
-    out = np.empty(num_tokens, dtype=np.int32)
-    ends, after = [*offsets[1:], num_tokens], [0] * len(offsets)
-    for n, (start, end, parent) in enumerate(zip(offsets, ends, parents, strict=True)):
-        first = 0 if parent < 0 else after[parent]
-        out[start:end] = np.arange(first, first + end - start)
-        after[n] = first + end - start
-    return out
 
 
 def predecessor_index(num_tokens: int, node_offsets: ArrayLike, node_parents: ArrayLike) -> np.ndarray:

@@ -8,10 +8,9 @@ Trees: node n's tokens are the tokens of the path root..n minus those of the pat
 tokens must be a token-level prefix (else ``template_error``). The system prompt a template inserts on its own
 belongs to the root.
 
-Fast paths, each beside the general one it must equal (``Encoder(fast=False)`` runs only the general ones;
+Fast path, beside the general one it must equal (``Encoder(fast=False)`` runs only the general one;
 tests/encode/test_encoder.py compares them): the loss rule for all texts at once from token byte lengths
-(``labels.batch_loss_labels``; the general path: ``loss_labels`` per text from character offsets), and a linear
-example whose batch-counted media tokens match its media skipping the per-node check.
+(``labels.batch_loss_labels``; the general path: ``loss_labels`` per text from character offsets).
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ class Tokens:
     ids: np.ndarray  # (T,) int32
     labels: np.ndarray  # (T,) int32
     starts: list[int]  # (texts + 1,)
-    images: list[int]  # image tokens in each text (the template's placeholders: one per image named)
-    videos: list[int]  # video tokens in each text
 
     def text(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Text k's ids and labels (views: the batch's texts do not overlap)."""
@@ -89,11 +86,7 @@ def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings
         encoding = encodings[k] if enc._token_bytes is None else enc._backend.encode(texts[k], add_special_tokens=False)
         labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=enc._is_special,
                                   boundaries=offset_boundaries(ids[a:b], encoding, texts[k]))
-    images, videos = (
-        [0] * len(texts) if t is None else np.diff(np.searchsorted(np.flatnonzero(ids == t), starts)).tolist()
-        for t in (enc.image_token_id, enc.video_token_id)
-    )
-    return Tokens(ids, labels, starts, images=images, videos=videos)
+    return Tokens(ids, labels, starts)
 
 
 def text_draft(enc: Encoder, tokens: Tokens, k: int) -> Draft:
@@ -106,33 +99,16 @@ def text_draft(enc: Encoder, tokens: Tokens, k: int) -> Draft:
         parts.append(np.array([enc.eos_id], dtype=np.int32))
     arr = np.concatenate(parts)  # a copy: the batch's ids stay as they are
     for token_id, what in ((enc.image_token_id, "image"), (enc.video_token_id, "video")):
-        if (tokens.images[k] or tokens.videos[k]) and token_id is not None and (arr == token_id).any():
+        if token_id is not None and (arr == token_id).any():
             raise RecordError("image_count_mismatch", f"the text holds the {what} token literally but names no {what}")
     return Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
 
 
 def tree_draft(enc: Encoder, stage: Staged, tokens: Tokens) -> Draft:
     """Nodes are path deltas: node n's tokens are its path's minus its parent's path's."""
-    nodes, parents, texts, first = stage.nodes, stage.parents, stage.texts, stage.first
-    if len(nodes) == 1:  # a linear conversation, most records: its one path is the example
-        ids, labels = tokens.text(first)
-        node_offsets = np.zeros(1, dtype=np.int32)
-        refs = [[p for m in nodes[0].messages for p in m.parts if not isinstance(p, str)]]
-        # its counts are its text's, taken for the whole batch: the check below only runs to say what is wrong
-        videos = sum(isinstance(r, VideoRef) for r in refs[0])
-        counted = "batch-counts" in enc.fast_paths and not stage.rewritten and (
-            (tokens.images[first], tokens.videos[first]) == (len(refs[0]) - videos, videos))
-    else:
-        ids, labels, node_offsets, refs = join_nodes(stage, tokens)
-        paths = slice(first, first + len(texts))
-        counted = ("batch-counts" in enc.fast_paths and not any(refs) and not any(tokens.images[paths])
-                   and not any(tokens.videos[paths]))
-    if counted:
-        enc.paths["media:batch-counted"] += 1
-    else:
-        enc.paths["media:per-node"] += 1
-        check_media_tokens(enc, ids, node_offsets, refs)
-    node_parents = np.array(parents, dtype=np.int32)
+    ids, labels, node_offsets, refs = join_nodes(stage, tokens)
+    check_media_tokens(enc, ids, node_offsets, refs)
+    node_parents = np.array(stage.parents, dtype=np.int32)
     return Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
 
 

@@ -16,8 +16,7 @@ says which path each step took (a test proves the general one ran):
 
 - ``python-template``: the ChatML template in pure Python (templates.py), where Jinja is the general path;
 - ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
-  character offsets per text are the general path;
-- ``batch-counts``: a linear example whose batch-counted media tokens match its media skips the per-node check.
+  character offsets per text are the general path.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -41,7 +40,7 @@ from packer.encode.templates import ChatTemplate
 from packer.encode.tokenize import cached_token_byte_lengths, special_token_mask, tokenize
 from packer.errors import ConfigError, RecordError
 
-FAST_PATHS = ("python-template", "byte-lengths", "batch-counts")
+FAST_PATHS = ("python-template", "byte-lengths")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 if TYPE_CHECKING:
@@ -129,8 +128,7 @@ class Encoder:
 
     def path_counts(self) -> Counter[str]:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
-        "render:jinja+prefixes"), labels ("labels:byte-lengths", "labels:offsets") and media token checks
-        ("media:batch-counted", "media:per-node")."""
+        "render:jinja+prefixes") and labels ("labels:byte-lengths", "labels:offsets")."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
     def replace(self, **changes: Any) -> Encoder:

@@ -27,19 +27,12 @@ class Staged:
     parents: list[int]  # parent index of each node (-1 for the root)
     spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
     first: int = 0  # index of texts[0] in the batch's tokenizer call
-    rewritten: bool = False  # an image was rewritten as blocks: its placeholders are not one per image
 
 
 def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged:
     """Render every root-to-node path of ``example`` (a ``text`` record is its own text)."""
     if example.kind == "text":
         return Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
-    root = example.root
-    if not root.children:  # one node, one path (most conversations): the tree walk below, without its lists
-        text, spans = chat.locate(root.messages, tools=example.tools)
-        out = Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans])
-        _rewrite_images(out, [root.messages], profile)
-        return out
     nodes, parents, paths = [], [], []
     for node, parent in example.root.walk():
         nodes.append(node)
@@ -59,7 +52,7 @@ def _rewrite_images(staged: Staged, paths: list[list[Message]], profile: ModelPr
     for k, path in enumerate(paths):
         text, spans = rewrite_images(staged.texts[k], staged.spans[k], path, profile)
         if text is not staged.texts[k]:
-            staged.texts[k], staged.spans[k], staged.rewritten = text, spans, True
+            staged.texts[k], staged.spans[k] = text, spans
 
 
 def rewrite_images(text: str, spans: list[Span], path: list[Message], profile: ModelProfile) -> tuple[str, list[Span]]:

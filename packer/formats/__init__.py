@@ -49,7 +49,7 @@ def parse_record(
     ``image_root`` is given. ``columns`` maps packer fields onto the record's own names
     (``{"messages": "conversations"}``: packer's ``messages`` is the record's ``conversations``).
     """
-    ctx = Ctx(path, line, _root_dir(image_root if image_root is not None else base_dir), source_name)
+    ctx = Ctx(path, line, os.path.abspath(image_root if image_root is not None else base_dir), source_name)
     if not isinstance(obj, dict):
         raise ctx.error("malformed_json", f"the line is a JSON {type(obj).__name__}, not an object")
     if columns:
@@ -63,19 +63,6 @@ def parse_record(
     keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
     fields = ", ".join(f"'{f}'" for f in KINDS)
     raise ctx.error("unknown_format", f"the record has none of {fields} (keys: {keys})")
-
-
-_ROOTS: dict[str, str] = {}  # absolute directory -> os.path.abspath of it (no cwd involved, so it keeps)
-
-
-def _root_dir(directory: str) -> str:
-    """``os.path.abspath(directory)``, remembered for absolute ones: every record of a file asks for the same."""
-    root = _ROOTS.get(directory)
-    if root is None:
-        root = os.path.abspath(directory)
-        if os.path.isabs(directory) and len(_ROOTS) < 4096:
-            _ROOTS[directory] = root
-    return root
 
 
 def rename_fields(obj: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:

@@ -45,16 +45,11 @@ from packer.formats.common import (
     video_pool,
 )
 
-# The fields besides ``messages`` that this parser reads; a record with none of them (most) skips their checks.
-_FIELDS = frozenset(("images", "image", "videos", "video", "branches", "tools"))
-
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
-    items = obj["messages"]
-    if type(items) is list and items and _FIELDS.isdisjoint(obj):  # no pools, branches or tools
-        return ctx.example(Node(messages=chat_messages(items, ctx, "messages")), "messages")
     ctx.pool = image_pool(obj, ctx)
     ctx.video_pool = video_pool(obj, ctx)
+    items = obj["messages"]
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"'messages' must be a list, got {type(items).__name__}")
     if not items:

@@ -12,7 +12,6 @@ import binascii
 import math
 import os
 import re
-import stat
 from typing import Any
 
 from packer.core.types import Example, ImageRef, Message, Node, VideoRef
@@ -123,24 +122,14 @@ def image_ref(source: Any, ctx: Ctx) -> ImageRef:
     if source.startswith("file://"):
         source = source[len("file://") :]
     path = source if os.path.isabs(source) else os.path.normpath(os.path.join(ctx.root_dir, source))
-    kind = _file_type(path)
-    if kind == stat.S_IFDIR:
+    if os.path.isdir(path):
         raise ctx.error("bad_image", f"image {path} is a directory, not an image file (named {source!r})")
-    if kind != stat.S_IFREG:
+    if not os.path.isfile(path):
         raise ctx.error(
             "missing_image",
             f"image {path} does not exist (named {source!r}; set --image-root if paths are relative to another directory)",
         )
     return ImageRef(path=path)
-
-
-def _file_type(path: str) -> int:
-    """``path``'s file type bits (``stat.S_IFREG``, ``S_IFDIR``, ...; links followed), 0 where it cannot be
-    stat'ed: ``os.path.isdir`` and ``isfile`` in one ``stat`` instead of two, the same answers."""
-    try:
-        return stat.S_IFMT(os.stat(path).st_mode)
-    except (OSError, ValueError):  # what isdir / isfile take for "no"
-        return 0
 
 
 def _file_path(source: str, ctx: Ctx, *, missing: str, bad: str, what: str) -> str:
@@ -150,10 +139,9 @@ def _file_path(source: str, ctx: Ctx, *, missing: str, bad: str, what: str) -> s
     if source.startswith("file://"):
         source = source[len("file://") :]
     path = source if os.path.isabs(source) else os.path.normpath(os.path.join(ctx.root_dir, source))
-    kind = _file_type(path)
-    if kind == stat.S_IFDIR:
+    if os.path.isdir(path):
         raise ctx.error(bad, f"{what} {path} is a directory, not a file (named {source!r})")
-    if kind != stat.S_IFREG:
+    if not os.path.isfile(path):
         raise ctx.error(
             missing,
             f"{what} {path} does not exist (named {source!r}; set --image-root if paths are relative to another directory)",
@@ -304,32 +292,15 @@ def _optional_str(msg: dict[str, Any], key: str, ctx: Ctx, where: str) -> str | 
 
 def chat_messages(items: Any, ctx: Ctx, where: str) -> list[Message]:
     """A ``messages`` list (``role`` + ``content``; an assistant's ``tool_calls``; a tool result's
-    ``tool_call_id`` and ``name``) -> Messages. An assistant turn with calls may have no content.
-
-    Fast path: a message that is exactly ``{"role": <a ROLES name>, "content": ...}`` has no tool fields and
-    no loss flag to check, so it is built from its content alone (a non-empty string, in a record with no
-    placeholder pools, without even ``content_parts``), because ``chat_message``'s checks ran per message and
-    were most of a chat record's parse time. Every other message takes ``chat_message``, which gives the same
-    Message (or error) for those shapes too (tests/formats/test_fast_paths.py compares them)."""
+    ``tool_call_id`` and ``name``) -> Messages, each through ``chat_message``. An assistant turn with calls may
+    have no content."""
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"{where} must be a list of messages, got {type(items).__name__}")
-    plain = ctx.pool is None and ctx.video_pool is None  # no <image> / <video> to split content at
-    out = []
-    for i, msg in enumerate(items):
-        if type(msg) is dict and len(msg) == 2 and "content" in msg:  # {"role": ..., "content": ...}
-            role, content = msg.get("role"), msg["content"]
-            if type(role) is str and role in ROLES:
-                if plain and type(content) is str and content:
-                    out.append(Message(ROLES[role], [content]))
-                else:
-                    out.append(Message(ROLES[role], content_parts(content, ctx, f"{where}[{i}]")))
-                continue
-        out.append(chat_message(msg, ctx, f"{where}[{i}]"))
-    return out
+    return [chat_message(msg, ctx, f"{where}[{i}]") for i, msg in enumerate(items)]
 
 
 def chat_message(msg: Any, ctx: Ctx, where: str) -> Message:
-    """One message of a ``messages`` list, every field checked (``chat_messages``' general path)."""
+    """One message of a ``messages`` list, every field checked."""
     if not isinstance(msg, dict):
         raise ctx.error(
             "wrong_type", f"{where} must be an object with 'role' and 'content', got {type(msg).__name__}"

@@ -6,16 +6,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from packer.core.types import Example
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
-
-_SCAN = json.JSONDecoder().scan_once  # the C scanner json.loads(text) runs (a decoder with loads' options: none)
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD]")  # backslash, u, d or D: one regex scan of the line, not two `in` scans
 
 
 def parse_line(
@@ -41,12 +36,12 @@ def parse_line(
             line=line,
         ) from None
     try:
-        obj = _loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise RecordError("malformed_json", f"{e.msg} at column {e.colno}", path=path, line=line) from None
     except (ValueError, RecursionError) as e:  # a 5000-digit integer, arrays nested 100k deep
         raise RecordError("malformed_json", f"{type(e).__name__}: {str(e)[:200]}", path=path, line=line) from None
-    if _SURROGATE_ESCAPE.search(text):  # only such lines can hold a lone surrogate escape
+    if "\\ud" in text or "\\uD" in text:  # only such lines can hold a lone surrogate escape
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:  # "\ud800" alone is not text: the tokenizer would raise on it
@@ -61,17 +56,6 @@ def parse_line(
         obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name,
         columns=columns,
     )
-
-
-def _loads(text: str) -> Any:
-    """``json.loads(text)``: the same value, the same errors. A line that is one JSON value with no whitespace
-    around it (what writers write) is scanned directly, without loads' checks and two whitespace regexes
-    around the scan; any other line, good or bad, goes to ``json.loads`` itself."""
-    try:
-        obj, end = _SCAN(text, 0)
-    except Exception:  # noqa: BLE001 - no value here, bad JSON, too deep: json.loads raises its own error
-        return json.loads(text)
-    return obj if end == len(text) else json.loads(text)  # trailing whitespace or extra data: loads decides
 
 
 def read_jsonl(

@@ -1,7 +1,6 @@
 """The encode cache: one Arrow IPC file per chunk of input lines, beside that chunk's rejects.
 
-    OUT/.packer/encode/chunk-000000.arrow           EXAMPLE_SCHEMA rows (example-relative offsets; a text
-                                                    example's mRoPE rows are its positions: stored as [])
+    OUT/.packer/encode/chunk-000000.arrow           EXAMPLE_SCHEMA rows (example-relative offsets)
     OUT/.packer/encode/chunk-000000.rejects.jsonl   the chunk's rejects, one JSON object per line
 
 A chunk is committed by its ``.arrow`` file, renamed into place after its rejects: a chunk with rejects but no

@@ -173,7 +173,7 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
                 yield e if e.path else e.located(chunk.path, row)
         return
     for line_no, raw in _read_chunk_lines(chunk):
-        if not raw or raw.isspace():  # `not raw.strip()` without copying the line
+        if not raw.strip():
             continue  # blank lines are not records
         try:
             yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,

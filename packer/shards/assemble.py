@@ -14,98 +14,40 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, EncodedVideo
+from packer.core.types import Encoded, EncodedImage, EncodedVideo
 from packer.errors import ShardError
 from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA, VIDEO_TYPE
 from packer.shards.store import ObjectPath, local_file, store_path
 
 
 def encoded_table(encoded: Sequence[Encoded]) -> pa.Table:
-    """``encoded`` as an EXAMPLE_SCHEMA table, each list column one ``np.concatenate`` of the examples' arrays
-    under offsets from their lengths: no per-example Arrow conversion.
-
-        examples of 5, 2 and 4 tokens -> input_ids: offsets [0, 5, 7, 11], values one (11,) int32 array
-
-    ``mrope_position_ids`` is token-major (t, h, w per token), and an empty list where all three rows equal
-    ``position_ids`` (every text-only example): the cache then holds 12 fewer bytes per such token, and
-    ``assemble_packs`` writes those rows back from ``position_ids``.
-    """
-    n = len(encoded)
-    lengths = np.fromiter((e.input_ids.shape[0] for e in encoded), np.int64, n)
-    nodes = np.fromiter((e.node_offsets.shape[0] for e in encoded), np.int64, n)
-    cols: dict[str, pa.Array] = {}
-    for name, sizes in (("input_ids", lengths), ("labels", lengths), ("position_ids", lengths),
-                        ("node_offsets", nodes), ("node_parents", nodes)):
-        cols[name] = _int_list([getattr(e, name) for e in encoded], sizes)
-    positions = cols["position_ids"].values.to_numpy()
-    cols["mrope_position_ids"] = _mrope_list(encoded, lengths, positions)
-    labels = cols["labels"].values.to_numpy()
-    cols["images"], image_tokens = _struct_list([e.images for e in encoded], IMAGE_TYPE, _image_record)
-    cols["videos"], video_tokens = _struct_list([e.videos for e in encoded], VIDEO_TYPE, _video_record)
-    cols["example_id"] = pa.array([e.example_id for e in encoded], pa.string())
-    cols["source_name"] = pa.array([e.source_name for e in encoded], pa.string())
-    cols["num_tokens"] = pa.array(lengths.astype(np.int32))
-    cols["num_loss_tokens"] = pa.array(_sums(labels != IGNORE_INDEX, lengths).astype(np.int32))
-    cols["num_vision_tokens"] = pa.array((image_tokens + video_tokens).astype(np.int32))
-    cols["num_video_tokens"] = pa.array(video_tokens.astype(np.int32))
-    cols["num_images"] = pa.array(np.fromiter((len(e.images) for e in encoded), np.int32, n))
-    cols["num_videos"] = pa.array(np.fromiter((len(e.videos) for e in encoded), np.int32, n))
-    return pa.Table.from_arrays([cols[f.name] for f in EXAMPLE_SCHEMA], schema=EXAMPLE_SCHEMA)
+    """``encoded`` as an EXAMPLE_SCHEMA table: one dict of columns per example (``encoded_record``), converted
+    by ``pa.Table.from_pylist``."""
+    return pa.Table.from_pylist([encoded_record(e) for e in encoded], schema=EXAMPLE_SCHEMA)
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    """(n + 1,) int32 list offsets of lists of ``lengths``; ShardError past what int32 offsets hold."""
-    out = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    if out[-1] > np.iinfo(np.int32).max:
-        raise ShardError(f"{out[-1]} values in one list column of a chunk: more than int32 offsets hold")
-    return out.astype(np.int32)
-
-
-def _sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """(n,) int64 sums of consecutive runs of ``lengths`` in ``values`` (empty runs sum to 0)."""
-    total = np.zeros(values.shape[0] + 1, dtype=np.int64)
-    np.cumsum(values, out=total[1:])
-    ends = np.cumsum(lengths)
-    return total[ends] - total[ends - lengths]
-
-
-def _int_list(arrays: list[np.ndarray], lengths: np.ndarray) -> pa.Array:
-    """One list<int32> array of ``arrays`` (of ``lengths``)."""
-    values = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.zeros(0, np.int32)
-    return pa.ListArray.from_arrays(pa.array(_offsets(lengths)), pa.array(values), type=I32_LIST)
-
-
-def _mrope_list(encoded: Sequence[Encoded], lengths: np.ndarray, positions: np.ndarray) -> pa.Array:
-    """The cache's ``mrope_position_ids`` (see ``encoded_table``): null where an example has none."""
-    n = len(encoded)
-    rows = [e.mrope_position_ids for e in encoded]
-    present = np.fromiter((r is not None for r in rows), bool, n)
-    if not present.any():
-        return pa.nulls(n, I32_LIST)
-    # A text example's rows are its positions seen three times (a row stride of 0: QwenVLProfile's
-    # broadcast view), so one row decides whether all three equal position_ids. Other rows are stored whole.
-    seen_thrice = np.fromiter((r is not None and r.strides[0] == 0 for r in rows), bool, n)
-    stored = present.copy()
-    if seen_thrice.any():
-        first = np.concatenate([r[0] for r, one in zip(rows, seen_thrice, strict=True) if one])
-        differ = first != positions[np.repeat(seen_thrice, lengths)]
-        stored[seen_thrice] = _sums(differ, lengths[seen_thrice]) > 0
-    kept = [r for r, keep in zip(rows, stored, strict=True) if keep]
-    values = (np.ascontiguousarray(np.concatenate(kept, axis=1).T, dtype=np.int32).reshape(-1) if kept
-              else np.zeros(0, np.int32))
-    mask = None if present.all() else pa.array(~present)
-    return pa.ListArray.from_arrays(pa.array(_offsets(3 * lengths * stored)), pa.array(values), type=I32_LIST,
-                                    mask=mask)
-
-
-def _struct_list(items: list[list], kind: pa.StructType, record) -> tuple[pa.Array, np.ndarray]:
-    """(list<kind> column of each example's ``items`` as ``record`` dicts, (n,) int64 sum of their num_tokens)."""
-    counts = np.fromiter((len(x) for x in items), np.int64, len(items))
-    flat = [x for xs in items for x in xs]
-    column = pa.ListArray.from_arrays(pa.array(_offsets(counts)), pa.array([record(x) for x in flat], type=kind),
-                                      type=pa.list_(kind))
-    return column, _sums(np.fromiter((x.num_tokens for x in flat), np.int64, len(flat)), counts)
+def encoded_record(enc: Encoded) -> dict[str, Any]:
+    """One ``Encoded`` example as a dict of EXAMPLE_SCHEMA columns; ``mrope_position_ids`` token-major (t, h, w
+    per token), or None."""
+    mrope = enc.mrope_position_ids
+    return {
+        "example_id": enc.example_id,
+        "source_name": enc.source_name,
+        "input_ids": enc.input_ids,
+        "labels": enc.labels,
+        "position_ids": enc.position_ids,
+        "mrope_position_ids": None if mrope is None else np.ascontiguousarray(mrope.T).reshape(-1),
+        "node_offsets": enc.node_offsets,
+        "node_parents": enc.node_parents,
+        "images": [_image_record(im) for im in enc.images],
+        "videos": [_video_record(v) for v in enc.videos],
+        "num_tokens": enc.num_tokens,
+        "num_loss_tokens": enc.num_loss_tokens,
+        "num_vision_tokens": enc.num_vision_tokens,
+        "num_video_tokens": enc.num_video_tokens,
+        "num_images": len(enc.images),
+        "num_videos": len(enc.videos),
+    }
 
 
 def _image_record(im: EncodedImage) -> dict[str, Any]:
@@ -181,10 +123,8 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         for name in dense:
             arr = table.column(name).chunk(0)
             src, offsets, out = arr.values.to_numpy(zero_copy_only=True), arr.offsets.to_numpy(), values[name]
-            begin, end = offsets[local[c]], offsets[local[c] + 1]
-            some = end > begin  # all but a text example's mRoPE rows, stored as [] (encoded_table)
-            for a, b, d in zip(begin[some].tolist(), end[some].tolist(), out_offsets[name][dest[c][some]].tolist(),
-                               strict=True):
+            begin, end = offsets[local[c]].tolist(), offsets[local[c] + 1].tolist()
+            for a, b, d in zip(begin, end, out_offsets[name][dest[c]].tolist(), strict=True):
                 out[d : d + b - a] = src[a:b]
         del table
     for name in dense:
@@ -206,25 +146,6 @@ def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Arra
 def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray) -> pa.Array:
     """Concatenate consecutive examples' lists into one list per pack (zero-copy on the values)."""
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
-
-
-def _full_mrope(item_off: np.ndarray, stored: np.ndarray, positions: pa.ChunkedArray | pa.Array,
-                lengths: np.ndarray) -> np.ndarray:
-    """The 3*T token-major mRoPE values of examples whose stored list is either all 3*L of them or empty
-    (then all three rows are the example's ``position_ids``, ``encoded_table``); ShardError for any other."""
-    have = np.diff(item_off)
-    full = have == 3 * lengths
-    if not (full | (have == 0)).all():
-        i = int(np.flatnonzero(~(full | (have == 0)))[0])
-        raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 0 or 3 per token)")
-    _, pos = _list_parts(positions)
-    out = np.repeat(pos.to_numpy(), 3)  # (t, h, w) = (p, p, p) per token
-    ends = 3 * np.cumsum(lengths)
-    at = 0
-    for a, b in zip((ends - 3 * lengths)[full].tolist(), ends[full].tolist(), strict=True):
-        out[a:b] = stored[at : at + b - a]  # a stored example's own rows (slices: cheaper than a token mask)
-        at += b - a
-    return out
 
 
 def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
@@ -255,9 +176,11 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         raise ShardError("some examples have mRoPE positions and others do not")
     else:
         item_off, values = _list_parts(mrope)
-        if not np.array_equal(np.diff(item_off), 3 * lengths):  # rows that are the positions' (encoded_table)
-            values = pa.array(_full_mrope(item_off, values.to_numpy(), examples.column("position_ids"), lengths))
-        cols["mrope_position_ids"] = _regroup(values, 3 * tok_bounds, pack_bounds)
+        have = np.diff(item_off)
+        if not np.array_equal(have, 3 * lengths):
+            i = int(np.flatnonzero(have != 3 * lengths)[0])
+            raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 3 per token)")
+        cols["mrope_position_ids"] = _regroup(values, item_off, pack_bounds)
 
     # cu_seqlens per pack: example start offsets within the row, then the row length.
     row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)

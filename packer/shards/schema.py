@@ -103,7 +103,7 @@ EXAMPLE_SCHEMA = pa.schema(
         ("input_ids", I32_LIST),
         ("labels", I32_LIST),
         ("position_ids", I32_LIST),
-        ("mrope_position_ids", I32_LIST),  # 3*L token-major; [] where all 3 rows are position_ids; null: none
+        ("mrope_position_ids", I32_LIST),  # 3*L token-major, or null
         ("node_offsets", I32_LIST),
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),

@@ -249,28 +249,3 @@ def test_one_example_is_judged_like_a_row(empty_nodes):
                 check_layout(T, off, par, empty_nodes=empty_nodes)
             rule = "not decrease" if want == "node offsets" and empty_nodes else LAYOUT_RULES[want]
             assert rule in str(e.value), (layout, want)
-
-
-def test_small_trees_loop_like_the_vectorized_path(monkeypatch):
-    """``tree_position_ids`` loops node by node up to ``_FEW_NODES`` nodes: the same positions as pointer
-    jumping on random forests (several roots, empty nodes)."""
-    import packer.core.tree as tree
-
-    rng = np.random.default_rng(1)
-    for _ in range(60):
-        nodes = int(rng.integers(1, 12))
-        parents, root = [-1], 0
-        for i in range(1, nodes):  # a new root (a new example), or a node of the current example
-            parent = -1 if rng.random() < 0.2 else int(rng.integers(root, i))
-            root = i if parent < 0 else root
-            parents.append(parent)
-        lengths = rng.integers(0, 5, nodes)
-        lengths[np.array(parents) < 0] += 1  # an example starts with a token
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        args = (int(lengths.sum()), offsets, np.array(parents))
-        monkeypatch.setattr(tree, "_FEW_NODES", 0)
-        vectorized = tree_position_ids(*args)
-        monkeypatch.setattr(tree, "_FEW_NODES", 16)
-        looped = tree_position_ids(*args)
-        assert looped.dtype == vectorized.dtype == np.int32
-        assert looped.tolist() == vectorized.tolist()

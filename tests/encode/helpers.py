@@ -77,8 +77,7 @@ def assert_encoded(enc, seq: Seq) -> None:
 @lru_cache(maxsize=32)
 def general(encoder: Encoder) -> Encoder:
     """The same Encoder on the general path (``fast=False``): every conversation through the Jinja template,
-    every label boundary from the tokenizer's character offsets, every example's image and video tokens counted
-    per node."""
+    every label boundary from the tokenizer's character offsets."""
     return encoder.replace(fast=False)
 
 

@@ -579,11 +579,11 @@ def test_fast_false_runs_only_the_general_paths(tok, image_root):
     for got, w in zip(slow.encode_batch(examples), want, strict=True):
         assert_same(got, w)
     taken, general_taken = fast.path_counts(), slow.path_counts()
-    fast_keys = {"render:python", "labels:byte-lengths", "media:batch-counted"}
+    fast_keys = {"render:python", "labels:byte-lengths"}
     assert all(taken[k] > 0 for k in fast_keys), taken
     assert not any(general_taken[k] for k in fast_keys), general_taken
-    assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "media:per-node")), general_taken
-    for name, key in zip(FAST_PATHS, ("render:python", "labels:byte-lengths", "media:batch-counted"), strict=True):
+    assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets")), general_taken
+    for name, key in zip(FAST_PATHS, ("render:python", "labels:byte-lengths"), strict=True):
         one = Encoder(tok, profile, fast={name})
         for got, w in zip(one.encode_batch(examples), want, strict=True):
             assert_same(got, w)
@@ -715,25 +715,3 @@ def test_encode_batch_prefix_fallback_equals_general_path(tok, image_root):
     assert not any(isinstance(b, RecordError) for b in batch)
     for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
         assert_same(got, want)
-
-
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(rec=record(), name=st.sampled_from(["qwen2-vl", "llava"]))
-def test_stage_of_one_node_equals_the_tree_walk(encoders, image_root, rec, name):
-    """``render.stage`` renders a one-node example (most records) without walking the tree; what the walk gives:
-    one path, the root's messages, node [root] with parent -1."""
-    encoder = encoders[name]
-    (ex,) = parse_all([rec], image_root)
-    if not isinstance(ex, Example) or ex.kind == "text" or ex.root.children:
-        return
-    walked = list(ex.root.walk())
-    try:
-        want = [encoder._chat.locate(list(ex.root.messages), tools=ex.tools)]
-    except RecordError as e:
-        with pytest.raises(RecordError, match=e.reason):
-            stage(ex, encoder._chat, encoder.profile)
-        return
-    staged = stage(ex, encoder._chat, encoder.profile)
-    assert (staged.nodes, staged.parents) == ([n for n, _ in walked], [p for _, p in walked])
-    assert list(zip(staged.texts, staged.spans, strict=True)) == want

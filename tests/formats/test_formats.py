@@ -395,6 +395,14 @@ def test_directory_named_as_image_is_bad_image(tmp_path):
         parse_record(rec, path="d.jsonl", line=1, base_dir=str(tmp_path))
 
 
+@pytest.mark.parametrize("field", ["branches", "tools", "image", "images", "video", "videos"])
+def test_a_null_field_is_an_absent_one(tmp_path: Path, field: str):
+    """A chat record's ``branches``, ``tools``, ``image(s)`` or ``video(s)`` set to null parses as the record
+    without that field."""
+    rec = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    assert parse({**rec, field: None}, tmp_path) == parse(rec, tmp_path)
+
+
 def _parse_prompt(obj: dict, ctx: Ctx) -> Example:
     """A toy kind, as a new kind's file would define it: ``{"prompt": ..., "completion": ...}``."""
     messages = chat_messages([{"role": "user", "content": obj["prompt"]},

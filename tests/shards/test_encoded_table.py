@@ -1,6 +1,5 @@
-"""``encoded_table`` (columns from offsets + one concatenation each, text mRoPE stored as an empty list) against
-the general path it replaced (``pa.Table.from_pylist`` over one dict per example): same columns, and the same
-pack rows out of ``assemble_packs``, straight or through the encode cache's ``take_rows``."""
+"""``encoded_table`` (the encode cache's rows), the rows ``take_rows`` gathers from chunk files, and
+``assemble_packs``' check of the mRoPE lists."""
 
 from __future__ import annotations
 
@@ -15,31 +14,6 @@ from packer.models import get_profile
 from packer.shards.assemble import assemble_packs, encoded_table, take_rows
 from packer.shards.schema import EXAMPLE_SCHEMA
 from tests.helpers import random_example
-
-
-def _record(enc: Encoded) -> dict:
-    """One example as a dict of EXAMPLE_SCHEMA columns, every mRoPE row stored (the replaced general path)."""
-    mrope = enc.mrope_position_ids
-    return {
-        "example_id": enc.example_id, "source_name": enc.source_name, "input_ids": enc.input_ids,
-        "labels": enc.labels, "position_ids": enc.position_ids,
-        "mrope_position_ids": None if mrope is None else np.ascontiguousarray(mrope.T).reshape(-1),
-        "node_offsets": enc.node_offsets, "node_parents": enc.node_parents,
-        "images": [{"source": im.source, "data": im.data, "grid_t": im.grid_thw[0], "grid_h": im.grid_thw[1],
-                    "grid_w": im.grid_thw[2], "offset": im.offset, "num_tokens": im.num_tokens} for im in enc.images],
-        "videos": [{"source": v.source, "frames": v.frames, "video_start": v.video_start, "video_end": v.video_end,
-                    "frame_indices": v.frame_indices, "video_fps": v.video_fps, "grid_t": v.grid_thw[0],
-                    "grid_h": v.grid_thw[1], "grid_w": v.grid_thw[2], "height": v.height, "width": v.width,
-                    "utils_height": v.utils_height, "utils_width": v.utils_width, "offset": v.offset,
-                    "num_tokens": v.num_tokens, "second_per_grid_t": v.second_per_grid_t} for v in enc.videos],
-        "num_tokens": enc.num_tokens, "num_loss_tokens": enc.num_loss_tokens,
-        "num_vision_tokens": enc.num_vision_tokens, "num_video_tokens": enc.num_video_tokens,
-        "num_images": len(enc.images), "num_videos": len(enc.videos),
-    }
-
-
-def _reference_table(examples: list[Encoded]) -> pa.Table:
-    return pa.Table.from_pylist([_record(e) for e in examples], schema=EXAMPLE_SCHEMA)
 
 
 def _examples(seed: int, mrope: str) -> list[Encoded]:
@@ -74,29 +48,26 @@ def _examples(seed: int, mrope: str) -> list[Encoded]:
 
 @pytest.mark.parametrize("mrope", ["none", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
-def test_encoded_table_packs_like_the_general_path(seed, mrope):
+def test_encoded_table_holds_the_examples(seed, mrope):
+    """Every column of ``encoded_table`` is its examples' own values; mRoPE token-major (t, h, w per token)."""
     examples = _examples(seed, mrope)
-    got, want = encoded_table(examples), _reference_table(examples)
-    assert got.schema == want.schema
-    for name in EXAMPLE_SCHEMA.names:
-        if name != "mrope_position_ids":
-            assert got.column(name).equals(want.column(name)), name
-    # mRoPE: every example's rows as the general path has them, or an empty list where they are its positions
-    for e, stored, full in zip(examples, got.column("mrope_position_ids").to_pylist(),
-                               want.column("mrope_position_ids").to_pylist(), strict=True):
-        assert stored == full or (stored == [] and full == np.repeat(e.position_ids, 3).tolist())
-    # the shard rows are the same
-    rng = np.random.default_rng(seed)
-    sizes = np.diff(np.unique(np.concatenate([[0, len(examples)], rng.integers(0, len(examples), 3)])))
-    assert assemble_packs(got, sizes).equals(assemble_packs(want, sizes))
+    table = encoded_table(examples)
+    assert table.schema == EXAMPLE_SCHEMA
+    for e, row in zip(examples, table.to_pylist(), strict=True):
+        for name in ("input_ids", "labels", "position_ids", "node_offsets", "node_parents"):
+            assert row[name] == getattr(e, name).tolist(), name
+        want = None if e.mrope_position_ids is None else np.asarray(e.mrope_position_ids).T.reshape(-1).tolist()
+        assert row["mrope_position_ids"] == want
+        assert (row["num_tokens"], row["num_loss_tokens"], row["num_vision_tokens"], row["num_video_tokens"]) == (
+            e.num_tokens, e.num_loss_tokens, e.num_vision_tokens, e.num_video_tokens)
+        assert [im["offset"] for im in row["images"]] == [im.offset for im in e.images]
+        assert [v["second_per_grid_t"] for v in row["videos"]] == [v.second_per_grid_t for v in e.videos]
 
 
-def test_text_rows_are_stored_empty_and_come_back(tmp_path):
-    """The cache holds no mRoPE values for a text example; a shard gathered from it (take_rows) has them all."""
+def test_rows_taken_from_chunk_files_pack_like_the_table(tmp_path):
+    """Rows gathered from the encode cache's chunk files (take_rows) pack as the table's own rows do."""
     examples = _examples(3, "mixed")
     table = encoded_table(examples)
-    lengths = np.diff(table.column("mrope_position_ids").chunk(0).offsets.to_numpy())
-    assert lengths[0] == 0 and lengths[2] == 3 * examples[2].num_tokens  # the profile's view; rows that differ
     files, starts = [], [0]
     for c, (a, b) in enumerate([(0, len(examples) // 2), (len(examples) // 2, len(examples))]):
         files.append(tmp_path / f"chunk-{c}.arrow")
@@ -105,7 +76,7 @@ def test_text_rows_are_stored_empty_and_come_back(tmp_path):
         starts.append(b)
     sel = np.random.default_rng(0).permutation(len(examples))
     taken = take_rows(files, np.array(starts), sel)
-    want = _reference_table([examples[i] for i in sel])
+    want = table.take(pa.array(sel))
     assert assemble_packs(taken, np.array([len(sel)])).equals(assemble_packs(want, np.array([len(sel)])))
 
 
