@@ -150,8 +150,8 @@ class QwenVLProfile(ModelProfile):
     ) -> np.ndarray:
         """mRoPE rows (3, L) int32, as ``get_rope_index`` gives them for each root-to-leaf path alone."""
         if not grids and not videos:  # get_rope_index on text alone: three rows equal to the 1-D positions
-            # one row seen three times (row stride 0), read-only: no copy, and encoded_table compares one row to
-            # position_ids, not three, before it stores them as an empty list (np.broadcast_to: the same view, slower)
+            # one row seen three times (row stride 0), read-only: no copy until the cache stores it token-major
+            # (np.broadcast_to gives the same view, slower)
             row = np.ascontiguousarray(positions, dtype=np.int32)
             out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
             out.flags.writeable = False
