@@ -43,13 +43,13 @@ def compile_template(source: str) -> Any:
     return _compile_jinja_template(source)
 
 
-def hf_message(m: Message, *, marked: bool) -> dict:
-    """A Message as the template sees it: string content if text-only, else parts with {"type": "image"} and
-    {"type": "video"};
+def hf_message(m: Message, *, marked: bool, parts: bool = False) -> dict:
+    """A Message as the template sees it: string content if text-only (``parts``: a list of one text part, for
+    a template that reads only parts), else parts with {"type": "image"} and {"type": "video"};
     with ``marked``, the content wrapped in OPEN ... CLOSE. Tool fields (``tool_calls``, ``tool_call_id``,
     ``name``) are passed as the record gave them. A turn with no content (it only calls tools) is never
     marked: templates test its content for truth (Qwen2.5: ``{% if message.content %}``)."""
-    out = _hf_content(m, marked=marked and not _calls_only(m))
+    out = _hf_content(m, marked=marked and not _calls_only(m), parts=parts)
     if m.tool_calls is not None:
         out["tool_calls"] = m.tool_calls
     if m.tool_call_id is not None:
@@ -59,24 +59,26 @@ def hf_message(m: Message, *, marked: bool) -> dict:
     return out
 
 
-def _hf_content(m: Message, *, marked: bool) -> dict:
-    if all(isinstance(p, str) for p in m.parts):
+def _hf_content(m: Message, *, marked: bool, parts: bool = False) -> dict:
+    if all(isinstance(p, str) for p in m.parts) and not (parts and m.parts):
         text = "".join(m.parts)  # type: ignore[arg-type]
         return {"role": m.role, "content": OPEN + text + CLOSE if marked else text}
-    parts: list[dict] = [
+    out: list[dict] = [
         {"type": "text", "text": p} if isinstance(p, str) else {"type": "video" if isinstance(p, VideoRef) else "image"}
         for p in m.parts
     ]
+    if parts and all(isinstance(p, str) for p in m.parts):  # text only: one text part, as a processor writes it
+        out = [{"type": "text", "text": "".join(m.parts)}]  # type: ignore[arg-type]
     if marked:  # glue the markers onto text parts where possible, so no part is added
-        if "text" in parts[0]:
-            parts[0] = {"type": "text", "text": OPEN + parts[0]["text"]}
+        if "text" in out[0]:
+            out[0] = {"type": "text", "text": OPEN + out[0]["text"]}
         else:
-            parts.insert(0, {"type": "text", "text": OPEN})
-        if "text" in parts[-1]:
-            parts[-1] = {"type": "text", "text": parts[-1]["text"] + CLOSE}
+            out.insert(0, {"type": "text", "text": OPEN})
+        if "text" in out[-1]:
+            out[-1] = {"type": "text", "text": out[-1]["text"] + CLOSE}
         else:
-            parts.append({"type": "text", "text": CLOSE})
-    return {"role": m.role, "content": parts}
+            out.append({"type": "text", "text": CLOSE})
+    return {"role": m.role, "content": out}
 
 
 def _calls_only(m: Message) -> bool:
@@ -134,6 +136,7 @@ class ChatTemplate:
                 self._compiled = compile_template(source)
             except Exception as e:  # noqa: BLE001 - jinja2's TemplateSyntaxError and friends
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
+        self._parts = self._content_as_parts()  # text-only content given as a list of parts, not a string
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
         self._fast: _ChatML | None = None  # set only after the Jinja path has checked it on the probes
         self._fast = None if self._verify or not fast else self._checked(_fast_template(source))
@@ -178,7 +181,7 @@ class ChatTemplate:
                 self.paths["python"] += 1
                 return located
         uses_tools = _uses_tools(conv, tools)
-        marked = self.render([hf_message(m, marked=True) for m in conv], tools=tools)
+        marked = self.render([self._message(m, marked=True) for m in conv], tools=tools)
         markers = [(mo.start(), mo.group()) for mo in _MARKER.finditer(marked)]
         has = [not _calls_only(m) for m in conv]  # which messages carry markers
         # the markers must come back as OPEN, CLOSE, OPEN, CLOSE, ...: one pair per marked message, in order
@@ -188,7 +191,7 @@ class ChatTemplate:
             text = marked.replace(OPEN, "").replace(CLOSE, "")
             clean = None
             if self._verify or uses_tools:
-                clean = self.render([hf_message(m, marked=False) for m in conv], tools=tools)
+                clean = self.render([self._message(m, marked=False) for m in conv], tools=tools)
             if clean is None or text == clean:
                 if uses_tools:
                     _check_tools_rendered(text, conv, tools)
@@ -207,7 +210,7 @@ class ChatTemplate:
                 limits = starts[1:] + [len(text)]
                 self.paths["jinja"] += 1
                 return text, list(zip(starts, ends, limits, strict=True))
-        clean = self.render([hf_message(m, marked=False) for m in conv], tools=tools)
+        clean = self.render([self._message(m, marked=False) for m in conv], tools=tools)
         if uses_tools:
             _check_tools_rendered(clean, conv, tools)
         self.paths["jinja+prefixes"] += 1
@@ -216,7 +219,7 @@ class ChatTemplate:
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
         """Where message k's content starts in ``text``: the end of the generation prompt after ``conv[:k]``."""
         header = self.render(
-            [hf_message(m, marked=False) for m in conv[:k]], add_generation_prompt=True, tools=tools
+            [self._message(m, marked=False) for m in conv[:k]], add_generation_prompt=True, tools=tools
         )
         if not text.startswith(header):
             raise RecordError(
@@ -229,7 +232,7 @@ class ChatTemplate:
     def _locate_by_prefixes(self, conv: list[Message], full: str, tools: list[dict] | None = None) -> list[Span]:
         """The fallback: message spans from rendered prefixes, an assistant's header from the generation
         prompt."""
-        hf = [hf_message(m, marked=False) for m in conv]
+        hf = [self._message(m, marked=False) for m in conv]
         spans = []
         prev = ""
         for k in range(len(conv)):
@@ -253,14 +256,41 @@ class ChatTemplate:
             prev = cur
         return spans
 
+    def _message(self, m: Message, *, marked: bool) -> dict:
+        return hf_message(m, marked=marked, parts=self._parts)
+
+    def _content_as_parts(self) -> bool:
+        """Whether this template renders a text-only message only when its content is a list of parts
+        (SmolVLM's reads ``content[0]['type']`` and iterates parts: a string renders as nothing). Decided once
+        on a probe; a template that renders a plain message's text in neither form is refused (ConfigError):
+        it would train on conversations with their text silently dropped."""
+        if self.source is None:
+            return False
+        probe = [Message("user", ["Zqx probe question."]), Message("assistant", ["Zqy probe answer."])]
+
+        def shows(parts: bool) -> bool | None:
+            try:
+                text = self.render([hf_message(m, marked=False, parts=parts) for m in probe])
+            except RecordError:
+                return None  # the template wants something else of a conversation: no verdict
+            return "Zqx probe question." in text and "Zqy probe answer." in text
+
+        as_string = shows(False)
+        if as_string is not False:
+            return False
+        if shows(True):
+            return True
+        raise ConfigError("the chat template renders no message text, as a string or as text parts; pass a template "
+                          "that writes each message's content (--chat-template FILE)")
+
     def _marker_transparent(self, *, images: bool) -> bool:
         """Whether marked content renders exactly like plain content on every probe conversation."""
         if self.source is None:
             return False
         for conv in probe_conversations(images=images):
             try:
-                clean = self.render([hf_message(m, marked=False) for m in conv])
-                marked = self.render([hf_message(m, marked=True) for m in conv])
+                clean = self.render([self._message(m, marked=False) for m in conv])
+                marked = self.render([self._message(m, marked=True) for m in conv])
             except RecordError:
                 return False
             if marked.count(OPEN) != len(conv) or marked.replace(OPEN, "").replace(CLOSE, "") != clean:

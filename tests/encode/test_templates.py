@@ -130,3 +130,21 @@ def test_template_dropping_images(tok, img):
                 {"messages": [msg("user", [{"type": "image", "image": str(img)}]), msg("assistant", "y")]}
             )
         )
+
+
+def test_a_template_that_reads_only_parts_gets_text_as_a_part():
+    """SmolVLM's template (transformers' DEFAULT_CHAT_TEMPLATE) reads ``content[0]['type']`` and iterates parts: a
+    string content renders as nothing. The template is probed once and given text-only content as one text part,
+    so no message text is lost; a template that renders no text in either form is refused."""
+    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+    template = ChatTemplate(DEFAULT_CHAT_TEMPLATE, special_tokens={}, images=True)
+    conv = [Message("user", ["What is two plus two?"]), Message("assistant", ["Four."])]
+    text, spans = template.locate(conv)
+    assert text == "<|im_start|>User: What is two plus two?<end_of_utterance>\nAssistant: Four.<end_of_utterance>\n"
+    assert [text[a:b] for a, b, _ in spans] == ["What is two plus two?", "Four."]
+    mixed = [Message("user", [ImageRef(path="a.jpg"), "Caption it."]), Message("assistant", ["A cat."])]
+    assert template.locate(mixed)[0] == "<|im_start|>User:<image>Caption it.<end_of_utterance>\nAssistant: A cat.<end_of_utterance>\n"
+    with pytest.raises(ConfigError, match="renders no message text"):
+        ChatTemplate("{% for m in messages %}<|im_start|>{{ m['role'] }}<|im_end|>{% endfor %}", special_tokens={},
+                     images=False)
