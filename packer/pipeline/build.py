@@ -192,7 +192,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
                tokenizer=config.tokenizer_name(), max_length=config.max_length,
-               stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)))
+               stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)), shards=shard_entries)
     hooks.at("manifest")
     manifest = manifest_dict(
         config=config, fingerprint=fingerprint, encoder=encoder, tokenizer_fp=tokenizer_fp,
