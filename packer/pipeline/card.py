@@ -78,21 +78,33 @@ def shards_digest(shards: Iterable[Mapping[str, Any]]) -> str:
     return h.hexdigest()
 
 
+MEDIA_COLUMNS = ("images", "videos")
+
+
 def card_text(*, title: str, packer_version: str, profile: str, tokenizer: str, max_length: int,
-              stats_table: str, num_rows: int, shards: Iterable[Mapping[str, Any]]) -> str:
+              stats_table: str, num_rows: int, shards: Iterable[Mapping[str, Any]], trl_exact: bool = False) -> str:
     """The README.md of a build (front matter + a short human section).
 
     ``shards`` are the manifest's shard entries (``file``, ``sha256``): their digest goes into the config, so
-    ``datasets``' cache key is this build's (module docstring).
+    ``datasets``' cache key is this build's (module docstring). ``trl_exact``: every row has ``seq_lengths``
+    (linear text, no mRoPE); the config then leaves out the media columns, always empty in such a build, which
+    TRL takes for a vision dataset (``SFTTrainer`` refuses a text model on one, and padding-free on any). A
+    build with a tree, an image, a video or mRoPE keeps them: TRL's padding-free path refuses it, which is right,
+    as it would rebuild those rows wrongly (docs/training.md, "TRL").
     """
     import yaml
 
     digest = shards_digest(shards)
-    config = {"config_name": "default", "data_files": [{"split": "train", "path": "shard-*.parquet"}],
-              "description": f"packer build of {num_rows} packed rows; shards sha256 {digest}"}
+    config: dict[str, Any] = {"config_name": "default",
+                              "data_files": [{"split": "train", "path": "shard-*.parquet"}],
+                              "description": f"packer build of {num_rows} packed rows; shards sha256 {digest}"}
+    schema = SCHEMA
+    if trl_exact:
+        schema = pa.schema([f for f in SCHEMA if f.name not in MEDIA_COLUMNS])
+        config["columns"] = schema.names
     meta = {
         "configs": [config],
-        "dataset_info": {"features": features()},
+        "dataset_info": {"features": features(schema)},
         "tags": ["packer", "packed-sequences"],
     }
     return (
