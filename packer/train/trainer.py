@@ -133,6 +133,7 @@ class PackedTrainerMixin:
         # The Trainer counts the step's loss tokens (every micro-batch, every rank) only for a model that takes
         # loss kwargs, and then leaves the gradient-accumulation division to the loss: packer's loss does both.
         self.model_accepts_loss_kwargs = True
+        self.loss_is_scaled_for_ga = True  # (transformers >= 5.19) TRL's DPOTrainer sets False: it would divide by G
 
     def get_train_dataloader(self):  # noqa: D102 - transformers' hook
         data = self.train_dataset
