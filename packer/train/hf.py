@@ -21,6 +21,8 @@ from packer.train.layout import PackedLayout
 IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "packer" (auto), "packer_sdpa", ...
 LAYOUT_KWARG = "packer_layout"  # the model kwarg that carries a PackedLayout down to every attention call
 FILLER_KWARG = "packer_filler_examples"  # (E,) bool of a trainer batch with filler rows: the loss skips them
+EXAMPLES_KWARG = "packer_example_ids"  # a trainer batch's example ids (provenance; what a run trained on)
+BOOKKEEPING_KWARGS = (FILLER_KWARG, EXAMPLES_KWARG)  # packer.train.trainer.PackedCollator's, never model inputs
 
 
 _RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, spans, T, layout) of the last raw batch
@@ -177,8 +179,8 @@ def _packed_batch_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tupl
                 "packer.train.trl.PackedSFTTrainer / PackedDPOTrainer, or packer.train.loss.packed_cross_entropy "
                 "(docs/training.md, 'Trainers')"
             )
-        if FILLER_KWARG in kwargs:  # a trainer's bookkeeping, never a model input
-            kwargs = {k: v for k, v in kwargs.items() if k != FILLER_KWARG}
+        if any(k in kwargs for k in BOOKKEEPING_KWARGS):  # a trainer's bookkeeping, never a model input
+            kwargs = {k: v for k, v in kwargs.items() if k not in BOOKKEEPING_KWARGS}
         return args, kwargs
     if "cu_seqlens" not in kwargs or "node_parents" not in kwargs:
         return args, kwargs  # not a packer batch

@@ -35,7 +35,14 @@ from transformers import Trainer
 from packer.errors import ConfigError, ShardError
 from packer.train.collate import collate, steps_per_epoch
 from packer.train.dataset import PackedDataset
-from packer.train.hf import FILLER_KWARG, LAYOUT_KWARG, model_inputs, use_packed_attention
+from packer.train.hf import (
+    BOOKKEEPING_KWARGS,
+    EXAMPLES_KWARG,
+    FILLER_KWARG,
+    LAYOUT_KWARG,
+    model_inputs,
+    use_packed_attention,
+)
 from packer.train.loss import logits_to_keep, packed_cross_entropy
 
 _INT_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
@@ -73,6 +80,7 @@ class PackedCollator:
             out["shift_labels"] = batch["shift_labels"]
         if batch["num_filler_rows"]:  # PackedDataset's equal shares: their labels are -100 already
             out[FILLER_KWARG] = batch["filler_examples"]
+        out[EXAMPLES_KWARG] = batch["example_ids"]
         return out
 
     def row(self, r: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,7 +173,8 @@ class PackedTrainerMixin:
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         inputs.pop("shift_labels", None)
-        inputs.pop(FILLER_KWARG, None)  # fillers' labels are all -100: the token loss skips them by itself
+        for key in BOOKKEEPING_KWARGS:  # fillers' labels are all -100: the token loss skips them by itself
+            inputs.pop(key, None)
         layout = inputs[LAYOUT_KWARG]
         keep = logits_to_keep(labels, layout).to(labels.device)
         outputs = model(**inputs, logits_to_keep=keep)

@@ -32,7 +32,7 @@ from trl import DPOTrainer, SFTTrainer
 
 from packer.errors import ConfigError
 from packer.train.dataset import PackedDataset
-from packer.train.hf import FILLER_KWARG, LAYOUT_KWARG, use_packed_attention
+from packer.train.hf import EXAMPLES_KWARG, FILLER_KWARG, LAYOUT_KWARG, use_packed_attention
 from packer.train.loss import logits_to_keep, preference_pairs, sequence_logps
 from packer.train.trainer import PackedCollator, PackedTrainerMixin, prepare_args
 
@@ -170,6 +170,7 @@ class PackedDPOTrainer(PackedTrainerMixin, DPOTrainer):
         labels = inputs.pop("labels")
         inputs.pop("shift_labels", None)
         filler = inputs.pop(FILLER_KWARG, None)
+        inputs.pop(EXAMPLES_KWARG, None)
         layout = inputs[LAYOUT_KWARG]
         keep = logits_to_keep(labels, layout).to(labels.device)
         meta = {"labels": labels, LAYOUT_KWARG: layout}
