@@ -79,14 +79,17 @@ def measure(cmd: list[str], env: dict[str, str]) -> dict:
     """Run ``cmd`` to completion: wall, CPU of the whole tree, peak tree RSS, its last stdout line as JSON."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, _tree_rss(proc.pid))
-        time.sleep(0.05)
-    wall = time.perf_counter() - t0
-    out, err = proc.communicate()
+    with tempfile.TemporaryFile("w+") as fout, tempfile.TemporaryFile("w+") as ferr:  # never a full pipe
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=fout, stderr=ferr, text=True)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(proc.pid))
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        fout.seek(0)
+        ferr.seek(0)
+        out, err = fout.read(), ferr.read()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
