@@ -146,3 +146,19 @@ def test_card_view_of_a_linear_text_build_has_no_media_columns(builds, tmp_path)
     text = card_text(title="t", packer_version="0", profile="text", tokenizer="t", max_length=8, stats_table="-",
                      num_rows=1, shards=[], trl_exact=True)
     assert "columns:" in text and "- images" not in text.split("dataset_info")[0]
+
+
+def test_mrope_rows_get_no_seq_lengths(tmp_path):
+    """A Qwen2-VL build of text chats: its rows are linear, but mRoPE positions are three rows TRL would rebuild as
+    one, so no row has seq_lengths and the card keeps every column (TRL's padding-free path refuses the view)."""
+    import datasets
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in LINEAR[:6]))
+    out = tmp_path / "vl"
+    build(BuildConfig.from_inputs([str(data)], str(out), profile="qwen2-vl", max_length=256), progress=False)
+    rows = _rows(out)
+    assert all(r["mrope_position_ids"] is not None and r["seq_lengths"] is None for r in rows)
+    assert verify_build(out).ok
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))["train"]
+    assert "images" in loaded.column_names

@@ -1,5 +1,6 @@
 """One rank of a real multi-process run (tests/train/test_multiprocess.py launches it with ``torchrun`` or
-``accelerate launch``), on CPU over gloo: ``--mode trainer``, transformers' Trainer (``PackedTrainer``, DDP), or
+``accelerate launch``), on CPU over gloo: ``--mode trainer``, transformers' Trainer (``PackedTrainer``, DDP),
+``--mode trl``, TRL's SFTTrainer (``PackedSFTTrainer`` given the build's path), or
 ``--mode loop``, a plain PyTorch loop over ``PackedDataset`` with DDP or FSDP2 (``--wrap fsdp2``: accelerate has no
 FSDP on CPU, so the Trainer cannot shard there; torch's ``fully_shard`` can).
 
@@ -33,8 +34,8 @@ from tests.train.trainer_helpers import tiny_llama  # noqa: E402
 LR = 0.5
 
 
-class Recording(PackedTrainer):
-    """PackedTrainer that notes each micro-batch's examples (and fillers) with the optimizer step it belongs to."""
+class RecordingMixin:
+    """Notes each micro-batch's examples (and fillers) with the optimizer step it belongs to."""
 
     batches: list
 
@@ -45,6 +46,10 @@ class Recording(PackedTrainer):
                              "num_items": None if num_items_in_batch is None else float(num_items_in_batch)})
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
+
+
+class Recording(RecordingMixin, PackedTrainer):
+    pass
 
 
 class Grads(TrainerCallback):
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--save-steps", type=int, default=0)
     ap.add_argument("--resume", help="a checkpoint directory to resume from")
-    ap.add_argument("--mode", default="trainer", choices=("trainer", "loop"))
+    ap.add_argument("--mode", default="trainer", choices=("trainer", "trl", "loop"))
     ap.add_argument("--wrap", default="ddp", choices=("ddp", "fsdp2"), help="--mode loop only")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -84,15 +89,29 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "loop":
         return loop(args, out)
 
-    training = TrainingArguments(
+    common = dict(
         output_dir=str(out / "checkpoints"), per_device_train_batch_size=args.rows,
         gradient_accumulation_steps=args.grad_accum, num_train_epochs=args.epochs, learning_rate=LR, optim="sgd",
         lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1, report_to=[], use_cpu=True, seed=0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         disable_tqdm=True, dataloader_num_workers=0, ddp_backend="gloo")
+    training = TrainingArguments(**common)
     grads = Grads()
-    trainer = Recording(model=tiny_llama(seed=0), args=training, train_dataset=PackedDataset(args.data, seed=0),
-                        loss=args.loss, callbacks=[grads])
+    if args.mode == "trl":  # TRL's SFTTrainer around packer's rows: the build path, read per rank
+        from trl import SFTConfig
+
+        from packer.encode.tokenizers import load_tokenizer
+        from packer.train.trl import PackedSFTTrainer
+
+        class RecordingSFT(RecordingMixin, PackedSFTTrainer):
+            pass
+
+        config = SFTConfig(**common, bf16=False)  # TRL defaults to bf16
+        trainer = RecordingSFT(tiny_llama(seed=0), args=config, train_dataset=args.data, loss=args.loss,
+                               processing_class=load_tokenizer("qwen2-vl"), callbacks=[grads])
+    else:
+        trainer = Recording(model=tiny_llama(seed=0), args=training, train_dataset=PackedDataset(args.data, seed=0),
+                            loss=args.loss, callbacks=[grads])
     trainer.batches = []
     trainer.train(resume_from_checkpoint=args.resume)
 

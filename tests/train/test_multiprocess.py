@@ -163,6 +163,14 @@ def test_accelerate_launch_trainer_ddp_model_loss(builds, tmp_path):
     print(f"accelerate launch DDP model loss: {summary}")
 
 
+def test_torchrun_trl_sft_trainer(builds, tmp_path):
+    """TRL's SFTTrainer (PackedSFTTrainer given the build's path) under torchrun, 2 ranks, G = 2, trees: each rank
+    reads its PackedDataset share; the same per-step equality."""
+    record, grads = launch("torchrun", tmp_path / "run", "--mode", "trl", "--data", str(builds["mixed"]))
+    summary = check_run(record, grads, builds["mixed"])
+    print(f"torchrun TRL PackedSFTTrainer: {summary}")
+
+
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_torchrun_plain_loop(builds, tmp_path, wrap):
     """A plain PyTorch loop over PackedDataset under torchrun: DDP, and FSDP2 (torch's fully_shard runs on CPU over
