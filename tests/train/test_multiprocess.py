@@ -125,7 +125,7 @@ def check_run(record: dict, grads: list, data: Path, *, epochs: int = 2) -> dict
                 count += k.numel()
         loss = total / count
         loss.backward()
-        assert losses[s + 1] == pytest.approx(float(loss), rel=1e-5), s
+        assert losses[s + 1] == pytest.approx(float(loss.detach()), rel=1e-5), s
         worst = max(worst, assert_grads_close(by_step[s], {n: p.grad for n, p in model.named_parameters()}))
         with torch.no_grad():
             for p in model.parameters():
