@@ -4,6 +4,10 @@
     python scripts/train_hf_trainer.py --data demo_out/caption_trees --steps 10            # packer loss (trees)
     python scripts/train_hf_trainer.py --data text_shards --steps 10 --loss model          # linear packs only
 
+``PackedTrainer`` is ``packer.train.trainer.PackedTrainer`` (docs/training.md, "Trainers"): each rank reads its own
+``PackedDataset`` share (equal steps, fillers), exact for any gradient accumulation and number of ranks
+(tests/train/test_multiprocess.py runs it under torchrun and accelerate launch).
+
 ``--loss packer`` (default, any shards): ``PackedTrainer.compute_loss`` runs the model with
 ``logits_to_keep`` (only the rows the loss reads) and ``packed_cross_entropy``, divided by the Trainer's
 ``num_items_in_batch``: the loss tokens of the whole optimizer step, gathered over ranks when
@@ -22,7 +26,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -30,49 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from check_equivalence import tiny_model  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import TrainingArguments  # noqa: E402
 
-from packer.train.collate import collate  # noqa: E402
 from packer.train.dataset import PackedDataset  # noqa: E402
-from packer.train.hf import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
-from packer.train.loss import logits_to_keep, packed_cross_entropy  # noqa: E402
-
-
-class PackedCollator:
-    """Shard rows -> model kwargs (+ labels). ``with_model_loss`` keeps shift_labels for the model's own loss."""
-
-    def __init__(self, *, with_model_loss: bool = False):
-        self.with_model_loss = with_model_loss
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = collate(rows)
-        if self.with_model_loss:
-            return model_inputs(batch, with_labels=True)
-        return {**model_inputs(batch), "labels": batch["labels"]}
-
-
-class PackedTrainer(Trainer):
-    """Trainer whose loss is packer's exact packed (tree) cross-entropy, normalized over the whole step."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        # Make the Trainer count the step's loss tokens (all micro-batches, all ranks) and pass them to
-        # compute_loss; the loss returned is then already normalized for gradient accumulation.
-        self.model_accepts_loss_kwargs = True
-        self.loss_is_scaled_for_ga = True
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        labels = inputs.pop("labels")
-        layout = inputs[LAYOUT_KWARG]
-        keep = logits_to_keep(labels, layout).to(labels.device)
-        outputs = model(**inputs, logits_to_keep=keep)
-        out = packed_cross_entropy(outputs.logits, labels, layout, logits_index=keep)
-        if num_items_in_batch is None:  # evaluation: this batch's own token mean
-            return (out.loss / out.count, outputs) if return_outputs else out.loss / out.count
-        loss = out.loss / num_items_in_batch
-        if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-            loss = loss * self.accelerator.num_processes  # the count is global; DDP averages gradients over ranks
-        return (loss, outputs) if return_outputs else loss
+from packer.train.trainer import PackedTrainer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
 
     dataset = PackedDataset(args.data, shuffle=True, seed=0)
     model = tiny_model(dataset.profile, tokenizer=dataset.shards.manifest.config.tokenizer, hidden=args.hidden)
-    use_packed_attention(model, args.backend)
     with tempfile.TemporaryDirectory() as tmp:
         training_args = TrainingArguments(
             output_dir=args.output or tmp,
@@ -101,20 +64,15 @@ def main(argv: list[str] | None = None) -> int:
             logging_steps=1,
             save_strategy="no",
             report_to=[],
-            remove_unused_columns=False,  # rows carry cu_seqlens/node_* that the model signature does not name
             use_cpu=not torch.cuda.is_available(),
             dataloader_num_workers=0,
-            # accelerate would otherwise fetch the batch once and slice every tensor's dim 0 to the per-device
-            # batch size: a (4, 1, T) mRoPE position tensor and the (patches, C) pixel_values do not split so.
-            accelerator_config={"dispatch_batches": False},
+            # PackedTrainer sets remove_unused_columns=False (rows carry cu_seqlens / node_*) and
+            # accelerator_config.dispatch_batches=False (each rank fetches its own batches: accelerate would otherwise
+            # slice every tensor's first dimension, cutting (4, 1, T) mRoPE positions and the (patches, C) pixels).
         )
-        trainer_cls = PackedTrainer if args.loss == "packer" else Trainer
-        trainer = trainer_cls(
-            model=model,
-            args=training_args,
-            train_dataset=dataset,
-            data_collator=PackedCollator(with_model_loss=args.loss == "model"),
-        )
+        # PackedDataset is read per rank (rank, world_size from the Trainer), not re-sharded by accelerate.
+        trainer = PackedTrainer(model=model, args=training_args, train_dataset=dataset, loss=args.loss,
+                                backend=args.backend)
         result = trainer.train()
     print(f"{args.loss} loss: final train_loss {result.training_loss:.4f} over {result.global_step} steps, "
           f"{result.metrics.get('train_samples_per_second', 0):.2f} rows/s")

@@ -8,7 +8,11 @@ message lists the `chosen` field). Re-recorded once more, the shards only, for s
 issue): every shard gained the `videos` and `num_video_tokens` columns (empty lists and zeros here) and its
 schema metadata says version 2; with those two columns dropped, every row group reads back equal to the v1
 shards of main at 8098e90 (the digests recorded before; compared table by table), and rejects.jsonl and
-stats.json are unchanged.
+stats.json are unchanged. Re-recorded a third time, the shards only, for shard schema v3 (issue 21): every shard
+gained the `seq_lengths` column (TRL's padding-free collator reads it; null on rows with trees, images or mRoPE,
+which is every row of qwen2-vl-mix and two of llava's three) and its schema metadata says version 3; with that
+column dropped, every row group reads back equal to the v2 shards of main at 064c765 (which reproduced the digests
+recorded before), and rejects.jsonl and stats.json are unchanged.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -43,8 +47,8 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
          "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
          "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
         {
-            "shard-00000.parquet": "ff7f92dade62982617fb72b7b691f45197b19d10ee6f6d9e388ee69312df5197",
-            "shard-00001.parquet": "d00a46deef12dca4db140b9a0325a24cfb405f379aa6c65d2cdb893067f10735",
+            "shard-00000.parquet": "3e1567ebde496f8044938b8151719adada7459d8bcec4e16473b4c0e7c1c4bf7",
+            "shard-00001.parquet": "0da19ebda4fa04fb42aa22f571427cd2d8349f4c101cb24bba851bc5e10d91d0",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
             "stats.json": "8cbe24f9bd4af7af7e7100d5ba6814950c6aa7581a8bf821ad442befa574e9c7",
         },
@@ -53,7 +57,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
          "--overlong", "truncate"],
         {
-            "shard-00000.parquet": "c481712a5a84c7179e6d712d381f89c4dc948a94bc50824406174546d1c8e80d",
+            "shard-00000.parquet": "2b727854b647711cb3dcc03562cec90c468567ac05d39fe7ca36f2a722042cac",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
             "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
         },

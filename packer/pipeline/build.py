@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from packer import __version__
 from packer.config import BuildConfig
@@ -160,7 +161,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
                tokenizer=config.tokenizer_name(), max_length=config.max_length,
-               stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)))
+               stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)), shards=shard_entries,
+               trl_exact=_all_rows_linear_text(cache, table, plan.index, encoder.profile))
     hooks.at("manifest")
     manifest = manifest_dict(
         config=config, fingerprint=fingerprint, encoder=encoder, tokenizer_fp=tokenizer_fp,
@@ -169,6 +171,18 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     )
     write_json_atomic(out / MANIFEST, manifest)  # last: its presence means the build is complete
     return BuildResult(output=out, manifest=manifest, stats=stats)
+
+
+def _all_rows_linear_text(cache: EncodeCache, table: pa.Table, index: np.ndarray, profile: Any) -> bool:
+    """Does every packed row get ``seq_lengths`` (shards.assemble._seq_lengths): no mRoPE, and every planned example
+    one node with no image or video? Then the card's view is the one TRL's padding-free path trains exactly. The
+    cache's node offsets are read only when the cheap columns leave the question open."""
+    if profile.mrope:
+        return False
+    if (table.column("num_images").to_numpy()[index] != 0).any() or (table.column("num_videos").to_numpy()[index] != 0).any():
+        return False
+    nodes = pc.list_value_length(cache.open(("node_offsets",)).column("node_offsets")).to_numpy()
+    return bool((nodes[index] == 1).all())
 
 
 def make_executor(config: BuildConfig) -> Executor:

@@ -14,6 +14,7 @@ from typing import Any
 from packer import __version__
 from packer.config import BuildConfig
 from packer.errors import ConfigError
+from packer.pipeline.card import CARD
 from packer.pipeline.stages import CHUNK_LINES
 from packer.shards.io import write_text_atomic
 from packer.shards.schema import MANIFEST, SCHEMA_VERSION, WORK_DIR
@@ -55,6 +56,8 @@ def prepare_output(out: Path | ObjectPath, fingerprint: str, *, overwrite: bool)
         else:
             if (out / MANIFEST).exists():
                 (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
+            if (out / CARD).exists():
+                (out / CARD).unlink()  # nor the old card (its shard digest keys `datasets`' cache)
             remove_stale_temp_files(out)
     elif work.is_dir():
         remove_stale_temp_files(out)  # a fingerprint.tmp-PID of a build killed at its very start

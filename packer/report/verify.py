@@ -50,7 +50,7 @@ from packer.core.types import IGNORE_INDEX
 from packer.errors import REJECT_REASONS, ConfigError
 from packer.report.split_docs import ChunkDigests, check_split_documents
 from packer.shards.io import open_shards, parquet_file, sha256_file
-from packer.shards.schema import MANIFEST, REJECTS, SCHEMA, SCHEMA_VERSION, STATS, Manifest
+from packer.shards.schema import MANIFEST, REJECTS, SCHEMAS, STATS, Manifest
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile
@@ -201,6 +201,11 @@ class _Rows:
         self.num_loss = table.column("num_loss_tokens").to_numpy().astype(np.int64)
         self.num_vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)
         self.num_video = table.column("num_video_tokens").to_numpy().astype(np.int64)
+        self.has_seq_lengths = "seq_lengths" in table.column_names  # schema v3
+        if self.has_seq_lengths:
+            lengths = table.column("seq_lengths")
+            self.sl_null = lengths.is_null().to_numpy(zero_copy_only=False)
+            self.sl_off, self.sl = _ints(lengths)
 
     def keep(self, good: np.ndarray) -> _Rows:
         return self if good.all() else _Rows(self.table.filter(pa.array(good)), self.rows[good])
@@ -376,6 +381,32 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
               lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
 
+    if d.has_seq_lengths:
+        _check_seq_lengths(d, check)
+
+
+def _check_seq_lengths(d: _Rows, check) -> None:
+    """v3's ``seq_lengths``: the examples' lengths exactly where TRL's padding-free collator is exact (every example
+    one node, no image or video, no mRoPE), null elsewhere (assemble._seq_lengths)."""
+    plain = d.mrope_null & (d.N == d.E) & (d.I == 0) & (np.diff(d.vid_off) == 0)  # a node per example: linear
+    check(plain & d.sl_null, "seq_lengths missing",
+          lambda i: "seq_lengths is null but every example of the row is linear, without images, videos or mRoPE")
+    check(~plain & ~d.sl_null, "seq_lengths set",
+          lambda i: "seq_lengths is set but the row has a tree, an image, a video or mRoPE positions (TRL would "
+          "rebuild its positions and attention wrongly)")
+    both = plain & ~d.sl_null
+    counts = np.diff(d.sl_off)
+    lengths_ok = np.ones(d.R, dtype=bool)
+    lengths_ok[both] = counts[both] == d.E[both]
+    check(~lengths_ok, "seq_lengths length", lambda i: f"seq_lengths has {counts[i]} values for {d.E[i]} examples")
+    rows = np.flatnonzero(both & lengths_ok)
+    if len(rows):
+        got = np.concatenate([d.sl[d.sl_off[r]:d.sl_off[r + 1]] for r in rows])
+        want = np.concatenate([np.diff(d.cu[d.cu_off[r]:d.cu_off[r + 1]]) for r in rows])
+        row_of = np.repeat(rows, d.E[rows])
+        check(_rows_with(got != want, row_of, d.R), "seq_lengths",
+              lambda i: f"seq_lengths {d.sl[d.sl_off[i]:d.sl_off[i + 1]][:8].tolist()} differ from np.diff(cu_seqlens)")
+
 
 def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fields: dict[str, np.ndarray],
                  g_starts: np.ndarray, g_off: np.ndarray):
@@ -437,12 +468,14 @@ def _limits(manifest: Manifest) -> _Limits:
     )
 
 
-def _schema_problem(schema: pa.Schema) -> str | None:
-    if not schema.remove_metadata().equals(SCHEMA.remove_metadata()):
-        return f"schema differs from packer.shards.schema: {schema.remove_metadata()}"
-    version = (schema.metadata or {}).get(b"packer.schema_version")
-    if version != str(SCHEMA_VERSION).encode():
-        return f"schema metadata packer.schema_version is {version!r}, want {SCHEMA_VERSION}"
+def _schema_problem(schema: pa.Schema, version: int) -> str | None:
+    """The file's schema against the manifest's schema version (``SCHEMAS``: a v2 build is checked as v2)."""
+    want = SCHEMAS[version]
+    if not schema.remove_metadata().equals(want.remove_metadata()):
+        return f"schema differs from packer.shards.schema (v{version}): {schema.remove_metadata()}"
+    found = (schema.metadata or {}).get(b"packer.schema_version")
+    if found != str(version).encode():
+        return f"schema metadata packer.schema_version is {found!r}, want {version}"
     return None
 
 
@@ -478,7 +511,7 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
             continue
         if pf.metadata.num_rows != entry.rows:
             rep.add(file, None, f"{pf.metadata.num_rows} rows, the manifest says {entry.rows}", "row count")
-        problem = _schema_problem(pf.schema_arrow)
+        problem = _schema_problem(pf.schema_arrow, manifest.schema_version)
         if problem:
             rep.add(file, None, problem, "schema")
             continue

@@ -192,6 +192,8 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cu_values[mask] = ex_start_in_row
     cu_values[ends] = row_lengths
     cols["cu_seqlens"] = pa.ListArray.from_arrays(pa.array(cu_offsets, pa.int32()), pa.array(cu_values))
+    cols["seq_lengths"] = _seq_lengths(examples, lengths, pack_bounds, pack_of_example,
+                                       mrope=cols["mrope_position_ids"].null_count != len(pack_sizes))
 
     # Nodes: shift starts by the example's start in the row, parents by the nodes before it in the row.
     node_off, node_vals = _list_parts(examples.column("node_offsets"))
@@ -229,6 +231,24 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
     cols["num_video_tokens"] = per_pack("num_video_tokens")
     return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarray, pack_of_example: np.ndarray, *,
+                 mrope: bool) -> pa.Array:
+    """Per pack, its examples' lengths (``np.diff(cu_seqlens)``) where TRL's padding-free collator rebuilds the row
+    exactly from them (positions 0.. per example, attention inside each example): every example linear (one
+    node), no image or video, 1-D positions. Null elsewhere: a tree's branches, an image's pixels, mRoPE's
+    three position rows are what TRL would rebuild wrongly (docs/format.md, "seq_lengths")."""
+    P = len(pack_bounds) - 1
+    if mrope:
+        return pa.nulls(P, I32_LIST)
+    plain = ((np.diff(_list_parts(examples.column("node_offsets"))[0]) == 1)
+             & (examples.column("num_images").to_numpy() == 0) & (examples.column("num_videos").to_numpy() == 0))
+    mixed = np.zeros(P, dtype=bool)
+    mixed[pack_of_example[~plain]] = True  # (P,) a pack with an example TRL cannot rebuild
+    offsets = pa.array(pack_bounds.astype(np.int32), pa.int32())
+    values = pa.array(lengths.astype(np.int32), pa.int32())
+    return pa.ListArray.from_arrays(offsets, values, mask=pa.array(mixed))
 
 
 def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from packer.config import BuildConfig
 from packer.errors import ConfigError, ShardError
 
-SCHEMA_VERSION = 2  # 2: the videos and num_video_tokens columns
+SCHEMA_VERSION = 3  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column)
 
 
 MANIFEST = "manifest.json"
@@ -80,6 +80,7 @@ SCHEMA = pa.schema(
         ("position_ids", I32_LIST),
         ("mrope_position_ids", I32_LIST),  # 3*T token-major (t,h,w per token); null without mRoPE
         ("cu_seqlens", I32_LIST),  # E+1, starts at 0, ends at T
+        ("seq_lengths", I32_LIST),  # E example lengths where TRL's padding-free collator is exact; else null
         ("node_offsets", I32_LIST),
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),
@@ -93,6 +94,13 @@ SCHEMA = pa.schema(
     ],
     metadata={"packer.schema_version": str(SCHEMA_VERSION)},
 )
+
+
+# Shard schemas this packer reads, by version: v2 lacks seq_lengths (readers that need it say so).
+SCHEMAS: dict[int, pa.Schema] = {
+    2: pa.schema([f for f in SCHEMA if f.name != "seq_lengths"], metadata={"packer.schema_version": "2"}),
+    3: SCHEMA,
+}
 
 
 # The per-example encode cache (Arrow IPC files under .packer/encode/): same list columns, example-relative.
@@ -214,7 +222,7 @@ class Manifest:
     """
 
     schema_version: int
-    """Shard schema version (``SCHEMA_VERSION``); readers refuse any other."""
+    """Shard schema version (``SCHEMA_VERSION`` for a new build; readers take any of ``SCHEMAS``)."""
     packer_version: str | None = None
     """The packer that wrote the build."""
     fingerprint: str | None = None
@@ -247,8 +255,9 @@ class Manifest:
         if not isinstance(data, dict):
             raise ShardError(f"{where} is not a JSON object")
         version = _field(data, "schema_version", int, where)
-        if version != SCHEMA_VERSION:
-            raise ShardError(f"{where} has shard schema v{version}; this packer reads v{SCHEMA_VERSION}")
+        if version not in SCHEMAS:
+            raise ShardError(f"{where} has shard schema v{version}; this packer reads "
+                             f"{', '.join(f'v{v}' for v in SCHEMAS)}")
         try:
             config = BuildConfig.from_dict(_field(data, "config", dict, where))
         except ConfigError as e:

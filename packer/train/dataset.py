@@ -89,6 +89,9 @@ class PackedDataset(IterableDataset):
         storage_options: dict[str, Any] | None = None,
     ):
         super().__init__()
+        self._options = dict(shuffle=shuffle, seed=seed, load_images=load_images, image_root=image_root,
+                             drop_last=drop_last, balance=balance, balance_window=balance_window,
+                             cost_weights=cost_weights, storage_options=storage_options)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
         self.shards: ShardSet = open_shards(path, storage_options=storage_options)
@@ -120,6 +123,13 @@ class PackedDataset(IterableDataset):
         self.progress = EpochProgress(0, per_rank)
         """The consumed positions of this rank's epoch (``packer.train.resume``): indices into ``rank_plan``."""
         self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, rows, filler) cache
+
+    def with_rank(self, rank: int, world_size: int) -> PackedDataset:
+        """The same dataset (path and every option) read as ``rank`` of ``world_size``: what a trainer that learns
+        its rank only when it starts (transformers' ``Trainer``, ``packer.train.trainer``) reads."""
+        if (rank, world_size) == (self.rank, self.world_size):
+            return self
+        return PackedDataset(self.shards.root, rank=rank, world_size=world_size, **self._options)
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (all of its workers together), fillers included: equal on all ranks."""

@@ -21,6 +21,9 @@ from packer.train.layout import PackedLayout
 
 IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "packer" (auto), "packer_sdpa", ...
 LAYOUT_KWARG = linear_state.LAYOUT_KWARG  # "packer_layout": carries a PackedLayout down to every attention call
+FILLER_KWARG = "packer_filler_examples"  # (E,) bool of a trainer batch with filler rows: the loss skips them
+EXAMPLES_KWARG = "packer_example_ids"  # a trainer batch's example ids (provenance; what a run trained on)
+BOOKKEEPING_KWARGS = (FILLER_KWARG, EXAMPLES_KWARG)  # packer.train.trainer.PackedCollator's, never model inputs
 
 
 _RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, spans, T, layout) of the last raw batch
@@ -191,8 +194,21 @@ def _packed_batch_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tupl
     loss would get wrong. So the hook moves the boundaries into ``packer_layout``, keeps labels only for
     linear rows (where ``shift_labels`` makes HF's loss exact), and leaves every other kwarg as given.
     """
-    if LAYOUT_KWARG in kwargs or "cu_seqlens" not in kwargs or "node_parents" not in kwargs:
-        return args, kwargs  # not a packer batch, or already converted
+    if LAYOUT_KWARG in kwargs:  # already converted (model_inputs, packer.train.trainer.PackedCollator)
+        layout = kwargs[LAYOUT_KWARG]
+        if not layout.is_linear and (kwargs.get("labels") is not None or kwargs.get("shift_labels") is not None):
+            raise ConfigError(
+                "a packed batch with message trees reached the model with labels: a model's (or TRL's) own loss "
+                "scores labels shifted by one position, which is wrong at every branch start (a parent's last token "
+                "predicts each child's first). Train it with packer's loss: packer.train.trainer.PackedTrainer, "
+                "packer.train.trl.PackedSFTTrainer / PackedDPOTrainer, or packer.train.loss.packed_cross_entropy "
+                "(docs/training.md, 'Trainers')"
+            )
+        if any(k in kwargs for k in BOOKKEEPING_KWARGS):  # a trainer's bookkeeping, never a model input
+            kwargs = {k: v for k, v in kwargs.items() if k not in BOOKKEEPING_KWARGS}
+        return args, kwargs
+    if "cu_seqlens" not in kwargs or "node_parents" not in kwargs:
+        return args, kwargs  # not a packer batch
     layout = PackedLayout.from_batch(kwargs)
     out = {k: v for k, v in kwargs.items() if k not in _BATCH_ONLY}
     if not layout.is_linear or "shift_labels" not in kwargs:
