@@ -36,6 +36,7 @@ FAMILIES = (
     "molmo2",
     "smolvlm",
     "mistral3",
+    "llama4",
 )
 
 for _name in FAMILIES:
