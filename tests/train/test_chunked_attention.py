@@ -89,6 +89,7 @@ def test_packed_chunks_match_each_path_alone(chunk: int) -> None:
     torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=1e-5, msg="flex")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [2, 5])
 def test_chunks_with_bidirectional_spans_on_the_mask_backends(chunk: int) -> None:
     """sdpa and flex AND the chunks onto causal-or-span (a span split by a chunk boundary sees only its own chunk's
