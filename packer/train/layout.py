@@ -516,6 +516,8 @@ def _check_groups(node_offsets: np.ndarray, anc: np.ndarray, spans: np.ndarray) 
         k = int(np.flatnonzero(bad)[0])
         raise ShardError(f"bidirectional spans {spans[order[k]].tolist()} and {spans[order[k + 1]].tolist()} share "
                          "a group but not a root-to-leaf path")
+
+
 def _check_local(window: int | None, chunk: int | None) -> None:
     """A layer is sliding-window or chunked, never both (no model has both; their composition is not defined)."""
     if window is not None and chunk is not None:

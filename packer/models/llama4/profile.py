@@ -51,7 +51,7 @@ class Llama4Profile(ModelProfile):
 
     ``pixel_values`` gives {"pixel_values": (tiles, 3, tile_px, tile_px) float32}: the batch's images' tiles in token
     order, each image's tiles row by row and then its global tile, holding exactly the image processor's bfloat16
-    values (which the model casts to its own dtype nowhere: a bf16 model takes ``.to(torch.bfloat16)``, exact).
+    values (the model does not cast them: a bf16 model takes them after ``.to(torch.bfloat16)``, which is exact).
     """
 
     image_token: str | None = "<|image|>"
