@@ -38,6 +38,7 @@ FAMILIES = (
     "mistral3",
     "glm46v",
     "gemma4",
+    "llama4",
 )
 
 for _name in FAMILIES:

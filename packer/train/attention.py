@@ -17,6 +17,11 @@ sdpa_varlen add a second varlen call over the spans and merge the two by their l
 (``packer.train.span_attention``; sdpa_varlen runs both calls on the plain-torch reference kernel of
 ``packer.train.varlen_kernels``). No attention dropout with spans on those three.
 
+Local layers count along each root-to-leaf path (positions, not row offsets; layout.py): a sliding window
+(``window``, Gemma 3) on every backend; attention chunks (``chunk``, Llama 4) on every backend as well: sdpa and flex
+put them in the mask, flash, varlen and sdpa_varlen run ``PackedLayout.chunk_plan`` (more segments, causal). Chunks
+with bidirectional spans run on sdpa and flex only; the varlen backends refuse them (``ConfigError``).
+
 For transformers, ``packer.train.hf`` registers these backends in ``AttentionInterface``.
 """
 
@@ -83,12 +88,18 @@ def _gather_kv(k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> tuple[torc
     return k.index_select(0, plan.k_index), v.index_select(0, plan.k_index)  # (Tk, Hkv, D)
 
 
-def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
+def _plan(layout: PackedLayout, device: torch.device, chunk: int | None) -> VarlenPlan:
+    """The causal varlen plan of a layer: its nodes' segments, or for a chunked layer its (node, chunk) segments."""
+    return layout.varlen_plan(device) if chunk is None else layout.chunk_plan(device, chunk)
+
+
+def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
+           chunk: int | None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
     if layout.span_plan(q.device) is not None:
-        return _two_calls(q, k, v, layout, scale, dropout, "flash", window)
-    plan = layout.varlen_plan(q.device)
+        return _two_calls(q, k, v, layout, scale, dropout, "flash", window, chunk)
+    plan = _plan(layout, q.device, chunk)
     kg, vg = _gather_kv(k, v, plan)
     (q16, k16, v16), dtype = _low_precision(q, kg, vg)
     # causal=True is bottom-right aligned when seqlen_q != seqlen_k (flash-attn >= 2.1): a node's queries are
@@ -109,14 +120,15 @@ def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: 
     return out.to(dtype)
 
 
-def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
+def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
+            chunk: int | None) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout:
         raise ConfigError("backend 'varlen' has no attention dropout (torch hardcodes 0); use 'flash' or 'sdpa'")
     if layout.span_plan(q.device) is not None:
-        return _two_calls(q, k, v, layout, scale, dropout, "varlen", window)
-    plan = layout.varlen_plan(q.device)
+        return _two_calls(q, k, v, layout, scale, dropout, "varlen", window, chunk)
+    plan = _plan(layout, q.device, chunk)
     kg, vg = _gather_kv(k, v, plan)
     (q16, k16, v16), dtype = _low_precision(q, kg, vg)
     # window_size=(-1, 0) is how varlen_attn spells causal; PyTorch's flash kernel aligns it bottom-right.
@@ -138,7 +150,8 @@ def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window:
 _COMPILED_FLEX = None
 
 
-def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
+def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
+          chunk: int | None) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     global _COMPILED_FLEX
@@ -160,12 +173,13 @@ def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: i
     with warnings.catch_warnings():
         # On CPU the unfused path is deliberate (inductor's CPU flex kernel has no backward either).
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out = fn(qh, kh, vh, block_mask=layout.block_mask(q.device, window), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        out = fn(qh, kh, vh, block_mask=layout.block_mask(q.device, window, chunk), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)  # (T, H, D)
 
 
-def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
-    mask = layout.dense_mask(q.device, window)  # (T, T)
+def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
+          chunk: int | None) -> torch.Tensor:
+    mask = layout.dense_mask(q.device, window, chunk)  # (T, T)
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, H, T, D)
     out = F.scaled_dot_product_attention(
         qh, kh, vh, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
@@ -173,10 +187,11 @@ def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: i
     return out[0].transpose(0, 1)  # (T, H, D)
 
 
-def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None) -> torch.Tensor:
+def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
+                 chunk: int | None) -> torch.Tensor:
     if layout.span_plan(q.device) is not None:
-        return _two_calls(q, k, v, layout, scale, dropout, "reference", window)
-    plan = layout.varlen_plan(q.device)
+        return _two_calls(q, k, v, layout, scale, dropout, "reference", window, chunk)
+    plan = _plan(layout, q.device, chunk)
     kg, vg = _gather_kv(k, v, plan)
     pos = layout.path_positions().to(q.device)  # (T,)
     pos_k = pos if plan.k_index is None else pos[plan.k_index]  # (Tk,)
@@ -207,8 +222,12 @@ def _sdpa_varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, wi
 
 
 def _two_calls(q, k, v, layout: PackedLayout, scale: float, dropout: float, kernel: str,
-               window: int | None) -> torch.Tensor:
+               window: int | None, chunk: int | None) -> torch.Tensor:
     """The causal varlen call plus the span call, merged (``packer.train.span_attention``)."""
+    if chunk is not None:
+        name = "sdpa_varlen" if kernel == "reference" else kernel
+        raise ConfigError(f"attention chunks ({chunk}) with bidirectional spans run on backend 'sdpa' or 'flex', not "
+                          f"{name!r} (its span call would cross chunks)")
     if dropout:
         raise ConfigError("attention dropout with bidirectional spans needs backend 'sdpa' (the two merged "
                           "varlen calls cannot share a dropout pattern); set attention_dropout=0 or use 'sdpa'")
@@ -231,6 +250,7 @@ def packed_attention(
     scale: float | None = None,
     dropout: float = 0.0,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention over one packed row with the tree mask of ``layout``.
 
@@ -242,6 +262,8 @@ def packed_attention(
         dropout: attention dropout probability (sdpa, sdpa_varlen and flash only).
         window: a sliding-window layer's window (Gemma 3's local layers): a key must also lie less than
             ``window`` positions back along the query's path (positions, not row offsets: see layout.py).
+        chunk: a chunked-attention layer's chunk (Llama 4's RoPE layers): a key must also lie in the query's chunk
+            of positions along its path, pos // chunk equal (layout.py). Not with ``window``.
 
     Returns:
         (T, H, D), in q's dtype.
@@ -250,4 +272,6 @@ def packed_attention(
         raise ShardError(f"q has {q.shape[0]} tokens but the layout describes {layout.num_tokens}")
     name = resolve_backend(backend, q.device, bidirectional=layout.bidirectional_spans is not None)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _KERNELS[name](q, k, v, layout, scale, dropout, window)
+    if window is not None and chunk is not None:
+        raise ConfigError(f"a layer with both a sliding window ({window}) and attention chunks ({chunk}) is not supported")
+    return _KERNELS[name](q, k, v, layout, scale, dropout, window, chunk)

@@ -82,10 +82,19 @@ def make_attention_function(backend: str):
 
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         layout = _layout_from_kwargs(kwargs, query.shape[2]) if causal else None
+        window = kwargs.get("sliding_window")  # a sliding-window layer's (Gemma 3, Mistral): along each path
+        chunk = attention_chunk(module) if causal else None  # a chunked-attention layer's (Llama 4): along each path
         if layout is None or query.shape[2] != layout.num_tokens:
             # Not a packed text call: a vision tower's per-image attention (non-causal), or one plain sequence.
             if causal and attention_mask is None:
                 _check_not_packed(kwargs.get("position_ids"))
+                if (window is not None or chunk is not None) and query.shape[2] == key.shape[2]:
+                    # No cache and no mask: this implementation's mask hook builds none without an attention_mask
+                    # (packed rows carry none), so a local layer's pattern is applied here, explicitly. With a
+                    # cache, transformers gives a mask unless the pattern is plain causal (generate passes one).
+                    local = _local_mask(query.shape[2], window, chunk, query.device)
+                    return sdpa_attention_forward(module, query, key, value, local, dropout=dropout, scaling=scaling,
+                                                  is_causal=False, **kwargs)
             bounds = kwargs.get("cu_seq_lens_q")
             if not causal and attention_mask is None and bounds is not None:
                 # A vision tower under a flash-named implementation (packer_flash) passes its images' boundaries
@@ -98,15 +107,70 @@ def make_attention_function(backend: str):
             raise ConfigError(f"packed attention takes one concatenated row (batch size 1), got {query.shape[0]}")
         if attention_mask is not None:
             raise ConfigError("pass packer boundaries or an attention_mask, not both: drop 'attention_mask'")
-        q = query[0].transpose(0, 1)  # (T, H, D)
+        q = _path_temperature(module, query[0], layout).transpose(0, 1)  # (T, H, D)
         k = key[0].transpose(0, 1)  # (T, Hkv, D)
         v = value[0].transpose(0, 1)  # (T, Hkv, D)
-        window = kwargs.get("sliding_window")  # a sliding-window layer's (Gemma 3, Mistral): along each path
-        out = packed_attention(q, k, v, layout, backend=backend, scale=scaling, dropout=dropout, window=window)
+        out = packed_attention(q, k, v, layout, backend=backend, scale=scaling, dropout=dropout, window=window,
+                               chunk=chunk)
         return out.unsqueeze(0), None  # (1, T, H, D)
 
     packer_attention_forward.__name__ = f"packer_{backend}_attention_forward"
     return packer_attention_forward
+
+
+def attention_chunk(module: torch.nn.Module) -> int | None:
+    """The chunk of a chunked-attention layer, else None: Llama 4's RoPE layers (``config.layer_types[layer_idx] ==
+    "chunked_attention"``, ``config.attention_chunk_size``), which transformers tells its attention function
+    nothing about (their mask carries the chunks, and packer builds none). ConfigError where a model has chunked
+    layers but the module does not say which it is (no ``layer_idx``), or names no chunk size."""
+    config = getattr(module, "config", None)
+    types = getattr(config, "layer_types", None)
+    if not types or "chunked_attention" not in types:
+        return None
+    idx = getattr(module, "layer_idx", None)
+    if idx is None:
+        raise ConfigError(f"{type(module).__name__} is an attention layer of a model with chunked-attention layers but "
+                          "names no layer_idx: packer cannot tell whether its keys are cut into chunks")
+    if types[idx] != "chunked_attention":
+        return None
+    size = getattr(config, "attention_chunk_size", None)
+    if not size:
+        raise ConfigError(f"layer {idx} is chunked_attention but the config's attention_chunk_size is {size!r}")
+    return int(size)
+
+
+def _path_temperature(module: torch.nn.Module, query: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+    """Llama 4's NoPE layers with temperature tuning (``Llama4TextAttention``: ``attn_temperature_tuning`` and not
+    ``use_rope``) scale each query by log1p(floor((p + 1) / floor_scale)) * attn_scale + 1, p the token's index in
+    the row (``torch.arange``, not its position id): on a packed row p must be its position on its own path, as run
+    alone. ``query`` (H, T, D) comes scaled by the row index; tokens whose two scales differ (only past floor_scale
+    tokens into a row: 8,192 in the checkpoints) are rescaled to their path's, others are left as they are."""
+    if not getattr(module, "attn_temperature_tuning", False) or getattr(module, "use_rope", True):
+        return query
+    floor_scale, attn_scale = module.floor_scale, module.attn_scale
+
+    def ratio() -> torch.Tensor | None:  # (T,) path scale / row scale, once per batch; None where they agree
+        def scale(p: torch.Tensor) -> torch.Tensor:  # the module's own expression
+            return torch.log1p(torch.floor((p.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+
+        row, path = scale(torch.arange(layout.num_tokens)), scale(layout.path_positions())
+        return None if bool((row == path).all()) else (path / row).to(query.device)
+
+    r = layout._cached(("temperature", floor_scale, attn_scale, str(query.device)), ratio)
+    return query if r is None else (query * r[None, :, None]).to(query.dtype)
+
+
+def _local_mask(length: int, window: int | None, chunk: int | None, device: torch.device) -> torch.Tensor:
+    """(1, 1, L, L) bool: one plain sequence's causal mask with a sliding window or chunks (transformers'
+    ``sliding_window_overlay`` / ``chunked_overlay`` on positions 0 .. L-1)."""
+    i = torch.arange(length, device=device)[:, None]
+    j = torch.arange(length, device=device)[None, :]
+    mask = j <= i
+    if window is not None:
+        mask &= j > i - window
+    if chunk is not None:
+        mask &= torch.div(j, chunk, rounding_mode="floor") == torch.div(i, chunk, rounding_mode="floor")
+    return mask[None, None]
 
 
 def _per_segment(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -31,6 +31,16 @@ pairs j > i inside a span that the causal call leaves out.
     row:  | t i i i t |   span [1, 4)     call 1 (varlen_plan): the causal tree mask above
     span call: queries [1, 3), keys [2, 4): q1 sees k2 k3, q2 sees k3   cu_seqlens = [0, 2]
 
+Local attention layers count along each root-to-leaf path, as the path run alone would: positions, not row
+offsets (siblings sit between a branch and its parent). A sliding window (Gemma 3) keeps keys less than ``window``
+positions back; a chunked layer (Llama 4) keeps keys of the query's own chunk, positions [c*C, (c+1)*C) with
+c = pos // C, causal inside it. The varlen kernels take chunks as more segments (``chunk_plan``): each node's
+queries cut where their chunk changes, each piece against its path's keys from its chunk's start, causal
+bottom-right; no mask.
+
+    path positions  P:0 1 2 | a:3 4 | b:3 4 5      chunk C = 2: chunks {0,1} {2,3} {4,5}
+    chunk plan      queries P0 P1 -> keys P0 P1;  P2 -> P2;  a3 -> P2 a3;  a4 -> a4;  b3 -> P2 b3;  b4 b5 -> b4 b5
+
 The tree structure itself (validation, token -> node, ancestors, predecessors) is ``packer.core.tree``;
 this module turns it into torch masks and plans, cached per device on the layout object.
 """
@@ -45,7 +55,7 @@ import numpy as np
 import torch
 
 from packer.core import tree
-from packer.errors import ShardError
+from packer.errors import ConfigError, ShardError
 
 
 def span_ids(num_tokens: int, spans: torch.Tensor | None) -> torch.Tensor:
@@ -112,6 +122,7 @@ class VarlenPlan:
     ``varlen_plan``: one segment per node, the node's queries against [ancestors ; node] keys, causal
     bottom-right; for a linear pack (no trees) the segments are the examples and nothing is gathered.
     ``span_plan``: one segment per bidirectional span (see the module docstring), q and k both gathered.
+    ``chunk_plan``: one segment per (node, chunk of positions its queries reach), keys gathered from the path.
     """
 
     cu_seqlens_q: torch.Tensor  # (S+1,) int32
@@ -265,12 +276,21 @@ class PackedLayout:
         """(T,) bidirectional span of each token, -1 outside."""
         return self._cached(("span_ids",), lambda: span_ids(self.num_tokens, self.bidirectional_spans))
 
-    def dense_mask(self, device: torch.device | str = "cpu", window: int | None = None) -> torch.Tensor:
-        """(T, T) bool mask, built once per device and window.
+    def dense_mask(self, device: torch.device | str = "cpu", window: int | None = None,
+                   chunk: int | None = None) -> torch.Tensor:
+        """(T, T) bool mask, built once per device, window and chunk.
 
         ``window`` (a sliding-window layer's): key j also needs pos(j) > pos(i) - window, positions along the
         path (transformers' ``sliding_window_overlay`` ANDed onto causal-or-span, as Gemma 3 composes it).
+        ``chunk`` (a chunked-attention layer's, Llama 4): key j also needs pos(j) // chunk == pos(i) // chunk
+        (transformers' ``chunked_overlay``, ANDed the same way).
         """
+        _check_local(window, chunk)
+        if chunk is not None:
+            return self._cached(
+                ("dense_mask", str(torch.device(device)), "chunk", chunk),
+                lambda: self.dense_mask(device) & _same_chunk(self.path_positions().to(device), chunk),
+            )
         if window is not None:
             return self._cached(
                 ("dense_mask", str(torch.device(device)), window),
@@ -290,9 +310,17 @@ class PackedLayout:
 
         return self._cached(("dense_mask", str(torch.device(device))), build)
 
-    def mask_mod(self, device: torch.device | str, window: int | None = None):
+    def mask_mod(self, device: torch.device | str, window: int | None = None, chunk: int | None = None):
         """The flex_attention ``mask_mod(b, h, q_idx, kv_idx)`` of this layout, over tensors on ``device``."""
         dev = torch.device(device)
+        _check_local(window, chunk)
+        if chunk is not None:
+            inner, cid = self.mask_mod(dev), torch.div(self.path_positions().to(dev), chunk, rounding_mode="floor")
+
+            def mask_mod_chunk(b, h, q_idx, kv_idx):
+                return inner(b, h, q_idx, kv_idx) & (cid[kv_idx] == cid[q_idx])
+
+            return mask_mod_chunk
         if window is not None:
             inner, pos = self.mask_mod(dev), self.path_positions().to(dev)
 
@@ -316,15 +344,15 @@ class PackedLayout:
 
         return mask_mod_bidirectional
 
-    def block_mask(self, device: torch.device | str, window: int | None = None):
-        """The flex_attention BlockMask, built once per device and window (compiled on CUDA: no T x T tensor)."""
+    def block_mask(self, device: torch.device | str, window: int | None = None, chunk: int | None = None):
+        """The flex_attention BlockMask, built once per device, window and chunk (compiled on CUDA: no T x T tensor)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         dev = torch.device(device)
         return self._cached(
-            ("block_mask", str(dev), window),
+            ("block_mask", str(dev), window, chunk),
             lambda: create_block_mask(
-                self.mask_mod(dev, window),
+                self.mask_mod(dev, window, chunk),
                 B=None,
                 H=None,
                 Q_LEN=self.num_tokens,
@@ -364,6 +392,50 @@ class PackedLayout:
             )
 
         return self._cached(("varlen_plan", str(torch.device(device))), build)
+
+    def chunk_plan(self, device: torch.device | str, chunk: int) -> VarlenPlan:
+        """The varlen segments of a chunked-attention layer (see the module docstring), once per device and chunk.
+
+        ``varlen_plan``'s segment of node n runs its queries (path positions p0 .. p0 + lq - 1, p0 its ancestors'
+        tokens) against its path's keys (positions 0 .. p0 + lq - 1, in path order). Here each such segment is cut
+        where the queries' chunk c = pos // chunk changes: the queries of chunk c against the path's keys from
+        position c * chunk up to the last of those queries, causal bottom-right, so query p sees exactly the keys
+        c * chunk .. p. Queries stay in row order (no q gather); every segment has at most ``chunk`` keys.
+        """
+        if int(chunk) != chunk or chunk < 1:
+            raise ConfigError(f"attention chunk must be a positive integer, got {chunk!r}")
+        chunk = int(chunk)
+
+        def build() -> VarlenPlan:
+            base = self.varlen_plan("cpu")
+            bq, bk = np.asarray(base.bounds_q, dtype=np.int64), np.asarray(base.bounds_k, dtype=np.int64)
+            lq, lk = np.diff(bq), np.diff(bk)  # (N,)
+            p0 = lk - lq  # (N,) path position of each node's first query
+            first, last = p0 // chunk, (p0 + lq - 1) // chunk  # (N,) the chunks each node's queries reach
+            pieces = last - first + 1  # (N,)
+            node = np.repeat(np.arange(len(lq)), pieces)  # (S,) the node of each segment
+            c = np.repeat(first, pieces) + np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+            qa = np.maximum(c * chunk, p0[node])  # (S,) path positions of the segment's queries [qa, qb)
+            qb = np.minimum((c + 1) * chunk, p0[node] + lq[node])
+            kstart = bk[node] + c * chunk  # (S,) its keys: the node's path keys from the chunk's start up to qb
+            klen = qb - c * chunk
+            within = np.arange(int(klen.sum())) - np.repeat(np.cumsum(klen) - klen, klen)
+            gathered = np.repeat(kstart, klen) + within  # (Tk,) indices into the base plan's keys
+            keys = gathered if base.k_index is None else base.k_index.cpu().numpy()[gathered]
+            cu_q = np.append(bq[node] + (qa - p0[node]), self.num_tokens)
+            cu_k = np.concatenate([[0], np.cumsum(klen)])
+            dev = torch.device(device)
+            return VarlenPlan(
+                cu_seqlens_q=torch.from_numpy(cu_q).to(device=dev, dtype=torch.int32),
+                cu_seqlens_k=torch.from_numpy(cu_k).to(device=dev, dtype=torch.int32),
+                max_seqlen_q=int((qb - qa).max()),
+                max_seqlen_k=int(klen.max()),
+                k_index=torch.from_numpy(keys.astype(np.int64)).to(dev),
+                bounds_q=cu_q.tolist(),
+                bounds_k=cu_k.tolist(),
+            )
+
+        return self._cached(("chunk_plan", str(torch.device(device)), chunk), build)
 
     def span_plan(self, device: torch.device | str = "cpu") -> VarlenPlan | None:
         """The second varlen call of ``packer.train.span_attention``, once per device; None when no span has two
@@ -444,6 +516,20 @@ def _check_groups(node_offsets: np.ndarray, anc: np.ndarray, spans: np.ndarray) 
         k = int(np.flatnonzero(bad)[0])
         raise ShardError(f"bidirectional spans {spans[order[k]].tolist()} and {spans[order[k + 1]].tolist()} share "
                          "a group but not a root-to-leaf path")
+
+
+def _check_local(window: int | None, chunk: int | None) -> None:
+    """A layer is sliding-window or chunked, never both (no model has both; their composition is not defined)."""
+    if window is not None and chunk is not None:
+        raise ConfigError(f"a layer with both a sliding window ({window}) and attention chunks ({chunk}) is not supported")
+
+
+def _same_chunk(pos: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(T, T) bool: pos(i) // chunk == pos(j) // chunk, transformers' ``chunked_overlay`` on path positions."""
+    cid = torch.div(pos, chunk, rounding_mode="floor")
+    return cid[:, None] == cid[None, :]
+
+
 def _in_window(pos: torch.Tensor, window: int) -> torch.Tensor:
     """(T, T) bool: pos(j) > pos(i) - window; it bounds the past only, as transformers' sliding_window_overlay."""
     return pos[None, :] > pos[:, None] - window

