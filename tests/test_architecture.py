@@ -104,6 +104,7 @@ def test_every_package_is_in_the_contract():
     assert areas <= set(ALLOWED), f"packages missing from ALLOWED (and docs/architecture.md): {areas - set(ALLOWED)}"
 
 
+@pytest.mark.slow
 def test_packages_import_only_what_the_layering_allows():
     bad = []
     for module, path in _modules().items():

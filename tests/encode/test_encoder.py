@@ -49,6 +49,7 @@ from tests.encode.helpers import (
 # ---------------------------------------------------------------- records, images
 
 
+@pytest.mark.slow
 def test_llava_record(tok, qwen, img):
     rec = {
         "image": str(img),
@@ -402,6 +403,7 @@ def test_hand_built_example_without_records(tok, qwen):
     assert ImageRef(path="x") != ImageRef(path="y")
 
 
+@pytest.mark.slow
 def test_encoder_pickles(qwen, img):
     """Worker processes receive the Encoder pickled; it must encode identically there."""
     import pickle
@@ -413,6 +415,7 @@ def test_encoder_pickles(qwen, img):
     np.testing.assert_array_equal(a.mrope_position_ids, b.mrope_position_ids)
 
 
+@pytest.mark.slow
 def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monkeypatch):
     """scripts/coco_to_jsonl.py output parses and encodes with no reject, from another working directory."""
     import json
@@ -547,6 +550,7 @@ def record(draw) -> dict:
     return {"text": draw(nonempty)}
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(records=st.lists(record(), min_size=1, max_size=16),

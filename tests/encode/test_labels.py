@@ -79,6 +79,7 @@ def labeled_texts(draw) -> tuple[list[str], list[list]]:
     return texts, [draw(spans_of(len(t))) for t in texts]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=labeled_texts())

@@ -37,6 +37,7 @@ def locate(template: ChatTemplate, conv: list[Message]) -> tuple | str:
         return str(e)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
                                 st.lists(st.one_of(text, st.just(None)), min_size=0, max_size=4)),

@@ -82,6 +82,7 @@ def test_tokenize_with_and_without_offsets(tok):
     assert tokenize(backend, [], offsets=True) == []
 
 
+@pytest.mark.slow
 def test_llama3_builtin_is_llama3s_tokenizer() -> None:
     """Meta's llama-models ships Llama-3's ranks; the ids are Llama-3's own (published examples below)."""
     from packer.encode.tokenizers import load_tokenizer

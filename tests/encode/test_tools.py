@@ -150,6 +150,7 @@ def loss_runs(tok, ids: np.ndarray, labels: np.ndarray) -> list[str]:
     return runs + ([tok.decode(cur)] if cur else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", range(len(CORPUS)))
 def test_tool_records_match_apply_chat_template(k, tok25, enc25, tmp_path):
     rec = CORPUS[k]

@@ -141,6 +141,7 @@ def test_header_plan_equals_decoded_reference(videos, decoded, name, family):
     assert planned >= 8
 
 
+@pytest.mark.slow
 def test_header_count_equals_decoded_count(videos, decoded):
     """The count packer reads (mp4 header, or Matroska/WebM packets, no decoding) is the count that decodes;
     where a header lies - an mp4 cut short after its index, listing frames that are gone - probe rejects."""
@@ -174,6 +175,7 @@ def test_vfr_clip_uses_the_average_rate(videos):
     assert plan.frame_indices == (0, 8, 16, 23, 31, 39)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GOOD)
 def test_qwen3_grid_from_the_real_hf_processor(videos, decoded, name):
     """Qwen3-VL's grid from transformers' own Qwen3VLVideoProcessor (do_resize=False, as Qwen3-VL's README

@@ -40,6 +40,10 @@ _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scri
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
+# Each family builds, verifies and proves itself on its real model: seconds per family, the whole suite's
+# (``make test``, CI) and not the edit loop's (``make test-fast``).
+pytestmark = pytest.mark.slow
+
 SIZES = {"square.png": (64, 64), "wide.png": (120, 48), "tall.png": (40, 100)}
 
 
@@ -135,7 +139,6 @@ def test_rows_read_and_collate(family):
     assert int((batch["labels"] != IGNORE_INDEX).sum()) == batch["num_loss_tokens"] > 0
 
 
-@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_on_the_real_model(family):
     """The family's proof: per-token losses, total and every gradient of the packed forward (one batch of all

@@ -48,6 +48,7 @@ def processor(tok):
     return transformers.Gemma3Processor(image_processor=image_processor, tokenizer=tok, image_seq_length=256)
 
 
+@pytest.mark.slow
 def test_every_coco_image_is_256_tokens(coco_images, processor) -> None:
     profile = get_profile("gemma3")
     sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images]

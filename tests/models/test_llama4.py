@@ -145,6 +145,7 @@ def test_image_run_is_the_processors(processor) -> None:
                 assert "".join(image_tokens(rows, cols, per_tile)) == want, (rows, cols, per_tile)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_counts_from_headers_equal_the_processor_rule(setting: str, coco_images, processor) -> None:
     """The canvas from the header == get_best_fit (float32 torch, as the processor calls it) on every COCO-mini image,

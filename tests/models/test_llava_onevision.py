@@ -55,6 +55,7 @@ def _sizes(coco_images: list[Path]) -> list[tuple[int, int]]:
     return [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
 
 
+@pytest.mark.slow
 def test_every_coco_image_and_odd_sizes_match_the_processor(coco_images, processor) -> None:
     profile = get_profile("llava-onevision")
     sizes = _sizes(coco_images)
@@ -66,6 +67,7 @@ def test_every_coco_image_and_odd_sizes_match_the_processor(coco_images, process
     assert {int(t) for t in grids[:, 0]} >= {2, 3, 5, 37}  # 1x1 ... 6x6 tiles, plus the base crop
 
 
+@pytest.mark.slow
 def test_feature_lengths_match_the_model(coco_images) -> None:
     """``LlavaOnevisionModel.pack_image_features`` (unpad, downscale, newlines, base) on features of the right
     shape gives each image exactly ``num_tokens`` rows, tiled and untiled."""
@@ -107,6 +109,7 @@ def _record(files: list[Path], text: str = "Describe.") -> dict:
     return {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "A picture."}]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_images", [1, 2])
 def test_input_ids_and_pixels_match_the_processor(coco_images, tok, processor, n_images) -> None:
     """One image: tiled; two: each one untiled crop. Same tokens and pixel values as the processor's."""

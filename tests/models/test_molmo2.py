@@ -133,6 +133,7 @@ def _hf_messages(example: Example) -> list[dict]:
                                          for p in m.parts]} for m in example.root.messages]
 
 
+@pytest.mark.slow
 def test_expansion_equals_the_processor(profile, processor, tokenizer, coco_images) -> None:
     """Encoder input_ids == Molmo2Processor's input_ids (images of several sizes, two in one turn, a later
     turn with one more); the reader's mm_token_type_ids == the processor's."""

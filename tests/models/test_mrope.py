@@ -87,6 +87,7 @@ def linear_cases(tok) -> dict[str, tuple[list[int], list[tuple[int, int, int]]]]
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["qwen2-vl", "qwen2.5-vl"])
 def test_mrope_linear_matches_get_rope_index(models, tok, model_name) -> None:
     for name, (ids, grids) in linear_cases(tok).items():

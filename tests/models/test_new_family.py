@@ -84,6 +84,7 @@ def test_workers_build_the_same_bytes(toy, tmp_path):
     assert [s["sha256"] for s in again.manifest["shards"]] == [s["sha256"] for s in result.manifest["shards"]]
 
 
+@pytest.mark.slow
 def test_the_toy_is_registered(toy):
     assert profile_names()[-1] == "toy" and isinstance(get_profile("toy"), ToyProfile)
     assert "toy_pixel_values" in forward_keys()

@@ -282,6 +282,7 @@ def test_positions_equal_get_rope_index_on_every_path(rows) -> None:
     assert paths == 12 and vision_paths == 10  # 5 linear + the video tree's 4 leaves + the image tree's 3
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_images_and_video_trees(rows) -> None:
     """A tiny ``Qwen3_5ForConditionalGeneration``: every row packed (the linear layers' state forked at each

@@ -78,6 +78,7 @@ def tokenizer():
     return load_tokenizer("smolvlm")
 
 
+@pytest.mark.slow
 def test_tokenizer_is_the_stand_in(tokenizer) -> None:
     """Qwen2's BPE and first tokens, SmolVLM's special tokens after them, the names the processor reads, and a
     template that renders as DEFAULT_CHAT_TEMPLATE (a string content as its one text part)."""

@@ -63,6 +63,7 @@ def instances(draw, max_n: int = 200):
     return np.array(draw(st.lists(item, min_size=n, max_size=n)), dtype=np.int64), capacity
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances(), st.integers(0, 3))
 def test_same_plan_as_bfd(case, seed):

@@ -117,6 +117,7 @@ def test_upsampled_copies_have_unique_ids(built, same_lengths):
     assert not [i for i in ids if i.startswith(str(same_lengths["b"])) and "#" in i]
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_sample(built, same_lengths, tmp_path):
     out, result = built
     again = build(_config(same_lengths, tmp_path / "again"), progress=False)
@@ -149,6 +150,7 @@ def test_upsampled_copies_do_not_share_a_pack_with_their_original(built):
     assert together == 0
 
 
+@pytest.mark.slow
 def test_cli_source_option_and_yaml_sources_build_the_same_bytes(same_lengths, tmp_path):
     runner = CliRunner()
     d = same_lengths["a"].parent

@@ -179,6 +179,7 @@ class _ReversedExecutor(Executor):
         yield from reversed(done)
 
 
+@pytest.mark.slow
 def test_another_executor_writes_the_same_bytes(corpus, tmp_path):
     local = build(_config(corpus, tmp_path / "local", rows_per_shard=1), progress=False)
     other = build(_config(corpus, tmp_path / "reversed", rows_per_shard=1), progress=False,
@@ -227,6 +228,7 @@ def _template_build(tmp_path: Path, template: str) -> BuildConfig:
                                    max_length=256)
 
 
+@pytest.mark.slow
 def test_editing_the_chat_template_file_is_another_build(tmp_path):
     """The template FILE's contents are part of the build: after an edit the rerun does not resume from the
     encode cache of the old template (it refuses, like any other build), and --overwrite rebuilds with the

@@ -163,6 +163,7 @@ def test_save_to_disk_dir_packs_like_the_parquet_file(parquet_build, tmp_path):
     assert as_rows == _examples(out)
 
 
+@pytest.mark.slow
 def test_columns_map_llava_style_columns_of_a_hub_snapshot(tmp_path, jpegs):
     """LLaVA-style rows whose columns are named otherwise, in a Hub snapshot (data/train-*.parquet)."""
     from datasets import Dataset, Features, Image, List, Value

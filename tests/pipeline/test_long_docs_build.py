@@ -83,6 +83,7 @@ def test_split_build_verifies_and_loses_no_token(tmp_path, overlap):
     assert again.manifest["totals"] == result.manifest["totals"]
 
 
+@pytest.mark.slow
 def test_split_build_with_up_sampling_and_a_changed_document(tmp_path):
     data = _corpus(tmp_path / "data.jsonl")
     out = tmp_path / "out"
@@ -103,6 +104,7 @@ def test_split_build_with_up_sampling_and_a_changed_document(tmp_path):
         "line 11 chunk 0 differs from the document's tokens [0, 64) (tokens or labels changed)"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlong", ["truncate", "truncate_left", "keep_last_turns"])
 def test_each_overlong_policy_builds_and_verifies(tmp_path, overlong):
     data = _corpus(tmp_path / "data.jsonl")

@@ -30,6 +30,7 @@ def _corpus(path: Path, n: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_scan_on_a_worker_equals_the_scan_here(tmp_path):
     a, b = _corpus(tmp_path / "a.jsonl", 2 * CHUNK_LINES + 7), _corpus(tmp_path / "b.jsonl", 40)
     config = BuildConfig.from_inputs([str(a), str(b)], str(tmp_path / "out"), profile="qwen2-vl", max_length=512,
@@ -46,6 +47,7 @@ def test_scan_on_a_worker_equals_the_scan_here(tmp_path):
     assert LocalExecutor(1).submit(scan_chunks, config)() == scan_chunks(config)
 
 
+@pytest.mark.slow
 def test_chunk_reads_and_row_counts_equal_a_pass_over_the_cache(tmp_path):
     corpus = _corpus(tmp_path / "c.jsonl", 2 * CHUNK_LINES + 7)
     config = BuildConfig.from_inputs([str(corpus)], str(tmp_path / "out"), profile="qwen2-vl", max_length=512,
@@ -67,6 +69,7 @@ def test_chunk_reads_and_row_counts_equal_a_pass_over_the_cache(tmp_path):
     assert np.array_equal(plan_packs(table, config, exclude=exclude).pack_ids, before.pack_ids)
 
 
+@pytest.mark.slow
 def test_a_preloaded_encoder_file_is_removed_by_close(tmp_path):
     from packer.pipeline.stages import make_encoder
 

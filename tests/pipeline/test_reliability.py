@@ -85,6 +85,7 @@ def test_corpus_bytes_keep_their_traps():
     assert b"\n\n" in raw and b"caf\xe9" in raw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPEC))
 def test_inputs_equal_packed_plus_rejected_in_manifest_and_stats(built, name):
     _, result = built[name]
@@ -135,6 +136,7 @@ def test_max_reject_fraction(tmp_path, fraction, code):
         assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_another_build_is_not_overwritten_without_overwrite(tmp_path):
     name = "template.jsonl"
     out = tmp_path / "out"

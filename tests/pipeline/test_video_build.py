@@ -158,6 +158,7 @@ def test_collate_yields_qwen25_video_inputs(built):
         assert (ids[offset : offset + v["num_tokens"]] == 151656).all()
 
 
+@pytest.mark.slow
 def test_inspect_and_plot_show_videos(built, tmp_path):
     from packer.report.plots import plot_stats
     from packer.report.rowview import describe_row, format_row

@@ -217,6 +217,7 @@ def test_draw_mask_pictures(one_per_row, packed, tmp_path):
         draw_mask(packed, 0, tmp_path / "mask.bmp")
 
 
+@pytest.mark.slow
 def test_cli_inspect(packed, one_per_row, tmp_path):
     runner = CliRunner()
     ok = runner.invoke(cli, ["inspect", str(packed), "--mask", str(tmp_path / "m.png")])

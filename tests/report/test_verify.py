@@ -238,6 +238,7 @@ def test_budgets_from_the_manifest_config(copy):
         assert expected in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["checksum", "missing", "stray", "temp", "totals", "reject reason", "row count",
                                   "schema", "stats"])
 def test_each_broken_file_invariant_is_reported(copy, name):

@@ -133,6 +133,7 @@ def test_a_build_on_s3_is_byte_identical_and_reads_back(s3, corpus, tokenizer, l
     assert json.loads(row.stdout)["examples"]
 
 
+@pytest.mark.slow
 def test_an_object_path_pickles_to_a_working_client(s3):
     """What a pool worker, a Ray task or a DataLoader worker receives: the URL and options, its own client."""
     path = ObjectPath("s3://packer/pickled/a.json", {"endpoint_url": s3["AWS_ENDPOINT_URL"]})

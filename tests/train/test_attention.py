@@ -35,6 +35,7 @@ def test_sdpa_varlen_matches_reference_with_grads(seed):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_flex_forward_matches_reference_on_cpu(bidirectional):
     rng = random.Random(7)

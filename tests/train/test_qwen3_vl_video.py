@@ -125,6 +125,7 @@ def _rope(model, ids: np.ndarray, videos: list[dict], images: list[dict]) -> np.
     return pos[:, 0].numpy()
 
 
+@pytest.mark.slow
 def test_positions_match_get_rope_index_on_every_path(clips) -> None:
     from transformers import Qwen3VLConfig, Qwen3VLModel
 
