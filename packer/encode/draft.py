@@ -78,7 +78,7 @@ def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings
         labels, rest = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32), [k for k, s in enumerate(spans) if s]
     else:
         labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=enc._is_special,
-                                         offsets=ByteOffsets(ids, starts, enc._token_bytes))
+                                         offsets=ByteOffsets(ids, starts, enc._token_bytes, nfc=enc._nfc))
         enc.paths["labels:byte-lengths"] += len(texts) - len(rest)
     enc.paths["labels:offsets"] += len(rest)
     for k in rest:

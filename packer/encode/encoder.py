@@ -37,7 +37,7 @@ from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
-from packer.encode.tokenize import cached_token_byte_lengths, special_token_mask, tokenize
+from packer.encode.tokenize import cached_token_byte_lengths, normalizes_nfc, special_token_mask, tokenize
 from packer.errors import ConfigError, RecordError
 
 FAST_PATHS = ("python-template", "byte-lengths")
@@ -104,6 +104,7 @@ class Encoder:
         # (V,) UTF-8 bytes per token id, or None: boundaries from character offsets (the general path)
         self._token_bytes = (cached_token_byte_lengths(backend, size=self._is_special.shape[0])
                              if "byte-lengths" in self.fast_paths else None)
+        self._nfc = normalizes_nfc(backend)  # byte lengths then hold for texts already in NFC only
         self.image_token_id = self._token_id(profile.image_token)
         self.video_token_id = self._token_id(profile.video_token)
         self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image or video token?

@@ -4,14 +4,17 @@ Two ways to find the token at a character, checked against each other at every c
 tests/encode/test_tokenize.py:
 
 - ``offset_boundaries``: from the tokenizer's character offsets (any fast tokenizer).
-- ``ByteOffsets``: from each token's UTF-8 length, for byte-level BPE tokenizers with no normalizer and
-  no offset trimming (Qwen2's, GPT-2's), whose tokens spell the text's bytes exactly. The tokenizer then runs
+- ``ByteOffsets``: from each token's UTF-8 length, for byte-level BPE tokenizers with no normalizer (Llama 3's,
+  GPT-2's) or an NFC one (Qwen2's) and no offset trimming, whose tokens spell the text's bytes exactly (under
+  NFC: on a text NFC leaves as it is; any other text takes the offsets, so a boundary inside text the
+  normalizer rewrote, decomposed accents, comes from the tokenizer's own alignment). The tokenizer then runs
   without computing offsets (``encode_batch_fast``): less tokenizer time (docs/benchmarks.md). It answers
   for a whole batch of texts at once (``flat_ids``): numpy calls per batch, not per text.
 """
 
 from __future__ import annotations
 
+import unicodedata
 import weakref
 from collections.abc import Callable
 from itertools import accumulate, chain, pairwise
@@ -71,12 +74,13 @@ def offset_boundaries(ids: np.ndarray, enc: Any, text: str) -> Boundaries:
 
 
 def flat_ids(encodings: list) -> tuple[np.ndarray, list[int]]:
-    """(T,) int32 ids of all ``encodings`` back to back, and where each starts: encoding k's ids are
+    """(T,) int32 ids of all ``encodings`` (tokenizers.Encodings, or lists of ids) back to back, and where each
+    starts: encoding k's ids are
     ``ids[starts[k]:starts[k + 1]]``. One conversion for the whole batch: numpy's per-call cost paid once.
 
         encodings' ids [5, 6, 7], [8, 9]  ->  ids [5, 6, 7, 8, 9], starts [0, 3, 5]
     """
-    lists = [e.ids for e in encodings]
+    lists = [e if isinstance(e, list) else e.ids for e in encodings]
     starts = [0, *accumulate(map(len, lists))]
     return np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=starts[-1]), starts
 
@@ -96,7 +100,8 @@ class ByteOffsets:
         token_at([8, 11], end=[5, 5]) -> [3, 5]           ("r" is in "ör"; 5: the text's end)
     """
 
-    def __init__(self, ids: np.ndarray, starts: list[int], byte_lengths: np.ndarray):
+    def __init__(self, ids: np.ndarray, starts: list[int], byte_lengths: np.ndarray, *, nfc: bool = False):
+        self._nfc = nfc  # the tokenizer normalizes to NFC: only a text already in NFC spells its bytes
         self.start = np.concatenate(([0], np.cumsum(byte_lengths[ids])))  # (T+1,) int64
         self._ends = self.start[1:]  # (T,) end byte of each token
         self._base = self.start[starts].tolist()  # byte where each text starts (and the last one ends)
@@ -112,6 +117,8 @@ class ByteOffsets:
             if self._base[k + 1] - base != size:
                 return None
             return [base + (c if c < size else size) for c in chars]
+        if self._nfc and not unicodedata.is_normalized("NFC", text):
+            return None
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         width = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)  # UTF-8 bytes
         char_byte = np.concatenate([[0], np.cumsum(width)]).tolist()  # byte offset of each character
@@ -146,13 +153,22 @@ def cached_token_byte_lengths(backend: Any, *, size: int) -> np.ndarray | None:
     return cached[1]
 
 
+def normalizes_nfc(backend: Any) -> bool:
+    """Whether the tokenizer's normalizer is NFC (the one ``token_byte_lengths`` takes besides none)."""
+    from tokenizers import normalizers
+
+    return isinstance(backend.normalizer, normalizers.NFC)
+
+
 def token_byte_lengths(backend: Any, *, size: int) -> np.ndarray | None:
     """(size,) int32 UTF-8 length of every token id when the tokens spell the text's bytes exactly
-    (byte-level BPE, no normalizer, no offset trimming), else None. ``backend``: a tokenizers.Tokenizer."""
+    (byte-level BPE, no normalizer or NFC, no offset trimming; the bos a post-processor may add is never added
+    here), else None. ``backend``: a tokenizers.Tokenizer. Under NFC they spell the bytes of a text in NFC
+    only: ``ByteOffsets(nfc=True)`` checks each text."""
     from tokenizers import models, pre_tokenizers, processors
 
     model, pre, post = backend.model, backend.pre_tokenizer, backend.post_processor
-    if backend.normalizer is not None or not isinstance(model, models.BPE):
+    if (backend.normalizer is not None and not normalizes_nfc(backend)) or not isinstance(model, models.BPE):
         return None
     if model.continuing_subword_prefix or model.end_of_word_suffix or model.dropout:
         return None
@@ -163,7 +179,9 @@ def token_byte_lengths(backend: Any, *, size: int) -> np.ndarray | None:
         for p in steps
     ):
         return None
-    if post is not None and not (isinstance(post, processors.ByteLevel) and not post.trim_offsets):
+    posts = list(post) if isinstance(post, processors.Sequence) else [] if post is None else [post]
+    if not all((isinstance(p, processors.ByteLevel) and not p.trim_offsets)
+               or isinstance(p, processors.TemplateProcessing) for p in posts):  # a template adds only specials
         return None
     vocab = backend.get_vocab(with_added_tokens=False)
     if not set("".join(vocab)) <= set(pre_tokenizers.ByteLevel.alphabet()):  # one character per byte

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from packer.errors import ConfigError
 from packer.models.registry import builtin_tokenizers, tokenizer_spec
+from packer.models.shared.tokenizer import RANKS
 
 
 def cache_dir() -> Path:
@@ -31,6 +32,7 @@ def builtin_path(name: str) -> Path:
     spec = tokenizer_spec(name)
     h = hashlib.sha256(spec.ranks_file().read_bytes())
     h.update(repr(spec).encode())  # tokens, roles, template: any change rebuilds it
+    h.update(repr(RANKS.get(spec.ranks)).encode())  # and what the tokenizer does around the BPE (normalizer, bos)
     h.update(_LAYOUT)
     digest = h.hexdigest()[:12]
     return cache_dir() / "tokenizers" / f"{name}-{digest}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import unicodedata
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from packer.encode.tokenize import (
     ByteOffsets,
     cached_token_byte_lengths,
     flat_ids,
+    normalizes_nfc,
     offset_boundaries,
     special_token_mask,
     token_byte_lengths,
@@ -28,16 +30,17 @@ from tests.encode.helpers import ALPHABET
 def test_byte_offsets_equal_offsets(tok, texts):
     """Token boundaries from byte lengths, for a batch of texts at once, equal those from each text's character
     offsets at every character, including characters split across byte-level tokens (emoji, combining marks),
-    special tokens in the text and empty texts (which byte lengths leave to the offsets)."""
+    special tokens in the text, empty texts and texts NFC would change (which byte lengths leave to the offsets)."""
     backend = tok.backend_tokenizer
     encs = [backend.encode(text, add_special_tokens=False) for text in texts]
     ids, starts = flat_ids(encs)
     assert ids.dtype == np.int32 and ids.tolist() == [i for e in encs for i in e.ids]
-    offsets = ByteOffsets(ids, starts, cached_token_byte_lengths(backend, size=special_token_mask(tok).shape[0]))
+    assert normalizes_nfc(backend)  # Qwen2's tokenizer: byte lengths hold on text in NFC
+    offsets = ByteOffsets(ids, starts, cached_token_byte_lengths(backend, size=special_token_mask(tok).shape[0]), nfc=True)
     for k, (text, enc) in enumerate(zip(texts, encs, strict=True)):
         chars = list(range(len(text) + 2))
         found = offsets.bytes_of(k, text, chars)
-        if not text:
+        if not text or not unicodedata.is_normalized("NFC", text):
             assert found is None
             continue
         a, b = starts[k], starts[k + 1]
@@ -51,14 +54,14 @@ def test_byte_offsets_equal_offsets(tok, texts):
 
 @pytest.mark.slow
 def test_byte_lengths_only_for_byte_level_tokenizers(tok):
-    """A normalizer, a prefix space or trimmed offsets break "tokens spell the bytes": offsets are used."""
+    """A normalizer other than NFC, a prefix space or trimmed offsets break "tokens spell the bytes": offsets are used."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
 
     size = special_token_mask(tok).shape[0]
     assert token_byte_lengths(tok.backend_tokenizer, size=size) is not None
     original = tok.backend_tokenizer.to_str()
     for change in (
-        lambda t: setattr(t, "normalizer", normalizers.NFC()),
+        lambda t: setattr(t, "normalizer", normalizers.NFKC()),  # NFC is taken (text in NFC spells its bytes)
         lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=True)),
         lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.Metaspace()),
         lambda t: setattr(t, "post_processor", processors.ByteLevel(trim_offsets=True)),
@@ -88,7 +91,8 @@ def test_llama3_builtin_is_llama3s_tokenizer() -> None:
     from packer.encode.tokenizers import load_tokenizer
 
     tok = load_tokenizer("llama3")
-    assert tok("Hello world!").input_ids == [9906, 1917, 0]
+    assert tok("Hello world!", add_special_tokens=False).input_ids == [9906, 1917, 0]
+    assert tok("Hello world!").input_ids == [128000, 9906, 1917, 0]  # as Llama 3's tokenizer.json: bos added
     assert (tok.bos_token_id, tok.eos_token_id, len(tok)) == (128000, 128009, 128256)
     ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)["input_ids"]
     # <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant...

