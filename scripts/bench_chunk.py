@@ -2,7 +2,9 @@
 
 On bench_build's corpus (4,096 records = 8 encode chunks of 512 lines): the build's phases (parse the JSONL
 lines, render every root-to-node path, the tokenizer call, finish = labels, images, positions, and the
-chunk's Arrow table, then commit = that table's Arrow IPC file written into an encode cache) and the
+chunk's Arrow table, then commit = that table's Arrow IPC file written into an encode cache), once with the
+encoder's fast paths (``build``: the tokenizer call by tiktoken, packer/encode/tiktoken_bpe.py) and once with
+the HF tokenizer doing the tokenizer call (``build-hf``: every fast path but ``tiktoken``), and the
 baseline's (``apply_chat_template`` + one tokenizer call per chunk, as bench_build's ``tokenizer alone``). CPU time, best of ``--repeats`` rounds, the contenders alternating
 inside each round so that load on the shared cores hits both alike. Where the build's encode stage goes,
 without the noise of a whole build (docs/benchmarks.md, "Build throughput").
@@ -30,8 +32,8 @@ import bench_build  # noqa: E402
 
 from packer.config import BuildConfig  # noqa: E402
 from packer.encode.draft import batch_tokens  # noqa: E402
+from packer.encode.encoder import FAST_PATHS  # noqa: E402
 from packer.encode.render import stage  # noqa: E402
-from packer.encode.tokenize import tokenize  # noqa: E402
 from packer.pipeline import stages  # noqa: E402
 from packer.pipeline.cache import EncodeCache  # noqa: E402
 from packer.pipeline.faults import Hooks  # noqa: E402
@@ -52,7 +54,7 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
             texts.extend(one.texts)
             staged.append(one)
         t2 = time.process_time()
-        encodings = tokenize(encoder._backend, texts, offsets=False)
+        encodings = encoder._tokenize(texts)
         t3 = time.process_time()
         done, tokens = [], batch_tokens(encoder, staged, texts, encodings)
         for example, staged_one in zip(parsed, staged, strict=True):
@@ -119,7 +121,9 @@ def main() -> None:
         bench_build.make_corpus(corpus, SHARED / "data" / "coco-mini", args.records)
         config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile="qwen2-vl",
                                          max_length=8192, max_pixels=256 * 28 * 28)
-        encoder = pickle.loads(pickle.dumps(stages.make_encoder(config)))  # what a worker holds
+        made = stages.make_encoder(config)
+        encoder = pickle.loads(pickle.dumps(made))  # what a worker holds
+        hf = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"tiktoken"})))
         chunks = stages.scan_chunks(config)
         cache = EncodeCache(Path(tmp) / "cache", len(chunks))
         cache.root.mkdir()
@@ -130,15 +134,17 @@ def main() -> None:
         mrope_best = None  # (seconds, calls) of the round with the least mRoPE time
         for r in range(args.repeats + 1):  # round 0 warms the caches (image sizes, BPE)
             for name, run in (("build", lambda: build_phases(chunks, config, encoder, cache, tmp)),
+                              ("build-hf", lambda: build_phases(chunks, config, hf, cache, tmp)),
                               ("baseline", lambda: baseline_phases(lines))):
                 mrope.clear()
                 t = run()
-                if r and name == "build" and mrope and (mrope_best is None or sum(mrope) < mrope_best[0]):
+                if r and name != "baseline" and mrope and (mrope_best is None or sum(mrope) < mrope_best[0]):
                     mrope_best = (sum(mrope), len(mrope))
                 if r:
                     prev = best.get(name)
                     best[name] = t if prev is None or sum(t.values()) < sum(prev.values()) else prev
         unwrap()
+        assert encoder.path_counts()["tokens:tiktoken"] > 0 and hf.path_counts()["tokens:tiktoken"] == 0
     for name, t in best.items():
         split = ", ".join(f"{k} {v:.3f}" for k, v in t.items())
         print(f"{name}: {sum(t.values()):.3f} s CPU per {args.records:,} records ({split})")

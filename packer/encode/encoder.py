@@ -16,7 +16,11 @@ says which path each step took (a test proves the general one ran):
 
 - ``python-template``: the ChatML template in pure Python (templates.py), where Jinja is the general path;
 - ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
-  character offsets per text are the general path.
+  character offsets per text are the general path;
+- ``tiktoken``: the ids from tiktoken with the tokenizer's own ranks and split (tiktoken_bpe.py), where the HF
+  tokenizer is the general path; only for a vocabulary it is exact on (Qwen2's, Llama 3's, Llama 4's rank files),
+  and with ``byte-lengths`` (its tokens' boundaries come from their byte lengths). A text it leaves (one NFC would
+  change) goes to the HF tokenizer.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -37,10 +41,11 @@ from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
+from packer.encode.tiktoken_bpe import TiktokenBPE
 from packer.encode.tokenize import cached_token_byte_lengths, normalizes_nfc, special_token_mask, tokenize
 from packer.errors import ConfigError, RecordError
 
-FAST_PATHS = ("python-template", "byte-lengths")
+FAST_PATHS = ("python-template", "byte-lengths", "tiktoken")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 if TYPE_CHECKING:
@@ -105,6 +110,9 @@ class Encoder:
         self._token_bytes = (cached_token_byte_lengths(backend, size=self._is_special.shape[0])
                              if "byte-lengths" in self.fast_paths else None)
         self._nfc = normalizes_nfc(backend)  # byte lengths then hold for texts already in NFC only
+        # the ids from tiktoken where it is exact (None: the HF tokenizer); its boundaries need the byte lengths
+        self._tiktoken = (TiktokenBPE.of(backend) if "tiktoken" in self.fast_paths and self._token_bytes is not None
+                          else None)
         self.image_token_id = self._token_id(profile.image_token)
         self.video_token_id = self._token_id(profile.video_token)
         self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image or video token?
@@ -129,7 +137,8 @@ class Encoder:
 
     def path_counts(self) -> Counter[str]:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
-        "render:jinja+prefixes") and labels ("labels:byte-lengths", "labels:offsets")."""
+        "render:jinja+prefixes"), tokens ("tokens:tiktoken", "tokens:hf", per text) and labels
+        ("labels:byte-lengths", "labels:offsets")."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
     def replace(self, **changes: Any) -> Encoder:
@@ -184,7 +193,7 @@ class Encoder:
             s.first = len(texts)
             texts.extend(s.texts)
             staged.append(s)
-        encodings = tokenize(self._backend, texts, offsets=self._token_bytes is None)
+        encodings = self._tokenize(texts)
         tokens = batch_tokens(self, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
         out: list[Encoded | RecordError] = []
         for example, s in zip(examples, staged, strict=True):
@@ -195,6 +204,19 @@ class Encoder:
                 out.append(self._finish(example, s, tokens))
             except RecordError as e:
                 out.append(e if e.path else e.located(example.path, example.line))
+        return out
+
+    def _tokenize(self, texts: list[str]) -> list:
+        """Each text's tokens: its ids from tiktoken (a list) or its tokenizers.Encoding from the HF tokenizer."""
+        if self._tiktoken is None:
+            self.paths["tokens:hf"] += len(texts)
+            return tokenize(self._backend, texts, offsets=self._token_bytes is None)
+        out: list = self._tiktoken.encode(texts)
+        rest = [k for k, ids in enumerate(out) if ids is None]
+        for k, encoding in zip(rest, tokenize(self._backend, [texts[k] for k in rest], offsets=False), strict=True):
+            out[k] = encoding
+        self.paths["tokens:tiktoken"] += len(texts) - len(rest)
+        self.paths["tokens:hf"] += len(rest)
         return out
 
     # ------------------------------------------------------------------ the stages after tokens
@@ -227,7 +249,7 @@ class Encoder:
     def _draft_alone(self, example: Example) -> Draft:
         """``_draft`` of one example with a tokenizer call of its own (``lengths.keep_last_turns``)."""
         s = stage(example, self._chat, self.profile)
-        encodings = tokenize(self._backend, s.texts, offsets=self._token_bytes is None)
+        encodings = self._tokenize(s.texts)
         return self._draft(example, s, batch_tokens(self, [s], s.texts, encodings))
 
     def _encoded(self, example: Example, draft: Draft, *, example_id: str | None = None) -> Encoded:
