@@ -21,7 +21,7 @@ from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import PackerError, RecordError, RejectRateError
 from packer.models import profile_names
 from packer.packing import ALGORITHMS
-from packer.report.verify import DEFAULT_LIMIT
+from packer.report.verify import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
 
@@ -305,8 +305,12 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
               help="Also check that every non-blank line (table row) of these inputs is packed or rejected exactly once.")
 @click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,
               help="Violations listed per check and file (the rest are counted).")
+@click.option("--tokenizer-check", "tokenizer_check", default=str(DEFAULT_TOKENIZER_CHECK), show_default=True,
+              metavar="N|all",
+              help="With --input: re-tokenize N input records (spread over the inputs), or all, with the HF "
+                   "tokenizer on the general path and compare with the packed tokens and labels; 0: off.")
 @handle_errors
-def verify_command(directory: str, inputs: tuple[str, ...], limit: int) -> None:
+def verify_command(directory: str, inputs: tuple[str, ...], limit: int, tokenizer_check: str) -> None:
     """Check a finished build: checksums, schema, and every invariant of docs/format.md.
 
     Exit 0 when everything holds; 4 with one line per violation (file, row, what) otherwise.
@@ -315,15 +319,21 @@ def verify_command(directory: str, inputs: tuple[str, ...], limit: int) -> None:
     Examples:
       packer verify out/
       packer verify out/ --input train.jsonl --input 'more/*.jsonl'
+      packer verify out/ --input train.jsonl --tokenizer-check all
     """
     from packer.report.verify import verify_build
 
-    report = verify_build(directory, inputs=list(inputs) or None, limit=limit)
+    if tokenizer_check != "all" and not tokenizer_check.isdigit():
+        raise click.BadParameter(f"{tokenizer_check!r} is not a count or 'all'", param_hint="--tokenizer-check")
+    check: int | str = tokenizer_check if tokenizer_check == "all" else int(tokenizer_check)
+    report = verify_build(directory, inputs=list(inputs) or None, limit=limit, tokenizer_check=check)
     for line in report.lines():
         click.echo(line)
     checked = f"{report.shards} shard(s), {report.rows:,} rows, {report.examples:,} examples"
     if report.input_records is not None:
         checked += f", {report.input_records:,} input records"
+    if report.tokenized:
+        checked += f" ({report.tokenized:,} re-tokenized with the HF tokenizer)"
     if report.ok:
         click.secho(f"ok: {checked}", fg="green")
         return

@@ -49,6 +49,7 @@ from packer.core.ids import ID_PATTERN
 from packer.core.types import IGNORE_INDEX
 from packer.errors import REJECT_REASONS, ConfigError
 from packer.report.split_docs import ChunkDigests, check_split_documents
+from packer.report.tokenizer_check import RecordDigests, check_tokens
 from packer.shards.io import open_shards, parquet_file, sha256_file
 from packer.shards.schema import MANIFEST, REJECTS, SCHEMAS, STATS, Manifest
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from packer.models.base import ModelProfile
 
 DEFAULT_LIMIT = 20  # violations listed per (file, check); the rest are counted in one summary line
+DEFAULT_TOKENIZER_CHECK = 64  # input records re-tokenized with the HF tokenizer by ``verify --input``
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class VerifyReport:
     rows: int = 0
     examples: int = 0
     input_records: int | None = None  # non-blank input lines checked with ``inputs``
+    tokenized: int = 0  # input records re-tokenized with the HF tokenizer and compared (tokenizer_check.py)
     limit: int = DEFAULT_LIMIT
 
     @property
@@ -479,8 +482,10 @@ def _schema_problem(schema: pa.Schema, version: int) -> str | None:
     return None
 
 
-def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: int = DEFAULT_LIMIT) -> VerifyReport:
-    """Check the build in ``path`` (and, with ``inputs``, that every input record is accounted for).
+def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: int = DEFAULT_LIMIT,
+                 tokenizer_check: int | str = DEFAULT_TOKENIZER_CHECK) -> VerifyReport:
+    """Check the build in ``path`` (and, with ``inputs``, that every input record is accounted for, and that
+    ``tokenizer_check`` of them, an int or "all", encode with the HF tokenizer to the packed tokens and labels).
 
     Raises ShardError only when there is nothing to check (no directory / no readable manifest of this
     schema version); every other problem is a Violation in the report.
@@ -494,6 +499,9 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
     id_where: list[tuple[str, np.ndarray]] = []  # (file, row of each id) per chunk, to place duplicates
     listed = set()
     digests = ChunkDigests() if inputs is not None and manifest.config.long_docs == "split" else None
+    if tokenizer_check != "all" and (not isinstance(tokenizer_check, int) or tokenizer_check < 0):
+        raise ConfigError(f"tokenizer_check must be a count >= 0 or 'all', got {tokenizer_check!r}")
+    records = RecordDigests() if inputs is not None and tokenizer_check != 0 else None
     for entry in shards.shards:
         file = entry.file
         listed.add(file)
@@ -538,6 +546,8 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
                 _check_content(d, lim, rep, file)
             if digests is not None and d.R:
                 _add_digests(d, digests)
+            if records is not None and d.R:
+                _add_digests(d, records)
     for stray in sorted(p.name for p in root.glob("shard-*")):
         if stray not in listed:
             rep.add(stray, None, "a shard file the manifest does not list (stale or temporary)", "stray file")
@@ -548,12 +558,14 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
     later = int(pc.sum(pc.match_substring_regex(ids.combine_chunks(), r"@[1-9][0-9]*$")).as_py() or 0) if len(ids) else 0
     _check_totals(manifest, root, rep, totals, rejects, later)
     if inputs is not None:
-        _check_inputs(manifest, root, ids, rejects, inputs, rep, digests)
+        _check_inputs(manifest, root, ids, rejects, inputs, rep, digests, records,
+                      None if tokenizer_check == "all" else int(tokenizer_check))
     return rep
 
 
-def _add_digests(d: _Rows, digests: ChunkDigests) -> None:
-    """The chunks of split documents among rows whose structure passed (split_docs.py)."""
+def _add_digests(d: _Rows, digests: ChunkDigests | RecordDigests) -> None:
+    """The chunks of split documents (split_docs.py), or the records packed whole (tokenizer_check.py), among
+    rows whose structure passed."""
     row_of_cu = _row_of(d.cu_off)
     is_start = np.ones(len(d.cu), dtype=bool)
     is_start[d.cu_off[1:] - 1] = False
@@ -672,7 +684,8 @@ def _source_weights(manifest: Manifest, rep: VerifyReport) -> dict[str, float]:
 
 
 def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects: list[dict[str, Any]],
-                  inputs: list[str], rep: VerifyReport, digests: ChunkDigests | None = None) -> None:
+                  inputs: list[str], rep: VerifyReport, digests: ChunkDigests | None = None,
+                  records: RecordDigests | None = None, sample: int | None = None) -> None:
     """Every non-blank line of ``inputs`` is packed (with its source's copy count) or rejected, exactly once;
     a split text's chunks each count as a record (``@k``, k = 0..n-1), its tokens checked by ``digests``."""
     from packer.formats.read import expand_inputs
@@ -750,6 +763,9 @@ def _check_inputs(manifest: Manifest, root: Path, ids: pa.ChunkedArray, rejects:
             rep.add(name, None, what, "input accounting")
     if digests is not None:
         check_split_documents(manifest, digests, files, lambda file, what: rep.add(file, None, what, "split documents"))
+    if records is not None:
+        rep.tokenized = check_tokens(manifest, records, files, lambda file, what: rep.add(file, None, what, "tokenizer"),
+                                     sample=sample)
     # Records of build inputs not passed here are not checked (the caller's choice); records of files that
     # are no input of this build at all cannot be right.
     build_inputs = {resolve(p) for p in manifest.inputs} | set(files)

@@ -210,6 +210,7 @@ def test_a_real_build_verifies(built):
     assert report.shards == len(manifest["shards"]) >= 3 and report.rows >= 5
     assert report.rows == manifest["totals"]["packs"]
     assert report.input_records == manifest["totals"]["input_records"]
+    assert report.tokenized == min(64, report.examples) == 43  # re-tokenized with the HF tokenizer: equal
     rows = [row for _, _, row in _rows(out)]
     assert any(_later_tree(r) for r in rows) and any(_with_image(r) for r in rows)  # the mutations have targets
 
@@ -409,3 +410,32 @@ def test_a_hand_written_shard_set_verifies(tmp_path):
     report = verify_build(out)
     assert [(v.file, v.row) for v in report.violations] == [(file, row)]
     assert "parent belongs to another example" in report.violations[0].what
+
+
+def test_tokenizer_check_all_and_a_mismatch_at_its_line(built):
+    """``tokenizer_check="all"`` re-tokenizes every record packed whole; an input line whose text no longer gives
+    the packed tokens is reported at file:line (here the input changed after the build; a fast path that is not
+    exact shows the same way), and the CLI takes N|all."""
+    out, data = built
+    packed = sum(1 for _ in data.read_text().splitlines()) - 2  # every record but the two rejects
+    report = verify_build(out, inputs=[str(data)], tokenizer_check="all")
+    assert report.ok and report.tokenized == packed, report.lines()
+    assert verify_build(out, inputs=[str(data)], tokenizer_check=0).tokenized == 0
+    original = data.read_text()
+    lines = original.splitlines(keepends=True)
+    n = next(i for i, line in enumerate(lines) if "Question 1?" in line)
+    lines[n] = lines[n].replace("Question 1?", "Question 1!")  # same structure, other tokens
+    try:
+        data.write_text("".join(lines))
+        report = verify_build(out, inputs=[str(data)], tokenizer_check="all")
+        bad = [v for v in report.violations if "the packed tokens/labels" in v.what]
+        assert [(v.file, v.what.split(":")[0]) for v in bad] == [(str(data), f"line {n + 1}")], report.lines()
+        assert len(report.violations) == 1, report.lines()
+        result = CliRunner().invoke(cli, ["verify", str(out), "--input", str(data), "--tokenizer-check", "all"])
+        assert result.exit_code == 4 and f"line {n + 1}: the packed tokens/labels" in result.output, result.output
+    finally:
+        data.write_text(original)
+    result = CliRunner().invoke(cli, ["verify", str(out), "--input", str(data), "--tokenizer-check", "5"])
+    assert result.exit_code == 0 and "(5 re-tokenized with the HF tokenizer)" in result.output, result.output
+    result = CliRunner().invoke(cli, ["verify", str(out), "--tokenizer-check", "some"])
+    assert result.exit_code == 2 and "--tokenizer-check" in result.output
