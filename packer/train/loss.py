@@ -48,7 +48,7 @@ from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError, ShardError
 from packer.train.layout import PackedLayout
 
-WEIGHTS_KWARG = "packer_loss_weights"  # a trainer batch's (1, T) loss weights (packer.train.trainer.PackedCollator)
+WEIGHTS_KWARG = "packer_loss_weights"  # a trainer batch's (1, T) loss weights (packer.train.hf.WEIGHTS_KWARG)
 
 REDUCTIONS = ("sum", "mean", "none")
 WEIGHTINGS = ("token", "example", "sqrt", "branches")
@@ -216,6 +216,9 @@ class PackedLoss:
     count: torch.Tensor  # () int64 for unweighted token and example counts, float64 otherwise
     num_loss_tokens: torch.Tensor  # () int64
     num_correct: torch.Tensor  # () int64, argmax hits (token accuracy = num_correct / num_loss_tokens)
+    token_losses: torch.Tensor | None = None  # (L,) detached cross-entropy of each loss token (per-source metrics)
+    token_weights: torch.Tensor | None = None  # (L,) its loss weight
+    token_examples: torch.Tensor | None = None  # (L,) its example (segment id)
 
     @property
     def accuracy(self) -> torch.Tensor:
@@ -284,7 +287,10 @@ def packed_cross_entropy(
         loss = weighted.sum()
         if reduction == "mean":
             loss = loss / torch.where(count > 0, count, torch.ones_like(count)).to(loss.dtype)
-    return PackedLoss(loss=loss, count=count, num_loss_tokens=num_tokens, num_correct=num_correct)
+    return PackedLoss(loss=loss, count=count, num_loss_tokens=num_tokens, num_correct=num_correct,
+                      token_losses=token_loss.detach(),
+                      token_weights=torch.ones_like(token_loss.detach()) if sel.weights is None else sel.weights,
+                      token_examples=sel.examples)
 
 
 @dataclass(frozen=True)

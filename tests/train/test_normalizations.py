@@ -25,7 +25,7 @@ from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 from packer.train.hf import model_inputs, use_packed_attention
 from packer.train.loss import PREFIXES, WEIGHTINGS, loss_count, packed_cross_entropy, step_count
-from tests.train.trainer_helpers import A, U, assert_grads_close, build_jsonl, tiny_llama
+from tests.train.trainer_helpers import A, U, assert_grads_close, build_jsonl, tiny_llama, weighted_paths
 
 W = lambda c, w: {"role": "assistant", "content": c, "loss": w}  # noqa: E731
 
@@ -48,36 +48,12 @@ def data(tmp_path_factory):
     return build_jsonl(tmp_path_factory.mktemp("norm"), "norm", records(), max_length=120, rows_per_shard=3)
 
 
-def _paths(row: dict) -> list[dict]:
-    """Each example's root-to-leaf paths: {example, row positions, ids, labels, weights, leaves of its example}."""
-    cu, offsets, parents = row["cu_seqlens"], list(row["node_offsets"]), list(row["node_parents"])
-    T = len(row["input_ids"])
-    ends = offsets[1:] + [T]
-    weights = row.get("loss_weights")
-    if weights is None:
-        weights = (row["labels"] != IGNORE_INDEX).astype(np.float32)
-    children = {p for p in parents if p >= 0}
-    out = []
-    for leaf in (n for n in range(len(offsets)) if n not in children):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        pos = np.concatenate([np.arange(offsets[k], ends[k]) for k in reversed(chain)])
-        example = int(np.searchsorted(cu, pos[0], side="right")) - 1
-        out.append({"example": (row["example_ids"][example]), "pos": pos, "ids": row["input_ids"][pos],
-                    "labels": row["labels"][pos], "weights": weights[pos]})
-    for p in out:
-        p["branches"] = sum(q["example"] == p["example"] for q in out)
-    return out
-
-
 def path_losses(model, rows: list[dict], prefix: str) -> dict:
     """Every path run alone: unit key -> ({row position: (weight, token loss)}, branches); a token shared by a
     unit's paths once (prefix="once": a unit is an example; "path": each path is one)."""
     units: dict = {}
     for r, row in enumerate(rows):
-        for k, p in enumerate(_paths(row)):
+        for k, p in enumerate(weighted_paths(row)):
             logits = model(input_ids=torch.as_tensor(p["ids"], dtype=torch.long)[None]).logits[0]
             at = np.flatnonzero(p["labels"] != IGNORE_INDEX)
             losses = F.cross_entropy(logits[at - 1].float(), torch.as_tensor(p["labels"][at], dtype=torch.long),
