@@ -41,7 +41,8 @@ RECIPES = recipes()
 
 
 def test_the_page_has_a_recipe_per_trainer():
-    assert set(RECIPES) == {"trl-sft", "trl-sft-trees", "trl-dpo", "hf-trainer", "torchrun", "accelerate"}
+    assert set(RECIPES) == {"trl-sft", "trl-sft-trees", "trl-dpo", "hf-trainer", "hf-trainer-weighting", "torchrun",
+                            "accelerate"}
     for name in ("torchrun", "accelerate"):
         assert RECIPES[name]["file"] and RECIPES[name]["run"], name
 
@@ -59,7 +60,25 @@ def workdir(tmp_path_factory):
     pairs = [{"prompt": [U(f"Question {i}?")], "chosen": [A("A good answer " * (1 + i % 2))],
               "rejected": [A("No.")]} for i in range(6)]
     build_jsonl(root, "my_pairs", pairs, max_length=128)
+    _mixed_build(root)
     return root
+
+
+def _mixed_build(root: Path) -> None:
+    """``my_mix/``: two sources, chats with a weighted turn and trees whose prefix carries loss."""
+    import json
+
+    from packer.config import BuildConfig
+    from packer.pipeline.build import build
+
+    chat = [{"messages": [U(f"q {i}"), {"role": "assistant", "content": "a " * (1 + i % 3), "loss": 0.5 + i % 2}]}
+            for i in range(6)]
+    tree = [{"messages": [U(f"t {i}"), A("shared"), U("go")], "branches": [[A("x " * (1 + i))], [A("y")]]}
+            for i in range(4)]
+    for name, recs in (("chat", chat), ("trees", tree)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    build(BuildConfig.from_dict({"sources": [{"name": n, "paths": [str(root / f"{n}.jsonl")]} for n in ("chat", "trees")],
+                                 "output": str(root / "my_mix"), "profile": "text", "max_length": 128}), progress=False)
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

@@ -58,7 +58,7 @@ class Message:
 
     role: str
     parts: list[str | ImageRef | VideoRef]
-    loss: bool | None = None  # None: the default (assistant turns carry loss)
+    loss: bool | float | None = None  # None: the default (assistant turns carry loss); a float > 0: loss, weighted
     tool_calls: list[dict] | None = None  # an assistant's calls, as the record gives them (OpenAI style)
     tool_call_id: str | None = None  # a tool result's call id, passed to the template as given
     name: str | None = None  # a tool result's tool name, passed to the template as given
@@ -164,6 +164,7 @@ class Encoded:
     mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models
     source_name: str = ""
     videos: list[EncodedVideo] = field(default_factory=list)
+    loss_weights: np.ndarray | None = None  # (L,) float32 weight of each label, 0 where none; None: every weight 1
 
     @property
     def num_tokens(self) -> int:
@@ -172,6 +173,13 @@ class Encoded:
     @property
     def num_loss_tokens(self) -> int:
         return int((self.labels != IGNORE_INDEX).sum())
+
+    @property
+    def weighted_loss_tokens(self) -> float:
+        """The loss tokens' summed weight (``num_loss_tokens`` when every weight is 1)."""
+        if self.loss_weights is None:
+            return float(self.num_loss_tokens)
+        return float(self.loss_weights.sum(dtype=np.float64))
 
     @property
     def num_vision_tokens(self) -> int:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packer.core.types import IGNORE_INDEX, EncodedImage, EncodedVideo, ImageRef, VideoRef
-from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels
+from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels, loss_weight
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
 from packer.errors import RecordError
@@ -41,11 +41,16 @@ class Tokens:
     ids: np.ndarray  # (T,) int32
     labels: np.ndarray  # (T,) int32
     starts: list[int]  # (texts + 1,)
+    weights: np.ndarray | None = None  # (T,) float32 loss weight of each token; None: every weight is 1
 
     def text(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Text k's ids and labels (views: the batch's texts do not overlap)."""
         a, b = self.starts[k], self.starts[k + 1]
         return self.ids[a:b], self.labels[a:b]
+
+    def text_weights(self, k: int) -> np.ndarray | None:
+        """Text k's token weights (a view), None when the batch has none."""
+        return None if self.weights is None else self.weights[self.starts[k] : self.starts[k + 1]]
 
 
 @dataclass(slots=True)
@@ -62,31 +67,51 @@ class Draft:
     blocks: list[int] = field(default_factory=list)  # entries of `images` per image named (ImageBlocks), in order
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
     video_runs: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each video's run
+    weights: np.ndarray | None = None  # (L,) float32 loss weight of each token, None when all are 1
 
 
 def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings: list) -> Tokens:
     """The batch's tokens (``encodings`` of ``texts``) with every conversation path's labels: the loss rule for
     all texts at once from byte lengths (``batch_loss_labels``), one text at a time from character offsets
-    where those do not apply (the general path, ``loss_labels``)."""
+    where those do not apply (the general path, ``loss_labels``). Messages with a loss weight other than 1
+    (``"loss": 0.5``) give the batch per-token weights: the rule run again on each weight's messages alone."""
     ids, starts = flat_ids(encodings)
     spans: list[list[Span]] = [[] for _ in texts]  # per text, its loss messages' spans
+    weights: list[list[float]] = [[] for _ in texts]  # their weights
     for stage in staged:
         for i, node in enumerate(stage.nodes):  # a text record has none
             own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
-            spans[stage.first + i] = [s for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+            loss = [(s, m) for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+            spans[stage.first + i] = [s for s, _ in loss]
+            weights[stage.first + i] = [loss_weight(m) for _, m in loss]
+    labels = _labels(enc, ids, starts, texts, spans, encodings)
+    token_weights = None
+    for w in sorted({w for ws in weights for w in ws} - {1.0}):
+        only = [[s for s, x in zip(ss, ws, strict=True) if x == w] for ss, ws in zip(spans, weights, strict=True)]
+        if token_weights is None:
+            token_weights = np.ones(ids.shape[0], dtype=np.float32)
+        token_weights[_labels(enc, ids, starts, texts, only, encodings, count=False) != IGNORE_INDEX] = w
+    return Tokens(ids, labels, starts, token_weights)
+
+
+def _labels(enc: Encoder, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],
+            encodings: list, *, count: bool = True) -> np.ndarray:
+    """(T,) labels of the loss messages ``spans`` of every text (see ``batch_tokens``)."""
     if enc._token_bytes is None:  # the batch was tokenized with offsets
         labels, rest = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32), [k for k, s in enumerate(spans) if s]
     else:
         labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=enc._is_special,
                                          offsets=ByteOffsets(ids, starts, enc._token_bytes, nfc=enc._nfc))
-        enc.paths["labels:byte-lengths"] += len(texts) - len(rest)
-    enc.paths["labels:offsets"] += len(rest)
+        if count:
+            enc.paths["labels:byte-lengths"] += len(texts) - len(rest)
+    if count:
+        enc.paths["labels:offsets"] += len(rest)
     for k in rest:
         a, b = starts[k], starts[k + 1]
         encoding = encodings[k] if enc._token_bytes is None else enc._backend.encode(texts[k], add_special_tokens=False)
         labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=enc._is_special,
                                   boundaries=offset_boundaries(ids[a:b], encoding, texts[k]))
-    return Tokens(ids, labels, starts)
+    return labels
 
 
 def text_draft(enc: Encoder, tokens: Tokens, k: int) -> Draft:
@@ -109,7 +134,20 @@ def tree_draft(enc: Encoder, stage: Staged, tokens: Tokens) -> Draft:
     ids, labels, node_offsets, refs = join_nodes(stage, tokens)
     check_media_tokens(enc, ids, node_offsets, refs)
     node_parents = np.array(stage.parents, dtype=np.int32)
-    return Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
+    weights = None
+    if tokens.weights is not None:  # each node's weights are its path's past its parent's path, as its labels
+        parts = [tokens.text_weights(stage.first + i)[int(a):] for i, a in
+                 enumerate(_path_starts(stage, tokens))]
+        weights = np.concatenate(parts)
+        if (weights == 1).all():
+            weights = None
+    return Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r], weights=weights)
+
+
+def _path_starts(stage: Staged, tokens: Tokens) -> list[int]:
+    """Where each node's own tokens start in its path's tokens: its parent path's length (0 for the root)."""
+    lengths = [tokens.starts[stage.first + i + 1] - tokens.starts[stage.first + i] for i in range(len(stage.nodes))]
+    return [0 if p < 0 else lengths[p] for p in stage.parents]
 
 
 def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef]]]:

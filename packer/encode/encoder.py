@@ -282,4 +282,13 @@ class Encoder:
             mrope_position_ids=extra,  # (3, L) for mRoPE families, else None
             source_name=example.source_name,
             videos=draft.videos,
+            loss_weights=_loss_weights(draft.weights, labels),
         )
+
+
+def _loss_weights(weights: np.ndarray | None, labels: np.ndarray) -> np.ndarray | None:
+    """(L,) float32 weight of each label (0 where the label is -100), None when every loss token's is 1."""
+    if weights is None:
+        return None
+    out = np.where(labels != IGNORE_INDEX, weights, np.float32(0)).astype(np.float32)
+    return None if (out[labels != IGNORE_INDEX] == 1).all() else out

@@ -28,8 +28,13 @@ from packer.encode.tokenize import Boundaries, ByteOffsets
 
 
 def carries_loss(m: Message) -> bool:
-    """A message's ``loss`` if given, else whether it is an assistant turn."""
-    return m.loss if m.loss is not None else m.role == "assistant"
+    """A message's ``loss`` if given (a weight: > 0), else whether it is an assistant turn."""
+    return bool(m.loss) if m.loss is not None else m.role == "assistant"
+
+
+def loss_weight(m: Message) -> float:
+    """The weight a loss message's tokens carry: its ``loss`` when that is a number, else 1."""
+    return 1.0 if m.loss is None or isinstance(m.loss, bool) else float(m.loss)
 
 
 def loss_labels(

@@ -57,6 +57,8 @@ def truncate(enc: Encoder, draft: Draft) -> None:
     draft.videos = [draft.videos[k] for k in kept_videos]
     draft.video_runs = [draft.video_runs[k] for k in kept_videos]
     draft.ids, draft.labels = draft.ids[:cut], labels
+    if draft.weights is not None:
+        draft.weights = draft.weights[:cut]
     draft.node_offsets = draft.node_offsets[:keep_nodes]
     draft.node_parents = draft.node_parents[:keep_nodes]
 

@@ -79,6 +79,8 @@ def expand(enc: Encoder, draft: Draft) -> None:
         if ids is not None:  # the family's own layout of the run
             draft.ids[start : start + ids.shape[0]] = ids
     draft.labels = np.repeat(labels, repeats)
+    if draft.weights is not None:
+        draft.weights = np.repeat(draft.weights, repeats)
     if draft.node_offsets.shape[0] > 1:  # a linear example's one node starts at 0, before every placeholder
         shifts = np.cumsum([0] + [n - 1 for n in spans])  # (P + 1,) tokens the first k placeholders add
         before = np.searchsorted(np.array(pos, dtype=np.int64), draft.node_offsets, side="left")

@@ -244,11 +244,17 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
     return parts
 
 
-def loss_flag(msg: dict[str, Any], ctx: Ctx, where: str) -> bool | None:
+def loss_flag(msg: dict[str, Any], ctx: Ctx, where: str) -> bool | float | None:
+    """A message's ``loss``: true or false, or a weight (a finite number >= 0) its loss tokens carry, as ms-swift's
+    ``loss_scale`` and LLaMA-Factory's ``loss_weights``; a weight of 0 is ``false``."""
     loss = msg.get("loss")
-    if loss is not None and not isinstance(loss, bool):
-        raise ctx.error("wrong_type", f"{where} 'loss' must be true or false, got {loss!r}")
-    return loss
+    if loss is None or isinstance(loss, bool):
+        return loss
+    if not isinstance(loss, (int, float)):
+        raise ctx.error("wrong_type", f"{where} 'loss' must be true, false or a weight >= 0, got {loss!r}")
+    if not math.isfinite(loss) or loss < 0:
+        raise ctx.error("wrong_type", f"{where} 'loss' weight must be a finite number >= 0, got {loss!r}")
+    return float(loss) if loss > 0 else False
 
 
 def canonical_role(role: Any, ctx: Ctx, where: str) -> str:

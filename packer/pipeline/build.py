@@ -154,6 +154,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     stats = compute_stats(
         lengths=plan.lengths, vision=plan.vision, pack_ids=plan.pack_ids, capacity=config.max_length,
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
+        loss_weight=table.column("loss_weight").to_numpy()[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
         image_units=_image_units(cache, plan.index, encoder.profile),
         video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index], videos=plan.videos,

@@ -6,7 +6,12 @@
 For a mixed build, ``sources[name]`` also says how well the mixture holds inside packs: ``share`` is the
 source's fraction of all packed examples, ``pack_share_mean`` / ``pack_share_std`` the mean and spread over
 packs of its fraction of each pack's examples (equal means: no pack-level skew on average; the spread is
-what a single pack deviates by, large when packs hold few examples).
+what a single pack deviates by, large when packs hold few examples); ``token_share``, ``loss_token_share``
+(weighted where the build has loss weights) and ``pack_share`` its fraction of the tokens, of the loss tokens
+and of the packs that hold any of its examples.
+
+A build with loss weights (``"loss": 0.5`` on a message) adds ``weighted_loss_tokens``: the loss tokens' summed
+weight, what the token-mean loss divides by.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ def compute_stats(
     pack_ids: np.ndarray,
     capacity: int,
     loss_tokens: np.ndarray,
+    loss_weight: np.ndarray | None = None,
     sources: np.ndarray | None = None,
     input_records: int = 0,
     rejects: list[dict[str, Any]] | None = None,
@@ -60,6 +66,7 @@ def compute_stats(
 ) -> dict[str, Any]:
     """Statistics of one plan; every array is per packed example, in input order.
 
+    ``loss_weight``: each example's summed loss weight (None or equal to ``loss_tokens``: unweighted).
     ``image_units``: (name, units per example, units per image) where the family counts its images in units
     the vision tower runs on (``ModelProfile.image_units``: InternVL's tiles); stats then hold
     ``image_units`` = {"name", "total", "per_pack", "per_image"} (min/mean/max). ``video``: the video tokens
@@ -107,6 +114,11 @@ def compute_stats(
             },
         },
     }
+    weighted = (loss_weight is not None and len(loss_weight)
+                and not np.array_equal(np.asarray(loss_weight, dtype=np.float64), np.asarray(loss_tokens, np.float64)))
+    loss_mass = np.asarray(loss_weight if weighted else loss_tokens, dtype=np.float64)  # (n,) what the loss counts
+    if weighted:
+        stats["weighted_loss_tokens"] = float(loss_mass.sum())
     if image_units is not None:
         name, per_example, per_image = image_units
         pack_units = np.bincount(pack_ids, weights=per_example, minlength=num_packs).astype(np.int64)
@@ -130,9 +142,15 @@ def compute_stats(
             sel = sources == name
             # The mixture inside packs: this source's share of each pack's examples, over packs.
             in_pack = np.bincount(pack_ids, weights=sel, minlength=num_packs) / np.maximum(pack_examples, 1)
+            packs_with = int(np.count_nonzero(np.bincount(pack_ids[sel], minlength=num_packs)))
             per_source[name] = {
                 "examples": int(sel.sum()),
                 "tokens": int(lengths[sel].sum()),
+                "loss_tokens": int(np.asarray(loss_tokens)[sel].sum()),
+                "token_share": float(lengths[sel].sum() / max(tokens, 1)),
+                "loss_token_share": float(loss_mass[sel].sum() / loss_mass.sum()) if loss_mass.sum() else 0.0,
+                "packs": packs_with,
+                "pack_share": packs_with / num_packs if num_packs else 0.0,
                 "rejected": sum(1 for r in rejects if r.get("source") == name),
                 "share": float(sel.mean()),
                 "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
@@ -167,7 +185,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("packed examples", f"{stats['examples']:,}"),
         ("packs", f"{stats['packs']:,}  (capacity {cap:,} tokens)"),
         ("tokens", f"{tokens:,}"),
-        ("loss tokens", f"{stats['loss_tokens']:,}  ({_pct(stats['loss_tokens'] / tokens) if tokens else '-'})"),
+        ("loss tokens", f"{stats['loss_tokens']:,}  ({_pct(stats['loss_tokens'] / tokens) if tokens else '-'})"
+         + (f", weighted {stats['weighted_loss_tokens']:,.1f}" if "weighted_loss_tokens" in stats else "")),
         ("vision tokens", f"{stats['vision_tokens']:,}" + (
             f"  (images {stats['image_tokens']:,}, videos {stats['video_tokens']:,})" if "video_tokens" in stats else "")),
         ("packing efficiency", _pct(stats["efficiency"])),
@@ -199,5 +218,9 @@ def format_stats(stats: dict[str, Any]) -> str:
         mix = (f"; {_pct(s['share'])} of examples, per pack {_pct(s['pack_share_mean'])} +- {_pct(s['pack_share_std'])}"
                if "share" in s else "")  # stats.json of builds before the mixture keys existed
         rows.append((f"source {name}", f"{s['examples']:,} examples, {s['tokens']:,} tokens, {s['rejected']:,} rejected{mix}"))
+        if "token_share" in s:  # stats.json of builds before the share keys existed lack them
+            rows.append(("", f"{_pct(s['token_share'])} of tokens, {_pct(s['loss_token_share'])} of loss tokens"
+                             f"{' (weighted)' if 'weighted_loss_tokens' in stats else ''}, in {s['packs']:,} packs "
+                             f"({_pct(s['pack_share'])})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

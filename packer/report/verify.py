@@ -204,6 +204,11 @@ class _Rows:
         self.num_loss = table.column("num_loss_tokens").to_numpy().astype(np.int64)
         self.num_vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)
         self.num_video = table.column("num_video_tokens").to_numpy().astype(np.int64)
+        self.lw = None  # schema v4: (null mask, offsets, values) of loss_weights where any row has them
+        if "loss_weights" in table.column_names and table.column("loss_weights").null_count < table.num_rows:
+            weights = table.column("loss_weights")
+            off, vals = _lists(weights)
+            self.lw = (weights.is_null().to_numpy(zero_copy_only=False), off, vals.to_numpy(zero_copy_only=False))
         self.has_seq_lengths = "seq_lengths" in table.column_names  # schema v3
         if self.has_seq_lengths:
             lengths = table.column("seq_lengths")
@@ -316,6 +321,17 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
           lambda i: "a label is neither -100 nor the token's own id (labels are unshifted)")
     loss = np.bincount(row_of_tok, weights=d.labels != IGNORE_INDEX, minlength=d.R).astype(np.int64)
     check(loss != d.num_loss, "num_loss_tokens", lambda i: f"num_loss_tokens is {d.num_loss[i]}, labels have {loss[i]}")
+    if d.lw is not None:
+        null, lw_off, lw = d.lw
+        have = np.diff(lw_off)
+        want = np.where(null, 0, np.diff(d.tok_off))
+        check(have != want, "loss_weights", lambda i: f"loss_weights has {have[i]} entries for {want[i]} tokens")
+        if (have == want).all():
+            weighted = np.repeat(~null, np.diff(d.tok_off))  # (T,) tokens of rows with weights
+            lab = d.labels[weighted]
+            bad = ~np.isfinite(lw) | (lw < 0) | ((lab == IGNORE_INDEX) & (lw != 0)) | ((lab != IGNORE_INDEX) & (lw == 0))
+            check(_rows_with(bad, row_of_tok[weighted], d.R), "loss_weights",
+                  lambda i: "a loss weight is not finite, negative, set on a token without loss, or 0 on a loss token")
     video = np.bincount(_row_of(d.vid_off), weights=d.vid["num_tokens"], minlength=d.R).astype(np.int64)
     vision = np.bincount(_row_of(d.img_off), weights=d.img["num_tokens"], minlength=d.R).astype(np.int64) + video
     check(vision != d.num_vision, "num_vision_tokens",

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer.core.types import Encoded, EncodedImage, EncodedVideo
+from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, EncodedVideo
 from packer.errors import ShardError
 from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA, VIDEO_TYPE
 from packer.shards.store import ObjectPath, local_file, store_path
@@ -35,6 +35,7 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "source_name": enc.source_name,
         "input_ids": enc.input_ids,
         "labels": enc.labels,
+        "loss_weights": enc.loss_weights,
         "position_ids": enc.position_ids,
         "mrope_position_ids": None if mrope is None else np.ascontiguousarray(mrope.T).reshape(-1),
         "node_offsets": enc.node_offsets,
@@ -43,6 +44,7 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "videos": [_video_record(v) for v in enc.videos],
         "num_tokens": enc.num_tokens,
         "num_loss_tokens": enc.num_loss_tokens,
+        "loss_weight": enc.weighted_loss_tokens,
         "num_vision_tokens": enc.num_vision_tokens,
         "num_video_tokens": enc.num_video_tokens,
         "num_images": len(enc.images),
@@ -226,6 +228,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         v = examples.column(name).to_numpy().astype(np.int64)
         return pa.array(np.add.reduceat(v, pack_bounds[:-1]).astype(np.int32) if n else v.astype(np.int32))
 
+    cols["loss_weights"] = _loss_weights(examples, lengths, pack_bounds, pack_of_example)
     cols["num_tokens"] = pa.array(row_lengths.astype(np.int32))
     cols["num_loss_tokens"] = per_pack("num_loss_tokens")
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
@@ -249,6 +252,30 @@ def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarra
     offsets = pa.array(pack_bounds.astype(np.int32), pa.int32())
     values = pa.array(lengths.astype(np.int32), pa.int32())
     return pa.ListArray.from_arrays(offsets, values, mask=pa.array(mixed))
+
+
+def _loss_weights(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarray,
+                  pack_of_example: np.ndarray) -> pa.Array:
+    """Per pack, each token's loss weight (0 where no loss), null where every example's are all 1 (null): an
+    unweighted build stays as compact as before. An unweighted example in a weighted pack gets 1 on its labels."""
+    P = len(pack_bounds) - 1
+    column = examples.column("loss_weights")
+    if column.null_count == examples.num_rows:
+        return pa.nulls(P, pa.list_(pa.float32()))
+    weighted = np.zeros(P, dtype=bool)
+    weighted[pack_of_example[~column.is_null().to_numpy(zero_copy_only=False)]] = True  # (P,)
+    item_off, labels = _list_parts(examples.column("labels"))
+    labels = labels.to_numpy()
+    parts = []
+    for i, w in enumerate(column.to_pylist()):
+        if weighted[pack_of_example[i]]:
+            parts.append(np.asarray(w, dtype=np.float32) if w is not None
+                         else (labels[item_off[i] : item_off[i + 1]] != IGNORE_INDEX).astype(np.float32))
+    tokens = np.where(weighted[pack_of_example], lengths, 0)  # (n,) weights written per example
+    pack_tokens = np.concatenate([[0], np.cumsum(np.add.reduceat(tokens, pack_bounds[:-1]) if len(tokens) else [])])
+    values = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return pa.ListArray.from_arrays(pa.array(pack_tokens.astype(np.int32)), pa.array(values, pa.float32()),
+                                    mask=pa.array(~weighted))
 
 
 def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:

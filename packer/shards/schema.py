@@ -16,7 +16,8 @@ import pyarrow as pa
 from packer.config import BuildConfig
 from packer.errors import ConfigError, ShardError
 
-SCHEMA_VERSION = 3  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column)
+SCHEMA_VERSION = 4  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column);
+# 4: loss_weights (per-token loss weights)
 
 
 MANIFEST = "manifest.json"
@@ -48,6 +49,9 @@ IMAGE_TYPE = pa.struct(
 I32_LIST = pa.list_(pa.int32())
 
 
+F32_LIST = pa.list_(pa.float32())
+
+
 # One video (docs/format.md, "Videos"): what the reader decodes (source or frames, the sampled frame indices)
 # and makes of it (height x width frames, grid), and where its tokens are.
 VIDEO_TYPE = pa.struct(
@@ -77,6 +81,7 @@ SCHEMA = pa.schema(
     [
         ("input_ids", I32_LIST),
         ("labels", I32_LIST),  # unshifted; -100 where no loss
+        ("loss_weights", F32_LIST),  # T: each label's weight, 0 where -100; null where every loss weight is 1
         ("position_ids", I32_LIST),
         ("mrope_position_ids", I32_LIST),  # 3*T token-major (t,h,w per token); null without mRoPE
         ("cu_seqlens", I32_LIST),  # E+1, starts at 0, ends at T
@@ -96,10 +101,13 @@ SCHEMA = pa.schema(
 )
 
 
-# Shard schemas this packer reads, by version: v2 lacks seq_lengths (readers that need it say so).
+# Shard schemas this packer reads, by version: v2 lacks seq_lengths (readers that need it say so), v2 and v3
+# lack loss_weights (every weight is 1).
 SCHEMAS: dict[int, pa.Schema] = {
-    2: pa.schema([f for f in SCHEMA if f.name != "seq_lengths"], metadata={"packer.schema_version": "2"}),
-    3: SCHEMA,
+    2: pa.schema([f for f in SCHEMA if f.name not in ("seq_lengths", "loss_weights")],
+                 metadata={"packer.schema_version": "2"}),
+    3: pa.schema([f for f in SCHEMA if f.name != "loss_weights"], metadata={"packer.schema_version": "3"}),
+    4: SCHEMA,
 }
 
 
@@ -110,6 +118,7 @@ EXAMPLE_SCHEMA = pa.schema(
         ("source_name", pa.string()),
         ("input_ids", I32_LIST),
         ("labels", I32_LIST),
+        ("loss_weights", F32_LIST),  # L, or null (every loss weight 1)
         ("position_ids", I32_LIST),
         ("mrope_position_ids", I32_LIST),  # 3*L token-major, or null
         ("node_offsets", I32_LIST),
@@ -118,6 +127,7 @@ EXAMPLE_SCHEMA = pa.schema(
         ("videos", pa.list_(VIDEO_TYPE)),
         ("num_tokens", pa.int32()),
         ("num_loss_tokens", pa.int32()),
+        ("loss_weight", pa.float64()),  # the loss tokens' summed weight (num_loss_tokens when unweighted)
         ("num_vision_tokens", pa.int32()),
         ("num_video_tokens", pa.int32()),
         ("num_images", pa.int32()),

@@ -77,6 +77,13 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "filler_examples": torch.tensor([bool(r.get("is_filler")) for r in rows for _ in r["example_ids"]],
                                         dtype=torch.bool),  # (E,)
     }
+    if any(r.get("loss_weights") is not None for r in rows):  # schema v4's weighted rows; the rest weigh 1
+        weights = np.concatenate([r["loss_weights"] if r.get("loss_weights") is not None
+                                  else (r["labels"] != IGNORE_INDEX).astype(np.float32) for r in rows])
+        weights[labels_np == IGNORE_INDEX] = 0  # a filler row's labels were cleared
+        batch["loss_weights"] = torch.from_numpy(weights.astype(np.float32))[None]  # (1, T)
+    if all("example_sources" in r for r in rows):
+        batch["example_sources"] = [s for r in rows for s in r["example_sources"]]
     if not (node_parents >= 0).any():  # linear rows: HF's own shifted loss is exact with these
         shift = np.empty_like(labels_np)
         shift[:-1] = labels_np[1:]  # example starts carry -100, so nothing crosses a boundary

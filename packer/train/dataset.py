@@ -34,14 +34,15 @@ import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.core.types import IGNORE_INDEX
-from packer.shards.assemble import list_column
+from packer.shards.assemble import _list_parts, list_column
 from packer.shards.io import ShardSet, open_shards
 from packer.shards.schema import Manifest
 from packer.train.balance import CostWeights, deal, pad_order, read_row_stats
 from packer.train.resume import STATE_VERSION, EpochProgress, check_state
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
-READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "videos", "example_ids"]  # what a row needs
+READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "videos", "example_ids", "example_sources"]
+OPTIONAL_COLUMNS = ["loss_weights"]  # schema v4; older shards: every loss weight is 1
 
 
 class PackedDataset(IterableDataset):
@@ -233,6 +234,7 @@ class PackedDataset(IterableDataset):
                     row["images"] = reroot_images(row, self.shards.manifest, self.image_root)
                 if filler[k]:
                     row["labels"] = np.full_like(row["labels"], IGNORE_INDEX)
+                    row.pop("loss_weights", None)
                 row["is_filler"] = bool(filler[k])
                 row.update(self._row_context)
                 count += 1
@@ -250,7 +252,9 @@ class PackedDataset(IterableDataset):
             shard, group, _ = (int(x) for x in self._blocks[block])
             if shard not in files:
                 files[shard] = self.shards.parquet(shard)
-            decoded = _decode_block(files[shard].read_row_group(group, columns=READ_COLUMNS))
+            names = files[shard].schema_arrow.names
+            columns = READ_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in names]
+            decoded = _decode_block(files[shard].read_row_group(group, columns=columns))
             for k in np.flatnonzero(blocks == block).tolist():
                 out[k] = _row(decoded, int(order[k] - self._block_start[block]), copy=copy)
         return out  # type: ignore[return-value]
@@ -266,6 +270,12 @@ def _decode_block(table) -> dict[str, Any]:
     out["images"] = table.column("images").to_pylist()  # a few small structs per row
     out["videos"] = table.column("videos").to_pylist()
     out["example_ids"] = table.column("example_ids").to_pylist()
+    out["example_sources"] = table.column("example_sources").to_pylist()
+    weights = table.column("loss_weights") if "loss_weights" in table.column_names else None
+    out["loss_weights"] = None
+    if weights is not None and weights.null_count < table.num_rows:
+        off, values = _list_parts(weights)
+        out["loss_weights"] = (off, values.to_numpy(zero_copy_only=False), weights.is_null().to_numpy(zero_copy_only=False))
     return out
 
 
@@ -281,6 +291,10 @@ def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]
     row["images"] = block["images"][i]
     row["videos"] = block["videos"][i]
     row["example_ids"] = block["example_ids"][i]
+    row["example_sources"] = block["example_sources"][i]
+    if block["loss_weights"] is not None and not block["loss_weights"][2][i]:
+        off, values, _ = block["loss_weights"]
+        row["loss_weights"] = take(values[off[i] : off[i + 1]])
     return row
 
 

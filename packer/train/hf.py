@@ -18,12 +18,14 @@ from packer.models import forward_keys
 from packer.train import linear_state
 from packer.train.attention import BACKENDS, packed_attention
 from packer.train.layout import PackedLayout
+from packer.train.loss import WEIGHTS_KWARG
 
 IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "packer" (auto), "packer_sdpa", ...
 LAYOUT_KWARG = linear_state.LAYOUT_KWARG  # "packer_layout": carries a PackedLayout down to every attention call
 FILLER_KWARG = "packer_filler_examples"  # (E,) bool of a trainer batch with filler rows: the loss skips them
 EXAMPLES_KWARG = "packer_example_ids"  # a trainer batch's example ids (provenance; what a run trained on)
-BOOKKEEPING_KWARGS = (FILLER_KWARG, EXAMPLES_KWARG)  # packer.train.trainer.PackedCollator's, never model inputs
+SOURCES_KWARG = "packer_example_sources"  # (E,) source name of each example (a mixed build's per-source metrics)
+BOOKKEEPING_KWARGS = (FILLER_KWARG, EXAMPLES_KWARG, WEIGHTS_KWARG, SOURCES_KWARG)  # PackedCollator's, never model inputs
 
 
 _RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, spans, T, layout) of the last raw batch

@@ -40,10 +40,13 @@ from packer.train.hf import (
     EXAMPLES_KWARG,
     FILLER_KWARG,
     LAYOUT_KWARG,
+    SOURCES_KWARG,
+    WEIGHTS_KWARG,
     model_inputs,
     use_packed_attention,
 )
-from packer.train.loss import logits_to_keep, packed_cross_entropy
+from packer.train.loss import PREFIXES, WEIGHTINGS, logits_to_keep, loss_count, packed_cross_entropy
+from packer.train.metrics import SourceMetrics, SourceMetricsCallback, build_sources
 
 _INT_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
 _NEEDED = (*_INT_COLUMNS, "example_ids")
@@ -65,6 +68,7 @@ class PackedCollator:
     def __init__(self, path: str | Path | None = None, *, load_images: bool = True,
                  storage_options: dict[str, Any] | None = None):
         self.context: dict[str, Any] | None = None
+        self.path = path
         if path is not None:
             from packer.shards.io import open_shards
 
@@ -81,6 +85,10 @@ class PackedCollator:
         if batch["num_filler_rows"]:  # PackedDataset's equal shares: their labels are -100 already
             out[FILLER_KWARG] = batch["filler_examples"]
         out[EXAMPLES_KWARG] = batch["example_ids"]
+        if "loss_weights" in batch:
+            out[WEIGHTS_KWARG] = batch["loss_weights"]
+        if "example_sources" in batch:
+            out[SOURCES_KWARG] = batch["example_sources"]
         return out
 
     def row(self, r: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,6 +109,10 @@ class PackedCollator:
             row["mrope_position_ids"] = np.asarray(mrope, dtype=np.int32).reshape(-1, 3).T  # (3, T)
         row["images"], row["videos"] = list(r.get("images") or []), list(r.get("videos") or [])
         row["example_ids"] = list(r["example_ids"])
+        if r.get("example_sources") is not None:
+            row["example_sources"] = list(r["example_sources"])
+        if r.get("loss_weights") is not None:
+            row["loss_weights"] = np.asarray(r["loss_weights"], dtype=np.float32)
         T = len(row["input_ids"])
         cu = row["cu_seqlens"]
         if len(row["labels"]) != T or len(cu) < 2 or cu[-1] != T or len(row["position_ids"]) != T:
@@ -130,14 +142,45 @@ class PackedTrainerMixin:
 
     ``packer_loss``: "packer" (``packed_cross_entropy``: any rows, trees too) or "model" (the model's own loss
     on ``shift_labels``: linear rows only; a tree row is refused by ``use_packed_attention``'s hook).
+    ``packer_weighting`` / ``packer_prefix``: the normalization (``packer.train.loss``: "token", "example", "sqrt",
+    "branches"; a tree's shared prefix "once" or per "path"), exact over the step: ``num_items_in_batch`` is the
+    step's ``loss_count`` summed over its micro-batches and ranks.
     """
 
     packer_loss: str = "packer"
+    packer_weighting: str = "token"
+    packer_prefix: str = "once"
+    packer_sources: SourceMetrics | None = None
 
-    def _packer_setup(self, loss: str) -> None:
+    def _packer_sources_setup(self, enabled: bool | None, data: Any) -> None:
+        """Install ``SourceMetricsCallback`` (first, so reporting integrations see its keys) for a build with more
+        than one source, or wherever ``enabled``; the build is ``data``'s (a PackedDataset or path) or the
+        collator's."""
+        path = data.shards.root if isinstance(data, PackedDataset) else data if isinstance(data, (str, Path)) \
+            else getattr(self.data_collator, "path", None)
+        names = build_sources(path) if path is not None else None
+        if enabled is None:
+            enabled = names is not None and len(names) > 1
+        if not enabled:
+            return
+        if names is None:
+            raise ConfigError("source_metrics=True needs the build: train_dataset=PackedDataset(OUT) or OUT, or "
+                              "data_collator=PackedCollator(OUT)")
+        if self.packer_loss == "model":
+            raise ConfigError("source_metrics need packer's loss (loss='packer')")
+        self.packer_sources = SourceMetrics(names)
+        self.callback_handler.callbacks.insert(0, SourceMetricsCallback(self.packer_sources))
+
+    def _packer_setup(self, loss: str, weighting: str = "token", prefix: str = "once") -> None:
         if loss not in ("packer", "model"):
             raise ConfigError(f"loss must be 'packer' or 'model', got {loss!r}")
-        self.packer_loss = loss
+        if weighting not in WEIGHTINGS or prefix not in PREFIXES:
+            raise ConfigError(f"weighting must be one of {', '.join(WEIGHTINGS)} and prefix one of "
+                              f"{', '.join(PREFIXES)}; got {weighting!r}, {prefix!r}")
+        if loss == "model" and (weighting, prefix) != ("token", "once"):
+            raise ConfigError(f"weighting={weighting!r}, prefix={prefix!r} need packer's loss (loss='packer'); the "
+                              "model's own loss is the plain token mean")
+        self.packer_loss, self.packer_weighting, self.packer_prefix = loss, weighting, prefix
         # The Trainer counts the step's loss tokens (every micro-batch, every rank) only for a model that takes
         # loss kwargs, and then leaves the gradient-accumulation division to the loss: packer's loss does both.
         self.model_accepts_loss_kwargs = True
@@ -166,30 +209,59 @@ class PackedTrainerMixin:
         _no_reshard(loader)
         return loader
 
+    def _get_num_items_in_batch(self, batch_samples: list, device: Any) -> Any:
+        """The step's denominator for packer's loss: every micro-batch's ``loss_count`` (the chosen normalization),
+        summed over ranks with ``average_tokens_across_devices`` (the default), as transformers sums its token
+        count. The model's own loss keeps transformers' count."""
+        if self.packer_loss == "model":
+            return super()._get_num_items_in_batch(batch_samples, device)
+        import torch
+
+        count = sum((loss_count(b["labels"], b[LAYOUT_KWARG], weighting=self.packer_weighting,
+                                prefix=self.packer_prefix, loss_weights=b.get(WEIGHTS_KWARG)).cpu()
+                     for b in batch_samples), torch.zeros((), dtype=torch.float64))
+        count = count.to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count.reshape(1)).sum()
+        return count
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
         if self.packer_loss == "model":
+            if WEIGHTS_KWARG in inputs:
+                raise ConfigError("this build has loss weights, which the model's own loss ignores: use loss='packer'")
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         inputs.pop("shift_labels", None)
+        weights, sources, filler = inputs.get(WEIGHTS_KWARG), inputs.get(SOURCES_KWARG), inputs.get(FILLER_KWARG)
         for key in BOOKKEEPING_KWARGS:  # fillers' labels are all -100: the token loss skips them by itself
             inputs.pop(key, None)
         layout = inputs[LAYOUT_KWARG]
         keep = logits_to_keep(labels, layout).to(labels.device)
         outputs = model(**inputs, logits_to_keep=keep)
-        out = packed_cross_entropy(outputs.logits, labels, layout, logits_index=keep)
+        out = packed_cross_entropy(outputs.logits, labels, layout, weighting=self.packer_weighting,
+                                   prefix=self.packer_prefix, loss_weights=weights, logits_index=keep)
         self._packer_log(out)
-        if num_items_in_batch is None:  # evaluation: this batch's own token mean
-            loss = out.loss / out.count.clamp(min=1)
+        if self.model.training and self.packer_sources is not None and sources is not None:
+            self.packer_sources.add(out, labels, layout, sources, filler)
+        if num_items_in_batch is None:  # evaluation: this batch's own mean
+            loss = out.loss / torch_where_positive(out.count).to(out.loss.dtype)
         else:
-            loss = out.loss / num_items_in_batch
+            loss = out.loss / num_items_in_batch.to(out.loss.dtype)
             if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
                 loss = loss * self.accelerator.num_processes  # the count is global; DDP averages over ranks
         return (loss, outputs) if return_outputs else loss
 
     def _packer_log(self, out: Any) -> None:
         """Hook for a trainer's metrics (the TRL trainers log token accuracy)."""
+
+
+def torch_where_positive(count: Any) -> Any:
+    """``count`` where it is > 0, else 1 (a batch with no loss divides its zero sum by 1)."""
+    import torch
+
+    return torch.where(count > 0, count, torch.ones_like(count))
 
 
 def prepare_args(args: Any) -> None:
@@ -213,11 +285,15 @@ class PackedTrainer(PackedTrainerMixin, Trainer):
     output path, or ``datasets.load_dataset(OUT)["train"]`` (read as any map-style dataset: on W > 1 ranks
     accelerate completes the epoch's last step with repeated rows unless the rows divide evenly).
     ``data_collator`` defaults to ``PackedCollator`` of the build; ``use_packed_attention(model, backend)`` is
-    applied; ``loss``: "packer" (default) or "model" (see ``PackedTrainerMixin``).
+    applied; ``loss``: "packer" (default) or "model" (see ``PackedTrainerMixin``); ``weighting``: "token" (default),
+    "example", "sqrt" or "branches" and ``prefix``: "once" (default) or "path", the normalization
+    (docs/training.md, "Normalizations"); ``source_metrics``: log each source's loss, tokens and examples per
+    step (``packer.train.metrics.SourceMetricsCallback``; default: when the build mixes sources).
     """
 
     def __init__(self, model=None, args=None, *, train_dataset=None, data_collator=None, loss: str = "packer",
-                 backend: str = "auto", **kwargs: Any):
+                 backend: str = "auto", weighting: str = "token", prefix: str = "once",
+                 source_metrics: bool | None = None, **kwargs: Any):
         if isinstance(train_dataset, (str, Path)):
             train_dataset = PackedDataset(train_dataset, seed=getattr(args, "seed", 0))
         if data_collator is None:
@@ -227,5 +303,6 @@ class PackedTrainer(PackedTrainerMixin, Trainer):
         if model is not None:
             use_packed_attention(model, backend)
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator, **kwargs)
-        self._packer_setup(loss)
+        self._packer_setup(loss, weighting, prefix)
+        self._packer_sources_setup(source_metrics, train_dataset)
 

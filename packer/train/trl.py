@@ -32,7 +32,14 @@ from trl import DPOTrainer, SFTTrainer
 
 from packer.errors import ConfigError
 from packer.train.dataset import PackedDataset
-from packer.train.hf import EXAMPLES_KWARG, FILLER_KWARG, LAYOUT_KWARG, use_packed_attention
+from packer.train.hf import (
+    EXAMPLES_KWARG,
+    FILLER_KWARG,
+    LAYOUT_KWARG,
+    SOURCES_KWARG,
+    WEIGHTS_KWARG,
+    use_packed_attention,
+)
 from packer.train.loss import logits_to_keep, preference_pairs, sequence_logps
 from packer.train.trainer import PackedCollator, PackedTrainerMixin, prepare_args
 
@@ -88,11 +95,14 @@ class PackedSFTTrainer(PackedTrainerMixin, SFTTrainer):
 
     ``loss``: "packer" (default; ``packed_cross_entropy`` over the step's loss tokens: every row kind) or "model"
     (TRL's own fused loss on ``shift_labels``: linear rows only; a tree is refused). ``backend``: the packer
-    attention backend (``use_packed_attention``).
+    attention backend (``use_packed_attention``). ``weighting`` ("token", "example", "sqrt", "branches") and
+    ``prefix`` ("once", "path"): the normalization, exact over the step (docs/training.md, "Normalizations").
+    ``source_metrics``: log each source's loss, tokens and examples (default: when the build mixes sources).
     """
 
     def __init__(self, model: Any, args: Any = None, train_dataset: Any = None, *, data_collator: Any = None,
-                 loss: str = "packer", backend: str = "auto", **kwargs: Any):
+                 loss: str = "packer", backend: str = "auto", weighting: str = "token", prefix: str = "once",
+                 source_metrics: bool | None = None, **kwargs: Any):
         if args is None:
             raise ConfigError("PackedSFTTrainer needs an SFTConfig (args=SFTConfig(output_dir=..., bf16=False))")
         seen, packed, path = _data(train_dataset, args.seed)
@@ -102,7 +112,8 @@ class PackedSFTTrainer(PackedTrainerMixin, SFTTrainer):
                          **kwargs)
         if packed is not None:
             self.train_dataset = packed
-        self._packer_setup(loss)
+        self._packer_setup(loss, weighting, prefix)
+        self._packer_sources_setup(source_metrics, packed if packed is not None else path)
 
     def _packer_log(self, out: Any) -> None:
         mode = "train" if self.model.training else "eval"
@@ -171,9 +182,13 @@ class PackedDPOTrainer(PackedTrainerMixin, DPOTrainer):
         inputs.pop("shift_labels", None)
         filler = inputs.pop(FILLER_KWARG, None)
         inputs.pop(EXAMPLES_KWARG, None)
+        inputs.pop(SOURCES_KWARG, None)
+        weights = inputs.pop(WEIGHTS_KWARG, None)
         layout = inputs[LAYOUT_KWARG]
         keep = logits_to_keep(labels, layout).to(labels.device)
         meta = {"labels": labels, LAYOUT_KWARG: layout}
+        if weights is not None:  # a weighted build: each answer token's log-prob times its weight
+            meta["loss_weights"] = weights
         outputs = model(**inputs, logits_to_keep=keep)
         policy = sequence_logps(outputs.logits, meta, logits_index=keep)
         with torch.no_grad():

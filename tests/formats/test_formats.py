@@ -273,7 +273,7 @@ USER = {"role": "user", "content": "q"}
         (
             {"messages": [{"role": "user", "content": "x", "loss": "yes"}]},
             "wrong_type",
-            r"'loss' must be true or false",
+            r"'loss' must be true, false or a weight >= 0",
         ),
         ({"messages": [USER], "branches": {"a": 1}}, "wrong_type", r"record.branches must be a list"),
         (

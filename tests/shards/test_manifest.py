@@ -67,7 +67,7 @@ def _broken(raw: dict, path: list, value=None, *, delete: bool = False) -> dict:
         (["tokenizer", "name"], None, True, "'tokenizer' has no 'name'"),
         (["inputs"], [1], False, "'inputs' must list file paths"),
         (["config", "max_lenght"], 5, False, "'config' is not a build config.*did you mean 'max_length'"),
-        (["schema_version"], 1, False, "shard schema v1; this packer reads v2, v3"),
+        (["schema_version"], 1, False, "shard schema v1; this packer reads v2, v3, v4"),
     ],
 )
 def test_a_key_a_reader_needs_is_named(built, path, value, delete, match):

@@ -113,11 +113,11 @@ def test_a_v2_build_is_still_read_and_verified(builds, tmp_path):
 
     out = tmp_path / "v2"
     shutil.copytree(builds["mixed"], out)
-    _rewrite_rows(out, lambda row: row.pop("seq_lengths"), schema=SCHEMAS[2])
+    _rewrite_rows(out, lambda row: (row.pop("seq_lengths"), row.pop("loss_weights")), schema=SCHEMAS[2])
     manifest = json.loads((out / "manifest.json").read_text())
     write_json_atomic(out / "manifest.json", {**manifest, "schema_version": 2})
     card = (out / CARD).read_text()
-    v2_features = "\n".join(f for f in card.split("\n") if "seq_lengths" not in f)  # the v2 card's YAML
+    v2_features = "\n".join(f for f in card.split("\n") if "seq_lengths" not in f and "loss_weights" not in f)
     (out / CARD).write_text(v2_features)
     assert pq.ParquetFile(next(out.glob("shard-*.parquet"))).schema_arrow.metadata[b"packer.schema_version"] == b"2"
     report = verify_build(out)

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--save-steps", type=int, default=0)
     ap.add_argument("--resume", help="a checkpoint directory to resume from")
     ap.add_argument("--mode", default="trainer", choices=("trainer", "trl", "loop"))
+    ap.add_argument("--weighting", default="token", help="packer.train.loss WEIGHTINGS (trainer and trl modes)")
+    ap.add_argument("--prefix", default="once", help="packer.train.loss PREFIXES (trainer and trl modes)")
     ap.add_argument("--wrap", default="ddp", choices=("ddp", "fsdp2"), help="--mode loop only")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -108,10 +110,11 @@ def main(argv: list[str] | None = None) -> None:
 
         config = SFTConfig(**common, bf16=False)  # TRL defaults to bf16
         trainer = RecordingSFT(tiny_llama(seed=0), args=config, train_dataset=args.data, loss=args.loss,
-                               processing_class=load_tokenizer("qwen2-vl"), callbacks=[grads])
+                               processing_class=load_tokenizer("qwen2-vl"), callbacks=[grads],
+                               weighting=args.weighting, prefix=args.prefix)
     else:
         trainer = Recording(model=tiny_llama(seed=0), args=training, train_dataset=PackedDataset(args.data, seed=0),
-                            loss=args.loss, callbacks=[grads])
+                            loss=args.loss, callbacks=[grads], weighting=args.weighting, prefix=args.prefix)
     trainer.batches = []
     trainer.train(resume_from_checkpoint=args.resume)
 
@@ -125,7 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         every = [mine]
     if rank == 0:
-        losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
+        losses = [{"step": h["step"], "loss": h["loss"],
+                   "sources": {k: v for k, v in h.items() if k.split("/")[0] in ("loss", "tokens", "loss_tokens",
+                                                                                  "examples") and "/" in k}}
+                  for h in trainer.state.log_history if "loss" in h]
         (out / "record.json").write_text(json.dumps({
             "world": world, "ranks": every, "losses": losses, "env_world": os.environ.get("WORLD_SIZE"),
             "wrapped": type(trainer.model_wrapped).__name__, "fsdp": trainer.is_fsdp_enabled,

@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from packer.config import BuildConfig
+from packer.core.types import IGNORE_INDEX
 from packer.pipeline.build import build
 
 VOCAB = 151936  # the builtin qwen2-vl tokenizer's model vocabulary
@@ -95,4 +97,30 @@ def path_examples(row: dict) -> list[dict]:
         idx = np.concatenate([np.arange(offsets[k], ends[k]) for k in reversed(path)])
         out.append({"input_ids": [int(row["input_ids"][i]) for i in idx],
                     "labels": [int(row["labels"][i]) for i in idx]})
+    return out
+
+
+def weighted_paths(row: dict) -> list[dict]:
+    """A packed row's root-to-leaf paths, unpacked: {example id, its start and length in the row, the path's row
+    positions, ids, labels, loss weights (ones on the labels where the row has none), its example's leaves}."""
+    cu, offsets, parents = row["cu_seqlens"], list(row["node_offsets"]), list(row["node_parents"])
+    T = len(row["input_ids"])
+    ends = offsets[1:] + [T]
+    weights = row.get("loss_weights")
+    if weights is None:
+        weights = (row["labels"] != IGNORE_INDEX).astype(np.float32)
+    children = {p for p in parents if p >= 0}
+    out = []
+    for leaf in (n for n in range(len(offsets)) if n not in children):
+        chain, n = [], leaf
+        while n >= 0:
+            chain.append(n)
+            n = parents[n]
+        pos = np.concatenate([np.arange(offsets[k], ends[k]) for k in reversed(chain)])
+        example = int(np.searchsorted(cu, pos[0], side="right")) - 1
+        out.append({"example": row["example_ids"][example], "start": int(cu[example]),
+                    "length": int(cu[example + 1] - cu[example]), "pos": pos, "ids": row["input_ids"][pos],
+                    "labels": row["labels"][pos], "weights": weights[pos]})
+    for p in out:
+        p["branches"] = sum(q["example"] == p["example"] for q in out)
     return out
