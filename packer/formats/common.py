@@ -264,7 +264,7 @@ def _input_audio(value: Any, ctx: Ctx, where: str) -> AudioRef:
 def sound_track(video: VideoRef, ctx: Ctx) -> AudioRef:
     """A clip video's own sound track (``use_audio_in_video``), over the video's window."""
     if video.frames:
-        raise ctx.error("missing_audio", f"use_audio_in_video: a video given as {len(video.frames)} frame images "
+        raise ctx.error("bad_audio", f"use_audio_in_video: a video given as {len(video.frames)} frame images "
                                          "has no sound track; give the clip, or turn the option off for this record")
     options = dict(video.options)
     start, end = options.get("video_start"), options.get("video_end")

@@ -115,7 +115,7 @@ def test_video_sound_track(root):
                            {"role": "assistant", "content": "x"}], "use_audio_in_video": True}
     with pytest.raises(RecordError, match="no sound track") as e:
         parse(frames, root)
-    assert e.value.reason == "missing_audio"
+    assert e.value.reason == "bad_audio"
 
 
 def test_parquet_datasets_audio_column(root, tmp_path):
