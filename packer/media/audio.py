@@ -12,18 +12,19 @@ the reader later calls ``decode_audio``, which yields exactly those samples.
 The loader packer matches is the one the families' users run: ``librosa.load(path, sr=16000)`` (librosa 0.11),
 which qwen-omni-utils' ``process_audio_info`` calls for every audio part (with ``offset=audio_start`` and
 ``duration=audio_end - audio_start``) and for a video's sound track (``use_audio_in_video``, through audioread's
-``FFmpegAudioFile``). librosa takes one of two decode paths, and the window is cut differently on each:
+``FFmpegAudioFile``). librosa takes one of two decode paths:
 
 - ``soundfile`` (libsndfile: wav, flac, mp3, ogg/vorbis, ogg/opus, aiff, ...): float32 samples as libsndfile
   decodes them; the window starts at ``int(start * sr)`` and holds ``int((end - start) * sr)`` samples.
-  libsndfile's own header count (``soundfile.info(...).frames``) is what it reads, mp3 encoder delay and
-  padding (LAME/Xing gapless info) and Opus pre-skip already removed, and Opus at 48 kHz unless the header's
-  input rate is one Opus runs at. So the count is read, not decoded.
+  libsndfile's own header count (``soundfile.info(...).frames``) is what it then reads (mp3 after its LAME
+  gapless trim, Opus after its pre-skip, at 48 kHz unless the header's input rate is one Opus runs at): the
+  count is read, not decoded.
 - ``ffmpeg`` (what libsndfile refuses: m4a/aac, and every video's sound track): the ``ffmpeg -i FILE -f s16le -``
   output audioread reads, i.e. the decoded samples after the container's priming skip, converted to 16-bit
-  and back to float (x / 32768); the window is cut at the same sample counts. packer runs the same libavformat/libavcodec/libswresample through
-  PyAV. The count of this path needs the packets: the demuxer's packet durations and skip-samples side data
-  give it without decoding any audio (see ``_ffmpeg_count``).
+  and back to float (x / 32768); the window is cut at the same sample counts. packer runs the same
+  libavformat/libavcodec/libswresample through PyAV. The header's duration is not this count (AAC's priming and
+  padding, the edit list): AAC-LC in mp4/m4a/mov is counted from its sample table (``_aac_mp4_count``);
+  other codecs on this path (rare: what libsndfile does not read) are decoded to count.
 
 Both paths then average the channels (``librosa.to_mono``) and resample with soxr at its "HQ" quality
 (``res_type="soxr_hq"``), fixing the length to ``ceil(n * target / source)``.
@@ -36,6 +37,7 @@ import math
 import os
 import stat
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -202,16 +204,52 @@ def _probe_ffmpeg(source: Source, name: str, video: bool) -> tuple[int, int, int
     container, stream = _open_av(source, name, video)
     with container:
         ctx = stream.codec_context
-        sr, channels = ctx.sample_rate, ctx.channels
+        sr, channels, codec = ctx.sample_rate, ctx.channels, ctx.name
         if not sr or not channels:
             raise RecordError("bad_audio", f"{name}: the audio stream has no sample rate or channels")
-        total = _ffmpeg_count(container, stream, name)
-        return sr, channels, total, ctx.name, "ffmpeg"
+        if "matroska" in container.format.name and codec in _MATROSKA_DELAYED:
+            # FFmpeg 7.0 drops this codec delay in Matroska and FFmpeg 8 does not (1,024 samples of AAC): the loader's
+            # count depends on the ffmpeg it runs, so packer cannot promise it
+            raise RecordError("bad_audio", f"{name}: {codec} audio in Matroska/WebM decodes to a length that differs "
+                              "between ffmpeg versions; remux it to mp4/m4a (ffmpeg -i IN -c copy OUT.m4a)")
+        total = _aac_mp4_count(source, container, stream, name)
+    if total is None:
+        container, stream = _open_av(source, name, video)
+        with container:
+            total = _decoded_count(container, stream, name)
+    return sr, channels, total, codec, "ffmpeg"
 
 
-def _ffmpeg_count(container, stream, name: str) -> int:
-    """Samples ``ffmpeg -i FILE`` decodes from the stream: decoded to count (see docs/benchmarks.md for the cost;
-    the header's duration is not it: AAC's priming and padding, and the muxer's edit list, move it)."""
+_MATROSKA_DELAYED = frozenset({"aac", "ac3", "eac3"})
+
+
+def _aac_mp4_count(source: Source, container, stream, name: str) -> int | None:
+    """The decoded count of AAC-LC in an mp4/m4a/mov from its sample table, or None where that rule is not known
+    to hold. Every packet decodes to 1,024 samples; the decoder drops the priming the edit list names (the first
+    packet's negative pts, -1,024 from FFmpeg's encoder); the end padding is kept (neither FFmpeg's decoder nor
+    the ffmpeg command trims it). Nothing is decoded: the header and one demuxed packet. A file cut short (its
+    header lists packets past the end) is refused, as the video probe refuses it (its box check)."""
+    from packer.media.video import _isobmff_truncation
+
+    ctx = stream.codec_context
+    if not (isinstance(source, str) and "mp4" in container.format.name and ctx.name == "aac"
+            and ctx.profile == "LC" and ctx.frame_size == 1024 and stream.frames > 0
+            and stream.time_base == Fraction(1, ctx.sample_rate)):
+        return None
+    truncated = _isobmff_truncation(source, os.stat(source).st_size)
+    if truncated:
+        raise RecordError("bad_audio", f"{name} is truncated: {truncated}")
+    try:
+        first = next(iter(container.demux(stream)), None)
+    except _av().error.FFmpegError as e:
+        raise RecordError("bad_audio", f"{name}: the container is corrupt ({e})") from None
+    if first is None or first.pts is None or not -1024 <= first.pts <= 0:
+        return None
+    return stream.frames * 1024 + first.pts
+
+
+def _decoded_count(container, stream, name: str) -> int:
+    """Samples ``ffmpeg -i FILE`` decodes from the stream, decoded to count (see docs/benchmarks.md for the cost)."""
     av = _av()
     n = 0
     try:
@@ -229,8 +267,10 @@ def _ffmpeg_count(container, stream, name: str) -> int:
 
 def decode_audio(source: Source | os.PathLike, *, target_sr: int, start: float | None = None, end: float | None = None,
                  video: bool = False) -> np.ndarray:
-    """The clip's window as float32 mono at target_sr, bit-equal to ``librosa.load(source, sr=target_sr,
-    offset=start, duration=end - start)`` (the ffmpeg path: to the same loader reading ffmpeg's s16 output)."""
+    """The clip's window as float32 mono at target_sr: ``librosa.load(source, sr=target_sr, offset=start,
+    duration=end - start)``, bit-equal on the libsndfile path and on the ffmpeg path for AAC, MP3, PCM, FLAC, AC-3
+    and WMA (tests/media/test_audio.py); Opus in a video container differs by at most one 16-bit step
+    (1/32768) before resampling where the loader's ffmpeg (7.0) and PyAV's (8) round differently."""
     source = _fspath(source)
     info = probe_audio(source, start=start, end=end, video=video)
     name = info.source
