@@ -345,3 +345,70 @@ def test_feature_frames_is_the_mask_sum(n):
     mask = np.zeros(limit, np.int32)
     mask[:kept] = 1
     assert feature_frames(n) == int(mask[::160].sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(ns=st.lists(st.integers(201, 40_000), min_size=1, max_size=4),
+       padding=st.sampled_from(["max_length", "longest", None]), truncation=st.booleans(),
+       multiple=st.sampled_from([None, 16000]))
+def test_feature_frames_is_the_extractors_mask(extractors, ns, padding, truncation, multiple):
+    """feature_frames(counts, ...) == the mask sums WhisperFeatureExtractor returns for one call (max_length 1 s
+    here, so truncation and padding both happen)."""
+    audios = [np.zeros(n, np.float32) for n in ns]
+    kw = {"padding": padding if padding else "do_not_pad", "truncation": truncation, "max_length": 16000,
+          "pad_to_multiple_of": multiple}
+    ref = extractors[128].pad({"input_features": [a[:, None] for a in audios]}, return_attention_mask=True, **kw)
+    masks = ref["attention_mask"]
+    expected = []
+    for m in masks:  # the extractor's rescale: every 160th sample, one fewer when the length is not a multiple
+        m = np.asarray(m)[::160][: len(m) // 160]
+        expected.append(int(m.sum()))
+    got = feature_frames(ns, padding=padding, truncation=truncation, max_length=16000, pad_to_multiple_of=multiple)
+    assert got == expected
+
+
+def test_features_batch_padded_to_longest(extractors):
+    """Qwen3-Omni's call (padding=True, truncation=False) on one example's clips: each row padded to the longest,
+    which gives a shorter clip one more frame than it has alone."""
+    from packer.models.shared.audio_features import whisper_log_mel_batch
+
+    audios = [signal("speech", SR, num_samples=n, seed=n)[:, 0] for n in (16077, 40_003, 3_333)]
+    import transformers.models.whisper.feature_extraction_whisper as W
+
+    for torch_path, tol in ((True, TORCH_TOL), (False, NUMPY_TOL)):
+        saved = W.is_torch_available
+        W.is_torch_available = (lambda: True) if torch_path else (lambda: False)
+        try:
+            ref = extractors[128](audios, sampling_rate=SR, padding=True, truncation=False,
+                                  return_attention_mask=True, return_tensors="np")
+        finally:
+            W.is_torch_available = saved
+        got = whisper_log_mel_batch(audios, padding=True, truncation=False)
+        assert feature_frames([16077, 40_003, 3_333], padding=True, truncation=False) == [
+            int(m.sum()) for m in ref["attention_mask"]]
+        for row, mel in enumerate(got):
+            assert mel.features.shape == ref["input_features"][row].shape == (128, 250)
+            assert np.abs(mel.features - ref["input_features"][row]).max() <= tol
+            assert np.array_equal(mel.attention_mask, ref["attention_mask"][row])
+    # Alone (or longest in its call) a clip of 16,077 samples has 16077 // 160 = 100 frames; padded by a longer
+    # neighbour its mask holds ceil(16077 / 160) = 101, the 101st frame half over zeros: one more frame to encode.
+    alone = whisper_log_mel(audios[0], padding=True, truncation=False)
+    assert alone.features.shape == (128, 100) and int(alone.attention_mask.sum()) == 100
+    assert int(got[0].attention_mask.sum()) == 101
+    assert np.abs(alone.features - got[0].features[:, :100]).max() <= NUMPY_TOL
+
+
+@pytest.mark.slow
+def test_features_voxtral_windows(extractors):
+    """Voxtral's call: no truncation, padded to a multiple of 30 s, split into 30 s windows of 3,000 frames."""
+    from packer.models.shared.audio_features import whisper_windows
+
+    audio = signal("speech", SR, num_samples=31 * SR + 7)[:, 0]
+    kw = {"padding": True, "truncation": False, "pad_to_multiple_of": 480_000}
+    ref, mask = hf_features(extractors[128], audio, torch_path=True, **kw)
+    got = whisper_log_mel(audio, **kw)
+    assert got.features.shape == ref.shape == (128, 6000)
+    assert np.abs(got.features - ref).max() <= TORCH_TOL and np.array_equal(got.attention_mask, mask)
+    windows = whisper_windows(got.features)
+    expected = ref.reshape(128, -1, 3000).transpose(1, 0, 2)  # VoxtralProcessor._retrieve_input_features
+    assert windows.shape == (2, 128, 3000) and np.abs(windows - expected).max() <= TORCH_TOL
