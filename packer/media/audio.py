@@ -44,6 +44,9 @@ import numpy as np
 from packer.errors import RecordError
 
 Source = str | bytes
+END_SLACK_S = 1.0
+"""An end this far past the clip reads to its end, as the loader does; further is taken for a record naming the
+wrong clip (the video rule's slack, packer.models.qwen_vl.video_plan.END_SLACK_S)."""
 
 
 def _av():
@@ -93,8 +96,8 @@ def probe_audio(source: Source | os.PathLike, *, start: float | None = None, end
 
     ``video=True`` reads a video file's own sound track as ``use_audio_in_video`` does (always the ffmpeg path).
     RecordError reasons: ``missing_audio`` (no such file), ``bad_audio`` (a directory or empty file, unreadable,
-    no audio stream, or a window that does not fit: start < 0, end <= start, or no sample left after start).
-    An end past the clip's end reads to the end, as the loader does.
+    no audio stream, or a window that does not fit: start < 0, end <= start, no sample left after start, or an
+    end more than END_SLACK_S past the clip's end; within that, the window reads to the end as the loader does).
     """
     source = _fspath(source)
     name = _name(source)
@@ -108,10 +111,13 @@ def probe_audio(source: Source | os.PathLike, *, start: float | None = None, end
     if info is None:
         info = _probe_ffmpeg(source, name, video)
     sr, channels, total, codec, loader = info
-    n = _window(total, sr, start, end, loader)
+    n = _window(total, sr, start, end)
     if n <= 0:
         raise RecordError("bad_audio", f"{name}: the window start={start!r} end={end!r} holds no sample of a "
                           f"{total / sr:.3f} s clip")
+    if end is not None and end > total / sr + END_SLACK_S:
+        raise RecordError("bad_audio", f"{name}: audio end {end!r} s is more than {END_SLACK_S} s past the clip's "
+                          f"end ({total / sr:.3f} s)")
     return AudioInfo(source=name, sample_rate=sr, channels=channels, num_samples=n, duration=n / sr,
                      codec=codec, loader=loader, start=start, end=end)
 
@@ -148,7 +154,7 @@ def _check_file(path: str, video: bool) -> None:
         raise RecordError("bad_audio", f"{what} file is empty: {path}")
 
 
-def _window(total: int, sr: int, start: float | None, end: float | None, loader: str) -> int:
+def _window(total: int, sr: int, start: float | None, end: float | None) -> int:
     """Samples per channel the loader keeps of ``total`` for librosa.load(offset=start, duration=end - start)."""
     offset = 0.0 if start is None else start
     duration = None if end is None else end - offset  # qwen-omni-utils: audio_end - audio_start
