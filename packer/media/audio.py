@@ -18,7 +18,8 @@ which qwen-omni-utils' ``process_audio_info`` calls for every audio part (with `
   decodes them; the window starts at ``int(start * sr)`` and holds ``int((end - start) * sr)`` samples.
   libsndfile's own header count (``soundfile.info(...).frames``) is what it then reads (mp3 after its LAME
   gapless trim, Opus after its pre-skip, at 48 kHz unless the header's input rate is one Opus runs at): the
-  count is read, not decoded.
+  count is read, not decoded, except an mp3 whose header only estimates it (no Xing/LAME frame count, or a cut
+  file), which is decoded to count (``_probe_soundfile``).
 - ``ffmpeg`` (what libsndfile refuses: m4a/aac, and every video's sound track): the ``ffmpeg -i FILE -f s16le -``
   output audioread reads, i.e. the decoded samples after the container's priming skip, converted to 16-bit
   and back to float (x / 32768); the window is cut at the same sample counts. packer runs the same
@@ -168,21 +169,81 @@ def _window(total: int, sr: int, start: float | None, end: float | None) -> int:
 
 
 def _probe_soundfile(source: Source, name: str) -> tuple[int, int, int, str, str] | None:
-    """libsndfile's header read, or None where it cannot open the source (librosa then takes the ffmpeg path)."""
+    """libsndfile's header read, or None where it cannot open the source (librosa then takes the ffmpeg path).
+
+    The header's count is what the loader reads except where the header guesses: an mp3 without a Xing/Info/VBRI
+    frame count (libmpg123 estimates from the file size) or shorter than the stream size that tag names (cut),
+    which is counted by decoding as the loader decodes it (``_mp3_count_in_header``), and a FLAC cut short
+    (STREAMINFO keeps the full count), which is refused when its last sample does not read (libsndfile raises
+    mid-read, where librosa would retry the file through ffmpeg and yield a part of it). Ogg keeps its count in the last page's
+    granule position and WAV's is the data size, both what libsndfile then reads, cut or not.
+    """
     sf = _sf()
     try:
         with sf.SoundFile(source if isinstance(source, str) else io.BytesIO(source)) as f:
             sr, channels, frames = f.samplerate, f.channels, f.frames
             codec = _SF_CODECS.get(f.subtype, f.subtype.lower())
-            if f.format == "MPEG":
-                codec = "mp3"
+            if f.format == "FLAC" and frames > 0 and not _last_sample_reads(f, frames):
+                raise RecordError("bad_audio", f"{name}: the FLAC stream ends before the {frames} samples its "
+                                  "header lists (a truncated file)")
+            if f.format == "MP3" and not _mp3_count_in_header(source):
+                f.seek(0)
+                frames = len(f.read(frames=-1, dtype="float32", always_2d=True))  # decoded to count
     except sf.SoundFileRuntimeError:
         return None
     except (RuntimeError, ValueError, OSError) as e:
         raise RecordError("bad_audio", f"{name}: {e}") from None
-    if channels < 1 or sr < 1:
-        raise RecordError("bad_audio", f"{name}: no audio stream")
+    if channels < 1 or sr < 1 or frames < 1:
+        raise RecordError("bad_audio", f"{name}: no audio samples")
     return sr, channels, frames, codec, "soundfile"
+
+
+def _mp3_count_in_header(source: Source) -> bool:
+    """Whether an mp3's first frame carries a Xing/Info or VBRI tag with a frame count, and the file holds the
+    stream size the tag names (so libmpg123's count is the tag's, not an estimate, and the file is whole)."""
+    if isinstance(source, str):
+        size = os.stat(source).st_size
+        with open(source, "rb") as fh:
+            head = fh.read(10)
+            start = _id3v2_size(head)
+            fh.seek(start)
+            buf = fh.read(4096)
+    else:
+        size, start = len(source), _id3v2_size(source[:10])
+        buf = source[start:start + 4096]
+    i = next((k for k in range(min(len(buf) - 1, 2048)) if buf[k] == 0xFF and buf[k + 1] & 0xE0 == 0xE0), None)
+    if i is None:
+        return False
+    frame = buf[i:i + 200]
+    for tag in (b"Xing", b"Info"):
+        x = frame.find(tag, 4, 64)
+        if x >= 0:
+            flags = int.from_bytes(frame[x + 4:x + 8], "big")
+            if not flags & 1:
+                return False
+            if flags & 2:
+                stream_bytes = int.from_bytes(frame[x + 12:x + 16], "big")
+                return size - start - i >= stream_bytes
+            return True
+    v = frame.find(b"VBRI", 4, 64)
+    if v >= 0:
+        return size - start - i >= int.from_bytes(frame[v + 10:v + 14], "big")
+    return False
+
+
+def _id3v2_size(head: bytes) -> int:
+    if len(head) < 10 or head[:3] != b"ID3":
+        return 0
+    body = (head[6] << 21) | (head[7] << 14) | (head[8] << 7) | head[9]
+    return 10 + body + (10 if head[5] & 0x10 else 0)
+
+
+def _last_sample_reads(f, frames: int) -> bool:
+    try:
+        f.seek(frames - 1)
+        return len(f.read(1, dtype="float32", always_2d=True)) == 1
+    except (RuntimeError, ValueError):  # LibsndfileError is a RuntimeError
+        return False
 
 
 _SF_CODECS = {"PCM_16": "pcm_s16le", "PCM_24": "pcm_s24le", "PCM_32": "pcm_s32le", "PCM_U8": "pcm_u8",

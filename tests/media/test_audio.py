@@ -414,3 +414,32 @@ def test_features_voxtral_windows(extractors):
     windows = whisper_windows(got.features)
     expected = ref.reshape(128, -1, 3000).transpose(1, 0, 2)  # VoxtralProcessor._retrieve_input_features
     assert windows.shape == (2, 128, 3000) and np.abs(windows - expected).max() <= TORCH_TOL
+
+
+def test_headers_that_guess(tmp_path):
+    """An mp3 without a Xing/LAME frame count (libmpg123 estimates it from the size) and a cut mp3 are counted by
+    decoding and still equal the loader, windows too; a cut FLAC (its header keeps the full count, libsndfile
+    fails mid-read) is refused; cut WAV and Ogg files report what they hold."""
+    import subprocess
+
+    wav = write_clip(tmp_path / "in.wav", signal("speech", 44100, num_samples=145_553, channels=2), 44100)
+    plain = tmp_path / "plain.mp3"
+    subprocess.run(["ffmpeg", "-y", "-loglevel", "error", "-i", str(wav), "-c:a", "libmp3lame", "-write_xing", "0",
+                    str(plain)], check=True)
+    import soundfile as sf
+
+    assert sf.info(str(plain)).frames != len(sf.read(str(plain))[0])  # the header guesses
+    for path in [plain, *(_cut(write_clip(tmp_path / f"c.{ext}", signal("speech", 22050, 2.0, channels=2), 22050))
+                          for ext in ("mp3", "wav", "ogg", "opus"))]:
+        check_equal(str(path))
+        check_equal(str(path), 0.3, 0.9)
+    with pytest.raises(RecordError, match="truncated") as e:
+        probe_audio(str(_cut(write_clip(tmp_path / "c.flac", signal("speech", 22050, 2.0), 22050))))
+    assert e.value.reason == "bad_audio"
+
+
+def _cut(path):
+    data = path.read_bytes()
+    cut = path.with_name(f"cut-{path.name}")
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    return cut
