@@ -443,3 +443,9 @@ def _cut(path):
     cut = path.with_name(f"cut-{path.name}")
     cut.write_bytes(data[: len(data) * 6 // 10])
     return cut
+
+
+@pytest.mark.parametrize("codec", ["wav", "flac", "ogg"])
+def test_many_channels(clips, codec):
+    """5.1 clips (six channels) average to mono as librosa.to_mono averages them."""
+    assert check_equal(clips(codec, 48000, 6, 52_807)).channels == 6
