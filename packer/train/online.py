@@ -152,6 +152,9 @@ class OnlinePackedDataset(IterableDataset):
             raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
         if config.max_videos is not None:  # pack_stream has no video column yet
             raise ConfigError("online packing takes no 'max_videos' yet; use `packer build` for a video budget")
+        if config.max_audio_tokens is not None or config.max_audios is not None:  # nor audio columns
+            raise ConfigError("online packing takes no 'max_audio_tokens' / 'max_audios' yet; use `packer build` "
+                              "for an audio budget")
         self.config = config
         self.rank, self.world_size, self.pool_size = rank, world_size, pool_size
         self.shuffle, self.seed, self.encode_batch = shuffle, seed, encode_batch
@@ -239,7 +242,7 @@ class OnlinePackedDataset(IterableDataset):
             try:
                 ex = parse_line(raw, path=chunk.path, line=line, base_dir=os.path.dirname(os.path.abspath(chunk.path)),
                                 image_root=self.config.image_root, source_name=chunk.source,
-                                columns=self.config.column_map)
+                                columns=self.config.column_map, audio_in_video=self.config.use_audio_in_video)
             except RecordError as e:
                 ex = e if e.path else e.located(chunk.path, line)
             parsed.append((j, chunk.source, ex))
