@@ -42,7 +42,8 @@ from packer.train.resume import STATE_VERSION, EpochProgress, check_state
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
 READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "videos", "example_ids", "example_sources"]
-OPTIONAL_COLUMNS = ["loss_weights"]  # schema v4; older shards: every loss weight is 1
+# schema v4: a row's loss weights (older shards: every loss weight is 1) and audio clips (older shards: none)
+OPTIONAL_COLUMNS = ["loss_weights", "audios"]
 
 
 class PackedDataset(IterableDataset):
@@ -269,6 +270,7 @@ def _decode_block(table) -> dict[str, Any]:
     out["mrope_position_ids"] = None if mrope.null_count == table.num_rows else list_column(table, "mrope_position_ids")
     out["images"] = table.column("images").to_pylist()  # a few small structs per row
     out["videos"] = table.column("videos").to_pylist()
+    out["audios"] = table.column("audios").to_pylist() if "audios" in table.column_names else None
     out["example_ids"] = table.column("example_ids").to_pylist()
     out["example_sources"] = table.column("example_sources").to_pylist()
     weights = table.column("loss_weights") if "loss_weights" in table.column_names else None
@@ -290,6 +292,7 @@ def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]
         row["mrope_position_ids"] = take(values[off[i] : off[i + 1]]).reshape(-1, 3).T  # (3, T)
     row["images"] = block["images"][i]
     row["videos"] = block["videos"][i]
+    row["audios"] = [] if block["audios"] is None else block["audios"][i]
     row["example_ids"] = block["example_ids"][i]
     row["example_sources"] = block["example_sources"][i]
     if block["loss_weights"] is not None and not block["loss_weights"][2][i]:
