@@ -11,6 +11,10 @@ The counts are ``Qwen2AudioProcessor._process_audio``'s (transformers 5.23): the
 samples are what librosa.load(sr=16000) yields, as Qwen2-Audio's model card loads clips
 (``media.audio.loaded_num_samples`` from the header).
 
+The reader is the default one (``models.reader.Reader``): each clip's window decoded at 16 kHz as librosa.load
+gives it, Whisper log-mel features in numpy (128 bins, the released preprocessor_config's feature_size), the
+mask of its frames: ``input_features`` (A, 128, 3000), ``feature_attention_mask`` (A, 3000), ``audio_offsets``.
+
 Refused (``bad_audio``): a clip under 961 samples (60 ms) at 16 kHz. It makes at most one ``<|AUDIO|>``, and
 ``Qwen2AudioModel.forward`` takes a batch with no two adjacent audio tokens for unexpanded (legacy) input and
 re-expands it, so such a clip cannot train as the processor laid it out.
@@ -30,7 +34,6 @@ if TYPE_CHECKING:
     from packer.core.types import AudioRef
     from packer.media.audio import AudioInfo
     from packer.models.proof import Proof
-    from packer.models.reader import Reader
 
 MIN_TOKENS = 2  # fewer and the model's forward takes the batch for unexpanded input (module docstring)
 
@@ -59,8 +62,6 @@ class Qwen2AudioProfile(ModelProfile):
     audio_start: str = "<|audio_bos|>"
     audio_end: str = "<|audio_eos|>"
     default_tokenizer: str | None = "qwen2-audio"
-    num_mel_bins: int = 128
-    """The released checkpoints' preprocessor_config.json: WhisperFeatureExtractor, feature_size 128."""
 
     audio_sample_rate: ClassVar[int] = 16000
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "input_features", "feature_attention_mask")
@@ -83,11 +84,6 @@ class Qwen2AudioProfile(ModelProfile):
                 f"make {int(tokens_from_frames(np.array([plan.feature_length]))[0])} audio token(s); Qwen2-Audio's "
                 "model takes a clip of one token for unexpanded input, so packer needs at least 961 samples (60 ms)")
         return MediaRun((), n, audio=plan)
-
-    def reader(self) -> Reader:
-        from packer.models.qwen2_audio.reader import Qwen2AudioReader
-
-        return Qwen2AudioReader(self)
 
     def proof(self) -> Proof:
         from packer.models.qwen2_audio.proof import Qwen2AudioProof

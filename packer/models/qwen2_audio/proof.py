@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from packer.models.proof import Proof, tiny_text_config
+from packer.models.reader import Reader
 
 
 class Qwen2AudioProof(Proof):
@@ -28,7 +29,7 @@ class Qwen2AudioProof(Proof):
 
         p = self.profile
         text = {"model_type": "qwen2", **tiny_text_config(vocab_size=vocab_size, **kw)}
-        audio = dict(num_mel_bins=p.num_mel_bins, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64,
+        audio = dict(num_mel_bins=Reader.audio_feature_size, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64,
                      d_model=32, max_source_positions=1500, dropout=0.0, attention_dropout=0.0,
                      activation_dropout=0.0, encoder_layerdrop=0.0)
         config = Qwen2AudioConfig(audio_config=audio, text_config=text, audio_token_index=token_ids[p.audio_token],
