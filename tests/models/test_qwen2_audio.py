@@ -277,3 +277,17 @@ def test_packed_equals_unpacked(built, tok) -> None:
     assert report["paths"] == 7
     assert any("audio_tower" in n and p.grad is not None and p.grad.abs().sum() > 0
                for n, p in model.named_parameters()), "the audio tower took part"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_check_equivalence_script_runs_audio(built, media, capsys) -> None:
+    """``scripts/check_equivalence.py --model qwen2-audio`` on the records' JSONL: it builds, reads the clips'
+    features and passes (exit 0) with the audio tower in the model."""
+    from scripts import check_equivalence as ce
+
+    assert ce.main(["--data", str(media / "data.jsonl"), "--model", "qwen2-audio", "--max-length", "1024",
+                    "--backend", "sdpa_varlen"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["model_class"] == "Qwen2AudioForConditionalGeneration" and report["rows"] == 2
+    assert report["sdpa_varlen"]["ok"]
