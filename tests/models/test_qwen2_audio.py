@@ -225,6 +225,18 @@ def _rows(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+def test_build_stores_every_clip_and_verifies(built, media) -> None:
+    """Every record packed (none rejected), and ``packer verify`` (the input accounted for, each clip's span,
+    feature length and token count by the family's rule) passes."""
+    from packer.report.verify import verify_build
+
+    stats = json.loads((built / "stats.json").read_text())
+    assert stats["examples"] == 6 and stats["rejected"] == 0 and stats["audio_clips"] == 7, stats
+    report = verify_build(built, inputs=[str(media / "data.jsonl")])
+    assert report.ok, report.violations[:3]
+
+
+@pytest.mark.slow
 def test_reader_equals_the_processor(built, processor) -> None:
     """``input_features`` / ``feature_attention_mask`` of every clip of the built rows against the processor's
     extractor on the loader's samples: masks equal, features within its float32 STFT's rounding."""

@@ -7,8 +7,8 @@ real ids and Qwen2-Audio-Instruct's chat template.
 
 Where the ids come from: transformers 5.23.0 ``Qwen2AudioConfig.audio_token_index`` (151646; tests/models/
 test_qwen2_audio.py checks it) and Qwen/Qwen2-Audio-7B-Instruct's tokenizer_config.json ``added_tokens_decoder``
-(public copies) for the order of the rest. eos is ``<|im_end|>`` (the end of an assistant turn, which the
-checkpoint's generation_config stops on), pad ``<|endoftext|>``.
+(public copies) for the order of the rest, not checked against a file shipped offline. eos is ``<|im_end|>``
+(the end of an assistant turn, as the other Qwen chat builtins), pad ``<|endoftext|>``.
 
 The chat template is ``Qwen2AudioProcessor.default_chat_template`` of transformers 5.23.0
 (``models/qwen2_audio/processing_qwen2_audio.py``), verbatim: the processor uses it when the checkpoint gives
