@@ -208,13 +208,22 @@ def test_a_clip_under_60_ms_is_refused(tok, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def built(media, tmp_path_factory) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from packer.config import BuildConfig
     from packer.pipeline.build import build
 
     data = media / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    # a datasets.Audio column's storage ({bytes, path}): the clip travels inline in the shards
+    clip = {"bytes": (media / "tone.mp3").read_bytes(), "path": "tone.mp3"}
+    pq.write_table(pa.table({"messages": [[{"role": "user", "content": "<audio>Say?"},
+                                           {"role": "assistant", "content": "A tone."}]],
+                             "audios": [[clip]]}), media / "bytes.parquet")
     out = tmp_path_factory.mktemp("q2a-shards") / "out"
-    build(BuildConfig.from_inputs([str(data)], str(out), profile="qwen2-audio", max_length=1024), progress=False)
+    build(BuildConfig.from_inputs([str(data), str(media / "bytes.parquet")], str(out), profile="qwen2-audio",
+                                  max_length=1024), progress=False)
     return out
 
 
@@ -231,8 +240,8 @@ def test_build_stores_every_clip_and_verifies(built, media) -> None:
     from packer.report.verify import verify_build
 
     stats = json.loads((built / "stats.json").read_text())
-    assert stats["examples"] == 6 and stats["rejected"] == 0 and stats["audio_clips"] == 7, stats
-    report = verify_build(built, inputs=[str(media / "data.jsonl")])
+    assert stats["examples"] == 7 and stats["rejected"] == 0 and stats["audio_clips"] == 8, stats
+    report = verify_build(built, inputs=[str(media / "data.jsonl"), str(media / "bytes.parquet")])
     assert report.ok, report.violations[:3]
 
 
@@ -247,8 +256,10 @@ def test_reader_equals_the_processor(built, processor) -> None:
     rows = [r for r in _rows(built) if r.get("audios")]
     batch = collate(rows)
     clips = [a for r in rows for a in r["audios"]]
-    assert len(clips) == 7 and batch["input_features"].shape == (7, 128, 3000)  # every clip: none rejected
-    samples = [decode_audio(a["source"], target_sr=16000, start=a["audio_start"], end=a["audio_end"]) for a in clips]
+    assert len(clips) == 8 and batch["input_features"].shape == (8, 128, 3000)  # every clip: none rejected
+    assert sum(a["data"] is not None for a in clips) == 1  # the Parquet one, inline
+    samples = [decode_audio(a["data"] if a["data"] is not None else a["source"], target_sr=16000,
+                            start=a["audio_start"], end=a["audio_end"]) for a in clips]
     want = processor.feature_extractor(samples, sampling_rate=16000, padding="max_length", return_attention_mask=True,
                                        return_tensors="pt")
     assert torch.equal(batch["feature_attention_mask"], want["attention_mask"].to(torch.int32))
@@ -259,24 +270,25 @@ def test_reader_equals_the_processor(built, processor) -> None:
         assert int(ids[off - 1]) == BOS and (ids[off:off + a["num_tokens"]] == AUD).all()
         assert int(ids[off + a["num_tokens"]]) == EOS
     reader = get_profile("qwen2-audio").reader()
-    inline = {**clips[0], "source": "", "data": Path(clips[0]["source"]).read_bytes()}  # a datasets.Audio cell
-    assert torch.equal(reader.audio_inputs([inline])["input_features"][0], batch["input_features"][0])
+    i = next(k for k, a in enumerate(clips) if a["data"] is None)
+    inline = {**clips[i], "source": "", "data": Path(clips[i]["source"]).read_bytes()}  # as a datasets.Audio cell
+    assert torch.equal(reader.audio_inputs([inline])["input_features"][0], batch["input_features"][i])
     with pytest.raises(ShardError, match="the build counted"):
-        reader.audio_inputs([{**clips[0], "num_samples": clips[0]["num_samples"] + 1}])
+        reader.audio_inputs([{**clips[i], "num_samples": clips[i]["num_samples"] + 1}])
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(built, tok) -> None:
     """The built rows (audio clips of every codec, two clips in one turn, text, a tree with a clip on each level,
-    a 30 s clip) collated into one batch: per-token losses, the total and every gradient of a tiny
+    a 30 s clip, a clip inline from Parquet) collated into one batch: per-token losses, the total and every gradient of a tiny
     Qwen2AudioForConditionalGeneration equal each root-to-leaf path run alone with its own clips."""
     from packer.train.collate import collate
     from scripts import check_equivalence as ce
 
     profile = get_profile("qwen2-audio")
     rows = _rows(built)
-    assert len(rows) == 2 and sum(len(r["example_ids"]) for r in rows) == 6  # several examples a row
+    assert len(rows) == 2 and sum(len(r["example_ids"]) for r in rows) == 7  # several examples a row
     assert any(len(r["audios"]) >= 3 for r in rows)
     token_ids = ce.profile_token_ids(profile, tok)
     (batch,), ids, vocab = ce.compact_vocab([collate(rows)], token_ids)
@@ -286,7 +298,7 @@ def test_packed_equals_unpacked(built, tok) -> None:
     for backend in ("sdpa_varlen", "sdpa"):
         assert report[backend]["ok"], json.dumps(report)
         assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 7
+    assert report["paths"] == 8
     assert any("audio_tower" in n and p.grad is not None and p.grad.abs().sum() > 0
                for n, p in model.named_parameters()), "the audio tower took part"
 
