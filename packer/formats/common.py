@@ -28,7 +28,7 @@ ROLES: dict[str, str] = {
 }
 IMAGE_PLACEHOLDER = "<image>"  # LLaVA's placeholder for "the next image goes here"
 VIDEO_PLACEHOLDER = "<video>"  # and for the next video (LLaMA-Factory, LLaVA-Video)
-# A video part's sampling options, named as qwen-vl-utils names them (packer.models.qwen_vl.video_plan.VideoRequest reads
+# A video part's sampling options, named as qwen-vl-utils names them (packer.models.shared.qwen_video_plan.VideoRequest reads
 # them; tests/formats/test_formats.py checks the two lists agree).
 VIDEO_OPTIONS = (
     "fps", "nframes", "min_frames", "max_frames", "video_start", "video_end", "min_pixels", "max_pixels",
