@@ -1,6 +1,6 @@
 """The canonical in-memory forms of one training example.
 
-``Example``  - what ``records.py`` parses any input line into: a tree of message nodes.
+``Example``  - what ``formats/`` parses any input line into: a tree of message nodes.
 ``Encoded``  - what ``encode/encoder.py`` turns an Example into: flat token arrays in depth-first node order.
 
 A plain conversation is a tree with a single node. Nodes are laid out depth-first, parents before
@@ -51,13 +51,45 @@ class VideoRef:
         return self.path if not self.frames else f"<{len(self.frames)} frames from {self.frames[0]}>"
 
 
+@dataclass(frozen=True, slots=True)
+class AudioRef:
+    """One audio clip named by a record: a resolved file path, or inline bytes (a ``datasets.Audio`` cell), and
+    the record's window in seconds (Qwen-Omni's ``audio_start`` / ``audio_end``; None: the clip's start / end).
+
+    ``video`` marks a video's own sound track (``use_audio_in_video``): ``path`` is the video's clip, the window
+    the video's, and it follows its VideoRef in the message's parts. The template writes no placeholder for it:
+    the family lays it out inside the video's run (Qwen-Omni interleaves the two by time chunk).
+
+        {"type": "audio", "audio": "clip.wav", "audio_start": 1.5}  ->  AudioRef(path="/data/clip.wav", start=1.5)
+    """
+
+    path: str = ""
+    data: bytes | None = None
+    start: float | None = None
+    end: float | None = None
+    video: bool = False
+
+    @property
+    def source(self) -> str:
+        return self.path if self.data is None else f"<inline {len(self.data)} bytes>"
+
+    @property
+    def placeholder(self) -> bool:
+        """Whether the chat template writes a placeholder for it (every clip but a video's own track)."""
+        return not self.video
+
+
+Part = str | ImageRef | VideoRef | AudioRef
+"""One piece of a message's content."""
+
+
 @dataclass(slots=True)
 class Message:
-    """One chat message. ``parts`` holds text strings, ImageRefs and VideoRefs in order (empty for an assistant
-    turn that only calls tools)."""
+    """One chat message. ``parts`` holds text strings, ImageRefs, VideoRefs and AudioRefs in order (empty for an
+    assistant turn that only calls tools)."""
 
     role: str
-    parts: list[str | ImageRef | VideoRef]
+    parts: list[Part]
     loss: bool | None = None  # None: the default (assistant turns carry loss)
     tool_calls: list[dict] | None = None  # an assistant's calls, as the record gives them (OpenAI style)
     tool_call_id: str | None = None  # a tool result's call id, passed to the template as given
@@ -70,6 +102,10 @@ class Message:
     @property
     def videos(self) -> list[VideoRef]:
         return [p for p in self.parts if isinstance(p, VideoRef)]
+
+    @property
+    def audios(self) -> list[AudioRef]:
+        return [p for p in self.parts if isinstance(p, AudioRef)]
 
 
 @dataclass(slots=True)
@@ -117,6 +153,10 @@ class Example:
     def videos(self) -> list[VideoRef]:
         return [v for node, _ in self.root.walk() for m in node.messages for v in m.videos]
 
+    @property
+    def audios(self) -> list[AudioRef]:
+        return [a for node, _ in self.root.walk() for m in node.messages for a in m.audios]
+
 
 @dataclass(slots=True)
 class EncodedImage:
@@ -151,6 +191,31 @@ class EncodedVideo:
 
 
 @dataclass(slots=True)
+class EncodedAudio:
+    """One audio clip inside an encoded example: where it comes from, what the family's loader makes of it (the
+    samples at its rate, from the header: ``packer.media.audio.loaded_num_samples``), the features the model
+    reads of it, and its place in the tokens.
+
+        3.2 s wav at 44.1 kHz, Qwen2.5-Omni  ->  sample_rate 16000, num_samples 51200, feature_length 320, 80 tokens
+    """
+
+    source: str  # resolved path ("" for inline bytes); a video's clip for its own track
+    data: bytes | None  # inline bytes, else None
+    audio_start: float | None  # the record's window, seconds (None: the clip's start / end)
+    audio_end: float | None
+    video: bool  # a video's own sound track (use_audio_in_video)
+    sample_rate: int  # the rate the family's loader resamples to (Hz)
+    num_samples: int  # mono samples the loader yields at sample_rate for the window
+    feature_length: int  # the feature frames the model reads (Whisper: log-mel frames, hop 160)
+    offset: int  # index of the first audio token inside the example
+    num_tokens: int  # number of audio tokens this clip became
+
+    @property
+    def seconds(self) -> float:
+        return self.num_samples / self.sample_rate
+
+
+@dataclass(slots=True)
 class Encoded:
     """One example rendered to tokens. All arrays are int32 and cover the whole example."""
 
@@ -164,6 +229,7 @@ class Encoded:
     mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models
     source_name: str = ""
     videos: list[EncodedVideo] = field(default_factory=list)
+    audios: list[EncodedAudio] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -181,3 +247,8 @@ class Encoded:
     @property
     def num_video_tokens(self) -> int:
         return sum(v.num_tokens for v in self.videos)
+
+    @property
+    def num_audio_tokens(self) -> int:
+        """Audio tokens: what the audio budget counts (the audio tower's work, apart from the vision tower's)."""
+        return sum(a.num_tokens for a in self.audios)

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from packer.core.types import IGNORE_INDEX, EncodedImage, EncodedVideo, ImageRef, VideoRef
+from packer.core.types import (
+    IGNORE_INDEX,
+    AudioRef,
+    EncodedAudio,
+    EncodedImage,
+    EncodedVideo,
+    ImageRef,
+    VideoRef,
+)
 from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
@@ -56,12 +64,16 @@ class Draft:
     labels: np.ndarray  # (L,) int32, IGNORE_INDEX where no loss
     node_offsets: np.ndarray  # (N,) int32, first token of each node
     node_parents: np.ndarray  # (N,) int32, -1 for the root
-    refs: list[ImageRef | VideoRef]  # the images and videos named, in token order: one token each until expanded
+    refs: list[ImageRef | VideoRef | AudioRef]  # the media named, in token order: one token each until expanded
+    # (a video's sound track, AudioRef.video, follows its video and has no token of its own)
     images: list[EncodedImage] = field(default_factory=list)  # set by media.expand (and cut by lengths.truncate)
     image_runs: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each image entry's run
     blocks: list[int] = field(default_factory=list)  # entries of `images` per image named (ImageBlocks), in order
     videos: list[EncodedVideo] = field(default_factory=list)  # likewise
     video_runs: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each video's run
+    audios: list[EncodedAudio] = field(default_factory=list)  # likewise
+    audio_runs: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each clip's run (a sound
+    # track's: its video's)
 
 
 def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings: list) -> Tokens:
@@ -98,7 +110,7 @@ def text_draft(enc: Encoder, tokens: Tokens, k: int) -> Draft:
     if enc.eos_id is not None:
         parts.append(np.array([enc.eos_id], dtype=np.int32))
     arr = np.concatenate(parts)  # a copy: the batch's ids stay as they are
-    for token_id, what in ((enc.image_token_id, "image"), (enc.video_token_id, "video")):
+    for token_id, what in ((enc.image_token_id, "image"), (enc.video_token_id, "video"), (enc.audio_token_id, "audio")):
         if token_id is not None and (arr == token_id).any():
             raise RecordError("image_count_mismatch", f"the text holds the {what} token literally but names no {what}")
     return Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
@@ -112,8 +124,8 @@ def tree_draft(enc: Encoder, stage: Staged, tokens: Tokens) -> Draft:
     return Draft(ids, labels, node_offsets, node_parents, refs=[im for r in refs for im in r])
 
 
-def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef]]]:
-    """A tree's ids, labels, node offsets and each node's images and videos, from its paths' tokens."""
+def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef | AudioRef]]]:
+    """A tree's ids, labels, node offsets and each node's media, from its paths' tokens."""
     texts = stage.texts
     node_ids, node_labels, refs, path_ids = [], [], [], []
     for i, (node, parent) in enumerate(zip(stage.nodes, stage.parents, strict=True)):
@@ -139,10 +151,18 @@ def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, n
     return np.concatenate(node_ids), np.concatenate(node_labels), offsets, refs
 
 
-def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray, refs: list[list[ImageRef | VideoRef]]) -> None:
+def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray,
+                       refs: list[list[ImageRef | VideoRef | AudioRef]]) -> None:
     """Each node must hold exactly one image token per image its messages name (one per block of an image the
-    processor writes as blocks), and one video token per video."""
+    processor writes as blocks), one video token per video and one audio token per audio clip (a video's sound
+    track has none)."""
     profile = enc.profile
+    audios = [[r for r in node if isinstance(r, AudioRef)] for node in refs]
+    if any(audios) and enc.audio_token_id is None:
+        raise profile._no_audio()
+    if enc.audio_token_id is not None and (any(audios) or (ids == enc.audio_token_id).any()):
+        placed = [[r for r in node if r.placeholder] for node in audios]
+        _check_token_counts(ids, node_offsets, placed, enc.audio_token_id, profile.audio_token, "audio")
     videos = [[r for r in node if isinstance(r, VideoRef)] for node in refs]
     if any(videos) and enc.video_token_id is None:
         profile.plan_video(next(v for node in videos for v in node))  # raises: no video in this family

@@ -106,13 +106,16 @@ class Encoder:
                              if "byte-lengths" in self.fast_paths else None)
         self.image_token_id = self._token_id(profile.image_token)
         self.video_token_id = self._token_id(profile.video_token)
-        self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image or video token?
-        self._is_placeholder[[t for t in (self.image_token_id, self.video_token_id) if t is not None]] = True
+        self.audio_token_id = self._token_id(profile.audio_token)
+        self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image, video or audio token?
+        self._is_placeholder[[t for t in (self.image_token_id, self.video_token_id, self.audio_token_id)
+                              if t is not None]] = True
         self.vision_start_id = self._token_id(profile.vision_start)
         # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
             "image_token": self.image_token_id,
             "video_token": self.video_token_id,
+            "audio_token": self.audio_token_id,
             "vision_start": self.vision_start_id,
             "vision_end": self._token_id(profile.vision_end),
         }
@@ -247,6 +250,7 @@ class Encoder:
         extra = self.profile.extra_positions(
             ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids,
             **({"videos": draft.videos} if draft.videos else {}),  # only a video family is ever passed videos
+            **({"audios": draft.audios} if draft.audios else {}),  # and only an audio family audio
         )
         return Encoded(
             example_id=example.example_id if example_id is None else example_id,
@@ -259,4 +263,5 @@ class Encoder:
             mrope_position_ids=extra,  # (3, L) for mRoPE families, else None
             source_name=example.source_name,
             videos=draft.videos,
+            audios=draft.audios,
         )

@@ -1,7 +1,7 @@
 """Length policies for an example longer than ``max_length`` (``packer.encode.OVERLONG_POLICIES`` and
 ``--long-docs split``), applied to its draft after its media are expanded.
 
-    truncate         keep the first max_length tokens (depth-first layout), never inside an image or video
+    truncate         keep the first max_length tokens (depth-first layout), never inside an image, video or clip
     truncate_left    a text record keeps its last max_length tokens
     keep_last_turns  drop the fewest whole early turns (re-rendered: a template may depend on what precedes)
     split            a long text record becomes chunks ``path:line@k`` (split.py), losing no token
@@ -31,7 +31,7 @@ def truncate(enc: Encoder, draft: Draft) -> None:
     firsts = np.cumsum([0, *draft.blocks])  # an image's blocks go together (its crops and the text between)
     spans = [(draft.image_runs[i][0], draft.image_runs[j - 1][1])
              for i, j in zip(firsts[:-1], firsts[1:], strict=True)]  # [first token, end) of each image's runs
-    spans += draft.video_runs
+    spans += draft.video_runs + draft.audio_runs  # a sound track's run is its video's
     for start, end in spans:
         if start < cut < end:
             cut = start
@@ -56,6 +56,9 @@ def truncate(enc: Encoder, draft: Draft) -> None:
     kept_videos = [k for k, (_, end) in enumerate(draft.video_runs) if end <= cut]
     draft.videos = [draft.videos[k] for k in kept_videos]
     draft.video_runs = [draft.video_runs[k] for k in kept_videos]
+    kept_audios = [k for k, (_, end) in enumerate(draft.audio_runs) if end <= cut]
+    draft.audios = [draft.audios[k] for k in kept_audios]
+    draft.audio_runs = [draft.audio_runs[k] for k in kept_audios]
     draft.ids, draft.labels = draft.ids[:cut], labels
     draft.node_offsets = draft.node_offsets[:keep_nodes]
     draft.node_parents = draft.node_parents[:keep_nodes]

@@ -1,4 +1,4 @@
-"""Stage three of encoding: each media placeholder becomes its run (``ModelProfile.media_runs``), with np.repeat
+"""Stage three of encoding: each media placeholder (image, video, audio) becomes its run (``ModelProfile.media_runs``), with np.repeat
 for the placeholder repeated (labels -100) and the run's own ids written over it where the family lays it out in
 other tokens; node offsets shift to match. No per-token Python loop anywhere.
 
@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packer.core.types import IGNORE_INDEX, EncodedImage, EncodedVideo, ImageRef, VideoRef
+from packer.core.types import (
+    IGNORE_INDEX,
+    AudioRef,
+    EncodedAudio,
+    EncodedImage,
+    EncodedVideo,
+    ImageRef,
+    VideoRef,
+)
 from packer.errors import ConfigError, RecordError
 from packer.models.base import Media, MediaRun
 
@@ -28,32 +36,49 @@ if TYPE_CHECKING:
 
 
 def expand(enc: Encoder, draft: Draft) -> None:
-    """Replace each of ``draft``'s placeholders with its run; record the stored image and video entries.
+    """Replace each of ``draft``'s placeholders with its run; record the stored image, video and audio entries.
 
-    Placeholder positions are Python ints: an example names a few media, and numpy calls on a few items cost a
-    microsecond each for nothing."""
+    A video's own sound track (``AudioRef.video``) has no placeholder: its run lies inside its video's
+    (``MediaRun.inside``). Placeholder positions are Python ints: an example names a few media, and numpy calls
+    on a few items cost a microsecond each for nothing."""
     refs = draft.refs
     if not refs:
         return
     profile = enc.profile
-    pos = np.flatnonzero(enc._is_placeholder[draft.ids]).tolist()  # one per video, image, or block of an image
-    blocks = [None if isinstance(r, VideoRef) else profile.image_blocks(*profile.image_size(r)) for r in refs]
-    draft.blocks = [1 if b is None else len(b.runs) for r, b in zip(refs, blocks, strict=True) if isinstance(r, ImageRef)]
-    ref_pos, at = [], 0  # each ref's first placeholder
+    placed = [r for r in refs if not (isinstance(r, AudioRef) and r.video)]  # refs with a placeholder
+    pos = np.flatnonzero(enc._is_placeholder[draft.ids]).tolist()  # one per video, audio, image, or image block
+    blocks = [profile.image_blocks(*profile.image_size(r)) if isinstance(r, ImageRef) else None for r in placed]
+    draft.blocks = [1 if b is None else len(b.runs) for r, b in zip(placed, blocks, strict=True) if isinstance(r, ImageRef)]
+    ref_pos, at = [], 0  # each placed ref's first placeholder
     for b in blocks:
         ref_pos.append(pos[at])
         at += 1 if b is None else len(b.runs)
-    is_video = [isinstance(r, VideoRef) for r in refs]
-    if enc.video_token_id is not None and [t == enc.video_token_id for t in draft.ids[ref_pos].tolist()] != is_video:
-        raise RecordError("template_error", "the chat template put the images and videos out of their order")
-    nodes = (np.searchsorted(draft.node_offsets, ref_pos, side="right") - 1).tolist()
-    plain = [Media(r, n) for r, n, b in zip(refs, nodes, blocks, strict=True) if b is None]
+    if enc.video_token_id is not None or enc.audio_token_id is not None:
+        want = [enc.video_token_id if isinstance(r, VideoRef) else enc.audio_token_id if isinstance(r, AudioRef)
+                else enc.image_token_id for r in placed]
+        if draft.ids[ref_pos].tolist() != want:
+            raise RecordError("template_error", "the chat template put the images, videos and audio out of their order")
+    placed_nodes = (np.searchsorted(draft.node_offsets, ref_pos, side="right") - 1).tolist()
+    nodes, k = [], -1  # every ref's node: a sound track's is its video's
+    for r in refs:
+        if not (isinstance(r, AudioRef) and r.video):
+            k += 1
+        elif k < 0 or not isinstance(placed[k], VideoRef) or placed[k].path != r.path:
+            raise ConfigError("a video's sound track (AudioRef.video) must follow its VideoRef")
+        nodes.append(placed_nodes[k])
+    block_of = iter(blocks)
+    ref_blocks = [None if isinstance(r, AudioRef) and r.video else next(block_of) for r in refs]
+    plain = [Media(r, n) for r, n, b in zip(refs, nodes, ref_blocks, strict=True) if b is None]
     plain_runs = iter(profile.media_runs(plain, draft.node_parents) if plain else ())
-    entries: list[tuple[ImageRef | VideoRef, MediaRun]] = []  # one per placeholder, in token order
-    for ref, b in zip(refs, blocks, strict=True):
+    entries: list[tuple[ImageRef | VideoRef | AudioRef, MediaRun]] = []  # one per entry, in token order
+    for ref, b in zip(refs, ref_blocks, strict=True):
         entries += [(ref, next(plain_runs))] if b is None else [(ref, run) for run in b.runs]
-    ids_of = [enc._runs.ids(run, draft.ids, p) for (_, run), p in zip(entries, pos, strict=True)]
-    spans = [run.num_tokens if ids is None else ids.shape[0] for (_, run), ids in zip(entries, ids_of, strict=True)]
+    for ref, run in entries:
+        if run.inside != (isinstance(ref, AudioRef) and ref.video):
+            raise ConfigError(f"profile {profile.name!r}: a MediaRun is `inside` exactly for a video's sound track")
+    outer = [(ref, run) for ref, run in entries if not run.inside]  # one per placeholder
+    ids_of = [enc._runs.ids(run, draft.ids, p) for (_, run), p in zip(outer, pos, strict=True)]
+    spans = [run.num_tokens if ids is None else ids.shape[0] for (_, run), ids in zip(outer, ids_of, strict=True)]
     starts, shift = [], 0  # where each placeholder's run starts once expanded
     for p, n in zip(pos, spans, strict=True):
         starts.append(p + shift)
@@ -63,15 +88,27 @@ def expand(enc: Encoder, draft: Draft) -> None:
     labels = draft.labels.copy()
     labels[pos] = IGNORE_INDEX
     draft.images, draft.image_runs, draft.videos, draft.video_runs = [], [], [], []
-    for (ref, run), start, n in zip(entries, starts, spans, strict=True):
-        grid = tuple(int(x) for x in run.grid)
-        if isinstance(ref, VideoRef):
+    draft.audios, draft.audio_runs = [], []
+    k = -1
+    for ref, run in entries:
+        if not run.inside:
+            k += 1
+        start, n = starts[k], spans[k]
+        if run.inside:  # within its video's run [start, start + n)
+            if run.lead < 0 or run.lead + run.num_tokens > n:
+                raise ConfigError(f"profile {profile.name!r}: a sound track's run leaves its video's run")
+            draft.audios.append(encoded_audio(ref, run, offset=start + run.lead))
+            draft.audio_runs.append((start, start + n))
+        elif isinstance(ref, VideoRef):
             draft.videos.append(encoded_video(ref, run.plan, offset=start + run.lead))
             draft.video_runs.append((start, start + n))
+        elif isinstance(ref, AudioRef):
+            draft.audios.append(encoded_audio(ref, run, offset=start + run.lead))
+            draft.audio_runs.append((start, start + n))
         else:
             draft.images.append(EncodedImage(
-                source=ref.path if ref.data is None else "", data=ref.data, grid_thw=grid, offset=start + run.lead,
-                num_tokens=int(run.num_tokens),
+                source=ref.path if ref.data is None else "", data=ref.data,
+                grid_thw=tuple(int(x) for x in run.grid), offset=start + run.lead, num_tokens=int(run.num_tokens),
             ))
             draft.image_runs.append((start, start + n))
     draft.ids = np.repeat(draft.ids, repeats)
@@ -168,4 +205,23 @@ def encoded_video(ref: VideoRef, plan: VideoPlan | None, *, offset: int) -> Enco
         offset=offset,
         num_tokens=int(plan.num_tokens),
         second_per_grid_t=float(plan.second_per_grid_t),
+    )
+
+
+def encoded_audio(ref: AudioRef, run: MediaRun, *, offset: int) -> EncodedAudio:
+    """An audio clip's entry (its ``MediaRun.audio`` plan) at ``offset`` of its example."""
+    plan = run.audio
+    if plan is None:
+        raise ConfigError("an audio clip's MediaRun must carry its plan (ModelProfile.audio_run)")
+    return EncodedAudio(
+        source=ref.path if ref.data is None else "",
+        data=ref.data,
+        audio_start=ref.start,
+        audio_end=ref.end,
+        video=ref.video,
+        sample_rate=int(plan.sample_rate),
+        num_samples=int(plan.num_samples),
+        feature_length=int(plan.feature_length),
+        offset=offset,
+        num_tokens=int(run.num_tokens),
     )

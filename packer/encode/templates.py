@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from packer.core.types import ImageRef, Message, VideoRef
+from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
 
@@ -45,7 +45,8 @@ def compile_template(source: str) -> Any:
 
 def hf_message(m: Message, *, marked: bool, parts: bool = False) -> dict:
     """A Message as the template sees it: string content if text-only (``parts``: a list of one text part, for
-    a template that reads only parts), else parts with {"type": "image"} and {"type": "video"};
+    a template that reads only parts), else parts with {"type": "image"}, {"type": "video"} and {"type": "audio"}
+    (a video's sound track, ``AudioRef.video``, is no part: the template writes its video's placeholder only);
     with ``marked``, the content wrapped in OPEN ... CLOSE. Tool fields (``tool_calls``, ``tool_call_id``,
     ``name``) are passed as the record gave them. A turn with no content (it only calls tools) is never
     marked: templates test its content for truth (Qwen2.5: ``{% if message.content %}``)."""
@@ -64,8 +65,8 @@ def _hf_content(m: Message, *, marked: bool, parts: bool = False) -> dict:
         text = "".join(m.parts)  # type: ignore[arg-type]
         return {"role": m.role, "content": OPEN + text + CLOSE if marked else text}
     out: list[dict] = [
-        {"type": "text", "text": p} if isinstance(p, str) else {"type": "video" if isinstance(p, VideoRef) else "image"}
-        for p in m.parts
+        {"type": "text", "text": p} if isinstance(p, str) else {"type": _PART_TYPES[type(p)]}
+        for p in m.parts if not (isinstance(p, AudioRef) and p.video)
     ]
     if parts and all(isinstance(p, str) for p in m.parts):  # text only: one text part, as a processor writes it
         out = [{"type": "text", "text": "".join(m.parts)}]  # type: ignore[arg-type]
@@ -79,6 +80,9 @@ def _hf_content(m: Message, *, marked: bool, parts: bool = False) -> dict:
         else:
             out.append({"type": "text", "text": CLOSE})
     return {"role": m.role, "content": out}
+
+
+_PART_TYPES = {ImageRef: "image", VideoRef: "video", AudioRef: "audio"}
 
 
 def _calls_only(m: Message) -> bool:
@@ -345,6 +349,8 @@ class _ChatML:
             parts = m.parts
             if len(parts) == 1 and type(parts[0]) is str:  # the common text-only message: no join
                 content = parts[0]
+            elif any(isinstance(p, AudioRef) for p in parts):
+                return None  # the builtin ChatML renderers write no audio: Jinja decides
             else:
                 content = "".join(
                     [p if isinstance(p, str) else self.video if isinstance(p, VideoRef) else self.image for p in parts]

@@ -6,6 +6,8 @@
              image_size(ref) -> (w, h)            the header (media/images.py), shared by every family
              grid_thw(w, h), num_tokens(w, h)     the family's resize rule
              plan_video(ref) -> VideoPlan         a video's frames, grid and tokens from its header
+             audio_info(ref) -> AudioInfo         an audio clip's header (media/audio.py), shared by every family
+             audio_run(ref, info) -> MediaRun     what one clip becomes: samples, features, tokens (audio_token)
              image_blocks(w, h) -> ImageBlocks    the processor's rewrite of an image's text BEFORE tokenizing
              media_runs(media, parents) -> runs   what each media placeholder becomes AFTER tokenizing
                                                   (default: image_run / video_run of each, alone)
@@ -13,10 +15,11 @@
     read     bidirectional_spans(row)             token ranges that see each other (collate, packer inspect)
              reader() -> Reader                   rows -> the model's inputs (torch; reader.py)
     report   image_units(grids)                   what an image becomes besides tokens (tiles, crops), or None
-    verify   grid_num_tokens, video_grid_num_tokens, video_faults, expected_extra_positions, verify_spans
+    verify   grid_num_tokens, video_grid_num_tokens, video_faults, audio_feature_lengths, audio_num_tokens,
+             expected_extra_positions, verify_spans
     proof    proof() -> Proof                     the model class, a tiny model, one path's inputs (proof.py)
 
-The base class is a model without vision (the ``text`` family); a vision family overrides the rest.
+The base class is a model without vision or audio (the ``text`` family); a family overrides what it takes.
 """
 
 from __future__ import annotations
@@ -26,16 +29,31 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from packer.core.types import ImageRef, VideoRef
+from packer.core.types import AudioRef, ImageRef, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.media.images import image_size
 from packer.models.registry import profiles_with
 
 if TYPE_CHECKING:
-    from packer.core.types import EncodedVideo
+    from packer.core.types import EncodedAudio, EncodedVideo
+    from packer.media.audio import AudioInfo
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
+
+
+class AudioPlan(NamedTuple):
+    """What a family makes of one audio clip, from its header: the stored entry's numbers (``EncodedAudio``).
+
+        5 s at 44.1 kHz, Whisper features  ->  AudioPlan(sample_rate=16000, num_samples=80000, feature_length=500)
+    """
+
+    sample_rate: int
+    """The rate the family's loader resamples to (Hz)."""
+    num_samples: int
+    """Mono samples the loader yields at that rate for the clip's window (``media.audio.loaded_num_samples``)."""
+    feature_length: int
+    """The feature frames the model reads (Whisper: log-mel frames)."""
 
 
 class MediaRun(NamedTuple):
@@ -62,12 +80,18 @@ class MediaRun(NamedTuple):
     """Tokens of the run before its entry's first token."""
     plan: VideoPlan | None = None
     """A video's plan (frames, sizes, seconds): what the shards store of it."""
+    audio: AudioPlan | None = None
+    """An audio clip's plan (samples, features): what the shards store of it."""
+    inside: bool = False
+    """The run lies inside the previous placeholder's run and has no placeholder of its own: a video's sound
+    track (``AudioRef.video``) that the family interleaves with its frames (Qwen-Omni). Its entry starts ``lead``
+    tokens into that run; ``tokens`` / ``text`` are unset (the video's run holds them)."""
 
 
 class Media(NamedTuple):
     """One media reference of an example, as ``media_runs`` sees it."""
 
-    ref: ImageRef | VideoRef
+    ref: ImageRef | VideoRef | AudioRef
     node: int
     """The tree node whose messages name it (0 in a linear example)."""
 
@@ -107,11 +131,17 @@ class ModelProfile:
     """Tokenizer used when the build names none; None where no honest default exists (the build must name one)."""
     video_token: str | None = None
     """The placeholder the template writes once per video (Qwen: ``<|video_pad|>``); None without video."""
+    audio_token: str | None = None
+    """The placeholder the template writes once per audio clip (Qwen-Omni: ``<|AUDIO|>``); None without audio."""
 
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
     """The collated batch keys the model's forward takes (``packer.train`` passes these and no others)."""
+    audio_sample_rate: ClassVar[int] = 16000
+    """The rate the family's audio loader resamples every clip to (Whisper-style encoders: 16 kHz)."""
+    audio_in_video: ClassVar[bool] = False
+    """True when ``media_runs`` lays out a video's sound track (``AudioRef.video``) with its frames (Qwen-Omni)."""
     overridable: ClassVar[tuple[str, ...]] = ("image_token", "bidirectional_images", "default_tokenizer")
     """Fields ``get_profile(name, **overrides)`` may change."""
 
@@ -128,6 +158,10 @@ class ModelProfile:
     @property
     def has_video(self) -> bool:
         return self.video_token is not None
+
+    @property
+    def has_audio(self) -> bool:
+        return self.audio_token is not None
 
     # ------------------------------------------------------------------ encode
 
@@ -171,6 +205,16 @@ class ModelProfile:
                 if m.ref not in plans:
                     plans[m.ref] = self.plan_video(m.ref)
                 out.append(self.video_run(plans[m.ref]))
+            elif isinstance(m.ref, AudioRef):
+                if not self.has_audio:
+                    raise self._no_audio()
+                if m.ref.video:  # laid out with its video's frames: a family that interleaves them overrides this
+                    raise RecordError(
+                        "unsupported_medium",
+                        f"profile {self.name!r} does not take a video's sound track (use_audio_in_video); "
+                        f"drop the option or use {' or '.join(profiles_with('audio_in_video')) or 'an omni profile'}",
+                    )
+                out.append(self.audio_run(m.ref, self.audio_info(m.ref)))
             else:
                 out.append(self.image_run(*self.image_size(m.ref)))
         return out
@@ -183,6 +227,32 @@ class ModelProfile:
         """One planned video: its ``num_tokens`` placeholders, by default."""
         return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), plan=plan)
 
+    def audio_info(self, audio: AudioRef) -> AudioInfo:
+        """An audio clip's header after its window (``packer.media.audio.probe_audio``): rate, channels, samples;
+        RecordError ``missing_audio`` / ``bad_audio`` for a clip nothing can load."""
+        from packer.media.audio import probe_audio
+
+        source = audio.path if audio.data is None else audio.data
+        return probe_audio(source, start=audio.start, end=audio.end, video=audio.video)
+
+    def audio_plan(self, info: AudioInfo) -> AudioPlan:
+        """The samples the family's loader yields (``loaded_num_samples`` at ``audio_sample_rate``) and the
+        feature frames they make (``audio_feature_lengths``), from the header."""
+        from packer.media.audio import loaded_num_samples
+
+        n = int(loaded_num_samples(info, self.audio_sample_rate))
+        length = int(self.audio_feature_lengths(np.array([n], dtype=np.int64))[0])
+        if length <= 0:
+            raise RecordError("bad_audio", f"{info.source}: {n} samples at {self.audio_sample_rate} Hz make no "
+                                           f"feature frame for profile {self.name!r}")
+        return AudioPlan(self.audio_sample_rate, n, length)
+
+    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
+        """One audio clip alone: ``audio_num_tokens`` placeholders over its plan (``audio_plan``), by default."""
+        plan = self.audio_plan(info)
+        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
+        return MediaRun((), n, audio=plan)
+
     def extra_positions(
         self,
         ids: np.ndarray,
@@ -193,12 +263,15 @@ class ModelProfile:
         *,
         token_ids: dict[str, int | None],
         videos: list[EncodedVideo] = (),  # type: ignore[assignment]
+        audios: list[EncodedAudio] = (),  # type: ignore[assignment]
     ) -> np.ndarray | None:
         """Positions the model takes beyond the 1-D ``positions`` of one encoded example, or None.
 
         ``ids`` (L,) are the expanded tokens, ``grids`` the example's images in token order, ``token_ids`` the
-        ids the encoder resolved for "image_token", "video_token", "vision_start" and "vision_end" (None where
-        unset), ``videos`` the example's videos in token order (passed only when it has some).
+        ids the encoder resolved for "image_token", "video_token", "audio_token", "vision_start" and "vision_end"
+        (None where unset), ``videos`` the example's videos in token order (passed only when it has some),
+        ``audios`` its audio clips (``EncodedAudio``, token order; passed only to a family with audio, when the
+        example has some).
         """
         return None
 
@@ -250,6 +323,16 @@ class ModelProfile:
         rule by default (Qwen's t * h * w / 4 serves both); Molmo2's frames differ from its images."""
         return self.grid_num_tokens(grids)
 
+    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
+        """Feature frames of clips of ``num_samples`` samples at ``audio_sample_rate`` ((A,) int64 -> (A,) int64),
+        -1 where none: the encode rule (``audio_plan``) and verify's. Without audio every clip is wrong."""
+        return np.full(len(num_samples), -1, dtype=np.int64)
+
+    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        """Audio tokens of clips of ``feature_lengths`` frames ((A,) int64 -> (A,) int64), -1 where none: the
+        encode rule (``audio_run``) and verify's. Without audio every clip is wrong."""
+        return np.full(len(feature_lengths), -1, dtype=np.int64)
+
     def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
         """(V,) bool: a stored video whose grid, frame size (V, 2: height, width) or sampled frame count
         disagree under this family (verify's check). Without video every video is wrong."""
@@ -259,7 +342,7 @@ class ModelProfile:
         self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
         token_id: int | None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray], bool | int | None]:
-        """The spans verify checks for the stored ``what`` ("image" or "video") entries of a row group, and which
+        """The spans verify checks for the stored ``what`` ("image", "video" or "audio") entries of a row group, and which
         token lies exactly on them: True for the placeholder (``token_id``), another id (GLM-4.6V's video frames hold
         its image placeholder), or False / None where the family's runs hold other tokens. Verify checks every such
         id against all the spans that claim it, images' and videos' together; a placeholder no span claims must
@@ -297,6 +380,11 @@ class ModelProfile:
         from packer.models.proof import Proof
 
         return Proof(self)
+
+    def _no_audio(self) -> RecordError:
+        names = profiles_with("audio")
+        use = f"use {' or '.join(names)}" if names else "no registered profile takes audio"
+        return RecordError("unsupported_medium", f"profile {self.name!r} takes no audio, but the record names some; {use}")
 
     def _no_vision(self) -> ConfigError:
         names = profiles_with("image")

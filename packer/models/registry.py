@@ -78,8 +78,14 @@ def forward_keys() -> tuple[str, ...]:
 
 
 def profiles_with(what: str) -> tuple[str, ...]:
-    """Names of the profiles that take ``what`` ("image" or "video"), for error messages."""
-    return tuple(n for n, p in _PROFILES.items() if (p.has_video if what == "video" else p.has_vision))
+    """Names of the profiles that take ``what`` ("image", "video", "audio" or "audio_in_video": a video's sound
+    track), for error messages."""
+    def takes(p: ModelProfile) -> bool:
+        if what == "audio_in_video":
+            return p.has_audio and p.has_video and p.audio_in_video
+        return p.has_video if what == "video" else p.has_audio if what == "audio" else p.has_vision
+
+    return tuple(n for n, p in _PROFILES.items() if takes(p))
 
 
 def builtin_tokenizers() -> tuple[str, ...]:
