@@ -1,0 +1,269 @@
+"""Qwen2.5-Omni's thinker: Qwen2.5-VL's images and videos, Whisper-feature audio, and a video's sound track
+interleaved with its frames by time chunk; time-aligned mRoPE (``rope.py``).
+
+    image 640x480      smart_resize -> grid (1, 34, 46) -> 391 <|IMAGE|>   (as Qwen2.5-VL; max_pixels 12845056)
+    audio 3.2 s 44.1k  qwen-omni-utils' librosa.load at 16 kHz -> 51200 samples -> 320 mel frames
+                       -> ((320 - 1) // 2 + 1 - 2) // 2 + 1 = 80 <|AUDIO|>          (at most 30 s: 750 tokens)
+    video with sound   <|vision_bos|><|audio_bos|> [frames 0-1][audio 0-49][frames 2-3][audio 50-99]...
+                       <|audio_eos|><|vision_eos|>: 2 s chunks (Qwen2_5OmniProcessor.replace_video_with_audio_token)
+
+Counts from headers: images as ``Qwen2VLImageProcessor`` with the released checkpoint's preprocessor_config
+(min_pixels 3136, max_pixels 12845056); videos as qwen-omni-utils 0.0.9 samples them (its vision_process.py is
+qwen-vl-utils 0.0.14's, import order aside) and ``Qwen2VLVideoProcessor`` resizes them (the processor's
+videos_kwargs: 128..768 * 28 * 28 per frame), i.e. the shared ``qwen_video_plan`` rule; audio from the samples
+the loader yields (``media.audio.loaded_num_samples`` at 16 kHz): ``mel_frames`` (WhisperFeatureExtractor,
+padded to and truncated at 30 s as the processor asks) then ``audio_tokens_from_frames``.
+
+A video's ``second_per_grid`` is what ``Qwen2_5OmniProcessor`` gives it: ``temporal_patch_size / fps``, fps the
+video part's ``fps`` option (the value a user passes on to the processor), else the processor's hard-coded 2.0.
+It sets the video's temporal positions (25 per second) and, with sound, which frames share a 2 s chunk with
+which audio tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from packer.core.types import AudioRef, EncodedAudio, EncodedVideo, VideoRef
+from packer.errors import ConfigError, RecordError
+from packer.models.base import Media, MediaRun, ModelProfile
+from packer.models.qwen_omni.rope import (
+    Block,
+    audio_tokens_from_frames,
+    interleave,
+    mel_frames,
+    omni_position_ids,
+)
+from packer.models.shared.qwen_resize import smart_resize
+from packer.models.shared.qwen_video_pixels import CLIP_MEAN, CLIP_STD
+
+if TYPE_CHECKING:
+    from packer.media.video import VideoPlan
+    from packer.models.proof import Proof
+    from packer.models.reader import Reader
+    from packer.models.shared.qwen_video_plan import VideoFamily
+
+DEFAULT_FPS = 2.0  # Qwen2_5OmniProcessor._process_videos: "default fps not saved in official ckpt, hardcode"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QwenOmniProfile(ModelProfile):
+    """Qwen2.5-Omni (thinker): images, videos (with or without their sound) and audio clips."""
+
+    image_token: str | None = "<|IMAGE|>"
+    video_token: str | None = "<|VIDEO|>"
+    audio_token: str | None = "<|AUDIO|>"
+    vision_start: str | None = "<|vision_bos|>"
+    vision_end: str | None = "<|vision_eos|>"
+    audio_start: str = "<|audio_bos|>"
+    audio_end: str = "<|audio_eos|>"
+    default_tokenizer: str | None = "qwen2.5-omni"
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 3136
+    """The released checkpoint's preprocessor_config.json (Qwen/Qwen2.5-Omni-7B)."""
+    max_pixels: int = 12845056
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+
+    image_mean: ClassVar[tuple[float, ...]] = CLIP_MEAN
+    image_std: ClassVar[tuple[float, ...]] = CLIP_STD
+    mrope: ClassVar[bool] = True
+    audio_in_video: ClassVar[bool] = True
+    audio_sample_rate: ClassVar[int] = 16000
+    forward_keys: ClassVar[tuple[str, ...]] = (
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+        "video_second_per_grid", "input_features", "feature_attention_mask",
+    )
+    overridable: ClassVar[tuple[str, ...]] = (
+        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", *ModelProfile.overridable
+    )
+
+    def __post_init__(self) -> None:
+        if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
+            raise ConfigError(f"profile {self.name!r}: need 1 <= 'min_pixels' <= 'max_pixels', "
+                              f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
+
+    # ------------------------------------------------------------------ counts
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """Qwen2VLImageProcessor's ``image_grid_thw``."""
+        h, w = smart_resize(height, width, factor=self.patch_size * self.merge_size,
+                            min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return (1, h // self.patch_size, w // self.patch_size)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        t, h, w = self.grid_thw(width, height)
+        return t * h * w // self.merge_size**2
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        m = self.merge_size
+        whole = (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
+        return np.where(whole, grids[:, 0] * (grids[:, 1] // m) * (grids[:, 2] // m), -1)
+
+    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        p, m = self.patch_size, self.merge_size
+        return (
+            (grids[:, 0] * self.temporal_patch_size != num_frames) | (grids[:, 0] < 1)
+            | (grids[:, 1] * p != sizes[:, 0]) | (grids[:, 2] * p != sizes[:, 1])
+            | (grids[:, 1] % m != 0) | (grids[:, 2] % m != 0) | (grids[:, 1] < 1) | (grids[:, 2] < 1)
+        )
+
+    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
+        """Mel frames: ceil(n / 160), at most 3000 (30 s), 0 samples none."""
+        n = np.asarray(num_samples, dtype=np.int64)
+        return np.where(n > 0, np.minimum(-(-n // 160), 3000), -1)
+
+    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        """``_get_feat_extract_output_lengths``; -1 where it gives no token (under 3 frames: the model's
+        get_rope_index cannot place an empty clip)."""
+        f = np.asarray(feature_lengths, dtype=np.int64)
+        n = ((f - 1) // 2 + 1 - 2) // 2 + 1
+        return np.where((f > 0) & (n > 0), n, -1)
+
+    # ------------------------------------------------------------------ video
+
+    def video_family(self) -> VideoFamily:
+        from packer.models.shared.qwen_video_plan import get_video_family
+
+        return get_video_family("qwen2.5-vl", min_pixels=self.video_min_pixels, max_pixels=self.video_max_pixels)
+
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        """qwen-omni-utils' frames and the processor's sizes (the shared Qwen rule), with the processor's
+        ``video_second_per_grid`` (module docstring)."""
+        import packer.models.shared.qwen_video_plan as rules
+        from packer.media.video import probe, probe_frame_list
+
+        options = dict(video.options)
+        request = rules.VideoRequest.from_part(options)
+        if video.frames:
+            plan = rules.plan_frame_list(probe_frame_list(video.frames), request, self.video_family())
+        else:
+            plan = rules.plan_video(probe(video.path), request, self.video_family())
+        fps = float(options.get("fps") or DEFAULT_FPS)
+        return replace(plan, second_per_grid_t=self.temporal_patch_size / fps)
+
+    def media_runs(self, media: Sequence[Media], node_parents: np.ndarray) -> list[MediaRun]:
+        """Images and clips alone; a video followed by its own sound track (``AudioRef.video``) becomes one run
+        ``<|audio_bos|>`` + frames and audio interleaved by 2 s chunk + ``<|audio_eos|>`` (the processor's
+        placeholder for ``<|VIDEO|>``), the track's entry inside it."""
+        out: list[MediaRun] = []
+        plans: dict[VideoRef, VideoPlan] = {}
+        for i, m in enumerate(media):
+            ref = m.ref
+            if isinstance(ref, AudioRef):
+                if ref.video:
+                    continue  # laid out with the video before it
+                out.append(self.audio_run(ref, self.audio_info(ref)))
+            elif isinstance(ref, VideoRef):
+                if ref not in plans:
+                    plans[ref] = self.plan_video(ref)
+                plan = plans[ref]
+                track = media[i + 1].ref if i + 1 < len(media) else None
+                if not (isinstance(track, AudioRef) and track.video):
+                    out.append(self.video_run(plan))
+                    continue
+                audio = self.audio_plan(self.audio_info(track))
+                n = int(self.audio_num_tokens(np.array([audio.feature_length]))[0])
+                lay = interleave(plan.grid_thw, plan.second_per_grid_t, n, merge=self.merge_size)
+                names = np.where(lay.kinds == 0, self.video_token, self.audio_token).tolist()
+                out.append(MediaRun(tuple(plan.grid_thw), int(plan.num_tokens),
+                                    tokens=(self.audio_start, *names, self.audio_end), lead=1, plan=plan))
+                out.append(MediaRun((), n, lead=1 + int(np.argmax(lay.kinds == 1)), audio=audio, inside=True))
+            else:
+                out.append(self.image_run(*self.image_size(ref)))
+        return out
+
+    # ------------------------------------------------------------------ positions
+
+    def extra_positions(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        grids: list[tuple[int, int, int]],
+        *,
+        token_ids: dict[str, int | None],
+        videos: Sequence[EncodedVideo] = (),
+        audios: Sequence[EncodedAudio] = (),
+    ) -> np.ndarray:
+        """(3, L) int32: ``rope.omni_position_ids`` over the example's images, videos (with their sound where
+        they have it) and clips, each root-to-leaf path as get_rope_index gives it alone."""
+        if not grids and not videos:  # text and audio alone: get_rope_index's 1-D branch
+            row = np.ascontiguousarray(positions, dtype=np.int32)
+            out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
+            out.flags.writeable = False
+            return out
+        return omni_position_ids(ids, node_offsets, node_parents, self.blocks(ids, grids, videos, audios, token_ids),
+                                 merge=self.merge_size)
+
+    def blocks(
+        self,
+        ids: np.ndarray,
+        grids: Sequence[tuple[int, int, int]],
+        videos: Sequence[EncodedVideo],
+        audios: Sequence[EncodedAudio],
+        token_ids: dict[str, int | None],
+    ) -> list[Block]:
+        """The example's media spans in token order, checked against its ids (RecordError
+        "image_count_mismatch" where a run is not what its entry says)."""
+        ids = np.asarray(ids)
+        image_id, video_id, audio_id = token_ids["image_token"], token_ids["video_token"], token_ids["audio_token"]
+        out: list[Block] = []
+        hits = np.flatnonzero(ids == image_id) if image_id is not None else np.zeros(0, np.int64)
+        j = 0
+        for g in grids:
+            t, h, w = (int(x) for x in g)
+            n = t * (h // self.merge_size) * (w // self.merge_size)
+            run = hits[j:j + n]
+            if len(run) != n or n == 0 or run[-1] - run[0] != n - 1:
+                raise RecordError("image_count_mismatch", f"an image of grid {g} has no run of {n} image tokens")
+            out.append(Block(int(run[0]), int(run[0]) + n, "image", (t, h, w)))
+            j += n
+        if j != len(hits):
+            raise RecordError("image_count_mismatch", f"{len(hits) - j} image tokens belong to no image")
+        tracks = [a for a in audios if a.video]
+        for v in videos:
+            grid = tuple(int(x) for x in v.grid_thw)
+            inside = [a for a in tracks if v.offset <= a.offset < v.offset + v.num_tokens + a.num_tokens]
+            if inside:
+                a = inside[0]
+                lay = interleave(grid, v.second_per_grid_t, a.num_tokens, merge=self.merge_size)
+                want = np.where(lay.kinds == 0, video_id, audio_id)
+                block = Block(v.offset, v.offset + len(want), "av", grid, v.second_per_grid_t, a.num_tokens)
+            else:
+                want = np.full(v.num_tokens, video_id)
+                block = Block(v.offset, v.offset + v.num_tokens, "video", grid, v.second_per_grid_t)
+            if not np.array_equal(ids[block.start:block.end], want):
+                raise RecordError("image_count_mismatch", f"a video's tokens at {v.offset} are not its layout")
+            out.append(block)
+        for a in audios:
+            if a.video:
+                continue
+            if not (ids[a.offset:a.offset + a.num_tokens] == audio_id).all():
+                raise RecordError("image_count_mismatch", f"an audio clip's {a.num_tokens} tokens at {a.offset} "
+                                  "are not audio tokens")
+            out.append(Block(a.offset, a.offset + a.num_tokens, "audio"))
+        out.sort(key=lambda b: b.start)
+        return out
+
+    # ------------------------------------------------------------------ reader, proof
+
+    def reader(self) -> Reader:
+        from packer.models.qwen_omni.reader import QwenOmniReader
+
+        return QwenOmniReader(self)
+
+    def proof(self) -> Proof:
+        from packer.models.qwen_omni.proof import QwenOmniProof
+
+        return QwenOmniProof(self)
+
+
+__all__ = ["QwenOmniProfile", "audio_tokens_from_frames", "mel_frames"]

@@ -1,0 +1,242 @@
+"""Qwen2.5-Omni (thinker) against transformers 5.23.0's own code: the builtin tokenizer against
+``Qwen2_5OmniThinkerConfig``'s ids and what ``Qwen2_5OmniProcessor`` reads off it; audio token counts against the
+processor on clips of every length (below one frame, one frame, odd lengths, past 30 s); the interleaved layout
+of a video with its sound against the processor's ``replace_video_with_audio_token``; positions against the
+model's ``get_rope_index`` on random sequences of text, images, audio, videos and videos with sound, and on every
+root-to-leaf path of trees.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    Qwen2_5OmniProcessor,
+    Qwen2_5OmniThinkerConfig,
+    Qwen2VLImageProcessorPil,
+    WhisperFeatureExtractor,
+)
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+    Qwen2_5OmniPreTrainedModelForConditionalGeneration as OmniModel,
+)
+
+from packer.encode.tokenizers import load_tokenizer
+from packer.models.qwen_omni.rope import (
+    Block,
+    audio_tokens_from_frames,
+    interleave,
+    mel_frames,
+    omni_position_ids,
+)
+
+IMG, VID, AUD, VB, VE, AB, AE = 151655, 151656, 151646, 151652, 151653, 151647, 151648
+
+
+class _Processor(Qwen2_5OmniProcessor):
+    """Qwen2_5OmniProcessor without a video processor (its class needs torchvision); its audio, image and text code
+    unchanged."""
+
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("qwen2.5-omni")
+
+
+@pytest.fixture(scope="module")
+def processor(tok):
+    # Qwen/Qwen2.5-Omni-7B preprocessor_config.json: WhisperFeatureExtractor with 128 mel bins, Qwen2VL images
+    return _Processor(image_processor=Qwen2VLImageProcessorPil(), video_processor=None,
+                      feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                      chat_template=tok.chat_template)
+
+
+@pytest.fixture(scope="module")
+def rope_model():
+    """The thinker's get_rope_index bound to a released thinker config (vision_start_token_id is a checkpoint
+    key the config class does not define)."""
+    config = Qwen2_5OmniThinkerConfig()
+    config.vision_start_token_id = VB
+    ns = types.SimpleNamespace(config=config, spatial_merge_size=2)
+    ns.get_llm_pos_ids_for_vision = lambda *a: OmniModel.get_llm_pos_ids_for_vision(ns, *a)
+    ns.get_chunked_index = lambda *a: OmniModel.get_chunked_index(ns, *a)
+    return lambda *a: OmniModel.get_rope_index(ns, *a)
+
+
+# ------------------------------------------------------------------ the tokenizer
+
+
+def test_tokenizer_ids(tok, processor) -> None:
+    config = Qwen2_5OmniThinkerConfig()
+    assert tok("Hello world!").input_ids == [9707, 1879, 0]  # Qwen2's BPE
+    assert tok.convert_tokens_to_ids(["<|AUDIO|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>"]) == [
+        config.audio_token_id, config.image_token_id, config.video_token_id, config.audio_start_token_id,
+        config.audio_end_token_id]
+    assert tok.convert_tokens_to_ids(["<|vision_bos|>", "<|vision_eos|>", "<|im_end|>", "<tool_call>"]) == [
+        151652, 151653, 151645, 151657]
+    assert len(tok) == 151665
+    assert (processor.audio_token_id, processor.image_token_id, processor.video_token_id) == (AUD, IMG, VID)
+    assert (processor.audio_bos_token, processor.vision_eos_token) == ("<|audio_bos|>", "<|vision_eos|>")
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+def test_template_renders_each_medium(processor) -> None:
+    msgs = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}, {"type": "image", "image": "i.png"},
+                                         {"type": "video", "video": "v.mp4"}, {"type": "text", "text": "what?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a dog"}]}]
+    text = processor.apply_chat_template(msgs, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        "<|audio_bos|><|AUDIO|><|audio_eos|><|vision_bos|><|IMAGE|><|vision_eos|><|vision_bos|><|VIDEO|><|vision_eos|>"
+        "what?<|im_end|>\n<|im_start|>assistant\na dog<|im_end|>\n"
+    )
+
+
+# ------------------------------------------------------------------ audio counts
+
+
+SAMPLE_COUNTS = [1, 159, 160, 161, 320, 321, 480, 481, 799, 800, 1600, 15999, 16000, 16001, 16161, 40000, 123457,
+                 479840, 479999, 480000, 480001, 560000]
+
+
+def test_audio_tokens_equal_the_processor(processor) -> None:
+    msgs = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}, {"type": "text", "text": "hi"}]}]
+    text = processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    rng = np.random.default_rng(0)
+    for n in SAMPLE_COUNTS:
+        out = processor(text=text, audio=[rng.standard_normal(n).astype(np.float32)], return_tensors="np")
+        frames = int(out["feature_attention_mask"].sum())
+        assert mel_frames(n) == frames, n
+        want = int((out["input_ids"][0] == AUD).sum())
+        assert audio_tokens_from_frames(frames) == want == processor._get_num_audio_tokens(n), n
+    assert audio_tokens_from_frames(mel_frames(320)) == 0  # < 20 ms: no token at all (the model cannot take it)
+    assert audio_tokens_from_frames(mel_frames(480000)) == audio_tokens_from_frames(mel_frames(10**7)) == 750
+
+
+# ------------------------------------------------------------------ a video with its sound
+
+
+@pytest.mark.parametrize(("grid", "spg", "n"), [
+    ((1, 4, 4), 1.0, 3), ((3, 4, 6), 1.0, 60), ((10, 2, 2), 1.0, 250), ((5, 4, 4), 2.0, 40), ((7, 2, 4), 0.5, 7),
+    ((6, 2, 2), 2 / 3, 100), ((4, 6, 2), 1.3, 130), ((2, 2, 2), 1.0, 1), ((9, 2, 2), 0.6667, 500),
+])
+def test_interleave_equals_the_processor(processor, grid, spg, n) -> None:
+    video_inputs = {"video_grid_thw": np.array([grid]), "video_second_per_grid": [spg]}
+    processor.video_processor = types.SimpleNamespace(merge_size=2)  # the one attribute the method reads
+    try:
+        text = processor.replace_video_with_audio_token(
+            video_inputs, 0, {"num_audio_tokens": np.array([n])}, 0, position_id_per_seconds=25, seconds_per_chunk=2.0)
+    finally:
+        processor.video_processor = None
+    want = processor.tokenizer(text).input_ids
+    lay = interleave(grid, spg, n)
+    assert [AB, *np.where(lay.kinds == 0, VID, AUD).tolist(), AE] == want
+
+
+# ------------------------------------------------------------------ positions
+
+
+def _frames_for(n: int) -> int:
+    return next(L for L in range(1, 3001) if audio_tokens_from_frames(L) == n)
+
+
+def _random_sequence(rng, with_sound: bool):
+    ids, blocks, igr, vgr, spg, aud = [], [], [], [], [], []
+    for _ in range(int(rng.integers(1, 5))):
+        ids += rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()
+        kind = rng.choice(["image", "audio", "video"])
+        if kind == "image":
+            g = (1, 2 * int(rng.integers(1, 5)), 2 * int(rng.integers(1, 5)))
+            ids.append(VB)
+            s = len(ids)
+            ids += [IMG] * (g[1] * g[2] // 4)
+            blocks.append(Block(s, len(ids), "image", g))
+            ids.append(VE)
+            igr.append(g)
+        elif kind == "audio":
+            n = int(rng.integers(1, 130))
+            ids.append(AB)
+            s = len(ids)
+            ids += [AUD] * n
+            blocks.append(Block(s, len(ids), "audio"))
+            ids.append(AE)
+            aud.append(_frames_for(n))
+        else:
+            g = (int(rng.integers(1, 8)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4)))
+            sp = float(rng.choice([0.5, 1.0, 2.0, 0.6667, 1.3]))
+            vgr.append(g)
+            spg.append(sp)
+            if with_sound:
+                n = int(rng.integers(1, 200))
+                aud.append(_frames_for(n))
+                lay = interleave(g, sp, n)
+                ids += [VB, AB]
+                s = len(ids)
+                ids += np.where(lay.kinds == 0, VID, AUD).tolist()
+                blocks.append(Block(s, len(ids), "av", g, sp, n))
+                ids += [AE, VE]
+            else:
+                ids.append(VB)
+                s = len(ids)
+                ids += [VID] * (g[0] * g[1] * g[2] // 4)
+                blocks.append(Block(s, len(ids), "video", g, sp))
+                ids.append(VE)
+    ids += rng.integers(0, 1000, int(rng.integers(0, 4))).tolist()
+    return ids, blocks, igr, vgr, spg, aud
+
+
+def _reference(rope_model, ids, igr, vgr, spg, aud, with_sound) -> np.ndarray:
+    x = torch.tensor([ids])
+    t = lambda v: torch.tensor(v) if v else None  # noqa: E731
+    pos, _ = rope_model(x, t(igr), t(vgr), torch.ones_like(x), with_sound, t(aud), t(spg))
+    return pos[:, 0].numpy()
+
+
+@pytest.mark.parametrize("with_sound", [False, True])
+def test_positions_equal_get_rope_index(rope_model, with_sound) -> None:
+    rng = np.random.default_rng(1 + with_sound)
+    checked = 0
+    for _ in range(120):
+        ids, blocks, igr, vgr, spg, aud = _random_sequence(rng, with_sound)
+        if not igr and not vgr:
+            continue  # get_rope_index's 1-D branch (text and audio alone): 0..L-1, which ours gives too
+        got = omni_position_ids(np.array(ids), np.array([0]), np.array([-1]), blocks)
+        np.testing.assert_array_equal(got, _reference(rope_model, ids, igr, vgr, spg, aud, with_sound))
+        checked += 1
+    assert checked > 80
+
+
+@pytest.mark.parametrize("with_sound", [False, True])
+def test_positions_on_trees(rope_model, with_sound) -> None:
+    """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
+    rng = np.random.default_rng(7 + with_sound)
+    for _ in range(30):
+        parts = [_random_sequence(rng, with_sound) for _ in range(3)]
+        ids, blocks, offsets = [], [], []
+        for p_ids, p_blocks, *_ in parts:
+            offsets.append(len(ids))
+            blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
+                       for b in p_blocks]
+            ids += p_ids
+        offsets_a, parents = np.array(offsets), np.array([-1, 0, 0])
+        got = omni_position_ids(np.array(ids), offsets_a, parents, blocks)
+        ends = [*offsets[1:], len(ids)]
+        for path in ([0, 1], [0, 2]):
+            cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
+            p_ids = [ids[c] for c in cols]
+            merged = [parts[n] for n in path]
+            igr = [g for m in merged for g in m[2]]
+            vgr = [g for m in merged for g in m[3]]
+            spg = [g for m in merged for g in m[4]]
+            aud = [g for m in merged for g in m[5]]
+            if not igr and not vgr:
+                np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
+                continue
+            np.testing.assert_array_equal(got[:, cols], _reference(rope_model, p_ids, igr, vgr, spg, aud, with_sound))
