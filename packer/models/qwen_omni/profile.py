@@ -253,6 +253,45 @@ class QwenOmniProfile(ModelProfile):
         out.sort(key=lambda b: b.start)
         return out
 
+    def expected_extra_positions(
+        self,
+        length: int,
+        node_offsets: np.ndarray,
+        node_parents: np.ndarray,
+        image_offsets: np.ndarray,
+        image_grids: np.ndarray,
+        *,
+        video_offsets: np.ndarray | None = None,
+        video_grids: np.ndarray | None = None,
+        video_seconds: np.ndarray | None = None,
+        audio_offsets: np.ndarray | None = None,
+        audio_num_tokens: np.ndarray | None = None,
+        audio_video: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``omni_position_ids`` of a forest (verify's check) from the stored entries: each root starts at 0.
+        A clip alone needs no entry (its positions are consecutive, as text's); a video's sound track does."""
+        m = self.merge_size
+        blocks = []
+        for off, g in zip(np.asarray(image_offsets).tolist(), np.asarray(image_grids).reshape(-1, 3).tolist(),
+                          strict=True):
+            blocks.append(Block(off, off + g[0] * (g[1] // m) * (g[2] // m), "image", tuple(g)))
+        tracks = []
+        if audio_offsets is not None and audio_video is not None:
+            tracks = [(o, n) for o, n, v in zip(np.asarray(audio_offsets).tolist(),
+                                                np.asarray(audio_num_tokens).tolist(),
+                                                np.asarray(audio_video).tolist(), strict=True) if v]
+        if video_offsets is not None:
+            for off, g, sec in zip(np.asarray(video_offsets).tolist(), np.asarray(video_grids).reshape(-1, 3).tolist(),
+                                   np.asarray(video_seconds).tolist(), strict=True):
+                n = g[0] * (g[1] // m) * (g[2] // m)
+                track = [a for a in tracks if off <= a[0] < off + n + a[1]]
+                if track:
+                    blocks.append(Block(off, off + n + track[0][1], "av", tuple(g), sec, track[0][1]))
+                else:
+                    blocks.append(Block(off, off + n, "video", tuple(g), sec))
+        blocks.sort(key=lambda b: b.start)
+        return omni_position_ids(np.zeros(length, np.int32), node_offsets, node_parents, blocks, merge=m).astype(np.int64)
+
     # ------------------------------------------------------------------ reader, proof
 
     def reader(self) -> Reader:
