@@ -86,6 +86,10 @@ class BuildConfig:
     """Optional image-count budget per pack."""
     max_videos: int | None = None
     """Optional video-count budget per pack (each clip or frame list counts one)."""
+    max_audio_tokens: int | None = None
+    """Optional audio-token budget per pack (the audio encoder's work, apart from the vision tower's)."""
+    max_audios: int | None = None
+    """Optional audio-clip budget per pack (each clip, a video's sound track included, counts one)."""
     max_examples_per_pack: int | None = None
     """Optional cap on examples per pack."""
     algorithm: str = "bfd"
@@ -106,6 +110,9 @@ class BuildConfig:
     """With ``long_docs: split``, tokens each chunk repeats from the previous one as context (no loss)."""
     image_root: str | None = None
     """Resolve relative image paths against this directory instead of each JSONL file's directory."""
+    use_audio_in_video: bool = False
+    """Every clip video also brings its own sound track (qwen-omni-utils' ``use_audio_in_video``), for a profile
+    that lays the two out together; a record's own ``use_audio_in_video`` wins."""
     columns: dict[str, str] | None = None
     """Packer field -> the input's column (or key) holding it, e.g. ``{"messages": "conversations",
     "images": "image"}``; YAML takes a mapping, the CLI ``messages=conversations,images=image``."""
@@ -150,7 +157,8 @@ class BuildConfig:
             raise ConfigError("no input: give at least one JSONL file or a `sources:` list")
         if self.max_length < 1:
             raise ConfigError(f"'max_length' must be a positive integer, got {self.max_length}")
-        for name in ("max_vision_tokens", "max_images", "max_videos", "max_examples_per_pack", "min_pixels", "max_pixels"):
+        for name in ("max_vision_tokens", "max_images", "max_videos", "max_audio_tokens", "max_audios",
+                     "max_examples_per_pack", "min_pixels", "max_pixels"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")

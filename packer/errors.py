@@ -20,10 +20,9 @@ REJECT_REASONS: dict[str, str] = {
     "missing_video": "a video file named by the record does not exist",
     "bad_video": "a video cannot be used: unreadable or truncated container, no video stream, no frames, or "
     "sampling options (video_start/end, nframes, pixels) that do not fit the clip",
-    "missing_audio": "an audio file named by the record does not exist, or a video whose sound track the record "
-    "uses has no audio stream",
-    "bad_audio": "an audio clip cannot be used: unreadable or truncated container, no audio stream, no samples, or "
-    "a window (audio_start/end) that does not fit the clip",
+    "missing_audio": "an audio file named by the record does not exist",
+    "bad_audio": "an audio clip cannot be used: unreadable or empty file, no audio stream (in an audio file, or in a "
+    "video whose sound track is asked for), or a start/end window that holds no sample of the clip",
     "unsupported_medium": "the record names a medium (audio, a video's sound track) the profile's model does not take",
     "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
     "template_error": "the chat template failed or is not prefix-stable for this record",

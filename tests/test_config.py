@@ -143,11 +143,11 @@ def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
         ("max_len: 10\n", "error: unknown config keys ['max_len'] ('max_len': did you mean 'max_length'?); "
                           "known keys: algorithm, balance_vision, "
                           "chat_template, columns, executor, image_root, image_token, inputs, long_docs, long_docs_overlap, "
-                          "max_examples_per_pack, max_images, max_length, "
+                          "max_audio_tokens, max_audios, max_examples_per_pack, max_images, max_length, "
                           "max_pixels, max_reject_fraction, max_videos, max_vision_tokens, min_pixels, num_proc, output, "
                           "overlong, overwrite, profile, profile_options, ray_address, refine, rows_per_row_group, "
                           "rows_per_shard, seed, "
-                          "sources, storage_options, strict, tokenizer\n"),
+                          "sources, storage_options, strict, tokenizer, use_audio_in_video\n"),
         ("- a list\n", "error: config {cfg} must be a mapping of option: value\n"),
         ("inputs: [x.jsonl]\nmax_length: 0\n", "error: 'max_length' must be a positive integer, got 0\n"),
         ("inputs: [x.jsonl]\nalgorithm: magic\n", "error: 'algorithm' must be one of bfd, ffd, next-fit, binpacking, got 'magic'\n"),

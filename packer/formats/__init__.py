@@ -40,7 +40,7 @@ KINDS: dict[str, Parser] = {
 
 def parse_record(
     obj: Any, *, path: str, line: int, base_dir: str, image_root: str | None = None, source_name: str = "",
-    columns: dict[str, str] | None = None,
+    columns: dict[str, str] | None = None, audio_in_video: bool = False,
 ) -> Example:
     """Parse one decoded JSON record (or table row) into an Example; raise RecordError (with ``path:line``)
     when unusable.
@@ -48,8 +48,11 @@ def parse_record(
     ``base_dir`` is the directory relative image paths resolve against (the input file's), unless
     ``image_root`` is given. ``columns`` maps packer fields onto the record's own names
     (``{"messages": "conversations"}``: packer's ``messages`` is the record's ``conversations``).
+    ``audio_in_video``: every clip video brings its sound track (``use_audio_in_video``; a record's own
+    ``use_audio_in_video`` wins).
     """
-    ctx = Ctx(path, line, os.path.abspath(image_root if image_root is not None else base_dir), source_name)
+    ctx = Ctx(path, line, os.path.abspath(image_root if image_root is not None else base_dir), source_name,
+              audio_in_video=audio_in_video)
     if not isinstance(obj, dict):
         raise ctx.error("malformed_json", f"the line is a JSON {type(obj).__name__}, not an object")
     if columns:

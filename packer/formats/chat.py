@@ -37,17 +37,21 @@ from typing import Any
 from packer.core.types import Example, Node
 from packer.formats.common import (
     Ctx,
+    audio_pool,
     chat_messages,
     check_pool_used,
     image_pool,
     record_tools,
     tree_branches,
+    use_audio_in_video,
     video_pool,
 )
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
     ctx.pool = image_pool(obj, ctx)
+    ctx.audio_pool = audio_pool(obj, ctx)
+    use_audio_in_video(obj, ctx)
     ctx.video_pool = video_pool(obj, ctx)
     items = obj["messages"]
     if not isinstance(items, list):

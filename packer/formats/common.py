@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from packer.core.types import Example, ImageRef, Message, Node, VideoRef
+from packer.core.types import AudioRef, Example, ImageRef, Message, Node, Part, VideoRef
 from packer.errors import RecordError
 
 # Accepted roles -> canonical role. LLaVA / ShareGPT names map onto the chat roles.
@@ -28,6 +28,8 @@ ROLES: dict[str, str] = {
 }
 IMAGE_PLACEHOLDER = "<image>"  # LLaVA's placeholder for "the next image goes here"
 VIDEO_PLACEHOLDER = "<video>"  # and for the next video (LLaMA-Factory, LLaVA-Video)
+AUDIO_PLACEHOLDER = "<audio>"  # and for the next audio clip (LLaMA-Factory, ms-swift)
+AUDIO_OPTIONS = ("audio_start", "audio_end")  # an audio part's window, seconds (qwen-omni-utils' names)
 # A video part's sampling options, named as qwen-vl-utils names them (packer.models.shared.qwen_video_plan.VideoRequest reads
 # them; tests/formats/test_formats.py checks the two lists agree).
 VIDEO_OPTIONS = (
@@ -39,9 +41,10 @@ VIDEO_OPTIONS = (
 class Ctx:
     """What resolving a record needs: where it is, where relative paths point, the pool of top-level images."""
 
-    __slots__ = ("path", "line", "root_dir", "source_name", "pool", "used", "video_pool", "videos_used")
+    __slots__ = ("path", "line", "root_dir", "source_name", "pool", "used", "video_pool", "videos_used",
+                 "audio_pool", "audios_used", "audio_in_video")
 
-    def __init__(self, path: str, line: int, root_dir: str, source_name: str = ""):
+    def __init__(self, path: str, line: int, root_dir: str, source_name: str = "", audio_in_video: bool = False):
         self.path = path
         self.line = line
         self.root_dir = root_dir
@@ -50,6 +53,9 @@ class Ctx:
         self.used = 0
         self.video_pool: list[VideoRef] | None = None  # top-level videos, the same way
         self.videos_used = 0
+        self.audio_pool: list[AudioRef] | None = None  # top-level audio clips, the same way
+        self.audios_used = 0
+        self.audio_in_video = audio_in_video  # every clip video's sound track too (use_audio_in_video)
 
     def error(self, reason: str, message: str) -> RecordError:
         return RecordError(reason, message, path=self.path, line=self.line)
@@ -81,6 +87,18 @@ class Ctx:
             )
         ref = self.video_pool[self.videos_used]
         self.videos_used += 1
+        return ref
+
+    def next_pooled_audio(self) -> AudioRef:
+        if self.audio_pool is None or self.audios_used >= len(self.audio_pool):
+            n = 0 if self.audio_pool is None else len(self.audio_pool)
+            raise self.error(
+                "image_count_mismatch",
+                f"more audio placeholders than audio clips (the record lists {n}); "
+                "give each <audio> placeholder (or source-less audio part) a clip",
+            )
+        ref = self.audio_pool[self.audios_used]
+        self.audios_used += 1
         return ref
 
 
@@ -180,23 +198,101 @@ def video_ref(source: Any, ctx: Ctx, options: dict[str, Any] | None = None) -> V
     )
 
 
-def _split_placeholders(text: str, ctx: Ctx, parts: list[str | ImageRef | VideoRef]) -> None:
-    """Append ``text`` to ``parts``, each ``<image>`` (``<video>``) replaced by the next pooled image (video)
-    where the record has such a pool."""
-    names = [p for p, pool in ((IMAGE_PLACEHOLDER, ctx.pool), (VIDEO_PLACEHOLDER, ctx.video_pool)) if pool is not None]
+def audio_ref(source: Any, ctx: Ctx, options: dict[str, Any] | None = None) -> AudioRef:
+    """A clip path, a ``data:`` URL, raw bytes or a ``{"bytes", "path"}`` struct (``datasets.Audio``), plus the
+    part's window (``audio_start`` / ``audio_end``, seconds) -> AudioRef (a path resolved and checked to exist;
+    bytes kept as they are; bytes win over path).
+
+        audio_ref("a.wav", ctx, {"audio_start": 1.5})  ->  AudioRef(path=".../a.wav", start=1.5)
+
+    What the window means for the clip (past its end, ...) is checked when its header is read
+    (``packer.media.audio``), with the same ``path:line``.
+    """
+    start, end = (_seconds(ctx, name, (options or {}).get(name)) for name in AUDIO_OPTIONS)
+    if start is not None and end is not None and end <= start:
+        raise ctx.error("bad_audio", f"audio_end {end} s is not after audio_start {start} s")
+    if isinstance(source, dict) and ("bytes" in source or "path" in source):
+        data, path = source.get("bytes"), source.get("path")
+        source = path if data is None else data
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if not source:
+            raise ctx.error("bad_audio", "embedded audio bytes are empty")
+        return AudioRef(data=bytes(source), start=start, end=end)
+    if not isinstance(source, str) or not source:
+        raise ctx.error(
+            "wrong_type", "an audio source must be a non-empty string (path or data URL), bytes or a "
+            f'{{"bytes", "path"}} struct, got {source!r:.80}'
+        )
+    if source.startswith("data:"):
+        header, sep, payload = source.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise ctx.error("bad_audio", f"inline audio {header[:40]!r}... is not a base64 data URL (data:audio/...;base64,...)")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ctx.error("bad_audio", f"inline audio is not valid base64: {e}") from None
+        if not data:
+            raise ctx.error("bad_audio", "inline audio is empty")
+        return AudioRef(data=data, start=start, end=end)
+    return AudioRef(path=_file_path(source, ctx, missing="missing_audio", bad="bad_audio", what="audio"), start=start,
+                    end=end)
+
+
+def _seconds(ctx: Ctx, name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ctx.error("wrong_type", f"audio option {name!r} must be a number of seconds, got {value!r:.80}")
+    if value < 0:
+        raise ctx.error("bad_audio", f"audio option {name!r} is negative ({value} s)")
+    return float(value)
+
+
+def _input_audio(value: Any, ctx: Ctx, where: str) -> AudioRef:
+    """OpenAI's ``{"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}``."""
+    if not isinstance(value, dict) or not isinstance(value.get("data"), str):
+        raise ctx.error("wrong_type", f'{where}: \'input_audio\' must be {{"data": base64, "format": ...}}')
+    try:
+        data = base64.b64decode(value["data"], validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ctx.error("bad_audio", f"{where}: input_audio data is not valid base64: {e}") from None
+    if not data:
+        raise ctx.error("bad_audio", f"{where}: input_audio data is empty")
+    return AudioRef(data=data)
+
+
+def sound_track(video: VideoRef, ctx: Ctx) -> AudioRef:
+    """A clip video's own sound track (``use_audio_in_video``), over the video's window."""
+    if video.frames:
+        raise ctx.error("bad_audio", f"use_audio_in_video: a video given as {len(video.frames)} frame images "
+                                         "has no sound track; give the clip, or turn the option off for this record")
+    options = dict(video.options)
+    start, end = options.get("video_start"), options.get("video_end")
+    return AudioRef(path=video.path, start=None if start is None else float(start),
+                    end=None if end is None else float(end), video=True)
+
+
+def _split_placeholders(text: str, ctx: Ctx, parts: list[Part]) -> None:
+    """Append ``text`` to ``parts``, each ``<image>`` (``<video>``, ``<audio>``) replaced by the next pooled image
+    (video, clip) where the record has such a pool."""
+    names = [p for p, pool in ((IMAGE_PLACEHOLDER, ctx.pool), (VIDEO_PLACEHOLDER, ctx.video_pool),
+                               (AUDIO_PLACEHOLDER, ctx.audio_pool)) if pool is not None]
     for piece in re.split("(" + "|".join(names) + ")", text) if names else [text]:
         if piece == IMAGE_PLACEHOLDER and ctx.pool is not None:
             parts.append(ctx.next_pooled())
         elif piece == VIDEO_PLACEHOLDER and ctx.video_pool is not None:
             parts.append(ctx.next_pooled_video())
+        elif piece == AUDIO_PLACEHOLDER and ctx.audio_pool is not None:
+            parts.append(ctx.next_pooled_audio())
         elif piece:
             parts.append(piece)
 
 
-def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
-    """A message's content (string or list of parts) -> text strings and ImageRefs in order."""
-    parts: list[str | ImageRef | VideoRef] = []
-    pooled = ctx.pool is not None or ctx.video_pool is not None
+def content_parts(content: Any, ctx: Ctx, where: str) -> list[Part]:
+    """A message's content (string or list of parts) -> text strings and media references in order; with
+    ``use_audio_in_video``, each clip video followed by its sound track."""
+    parts: list[Part] = []
+    pooled = ctx.pool is not None or ctx.video_pool is not None or ctx.audio_pool is not None
     if isinstance(content, str):
         if pooled:
             _split_placeholders(content, ctx, parts)
@@ -230,10 +326,24 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
             elif kind == "video" or (kind is None and "video" in part):
                 source = part.get("video")
                 parts.append(ctx.next_pooled_video() if source is None else video_ref(source, ctx, part))
+            elif kind == "audio" or (kind is None and "audio" in part):
+                source = part.get("audio")
+                if source is None:
+                    if any(part.get(o) is not None for o in AUDIO_OPTIONS):
+                        raise ctx.error("wrong_type", f"{where} part {j}: a window needs the clip in the part; "
+                                                      "a pooled clip (<audio>) takes no options")
+                    parts.append(ctx.next_pooled_audio())
+                else:
+                    parts.append(audio_ref(source, ctx, part))
+            elif kind == "audio_url" or (kind is None and "audio_url" in part):
+                url = part.get("audio_url")
+                parts.append(audio_ref(url.get("url") if isinstance(url, dict) else url, ctx, part))
+            elif kind == "input_audio":
+                parts.append(_input_audio(part.get("input_audio"), ctx, f"{where} part {j}"))
             else:
                 raise ctx.error(
                     "wrong_type",
-                    f"{where} part {j} has unsupported type {kind!r}; use text, image, image_url or video",
+                    f"{where} part {j} has unsupported type {kind!r}; use text, image, image_url, video or audio",
                 )
     else:
         raise ctx.error(
@@ -241,6 +351,8 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[str | ImageRef]:
         )
     if not parts:
         raise ctx.error("empty_messages", f"{where} has no content")
+    if ctx.audio_in_video and any(isinstance(p, VideoRef) for p in parts):
+        parts = [q for p in parts for q in ((p, sound_track(p, ctx)) if isinstance(p, VideoRef) else (p,))]
     return parts
 
 
@@ -309,7 +421,7 @@ def chat_message(msg: Any, ctx: Ctx, where: str) -> Message:
     calls = tool_calls(msg, role, ctx, where)
     content = msg.get("content")
     if calls is not None and content in (None, "", []):
-        parts: list[str | ImageRef | VideoRef] = []  # a turn that only calls tools
+        parts: list[Part] = []  # a turn that only calls tools
     elif "content" not in msg:
         raise ctx.error("empty_messages", f"{where} has no 'content'")
     else:
@@ -396,6 +508,30 @@ def video_pool(obj: dict[str, Any], ctx: Ctx) -> list[VideoRef] | None:
     return [video_ref(v, ctx) for v in value]
 
 
+def audio_pool(obj: dict[str, Any], ctx: Ctx) -> list[AudioRef] | None:
+    """The top-level ``audios`` / ``audio`` field (a path, a ``{"bytes", "path"}`` struct, bytes, or a list of
+    them), resolved; None when absent (ms-swift / LLaMA-Factory: one ``<audio>`` placeholder per clip)."""
+    key = "audios" if "audios" in obj else "audio" if "audio" in obj else None
+    if key is None or obj[key] is None:
+        return None
+    value = obj[key]
+    if isinstance(value, (str, dict, bytes)):
+        value = [value]
+    if not isinstance(value, list):
+        raise ctx.error("wrong_type", f"'{key}' must be a path or a list of clips, got {type(value).__name__}")
+    return [audio_ref(v, ctx) for v in value]
+
+
+def use_audio_in_video(obj: dict[str, Any], ctx: Ctx) -> None:
+    """The record's ``use_audio_in_video`` (qwen-omni-utils' name) overrides the build's default."""
+    value = obj.get("use_audio_in_video")
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise ctx.error("wrong_type", f"'use_audio_in_video' must be true or false, got {value!r:.80}")
+    ctx.audio_in_video = value
+
+
 def check_pool_used(ctx: Ctx) -> None:
     if ctx.pool is not None and ctx.used != len(ctx.pool):
         raise ctx.error(
@@ -408,4 +544,10 @@ def check_pool_used(ctx: Ctx) -> None:
             "image_count_mismatch",
             f"the record lists {len(ctx.video_pool)} videos but its messages have {ctx.videos_used} video "
             'placeholders; put one <video> (or {"type": "video"} part) per video',
+        )
+    if ctx.audio_pool is not None and ctx.audios_used != len(ctx.audio_pool):
+        raise ctx.error(
+            "image_count_mismatch",
+            f"the record lists {len(ctx.audio_pool)} audio clips but its messages have {ctx.audios_used} audio "
+            'placeholders; put one <audio> (or {"type": "audio"} part) per clip',
         )

@@ -1,10 +1,12 @@
 """The ``conversations`` kind (LLaVA / ShareGPT): ``[{"from": "human"|"gpt"|"system", "value": "..."}]`` plus
-``image`` (a path or a list), and/or ``video`` (a clip path, or a list of clips or of frame-path lists).
+``image`` (a path or a list), ``video`` (a clip path, or a list of clips or of frame-path lists) and/or
+``audios`` (clip paths or ``{"bytes", "path"}`` structs; ms-swift / LLaMA-Factory).
 
-Each ``<image>`` placeholder takes the next image, each ``<video>`` the next video. A record with images but
-no placeholder at all gets LLaVA's own convention: ``"<image>\\n"`` per image prepended to the first human
-turn; videos likewise (``"<video>\\n"``). LLaVA-Video-178K marks its one video with ``<image>``: a record
-with videos, no images and no ``<video>`` reads its ``<image>`` placeholders as the videos'.
+Each ``<image>`` placeholder takes the next image, each ``<video>`` the next video, each ``<audio>`` the next
+clip (``<audio>`` stays text in a record without clips). A record with images but no placeholder at all gets
+LLaVA's own convention: ``"<image>\\n"`` per image prepended to the first human turn; videos and clips likewise
+(``"<video>\\n"``, ``"<audio>\\n"``). LLaVA-Video-178K marks its one video with ``<image>``: a record with
+videos, no images and no ``<video>`` reads its ``<image>`` placeholders as the videos'.
 
     {"video": "clip.mp4", "conversations": [{"from": "human", "value": "<video>\\nWhat happens?"}, ...]}
 """
@@ -15,20 +17,25 @@ from typing import Any
 
 from packer.core.types import Example, Message, Node
 from packer.formats.common import (
+    AUDIO_PLACEHOLDER,
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
     Ctx,
+    audio_pool,
     canonical_role,
     check_pool_used,
     content_parts,
     image_pool,
     loss_flag,
+    use_audio_in_video,
     video_pool,
 )
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
     ctx.pool = image_pool(obj, ctx)
+    ctx.audio_pool = audio_pool(obj, ctx)
+    use_audio_in_video(obj, ctx)
     ctx.video_pool = video_pool(obj, ctx)
     turns = obj["conversations"]
     if not isinstance(turns, list):
@@ -49,7 +56,8 @@ def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
         rows.append((role, value, loss_flag(turn, ctx, w), w))
     if ctx.video_pool and not ctx.pool and not any(VIDEO_PLACEHOLDER in v for _, v, _, _ in rows):
         rows = [(r, v.replace(IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER), lo, w) for r, v, lo, w in rows]  # LLaVA-Video
-    for placeholder, pool in ((VIDEO_PLACEHOLDER, ctx.video_pool), (IMAGE_PLACEHOLDER, ctx.pool)):
+    for placeholder, pool in ((AUDIO_PLACEHOLDER, ctx.audio_pool), (VIDEO_PLACEHOLDER, ctx.video_pool),
+                              (IMAGE_PLACEHOLDER, ctx.pool)):
         if pool and not any(placeholder in v for _, v, _, _ in rows):
             # LLaVA's convention (llava/train/train.py preprocess_multimodal): the image goes first in the first
             # human turn, followed by a newline.

@@ -19,7 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from packer.core.types import Example, Node
-from packer.formats.common import Ctx, chat_messages, check_pool_used, image_pool, record_tools
+from packer.formats.common import (
+    Ctx,
+    audio_pool,
+    chat_messages,
+    check_pool_used,
+    image_pool,
+    record_tools,
+    use_audio_in_video,
+)
 
 
 def _messages(obj: dict[str, Any], key: str, ctx: Ctx) -> list:
@@ -42,6 +50,8 @@ def split_prompt(chosen: list, rejected: list) -> int:
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
     ctx.pool = image_pool(obj, ctx)
+    ctx.audio_pool = audio_pool(obj, ctx)
+    use_audio_in_video(obj, ctx)
     chosen, rejected = _messages(obj, "chosen", ctx), _messages(obj, "rejected", ctx)
     if "prompt" in obj:
         prompt = _messages(obj, "prompt", ctx)

@@ -22,6 +22,7 @@ def parse_line(
     image_root: str | None = None,
     source_name: str = "",
     columns: dict[str, str] | None = None,
+    audio_in_video: bool = False,
 ) -> Example:
     """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record."""
     if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -54,7 +55,7 @@ def parse_line(
             ) from None
     return parse_record(
         obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name,
-        columns=columns,
+        columns=columns, audio_in_video=audio_in_video,
     )
 
 

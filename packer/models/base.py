@@ -25,6 +25,7 @@ The base class is a model without vision or audio (the ``text`` family); a famil
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -40,6 +41,13 @@ if TYPE_CHECKING:
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
+
+
+@lru_cache(maxsize=4096)
+def _probe_file(path: str, start: float | None, end: float | None, video: bool) -> AudioInfo:
+    from packer.media.audio import probe_audio
+
+    return probe_audio(path, start=start, end=end, video=video)
 
 
 class AudioPlan(NamedTuple):
@@ -230,10 +238,11 @@ class ModelProfile:
     def audio_info(self, audio: AudioRef) -> AudioInfo:
         """An audio clip's header after its window (``packer.media.audio.probe_audio``): rate, channels, samples;
         RecordError ``missing_audio`` / ``bad_audio`` for a clip nothing can load."""
+        if audio.data is None:  # a file: its header read once per window (a tree's branches name a clip twice)
+            return _probe_file(audio.path, audio.start, audio.end, audio.video)
         from packer.media.audio import probe_audio
 
-        source = audio.path if audio.data is None else audio.data
-        return probe_audio(source, start=audio.start, end=audio.end, video=audio.video)
+        return probe_audio(audio.data, start=audio.start, end=audio.end, video=audio.video)
 
     def audio_plan(self, info: AudioInfo) -> AudioPlan:
         """The samples the family's loader yields (``loaded_num_samples`` at ``audio_sample_rate``) and the

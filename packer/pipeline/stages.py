@@ -168,7 +168,8 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
         for row, obj in enumerate(rows, start=chunk.first_line):
             try:
                 yield parse_record(obj, path=chunk.path, line=row, base_dir=base_dir, image_root=config.image_root,
-                                   source_name=chunk.source, columns=columns)
+                                   source_name=chunk.source, columns=columns,
+                                   audio_in_video=config.use_audio_in_video)
             except RecordError as e:
                 yield e if e.path else e.located(chunk.path, row)
         return
@@ -177,7 +178,7 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
             continue  # blank lines are not records
         try:
             yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
-                             source_name=chunk.source, columns=columns)
+                             source_name=chunk.source, columns=columns, audio_in_video=config.use_audio_in_video)
         except RecordError as e:
             yield e if e.path else e.located(chunk.path, line_no)
 

@@ -256,9 +256,9 @@ USER = {"role": "user", "content": "q"}
         ({"messages": [{"role": 1, "content": "x"}]}, "wrong_type", r"messages\[0\] role must be a string"),
         ({"messages": [{"role": "user", "content": ["x"]}]}, "wrong_type", r"part 0 must be an object"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "sound", "sound": "a.wav"}]}]},
             "wrong_type",
-            r"unsupported type 'audio'; use text, image, image_url or video",
+            r"unsupported type 'sound'; use text, image, image_url, video or audio",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},

@@ -1,0 +1,236 @@
+"""Audio through the encoder, on real clips (tests/media/audio_clips.py): each ``{"type": "audio"}`` part's
+placeholder becomes its family's run, counted from the header alone, and the stored entry says what the reader
+will decode. The toy family (tests/models/toy_family/) takes audio as a Whisper-style encoder hears it.
+
+The reference for the ids is what a processor does: the chat template's text (``apply_chat_template``),
+tokenized, each audio placeholder repeated by the clip's token count; the reference for the counts is the
+decoded clip itself (``decode_audio``: what the family's loader yields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer.core.types import IGNORE_INDEX, AudioRef, VideoRef
+from packer.encode.encoder import Encoder
+from packer.errors import RecordError
+from packer.formats import parse_record
+from packer.media.audio import decode_audio
+from packer.media.video import VideoPlan
+from packer.models import get_profile
+from packer.models.base import Media, MediaRun
+from tests.media.audio_clips import signal, write_clip, write_video
+from tests.models.toy_family import ToyProfile
+
+TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_pad|>{% elif part['type'] == 'video' %}<|video_pad|>"
+    "{% elif part['type'] == 'audio' %}Audio: <|quad_start|>\n{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+AUDIO = "<|quad_start|>"
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("audio")
+    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
+    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
+    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
+    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    (root / "broken.wav").write_bytes(b"RIFF not really a wave file")
+    write_video(root / "movie.mp4", seconds=1.5)
+    return root
+
+
+@pytest.fixture(scope="module")
+def toy(qwen_tokenizer) -> Encoder:
+    return Encoder(qwen_tokenizer, ToyProfile(name="toy"), chat_template=TEMPLATE)
+
+
+def record(clips: Path, *content, branches=None, **extra) -> object:
+    obj = {"messages": [{"role": "user", "content": list(content)}, {"role": "assistant", "content": "Heard it."}],
+           **({"branches": branches} if branches else {}), **extra}
+    return parse_record(obj, path="speech.jsonl", line=4, base_dir=str(clips))
+
+
+def audio(name: str, **window) -> dict:
+    return {"type": "audio", "audio": name, **window}
+
+
+def loaded(clips: Path, name: str, start=None, end=None) -> int:
+    return int(decode_audio(str(clips / name), target_sr=16000, start=start, end=end).shape[0])
+
+
+def reference_ids(enc: Encoder, messages: list[dict], counts: list[int]) -> np.ndarray:
+    """The processor's way: the template's text tokenized, each audio placeholder repeated by its count."""
+    tok = enc.tokenizer
+    text = tok.apply_chat_template(messages, tokenize=False, chat_template=TEMPLATE)
+    ids = np.array(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    repeats = np.ones(ids.shape[0], dtype=np.int64)
+    at = np.flatnonzero(ids == enc.audio_token_id)
+    assert len(at) == len(counts)
+    repeats[at] = counts
+    return np.repeat(ids, repeats)
+
+
+def test_clips_in_every_codec_become_their_counted_runs(toy, clips):
+    names = ["speech.wav", "tone.mp3", "noise.flac", "short.m4a"]
+    ex = record(clips, audio(names[0]), {"type": "text", "text": "and"}, audio(names[1]), audio(names[2]),
+                {"type": "text", "text": "and "}, audio(names[3]))
+    enc = toy.encode(ex)
+    profile = toy.profile
+    samples = [loaded(clips, n) for n in names]
+    assert [a.num_samples for a in enc.audios] == samples  # the header's count is what the loader yields
+    frames = [n // 160 for n in samples]
+    assert [a.feature_length for a in enc.audios] == frames
+    assert [a.num_tokens for a in enc.audios] == [-(-f // 10) for f in frames]
+    assert all(a.sample_rate == profile.audio_sample_rate and not a.video and a.data is None for a in enc.audios)
+    assert [a.source for a in enc.audios] == [str(clips / n) for n in names]
+    messages = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "and"}, {"type": "audio"},
+                                             {"type": "audio"}, {"type": "text", "text": "and "}, {"type": "audio"}]},
+                {"role": "assistant", "content": "Heard it."}]
+    want = reference_ids(toy, messages, [a.num_tokens for a in enc.audios])
+    np.testing.assert_array_equal(enc.input_ids, want)
+    for a in enc.audios:
+        run = slice(a.offset, a.offset + a.num_tokens)
+        assert (enc.input_ids[run] == toy.audio_token_id).all() and (enc.labels[run] == IGNORE_INDEX).all()
+    assert int((enc.input_ids == toy.audio_token_id).sum()) == enc.num_audio_tokens == sum(a.num_tokens for a in enc.audios)
+    assert enc.num_vision_tokens == 0 and enc.audios[0].seconds == pytest.approx(samples[0] / 16000)
+
+
+def test_window_inline_bytes_and_tree_branches(toy, clips):
+    data = (clips / "tone.mp3").read_bytes()
+    ex = record(clips, audio("noise.flac", audio_start=0.25, audio_end=1.5), {"type": "text", "text": "Say?"},
+                branches=[[{"role": "assistant", "content": "A hiss."}],
+                          [{"role": "assistant", "content": "Listen:"},
+                           {"role": "user", "content": [{"type": "audio", "audio": {"bytes": data, "path": "t.mp3"}}]},
+                           {"role": "assistant", "content": "A tone."}]])
+    enc = toy.encode(ex)
+    first, second = enc.audios
+    assert (first.audio_start, first.audio_end) == (0.25, 1.5)
+    assert first.num_samples == loaded(clips, "noise.flac", 0.25, 1.5) == 20000
+    assert second.data == data and second.source == "" and second.num_samples == loaded(clips, "tone.mp3")
+    node_of = lambda off: int(np.searchsorted(enc.node_offsets, off, side="right") - 1)  # noqa: E731
+    assert [node_of(a.offset) for a in enc.audios] == [0, 2]  # the root's clip, then the second branch's
+    for a in enc.audios:
+        assert (enc.input_ids[a.offset : a.offset + a.num_tokens] == toy.audio_token_id).all()
+
+
+def test_truncation_never_cuts_a_clip(qwen_tokenizer, clips):
+    ex = record(clips, {"type": "text", "text": "Listen to this:"}, audio("speech.wav"))
+    ex.root.messages[0].loss = True  # loss on the question, so a cut before the clip keeps some
+    whole = Encoder(qwen_tokenizer, ToyProfile(name="toy"), chat_template=TEMPLATE).encode(ex)
+    (clip,) = whole.audios
+    inside = clip.offset + clip.num_tokens // 2  # a cut inside the clip's run moves before it
+    cut = Encoder(qwen_tokenizer, ToyProfile(name="toy"), chat_template=TEMPLATE, max_length=inside,
+                  overlong="truncate").encode(ex)
+    assert cut.audios == [] and cut.num_tokens <= clip.offset
+    assert int((cut.input_ids == whole.input_ids[clip.offset]).sum()) == 0  # no stray placeholder of the cut clip
+    after = clip.offset + clip.num_tokens + 2
+    kept = Encoder(qwen_tokenizer, ToyProfile(name="toy"), chat_template=TEMPLATE, max_length=after,
+                   overlong="truncate").encode(ex)
+    assert kept.audios == [clip] and kept.num_tokens == after
+
+
+def test_families_without_audio_refuse_it(qwen_tokenizer, clips):
+    ex = record(clips, audio("speech.wav"), {"type": "text", "text": "What?"})
+    for name in ("text", "qwen2-vl", "llava"):
+        with pytest.raises(RecordError, match=f"profile '{name}' takes no audio") as e:
+            Encoder(qwen_tokenizer, get_profile(name)).encode(ex)
+        assert (e.value.reason, e.value.path, e.value.line) == ("unsupported_medium", "speech.jsonl", 4)
+
+
+def test_bad_and_missing_clips_are_rejected_where_they_are(toy, clips):
+    results = toy.encode_batch([record(clips, audio("broken.wav")), record(clips, audio("speech.wav"))])
+    bad, good = results
+    assert isinstance(bad, RecordError) and (bad.reason, bad.path, bad.line) == ("bad_audio", "speech.jsonl", 4)
+    assert "broken.wav" in bad.message and not isinstance(good, RecordError)
+    (clips / "gone.wav").write_bytes(b"x")
+    ex = record(clips, audio("gone.wav"))
+    (clips / "gone.wav").unlink()
+    with pytest.raises(RecordError) as e:
+        toy.encode(ex)
+    assert e.value.reason == "missing_audio"
+    with pytest.raises(RecordError) as e:  # a window past the clip's end
+        toy.encode(record(clips, audio("tone.mp3", audio_start=5.0)))
+    assert e.value.reason == "bad_audio"
+
+
+def test_literal_audio_token_in_text_is_refused(toy, clips):
+    with pytest.raises(RecordError, match="holds '<|quad_start|>' literally") as e:
+        toy.encode(record(clips, audio("speech.wav"), {"type": "text", "text": f"fake {AUDIO}"}))
+    assert e.value.reason == "image_count_mismatch"
+
+
+# ---------------------------------------------------------------- a video's sound track inside its video's run
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyAV(ToyProfile):
+    """The toy with video (4 tokens per clip) whose sound track it interleaves with the frames, Qwen-Omni style:
+    ``<|box_start|>`` video x2, audio x(first half), video x2, audio x(rest) ``<|box_end|>``."""
+
+    video_token: str | None = "<|video_pad|>"
+    interleave: bool = True
+
+    @property
+    def audio_in_video(self) -> bool:  # type: ignore[override]
+        return self.interleave
+
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        return VideoPlan(frame_indices=(0, 1), video_fps=10.0, total_frames=15, sample_fps=2.0, utils_size=(48, 64),
+                         size=(48, 64), grid_thw=(1, 2, 2), num_tokens=4, second_per_grid_t=1.0, timestamps=None)
+
+    def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
+        out, k = [], 0
+        while k < len(media):
+            ref = media[k].ref
+            track = k + 1 < len(media) and isinstance(media[k + 1].ref, AudioRef) and media[k + 1].ref.video
+            if not (isinstance(ref, VideoRef) and track and self.interleave):
+                out += super().media_runs(media[k : k + 1], node_parents)
+                k += 1
+                continue
+            plan = self.plan_video(ref)
+            audio_run = self.audio_run(media[k + 1].ref, self.audio_info(media[k + 1].ref))
+            half = audio_run.num_tokens // 2
+            tokens = ("<|box_start|>", *[self.video_token] * 2, *[self.audio_token] * half, *[self.video_token] * 2,
+                      *[self.audio_token] * (audio_run.num_tokens - half), "<|box_end|>")
+            out.append(MediaRun(plan.grid_thw, plan.num_tokens, tokens=tokens, lead=1, plan=plan))
+            out.append(audio_run._replace(inside=True, lead=3))
+            k += 2
+        return out
+
+
+def test_a_video_sound_track_lies_inside_its_video_run(qwen_tokenizer, clips):
+    enc = Encoder(qwen_tokenizer, ToyAV(name="toy-av"), chat_template=TEMPLATE)
+    ex = record(clips, {"type": "video", "video": "movie.mp4", "video_start": 0.2}, audio("tone.mp3"),
+                use_audio_in_video=True)
+    out = enc.encode(ex)
+    track, clip = out.audios
+    assert track.video and track.source == str(clips / "movie.mp4") and track.audio_start == 0.2
+    want = int(decode_audio(str(clips / "movie.mp4"), target_sr=16000, start=0.2, video=True).shape[0])
+    assert track.num_samples == want
+    (video,) = out.videos
+    ids = out.input_ids
+    assert ids[video.offset - 1] == qwen_tokenizer.convert_tokens_to_ids("<|box_start|>")
+    assert track.offset == video.offset + 2  # lead 3 into the run
+    assert (ids[track.offset : track.offset + track.num_tokens // 2] == enc.audio_token_id).all()
+    run_end = video.offset - 1 + 4 + track.num_tokens + 2
+    assert ids[run_end - 1] == qwen_tokenizer.convert_tokens_to_ids("<|box_end|>")
+    assert (ids[clip.offset : clip.offset + clip.num_tokens] == enc.audio_token_id).all() and not clip.video
+    assert int((ids == enc.audio_token_id).sum()) == track.num_tokens + clip.num_tokens
+    # the track without a family that interleaves it: refused, not dropped
+    plain = Encoder(qwen_tokenizer, ToyAV(name="toy-av", interleave=False), chat_template=TEMPLATE)
+    with pytest.raises(RecordError, match="does not take a video's sound track") as e:
+        plain.encode(ex)
+    assert e.value.reason == "unsupported_medium"
+    # and without the option, the same video is a video alone
+    assert enc.encode(record(clips, {"type": "video", "video": "movie.mp4"})).audios == []
