@@ -1,0 +1,145 @@
+"""Whisper's log-mel features in numpy: what transformers' ``WhisperFeatureExtractor`` gives a family's audio
+encoder (Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni and the other Whisper-fronted families), without torch or
+torchaudio, so a reader can build them where the model is not.
+
+    mel = whisper_log_mel(audio_16k, feature_size=128)               # Qwen2-Audio / Qwen2.5-Omni: padded to 30 s
+    mel.features.shape, int(mel.attention_mask.sum())                -> (128, 3000), ceil(len(audio_16k) / 160)
+
+The extractor (transformers 5.23) pads or truncates the clip to ``chunk_length`` seconds (``padding="max_length"``,
+``truncation=True``: what both Qwen processors ask for; a longer clip is cut to its first 30 s), frames it with a
+periodic Hann window of ``n_fft`` every ``hop_length`` samples after reflect-padding ``n_fft // 2`` on each side
+(``torch.stft(center=True)``), drops the last frame, takes the power through Slaney mel filters up to 8 kHz, and
+maps ``log10(max(mel, 1e-10))`` to ``(max(x, x.max() - 8) + 4) / 4``. Its attention mask marks the frames
+whose hop starts on a sample of the clip. It runs that in torch (float32) when torch is installed, else in numpy
+(float64). This module computes in float64 like the numpy path and matches it to a float32 rounding; the torch
+path differs from both by its float32 STFT (tests/media/test_audio.py bounds each; docs/benchmarks.md has the
+numbers). Frames that cover padding only are all zero, so their value is known without a transform.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+
+class LogMel(NamedTuple):
+    """Features and the frame mask a Whisper-fronted encoder takes."""
+
+    features: np.ndarray
+    """(feature_size, frames) float32: the extractor's ``input_features[0]``."""
+    attention_mask: np.ndarray | None
+    """(frames,) int32, 1 for a frame of the clip, 0 for padding (Qwen's ``feature_attention_mask``)."""
+
+
+def whisper_log_mel(audio: np.ndarray, *, feature_size: int = 128, sampling_rate: int = 16000,
+                    hop_length: int = 160, n_fft: int = 400, chunk_length: int = 30,
+                    padding: str | None = "max_length", truncation: bool = True,
+                    max_length: int | None = None, return_attention_mask: bool = True) -> LogMel:
+    """The log-mel features ``WhisperFeatureExtractor(feature_size, sampling_rate, hop_length, chunk_length,
+    n_fft)(audio, sampling_rate=sampling_rate, padding=padding, truncation=truncation, max_length=max_length,
+    return_attention_mask=...)`` gives one mono clip.
+
+    ``padding``: "max_length" pads with zeros to ``max_length`` samples (default ``chunk_length`` seconds);
+    "longest" and None leave one clip as it is. ``truncation`` cuts a clip longer than that first (the
+    extractor's default, whatever the padding). Frames: padded length // hop_length; a clip needs more than
+    ``n_fft // 2`` samples once padded (the reflect padding of torch.stft, which refuses fewer).
+    """
+    x = np.asarray(audio)
+    if x.ndim != 1:
+        raise ValueError(f"whisper_log_mel takes one mono clip, got shape {x.shape}")
+    x = x.astype(np.float32, copy=False)  # the extractor casts float64 to float32 first
+    limit = max_length if max_length else chunk_length * sampling_rate
+    if truncation and len(x) > limit:
+        x = x[:limit]
+    n = len(x)
+    if padding == "max_length":
+        length = max(n, limit)
+    elif padding in ("longest", None, "do_not_pad", False):
+        length = n
+    else:
+        raise ValueError(f"padding must be 'max_length', 'longest' or None, got {padding!r}")
+    if min(n, length) == 0 or length <= n_fft // 2:
+        raise ValueError(f"a clip of {n} samples padded to {length} is too short for frames of {n_fft} "
+                         f"(reflect padding needs more than {n_fft // 2})")
+    frames = length // hop_length
+    features = _log_mel(x, length, frames, feature_size, sampling_rate, hop_length, n_fft)
+    mask = None
+    if return_attention_mask:
+        # the sample mask read every hop_length samples, one frame fewer when the length is not a multiple
+        mask = np.zeros(frames, np.int32)
+        mask[: min(frames, -(-n // hop_length))] = 1
+    return LogMel(features, mask)
+
+
+def feature_frames(num_samples: int, *, hop_length: int = 160, chunk_length: int = 30,
+                   sampling_rate: int = 16000, truncation: bool = True) -> int:
+    """Frames of the clip in the mask (``attention_mask.sum()``) for a clip of num_samples with max_length padding:
+    what Qwen2-Audio / Qwen2.5-Omni turn into audio tokens, known from the sample count alone."""
+    limit = chunk_length * sampling_rate
+    n = min(num_samples, limit) if truncation else num_samples
+    frames = max(n, limit) // hop_length
+    return min(frames, -(-n // hop_length))
+
+
+def _log_mel(x: np.ndarray, length: int, frames: int, feature_size: int, sampling_rate: int, hop_length: int,
+             n_fft: int) -> np.ndarray:
+    half = n_fft // 2
+    # Frame t covers clip samples [t*hop - half, t*hop + half); past the clip (and its reflection) it sees zeros.
+    if length > len(x):
+        busy = min(frames, (len(x) + half + hop_length - 1) // hop_length + 1)
+        tail = min(length, busy * hop_length + n_fft)  # the last busy frame ends before busy * hop + half
+        signal = np.zeros(tail, np.float64)
+        signal[: len(x)] = x
+        if tail == length:
+            padded = np.pad(signal, half, mode="reflect")
+        else:  # the reflection at the far end only ever mirrors zeros here
+            padded = np.concatenate([signal[half:0:-1], signal, np.zeros(half)])
+    else:
+        busy = frames
+        padded = np.pad(x.astype(np.float64), half, mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[: busy * hop_length: hop_length]
+    spectrum = np.fft.rfft(windows * _hann(n_fft), axis=-1)
+    power = spectrum.real**2 + spectrum.imag**2
+    mel = np.empty((feature_size, frames), np.float64)
+    mel[:, busy:] = 0.0
+    mel[:, :busy] = _mel_filters(n_fft, feature_size, sampling_rate).T @ power.T
+    log_spec = np.log10(np.maximum(mel, 1e-10))
+    log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).astype(np.float32)
+
+
+@lru_cache(maxsize=8)
+def _hann(n_fft: int) -> np.ndarray:
+    return np.hanning(n_fft + 1)[:-1]  # periodic, as torch.hann_window and window_function("hann")
+
+
+@lru_cache(maxsize=8)
+def _mel_filters(n_fft: int, feature_size: int, sampling_rate: int) -> np.ndarray:
+    """transformers.audio_utils.mel_filter_bank(1 + n_fft // 2, feature_size, 0, 8000, sampling_rate,
+    norm="slaney", mel_scale="slaney"), as WhisperFeatureExtractor builds it: (bins, feature_size) float64."""
+    mel_freqs = np.linspace(_hz_to_mel(0.0), _hz_to_mel(8000.0), feature_size + 2)
+    filter_freqs = _mel_to_hz(mel_freqs)
+    fft_freqs = np.linspace(0, sampling_rate // 2, 1 + n_fft // 2)
+    diff = np.diff(filter_freqs)
+    slopes = np.expand_dims(filter_freqs, 0) - np.expand_dims(fft_freqs, 1)
+    down = -slopes[:, :-2] / diff[:-1]
+    up = slopes[:, 2:] / diff[1:]
+    filters = np.maximum(np.zeros(1), np.minimum(down, up))
+    filters *= np.expand_dims(2.0 / (filter_freqs[2: feature_size + 2] - filter_freqs[:feature_size]), 0)
+    return filters
+
+
+def _hz_to_mel(freq: float) -> float:
+    mels = 3.0 * freq / 200.0
+    if freq >= 1000.0:
+        mels = 15.0 + np.log(freq / 1000.0) * (27.0 / np.log(6.4))
+    return mels
+
+
+def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    freq = 200.0 * mels / 3.0
+    log_region = mels >= 15.0
+    freq[log_region] = 1000.0 * np.exp(np.log(6.4) / 27.0 * (mels[log_region] - 15.0))
+    return freq
