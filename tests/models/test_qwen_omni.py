@@ -240,3 +240,195 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
                 np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
                 continue
             np.testing.assert_array_equal(got[:, cols], _reference(rope_model, p_ids, igr, vgr, spg, aud, with_sound))
+
+
+# ------------------------------------------------------------------ every path's ids through the encoder
+
+
+def _video_processor():
+    """transformers' ``Qwen2VLVideoProcessor`` (the one ``Qwen2_5OmniProcessor`` loads), its module's own source
+    run with torchvision's two calls it makes here (bicubic antialiased resize, normalize) done in torch."""
+    import enum
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import torch.nn.functional as F
+    import transformers.image_processing_backends as backends
+    from transformers.image_utils import ChannelDimension, PILImageResampling
+    from transformers.video_utils import convert_to_rgb
+
+    class Interpolation(enum.Enum):
+        NEAREST = 0
+        LANCZOS = 1
+        BILINEAR = 2
+        BICUBIC = 3
+
+    def resize(video, size, interpolation, antialias=True):
+        assert interpolation == Interpolation.BICUBIC
+        flat = video.reshape(-1, *video.shape[-3:])
+        out = F.interpolate(flat, size=list(size), mode="bicubic", align_corners=False, antialias=antialias)
+        return out.reshape(*video.shape[:-3], *out.shape[-3:])
+
+    def normalize(x, mean, std, inplace=False):
+        mean = torch.as_tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+        return x.sub(mean).div(torch.as_tensor(std, dtype=x.dtype).view(-1, 1, 1))
+
+    tvf = types.SimpleNamespace(InterpolationMode=Interpolation, resize=resize, normalize=normalize)
+    name = "transformers.models.qwen2_vl.video_processing_qwen2_vl"
+    origin = importlib.util.find_spec(name).origin
+    module = types.ModuleType("_qwen2vl_video_processing_without_torchvision")
+    module.__file__, module.__package__, module.tvF = origin, "transformers.models.qwen2_vl", tvf
+    sys.modules[module.__name__] = module  # auto_docstring looks the class's source file up by its module
+    source = Path(origin).read_text().replace("import torchvision.transforms.v2.functional as tvF\n", "")
+    exec(compile(source, origin, "exec"), module.__dict__)  # noqa: S102
+
+    class VideoProcessor(module.Qwen2VLVideoProcessor):
+        def convert_to_rgb(self, video):
+            return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(backends, "tvF", tvf, raising=False)
+    mp.setattr(backends, "pil_torch_interpolation_mapping",
+               {PILImageResampling.BICUBIC: Interpolation.BICUBIC, PILImageResampling.BILINEAR: Interpolation.BILINEAR})
+    return VideoProcessor(cap_pixels_per_frame=False), mp
+
+
+@pytest.fixture(scope="module")
+def av_processor(tok):
+    class WithVideo(Qwen2_5OmniProcessor):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor":
+                return type(argument)
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    video, mp = _video_processor()
+    yield WithVideo(image_processor=Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056),
+                    video_processor=video, feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                    chat_template=tok.chat_template)
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    from PIL import Image
+
+    from tests.media.audio_clips import signal, write_clip, write_video
+
+    root = tmp_path_factory.mktemp("omni")
+    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
+    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
+    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
+    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_video(root / "movie.mp4", seconds=4.5, fps=10, size=(64, 48))
+    write_video(root / "long.mp4", seconds=7.3, fps=8, size=(80, 60), sample_rate=22050, channels=1)
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(root / "pic.png")
+    Image.fromarray(rng.integers(0, 256, (300, 41, 3), dtype=np.uint8)).save(root / "tall.png")
+    return root
+
+
+def _omni_records() -> list[dict]:
+    audio = lambda name, **w: {"type": "audio", "audio": name, **w}  # noqa: E731
+    image = lambda name: {"type": "image", "image": name}  # noqa: E731
+    video = lambda name: {"type": "video", "video": name}  # noqa: E731
+    text = lambda t: {"type": "text", "text": t}  # noqa: E731
+    return [
+        {"messages": [{"role": "user", "content": [audio("speech.wav"), image("pic.png"), text("What is heard?")]},
+                      {"role": "assistant", "content": "Speech."}]},
+        {"messages": [{"role": "user", "content": [video("movie.mp4"), audio("tone.mp3"), text("Same?")]},
+                      {"role": "assistant", "content": "No."}], "use_audio_in_video": True},
+        {"messages": [{"role": "user", "content": [audio("noise.flac", audio_start=0.3, audio_end=1.7),
+                                                   image("tall.png"), text("Describe.")]}],
+         "branches": [[{"role": "assistant", "content": "A hiss."}],
+                      [{"role": "assistant", "content": "Watch:"},
+                       {"role": "user", "content": [video("long.mp4"), text("And this?")]},
+                       {"role": "assistant", "content": "A long one."}]],
+         "use_audio_in_video": True},
+        {"messages": [{"role": "user", "content": [video("long.mp4"), audio("short.m4a"), text("Both?")]},
+                      {"role": "assistant", "content": "Yes."}]},
+    ]
+
+
+def _record_paths(record: dict) -> list[list[dict]]:
+    def walk(prefix, node):
+        msgs = prefix + (node if isinstance(node, list) else node["messages"])
+        branches = [] if isinstance(node, list) else node.get("branches", [])
+        return [p for b in branches for p in walk(msgs, b)] or [msgs]
+
+    return walk([], record)
+
+
+def _token_paths(enc) -> list[np.ndarray]:
+    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
+    ends = [*offs[1:], len(enc.input_ids)]
+    out = []
+    for leaf in (n for n in range(len(offs)) if n not in parents):
+        chain, n = [], leaf
+        while n >= 0:
+            chain.append(n)
+            n = parents[n]
+        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
+    return out
+
+
+@pytest.mark.slow
+def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -> None:
+    """Each record's every root-to-leaf path: the encoder's ids equal ``Qwen2_5OmniProcessor(text=
+    apply_chat_template(path), audio=the loader's clips, images=..., videos=the sampled frames)["input_ids"]``
+    (with ``load_audio_from_video`` and one audio per slot where the record uses a video's sound), and its
+    positions equal the thinker's ``get_rope_index`` on those ids."""
+    from PIL import Image
+
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+    from packer.media.audio import decode_audio
+    from packer.media.video import decode_frames
+    from packer.models import get_profile
+
+    encoder = Encoder(tok, get_profile("qwen2.5-omni"))
+    checked = 0
+    for record in _omni_records():
+        enc = encoder.encode(parse_record(record, path="omni.jsonl", line=1, base_dir=str(media)))
+        with_sound = bool(record.get("use_audio_in_video"))
+        for msgs, cols in zip(_record_paths(record), _token_paths(enc), strict=True):
+            audio, slots, images, videos, video_entries = [], [], [], [], []
+            for m in msgs:
+                for part in m["content"] if isinstance(m["content"], list) else []:
+                    if part["type"] == "audio":
+                        audio.append(decode_audio(str(media / part["audio"]), target_sr=16000,
+                                                  start=part.get("audio_start"), end=part.get("audio_end")))
+                        slots.append(None)
+                    elif part["type"] == "image":
+                        images.append(Image.open(media / part["image"]).convert("RGB"))
+                    elif part["type"] == "video":
+                        entry = next(v for v in enc.videos if v.offset in set(cols.tolist()))
+                        frames = torch.from_numpy(decode_frames(entry.source, entry.frame_indices)).permute(0, 3, 1, 2)
+                        size = (entry.utils_height, entry.utils_width)  # qwen-omni-utils' fetch_video resize
+                        frames = torch.nn.functional.interpolate(frames.float(), size=size, mode="bicubic",
+                                                                 antialias=True).clamp(0, 255)
+                        if with_sound:
+                            audio.append(decode_audio(entry.source, target_sr=16000, video=True))
+                            slots.append(len(videos))
+                        videos.append(frames)
+                        video_entries.append(entry)
+            text = av_processor.apply_chat_template(msgs, tokenize=False)
+            kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
+            out = av_processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
+                               videos_kwargs={"do_sample_frames": False}, return_tensors="pt", **kw)
+            np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
+            if videos:
+                assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
+                assert out["video_second_per_grid"].tolist() == [v.second_per_grid_t for v in video_entries]
+            if audio:
+                frames = out["feature_attention_mask"].sum(-1).tolist()
+                mine = [a for a in enc.audios if a.offset in set(cols.tolist())]
+                assert sorted(frames) == sorted(a.feature_length for a in mine)
+            if images or videos:
+                ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
+                                    torch.ones_like(out["input_ids"]), with_sound and bool(videos),
+                                    out["feature_attention_mask"].sum(-1) if audio else None,
+                                    out["video_second_per_grid"] if videos else None)
+                np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
+            checked += 1
+    assert checked == 5
