@@ -432,3 +432,90 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
                 np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
             checked += 1
     assert checked == 5
+
+
+# ------------------------------------------------------------------ the reader and packed == unpacked
+
+
+def _rows_with_audio(tmp_path, examples, pack_sizes):
+    """Rows of a shard set of ``examples``, each row's audio entries as the shards' ``audios`` column holds them
+    (offsets relative to the row), added where the shard schema does not carry them yet."""
+    from packer.train.dataset import PackedDataset
+    from tests.helpers import write_shardset
+
+    root = write_shardset(tmp_path / "shards", examples, pack_sizes, profile="qwen2.5-omni")
+    rows = list(PackedDataset(root, shuffle=False))
+    bounds = np.concatenate([[0], np.cumsum(pack_sizes)])
+    for row, a, b in zip(rows, bounds[:-1], bounds[1:], strict=True):
+        if row.get("audios"):
+            continue
+        entries, start = [], 0
+        for e in examples[a:b]:
+            entries += [{**{f: getattr(x, f) for f in x.__dataclass_fields__}, "offset": x.offset + start}
+                        for x in e.audios]
+            start += len(e.input_ids)
+        row["audios"] = entries
+    return rows
+
+
+@pytest.fixture(scope="module")
+def omni_encoded(tok, media):
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+    from packer.models import get_profile
+
+    encoder = Encoder(tok, get_profile("qwen2.5-omni"))
+    return [encoder.encode(parse_record(r, path="omni.jsonl", line=i + 1, base_dir=str(media)))
+            for i, r in enumerate(_omni_records())]
+
+
+@pytest.mark.slow
+def test_reader_audio_equals_the_processor(tmp_path, omni_encoded, processor) -> None:
+    """The reader's ``input_features`` / ``feature_attention_mask`` for every clip of the rows (sound tracks too)
+    against the processor's on the loader's samples: masks equal, features within float32 rounding."""
+    from packer.media.audio import decode_audio
+    from packer.train.collate import collate
+
+    rows = _rows_with_audio(tmp_path, omni_encoded, [2, 2])
+    batch = collate(rows)
+    clips = [a for r in rows for a in r["audios"]]
+    assert batch["input_features"].shape == (len(clips), 128, 3000)
+    samples = [decode_audio(a["source"], target_sr=16000, start=a["audio_start"], end=a["audio_end"],
+                            video=a["video"]) for a in clips]
+    want = processor.feature_extractor(samples, sampling_rate=16000, padding="max_length", return_attention_mask=True,
+                                       return_tensors="pt")
+    assert torch.equal(batch["feature_attention_mask"], want["attention_mask"].to(torch.int32))
+    # the extractor runs its float32 torch STFT here; whisper_log_mel computes in float64 (measured 5.0e-5;
+    # tests/media/test_audio.py bounds the two at 1e-4)
+    torch.testing.assert_close(batch["input_features"], want["input_features"], rtol=0, atol=1e-4)
+    ids = batch["input_ids"][0]
+    for off, a in zip(batch["audio_offsets"].tolist(), clips, strict=True):
+        assert int(ids[off]) == AUD and a["num_tokens"] == audio_tokens_from_frames(a["feature_length"])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
+    """Rows mixing audio clips, images, videos with and without their sound, text and a tree, packed two
+    examples a row and collated into one batch: per-token losses, the total and every gradient of a tiny
+    Qwen2_5OmniThinkerForConditionalGeneration equal each root-to-leaf path run alone through the model's own
+    processing (its get_rope_index, its audio tower on that path's clips alone)."""
+    import json
+
+    from packer.models import get_profile
+    from packer.train.collate import collate
+    from scripts import check_equivalence as ce
+
+    profile = get_profile("qwen2.5-omni")
+    rows = _rows_with_audio(tmp_path, omni_encoded, [2, 2])
+    token_ids = ce.profile_token_ids(profile, tok)
+    (batch,), ids, vocab = ce.compact_vocab([collate(rows)], token_ids)
+    torch.manual_seed(0)
+    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
+    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
+    for backend in ("sdpa_varlen", "sdpa"):
+        assert report[backend]["ok"], json.dumps(report)
+        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
+    assert report["paths"] == 5
+    audio_params = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
+    assert audio_params, "the audio tower took part"

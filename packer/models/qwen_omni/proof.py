@@ -1,7 +1,8 @@
 """The Qwen2.5-Omni proof: a tiny ``Qwen2_5OmniThinkerForConditionalGeneration`` (fp32, random weights: a 2-layer
 mRoPE language model, a 2-block windowed vision tower, a 2-layer audio tower) and one path alone as the
-processor gives it: its images, its videos with ``video_second_per_grid``, and an attention mask, from which the
-model's own ``get_rope_index`` computes the path's positions."""
+processor gives it: its images, its videos with ``video_second_per_grid``, its audio clips' features and masks,
+``use_audio_in_video`` where a video brings its sound, and an attention mask, from which the model's own
+``get_rope_index`` computes the path's positions."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ class QwenOmniProof(Proof):
                 videos.append((off, row, t * h * w, i))
                 row += t * h * w
 
+        audio_offsets = batch["audio_offsets"].tolist() if batch.get("audio_offsets") is not None else []
+        ids = batch["input_ids"][0]
+        video_id = token_ids[self.profile.video_token]
+
         def inputs(tokens: torch.Tensor) -> dict[str, Any]:
             kwargs = base(tokens)
             clips = [v for v in videos if bool((tokens == v[0]).any())]
@@ -83,6 +88,13 @@ class QwenOmniProof(Proof):
                 kwargs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][r : r + n] for _, r, n, _ in clips])
                 kwargs["video_grid_thw"] = torch.stack([batch["video_grid_thw"][i] for *_, i in clips])
                 kwargs["video_second_per_grid"] = torch.stack([batch["video_second_per_grid"][i] for *_, i in clips])
+            sounds = [i for i, off in enumerate(audio_offsets) if bool((tokens == off).any())]
+            if sounds:
+                kwargs["input_features"] = batch["input_features"][sounds]
+                kwargs["feature_attention_mask"] = batch["feature_attention_mask"][sounds]
+                # a video's sound track starts right after its first frames' tokens (a clip alone after
+                # <|audio_bos|>): the processor's use_audio_in_video, which the model's get_rope_index needs too
+                kwargs["use_audio_in_video"] = any(int(ids[audio_offsets[i] - 1]) == video_id for i in sounds)
             return kwargs
 
         return inputs
