@@ -106,6 +106,7 @@ SAMPLE_COUNTS = [1, 159, 160, 161, 320, 321, 480, 481, 799, 800, 1600, 15999, 16
                  479840, 479999, 480000, 480001, 560000]
 
 
+@pytest.mark.slow
 def test_audio_tokens_equal_the_processor(processor) -> None:
     msgs = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}, {"type": "text", "text": "hi"}]}]
     text = processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -519,3 +520,44 @@ def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
     assert report["paths"] == 5
     audio_params = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
     assert audio_params, "the audio tower took part"
+
+
+@pytest.mark.parametrize("fps", [1.3, 2.6, 3.7])
+def test_video_with_sound_refused_where_processor_and_model_chunk_apart(processor, rope_model, fps) -> None:
+    """At these frame rates (second_per_grid 2 / fps) the processor's float64 time chunks and the model's float32
+    ones put some frames in different chunks: the model would give the processor's tokens the wrong positions
+    (video positions on audio tokens). packer refuses such a video rather than pack it wrong."""
+    from packer.errors import RecordError
+    from packer.models.qwen_omni.rope import temporal_index
+
+    grid, spg = (40, 2, 2), 2 / fps
+    per = grid[1] * grid[2] // 4
+    proc = processor.get_chunked_index(np.repeat(np.arange(grid[0]) * spg * 25, per), 50)
+    model = OmniModel.get_chunked_index(None, torch.from_numpy(np.repeat(temporal_index(grid[0], spg), per)), 50, 0)
+    assert proc != model
+    with pytest.raises(RecordError, match="different time chunks"):
+        interleave(grid, spg, 10)
+
+
+def test_a_clip_without_a_token_is_refused(tok, tmp_path) -> None:
+    """Under 321 samples at 16 kHz the processor gives no <|AUDIO|> and get_rope_index fails on the empty clip:
+    a bad_audio reject, naming the clip. 321 samples make one token."""
+    from packer.encode.encoder import Encoder
+    from packer.errors import RecordError
+    from packer.formats import parse_record
+    from packer.models import get_profile
+    from tests.media.audio_clips import signal, write_clip
+
+    write_clip(tmp_path / "blip.wav", signal("tone", 16000, 320 / 16000), 16000)
+    write_clip(tmp_path / "one.wav", signal("tone", 16000, 321 / 16000), 16000)
+    encoder = Encoder(tok, get_profile("qwen2.5-omni"))
+
+    def encode(name):
+        record = {"messages": [{"role": "user", "content": [{"type": "audio", "audio": name}]},
+                               {"role": "assistant", "content": "A blip."}]}
+        return encoder.encode(parse_record(record, path="a.jsonl", line=3, base_dir=str(tmp_path)))
+
+    with pytest.raises(RecordError, match="blip.wav.*no audio token") as err:
+        encode("blip.wav")
+    assert err.value.reason == "bad_audio"
+    assert [a.num_tokens for a in encode("one.wav").audios] == [1]

@@ -30,7 +30,7 @@ import numpy as np
 
 from packer.core.types import AudioRef, EncodedAudio, EncodedVideo, VideoRef
 from packer.errors import ConfigError, RecordError
-from packer.models.base import Media, MediaRun, ModelProfile
+from packer.models.base import AudioPlan, Media, MediaRun, ModelProfile
 from packer.models.qwen_omni.rope import (
     Block,
     audio_tokens_from_frames,
@@ -42,6 +42,7 @@ from packer.models.shared.qwen_resize import smart_resize
 from packer.models.shared.qwen_video_pixels import CLIP_MEAN, CLIP_STD
 
 if TYPE_CHECKING:
+    from packer.media.audio import AudioInfo
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
@@ -126,6 +127,17 @@ class QwenOmniProfile(ModelProfile):
         n = ((f - 1) // 2 + 1 - 2) // 2 + 1
         return np.where((f > 0) & (n > 0), n, -1)
 
+    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
+        plan = self.audio_plan(info)
+        return MediaRun((), self._audio_tokens(plan, info), audio=plan)
+
+    def _audio_tokens(self, plan: AudioPlan, info: AudioInfo) -> int:
+        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
+        if n <= 0:
+            raise RecordError("bad_audio", f"{info.source}: {plan.num_samples} samples at 16 kHz ({plan.feature_length} "
+                              "mel frames) make no audio token; Qwen2.5-Omni needs at least 321 samples (20 ms)")
+        return n
+
     # ------------------------------------------------------------------ video
 
     def video_family(self) -> VideoFamily:
@@ -168,8 +180,9 @@ class QwenOmniProfile(ModelProfile):
                 if not (isinstance(track, AudioRef) and track.video):
                     out.append(self.video_run(plan))
                     continue
-                audio = self.audio_plan(self.audio_info(track))
-                n = int(self.audio_num_tokens(np.array([audio.feature_length]))[0])
+                info = self.audio_info(track)
+                audio = self.audio_plan(info)
+                n = self._audio_tokens(audio, info)
                 lay = interleave(plan.grid_thw, plan.second_per_grid_t, n, merge=self.merge_size)
                 names = np.where(lay.kinds == 0, self.video_token, self.audio_token).tolist()
                 out.append(MediaRun(tuple(plan.grid_thw), int(plan.num_tokens),
