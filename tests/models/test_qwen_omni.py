@@ -346,7 +346,8 @@ def _omni_records() -> list[dict]:
                        {"role": "user", "content": [video("long.mp4"), text("And this?")]},
                        {"role": "assistant", "content": "A long one."}]],
          "use_audio_in_video": True},
-        {"messages": [{"role": "user", "content": [video("long.mp4"), audio("short.m4a"), text("Both?")]},
+        {"messages": [{"role": "user", "content": [{**video("long.mp4"), "fps": 1.0}, audio("short.m4a"),
+                                                   text("Both?")]},
                       {"role": "assistant", "content": "Yes."}]},
     ]
 
@@ -415,8 +416,11 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
                         video_entries.append(entry)
             text = av_processor.apply_chat_template(msgs, tokenize=False)
             kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
+            # a part's fps is what a user hands on to the processor (its video_second_per_grid)
+            fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
+            videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
             out = av_processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
-                               videos_kwargs={"do_sample_frames": False}, return_tensors="pt", **kw)
+                               videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
             np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
             if videos:
                 assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
@@ -492,6 +496,19 @@ def test_reader_audio_equals_the_processor(tmp_path, omni_encoded, processor) ->
     ids = batch["input_ids"][0]
     for off, a in zip(batch["audio_offsets"].tolist(), clips, strict=True):
         assert int(ids[off]) == AUD and a["num_tokens"] == audio_tokens_from_frames(a["feature_length"])
+    # a clip stored inline (a datasets.Audio cell's bytes) reads as its file does
+    from packer.models import get_profile
+
+    reader = get_profile("qwen2.5-omni").reader()
+    first = clips[0]
+    inline = {**first, "source": "", "data": open(first["source"], "rb").read()}  # noqa: SIM115
+    got = reader.audio_inputs([inline])
+    assert torch.equal(got["input_features"][0], batch["input_features"][0])
+    # and a clip that no longer decodes to the build's count is refused
+    from packer.errors import ShardError
+
+    with pytest.raises(ShardError, match="the build counted"):
+        reader.audio_inputs([{**first, "num_samples": first["num_samples"] + 1}])
 
 
 @pytest.mark.slow
