@@ -121,6 +121,8 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
 @click.option("--max-images", type=int, help="Image budget per pack.")
 @click.option("--max-videos", type=int, help="Video budget per pack.")
+@click.option("--max-audio-tokens", type=int, help="Audio-token budget per pack (the audio encoder's work).")
+@click.option("--max-audios", type=int, help="Audio-clip budget per pack (a video's sound track counts one).")
 @click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
 @click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
@@ -132,6 +134,9 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
               help="Text records over --max-length: follow --overlong (off) or split them into chunks. [default: off]")
 @click.option("--long-docs-overlap", type=int, help="Tokens each chunk repeats from the previous one as context. [default: 0]")
 @click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
+@click.option("--use-audio-in-video/--no-use-audio-in-video", default=None,
+              help="Each clip video also brings its sound track (qwen-omni-utils' use_audio_in_video); a record's "
+                   "own use_audio_in_video wins. [default: off]")
 @click.option("--columns", metavar="FIELD=COLUMN,...",
               help="Map input columns onto packer's fields, e.g. messages=conversations,images=image.")
 @click.option("--image-token", help="The tokenizer's image placeholder token, e.g. '<image>' for LLaVA tokenizers.")

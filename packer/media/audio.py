@@ -12,18 +12,20 @@ the reader later calls ``decode_audio``, which yields exactly those samples.
 The loader packer matches is the one the families' users run: ``librosa.load(path, sr=16000)`` (librosa 0.11),
 which qwen-omni-utils' ``process_audio_info`` calls for every audio part (with ``offset=audio_start`` and
 ``duration=audio_end - audio_start``) and for a video's sound track (``use_audio_in_video``, through audioread's
-``FFmpegAudioFile``). librosa takes one of two decode paths, and the window is cut differently on each:
+``FFmpegAudioFile``). librosa takes one of two decode paths:
 
 - ``soundfile`` (libsndfile: wav, flac, mp3, ogg/vorbis, ogg/opus, aiff, ...): float32 samples as libsndfile
   decodes them; the window starts at ``int(start * sr)`` and holds ``int((end - start) * sr)`` samples.
-  libsndfile's own header count (``soundfile.info(...).frames``) is what it reads, mp3 encoder delay and
-  padding (LAME/Xing gapless info) and Opus pre-skip already removed, and Opus at 48 kHz unless the header's
-  input rate is one Opus runs at. So the count is read, not decoded.
+  libsndfile's own header count (``soundfile.info(...).frames``) is what it then reads (mp3 after its LAME
+  gapless trim, Opus after its pre-skip, at 48 kHz unless the header's input rate is one Opus runs at): the
+  count is read, not decoded, except an mp3 whose header only estimates it (no Xing/LAME frame count, or a cut
+  file), which is decoded to count (``_probe_soundfile``).
 - ``ffmpeg`` (what libsndfile refuses: m4a/aac, and every video's sound track): the ``ffmpeg -i FILE -f s16le -``
   output audioread reads, i.e. the decoded samples after the container's priming skip, converted to 16-bit
-  and back to float (x / 32768); the window is cut at the same sample counts. packer runs the same libavformat/libavcodec/libswresample through
-  PyAV. The count of this path needs the packets: the demuxer's packet durations and skip-samples side data
-  give it without decoding any audio (see ``_ffmpeg_count``).
+  and back to float (x / 32768); the window is cut at the same sample counts. packer runs the same
+  libavformat/libavcodec/libswresample through PyAV. The header's duration is not this count (AAC's priming and
+  padding, the edit list): AAC-LC in mp4/m4a/mov is counted from its sample table (``_aac_mp4_count``);
+  other codecs on this path (rare: what libsndfile does not read) are decoded to count.
 
 Both paths then average the channels (``librosa.to_mono``) and resample with soxr at its "HQ" quality
 (``res_type="soxr_hq"``), fixing the length to ``ceil(n * target / source)``.
@@ -36,12 +38,16 @@ import math
 import os
 import stat
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from packer.errors import RecordError
 
 Source = str | bytes
+END_SLACK_S = 1.0
+"""An end this far past the clip reads to its end, as the loader does; further is taken for a record naming the
+wrong clip (the video rule's slack, packer.models.qwen_vl.video_plan.END_SLACK_S)."""
 
 
 def _av():
@@ -91,8 +97,8 @@ def probe_audio(source: Source | os.PathLike, *, start: float | None = None, end
 
     ``video=True`` reads a video file's own sound track as ``use_audio_in_video`` does (always the ffmpeg path).
     RecordError reasons: ``missing_audio`` (no such file), ``bad_audio`` (a directory or empty file, unreadable,
-    no audio stream, or a window that does not fit: start < 0, end <= start, or no sample left after start).
-    An end past the clip's end reads to the end, as the loader does.
+    no audio stream, or a window that does not fit: start < 0, end <= start, no sample left after start, or an
+    end more than END_SLACK_S past the clip's end; within that, the window reads to the end as the loader does).
     """
     source = _fspath(source)
     name = _name(source)
@@ -106,10 +112,13 @@ def probe_audio(source: Source | os.PathLike, *, start: float | None = None, end
     if info is None:
         info = _probe_ffmpeg(source, name, video)
     sr, channels, total, codec, loader = info
-    n = _window(total, sr, start, end, loader)
+    n = _window(total, sr, start, end)
     if n <= 0:
         raise RecordError("bad_audio", f"{name}: the window start={start!r} end={end!r} holds no sample of a "
                           f"{total / sr:.3f} s clip")
+    if end is not None and end > total / sr + END_SLACK_S:
+        raise RecordError("bad_audio", f"{name}: audio end {end!r} s is more than {END_SLACK_S} s past the clip's "
+                          f"end ({total / sr:.3f} s)")
     return AudioInfo(source=name, sample_rate=sr, channels=channels, num_samples=n, duration=n / sr,
                      codec=codec, loader=loader, start=start, end=end)
 
@@ -146,7 +155,7 @@ def _check_file(path: str, video: bool) -> None:
         raise RecordError("bad_audio", f"{what} file is empty: {path}")
 
 
-def _window(total: int, sr: int, start: float | None, end: float | None, loader: str) -> int:
+def _window(total: int, sr: int, start: float | None, end: float | None) -> int:
     """Samples per channel the loader keeps of ``total`` for librosa.load(offset=start, duration=end - start)."""
     offset = 0.0 if start is None else start
     duration = None if end is None else end - offset  # qwen-omni-utils: audio_end - audio_start
@@ -160,21 +169,81 @@ def _window(total: int, sr: int, start: float | None, end: float | None, loader:
 
 
 def _probe_soundfile(source: Source, name: str) -> tuple[int, int, int, str, str] | None:
-    """libsndfile's header read, or None where it cannot open the source (librosa then takes the ffmpeg path)."""
+    """libsndfile's header read, or None where it cannot open the source (librosa then takes the ffmpeg path).
+
+    The header's count is what the loader reads except where the header guesses: an mp3 without a Xing/Info/VBRI
+    frame count (libmpg123 estimates from the file size) or shorter than the stream size that tag names (cut),
+    which is counted by decoding as the loader decodes it (``_mp3_count_in_header``), and a FLAC cut short
+    (STREAMINFO keeps the full count), which is refused when its last sample does not read (libsndfile raises
+    mid-read, where librosa would retry the file through ffmpeg and yield a part of it). Ogg keeps its count in the last page's
+    granule position and WAV's is the data size, both what libsndfile then reads, cut or not.
+    """
     sf = _sf()
     try:
         with sf.SoundFile(source if isinstance(source, str) else io.BytesIO(source)) as f:
             sr, channels, frames = f.samplerate, f.channels, f.frames
             codec = _SF_CODECS.get(f.subtype, f.subtype.lower())
-            if f.format == "MPEG":
-                codec = "mp3"
+            if f.format == "FLAC" and frames > 0 and not _last_sample_reads(f, frames):
+                raise RecordError("bad_audio", f"{name}: the FLAC stream ends before the {frames} samples its "
+                                  "header lists (a truncated file)")
+            if f.format == "MP3" and not _mp3_count_in_header(source):
+                f.seek(0)
+                frames = len(f.read(frames=-1, dtype="float32", always_2d=True))  # decoded to count
     except sf.SoundFileRuntimeError:
         return None
     except (RuntimeError, ValueError, OSError) as e:
         raise RecordError("bad_audio", f"{name}: {e}") from None
-    if channels < 1 or sr < 1:
-        raise RecordError("bad_audio", f"{name}: no audio stream")
+    if channels < 1 or sr < 1 or frames < 1:
+        raise RecordError("bad_audio", f"{name}: no audio samples")
     return sr, channels, frames, codec, "soundfile"
+
+
+def _mp3_count_in_header(source: Source) -> bool:
+    """Whether an mp3's first frame carries a Xing/Info or VBRI tag with a frame count, and the file holds the
+    stream size the tag names (so libmpg123's count is the tag's, not an estimate, and the file is whole)."""
+    if isinstance(source, str):
+        size = os.stat(source).st_size
+        with open(source, "rb") as fh:
+            head = fh.read(10)
+            start = _id3v2_size(head)
+            fh.seek(start)
+            buf = fh.read(4096)
+    else:
+        size, start = len(source), _id3v2_size(source[:10])
+        buf = source[start:start + 4096]
+    i = next((k for k in range(min(len(buf) - 1, 2048)) if buf[k] == 0xFF and buf[k + 1] & 0xE0 == 0xE0), None)
+    if i is None:
+        return False
+    frame = buf[i:i + 200]
+    for tag in (b"Xing", b"Info"):
+        x = frame.find(tag, 4, 64)
+        if x >= 0:
+            flags = int.from_bytes(frame[x + 4:x + 8], "big")
+            if not flags & 1:
+                return False
+            if flags & 2:
+                stream_bytes = int.from_bytes(frame[x + 12:x + 16], "big")
+                return size - start - i >= stream_bytes
+            return True
+    v = frame.find(b"VBRI", 4, 64)
+    if v >= 0:
+        return size - start - i >= int.from_bytes(frame[v + 10:v + 14], "big")
+    return False
+
+
+def _id3v2_size(head: bytes) -> int:
+    if len(head) < 10 or head[:3] != b"ID3":
+        return 0
+    body = (head[6] << 21) | (head[7] << 14) | (head[8] << 7) | head[9]
+    return 10 + body + (10 if head[5] & 0x10 else 0)
+
+
+def _last_sample_reads(f, frames: int) -> bool:
+    try:
+        f.seek(frames - 1)
+        return len(f.read(1, dtype="float32", always_2d=True)) == 1
+    except (RuntimeError, ValueError):  # LibsndfileError is a RuntimeError
+        return False
 
 
 _SF_CODECS = {"PCM_16": "pcm_s16le", "PCM_24": "pcm_s24le", "PCM_32": "pcm_s32le", "PCM_U8": "pcm_u8",
@@ -202,16 +271,52 @@ def _probe_ffmpeg(source: Source, name: str, video: bool) -> tuple[int, int, int
     container, stream = _open_av(source, name, video)
     with container:
         ctx = stream.codec_context
-        sr, channels = ctx.sample_rate, ctx.channels
+        sr, channels, codec = ctx.sample_rate, ctx.channels, ctx.name
         if not sr or not channels:
             raise RecordError("bad_audio", f"{name}: the audio stream has no sample rate or channels")
-        total = _ffmpeg_count(container, stream, name)
-        return sr, channels, total, ctx.name, "ffmpeg"
+        if "matroska" in container.format.name and codec in _MATROSKA_DELAYED:
+            # FFmpeg 7.0 drops this codec delay in Matroska and FFmpeg 8 does not (1,024 samples of AAC): the loader's
+            # count depends on the ffmpeg it runs, so packer cannot promise it
+            raise RecordError("bad_audio", f"{name}: {codec} audio in Matroska/WebM decodes to a length that differs "
+                              "between ffmpeg versions; remux it to mp4/m4a (ffmpeg -i IN -c copy OUT.m4a)")
+        total = _aac_mp4_count(source, container, stream, name)
+    if total is None:
+        container, stream = _open_av(source, name, video)
+        with container:
+            total = _decoded_count(container, stream, name)
+    return sr, channels, total, codec, "ffmpeg"
 
 
-def _ffmpeg_count(container, stream, name: str) -> int:
-    """Samples ``ffmpeg -i FILE`` decodes from the stream: decoded to count (see docs/benchmarks.md for the cost;
-    the header's duration is not it: AAC's priming and padding, and the muxer's edit list, move it)."""
+_MATROSKA_DELAYED = frozenset({"aac", "ac3", "eac3"})
+
+
+def _aac_mp4_count(source: Source, container, stream, name: str) -> int | None:
+    """The decoded count of AAC-LC in an mp4/m4a/mov from its sample table, or None where that rule is not known
+    to hold. Every packet decodes to 1,024 samples; the decoder drops the priming the edit list names (the first
+    packet's negative pts, -1,024 from FFmpeg's encoder); the end padding is kept (neither FFmpeg's decoder nor
+    the ffmpeg command trims it). Nothing is decoded: the header and one demuxed packet. A file cut short (its
+    header lists packets past the end) is refused, as the video probe refuses it (its box check)."""
+    from packer.media.video import _isobmff_truncation
+
+    ctx = stream.codec_context
+    if not (isinstance(source, str) and "mp4" in container.format.name and ctx.name == "aac"
+            and ctx.profile == "LC" and ctx.frame_size == 1024 and stream.frames > 0
+            and stream.time_base == Fraction(1, ctx.sample_rate)):
+        return None
+    truncated = _isobmff_truncation(source, os.stat(source).st_size)
+    if truncated:
+        raise RecordError("bad_audio", f"{name} is truncated: {truncated}")
+    try:
+        first = next(iter(container.demux(stream)), None)
+    except _av().error.FFmpegError as e:
+        raise RecordError("bad_audio", f"{name}: the container is corrupt ({e})") from None
+    if first is None or first.pts is None or not -1024 <= first.pts <= 0:
+        return None
+    return stream.frames * 1024 + first.pts
+
+
+def _decoded_count(container, stream, name: str) -> int:
+    """Samples ``ffmpeg -i FILE`` decodes from the stream, decoded to count (see docs/benchmarks.md for the cost)."""
     av = _av()
     n = 0
     try:
@@ -229,8 +334,10 @@ def _ffmpeg_count(container, stream, name: str) -> int:
 
 def decode_audio(source: Source | os.PathLike, *, target_sr: int, start: float | None = None, end: float | None = None,
                  video: bool = False) -> np.ndarray:
-    """The clip's window as float32 mono at target_sr, bit-equal to ``librosa.load(source, sr=target_sr,
-    offset=start, duration=end - start)`` (the ffmpeg path: to the same loader reading ffmpeg's s16 output)."""
+    """The clip's window as float32 mono at target_sr: ``librosa.load(source, sr=target_sr, offset=start,
+    duration=end - start)``, bit-equal on the libsndfile path and on the ffmpeg path for AAC, MP3, PCM, FLAC, AC-3
+    and WMA (tests/media/test_audio.py); Opus in a video container differs by at most one 16-bit step
+    (1/32768) before resampling where the loader's ffmpeg (7.0) and PyAV's (8) round differently."""
     source = _fspath(source)
     info = probe_audio(source, start=start, end=end, video=video)
     name = info.source

@@ -378,7 +378,8 @@ class ModelProfile:
         ``node_offsets``/``node_parents`` (N,) index the flat stream of ``length`` tokens, -1 at each root;
         ``image_offsets`` (I,) are the images' first tokens and ``image_grids`` (I, 3) their grids; a video
         family also gets ``video_offsets`` (V,), ``video_grids`` (V, 3) and ``video_seconds`` (V,)
-        (second_per_grid_t).
+        (second_per_grid_t); an audio family ``audio_offsets``, ``audio_feature_lengths``, ``audio_num_tokens``
+        (A,) and ``audio_in_video`` (A,) bool (a video's sound track) when the rows hold clips.
         """
         return None
 

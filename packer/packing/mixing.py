@@ -56,6 +56,10 @@ def separate_copies(
     seed: int,
     videos: np.ndarray | None = None,
     max_videos: int | None = None,
+    audio: np.ndarray | None = None,
+    max_audio_tokens: int | None = None,
+    audios: np.ndarray | None = None,
+    max_audios: int | None = None,
     max_tries: int = 4096,
 ) -> np.ndarray:
     """Move up-sampled copies out of their original's pack by swapping with another pack's example.
@@ -84,6 +88,9 @@ def separate_copies(
     vcap = vision_budget if vision_budget is not None else np.iinfo(np.int64).max
     icap = max_images if max_images is not None else np.iinfo(np.int64).max
     wcap = max_videos if max_videos is not None else np.iinfo(np.int64).max
+    extra = [(values, budget, np.bincount(pack_ids, weights=values, minlength=num_packs).astype(np.int64))
+             for values, budget in ((audio, max_audio_tokens), (audios, max_audios))
+             if values is not None and budget is not None]  # (per example, budget, per pack): the audio budgets
     cap = capacity
     candidates = np.random.default_rng([seed, 2]).permutation(len(index)).tolist()
     cursor = 0
@@ -98,8 +105,12 @@ def separate_copies(
             dl, dv, di = int(lengths[q] - lengths[p]), int(vision[q] - vision[p]), int(images[q] - images[p])
             dw = int(videos[q] - videos[p])
             if (load[a] + dl > cap or load[b] - dl > cap or vload[a] + dv > vcap or vload[b] - dv > vcap
-                    or iload[a] + di > icap or iload[b] - di > icap or wload[a] + dw > wcap or wload[b] - dw > wcap):
+                    or iload[a] + di > icap or iload[b] - di > icap or wload[a] + dw > wcap or wload[b] - dw > wcap
+                    or any(xl[a] + int(x[q] - x[p]) > xc or xl[b] - int(x[q] - x[p]) > xc for x, xc, xl in extra)):
                 continue
+            for x, _, xl in extra:
+                xl[a] += int(x[q] - x[p])
+                xl[b] -= int(x[q] - x[p])
             pack_ids[p], pack_ids[q] = b, a
             load[a] += dl
             load[b] -= dl

@@ -15,9 +15,10 @@ Algorithms (``algorithm=``):
   baseline, like ``DataCollatorWithFlattening`` fed in order).
 - ``binpacking`` the PyPI ``binpacking.to_constant_volume`` (quadratic; a reference, not for real builds).
 
-Extra per-pack budgets (vision tokens, image count, examples per pack) are feasibility constraints: the planner
-still best-fits on tokens but only among packs where every budget holds. That path keeps per-capacity maxima of
-each remaining budget in a segment tree and searches it depth-first (still compiled, near O(n log C)).
+Extra per-pack budgets (vision tokens, image, video and clip counts, audio tokens, examples per pack) are
+feasibility constraints: the planner still best-fits on tokens but only among packs where every budget holds.
+That path keeps per-capacity maxima of each remaining budget in a segment tree and searches it depth-first
+(still compiled, near O(n log C)).
 
 ``refine=True`` tries harder: on the tokens-only BFD path it also runs BFD with exact completion (a fresh pack
 is closed exactly instead of stranding a gap nothing short enough will fill) and keeps the plan with fewer
@@ -58,6 +59,10 @@ def plan(
     max_images: int | None = None,
     videos: np.ndarray | None = None,
     max_videos: int | None = None,
+    audio: np.ndarray | None = None,
+    max_audio_tokens: int | None = None,
+    audios: np.ndarray | None = None,
+    max_audios: int | None = None,
     max_examples: int | None = None,
     balance_vision: bool = False,
     refine: bool = False,
@@ -76,6 +81,10 @@ def plan(
         max_images: at most this many images per pack.
         videos: (n,) videos per example; needed for ``max_videos``.
         max_videos: at most this many videos per pack.
+        audio: (n,) audio tokens per example (part of ``lengths``); needed for ``max_audio_tokens``.
+        max_audio_tokens: at most this many audio tokens per pack (the audio encoder's work).
+        audios: (n,) audio clips per example; needed for ``max_audios``.
+        max_audios: at most this many clips per pack.
         max_examples: at most this many examples per pack (``max_examples_per_pack``).
         balance_vision: spread vision tokens evenly over the packs (same-ish pack count, lower spread of
             vision tokens per pack, so no rank gets all the image-heavy rows). A no-op without ``vision``.
@@ -102,8 +111,11 @@ def plan(
     vis = None if vision is None else _int_array(vision, "vision", n)
     imgs = None if images is None else _int_array(images, "images", n)
     vids = None if videos is None else _int_array(videos, "videos", n)
+    aud = None if audio is None else _int_array(audio, "audio", n)
+    clips = None if audios is None else _int_array(audios, "audios", n)
     for value, knob in ((vision_budget, "max_vision_tokens"), (max_images, "max_images"),
-                        (max_videos, "max_videos"), (max_examples, "max_examples_per_pack")):  # fmt: skip
+                        (max_videos, "max_videos"), (max_audio_tokens, "max_audio_tokens"),
+                        (max_audios, "max_audios"), (max_examples, "max_examples_per_pack")):  # fmt: skip
         if value is not None:
             _positive_int(value, knob)
     if n == 0:
@@ -122,12 +134,21 @@ def plan(
         _check_fits(imgs, None, "images", "", "", lower=0)
     if vids is not None:
         _check_fits(vids, None, "videos", "", "", lower=0)
+    if aud is not None:
+        _check_fits(aud, None, "audio tokens", "", "", lower=0)
+        if (aud > lens).any():  # audio tokens are part of the example's tokens
+            i = int(np.argmax(aud > lens))
+            raise ConfigError(f"example {i} has {aud[i]} audio tokens but only {lens[i]} tokens in all")
+    if clips is not None:
+        _check_fits(clips, None, "audio clips", "", "", lower=0)
 
-    constrained = any(b is not None for b in (vision_budget, max_images, max_videos, max_examples))
+    constrained = any(b is not None for b in (vision_budget, max_images, max_videos, max_audio_tokens, max_audios,
+                                              max_examples))
     fast = algorithm == "bfd" and not constrained and not refine and not (balance_vision and vis is not None)
     # The fast path needs no budget columns; skip building an (n, 1) array of ones for it.
     needs, budgets = _constraints(0 if fast else n, vis, vision_budget, imgs, max_images, max_examples,
-                                  vids=vids, max_videos=max_videos)
+                                  vids=vids, max_videos=max_videos, audio=aud, max_audio_tokens=max_audio_tokens,
+                                  audios=clips, max_audios=max_audios)
     if fast:  # tokens-only BFD: the length-class planner makes the same plan, ids included, in less memory
         from packer.packing.bulk import plan_bulk
 
@@ -156,7 +177,7 @@ def plan(
         if constrained:
             raise ConfigError(
                 "algorithm 'binpacking' only knows the token budget; unset max_vision_tokens, max_images, "
-                "max_videos and max_examples_per_pack, or use algorithm 'bfd'"
+                "max_videos, max_audio_tokens, max_audios and max_examples_per_pack, or use algorithm 'bfd'"
             )
         assign, num_packs = _binpacking_library(lens, capacity)
 
@@ -276,14 +297,21 @@ def _constraints(
     *,
     vids: np.ndarray | None = None,
     max_videos: int | None = None,
+    audio: np.ndarray | None = None,
+    max_audio_tokens: int | None = None,
+    audios: np.ndarray | None = None,
+    max_audios: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Secondary per-pack budgets as columns: 0 = examples (always), then vision tokens, images, videos."""
+    """Secondary per-pack budgets as columns: 0 = examples (always), then vision tokens, images, videos, audio
+    tokens, audio clips (those set)."""
     cols = [np.ones(n, dtype=np.int64)]
     budgets = [_UNBOUNDED if max_examples is None else _positive_int(max_examples, "max_examples_per_pack")]
     for limit, values, key, noun, what, label in (
         (vision_budget, vis, "max_vision_tokens", "vision token", "vision tokens", "vision budget"),
         (max_images, imgs, "max_images", "image", "images", "max_images"),
         (max_videos, vids, "max_videos", "video", "videos", "max_videos"),
+        (max_audio_tokens, audio, "max_audio_tokens", "audio token", "audio tokens", "audio budget"),
+        (max_audios, audios, "max_audios", "audio clip", "audio clips", "max_audios"),
     ):
         if limit is None:
             continue

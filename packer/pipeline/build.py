@@ -157,6 +157,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         sources=plan.sources, input_records=totals.records, rejects=rejects,
         image_units=_image_units(cache, plan.index, encoder.profile),
         video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index], videos=plan.videos,
+        **_audio_stats(cache, table, plan.index),
     )
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
@@ -216,6 +217,7 @@ def manifest_dict(
         base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
         image_token_id=image_token_id,
         video_token_id=video_token_id,
+        audio_token_id=encoder.tokenizer.convert_tokens_to_ids(profile.audio_token) if profile.audio_token else None,
         totals=Totals(
             input_records=input_records,
             rejected=rejected,
@@ -265,6 +267,22 @@ def _write(
             entries.extend(written)
             bar.update(len(shards.pack_sizes))
     return entries
+
+
+def _audio_stats(cache: Any, table: pa.Table, index: np.ndarray) -> dict[str, np.ndarray]:
+    """Audio tokens, seconds and clips per planned example for ``compute_stats`` (the seconds read from the
+    encode cache's audio entries: samples / rate); nothing for a build without a clip."""
+    clips = table.column("num_audios").to_numpy().astype(np.int64)
+    if not clips.any():
+        return {}
+    audios = cache.open(("audios",)).column("audios").combine_chunks()
+    structs = audios.flatten()
+    seconds = (structs.field("num_samples").to_numpy(zero_copy_only=False).astype(np.float64)
+               / structs.field("sample_rate").to_numpy(zero_copy_only=False))
+    counts = pc.list_value_length(audios).to_numpy(zero_copy_only=False).astype(np.int64)
+    per_example = np.bincount(np.repeat(np.arange(len(counts)), counts), weights=seconds, minlength=len(counts))
+    return {"audio": table.column("num_audio_tokens").to_numpy().astype(np.int64)[index],
+            "audio_seconds": per_example[index], "audios": clips[index]}
 
 
 def _image_units(cache: Any, index: np.ndarray, profile: Any) -> tuple[str, np.ndarray, np.ndarray] | None:

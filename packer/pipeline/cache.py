@@ -33,7 +33,7 @@ from packer.shards.schema import EXAMPLE_SCHEMA
 from packer.shards.store import ObjectPath, write_atomic
 
 PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "num_vision_tokens", "num_video_tokens",
-                "num_images", "num_videos")
+                "num_audio_tokens", "num_images", "num_videos", "num_audios")
 """What ``EncodeCache.open`` reads: the plan, the budget rejects and the stats need no token data."""
 
 

@@ -55,7 +55,7 @@ def feature_yaml(dtype: pa.DataType) -> Any:
     if pa.types.is_struct(dtype):
         return [{"name": f.name, **_typed(f.type)} for f in dtype]
     names = {pa.int32(): "int32", pa.int64(): "int64", pa.float64(): "float64", pa.string(): "string",
-             pa.binary(): "binary"}
+             pa.binary(): "binary", pa.bool_(): "bool"}
     return names[dtype]
 
 

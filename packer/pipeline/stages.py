@@ -232,6 +232,8 @@ class Plan:
     images: np.ndarray  # images
     sources: np.ndarray  # source name (object array)
     videos: np.ndarray | None = None  # videos, where the build has a video budget
+    audio: np.ndarray | None = None  # audio tokens, where the build has an audio-token budget
+    audios: np.ndarray | None = None  # audio clips, where the build has a clip budget
 
     @property
     def pack_sizes(self) -> np.ndarray:
@@ -240,7 +242,7 @@ class Plan:
 
 
 def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Examples that encoded fine but can never fit a pack's vision budget: (n,) mask and their rejects
+    """Examples that encoded fine but can never fit a pack's vision or audio budget: (n,) mask and their rejects
     (reported as ``overlong``)."""
     bad = np.zeros(table.num_rows, dtype=bool)
     if config.max_vision_tokens is not None:
@@ -249,7 +251,18 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
         bad |= table.column("num_images").to_numpy() > config.max_images
     if config.max_videos is not None:
         bad |= table.column("num_videos").to_numpy() > config.max_videos
+    audio_bad = np.zeros(table.num_rows, dtype=bool)
+    if config.max_audio_tokens is not None:
+        audio_bad |= table.column("num_audio_tokens").to_numpy() > config.max_audio_tokens
+    if config.max_audios is not None:
+        audio_bad |= table.column("num_audios").to_numpy() > config.max_audios
     rejects = []
+    for i in np.flatnonzero(audio_bad & ~bad).tolist():
+        path, line = id_location(table.column("example_id")[i].as_py())
+        message = (f"{table.column('num_audio_tokens')[i].as_py()} audio tokens / {table.column('num_audios')[i].as_py()} "
+                   "audio clips exceed --max-audio-tokens / --max-audios")
+        rejects.append({"path": path, "line": line, "reason": "overlong",
+                        "source": table.column("source_name")[i].as_py(), "message": message})
     for i in np.flatnonzero(bad).tolist():
         path, line = id_location(table.column("example_id")[i].as_py())
         message = (f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
@@ -258,7 +271,7 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
             message += f" (or {table.column('num_videos')[i].as_py()} videos exceed --max-videos)"
         rejects.append({"path": path, "line": line, "reason": "overlong",
                         "source": table.column("source_name")[i].as_py(), "message": message})
-    return bad, rejects
+    return bad | audio_bad, sorted(rejects, key=lambda r: (r["path"], r["line"]))
 
 
 def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> Plan:
@@ -274,17 +287,23 @@ def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> 
     vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)[index]
     images = table.column("num_images").to_numpy().astype(np.int64)[index]
     videos = None if config.max_videos is None else table.column("num_videos").to_numpy().astype(np.int64)[index]
-    pack_ids = _plan(config, lengths, vision, images, videos)
+    audio = (None if config.max_audio_tokens is None
+             else table.column("num_audio_tokens").to_numpy().astype(np.int64)[index])
+    audios = None if config.max_audios is None else table.column("num_audios").to_numpy().astype(np.int64)[index]
+    pack_ids = _plan(config, lengths, vision, images, videos, audio, audios)
     if copies.any():
         pack_ids = separate_copies(index, pack_ids, lengths, vision, images, capacity=config.max_length,
                                    vision_budget=config.max_vision_tokens, max_images=config.max_images,
-                                   videos=videos, max_videos=config.max_videos, seed=config.seed)
+                                   videos=videos, max_videos=config.max_videos, audio=audio,
+                                   max_audio_tokens=config.max_audio_tokens, audios=audios,
+                                   max_audios=config.max_audios, seed=config.seed)
     return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, vision=vision, images=images,
-                sources=sources[index], videos=videos)
+                sources=sources[index], videos=videos, audio=audio, audios=audios)
 
 
 def _plan(config: BuildConfig, lengths: np.ndarray, vision: np.ndarray, images: np.ndarray,
-          videos: np.ndarray | None) -> np.ndarray:
+          videos: np.ndarray | None, audio: np.ndarray | None = None, audios: np.ndarray | None = None
+          ) -> np.ndarray:
     """``packing.plan`` with ``config``'s options: (n,) pack id per example."""
     from packer.packing import plan
 
@@ -294,6 +313,7 @@ def _plan(config: BuildConfig, lengths: np.ndarray, vision: np.ndarray, images: 
         vision_budget=config.max_vision_tokens,
         images=images if config.max_images else None, max_images=config.max_images,
         videos=videos, max_videos=config.max_videos,
+        audio=audio, max_audio_tokens=config.max_audio_tokens, audios=audios, max_audios=config.max_audios,
         max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
         refine=config.refine, seed=config.seed,
     )
@@ -310,7 +330,8 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        _plan(config, one, one * 0, one * 0, None if config.max_videos is None else one * 0)
+        _plan(config, one, one * 0, one * 0, None if config.max_videos is None else one * 0,
+              None if config.max_audio_tokens is None else one * 0, None if config.max_audios is None else one * 0)
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 

@@ -3,7 +3,8 @@
 ``plot_stats(directory, path)`` writes one PNG (matplotlib's Agg renderer via ``Figure``, no display needed):
 
     [pack fill]        [examples / pack]      [vision tokens / pack]     <- every pack of the build
-    [example length]   [cost: whole build]    [source mix inside packs]  <- the last only for mixed builds
+    [audio / pack]     [example length]       [cost: whole build]        <- audio only for builds with clips
+    [source mix inside packs]                                            <- only for mixed builds
     [naive padding, batches of 8 ]   one row per sequence the GPU runs, one cell per few tokens:
     [fixed-length padding        ]   coloured by example (lighter = vision tokens), grey = padding,
     [packer                      ]   the same real examples in all three, on one token axis
@@ -55,6 +56,7 @@ class PackColumns:
     num_vision: np.ndarray  # (P,) vision tokens per pack (images and videos)
     num_video: np.ndarray  # (P,) video tokens per pack
     num_loss: np.ndarray  # (P,) loss tokens per pack
+    num_audio: np.ndarray  # (P,) audio tokens per pack (0 for a build before schema v4)
     cu_offsets: np.ndarray  # (P+1,) pack p's cu_seqlens are cu_values[cu_offsets[p]:cu_offsets[p+1]]
     cu_values: np.ndarray
     sources: np.ndarray  # (E,) source name of every example, pack by pack (object array)
@@ -76,6 +78,8 @@ def read_pack_columns(shards: ShardSet) -> PackColumns:
     """The small columns of every shard: counts, boundaries and sources (token columns stay on disk)."""
     cols = ["num_tokens", "num_vision_tokens", "num_video_tokens", "num_loss_tokens", "cu_seqlens", "example_sources",
             "node_offsets", "node_parents"]
+    if shards.manifest.schema_version >= 4:  # the audio columns
+        cols.append("num_audio_tokens")
     tables = [shards.parquet(i).read(columns=cols) for i in range(len(shards.shards))]
     if not tables:
         raise ConfigError(f"{shards.root} has no shards to plot")
@@ -87,6 +91,8 @@ def read_pack_columns(shards: ShardSet) -> PackColumns:
         num_vision=table.column("num_vision_tokens").to_numpy().astype(np.int64),
         num_video=table.column("num_video_tokens").to_numpy().astype(np.int64),
         num_loss=table.column("num_loss_tokens").to_numpy().astype(np.int64),
+        num_audio=(table.column("num_audio_tokens").to_numpy().astype(np.int64) if "num_audio_tokens" in cols
+                   else np.zeros(table.num_rows, dtype=np.int64)),
         cu_offsets=cu_off,
         cu_values=cu_val.astype(np.int64),
         sources=np.asarray(src.to_pylist(), dtype=object),
@@ -113,10 +119,10 @@ def path_tokens(table: pa.Table) -> int:
 
 @dataclass(frozen=True)
 class SampleExample:
-    """One example of the grid sample: its length and which of its tokens are vision tokens."""
+    """One example of the grid sample: its length and which of its tokens are media (vision, audio) tokens."""
 
     length: int
-    vision: np.ndarray  # (length,) bool
+    vision: np.ndarray  # (length,) bool: an image's, video's or audio clip's token
     colour: int  # palette index, the same in every panel
 
 
@@ -134,13 +140,14 @@ def sample_examples(shards: ShardSet, max_examples: int = SAMPLE_EXAMPLES) -> li
     packs: list[list[SampleExample]] = []
     taken = 0
     colour = 0
-    rows = _leading_rows(shards, ["cu_seqlens", "images", "videos"])
+    media = ["images", "videos", *(["audios"] if shards.manifest.schema_version >= 4 else [])]
+    rows = _leading_rows(shards, ["cu_seqlens", *media])
     for row in rows:
         cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
         if packs and taken + len(cu) - 1 > max_examples:
             break
         vision = np.zeros(int(cu[-1]), dtype=bool)  # (T,)
-        for im in row["images"] + row["videos"]:
+        for im in row["images"] + row["videos"] + row.get("audios", []):
             vision[im["offset"] : im["offset"] + im["num_tokens"]] = True
         pack = []
         for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
@@ -328,9 +335,10 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
     cell = max(1, -(-capacity // CELLS_PER_ROW))
 
     has_vision = bool(cols.num_vision.sum())
+    has_audio = bool(cols.num_audio.sum())
     has_sources = bool(stats.get("sources")) and len(stats["sources"]) > 1
-    panels = ["fill", "examples", *(["vision"] if has_vision else []), "length", "cost",
-              *(["mixture"] if has_sources else [])]
+    panels = ["fill", "examples", *(["vision"] if has_vision else []), *(["audio"] if has_audio else []), "length",
+              "cost", *(["mixture"] if has_sources else [])]
     ncols = 4 if len(panels) == 4 else 3  # 4 panels fit one row; 5 or 6 fill two rows of 3
     top_rows = -(-len(panels) // ncols)
     grid_rows = [len(s[1]) for s in strategies]
@@ -368,6 +376,14 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
                         vline=budget, vlabel=f"budget {budget:,}" if budget else "")
             if cols.num_video.any():
                 ax.legend(fontsize=7, loc="best", frameon=True, framealpha=0.9)
+        elif name == "audio":
+            audio_budget = shards.config.max_audio_tokens
+            hi = max(int(cols.num_audio.max()), audio_budget or 0, 1)
+            seconds = stats.get("audio_seconds")
+            _hist_panel(ax, cols.num_audio, bins=np.linspace(0, hi, 21),
+                        title="audio tokens per pack" + (f" ({seconds:,.0f} s of audio in all)" if seconds else ""),
+                        xlabel="audio tokens in a pack", color="#e377c2",
+                        vline=audio_budget, vlabel=f"budget {audio_budget:,}" if audio_budget else "")
         elif name == "length":
             _hist_panel(ax, cols.example_lengths, bins=np.linspace(0, capacity, 33),
                         title="example lengths", xlabel="tokens in an example", color="#ff7f0e",
@@ -391,7 +407,8 @@ def plot_stats(directory: str | Path, path: str | Path, *, max_examples: int = S
     ax.set_xlabel(f"tokens (one cell = {cell:,} token{'s' if cell > 1 else ''})", fontsize=8)
     handles = [Patch(color=PALETTE[0], label="text tokens (one colour per example)"),
                *([Patch(color=np.array(to_rgb(PALETTE[0])) * (1 - VISION_TINT) + VISION_TINT,
-                        label="vision tokens (lighter)")] if has_vision else []),
+                        label=("vision and audio" if has_vision and has_audio else "audio" if has_audio else "vision")
+                        + " tokens (lighter)")] if has_vision or has_audio else []),
                Patch(facecolor=PAD_RGB, label="padding (computed, wasted)"),
                Patch(facecolor="white", edgecolor="#999999", label="not computed")]
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)

@@ -57,6 +57,9 @@ def compute_stats(
     image_units: tuple[str, np.ndarray, np.ndarray] | None = None,
     video: np.ndarray | None = None,
     videos: np.ndarray | None = None,
+    audio: np.ndarray | None = None,
+    audio_seconds: np.ndarray | None = None,
+    audios: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Statistics of one plan; every array is per packed example, in input order.
 
@@ -66,6 +69,10 @@ def compute_stats(
     among ``vision``; a build with any adds ``video_tokens`` / ``image_tokens`` and their per-pack spreads
     (a build without video keeps the keys it always had). ``videos``: videos per example, given by a build
     with a video budget (``max_videos``): stats then hold ``videos`` and ``videos_per_pack`` (min/mean/max).
+    ``audio``, ``audio_seconds``, ``audios``: audio tokens, seconds (what the loader yields) and clips per
+    example; a build with any clip adds ``audio_tokens``, ``audio_seconds``, ``audio_clips``, their per-pack
+    spreads (``audio_tokens_per_pack`` with its std, ``audio_seconds_per_pack``, ``audio_clips_per_pack``) and
+    ``hist_audio_per_pack`` (audio tokens per pack); a build without audio keeps the keys it always had.
     """
     rejects = rejects or []
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -124,6 +131,19 @@ def compute_stats(
         pack_videos = np.bincount(pack_ids, weights=videos, minlength=num_packs).astype(np.int64)
         stats["videos"] = int(np.asarray(videos).sum())
         stats["videos_per_pack"] = _summary(pack_videos)
+    if audios is not None and np.asarray(audios).sum():
+        per_pack = {name: np.bincount(pack_ids, weights=np.asarray(values, dtype=np.float64), minlength=num_packs)
+                    for name, values in (("tokens", audio), ("seconds", audio_seconds), ("clips", audios))}
+        stats["audio_tokens"] = int(np.asarray(audio).sum())
+        stats["audio_seconds"] = float(np.asarray(audio_seconds, dtype=np.float64).sum())
+        stats["audio_clips"] = int(np.asarray(audios).sum())
+        tokens_pp = per_pack["tokens"].astype(np.int64)
+        stats["audio_tokens_per_pack"] = {**_summary(tokens_pp), "std": float(tokens_pp.std())}
+        seconds_pp = per_pack["seconds"]
+        stats["audio_seconds_per_pack"] = {"min": float(seconds_pp.min()), "mean": float(seconds_pp.mean()),
+                                           "max": float(seconds_pp.max()), "std": float(seconds_pp.std())}
+        stats["audio_clips_per_pack"] = _summary(per_pack["clips"].astype(np.int64))
+        stats["hist_audio_per_pack"] = _hist(tokens_pp, 0.0, float(tokens_pp.max(initial=1)))
     if sources is not None and len(sources) and any(sources):
         per_source: dict[str, dict[str, Any]] = {}
         for name in sorted(set(sources.tolist())):
@@ -187,6 +207,16 @@ def format_stats(stats: dict[str, Any]) -> str:
     if "videos_per_pack" in stats:
         s = stats["videos_per_pack"]
         rows.append(("videos / pack", f"min {s['min']}  mean {s['mean']:.2f}  max {s['max']}"))
+    if "audio_tokens" in stats:
+        rows.append(("audio", f"{stats['audio_clips']:,} clips, {stats['audio_seconds']:,.1f} s, "
+                              f"{stats['audio_tokens']:,} tokens"))
+        per = stats["audio_tokens_per_pack"]
+        rows.append(("audio tokens / pack", f"min {per['min']:,}  mean {per['mean']:,.0f}  max {per['max']:,}"
+                     f"  std {per['std']:,.0f}"))
+        sec = stats["audio_seconds_per_pack"]
+        rows.append(("audio seconds / pack", f"min {sec['min']:.1f}  mean {sec['mean']:.1f}  max {sec['max']:.1f}"))
+        s = stats["audio_clips_per_pack"]
+        rows.append(("audio clips / pack", f"min {s['min']}  mean {s['mean']:.2f}  max {s['max']}"))
     for key, label in naive_batches(pad):
         slots = pad[key]
         rows.append((f"naive padding, batch {label}", f"{slots:,} slots, {_pct(1 - tokens / slots) if slots else '-'} padding"

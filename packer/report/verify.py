@@ -15,7 +15,11 @@ What is checked (each failure is one ``Violation``: file, row, what):
   of the row's node forest; images lie inside one example, in order, without
   overlap, over exactly the image-token run of their ``num_tokens`` (no stray image token), with
   ``num_tokens`` matching the grid; videos the same way over their video-token runs, and each video's grid
-  agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); mRoPE positions
+  agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); audio clips the
+  same way over their audio-token runs (a video's sound track: the family's spans inside the video's run), each
+  clip's ``feature_length`` from its ``num_samples`` and ``num_tokens`` from its ``feature_length`` by the
+  family's rule (``audio_feature_lengths``, ``audio_num_tokens``), ``num_audio_tokens`` and the audio budgets
+  (``max_audio_tokens``, ``max_audios``); mRoPE positions
   equal an independent vectorized recomputation of ``get_rope_index`` along each tree path (with each
   video's ``second_per_grid_t``);
 - example ids are unique across the whole dataset;
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
     from packer.models.base import ModelProfile
 
 DEFAULT_LIMIT = 20  # violations listed per (file, check); the rest are counted in one summary line
+AUDIO_FIELDS = ("offset", "num_tokens", "num_samples", "feature_length", "sample_rate")  # what verify reads
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,9 @@ class _Limits:
     profile: ModelProfile
     image_token_id: int | None
     video_token_id: int | None
+    max_audio_tokens: int | None = None
+    max_audios: int | None = None
+    audio_token_id: int | None = None
 
 
 class _Rows:
@@ -201,6 +209,16 @@ class _Rows:
         self.num_loss = table.column("num_loss_tokens").to_numpy().astype(np.int64)
         self.num_vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)
         self.num_video = table.column("num_video_tokens").to_numpy().astype(np.int64)
+        self.has_audio = "audios" in table.column_names  # schema v4
+        if self.has_audio:
+            self.aud_off, auds = _lists(table.column("audios"))
+            self.num_audio = table.column("num_audio_tokens").to_numpy().astype(np.int64)
+        else:  # an older build: no row has audio
+            self.aud_off = np.zeros(self.R + 1, dtype=np.int64)
+            auds = pa.array([], pa.struct([(f, pa.int32()) for f in AUDIO_FIELDS] + [("video", pa.bool_())]))
+            self.num_audio = np.zeros(self.R, dtype=np.int64)
+        self.aud = {f: auds.field(f).to_numpy(zero_copy_only=False).astype(np.int64) for f in AUDIO_FIELDS}
+        self.aud["video"] = auds.field("video").to_numpy(zero_copy_only=False).astype(bool)
         self.has_seq_lengths = "seq_lengths" in table.column_names  # schema v3
         if self.has_seq_lengths:
             lengths = table.column("seq_lengths")
@@ -283,6 +301,13 @@ def _check_boundaries(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> n
     if lim.max_vision_tokens is not None:
         check(d.num_vision > lim.max_vision_tokens, "vision budget",
               lambda i: f"{d.num_vision[i]} vision tokens > max_vision_tokens {lim.max_vision_tokens}", False)
+    if lim.max_audios is not None:
+        na = np.diff(d.aud_off)
+        check(na > lim.max_audios, "audio clip budget", lambda i: f"{na[i]} audio clips > max_audios {lim.max_audios}",
+              False)
+    if lim.max_audio_tokens is not None:
+        check(d.num_audio > lim.max_audio_tokens, "audio budget",
+              lambda i: f"{d.num_audio[i]} audio tokens > max_audio_tokens {lim.max_audio_tokens}", False)
 
     # --- nodes: offsets, parents, roots exactly at the example starts, parents in the same example
     for name, bad in faults.items():
@@ -319,6 +344,9 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
           lambda i: f"num_vision_tokens is {d.num_vision[i]}, the images and videos have {vision[i]}")
     check(video != d.num_video, "num_video_tokens",
           lambda i: f"num_video_tokens is {d.num_video[i]}, the videos have {video[i]}")
+    audio = np.bincount(_row_of(d.aud_off), weights=d.aud["num_tokens"], minlength=d.R).astype(np.int64)
+    check(audio != d.num_audio, "num_audio_tokens",
+          lambda i: f"num_audio_tokens is {d.num_audio[i]}, the audio clips have {audio[i]}")
 
     # --- 1-D positions: the row's nodes as one forest in the flat stream (roots restart at 0)
     row_of_node = _row_of(d.no_off)
@@ -331,7 +359,8 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
     # --- images, then videos: one contiguous run of their tokens each, in order, inside one example
     spans, checked, claims, named = {}, {}, {}, {}
     for what, lists, fields, token_id in (("image", d.img_off, d.img, lim.image_token_id),
-                                          ("video", d.vid_off, d.vid, lim.video_token_id)):
+                                          ("video", d.vid_off, d.vid, lim.video_token_id),
+                                          ("audio", d.aud_off, d.aud, lim.audio_token_id)):
         # the family's spans of its placeholders (Qwen3-VL: a video's temporal patches, each a run of its own)
         lists, fields, on = lim.profile.verify_spans(what, d.ids, row_base, lists, fields, token_id)
         on = (token_id if on else None) if isinstance(on, bool) else on  # the id lying exactly on the spans
@@ -345,7 +374,7 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
             named.setdefault(on, what)
         if token_id is not None:
             named.setdefault(token_id, what)
-    tok_ok = spans["image"][0] & spans["video"][0]
+    tok_ok = spans["image"][0] & spans["video"][0] & spans["audio"][0]
     # Each placeholder (and each id a family says its spans hold) lies exactly on the spans that claim it: a
     # family that lays its runs out in other tokens claims none (its placeholder then appears nowhere), and
     # GLM-4.6V's video frames claim its image placeholder beside its images.
@@ -365,6 +394,12 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         check(_rows_with(faults, _row_of(d.vid_off), d.R), "video plan",
               lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
               f"{lim.profile.name!r}")
+    if len(d.aud["offset"]):  # each clip's numbers under the family's rule: samples -> frames (-> tokens: spans)
+        faults = lim.profile.audio_feature_lengths(d.aud["num_samples"]) != d.aud["feature_length"]
+        faults |= (d.aud["sample_rate"] != lim.profile.audio_sample_rate) | (d.aud["num_samples"] < 1)
+        check(_rows_with(faults, _row_of(d.aud_off), d.R), "audio plan",
+              lambda i: f"an audio clip's sample rate, samples or feature length disagree under profile "
+              f"{lim.profile.name!r}")
 
     # --- mRoPE: recomputed along each tree path by the model family
     if lim.profile.mrope and L:
@@ -376,6 +411,11 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         if vid_sel.any():
             videos = dict(video_offsets=(row_base[_row_of(vid_off)] + vid["offset"])[vid_sel],
                           video_grids=vid_grids[vid_sel], video_seconds=vid["second_per_grid_t"][vid_sel])
+        _, aud_sel, _, _ = spans["audio"]
+        if aud_sel.any():  # the stored entries (not the family's spans): an audio family's positions read them
+            videos.update(audio_offsets=(row_base[_row_of(d.aud_off)] + d.aud["offset"])[aud_sel],
+                          audio_feature_lengths=d.aud["feature_length"][aud_sel],
+                          audio_num_tokens=d.aud["num_tokens"][aud_sel], audio_in_video=d.aud["video"][aud_sel])
         want = lim.profile.expected_extra_positions(L, g_off, g_par, img_starts, img_grids[img_sel], **videos)
         bad = (got != want).any(axis=0) & tok_ok
         check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
@@ -388,11 +428,11 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
 def _check_seq_lengths(d: _Rows, check) -> None:
     """v3's ``seq_lengths``: the examples' lengths exactly where TRL's padding-free collator is exact (every example
     one node, no image or video, no mRoPE), null elsewhere (assemble._seq_lengths)."""
-    plain = d.mrope_null & (d.N == d.E) & (d.I == 0) & (np.diff(d.vid_off) == 0)  # a node per example: linear
+    plain = d.mrope_null & (d.N == d.E) & (d.I == 0) & (np.diff(d.vid_off) == 0) & (np.diff(d.aud_off) == 0)
     check(plain & d.sl_null, "seq_lengths missing",
-          lambda i: "seq_lengths is null but every example of the row is linear, without images, videos or mRoPE")
+          lambda i: "seq_lengths is null but every example of the row is linear, without media or mRoPE")
     check(~plain & ~d.sl_null, "seq_lengths set",
-          lambda i: "seq_lengths is set but the row has a tree, an image, a video or mRoPE positions (TRL would "
+          lambda i: "seq_lengths is set but the row has a tree, an image, a video, audio or mRoPE positions (TRL would "
           "rebuild its positions and attention wrongly)")
     both = plain & ~d.sl_null
     counts = np.diff(d.sl_off)
@@ -432,11 +472,18 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
     check(_rows_with(spans_bad, row_of_img, d.R), f"{what} spans",
           lambda i: f"a {what}'s tokens are outside the row, overlap another {what}, are out of order or cross "
           "an example or tree-node boundary")
-    grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)  # (I, 3)
-    count = lim.profile.video_grid_num_tokens if what == "video" else lim.profile.grid_num_tokens
-    grid_bad = count(grids) != n
-    check(_rows_with(grid_bad, row_of_img, d.R), f"{what} grid",
-          lambda i: f"a {what}'s num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
+    if what == "audio":  # a clip's count follows from its feature length (the family's rule)
+        grids = np.zeros((len(s), 3), dtype=np.int64)
+        grid_bad = lim.profile.audio_num_tokens(fields["feature_length"]) != n
+        check(_rows_with(grid_bad, row_of_img, d.R), "audio tokens count",
+              lambda i: f"an audio clip's num_tokens does not match its feature_length under profile "
+              f"{lim.profile.name!r}")
+    else:
+        grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)  # (I, 3)
+        count = lim.profile.video_grid_num_tokens if what == "video" else lim.profile.grid_num_tokens
+        grid_bad = count(grids) != n
+        check(_rows_with(grid_bad, row_of_img, d.R), f"{what} grid",
+              lambda i: f"a {what}'s num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
     img_rows_ok = ~_rows_with(spans_bad | grid_bad, row_of_img, d.R)
     sel = img_rows_ok[row_of_img]
     in_image = np.zeros(L + 1, dtype=np.int64)
@@ -445,8 +492,8 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
     in_image = np.cumsum(in_image)[:L] > 0  # (L,) token lies in some span
     tok_ok = img_rows_ok[row_of_tok]
     check(_rows_with(tok_ok & in_image & (d.labels != IGNORE_INDEX), row_of_tok, d.R), f"{what} labels",
-          lambda i: f"an {what} token carries a label (vision tokens carry no loss)" if what == "image" else
-          f"a {what} token carries a label (vision tokens carry no loss)")
+          lambda i: f"an {what} token carries a label (media tokens carry no loss)" if what in ("image", "audio") else
+          f"a {what} token carries a label (media tokens carry no loss)")
     return tok_ok, sel, grids, in_image & tok_ok
 
 
@@ -465,6 +512,9 @@ def _limits(manifest: Manifest) -> _Limits:
         profile=profile,
         image_token_id=manifest.image_token_id,
         video_token_id=manifest.video_token_id,
+        max_audio_tokens=cfg.max_audio_tokens,
+        max_audios=cfg.max_audios,
+        audio_token_id=manifest.audio_token_id,
     )
 
 

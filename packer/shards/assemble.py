@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer.core.types import Encoded, EncodedImage, EncodedVideo
+from packer.core.types import Encoded, EncodedAudio, EncodedImage, EncodedVideo
 from packer.errors import ShardError
-from packer.shards.schema import EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA, VIDEO_TYPE
+from packer.shards.schema import AUDIO_TYPE, EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA, VIDEO_TYPE
 from packer.shards.store import ObjectPath, local_file, store_path
 
 
@@ -41,12 +41,15 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "node_parents": enc.node_parents,
         "images": [_image_record(im) for im in enc.images],
         "videos": [_video_record(v) for v in enc.videos],
+        "audios": [_audio_record(a) for a in enc.audios],
         "num_tokens": enc.num_tokens,
         "num_loss_tokens": enc.num_loss_tokens,
         "num_vision_tokens": enc.num_vision_tokens,
         "num_video_tokens": enc.num_video_tokens,
+        "num_audio_tokens": enc.num_audio_tokens,
         "num_images": len(enc.images),
         "num_videos": len(enc.videos),
+        "num_audios": len(enc.audios),
     }
 
 
@@ -62,6 +65,12 @@ def _video_record(v: EncodedVideo) -> dict[str, Any]:
             "frame_indices": v.frame_indices, "video_fps": v.video_fps, "grid_t": t, "grid_h": h, "grid_w": w,
             "height": v.height, "width": v.width, "utils_height": v.utils_height, "utils_width": v.utils_width,
             "offset": v.offset, "num_tokens": v.num_tokens, "second_per_grid_t": v.second_per_grid_t}
+
+
+def _audio_record(a: EncodedAudio) -> dict[str, Any]:
+    return {"source": a.source, "data": a.data, "audio_start": a.audio_start, "audio_end": a.audio_end,
+            "video": a.video, "sample_rate": a.sample_rate, "num_samples": a.num_samples,
+            "feature_length": a.feature_length, "offset": a.offset, "num_tokens": a.num_tokens}
 
 
 _INT_LISTS = ("input_ids", "labels", "position_ids", "mrope_position_ids", "node_offsets", "node_parents")
@@ -206,7 +215,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["node_offsets"] = _regroup(pa.array(starts.astype(np.int32)), node_off, pack_bounds)
     cols["node_parents"] = _regroup(pa.array(parents.astype(np.int32)), node_off, pack_bounds)
 
-    for name, kind in (("images", IMAGE_TYPE), ("videos", VIDEO_TYPE)):
+    for name, kind in (("images", IMAGE_TYPE), ("videos", VIDEO_TYPE), ("audios", AUDIO_TYPE)):
         img_off, img_vals = _list_parts(examples.column(name))
         images_per_example = np.diff(img_off)
         if len(img_vals):
@@ -230,6 +239,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["num_loss_tokens"] = per_pack("num_loss_tokens")
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
     cols["num_video_tokens"] = per_pack("num_video_tokens")
+    cols["num_audio_tokens"] = per_pack("num_audio_tokens")
     return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
 
 
@@ -237,13 +247,14 @@ def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarra
                  mrope: bool) -> pa.Array:
     """Per pack, its examples' lengths (``np.diff(cu_seqlens)``) where TRL's padding-free collator rebuilds the row
     exactly from them (positions 0.. per example, attention inside each example): every example linear (one
-    node), no image or video, 1-D positions. Null elsewhere: a tree's branches, an image's pixels, mRoPE's
+    node), no image, video or audio, 1-D positions. Null elsewhere: a tree's branches, an image's pixels, mRoPE's
     three position rows are what TRL would rebuild wrongly (docs/format.md, "seq_lengths")."""
     P = len(pack_bounds) - 1
     if mrope:
         return pa.nulls(P, I32_LIST)
     plain = ((np.diff(_list_parts(examples.column("node_offsets"))[0]) == 1)
-             & (examples.column("num_images").to_numpy() == 0) & (examples.column("num_videos").to_numpy() == 0))
+             & (examples.column("num_images").to_numpy() == 0) & (examples.column("num_videos").to_numpy() == 0)
+             & (examples.column("num_audios").to_numpy() == 0))
     mixed = np.zeros(P, dtype=bool)
     mixed[pack_of_example[~plain]] = True  # (P,) a pack with an example TRL cannot rebuild
     offsets = pa.array(pack_bounds.astype(np.int32), pa.int32())

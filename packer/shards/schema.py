@@ -16,7 +16,8 @@ import pyarrow as pa
 from packer.config import BuildConfig
 from packer.errors import ConfigError, ShardError
 
-SCHEMA_VERSION = 3  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column)
+SCHEMA_VERSION = 4  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column);
+# 4: the audios and num_audio_tokens columns
 
 
 MANIFEST = "manifest.json"
@@ -72,6 +73,24 @@ VIDEO_TYPE = pa.struct(
 )
 
 
+# One audio clip (docs/format.md, "Audio"): what the reader decodes (source or bytes, the window, a video's own
+# track) and the features it makes of it (samples at the family's rate, feature frames), and where its tokens are.
+AUDIO_TYPE = pa.struct(
+    [
+        ("source", pa.string()),  # resolved path ("" for inline bytes); a video's clip for its own sound track
+        ("data", pa.binary()),  # inline audio bytes, null for a path
+        ("audio_start", pa.float64()),  # the record's window in seconds, null when not given
+        ("audio_end", pa.float64()),
+        ("video", pa.bool_()),  # a video's own sound track (use_audio_in_video)
+        ("sample_rate", pa.int32()),  # the rate the family's loader resamples to (Hz)
+        ("num_samples", pa.int32()),  # mono samples the loader yields at sample_rate (37 h at 16 kHz fit)
+        ("feature_length", pa.int32()),  # the feature frames the model reads (Whisper: log-mel frames)
+        ("offset", pa.int32()),  # first audio token, relative to the row (example, in the encode cache)
+        ("num_tokens", pa.int32()),
+    ]
+)
+
+
 # One explicit schema: never inferred from the first row.
 SCHEMA = pa.schema(
     [
@@ -85,21 +104,28 @@ SCHEMA = pa.schema(
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),
         ("videos", pa.list_(VIDEO_TYPE)),
+        ("audios", pa.list_(AUDIO_TYPE)),
         ("example_ids", pa.list_(pa.string())),
         ("example_sources", pa.list_(pa.string())),
         ("num_tokens", pa.int32()),
         ("num_loss_tokens", pa.int32()),
         ("num_vision_tokens", pa.int32()),  # image and video tokens
         ("num_video_tokens", pa.int32()),
+        ("num_audio_tokens", pa.int32()),
     ],
     metadata={"packer.schema_version": str(SCHEMA_VERSION)},
 )
 
 
-# Shard schemas this packer reads, by version: v2 lacks seq_lengths (readers that need it say so).
+_V4 = {"audios", "num_audio_tokens"}
+
+
+# Shard schemas this packer reads, by version: v2 lacks seq_lengths, v3 the audio columns (readers that need them
+# say so; a row without ``audios`` has no audio).
 SCHEMAS: dict[int, pa.Schema] = {
-    2: pa.schema([f for f in SCHEMA if f.name != "seq_lengths"], metadata={"packer.schema_version": "2"}),
-    3: SCHEMA,
+    2: pa.schema([f for f in SCHEMA if f.name not in _V4 | {"seq_lengths"}], metadata={"packer.schema_version": "2"}),
+    3: pa.schema([f for f in SCHEMA if f.name not in _V4], metadata={"packer.schema_version": "3"}),
+    4: SCHEMA,
 }
 
 
@@ -116,12 +142,15 @@ EXAMPLE_SCHEMA = pa.schema(
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),
         ("videos", pa.list_(VIDEO_TYPE)),
+        ("audios", pa.list_(AUDIO_TYPE)),
         ("num_tokens", pa.int32()),
         ("num_loss_tokens", pa.int32()),
         ("num_vision_tokens", pa.int32()),
         ("num_video_tokens", pa.int32()),
+        ("num_audio_tokens", pa.int32()),
         ("num_images", pa.int32()),
         ("num_videos", pa.int32()),
+        ("num_audios", pa.int32()),
     ]
 )
 
@@ -244,6 +273,8 @@ class Manifest:
     """The profile's placeholder token id in the tokenizer; None for text profiles (or not recorded)."""
     video_token_id: int | None = None
     """The profile's video placeholder token id; None for profiles without video (or not recorded)."""
+    audio_token_id: int | None = None
+    """The profile's audio placeholder token id; None for profiles without audio (or not recorded)."""
     totals: Totals | None = None
     """Whole-build counts, None if not recorded (nothing for ``packer verify`` to compare then)."""
     shards: tuple[ShardEntry, ...]
@@ -282,6 +313,7 @@ class Manifest:
             base_dir=_field(data, "base_dir", str, where, required=False),
             image_token_id=_field(data, "image_token_id", int, where, required=False),
             video_token_id=_field(data, "video_token_id", int, where, required=False),
+            audio_token_id=_field(data, "audio_token_id", int, where, required=False),
             totals=None if totals is None else Totals.from_dict(totals, where=f"{where} 'totals'"),
             shards=tuple(ShardEntry.from_dict(s, where=f"{where} 'shards'[{i}]") for i, s in enumerate(shards)),
         )
@@ -300,6 +332,7 @@ class Manifest:
             "base_dir": self.base_dir,
             "image_token_id": self.image_token_id,
             "video_token_id": self.video_token_id,
+            "audio_token_id": self.audio_token_id,
             "totals": None if self.totals is None else self.totals.to_dict(),
             "shards": [s.to_dict() for s in self.shards],
         }

@@ -152,6 +152,9 @@ class OnlinePackedDataset(IterableDataset):
             raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
         if config.max_videos is not None:  # pack_stream has no video column yet
             raise ConfigError("online packing takes no 'max_videos' yet; use `packer build` for a video budget")
+        if config.max_audio_tokens is not None or config.max_audios is not None:  # nor audio columns
+            raise ConfigError("online packing takes no 'max_audio_tokens' / 'max_audios' yet; use `packer build` "
+                              "for an audio budget")
         self.config = config
         self.rank, self.world_size, self.pool_size = rank, world_size, pool_size
         self.shuffle, self.seed, self.encode_batch = shuffle, seed, encode_batch

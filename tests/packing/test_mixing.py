@@ -222,3 +222,25 @@ def test_separate_copies_keeps_every_budget_and_the_pack_count(seed, n, reps):
     before = len(index) - len(set(zip(index.tolist(), ids.tolist(), strict=True)))
     after = len(index) - len(set(zip(index.tolist(), out.tolist(), strict=True)))
     assert after <= before
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 1000), n=st.integers(1, 120), reps=st.integers(2, 4))
+def test_separate_copies_keeps_the_audio_budgets(seed, n, reps):
+    from packer.packing import plan
+    from packer.packing.mixing import separate_copies
+
+    rng = np.random.default_rng(seed)
+    base_len = rng.integers(1, 300, size=n)
+    base_audio = np.minimum(base_len, rng.integers(0, 150, size=n))
+    index = np.repeat(np.arange(n), reps)
+    lengths, audio = base_len[index], base_audio[index]
+    audios, zeros = (audio > 0).astype(np.int64), np.zeros(len(index), dtype=np.int64)
+    ids = plan(lengths, 1024, audio=audio, max_audio_tokens=300, audios=audios, max_audios=3, seed=seed)
+    out = separate_copies(index, ids, lengths, zeros, zeros, capacity=1024, vision_budget=None, max_images=None,
+                          audio=audio, max_audio_tokens=300, audios=audios, max_audios=3, seed=seed)
+    assert np.array_equal(np.bincount(out), np.bincount(ids))
+    for values, cap in ((lengths, 1024), (audio, 300), (audios, 3)):
+        assert np.bincount(out, weights=values).max() <= cap
+    after = len(index) - len(set(zip(index.tolist(), out.tolist(), strict=True)))
+    assert after <= len(index) - len(set(zip(index.tolist(), ids.tolist(), strict=True)))

@@ -173,6 +173,35 @@ def test_video_budget_holds(case, algorithm, max_videos, balance):
 
 
 @SETTINGS
+@given(multimodal(), st.sampled_from(FAST), st.integers(1, 3), st.booleans(), st.booleans())
+def test_audio_budgets_hold(case, algorithm, max_audios, balance, refine):
+    """``max_audio_tokens`` and ``max_audios`` are two more budget columns: never exceeded, beside the vision,
+    image and video budgets (audio tokens are part of the example's tokens, apart from its vision tokens)."""
+    lengths, capacity, vision, images, vision_budget, max_images, _, n = case
+    audio = (lengths - vision) // 2  # up to half of the text-side tokens are audio
+    audios = np.minimum((audio > 0) + images % 2, max_audios)
+    budget = max(int(audio.max()) if n else 1, 1) + 3
+    ids = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,
+               images=images, max_images=max_images, audio=audio, max_audio_tokens=budget, audios=audios,
+               max_audios=max_audios, balance_vision=balance, refine=refine)
+    if n:
+        check_plan(ids, lengths, capacity)
+        assert pack_totals(audio, ids).max() <= budget
+        assert pack_totals(audios, ids).max() <= max_audios
+        assert pack_totals(vision, ids).max() <= vision_budget and pack_totals(images, ids).max() <= max_images
+
+
+def test_audio_budget_binds():
+    """Four examples of 10 tokens, 6 of them audio, fit two packs of 20; a budget of 6 audio tokens needs four."""
+    lengths, audio = np.full(4, 10), np.full(4, 6)
+    assert check_plan(plan(lengths, 20), lengths, 20) == 2
+    ids = plan(lengths, 20, audio=audio, max_audio_tokens=6)
+    assert check_plan(ids, lengths, 20) == 4 and pack_totals(audio, ids).max() == 6
+    ids = plan(lengths, 40, audios=np.ones(4, dtype=np.int64), max_audios=3)
+    assert check_plan(ids, lengths, 40) == 2 and np.bincount(ids).max() == 3
+
+
+@SETTINGS
 @given(multimodal())
 def test_balance_never_costs_more_than_tolerance(case):
     lengths, capacity, vision, *_ = case
@@ -314,6 +343,12 @@ def test_groups_and_totals():
         ({"max_images": 2}, r"'max_images' is set but no per-example image counts"),
         ({"videos": [0, 3], "max_videos": 2}, r"example 1 has 3 videos > max_videos 2; raise 'max_videos'"),
         ({"max_videos": 2}, r"'max_videos' is set but no per-example video counts"),
+        ({"lengths": [3, 4], "audio": [0, 3], "max_audio_tokens": 2},
+         r"example 1 has 3 audio tokens > audio budget 2; raise 'max_audio_tokens'"),
+        ({"audio": [4, 1]}, r"example 0 has 4 audio tokens but only 3 tokens in all"),
+        ({"max_audio_tokens": 2}, r"'max_audio_tokens' is set but no per-example audio token counts"),
+        ({"audios": [0, 3], "max_audios": 2}, r"example 1 has 3 audio clips > max_audios 2; raise 'max_audios'"),
+        ({"max_audios": 0}, r"'max_audios' must be a positive integer"),
         ({"max_examples": 0}, r"'max_examples_per_pack' must be a positive integer"),
         ({"lengths": [], "max_images": -1}, r"'max_images' must be a positive integer"),
         ({"algorithm": "binpacking", "max_examples": 2}, r"'binpacking' only knows the token budget"),

@@ -35,52 +35,110 @@ class LogMel(NamedTuple):
 
 def whisper_log_mel(audio: np.ndarray, *, feature_size: int = 128, sampling_rate: int = 16000,
                     hop_length: int = 160, n_fft: int = 400, chunk_length: int = 30,
-                    padding: str | None = "max_length", truncation: bool = True,
-                    max_length: int | None = None, return_attention_mask: bool = True) -> LogMel:
+                    padding: str | bool | None = "max_length", truncation: bool = True,
+                    max_length: int | None = None, pad_to_multiple_of: int | None = None,
+                    return_attention_mask: bool = True) -> LogMel:
     """The log-mel features ``WhisperFeatureExtractor(feature_size, sampling_rate, hop_length, chunk_length,
     n_fft)(audio, sampling_rate=sampling_rate, padding=padding, truncation=truncation, max_length=max_length,
-    return_attention_mask=...)`` gives one mono clip.
+    pad_to_multiple_of=pad_to_multiple_of, return_attention_mask=...)`` gives one mono clip.
 
     ``padding``: "max_length" pads with zeros to ``max_length`` samples (default ``chunk_length`` seconds);
-    "longest" and None leave one clip as it is. ``truncation`` cuts a clip longer than that first (the
-    extractor's default, whatever the padding). Frames: padded length // hop_length; a clip needs more than
+    "longest" (or True) leaves one clip as it is; None (or False, "do_not_pad") never pads. ``truncation`` cuts a
+    clip longer than ``max_length`` first (the extractor's default, whatever the padding); ``pad_to_multiple_of``
+    rounds both lengths up (Voxtral: 30 s). Frames: padded length // hop_length; a clip needs more than
     ``n_fft // 2`` samples once padded (the reflect padding of torch.stft, which refuses fewer).
     """
-    x = np.asarray(audio)
-    if x.ndim != 1:
-        raise ValueError(f"whisper_log_mel takes one mono clip, got shape {x.shape}")
-    x = x.astype(np.float32, copy=False)  # the extractor casts float64 to float32 first
-    limit = max_length if max_length else chunk_length * sampling_rate
-    if truncation and len(x) > limit:
-        x = x[:limit]
-    n = len(x)
-    if padding == "max_length":
-        length = max(n, limit)
-    elif padding in ("longest", None, "do_not_pad", False):
-        length = n
+    return whisper_log_mel_batch([audio], feature_size=feature_size, sampling_rate=sampling_rate,
+                                 hop_length=hop_length, n_fft=n_fft, chunk_length=chunk_length, padding=padding,
+                                 truncation=truncation, max_length=max_length,
+                                 pad_to_multiple_of=pad_to_multiple_of,
+                                 return_attention_mask=return_attention_mask)[0]
+
+
+def whisper_log_mel_batch(audios: list[np.ndarray], *, feature_size: int = 128, sampling_rate: int = 16000,
+                          hop_length: int = 160, n_fft: int = 400, chunk_length: int = 30,
+                          padding: str | bool | None = "max_length", truncation: bool = True,
+                          max_length: int | None = None, pad_to_multiple_of: int | None = None,
+                          return_attention_mask: bool = True) -> list[LogMel]:
+    """The extractor called once on several clips (one processor call: one example's clips), row by row.
+
+    With "longest" padding every clip is padded to the call's longest. A shorter clip of n samples then has
+    ceil(n / hop_length) frames in its mask, its last one reaching into the zeros, where alone (or as the
+    longest) it has n // hop_length: Qwen3-Omni's processor pads this way, so a clip's frame and token count
+    depend on the other clips of its call, and encode and reader must group clips as that call does.
+    """
+    clips = []
+    for audio in audios:
+        x = np.asarray(audio)
+        if x.ndim != 1:
+            raise ValueError(f"whisper_log_mel takes mono clips, got shape {x.shape}")
+        clips.append(x.astype(np.float32, copy=False))  # the extractor casts float64 to float32 first
+    limit, target = _targets([len(x) for x in clips], chunk_length * sampling_rate, padding, truncation,
+                             max_length, pad_to_multiple_of)
+    if truncation:
+        clips = [x[:limit] for x in clips]
+    out = []
+    for x in clips:
+        n = len(x)
+        length = n if target is None else max(n, target)
+        if n == 0 or length <= n_fft // 2:
+            raise ValueError(f"a clip of {n} samples padded to {length} is too short for frames of {n_fft} "
+                             f"(reflect padding needs more than {n_fft // 2})")
+        frames = length // hop_length
+        features = _log_mel(x, length, frames, feature_size, sampling_rate, hop_length, n_fft)
+        mask = None
+        if return_attention_mask:
+            # the sample mask read every hop_length samples, one frame fewer when the length is not a multiple
+            mask = np.zeros(frames, np.int32)
+            mask[: min(frames, -(-n // hop_length))] = 1
+        out.append(LogMel(features, mask))
+    return out
+
+
+def whisper_windows(features: np.ndarray, frames_per_window: int = 3000) -> np.ndarray:
+    """(feature_size, k * frames_per_window) features as (k, feature_size, frames_per_window) windows: Voxtral's
+    processor, which pads each clip to a multiple of 30 s (``pad_to_multiple_of=480000``, no truncation) and
+    hands its encoder one 30 s window per row."""
+    size, frames = features.shape
+    if frames % frames_per_window:
+        raise ValueError(f"{frames} frames are not whole windows of {frames_per_window}")
+    return features.reshape(size, -1, frames_per_window).transpose(1, 0, 2)
+
+
+def feature_frames(num_samples: int | list[int], *, hop_length: int = 160, chunk_length: int = 30,
+                   sampling_rate: int = 16000, padding: str | bool | None = "max_length", truncation: bool = True,
+                   max_length: int | None = None, pad_to_multiple_of: int | None = None) -> int | list[int]:
+    """Frames in the mask (``attention_mask.sum()``) of a clip of num_samples, or of each clip of one extractor call
+    (a list): what the families turn into audio tokens, from the sample counts alone (whisper_log_mel_batch's
+    rule without the samples)."""
+    counts = [num_samples] if isinstance(num_samples, int) else list(num_samples)
+    limit, target = _targets(counts, chunk_length * sampling_rate, padding, truncation, max_length,
+                             pad_to_multiple_of)
+    out = []
+    for n in counts:
+        n = min(n, limit) if truncation else n
+        length = n if target is None else max(n, target)
+        out.append(min(length // hop_length, -(-n // hop_length)))
+    return out[0] if isinstance(num_samples, int) else out
+
+
+def _targets(counts: list[int], n_samples: int, padding, truncation: bool, max_length: int | None,
+             pad_to_multiple_of: int | None) -> tuple[int, int | None]:
+    """(the truncation limit, the padded length or None): SequenceFeatureExtractor.pad's arithmetic."""
+    limit = max_length if max_length else n_samples
+    if pad_to_multiple_of and limit % pad_to_multiple_of:
+        limit = (limit // pad_to_multiple_of + 1) * pad_to_multiple_of
+    if padding is True or padding == "longest":
+        target: int | None = max(min(n, limit) if truncation else n for n in counts)
+    elif padding == "max_length":
+        target = limit
+    elif padding in (None, False, "do_not_pad"):
+        target = None
     else:
         raise ValueError(f"padding must be 'max_length', 'longest' or None, got {padding!r}")
-    if min(n, length) == 0 or length <= n_fft // 2:
-        raise ValueError(f"a clip of {n} samples padded to {length} is too short for frames of {n_fft} "
-                         f"(reflect padding needs more than {n_fft // 2})")
-    frames = length // hop_length
-    features = _log_mel(x, length, frames, feature_size, sampling_rate, hop_length, n_fft)
-    mask = None
-    if return_attention_mask:
-        # the sample mask read every hop_length samples, one frame fewer when the length is not a multiple
-        mask = np.zeros(frames, np.int32)
-        mask[: min(frames, -(-n // hop_length))] = 1
-    return LogMel(features, mask)
-
-
-def feature_frames(num_samples: int, *, hop_length: int = 160, chunk_length: int = 30,
-                   sampling_rate: int = 16000, truncation: bool = True) -> int:
-    """Frames of the clip in the mask (``attention_mask.sum()``) for a clip of num_samples with max_length padding:
-    what Qwen2-Audio / Qwen2.5-Omni turn into audio tokens, known from the sample count alone."""
-    limit = chunk_length * sampling_rate
-    n = min(num_samples, limit) if truncation else num_samples
-    frames = max(n, limit) // hop_length
-    return min(frames, -(-n // hop_length))
+    if target is not None and pad_to_multiple_of and target % pad_to_multiple_of:
+        target = (target // pad_to_multiple_of + 1) * pad_to_multiple_of
+    return limit, target
 
 
 def _log_mel(x: np.ndarray, length: int, frames: int, feature_size: int, sampling_rate: int, hop_length: int,
