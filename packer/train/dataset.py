@@ -250,7 +250,9 @@ class PackedDataset(IterableDataset):
             shard, group, _ = (int(x) for x in self._blocks[block])
             if shard not in files:
                 files[shard] = self.shards.parquet(shard)
-            decoded = _decode_block(files[shard].read_row_group(group, columns=READ_COLUMNS))
+            # schema v4 shards carry each row's audio clips; older ones have no audio
+            audio = ["audios"] if "audios" in files[shard].schema_arrow.names else []
+            decoded = _decode_block(files[shard].read_row_group(group, columns=READ_COLUMNS + audio))
             for k in np.flatnonzero(blocks == block).tolist():
                 out[k] = _row(decoded, int(order[k] - self._block_start[block]), copy=copy)
         return out  # type: ignore[return-value]
@@ -265,6 +267,8 @@ def _decode_block(table) -> dict[str, Any]:
     out["mrope_position_ids"] = None if mrope.null_count == table.num_rows else list_column(table, "mrope_position_ids")
     out["images"] = table.column("images").to_pylist()  # a few small structs per row
     out["videos"] = table.column("videos").to_pylist()
+    if "audios" in table.column_names:
+        out["audios"] = table.column("audios").to_pylist()
     out["example_ids"] = table.column("example_ids").to_pylist()
     return out
 
@@ -280,6 +284,8 @@ def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]
         row["mrope_position_ids"] = take(values[off[i] : off[i + 1]]).reshape(-1, 3).T  # (3, T)
     row["images"] = block["images"][i]
     row["videos"] = block["videos"][i]
+    if "audios" in block:
+        row["audios"] = block["audios"][i]
     row["example_ids"] = block["example_ids"][i]
     return row
 

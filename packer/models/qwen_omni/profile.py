@@ -266,6 +266,53 @@ class QwenOmniProfile(ModelProfile):
         out.sort(key=lambda b: b.start)
         return out
 
+    def verify_spans(
+        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
+        token_id: int | None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """A video with its sound as the runs verify can check: its frames' runs (whole frames, (k, h, w) each)
+        and its sound's runs (``feature_length`` 4 * tokens, which the count rule maps back to the run's tokens),
+        the runs of its tokens from its offset until its tokens are all found. ``expected_extra_positions`` then
+        rebuilds the video from its adjacent runs and checks their order against the processor's layout. An entry
+        whose runs do not add up gets offset -1 (a bad span)."""
+        if what not in ("video", "audio") or not len(fields["offset"]) or token_id is None:
+            return lists, fields, True
+        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
+        run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        rows = len(lists) - 1
+        row_of = np.repeat(np.arange(rows), np.diff(lists))
+        out: dict[str, list] = {k: [] for k in fields}
+        per_row = np.zeros(rows, dtype=np.int64)
+        for i in range(len(fields["offset"])):
+            entry = {k: v[i] for k, v in fields.items()}
+            base, n = int(row_starts[row_of[i]]), int(entry["num_tokens"])
+            at = int(np.searchsorted(run_starts, base + int(entry["offset"])))
+            runs: list[tuple[int, int]] = []
+            if at < len(run_starts) and run_starts[at] == base + int(entry["offset"]):
+                found = 0
+                while at < len(run_starts) and found < n:
+                    size = min(int(run_ends[at] - run_starts[at]), n - found)
+                    runs.append((int(run_starts[at]) - base, size))
+                    found += size
+                    at += 1
+                if found < n:
+                    runs = []
+            if not runs:
+                runs = [(-1, n)]
+            if what == "video" and len(runs) > 1:
+                per = (int(entry["grid_h"]) // self.merge_size) * (int(entry["grid_w"]) // self.merge_size)
+            for off, size in runs:
+                span = {**entry, "offset": off, "num_tokens": size}
+                if len(runs) > 1 and what == "video":
+                    span["grid_t"] = size // per if size % per == 0 else 0  # a split frame: a bad grid
+                elif len(runs) > 1:
+                    span["feature_length"] = 4 * size  # audio_num_tokens(4 * c) == c
+                for key, value in span.items():
+                    out[key].append(value)
+            per_row[row_of[i]] += len(runs)
+        spans = {k: np.asarray(v, dtype=fields[k].dtype) for k, v in out.items()}
+        return np.concatenate([[0], np.cumsum(per_row)]), spans, True
+
     def expected_extra_positions(
         self,
         length: int,
@@ -278,30 +325,52 @@ class QwenOmniProfile(ModelProfile):
         video_grids: np.ndarray | None = None,
         video_seconds: np.ndarray | None = None,
         audio_offsets: np.ndarray | None = None,
+        audio_feature_lengths: np.ndarray | None = None,
         audio_num_tokens: np.ndarray | None = None,
-        audio_video: np.ndarray | None = None,
+        audio_in_video: np.ndarray | None = None,
     ) -> np.ndarray:
-        """``omni_position_ids`` of a forest (verify's check) from the stored entries: each root starts at 0.
-        A clip alone needs no entry (its positions are consecutive, as text's); a video's sound track does."""
+        """``omni_position_ids`` of a forest (verify's check) from the spans ``verify_spans`` gives: each root
+        starts at 0. A clip alone needs no entry (its positions are consecutive, as text's); a video with its
+        sound is the adjacent spans of its frames' and its sound's chunks."""
         m = self.merge_size
         blocks = []
         for off, g in zip(np.asarray(image_offsets).tolist(), np.asarray(image_grids).reshape(-1, 3).tolist(),
                           strict=True):
             blocks.append(Block(off, off + g[0] * (g[1] // m) * (g[2] // m), "image", tuple(g)))
-        tracks = []
-        if audio_offsets is not None and audio_video is not None:
-            tracks = [(o, n) for o, n, v in zip(np.asarray(audio_offsets).tolist(),
-                                                np.asarray(audio_num_tokens).tolist(),
-                                                np.asarray(audio_video).tolist(), strict=True) if v]
+        # verify's spans: a video with its sound comes as adjacent spans (its frames' chunks, its sound's chunks)
+        spans = []  # (start, end, kind, grid, seconds)
         if video_offsets is not None:
             for off, g, sec in zip(np.asarray(video_offsets).tolist(), np.asarray(video_grids).reshape(-1, 3).tolist(),
                                    np.asarray(video_seconds).tolist(), strict=True):
-                n = g[0] * (g[1] // m) * (g[2] // m)
-                track = [a for a in tracks if off <= a[0] < off + n + a[1]]
-                if track:
-                    blocks.append(Block(off, off + n + track[0][1], "av", tuple(g), sec, track[0][1]))
-                else:
-                    blocks.append(Block(off, off + n, "video", tuple(g), sec))
+                spans.append((off, off + g[0] * (g[1] // m) * (g[2] // m), "video", tuple(g), sec))
+        if audio_offsets is not None and audio_in_video is not None:
+            for off, n, v in zip(np.asarray(audio_offsets).tolist(), np.asarray(audio_num_tokens).tolist(),
+                                 np.asarray(audio_in_video).tolist(), strict=True):
+                if v:
+                    spans.append((off, off + n, "sound", None, 0.0))
+        spans.sort()
+        i = 0
+        while i < len(spans):
+            start, end, kind, grid, sec = spans[i]
+            j = i + 1
+            while j < len(spans) and spans[j][0] == spans[j - 1][1]:
+                j += 1  # adjacent: the same interleaved block
+            group = spans[i:j]
+            frames = sum(s[3][0] for s in group if s[2] == "video")
+            sound = sum(s[1] - s[0] for s in group if s[2] == "sound")
+            if kind != "video":
+                raise RecordError("image_count_mismatch", f"a video's sound track at {start} has no video before it")
+            if sound:
+                block = Block(start, group[-1][1], "av", (frames, grid[1], grid[2]), sec, sound)
+                lay = interleave(block.grid, sec, sound, merge=m)
+                got = np.concatenate([np.full(s[1] - s[0], s[2] == "sound", np.int8) for s in group])
+                if not np.array_equal(got, lay.kinds):  # not the processor's layout: no position can be right
+                    raise RecordError("image_count_mismatch", f"the video with sound at {start} is not laid out "
+                                      "as Qwen2_5OmniProcessor interleaves it")
+                blocks.append(block)
+            else:
+                blocks += [Block(s[0], s[1], "video", s[3], s[4]) for s in group]
+            i = j
         blocks.sort(key=lambda b: b.start)
         return omni_position_ids(np.zeros(length, np.int32), node_offsets, node_parents, blocks, merge=m).astype(np.int64)
 

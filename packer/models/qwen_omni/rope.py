@@ -33,6 +33,7 @@ from packer.errors import RecordError
 
 POSITION_ID_PER_SECONDS = 25  # Qwen2_5OmniThinkerConfig.position_id_per_seconds
 SECONDS_PER_CHUNK = 2  # Qwen2_5OmniThinkerConfig.seconds_per_chunk
+TOKENS_PER_CHUNK = POSITION_ID_PER_SECONDS * SECONDS_PER_CHUNK  # get_chunked_index's tokens_per_chunk: 50
 
 
 def audio_tokens_from_frames(frames: int) -> int:
@@ -98,6 +99,11 @@ def interleave(grid: tuple[int, int, int], second_per_grid: float, audio_tokens:
     if model_video != proc_video:
         raise RecordError("bad_audio", f"video with sound: second_per_grid {second_per_grid} puts its frames in "
                           "different time chunks in Qwen2_5OmniProcessor and in the model's get_rope_index")
+    if any((b - a) % per for a, b in model_video):
+        # a frame whose temporal position jumps past two chunk boundaries (more than 2 s a patch: fps < 1) is cut
+        # by get_chunked_index into one-token chunks: refused, as nothing verifies such a layout frame by frame
+        raise RecordError("bad_audio", f"video with sound: second_per_grid {second_per_grid} s (> 2 s a temporal "
+                          "patch, fps < 1) cuts frames across time chunks; sample it at 1 fps or more")
     audio = chunked_index(np.arange(audio_tokens), tpc)
     k = np.arange(t * per)
     vpos = np.stack([tt[k // per], (k // lw) % lh, k % lw]) + 1
