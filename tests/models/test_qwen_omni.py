@@ -443,23 +443,15 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
 
 
 def _rows_with_audio(tmp_path, examples, pack_sizes):
-    """Rows of a shard set of ``examples``, each row's audio entries as the shards' ``audios`` column holds them
-    (offsets relative to the row), added where the shard schema does not carry them yet."""
+    """The rows of a shard set of ``examples`` (schema v4: each row's clips in its ``audios`` column)."""
     from packer.train.dataset import PackedDataset
     from tests.helpers import write_shardset
 
     root = write_shardset(tmp_path / "shards", examples, pack_sizes, profile="qwen2.5-omni")
     rows = list(PackedDataset(root, shuffle=False))
-    bounds = np.concatenate([[0], np.cumsum(pack_sizes)])
-    for row, a, b in zip(rows, bounds[:-1], bounds[1:], strict=True):
-        if row.get("audios"):
-            continue
-        entries, start = [], 0
-        for e in examples[a:b]:
-            entries += [{**{f: getattr(x, f) for f in x.__dataclass_fields__}, "offset": x.offset + start}
-                        for x in e.audios]
-            start += len(e.input_ids)
-        row["audios"] = entries
+    assert [len(r["audios"]) for r in rows] == [sum(len(e.audios) for e in examples[a:a + n])
+                                                for a, n in zip(np.cumsum([0, *pack_sizes[:-1]]), pack_sizes,
+                                                                strict=True)]
     return rows
 
 
