@@ -116,15 +116,15 @@ class QwenOmniProfile(ModelProfile):
         )
 
     def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        """Mel frames: ceil(n / 160), at most 3000 (30 s), 0 samples none."""
+        """``rope.mel_frames``: ceil(n / 160), at most 3000 (30 s); -1 for an empty clip."""
         n = np.asarray(num_samples, dtype=np.int64)
-        return np.where(n > 0, np.minimum(-(-n // 160), 3000), -1)
+        return np.where(n > 0, mel_frames(n), -1)
 
     def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        """``_get_feat_extract_output_lengths``; -1 where it gives no token (under 3 frames: the model's
+        """``rope.audio_tokens_from_frames``; -1 where it gives no token (under 3 frames: the model's
         get_rope_index cannot place an empty clip)."""
         f = np.asarray(feature_lengths, dtype=np.int64)
-        n = ((f - 1) // 2 + 1 - 2) // 2 + 1
+        n = audio_tokens_from_frames(f)
         return np.where((f > 0) & (n > 0), n, -1)
 
     def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
@@ -386,5 +386,3 @@ class QwenOmniProfile(ModelProfile):
 
         return QwenOmniProof(self)
 
-
-__all__ = ["QwenOmniProfile", "audio_tokens_from_frames", "mel_frames"]

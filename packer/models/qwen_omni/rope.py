@@ -36,17 +36,19 @@ SECONDS_PER_CHUNK = 2  # Qwen2_5OmniThinkerConfig.seconds_per_chunk
 TOKENS_PER_CHUNK = POSITION_ID_PER_SECONDS * SECONDS_PER_CHUNK  # get_chunked_index's tokens_per_chunk: 50
 
 
-def audio_tokens_from_frames(frames: int) -> int:
+def audio_tokens_from_frames(frames: int | np.ndarray) -> np.ndarray:
     """``_get_feat_extract_output_lengths`` (processing_qwen2_5_omni.py): mel frames -> audio tokens,
     ``((L - 1) // 2 + 1 - 2) // 2 + 1`` (the conv stride 2, then the 2x average pool). 0 for L <= 2."""
-    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+    f = np.asarray(frames, dtype=np.int64)
+    return ((f - 1) // 2 + 1 - 2) // 2 + 1
 
 
-def mel_frames(num_samples: int, *, hop_length: int = 160, max_frames: int = 3000) -> int:
+def mel_frames(num_samples: int | np.ndarray, *, hop_length: int = 160, max_frames: int = 3000) -> np.ndarray:
     """``feature_attention_mask.sum()`` of a clip of ``num_samples`` (16 kHz) after WhisperFeatureExtractor with
     the processor's ``padding="max_length"`` (and its default truncation at 30 s): ceil(n / 160), at most 3000
     (``Qwen2_5OmniProcessor._get_num_audio_tokens``)."""
-    return min(-(-num_samples // hop_length), max_frames)
+    n = np.asarray(num_samples, dtype=np.int64)
+    return np.minimum(-(-n // hop_length), max_frames)
 
 
 def temporal_index(grid_t: int, second_per_grid: float, position_id_per_seconds: int = POSITION_ID_PER_SECONDS) -> np.ndarray:
