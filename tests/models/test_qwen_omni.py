@@ -13,6 +13,8 @@ import types
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import (
     Qwen2_5OmniProcessor,
     Qwen2_5OmniThinkerConfig,
@@ -675,3 +677,15 @@ def test_check_equivalence_runs_audio(omni_build) -> None:
                       "--backend", "sdpa", "--backend", "sdpa_varlen", "--max-pixels", str(12845056)])
     summary = json.loads(buf.getvalue().strip().splitlines()[-1])
     assert rc == 0 and summary["ok"] and summary["rows"] >= 1, summary
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.integers(0, 130), max_size=60), tokens_per_chunk=st.sampled_from([1, 7, 50]))
+def test_chunked_index_equals_the_models(steps, tokens_per_chunk) -> None:
+    """Any nondecreasing sequence (values that jump several chunks at once included): ``rope.chunked_index``
+    (which skips over the values below the next boundary) cuts it where the model's token-by-token loop does."""
+    from packer.models.qwen_omni.rope import chunked_index
+
+    values = np.cumsum(steps).astype(np.int64)
+    want = OmniModel.get_chunked_index(None, torch.from_numpy(values), tokens_per_chunk, 0)
+    assert chunked_index(values, tokens_per_chunk) == [(int(a), int(b)) for a, b in want]
