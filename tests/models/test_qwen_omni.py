@@ -351,6 +351,9 @@ def _omni_records() -> list[dict]:
         {"messages": [{"role": "user", "content": [{**video("long.mp4"), "fps": 1.0}, audio("short.m4a"),
                                                    text("Both?")]},
                       {"role": "assistant", "content": "Yes."}]},
+        # audio alone: get_rope_index's 1-D branch
+        {"messages": [{"role": "user", "content": [text("Listen: "), audio("tone.mp3")]},
+                      {"role": "assistant", "content": "A tone."}]},
     ]
 
 
@@ -431,14 +434,14 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
                 frames = out["feature_attention_mask"].sum(-1).tolist()
                 mine = [a for a in enc.audios if a.offset in set(cols.tolist())]
                 assert sorted(frames) == sorted(a.feature_length for a in mine)
-            if images or videos:
-                ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
-                                    torch.ones_like(out["input_ids"]), with_sound and bool(videos),
-                                    out["feature_attention_mask"].sum(-1) if audio else None,
-                                    out["video_second_per_grid"] if videos else None)
-                np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
+            # (audio alone: the 1-D branch, 0..L-1 from the attention mask)
+            ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
+                                torch.ones_like(out["input_ids"]), with_sound and bool(videos),
+                                out["feature_attention_mask"].sum(-1) if audio else None,
+                                out["video_second_per_grid"] if videos else None)
+            np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
             checked += 1
-    assert checked == 5
+    assert checked == 6
 
 
 # ------------------------------------------------------------------ the reader and packed == unpacked
@@ -475,7 +478,7 @@ def test_reader_audio_equals_the_processor(tmp_path, omni_encoded, processor) ->
     from packer.media.audio import decode_audio
     from packer.train.collate import collate
 
-    rows = _rows_with_audio(tmp_path, omni_encoded, [2, 2])
+    rows = _rows_with_audio(tmp_path, omni_encoded, [2, 3])
     batch = collate(rows)
     clips = [a for r in rows for a in r["audios"]]
     assert batch["input_features"].shape == (len(clips), 128, 3000)
@@ -519,7 +522,7 @@ def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
     from scripts import check_equivalence as ce
 
     profile = get_profile("qwen2.5-omni")
-    rows = _rows_with_audio(tmp_path, omni_encoded, [2, 2])
+    rows = _rows_with_audio(tmp_path, omni_encoded, [2, 3])
     token_ids = ce.profile_token_ids(profile, tok)
     (batch,), ids, vocab = ce.compact_vocab([collate(rows)], token_ids)
     torch.manual_seed(0)
@@ -528,7 +531,7 @@ def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
     for backend in ("sdpa_varlen", "sdpa"):
         assert report[backend]["ok"], json.dumps(report)
         assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 5
+    assert report["paths"] == 6
     audio_params = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
     assert audio_params, "the audio tower took part"
 
@@ -599,7 +602,7 @@ def test_build_verifies(omni_build) -> None:
     from packer.report.verify import verify_build
 
     totals = omni_build["result"].manifest["totals"]
-    assert totals["rejected"] == 0 and totals["examples"] == 4
+    assert totals["rejected"] == 0 and totals["examples"] == 5
     report = verify_build(omni_build["root"] / "out", inputs=[str(omni_build["data"])])
     assert report.ok, report.lines()
 
