@@ -37,7 +37,7 @@ class ImageRef:
 @dataclass(frozen=True, slots=True)
 class VideoRef:
     """One video named by a record: a resolved clip path, or resolved frame image paths, and its sampling
-    options as the record gave them (``packer.models.qwen_vl.video_plan.VideoRequest`` reads them: fps, video_start, ...).
+    options as the record gave them (``packer.models.shared.qwen_video_plan.VideoRequest`` reads them: fps, video_start, ...).
 
         {"type": "video", "video": "clip.mp4", "fps": 1}  ->  VideoRef(path="/data/clip.mp4", options=(("fps", 1),))
     """

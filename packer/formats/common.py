@@ -30,7 +30,7 @@ IMAGE_PLACEHOLDER = "<image>"  # LLaVA's placeholder for "the next image goes he
 VIDEO_PLACEHOLDER = "<video>"  # and for the next video (LLaMA-Factory, LLaVA-Video)
 AUDIO_PLACEHOLDER = "<audio>"  # and for the next audio clip (LLaMA-Factory, ms-swift)
 AUDIO_OPTIONS = ("audio_start", "audio_end")  # an audio part's window, seconds (qwen-omni-utils' names)
-# A video part's sampling options, named as qwen-vl-utils names them (packer.models.qwen_vl.video_plan.VideoRequest reads
+# A video part's sampling options, named as qwen-vl-utils names them (packer.models.shared.qwen_video_plan.VideoRequest reads
 # them; tests/formats/test_formats.py checks the two lists agree).
 VIDEO_OPTIONS = (
     "fps", "nframes", "min_frames", "max_frames", "video_start", "video_end", "min_pixels", "max_pixels",

@@ -3,7 +3,7 @@
 The build needs every video's token count before any pixel is decoded, so ``probe`` reads the container's
 metadata only (PyAV) and ``probe_frame_list`` the frame images' headers; a family's rules turn that into a
 ``VideoPlan`` (which frames, what size, how many tokens: the Qwen family's in
-``packer.models.qwen_vl.video_plan``), and the reader later decodes just the planned frames (``decode_frames``,
+``packer.models.shared.qwen_video_plan``), and the reader later decodes just the planned frames (``decode_frames``,
 ``decode_frame_list``).
 
     clip.mp4: 10 s at 30 fps, 640x480 -> probe: VideoInfo(num_frames=300, fps=30.0, width=640, height=480, ...)

@@ -39,6 +39,7 @@ FAMILIES = (
     "glm46v",
     "gemma4",
     "llama4",
+    "qwen_omni",
     "qwen2_audio",
 )
 

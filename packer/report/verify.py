@@ -431,10 +431,11 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
             videos = dict(video_offsets=(row_base[_row_of(vid_off)] + vid["offset"])[vid_sel],
                           video_grids=vid_grids[vid_sel], video_seconds=vid["second_per_grid_t"][vid_sel])
         _, aud_sel, _, _ = spans["audio"]
-        if aud_sel.any():  # the stored entries (not the family's spans): an audio family's positions read them
-            videos.update(audio_offsets=(row_base[_row_of(d.aud_off)] + d.aud["offset"])[aud_sel],
-                          audio_feature_lengths=d.aud["feature_length"][aud_sel],
-                          audio_num_tokens=d.aud["num_tokens"][aud_sel], audio_in_video=d.aud["video"][aud_sel])
+        aud_off, aud = checked["audio"]  # the family's spans, as for videos (aud_sel selects among them)
+        if aud_sel.any():
+            videos.update(audio_offsets=(row_base[_row_of(aud_off)] + aud["offset"])[aud_sel],
+                          audio_feature_lengths=aud["feature_length"][aud_sel],
+                          audio_num_tokens=aud["num_tokens"][aud_sel], audio_in_video=aud["video"][aud_sel])
         want = lim.profile.expected_extra_positions(L, g_off, g_par, img_starts, img_grids[img_sel], **videos)
         bad = (got != want).any(axis=0) & tok_ok
         check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",

@@ -12,7 +12,7 @@ from packer.core.types import ImageRef, VideoRef
 from packer.errors import RecordError
 from packer.formats import parse_record
 from packer.formats.common import VIDEO_OPTIONS
-from packer.models.qwen_vl.video_plan import VideoRequest
+from packer.models.shared.qwen_video_plan import VideoRequest
 
 
 @pytest.fixture

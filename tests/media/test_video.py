@@ -1,4 +1,4 @@
-"""packer.media.video (probe, decode) and packer.models.qwen_vl.video_plan (the Qwen rules): header-only video
+"""packer.media.video (probe, decode) and packer.models.shared.qwen_video_plan (the Qwen rules): header-only video
 plans equal what Qwen's own pipeline gives after decoding the clip.
 
 The reference (tests/media/qwen_reference.py) transcribes qwen-vl-utils 0.0.14's decoding path, decodes every
@@ -19,7 +19,7 @@ from PIL import Image
 
 from packer.errors import RecordError
 from packer.media.video import decode_frame_list, decode_frames, probe, probe_frame_list
-from packer.models.qwen_vl.video_plan import (
+from packer.models.shared.qwen_video_plan import (
     END_SLACK_S,
     VideoRequest,
     get_video_family,

@@ -21,7 +21,13 @@ import pytest
 import torch
 from torch.nn.functional import interpolate
 
-from packer.models.qwen_vl.video_pixels import CLIP_MEAN, CLIP_STD, HALF_MEAN, HALF_STD, video_pixel_values
+from packer.models.shared.qwen_video_pixels import (
+    CLIP_MEAN,
+    CLIP_STD,
+    HALF_MEAN,
+    HALF_STD,
+    video_pixel_values,
+)
 
 QWEN2 = dict(patch_size=14, image_mean=CLIP_MEAN, image_std=CLIP_STD)
 QWEN3 = dict(patch_size=16, image_mean=HALF_MEAN, image_std=HALF_STD)
@@ -221,7 +227,7 @@ def test_constants_are_transformers() -> None:
 def test_decoded_clip_grid_equals_plan(tmp_path) -> None:
     """A PyAV clip through the build's plan and the reader's decode: the grid is the plan's, for both rules."""
     from packer.media.video import decode_frames, probe
-    from packer.models.qwen_vl.video_plan import VideoRequest, get_video_family, plan_video
+    from packer.models.shared.qwen_video_plan import VideoRequest, get_video_family, plan_video
     from tests.media.make_videos import write_clip
 
     path = write_clip(tmp_path / "c.mp4", fps=25, frames=30, width=150, height=98)

@@ -14,7 +14,7 @@ import pytest
 
 from packer.config import BuildConfig
 from packer.media.video import probe
-from packer.models.qwen_vl.video_plan import VideoRequest, get_video_family, plan_video
+from packer.models.shared.qwen_video_plan import VideoRequest, get_video_family, plan_video
 from packer.pipeline.build import build
 from packer.report.stats import format_stats
 from packer.report.verify import verify_build

@@ -3,9 +3,9 @@
     profile.py       Qwen2-VL / Qwen2.5-VL profiles: smart_resize grids, mRoPE, video plans, tiny models
     qwen3.py         Qwen3-VL: 16-px patches, per-frame timestamped video runs
     qwen35.py        Qwen3.5 (dense, MoE): hybrid linear attention, made exact by packer.train.linear_state
-    resize.py        smart_resize
-    video_plan.py    qwen-vl-utils' frame sampling + the HF video processor's sizes, from a clip's header
-    video_pixels.py  the video processor's pixels without torchvision
+    (shared with Qwen2.5-Omni, in packer/models/shared/: qwen_resize.py smart_resize, qwen_video_plan.py
+    qwen-vl-utils' frame sampling + the HF video processor's sizes from a clip's header, qwen_video_pixels.py the
+    video processor's pixels without torchvision)
     tokenizers.py    builtin tokenizers qwen2-vl, qwen2.5, qwen3-vl, qwen3.5-standin (a stand-in)
 """
 

@@ -40,15 +40,15 @@ import numpy as np
 from packer.core.types import EncodedVideo, VideoRef
 from packer.errors import ConfigError
 from packer.models.base import ModelProfile
-from packer.models.qwen_vl.resize import smart_resize
-from packer.models.qwen_vl.video_pixels import CLIP_MEAN, CLIP_STD
 from packer.models.shared.mrope import expected_mrope, mrope_position_ids
+from packer.models.shared.qwen_resize import smart_resize
+from packer.models.shared.qwen_video_pixels import CLIP_MEAN, CLIP_STD
 
 if TYPE_CHECKING:
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
-    from packer.models.qwen_vl.video_plan import VideoFamily
     from packer.models.reader import Reader
+    from packer.models.shared.qwen_video_plan import VideoFamily
 
 @dataclass(frozen=True, kw_only=True)
 class QwenVLProfile(ModelProfile):
@@ -122,7 +122,7 @@ class QwenVLProfile(ModelProfile):
 
     def plan_video(self, video: VideoRef) -> VideoPlan:
         """Frames, grid and tokens of a clip (from its header) or of a frame list (from the images' headers)."""
-        import packer.models.qwen_vl.video_plan as rules
+        import packer.models.shared.qwen_video_plan as rules
         from packer.media.video import probe, probe_frame_list
 
         request = rules.VideoRequest.from_part(dict(video.options))
@@ -233,6 +233,6 @@ class Qwen25VLProfile(QwenVLProfile):
 
 @lru_cache(maxsize=16)
 def _video_family(name: str, min_pixels: int | None, max_pixels: int | None) -> VideoFamily:
-    from packer.models.qwen_vl.video_plan import get_video_family
+    from packer.models.shared.qwen_video_plan import get_video_family
 
     return get_video_family(name, min_pixels=min_pixels, max_pixels=max_pixels)

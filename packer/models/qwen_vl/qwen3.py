@@ -33,8 +33,8 @@ import numpy as np
 from packer.core.types import EncodedVideo
 from packer.models.base import MediaRun
 from packer.models.qwen_vl.profile import QwenVLProfile
-from packer.models.qwen_vl.video_pixels import HALF_MEAN, HALF_STD
 from packer.models.shared.mrope import mrope_position_ids
+from packer.models.shared.qwen_video_pixels import HALF_MEAN, HALF_STD
 
 if TYPE_CHECKING:
     from packer.media.video import VideoPlan
@@ -64,7 +64,7 @@ class Qwen3VLProfile(QwenVLProfile):
         """``<{t:.1f} seconds><|vision_start|>`` + pad * (h*w/4) + ``<|vision_end|>`` per temporal patch: what
         transformers 5.23.0's ``Qwen3VLProcessor.replace_video_token`` substitutes for the ``<|video_pad|>``
         (processing_qwen3_vl.py:75-103), t the mean time of the patch's first and last frame."""
-        from packer.models.qwen_vl.video_plan import qwen3_video_text
+        from packer.models.shared.qwen_video_plan import qwen3_video_text
 
         text = qwen3_video_text(plan, video_token=self.video_token, vision_start=self.vision_start,
                                 vision_end=self.vision_end)

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from packer.media.video import decode_frame_list, decode_frames
-from packer.models.qwen_vl.video_pixels import video_pixel_values
-from packer.models.qwen_vl.video_plan import VideoFamily, frame_list_fetch_size
 from packer.models.reader import Reader
+from packer.models.shared.qwen_video_pixels import sampled_frames, video_pixel_values
 
 
 class QwenVLReader(Reader):
@@ -72,19 +69,3 @@ class Qwen3VLReader(QwenVLReader):
             temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
             image_mean=list(p.image_mean), image_std=list(p.image_std),
         )
-
-
-def sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
-    """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
-    images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
-    ``video_plan.frame_list_fetch_size``); ``video_pixel_values`` then does fetch_video's resize."""
-    if not video["frames"]:
-        return decode_frames(video["source"], video["frame_indices"])
-    from PIL import Image
-
-    nframes = len(video["frame_indices"])
-    out = []
-    for f in decode_frame_list([video["frames"][i] for i in video["frame_indices"]]):
-        h, w = frame_list_fetch_size(f.shape[0], f.shape[1], nframes=nframes, utils_size=utils_size, family=family)
-        out.append(f if f.shape[:2] == (h, w) else np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)))
-    return np.stack(out)

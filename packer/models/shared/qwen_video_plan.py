@@ -37,7 +37,7 @@ import numpy as np
 
 from packer.errors import ConfigError, RecordError
 from packer.media.video import VideoInfo, VideoPlan
-from packer.models.qwen_vl.resize import smart_resize
+from packer.models.shared.qwen_resize import smart_resize
 
 # qwen-vl-utils 0.0.14 vision_process.py:24-37. The names are theirs, so a diff against it reads line by line.
 MAX_RATIO = 200  # :24, a frame whose long side is > 200x its short side is refused

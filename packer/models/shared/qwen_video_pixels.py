@@ -31,12 +31,17 @@ the real processors where torchvision imports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from packer.media.video import decode_frame_list, decode_frames
+from packer.models.shared.qwen_video_plan import frame_list_fetch_size
+
 if TYPE_CHECKING:
     import torch
+
+    from packer.models.shared.qwen_video_plan import VideoFamily
 
 # transformers.image_utils.OPENAI_CLIP_MEAN / _STD: Qwen2-VL's and Qwen2.5-VL's normalization.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -126,3 +131,19 @@ def video_pixel_values(
     std = (torch.tensor(list(image_std)) * (1.0 / RESCALE_FACTOR)).view(1, 3, 1)
     pixel_values.sub_(mean).div_(std)  # (t*gh*gw, 3, tps*p*p) float32
     return pixel_values.view(t * gh * gw, 3 * temporal_patch_size * p * p), torch.tensor([[t, gh, gw]], dtype=torch.int64)
+
+
+def sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
+    """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
+    images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
+    ``qwen_video_plan.frame_list_fetch_size``); ``video_pixel_values`` then does fetch_video's resize."""
+    if not video["frames"]:
+        return decode_frames(video["source"], video["frame_indices"])
+    from PIL import Image
+
+    nframes = len(video["frame_indices"])
+    out = []
+    for f in decode_frame_list([video["frames"][i] for i in video["frame_indices"]]):
+        h, w = frame_list_fetch_size(f.shape[0], f.shape[1], nframes=nframes, utils_size=utils_size, family=family)
+        out.append(f if f.shape[:2] == (h, w) else np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)))
+    return np.stack(out)

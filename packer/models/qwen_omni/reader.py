@@ -1,0 +1,53 @@
+"""The Qwen2.5-Omni reader: images through ``Qwen2VLImageProcessorPil`` (the checkpoint's min/max pixels),
+videos from their planned frames only (the shared ``qwen_video_pixels`` maths, no torchvision), the processor's
+``video_second_per_grid``, and (the base ``Reader``'s default, which is Qwen2.5-Omni's) each audio clip, a video's
+sound track too, decoded as qwen-omni-utils loads it (``media.audio.decode_audio``: librosa.load at 16 kHz) and
+turned into Whisper log-mel features in numpy (``shared.audio_features.whisper_log_mel``, 128 bins, padded to
+30 s: WhisperFeatureExtractor's numbers within its float32 STFT's rounding, tests/models/test_qwen_omni.py).
+
+    pixel_values        (sum(t*h*w), 3*2*14*14) float32   image_grid_thw (N, 3) int64
+    pixel_values_videos (sum(t*h*w), 3*2*14*14) float32   video_grid_thw (V, 3) int64   video_second_per_grid (V,)
+    input_features      (A, 128, 3000) float32             feature_attention_mask (A, 3000) int32
+    audio_offsets       (A,) int64: each clip's first audio token in the batch (a sound track's is inside its video)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from packer.models.reader import Reader
+from packer.models.shared.qwen_video_pixels import sampled_frames, video_pixel_values
+
+
+class QwenOmniReader(Reader):
+    """Qwen2.5-Omni's thinker inputs."""
+
+    def make_image_processor(self) -> Any:
+        from transformers import Qwen2VLImageProcessorPil
+
+        p = self.profile
+        return Qwen2VLImageProcessorPil(
+            min_pixels=p.min_pixels, max_pixels=p.max_pixels, patch_size=p.patch_size,
+            temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
+        )
+
+    def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        p = self.profile
+        pixels, grids = [], []
+        for v in videos:
+            utils_size = (v["utils_height"], v["utils_width"])
+            pixel_values, grid = video_pixel_values(
+                sampled_frames(v, utils_size, p.video_family()), resized_height=v["height"], resized_width=v["width"],
+                patch_size=p.patch_size, image_mean=p.image_mean, image_std=p.image_std,
+                temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size, utils_size=utils_size,
+            )
+            pixels.append(pixel_values)
+            grids.append(grid)
+        return {
+            "pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids),
+            # the processor's list of floats, made a float32 tensor by return_tensors="pt"
+            "video_second_per_grid": torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32),
+        }
+
