@@ -4,7 +4,7 @@
     python scripts/gen_model_docs.py --check   # exit 1 if it is out of date (tests/test_docs.py does this)
 
 One row per registered profile (``packer.models.profile_names()``): its family page docs/models/<family>.md,
-the HF model class it is exact against, its default builtin tokenizer and whether it takes videos. A family is
+the HF model class it is exact against, its default builtin tokenizer and whether it takes videos and audio. A family is
 the package that holds the profile (``ModelProfile.family``); each family's page is written by hand.
 """
 
@@ -27,12 +27,12 @@ HEADER = """\
 
 One row per profile `--profile` accepts. Each family has one page here: which profiles it holds, the
 Hugging Face model class and processor it is exact against, its builtin tokenizer (real or a stand-in, and
-where it comes from), how its images and videos become tokens, what its batch holds, and its proof on the
+where it comes from), how its images, videos and audio become tokens, what its batch holds, and its proof on the
 real model. What every family shares (backends, loss, the proof's method, many ranks) is in
 docs/training.md; the shard columns each family fills in its own way are summarized in docs/format.md.
 
-| profile | family | HF model class | default tokenizer | video |
-| --- | --- | --- | --- | --- |
+| profile | family | HF model class | default tokenizer | video | audio |
+| --- | --- | --- | --- | --- | --- |
 """
 
 
@@ -41,14 +41,15 @@ def model_class(profile: Any) -> str | None:
     return profile.proof().model_class
 
 
-def rows() -> list[tuple[str, str, str | None, str | None, bool]]:
-    """(profile, family, HF model class, default tokenizer, has video) per registered profile, in order."""
+def rows() -> list[tuple[str, str, str | None, str | None, bool, bool]]:
+    """(profile, family, HF model class, default tokenizer, has video, has audio) per registered profile, in order."""
     from packer.models import get_profile, profile_names
 
     out = []
     for name in profile_names():
         profile = get_profile(name)
-        out.append((name, profile.family, model_class(profile), profile.default_tokenizer, profile.has_video))
+        out.append((name, profile.family, model_class(profile), profile.default_tokenizer, profile.has_video,
+                    profile.has_audio))
     return out
 
 
@@ -60,9 +61,10 @@ def families() -> list[str]:
 def render() -> str:
     """The whole page."""
     lines = [HEADER]
-    for name, family, cls, tokenizer, video in rows():
+    for name, family, cls, tokenizer, video, audio in rows():
         lines.append(f"| `{name}` | [{family}]({family}.md) | {f'`{cls}`' if cls else '-'} | "
-                     f"{f'`{tokenizer}`' if tokenizer else 'none: pass `--tokenizer`'} | {'yes' if video else 'no'} |\n")
+                     f"{f'`{tokenizer}`' if tokenizer else 'none: pass `--tokenizer`'} | {'yes' if video else 'no'} | "
+                     f"{'yes' if audio else 'no'} |\n")
     return "".join(lines)
 
 
