@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 COCO ?= $(SHARED)/data/coco-mini
 DEMO ?= demo_out
+AUDIO_PROFILE ?= qwen2.5-omni
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast lint docs gpu-check clean
@@ -24,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(PY) scripts/coco_to_jsonl.py --coco $(COCO) --out $(DEMO)/jsonl --videos 8
+	$(PY) scripts/coco_to_jsonl.py --coco $(COCO) --out $(DEMO)/jsonl --videos 8 --audio 8
 	$(VENV)/bin/packer build $(DEMO)/jsonl/coco_caption_trees.jsonl --output $(DEMO)/caption_trees \
 		--config configs/coco-caption-trees.yaml --overwrite
 	$(VENV)/bin/packer stats $(DEMO)/caption_trees --plot $(DEMO)/caption_trees_stats.png
@@ -37,6 +38,13 @@ demo: setup
 		--profile qwen2.5-vl --max-length 8192 --overwrite
 	$(VENV)/bin/packer stats $(DEMO)/video_trees
 	$(VENV)/bin/packer verify $(DEMO)/video_trees --input $(DEMO)/jsonl/coco_video_trees.jsonl
+	@# the spoken-QA set needs an audio family: Qwen2.5-Omni (packer/models/qwen_omni, issue 23's omni branch)
+	@if $(PY) -c "import sys; from packer.models import profile_names; sys.exit('$(AUDIO_PROFILE)' not in profile_names())"; then \
+		$(VENV)/bin/packer build $(DEMO)/jsonl/coco_spoken_qa.jsonl --output $(DEMO)/spoken_qa \
+			--profile $(AUDIO_PROFILE) --max-length 4096 --max-audio-tokens 1500 --overwrite && \
+		$(VENV)/bin/packer stats $(DEMO)/spoken_qa --plot $(DEMO)/spoken_qa_stats.png && \
+		$(VENV)/bin/packer verify $(DEMO)/spoken_qa --input $(DEMO)/jsonl/coco_spoken_qa.jsonl; \
+	else echo "spoken QA: no profile $(AUDIO_PROFILE) in this checkout; skipped (the JSONL and clips are in $(DEMO)/jsonl)"; fi
 
 test: setup
 	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 $(PYTEST_ARGS)

@@ -17,6 +17,14 @@ writes two files into DIR (deterministic: same input, same bytes):
                               tree per clip: the shared prefix holds the clip, each photo's question and
                               caption is one branch (one clip's ~1.2k video tokens shared by three QA branches).
 
+``coco_spoken_qa.jsonl``      with ``--audio N``: a small spoken-QA set over N COCO images, its clips written into
+                              DIR/audio: each caption "spoken" as synthetic speech-like audio (voiced bursts on a
+                              gliding pitch, one syllable-like burst per word; numpy + soundfile, no TTS: the
+                              words are not intelligible, the lengths and rates are speech's), in wav and flac,
+                              mono and stereo, 16 to 44.1 kHz. Per image: a transcription turn (the spoken
+                              caption -> its text), a spoken question beside the image, and a message tree whose
+                              shared prefix is a spoken caption, one branch per other caption.
+
 Image paths are written relative to DIR (packer resolves them against the JSONL file's directory, so the
 files work from any working directory); ``--absolute`` writes absolute paths instead.
 """
@@ -172,6 +180,68 @@ def video_records(coco: Path, out: Path, absolute: bool, clips: int) -> list[dic
     return records
 
 
+SPOKEN_QUESTION = "What is in this picture?"
+RATES = ((22050, 1, "wav"), (16000, 1, "flac"), (44100, 2, "wav"), (24000, 1, "flac"))  # (Hz, channels, format)
+
+
+def speech_like(words: int, rate: int, channels: int, seed: int):
+    """(samples, channels) float32 speech-like audio: one voiced burst per word (harmonics of a gliding pitch under
+    a syllable envelope), short pauses between, a little breath noise; ~0.3 s per word."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pieces = [np.zeros(int(0.15 * rate))]
+    base = rng.uniform(100, 220)  # a speaker's pitch
+    for _ in range(words):
+        n = int(rng.uniform(0.18, 0.34) * rate)
+        t = np.arange(n) / rate
+        f0 = base * (1 + 0.15 * np.sin(2 * np.pi * rng.uniform(1, 3) * t + rng.uniform(0, 6)))
+        phase = 2 * np.pi * np.cumsum(f0) / rate
+        voiced = sum(np.sin(k * phase) / k for k in range(1, 10))
+        envelope = np.sin(np.pi * t / t[-1]) ** 2 if n > 1 else np.ones(n)
+        pieces += [0.4 * voiced * envelope + 0.01 * rng.standard_normal(n), np.zeros(int(rng.uniform(0.04, 0.12) * rate))]
+    mono = np.concatenate(pieces)
+    cols = [mono if c == 0 else np.roll(mono, int(0.0007 * rate)) * 0.9 for c in range(channels)]
+    return np.clip(np.stack(cols, axis=1), -0.95, 0.95).astype(np.float32)
+
+
+def audio_records(coco: Path, out: Path, absolute: bool, images: int) -> list[dict]:
+    """A spoken-QA set over the first ``images`` caption-tree images (see the module docstring)."""
+    import soundfile as sf
+
+    (out / "audio").mkdir(parents=True, exist_ok=True)
+
+    def clip(name: str, text: str, k: int) -> str:
+        rate, channels, fmt = RATES[k % len(RATES)]
+        path = out / "audio" / f"{name}.{fmt}"
+        sf.write(str(path), speech_like(len(text.split()), rate, channels, seed=k), rate,
+                 subtype="PCM_16", format=fmt.upper())
+        return str(path.resolve()) if absolute else os.path.relpath(path.resolve(), out.resolve())
+
+    records = []
+    for k, rec in enumerate(caption_records(coco, out, absolute)[:images]):
+        image = rec["messages"][0]["content"][0]
+        captions = [b[0]["content"] for b in rec["branches"]]
+        stem = rec["id"].removesuffix("-captions")
+        spoken = clip(f"{stem}-caption0", captions[0], 3 * k)
+        records.append({"id": f"{stem}-transcribe", "messages": [
+            {"role": "user", "content": [{"type": "audio", "audio": spoken},
+                                         {"type": "text", "text": "Transcribe the recording."}]},
+            {"role": "assistant", "content": captions[0]}]})
+        question = clip(f"{stem}-question", SPOKEN_QUESTION, 3 * k + 1)
+        records.append({"id": f"{stem}-spoken-question", "messages": [
+            {"role": "user", "content": [image, {"type": "audio", "audio": question}]},
+            {"role": "assistant", "content": captions[-1]}]})
+        if len(captions) > 1:
+            said = clip(f"{stem}-caption1", captions[1], 3 * k + 2)
+            records.append({"id": f"{stem}-spoken-tree", "messages": [
+                {"role": "user", "content": [{"type": "audio", "audio": said, "audio_start": 0.1},
+                                             {"type": "text", "text": "Someone said this about a photo. Say it "
+                                                                      "another way."}]}],
+                "branches": [[{"role": "assistant", "content": c}] for c in captions[2:] or captions[:1]]})
+    return records
+
+
 def write_jsonl(records: list[dict], path: Path) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -189,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--absolute", action="store_true", help="write absolute image paths")
     parser.add_argument("--videos", type=int, default=0, metavar="N",
                         help="also write N slideshow clips and coco_video_trees.jsonl (video QA trees)")
+    parser.add_argument("--audio", type=int, default=0, metavar="N",
+                        help="also write coco_spoken_qa.jsonl: spoken-QA records over N images, clips in DIR/audio")
     args = parser.parse_args(argv)
     if not (args.coco / "annotations").is_dir():
         parser.error(f"{args.coco}/annotations not found; --coco must be a COCO root")
@@ -205,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         videos = video_records(args.coco, args.out, args.absolute, args.videos)
         write_jsonl(videos, args.out / "coco_video_trees.jsonl")
         print(f"{args.out / 'coco_video_trees.jsonl'}: {len(videos)} slideshow clips, {3 * len(videos)} QA branches")
+    if args.audio:
+        spoken = audio_records(args.coco, args.out, args.absolute, args.audio)
+        write_jsonl(spoken, args.out / "coco_spoken_qa.jsonl")
+        clips = len(list((args.out / "audio").iterdir()))
+        print(f"{args.out / 'coco_spoken_qa.jsonl'}: {len(spoken)} spoken-QA records, {clips} clips")
     return 0
 
 

@@ -3,8 +3,10 @@ inputs (pixels, grids, the family's own keys). ``packer.train.collate`` builds e
 and boundaries, then asks the profile's reader for the rest with ONE call, ``batch_inputs``.
 
 The default serves the common case: every image through the family's HF image processor
-(``make_image_processor``), videos through ``video_pixel_values``, and ``image_offsets`` / ``video_offsets`` (the
-first token of each, in the batch). A family overrides the part that differs (LLaVA-OneVision's image groups,
+(``make_image_processor``), videos through ``video_pixel_values``, every audio clip decoded (only its window, as the
+family's loader decodes it: ``packer.media.audio.decode_audio``) and made into Whisper log-mel features in numpy
+(``audio_features``), and ``image_offsets`` / ``video_offsets`` / ``audio_offsets`` (the first token of each, in
+the batch). A family overrides the part that differs (LLaVA-OneVision's image groups,
 Gemma 3's pan-and-scan blocks, Molmo2's token types and videos-as-images). Imported only when a reader is asked
 for: torch and transformers load here, never at build time.
 """
@@ -12,12 +14,13 @@ for: torch and transformers load here, never at build time.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from packer.core.types import ImageRef
+from packer.errors import ConfigError, ShardError
 from packer.media.images import load_image
 
 if TYPE_CHECKING:
@@ -33,6 +36,9 @@ def image_ref(image: dict[str, Any]) -> ImageRef:
 
 class Reader:
     """Turns one profile's rows into its model's media inputs."""
+
+    audio_feature_size: ClassVar[int] = 128
+    """Mel bins of the default audio features (Whisper large-v3's 128: Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni)."""
 
     def __init__(self, profile: ModelProfile):
         self.profile = profile
@@ -57,6 +63,11 @@ class Reader:
             if load_media:
                 out.update(self.video_pixel_values(videos))
             out["video_offsets"] = torch.tensor(_offsets(rows, row_starts, "videos"), dtype=torch.int64)
+        audios = [a for r in rows for a in r.get("audios") or ()]
+        if audios:  # only each clip's window is decoded; a video's sound track from its clip
+            if load_media:
+                out.update(self.audio_inputs(audios))
+            out["audio_offsets"] = torch.tensor(_offsets(rows, row_starts, "audios"), dtype=torch.int64)
         return out
 
     # ------------------------------------------------------------------ images
@@ -90,9 +101,50 @@ class Reader:
         raise self.profile._no_vision()
 
 
+    # ------------------------------------------------------------------ audio
+
+    def audio_inputs(self, audios: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """The model's audio inputs for ``audios`` (rows of the shards' ``audios`` column): each clip decoded at
+        its stored rate (``decode_audio``), then ``audio_features``. ShardError where a clip no longer decodes to
+        the samples the build counted (the file changed since the build)."""
+        from packer.media.audio import decode_audio
+
+        if not self.profile.has_audio:
+            raise ConfigError(f"profile {self.profile.name!r} takes no audio, but the rows hold audio clips")
+        samples = []
+        for a in audios:
+            source = a["data"] if a.get("data") is not None else a["source"]
+            y = decode_audio(source, target_sr=int(a["sample_rate"]), start=a.get("audio_start"),
+                             end=a.get("audio_end"), video=bool(a.get("video")))
+            if y.shape[0] != a["num_samples"]:
+                raise ShardError(f"{a['source'] or 'inline audio'}: decodes to {y.shape[0]} samples, the build "
+                                 f"counted {a['num_samples']} (the file changed since the build?)")
+            samples.append(y)
+        return self.audio_features(samples, audios)
+
+    def audio_features(self, samples: list[np.ndarray], audios: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Features of decoded clips (mono float32 at their stored rate): by default what ``WhisperFeatureExtractor``
+        gives each clip alone, padded to 30 s (``shared.audio_features.whisper_log_mel``, numpy):
+        ``input_features`` (A, mel bins, 3000) float32 and ``feature_attention_mask`` (A, 3000) int32, each
+        mask's sum the stored ``feature_length`` (else ShardError: the build counted another rule)."""
+        from packer.models.shared.audio_features import whisper_log_mel
+
+        feats, masks = [], []
+        for y, a in zip(samples, audios, strict=True):
+            mel = whisper_log_mel(y, feature_size=self.audio_feature_size, sampling_rate=int(a["sample_rate"]))
+            if int(mel.attention_mask.sum()) != a["feature_length"]:
+                raise ShardError(f"{a['source'] or 'inline audio'}: {int(mel.attention_mask.sum())} feature frames, "
+                                 f"the build counted {a['feature_length']}; profile {self.profile.name!r} needs its "
+                                 "own audio_features")
+            feats.append(mel.features)
+            masks.append(mel.attention_mask)
+        return {"input_features": torch.from_numpy(np.stack(feats).astype(np.float32)),
+                "feature_attention_mask": torch.from_numpy(np.stack(masks).astype(np.int32))}
+
+
 def _offsets(rows: list[dict[str, Any]], row_starts: np.ndarray, key: str) -> list[int]:
-    """The batch offset of every entry of ``key`` ("images", "videos"), rows in order."""
-    return [int(e["offset"]) + int(s) for r, s in zip(rows, row_starts, strict=False) for e in r.get(key, ())]
+    """The batch offset of every entry of ``key`` ("images", "videos", "audios"), rows in order."""
+    return [int(e["offset"]) + int(s) for r, s in zip(rows, row_starts, strict=False) for e in r.get(key) or ()]
 
 
 @lru_cache(maxsize=16)

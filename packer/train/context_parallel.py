@@ -65,6 +65,7 @@ from packer.errors import ConfigError, ShardError
 # Keys passed through unchanged: provenance and resume bookkeeping, and every family's per-image inputs (the
 # vision tower is not split here; a CP model embeds the whole row's images and keeps its rows with `cp_index`).
 _SPLIT = ("input_ids", "position_ids")  # per-token forward inputs, split below
+MEDIA_OFFSETS = ("image_offsets", "video_offsets", "audio_offsets")  # batch offsets a padded row moves
 
 
 def _pass_through() -> tuple[str, ...]:
@@ -174,10 +175,11 @@ def _padded_row(batch: Mapping[str, Any], cp_size: int, pad_token_id: int) -> di
     pos_p = pos[..., src] + after.to(pos.dtype)  # (1, Tp) or (4, 1, Tp)
     out = {"input_ids": ids[None], "labels": lab[None], "shift_labels": shift[None], "position_ids": pos_p,
            "cu_seqlens": cu, "cu_seqlens_padded": cu_p}
-    if batch.get("image_offsets") is not None:  # each image's first token, in padded-row coordinates
-        off = batch["image_offsets"].cpu().numpy().astype(np.int64)  # (I,)
-        e = np.searchsorted(cu, off, side="right") - 1
-        out["image_offsets"] = torch.from_numpy(off - cu[e] + cu_p[e])
+    for key in MEDIA_OFFSETS:  # each image's (video's, clip's) first token, in padded-row coordinates
+        if batch.get(key) is not None:
+            off = batch[key].cpu().numpy().astype(np.int64)  # (I,)
+            e = np.searchsorted(cu, off, side="right") - 1
+            out[key] = torch.from_numpy(off - cu[e] + cu_p[e])
     return out
 
 
@@ -204,8 +206,9 @@ def _rank_view(batch: Mapping[str, Any], padded: dict[str, Any], cp_size: int, c
         "num_loss_tokens": int((shift != IGNORE_INDEX).sum()),  # this rank's
         "global_num_loss_tokens": int((padded["shift_labels"] != IGNORE_INDEX).sum()),  # the divisor
     }
-    if "image_offsets" in padded:
-        view["image_offsets"] = padded["image_offsets"]
+    for key in MEDIA_OFFSETS:
+        if key in padded:
+            view[key] = padded[key]
     view.update({k: batch[k] for k in _pass_through() if k in batch})
     return view
 

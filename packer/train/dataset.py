@@ -42,6 +42,7 @@ from packer.train.resume import STATE_VERSION, EpochProgress, check_state
 
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
 READ_COLUMNS = [*TOKEN_COLUMNS, "mrope_position_ids", "images", "videos", "example_ids"]  # what a row needs
+AUDIO_COLUMNS = ["audios"]  # and, from schema v4, its audio clips (a row of an older build has none)
 
 
 class PackedDataset(IterableDataset):
@@ -250,7 +251,8 @@ class PackedDataset(IterableDataset):
             shard, group, _ = (int(x) for x in self._blocks[block])
             if shard not in files:
                 files[shard] = self.shards.parquet(shard)
-            decoded = _decode_block(files[shard].read_row_group(group, columns=READ_COLUMNS))
+            columns = READ_COLUMNS + (AUDIO_COLUMNS if self.shards.manifest.schema_version >= 4 else [])
+            decoded = _decode_block(files[shard].read_row_group(group, columns=columns))
             for k in np.flatnonzero(blocks == block).tolist():
                 out[k] = _row(decoded, int(order[k] - self._block_start[block]), copy=copy)
         return out  # type: ignore[return-value]
@@ -265,6 +267,7 @@ def _decode_block(table) -> dict[str, Any]:
     out["mrope_position_ids"] = None if mrope.null_count == table.num_rows else list_column(table, "mrope_position_ids")
     out["images"] = table.column("images").to_pylist()  # a few small structs per row
     out["videos"] = table.column("videos").to_pylist()
+    out["audios"] = table.column("audios").to_pylist() if "audios" in table.column_names else None
     out["example_ids"] = table.column("example_ids").to_pylist()
     return out
 
@@ -280,6 +283,7 @@ def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]
         row["mrope_position_ids"] = take(values[off[i] : off[i + 1]]).reshape(-1, 3).T  # (3, T)
     row["images"] = block["images"][i]
     row["videos"] = block["videos"][i]
+    row["audios"] = [] if block["audios"] is None else block["audios"][i]
     row["example_ids"] = block["example_ids"][i]
     return row
 

@@ -247,6 +247,7 @@ def use_packed_attention(model: Any, backend: str = "auto") -> str:
 # Keys of a collated batch that are packer's bookkeeping, never model inputs.
 _BATCH_ONLY = ("cu_seqlens", "max_seqlen", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                "node_offsets", "node_parents", "num_loss_tokens", "example_ids", "image_offsets", "video_offsets",
+               "audio_offsets",
                "packer_state", "bidirectional_spans", "num_rows", "num_filler_rows", "filler_examples")
 
 

@@ -89,7 +89,7 @@ def test_clips_in_every_codec_become_their_counted_runs(toy, clips):
     profile = toy.profile
     samples = [loaded(clips, n) for n in names]
     assert [a.num_samples for a in enc.audios] == samples  # the header's count is what the loader yields
-    frames = [n // 160 for n in samples]
+    frames = [-(-n // 160) for n in samples]  # Whisper's mask over a clip padded to 30 s
     assert [a.feature_length for a in enc.audios] == frames
     assert [a.num_tokens for a in enc.audios] == [-(-f // 10) for f in frames]
     assert all(a.sample_rate == profile.audio_sample_rate and not a.video and a.data is None for a in enc.audios)
@@ -234,3 +234,35 @@ def test_a_video_sound_track_lies_inside_its_video_run(qwen_tokenizer, clips):
     assert e.value.reason == "unsupported_medium"
     # and without the option, the same video is a video alone
     assert enc.encode(record(clips, {"type": "video", "video": "movie.mp4"})).audios == []
+
+
+@pytest.mark.slow
+def test_the_spoken_qa_set_encodes_with_its_clips_counted(toy, coco_dir, tmp_path, monkeypatch):
+    """scripts/coco_to_jsonl.py --audio: real clips (wav and flac, mono and stereo, 16-44.1 kHz) beside COCO images,
+    every record encoded with no reject, every clip counted as it decodes; the same bytes when rerun."""
+    import runpy
+
+    from packer.formats.read import read_jsonl
+
+    out = tmp_path / "jsonl"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "coco_to_jsonl.py"
+    monkeypatch.setattr("sys.argv", ["coco_to_jsonl.py", "--coco", str(coco_dir), "--out", str(out), "--audio", "3"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
+    first = {p.name: p.read_bytes() for p in (out / "audio").iterdir()}
+    assert len(first) == 9 and {p.rsplit(".", 1)[1] for p in first} == {"wav", "flac"}
+    rows = list(read_jsonl(str(out / "coco_spoken_qa.jsonl")))
+    assert len(rows) == 9 and all(not isinstance(ex, RecordError) for _, ex in rows)
+    clips = images = 0
+    for _, ex in rows:
+        enc = toy.encode(ex)
+        for a in enc.audios:
+            assert a.num_samples == decode_audio(a.source, target_sr=16000, start=a.audio_start).shape[0]
+            assert (enc.input_ids[a.offset : a.offset + a.num_tokens] == toy.audio_token_id).all()
+            clips += 1
+        images += len(enc.images)
+    assert (clips, images) == (9, 3)  # a spoken question beside each image
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(script), run_name="__main__")
+    assert {p.name: p.read_bytes() for p in (out / "audio").iterdir()} == first  # deterministic

@@ -114,7 +114,7 @@ def test_the_build_stores_every_clip_as_counted(built, corpus):
             name = Path(a["source"]).name if a["source"] else "b.mp3"
             want = window if a["audio_start"] == 0.5 else loaded[name]
             assert (a["num_samples"], a["sample_rate"]) == (want, 16000)
-            assert a["feature_length"] == want // 160 and a["num_tokens"] == -(-a["feature_length"] // 10)
+            assert a["feature_length"] == -(-want // 160) and a["num_tokens"] == -(-a["feature_length"] // 10)
             assert (ids[a["offset"] : a["offset"] + a["num_tokens"]] == 151650).all() and not a["video"]
             assert (a["data"] is None) == bool(a["source"])
             seen += 1
@@ -201,3 +201,40 @@ def test_a_profile_without_audio_rejects_every_clip(corpus):
     assert len(rejects) == 6 * 4 and {r["reason"] for r in rejects} == {"unsupported_medium"}
     assert all("takes no audio" in r["message"] and r["line"] >= 1 for r in rejects)
 
+
+
+@pytest.mark.slow
+def test_the_default_reader_decodes_only_the_rows_clips(built, corpus):
+    """Collate: each clip's window decoded and made into Whisper log-mel features (the default reader), equal to
+    ``WhisperFeatureExtractor`` on the clip as its loader yields it; ``audio_offsets`` point at each clip's run."""
+    from transformers import WhisperFeatureExtractor
+
+    from packer.train.collate import collate
+    from packer.train.dataset import PackedDataset
+
+    rows = [r for r in PackedDataset(built, shuffle=False) if len(r["audios"])][:3]
+    batch = collate(rows)
+    audios = [a for r in rows for a in r["audios"]]
+    feats, mask = batch["input_features"], batch["feature_attention_mask"]
+    assert tuple(feats.shape) == (len(audios), 128, 3000) and tuple(mask.shape) == (len(audios), 3000)
+    assert mask.sum(1).tolist() == [a["feature_length"] for a in audios]
+    for s, a in zip(batch["audio_offsets"].tolist(), audios, strict=True):
+        assert (batch["input_ids"][0, s : s + a["num_tokens"]] == 151650).all()
+    extractor = WhisperFeatureExtractor(feature_size=128)
+    for k, a in enumerate(audios):
+        source = a["data"] if a["data"] is not None else a["source"]
+        y = decode_audio(source, target_sr=16000, start=a["audio_start"], end=a["audio_end"])
+        ref = extractor(y, sampling_rate=16000, return_attention_mask=True, padding="max_length", return_tensors="np")
+        np.testing.assert_array_equal(mask[k].numpy(), ref["attention_mask"][0])
+        np.testing.assert_allclose(feats[k].numpy(), ref["input_features"][0], atol=1e-4)
+    assert "audio_offsets" not in __import__("packer.train.hf", fromlist=["model_inputs"]).model_inputs(batch)
+    # a clip whose file changed since the build is refused, not read wrongly
+    (corpus / "clips" / "a.wav").rename(corpus / "clips" / "a.bak")
+    write_clip(corpus / "clips" / "a.wav", signal("tone", 22050, 0.5), 22050)
+    try:
+        changed = [r for r in PackedDataset(built, shuffle=False) if any(
+            Path(a["source"]).name == "a.wav" for a in r["audios"])][:1]
+        with pytest.raises(Exception, match="the build counted"):
+            collate(changed)
+    finally:
+        (corpus / "clips" / "a.bak").replace(corpus / "clips" / "a.wav")

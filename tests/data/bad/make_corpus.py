@@ -94,7 +94,7 @@ def _records(data_url: str) -> list[tuple[bytes | str | dict | None, str, str]]:
         ({"messages": "hello"}, "wrong_type", "messages is a string"),
         ({"messages": None}, "wrong_type", "messages is null"),
         ({"messages": ["hi", A("x")]}, "wrong_type", "a message is a string"),
-        ({"messages": [U([{"type": "audio", "audio": "a.wav"}]), A("x")]}, "wrong_type", "unsupported part type"),
+        ({"messages": [U([{"type": "sound", "sound": "a.wav"}]), A("x")]}, "wrong_type", "unsupported part type"),
         ({"messages": [U([{"type": "image", "image": 5}]), A("x")]}, "wrong_type", "image source is a number"),
         ({"messages": [U("x"), {"role": "assistant", "content": "y", "loss": "yes"}]}, "wrong_type", "loss is a string"),
         ({"text": 5}, "wrong_type", "text is a number"),
@@ -139,6 +139,13 @@ def _records(data_url: str) -> list[tuple[bytes | str | dict | None, str, str]]:
          "assistant turn with loss false"),
         ({"text": long_text}, "overlong", "longer than --max-length (drop)"),
         ({"messages": [U(long_text), A("ok")]}, "overlong", "long chat (drop)"),
+        # -- audio (the header-level rejects need an audio profile: tests/media/test_audio.py, the families' tests)
+        ({"messages": [U([{"type": "audio", "audio": "missing.wav"}]), A("x")]}, "missing_audio",
+         "audio file does not exist"),
+        ({"messages": [U([{"type": "audio", "audio": "data:audio/wav;base64,!!!"}]), A("x")]}, "bad_audio",
+         "audio data URL, bad base64"),
+        ({"messages": [U([{"type": "audio", "audio": "audio.m4a"}, {"type": "text", "text": "Said?"}]), A("x")]},
+         "unsupported_medium", "a clip for a profile without audio (qwen2-vl)"),
         ({"messages": [{"role": "robot", "content": "x"}, A("y")]}, "unknown_role", "last line, no newline (nonl)"),
     ]
 

@@ -1,10 +1,12 @@
 """The toy family's profile: every image 9 tokens, 1-D positions; audio as a Whisper-style encoder hears it.
 
     640x480 -> 48x48 -> grid (t, h, w) = (1, 3, 3) -> 9 tokens of <|vision_pad|>
-    1.3 s at 22.05 kHz -> 20,800 samples at 16 kHz -> 130 frames of 10 ms -> 13 tokens of <|quad_start|>
+    1.3 s at 22.05 kHz -> 20,800 samples at 16 kHz -> 130 Whisper frames (10 ms hops) -> 13 tokens of <|quad_start|>
 
-The audio token is ``<|quad_start|>``, another special token of Qwen2's vocabulary no builtin family uses (the
-toy exercises the audio plumbing before a real audio family exists; it is no model's rule).
+The audio token is ``<|quad_start|>``, another special token of Qwen2's vocabulary no builtin family uses; the
+frames are those of the default reader's features (``WhisperFeatureExtractor``'s mask over a clip padded to 30 s:
+``shared.audio_features.feature_frames``), the tokens one per 10 frames (the toy exercises the audio plumbing
+and the default reader; the token rule is no model's).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from packer.models.base import ModelProfile
+from packer.models.shared.audio_features import feature_frames
 
 if TYPE_CHECKING:
     from packer.models.reader import Reader
@@ -26,8 +29,6 @@ class ToyProfile(ModelProfile):
 
     image_token: str | None = "<|vision_pad|>"
     audio_token: str | None = "<|quad_start|>"
-    hop: int = 160
-    """Samples per feature frame (10 ms at 16 kHz, Whisper's hop)."""
     frames_per_token: int = 10
     """Feature frames per audio token (a partial last group makes a token too)."""
     side_px: int = 48
@@ -57,7 +58,7 @@ class ToyProfile(ModelProfile):
         return np.full(len(grids), self.tokens_per_image, dtype=np.int64)
 
     def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        return np.asarray(num_samples, dtype=np.int64) // self.hop
+        return np.array([feature_frames(int(n)) for n in num_samples], dtype=np.int64).reshape(-1)
 
     def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
         lengths = np.asarray(feature_lengths, dtype=np.int64)
