@@ -299,7 +299,8 @@ def test_audio_tower_keeps_batched_clips_apart(tok) -> None:
 def test_packed_equals_unpacked_with_audio(built, tok) -> None:
     """Rows mixing audio clips, images, text and a tree with a clip in a branch: per-token losses, the total and
     every gradient of a tiny Gemma4ForConditionalGeneration equal each root-to-leaf path run alone as the
-    processor gives it (that path's clips alone, padded as the extractor pads them)."""
+    processor gives it (that path's clips alone; padded to the batch's longest, which the tower test shows
+    changes none of their tokens)."""
     profile, token_ids, ce = _tiny(tok)
     (batch,), ids, vocab = ce.compact_vocab([collate(built["rows"])], token_ids)
     torch.manual_seed(0)

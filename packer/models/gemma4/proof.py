@@ -53,8 +53,10 @@ class Gemma4Proof(Proof):
             # a patch's x or y: at most 3 * the budget (a 1-token-high strip of max_soft_tokens tokens)
             position_embedding_size=p.pooling_kernel_size * max(p.max_soft_tokens, p.video_max_soft_tokens),
         )
+        # the first convolution's channels must be the mel bins: Gemma4AudioSubSampleConvProjection sizes its
+        # projection as channels[0] // 4 * channels[1], the mel bins left after two stride-2 convolutions
         audio = dict(
-            hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+            hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 4],
             conv_kernel_size=5, attention_chunk_size=4, attention_context_left=6, attention_context_right=0,
             output_proj_dims=hidden,
         )
@@ -63,7 +65,9 @@ class Gemma4Proof(Proof):
             image_token_id=token_ids[p.image_token], video_token_id=token_ids[p.video_token],
             boi_token_id=token_ids[p.vision_start], eoi_token_id=token_ids[p.vision_end],
             audio_token_id=token_ids[p.audio_token], boa_token_id=token_ids[p.audio_start],
-            eoa_token_index=token_ids[p.audio_end], attn_implementation="sdpa",
+            eoa_token_index=token_ids[p.audio_end],
+            # the audio tower has only its eager chunked attention (Gemma4AudioModel supports no other)
+            attn_implementation={"text_config": "sdpa", "vision_config": "sdpa", "audio_config": "eager"},
         )
         return Gemma4ForConditionalGeneration(config).float().train()
 
@@ -77,7 +81,8 @@ class Gemma4Proof(Proof):
         self, batch: Mapping[str, Any], token_ids: dict[str, int]
     ) -> Callable[[torch.Tensor], dict[str, Any]]:
         """The base's images, plus the path's videos (their frames' rows and frame counts) and audio clips (their
-        features and masks, cut to the longest of the path's clips as the extractor pads them)."""
+        features and masks, padded to the batch's longest clip: the audio tower's valid tokens do not depend on
+        the padding, tests/models/test_gemma4_audio.py)."""
         base = super().path_inputs(batch, token_ids)
         videos = _video_table(batch)
         audio_offsets = batch["audio_offsets"].tolist() if batch.get("audio_offsets") is not None else []
@@ -91,9 +96,8 @@ class Gemma4Proof(Proof):
                 kwargs["num_frames_per_video"] = torch.tensor([n for *_, n in clips], dtype=torch.int64)
             sounds = [i for i, off in enumerate(audio_offsets) if bool((tokens == off).any())]
             if sounds:
-                frames = int(batch["audio_frames"][sounds].max())
-                kwargs["input_features"] = batch["input_features"][sounds, :frames]
-                kwargs["input_features_mask"] = batch["input_features_mask"][sounds, :frames]
+                kwargs["input_features"] = batch["input_features"][sounds]
+                kwargs["input_features_mask"] = batch["input_features_mask"][sounds]
             ids = kwargs["input_ids"]
             kwargs["mm_token_type_ids"] = ((ids == token_ids[self.profile.image_token]).long()
                                            + 2 * (ids == token_ids[self.profile.video_token]).long()

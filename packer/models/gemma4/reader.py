@@ -5,8 +5,7 @@ only (``video_pixels.py``: the video processor's maths in torch).
     pixel_values_videos (F, 630, 768) float32    video_position_ids (F, 630, 2) int64     one row per frame
     num_frames_per_video (V,) int64
     input_features      (A, T, 128) float32      input_features_mask (A, T) bool          one row per clip
-    audio_offsets       (A,) int64: each clip's first soft token in the batch
-    audio_frames        (A,) int64: the frames the extractor computes for each clip alone (valid or not)
+    audio_offsets       (A,) int64: each clip's first soft token in the batch (the base reader's)
 
 Gemma4Model encodes each row alone (the padding patches masked), so a batch's images and frames are its
 examples' in token order, exactly as the processor gives one text with those images and videos. Its audio tower
@@ -18,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from packer.errors import ShardError
@@ -28,38 +28,17 @@ from packer.models.reader import Reader
 
 
 class Gemma4Reader(Reader):
-    def batch_inputs(self, rows: list[dict[str, Any]], row_starts: Any, *, load_media: bool = True) -> dict[str, Any]:
-        out = super().batch_inputs(rows, row_starts, load_media=load_media)
-        audios = [a for r in rows for a in r.get("audios") or ()]  # rows in order, each row's clips in token order
-        if audios:
-            if load_media:
-                out.update(self.audio_inputs(audios))
-            from packer.models.gemma4.audio import computed_frames
-
-            out["audio_frames"] = torch.tensor([computed_frames(a["num_samples"]) for a in audios], dtype=torch.int64)
-            out["audio_offsets"] = torch.tensor(
-                [int(a["offset"]) + int(s) for r, s in zip(rows, row_starts, strict=False) for a in r.get("audios") or ()],
-                dtype=torch.int64)
-        return out
-
-    def audio_inputs(self, audios: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """``input_features`` and ``input_features_mask`` of ``audios`` (rows of the shards' ``audios`` column):
-        each clip decoded as the build counted it (``media.audio.decode_audio``) and made features as
-        Gemma4AudioFeatureExtractor makes them (``audio.log_mel``, bit-equal), padded to the longest. ShardError
-        where a clip no longer decodes to what the build counted."""
-        from packer.media.audio import decode_audio
+    def audio_features(self, samples: list[np.ndarray], audios: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """What Gemma4AudioFeatureExtractor gives the batch's clips (``audio.log_mel``, bit-equal): features and
+        masks padded to the longest clip. ShardError where a mask's sum is not the stored ``feature_length``."""
         from packer.models.gemma4.audio import batch_features, log_mel
 
         clips = []
-        for a in audios:
-            source = a["data"] if a.get("data") is not None else a["source"]
-            y = decode_audio(source, target_sr=int(a["sample_rate"]), start=a.get("audio_start"),
-                             end=a.get("audio_end"), video=bool(a.get("video")))
+        for y, a in zip(samples, audios, strict=True):
             clip = log_mel(y)
-            if y.shape[0] != a["num_samples"] or int(clip.mask.sum()) != a["feature_length"]:
-                raise ShardError(f"{a['source'] or 'inline audio'}: decodes to {y.shape[0]} samples, "
-                                 f"{int(clip.mask.sum())} frames; the build counted {a['num_samples']}, "
-                                 f"{a['feature_length']} (the file changed since the build?)")
+            if int(clip.mask.sum()) != a["feature_length"]:
+                raise ShardError(f"{a['source'] or 'inline audio'}: {int(clip.mask.sum())} feature frames, the build "
+                                 f"counted {a['feature_length']} (built by another profile?)")
             clips.append(clip)
         features, mask = batch_features(clips)
         return {"input_features": torch.from_numpy(features), "input_features_mask": torch.from_numpy(mask)}
