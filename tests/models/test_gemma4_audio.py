@@ -187,7 +187,7 @@ def built(clips):
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = root / "out"
     shutil.rmtree(out, ignore_errors=True)
-    config = BuildConfig.from_inputs([str(root / "data.jsonl")], str(out), profile="gemma4", max_length=4096,
+    config = BuildConfig.from_inputs([str(root / "data.jsonl")], str(out), profile="gemma4", max_length=400,
                                      rows_per_shard=2)
     result = build(config, progress=False)
     return {"root": root, "records": records, "result": result, "rows": list(PackedDataset(out, shuffle=False))}
