@@ -284,6 +284,9 @@ def test_reader_equals_the_extractor(built) -> None:
     for off, a in zip(batch["audio_offsets"].tolist(), clips, strict=True):
         assert int(ids[off - 1]) != aud and bool((ids[off : off + a["num_tokens"]] == aud).all())
     reader = get_profile("gemma4").reader()
+    # a clip stored inline (a datasets.Audio cell's bytes) reads as its file does
+    inline = {**clips[1], "source": "", "data": open(clips[1]["source"], "rb").read()}  # noqa: SIM115
+    assert torch.equal(reader.audio_inputs([inline])["input_features"][0], reader.audio_inputs([clips[1]])["input_features"][0])
     with pytest.raises(ShardError, match="the build counted"):
         reader.audio_inputs([{**clips[0], "num_samples": clips[0]["num_samples"] + 1}])
 
