@@ -28,7 +28,9 @@ which qwen-omni-utils' ``process_audio_info`` calls for every audio part (with `
   other codecs on this path (rare: what libsndfile does not read) are decoded to count.
 
 Both paths then average the channels (``librosa.to_mono``) and resample with soxr at its "HQ" quality
-(``res_type="soxr_hq"``), fixing the length to ``ceil(n * target / source)``.
+(``res_type="soxr_hq"``), fixing the length to ``ceil(n * target / source)``. transformers' own ``load_audio``
+(what a processor does with a path, e.g. Qwen2AudioProcessor) is the same soundfile + soxr steps when torchcodec
+is not installed; with torchcodec it decodes and resamples with that instead, which packer does not follow.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ class ExampleInfo:
     nodes: list[NodeInfo] = field(default_factory=list)
     images: list[ImageInfo] = field(default_factory=list)
     videos: list[ImageInfo] = field(default_factory=list)  # source: the clip, or "N frames from <first>"
+    audios: list[ImageInfo] = field(default_factory=list)  # grid: (1, 1, feature frames); source: path, seconds
 
 
 @dataclass
@@ -142,7 +143,7 @@ def read_row(shards: ShardSet, row: int) -> dict[str, Any]:
             r -= n
     out: dict[str, Any] = {}
     for k, v in data.items():
-        if k in ("images", "videos", "example_ids", "example_sources") or not isinstance(v, list):
+        if k in ("images", "videos", "audios", "example_ids", "example_sources") or not isinstance(v, list):
             out[k] = v
         else:
             out[k] = np.asarray(v, dtype=np.int64)
@@ -249,6 +250,15 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
             grid=(v["grid_t"], v["grid_h"], v["grid_w"]), start=v["offset"], end=v["offset"] + v["num_tokens"],
             num_tokens=v["num_tokens"],
         ))
+    for i, a in enumerate(data.get("audios") or []):
+        ex = int(np.searchsorted(cu, a["offset"], side="right") - 1)
+        source = a["source"] or f"<inline {len(a['data'] or b'')} bytes>"
+        track = ", the video's sound track" if a["video"] else ""
+        examples[ex].audios.append(ImageInfo(
+            index=i, example=ex, source=f"{source}, {a['num_samples'] / a['sample_rate']:.2f} s{track}",
+            grid=(1, 1, a["feature_length"]), start=a["offset"], end=a["offset"] + a["num_tokens"],
+            num_tokens=a["num_tokens"],
+        ))
     shard, shard_row = locate_row(shards, row)
     return RowInfo(
         directory=str(shards.root), row=row, num_rows=shards.num_rows, shard=shards.shards[shard].file,
@@ -309,6 +319,9 @@ def format_row(info: RowInfo, *, width: int = SNIPPET_CHARS) -> str:
                 t, h, w_ = im.grid
                 lines.append(f"  {kind} {im.index}  [{im.start}, {im.end})  {_plural(im.num_tokens, 'token')}, "
                              f"grid {t}x{h}x{w_}  {im.source}")
+        for a in ex.audios:
+            lines.append(f"  audio {a.index}  [{a.start}, {a.end})  {_plural(a.num_tokens, 'token')}, "
+                         f"{a.grid[2]:,} feature frames  {a.source}")
     return "\n".join(lines)
 
 

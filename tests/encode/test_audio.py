@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from packer.core.types import IGNORE_INDEX, AudioRef, VideoRef
 from packer.encode.encoder import Encoder
@@ -266,3 +268,41 @@ def test_the_spoken_qa_set_encodes_with_its_clips_counted(toy, coco_dir, tmp_pat
     with pytest.raises(SystemExit):
         runpy.run_path(str(script), run_name="__main__")
     assert {p.name: p.read_bytes() for p in (out / "audio").iterdir()} == first  # deterministic
+
+
+def _parts(draw_clips: list[str], texts: list[str]) -> list[dict]:
+    out = []
+    for clip, text in zip(draw_clips, texts, strict=False):
+        out += [{"type": "audio", "audio": clip}, {"type": "text", "text": text}]
+    return out or [{"type": "text", "text": "-"}]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_placement_of_clips_in_trees_covers_exactly_the_audio_tokens(toy, clips, data):
+    """Clips anywhere (several per message, in the prefix and in nested branches): the stored entries, in token
+    order, cover exactly the audio tokens, one run each, every run inside one tree node, each clip's count its
+    file's (one header read per file and window: the same clip counts the same everywhere)."""
+    names = ["speech.wav", "tone.mp3", "noise.flac"]
+    pick = st.lists(st.sampled_from(names), max_size=3)
+    words = st.lists(st.sampled_from(["a", " b", "cd ", "\n", "é"]), min_size=3, max_size=3)
+    prefix = data.draw(pick)
+    branches = [[{"role": "assistant", "content": "x"}, {"role": "user", "content": _parts(data.draw(pick), data.draw(words))},
+                 {"role": "assistant", "content": "y"}] for _ in range(data.draw(st.integers(0, 2)))]
+    obj = {"messages": [{"role": "user", "content": _parts(prefix, data.draw(words))}],
+           **({"branches": branches} if branches else {})}
+    if not branches:
+        obj["messages"].append({"role": "assistant", "content": "z"})
+    ex = parse_record(obj, path="p.jsonl", line=1, base_dir=str(clips))
+    enc = toy.encode(ex)
+    tokens = np.zeros(enc.num_tokens, dtype=np.int64)
+    for a in enc.audios:
+        tokens[a.offset : a.offset + a.num_tokens] += 1
+        node = np.searchsorted(enc.node_offsets, [a.offset, a.offset + a.num_tokens - 1], side="right")
+        assert node[0] == node[1]  # one tree node
+    np.testing.assert_array_equal(tokens, (enc.input_ids == toy.audio_token_id).astype(np.int64))
+    assert [a.offset for a in enc.audios] == sorted(a.offset for a in enc.audios)
+    per_file = {}
+    for a in enc.audios:
+        assert per_file.setdefault(a.source, a.num_tokens) == a.num_tokens
+    assert len(enc.audios) == len(ex.audios)

@@ -449,3 +449,17 @@ def _cut(path):
 def test_many_channels(clips, codec):
     """5.1 clips (six channels) average to mono as librosa.to_mono averages them."""
     assert check_equal(clips(codec, 48000, 6, 52_807)).channels == 6
+
+
+@pytest.mark.parametrize("codec,rate,channels", [("wav", 22050, 2), ("flac", 44100, 1), ("mp3", 48000, 2),
+                                                 ("opus", 24000, 1), ("ogg", 11025, 2)])
+def test_transformers_load_audio(clips, codec, rate, channels):
+    """A processor handed a path (Qwen2AudioProcessor's fetch_audio) loads it with transformers' load_audio; without
+    torchcodec that is soundfile + soxr, the samples decode_audio gives. (With torchcodec installed transformers
+    decodes with it instead, which packer does not follow: load clips with librosa, as qwen-omni-utils does.)"""
+    from transformers.audio_utils import load_audio
+
+    path = clips(codec, rate, channels, int(1.7 * rate) + 11)
+    ref = load_audio(path, sampling_rate=SR, backend="soundfile")
+    got = decode_audio(path, target_sr=SR)
+    assert loaded_num_samples(probe_audio(path), SR) == len(ref) and np.array_equal(got, ref)

@@ -238,3 +238,20 @@ def test_the_default_reader_decodes_only_the_rows_clips(built, corpus):
             collate(changed)
     finally:
         (corpus / "clips" / "a.bak").replace(corpus / "clips" / "a.wav")
+
+
+@pytest.mark.slow
+def test_inspect_lists_a_rows_clips(built):
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    row = next(i for i, r in enumerate(_rows(built)) if r["audios"])
+    result = CliRunner().invoke(cli, ["inspect", str(built), "--row", str(row)])
+    assert result.exit_code == 0, result.output
+    clips = _rows(built)[row]["audios"]
+    lines = [x for x in result.output.splitlines() if x.strip().startswith("audio ")]
+    assert len(lines) == len(clips)
+    a = clips[0]
+    assert f"[{a['offset']}, {a['offset'] + a['num_tokens']})" in lines[0]
+    assert f"{a['feature_length']:,} feature frames" in lines[0] and f"{a['num_samples'] / 16000:.2f} s" in lines[0]
