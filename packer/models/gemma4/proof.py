@@ -1,7 +1,7 @@
 """The Gemma 4 proof: a tiny ``Gemma4ForConditionalGeneration`` shaped like E2B (sliding-window and full-attention
 layers of different head sizes, per-layer embeddings, the last layers reusing earlier layers' keys and values, a
-vision tower pooling 3x3 patches, an audio tower of 2 conformer layers), and one path as Gemma4Processor gives it alone: its
-images' and videos' rows, its audio clips' features and masks, and ``mm_token_type_ids`` (image 1, video 2,
+vision tower pooling 3x3 patches, an audio tower of 2 conformer layers), and one path as Gemma4Processor gives
+it alone: its images' and videos' rows, its audio clips' features and masks, and ``mm_token_type_ids`` (image 1, video 2,
 audio 3)."""
 
 from __future__ import annotations
@@ -116,4 +116,3 @@ def _video_table(batch: Mapping[str, Any]) -> list[tuple[int, int, int]]:
         out.append((off, row, n))
         row += n
     return out
-
