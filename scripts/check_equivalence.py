@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from packer.core.types import IGNORE_INDEX  # noqa: E402
 from packer.models.base import ModelProfile  # noqa: E402
-from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
+from packer.train.hf import attn_implementations, model_inputs, use_packed_attention  # noqa: E402
 from packer.train.layout import PackedLayout  # noqa: E402
 from packer.train.loss import packed_cross_entropy  # noqa: E402
 
@@ -164,7 +164,7 @@ def path_reference(
     """Run every root-to-leaf path alone (sdpa, no packing) with ``path_kwargs(tokens)`` as the model's inputs,
     ``tokens`` (L,) the path's row positions; each target is counted on the first path through its node.
     Per-token losses (T,), their total and the gradients of the total."""
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(attn_implementations(model, "sdpa"))
     model.zero_grad(set_to_none=True)
     layout = PackedLayout.from_batch(batch)
     labels = batch["labels"][0]
@@ -212,7 +212,7 @@ def packed(model: torch.nn.Module, batch: Mapping[str, Any], backend: str) -> di
     if not cpu_flex:
         total.backward()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(attn_implementations(model, "sdpa"))
     return {"per_token": out.loss.detach().double(), "total": float(total.detach()), "grads": grads}
 
 

@@ -225,6 +225,33 @@ def register() -> list[str]:
     return names
 
 
+def attn_implementations(model: Any, name: str) -> str | dict[str, str]:
+    """What ``model.set_attn_implementation`` takes to run ``name`` wherever a sub-model can: ``name``, or a dict
+    keeping its own implementation for each sub-model whose class refuses ``name`` (Gemma 4's audio tower has only
+    its eager chunked attention, and per-clip rows that packing never touches)."""
+    keep = {}
+    for key in getattr(model.config, "sub_configs", {}):
+        sub_config = getattr(model.config, key, None)
+        for module in model.modules():
+            if getattr(module, "config", None) is sub_config and sub_config is not None and hasattr(module, "_supports_sdpa"):
+                if not _supports_implementation(module, name):
+                    keep[key] = sub_config._attn_implementation
+                break
+    return {"": name, **{k: name for k in model.config.sub_configs}, **keep} if keep else name
+
+
+def _supports_implementation(module: Any, name: str) -> bool:
+    if name == "eager":
+        return True
+    if name == "sdpa":
+        return bool(module._supports_sdpa)
+    if name.startswith("flash_attention"):
+        return bool(module._supports_flash_attn)
+    if name == "flex_attention":
+        return bool(module._supports_flex_attn)
+    return bool(module._supports_attention_backend)  # a registered AttentionInterface function (packer's)
+
+
 def use_packed_attention(model: Any, backend: str = "auto") -> str:
     """Switch a stock transformers model (and its sub-models) to a packer backend; returns the name set.
 
@@ -239,7 +266,7 @@ def use_packed_attention(model: Any, backend: str = "auto") -> str:
     linear_state.install(model)
     register()
     name = implementation_name(backend)
-    model.set_attn_implementation(name)
+    model.set_attn_implementation(attn_implementations(model, name))
     if not getattr(model, "_packer_hook", False):
         model.register_forward_pre_hook(_packed_batch_hook, with_kwargs=True)
         model._packer_hook = True

@@ -32,7 +32,7 @@ from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
-from packer.train.hf import model_inputs, use_packed_attention
+from packer.train.hf import attn_implementations, model_inputs, use_packed_attention
 from tests.media.make_videos import write_clip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,5 +157,5 @@ def test_packed_equals_unpacked_on_the_real_model(family):
     use_packed_attention(model, "sdpa_varlen")
     with torch.no_grad():
         raw, explicit = model(**batch).logits, model(**model_inputs(batch)).logits
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(attn_implementations(model, "sdpa"))
     torch.testing.assert_close(raw, explicit, rtol=0, atol=0)

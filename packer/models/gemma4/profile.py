@@ -21,9 +21,14 @@ their window along each path of a packed row as for Gemma 3 (packer/train/layout
 and this profile refuses the setting (``use_bidirectional_attention``) rather than train another model
 (docs/models/gemma4.md, "Attention").
 
-Exact against transformers 5.23.0 (tests/models/test_gemma4.py; packed == unpacked: test_conformance.py).
-Audio (``<|audio|>``, issue 23) is not taken yet: the stand-in template renders an audio part as Gemma 4's
-does, and no media reference carries audio, so a record cannot name one.
+Audio (E2B, E4B; ``audio.py``): a clip loaded at 16 kHz as transformers' ``load_audio`` loads it (soundfile and
+soxr, ``librosa.load``'s samples: ``packer.media.audio``), cut to its first 30 s, makes ceil(frames / 4) soft
+tokens of 10 ms frames; the template's one ``<|audio|>`` becomes ``<|audio>`` + soft tokens + ``<audio|>``
+(``audio_run``, the entry at the first soft token). The audio tower encodes each clip alone (one batch row
+each), so clips never see each other (docs/models/gemma4.md, "Audio").
+
+Exact against transformers 5.23.0 (tests/models/test_gemma4.py, test_gemma4_audio.py; packed == unpacked:
+test_conformance.py, test_gemma4_audio.py).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from packer.models.gemma4.resize import SUPPORTED_SOFT_TOKENS, pooled_grid
 from packer.models.gemma4.video import plan, video_text
 
 if TYPE_CHECKING:
-    from packer.core.types import VideoRef
+    from packer.core.types import AudioRef, VideoRef
+    from packer.media.audio import AudioInfo
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
@@ -57,6 +63,11 @@ class Gemma4Profile(ModelProfile):
     vision_start: str | None = "<|image>"
     vision_end: str | None = "<image|>"
     video_token: str | None = "<|video|>"
+    audio_token: str | None = "<|audio|>"
+    audio_start: str = "<|audio>"
+    """The token before a clip's soft tokens (the tokenizer's ``boa_token``)."""
+    audio_end: str = "<audio|>"
+    """The token after them (``eoa_token``)."""
     default_tokenizer: str | None = "gemma4"
     patch_size: int = 16
     """The vision tower's patch side (``vision_config.patch_size``, the processors' ``patch_size``)."""
@@ -74,7 +85,7 @@ class Gemma4Profile(ModelProfile):
 
     forward_keys: ClassVar[tuple[str, ...]] = (
         "input_ids", "position_ids", "pixel_values", "image_position_ids", "pixel_values_videos",
-        "video_position_ids", "num_frames_per_video",
+        "video_position_ids", "num_frames_per_video", "input_features", "input_features_mask",
     )
     overridable: ClassVar[tuple[str, ...]] = (
         "max_soft_tokens", "video_max_soft_tokens", "video_num_frames", "use_bidirectional_attention",
@@ -134,6 +145,14 @@ class Gemma4Profile(ModelProfile):
         text = video_text(plan, video_token=self.video_token, boi=self.vision_start, eoi=self.vision_end)
         return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, plan=plan)
 
+    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
+        """``Gemma4Processor.replace_audio_token``: ``<|audio>`` + the soft tokens + ``<audio|>``, the entry at the
+        first soft token; the plan's ``feature_length`` is the clip's valid frames."""
+        plan = self.audio_plan(info)
+        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
+        return MediaRun((), n, tokens=(self.audio_start, *(self.audio_token,) * n, self.audio_end), lead=1,
+                        audio=plan)
+
     # ------------------------------------------------------------------ read / proof
 
     def reader(self) -> Reader:
@@ -164,6 +183,19 @@ class Gemma4Profile(ModelProfile):
     def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """frames * rows * cols of stored (frames, rows, cols), -1 unless 1 <= rows * cols <= the frame budget."""
         return _tokens(grids, self.video_max_soft_tokens, image=False)
+
+    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
+        """The extractor's valid frames of clips of ``num_samples`` samples at 16 kHz, -1 under 161 samples
+        (``audio.valid_frames``: a clip over 30 s counts its first 30 s, as the extractor cuts it)."""
+        from packer.models.gemma4.audio import valid_frames
+
+        return valid_frames(num_samples)
+
+    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        """ceil(frames / 4), -1 outside 1..2,999 frames (``audio.soft_tokens``)."""
+        from packer.models.gemma4.audio import soft_tokens
+
+        return soft_tokens(feature_lengths)
 
     def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
         """Frames = grid_t, and the stored frame size (height, width) is the grid's: rows, cols * 48 px."""
