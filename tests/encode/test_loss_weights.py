@@ -162,3 +162,33 @@ def test_verify_catches_bad_loss_weights(weighted, tmp_path, fault):
     write_json_atomic(out / "manifest.json", manifest)
     report = verify_build(out)
     assert not report.ok and {c for _, c in report.counts} == {"loss_weights"}, report.lines()
+
+
+def test_the_online_packer_carries_weights(weighted):
+    """OnlinePackedDataset assembles rows as the build does: each example's weights equal the build's."""
+    from packer.train.online import OnlinePackedDataset
+
+    online = OnlinePackedDataset(str(weighted.parent / "w.jsonl"), pool_size=100, shuffle=False, profile="text",
+                                 max_length=64, max_reject_fraction=1.0)
+    want = _examples(weighted)
+    seen = 0
+    for row in online:
+        labels = row["labels"]
+        weights = row.get("loss_weights", (labels != IGNORE_INDEX).astype(np.float32))
+        for e, ex in enumerate(row["example_ids"]):
+            a, b = row["cu_seqlens"][e], row["cu_seqlens"][e + 1]
+            assert np.array_equal(weights[a:b], want[ex.rsplit(":", 1)[1]]["weights"]), ex
+            seen += 1
+    assert seen == len(want)
+
+
+def test_weighted_rows_get_no_seq_lengths(tmp_path):
+    """TRL's own padding-free SFT reads seq_lengths and would drop the weights: a row with any weight has none (TRL's
+    collator then refuses it), a row of unweighted linear chats keeps it; verify checks both ways."""
+    recs = [{"messages": [U(f"q {i}"), W("a " * (1 + i), 0.5 if i % 2 else 1)]} for i in range(6)]
+    out = build_jsonl(tmp_path, "lin", recs, max_length=40)
+    rows = _rows(out)
+    assert {r["loss_weights"] is None for r in rows} == {True, False}
+    for r in rows:
+        assert (r["seq_lengths"] is None) == (r["loss_weights"] is not None)
+    assert verify_build(out).ok
