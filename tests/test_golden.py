@@ -12,7 +12,12 @@ stats.json are unchanged. Re-recorded a third time, the shards only, for shard s
 gained the `seq_lengths` column (TRL's padding-free collator reads it; null on rows with trees, images or mRoPE,
 which is every row of qwen2-vl-mix and two of llava's three) and its schema metadata says version 3; with that
 column dropped, every row group reads back equal to the v2 shards of main at 064c765 (which reproduced the digests
-recorded before), and rejects.jsonl and stats.json are unchanged.
+recorded before), and rejects.jsonl and stats.json are unchanged. Re-recorded a fourth time for shard schema v4
+(issue 24, loss weights): every shard gained the `loss_weights` column (null on every row: the corpus has no
+weighted message) and its schema metadata says version 4; with that column dropped, every shard reads back equal
+to the v3 shards of main at 7408506 (which reproduced the digests recorded before); the mix's stats.json gained
+each source's loss_tokens, token_share, loss_token_share, packs and pack_share (nothing else changed in it), and
+rejects.jsonl and llava's stats.json are unchanged.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -47,17 +52,17 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
          "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
          "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
         {
-            "shard-00000.parquet": "3e1567ebde496f8044938b8151719adada7459d8bcec4e16473b4c0e7c1c4bf7",
-            "shard-00001.parquet": "0da19ebda4fa04fb42aa22f571427cd2d8349f4c101cb24bba851bc5e10d91d0",
+            "shard-00000.parquet": "b0401862825c702593b9225a00c4fb44a15ddbfdba47d3b4cee227fe1b95ea8d",
+            "shard-00001.parquet": "e6cc02fec33faf5d8db98fda3562e60853974e510f37cc52626d5c59c7388cc4",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
-            "stats.json": "8cbe24f9bd4af7af7e7100d5ba6814950c6aa7581a8bf821ad442befa574e9c7",
+            "stats.json": "aacfd06a4a5e59acd6614bcf565d672d4bf146232010bed76c889eeb4f8ca7f5",
         },
     ),
     "llava": (
         ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
          "--overlong", "truncate"],
         {
-            "shard-00000.parquet": "2b727854b647711cb3dcc03562cec90c468567ac05d39fe7ca36f2a722042cac",
+            "shard-00000.parquet": "b55da664fe7b6ddd33718e947a3d64be396e30aa2d401a94668b9f8f590798a9",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
             "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
         },
