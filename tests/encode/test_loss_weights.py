@@ -73,8 +73,8 @@ def test_weights_land_on_their_messages_loss_tokens(weighted):
     # a weight of 0 is no loss: only "learned" and its end of turn
     assert int((ex["4"]["labels"] != IGNORE_INDEX).sum()) == int((ex["2"]["labels"] != IGNORE_INDEX).sum()) - 1
     assert 0.25 in ex["5"]["weights"].tolist()
-    rows = _rows(weighted)
-    assert any(r["loss_weights"] is None for r in rows) or all("2" not in str(r) for r in rows)
+    for r in _rows(weighted):  # null exactly on rows of unweighted examples (2; 4's only weight is 0, i.e. false)
+        assert (r["loss_weights"] is None) == all(e.rsplit(":", 1)[1] in ("2", "4") for e in r["example_ids"])
     assert verify_build(weighted).ok
 
 
