@@ -131,8 +131,11 @@ def test_readers_take_weights_and_v3_shards(weighted, tmp_path):
     shutil.copytree(weighted, out)
     manifest = json.loads((out / "manifest.json").read_text())
     for s, entry in enumerate(manifest["shards"]):
-        table = pq.read_table(out / entry["file"]).drop_columns(["loss_weights"])
-        new = write_shard(pa.Table.from_pylist(table.to_pylist(), schema=SCHEMAS[3]), out / entry["file"],
+        rows_v3 = pq.read_table(out / entry["file"]).drop_columns(["loss_weights"]).to_pylist()
+        for r in rows_v3:  # v3 gave every linear text row its seq_lengths (v4 leaves weighted rows without)
+            linear = len(r["node_offsets"]) == len(r["cu_seqlens"]) - 1
+            r["seq_lengths"] = np.diff(r["cu_seqlens"]).tolist() if linear else None
+        new = write_shard(pa.Table.from_pylist(rows_v3, schema=SCHEMAS[3]), out / entry["file"],
                         rows_per_row_group=2)
         manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", {**manifest, "schema_version": 3})
