@@ -103,6 +103,7 @@ def test_unweighted_builds_keep_the_column_null(tmp_path):
     assert "loss_weights" not in collate(list(PackedDataset(out, shuffle=False)))
 
 
+@pytest.mark.slow
 def test_weights_follow_images_and_truncation(tmp_path, coco_images):
     """A weighted turn around an image (qwen2-vl: the placeholder becomes its run) and a cut conversation: the
     weights stay on the same tokens as the labels."""
@@ -167,6 +168,7 @@ def test_verify_catches_bad_loss_weights(weighted, tmp_path, fault):
     assert not report.ok and {c for _, c in report.counts} == {"loss_weights"}, report.lines()
 
 
+@pytest.mark.slow
 def test_the_online_packer_carries_weights(weighted):
     """OnlinePackedDataset assembles rows as the build does: each example's weights equal the build's."""
     from packer.train.online import OnlinePackedDataset
