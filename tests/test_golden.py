@@ -12,11 +12,13 @@ stats.json are unchanged. Re-recorded a third time, the shards only, for shard s
 gained the `seq_lengths` column (TRL's padding-free collator reads it; null on rows with trees, images or mRoPE,
 which is every row of qwen2-vl-mix and two of llava's three) and its schema metadata says version 3; with that
 column dropped, every row group reads back equal to the v2 shards of main at 064c765 (which reproduced the digests
-recorded before), and rejects.jsonl and stats.json are unchanged. Re-recorded a fourth time, the shards only, for
-shard schema v4 (issue 23, audio): every shard gained the `audios` and `num_audio_tokens` columns (empty lists and
-zeros here) and its schema metadata says version 4; with those two columns dropped, every row group reads back equal
-to the v3 shards of main at 7408506 (which reproduced the digests recorded before), and rejects.jsonl and stats.json
-are unchanged. (Issue 24's v4 adds a loss-weights column on another branch; whoever merges both re-records once.)
+recorded before), and rejects.jsonl and stats.json are unchanged. Re-recorded a fourth time for shard schema v4
+(issues 23 and 24, merged together): every shard gained the `loss_weights` column (null on every row: the corpus
+has no weighted message) and the `audios` and `num_audio_tokens` columns (empty lists and zeros here), and its
+schema metadata says version 4; with those three columns dropped, every row group reads back equal to the v3
+shards of main at 7408506 (which reproduced the digests recorded before); the mix's stats.json gained each source's
+loss_tokens, token_share, loss_token_share, packs and pack_share (nothing else changed in it), and rejects.jsonl
+and llava's stats.json are unchanged.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -54,7 +56,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
             "shard-00000.parquet": "5be7e65daf448f4a9fb438b7b178274a477f76cf1590ee5c4eb9ee3736befc66",
             "shard-00001.parquet": "91acceb59d300d57cd242249e2ec6e7069d8d085c49313136650be0c8ba45385",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
-            "stats.json": "8cbe24f9bd4af7af7e7100d5ba6814950c6aa7581a8bf821ad442befa574e9c7",
+            "stats.json": "aacfd06a4a5e59acd6614bcf565d672d4bf146232010bed76c889eeb4f8ca7f5",
         },
     ),
     "llava": (

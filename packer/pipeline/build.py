@@ -177,12 +177,16 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
 
 def _all_rows_linear_text(cache: EncodeCache, table: pa.Table, index: np.ndarray, profile: Any) -> bool:
     """Does every packed row get ``seq_lengths`` (shards.assemble._seq_lengths): no mRoPE, and every planned example
-    one node with no image or video? Then the card's view is the one TRL's padding-free path trains exactly. The
+    one node with no image, video or loss weight? Then the card's view is the one TRL's padding-free path trains exactly. The
     cache's node offsets are read only when the cheap columns leave the question open."""
     if profile.mrope:
         return False
     if (table.column("num_images").to_numpy()[index] != 0).any() or (table.column("num_videos").to_numpy()[index] != 0).any():
         return False
+    if (table.column("loss_weight").to_numpy()[index] != table.column("num_loss_tokens").to_numpy()[index]).any():
+        return False  # loss weights, which TRL's own loss ignores
+    if not cache.open(("loss_weights",)).column("loss_weights").is_null().to_numpy(zero_copy_only=False)[index].all():
+        return False  # weights that happen to sum to the loss tokens
     nodes = pc.list_value_length(cache.open(("node_offsets",)).column("node_offsets")).to_numpy()
     return bool((nodes[index] == 1).all())
 

@@ -449,11 +449,13 @@ def _check_seq_lengths(d: _Rows, check) -> None:
     """v3's ``seq_lengths``: the examples' lengths exactly where TRL's padding-free collator is exact (every example
     one node, no image or video, no mRoPE), null elsewhere (assemble._seq_lengths)."""
     plain = d.mrope_null & (d.N == d.E) & (d.I == 0) & (np.diff(d.vid_off) == 0) & (np.diff(d.aud_off) == 0)
+    if d.lw is not None:
+        plain &= d.lw[0]  # v4: a row with loss weights, which TRL's own loss would ignore
     check(plain & d.sl_null, "seq_lengths missing",
           lambda i: "seq_lengths is null but every example of the row is linear, without media or mRoPE")
     check(~plain & ~d.sl_null, "seq_lengths set",
-          lambda i: "seq_lengths is set but the row has a tree, an image, a video, audio or mRoPE positions (TRL would "
-          "rebuild its positions and attention wrongly)")
+          lambda i: "seq_lengths is set but the row has a tree, an image, a video, audio, mRoPE positions (TRL would "
+          "rebuild its positions and attention wrongly) or loss weights (TRL's loss would ignore them)")
     both = plain & ~d.sl_null
     counts = np.diff(d.sl_off)
     lengths_ok = np.ones(d.R, dtype=bool)

@@ -250,14 +250,16 @@ def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarra
                  mrope: bool) -> pa.Array:
     """Per pack, its examples' lengths (``np.diff(cu_seqlens)``) where TRL's padding-free collator rebuilds the row
     exactly from them (positions 0.. per example, attention inside each example): every example linear (one
-    node), no image, video or audio, 1-D positions. Null elsewhere: a tree's branches, an image's pixels, mRoPE's
-    three position rows are what TRL would rebuild wrongly (docs/format.md, "seq_lengths")."""
+    node), no image, video or audio, 1-D positions, no loss weights. Null elsewhere: a tree's branches, an image's
+    pixels, mRoPE's three position rows are what TRL would rebuild wrongly, and loss weights what its loss would
+    drop (docs/format.md, "seq_lengths")."""
     P = len(pack_bounds) - 1
     if mrope:
         return pa.nulls(P, I32_LIST)
     plain = ((np.diff(_list_parts(examples.column("node_offsets"))[0]) == 1)
              & (examples.column("num_images").to_numpy() == 0) & (examples.column("num_videos").to_numpy() == 0)
-             & (examples.column("num_audios").to_numpy() == 0))
+             & (examples.column("num_audios").to_numpy() == 0)
+             & examples.column("loss_weights").is_null().to_numpy(zero_copy_only=False))  # TRL ignores weights
     mixed = np.zeros(P, dtype=bool)
     mixed[pack_of_example[~plain]] = True  # (P,) a pack with an example TRL cannot rebuild
     offsets = pa.array(pack_bounds.astype(np.int32), pa.int32())

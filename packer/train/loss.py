@@ -175,8 +175,9 @@ def step_count(batches: Any, *, weighting: str = "token", prefix: str = "once", 
     ``group`` when torch.distributed is initialized (every rank must call it). () float64.
 
         count = step_count(micro_batches, weighting="sqrt")            # before the step's forwards
-        for b in micro_batches:
-            (packed_cross_entropy(model(**b).logits, b["labels"], b, weighting="sqrt").loss / count).backward()
+        for b in micro_batches:                                         # collated batches
+            logits = model(**model_inputs(b)).logits
+            (packed_cross_entropy(logits, b["labels"], b, weighting="sqrt").loss / count.float()).backward()
 
     Under DDP (gradients averaged over W ranks) multiply each loss by W."""
     total = torch.zeros((), dtype=torch.float64)

@@ -213,8 +213,8 @@ class PackedTrainerMixin:
         """The step's denominator for packer's loss: every micro-batch's ``loss_count`` (the chosen normalization),
         summed over ranks with ``average_tokens_across_devices`` (the default), as transformers sums its token
         count. The model's own loss keeps transformers' count."""
-        if self.packer_loss == "model":
-            return super()._get_num_items_in_batch(batch_samples, device)
+        if self.packer_loss == "model" or not all(LAYOUT_KWARG in b for b in batch_samples):
+            return super()._get_num_items_in_batch(batch_samples, device)  # not PackedCollator's batches
         import torch
 
         count = sum((loss_count(b["labels"], b[LAYOUT_KWARG], weighting=self.packer_weighting,

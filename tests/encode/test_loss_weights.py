@@ -73,8 +73,8 @@ def test_weights_land_on_their_messages_loss_tokens(weighted):
     # a weight of 0 is no loss: only "learned" and its end of turn
     assert int((ex["4"]["labels"] != IGNORE_INDEX).sum()) == int((ex["2"]["labels"] != IGNORE_INDEX).sum()) - 1
     assert 0.25 in ex["5"]["weights"].tolist()
-    rows = _rows(weighted)
-    assert any(r["loss_weights"] is None for r in rows) or all("2" not in str(r) for r in rows)
+    for r in _rows(weighted):  # null exactly on rows of unweighted examples (2; 4's only weight is 0, i.e. false)
+        assert (r["loss_weights"] is None) == all(e.rsplit(":", 1)[1] in ("2", "4") for e in r["example_ids"])
     assert verify_build(weighted).ok
 
 
@@ -103,6 +103,7 @@ def test_unweighted_builds_keep_the_column_null(tmp_path):
     assert "loss_weights" not in collate(list(PackedDataset(out, shuffle=False)))
 
 
+@pytest.mark.slow
 def test_weights_follow_images_and_truncation(tmp_path, coco_images):
     """A weighted turn around an image (qwen2-vl: the placeholder becomes its run) and a cut conversation: the
     weights stay on the same tokens as the labels."""
@@ -131,8 +132,11 @@ def test_readers_take_weights_and_v3_shards(weighted, tmp_path):
     shutil.copytree(weighted, out)
     manifest = json.loads((out / "manifest.json").read_text())
     for s, entry in enumerate(manifest["shards"]):
-        table = pq.read_table(out / entry["file"]).drop_columns(["loss_weights"])
-        new = write_shard(pa.Table.from_pylist(table.to_pylist(), schema=SCHEMAS[3]), out / entry["file"],
+        rows_v3 = pq.read_table(out / entry["file"]).drop_columns(["loss_weights"]).to_pylist()
+        for r in rows_v3:  # v3 gave every linear text row its seq_lengths (v4 leaves weighted rows without)
+            linear = len(r["node_offsets"]) == len(r["cu_seqlens"]) - 1
+            r["seq_lengths"] = np.diff(r["cu_seqlens"]).tolist() if linear else None
+        new = write_shard(pa.Table.from_pylist(rows_v3, schema=SCHEMAS[3]), out / entry["file"],
                         rows_per_row_group=2)
         manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", {**manifest, "schema_version": 3})
@@ -162,3 +166,34 @@ def test_verify_catches_bad_loss_weights(weighted, tmp_path, fault):
     write_json_atomic(out / "manifest.json", manifest)
     report = verify_build(out)
     assert not report.ok and {c for _, c in report.counts} == {"loss_weights"}, report.lines()
+
+
+@pytest.mark.slow
+def test_the_online_packer_carries_weights(weighted):
+    """OnlinePackedDataset assembles rows as the build does: each example's weights equal the build's."""
+    from packer.train.online import OnlinePackedDataset
+
+    online = OnlinePackedDataset(str(weighted.parent / "w.jsonl"), pool_size=100, shuffle=False, profile="text",
+                                 max_length=64, max_reject_fraction=1.0)
+    want = _examples(weighted)
+    seen = 0
+    for row in online:
+        labels = row["labels"]
+        weights = row.get("loss_weights", (labels != IGNORE_INDEX).astype(np.float32))
+        for e, ex in enumerate(row["example_ids"]):
+            a, b = row["cu_seqlens"][e], row["cu_seqlens"][e + 1]
+            assert np.array_equal(weights[a:b], want[ex.rsplit(":", 1)[1]]["weights"]), ex
+            seen += 1
+    assert seen == len(want)
+
+
+def test_weighted_rows_get_no_seq_lengths(tmp_path):
+    """TRL's own padding-free SFT reads seq_lengths and would drop the weights: a row with any weight has none (TRL's
+    collator then refuses it), a row of unweighted linear chats keeps it; verify checks both ways."""
+    recs = [{"messages": [U(f"q {i}"), W("a " * (1 + i), 0.5 if i % 2 else 1)]} for i in range(6)]
+    out = build_jsonl(tmp_path, "lin", recs, max_length=40)
+    rows = _rows(out)
+    assert {r["loss_weights"] is None for r in rows} == {True, False}
+    for r in rows:
+        assert (r["seq_lengths"] is None) == (r["loss_weights"] is not None)
+    assert verify_build(out).ok

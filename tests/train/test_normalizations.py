@@ -144,3 +144,21 @@ def test_the_prefix_choice_counts_a_shared_prefix_once_or_per_path():
         packed_cross_entropy(logits, labels, meta, prefix="twice")
     with pytest.raises(ConfigError, match="weighting"):
         packed_cross_entropy(logits, labels, meta, weighting="cube")
+
+
+def test_sequence_logps_weighs_each_token():
+    """DPO's per-path log-probs of a weighted build: each loss token's log-prob times its weight, summed along the
+    path (the prompt P carries none; chosen a0 a1, rejected b0)."""
+    from packer.train.loss import sequence_logps
+
+    labels = torch.tensor([-100, -100, -100, 7, 8, 9])
+    weights = torch.tensor([0, 0, 0, 0.5, 2.0, 3.0])
+    batch = {"labels": labels, "cu_seqlens": torch.tensor([0, 6]), "node_offsets": torch.tensor([0, 3, 5]),
+             "node_parents": torch.tensor([-1, 0, 0]), "loss_weights": weights}
+    logits = torch.randn(6, 11)
+    logp = torch.log_softmax(logits, -1)
+    got = sequence_logps(logits, batch)
+    want_a = 0.5 * logp[2, 7] + 2.0 * logp[3, 8]  # a0 from P's last token, a1 from a0
+    want_b = 3.0 * logp[2, 9]  # b0 from P's last token
+    assert torch.allclose(got.logps, torch.stack([want_a, want_b]), atol=1e-6)
+    assert got.num_tokens.tolist() == [2, 1]
