@@ -283,7 +283,7 @@ def main() -> None:
                       f"{a['tokens_per_s'] / 1e3:.0f}k tokens/s")
                 for executor, b in builds.items():
                     print(f"  build ({executor}) / tokenizer-alone throughput: "
-                          f"{b['text_tokens_per_s'] / a['tokens_per_s']:.1%} (target >= 85%)")
+                          f"{b['text_tokens_per_s'] / a['tokens_per_s']:.1%} (target >= 150%: issue 25; 85% before it)")
 
 
 if __name__ == "__main__":

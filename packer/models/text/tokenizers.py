@@ -3,7 +3,8 @@
 ``Tokenizer`` names the 256 special tokens (128000 ``<|begin_of_text|>`` ... ``<|start_header_id|>`` 128006,
 ``<|end_header_id|>`` 128007, ``<|eot_id|>`` 128009; the chat tokens have the same ids in Llama 3, 3.1 and 3.2,
 whose reserved names differ). The chat template is Meta-Llama-3-Instruct's (``LLAMA3_CHAT_TEMPLATE``);
-``<|eot_id|>`` ends a turn and is the eos token ("Hello world!" -> [9906, 1917, 0]).
+``<|eot_id|>`` ends a turn and is the eos token ("Hello world!" -> [9906, 1917, 0]; with special tokens, as
+transformers' ``Llama3Converter`` post-processor adds them: [128000, 9906, 1917, 0]).
 """
 
 from __future__ import annotations
