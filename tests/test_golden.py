@@ -53,8 +53,8 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
          "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
          "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
         {
-            "shard-00000.parquet": "5be7e65daf448f4a9fb438b7b178274a477f76cf1590ee5c4eb9ee3736befc66",
-            "shard-00001.parquet": "91acceb59d300d57cd242249e2ec6e7069d8d085c49313136650be0c8ba45385",
+            "shard-00000.parquet": "7ccd15cbc1f4bd669791f72f3bb3b182aa30ca3c880d755f00fd5b3c3b829877",
+            "shard-00001.parquet": "27c149a56642928b358c609160773a0ee3eb5c1af83563ba0b8f1ba302b8c2dc",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
             "stats.json": "aacfd06a4a5e59acd6614bcf565d672d4bf146232010bed76c889eeb4f8ca7f5",
         },
@@ -63,7 +63,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
          "--overlong", "truncate"],
         {
-            "shard-00000.parquet": "c8ea9ed8212ff78d40d61ac3fb025fe8fd4b57ed29bc1d3fb9f50ea82c5ae56e",
+            "shard-00000.parquet": "f1101fb83a9c4e55e0f7ca93daf676005eee277fa2e824148547b1e465d5c381",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
             "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
         },
