@@ -249,7 +249,10 @@ def _supports_implementation(module: Any, name: str) -> bool:
         return bool(module._supports_flash_attn)
     if name == "flex_attention":
         return bool(module._supports_flex_attn)
-    return bool(module._supports_attention_backend)  # a registered AttentionInterface function (packer's)
+    # a registered AttentionInterface function (packer's): it stands in for any kernel call, so a model whose
+    # layers call sdpa, flash or flex takes it even where it does not declare _supports_attention_backend (Qwen3.5)
+    return any(bool(getattr(module, flag, False)) for flag in (
+        "_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn"))
 
 
 def use_packed_attention(model: Any, backend: str = "auto") -> str:

@@ -168,3 +168,22 @@ def test_hook_passes_no_bookkeeping_to_the_model():
     assert {"num_rows", "num_filler_rows", "filler_examples", "packer_state"} <= set(batch)
     _, kwargs = _packed_batch_hook(None, (), batch)
     assert set(kwargs) <= {"input_ids", "position_ids", "labels", "shift_labels", "use_cache", LAYOUT_KWARG}
+
+
+def test_attn_implementations_keeps_only_a_sub_model_that_refuses():
+    """A sub-model that runs sdpa takes packer's backends even without ``_supports_attention_backend`` (Qwen3.5's
+    towers: keeping them on sdpa leaked across examples); one with only its eager kernel keeps it (Gemma 4 audio)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from packer.train.hf import attn_implementations, implementation_name
+
+    register()
+    config = Qwen3_5Config(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, layer_types=["linear_attention", "full_attention"]),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32))
+    model = Qwen3_5ForConditionalGeneration(config)
+    assert not model.model.language_model._supports_attention_backend  # the case this guards
+    name = implementation_name("sdpa_varlen")
+    assert attn_implementations(model, name) == name
+    assert attn_implementations(model, "sdpa") == "sdpa"
