@@ -1,5 +1,5 @@
 """Hand-built layouts, examples and shard sets for tests of the tree ops, the shard layer and the reader
-(no tokenizer needed)."""
+(no tokenizer needed); small pieces the family tests share."""
 
 from __future__ import annotations
 
@@ -113,3 +113,30 @@ def write_shardset(root: Path, examples: list[Encoded], pack_sizes: list[int], *
     )
     write_json_atomic(root / "manifest.json", manifest.to_dict())
     return root
+
+
+def token_paths(enc: Encoded) -> list[np.ndarray]:
+    """Token positions of each root-to-leaf path of an encoded example, leaves in node order."""
+    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
+    ends = [*offs[1:], len(enc.input_ids)]
+    out = []
+    for leaf in (n for n in range(len(offs)) if n not in parents):
+        chain, n = [], leaf
+        while n >= 0:
+            chain.append(n)
+            n = parents[n]
+        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
+    return out
+
+
+def without_video_processor(processor_class: type) -> type:
+    """``processor_class`` (a transformers processor) taking ``video_processor=None``: a video processor class needs
+    torchvision; its audio, image and text code unchanged."""
+
+    class _Processor(processor_class):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return _Processor

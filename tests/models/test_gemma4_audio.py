@@ -36,6 +36,7 @@ from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
+from tests.helpers import without_video_processor
 from tests.media.audio_clips import signal, write_clip
 from tests.models.test_gemma4 import _leaf_paths
 
@@ -45,13 +46,7 @@ CLIPS = {"a.wav": (22050, 1.3, 2, "speech"), "b.mp3": (44100, 0.83, 1, "tone"), 
          "g.wav": (8000, 0.013, 1, "noise"), "h.flac": (16000, 31.0, 1, "tone")}
 
 
-class _Processor(Gemma4Processor):
-    """Gemma4Processor without a video processor (its class needs torchvision); audio, image and text unchanged."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
+_Processor = without_video_processor(Gemma4Processor)
 
 
 @pytest.fixture(scope="module")

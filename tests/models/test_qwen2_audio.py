@@ -21,6 +21,7 @@ from transformers import Qwen2AudioConfig, Qwen2AudioProcessor, WhisperFeatureEx
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.models.qwen2_audio.profile import feature_lengths, tokens_from_frames
+from tests.helpers import token_paths
 
 AUD, BOS, EOS = 151646, 151647, 151648
 
@@ -146,19 +147,6 @@ def _record_paths(record: dict) -> list[list[dict]]:
     return walk([], record)
 
 
-def _token_paths(enc) -> list[np.ndarray]:
-    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
-    ends = [*offs[1:], len(enc.input_ids)]
-    out = []
-    for leaf in (n for n in range(len(offs)) if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
-
-
 @pytest.mark.slow
 def test_every_path_equals_the_processor(tok, processor, media) -> None:
     """Each record's every path: the encoder's ids equal ``Qwen2AudioProcessor(text=apply_chat_template(path),
@@ -171,7 +159,7 @@ def test_every_path_equals_the_processor(tok, processor, media) -> None:
     checked = 0
     for i, record in enumerate(_records()):
         enc = encoder.encode(parse_record(record, path="q2a.jsonl", line=i + 1, base_dir=str(media)))
-        for msgs, cols in zip(_record_paths(record), _token_paths(enc), strict=True):
+        for msgs, cols in zip(_record_paths(record), token_paths(enc), strict=True):
             clips = [decode_audio(str(media / p["audio"]), target_sr=16000, start=p.get("audio_start"),
                                   end=p.get("audio_end"))
                      for m in msgs if isinstance(m["content"], list) for p in m["content"] if p["type"] == "audio"]

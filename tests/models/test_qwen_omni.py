@@ -33,18 +33,12 @@ from packer.models.qwen_omni.rope import (
     mel_frames,
     omni_position_ids,
 )
+from tests.helpers import token_paths, without_video_processor
 
 IMG, VID, AUD, VB, VE, AB, AE = 151655, 151656, 151646, 151652, 151653, 151647, 151648
 
 
-class _Processor(Qwen2_5OmniProcessor):
-    """Qwen2_5OmniProcessor without a video processor (its class needs torchvision); its audio, image and text code
-    unchanged."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
+_Processor = without_video_processor(Qwen2_5OmniProcessor)
 
 
 @pytest.fixture(scope="module")
@@ -366,19 +360,6 @@ def _record_paths(record: dict) -> list[list[dict]]:
     return walk([], record)
 
 
-def _token_paths(enc) -> list[np.ndarray]:
-    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
-    ends = [*offs[1:], len(enc.input_ids)]
-    out = []
-    for leaf in (n for n in range(len(offs)) if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
-
-
 @pytest.mark.slow
 def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -> None:
     """Each record's every root-to-leaf path: the encoder's ids equal ``Qwen2_5OmniProcessor(text=
@@ -398,7 +379,7 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
     for record in _omni_records():
         enc = encoder.encode(parse_record(record, path="omni.jsonl", line=1, base_dir=str(media)))
         with_sound = bool(record.get("use_audio_in_video"))
-        for msgs, cols in zip(_record_paths(record), _token_paths(enc), strict=True):
+        for msgs, cols in zip(_record_paths(record), token_paths(enc), strict=True):
             audio, slots, images, videos, video_entries = [], [], [], [], []
             for m in msgs:
                 for part in m["content"] if isinstance(m["content"], list) else []:

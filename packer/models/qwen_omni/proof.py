@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from packer.models.proof import Proof, tiny_text_config
+from packer.models.shared.qwen_inputs import image_rows, video_table
 
 
 class QwenOmniProof(Proof):
@@ -51,12 +52,7 @@ class QwenOmniProof(Proof):
         return Qwen2_5OmniThinkerForConditionalGeneration(config).float().train()
 
     def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
-        out, row = [], 0
-        for i, (t, h, w) in enumerate(batch["image_grid_thw"].tolist()):
-            out.append({"pixel_values": batch["pixel_values"][row : row + t * h * w],
-                        "image_grid_thw": batch["image_grid_thw"][i : i + 1]})
-            row += t * h * w
-        return out
+        return image_rows(batch)
 
     def reference_inputs(
         self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
@@ -69,13 +65,7 @@ class QwenOmniProof(Proof):
         self, batch: Mapping[str, Any], token_ids: dict[str, int]
     ) -> Callable[[torch.Tensor], dict[str, Any]]:
         base = super().path_inputs(batch, token_ids)
-        videos = []
-        if batch.get("video_offsets") is not None:
-            row = 0
-            for i, (off, (t, h, w)) in enumerate(zip(batch["video_offsets"].tolist(), batch["video_grid_thw"].tolist(),
-                                                     strict=True)):
-                videos.append((off, row, t * h * w, i))
-                row += t * h * w
+        videos = video_table(batch)
 
         audio_offsets = batch["audio_offsets"].tolist() if batch.get("audio_offsets") is not None else []
         ids = batch["input_ids"][0]

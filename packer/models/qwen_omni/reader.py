@@ -18,35 +18,20 @@ from typing import Any
 import torch
 
 from packer.models.reader import Reader
-from packer.models.shared.qwen_video_pixels import sampled_frames, video_pixel_values
+from packer.models.shared.qwen_inputs import qwen2vl_image_processor
+from packer.models.shared.qwen_video_pixels import planned_video_pixels
 
 
 class QwenOmniReader(Reader):
     """Qwen2.5-Omni's thinker inputs."""
 
     def make_image_processor(self) -> Any:
-        from transformers import Qwen2VLImageProcessorPil
-
-        p = self.profile
-        return Qwen2VLImageProcessorPil(
-            min_pixels=p.min_pixels, max_pixels=p.max_pixels, patch_size=p.patch_size,
-            temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
-        )
+        return qwen2vl_image_processor(self.profile)
 
     def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        p = self.profile
-        pixels, grids = [], []
-        for v in videos:
-            utils_size = (v["utils_height"], v["utils_width"])
-            pixel_values, grid = video_pixel_values(
-                sampled_frames(v, utils_size, p.video_family()), resized_height=v["height"], resized_width=v["width"],
-                patch_size=p.patch_size, image_mean=p.image_mean, image_std=p.image_std,
-                temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size, utils_size=utils_size,
-            )
-            pixels.append(pixel_values)
-            grids.append(grid)
+        pixels, grids = planned_video_pixels(videos, self.profile)
         return {
-            "pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids),
+            "pixel_values_videos": pixels, "video_grid_thw": grids,
             # the processor's list of floats, made a float32 tensor by return_tensors="pt"
             "video_second_per_grid": torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32),
         }

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from packer.models.proof import Proof, tiny_text_config
+from packer.models.shared.qwen_inputs import image_rows, video_table
 
 
 class QwenVLProof(Proof):
@@ -54,13 +55,7 @@ class QwenVLProof(Proof):
                     spatial_merge_size=self.profile.merge_size)
 
     def image_inputs(self, batch: dict[str, Any], *, num_tokens: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Each image's t*h*w rows of ``pixel_values`` and its ``image_grid_thw`` row."""
-        out, row = [], 0
-        for i, (t, h, w) in enumerate(batch["image_grid_thw"].tolist()):
-            out.append({"pixel_values": batch["pixel_values"][row : row + t * h * w],
-                        "image_grid_thw": batch["image_grid_thw"][i : i + 1]})
-            row += t * h * w
-        return out
+        return image_rows(batch)
 
     def reference_inputs(
         self, input_ids: torch.Tensor, images: list[dict[str, torch.Tensor]], *, token_ids: dict[str, int]
@@ -76,7 +71,7 @@ class QwenVLProof(Proof):
     ) -> Callable[[torch.Tensor], dict[str, Any]]:
         """The base's images, plus the path's videos as the processor gives them for that example alone."""
         base = super().path_inputs(batch, token_ids)
-        videos = _video_table(batch)
+        videos = video_table(batch)
 
         def inputs(tokens: torch.Tensor) -> dict[str, Any]:
             kwargs = base(tokens)
@@ -195,14 +190,3 @@ class Qwen35Proof(Qwen3VLProof):
         config = cls.config_class(text_config=text, vision_config=vision, attn_implementation="sdpa",
                                   **self._config_ids(token_ids))
         return cls(config).float().train()
-
-def _video_table(batch: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
-    """(first token, first pixel row, pixel rows, index) of every video in the batch."""
-    if batch.get("video_grid_thw") is None:
-        return []
-    out, row = [], 0
-    for i, ((t, h, w), off) in enumerate(zip(batch["video_grid_thw"].tolist(), batch["video_offsets"].tolist(),
-                                             strict=True)):
-        out.append((off, row, t * h * w, i))
-        row += t * h * w
-    return out

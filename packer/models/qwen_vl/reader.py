@@ -13,44 +13,27 @@ from typing import Any
 import torch
 
 from packer.models.reader import Reader
-from packer.models.shared.qwen_video_pixels import sampled_frames, video_pixel_values
+from packer.models.shared.qwen_inputs import qwen2vl_image_processor
+from packer.models.shared.qwen_video_pixels import planned_video_pixels
 
 
 class QwenVLReader(Reader):
     """Qwen2-VL and Qwen2.5-VL (Qwen3-VL: ``Qwen3VLReader``)."""
 
     def make_image_processor(self) -> Any:
-        # The PIL backend: torchvision is not a dependency, and transformers' Qwen2VLImageProcessor itself
-        # falls back to Qwen2VLImageProcessorPil without it. Grids are identical in both backends.
-        from transformers import Qwen2VLImageProcessorPil
-
-        p = self.profile
-        return Qwen2VLImageProcessorPil(
-            min_pixels=p.min_pixels, max_pixels=p.max_pixels, patch_size=p.patch_size,
-            temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
-        )
+        return qwen2vl_image_processor(self.profile)
 
     def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """``pixel_values_videos`` (sum(t*h*w), 3*2*14*14) float32, ``video_grid_thw`` (V, 3) int64 and, for
         Qwen2.5-VL, ``second_per_grid_ts`` (V,) float32 of ``videos`` (rows of the shards' ``videos`` column).
 
-        Only the planned frames are decoded (``media.video.decode_frames``); qwen-vl-utils' resize to
-        ``utils_height`` x ``utils_width`` then the processor's to ``height`` x ``width`` follow
-        ``video_pixels.video_pixel_values`` (torch ops, no torchvision). A frame list's images are first resized
-        one by one as qwen-vl-utils' ``fetch_image`` resizes them (``sampled_frames``).
+        Only the planned frames are decoded; qwen-vl-utils' resize to ``utils_height`` x ``utils_width`` then the
+        processor's to ``height`` x ``width`` (``shared.qwen_video_pixels.planned_video_pixels``: torch ops, no
+        torchvision).
         """
         p = self.profile
-        pixels, grids = [], []
-        for v in videos:
-            utils_size = (v["utils_height"], v["utils_width"])
-            pixel_values, grid = video_pixel_values(
-                sampled_frames(v, utils_size, p.video_family()), resized_height=v["height"], resized_width=v["width"],
-                patch_size=p.patch_size, image_mean=p.image_mean, image_std=p.image_std,
-                temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size, utils_size=utils_size,
-            )
-            pixels.append(pixel_values)
-            grids.append(grid)
-        out = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids)}
+        pixels, grids = planned_video_pixels(videos, p)
+        out = {"pixel_values_videos": pixels, "video_grid_thw": grids}
         if p.tokens_per_second is not None:  # the Qwen2.5-VL processor's float32 tensor
             out["second_per_grid_ts"] = torch.tensor([v["second_per_grid_t"] for v in videos], dtype=torch.float32)
         return out

@@ -133,6 +133,25 @@ def video_pixel_values(
     return pixel_values.view(t * gh * gw, 3 * temporal_patch_size * p * p), torch.tensor([[t, gh, gw]], dtype=torch.int64)
 
 
+def planned_video_pixels(videos: Sequence[dict[str, Any]], profile: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``pixel_values_videos``, ``video_grid_thw``) of stored ``videos`` (rows of the shards' ``videos`` column):
+    each one's planned frames (``sampled_frames``) through ``video_pixel_values`` with ``profile``'s patch,
+    merge and normalization settings (a Qwen-VL or Qwen-Omni profile)."""
+    import torch
+
+    pixels, grids = [], []
+    for v in videos:
+        utils_size = (v["utils_height"], v["utils_width"])
+        pixel_values, grid = video_pixel_values(
+            sampled_frames(v, utils_size, profile.video_family()), resized_height=v["height"], resized_width=v["width"],
+            patch_size=profile.patch_size, image_mean=profile.image_mean, image_std=profile.image_std,
+            temporal_patch_size=profile.temporal_patch_size, merge_size=profile.merge_size, utils_size=utils_size,
+        )
+        pixels.append(pixel_values)
+        grids.append(grid)
+    return torch.cat(pixels), torch.cat(grids)
+
+
 def sampled_frames(video: dict[str, Any], utils_size: tuple[int, int], family: VideoFamily) -> np.ndarray:
     """The planned frames of one stored video, RGB uint8 (T, H, W, 3): decoded from the clip, or a frame list's
     images each resized as qwen-vl-utils' ``fetch_image`` resizes it (PIL's default bicubic, to
