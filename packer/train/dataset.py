@@ -55,10 +55,10 @@ class PackedDataset(IterableDataset):
         shuffle: a new deterministic order each epoch from (seed, epoch); False reads rows in shard order.
         seed: the shuffle seed.
         load_images: decode images in ``collate`` (False leaves only their metadata).
-        image_root: where the build's images are now (docs/training.md, "Images that moved"): an image keeps
-            its path relative to the directory the build resolved it from (``--image-root``, else its JSONL
-            file's directory) under this root; an image outside that directory (an absolute path in the
-            input) keeps its path.
+        image_root: where the build's media files are now (docs/training.md, "Images that moved"): an image,
+            a video (its clip or frames) and an audio clip keep their path relative to the directory the build
+            resolved them from (``--image-root``, else their JSONL file's directory) under this root; a file
+            outside that directory (an absolute path in the input) keeps its path.
         drop_last: drop the epoch order's last ``n % world_size`` rows instead of adding filler rows.
         balance: deal rows so that every step holds rows of near-equal cost on every rank (``world_size`` > 1;
             reads the shards' ``num_tokens``, ``num_vision_tokens`` and ``cu_seqlens`` columns once, here).
@@ -231,8 +231,8 @@ class PackedDataset(IterableDataset):
         count = state.counts[worker]
         for chunk in np.split(np.arange(len(order)), cuts):
             for k, row in zip(chunk.tolist(), self._read_chunk(files, order[chunk], blocks[chunk]), strict=True):
-                if self.image_root is not None and row["images"]:
-                    row["images"] = reroot_images(row, self.shards.manifest, self.image_root)
+                if self.image_root is not None:
+                    reroot_media(row, self.shards.manifest, self.image_root)
                 if filler[k]:
                     row["labels"] = np.full_like(row["labels"], IGNORE_INDEX)
                     row.pop("loss_weights", None)
@@ -302,26 +302,31 @@ def _row(block: dict[str, Any], i: int, *, copy: bool = False) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------------------------- images that moved
-def reroot_images(row: dict[str, Any], manifest: Manifest, image_root: str) -> list[dict[str, Any]]:
-    """The row's images with their paths moved under ``image_root`` (see ``PackedDataset``'s image_root).
+def reroot_media(row: dict[str, Any], manifest: Manifest, image_root: str) -> None:
+    """Move the row's images, videos (a clip, or each frame of a frame list) and audio clips under ``image_root``
+    in place (see ``PackedDataset``'s image_root).
 
-    An image's build-time directory is the one its example's relative paths resolved against: the build's
+    A media file's build-time directory is the one its example's relative paths resolved against: the build's
     ``--image-root``, else the example's JSONL file's directory (the file is in its example id). Keeping the
     path relative to it, not just the file name, keeps ``train/1.jpg`` and ``val/1.jpg`` apart.
     """
     cu = row["cu_seqlens"]
-    out = []
-    for im in row["images"]:
-        if not im["source"]:  # inline bytes
-            out.append(im)
-            continue
-        example = int(np.searchsorted(cu, im["offset"], side="right")) - 1
+
+    def move(path: str, offset: int) -> str:
+        if not path:  # inline bytes
+            return path
+        example = int(np.searchsorted(cu, offset, side="right")) - 1
         jsonl = row["example_ids"][example].rpartition(":")[0]  # ids are path:line or path:line#copy
         base = _build_image_dir(manifest.base_dir or os.getcwd(), manifest.config.image_root, jsonl)
-        rel = os.path.relpath(im["source"], base)
+        rel = os.path.relpath(path, base)
         outside = rel == os.pardir or rel.startswith(os.pardir + os.sep)
-        out.append(im if outside else {**im, "source": os.path.join(image_root, rel)})
-    return out
+        return path if outside else os.path.join(image_root, rel)
+
+    row["images"] = [{**im, "source": move(im["source"], im["offset"])} for im in row["images"]]
+    row["videos"] = [{**v, "source": move(v["source"], v["offset"]),
+                      "frames": [move(f, v["offset"]) for f in v["frames"] or ()]} for v in row["videos"]]
+    if row.get("audios"):
+        row["audios"] = [{**a, "source": move(a["source"], a["offset"])} for a in row["audios"]]
 
 
 @lru_cache(maxsize=256)

@@ -107,3 +107,43 @@ def test_image_root_keeps_each_image_apart(tmp_path, coco_images):
     grids = [(im["grid_t"], im["grid_h"], im["grid_w"]) for r in rows for im in r["images"]]
     assert batch["image_grid_thw"].tolist() == [list(g) for g in grids]
     assert len({g for g in grids}) == 2  # two different pictures, not one file twice
+
+
+@pytest.mark.slow
+def test_image_root_moves_videos_and_audio_too(tmp_path):
+    """A build's images, clips (with their sound track) and audio files all move: each is found under
+    ``image_root`` at its path relative to the build's directory, and collate decodes them from there."""
+    from tests.media.audio_clips import signal, write_clip, write_video
+
+    data_dir = tmp_path / "data"
+    for folder in ("a", "b"):
+        (data_dir / folder).mkdir(parents=True)
+        write_clip(data_dir / folder / "1.wav", signal("speech", 16000, 0.6 if folder == "a" else 1.1), 16000)
+    write_video(data_dir / "a" / "1.mp4", seconds=2.0, fps=4, size=(56, 56))
+    Image.fromarray(np.full((56, 84, 3), 120, dtype=np.uint8)).save(data_dir / "b" / "1.png")
+    records = [
+        {"messages": [{"role": "user", "content": [{"type": "video", "video": "a/1.mp4"},
+                                                   {"type": "audio", "audio": "a/1.wav"},
+                                                   {"type": "text", "text": "Same sound?"}]},
+                      {"role": "assistant", "content": "No."}], "use_audio_in_video": True},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "b/1.png"},
+                                                   {"type": "audio", "audio": "b/1.wav"},
+                                                   {"type": "text", "text": "What is heard?"}]},
+                      {"role": "assistant", "content": "Speech."}]},
+    ]
+    (data_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    build(BuildConfig.from_inputs([str(data_dir / "train.jsonl")], str(out), profile="qwen2.5-omni",
+                                  max_length=4096), progress=False)
+    before = list(PackedDataset(out, shuffle=False))
+    moved = tmp_path / "moved"
+    shutil.move(data_dir, moved)
+
+    rows = list(PackedDataset(out, shuffle=False, image_root=moved))
+    media = sorted(m["source"] for r in rows for key in ("images", "videos", "audios") for m in r[key])
+    assert media == sorted([str(moved / "a" / "1.mp4")] * 2 + [str(moved / "a" / "1.wav"),
+                                                              str(moved / "b" / "1.png"), str(moved / "b" / "1.wav")])
+    assert all(m["source"].startswith(str(data_dir)) for r in before for k in ("images", "videos", "audios")
+               for m in r[k])
+    batch = collate(rows)  # decodes pixels, frames and clips from the new place
+    assert batch["input_features"].shape[0] == 3 and batch["pixel_values_videos"].shape[0] > 0
