@@ -59,6 +59,19 @@ def parse_line(
     )
 
 
+def chosen_lines(path: str, numbers: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    """``(line_number, raw bytes)`` of the given 1-based lines of a JSONL file, in file order, the byte-order mark of
+    line 1 removed (what verify's re-encoding checks read back)."""
+    wanted = set(numbers)
+    last = max(wanted, default=0)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if number > last:
+                return
+            if number in wanted:
+                yield number, raw[3:] if number == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+
+
 def read_jsonl(
     path: str, *, image_root: str | None = None, source_name: str = ""
 ) -> Iterator[tuple[int, Example | RecordError]]:

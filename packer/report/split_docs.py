@@ -63,6 +63,7 @@ def check_split_documents(manifest: Manifest, digests: ChunkDigests, files: dict
     from packer.encode.encoder import Encoder
     from packer.encode.split import chunk_labels, split_windows
     from packer.encode.tokenizers import fingerprint, load_tokenizer
+    from packer.formats.read import chosen_lines
     from packer.models import get_profile
 
     wanted: dict[str, dict[int, dict[int, str]]] = defaultdict(dict)  # resolved file -> line -> chunks
@@ -88,29 +89,24 @@ def check_split_documents(manifest: Manifest, digests: ChunkDigests, files: dict
     max_length, overlap = cfg.max_length, cfg.long_docs_overlap
     for real, lines in sorted(wanted.items()):
         name = files[real]
-        with open(real, "rb") as f:
-            for n, raw in enumerate(f, start=1):
-                chunks = lines.get(n)
-                if chunks is None:
-                    continue
-                if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                try:
-                    text = json.loads(raw)["text"]
-                    whole = encoder.encode(Example(root=Node(messages=[]), kind="text", path=name, line=n, text=text))
-                except Exception as e:  # noqa: BLE001 - a line the build split must encode again
-                    add(name, f"line {n} is split but does not encode as a text record again: {e}")
-                    continue
-                windows = split_windows(whole.num_tokens, max_length=max_length, overlap=overlap)
-                if sorted(chunks) != list(range(len(windows))):
-                    add(name, f"line {n} is packed as chunks {sorted(chunks)[:8]}, but its {whole.num_tokens} tokens "
-                        f"make {len(windows)} chunks (tokens lost or added)")
-                    continue
-                ends = [0] + [b for _, b in windows[:-1]]
-                for k, ((a, b), e) in enumerate(zip(windows, ends, strict=True)):
-                    want = digest(whole.input_ids[a:b], chunk_labels(whole.labels, a, b, context_end=e))
-                    if chunks[k] != want:
-                        add(name, f"line {n} chunk {k} differs from the document's tokens [{a}, {b}) "
-                            "(tokens or labels changed)")
+        for n, raw in chosen_lines(real, lines):
+            chunks = lines[n]
+            try:
+                text = json.loads(raw)["text"]
+                whole = encoder.encode(Example(root=Node(messages=[]), kind="text", path=name, line=n, text=text))
+            except Exception as e:  # noqa: BLE001 - a line the build split must encode again
+                add(name, f"line {n} is split but does not encode as a text record again: {e}")
+                continue
+            windows = split_windows(whole.num_tokens, max_length=max_length, overlap=overlap)
+            if sorted(chunks) != list(range(len(windows))):
+                add(name, f"line {n} is packed as chunks {sorted(chunks)[:8]}, but its {whole.num_tokens} tokens "
+                    f"make {len(windows)} chunks (tokens lost or added)")
+                continue
+            ends = [0] + [b for _, b in windows[:-1]]
+            for k, ((a, b), e) in enumerate(zip(windows, ends, strict=True)):
+                want = digest(whole.input_ids[a:b], chunk_labels(whole.labels, a, b, context_end=e))
+                if chunks[k] != want:
+                    add(name, f"line {n} chunk {k} differs from the document's tokens [{a}, {b}) "
+                        "(tokens or labels changed)")
 
 

@@ -57,7 +57,7 @@ def check_tokens(manifest: Manifest, digests: RecordDigests, files: dict[str, st
     """Re-encode the sampled records (``sample`` of them, None: all) of ``files`` (resolved input path -> the
     name the user gave) with the general path and compare; ``add(file, what)`` reports. Returns how many were
     checked."""
-    from packer.formats.read import parse_line
+    from packer.formats.read import chosen_lines, parse_line
 
     by_file: dict[str, list[tuple[int, tuple[int, str]]]] = defaultdict(list)
     for (path, line), value in digests.by_record.items():
@@ -89,25 +89,20 @@ def check_tokens(manifest: Manifest, digests: RecordDigests, files: dict[str, st
         wanted[real][line] = value
     for real, lines in sorted(wanted.items()):
         name = files[real]
-        with open(real, "rb") as f:
-            for n, raw in enumerate(f, start=1):
-                value = lines.get(n)
-                if value is None:
-                    continue
-                if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                try:
-                    example = parse_line(raw, path=real, line=n, base_dir=os.path.dirname(real),
-                                         image_root=config.image_root, columns=config.column_map)
-                    got = encoder.encode(example)
-                except Exception as e:  # noqa: BLE001 - a packed record must encode again
-                    add(name, f"line {n} is packed but does not encode again with the HF tokenizer: {e}")
-                    continue
-                if isinstance(got, list):
-                    continue  # split: split_docs.py checks it
-                if (got.num_tokens, digest(got.input_ids, got.labels)) != value:
-                    add(name, f"line {n}: the packed tokens/labels ({value[0]} tokens) differ from the HF tokenizer's "
-                        f"({got.num_tokens} tokens), e.g. a fast path that is not exact")
+        for n, raw in chosen_lines(real, lines):
+            value = lines[n]
+            try:
+                example = parse_line(raw, path=real, line=n, base_dir=os.path.dirname(real),
+                                     image_root=config.image_root, columns=config.column_map)
+                got = encoder.encode(example)
+            except Exception as e:  # noqa: BLE001 - a packed record must encode again
+                add(name, f"line {n} is packed but does not encode again with the HF tokenizer: {e}")
+                continue
+            if isinstance(got, list):
+                continue  # split: split_docs.py checks it
+            if (got.num_tokens, digest(got.input_ids, got.labels)) != value:
+                add(name, f"line {n}: the packed tokens/labels ({value[0]} tokens) differ from the HF tokenizer's "
+                    f"({got.num_tokens} tokens), e.g. a fast path that is not exact")
     return len(keys)
 
 
