@@ -29,6 +29,8 @@ REJECT_REASONS: dict[str, str] = {
     "image_tree": "a tree node with images is shared by branches that hold images of their own, which a model "
     "attending all of a sequence's images as one block (Molmo2) would see differently per branch, or by branches "
     "that disagree on whether it is their only image, which LLaVA-OneVision tiles only then",
+    "audio_tree": "a tree node's audio clip would be padded to different lengths by the branches that share it "
+    "(Qwen3-Omni pads an example's clips to its longest), so no one set of its features is every branch's",
     "no_loss_tokens": "the example has no token that contributes to the loss",
     "overlong": "the example is longer than --max-length (with --overlong drop)",
     "untruncatable": "the example cannot be truncated without cutting an image or losing all loss tokens",

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import random
+import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -140,3 +142,55 @@ def without_video_processor(processor_class: type) -> type:
             return super().check_argument_for_proper_class(argument_name, argument)
 
     return _Processor
+
+
+def qwen2vl_video_processor(**kwargs: Any) -> tuple[Any, Any]:
+    """transformers' ``Qwen2VLVideoProcessor(**kwargs)`` (the one the Omni processors load), its module's own
+    source run with torchvision's two calls it makes here (bicubic antialiased resize, normalize) done in torch;
+    and the MonkeyPatch that routes transformers' video backend to them (``undo()`` it after)."""
+    import enum
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import pytest
+    import torch
+    import torch.nn.functional as F
+    import transformers.image_processing_backends as backends
+    from transformers.image_utils import ChannelDimension, PILImageResampling
+    from transformers.video_utils import convert_to_rgb
+
+    class Interpolation(enum.Enum):
+        NEAREST = 0
+        LANCZOS = 1
+        BILINEAR = 2
+        BICUBIC = 3
+
+    def resize(video, size, interpolation, antialias=True):
+        assert interpolation == Interpolation.BICUBIC
+        flat = video.reshape(-1, *video.shape[-3:])
+        out = F.interpolate(flat, size=list(size), mode="bicubic", align_corners=False, antialias=antialias)
+        return out.reshape(*video.shape[:-3], *out.shape[-3:])
+
+    def normalize(x, mean, std, inplace=False):
+        mean = torch.as_tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+        return x.sub(mean).div(torch.as_tensor(std, dtype=x.dtype).view(-1, 1, 1))
+
+    tvf = types.SimpleNamespace(InterpolationMode=Interpolation, resize=resize, normalize=normalize)
+    name = "transformers.models.qwen2_vl.video_processing_qwen2_vl"
+    origin = importlib.util.find_spec(name).origin
+    module = types.ModuleType("_qwen2vl_video_processing_without_torchvision")
+    module.__file__, module.__package__, module.tvF = origin, "transformers.models.qwen2_vl", tvf
+    sys.modules[module.__name__] = module  # auto_docstring looks the class's source file up by its module
+    source = Path(origin).read_text().replace("import torchvision.transforms.v2.functional as tvF\n", "")
+    exec(compile(source, origin, "exec"), module.__dict__)  # noqa: S102
+
+    class VideoProcessor(module.Qwen2VLVideoProcessor):
+        def convert_to_rgb(self, video):
+            return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(backends, "tvF", tvf, raising=False)
+    mp.setattr(backends, "pil_torch_interpolation_mapping",
+               {PILImageResampling.BICUBIC: Interpolation.BICUBIC, PILImageResampling.BILINEAR: Interpolation.BILINEAR})
+    return VideoProcessor(**kwargs), mp

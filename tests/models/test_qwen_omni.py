@@ -33,7 +33,7 @@ from packer.models.qwen_omni.rope import (
     mel_frames,
     omni_position_ids,
 )
-from tests.helpers import token_paths, without_video_processor
+from tests.helpers import qwen2vl_video_processor, token_paths, without_video_processor
 
 IMG, VID, AUD, VB, VE, AB, AE = 151655, 151656, 151646, 151652, 151653, 151647, 151648
 
@@ -242,55 +242,6 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
 # ------------------------------------------------------------------ every path's ids through the encoder
 
 
-def _video_processor():
-    """transformers' ``Qwen2VLVideoProcessor`` (the one ``Qwen2_5OmniProcessor`` loads), its module's own source
-    run with torchvision's two calls it makes here (bicubic antialiased resize, normalize) done in torch."""
-    import enum
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    import torch.nn.functional as F
-    import transformers.image_processing_backends as backends
-    from transformers.image_utils import ChannelDimension, PILImageResampling
-    from transformers.video_utils import convert_to_rgb
-
-    class Interpolation(enum.Enum):
-        NEAREST = 0
-        LANCZOS = 1
-        BILINEAR = 2
-        BICUBIC = 3
-
-    def resize(video, size, interpolation, antialias=True):
-        assert interpolation == Interpolation.BICUBIC
-        flat = video.reshape(-1, *video.shape[-3:])
-        out = F.interpolate(flat, size=list(size), mode="bicubic", align_corners=False, antialias=antialias)
-        return out.reshape(*video.shape[:-3], *out.shape[-3:])
-
-    def normalize(x, mean, std, inplace=False):
-        mean = torch.as_tensor(mean, dtype=x.dtype).view(-1, 1, 1)
-        return x.sub(mean).div(torch.as_tensor(std, dtype=x.dtype).view(-1, 1, 1))
-
-    tvf = types.SimpleNamespace(InterpolationMode=Interpolation, resize=resize, normalize=normalize)
-    name = "transformers.models.qwen2_vl.video_processing_qwen2_vl"
-    origin = importlib.util.find_spec(name).origin
-    module = types.ModuleType("_qwen2vl_video_processing_without_torchvision")
-    module.__file__, module.__package__, module.tvF = origin, "transformers.models.qwen2_vl", tvf
-    sys.modules[module.__name__] = module  # auto_docstring looks the class's source file up by its module
-    source = Path(origin).read_text().replace("import torchvision.transforms.v2.functional as tvF\n", "")
-    exec(compile(source, origin, "exec"), module.__dict__)  # noqa: S102
-
-    class VideoProcessor(module.Qwen2VLVideoProcessor):
-        def convert_to_rgb(self, video):
-            return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(backends, "tvF", tvf, raising=False)
-    mp.setattr(backends, "pil_torch_interpolation_mapping",
-               {PILImageResampling.BICUBIC: Interpolation.BICUBIC, PILImageResampling.BILINEAR: Interpolation.BILINEAR})
-    return VideoProcessor(cap_pixels_per_frame=False), mp
-
-
 @pytest.fixture(scope="module")
 def av_processor(tok):
     class WithVideo(Qwen2_5OmniProcessor):
@@ -299,7 +250,7 @@ def av_processor(tok):
                 return type(argument)
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    video, mp = _video_processor()
+    video, mp = qwen2vl_video_processor(cap_pixels_per_frame=False)
     yield WithVideo(image_processor=Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056),
                     video_processor=video, feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
                     chat_template=tok.chat_template)

@@ -183,14 +183,34 @@ class QwenOmniProfile(ModelProfile):
                 info = self.audio_info(track)
                 audio = self.audio_plan(info)
                 n = self._audio_tokens(audio, info)
-                lay = interleave(plan.grid_thw, plan.second_per_grid_t, n, merge=self.merge_size)
-                names = np.where(lay.kinds == 0, self.video_token, self.audio_token).tolist()
-                out.append(MediaRun(tuple(plan.grid_thw), int(plan.num_tokens),
-                                    tokens=(self.audio_start, *names, self.audio_end), lead=1, plan=plan))
-                out.append(MediaRun((), n, lead=1 + int(np.argmax(lay.kinds == 1)), audio=audio, inside=True))
+                out += self.av_runs(plan, audio, n)
             else:
                 out.append(self.image_run(*self.image_size(ref)))
         return out
+
+    def av_runs(self, plan: VideoPlan, audio: AudioPlan, n: int) -> list[MediaRun]:
+        """A video with its sound track of ``n`` tokens: the video's run (``<|audio_bos|>``, its frames and the
+        sound interleaved as ``av_kinds`` orders them, ``<|audio_eos|>``) and the track's entry inside it."""
+        kinds = self.av_kinds(tuple(plan.grid_thw), plan.second_per_grid_t, n)
+        names = np.where(kinds == 0, self.video_token, self.audio_token).tolist()
+        return [MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), tokens=(self.audio_start, *names, self.audio_end),
+                         lead=1, plan=plan),
+                MediaRun((), n, lead=1 + int(np.argmax(kinds == 1)), audio=audio, inside=True)]
+
+    def av_kinds(self, grid: tuple[int, int, int], second_per_grid: float, audio_tokens: int) -> np.ndarray:
+        """The processor's order of a video's tokens (0) and its sound's (1) between the bos and eos pairs:
+        Qwen2.5-Omni's 2 s chunks (``rope.interleave``, which refuses a video the model would chunk otherwise)."""
+        return interleave(grid, second_per_grid, audio_tokens, merge=self.merge_size).kinds
+
+    def frames_for_tokens(self, tokens: int) -> int:
+        """Feature frames a clip of ``tokens`` tokens alone has (verify's spans of a sound cut by frames):
+        ``audio_num_tokens(4 * c) == c``."""
+        return 4 * tokens
+
+    def block_positions(self, length: int, node_offsets: np.ndarray, node_parents: np.ndarray,
+                        blocks: list[Block]) -> np.ndarray:
+        """(3, length) positions of a tree from its media blocks (``rope.omni_position_ids``)."""
+        return omni_position_ids(np.zeros(length, np.int32), node_offsets, node_parents, blocks, merge=self.merge_size)
 
     # ------------------------------------------------------------------ positions
 
@@ -213,8 +233,8 @@ class QwenOmniProfile(ModelProfile):
             out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
             out.flags.writeable = False
             return out
-        return omni_position_ids(ids, node_offsets, node_parents, self.blocks(ids, grids, videos, audios, token_ids),
-                                 merge=self.merge_size)
+        return self.block_positions(len(ids), node_offsets, node_parents,
+                                    self.blocks(ids, grids, videos, audios, token_ids))
 
     def blocks(
         self,
@@ -247,8 +267,7 @@ class QwenOmniProfile(ModelProfile):
             inside = [a for a in tracks if v.offset <= a.offset < v.offset + v.num_tokens + a.num_tokens]
             if inside:
                 a = inside[0]
-                lay = interleave(grid, v.second_per_grid_t, a.num_tokens, merge=self.merge_size)
-                want = np.where(lay.kinds == 0, video_id, audio_id)
+                want = np.where(self.av_kinds(grid, v.second_per_grid_t, a.num_tokens) == 0, video_id, audio_id)
                 block = Block(v.offset, v.offset + len(want), "av", grid, v.second_per_grid_t, a.num_tokens)
             else:
                 want = np.full(v.num_tokens, video_id)
@@ -306,7 +325,7 @@ class QwenOmniProfile(ModelProfile):
                 if len(runs) > 1 and what == "video":
                     span["grid_t"] = size // per if size % per == 0 else 0  # a split frame: a bad grid
                 elif len(runs) > 1:
-                    span["feature_length"] = 4 * size  # audio_num_tokens(4 * c) == c
+                    span["feature_length"] = self.frames_for_tokens(size)  # a sound's chunk, as a clip alone
                 for key, value in span.items():
                     out[key].append(value)
             per_row[row_of[i]] += len(runs)
@@ -362,17 +381,16 @@ class QwenOmniProfile(ModelProfile):
                 raise RecordError("image_count_mismatch", f"a video's sound track at {start} has no video before it")
             if sound:
                 block = Block(start, group[-1][1], "av", (frames, grid[1], grid[2]), sec, sound)
-                lay = interleave(block.grid, sec, sound, merge=m)
                 got = np.concatenate([np.full(s[1] - s[0], s[2] == "sound", np.int8) for s in group])
-                if not np.array_equal(got, lay.kinds):  # not the processor's layout: no position can be right
+                if not np.array_equal(got, self.av_kinds(block.grid, sec, sound)):  # no position can be right
                     raise RecordError("image_count_mismatch", f"the video with sound at {start} is not laid out "
-                                      "as Qwen2_5OmniProcessor interleaves it")
+                                      "as the processor interleaves it")
                 blocks.append(block)
             else:
                 blocks += [Block(s[0], s[1], "video", s[3], s[4]) for s in group]
             i = j
         blocks.sort(key=lambda b: b.start)
-        return omni_position_ids(np.zeros(length, np.int32), node_offsets, node_parents, blocks, merge=m).astype(np.int64)
+        return self.block_positions(length, node_offsets, node_parents, blocks)
 
     # ------------------------------------------------------------------ reader, proof
 

@@ -88,3 +88,49 @@ class QwenOmniProof(Proof):
             return kwargs
 
         return inputs
+
+
+class Qwen3OmniProof(QwenOmniProof):
+    """Qwen3-Omni's thinker: a tiny ``Qwen3OmniMoeThinkerForConditionalGeneration`` (a 2-layer MoE language
+    model with interleaved mRoPE, a 2-block vision tower with one deepstack layer, a 2-layer audio tower) fed one
+    path alone as the processor gives it; the model's ``get_rope_index`` computes the path's positions.
+
+    The router's load-balancing loss is off (``output_router_logits`` False, as the released config): it is a
+    statistic of the whole batch's routing, not a sum over examples, so no packing can keep it per example."""
+
+    model_class = "Qwen3OmniMoeThinkerForConditionalGeneration"
+
+    def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
+        """Text: ``tiny_text_config`` as a 4-expert MoE (2 a token), mRoPE sections 2/1/1 of the 4 rotary
+        frequencies, interleaved as the model always does; vision: 2 blocks of width 32 with 16 px patches, a
+        deepstack merger after block 0; audio: 2 layers of width 32 over 128 mel bins, the released n_window 50
+        (the token count depends on it) and attention windows of 200 frames, so a clip spans several."""
+        from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
+
+        from packer.models.qwen_omni.rope3 import N_WINDOW, POSITION_ID_PER_SECONDS
+
+        p = self.profile
+        text = tiny_text_config(vocab_size=vocab_size, **kw)
+        half = text["hidden_size"] // text["num_attention_heads"] // 2
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1,
+                    output_router_logits=False, head_dim=2 * half,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                     "mrope_section": [half - 2 * (half // 4), half // 4, half // 4],
+                                     "interleaved": True})
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=text["hidden_size"], intermediate_size=64,
+                      num_heads=2, spatial_merge_size=p.merge_size, patch_size=p.patch_size,
+                      temporal_patch_size=p.temporal_patch_size, num_position_embeddings=64,
+                      deepstack_visual_indexes=[0])
+        audio = dict(num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+                     output_dim=text["hidden_size"], n_window=N_WINDOW, n_window_infer=200,
+                     downsample_hidden_size=16, max_source_positions=1500)
+        config = Qwen3OmniMoeThinkerConfig(
+            text_config=text, vision_config=vision, audio_config=audio, attn_implementation="sdpa",
+            image_token_id=token_ids[p.image_token], video_token_id=token_ids[p.video_token],
+            audio_token_id=token_ids[p.audio_token], audio_start_token_id=token_ids[p.audio_start],
+            position_id_per_seconds=POSITION_ID_PER_SECONDS,
+        )
+        # released thinker_config keys the config class does not define (get_rope_index reads the first)
+        config.vision_start_token_id = token_ids[p.vision_start]
+        config.audio_end_token_id = token_ids[p.audio_end]
+        return Qwen3OmniMoeThinkerForConditionalGeneration(config).float().train()

@@ -27,7 +27,12 @@ the thinker trains on whatever system turn the data has.)
 
 from __future__ import annotations
 
-from packer.models.shared.qwen_vocab import QWEN25_EXTRA_TOKENS
+from packer.models.shared.qwen_vocab import (
+    QWEN2_VL_SPECIAL_TOKENS,
+    QWEN3_EXTRA_TOKENS,
+    QWEN3_VL_CHAT_TEMPLATE,
+    QWEN25_EXTRA_TOKENS,
+)
 from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
 
 # Appended in this order so each gets its real id, 151643 .. 151656.
@@ -68,6 +73,33 @@ QWEN25_OMNI_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Qwen3-Omni keeps Qwen3's 26 added tokens (Qwen2-VL's 14 with their names, so <|image_pad|> 151655, <|video_pad|>
+# 151656, <|vision_start|> 151652) and appends seven, special, at these ids: the released config.json's
+# thinker_config (audio_start_token_id 151669, audio_token_id 151675) and talker ids (tts_pad 151671, tts_bos
+# 151672, tts_eos 151673) say where.
+QWEN3_OMNI_AUDIO_TOKENS = (
+    "<|audio_start|>",  # 151669
+    "<|audio_end|>",  # 151670
+    "<tts_pad>",  # 151671
+    "<tts_text_bos>",  # 151672
+    "<tts_text_eod>",  # 151673
+    "<tts_text_bos_single>",  # 151674
+    "<|audio_pad|>",  # 151675
+)
+
+# Qwen3-VL-Instruct's template (shared.qwen_vocab) with Qwen3-Omni's audio part: an item with an audio (or
+# audio_url, or type "audio") renders <|audio_start|><|audio_pad|><|audio_end|>, the placeholder
+# Qwen3OmniMoeProcessor expands. A CONSTRUCTED template: the released chat_template.json is not on any registry
+# this project can read, so it is not claimed verbatim (docs/models/qwen_omni.md says so).
+QWEN3_OMNI_CHAT_TEMPLATE = QWEN3_VL_CHAT_TEMPLATE.replace(
+    "            {%- elif 'text' in item %}\n",
+    "            {%- elif 'audio' in item or 'audio_url' in item or item.type == 'audio' -%}\n"
+    "                <|audio_start|><|audio_pad|><|audio_end|>\n"
+    "            {%- elif 'text' in item %}\n",
+    1,
+)
+assert QWEN3_OMNI_CHAT_TEMPLATE != QWEN3_VL_CHAT_TEMPLATE
+
 TOKENIZERS = (
     TokenizerSpec(
         name="qwen2.5-omni", ranks="qwen2",
@@ -80,5 +112,19 @@ TOKENIZERS = (
             ("audio_bos_token", "<|audio_bos|>"), ("audio_eos_token", "<|audio_eos|>"),
         ),
         chat_template=QWEN25_OMNI_CHAT_TEMPLATE,
+    ),
+    TokenizerSpec(
+        name="qwen3-omni", ranks="qwen2",
+        added=(AddedTokens(QWEN2_VL_SPECIAL_TOKENS), AddedTokens(QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, special=False),
+               AddedTokens(QWEN3_OMNI_AUDIO_TOKENS)),
+        eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + QWEN3_OMNI_AUDIO_TOKENS,
+        # Qwen3OmniMoeProcessor reads these off its tokenizer
+        extra_special_tokens=(
+            ("image_token", "<|image_pad|>"), ("audio_token", "<|audio_pad|>"), ("video_token", "<|video_pad|>"),
+            ("vision_bos_token", "<|vision_start|>"), ("vision_eos_token", "<|vision_end|>"),
+            ("audio_bos_token", "<|audio_start|>"), ("audio_eos_token", "<|audio_end|>"),
+        ),
+        chat_template=QWEN3_OMNI_CHAT_TEMPLATE,
     ),
 )

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 
 def qwen2vl_image_processor(profile: Any) -> Any:
-    """``Qwen2VLImageProcessorPil`` with ``profile``'s min/max pixels, patch, temporal patch and merge sizes."""
+    """``Qwen2VLImageProcessorPil`` with ``profile``'s min/max pixels, patch, temporal patch and merge sizes and
+    its normalization (CLIP's for Qwen2-VL and Qwen2.5-Omni, 0.5 for Qwen3-Omni)."""
     # The PIL backend: torchvision is not a dependency, and transformers' Qwen2VLImageProcessor itself
     # falls back to Qwen2VLImageProcessorPil without it. Grids are identical in both backends.
     from transformers import Qwen2VLImageProcessorPil
@@ -21,6 +22,7 @@ def qwen2vl_image_processor(profile: Any) -> Any:
     return Qwen2VLImageProcessorPil(
         min_pixels=p.min_pixels, max_pixels=p.max_pixels, patch_size=p.patch_size,
         temporal_patch_size=p.temporal_patch_size, merge_size=p.merge_size,
+        image_mean=list(p.image_mean), image_std=list(p.image_std),
     )
 
 

@@ -173,6 +173,9 @@ class VideoFamily:
     """Qwen3-VL: the prompt puts ``<t seconds>`` text before each temporal patch's tokens."""
     model_seq_len: int = MODEL_SEQ_LEN
     """qwen-vl-utils' MODEL_SEQ_LEN (environment variable), which sets the default total_pixels."""
+    utils_patch_size: int | None = None
+    """qwen-vl-utils' ``image_patch_size`` where it is not the model's (Qwen3-Omni: qwen-omni-utils' default 14
+    before a 16 px processor); None: ``patch_size``."""
 
     def __post_init__(self) -> None:
         if self.resize_rule not in ("qwen2", "qwen3"):
@@ -189,6 +192,11 @@ class VideoFamily:
     def factor(self) -> int:
         """qwen-vl-utils' ``image_factor`` and the HF processor's ``patch_size * merge_size``."""
         return self.patch_size * self.merge_size
+
+    @property
+    def utils_factor(self) -> int:
+        """qwen-vl-utils' ``image_factor``: ``utils_patch_size`` (else ``patch_size``) * ``merge_size``."""
+        return (self.utils_patch_size or self.patch_size) * self.merge_size
 
 
 _QWEN2_VIDEO = dict(
@@ -212,6 +220,19 @@ VIDEO_FAMILIES: dict[str, VideoFamily] = {
         max_pixels=32 * 32 * 768,
         max_video_tokens=768,  # :128, per-frame token ceiling of the capped rule
         timestamps=True,
+    ),
+    # Qwen3-Omni: qwen-omni-utils' process_mm_info (image_patch_size 14 by default, as its cookbooks call it),
+    # then Qwen3OmniMoeProcessor's Qwen2VLVideoProcessor with 16 px patches and its videos_kwargs size
+    # (processing_qwen3_omni_moe.py: shortest_edge 128 * 32 * 32, longest_edge 768 * 32 * 32)
+    "qwen3-omni": VideoFamily(
+        name="qwen3-omni",
+        patch_size=16,
+        utils_patch_size=14,
+        processor_resize=True,
+        resize_rule="qwen2",
+        min_pixels=128 * 32 * 32,
+        max_pixels=768 * 32 * 32,
+        max_video_tokens=128000,
     ),
 }
 
@@ -412,7 +433,7 @@ def utils_frame_size(request: VideoRequest, *, nframes: int, height: int, width:
     at least int(1.05 * min_pixels), then lowered to the record's max_pixels; resized_height/width replace the
     frame's own size (with the image bounds 4..16384 * factor**2).
     """
-    factor = family.factor
+    factor = family.utils_factor
     min_pixels = VIDEO_MIN_TOKEN_NUM * factor * factor if request.min_pixels is None else request.min_pixels
     total_pixels = (
         family.model_seq_len * factor * factor * 0.9 if request.total_pixels is None else request.total_pixels
@@ -479,7 +500,7 @@ def plan_frame_list(sizes: Sequence[tuple[int, int]], request: VideoRequest, fam
     """
     if not sizes:
         raise RecordError("bad_video", "the video's frame list is empty")
-    image_factor = family.factor * SPATIAL_MERGE_SIZE
+    image_factor = family.utils_factor * SPATIAL_MERGE_SIZE
     resized = set()
     for width, height in sizes:
         if request.resized_height is not None and request.resized_width is not None:
@@ -519,7 +540,7 @@ def frame_list_fetch_size(
 
         qwen2-vl, 4 frames of 64x48: fetched 168x112 (min 4 * 56**2), then the video min 128 * 28**2 -> 392x280
     """
-    fetched = _utils_smart_resize(height, width, family.factor * SPATIAL_MERGE_SIZE)
+    fetched = _utils_smart_resize(height, width, family.utils_factor * SPATIAL_MERGE_SIZE)
     default = utils_frame_size(VideoRequest(), nframes=nframes, height=fetched[0], width=fetched[1], family=family)
     return fetched if default == tuple(utils_size) else (int(utils_size[0]), int(utils_size[1]))
 

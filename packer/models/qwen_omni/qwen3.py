@@ -1,0 +1,195 @@
+"""Qwen3-Omni's thinker (``qwen3-omni``): Qwen2.5-Omni's media with Qwen3-Omni's rules (``rope3.py``).
+
+    image 640x480      smart_resize to multiples of 32 -> grid (1, 30, 40) -> 300 <|image_pad|>   (16 px patches)
+    audio 3.2 s 44.1k  librosa.load at 16 kHz -> 51200 samples -> 320 mel frames alone (320 beside a longer clip)
+                       -> 13 per whole 100 frames + the rest's conv arithmetic = 42 <|audio_pad|>  (no 30 s cap)
+    video with sound   <|vision_start|><|audio_start|> frame 0, audio tokens until frame 1's time, frame 1, ...
+                       <|audio_end|><|vision_end|>: frame t at t * second_per_grid * 13 positions, audio 1 a token
+
+What differs from Qwen2.5-Omni, and where packer follows what:
+
+- Audio is padded per processor call, i.e. per example: a clip's frames depend on the longest clip of its
+  example (``rope3.mel_frames``), so ``media_runs`` plans every clip of the example first and stores that
+  longest length (``AudioPlan.padded_samples``, the shards' ``audios.padded_samples``), which the reader pads
+  to. In a tree each root-to-leaf path is one example; a clip its paths pad differently is refused
+  (``audio_tree``): no single set of features is every path's.
+- Positions are float32 (``rope3.omni3_position_ids``; ``fractional_positions``).
+- Images: ``Qwen2VLImageProcessor`` with 16 px patches, merge 2, mean/std 0.5 (the SigLIP2-initialised tower
+  Qwen3-VL also uses) and the profile's min/max pixels (default 3136 / 12845056, Qwen2.5-Omni's checkpoint
+  bounds: set yours from your checkpoint's preprocessor_config.json). The processor is packer's reference for
+  images: qwen-omni-utils' fetch_image would first resize to multiples of 28.
+- Videos: qwen-omni-utils' sampling and resize (its default image_patch_size 14, as Qwen's cookbooks call
+  ``process_mm_info``), then the processor's Qwen2VLVideoProcessor with 16 px patches and 128..768 * 32 * 32
+  pixels per frame (the ``qwen3-omni`` video family); ``second_per_grid`` is ``temporal_patch_size / fps`` with
+  fps the part's ``fps`` option (what a user hands on to the processor), else the processor's 1.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from packer.core.types import AudioRef, VideoRef
+from packer.errors import RecordError
+from packer.models.base import AudioPlan, Media, MediaRun
+from packer.models.qwen_omni.profile import QwenOmniProfile
+from packer.models.qwen_omni.rope import Block
+from packer.models.qwen_omni.rope3 import (
+    audio_tokens,
+    frames_for_tokens,
+    layout,
+    mel_frames,
+    omni3_position_ids,
+)
+
+if TYPE_CHECKING:
+    from packer.media.video import VideoPlan
+    from packer.models.proof import Proof
+    from packer.models.shared.qwen_video_plan import VideoFamily
+
+DEFAULT_FPS = 1.0  # Qwen3OmniMoeProcessor._process_videos: fps = videos_kwargs.get("fps") or 1.0
+SIGLIP_MEAN = (0.5, 0.5, 0.5)
+
+
+def path_padding(nodes: Sequence[int], samples: Sequence[int], node_parents: np.ndarray) -> list[int]:
+    """Each clip's padded length: the longest clip (samples) on the root-to-leaf paths through its node, one
+    number for all of them; RecordError "audio_tree" where two paths through a clip's node pad it differently."""
+    parents = np.asarray(node_parents).reshape(-1).tolist()
+    children = {p for p in parents if p >= 0}
+    leaves = [n for n in range(len(parents)) if n not in children]
+    on_path: dict[int, list[int]] = {}  # leaf -> its nodes
+    for leaf in leaves:
+        path, n = [], leaf
+        while n >= 0:
+            path.append(n)
+            n = parents[n]
+        on_path[leaf] = path
+    longest = {leaf: max((s for s, n in zip(samples, nodes, strict=True) if n in path), default=0)
+               for leaf, path in on_path.items()}
+    out = []
+    for i, n in enumerate(nodes):
+        lengths = {longest[leaf] for leaf, path in on_path.items() if n in path}
+        if len(lengths) > 1:
+            raise RecordError("audio_tree", f"audio clip {i + 1} of the record is padded to {sorted(lengths)} samples "
+                              "by the branches that share it (Qwen3-Omni pads an example's clips to its longest), "
+                              "so no one set of its features is every branch's; give the branches clips of one "
+                              "length, or put each branch's clips in its own record")
+        out.append(lengths.pop())
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Qwen3OmniProfile(QwenOmniProfile):
+    """Qwen3-Omni (thinker, ``Qwen3OmniMoeThinkerForConditionalGeneration``): images, videos with or without
+    their sound, and audio clips padded per example."""
+
+    image_token: str | None = "<|image_pad|>"
+    video_token: str | None = "<|video_pad|>"
+    audio_token: str | None = "<|audio_pad|>"
+    vision_start: str | None = "<|vision_start|>"
+    vision_end: str | None = "<|vision_end|>"
+    audio_start: str = "<|audio_start|>"
+    audio_end: str = "<|audio_end|>"
+    default_tokenizer: str | None = "qwen3-omni"
+    patch_size: int = 16
+
+    image_mean: ClassVar[tuple[float, ...]] = SIGLIP_MEAN
+    image_std: ClassVar[tuple[float, ...]] = SIGLIP_MEAN
+    fractional_positions: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ audio
+
+    def audio_feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray | None = None) -> np.ndarray:
+        """``rope3.mel_frames``: min(ceil(n / 160), L // 160), L the longest clip of the example (``padded_samples``;
+        the clip itself when None); -1 where no frame, or L too short for the extractor's STFT (<= 200 samples)."""
+        n = np.asarray(num_samples, dtype=np.int64)
+        padded = n if padded_samples is None else np.asarray(padded_samples, dtype=np.int64)
+        frames = mel_frames(n, padded)
+        return np.where((n > 0) & (padded >= n) & (padded > 200) & (frames > 0), frames, -1)
+
+    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        """``rope3.audio_tokens`` (n_window 50); -1 where none."""
+        f = np.asarray(feature_lengths, dtype=np.int64)
+        n = audio_tokens(f)
+        return np.where((f > 0) & (n > 0), n, -1)
+
+    def frames_for_tokens(self, tokens: int) -> int:
+        return int(frames_for_tokens(tokens))
+
+    def _padded_plan(self, ref: AudioRef, samples: int, padded: int) -> AudioPlan:
+        frames = int(self.audio_feature_lengths(np.array([samples]), np.array([padded]))[0])
+        if frames <= 0:
+            raise RecordError("bad_audio", f"{ref.path or 'inline audio'}: {samples} samples at 16 kHz, padded to "
+                              f"{padded}, make no mel frame Qwen3OmniMoeProcessor can compute (its example needs a "
+                              "clip of more than 200 samples)")
+        return AudioPlan(self.audio_sample_rate, samples, frames, padded_samples=padded)
+
+    def media_runs(self, media: Sequence[Media], node_parents: np.ndarray) -> list[MediaRun]:
+        """As Qwen2.5-Omni's, with every clip planned against its example's longest clip first."""
+        from packer.media.audio import loaded_num_samples
+
+        clips = [i for i, m in enumerate(media) if isinstance(m.ref, AudioRef)]
+        samples = {i: int(loaded_num_samples(self.audio_info(media[i].ref), self.audio_sample_rate)) for i in clips}
+        padded = dict(zip(clips, path_padding([media[i].node for i in clips], [samples[i] for i in clips],
+                                               node_parents), strict=True))
+        plans = {i: self._padded_plan(media[i].ref, samples[i], padded[i]) for i in clips}
+        out: list[MediaRun] = []
+        videos: dict[VideoRef, VideoPlan] = {}
+        for i, m in enumerate(media):
+            ref = m.ref
+            if isinstance(ref, AudioRef):
+                if not ref.video:
+                    out.append(MediaRun((), self._tokens(plans[i]), audio=plans[i]))
+            elif isinstance(ref, VideoRef):
+                if ref not in videos:
+                    videos[ref] = self.plan_video(ref)
+                plan = videos[ref]
+                track = media[i + 1].ref if i + 1 < len(media) else None
+                if isinstance(track, AudioRef) and track.video:
+                    out += self.av_runs(plan, plans[i + 1], self._tokens(plans[i + 1]))
+                else:
+                    out.append(self.video_run(plan))
+            else:
+                out.append(self.image_run(*self.image_size(ref)))
+        return out
+
+    def _tokens(self, plan: AudioPlan) -> int:
+        return int(self.audio_num_tokens(np.array([plan.feature_length]))[0])
+
+    # ------------------------------------------------------------------ video, positions
+
+    def video_family(self) -> VideoFamily:
+        from packer.models.shared.qwen_video_plan import get_video_family
+
+        return get_video_family("qwen3-omni", min_pixels=self.video_min_pixels, max_pixels=self.video_max_pixels)
+
+    def plan_video(self, video: VideoRef) -> VideoPlan:
+        plan = super().plan_video(video)
+        fps = float(dict(video.options).get("fps") or DEFAULT_FPS)
+        return replace(plan, second_per_grid_t=self.temporal_patch_size / fps)
+
+    def av_kinds(self, grid: tuple[int, int, int], second_per_grid: float, audio_tokens: int) -> np.ndarray:
+        """``rope3.layout``: each frame at its time, audio token a at a (13 positions a second)."""
+        return layout(grid, second_per_grid, audio_tokens, merge=self.merge_size)
+
+    def block_positions(self, length: int, node_offsets: np.ndarray, node_parents: np.ndarray,
+                        blocks: list[Block]) -> np.ndarray:
+        return omni3_position_ids(length, node_offsets, node_parents, blocks, merge=self.merge_size)
+
+    def extra_positions(self, ids, positions, node_offsets, node_parents, grids, *, token_ids, videos=(), audios=()):
+        """(3, L) float32: ``rope3.omni3_position_ids`` per root-to-leaf path (text and audio alone: 0, 1, ...)."""
+        if not grids and not videos:  # get_rope_index's 1-D branch: the attention mask's cumsum
+            out = np.broadcast_to(np.asarray(positions, dtype=np.float32), (3, len(positions)))
+            return np.ascontiguousarray(out)
+        return self.block_positions(len(ids), node_offsets, node_parents,
+                                    self.blocks(ids, grids, videos, audios, token_ids))
+
+    # ------------------------------------------------------------------ proof
+
+    def proof(self) -> Proof:
+        from packer.models.qwen_omni.proof import Qwen3OmniProof
+
+        return Qwen3OmniProof(self)

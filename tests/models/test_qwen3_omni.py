@@ -1,0 +1,465 @@
+"""Qwen3-Omni (thinker) against transformers 5.23.0's own code: the builtin tokenizer against the released
+config's ids and what ``Qwen3OmniMoeProcessor`` reads off it; audio counts against the processor on clips alone
+and beside longer ones (its per-call padding); the layout of a video with its sound against the processor's
+``replace_video_with_audio_token``; float32 positions against the thinker's ``get_rope_index`` on random
+sequences and on every root-to-leaf path of trees; then every path of real records (ids, features, positions),
+packed == unpacked on ``Qwen3OmniMoeThinkerForConditionalGeneration``, and a build that verifies.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    Qwen2VLImageProcessorPil,
+    Qwen3OmniMoeProcessor,
+    Qwen3OmniMoeThinkerConfig,
+    WhisperFeatureExtractor,
+)
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoePreTrainedModelForConditionalGeneration as OmniModel,
+)
+from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+    _get_feat_extract_output_lengths as released_tokens,
+)
+
+from packer.encode.tokenizers import load_tokenizer
+from packer.errors import RecordError
+from packer.models.qwen_omni.qwen3 import path_padding
+from packer.models.qwen_omni.rope import Block
+from packer.models.qwen_omni.rope3 import (
+    audio_tokens,
+    frames_for_tokens,
+    layout,
+    mel_frames,
+    omni3_position_ids,
+)
+from tests.helpers import qwen2vl_video_processor
+
+IMG, VID, AUD, VS, VE, AS, AE = 151655, 151656, 151675, 151652, 151653, 151669, 151670
+HALF = [0.5, 0.5, 0.5]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("qwen3-omni")
+
+
+class _Processor(Qwen3OmniMoeProcessor):
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument_name == "video_processor":  # the torchvision-free copy of Qwen2VLVideoProcessor
+            return type(argument)
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+@pytest.fixture(scope="module")
+def processor(tok):
+    """Qwen3OmniMoeProcessor as Qwen3-Omni's preprocessor_config builds it: Qwen2VL image and video processors
+    with 16 px patches and mean/std 0.5, WhisperFeatureExtractor with 128 mel bins."""
+    video, mp = qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF)
+    yield _Processor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, min_pixels=3136, max_pixels=12845056,
+                                                              image_mean=HALF, image_std=HALF),
+                     video_processor=video, feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                     chat_template=tok.chat_template)
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def rope_model():
+    """The thinker's get_rope_index bound to the released thinker_config's ids (vision_start_token_id is a
+    checkpoint key the config class does not define)."""
+    config = Qwen3OmniMoeThinkerConfig(audio_token_id=AUD, audio_start_token_id=AS, position_id_per_seconds=13)
+    config.vision_start_token_id = VS
+    ns = types.SimpleNamespace(config=config, spatial_merge_size=2)
+    ns.get_llm_pos_ids_for_vision = lambda *a: OmniModel.get_llm_pos_ids_for_vision(ns, *a)
+    return lambda *a: OmniModel.get_rope_index(ns, *a)
+
+
+# ------------------------------------------------------------------ the tokenizer
+
+
+def test_tokenizer_ids(tok, processor) -> None:
+    assert tok("Hello world!").input_ids == [9707, 1879, 0]  # Qwen2's BPE, which Qwen3 kept
+    assert tok.convert_tokens_to_ids(["<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>",
+                                      "<tts_text_eod>", "<|audio_pad|>"]) == [AS, AE, 151671, 151672, 151673, AUD]
+    assert tok.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
+                                      "<think>", "</think>"]) == [IMG, VID, VS, VE, 151667, 151668]
+    assert len(tok) == 151676
+    assert (processor.audio_token_id, processor.image_token_id, processor.video_token_id) == (AUD, IMG, VID)
+    assert (processor.audio_bos_token, processor.vision_eos_token) == ("<|audio_start|>", "<|vision_end|>")
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+def test_template_renders_each_medium(processor) -> None:
+    msgs = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}, {"type": "image", "image": "i.png"},
+                                         {"type": "video", "video": "v.mp4"}, {"type": "text", "text": "what?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a dog"}]}]
+    assert processor.apply_chat_template(msgs, tokenize=False) == (
+        "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|><|vision_start|><|image_pad|><|vision_end|>"
+        "<|vision_start|><|video_pad|><|vision_end|>what?<|im_end|>\n<|im_start|>assistant\na dog<|im_end|>\n"
+    )
+
+
+# ------------------------------------------------------------------ audio counts
+
+
+SAMPLE_COUNTS = [201, 320, 321, 480, 799, 1600, 15999, 16000, 16001, 16161, 40000, 123457, 480001, 560000]
+
+
+def test_token_rule_is_the_released_one() -> None:
+    frames = np.arange(0, 5000)
+    np.testing.assert_array_equal(audio_tokens(frames), released_tokens(frames, 50))
+    c = np.arange(1, 800)
+    np.testing.assert_array_equal(audio_tokens(frames_for_tokens(c)), c)
+
+
+@pytest.mark.slow
+def test_audio_counts_equal_the_processor(processor) -> None:
+    """Clips alone and in pairs and threes in one call: each clip's mask length is ``mel_frames(n, longest)``
+    and its run of <|audio_pad|> is ``audio_tokens`` of it."""
+    rng = np.random.default_rng(0)
+    calls = [[n] for n in SAMPLE_COUNTS] + [[16001, 32000], [32000, 16001], [15999, 16001, 16000], [100, 30000],
+                                            [16001, 16100], [560000, 321, 479999]]
+    for counts in calls:
+        msgs = [{"role": "user", "content": [*({"type": "audio", "audio": f"{i}.wav"} for i in range(len(counts))),
+                                             {"type": "text", "text": "hi"}]}]
+        text = processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        clips = [rng.standard_normal(n).astype(np.float32) for n in counts]
+        out = processor(text=text, audio=clips, return_tensors="np")
+        frames = out["feature_attention_mask"].sum(-1).tolist()
+        assert mel_frames(counts, max(counts)).tolist() == frames, counts
+        runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], out["input_ids"][0] == AUD, [0]]))))[::2]
+        assert audio_tokens(frames).tolist() == runs.tolist(), counts
+    assert mel_frames(16001, 16001) == 100 and mel_frames(16001, 32000) == 101
+
+
+def test_path_padding() -> None:
+    """A linear example pads every clip to its longest; a tree pads a clip to its paths' longest, one number."""
+    assert path_padding([0, 0, 0], [10, 30, 20], np.array([-1])) == [30, 30, 30]
+    # root clip 500, branch 1 a 900 clip, branch 2 none: the root clip is 900 on one path and 500 on the other
+    with pytest.raises(RecordError, match="padded to \\[500, 900\\]") as e:
+        path_padding([0, 1], [500, 900], np.array([-1, 0, 0]))
+    assert e.value.reason == "audio_tree"
+    # both branches hold a clip no longer than the root's: every path pads to the root clip
+    assert path_padding([0, 1, 2], [900, 500, 300], np.array([-1, 0, 0])) == [900, 900, 900]
+    # clips only in the branches: each its own path
+    assert path_padding([1, 2], [500, 300], np.array([-1, 0, 0])) == [500, 300]
+
+
+# ------------------------------------------------------------------ a video with its sound
+
+
+@pytest.mark.parametrize(("grid", "spg", "n"), [
+    ((1, 4, 4), 2.0, 3), ((3, 4, 6), 2.0, 60), ((10, 2, 2), 1.0, 250), ((5, 4, 4), 0.5, 40), ((7, 2, 4), 1.0, 7),
+    ((6, 2, 2), 2 / 3, 100), ((4, 6, 2), 1.0428, 130), ((2, 2, 2), 2.0, 1), ((9, 2, 2), 0.6667, 500),
+])
+def test_layout_equals_the_processor(processor, grid, spg, n) -> None:
+    video_inputs = {"video_grid_thw": np.array([grid]), "video_second_per_grid": [spg]}
+    real = processor.video_processor
+    processor.video_processor = types.SimpleNamespace(merge_size=2)  # the one attribute the method reads
+    try:
+        text = processor.replace_video_with_audio_token(video_inputs, 0, {"num_audio_tokens": np.array([n])}, 0,
+                                                        position_id_per_seconds=13.0)
+    finally:
+        processor.video_processor = real
+    want = processor.tokenizer(text).input_ids
+    assert [AS, *np.where(layout(grid, spg, n) == 0, VID, AUD).tolist(), AE] == want
+
+
+# ------------------------------------------------------------------ positions
+
+
+def _random_sequence(rng, with_sound: bool):
+    ids, blocks, igr, vgr, spg, aud = [], [], [], [], [], []
+    for _ in range(int(rng.integers(1, 5))):
+        ids += rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()
+        kind = rng.choice(["image", "audio", "video"])
+        if kind == "image":
+            g = (1, 2 * int(rng.integers(1, 5)), 2 * int(rng.integers(1, 5)))
+            ids.append(VS)
+            s = len(ids)
+            ids += [IMG] * (g[1] * g[2] // 4)
+            blocks.append(Block(s, len(ids), "image", g))
+            ids.append(VE)
+            igr.append(g)
+        elif kind == "audio":
+            n = int(rng.integers(1, 130))
+            ids.append(AS)
+            s = len(ids)
+            ids += [AUD] * n
+            blocks.append(Block(s, len(ids), "audio"))
+            ids.append(AE)
+            aud.append(int(frames_for_tokens(n)))
+        else:
+            g = (int(rng.integers(1, 8)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4)))
+            # 2 / fps for the fps a user hands on: 1.0 (the default), 2.0, and sampled rates' fractions
+            sp = float(rng.choice([2.0, 1.0, 0.5, 2 / 1.9178, 2 / 2.3, 2 / 0.7]))
+            vgr.append(g)
+            spg.append(sp)
+            if with_sound:
+                n = int(rng.integers(1, 200))
+                aud.append(int(frames_for_tokens(n)))
+                ids += [VS, AS]
+                s = len(ids)
+                ids += np.where(layout(g, sp, n) == 0, VID, AUD).tolist()
+                blocks.append(Block(s, len(ids), "av", g, sp, n))
+                ids += [AE, VE]
+            else:
+                ids.append(VS)
+                s = len(ids)
+                ids += [VID] * (g[0] * g[1] * g[2] // 4)
+                blocks.append(Block(s, len(ids), "video", g, sp))
+                ids.append(VE)
+    ids += rng.integers(0, 1000, int(rng.integers(0, 4))).tolist()
+    return ids, blocks, igr, vgr, spg, aud
+
+
+def _reference(rope_model, ids, igr, vgr, spg, aud, with_sound) -> np.ndarray:
+    x = torch.tensor([ids])
+    t = lambda v: torch.tensor(v) if v else None  # noqa: E731
+    pos, _ = rope_model(x, t(igr), t(vgr), torch.ones_like(x), with_sound, t(aud), t(spg))
+    assert pos.dtype == torch.float32
+    return pos[:, 0].numpy()
+
+
+@pytest.mark.parametrize("with_sound", [False, True])
+def test_positions_equal_get_rope_index(rope_model, with_sound) -> None:
+    """Bit-equal float32, fractional times included."""
+    rng = np.random.default_rng(1 + with_sound)
+    checked = fractional = 0
+    for _ in range(150):
+        ids, blocks, igr, vgr, spg, aud = _random_sequence(rng, with_sound)
+        if not igr and not vgr:
+            continue  # get_rope_index's 1-D branch (text and audio alone): 0..L-1, which extra_positions gives
+        got = omni3_position_ids(len(ids), np.array([0]), np.array([-1]), blocks)
+        want = _reference(rope_model, ids, igr, vgr, spg, aud, with_sound)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+        checked += 1
+        fractional += bool((want != np.round(want)).any())
+    assert checked > 100 and fractional > 30
+
+
+@pytest.mark.parametrize("with_sound", [False, True])
+def test_positions_on_trees(rope_model, with_sound) -> None:
+    """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
+    rng = np.random.default_rng(7 + with_sound)
+    for _ in range(40):
+        parts = [_random_sequence(rng, with_sound) for _ in range(3)]
+        ids, blocks, offsets = [], [], []
+        for p_ids, p_blocks, *_ in parts:
+            offsets.append(len(ids))
+            blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
+                       for b in p_blocks]
+            ids += p_ids
+        got = omni3_position_ids(len(ids), np.array(offsets), np.array([-1, 0, 0]), blocks)
+        ends = [*offsets[1:], len(ids)]
+        for path in ([0, 1], [0, 2]):
+            cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
+            merged = [parts[n] for n in path]
+            igr, vgr, spg, aud = ([g for m in merged for g in m[k]] for k in (2, 3, 4, 5))
+            if not igr and not vgr:
+                np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
+                continue
+            want = _reference(rope_model, [ids[c] for c in cols], igr, vgr, spg, aud, with_sound)
+            np.testing.assert_array_equal(got[:, cols], want)
+
+
+# ------------------------------------------------------------------ every path of real records
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    from PIL import Image
+
+    from tests.media.audio_clips import signal, write_clip, write_video
+
+    root = tmp_path_factory.mktemp("omni3")
+    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
+    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
+    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
+    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_video(root / "movie.mp4", seconds=4.5, fps=10, size=(64, 48))
+    write_video(root / "long.mp4", seconds=7.3, fps=8, size=(80, 60), sample_rate=22050, channels=1)
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(root / "pic.png")
+    Image.fromarray(rng.integers(0, 256, (300, 41, 3), dtype=np.uint8)).save(root / "tall.png")
+    return root
+
+
+def _records() -> list[dict]:
+    audio = lambda name, **w: {"type": "audio", "audio": name, **w}  # noqa: E731
+    image = lambda name: {"type": "image", "image": name}  # noqa: E731
+    video = lambda name, **o: {"type": "video", "video": name, **o}  # noqa: E731
+    text = lambda t: {"type": "text", "text": t}  # noqa: E731
+    return [
+        # two clips in one example: the shorter is padded to the longer (its mask and features change)
+        {"messages": [{"role": "user", "content": [audio("speech.wav"), image("pic.png"), audio("short.m4a"),
+                                                   text("What is heard?")]},
+                      {"role": "assistant", "content": "Speech, twice."}]},
+        # a video with its sound at a user's fps (second_per_grid 2 / 2.6: fractional positions) and a clip
+        {"messages": [{"role": "user", "content": [video("movie.mp4", fps=2.6), audio("tone.mp3"), text("Same?")]},
+                      {"role": "assistant", "content": "No."}], "use_audio_in_video": True},
+        # a tree: the root's clip is each path's longest, so both paths pad alike
+        {"messages": [{"role": "user", "content": [audio("noise.flac"), image("tall.png"), text("Describe.")]}],
+         "branches": [[{"role": "assistant", "content": "A hiss."}],
+                      [{"role": "assistant", "content": "Listen:"},
+                       {"role": "user", "content": [audio("short.m4a", audio_start=0.1), text("And this?")]},
+                       {"role": "assistant", "content": "Speech."}]]},
+        # a silent video at the processor's default fps (second_per_grid 2.0), then a clip
+        {"messages": [{"role": "user", "content": [video("long.mp4"), audio("short.m4a"), text("Both?")]},
+                      {"role": "assistant", "content": "Yes."}]},
+        # audio alone: get_rope_index's 1-D branch
+        {"messages": [{"role": "user", "content": [text("Listen: "), audio("tone.mp3")]},
+                      {"role": "assistant", "content": "A tone."}]},
+    ]
+
+
+def _record_paths(record: dict) -> list[list[dict]]:
+    def walk(prefix, node):
+        msgs = prefix + (node if isinstance(node, list) else node["messages"])
+        branches = [] if isinstance(node, list) else node.get("branches", [])
+        return [p for b in branches for p in walk(msgs, b)] or [msgs]
+
+    return walk([], record)
+
+
+@pytest.fixture(scope="module")
+def encoded(tok, media):
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+    from packer.models import get_profile
+
+    encoder = Encoder(tok, get_profile("qwen3-omni"))
+    return [encoder.encode(parse_record(r, path="omni3.jsonl", line=i + 1, base_dir=str(media)))
+            for i, r in enumerate(_records())]
+
+
+@pytest.mark.slow
+def test_every_path_equals_the_processor(processor, media, rope_model, encoded) -> None:
+    """Each record's every root-to-leaf path: the encoder's ids equal ``Qwen3OmniMoeProcessor(text=
+    apply_chat_template(path), audio=the loader's clips, images=..., videos=the sampled frames)["input_ids"]``
+    (``load_audio_from_video`` where the record uses a video's sound); its grids, ``video_second_per_grid`` and
+    masks; the reader's features of the path's clips equal the processor's (each clip padded to the path's
+    longest); the positions equal the thinker's ``get_rope_index`` on the processor's output, float32 bit for bit."""
+    import dataclasses
+
+    from PIL import Image
+
+    from packer.media.audio import decode_audio
+    from packer.media.video import decode_frames
+    from packer.models import get_profile
+    from tests.helpers import token_paths
+
+    reader = get_profile("qwen3-omni").reader()
+    checked = fractional = 0
+    for record, enc in zip(_records(), encoded, strict=True):
+        with_sound = bool(record.get("use_audio_in_video"))
+        for msgs, cols in zip(_record_paths(record), token_paths(enc), strict=True):
+            on_path = set(cols.tolist())
+            audio, slots, images, videos, video_entries = [], [], [], [], []
+            for m in msgs:
+                for part in m["content"] if isinstance(m["content"], list) else []:
+                    if part["type"] == "audio":
+                        audio.append(decode_audio(str(media / part["audio"]), target_sr=16000,
+                                                  start=part.get("audio_start"), end=part.get("audio_end")))
+                        slots.append(None)
+                    elif part["type"] == "image":
+                        images.append(Image.open(media / part["image"]).convert("RGB"))
+                    elif part["type"] == "video":
+                        entry = next(v for v in enc.videos if v.offset in on_path)
+                        frames = torch.from_numpy(decode_frames(entry.source, entry.frame_indices)).permute(0, 3, 1, 2)
+                        size = (entry.utils_height, entry.utils_width)  # qwen-omni-utils' fetch_video resize
+                        frames = torch.nn.functional.interpolate(frames.float(), size=size, mode="bicubic",
+                                                                 antialias=True).clamp(0, 255)
+                        if with_sound:
+                            audio.append(decode_audio(entry.source, target_sr=16000, video=True))
+                            slots.append(len(videos))
+                        videos.append(frames)
+                        video_entries.append(entry)
+            text = processor.apply_chat_template(msgs, tokenize=False)
+            kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
+            fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
+            videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
+            out = processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
+                            videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
+            np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
+            if videos:
+                assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
+                assert out["video_second_per_grid"] == [v.second_per_grid_t for v in video_entries]
+            if audio:
+                mine = sorted((a for a in enc.audios if a.offset in on_path), key=lambda a: a.offset)
+                mask = out["feature_attention_mask"]
+                assert [a.feature_length for a in mine] == mask.sum(-1).tolist()
+                assert {a.padded_samples for a in mine} == {max(len(y) for y in audio)}
+                got = reader.audio_inputs([dataclasses.asdict(a) for a in mine])
+                assert torch.equal(got["feature_attention_mask"][:, : mask.shape[1]].bool(), mask.bool())
+                for k, a in enumerate(mine):  # float32 STFT (the extractor) against float64 (numpy): 1e-4
+                    torch.testing.assert_close(got["input_features"][k, :, : a.feature_length],
+                                               out["input_features"][k, :, : a.feature_length], rtol=0, atol=1e-4)
+            ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
+                                torch.ones_like(out["input_ids"]), with_sound and bool(videos),
+                                mask.sum(-1) if audio else None,
+                                torch.tensor(out["video_second_per_grid"]) if videos else None)
+            np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
+            fractional += bool((ref != ref.round()).any())
+            checked += 1
+    assert checked == 6 and fractional >= 1
+
+
+def test_a_clip_two_branches_pad_apart_is_rejected(tok, media) -> None:
+    """A root clip (1.3 s) under one branch with a longer clip (2.05 s) and one without: Qwen3OmniMoeProcessor
+    gives the root clip 2.05 s of padding on one path and none on the other, so its features differ by path."""
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+    from packer.models import get_profile
+
+    record = {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "speech.wav"}]}],
+              "branches": [[{"role": "assistant", "content": "One."}],
+                           [{"role": "assistant", "content": "Two."},
+                            {"role": "user", "content": [{"type": "audio", "audio": "noise.flac"}]},
+                            {"role": "assistant", "content": "Three."}]]}
+    with pytest.raises(RecordError, match=r"padded to \[\d+, 32800\]") as e:
+        Encoder(tok, get_profile("qwen3-omni")).encode(parse_record(record, path="t.jsonl", line=2,
+                                                                   base_dir=str(media)))
+    assert e.value.reason == "audio_tree"
+
+
+# ------------------------------------------------------------------ packed == unpacked, build, verify
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
+    """Rows mixing clips padded together, images, videos with and without their sound, text and a tree, two
+    and three examples a row, collated into one batch with float32 positions: per-token losses, the total and
+    every gradient of a tiny Qwen3OmniMoeThinkerForConditionalGeneration equal each root-to-leaf path run alone
+    through the model's own processing (its get_rope_index, its audio tower on that path's clips alone)."""
+    import json
+
+    from packer.models import get_profile
+    from packer.train.collate import collate
+    from packer.train.dataset import PackedDataset
+    from scripts import check_equivalence as ce
+    from tests.helpers import write_shardset
+
+    profile = get_profile("qwen3-omni")
+    root = write_shardset(tmp_path / "shards", encoded, [2, 3], profile="qwen3-omni")
+    rows = list(PackedDataset(root, shuffle=False))
+    batch = collate(rows)
+    assert batch["position_ids"].dtype == torch.float32
+    assert (batch["position_ids"] != batch["position_ids"].round()).any()  # the fractional video
+    token_ids = ce.profile_token_ids(profile, tok)
+    (batch,), ids, vocab = ce.compact_vocab([batch], token_ids)
+    torch.manual_seed(0)
+    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
+    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
+    for backend in ("sdpa_varlen", "sdpa"):
+        assert report[backend]["ok"], json.dumps(report)
+        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
+    assert report["paths"] == 6
+    for tower in ("audio_tower", "visual"):
+        assert [n for n, p in model.named_parameters() if tower in n and p.grad is not None], tower
