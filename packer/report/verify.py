@@ -17,9 +17,11 @@ What is checked (each failure is one ``Violation``: file, row, what):
   ``num_tokens`` matching the grid; videos the same way over their video-token runs, and each video's grid
   agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); audio clips the
   same way over their audio-token runs (a video's sound track: the family's spans inside the video's run), each
-  clip's ``feature_length`` from its ``num_samples`` and ``num_tokens`` from its ``feature_length`` by the
+  clip's ``feature_length`` from its ``num_samples`` (and its ``padded_samples``, schema v5, where set: never
+  fewer than its samples) and ``num_tokens`` from its ``feature_length`` by the
   family's rule (``audio_feature_lengths``, ``audio_num_tokens``), ``num_audio_tokens`` and the audio budgets
-  (``max_audio_tokens``, ``max_audios``); mRoPE positions
+  (``max_audio_tokens``, ``max_audios``); mRoPE positions (float32 since v5, compared as stored: a fraction
+  an integer family's positions must not have is a difference)
   equal an independent vectorized recomputation of ``get_rope_index`` along each tree path (with each
   video's ``second_per_grid_t``);
 - example ids are unique across the whole dataset;
@@ -36,6 +38,7 @@ group plus the example ids (for the uniqueness check).
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -188,7 +191,8 @@ class _Rows:
         mrope = table.column("mrope_position_ids")
         self.mrope_null = mrope.is_null().to_numpy(zero_copy_only=False)
         self.mr_off, mrope_values = _lists(mrope)
-        self.mrope = mrope_values.to_numpy(zero_copy_only=False)  # as stored: float32 (v5) or int32, never cast
+        self.mrope = mrope_values.to_numpy(zero_copy_only=False)  # float32 (v5) or int32 as stored: an int cast
+        # would truncate a fraction an integer family's positions must not have
         self.cu_off, self.cu = _ints(table.column("cu_seqlens"))
         self.no_off, self.noff = _ints(table.column("node_offsets"))
         self.np_off, self.npar = _ints(table.column("node_parents"))
@@ -459,7 +463,8 @@ def _audio_plan_faults(profile: ModelProfile, aud: dict[str, np.ndarray]) -> np.
     want = np.full(len(padded), -1, dtype=np.int64)
     if (~has).any():
         want[~has] = profile.audio_feature_lengths(aud["num_samples"][~has])
-    if has.any():
+    # a family whose rule takes no padded_samples never stores them: such clips stay faults (-1)
+    if has.any() and "padded_samples" in inspect.signature(profile.audio_feature_lengths).parameters:
         want[has] = profile.audio_feature_lengths(aud["num_samples"][has], padded_samples=padded[has])
     return (want != aud["feature_length"]) | (has & (padded < aud["num_samples"]))
 
