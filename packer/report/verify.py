@@ -427,7 +427,7 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
         faults |= (d.aud["sample_rate"] != lim.profile.audio_sample_rate) | (d.aud["num_samples"] < 1)
         check(_rows_with(faults, _row_of(d.aud_off), d.R), "audio plan",
               lambda i: f"an audio clip's sample rate, samples or feature length disagree under profile "
-              f"{lim.profile.name!r}")
+              f"{lim.profile.name!r} (or its padded_samples, where set)")
 
     # --- mRoPE: recomputed along each tree path by the model family
     if lim.profile.mrope and L:
