@@ -18,7 +18,12 @@ has no weighted message) and the `audios` and `num_audio_tokens` columns (empty 
 schema metadata says version 4; with those three columns dropped, every row group reads back equal to the v3
 shards of main at 7408506 (which reproduced the digests recorded before); the mix's stats.json gained each source's
 loss_tokens, token_share, loss_token_share, packs and pack_share (nothing else changed in it), and rejects.jsonl
-and llava's stats.json are unchanged.
+and llava's stats.json are unchanged. Re-recorded a fifth time, the shards only, for shard schema v5 (Qwen3-Omni,
+issue 23): `mrope_position_ids` became list<float32> (whole numbers here: qwen2-vl's positions) and the audios
+struct gained `padded_samples` (no clip here), and the schema metadata says version 5; with the mRoPE column cast
+back to int32 and padded_samples dropped, every row group reads back equal to the v4 shards of main at 7c3163e
+(which reproduced the digests recorded before; compared table by table), and rejects.jsonl and stats.json are
+unchanged.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -53,8 +58,8 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
          "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
          "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
         {
-            "shard-00000.parquet": "7ccd15cbc1f4bd669791f72f3bb3b182aa30ca3c880d755f00fd5b3c3b829877",
-            "shard-00001.parquet": "27c149a56642928b358c609160773a0ee3eb5c1af83563ba0b8f1ba302b8c2dc",
+            "shard-00000.parquet": "0570bd2565391fed2fedb4e89015cbbeb7479072f2328afe5e9274bd70679c2e",
+            "shard-00001.parquet": "a6af54d6cd8005603c21d5c683fae08ada22ae872e350fe91c5b7c442518f123",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
             "stats.json": "aacfd06a4a5e59acd6614bcf565d672d4bf146232010bed76c889eeb4f8ca7f5",
         },
@@ -63,7 +68,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
          "--overlong", "truncate"],
         {
-            "shard-00000.parquet": "f1101fb83a9c4e55e0f7ca93daf676005eee277fa2e824148547b1e465d5c381",
+            "shard-00000.parquet": "827778b5cb8a1f5976a66c2c7709a90c14af666af79eb9ce074bed7abe432288",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
             "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
         },

@@ -209,6 +209,8 @@ class EncodedAudio:
     feature_length: int  # the feature frames the model reads (Whisper: log-mel frames, hop 160)
     offset: int  # index of the first audio token inside the example
     num_tokens: int  # number of audio tokens this clip became
+    padded_samples: int | None = None  # samples its features were computed over, zero-padded beside its example's
+    # other clips (Qwen3-Omni pads every clip of a processor call to the longest); None: the clip's alone
 
     @property
     def seconds(self) -> float:
@@ -226,7 +228,7 @@ class Encoded:
     node_offsets: np.ndarray  # (N,) start of each node inside the example, node 0 at 0
     node_parents: np.ndarray  # (N,) parent node index, -1 for the root
     images: list[EncodedImage]
-    mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models
+    mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models: int32, or float32 (fractional_positions)
     source_name: str = ""
     videos: list[EncodedVideo] = field(default_factory=list)
     audios: list[EncodedAudio] = field(default_factory=list)

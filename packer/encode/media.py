@@ -226,4 +226,5 @@ def encoded_audio(ref: AudioRef, run: MediaRun, *, offset: int) -> EncodedAudio:
         feature_length=int(plan.feature_length),
         offset=offset,
         num_tokens=int(run.num_tokens),
+        padded_samples=None if plan.padded_samples is None else int(plan.padded_samples),
     )

@@ -62,6 +62,10 @@ class AudioPlan(NamedTuple):
     """Mono samples the loader yields at that rate for the clip's window (``media.audio.loaded_num_samples``)."""
     feature_length: int
     """The feature frames the model reads (Whisper: log-mel frames)."""
+    padded_samples: int | None = None
+    """Samples the clip's features were computed over, zero-padded beside the other clips of its example (Qwen3-Omni's
+    processor pads every clip of one call to the longest: the features of a clip depend on that length); None
+    where the features are the clip's alone (padded to a fixed length or not at all)."""
 
 
 class MediaRun(NamedTuple):
@@ -144,6 +148,10 @@ class ModelProfile:
 
     mrope: ClassVar[bool] = False
     """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
+    fractional_positions: ClassVar[bool] = False
+    """True where ``extra_positions`` returns float32 positions that may be fractional (e.g. Qwen3-Omni, whose video
+    time positions are ``t * second_per_grid * 13``): ``collate`` then gives float32 ``position_ids``; else int64,
+    and a stored position that is not a whole number is a ShardError."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
     """The collated batch keys the model's forward takes (``packer.train`` passes these and no others)."""
     audio_sample_rate: ClassVar[int] = 16000
@@ -274,7 +282,8 @@ class ModelProfile:
         videos: list[EncodedVideo] = (),  # type: ignore[assignment]
         audios: list[EncodedAudio] = (),  # type: ignore[assignment]
     ) -> np.ndarray | None:
-        """Positions the model takes beyond the 1-D ``positions`` of one encoded example, or None.
+        """Positions the model takes beyond the 1-D ``positions`` of one encoded example, or None: (3, L) int32, or
+        float32 where ``fractional_positions`` (the shards store both as float32, whole numbers exactly).
 
         ``ids`` (L,) are the expanded tokens, ``grids`` the example's images in token order, ``token_ids`` the
         ids the encoder resolved for "image_token", "video_token", "audio_token", "vision_start" and "vision_end"
@@ -334,7 +343,11 @@ class ModelProfile:
 
     def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
         """Feature frames of clips of ``num_samples`` samples at ``audio_sample_rate`` ((A,) int64 -> (A,) int64),
-        -1 where none: the encode rule (``audio_plan``) and verify's. Without audio every clip is wrong."""
+        -1 where none: the encode rule (``audio_plan``) and verify's. Without audio every clip is wrong.
+
+        A family that stores ``padded_samples`` (``AudioPlan``) takes them too, as a keyword:
+        ``audio_feature_lengths(num_samples, padded_samples=padded)`` ((A,) int64); verify passes them only
+        where the shards hold them."""
         return np.full(len(num_samples), -1, dtype=np.int64)
 
     def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:

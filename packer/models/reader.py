@@ -123,23 +123,46 @@ class Reader:
         return self.audio_features(samples, audios)
 
     def audio_features(self, samples: list[np.ndarray], audios: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Features of decoded clips (mono float32 at their stored rate): by default what ``WhisperFeatureExtractor``
-        gives each clip alone, padded to 30 s (``shared.audio_features.whisper_log_mel``, numpy):
-        ``input_features`` (A, mel bins, 3000) float32 and ``feature_attention_mask`` (A, 3000) int32, each
-        mask's sum the stored ``feature_length`` (else ShardError: the build counted another rule)."""
+        """Features of decoded clips (mono float32 at their stored rate), as ``WhisperFeatureExtractor`` gives them
+        (``shared.audio_features.whisper_log_mel``, numpy): ``input_features`` (A, mel bins, F) float32 and
+        ``feature_attention_mask`` (A, F) int32, each mask's sum the stored ``feature_length`` (else ShardError:
+        the build counted another rule).
+
+        A clip without ``padded_samples`` (every family but Qwen3-Omni) is the extractor on the clip alone, padded
+        to 30 s (``padding="max_length"``): F = 3000. A clip with them is its row of the extractor called on its
+        example's clips with ``padding=True, truncation=False`` (the clip zero-padded to ``padded_samples``, the
+        longest of them), kept up to its mask; F is then the longest mask of the batch (3000 too where a clip
+        without them is in it), and the frames past a clip's mask are zeros the model never reads."""
         from packer.models.shared.audio_features import whisper_log_mel
 
         feats, masks = [], []
         for y, a in zip(samples, audios, strict=True):
-            mel = whisper_log_mel(y, feature_size=self.audio_feature_size, sampling_rate=int(a["sample_rate"]))
-            if int(mel.attention_mask.sum()) != a["feature_length"]:
-                raise ShardError(f"{a['source'] or 'inline audio'}: {int(mel.attention_mask.sum())} feature frames, "
-                                 f"the build counted {a['feature_length']}; profile {self.profile.name!r} needs its "
-                                 "own audio_features")
-            feats.append(mel.features)
-            masks.append(mel.attention_mask)
-        return {"input_features": torch.from_numpy(np.stack(feats).astype(np.float32)),
-                "feature_attention_mask": torch.from_numpy(np.stack(masks).astype(np.int32))}
+            padded = a.get("padded_samples")
+            where = a["source"] or "inline audio"
+            if padded is None:
+                mel = whisper_log_mel(y, feature_size=self.audio_feature_size, sampling_rate=int(a["sample_rate"]))
+            elif padded < len(y):
+                raise ShardError(f"{where}: padded to {padded} samples, fewer than its {len(y)}")
+            else:  # the extractor's "longest" padding of the example's call: this clip zero-padded to the longest
+                mel = whisper_log_mel(y, feature_size=self.audio_feature_size, sampling_rate=int(a["sample_rate"]),
+                                      padding="max_length", max_length=int(padded), truncation=False)
+            frames = int(mel.attention_mask.sum())
+            if frames != a["feature_length"]:
+                raise ShardError(f"{where}: {frames} feature frames, the build counted {a['feature_length']}; "
+                                 f"profile {self.profile.name!r} needs its own audio_features")
+            if padded is None:
+                feats.append(mel.features)
+                masks.append(mel.attention_mask)
+            else:
+                feats.append(mel.features[:, :frames])
+                masks.append(mel.attention_mask[:frames])
+        width = max(m.shape[0] for m in masks)
+        features = np.zeros((len(feats), self.audio_feature_size, width), np.float32)
+        mask = np.zeros((len(masks), width), np.int32)
+        for i, (f, m) in enumerate(zip(feats, masks, strict=True)):
+            features[i, :, : f.shape[1]] = f
+            mask[i, : m.shape[0]] = m
+        return {"input_features": torch.from_numpy(features), "feature_attention_mask": torch.from_numpy(mask)}
 
 
 def _offsets(rows: list[dict[str, Any]], row_starts: np.ndarray, key: str) -> list[int]:

@@ -17,9 +17,11 @@ What is checked (each failure is one ``Violation``: file, row, what):
   ``num_tokens`` matching the grid; videos the same way over their video-token runs, and each video's grid
   agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); audio clips the
   same way over their audio-token runs (a video's sound track: the family's spans inside the video's run), each
-  clip's ``feature_length`` from its ``num_samples`` and ``num_tokens`` from its ``feature_length`` by the
+  clip's ``feature_length`` from its ``num_samples`` (and its ``padded_samples``, schema v5, where set: never
+  fewer than its samples) and ``num_tokens`` from its ``feature_length`` by the
   family's rule (``audio_feature_lengths``, ``audio_num_tokens``), ``num_audio_tokens`` and the audio budgets
-  (``max_audio_tokens``, ``max_audios``); mRoPE positions
+  (``max_audio_tokens``, ``max_audios``); mRoPE positions (float32 since v5, compared as stored: a fraction
+  an integer family's positions must not have is a difference)
   equal an independent vectorized recomputation of ``get_rope_index`` along each tree path (with each
   video's ``second_per_grid_t``);
 - example ids are unique across the whole dataset;
@@ -36,6 +38,7 @@ group plus the example ids (for the uniqueness check).
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -187,7 +190,9 @@ class _Rows:
         self.pos_off, self.pos = _ints(table.column("position_ids"))
         mrope = table.column("mrope_position_ids")
         self.mrope_null = mrope.is_null().to_numpy(zero_copy_only=False)
-        self.mr_off, self.mrope = _ints(mrope)
+        self.mr_off, mrope_values = _lists(mrope)
+        self.mrope = mrope_values.to_numpy(zero_copy_only=False)  # float32 (v5) or int32 as stored: an int cast
+        # would truncate a fraction an integer family's positions must not have
         self.cu_off, self.cu = _ints(table.column("cu_seqlens"))
         self.no_off, self.noff = _ints(table.column("node_offsets"))
         self.np_off, self.npar = _ints(table.column("node_parents"))
@@ -227,6 +232,10 @@ class _Rows:
             self.num_audio = np.zeros(self.R, dtype=np.int64)
         self.aud = {f: auds.field(f).to_numpy(zero_copy_only=False).astype(np.int64) for f in AUDIO_FIELDS}
         self.aud["video"] = auds.field("video").to_numpy(zero_copy_only=False).astype(bool)
+        # schema v5: the samples a clip was padded to beside its example's others (-1: null, the clip's alone)
+        padded = auds.field("padded_samples") if auds.type.get_field_index("padded_samples") >= 0 else None
+        self.aud["padded_samples"] = (np.full(len(auds), -1, dtype=np.int64) if padded is None
+                                      else padded.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
         self.has_seq_lengths = "seq_lengths" in table.column_names  # schema v3
         if self.has_seq_lengths:
             lengths = table.column("seq_lengths")
@@ -414,11 +423,11 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
               lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
               f"{lim.profile.name!r}")
     if len(d.aud["offset"]):  # each clip's numbers under the family's rule: samples -> frames (-> tokens: spans)
-        faults = lim.profile.audio_feature_lengths(d.aud["num_samples"]) != d.aud["feature_length"]
+        faults = _audio_plan_faults(lim.profile, d.aud)
         faults |= (d.aud["sample_rate"] != lim.profile.audio_sample_rate) | (d.aud["num_samples"] < 1)
         check(_rows_with(faults, _row_of(d.aud_off), d.R), "audio plan",
               lambda i: f"an audio clip's sample rate, samples or feature length disagree under profile "
-              f"{lim.profile.name!r}")
+              f"{lim.profile.name!r} (or its padded_samples, where set)")
 
     # --- mRoPE: recomputed along each tree path by the model family
     if lim.profile.mrope and L:
@@ -443,6 +452,21 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
 
     if d.has_seq_lengths:
         _check_seq_lengths(d, check)
+
+
+def _audio_plan_faults(profile: ModelProfile, aud: dict[str, np.ndarray]) -> np.ndarray:
+    """(A,) bool: a clip whose feature_length is not the family's for its samples, or whose padded_samples (schema
+    v5, where set) is fewer than its samples; clips with padded_samples are asked with them, the others without
+    (the families that never store them keep their one-argument ``audio_feature_lengths``)."""
+    padded = aud["padded_samples"]
+    has = padded >= 0
+    want = np.full(len(padded), -1, dtype=np.int64)
+    if (~has).any():
+        want[~has] = profile.audio_feature_lengths(aud["num_samples"][~has])
+    # a family whose rule takes no padded_samples never stores them: such clips stay faults (-1)
+    if has.any() and "padded_samples" in inspect.signature(profile.audio_feature_lengths).parameters:
+        want[has] = profile.audio_feature_lengths(aud["num_samples"][has], padded_samples=padded[has])
+    return (want != aud["feature_length"]) | (has & (padded < aud["num_samples"]))
 
 
 def _check_seq_lengths(d: _Rows, check) -> None:

@@ -16,7 +16,16 @@ import pyarrow.ipc as ipc
 
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, EncodedImage, EncodedVideo
 from packer.errors import ShardError
-from packer.shards.schema import AUDIO_TYPE, EXAMPLE_SCHEMA, I32_LIST, IMAGE_TYPE, SCHEMA, VIDEO_TYPE
+from packer.shards.schema import (
+    AUDIO_TYPE,
+    EXAMPLE_SCHEMA,
+    F32_LIST,
+    I32_LIST,
+    IMAGE_TYPE,
+    MAX_EXACT_POSITION,
+    SCHEMA,
+    VIDEO_TYPE,
+)
 from packer.shards.store import ObjectPath, local_file, store_path
 
 
@@ -28,8 +37,8 @@ def encoded_table(encoded: Sequence[Encoded]) -> pa.Table:
 
 def encoded_record(enc: Encoded) -> dict[str, Any]:
     """One ``Encoded`` example as a dict of EXAMPLE_SCHEMA columns; ``mrope_position_ids`` token-major (t, h, w
-    per token), or None."""
-    mrope = enc.mrope_position_ids
+    per token) float32, or None."""
+    mrope = None if enc.mrope_position_ids is None else mrope_values(enc.mrope_position_ids, enc.example_id)
     return {
         "example_id": enc.example_id,
         "source_name": enc.source_name,
@@ -37,7 +46,7 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "labels": enc.labels,
         "loss_weights": enc.loss_weights,
         "position_ids": enc.position_ids,
-        "mrope_position_ids": None if mrope is None else np.ascontiguousarray(mrope.T).reshape(-1),
+        "mrope_position_ids": mrope,
         "node_offsets": enc.node_offsets,
         "node_parents": enc.node_parents,
         "images": [_image_record(im) for im in enc.images],
@@ -53,6 +62,20 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "num_videos": len(enc.videos),
         "num_audios": len(enc.audios),
     }
+
+
+def mrope_values(positions: np.ndarray, example_id: str = "") -> np.ndarray:
+    """(3, L) mRoPE positions (int32, or float32 for a ``fractional_positions`` family) as the stored float32
+    values, token-major. ShardError where float32 would not hold them exactly (an integer position of 2^24 or
+    more: an example far longer than any model's context), never a rounded position."""
+    positions = np.asarray(positions)
+    values = np.ascontiguousarray(positions.T, dtype=np.float32).reshape(-1)  # (3*L,) t, h, w per token
+    if positions.dtype != np.float32 and len(values) and (
+            not np.isfinite(values).all() or np.abs(values).max() >= MAX_EXACT_POSITION
+            or not np.array_equal(values, np.ascontiguousarray(positions.T).reshape(-1))):
+        raise ShardError(f"example {example_id!r}: mRoPE positions up to {np.abs(positions).max()} do not fit "
+                         f"float32 exactly (the shards hold positions below {MAX_EXACT_POSITION}); shorten it")
+    return values
 
 
 def _image_record(im: EncodedImage) -> dict[str, Any]:
@@ -72,10 +95,15 @@ def _video_record(v: EncodedVideo) -> dict[str, Any]:
 def _audio_record(a: EncodedAudio) -> dict[str, Any]:
     return {"source": a.source, "data": a.data, "audio_start": a.audio_start, "audio_end": a.audio_end,
             "video": a.video, "sample_rate": a.sample_rate, "num_samples": a.num_samples,
-            "feature_length": a.feature_length, "offset": a.offset, "num_tokens": a.num_tokens}
+            "feature_length": a.feature_length, "offset": a.offset, "num_tokens": a.num_tokens,
+            "padded_samples": a.padded_samples}
 
 
 _INT_LISTS = ("input_ids", "labels", "position_ids", "mrope_position_ids", "node_offsets", "node_parents")
+"""The token-length list columns ``take_rows`` copies with numpy (mRoPE positions are float32, the rest int32)."""
+
+
+_DTYPES = {"mrope_position_ids": np.float32}
 
 
 def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel: np.ndarray) -> pa.Table:
@@ -122,13 +150,13 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     dense = [name for name in _INT_LISTS if nulls[name] == 0]
     for name in _INT_LISTS:
         if nulls[name] == n:
-            columns[name] = pa.nulls(n, I32_LIST)  # mRoPE positions of a non-mRoPE build
+            columns[name] = pa.nulls(n, EXAMPLE_SCHEMA.field(name).type)  # mRoPE positions of a non-mRoPE build
         elif nulls[name]:  # some null, some not: never written by one build; take it the slow way
             columns[name] = pa.concat_tables([read(c).select([name]).take(pa.array(local[c])) for c in used]
                                              ).column(0).take(pa.array(inverse))
     # pass 2: copy the token lists, one slice per example (~1 us each, cheaper than per-token index arrays)
     out_offsets = {name: np.concatenate([[0], np.cumsum(lengths[name])]) for name in dense}
-    values = {name: np.empty(int(out_offsets[name][-1]), dtype=np.int32) for name in dense}
+    values = {name: np.empty(int(out_offsets[name][-1]), dtype=_DTYPES.get(name, np.int32)) for name in dense}
     for c in used:
         table = read(c)
         for name in dense:
@@ -182,7 +210,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
 
     mrope = examples.column("mrope_position_ids")
     if mrope.null_count == n:
-        cols["mrope_position_ids"] = pa.nulls(len(pack_sizes), I32_LIST)
+        cols["mrope_position_ids"] = pa.nulls(len(pack_sizes), F32_LIST)
     elif mrope.null_count:
         raise ShardError("some examples have mRoPE positions and others do not")
     else:

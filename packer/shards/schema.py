@@ -16,8 +16,12 @@ import pyarrow as pa
 from packer.config import BuildConfig
 from packer.errors import ConfigError, ShardError
 
-SCHEMA_VERSION = 4  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column);
-# 4: loss_weights (per-token loss weights), the audios and num_audio_tokens columns
+SCHEMA_VERSION = 5  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column);
+# 4: loss_weights (per-token loss weights), the audios and num_audio_tokens columns; 5: mrope_position_ids float32
+# (Qwen3-Omni's fractional video time positions), the audio struct's padded_samples
+
+MAX_EXACT_POSITION = 1 << 24
+"""float32 holds every integer of magnitude below this: the largest mRoPE position stored exactly."""
 
 
 MANIFEST = "manifest.json"
@@ -32,7 +36,7 @@ REJECTS = "rejects.jsonl"
 WORK_DIR = ".packer"
 
 
-# Token ids and positions fit int32 (vocabularies < 2^31, rows < 2^31 tokens); int32 halves the bytes of int64.
+# Token ids and 1-D positions fit int32 (vocabularies < 2^31, rows < 2^31 tokens); int32 halves the bytes of int64.
 IMAGE_TYPE = pa.struct(
     [
         ("source", pa.string()),  # resolved path, "" for inline bytes
@@ -90,6 +94,8 @@ AUDIO_TYPE = pa.struct(
         ("feature_length", pa.int32()),  # the feature frames the model reads (Whisper: log-mel frames)
         ("offset", pa.int32()),  # first audio token, relative to the row (example, in the encode cache)
         ("num_tokens", pa.int32()),
+        ("padded_samples", pa.int32()),  # samples the clip was zero-padded to beside its example's other clips
+        # (Qwen3-Omni: the longest clip's); null where the clip's features do not depend on the other clips
     ]
 )
 
@@ -101,7 +107,8 @@ SCHEMA = pa.schema(
         ("labels", I32_LIST),  # unshifted; -100 where no loss
         ("loss_weights", F32_LIST),  # T: each label's weight, 0 where -100; null where every loss weight is 1
         ("position_ids", I32_LIST),
-        ("mrope_position_ids", I32_LIST),  # 3*T token-major (t,h,w per token); null without mRoPE
+        ("mrope_position_ids", F32_LIST),  # 3*T token-major (t,h,w per token); null without mRoPE; whole numbers
+        # except where the profile's positions are fractional (ModelProfile.fractional_positions)
         ("cu_seqlens", I32_LIST),  # E+1, starts at 0, ends at T
         ("seq_lengths", I32_LIST),  # E example lengths where TRL's padding-free collator is exact; else null
         ("node_offsets", I32_LIST),
@@ -124,12 +131,24 @@ SCHEMA = pa.schema(
 _V4 = {"loss_weights", "audios", "num_audio_tokens"}
 
 
+# v4's audio struct and mRoPE column (int32 positions, no padded_samples): what v2-v4 shards hold.
+_AUDIO_TYPE_V4 = pa.struct([f for f in AUDIO_TYPE if f.name != "padded_samples"])
+_SCHEMA_V4 = pa.schema(
+    [pa.field("mrope_position_ids", I32_LIST) if f.name == "mrope_position_ids"
+     else pa.field("audios", pa.list_(_AUDIO_TYPE_V4)) if f.name == "audios" else f for f in SCHEMA],
+    metadata={"packer.schema_version": "4"},
+)
+
+
 # Shard schemas this packer reads, by version: v2 lacks seq_lengths, v2 and v3 the v4 columns (readers that need
-# them say so; a row without ``loss_weights`` weighs every token 1, one without ``audios`` has no audio).
+# them say so; a row without ``loss_weights`` weighs every token 1, one without ``audios`` has no audio); v2-v4
+# store mRoPE positions as int32 and no ``padded_samples`` (readers take either dtype; a missing field is null).
 SCHEMAS: dict[int, pa.Schema] = {
-    2: pa.schema([f for f in SCHEMA if f.name not in _V4 | {"seq_lengths"}], metadata={"packer.schema_version": "2"}),
-    3: pa.schema([f for f in SCHEMA if f.name not in _V4], metadata={"packer.schema_version": "3"}),
-    4: SCHEMA,
+    2: pa.schema([f for f in _SCHEMA_V4 if f.name not in _V4 | {"seq_lengths"}],
+                 metadata={"packer.schema_version": "2"}),
+    3: pa.schema([f for f in _SCHEMA_V4 if f.name not in _V4], metadata={"packer.schema_version": "3"}),
+    4: _SCHEMA_V4,
+    5: SCHEMA,
 }
 
 
@@ -142,7 +161,7 @@ EXAMPLE_SCHEMA = pa.schema(
         ("labels", I32_LIST),
         ("loss_weights", F32_LIST),  # L, or null (every loss weight 1)
         ("position_ids", I32_LIST),
-        ("mrope_position_ids", I32_LIST),  # 3*L token-major, or null
+        ("mrope_position_ids", F32_LIST),  # 3*L token-major, or null
         ("node_offsets", I32_LIST),
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from packer.core.types import IGNORE_INDEX
+from packer.errors import ShardError
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile
@@ -90,11 +91,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         shift[-1:] = IGNORE_INDEX
         batch["shift_labels"] = torch.from_numpy(shift)[None]  # (1, T)
     if "mrope_position_ids" in rows[0]:
-        mrope = np.concatenate([r["mrope_position_ids"] for r in rows], axis=1)  # (3, T)
-        full = np.empty((4, 1, mrope.shape[1]), dtype=np.int64)  # (4, 1, T): text row, then t/h/w
-        full[0, 0] = pos[0].numpy()
-        full[1:, 0] = mrope
-        batch["position_ids"] = torch.from_numpy(full)
+        batch["position_ids"] = _mrope_positions(rows, pos[0].numpy())
     if "profile" in rows[0] or any(r["images"] for r in rows):  # the family's part: its spans, then its media inputs
         name, options = rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items()))
         profile, reader = _family(name, options)
@@ -111,6 +108,23 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if "_state" in rows[-1]:
         batch["packer_state"] = [r["_state"] for r in rows]
     return batch
+
+
+def _mrope_positions(rows: list[dict[str, Any]], text: np.ndarray) -> torch.Tensor:
+    """(4, 1, T) positions: the text row, then the rows' t/h/w (stored float32 in schema v5, int32 before).
+    float32 where the rows' profile has ``fractional_positions`` (Qwen3-Omni's get_rope_index computes them in
+    float32), else int64; ShardError where a non-fractional profile's stored position is not a whole number."""
+    mrope = np.concatenate([r["mrope_position_ids"] for r in rows], axis=1)  # (3, T)
+    fractional = "profile" in rows[0] and _family(
+        rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items())))[0].fractional_positions
+    full = np.empty((4, 1, mrope.shape[1]), dtype=np.float32 if fractional else np.int64)  # text row, then t/h/w
+    full[0, 0] = text
+    full[1:, 0] = mrope
+    if not fractional and mrope.dtype.kind == "f" and not np.array_equal(full[1:, 0], mrope):
+        t = int(np.flatnonzero((full[1:, 0] != mrope).any(axis=0))[0])
+        raise ShardError(f"mrope_position_ids of token {t} of the batch are {mrope[:, t].tolist()}, not whole numbers, "
+                         f"but profile {rows[0].get('profile')!r} has integer positions (a corrupt or foreign shard?)")
+    return torch.from_numpy(full)
 
 
 def steps_per_epoch(dataset: PackedDataset, batch_size: int, *, num_workers: int = 0) -> int:

@@ -106,8 +106,10 @@ class PackedCollator:
         row: dict[str, Any] = {k: np.asarray(r[k], dtype=np.int32) for k in _INT_COLUMNS}
         mrope = r.get("mrope_position_ids")
         if mrope is not None:
-            row["mrope_position_ids"] = np.asarray(mrope, dtype=np.int32).reshape(-1, 3).T  # (3, T)
+            # as stored (float32 since schema v5, int32 before): never cast to int here (collate checks and casts)
+            row["mrope_position_ids"] = np.asarray(mrope).reshape(-1, 3).T  # (3, T)
         row["images"], row["videos"] = list(r.get("images") or []), list(r.get("videos") or [])
+        row["audios"] = list(r.get("audios") or [])
         row["example_ids"] = list(r["example_ids"])
         if r.get("example_sources") is not None:
             row["example_sources"] = list(r["example_sources"])
@@ -124,8 +126,8 @@ class PackedCollator:
             )
         if self.context is not None:
             row.update(self.context)
-        elif row["images"] or row["videos"]:
-            raise ConfigError("rows with images or videos need the build's profile: PackedCollator(OUT)")
+        elif row["images"] or row["videos"] or row["audios"]:
+            raise ConfigError("rows with images, videos or audio need the build's profile: PackedCollator(OUT)")
         return row
 
 

@@ -1,10 +1,11 @@
 """Audio end to end on real clips: a build with the toy family's audio rule (tests/models/toy_family/) packs
-chat parts, ``<audio>`` pools, windows, inline bytes from Parquet and clips in tree branches into schema-v4 shards;
+chat parts, ``<audio>`` pools, windows, inline bytes from Parquet and clips in tree branches into schema-v5 shards;
 ``packer verify`` passes it and names each broken audio invariant; ``packer stats`` and the picture show audio
 seconds and tokens per pack; the audio budgets hold and reject what can never fit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ import packer.models.registry
 from packer.config import BuildConfig
 from packer.media.audio import decode_audio
 from packer.models import register_family
+from packer.models.shared.audio_features import feature_frames
 from packer.pipeline.build import build
 from packer.report.plots import plot_stats
 from packer.report.stats import format_stats
@@ -25,7 +27,7 @@ from packer.report.verify import verify_build
 from packer.shards.io import open_shards
 from tests.media.audio_clips import signal, write_clip
 from tests.models import toy_family
-from tests.report.test_verify import _manifest, _mutate
+from tests.report.test_verify import _manifest, _mutate, _rewrite
 
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -104,7 +106,7 @@ def _rows(out: Path) -> list[dict]:
 def test_the_build_stores_every_clip_as_counted(built, corpus):
     rows = _rows(built)
     manifest = _manifest(built)
-    assert manifest["schema_version"] == 4 and manifest["audio_token_id"] == 151650  # <|quad_start|>
+    assert manifest["schema_version"] == 5 and manifest["audio_token_id"] == 151650  # <|quad_start|>
     loaded = {name: decode_audio(str(corpus / "clips" / name), target_sr=16000).shape[0] for name in CLIPS}
     window = decode_audio(str(corpus / "clips" / "c.flac"), target_sr=16000, start=0.5, end=1.75).shape[0]
     seen = 0
@@ -117,6 +119,7 @@ def test_the_build_stores_every_clip_as_counted(built, corpus):
             assert a["feature_length"] == -(-want // 160) and a["num_tokens"] == -(-a["feature_length"] // 10)
             assert (ids[a["offset"] : a["offset"] + a["num_tokens"]] == 151650).all() and not a["video"]
             assert (a["data"] is None) == bool(a["source"])
+            assert a["padded_samples"] is None  # the toy's features are each clip's alone
             seen += 1
         assert row["num_audio_tokens"] == sum(a["num_tokens"] for a in row["audios"]) <= 60
         assert int((ids == 151650).sum()) == row["num_audio_tokens"]
@@ -147,7 +150,51 @@ MUTATIONS = {
     "feature_length": (lambda a: a.__setitem__("feature_length", a["feature_length"] - 1), "sample rate, samples or feature length disagree"),
     "num_samples": (lambda a: a.__setitem__("num_samples", a["num_samples"] + 400), "sample rate, samples or feature length disagree"),
     "sample_rate": (lambda a: a.__setitem__("sample_rate", 24000), "sample rate, samples or feature length disagree"),
+    # the toy's rule takes no padded_samples (its features are each clip's alone): a clip that has some is wrong
+    "padded_samples": (lambda a: a.__setitem__("padded_samples", a["num_samples"] + 16000), "or its padded_samples"),
 }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _PaddedToy(toy_family.profile.ToyProfile):
+    """The toy with Qwen3-Omni's rule: a clip padded (to its example's longest) has min(ceil(n / 160), L // 160)
+    frames, the extractor's mask under padding=True, truncation=False."""
+
+    def audio_feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray | None = None) -> np.ndarray:
+        if padded_samples is None:
+            return super().audio_feature_lengths(num_samples)
+        return np.array([feature_frames(int(n), padding="max_length", max_length=int(p), truncation=False)
+                         for n, p in zip(num_samples, padded_samples, strict=True)], dtype=np.int64)
+
+
+def _pad_every_clip(out: Path, padded) -> None:
+    """Set every stored clip's padded_samples to ``padded(clip)``, shard by shard."""
+    for s, entry in enumerate(_manifest(out)["shards"]):
+        rows = pq.read_table(out / entry["file"]).to_pylist()
+        for r in rows:
+            for a in r["audios"]:
+                a["padded_samples"] = padded(a)
+        _rewrite(out, s, rows)
+
+
+@pytest.mark.slow
+def test_padded_samples_are_checked_by_the_familys_rule(copy, monkeypatch):
+    """verify asks a family's audio_feature_lengths with padded_samples where the shards hold them: padded by a
+    longer neighbour each clip keeps its ceil(n / 160) frames; padded to itself (alone, or the longest) a clip of
+    n samples, n not a multiple of 160, has n // 160, not the stored count; fewer than its samples is wrong."""
+    monkeypatch.setitem(packer.models.registry._PROFILES, "toy", _PaddedToy(name="toy"))
+    _pad_every_clip(copy, lambda a: a["num_samples"] + 16000)
+    report = verify_build(copy)
+    assert report.ok, report.violations[:4]
+    _pad_every_clip(copy, lambda a: a["num_samples"])
+    uneven = sum(a["num_samples"] % 160 != 0 for r in _rows(copy) for a in r["audios"])
+    flagged = [v for v in verify_build(copy).violations if "or its padded_samples" in v.what]
+    assert uneven and flagged
+    _pad_every_clip(copy, lambda a: None)
+    assert verify_build(copy).ok
+    _mutate(copy, lambda r: bool(r["audios"]),
+            lambda r: r["audios"][0].__setitem__("padded_samples", r["audios"][0]["num_samples"] - 160))
+    assert any("or its padded_samples" in v.what for v in verify_build(copy).violations)
 
 
 @pytest.mark.slow

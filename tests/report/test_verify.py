@@ -115,7 +115,7 @@ def _with_image(row: dict) -> bool:
     return bool(row["images"])
 
 
-def _bump(key: str, i: int, by: int = 1):
+def _bump(key: str, i: int, by: float = 1):
     def change(row: dict) -> None:
         row[key][i] += by
     return change
@@ -183,6 +183,8 @@ MUTATIONS = {
     "image grid": (_with_image, lambda r: r["images"][0].__setitem__("grid_h", r["images"][0]["grid_h"] + 2),
                    "does not match its grid"),
     "mrope value": (_with_image, _bump("mrope_position_ids", 31), "mrope_position_ids differ from get_rope_index"),
+    # schema v5 stores float32: half a position on an integer family is a difference, never truncated away
+    "mrope fraction": (_with_image, _bump("mrope_position_ids", 31, 0.5), "mrope_position_ids differ from get_rope_index"),
     "mrope length": (_multi, _set("mrope_position_ids", lambda r: r["mrope_position_ids"][:-3]), "want 3*T"),
     "mrope null": (_multi, _set("mrope_position_ids", None), "null but the profile uses mRoPE"),
     "example sources": (_multi, _set("example_sources", lambda r: r["example_sources"][:-1]), "example_sources has"),
@@ -200,6 +202,30 @@ def test_each_broken_row_invariant_is_reported(copy, name):
     hits = [v for v in report.violations if text in v.what]
     assert hits, f"{name}: no violation mentions {text!r}; got {report.lines()}"
     assert any(v.file == file and v.row == row for v in hits), report.lines()
+
+
+def test_a_v4_build_still_verifies_and_reads(copy):
+    """A build written before v5: int32 mRoPE positions, the audio struct without padded_samples, metadata 4."""
+    import torch
+
+    from packer.shards.schema import SCHEMAS
+    from packer.train.collate import collate
+    from packer.train.dataset import PackedDataset
+
+    out, data = copy
+    v5 = [collate([r])["position_ids"] for r in PackedDataset(out, shuffle=False, load_images=False)]
+    manifest = _manifest(out)
+    for s, entry in enumerate(manifest["shards"]):
+        table = pq.read_table(out / entry["file"])
+        _rewrite(out, s, pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in SCHEMAS[4]],
+                                              schema=SCHEMAS[4]).to_pylist(), schema=SCHEMAS[4])
+    write_json_atomic(out / "manifest.json", {**_manifest(out), "schema_version": 4})
+    assert pq.ParquetFile(out / manifest["shards"][0]["file"]).schema_arrow.metadata[b"packer.schema_version"] == b"4"
+    report = verify_build(out, inputs=[str(data)])
+    assert report.ok, report.lines()
+    v4 = [collate([r])["position_ids"] for r in PackedDataset(out, shuffle=False, load_images=False)]
+    assert all(a.dtype == b.dtype == torch.int64 and torch.equal(a, b) for a, b in zip(v4, v5, strict=True))
+    assert all(p.dim() == 3 for p in v4)
 
 
 def test_a_real_build_verifies(built):

@@ -90,7 +90,7 @@ def test_assemble_refuses_mrope_of_another_length():
     column = table.column("mrope_position_ids").chunk(0)
     offsets = column.offsets.to_numpy().copy()
     offsets[1:] += 1  # the first example gets one value too many
-    bad = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), np.int32)))
+    bad = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), np.float32)))
     table = table.set_column(EXAMPLE_SCHEMA.get_field_index("mrope_position_ids"), EXAMPLE_SCHEMA.field(
         "mrope_position_ids"), bad)
     with pytest.raises(ShardError, match="mRoPE values"):
