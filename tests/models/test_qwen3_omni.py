@@ -59,7 +59,7 @@ class _Processor(Qwen3OmniMoeProcessor):
 def processor(tok):
     """Qwen3OmniMoeProcessor as Qwen3-Omni's preprocessor_config builds it: Qwen2VL image and video processors
     with 16 px patches and mean/std 0.5, WhisperFeatureExtractor with 128 mel bins."""
-    video, mp = qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF)
+    video, mp = qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
     yield _Processor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, min_pixels=3136, max_pixels=12845056,
                                                               image_mean=HALF, image_std=HALF),
                      video_processor=video, feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
@@ -300,8 +300,8 @@ def _records() -> list[dict]:
         {"messages": [{"role": "user", "content": [audio("speech.wav"), image("pic.png"), audio("short.m4a"),
                                                    text("What is heard?")]},
                       {"role": "assistant", "content": "Speech, twice."}]},
-        # a video with its sound at a user's fps (second_per_grid 2 / 2.6: fractional positions) and a clip
-        {"messages": [{"role": "user", "content": [video("movie.mp4", fps=2.6), audio("tone.mp3"), text("Same?")]},
+        # a video with its sound at a user's fps (second_per_grid 2 / 2.3: fractional positions) and a clip
+        {"messages": [{"role": "user", "content": [video("movie.mp4", fps=2.3), audio("tone.mp3"), text("Same?")]},
                       {"role": "assistant", "content": "No."}], "use_audio_in_video": True},
         # a tree: the root's clip is each path's longest, so both paths pad alike
         {"messages": [{"role": "user", "content": [audio("noise.flac"), image("tall.png"), text("Describe.")]}],
@@ -389,7 +389,8 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
             np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
             if videos:
                 assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
-                assert out["video_second_per_grid"] == [v.second_per_grid_t for v in video_entries]
+                spg = torch.tensor([v.second_per_grid_t for v in video_entries], dtype=torch.float32)
+                assert torch.equal(torch.as_tensor(out["video_second_per_grid"], dtype=torch.float32), spg)
             if audio:
                 mine = sorted((a for a in enc.audios if a.offset in on_path), key=lambda a: a.offset)
                 mask = out["feature_attention_mask"]
@@ -403,7 +404,7 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
             ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
                                 torch.ones_like(out["input_ids"]), with_sound and bool(videos),
                                 mask.sum(-1) if audio else None,
-                                torch.tensor(out["video_second_per_grid"]) if videos else None)
+                                spg if videos else None)
             np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
             fractional += bool((ref != ref.round()).any())
             checked += 1
