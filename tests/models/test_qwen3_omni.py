@@ -464,3 +464,107 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     assert report["paths"] == 6
     for tower in ("audio_tower", "visual"):
         assert [n for n, p in model.named_parameters() if tower in n and p.grad is not None], tower
+
+
+@pytest.fixture(scope="module")
+def omni3_build(media, tmp_path_factory):
+    import json
+
+    from packer.config import BuildConfig
+    from packer.pipeline.build import build
+
+    root = tmp_path_factory.mktemp("omni3-build")
+    data = media / "data.jsonl"  # paths resolve against the input file's directory
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="qwen3-omni", max_length=4096)
+    return {"root": root, "data": data, "result": build(config, progress=False)}
+
+
+@pytest.mark.slow
+def test_build_verifies(omni3_build) -> None:
+    """Every record packed; verify finds each video with sound as its frames' and its sound's runs in the
+    processor's order, each clip's frames under its padded length, and the float32 positions; the shards keep
+    each clip's padded length and the fractional positions."""
+    import pyarrow.parquet as pq
+
+    from packer.report.verify import verify_build
+
+    out = omni3_build["root"] / "out"
+    totals = omni3_build["result"].manifest["totals"]
+    assert totals["rejected"] == 0 and totals["examples"] == 5
+    report = verify_build(out, inputs=[str(omni3_build["data"])])
+    assert report.ok, report.lines()
+    table = pq.read_table(sorted(out.glob("*.parquet"))[0])
+    clips = [a for row in table.column("audios").to_pylist() for a in row]
+    assert all(a["padded_samples"] >= a["num_samples"] for a in clips)
+    assert any(a["padded_samples"] > a["num_samples"] for a in clips)
+    positions = np.concatenate([np.asarray(r, np.float32) for r in table.column("mrope_position_ids").to_pylist()])
+    assert (positions != np.round(positions)).any()
+
+
+OMNI3_FAULTS = {  # fault -> what verify reports (any of)
+    "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
+    "sound track offset": {"audio spans"},
+    "position": {"mrope_position_ids"},
+    "padding": {"audio plan"},
+    "stray audio token": {"audio tokens"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", sorted(OMNI3_FAULTS))
+def test_verify_finds_each_fault(omni3_build, tmp_path, fault) -> None:
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packer.report.verify import verify_build
+    from packer.shards.io import write_json_atomic, write_shard
+    from packer.shards.schema import SCHEMA
+
+    out = tmp_path / "out"
+    shutil.copytree(omni3_build["root"] / "out", out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["shards"][0]
+    rows = pq.read_table(out / entry["file"]).to_pylist()
+    row = next(r for r in rows if any(a["video"] for a in r["audios"]))
+    track = next(a for a in row["audios"] if a["video"])
+    if fault == "frame and sound swapped":
+        ids, k = row["input_ids"], track["offset"]
+        ids[k - 1], ids[k] = ids[k], ids[k - 1]
+    elif fault == "sound track offset":
+        track["offset"] += 1
+    elif fault == "position":
+        row["mrope_position_ids"][3 * (track["offset"] + 2)] += 0.5
+    elif fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
+        clip = next(a for r in rows for a in r["audios"] if a["padded_samples"] > a["num_samples"] + 160)
+        clip["padded_samples"] = clip["num_samples"]
+    else:
+        row["input_ids"][0] = AUD
+    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
+    manifest["shards"][0] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
+    write_json_atomic(out / "manifest.json", manifest)
+    report = verify_build(out)
+    assert not report.ok
+    assert OMNI3_FAULTS[fault] & {check for _, check in report.counts}, report.lines()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_check_equivalence_runs_audio(omni3_build) -> None:
+    """``scripts/check_equivalence.py --model qwen3-omni``: builds the records, reads their audio, and proves
+    packed == unpacked on the real thinker."""
+    import contextlib
+    import io
+    import json
+
+    from scripts import check_equivalence as ce
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = ce.main(["--data", str(omni3_build["data"]), "--model", "qwen3-omni", "--max-length", "4096",
+                      "--backend", "sdpa", "--backend", "sdpa_varlen"])
+    summary = json.loads(buf.getvalue().strip().splitlines()[-1])
+    assert rc == 0 and summary["ok"] and summary["rows"] >= 1, summary
