@@ -568,3 +568,23 @@ def test_check_equivalence_runs_audio(omni3_build) -> None:
                       "--backend", "sdpa", "--backend", "sdpa_varlen"])
     summary = json.loads(buf.getvalue().strip().splitlines()[-1])
     assert rc == 0 and summary["ok"] and summary["rows"] >= 1, summary
+
+
+def test_video_family_is_qwen_omni_utils_at_14_then_the_processor_at_16() -> None:
+    """qwen-omni-utils resizes as for Qwen2.5 (image_patch_size 14: the ``qwen2.5-vl`` family's utils step, which
+    tests/models/test_qwen_video.py checks against qwen-vl-utils); the processor then resizes to multiples of 32
+    within its videos_kwargs bounds (the grids above equal Qwen3OmniMoeProcessor's)."""
+    from packer.models.shared.qwen_video_plan import (
+        VideoRequest,
+        get_video_family,
+        processor_frame_size,
+        utils_frame_size,
+    )
+
+    omni3, qwen25 = get_video_family("qwen3-omni"), get_video_family("qwen2.5-vl")
+    for nframes, h, w in [(4, 48, 64), (20, 1080, 1920), (8, 60, 80), (300, 720, 1280), (2, 4000, 30)]:
+        size = utils_frame_size(VideoRequest(), nframes=nframes, height=h, width=w, family=omni3)
+        assert size == utils_frame_size(VideoRequest(), nframes=nframes, height=h, width=w, family=qwen25)
+        out = processor_frame_size(nframes=nframes, height=size[0], width=size[1], family=omni3)
+        assert out[0] % 32 == 0 and out[1] % 32 == 0
+        assert 128 * 32 * 32 <= out[0] * out[1] <= 768 * 32 * 32
