@@ -73,6 +73,7 @@ class NodeInfo:
     loss_tokens: int
     text: str  # the decoded node (runs collapsed), or token ids without a tokenizer
     loss_text: str  # the decoded loss tokens, gaps shown as " … "
+    loss_weight: float | None = None  # the loss tokens' summed weight (schema v4's loss_weights); None: unweighted
 
 
 @dataclass
@@ -83,6 +84,7 @@ class ExampleInfo:
     start: int
     end: int
     loss_tokens: int
+    loss_weight: float | None = None  # as NodeInfo's
     nodes: list[NodeInfo] = field(default_factory=list)
     images: list[ImageInfo] = field(default_factory=list)
     videos: list[ImageInfo] = field(default_factory=list)  # source: the clip, or "N frames from <first>"
@@ -102,6 +104,7 @@ class RowInfo:
     num_vision_tokens: int
     tokenizer: str | None  # the tokenizer that decoded the text, None when ids are shown
     examples: list[ExampleInfo]
+    loss_weight: float | None = None  # as NodeInfo's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,7 +135,8 @@ def find_example(shards: ShardSet, example_id: str) -> int:
 
 
 def read_row(shards: ShardSet, row: int) -> dict[str, Any]:
-    """One row as a dict: list columns as numpy int arrays, ``images`` as dicts, the rest as Python values."""
+    """One row as a dict: list columns as numpy arrays (int64; float32 for ``loss_weights`` and the mRoPE
+    positions, which may be fractional), ``images`` as dicts, the rest as Python values."""
     shard, r = locate_row(shards, row)
     with shards.parquet(shard) as pf:
         for g in range(pf.metadata.num_row_groups):  # decode only the row group that holds the row
@@ -146,7 +150,7 @@ def read_row(shards: ShardSet, row: int) -> dict[str, Any]:
         if k in ("images", "videos", "audios", "example_ids", "example_sources") or not isinstance(v, list):
             out[k] = v
         else:
-            out[k] = np.asarray(v, dtype=np.int64)
+            out[k] = np.asarray(v, dtype=np.float32 if k in ("loss_weights", "mrope_position_ids") else np.int64)
     return out
 
 
@@ -213,6 +217,11 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
         tokenizer = None
 
     ids, labels = data["input_ids"], data["labels"]
+    weights = data.get("loss_weights")  # null on a row where every loss token weighs 1
+
+    def weight(lo: int, hi: int) -> float | None:
+        return None if weights is None else round(float(weights[lo:hi].sum(dtype=np.float64)), 6)
+
     T = len(ids)
     cu = data["cu_seqlens"]
     offsets, parents = data["node_offsets"], data["node_parents"]
@@ -225,7 +234,7 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
     for k in range(len(cu) - 1):
         lo, hi = int(cu[k]), int(cu[k + 1])
         examples.append(ExampleInfo(index=k, example_id=data["example_ids"][k], source=sources[k], start=lo, end=hi,
-                                    loss_tokens=int((labels[lo:hi] != IGNORE_INDEX).sum())))
+                                    loss_tokens=int((labels[lo:hi] != IGNORE_INDEX).sum()), loss_weight=weight(lo, hi)))
     for n in range(len(offsets)):
         lo, hi = int(offsets[n]), int(node_ends[n])
         text = _decode(tokenizer, ids[lo:hi])
@@ -233,7 +242,7 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
             index=n, example=int(node_example[n]), start=lo, end=hi, parent=int(parents[n]), depth=int(depth[n]),
             roles=_roles(text) if tokenizer is not None else [],
             loss_tokens=int((labels[lo:hi] != IGNORE_INDEX).sum()), text=text,
-            loss_text=_loss_text(tokenizer, ids[lo:hi], labels[lo:hi]),
+            loss_text=_loss_text(tokenizer, ids[lo:hi], labels[lo:hi]), loss_weight=weight(lo, hi),
         ))
     for i, im in enumerate(data["images"]):
         ex = int(np.searchsorted(cu, im["offset"], side="right") - 1)
@@ -264,7 +273,7 @@ def describe_row(directory: str | Path, row: int, *, tokenizer: Any = None, deco
         directory=str(shards.root), row=row, num_rows=shards.num_rows, shard=shards.shards[shard].file,
         shard_row=shard_row, capacity=shards.config.max_length, num_tokens=T,
         num_loss_tokens=int((labels != IGNORE_INDEX).sum()), num_vision_tokens=int(data["num_vision_tokens"]),
-        tokenizer=tok_name if tokenizer is not None else None, examples=examples,
+        tokenizer=tok_name if tokenizer is not None else None, examples=examples, loss_weight=weight(0, T),
     )
 
 
@@ -275,6 +284,10 @@ def _snippet(text: str, width: int) -> str:
         head = (width * 2) // 3
         s = s[:head] + "[…]" + s[len(s) - max(0, width - head - 3):]
     return f'"{s}"'
+
+
+def _weighted(w: float | None) -> str:
+    return "" if w is None else f", weighted {w:,.6g}"
 
 
 def _plural(n: int, word: str) -> str:
@@ -290,8 +303,8 @@ def format_row(info: RowInfo, *, width: int = SNIPPET_CHARS) -> str:
     lines = [
         f"{info.directory}  row {info.row} of {info.num_rows}  ({info.shard}, row {info.shard_row})",
         f"{_plural(info.num_tokens, 'token')}{full}, {_plural(len(info.examples), 'example')}, "
-        f"{_plural(n_nodes, 'node')}, {_plural(n_images, 'image')}, {info.num_loss_tokens:,} loss tokens, "
-        f"{info.num_vision_tokens:,} vision tokens",
+        f"{_plural(n_nodes, 'node')}, {_plural(n_images, 'image')}, {info.num_loss_tokens:,} loss tokens"
+        f"{_weighted(info.loss_weight)}, {info.num_vision_tokens:,} vision tokens",
     ]
     if info.tokenizer is None:
         lines.append("(token ids shown, not text)")
@@ -299,12 +312,13 @@ def format_row(info: RowInfo, *, width: int = SNIPPET_CHARS) -> str:
         src = f"  source {ex.source}" if ex.source else ""
         lines += ["", f"example {ex.index}  {ex.example_id}{src}  [{ex.start}, {ex.end})  "
                       f"{_plural(ex.end - ex.start, 'token')}, {_plural(len(ex.nodes), 'node')}, "
-                      f"{_plural(len(ex.images), 'image')}, {ex.loss_tokens:,} loss tokens"]
+                      f"{_plural(len(ex.images), 'image')}, {ex.loss_tokens:,} loss tokens{_weighted(ex.loss_weight)}"]
         rows = []
         for n in ex.nodes:  # the tree is drawn in the role column: a child indented under its parent
             tree = "  " * (n.depth - 1) + "└ " if n.depth else ""
             rows.append((str(n.index), f"[{n.start}, {n.end})", "-" if n.parent < 0 else str(n.parent),
-                         tree + (",".join(n.roles) or "-"), str(n.loss_tokens)))
+                         tree + (",".join(n.roles) or "-"),
+                         str(n.loss_tokens) if n.loss_weight is None else f"{n.loss_tokens} w{n.loss_weight:.6g}"))
         head = ("node", "span", "parent", "role", "loss")
         w = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
         fmt = f"  {{:<{w[0]}}}  {{:<{w[1]}}}  {{:<{w[2]}}}  {{:<{w[3]}}}  {{:>{w[4]}}}  {{}}"

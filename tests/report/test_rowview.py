@@ -274,3 +274,23 @@ print("no torch")
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("no torch\n")
     assert (tmp_path / "s.png").exists() and (tmp_path / "m.png").exists()
+
+
+def test_weighted_losses_are_shown(tmp_path):
+    """A message's ``"loss"`` weight shows as the summed weight of the node's, the example's and the row's loss
+    tokens; an unweighted row shows none (and its golden text above is unchanged)."""
+    data = tmp_path / "data.jsonl"
+    records = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Half.", "loss": 0.5},
+                             {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Full."}]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    build(BuildConfig.from_inputs([str(data)], str(tmp_path / "out"), profile="text", tokenizer="qwen2.5",
+                                  max_length=512), progress=False)
+    info = describe_row(tmp_path / "out", 0)
+    ex = info.examples[0]
+    raw = read_row(open_shards(tmp_path / "out"), 0)
+    assert raw["loss_weights"].dtype == np.float32
+    want = float(raw["loss_weights"].sum())
+    assert info.loss_weight == ex.loss_weight == pytest.approx(want) and ex.loss_tokens > want > ex.loss_tokens / 2
+    text = format_row(info)
+    assert f"{ex.loss_tokens} loss tokens, weighted {want:.6g}" in text
+    assert f"{ex.nodes[0].loss_tokens} w{want:.6g}" in text
