@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -196,4 +197,64 @@ def test_packed_dpo_with_an_image_in_the_prompt(tmp_path, coco_images):
     assert logged_losses(trainer)[0] == pytest.approx(float(loss.detach()), rel=1e-5)
     worst = assert_grads_close(rec.grads[0], {n: p.grad for n, p in ref_policy.named_parameters() if p.grad is not None})
     print(f"packed DPO with images vs paths alone: loss {logged_losses(trainer)[0]:.9f} vs {float(loss.detach()):.9f}, "
+          f"grad max diff / max grad {worst:.1e}")
+
+
+# ---------------------------------------------------------------------------------------- weighted answers
+WEIGHTED = [
+    {"prompt": [U("What colour is the sky?")], "chosen": [{**A("Blue."), "loss": 2.0}],
+     "rejected": [{**A("Green, always, everywhere."), "loss": 0.5}]},
+    {"prompt": [U("Hi"), A("Hello!"), U("Tell me a joke.")], "chosen": [A("Why did the chicken cross the road?")],
+     "rejected": [{**A("No."), "loss": 3.0}]},
+    {"prompt": [U("2 + 2?")], "chosen": [{**A("4"), "loss": 0.25}], "rejected": [A("5, I think.")]},
+]
+
+
+def test_packed_dpo_with_loss_weights_equals_the_definition(tmp_path):
+    """Answers with a ``"loss"`` weight (schema v4's ``loss_weights``) through ``PackedDPOTrainer``: each answer's
+    log-probability is the weighted sum of its tokens' (TRL's DPO has no per-token weights, so the reference is
+    that definition on each path alone with the same policy and reference models): TRL's sigmoid loss over the
+    step's pairs, its value and every gradient."""
+    from packer.train.dataset import PackedDataset
+    from tests.train.trainer_helpers import weighted_paths
+
+    tok = load_tokenizer("llama3")
+    out = build_jsonl(tmp_path, "weighted", WEIGHTED, tokenizer="llama3", max_length=120)
+    rows = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))["train"]
+    assert any(r["loss_weights"] is not None for r in rows)
+    rec = StepRecorder()
+    packed = PackedDPOTrainer(tiny_llama(LLAMA3_VOCAB, seed=0), ref_model=tiny_llama(LLAMA3_VOCAB, seed=1),
+                              args=dpo_config(tmp_path, per_device_train_batch_size=1,
+                                              gradient_accumulation_steps=rows.num_rows),
+                              train_dataset=rows, processing_class=tok, callbacks=[rec])
+    packed.train()
+
+    policy, reference = tiny_llama(LLAMA3_VOCAB, seed=0), tiny_llama(LLAMA3_VOCAB, seed=1)
+
+    def logp(model, path) -> torch.Tensor:
+        ids = torch.as_tensor(path["ids"], dtype=torch.long)[None]
+        labels = torch.as_tensor(path["labels"], dtype=torch.long)
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+        on = labels[1:] != IGNORE_INDEX
+        token = lp[torch.arange(len(on)), labels[1:].clamp(min=0)]
+        return (token * torch.as_tensor(path["weights"][1:]) * on).sum()
+
+    paths = [p for r in PackedDataset(out, shuffle=False) for p in weighted_paths(r)]
+    by_example: dict[str, list] = {}
+    for p in paths:
+        by_example.setdefault(p["example"], []).append(p)
+    assert len(by_example) == len(WEIGHTED) and all(len(v) == 2 for v in by_example.values())
+    losses = []
+    for chosen, rejected in by_example.values():  # packer's preference trees: the chosen branch first
+        with torch.no_grad():
+            rc, rr = logp(reference, chosen), logp(reference, rejected)
+        losses.append(-F.logsigmoid(BETA * ((logp(policy, chosen) - rc) - (logp(policy, rejected) - rr))))
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    want = {n: p.grad.detach().clone() for n, p in policy.named_parameters()}
+    assert logged_losses(packed)[0] == pytest.approx(float(loss.detach()), rel=1e-6)
+    worst = assert_grads_close(rec.grads[0], want)
+    weights = {float(w) for p in paths for w in p["weights"][np.asarray(p["labels"]) != IGNORE_INDEX]}
+    assert {2.0, 0.5, 3.0, 0.25, 1.0} <= weights
+    print(f"weighted packed DPO vs definition: loss {logged_losses(packed)[0]:.9f} vs {float(loss.detach()):.9f}, "
           f"grad max diff / max grad {worst:.1e}")
