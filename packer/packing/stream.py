@@ -23,6 +23,18 @@ from packer.packing.planner import plan
 T = TypeVar("T")
 
 
+# Per-example counts a pack may budget: (pack_stream's and the planner's count keyword, budget keyword, what
+# the count is, what its budget is called, the config knob to raise). Counts and budgets are named as in
+# ``packing.plan``.
+_BUDGETS = (
+    ("vision", "vision_budget", "vision tokens", "vision budget", "max_vision_tokens"),
+    ("images", "max_images", "images", "image budget", "max_images"),
+    ("videos", "max_videos", "videos", "video budget", "max_videos"),
+    ("audio", "max_audio_tokens", "audio tokens", "audio-token budget", "max_audio_tokens"),
+    ("audios", "max_audios", "audio clips", "audio-clip budget", "max_audios"),
+)
+
+
 def pack_stream(
     examples: Iterable[T],
     *,
@@ -33,6 +45,12 @@ def pack_stream(
     vision_budget: int | None = None,
     images: Callable[[T], int] | None = None,
     max_images: int | None = None,
+    videos: Callable[[T], int] | None = None,
+    max_videos: int | None = None,
+    audio: Callable[[T], int] | None = None,
+    max_audio_tokens: int | None = None,
+    audios: Callable[[T], int] | None = None,
+    max_audios: int | None = None,
     max_examples: int | None = None,
     algorithm: str = "bfd",
     refine: bool = False,
@@ -53,6 +71,12 @@ def pack_stream(
         vision_budget: vision-token budget per pack (needs ``vision``).
         images: images of an example; with ``max_images``, at most that many per pack.
         max_images: image budget per pack (needs ``images``).
+        videos: videos of an example; with ``max_videos``, at most that many per pack.
+        max_videos: video budget per pack (needs ``videos``).
+        audio: audio tokens of an example; with ``max_audio_tokens``, at most that many per pack.
+        max_audio_tokens: audio-token budget per pack (needs ``audio``).
+        audios: audio clips of an example; with ``max_audios``, at most that many per pack.
+        max_audios: audio-clip budget per pack (needs ``audios``).
         max_examples: at most this many examples per pack.
         algorithm: planner used on the pool (see ``packing.plan``).
         refine: the planner's ``refine`` (see ``packing.plan``).
@@ -68,95 +92,92 @@ def pack_stream(
             uninterrupted stream yields from round r on.
 
     Every example is emitted exactly once. Raises ``ConfigError`` for an example longer than ``capacity``
-    (or over the vision budget) when it is read.
+    (or over any budget) when it is read.
     """
     if pool_size < 1:
         raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
-    if vision_budget is not None and vision is None:
-        raise ConfigError("'vision_budget' is set but no `vision` function gives the vision tokens")
-    if max_images is not None and images is None:
-        raise ConfigError("'max_images' is set but no `images` function gives the images")
+    given = {"vision": (vision, vision_budget), "images": (images, max_images), "videos": (videos, max_videos),
+             "audio": (audio, max_audio_tokens), "audios": (audios, max_audios)}
+    active = []  # (count function, budget, its _BUDGETS entry) of each budget set
+    for spec in _BUDGETS:
+        count, budget = given[spec[0]]
+        if budget is not None:
+            if count is None:
+                raise ConfigError(f"'{spec[1]}' is set but no `{spec[0]}` function gives the {spec[2]}")
+            active.append((count, budget, spec))
     if not 0.0 <= min_fill <= 1.0:
         raise ConfigError(f"'min_fill' must be in [0, 1], got {min_fill}")
     keep_at_most = pool_size // 2  # leftovers never crowd out new examples
-    budgets = {"vision_budget": vision_budget, "max_images": max_images, "max_examples": max_examples,
-               "algorithm": algorithm, "refine": refine}
+    options = {"max_examples": max_examples, "algorithm": algorithm, "refine": refine}
+    names = [(spec[0], spec[1], budget) for _, budget, spec in active]
+
+    def counts(example: T) -> tuple[int, ...]:  # (tokens, then each budgeted count)
+        return (int(length(example)), *(int(count(example)) for count, _, _ in active))
+
     pool: list[T] = list(resume[1]) if resume else []
-    lens: list[int] = [int(length(e)) for e in pool]
-    vis: list[int] = [int(vision(e)) if vision is not None else 0 for e in pool]
-    imgs: list[int] = [int(images(e)) if images is not None else 0 for e in pool]
+    rows: list[tuple[int, ...]] = [counts(e) for e in pool]
     age: list[int] = list(resume[2]) if resume else []  # rounds each pooled example has already been held back
     rnd = resume[0] if resume else 0
     seen = 0
 
     def full_rounds():  # a resumed full pool is planned first, as it was when it filled up
-        nonlocal pool, lens, vis, imgs, age, rnd
+        nonlocal pool, rows, age, rnd
         while len(pool) >= pool_size:
             if on_round is not None:
                 on_round(rnd, pool, age)
-            packs, kept = _round(lens, vis, imgs, age, capacity, budgets, seed + rnd, min_fill, max_wait,
-                                 keep_at_most)  # fmt: skip
+            packs, kept = _round(rows, age, capacity, names, options, seed + rnd, min_fill, max_wait, keep_at_most)
             rnd += 1
             for members in packs:
                 yield [pool[i] for i in members]
             pool = [pool[i] for i in kept]
-            lens = [lens[i] for i in kept]
-            vis = [vis[i] for i in kept]
-            imgs = [imgs[i] for i in kept]
+            rows = [rows[i] for i in kept]
             age = [age[i] + 1 for i in kept]
 
     yield from full_rounds()
     for example in examples:
-        n = int(length(example))
-        v = int(vision(example)) if vision is not None else 0
-        k = int(images(example)) if images is not None else 0
-        if not 1 <= n <= capacity:
+        row = counts(example)
+        if not 1 <= row[0] <= capacity:
             raise ConfigError(
-                f"example {seen} of the stream has {n} tokens; each needs 1..capacity ({capacity}) tokens: "
+                f"example {seen} of the stream has {row[0]} tokens; each needs 1..capacity ({capacity}) tokens: "
                 "raise 'max_length' or drop/truncate it"
             )
-        if vision_budget is not None and v > vision_budget:
-            raise ConfigError(
-                f"example {seen} of the stream has {v} vision tokens > vision budget {vision_budget}: "
-                "raise 'max_vision_tokens' or drop it"
-            )
-        if max_images is not None and k > max_images:
-            raise ConfigError(
-                f"example {seen} of the stream has {k} images > image budget {max_images}: "
-                "raise 'max_images' or drop it"
-            )
+        for value, (_, budget, (_, _, what, called, knob)) in zip(row[1:], active, strict=True):
+            if value > budget:
+                raise ConfigError(f"example {seen} of the stream has {value} {what} > {called} {budget}: "
+                                  f"raise '{knob}' or drop it")
         seen += 1
         pool.append(example)
-        lens.append(n)
-        vis.append(v)
-        imgs.append(k)
+        rows.append(row)
         age.append(0)
         yield from full_rounds()
     if pool:  # end of input: everything goes
         if on_round is not None:
             on_round(rnd, pool, age)
-        packs, _ = _round(lens, vis, imgs, age, capacity, budgets, seed + rnd, 0.0, 0, len(pool))
+        packs, _ = _round(rows, age, capacity, names, options, seed + rnd, 0.0, 0, len(pool))
         for members in packs:
             yield [pool[i] for i in members]
 
 
 def _round(
-    lens: list[int],
-    vis: list[int],
-    imgs: list[int],
+    rows: list[tuple[int, ...]],
     age: list[int],
     capacity: int,
-    budgets: dict,
+    names: list[tuple[str, str, int]],
+    options: dict,
     seed: int,
     min_fill: float,
     max_wait: int,
     keep_at_most: int,
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Plan the pool; return (packs to emit, each as pool indices ascending; pool indices kept)."""
-    lengths = np.asarray(lens, dtype=np.int64)
-    vision = np.asarray(vis, dtype=np.int64) if budgets["vision_budget"] is not None else None
-    images = np.asarray(imgs, dtype=np.int64) if budgets["max_images"] is not None else None
-    ids = plan(lengths, capacity, vision=vision, images=images, seed=seed, **budgets)
+    """Plan the pool (``rows``: tokens then the budgeted counts of each example; ``names``: each count's and
+    budget's planner keyword and the budget); return (packs to emit, each as pool indices ascending; pool
+    indices kept)."""
+    table = np.asarray(rows, dtype=np.int64).reshape(len(rows), 1 + len(names))
+    lengths = table[:, 0]
+    budgets = {}
+    for j, (count, budget_name, budget) in enumerate(names, start=1):
+        budgets[count], budgets[budget_name] = table[:, j], budget
+    ids = plan(lengths, capacity, seed=seed, **budgets, **options)
     num_packs = int(ids.max()) + 1
     fill = np.bincount(ids, weights=lengths, minlength=num_packs) / capacity
     count = np.bincount(ids, minlength=num_packs)

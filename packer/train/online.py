@@ -150,11 +150,6 @@ class OnlinePackedDataset(IterableDataset):
                               "per epoch; up/down-sample with `packer build` instead")
         if pool_size < 1:
             raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
-        if config.max_videos is not None:  # pack_stream has no video column yet
-            raise ConfigError("online packing takes no 'max_videos' yet; use `packer build` for a video budget")
-        if config.max_audio_tokens is not None or config.max_audios is not None:  # nor audio columns
-            raise ConfigError("online packing takes no 'max_audio_tokens' / 'max_audios' yet; use `packer build` "
-                              "for an audio budget")
         self.config = config
         self.rank, self.world_size, self.pool_size = rank, world_size, pool_size
         self.shuffle, self.seed, self.encode_batch = shuffle, seed, encode_batch
@@ -254,12 +249,10 @@ class OnlinePackedDataset(IterableDataset):
             for k, one in enumerate(result if isinstance(result, list) else [result]):  # a split document: chunks
                 if not isinstance(one, RecordError):
                     one.source_name = source
-                    vision, images = one.num_vision_tokens, len(one.images)
-                    if (cfg.max_vision_tokens is not None and vision > cfg.max_vision_tokens) or (
-                            cfg.max_images is not None and images > cfg.max_images):
-                        path, line = id_location(one.example_id)  # as the build's budget_rejects
-                        one = RecordError("overlong", f"{vision} vision tokens / {images} images exceed "
-                                          "--max-vision-tokens / --max-images", path=path, line=line)
+                    message = over_budget(one, cfg)
+                    if message is not None:
+                        path, line = id_location(one.example_id)
+                        one = RecordError("overlong", message, path=path, line=line)
                 if isinstance(one, RecordError):
                     if cfg.strict:
                         raise one
@@ -354,7 +347,12 @@ class OnlinePackedDataset(IterableDataset):
         packs = pack_stream(
             examples, capacity=cfg.max_length, pool_size=self.pool_size, length=lambda t: t[1].num_tokens,
             vision=lambda t: t[1].num_vision_tokens, vision_budget=cfg.max_vision_tokens,
-            images=lambda t: len(t[1].images), max_images=cfg.max_images, max_examples=cfg.max_examples_per_pack,
+            images=lambda t: len(t[1].images), max_images=cfg.max_images,
+            videos=lambda t: len(t[1].videos), max_videos=cfg.max_videos,
+            audio=lambda t: t[1].num_audio_tokens, max_audio_tokens=cfg.max_audio_tokens,
+            # every clip counts, a video's own sound track too (the build's num_audios is len(audios))
+            audios=lambda t: len(t[1].audios), max_audios=cfg.max_audios,
+            max_examples=cfg.max_examples_per_pack,
             algorithm=cfg.algorithm, refine=cfg.refine, seed=cfg.seed, min_fill=self.min_fill,
             max_wait=self.max_wait, on_round=on_round, resume=resume,
         )
@@ -376,6 +374,24 @@ class OnlinePackedDataset(IterableDataset):
         row["is_filler"] = False  # ranks are evened out per batch (train/join.py), not per row
         row.update(self._row_context)
         return row
+
+
+def over_budget(example: Encoded, config: BuildConfig) -> str | None:
+    """Why ``example`` can never fit a pack's vision or audio budget, in the words of the build's
+    ``budget_rejects`` (reported as ``overlong``); None if it fits them all."""
+    vision, images, videos = example.num_vision_tokens, len(example.images), len(example.videos)
+    if ((config.max_vision_tokens is not None and vision > config.max_vision_tokens)
+            or (config.max_images is not None and images > config.max_images)
+            or (config.max_videos is not None and videos > config.max_videos)):
+        message = f"{vision} vision tokens / {images} images exceed --max-vision-tokens / --max-images"
+        if config.max_videos is not None:
+            message += f" (or {videos} videos exceed --max-videos)"
+        return message
+    audio, clips = example.num_audio_tokens, len(example.audios)
+    if ((config.max_audio_tokens is not None and audio > config.max_audio_tokens)
+            or (config.max_audios is not None and clips > config.max_audios)):
+        return f"{audio} audio tokens / {clips} audio clips exceed --max-audio-tokens / --max-audios"
+    return None
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:

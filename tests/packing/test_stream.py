@@ -159,3 +159,72 @@ def test_image_budget_per_pack():
     assert max(sum(k for _, k in p) for p in packs) <= 2
     with pytest.raises(ConfigError, match="image budget"):
         list(pack_stream([(10, 3)], capacity=100, length=lambda t: t[0], images=lambda t: t[1], max_images=2))
+
+
+# (tokens, vision tokens, images, videos, audio tokens, audio clips) of an example; budgets of a pack
+ALL_BUDGETS = dict(vision_budget=60, max_images=3, max_videos=2, max_audio_tokens=50, max_audios=2, max_examples=5)
+COUNTS = dict(vision=lambda e: e[1], images=lambda e: e[2], videos=lambda e: e[3], audio=lambda e: e[4],
+              audios=lambda e: e[5])
+# text tokens, vision tokens, images, videos, audio tokens, clips -> the counts (tokens hold vision and audio)
+example_counts = st.tuples(st.integers(1, 50), st.integers(0, 60), st.integers(0, 3), st.integers(0, 2),
+                           st.integers(0, 50), st.integers(0, 2)).map(lambda t: (t[0] + t[1] + t[4], *t[1:]))
+
+
+def _within_every_budget(pack: list[tuple]) -> None:
+    assert sum(e[0] for e in pack) <= 200
+    for j, budget in enumerate(("vision_budget", "max_images", "max_videos", "max_audio_tokens", "max_audios"), 1):
+        assert sum(e[j] for e in pack) <= ALL_BUDGETS[budget], budget
+    assert len(pack) <= ALL_BUDGETS["max_examples"]
+
+
+@SETTINGS
+@given(st.lists(example_counts, max_size=200), st.integers(1, 40), st.sampled_from(["bfd", "ffd", "next-fit"]),
+       st.floats(0.0, 1.0), st.data())
+def test_every_budget_exactly_once_and_resume(raw, pool_size, algorithm, min_fill, data):
+    """With every budget set: each pack holds every budget, each example comes out once, and a stream resumed
+    from any round's ``on_round`` snapshot yields the uninterrupted stream's packs from that round on."""
+    examples = [(*e, i) for i, e in enumerate(raw)]  # the counts, then a unique position
+    kw = dict(capacity=200, pool_size=pool_size, length=lambda e: e[0], algorithm=algorithm, min_fill=min_fill,
+              seed=3, **COUNTS, **ALL_BUDGETS)
+    snaps, tagged = [], []
+    for pack in pack_stream(examples, on_round=lambda r, pool, age: snaps.append((r, list(pool), list(age))), **kw):
+        _within_every_budget(pack)
+        assert [e[-1] for e in pack] == sorted(e[-1] for e in pack)  # arrival order inside a pack
+        tagged.append((len(snaps) - 1, pack))
+    assert sorted(e[-1] for _, p in tagged for e in p) == list(range(len(examples)))
+    if snaps:
+        r, pool, age = data.draw(st.sampled_from(snaps))
+        rest = examples[max(e[-1] for e in pool) + 1 :]
+        assert list(pack_stream(rest, resume=(r, pool, age), **kw)) == [p for rr, p in tagged if rr >= r]
+
+
+@pytest.mark.parametrize(
+    ("budget", "count", "value", "match"),
+    [
+        ("max_videos", "videos", 3, r"example 0 of the stream has 3 videos > video budget 2: raise 'max_videos'"),
+        ("max_audio_tokens", "audio", 51,
+         r"example 0 of the stream has 51 audio tokens > audio-token budget 50: raise 'max_audio_tokens'"),
+        ("max_audios", "audios", 3, r"example 0 of the stream has 3 audio clips > audio-clip budget 2: "
+         "raise 'max_audios'"),
+    ],
+)
+def test_new_budgets_refuse_an_example_over_them_and_need_their_count(budget, count, value, match):
+    limit = {"max_videos": 2, "max_audio_tokens": 50, "max_audios": 2}[budget]
+    with pytest.raises(ConfigError, match=match):
+        list(pack_stream([10], capacity=100, length=int, **{count: lambda e: value, budget: limit}))
+    with pytest.raises(ConfigError, match=rf"'{budget}' is set but no `{count}` function"):
+        list(pack_stream([10], capacity=100, length=int, **{budget: limit}))
+
+
+def test_audio_budgets_bind():
+    """Audio-heavy examples that fit on tokens alone are split by the clip and audio-token budgets, and the
+    packs are what the planner makes of the same pool (one round)."""
+    kw = dict(capacity=1000, pool_size=100, length=lambda i: 40, audio=lambda i: 30, audios=lambda i: 1)
+    assert len(list(pack_stream(range(12), **kw))) == 1  # counts given, no budget: tokens alone
+    packs = list(pack_stream(range(12), max_audio_tokens=100, max_audios=2, **kw))
+    assert all(len(p) <= 2 for p in packs) and sorted(i for p in packs for i in p) == list(range(12))
+    want = plan(np.full(12, 40), 1000, audio=np.full(12, 30), max_audio_tokens=100, audios=np.ones(12, np.int64),
+                max_audios=2)
+    assert [list(p) for p in packs] == [g.tolist() for g in groups(want)]
+    packs = list(pack_stream(range(12), max_audio_tokens=60, **kw))  # two clips' tokens per pack
+    assert len(packs) == 6

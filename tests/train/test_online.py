@@ -248,3 +248,103 @@ def test_split_long_documents_match_the_build_and_resume(long_docs, tmp_path):
         resumed = OnlinePackedDataset(str(long_docs), **kw)
         resumed.load_state_dict(json.loads(json.dumps(ds.state_dict())))
         assert first + [_row_key(r) for r in resumed] == full
+
+
+# ------------------------------------------------------------------ audio budgets on real clips (Qwen2.5-Omni)
+AUDIO_OPTS = dict(profile="qwen2.5-omni", max_length=2048, max_audio_tokens=120, max_audios=2, max_videos=1)
+
+
+def _audio_records() -> list[dict]:
+    audio = lambda name: {"type": "audio", "audio": name}  # noqa: E731
+    text = lambda t: {"type": "text", "text": t}  # noqa: E731
+    clips = ["speech.wav", "tone.mp3", "noise.flac", "short.m4a"]
+    recs = []
+    for i in range(24):
+        a, b = clips[i % 4], clips[(i + 1) % 4]
+        kind = i % 6
+        if kind == 0:
+            content = [audio(a), text(f"What is heard {i}?")]
+        elif kind == 1:
+            content = [audio(a), audio(b), text(f"Same {i}?")]
+        elif kind == 2:  # a video's own sound track is a clip too: with one more clip, two in all
+            recs.append({"messages": [{"role": "user", "content": [{"type": "video", "video": "movie.mp4"},
+                                                                   audio(a), text(f"Both {i}?")]},
+                                      {"role": "assistant", "content": "Yes."}], "use_audio_in_video": True})
+            continue
+        elif kind == 3:
+            content = f"No audio here, {i}." + " more" * i
+        elif kind == 4:
+            content = [text(f"Listen {i}: "), audio(b)]
+        else:
+            content = [audio(a), audio(b), audio(clips[(i + 2) % 4]), text("Three?")]  # over max_audios
+        recs.append({"messages": [{"role": "user", "content": content},
+                                  {"role": "assistant", "content": f"Answer {i}." + " yes" * (i % 7)}]})
+    recs.append({"messages": [{"role": "user", "content": [audio("long.wav"), text("Long?")]},
+                              {"role": "assistant", "content": "Very."}]})  # over max_audio_tokens alone
+    recs.append({"messages": [{"role": "user", "content": [{"type": "video", "video": "movie.mp4"}] * 2},
+                              {"role": "assistant", "content": "Twice."}]})  # over max_videos
+    return recs
+
+
+@pytest.fixture(scope="module")
+def audio_corpus(tmp_path_factory) -> Path:
+    from tests.media.audio_clips import signal, write_clip, write_video
+
+    root = tmp_path_factory.mktemp("online-audio")
+    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
+    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
+    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
+    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_clip(root / "long.wav", signal("speech", 16000, 6.0), 16000)
+    write_video(root / "movie.mp4", seconds=1.5, fps=4, size=(56, 56))
+    path = root / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _audio_records()))
+    return path
+
+
+@pytest.mark.slow
+def test_audio_budgets_online_match_the_build(audio_corpus, tmp_path):
+    """max_audio_tokens, max_audios and max_videos on Qwen2.5-Omni clips and a video with sound: a pool holding
+    the whole file gives the build's rows, row for row; a small shuffled pool gives other packs of the same
+    examples, every row within every budget (a video's sound track counted as a clip), and resumes exactly;
+    the over-budget lines are the build's rejects, with the build's messages."""
+    out = tmp_path / "out"
+    build(BuildConfig.from_inputs([str(audio_corpus)], str(out), **AUDIO_OPTS), progress=False)
+    want = list(PackedDataset(out, shuffle=False, load_images=False))
+    rejects = tmp_path / "rejects.jsonl"
+    online = list(OnlinePackedDataset(str(audio_corpus), pool_size=1000, shuffle=False, rejects_path=rejects,
+                                      load_images=False, **AUDIO_OPTS))
+    assert len(online) == len(want) > 3
+    for got, row in zip(online, want, strict=True):
+        assert set(got) - {"_state"} == set(row) - {"_state"}
+        for key in set(row) - {"_state"}:
+            if isinstance(row[key], np.ndarray):
+                np.testing.assert_array_equal(got[key], row[key], err_msg=key)
+            else:
+                assert got[key] == row[key], key
+    key = lambda r: (r["path"], r["line"], r["reason"], r["message"])  # noqa: E731
+    got_rejects = sorted(map(key, map(json.loads, rejects.read_text().splitlines())))
+    assert got_rejects == sorted(map(key, map(json.loads, (out / "rejects.jsonl").read_text().splitlines())))
+    assert [m.split(" exceed ", 1)[1] for *_, m in got_rejects] == ["--max-audio-tokens / --max-audios"] * 5 + [
+        "--max-vision-tokens / --max-images (or 2 videos exceed --max-videos)"]  # 4 x 3 clips, 150 tokens; 2 videos
+
+    examples = Counter(e for r in want for e in r["example_ids"])
+    small = list(OnlinePackedDataset(str(audio_corpus), pool_size=4, seed=3, load_images=False, **AUDIO_OPTS))
+    assert Counter(e for r in small for e in r["example_ids"]) == examples and max(examples.values()) == 1
+    assert len(small) >= len(want)
+    for row in small + online:
+        assert len(row["audios"]) <= AUDIO_OPTS["max_audios"] and len(row["videos"]) <= AUDIO_OPTS["max_videos"]
+        assert sum(a["num_tokens"] for a in row["audios"]) <= AUDIO_OPTS["max_audio_tokens"]
+        assert row["cu_seqlens"][-1] == len(row["input_ids"]) <= AUDIO_OPTS["max_length"]
+    assert any(a["video"] for r in online for a in r["audios"])  # the video's track was a clip of its row
+    # the budgets bind: without them the whole file fits fewer rows
+    assert sum(1 for _ in OnlinePackedDataset(str(audio_corpus), pool_size=1000, shuffle=False, load_images=False,
+                                              profile="qwen2.5-omni", max_length=2048)) < len(online)
+    # a resume re-encodes the pool and recounts its clips: the rows are the uninterrupted run's
+    kw = dict(pool_size=4, seed=3, load_images=False, **AUDIO_OPTS)
+    ds = OnlinePackedDataset(str(audio_corpus), **kw)
+    it = iter(ds)
+    first = [_row_key(next(it)) for _ in range(3)]
+    resumed = OnlinePackedDataset(str(audio_corpus), **kw)
+    resumed.load_state_dict(json.loads(json.dumps(ds.state_dict())))
+    assert first + [_row_key(r) for r in resumed] == [_row_key(r) for r in small]
