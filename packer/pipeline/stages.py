@@ -256,19 +256,15 @@ def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, li
         audio_bad |= table.column("num_audio_tokens").to_numpy() > config.max_audio_tokens
     if config.max_audios is not None:
         audio_bad |= table.column("num_audios").to_numpy() > config.max_audios
+    from packer.packing.budgets import budget_message
+
     rejects = []
-    for i in np.flatnonzero(audio_bad & ~bad).tolist():
+    counts = ("num_vision_tokens", "num_images", "num_videos", "num_audio_tokens", "num_audios")
+    for i in np.flatnonzero(bad | audio_bad).tolist():
         path, line = id_location(table.column("example_id")[i].as_py())
-        message = (f"{table.column('num_audio_tokens')[i].as_py()} audio tokens / {table.column('num_audios')[i].as_py()} "
-                   "audio clips exceed --max-audio-tokens / --max-audios")
-        rejects.append({"path": path, "line": line, "reason": "overlong",
-                        "source": table.column("source_name")[i].as_py(), "message": message})
-    for i in np.flatnonzero(bad).tolist():
-        path, line = id_location(table.column("example_id")[i].as_py())
-        message = (f"{table.column('num_vision_tokens')[i].as_py()} vision tokens / "
-                   f"{table.column('num_images')[i].as_py()} images exceed --max-vision-tokens / --max-images")
-        if config.max_videos is not None:
-            message += f" (or {table.column('num_videos')[i].as_py()} videos exceed --max-videos)"
+        vision, images, videos, audio_tokens, audios = (int(table.column(c)[i].as_py()) for c in counts)
+        message = budget_message(config, vision=vision, images=images, videos=videos, audio_tokens=audio_tokens,
+                                 audios=audios)
         rejects.append({"path": path, "line": line, "reason": "overlong",
                         "source": table.column("source_name")[i].as_py(), "message": message})
     return bad | audio_bad, sorted(rejects, key=lambda r: (r["path"], r["line"]))

@@ -377,21 +377,12 @@ class OnlinePackedDataset(IterableDataset):
 
 
 def over_budget(example: Encoded, config: BuildConfig) -> str | None:
-    """Why ``example`` can never fit a pack's vision or audio budget, in the words of the build's
-    ``budget_rejects`` (reported as ``overlong``); None if it fits them all."""
-    vision, images, videos = example.num_vision_tokens, len(example.images), len(example.videos)
-    if ((config.max_vision_tokens is not None and vision > config.max_vision_tokens)
-            or (config.max_images is not None and images > config.max_images)
-            or (config.max_videos is not None and videos > config.max_videos)):
-        message = f"{vision} vision tokens / {images} images exceed --max-vision-tokens / --max-images"
-        if config.max_videos is not None:
-            message += f" (or {videos} videos exceed --max-videos)"
-        return message
-    audio, clips = example.num_audio_tokens, len(example.audios)
-    if ((config.max_audio_tokens is not None and audio > config.max_audio_tokens)
-            or (config.max_audios is not None and clips > config.max_audios)):
-        return f"{audio} audio tokens / {clips} audio clips exceed --max-audio-tokens / --max-audios"
-    return None
+    """Why ``example`` can never fit a pack's vision or audio budget (``packing.budgets.budget_message``, the
+    build's words; reported as ``overlong``); None if it fits them all."""
+    from packer.packing.budgets import budget_message
+
+    return budget_message(config, vision=example.num_vision_tokens, images=len(example.images),
+                          videos=len(example.videos), audio_tokens=example.num_audio_tokens, audios=len(example.audios))
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
