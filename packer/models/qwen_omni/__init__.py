@@ -5,9 +5,9 @@ time-aligned mRoPE.
     rope.py        get_rope_index's positions, get_chunked_index, the audio token count
     qwen3.py       Qwen3-Omni: clips padded per example, 16 px patches, its video rule, float positions
     rope3.py       Qwen3-Omni's audio count, its video-with-sound layout and float32 get_rope_index
-    reader.py      rows -> the thinker's inputs (images, videos; audio refused until the shards carry it)
+    reader.py      rows -> the thinker's inputs (images, videos, the base Reader's audio features)
     proof.py       a tiny Qwen2_5OmniThinkerForConditionalGeneration / Qwen3OmniMoeThinkerForConditionalGeneration
-    tokenizers.py  the builtin qwen2.5-omni (Qwen2's vocabulary, Omni's added tokens, its chat template)
+    tokenizers.py  the builtins qwen2.5-omni and qwen3-omni (Qwen2's vocabulary, each Omni's added tokens, templates)
 """
 
 from packer.models.qwen_omni.profile import QwenOmniProfile

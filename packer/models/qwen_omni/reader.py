@@ -1,4 +1,5 @@
-"""The Qwen2.5-Omni reader: images through ``Qwen2VLImageProcessorPil`` (the checkpoint's min/max pixels),
+"""The Qwen2.5-Omni and Qwen3-Omni reader (Qwen3-Omni: 16 px patches, mean/std 0.5, each clip padded to its
+``padded_samples``, the base Reader's rule): images through ``Qwen2VLImageProcessorPil`` (the checkpoint's min/max pixels),
 videos from their planned frames only (the shared ``qwen_video_pixels`` maths, no torchvision), the processor's
 ``video_second_per_grid``, and (the base ``Reader``'s default, which is Qwen2.5-Omni's) each audio clip, a video's
 sound track too, decoded as qwen-omni-utils loads it (``media.audio.decode_audio``: librosa.load at 16 kHz) and
