@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packer.core.ids import chunk_id
-from packer.core.types import IGNORE_INDEX, Encoded, Example, ImageRef, Node
+from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, Example, ImageRef, Node
 from packer.encode.draft import Draft
 from packer.encode.split import chunk_labels, split_windows
 from packer.errors import RecordError
@@ -57,6 +57,8 @@ def truncate(enc: Encoder, draft: Draft) -> None:
     draft.videos = [draft.videos[k] for k in kept_videos]
     draft.video_runs = [draft.video_runs[k] for k in kept_videos]
     kept_audios = [k for k, (_, end) in enumerate(draft.audio_runs) if end <= cut]
+    _check_padding_kept(enc, [draft.audios[k] for k in kept_audios], draft.node_offsets[:keep_nodes],
+                        draft.node_parents[:keep_nodes])
     draft.audios = [draft.audios[k] for k in kept_audios]
     draft.audio_runs = [draft.audio_runs[k] for k in kept_audios]
     draft.ids, draft.labels = draft.ids[:cut], labels
@@ -87,6 +89,38 @@ def _check_counts_kept(enc: Encoder, draft: Draft, whole: list, keep_nodes: int)
             f"cutting to --max-length {enc.max_length} drops images that decide how many tokens the "
             f"kept ones take (profile {profile.name!r}); raise --max-length or use --overlong drop",
         )
+
+
+def _check_padding_kept(enc: Encoder, kept: list[EncodedAudio], offsets: np.ndarray, parents: np.ndarray) -> None:
+    """RecordError "untruncatable" where a kept clip stores ``padded_samples`` (its features computed beside its
+    example's other clips, padded to the longest) that the cut tree no longer gives it: on some path of the cut
+    tree the longest kept clip differs, so its feature_length, tokens and features would be the cut clips'."""
+    if all(a.padded_samples is None for a in kept):
+        return
+    parents = np.asarray(parents).tolist()
+    node = lambda a: int(np.searchsorted(offsets, a.offset, side="right")) - 1  # noqa: E731
+    children = {p for p in parents if p >= 0}
+    paths = []  # the cut tree's root-to-leaf paths, as node sets
+    for leaf in (n for n in range(len(parents)) if n not in children):
+        path, n = set(), leaf
+        while n >= 0:
+            path.add(n)
+            n = parents[n]
+        paths.append(path)
+    for k, a in enumerate(kept):
+        if a.padded_samples is None:
+            continue
+        longest = {max(b.num_samples for b in kept if node(b) in path) for path in paths if node(a) in path}
+        if longest != {a.padded_samples}:
+            clip = a.source or "inline audio"
+            after = longest.pop() if len(longest) == 1 else f"{sorted(longest)} by path"
+            raise RecordError(
+                "untruncatable",
+                f"cutting to --max-length {enc.max_length} drops the audio clip that set the padding of kept clip "
+                f"{k + 1} ({clip}): profile {enc.profile.name!r} pads an example's clips to its longest, "
+                f"{a.padded_samples} samples before the cut, {after} after it, so the kept clip's features "
+                "and token count would not be its own; raise --max-length or use --overlong drop",
+            )
 
 
 def truncate_left(enc: Encoder, draft: Draft) -> None:

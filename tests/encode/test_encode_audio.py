@@ -306,3 +306,62 @@ def test_any_placement_of_clips_in_trees_covers_exactly_the_audio_tokens(toy, cl
     for a in enc.audios:
         assert per_file.setdefault(a.source, a.num_tokens) == a.num_tokens
     assert len(enc.audios) == len(ex.audios)
+
+
+def _omni_turns(clips: Path, *names: str, branches=None):
+    """A chat with one user turn per clip (each asking about it) and an answer after each."""
+    msgs = []
+    for k, name in enumerate(names):
+        msgs += [{"role": "user", "content": [audio(name), {"type": "text", "text": f"What is clip {k + 1}?"}]},
+                 {"role": "assistant", "content": f"Clip {k + 1} is a sound."}]
+    obj = {"messages": msgs, **({"branches": branches} if branches else {})}
+    return parse_record(obj, path="omni.jsonl", line=7, base_dir=str(clips))
+
+
+@pytest.mark.slow
+def test_truncation_keeps_a_clips_padding_or_refuses(clips):
+    """Qwen3-Omni pads an example's clips to its longest (padded_samples): a cut that drops the longest clip
+    would leave a kept clip with another example's features and count, so it is untruncatable; a cut that keeps
+    the longest clip keeps every kept clip exactly as a fresh encode of the kept part stores it."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    tok, profile = load_tokenizer("qwen3-omni"), get_profile("qwen3-omni")
+
+    def cut_before_clip(ex, k: int) -> Encoder:  # a max_length that ends inside clip k's run
+        whole = Encoder(tok, profile).encode(ex)
+        a = sorted(whole.audios, key=lambda a: a.offset)[k]
+        return Encoder(tok, profile, max_length=a.offset + a.num_tokens // 2, overlong="truncate")
+
+    # the short clip first, the longest second: cutting the second changes the first's padding
+    short_first = _omni_turns(clips, "tone.mp3", "noise.flac")
+    whole = Encoder(tok, profile).encode(short_first)
+    assert [a.padded_samples for a in whole.audios] == [32800, 32800]  # 2.05 s at 16 kHz
+    with pytest.raises(RecordError, match=r"untruncatable: cutting to --max-length \d+ drops the audio clip that set "
+                                          r"the padding of kept clip 1 \(.*tone\.mp3\): profile 'qwen3-omni' pads an "
+                                          r"example's clips to its longest, 32800 samples before the cut, 11200 after"):
+        cut_before_clip(short_first, 1).encode(short_first)
+
+    # the longest first: cutting the shorter one leaves the kept clip padded as before
+    long_first = _omni_turns(clips, "noise.flac", "tone.mp3")
+    cut = cut_before_clip(long_first, 1).encode(long_first)
+    (kept,) = cut.audios
+    alone = Encoder(tok, profile).encode(_omni_turns(clips, "noise.flac"))
+    (fresh,) = alone.audios
+    assert kept == fresh and kept.padded_samples == kept.num_samples == 32800
+    end = kept.offset + kept.num_tokens
+    np.testing.assert_array_equal(cut.input_ids[:end], alone.input_ids[:end])
+
+    # a tree whose two branches both add the longest clip: cutting inside the second branch's clip leaves a path
+    # (root, the second branch's start) on which the root's clip is the longest, padded to itself
+    tree = _omni_turns(clips, "tone.mp3", branches=[
+        [{"role": "user", "content": [audio("noise.flac"), {"type": "text", "text": "And this?"}]},
+         {"role": "assistant", "content": "Noise."}],
+        [{"role": "user", "content": [audio("noise.flac"), {"type": "text", "text": "Or this?"}]},
+         {"role": "assistant", "content": "Hiss."}]])
+    assert {a.padded_samples for a in Encoder(tok, profile).encode(tree).audios} == {32800}
+    with pytest.raises(RecordError, match=r"untruncatable: .* kept clip 1 .*32800 samples before the cut, "
+                                          r"\[11200, 32800\] by path after it"):
+        cut_before_clip(tree, 2).encode(tree)
+    # cutting inside the first branch's clip keeps the root's only, on its own path: 11200 after, refused too
+    with pytest.raises(RecordError, match=r"untruncatable: .*32800 samples before the cut, 11200 after it"):
+        cut_before_clip(tree, 1).encode(tree)

@@ -20,6 +20,8 @@ from PIL import Image
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # run as a script from anywhere: tests.media is beside it
 
+from tests.media.audio_clips import signal  # noqa: E402
+from tests.media.audio_clips import write_clip as write_audio  # noqa: E402
 from tests.media.make_videos import (  # noqa: E402
     truncate,
     write_audio_only,
@@ -251,6 +253,37 @@ def _llava_onevision_records() -> list[tuple[dict, str, str]]:
     ]
 
 
+def _clips() -> None:
+    """tone.wav (0.25 s), speech.wav (0.1 s) and blip.wav (100 samples: no mel frame alone), mono 16 kHz PCM
+    (Qwen3-Omni's rate: no resampling moves a length)."""
+    write_audio(HERE / "tone.wav", signal("tone", 16000, 0.25), 16000)
+    write_audio(HERE / "speech.wav", signal("speech", 16000, 0.1), 16000)
+    write_audio(HERE / "blip.wav", signal("tone", 16000, num_samples=100), 16000)
+
+
+def aud(path: str, text: str | None = None) -> list[dict]:
+    return [{"type": "audio", "audio": path}] + ([{"type": "text", "text": text}] if text else [])
+
+
+def _qwen3_omni_records() -> list[tuple[dict, str, str]]:
+    """qwen3-omni pads an example's clips to its longest (tone.wav 4000 samples > speech.wav 1600 > blip.wav
+    100), so a clip's features depend on the clips beside it on its path."""
+    return [
+        ({"messages": [U(aud("speech.wav", "Said?"))],
+          "branches": [[A("One.")], [A("Two."), U(aud("tone.wav", "And?")), A("Three.")]]}, "audio_tree",
+         "a root clip under one branch with a longer clip and one without (padded apart)"),
+        ({"messages": [U(aud("tone.wav", "Said?"))],
+          "branches": [[A("One.")], [A("Two."), U(aud("speech.wav", "And?")), A("Three.")]]}, "packed",
+         "a root clip that is every path's longest (padded alike)"),
+        ({"messages": [U(aud("speech.wav") + aud("tone.wav", "Same?")), A("No.")]}, "packed",
+         "two clips of different lengths in one example"),
+        ({"messages": [U(aud("blip.wav", "Said?")), A("x")]}, "bad_audio",
+         "a 100-sample clip alone (no mel frame the processor can compute)"),
+        ({"messages": [U(aud("blip.wav") + aud("tone.wav", "Both?")), A("x")]}, "packed",
+         "the 100-sample clip beside a longer one (padded to it: one frame)"),
+    ]
+
+
 def _write(name: str, cases, config: dict) -> dict:
     out = bytearray()
     expect, notes = {}, {}
@@ -274,6 +307,7 @@ def _write(name: str, cases, config: dict) -> dict:
 def main() -> None:
     data_url = _images()
     _videos()
+    _clips()
     common = {"profile": "qwen2-vl", "max_pixels": 64 * 28 * 28, "max_length": 256}
     spec = {
         "records.jsonl": _write("records.jsonl", _records(data_url), {**common, "max_vision_tokens": 30}),
@@ -286,6 +320,8 @@ def main() -> None:
         "molmo2.jsonl": _write("molmo2.jsonl", _molmo2_records(), {"profile": "molmo2", "max_length": 2048}),
         "llava_onevision.jsonl": _write("llava_onevision.jsonl", _llava_onevision_records(),
                                         {"profile": "llava-onevision", "max_length": 8192}),
+        "qwen3_omni.jsonl": _write("qwen3_omni.jsonl", _qwen3_omni_records(), {"profile": "qwen3-omni",
+                                                                              "max_length": 1024}),
     }
     (HERE / "expected.json").write_text(json.dumps({"files": spec}, indent=1) + "\n")
 
