@@ -194,3 +194,68 @@ def qwen2vl_video_processor(**kwargs: Any) -> tuple[Any, Any]:
     mp.setattr(backends, "pil_torch_interpolation_mapping",
                {PILImageResampling.BICUBIC: Interpolation.BICUBIC, PILImageResampling.BILINEAR: Interpolation.BILINEAR})
     return VideoProcessor(**kwargs), mp
+
+
+def write_omni_media(root: Path) -> Path:
+    """The Omni tests' media under ``root``: clips in four codecs and rates (wav stereo, mp3, flac, m4a stereo),
+    two mp4 videos with sound (one a 22.05 kHz mono track), and two images of odd sizes."""
+    from PIL import Image
+
+    from tests.media.audio_clips import signal, write_clip, write_video
+
+    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
+    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
+    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
+    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_video(root / "movie.mp4", seconds=4.5, fps=10, size=(64, 48))
+    write_video(root / "long.mp4", seconds=7.3, fps=8, size=(80, 60), sample_rate=22050, channels=1)
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(root / "pic.png")
+    Image.fromarray(rng.integers(0, 256, (300, 41, 3), dtype=np.uint8)).save(root / "tall.png")
+    return root
+
+
+def record_paths(record: dict) -> list[list[dict]]:
+    """A chat record's root-to-leaf message lists (``branches`` of lists or of nested nodes), leaves in order."""
+
+    def walk(prefix, node):
+        msgs = prefix + (node if isinstance(node, list) else node["messages"])
+        branches = [] if isinstance(node, list) else node.get("branches", [])
+        return [p for b in branches for p in walk(msgs, b)] or [msgs]
+
+    return walk([], record)
+
+
+def omni_path_media(msgs: list[dict], enc: Encoded, cols: np.ndarray, media: Path, *, with_sound: bool
+                    ) -> tuple[list, list, list, list, list]:
+    """What qwen-omni-utils hands an Omni processor for one path: (audio clips at 16 kHz, each clip's video
+    index or None (``audio_from_video_indices``), PIL images, each video's frames resized as ``fetch_video`` does
+    (from the encoded entry's sampled frames and utils size), the videos' encoded entries)."""
+    import torch
+    from PIL import Image
+
+    from packer.media.audio import decode_audio
+    from packer.media.video import decode_frames
+
+    on_path = set(cols.tolist())
+    audio, slots, images, videos, entries = [], [], [], [], []
+    for m in msgs:
+        for part in m["content"] if isinstance(m["content"], list) else []:
+            if part["type"] == "audio":
+                audio.append(decode_audio(str(media / part["audio"]), target_sr=16000,
+                                          start=part.get("audio_start"), end=part.get("audio_end")))
+                slots.append(None)
+            elif part["type"] == "image":
+                images.append(Image.open(media / part["image"]).convert("RGB"))
+            elif part["type"] == "video":
+                entry = next(v for v in enc.videos if v.offset in on_path)
+                frames = torch.from_numpy(decode_frames(entry.source, entry.frame_indices)).permute(0, 3, 1, 2)
+                size = (entry.utils_height, entry.utils_width)  # qwen-omni-utils' fetch_video resize
+                frames = torch.nn.functional.interpolate(frames.float(), size=size, mode="bicubic",
+                                                         antialias=True).clamp(0, 255)
+                if with_sound:
+                    audio.append(decode_audio(entry.source, target_sr=16000, video=True))
+                    slots.append(len(videos))
+                videos.append(frames)
+                entries.append(entry)
+    return audio, slots, images, videos, entries

@@ -33,7 +33,14 @@ from packer.models.qwen_omni.rope import (
     mel_frames,
     omni_position_ids,
 )
-from tests.helpers import qwen2vl_video_processor, token_paths, without_video_processor
+from tests.helpers import (
+    omni_path_media,
+    qwen2vl_video_processor,
+    record_paths,
+    token_paths,
+    without_video_processor,
+    write_omni_media,
+)
 
 IMG, VID, AUD, VB, VE, AB, AE = 151655, 151656, 151646, 151652, 151653, 151647, 151648
 
@@ -259,21 +266,7 @@ def av_processor(tok):
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    from PIL import Image
-
-    from tests.media.audio_clips import signal, write_clip, write_video
-
-    root = tmp_path_factory.mktemp("omni")
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
-    write_video(root / "movie.mp4", seconds=4.5, fps=10, size=(64, 48))
-    write_video(root / "long.mp4", seconds=7.3, fps=8, size=(80, 60), sample_rate=22050, channels=1)
-    rng = np.random.default_rng(3)
-    Image.fromarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(root / "pic.png")
-    Image.fromarray(rng.integers(0, 256, (300, 41, 3), dtype=np.uint8)).save(root / "tall.png")
-    return root
+    return write_omni_media(tmp_path_factory.mktemp("omni"))
 
 
 def _omni_records() -> list[dict]:
@@ -302,27 +295,15 @@ def _omni_records() -> list[dict]:
     ]
 
 
-def _record_paths(record: dict) -> list[list[dict]]:
-    def walk(prefix, node):
-        msgs = prefix + (node if isinstance(node, list) else node["messages"])
-        branches = [] if isinstance(node, list) else node.get("branches", [])
-        return [p for b in branches for p in walk(msgs, b)] or [msgs]
-
-    return walk([], record)
-
-
 @pytest.mark.slow
 def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -> None:
     """Each record's every root-to-leaf path: the encoder's ids equal ``Qwen2_5OmniProcessor(text=
     apply_chat_template(path), audio=the loader's clips, images=..., videos=the sampled frames)["input_ids"]``
     (with ``load_audio_from_video`` and one audio per slot where the record uses a video's sound), and its
     positions equal the thinker's ``get_rope_index`` on those ids."""
-    from PIL import Image
 
     from packer.encode.encoder import Encoder
     from packer.formats import parse_record
-    from packer.media.audio import decode_audio
-    from packer.media.video import decode_frames
     from packer.models import get_profile
 
     encoder = Encoder(tok, get_profile("qwen2.5-omni"))
@@ -330,27 +311,8 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
     for record in _omni_records():
         enc = encoder.encode(parse_record(record, path="omni.jsonl", line=1, base_dir=str(media)))
         with_sound = bool(record.get("use_audio_in_video"))
-        for msgs, cols in zip(_record_paths(record), token_paths(enc), strict=True):
-            audio, slots, images, videos, video_entries = [], [], [], [], []
-            for m in msgs:
-                for part in m["content"] if isinstance(m["content"], list) else []:
-                    if part["type"] == "audio":
-                        audio.append(decode_audio(str(media / part["audio"]), target_sr=16000,
-                                                  start=part.get("audio_start"), end=part.get("audio_end")))
-                        slots.append(None)
-                    elif part["type"] == "image":
-                        images.append(Image.open(media / part["image"]).convert("RGB"))
-                    elif part["type"] == "video":
-                        entry = next(v for v in enc.videos if v.offset in set(cols.tolist()))
-                        frames = torch.from_numpy(decode_frames(entry.source, entry.frame_indices)).permute(0, 3, 1, 2)
-                        size = (entry.utils_height, entry.utils_width)  # qwen-omni-utils' fetch_video resize
-                        frames = torch.nn.functional.interpolate(frames.float(), size=size, mode="bicubic",
-                                                                 antialias=True).clamp(0, 255)
-                        if with_sound:
-                            audio.append(decode_audio(entry.source, target_sr=16000, video=True))
-                            slots.append(len(videos))
-                        videos.append(frames)
-                        video_entries.append(entry)
+        for msgs, cols in zip(record_paths(record), token_paths(enc), strict=True):
+            audio, slots, images, videos, video_entries = omni_path_media(msgs, enc, cols, media, with_sound=with_sound)
             text = av_processor.apply_chat_template(msgs, tokenize=False)
             kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
             # a part's fps is what a user hands on to the processor (its video_second_per_grid)
