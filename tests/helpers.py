@@ -259,3 +259,22 @@ def omni_path_media(msgs: list[dict], enc: Encoded, cols: np.ndarray, media: Pat
                 videos.append(frames)
                 entries.append(entry)
     return audio, slots, images, videos, entries
+
+
+def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
+    """Rewrite one shard of a finished build with ``change(rows)`` applied to its rows (a list of dicts, changed
+    in place), its manifest entry's checksum and size updated: a corrupted build for verify to find."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packer.shards.schema import SCHEMA
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["shards"][shard]
+    rows = pq.read_table(out / entry["file"]).to_pylist()
+    change(rows)
+    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
+    manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
+    write_json_atomic(out / "manifest.json", manifest)

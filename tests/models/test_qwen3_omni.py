@@ -41,6 +41,7 @@ from tests.helpers import (
     omni_path_media,
     qwen2vl_video_processor,
     record_paths,
+    rewrite_shard,
     token_paths,
     write_omni_media,
 )
@@ -473,38 +474,30 @@ OMNI3_FAULTS = {  # fault -> what verify reports (any of)
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", sorted(OMNI3_FAULTS))
 def test_verify_finds_each_fault(omni3_build, tmp_path, fault) -> None:
-    import json
     import shutil
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from packer.report.verify import verify_build
-    from packer.shards.io import write_json_atomic, write_shard
-    from packer.shards.schema import SCHEMA
 
     out = tmp_path / "out"
     shutil.copytree(omni3_build["root"] / "out", out)
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["shards"][0]
-    rows = pq.read_table(out / entry["file"]).to_pylist()
-    row = next(r for r in rows if any(a["video"] for a in r["audios"]))
-    track = next(a for a in row["audios"] if a["video"])
-    if fault == "frame and sound swapped":
-        ids, k = row["input_ids"], track["offset"]
-        ids[k - 1], ids[k] = ids[k], ids[k - 1]
-    elif fault == "sound track offset":
-        track["offset"] += 1
-    elif fault == "position":
-        row["mrope_position_ids"][3 * (track["offset"] + 2)] += 0.5
-    elif fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
-        clip = next(a for r in rows for a in r["audios"] if a["padded_samples"] > a["num_samples"] + 160)
-        clip["padded_samples"] = clip["num_samples"]
-    else:
-        row["input_ids"][0] = AUD
-    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
-    manifest["shards"][0] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
-    write_json_atomic(out / "manifest.json", manifest)
+
+    def change(rows: list[dict]) -> None:
+        row = next(r for r in rows if any(a["video"] for a in r["audios"]))
+        track = next(a for a in row["audios"] if a["video"])
+        if fault == "frame and sound swapped":
+            ids, k = row["input_ids"], track["offset"]
+            ids[k - 1], ids[k] = ids[k], ids[k - 1]
+        elif fault == "sound track offset":
+            track["offset"] += 1
+        elif fault == "position":
+            row["mrope_position_ids"][3 * (track["offset"] + 2)] += 0.5
+        elif fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
+            clip = next(a for r in rows for a in r["audios"] if a["padded_samples"] > a["num_samples"] + 160)
+            clip["padded_samples"] = clip["num_samples"]
+        else:
+            row["input_ids"][0] = AUD
+
+    rewrite_shard(out, change)
     report = verify_build(out)
     assert not report.ok
     assert OMNI3_FAULTS[fault] & {check for _, check in report.counts}, report.lines()

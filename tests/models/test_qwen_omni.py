@@ -37,6 +37,7 @@ from tests.helpers import (
     omni_path_media,
     qwen2vl_video_processor,
     record_paths,
+    rewrite_shard,
     token_paths,
     without_video_processor,
     write_omni_media,
@@ -501,24 +502,6 @@ def test_build_verifies(omni_build) -> None:
     assert report.ok, report.lines()
 
 
-def _rewrite_first_row(out, change) -> None:
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from packer.shards.io import write_json_atomic, write_shard
-    from packer.shards.schema import SCHEMA
-
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["shards"][0]
-    rows = pq.read_table(out / entry["file"]).to_pylist()
-    change(rows[0])
-    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
-    manifest["shards"][0] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
-    write_json_atomic(out / "manifest.json", manifest)
-
-
 OMNI_FAULTS = {  # fault -> what verify reports (any of)
     # a frame's last token and the sound's first change places: the frames' runs no longer make whole frames
     "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
@@ -550,7 +533,7 @@ def test_verify_finds_each_fault(omni_build, tmp_path, fault) -> None:
         else:
             row["input_ids"][0] = AUD
 
-    _rewrite_first_row(out, change)
+    rewrite_shard(out, lambda rows: change(rows[0]))
     report = verify_build(out)
     assert not report.ok
     assert OMNI_FAULTS[fault] & {check for _, check in report.counts}, report.lines()
