@@ -278,3 +278,55 @@ def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
     new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
     manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
+
+
+def random_omni_sequence(rng: np.random.Generator, with_sound: bool, *, tokens: dict[str, int], frames_for,
+                         av_kinds, seconds_per_grid: tuple[float, ...]):
+    """A random Omni sequence for positions tests: text, images, audio clips and videos (with their sound when
+    ``with_sound``), as (ids, blocks, image grids, video grids, seconds per grid, each clip's mel frames).
+    ``tokens`` names the family's ids (image, video, audio, vision_start/end, audio_start/end), ``frames_for(n)``
+    gives a clip of n tokens' frames, ``av_kinds(grid, spg, n)`` the processor's video/audio order (0 video)."""
+    from packer.models.qwen_omni.rope import Block
+
+    t = tokens
+    ids, blocks, igr, vgr, spg, aud = [], [], [], [], [], []
+    for _ in range(int(rng.integers(1, 5))):
+        ids += rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()
+        kind = rng.choice(["image", "audio", "video"])
+        if kind == "image":
+            g = (1, 2 * int(rng.integers(1, 5)), 2 * int(rng.integers(1, 5)))
+            ids.append(t["vision_start"])
+            s = len(ids)
+            ids += [t["image"]] * (g[1] * g[2] // 4)
+            blocks.append(Block(s, len(ids), "image", g))
+            ids.append(t["vision_end"])
+            igr.append(g)
+        elif kind == "audio":
+            n = int(rng.integers(1, 130))
+            ids.append(t["audio_start"])
+            s = len(ids)
+            ids += [t["audio"]] * n
+            blocks.append(Block(s, len(ids), "audio"))
+            ids.append(t["audio_end"])
+            aud.append(int(frames_for(n)))
+        else:
+            g = (int(rng.integers(1, 8)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4)))
+            sp = float(rng.choice(seconds_per_grid))
+            vgr.append(g)
+            spg.append(sp)
+            if with_sound:
+                n = int(rng.integers(1, 200))
+                aud.append(int(frames_for(n)))
+                ids += [t["vision_start"], t["audio_start"]]
+                s = len(ids)
+                ids += np.where(av_kinds(g, sp, n) == 0, t["video"], t["audio"]).tolist()
+                blocks.append(Block(s, len(ids), "av", g, sp, n))
+                ids += [t["audio_end"], t["vision_end"]]
+            else:
+                ids.append(t["vision_start"])
+                s = len(ids)
+                ids += [t["video"]] * (g[0] * g[1] * g[2] // 4)
+                blocks.append(Block(s, len(ids), "video", g, sp))
+                ids.append(t["vision_end"])
+    ids += rng.integers(0, 1000, int(rng.integers(0, 4))).tolist()
+    return ids, blocks, igr, vgr, spg, aud

@@ -40,6 +40,7 @@ from packer.models.qwen_omni.rope3 import (
 from tests.helpers import (
     omni_path_media,
     qwen2vl_video_processor,
+    random_omni_sequence,
     record_paths,
     rewrite_shard,
     token_paths,
@@ -48,6 +49,7 @@ from tests.helpers import (
 
 IMG, VID, AUD, VS, VE, AS, AE = 151655, 151656, 151675, 151652, 151653, 151669, 151670
 HALF = [0.5, 0.5, 0.5]
+TOKENS = dict(image=IMG, video=VID, audio=AUD, vision_start=VS, vision_end=VE, audio_start=AS, audio_end=AE)
 
 
 @pytest.fixture(scope="module")
@@ -180,48 +182,10 @@ def test_layout_equals_the_processor(processor, grid, spg, n) -> None:
 
 
 def _random_sequence(rng, with_sound: bool):
-    ids, blocks, igr, vgr, spg, aud = [], [], [], [], [], []
-    for _ in range(int(rng.integers(1, 5))):
-        ids += rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()
-        kind = rng.choice(["image", "audio", "video"])
-        if kind == "image":
-            g = (1, 2 * int(rng.integers(1, 5)), 2 * int(rng.integers(1, 5)))
-            ids.append(VS)
-            s = len(ids)
-            ids += [IMG] * (g[1] * g[2] // 4)
-            blocks.append(Block(s, len(ids), "image", g))
-            ids.append(VE)
-            igr.append(g)
-        elif kind == "audio":
-            n = int(rng.integers(1, 130))
-            ids.append(AS)
-            s = len(ids)
-            ids += [AUD] * n
-            blocks.append(Block(s, len(ids), "audio"))
-            ids.append(AE)
-            aud.append(int(frames_for_tokens(n)))
-        else:
-            g = (int(rng.integers(1, 8)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4)))
-            # 2 / fps for the fps a user hands on: 1.0 (the default), 2.0, and sampled rates' fractions
-            sp = float(rng.choice([2.0, 1.0, 0.5, 2 / 1.9178, 2 / 2.3, 2 / 0.7]))
-            vgr.append(g)
-            spg.append(sp)
-            if with_sound:
-                n = int(rng.integers(1, 200))
-                aud.append(int(frames_for_tokens(n)))
-                ids += [VS, AS]
-                s = len(ids)
-                ids += np.where(layout(g, sp, n) == 0, VID, AUD).tolist()
-                blocks.append(Block(s, len(ids), "av", g, sp, n))
-                ids += [AE, VE]
-            else:
-                ids.append(VS)
-                s = len(ids)
-                ids += [VID] * (g[0] * g[1] * g[2] // 4)
-                blocks.append(Block(s, len(ids), "video", g, sp))
-                ids.append(VE)
-    ids += rng.integers(0, 1000, int(rng.integers(0, 4))).tolist()
-    return ids, blocks, igr, vgr, spg, aud
+    # second_per_grid 2 / fps for the fps a user hands on: 1.0 (the default), 2.0, and sampled rates' fractions
+    return random_omni_sequence(
+        rng, with_sound, tokens=TOKENS, frames_for=frames_for_tokens, av_kinds=layout,
+        seconds_per_grid=(2.0, 1.0, 0.5, 2 / 1.9178, 2 / 2.3, 2 / 0.7))
 
 
 def _reference(rope_model, ids, igr, vgr, spg, aud, with_sound) -> np.ndarray:

@@ -36,6 +36,7 @@ from packer.models.qwen_omni.rope import (
 from tests.helpers import (
     omni_path_media,
     qwen2vl_video_processor,
+    random_omni_sequence,
     record_paths,
     rewrite_shard,
     token_paths,
@@ -46,6 +47,7 @@ from tests.helpers import (
 IMG, VID, AUD, VB, VE, AB, AE = 151655, 151656, 151646, 151652, 151653, 151647, 151648
 
 
+TOKENS = dict(image=IMG, video=VID, audio=AUD, vision_start=VB, vision_end=VE, audio_start=AB, audio_end=AE)
 _Processor = without_video_processor(Qwen2_5OmniProcessor)
 
 
@@ -153,48 +155,9 @@ def _frames_for(n: int) -> int:
 
 
 def _random_sequence(rng, with_sound: bool):
-    ids, blocks, igr, vgr, spg, aud = [], [], [], [], [], []
-    for _ in range(int(rng.integers(1, 5))):
-        ids += rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()
-        kind = rng.choice(["image", "audio", "video"])
-        if kind == "image":
-            g = (1, 2 * int(rng.integers(1, 5)), 2 * int(rng.integers(1, 5)))
-            ids.append(VB)
-            s = len(ids)
-            ids += [IMG] * (g[1] * g[2] // 4)
-            blocks.append(Block(s, len(ids), "image", g))
-            ids.append(VE)
-            igr.append(g)
-        elif kind == "audio":
-            n = int(rng.integers(1, 130))
-            ids.append(AB)
-            s = len(ids)
-            ids += [AUD] * n
-            blocks.append(Block(s, len(ids), "audio"))
-            ids.append(AE)
-            aud.append(_frames_for(n))
-        else:
-            g = (int(rng.integers(1, 8)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4)))
-            sp = float(rng.choice([0.5, 1.0, 2.0, 0.6667, 1.3]))
-            vgr.append(g)
-            spg.append(sp)
-            if with_sound:
-                n = int(rng.integers(1, 200))
-                aud.append(_frames_for(n))
-                lay = interleave(g, sp, n)
-                ids += [VB, AB]
-                s = len(ids)
-                ids += np.where(lay.kinds == 0, VID, AUD).tolist()
-                blocks.append(Block(s, len(ids), "av", g, sp, n))
-                ids += [AE, VE]
-            else:
-                ids.append(VB)
-                s = len(ids)
-                ids += [VID] * (g[0] * g[1] * g[2] // 4)
-                blocks.append(Block(s, len(ids), "video", g, sp))
-                ids.append(VE)
-    ids += rng.integers(0, 1000, int(rng.integers(0, 4))).tolist()
-    return ids, blocks, igr, vgr, spg, aud
+    return random_omni_sequence(
+        rng, with_sound, tokens=TOKENS, frames_for=_frames_for, seconds_per_grid=(0.5, 1.0, 2.0, 0.6667, 1.3),
+        av_kinds=lambda g, sp, n: interleave(g, sp, n).kinds)
 
 
 def _reference(rope_model, ids, igr, vgr, spg, aud, with_sound) -> np.ndarray:
