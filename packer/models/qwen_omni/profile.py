@@ -349,8 +349,8 @@ class QwenOmniProfile(ModelProfile):
         audio_in_video: np.ndarray | None = None,
     ) -> np.ndarray:
         """``omni_position_ids`` of a forest (verify's check) from the spans ``verify_spans`` gives: each root
-        starts at 0. A clip alone needs no entry (its positions are consecutive, as text's); a video with its
-        sound is the adjacent spans of its frames' and its sound's chunks."""
+        starts at 0. A clip alone is a block of its own (consecutive positions, but Qwen3-Omni's float32 sums
+        round per block); a video with its sound is the adjacent spans of its frames' and its sound's chunks."""
         m = self.merge_size
         blocks = []
         for off, g in zip(np.asarray(image_offsets).tolist(), np.asarray(image_grids).reshape(-1, 3).tolist(),
@@ -367,6 +367,8 @@ class QwenOmniProfile(ModelProfile):
                                  np.asarray(audio_in_video).tolist(), strict=True):
                 if v:
                     spans.append((off, off + n, "sound", None, 0.0))
+                else:  # a clip alone: a block of its own, as get_rope_index walks it (float32 rounds per block)
+                    blocks.append(Block(off, off + n, "audio"))
         spans.sort()
         i = 0
         while i < len(spans):

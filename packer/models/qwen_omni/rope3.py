@@ -138,15 +138,17 @@ def omni3_position_ids(
     if any(s < starts[n] or e > ends[n] for (s, e), n in zip(spans, nodes, strict=True)):
         raise RecordError("image_count_mismatch", "a media run's tokens are split across two tree nodes")
     out = np.empty((3, length), dtype=F32)
-    next_pos: list[np.float32] = [F32(0)] * len(starts)
+    # a node ends inside a text run that its children continue: (the run's st_idx, tokens already in it), so a
+    # child's text is st_idx + k with k counted from the run's start, rounded once as get_rope_index's one piece
+    state: list[tuple[np.float32, int]] = [(F32(0), 0)] * len(starts)
     k = 0
     for n, (s, e, parent) in enumerate(zip(starts, ends, parents, strict=True)):
-        cur = F32(0) if parent < 0 else next_pos[parent]
+        base, run = (F32(0), 0) if parent < 0 else state[parent]
         while k < len(blocks) and nodes[k] == n:
             b, nb = blocks[k], bos[k]
             rs, re_ = spans[k]
-            out[:, s:rs] = np.arange(rs - s, dtype=F32) + cur
-            cur = cur + F32(rs - s)
+            out[:, s:rs] = np.arange(run, run + rs - s, dtype=F32) + base
+            cur = base + F32(run + rs - s)  # st_idx += text_len
             out[:, rs:b.start] = np.arange(nb, dtype=F32) + cur  # <|vision_start|> (+ <|audio_start|>)
             cur = cur + F32(nb)
             if b.kind == "av":
@@ -162,9 +164,9 @@ def omni3_position_ids(
                 out[:, b.start:b.end] = pos
                 cur = F32(pos.max()) + F32(1)
             out[:, b.end:re_] = np.arange(nb, dtype=F32) + cur  # the eos pair
-            cur = out[0, re_ - 1] + F32(1)
+            base, run = out[0, re_ - 1] + F32(1), 0  # the next iteration's st_idx: the eos piece's max + 1
             s = re_
             k += 1
-        out[:, s:e] = np.arange(e - s, dtype=F32) + cur
-        next_pos[n] = cur + F32(e - s)
+        out[:, s:e] = np.arange(run, run + e - s, dtype=F32) + base
+        state[n] = (base, run + e - s)
     return out
