@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
             "wrapped": type(trainer.model_wrapped).__name__, "fsdp": trainer.is_fsdp_enabled,
             "sharded_grads": grads.sharded}))
         torch.save(grads.grads, out / "grads.pt")
+    if world > 1:  # leave together, the group torn down: gloo's threads alive at exit abort the process
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def loop(args: argparse.Namespace, out: Path) -> None:
