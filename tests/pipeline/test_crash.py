@@ -138,11 +138,26 @@ def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokeniz
     PackedDataset(out)  # readable now
 
 
+def _as_from_a_shell() -> None:
+    """The child's Ctrl-C as a shell starts a command: SIGINT handled by default and not blocked. The test
+    process's own state is inherited otherwise (an ignored or blocked SIGINT left by a library in this pytest
+    worker would make the build deaf to it: it then finished with 0 under the full suite)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _sigint_state(pid: int) -> str:
+    """The process's blocked / ignored / caught signal masks (/proc/PID/status), for a failure message."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 def _stopped_build(args: list[str]) -> subprocess.Popen:
     """Start ``packer build ARGS`` in its own process group, frozen (SIGSTOP) right after its first encode
     chunk."""
     proc = subprocess.Popen(build_command(args, "encode:1:STOP"), env=ENV, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_from_a_shell)  # noqa: PLW1509 (a test's child, no threads to race)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
@@ -167,10 +182,11 @@ def test_ctrl_c_to_the_process_group_exits_130_and_resumes(corpus, tiny_tokenize
     """Ctrl-C in a terminal signals the parent and every spawn worker: exit 130, one line, no traceback."""
     out = tmp_path / "out"
     proc = _stopped_build(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"))
+    state = _sigint_state(proc.pid)  # bit 2 of each mask is SIGINT
     os.killpg(proc.pid, signal.SIGINT)
     os.killpg(proc.pid, signal.SIGCONT)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, f"{state}\n{stderr}"
     assert "interrupted: rerun the same command to resume" in stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert _group_gone(proc.pid), "pool workers outlived the interrupted build"
