@@ -213,6 +213,19 @@ def ancestor_matrix(node_parents: ArrayLike) -> np.ndarray:
     return anc
 
 
+def path_maxima(node_parents: ArrayLike, nodes: ArrayLike, values: ArrayLike) -> list[set[int]]:
+    """For item i (at node ``nodes[i]``, worth ``values[i]``), the largest value among the items on each
+    root-to-leaf path through its node: one number where every such path agrees (a clip padded to the longest
+    clip of each path it is on, Qwen3-Omni's audio)."""
+    parents = _ints(node_parents)
+    nodes, values = _ints(nodes), _ints(values)
+    is_leaf = np.ones(len(parents), dtype=bool)
+    is_leaf[parents[parents >= 0]] = False
+    on = ancestor_matrix(parents)[is_leaf][:, nodes]  # (leaves, items): item i lies on leaf l's path
+    longest = np.where(on, values[None, :], np.iinfo(np.int64).min).max(axis=1, initial=np.iinfo(np.int64).min)
+    return [{int(v) for v in longest[on[:, i]]} for i in range(len(nodes))]
+
+
 def node_start_positions(node_parents: ArrayLike, lengths: ArrayLike) -> np.ndarray:
     """(N,) int64 first 1-D position of each node: the summed ``lengths`` of its strict ancestors.
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packer.core.ids import chunk_id
+from packer.core.tree import path_maxima
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, Example, ImageRef, Node
 from packer.encode.draft import Draft
 from packer.encode.split import chunk_labels, split_windows
@@ -97,20 +98,11 @@ def _check_padding_kept(enc: Encoder, kept: list[EncodedAudio], offsets: np.ndar
     tree the longest kept clip differs, so its feature_length, tokens and features would be the cut clips'."""
     if all(a.padded_samples is None for a in kept):
         return
-    parents = np.asarray(parents).tolist()
-    node = lambda a: int(np.searchsorted(offsets, a.offset, side="right")) - 1  # noqa: E731
-    children = {p for p in parents if p >= 0}
-    paths = []  # the cut tree's root-to-leaf paths, as node sets
-    for leaf in (n for n in range(len(parents)) if n not in children):
-        path, n = set(), leaf
-        while n >= 0:
-            path.add(n)
-            n = parents[n]
-        paths.append(path)
-    for k, a in enumerate(kept):
+    nodes = np.searchsorted(offsets, [a.offset for a in kept], side="right") - 1
+    by_path = path_maxima(parents, nodes, [a.num_samples for a in kept])
+    for k, (a, longest) in enumerate(zip(kept, by_path, strict=True)):
         if a.padded_samples is None:
             continue
-        longest = {max(b.num_samples for b in kept if node(b) in path) for path in paths if node(a) in path}
         if longest != {a.padded_samples}:
             clip = a.source or "inline audio"
             after = longest.pop() if len(longest) == 1 else f"{sorted(longest)} by path"

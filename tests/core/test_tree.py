@@ -249,3 +249,26 @@ def test_one_example_is_judged_like_a_row(empty_nodes):
                 check_layout(T, off, par, empty_nodes=empty_nodes)
             rule = "not decrease" if want == "node offsets" and empty_nodes else LAYOUT_RULES[want]
             assert rule in str(e.value), (layout, want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_path_maxima_equals_a_walk_of_every_path(seed):
+    """``path_maxima``: for each item, the largest value on every root-to-leaf path through its node, against
+    walking each leaf's ancestor chain."""
+    from tests.helpers import random_tree
+
+    rng = np.random.default_rng(seed)
+    _, parents = random_tree(rng, 60, max_nodes=8)
+    nodes = rng.integers(0, len(parents), int(rng.integers(0, 7)))
+    values = rng.integers(1, 50, len(nodes))
+    leaves = [n for n in range(len(parents)) if n not in set(parents.tolist())]
+    chains = []
+    for leaf in leaves:
+        chain, n = set(), leaf
+        while n >= 0:
+            chain.add(n)
+            n = int(parents[n])
+        chains.append(chain)
+    want = [{max(int(v) for v, m in zip(values, nodes, strict=True) if m in c) for c in chains if node in c}
+            for node in nodes.tolist()]
+    assert tree.path_maxima(parents, nodes, values) == want

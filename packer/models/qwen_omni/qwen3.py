@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from packer.core.tree import path_maxima
 from packer.core.types import AudioRef, VideoRef
 from packer.errors import RecordError
 from packer.models.base import AudioPlan, Media, MediaRun
@@ -56,22 +57,10 @@ SIGLIP_MEAN = (0.5, 0.5, 0.5)
 
 def path_padding(nodes: Sequence[int], samples: Sequence[int], node_parents: np.ndarray) -> list[int]:
     """Each clip's padded length: the longest clip (samples) on the root-to-leaf paths through its node, one
-    number for all of them; RecordError "audio_tree" where two paths through a clip's node pad it differently."""
-    parents = np.asarray(node_parents).reshape(-1).tolist()
-    children = {p for p in parents if p >= 0}
-    leaves = [n for n in range(len(parents)) if n not in children]
-    on_path: dict[int, list[int]] = {}  # leaf -> its nodes
-    for leaf in leaves:
-        path, n = [], leaf
-        while n >= 0:
-            path.append(n)
-            n = parents[n]
-        on_path[leaf] = path
-    longest = {leaf: max((s for s, n in zip(samples, nodes, strict=True) if n in path), default=0)
-               for leaf, path in on_path.items()}
+    number for all of them (``core.tree.path_maxima``); RecordError "audio_tree" where two paths through a clip's
+    node pad it differently."""
     out = []
-    for i, n in enumerate(nodes):
-        lengths = {longest[leaf] for leaf, path in on_path.items() if n in path}
+    for i, lengths in enumerate(path_maxima(node_parents, nodes, samples)):
         if len(lengths) > 1:
             raise RecordError("audio_tree", f"audio clip {i + 1} of the record is padded to {sorted(lengths)} samples "
                               "by the branches that share it (Qwen3-Omni pads an example's clips to its longest), "
