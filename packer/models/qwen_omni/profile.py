@@ -226,11 +226,13 @@ class QwenOmniProfile(ModelProfile):
         videos: Sequence[EncodedVideo] = (),
         audios: Sequence[EncodedAudio] = (),
     ) -> np.ndarray:
-        """(3, L) int32: ``rope.omni_position_ids`` over the example's images, videos (with their sound where
-        they have it) and clips, each root-to-leaf path as get_rope_index gives it alone."""
+        """(3, L) int32 (float32 for a ``fractional_positions`` family): ``block_positions`` over the example's
+        images, videos (with their sound where they have it) and clips, each root-to-leaf path as get_rope_index
+        gives it alone."""
         if not grids and not videos:  # text and audio alone: get_rope_index's 1-D branch
-            row = np.ascontiguousarray(positions, dtype=np.int32)
-            out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
+            dtype = np.float32 if self.fractional_positions else np.int32
+            row = np.ascontiguousarray(positions, dtype=dtype)
+            out = np.ndarray((3, row.shape[0]), dtype, row, 0, (0, row.itemsize))
             out.flags.writeable = False
             return out
         return self.block_positions(len(ids), node_offsets, node_parents,

@@ -168,14 +168,6 @@ class Qwen3OmniProfile(QwenOmniProfile):
                         blocks: list[Block]) -> np.ndarray:
         return omni3_position_ids(length, node_offsets, node_parents, blocks, merge=self.merge_size)
 
-    def extra_positions(self, ids, positions, node_offsets, node_parents, grids, *, token_ids, videos=(), audios=()):
-        """(3, L) float32: ``rope3.omni3_position_ids`` per root-to-leaf path (text and audio alone: 0, 1, ...)."""
-        if not grids and not videos:  # get_rope_index's 1-D branch: the attention mask's cumsum
-            out = np.broadcast_to(np.asarray(positions, dtype=np.float32), (3, len(positions)))
-            return np.ascontiguousarray(out)
-        return self.block_positions(len(ids), node_offsets, node_parents,
-                                    self.blocks(ids, grids, videos, audios, token_ids))
-
     # ------------------------------------------------------------------ proof
 
     def proof(self) -> Proof:
