@@ -164,29 +164,33 @@ class QwenOmniProfile(ModelProfile):
         """Images and clips alone; a video followed by its own sound track (``AudioRef.video``) becomes one run
         ``<|audio_bos|>`` + frames and audio interleaved by 2 s chunk + ``<|audio_eos|>`` (the processor's
         placeholder for ``<|VIDEO|>``), the track's entry inside it."""
+        clips = self.audio_plans(media, node_parents)
         out: list[MediaRun] = []
         plans: dict[VideoRef, VideoPlan] = {}
         for i, m in enumerate(media):
             ref = m.ref
             if isinstance(ref, AudioRef):
-                if ref.video:
-                    continue  # laid out with the video before it
-                out.append(self.audio_run(ref, self.audio_info(ref)))
+                if not ref.video:  # a sound track is laid out with the video before it
+                    out.append(MediaRun((), clips[i][1], audio=clips[i][0]))
             elif isinstance(ref, VideoRef):
                 if ref not in plans:
                     plans[ref] = self.plan_video(ref)
                 plan = plans[ref]
                 track = media[i + 1].ref if i + 1 < len(media) else None
-                if not (isinstance(track, AudioRef) and track.video):
+                if isinstance(track, AudioRef) and track.video:
+                    out += self.av_runs(plan, *clips[i + 1])
+                else:
                     out.append(self.video_run(plan))
-                    continue
-                info = self.audio_info(track)
-                audio = self.audio_plan(info)
-                n = self._audio_tokens(audio, info)
-                out += self.av_runs(plan, audio, n)
             else:
                 out.append(self.image_run(*self.image_size(ref)))
         return out
+
+    def audio_plans(self, media: Sequence[Media], node_parents: np.ndarray) -> dict[int, tuple[AudioPlan, int]]:
+        """(plan, tokens) of every clip of an example (a video's sound track too), by its index in ``media``:
+        each clip alone, from its header (``audio_run``)."""
+        runs = {i: self.audio_run(m.ref, self.audio_info(m.ref)) for i, m in enumerate(media)
+                if isinstance(m.ref, AudioRef)}
+        return {i: (run.audio, run.num_tokens) for i, run in runs.items()}
 
     def av_runs(self, plan: VideoPlan, audio: AudioPlan, n: int) -> list[MediaRun]:
         """A video with its sound track of ``n`` tokens: the video's run (``<|audio_bos|>``, its frames and the

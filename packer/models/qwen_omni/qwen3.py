@@ -9,7 +9,7 @@
 What differs from Qwen2.5-Omni, and where packer follows what:
 
 - Audio is padded per processor call, i.e. per example: a clip's frames depend on the longest clip of its
-  example (``rope3.mel_frames``), so ``media_runs`` plans every clip of the example first and stores that
+  example (``rope3.mel_frames``), so ``audio_plans`` plans every clip of the example first and stores that
   longest length (``AudioPlan.padded_samples``, the shards' ``audios.padded_samples``), which the reader pads
   to. In a tree each root-to-leaf path is one example; a clip its paths pad differently is refused
   (``audio_tree``): no single set of features is every path's.
@@ -35,7 +35,7 @@ import numpy as np
 from packer.core.tree import path_maxima
 from packer.core.types import AudioRef, VideoRef
 from packer.errors import RecordError
-from packer.models.base import AudioPlan, Media, MediaRun
+from packer.models.base import AudioPlan, Media
 from packer.models.qwen_omni.profile import QwenOmniProfile
 from packer.models.qwen_omni.rope import Block
 from packer.models.qwen_omni.rope3 import (
@@ -116,37 +116,18 @@ class Qwen3OmniProfile(QwenOmniProfile):
                               "clip of more than 200 samples)")
         return AudioPlan(self.audio_sample_rate, samples, frames, padded_samples=padded)
 
-    def media_runs(self, media: Sequence[Media], node_parents: np.ndarray) -> list[MediaRun]:
-        """As Qwen2.5-Omni's, with every clip planned against its example's longest clip first."""
+    def audio_plans(self, media: Sequence[Media], node_parents: np.ndarray) -> dict[int, tuple[AudioPlan, int]]:
+        """Every clip planned against the longest clip of its example's paths (``path_padding``)."""
         from packer.media.audio import loaded_num_samples
 
         clips = [i for i, m in enumerate(media) if isinstance(m.ref, AudioRef)]
-        samples = {i: int(loaded_num_samples(self.audio_info(media[i].ref), self.audio_sample_rate)) for i in clips}
-        padded = dict(zip(clips, path_padding([media[i].node for i in clips], [samples[i] for i in clips],
-                                               node_parents), strict=True))
-        plans = {i: self._padded_plan(media[i].ref, samples[i], padded[i]) for i in clips}
-        out: list[MediaRun] = []
-        videos: dict[VideoRef, VideoPlan] = {}
-        for i, m in enumerate(media):
-            ref = m.ref
-            if isinstance(ref, AudioRef):
-                if not ref.video:
-                    out.append(MediaRun((), self._tokens(plans[i]), audio=plans[i]))
-            elif isinstance(ref, VideoRef):
-                if ref not in videos:
-                    videos[ref] = self.plan_video(ref)
-                plan = videos[ref]
-                track = media[i + 1].ref if i + 1 < len(media) else None
-                if isinstance(track, AudioRef) and track.video:
-                    out += self.av_runs(plan, plans[i + 1], self._tokens(plans[i + 1]))
-                else:
-                    out.append(self.video_run(plan))
-            else:
-                out.append(self.image_run(*self.image_size(ref)))
+        samples = [int(loaded_num_samples(self.audio_info(media[i].ref), self.audio_sample_rate)) for i in clips]
+        padded = path_padding([media[i].node for i in clips], samples, node_parents)
+        out = {}
+        for i, n, length in zip(clips, samples, padded, strict=True):
+            plan = self._padded_plan(media[i].ref, n, length)
+            out[i] = (plan, int(self.audio_num_tokens(np.array([plan.feature_length]))[0]))
         return out
-
-    def _tokens(self, plan: AudioPlan) -> int:
-        return int(self.audio_num_tokens(np.array([plan.feature_length]))[0])
 
     # ------------------------------------------------------------------ video, positions
 
