@@ -394,6 +394,9 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
         assert report[backend]["ok"], json.dumps(report)
         assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
     assert report["paths"] == 8
+    # the figures docs/models/qwen_omni.md quotes (pytest -s prints them)
+    print(json.dumps({b: {k: report[b][k] for k in ("loss_max_rel", "total_rel", "grad_max_rel")}
+                      for b in ("sdpa_varlen", "sdpa")} | {"tokens": report["tokens"]}))
     for tower in ("audio_tower", "visual"):
         assert [n for n, p in model.named_parameters() if tower in n and p.grad is not None], tower
 
