@@ -8,7 +8,7 @@ per-step balancing, on three real builds made in a temp dir:
 The straggler ratio of a step is max / mean over ranks of the step's cost (``CostWeights`` defaults: tokens,
 sum len^2 / 32768, vision tokens); a step's cost on a rank is the sum of its batch's rows. Reported: the mean
 over steps and the worst step, over ``--epochs`` epochs, for each world size W, with the DataLoader
-``--batch-size`` and ``--workers`` (steps as ``packer.train.balance.loader_steps`` lays them out).
+``--batch-size`` and ``--workers`` (steps as ``packer.train.data.rank_shares.loader_steps`` lays them out).
 
     python scripts/bench_balance.py --coco /work/shared/data/coco-mini
 """
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from packer.config import BuildConfig  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
-from packer.train.balance import loader_steps, read_row_stats, straggler_ratio  # noqa: E402
-from packer.train.dataset import PackedDataset  # noqa: E402
+from packer.train.data.dataset import PackedDataset  # noqa: E402
+from packer.train.data.rank_shares import loader_steps, read_row_stats, straggler_ratio  # noqa: E402
 
 
 def text_jsonl(path: Path, coco: Path, n: int, seed: int = 0) -> Path:

@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packer.core.tree import tree_position_ids  # noqa: E402
-from packer.train.layout import PackedLayout  # noqa: E402
-from packer.train.loss import loss_targets  # noqa: E402
+from packer.train.attention.layout import PackedLayout  # noqa: E402
+from packer.train.trainers.loss import loss_targets  # noqa: E402
 
 
 def best(fn, n: int, reps: int = 5) -> float:

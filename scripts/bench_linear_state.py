@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Cost of packer's linear-state path (packer.train.linear_state) on CPU, against running each example alone.
+"""Cost of packer's linear-state path (packer.train.attention.linear_state) on CPU, against running each example alone.
 
     python scripts/bench_linear_state.py [--threads 1] [--repeats 3]
 
@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer.train.layout import PackedLayout  # noqa: E402
-from packer.train.linear_state import LAYOUT_KWARG, install  # noqa: E402
+from packer.train.attention.layout import PackedLayout  # noqa: E402
+from packer.train.attention.linear_state import LAYOUT_KWARG, install  # noqa: E402
 
 
 def rows() -> dict[str, tuple[int, list[int], list[int], list[int]]]:

@@ -64,7 +64,7 @@ def main() -> None:
 
     import torch
 
-    from packer.train.loss import PREFIXES, WEIGHTINGS, loss_count, packed_cross_entropy
+    from packer.train.trainers.loss import PREFIXES, WEIGHTINGS, loss_count, packed_cross_entropy
 
     T, V = 4096, 32000
     rng = np.random.default_rng(1)

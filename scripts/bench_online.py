@@ -30,7 +30,7 @@ def main() -> None:
 
     from packer.config import BuildConfig
     from packer.pipeline.build import build
-    from packer.train.online import OnlinePackedDataset
+    from packer.train.data.online import OnlinePackedDataset
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=20_000)

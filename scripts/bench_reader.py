@@ -31,8 +31,8 @@ from packer.core.types import IGNORE_INDEX, Encoded  # noqa: E402
 from packer.shards.assemble import assemble_packs, encoded_table  # noqa: E402
 from packer.shards.io import write_json_atomic, write_shard  # noqa: E402
 from packer.shards.schema import SCHEMA_VERSION, Manifest, ShardEntry  # noqa: E402
-from packer.train.collate import collate  # noqa: E402
-from packer.train.dataset import PackedDataset  # noqa: E402
+from packer.train.data.collate import collate  # noqa: E402
+from packer.train.data.dataset import PackedDataset  # noqa: E402
 
 
 def caption_token_pool(coco: Path) -> np.ndarray:

@@ -43,10 +43,10 @@ from packer.core.types import IGNORE_INDEX  # noqa: E402
 from packer.encode.tokenizers import load_tokenizer  # noqa: E402
 from packer.models import get_profile  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
-from packer.train.collate import collate  # noqa: E402
-from packer.train.dataset import PackedDataset  # noqa: E402
-from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
-from packer.train.loss import packed_cross_entropy  # noqa: E402
+from packer.train.attention.hf import model_inputs, use_packed_attention  # noqa: E402
+from packer.train.data.collate import collate  # noqa: E402
+from packer.train.data.dataset import PackedDataset  # noqa: E402
+from packer.train.trainers.loss import packed_cross_entropy  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 PROMPT = "Describe this image."
@@ -246,7 +246,7 @@ def run_captions(args, tmp: Path) -> dict:
 
 def _path_tokens(batch: dict) -> int:
     """Tokens of the batch's root-to-leaf paths, each run alone (what one-example-per-path would process)."""
-    from packer.train.layout import PackedLayout
+    from packer.train.attention.layout import PackedLayout
 
     layout = PackedLayout.from_batch(batch)
     anc = layout.ancestors().long()  # (N, N)

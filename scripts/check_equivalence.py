@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from packer.core.types import IGNORE_INDEX  # noqa: E402
 from packer.models.base import ModelProfile  # noqa: E402
-from packer.train.hf import attn_implementations, model_inputs, use_packed_attention  # noqa: E402
-from packer.train.layout import PackedLayout  # noqa: E402
-from packer.train.loss import packed_cross_entropy  # noqa: E402
+from packer.train.attention.hf import attn_implementations, model_inputs, use_packed_attention  # noqa: E402
+from packer.train.attention.layout import PackedLayout  # noqa: E402
+from packer.train.trainers.loss import packed_cross_entropy  # noqa: E402
 
 RTOL = 1e-5  # fp32: packed and unpacked matmuls differ only in summation order (~1e-7 relative)
 LOSS_ATOL = 1e-6  # per-token losses are ~5-12 for random weights: 1e-6 is ~1e-7 relative
@@ -270,7 +270,7 @@ def compare(
 
 def default_backends(device: str) -> list[str]:
     """Every backend that can run here: sdpa, sdpa_varlen, flex; plus varlen and flash on CUDA."""
-    from packer.train.attention import flash_available, varlen_available
+    from packer.train.attention.backends import flash_available, varlen_available
 
     backends = ["sdpa", "sdpa_varlen", "flex"]
     if device == "cuda":
@@ -301,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     from packer.config import BuildConfig, parse_profile_options
     from packer.encode.tokenizers import load_tokenizer
     from packer.pipeline.build import build
-    from packer.train.collate import collate
-    from packer.train.dataset import PackedDataset
+    from packer.train.data.collate import collate
+    from packer.train.data.dataset import PackedDataset
 
     cuda_only = sorted({"flash", "varlen"} & set(args.backend or []))
     if cuda_only:

@@ -30,10 +30,10 @@ from check_equivalence import tiny_model  # noqa: E402
 
 from packer.config import BuildConfig  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
-from packer.train.collate import collate  # noqa: E402
-from packer.train.dataset import PackedDataset  # noqa: E402
-from packer.train.hf import model_inputs, use_packed_attention  # noqa: E402
-from packer.train.loss import dpo_loss, sequence_logps  # noqa: E402
+from packer.train.attention.hf import model_inputs, use_packed_attention  # noqa: E402
+from packer.train.data.collate import collate  # noqa: E402
+from packer.train.data.dataset import PackedDataset  # noqa: E402
+from packer.train.trainers.loss import dpo_loss, sequence_logps  # noqa: E402
 
 
 def demo_shards(root: Path) -> Path:

@@ -6,7 +6,7 @@
 1. Installs flash-attn when a prebuilt wheel fits this torch/CUDA/Python (``pip --only-binary``: never a
    source build of an hour); without one, the flash tests skip and the summary says why.
 2. Runs the ``gpu``-marked tests: every attention backend (flash varlen, torch varlen, flex; with bidirectional
-   image spans too: the two merged varlen calls, tests/train/test_span_attention.py) in bf16 and fp32
+   image spans too: the two merged varlen calls, tests/train/attention/test_spans.py) in bf16 and fp32
    against fp32 SDPA with the dense packed mask, losses and gradients of packed rows on real model code.
 3. Runs ``scripts/bench_train_step.py`` on CUDA with the real varlen kernels.
 

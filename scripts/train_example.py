@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from check_equivalence import tiny_model  # noqa: E402
 
-from packer.train.collate import collate  # noqa: E402
-from packer.train.dataset import PackedDataset  # noqa: E402
-from packer.train.hf import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
-from packer.train.loss import logits_to_keep, packed_cross_entropy  # noqa: E402
+from packer.train.attention.hf import LAYOUT_KWARG, model_inputs, use_packed_attention  # noqa: E402
+from packer.train.data.collate import collate  # noqa: E402
+from packer.train.data.dataset import PackedDataset  # noqa: E402
+from packer.train.trainers.loss import logits_to_keep, packed_cross_entropy  # noqa: E402
 
 
 def step_count(micro_batches: list[dict], weighting: str, device: torch.device) -> torch.Tensor:

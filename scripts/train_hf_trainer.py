@@ -4,9 +4,9 @@
     python scripts/train_hf_trainer.py --data demo_out/caption_trees --steps 10            # packer loss (trees)
     python scripts/train_hf_trainer.py --data text_shards --steps 10 --loss model          # linear packs only
 
-``PackedTrainer`` is ``packer.train.trainer.PackedTrainer`` (docs/training.md, "Trainers"): each rank reads its own
+``PackedTrainer`` is ``packer.train.trainers.trainer.PackedTrainer`` (docs/training.md, "Trainers"): each rank reads its own
 ``PackedDataset`` share (equal steps, fillers), exact for any gradient accumulation and number of ranks
-(tests/train/test_multiprocess.py runs it under torchrun and accelerate launch).
+(tests/train/trainers/test_multiprocess.py runs it under torchrun and accelerate launch).
 
 ``--loss packer`` (default, any shards): ``PackedTrainer.compute_loss`` runs the model with
 ``logits_to_keep`` (only the rows the loss reads) and ``packed_cross_entropy``, divided by the Trainer's
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from check_equivalence import tiny_model  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
-from packer.train.dataset import PackedDataset  # noqa: E402
-from packer.train.trainer import PackedTrainer  # noqa: E402
+from packer.train.data.dataset import PackedDataset  # noqa: E402
+from packer.train.trainers.trainer import PackedTrainer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

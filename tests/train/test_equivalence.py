@@ -23,11 +23,11 @@ from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX
 from packer.models import get_profile
 from packer.pipeline.build import build
-from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
-from packer.train.hf import model_inputs, use_packed_attention
-from packer.train.layout import PackedLayout
-from packer.train.loss import packed_cross_entropy
+from packer.train.attention.hf import model_inputs, use_packed_attention
+from packer.train.attention.layout import PackedLayout
+from packer.train.data.collate import collate
+from packer.train.data.dataset import PackedDataset
+from packer.train.trainers.loss import packed_cross_entropy
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")
@@ -305,7 +305,7 @@ def test_check_equivalence_cli(text_build, capsys):
 @pytest.mark.parametrize("backend", ["varlen", "flash", "flex"])
 def test_gpu_backends_match_sdpa(vl_build, qwen_tokenizer, backend):
     """On CUDA the kernels run in bf16: losses within 2e-2, gradients aligned (cosine > 0.999) vs fp32 sdpa."""
-    from packer.train.attention import flash_available, varlen_available
+    from packer.train.attention.backends import flash_available, varlen_available
 
     if backend == "flash" and not flash_available():
         pytest.skip("flash-attn is not installed")

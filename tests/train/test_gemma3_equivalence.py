@@ -25,9 +25,9 @@ from packer.config import BuildConfig
 from packer.models import get_profile, register_profile
 from packer.models.gemma3 import Gemma3Profile
 from packer.pipeline.build import build
-from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
-from packer.train.hf import model_inputs, use_packed_attention
+from packer.train.attention.hf import model_inputs, use_packed_attention
+from packer.train.data.collate import collate
+from packer.train.data.dataset import PackedDataset
 
 _spec = importlib.util.spec_from_file_location(
     "check_equivalence", Path(__file__).resolve().parents[2] / "scripts" / "check_equivalence.py")

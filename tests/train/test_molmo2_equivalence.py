@@ -32,11 +32,11 @@ from packer.errors import ShardError
 from packer.models import get_profile
 from packer.models.molmo2.tokenizers import MOLMO2_TOKENS
 from packer.pipeline.build import build
-from packer.train.attention import packed_attention
-from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
-from packer.train.hf import model_inputs, use_packed_attention
-from packer.train.layout import PackedLayout
+from packer.train.attention.backends import packed_attention
+from packer.train.attention.hf import model_inputs, use_packed_attention
+from packer.train.attention.layout import PackedLayout
+from packer.train.data.collate import collate
+from packer.train.data.dataset import PackedDataset
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")

@@ -27,8 +27,8 @@ from packer.core.types import ImageRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.pipeline.build import build
-from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
+from packer.train.data.collate import collate
+from packer.train.data.dataset import PackedDataset
 from tests.media.make_videos import write_clip
 from tests.train.test_molmo2_equivalence import BACKENDS, _compact
 

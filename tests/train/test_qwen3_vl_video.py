@@ -25,9 +25,9 @@ from packer.config import BuildConfig
 from packer.encode.tokenizers import load_tokenizer
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
-from packer.train.layout import PackedLayout
+from packer.train.attention.layout import PackedLayout
+from packer.train.data.collate import collate
+from packer.train.data.dataset import PackedDataset
 from tests.media.make_videos import write_clip
 from tests.train.test_equivalence import _check, _tiny, ce
 

@@ -15,8 +15,8 @@ from packer.config import BuildConfig
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.pipeline.build import build
-from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
+from packer.train.data.collate import collate
+from packer.train.data.dataset import PackedDataset
 from tests.pipeline.test_video_build import video_corpus
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,3 @@
+"""The loss and the trainers: ``loss`` (``packed_cross_entropy``, normalizations, DPO log-probs), ``metrics``
+(per-source logging), ``step`` (what every trainer's ``compute_loss`` does alike), ``trainer`` (``PackedTrainer``,
+``PackedCollator``) and ``trl`` (``PackedSFTTrainer``, ``PackedDPOTrainer``)."""
