@@ -19,7 +19,7 @@ _spec = importlib.util.spec_from_file_location("gen_model_docs", REPO / "scripts
 gen_model_docs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen_model_docs)
 
-TEST_REF = re.compile(r"tests/((?:\w+/)?test_\w+\.py)::(test_\w+)")
+TEST_REF = re.compile(r"tests/((?:\w+/)*test_\w+\.py)::(test_\w+)")
 MODULE_PATH = re.compile(r"\bpacker/[\w/]*\.py\b")
 DOTTED = re.compile(r"\bpacker(?:\.[A-Za-z_]\w*)+")
 # The pages that must stay true of today's code. docs/benchmarks-log.md is history: the tests and modules it

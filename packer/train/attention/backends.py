@@ -38,8 +38,9 @@ from packer.errors import ConfigError, ShardError
 from packer.train.attention.layout import PackedLayout, VarlenPlan
 from packer.train.attention.spans import span_attention
 from packer.train.attention.varlen_kernels import KERNELS
+from packer.train.options import Backend, check, choices
 
-BACKENDS = ("flash", "varlen", "flex", "sdpa", "sdpa_varlen")
+BACKENDS = choices(Backend)[1:]  # the concrete ones: ("flash", "varlen", "flex", "sdpa", "sdpa_varlen")
 
 
 # Inputs are varlen-shaped: q (T, H, D), k and v (T, Hkv, D); the output is (T, H, D).
@@ -57,11 +58,9 @@ def varlen_available() -> bool:
     return bool(torch.backends.cuda.is_flash_attention_available())
 
 
-def resolve_backend(backend: str, device: torch.device | str, *, bidirectional: bool = False) -> str:
+def resolve_backend(backend: Backend, device: torch.device | str, *, bidirectional: bool = False) -> str:
     """Pick a concrete backend: "auto" -> flash, varlen, flex on CUDA; sdpa_varlen (sdpa with spans) on CPU."""
-    if backend != "auto":
-        if backend not in BACKENDS:
-            raise ConfigError(f"unknown attention backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    if check("backend", backend, Backend) != "auto":
         return backend
     if torch.device(device).type == "cuda":
         if bidirectional:
@@ -246,7 +245,7 @@ def packed_attention(
     v: torch.Tensor,
     layout: PackedLayout,
     *,
-    backend: str = "auto",
+    backend: Backend = "auto",
     scale: float | None = None,
     dropout: float = 0.0,
     window: int | None = None,

@@ -18,14 +18,17 @@ from packer.models import forward_keys
 from packer.train.attention import linear_state
 from packer.train.attention.backends import BACKENDS, packed_attention
 from packer.train.attention.layout import PackedLayout
-from packer.train.trainers.loss import WEIGHTS_KWARG
+from packer.train.keys import (  # noqa: F401 - re-exported: the collator and trainers import them from here
+    BOOKKEEPING_KWARGS,
+    EXAMPLES_KWARG,
+    FILLER_KWARG,
+    LAYOUT_KWARG,
+    SOURCES_KWARG,
+    WEIGHTS_KWARG,
+)
+from packer.train.options import Backend, check
 
 IMPLEMENTATION_PREFIX = "packer"  # transformers attn_implementation names: "packer" (auto), "packer_sdpa", ...
-LAYOUT_KWARG = linear_state.LAYOUT_KWARG  # "packer_layout": carries a PackedLayout down to every attention call
-FILLER_KWARG = "packer_filler_examples"  # (E,) bool of a trainer batch with filler rows: the loss skips them
-EXAMPLES_KWARG = "packer_example_ids"  # a trainer batch's example ids (provenance; what a run trained on)
-SOURCES_KWARG = "packer_example_sources"  # (E,) source name of each example (a mixed build's per-source metrics)
-BOOKKEEPING_KWARGS = (FILLER_KWARG, EXAMPLES_KWARG, WEIGHTS_KWARG, SOURCES_KWARG)  # PackedCollator's, never model inputs
 
 
 _RAW_LAYOUT: tuple | None = None  # (cu_seqlens, node_offsets, node_parents, spans, T, layout) of the last raw batch
@@ -65,7 +68,7 @@ def _check_not_packed(position_ids: Any) -> None:
             )
 
 
-def make_attention_function(backend: str):
+def make_attention_function(backend: Backend):
     """An ``AttentionInterface`` function running ``backend`` ("auto" or one of ``BACKENDS``)."""
 
     def packer_attention_forward(
@@ -199,12 +202,10 @@ def _mask_for_fallback(*args: Any, attention_mask: torch.Tensor | None = None, *
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def implementation_name(backend: str = "auto") -> str:
+def implementation_name(backend: Backend = "auto") -> str:
     """The transformers ``attn_implementation`` name of a packer backend ("packer" for auto)."""
-    if backend == "auto":
+    if check("backend", backend, Backend) == "auto":
         return IMPLEMENTATION_PREFIX
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown attention backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
     return f"{IMPLEMENTATION_PREFIX}_{backend}"
 
 
@@ -255,7 +256,7 @@ def _supports_implementation(module: Any, name: str) -> bool:
         "_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn"))
 
 
-def use_packed_attention(model: Any, backend: str = "auto") -> str:
+def use_packed_attention(model: Any, backend: Backend = "auto") -> str:
     """Switch a stock transformers model (and its sub-models) to a packer backend; returns the name set.
 
     No model code changes: the model reads ``config._attn_implementation`` at every call. Vision towers

@@ -50,8 +50,8 @@ import torch.nn.functional as F
 from packer.core import tree
 from packer.errors import ConfigError
 from packer.train.attention.layout import PackedLayout
+from packer.train.keys import LAYOUT_KWARG
 
-LAYOUT_KWARG = "packer_layout"  # the same kwarg packer.train.attention.hf passes down (hf imports this module, not back)
 CHUNK = 64  # the chunk of transformers' torch_chunk_gated_delta_rule (and fla's): changes rounding, not maths
 
 

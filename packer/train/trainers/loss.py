@@ -47,12 +47,10 @@ import torch.nn.functional as F
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError, ShardError
 from packer.train.attention.layout import PackedLayout
+from packer.train.keys import WEIGHTS_KWARG
+from packer.train.options import Prefix, Reduction, Weighting, check, choices
 
-WEIGHTS_KWARG = "packer_loss_weights"  # a trainer batch's (1, T) loss weights (packer.train.attention.hf.WEIGHTS_KWARG)
-
-REDUCTIONS = ("sum", "mean", "none")
-WEIGHTINGS = ("token", "example", "sqrt", "branches")
-PREFIXES = ("once", "path")
+REDUCTIONS, WEIGHTINGS, PREFIXES = choices(Reduction), choices(Weighting), choices(Prefix)
 
 
 def _layout(meta: Mapping[str, Any] | PackedLayout, num_tokens: int) -> PackedLayout:
@@ -115,15 +113,13 @@ def loss_targets(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout,
     )
 
 
-def _check(weighting: str, prefix: str) -> None:
-    if weighting not in WEIGHTINGS:
-        raise ConfigError(f"'weighting' must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
-    if prefix not in PREFIXES:
-        raise ConfigError(f"'prefix' must be one of {', '.join(PREFIXES)}, got {prefix!r}")
+def _check(weighting: Weighting, prefix: Prefix) -> None:
+    check("weighting", weighting, Weighting)
+    check("prefix", prefix, Prefix)
 
 
-def token_coefficients(sel: LossTargets, layout: PackedLayout, *, weighting: str = "token",
-                       prefix: str = "once") -> tuple[torch.Tensor, torch.Tensor]:
+def token_coefficients(sel: LossTargets, layout: PackedLayout, *, weighting: Weighting = "token",
+                       prefix: Prefix = "once") -> tuple[torch.Tensor, torch.Tensor]:
     """(each loss token's ``c_t * w_t`` (L,) float64, the row's share of the step's denominator () float64):
     the normalizations of this module's docstring. The row's loss is ``sum(coef * l)``; the step's is the sum of
     its rows' losses over the sum of their counts."""
@@ -160,8 +156,8 @@ def token_coefficients(sel: LossTargets, layout: PackedLayout, *, weighting: str
     return coef, coef.sum()
 
 
-def loss_count(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout, *, weighting: str = "token",
-               prefix: str = "once", loss_weights: torch.Tensor | None = None) -> torch.Tensor:
+def loss_count(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout, *, weighting: Weighting = "token",
+               prefix: Prefix = "once", loss_weights: torch.Tensor | None = None) -> torch.Tensor:
     """A row's (or collated batch's) share of the step's denominator, without a forward: what
     ``packed_cross_entropy(...).count`` will be. () float64."""
     labels = labels.reshape(-1)
@@ -169,7 +165,7 @@ def loss_count(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout, *, 
     return token_coefficients(sel, _layout(meta, labels.numel()), weighting=weighting, prefix=prefix)[1]
 
 
-def step_count(batches: Any, *, weighting: str = "token", prefix: str = "once", group: Any = None) -> torch.Tensor:
+def step_count(batches: Any, *, weighting: Weighting = "token", prefix: Prefix = "once", group: Any = None) -> torch.Tensor:
     """The denominator of a whole optimizer step (``num_items_in_batch``-style): the summed ``loss_count`` of the
     step's micro-batches (collated batches, or a trainer's inputs with ``packer_layout``), summed over the ranks of
     ``group`` when torch.distributed is initialized (every rank must call it). () float64.
@@ -245,9 +241,9 @@ def packed_cross_entropy(
     labels: torch.Tensor,
     meta: Mapping[str, Any] | PackedLayout,
     *,
-    reduction: str = "sum",
-    weighting: str = "token",
-    prefix: str = "once",
+    reduction: Reduction = "sum",
+    weighting: Weighting = "token",
+    prefix: Prefix = "once",
     loss_weights: torch.Tensor | None = None,
     logits_index: torch.Tensor | None = None,
 ) -> PackedLoss:
@@ -266,8 +262,7 @@ def packed_cross_entropy(
 
     Only the L loss positions' logits are gathered and upcast to fp32: (L, V), never (T, V).
     """
-    if reduction not in REDUCTIONS:
-        raise ConfigError(f"'reduction' must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    check("reduction", reduction, Reduction)
     _check(weighting, prefix)
     sel = loss_targets(labels, meta, loss_weights)
     layout = _layout(meta, labels.numel())

@@ -33,20 +33,14 @@ import numpy as np
 from transformers import Trainer
 
 from packer.errors import ConfigError, ShardError
-from packer.train.attention.hf import (
-    BOOKKEEPING_KWARGS,
-    EXAMPLES_KWARG,
-    FILLER_KWARG,
-    LAYOUT_KWARG,
-    SOURCES_KWARG,
-    WEIGHTS_KWARG,
-    model_inputs,
-    use_packed_attention,
-)
+from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.data.collate import collate, steps_per_epoch
 from packer.train.data.dataset import PackedDataset
-from packer.train.trainers.loss import PREFIXES, WEIGHTINGS, logits_to_keep, loss_count, packed_cross_entropy
+from packer.train.keys import EXAMPLES_KWARG, FILLER_KWARG, LAYOUT_KWARG, SOURCES_KWARG, WEIGHTS_KWARG
+from packer.train.options import Backend, Loss, Prefix, Weighting, check
+from packer.train.trainers.loss import loss_count, packed_cross_entropy
 from packer.train.trainers.metrics import SourceMetrics, SourceMetricsCallback, build_sources
+from packer.train.trainers.step import global_count, kept_rows, split_batch, step_loss
 
 _INT_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents")
 _NEEDED = (*_INT_COLUMNS, "example_ids")
@@ -149,9 +143,9 @@ class PackedTrainerMixin:
     step's ``loss_count`` summed over its micro-batches and ranks.
     """
 
-    packer_loss: str = "packer"
-    packer_weighting: str = "token"
-    packer_prefix: str = "once"
+    packer_loss: Loss = "packer"
+    packer_weighting: Weighting = "token"
+    packer_prefix: Prefix = "once"
     packer_sources: SourceMetrics | None = None
 
     def _packer_sources_setup(self, enabled: bool | None, data: Any) -> None:
@@ -173,12 +167,10 @@ class PackedTrainerMixin:
         self.packer_sources = SourceMetrics(names)
         self.callback_handler.callbacks.insert(0, SourceMetricsCallback(self.packer_sources))
 
-    def _packer_setup(self, loss: str, weighting: str = "token", prefix: str = "once") -> None:
-        if loss not in ("packer", "model"):
-            raise ConfigError(f"loss must be 'packer' or 'model', got {loss!r}")
-        if weighting not in WEIGHTINGS or prefix not in PREFIXES:
-            raise ConfigError(f"weighting must be one of {', '.join(WEIGHTINGS)} and prefix one of "
-                              f"{', '.join(PREFIXES)}; got {weighting!r}, {prefix!r}")
+    def _packer_setup(self, loss: Loss, weighting: Weighting = "token", prefix: Prefix = "once") -> None:
+        check("loss", loss, Loss)
+        check("weighting", weighting, Weighting)
+        check("prefix", prefix, Prefix)
         if loss == "model" and (weighting, prefix) != ("token", "once"):
             raise ConfigError(f"weighting={weighting!r}, prefix={prefix!r} need packer's loss (loss='packer'); the "
                               "model's own loss is the plain token mean")
@@ -222,10 +214,7 @@ class PackedTrainerMixin:
         count = sum((loss_count(b["labels"], b[LAYOUT_KWARG], weighting=self.packer_weighting,
                                 prefix=self.packer_prefix, loss_weights=b.get(WEIGHTS_KWARG)).cpu()
                      for b in batch_samples), torch.zeros((), dtype=torch.float64))
-        count = count.to(device)
-        if self.args.average_tokens_across_devices and self.args.world_size > 1:
-            count = self.accelerator.gather(count.reshape(1)).sum()
-        return count
+        return global_count(self, count.to(device))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
         if self.packer_loss == "model":
@@ -233,26 +222,15 @@ class PackedTrainerMixin:
                 raise ConfigError("this build has loss weights, which the model's own loss ignores: use loss='packer'")
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
-        inputs = dict(inputs)
-        labels = inputs.pop("labels")
-        inputs.pop("shift_labels", None)
-        weights, sources, filler = inputs.get(WEIGHTS_KWARG), inputs.get(SOURCES_KWARG), inputs.get(FILLER_KWARG)
-        for key in BOOKKEEPING_KWARGS:  # fillers' labels are all -100: the token loss skips them by itself
-            inputs.pop(key, None)
-        layout = inputs[LAYOUT_KWARG]
-        keep = logits_to_keep(labels, layout).to(labels.device)
-        outputs = model(**inputs, logits_to_keep=keep)
-        out = packed_cross_entropy(outputs.logits, labels, layout, weighting=self.packer_weighting,
-                                   prefix=self.packer_prefix, loss_weights=weights, logits_index=keep)
+        batch = split_batch(inputs)  # fillers' labels are all -100: the token loss skips them by itself
+        keep = kept_rows(batch)
+        outputs = model(**batch.model_inputs, logits_to_keep=keep)
+        out = packed_cross_entropy(outputs.logits, batch.labels, batch.layout, weighting=self.packer_weighting,
+                                   prefix=self.packer_prefix, loss_weights=batch.weights, logits_index=keep)
         self._packer_log(out)
-        if self.model.training and self.packer_sources is not None and sources is not None:
-            self.packer_sources.add(out, labels, layout, sources, filler)
-        if num_items_in_batch is None:  # evaluation: this batch's own mean
-            loss = out.loss / torch_where_positive(out.count).to(out.loss.dtype)
-        else:
-            loss = out.loss / num_items_in_batch.to(out.loss.dtype)
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                loss = loss * self.accelerator.num_processes  # the count is global; DDP averages over ranks
+        if self.model.training and self.packer_sources is not None and batch.sources is not None:
+            self.packer_sources.add(out, batch.labels, batch.layout, batch.sources, batch.filler)
+        loss = step_loss(self, out.loss, num_items_in_batch, torch_where_positive(out.count))
         return (loss, outputs) if return_outputs else loss
 
     def _packer_log(self, out: Any) -> None:
@@ -293,8 +271,8 @@ class PackedTrainer(PackedTrainerMixin, Trainer):
     step (``packer.train.trainers.metrics.SourceMetricsCallback``; default: when the build mixes sources).
     """
 
-    def __init__(self, model=None, args=None, *, train_dataset=None, data_collator=None, loss: str = "packer",
-                 backend: str = "auto", weighting: str = "token", prefix: str = "once",
+    def __init__(self, model=None, args=None, *, train_dataset=None, data_collator=None, loss: Loss = "packer",
+                 backend: Backend = "auto", weighting: Weighting = "token", prefix: Prefix = "once",
                  source_metrics: bool | None = None, **kwargs: Any):
         if isinstance(train_dataset, (str, Path)):
             train_dataset = PackedDataset(train_dataset, seed=getattr(args, "seed", 0))

@@ -31,16 +31,12 @@ import torch.nn.functional as F
 from trl import DPOTrainer, SFTTrainer
 
 from packer.errors import ConfigError
-from packer.train.attention.hf import (
-    EXAMPLES_KWARG,
-    FILLER_KWARG,
-    LAYOUT_KWARG,
-    SOURCES_KWARG,
-    WEIGHTS_KWARG,
-    use_packed_attention,
-)
+from packer.train.attention.hf import use_packed_attention
 from packer.train.data.dataset import PackedDataset
-from packer.train.trainers.loss import logits_to_keep, preference_pairs, sequence_logps
+from packer.train.keys import FILLER_KWARG, LAYOUT_KWARG
+from packer.train.options import Backend, Loss, Prefix, Weighting
+from packer.train.trainers.loss import preference_pairs, sequence_logps
+from packer.train.trainers.step import global_count, kept_rows, split_batch, step_loss
 from packer.train.trainers.trainer import PackedCollator, PackedTrainerMixin, prepare_args
 
 
@@ -101,7 +97,8 @@ class PackedSFTTrainer(PackedTrainerMixin, SFTTrainer):
     """
 
     def __init__(self, model: Any, args: Any = None, train_dataset: Any = None, *, data_collator: Any = None,
-                 loss: str = "packer", backend: str = "auto", weighting: str = "token", prefix: str = "once",
+                 loss: Loss = "packer", backend: Backend = "auto", weighting: Weighting = "token",
+                 prefix: Prefix = "once",
                  source_metrics: bool | None = None, **kwargs: Any):
         if args is None:
             raise ConfigError("PackedSFTTrainer needs an SFTConfig (args=SFTConfig(output_dir=..., bf16=False))")
@@ -136,7 +133,7 @@ class PackedDPOTrainer(PackedTrainerMixin, DPOTrainer):
     """
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, train_dataset: Any = None, *,
-                 data_collator: Any = None, backend: str = "auto", **kwargs: Any):
+                 data_collator: Any = None, backend: Backend = "auto", **kwargs: Any):
         if args is None:
             raise ConfigError("PackedDPOTrainer needs a DPOConfig (args=DPOConfig(output_dir=..., bf16=False))")
         unsupported = {
@@ -171,41 +168,28 @@ class PackedDPOTrainer(PackedTrainerMixin, DPOTrainer):
         the loss is averaged over them."""
         pairs = sum(b[LAYOUT_KWARG].num_examples - int(b[FILLER_KWARG].sum()) if FILLER_KWARG in b
                     else b[LAYOUT_KWARG].num_examples for b in batch_samples)
-        count = torch.tensor(pairs, device=device)
-        if self.args.average_tokens_across_devices and self.args.world_size > 1:
-            count = self.accelerator.gather(count.reshape(1)).sum()
-        return count
+        return global_count(self, torch.tensor(pairs, device=device))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
-        inputs = dict(inputs)
-        labels = inputs.pop("labels")
-        inputs.pop("shift_labels", None)
-        filler = inputs.pop(FILLER_KWARG, None)
-        inputs.pop(EXAMPLES_KWARG, None)
-        inputs.pop(SOURCES_KWARG, None)
-        weights = inputs.pop(WEIGHTS_KWARG, None)
-        layout = inputs[LAYOUT_KWARG]
-        keep = logits_to_keep(labels, layout).to(labels.device)
-        meta = {"labels": labels, LAYOUT_KWARG: layout}
-        if weights is not None:  # a weighted build: each answer token's log-prob times its weight
-            meta["loss_weights"] = weights
-        outputs = model(**inputs, logits_to_keep=keep)
+        batch = split_batch(inputs)
+        keep = kept_rows(batch)
+        meta = {"labels": batch.labels, LAYOUT_KWARG: batch.layout}
+        if batch.weights is not None:  # a weighted build: each answer token's log-prob times its weight
+            meta["loss_weights"] = batch.weights
+        outputs = model(**batch.model_inputs, logits_to_keep=keep)
         policy = sequence_logps(outputs.logits, meta, logits_index=keep)
         with torch.no_grad():
-            reference = sequence_logps(self.ref_model(**inputs, logits_to_keep=keep).logits, meta, logits_index=keep)
+            reference = sequence_logps(self.ref_model(**batch.model_inputs, logits_to_keep=keep).logits, meta,
+                                       logits_index=keep)
         c, r = preference_pairs(policy)
         chosen = policy.logps[c] - reference.logps[c].to(policy.logps.device)
         rejected = policy.logps[r] - reference.logps[r].to(policy.logps.device)
         losses = -F.logsigmoid(self.beta * (chosen - rejected))  # TRL's "sigmoid", per pair
         real = torch.ones_like(losses, dtype=torch.bool)
-        if filler is not None:
-            real = ~filler.to(losses.device)[policy.examples[c]]
+        if batch.filler is not None:
+            real = ~batch.filler.to(losses.device)[policy.examples[c]]
         losses = losses[real]
-        count = num_items_in_batch if num_items_in_batch is not None else real.sum().clamp(min=1)
-        loss = losses.sum() / count
-        if num_items_in_batch is not None and self.args.average_tokens_across_devices \
-                and self.accelerator.num_processes > 1:
-            loss = loss * self.accelerator.num_processes  # the count is global; DDP averages over ranks
+        loss = step_loss(self, losses.sum(), num_items_in_batch, real.sum().clamp(min=1))
         self._log_pairs(chosen[real].detach(), rejected[real].detach(), policy, c[real], r[real])
         return (loss, outputs) if return_outputs else loss
 

@@ -62,7 +62,7 @@ def test_resolve_backend():
     assert resolve_backend("auto", "cpu") == "sdpa_varlen"
     assert resolve_backend("auto", "cpu", bidirectional=True) == "sdpa"
     assert resolve_backend("flex", "cpu") == "flex"
-    with pytest.raises(ConfigError, match="unknown attention backend 'fast'"):
+    with pytest.raises(ConfigError, match="'backend' must be one of 'auto', 'flash', 'varlen', 'flex', 'sdpa', 'sdpa_varlen'; got 'fast'"):
         resolve_backend("fast", "cpu")
 
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root: tests.train.trainers.trainer_helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root: tests.train.trainer_helpers
 
 from transformers import TrainerCallback, TrainingArguments  # noqa: E402
 
 from packer.train.attention.hf import FILLER_KWARG  # noqa: E402
 from packer.train.data.dataset import PackedDataset  # noqa: E402
 from packer.train.trainers.trainer import EXAMPLES_KWARG, PackedTrainer  # noqa: E402
-from tests.train.trainers.trainer_helpers import tiny_llama  # noqa: E402
+from tests.train.trainer_helpers import tiny_llama  # noqa: E402
 
 LR = 0.5
 

@@ -20,9 +20,9 @@ from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX
 from packer.pipeline.build import build
 from packer.train.data.dataset import PackedDataset
+from tests.train.trainer_helpers import assert_grads_close, tiny_llama, weighted_paths
 from tests.train.trainers.test_multiprocess import LR, launch
 from tests.train.trainers.test_normalizations import records
-from tests.train.trainers.trainer_helpers import assert_grads_close, tiny_llama, weighted_paths
 
 pytestmark = pytest.mark.slow
 

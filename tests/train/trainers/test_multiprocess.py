@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from packer.core.types import IGNORE_INDEX
 from packer.train.data.dataset import PackedDataset
-from tests.train.trainers.trainer_helpers import (
+from tests.train.trainer_helpers import (
     assert_grads_close,
     build_jsonl,
     chats,

@@ -25,7 +25,7 @@ from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.data.collate import collate
 from packer.train.data.dataset import PackedDataset
 from packer.train.trainers.loss import PREFIXES, WEIGHTINGS, loss_count, packed_cross_entropy, step_count
-from tests.train.trainers.trainer_helpers import (
+from tests.train.trainer_helpers import (
     A,
     U,
     assert_grads_close,

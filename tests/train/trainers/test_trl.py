@@ -25,7 +25,7 @@ from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, ShardError
 from packer.train.trainers.trainer import PackedCollator
 from packer.train.trainers.trl import PackedSFTTrainer
-from tests.train.trainers.trainer_helpers import (
+from tests.train.trainer_helpers import (
     StepRecorder,
     assert_grads_close,
     build_jsonl,

@@ -29,7 +29,7 @@ from trl import DPOConfig, DPOTrainer
 from packer.core.types import IGNORE_INDEX
 from packer.encode.tokenizers import load_tokenizer
 from packer.train.trainers.trl import PackedDPOTrainer
-from tests.train.trainers.trainer_helpers import (
+from tests.train.trainer_helpers import (
     A,
     StepRecorder,
     U,
@@ -101,7 +101,7 @@ def _trl_dataset() -> datasets.Dataset:
 
 def _check_same_tokens(tokenized: datasets.Dataset, rows: datasets.Dataset) -> None:
     """TRL's prompt+chosen / prompt+rejected ids and completion spans are packer's paths and loss tokens."""
-    from tests.train.trainers.trainer_helpers import path_examples
+    from tests.train.trainer_helpers import path_examples
 
     paths = [e for r in rows for e in path_examples(r)]
     want = {}
@@ -216,7 +216,7 @@ def test_packed_dpo_with_loss_weights_equals_the_definition(tmp_path):
     that definition on each path alone with the same policy and reference models): TRL's sigmoid loss over the
     step's pairs, its value and every gradient."""
     from packer.train.data.dataset import PackedDataset
-    from tests.train.trainers.trainer_helpers import weighted_paths
+    from tests.train.trainer_helpers import weighted_paths
 
     tok = load_tokenizer("llama3")
     out = build_jsonl(tmp_path, "weighted", WEIGHTED, tokenizer="llama3", max_length=120)
