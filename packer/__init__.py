@@ -27,10 +27,10 @@ _API = {
     "build": "packer.pipeline.build",
     "plan": "packer.packing",
     "verify_build": "packer.report.verify",
-    "PackedDataset": "packer.train.dataset",
-    "collate": "packer.train.collate",
-    "packed_cross_entropy": "packer.train.loss",
-    "use_packed_attention": "packer.train.hf",
+    "PackedDataset": "packer.train.data.dataset",
+    "collate": "packer.train.data.collate",
+    "packed_cross_entropy": "packer.train.trainers.loss",
+    "use_packed_attention": "packer.train.attention.hf",
 }
 __all__ = [
     "BuildConfig",
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
     from packer.packing import plan
     from packer.pipeline.build import build
     from packer.report.verify import verify_build
-    from packer.train.collate import collate
-    from packer.train.dataset import PackedDataset
-    from packer.train.hf import use_packed_attention
-    from packer.train.loss import packed_cross_entropy
+    from packer.train.attention.hf import use_packed_attention
+    from packer.train.data.collate import collate
+    from packer.train.data.dataset import PackedDataset
+    from packer.train.trainers.loss import packed_cross_entropy
 
 
 def __getattr__(name: str) -> Any:

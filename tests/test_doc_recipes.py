@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.trainers.trainer_helpers import A, U, build_jsonl, chats, tiny_llama, trees
+from tests.train.trainer_helpers import A, U, build_jsonl, chats, tiny_llama, trees
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
