@@ -33,6 +33,16 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"errors", "config", "models", "encode", "packing", "pipeline", "report", "shards"},
     "__init__": {"errors", "config", "packing", "pipeline", "train", "report"},
 }
+# train/'s parts (docs/architecture.md, "train/"): data/ (rows to batches) and attention/ (a packed row through a
+# model) stand apart, trainers/ (loss, trainers) uses both; keys.py and options.py are shared by all three.
+TRAIN_ALLOWED: dict[str, set[str]] = {
+    "keys": set(),
+    "options": set(),
+    "data": {"keys", "options"},
+    "attention": {"keys", "options"},
+    "trainers": {"data", "attention", "keys", "options"},
+    "__init__": set(),
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -114,6 +124,24 @@ def test_packages_import_only_what_the_layering_allows():
             if other != area and other not in ALLOWED[area] and other != "__init__":
                 bad.append(f"{module} imports {imported}")
     assert not bad, "imports that cross the layering of docs/architecture.md:\n" + "\n".join(bad)
+
+
+def _train_part(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 2 else parts[2]
+
+
+def test_train_parts_import_only_what_the_cut_allows():
+    modules = {m: p for m, p in _modules().items() if m.startswith("packer.train")}
+    assert {_train_part(m) for m in modules} == set(TRAIN_ALLOWED), "a train/ part missing from TRAIN_ALLOWED"
+    bad = []
+    for module, path in modules.items():
+        part = _train_part(module)
+        for imported in _imports(path, module, top_level_only=False):
+            other = _train_part(imported) if imported.startswith("packer.train") else None
+            if other not in (None, part) and other not in TRAIN_ALLOWED[part]:
+                bad.append(f"{module} imports {imported}")
+    assert not bad, "imports across train/'s parts that docs/architecture.md does not allow:\n" + "\n".join(bad)
 
 
 def _cycles(top_level_only: bool) -> list[str]:
