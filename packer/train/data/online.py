@@ -85,7 +85,7 @@ def scan_lines(config: BuildConfig) -> list[LineChunk]:
 
 def make_encoder(config: BuildConfig) -> Encoder:
     """The build's Encoder for ``config`` (as ``pipeline.stages.make_encoder``; train/ does not import
-    pipeline/, and tests/train/data/test_online.py checks the rows against a real build)."""
+    pipeline/, and tests/train/test_online.py checks the rows against a real build)."""
     profile = get_profile(config.profile, **config.profile_overrides())
     template = config.chat_template
     if template and Path(template).is_file():
