@@ -30,7 +30,8 @@ def test_old_path_is_the_moved_module(old):
 
 
 def test_old_public_names_import_from_their_old_paths():
-    from packer.train.attention import BACKENDS, packed_attention  # the old backends module is the package now
+    # the old backends module is the attention package now
+    from packer.train.attention import BACKENDS, packed_attention
     from packer.train.attention.backends import packed_attention as moved
     from packer.train.balance import deal
     from packer.train.data.rank_shares import deal as dealt
