@@ -33,7 +33,9 @@ import pyarrow.compute as pc
 
 from packer import __version__
 from packer.config import BuildConfig
+from packer.core.media import medium
 from packer.errors import RejectRateError
+from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
 from packer.pipeline.executor import Executor
@@ -157,7 +159,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         loss_weight=table.column("loss_weight").to_numpy()[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
         image_units=_image_units(cache, plan.index, encoder.profile),
-        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index], videos=plan.videos,
+        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
+        videos=_budgeted_counts(plan, config, "video"),
         **_audio_stats(cache, table, plan.index),
     )
     write_json_atomic(out / STATS, stats)
@@ -272,6 +275,13 @@ def _write(
             entries.extend(written)
             bar.update(len(shards.pack_sizes))
     return entries
+
+
+def _budgeted_counts(plan: Plan, config: BuildConfig, name: str) -> np.ndarray | None:
+    """(n,) items of medium ``name`` per planned example where ``config`` budgets them (stats then report
+    them per pack), else None."""
+    j = FLAGS.index(medium(name).count_budget)
+    return plan.costs[:, j] if limits_of(config)[j] is not None else None
 
 
 def _audio_stats(cache: Any, table: pa.Table, index: np.ndarray) -> dict[str, np.ndarray]:

@@ -1,0 +1,146 @@
+"""``verify_build``: one pass over the shards, each row group decoded once (``decode``) and put through the
+named checks in order; then the whole-build accounting (``accounting``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from packer.core.media import MEDIA
+from packer.errors import ConfigError
+from packer.report.split_docs import ChunkDigests
+from packer.report.tokenizer_check import RecordDigests
+from packer.report.verify import accounting, labels, media, positions, trees
+from packer.report.verify.budgets import Promises, check_budgets, promises
+from packer.report.verify.decode import Rows, decode, schema_problem
+from packer.report.verify.family import uses_mrope
+from packer.report.verify.report import DEFAULT_LIMIT, RowCheck, VerifyReport
+from packer.shards.io import open_shards, parquet_file, sha256_file
+
+DEFAULT_TOKENIZER_CHECK = 64  # input records re-tokenized with the HF tokenizer by ``verify --input``
+
+
+def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: int = DEFAULT_LIMIT,
+                 tokenizer_check: int | str = DEFAULT_TOKENIZER_CHECK) -> VerifyReport:
+    """Check the build in ``path`` (and, with ``inputs``, that every input record is accounted for, and that
+    ``tokenizer_check`` of them, an int or "all", encode with the HF tokenizer to the packed tokens and labels).
+
+    Raises ShardError only when there is nothing to check (no directory / no readable manifest of this
+    schema version); every other problem is a Violation in the report.
+    """
+    shards = open_shards(path)
+    root, manifest = shards.root, shards.manifest
+    rep = VerifyReport(limit=limit)
+    promised = promises(manifest)
+    totals = Counter()
+    id_chunks: list[pa.Array] = []  # every example id, in dataset order
+    id_where: list[tuple[str, np.ndarray]] = []  # (file, row of each id) per chunk, to place duplicates
+    listed = set()
+    digests = ChunkDigests() if inputs is not None and manifest.config.long_docs == "split" else None
+    if tokenizer_check != "all" and (not isinstance(tokenizer_check, int) or tokenizer_check < 0):
+        raise ConfigError(f"tokenizer_check must be a count >= 0 or 'all', got {tokenizer_check!r}")
+    records = RecordDigests() if inputs is not None and tokenizer_check != 0 else None
+    for entry in shards.shards:
+        listed.add(entry.file)
+        rep.shards += 1
+        pf = _open_shard(root, entry, manifest.schema_version, rep)
+        if pf is None:
+            continue
+        base = 0
+        for g in range(pf.metadata.num_row_groups):
+            try:
+                table = pf.read_row_group(g)
+            except Exception as e:  # noqa: BLE001
+                rep.add(entry.file, None, f"row group {g} unreadable: {type(e).__name__}: {e}", "unreadable")
+                break
+            d = decode(table, np.arange(base, base + table.num_rows))
+            base += table.num_rows
+            rep.rows += d.num_rows
+            rep.examples += int(d.num_examples.sum())
+            totals["tokens"] += int(d.num_tokens.sum())
+            totals["loss_tokens"] += int(d.totals["num_loss_tokens"].sum())
+            totals["vision_tokens"] += int(d.totals["num_vision_tokens"].sum())
+            id_chunks.append(d.example_ids)
+            id_where.append((entry.file, np.repeat(d.rows, d.num_examples)))
+            sound = check_row_group(d, promised, rep, entry.file)
+            for collected in (digests, records):
+                if collected is not None and sound.num_rows:
+                    _add_digests(sound, collected)
+    for stray in sorted(p.name for p in root.glob("shard-*")):
+        if stray not in listed:
+            rep.add(stray, None, "a shard file the manifest does not list (stale or temporary)", "stray file")
+
+    ids = pa.chunked_array(id_chunks, pa.string()) if id_chunks else pa.chunked_array([], pa.string())
+    accounting.check_unique_example_ids(ids, id_where, rep)
+    rejects = accounting.read_rejects(root, rep)
+    later = int(pc.sum(pc.match_substring_regex(ids.combine_chunks(), r"@[1-9][0-9]*$")).as_py() or 0) if len(ids) else 0
+    accounting.check_totals(manifest, root, rep, totals, rejects, later)
+    if inputs is not None:
+        accounting.check_inputs(manifest, root, ids, rejects, inputs, rep, digests, records,
+                                None if tokenizer_check == "all" else int(tokenizer_check))
+    return rep
+
+
+def _open_shard(root: Path, entry, version: int, rep: VerifyReport):
+    """The shard's ParquetFile, or None when it is missing, unreadable or of another schema (each a violation);
+    a checksum or row count differing from the manifest is reported and the shard still read."""
+    file, spath = entry.file, root / entry.file
+    if not spath.is_file():
+        rep.add(file, None, "listed in the manifest but missing", "missing shard")
+        return None
+    if sha256_file(spath) != entry.sha256:
+        rep.add(file, None, f"sha256 differs from the manifest ({entry.sha256})", "checksum")
+    try:
+        pf = parquet_file(spath)
+    except Exception as e:  # noqa: BLE001 - any Parquet/Arrow failure is this file's violation
+        rep.add(file, None, f"unreadable Parquet: {type(e).__name__}: {e}", "unreadable")
+        return None
+    if pf.metadata.num_rows != entry.rows:
+        rep.add(file, None, f"{pf.metadata.num_rows} rows, the manifest says {entry.rows}", "row count")
+    problem = schema_problem(pf.schema_arrow, version)
+    if problem:
+        rep.add(file, None, problem, "schema")
+        return None
+    return pf
+
+
+def check_row_group(d: Rows, promised: Promises, rep: VerifyReport, file: str) -> Rows:
+    """Every per-row check, in order; a row failing a structural one (list lengths, cu_seqlens, the node forest)
+    is left out of the later ones. Returns the rows whose structure is sound."""
+    profile = promised.profile
+    d = d.keep(trees.check_list_lengths(d, RowCheck(rep, file, d.rows), mrope=uses_mrope(profile)))
+    check = RowCheck(rep, file, d.rows)
+    faults = trees.layout_faults(d)
+    sound = trees.check_cu_seqlens(d, check, faults)
+    check_budgets(d, check, promised)
+    sound &= trees.check_node_forest(d, check, faults)
+    d = d.keep(sound)
+    if not d.num_rows:
+        return d
+    check = RowCheck(rep, file, d.rows)
+    labels.check_first_label_ignored(d, check)
+    labels.check_labels_unshifted(d, check)
+    labels.check_loss_token_count(d, check)
+    labels.check_loss_weights(d, check)
+    media.check_token_totals(d, check)
+    positions.check_tree_positions(d, check)
+    spans, on = {}, {}
+    for m in MEDIA:
+        spans[m.name], on[m.name] = media.check_spans(d, check, profile, m.name, promised.token_ids[m.name])
+    sound_tokens = media.check_placeholders(d, check, spans, on, promised.token_ids)
+    media.check_video_plans(d, check, profile)
+    media.check_audio_plans(d, check, profile)
+    positions.check_mrope(d, check, profile, spans, sound_tokens)
+    labels.check_seq_lengths(d, check)
+    return d
+
+
+def _add_digests(d: Rows, digests: ChunkDigests | RecordDigests) -> None:
+    """The chunks of split documents (split_docs.py), or the records packed whole (tokenizer_check.py), among
+    rows whose structure passed."""
+    starts, ends, _ = d.examples
+    digests.add(d.example_ids, d.input_ids.values, d.labels.values, starts, ends)
