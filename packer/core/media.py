@@ -77,11 +77,11 @@ class Budget:
     """The media it counts (``("image", "video")`` for the shared vision-token budget)."""
 
 
-def _budgets() -> tuple[Budget, ...]:
+def budgets_of(media: tuple[Medium, ...]) -> tuple[Budget, ...]:
     """Each medium's token budget (once, where media share it), then its count budget: the cost matrix's
     column order (vision tokens, images, videos, audio tokens, clips), which the planner's plans depend on."""
     out: dict[str, Budget] = {}
-    for m in MEDIA:
+    for m in media:
         if m.token_budget in out:
             shared = out[m.token_budget]
             out[m.token_budget] = Budget(flag=shared.flag, column=shared.column, what=shared.what, tokens=True,
@@ -94,7 +94,7 @@ def _budgets() -> tuple[Budget, ...]:
     return tuple(out.values())
 
 
-BUDGETS: tuple[Budget, ...] = _budgets()
+BUDGETS: tuple[Budget, ...] = budgets_of(MEDIA)
 """Every per-pack budget the media declare, in cost-matrix column order."""
 
 

@@ -10,11 +10,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import packer.report.verify.accounting as accounting
+import packer.report.verify.labels as labels
+import packer.report.verify.media as media
+import packer.report.verify.positions as positions
+import packer.report.verify.trees as trees
 from packer.core.media import MEDIA
 from packer.errors import ConfigError
 from packer.report.split_docs import ChunkDigests
 from packer.report.tokenizer_check import RecordDigests
-from packer.report.verify import accounting, labels, media, positions, trees
 from packer.report.verify.budgets import Promises, check_budgets, promises
 from packer.report.verify.decode import Rows, decode, schema_problem
 from packer.report.verify.family import uses_mrope

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import packer.report.verify.family as family
 from packer.core.media import MEDIA
 from packer.core.types import IGNORE_INDEX
-from packer.report.verify import family
 from packer.report.verify.decode import Rows, row_of, rows_with, within_row_pairs
 from packer.report.verify.report import RowCheck
 

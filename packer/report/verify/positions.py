@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import packer.report.verify.family as family
 from packer.core import tree
-from packer.report.verify import family
 from packer.report.verify.decode import Rows, rows_with
 from packer.report.verify.report import RowCheck
 
