@@ -20,7 +20,7 @@ What is checked (each failure is one ``Violation``: file, row, what):
 - per row, vectorized over a whole row group at once (numpy, no per-token Python):
   list lengths agree (labels, positions, 3·T mRoPE, E+1 cu_seqlens, E ids), ``num_*`` columns equal the
   recomputed totals; ``cu_seqlens`` starts at 0, increases strictly, ends at T; the row is within the
-  capacity and the vision / image / example budgets of the manifest config; labels are -100 at every
+  capacity, the examples budget and every budget of ``core.media.BUDGETS`` the manifest config sets; labels are -100 at every
   example start and on every image token, and equal ``input_ids`` elsewhere; the node layout keeps every
   rule of ``packer.core.tree.LAYOUT_RULES`` (offsets rise from 0, roots exactly at the example starts,
   parents earlier nodes of the same example); 1-D positions equal ``packer.core.tree.tree_position_ids``
@@ -32,7 +32,7 @@ What is checked (each failure is one ``Violation``: file, row, what):
   clip's ``feature_length`` from its ``num_samples`` (and its ``padded_samples``, schema v5, where set: never
   fewer than its samples) and ``num_tokens`` from its ``feature_length`` by the
   family's rule (``audio_feature_lengths``, ``audio_num_tokens``), ``num_audio_tokens`` and the audio budgets
-  (``max_audio_tokens``, ``max_audios``); mRoPE positions (float32 since v5, compared as stored: a fraction
+  (among the budgets above); mRoPE positions (float32 since v5, compared as stored: a fraction
   an integer family's positions must not have is a difference)
   equal an independent vectorized recomputation of ``get_rope_index`` along each tree path (with each
   video's ``second_per_grid_t``);
