@@ -143,6 +143,33 @@ def multimodal(draw):
 
 @SETTINGS
 @given(multimodal(), st.sampled_from(FAST), st.booleans(), st.booleans())
+def test_cost_matrix_is_the_named_budgets(case, algorithm, balance, refine):
+    """``costs``/``limits`` and the named keywords are one plan: the same columns in the same order give the same
+    ids; an unbounded column is only balanced."""
+    lengths, capacity, vision, images, vision_budget, max_images, max_examples, _ = case
+    named = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,
+                 images=images, max_images=max_images, max_examples=max_examples, balance_vision=balance,
+                 refine=refine)  # fmt: skip
+    costs = np.stack([vision, images], axis=1).reshape(-1, 2)
+    matrix = plan(lengths, capacity, algorithm=algorithm, costs=costs, limits=[vision_budget, max_images],
+                  names=["max_vision_tokens", "max_images"], max_examples=max_examples,
+                  balance=0 if balance else None, refine=refine)  # fmt: skip
+    np.testing.assert_array_equal(matrix, named)
+    np.testing.assert_array_equal(plan(lengths, capacity, costs=costs[:, :1], limits=[None], balance=0),
+                                  plan(lengths, capacity, vision=vision, balance_vision=True))
+
+
+def test_cost_matrix_errors():
+    with pytest.raises(ConfigError, match=r"'costs' must be an \(n, k\) = \(2, 1\) array"):
+        plan(np.array([3, 2]), 8, costs=np.ones((2, 2), np.int64), limits=[1])
+    with pytest.raises(ConfigError, match="not both"):
+        plan(np.array([3, 2]), 8, costs=np.ones((2, 1), np.int64), limits=[1], vision=[1, 1])
+    with pytest.raises(ConfigError, match=r"'balance' must be a column of costs"):
+        plan(np.array([3, 2]), 8, costs=np.ones((2, 1), np.int64), limits=[1], balance=1)
+
+
+@SETTINGS
+@given(multimodal(), st.sampled_from(FAST), st.booleans(), st.booleans())
 def test_budgets_hold(case, algorithm, balance, refine):
     lengths, capacity, vision, images, vision_budget, max_images, max_examples, n = case
     ids = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,

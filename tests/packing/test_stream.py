@@ -228,3 +228,16 @@ def test_audio_budgets_bind():
     assert [list(p) for p in packs] == [g.tolist() for g in groups(want)]
     packs = list(pack_stream(range(12), max_audio_tokens=60, **kw))  # two clips' tokens per pack
     assert len(packs) == 6
+
+
+@SETTINGS
+@given(st.lists(example_counts, max_size=120), st.integers(1, 30))
+def test_a_cost_function_is_the_named_budgets(raw, pool_size):
+    """``costs``/``limits`` (one row per example, as ``packing.plan`` takes them) stream the same packs as the
+    named count functions and budgets; an unbounded cost is dropped."""
+    examples = [(*e, i) for i, e in enumerate(raw)]
+    kw = dict(capacity=200, pool_size=pool_size, length=lambda e: e[0], seed=3, max_examples=5)
+    named = list(pack_stream(examples, **COUNTS, **{k: v for k, v in ALL_BUDGETS.items() if k != "max_examples"}, **kw))
+    limits = [ALL_BUDGETS[k] for k in ("vision_budget", "max_images", "max_videos", "max_audio_tokens", "max_audios")]
+    matrix = list(pack_stream(examples, costs=lambda e: (*e[1:6], 99), limits=[*limits, None], **kw))
+    assert matrix == named
