@@ -28,6 +28,8 @@ MEDIA_FIELDS = {
     "audio": ("offset", "num_tokens", "num_samples", "feature_length", "sample_rate"),
 }
 AUDIO_FIELDS = MEDIA_FIELDS["audio"]
+TOKEN_COLUMNS = tuple(dict.fromkeys(c for m in MEDIA for c in (m.token_column, m.own_tokens_column) if c))
+"""Each row's media token totals: ``num_vision_tokens``, ``num_video_tokens``, ``num_audio_tokens``."""
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,9 @@ def decode(table: pa.Table, rows: np.ndarray) -> Rows:
     if "seq_lengths" in names:  # v3
         seq_lengths = _values(table.column("seq_lengths"), np.int64)
         seq_null = table.column("seq_lengths").is_null().to_numpy(zero_copy_only=False)
-    totals = {c: table.column(c).to_numpy().astype(np.int64) for c in
-              ("num_tokens", "num_loss_tokens", "num_vision_tokens", "num_video_tokens")}
-    totals["num_audio_tokens"] = (table.column("num_audio_tokens").to_numpy().astype(np.int64)
-                                  if "num_audio_tokens" in names else np.zeros(table.num_rows, dtype=np.int64))  # v4
+    # each num_* column; one older than its medium (num_audio_tokens before v4) is 0 in every row
+    totals = {c: table.column(c).to_numpy().astype(np.int64) if c in names else np.zeros(table.num_rows, np.int64)
+              for c in ("num_tokens", "num_loss_tokens", *TOKEN_COLUMNS)}
     return Rows(
         table=table, rows=rows,
         input_ids=_values(table.column("input_ids"), np.int64),
