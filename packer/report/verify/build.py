@@ -4,6 +4,7 @@ named checks in order; then the whole-build accounting (``accounting``)."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,54 +40,65 @@ def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: in
     shards = open_shards(path)
     root, manifest = shards.root, shards.manifest
     rep = VerifyReport(limit=limit)
-    promised = promises(manifest)
-    totals = Counter()
-    id_chunks: list[pa.Array] = []  # every example id, in dataset order
-    id_where: list[tuple[str, np.ndarray]] = []  # (file, row of each id) per chunk, to place duplicates
-    listed = set()
-    digests = ChunkDigests() if inputs is not None and manifest.config.long_docs == "split" else None
     if tokenizer_check != "all" and (not isinstance(tokenizer_check, int) or tokenizer_check < 0):
         raise ConfigError(f"tokenizer_check must be a count >= 0 or 'all', got {tokenizer_check!r}")
-    records = RecordDigests() if inputs is not None and tokenizer_check != 0 else None
+    seen = _Seen(digests=ChunkDigests() if inputs is not None and manifest.config.long_docs == "split" else None,
+                 records=RecordDigests() if inputs is not None and tokenizer_check != 0 else None)
+    promised = promises(manifest)
     for entry in shards.shards:
-        listed.add(entry.file)
         rep.shards += 1
         pf = _open_shard(root, entry, manifest.schema_version, rep)
-        if pf is None:
-            continue
-        base = 0
-        for g in range(pf.metadata.num_row_groups):
-            try:
-                table = pf.read_row_group(g)
-            except Exception as e:  # noqa: BLE001
-                rep.add(entry.file, None, f"row group {g} unreadable: {type(e).__name__}: {e}", "unreadable")
-                break
-            d = decode(table, np.arange(base, base + table.num_rows))
-            base += table.num_rows
-            rep.rows += d.num_rows
-            rep.examples += int(d.num_examples.sum())
-            totals["tokens"] += int(d.num_tokens.sum())
-            totals["loss_tokens"] += int(d.totals["num_loss_tokens"].sum())
-            totals["vision_tokens"] += int(d.totals["num_vision_tokens"].sum())
-            id_chunks.append(d.example_ids)
-            id_where.append((entry.file, np.repeat(d.rows, d.num_examples)))
-            sound = check_row_group(d, promised, rep, entry.file)
-            for collected in (digests, records):
-                if collected is not None and sound.num_rows:
-                    _add_digests(sound, collected)
+        if pf is not None:
+            _check_shard(pf, entry.file, promised, rep, seen)
+    listed = {entry.file for entry in shards.shards}
     for stray in sorted(p.name for p in root.glob("shard-*")):
         if stray not in listed:
             rep.add(stray, None, "a shard file the manifest does not list (stale or temporary)", "stray file")
 
-    ids = pa.chunked_array(id_chunks, pa.string()) if id_chunks else pa.chunked_array([], pa.string())
-    accounting.check_unique_example_ids(ids, id_where, rep)
+    ids = pa.chunked_array(seen.id_chunks, pa.string()) if seen.id_chunks else pa.chunked_array([], pa.string())
+    accounting.check_unique_example_ids(ids, seen.id_where, rep)
     rejects = accounting.read_rejects(root, rep)
     later = int(pc.sum(pc.match_substring_regex(ids.combine_chunks(), r"@[1-9][0-9]*$")).as_py() or 0) if len(ids) else 0
-    accounting.check_totals(manifest, root, rep, totals, rejects, later)
+    accounting.check_totals(manifest, root, rep, seen.totals, rejects, later)
     if inputs is not None:
-        accounting.check_inputs(manifest, root, ids, rejects, inputs, rep, digests, records,
+        accounting.check_inputs(manifest, root, ids, rejects, inputs, rep, seen.digests, seen.records,
                                 None if tokenizer_check == "all" else int(tokenizer_check))
     return rep
+
+
+@dataclass
+class _Seen:
+    """What the pass over the shards collects for the whole-build checks."""
+
+    digests: ChunkDigests | None  # split documents' chunks (``--input`` of a ``--long-docs split`` build)
+    records: RecordDigests | None  # records packed whole, for the tokenizer check
+    totals: Counter = field(default_factory=Counter)  # tokens, loss_tokens, vision_tokens
+    id_chunks: list[pa.Array] = field(default_factory=list)  # every example id, in dataset order
+    id_where: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (file, row of each id) per chunk
+
+
+def _check_shard(pf, file: str, promised: Promises, rep: VerifyReport, seen: _Seen) -> None:
+    """Every row group of one shard, decoded once and checked; what the whole-build checks need goes to ``seen``."""
+    base = 0
+    for g in range(pf.metadata.num_row_groups):
+        try:
+            table = pf.read_row_group(g)
+        except Exception as e:  # noqa: BLE001
+            rep.add(file, None, f"row group {g} unreadable: {type(e).__name__}: {e}", "unreadable")
+            return
+        d = decode(table, np.arange(base, base + table.num_rows))
+        base += table.num_rows
+        rep.rows += d.num_rows
+        rep.examples += int(d.num_examples.sum())
+        seen.totals["tokens"] += int(d.num_tokens.sum())
+        seen.totals["loss_tokens"] += int(d.totals["num_loss_tokens"].sum())
+        seen.totals["vision_tokens"] += int(d.totals["num_vision_tokens"].sum())
+        seen.id_chunks.append(d.example_ids)
+        seen.id_where.append((file, np.repeat(d.rows, d.num_examples)))
+        sound = check_row_group(d, promised, rep, file)
+        for collected in (seen.digests, seen.records):
+            if collected is not None and sound.num_rows:
+                _add_digests(sound, collected)
 
 
 def _open_shard(root: Path, entry, version: int, rep: VerifyReport):
