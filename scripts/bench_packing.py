@@ -281,11 +281,12 @@ def bench_vision(n: int, repeats: int) -> None:
           f"4096/pack = {lower_bound(vision, 4096):,})\n")  # fmt: skip
     print("| budgets | balance_vision | time (s) | packs | efficiency | vision/pack mean | std | min | max |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    budgets = {"vision": vision}
-    dual = {"vision": vision, "vision_budget": 4096, "images": images, "max_images": 8}
+    # cost matrix columns (vision tokens, images) and their limits; an unbounded column is only balanced
+    budgets = {"costs": vision[:, None], "limits": [None], "names": ["max_vision_tokens"]}
+    dual = {"costs": np.stack([vision, images], axis=1), "limits": [4096, 8], "names": ["max_vision_tokens", "max_images"]}
     for label, kwargs in (("tokens only", budgets), ("vision 4096 + 8 images", dual)):
         for balance in (False, True):
-            seconds, ids = best_time(lambda kw=kwargs, b=balance: plan(tokens, capacity, balance_vision=b, **kw),
+            seconds, ids = best_time(lambda kw=kwargs, b=balance: plan(tokens, capacity, balance=0 if b else None, **kw),
                                      repeats)  # fmt: skip
             load = pack_totals(vision, ids)
             print(f"| {label} | {balance} | {seconds:.3f} | {packs_of(ids):,} | {efficiency(tokens, ids, capacity):.3%} "

@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "formats": {"errors", "core"},
     "models": {"errors", "core", "media"},
     "encode": {"errors", "core", "models", "media"},
-    "packing": {"errors"},
+    "packing": {"errors", "core"},  # core.media: the budgets the media declare
     "shards": {"errors", "core", "config"},  # the manifest records the BuildConfig
     "config": {"errors", "packing", "encode", "models"},
     "pipeline": {"errors", "config", "core", "formats", "media", "models", "encode", "packing", "shards", "report"},
@@ -224,3 +224,17 @@ def test_the_build_side_of_every_family_is_light():
             "profiles = [get_profile(n) for n in profile_names()]\n"
             "[p.media_runs([], __import__('numpy').array([-1])) for p in profiles]")
     assert _heavy_modules(code) == {"torch": False, "transformers": False, "ray": False}
+
+
+def test_verify_asks_the_family_in_one_module():
+    """verify's checks reach the model family only through ``report/verify/family.py`` (the one module to re-point
+    when the family protocol changes): elsewhere in the package a profile is passed along and named, never asked."""
+    asked = []
+    for path in sorted((PACKAGE / "report" / "verify").glob("*.py")):
+        if path.name == "family.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr != "name"
+                    and (getattr(node.value, "id", None) == "profile" or getattr(node.value, "attr", None) == "profile")):
+                asked.append(f"{path.name}:{node.lineno} profile.{node.attr}")
+    assert not asked, "family hooks called outside report/verify/family.py:\n" + "\n".join(asked)

@@ -47,27 +47,20 @@ def separate_copies(
     index: np.ndarray,
     pack_ids: np.ndarray,
     lengths: np.ndarray,
-    vision: np.ndarray,
-    images: np.ndarray,
     *,
     capacity: int,
-    vision_budget: int | None,
-    max_images: int | None,
     seed: int,
-    videos: np.ndarray | None = None,
-    max_videos: int | None = None,
-    audio: np.ndarray | None = None,
-    max_audio_tokens: int | None = None,
-    audios: np.ndarray | None = None,
-    max_audios: int | None = None,
+    costs: np.ndarray | None = None,
+    limits: Sequence[int | None] = (),
     max_tries: int = 4096,
 ) -> np.ndarray:
     """Move up-sampled copies out of their original's pack by swapping with another pack's example.
 
     Best-fit stacks equal lengths into one bin, so an example's copies (same length) land together: the
-    same sequence twice in one row. Each swap keeps both packs within ``capacity`` and the budgets, so the
-    pack count and every budget hold; a conflict with no feasible partner within ``max_tries`` stays.
-    ``index`` is each planned example's input index (copies share it), as ``sample_sources`` returns it.
+    same sequence twice in one row. Each swap keeps both packs within ``capacity`` and the budgets
+    (``costs`` (n, k) and ``limits`` (k,) as ``packing.plan`` takes them), so the pack count and every budget
+    hold; a conflict with no feasible partner within ``max_tries`` stays. ``index`` is each planned example's
+    input index (copies share it), as ``sample_sources`` returns it.
     """
     pack_ids = pack_ids.copy()
     num_packs = int(pack_ids.max()) + 1
@@ -76,22 +69,17 @@ def separate_copies(
     dup = by_key[1:][key[by_key[1:]] == key[by_key[:-1]]]
     if not len(dup):
         return pack_ids
-    load = np.bincount(pack_ids, weights=lengths, minlength=num_packs).astype(np.int64)
-    vload = np.bincount(pack_ids, weights=vision, minlength=num_packs).astype(np.int64)
-    iload = np.bincount(pack_ids, weights=images, minlength=num_packs).astype(np.int64)
-    videos = np.zeros_like(lengths) if videos is None else videos
-    wload = np.bincount(pack_ids, weights=videos, minlength=num_packs).astype(np.int64)
+    bounded = [j for j, limit in enumerate(limits) if limit is not None]
+    # column 0 = tokens, then each bounded budget: per example (rows), per pack (load) and the cap
+    table = np.column_stack([lengths] + [np.asarray(costs)[:, j] for j in bounded]).astype(np.int64)  # (n, 1+b)
+    rows = table.tolist()
+    load = [[int(v) for v in np.bincount(pack_ids, weights=table[:, c], minlength=num_packs)]
+            for c in range(table.shape[1])]  # (1+b, P)
+    caps = [capacity] + [int(limits[j]) for j in bounded]
     members: dict[int, dict[int, int]] = {}  # pack -> example index -> copies in it
     for pk, ex in zip(pack_ids.tolist(), index.tolist(), strict=True):
         m = members.setdefault(pk, {})
         m[ex] = m.get(ex, 0) + 1
-    vcap = vision_budget if vision_budget is not None else np.iinfo(np.int64).max
-    icap = max_images if max_images is not None else np.iinfo(np.int64).max
-    wcap = max_videos if max_videos is not None else np.iinfo(np.int64).max
-    extra = [(values, budget, np.bincount(pack_ids, weights=values, minlength=num_packs).astype(np.int64))
-             for values, budget in ((audio, max_audio_tokens), (audios, max_audios))
-             if values is not None and budget is not None]  # (per example, budget, per pack): the audio budgets
-    cap = capacity
     candidates = np.random.default_rng([seed, 2]).permutation(len(index)).tolist()
     cursor = 0
     for p in dup.tolist():
@@ -102,24 +90,13 @@ def separate_copies(
             b, eb = int(pack_ids[q]), int(index[q])
             if a == b or eb in members[a] or ea in members[b]:
                 continue
-            dl, dv, di = int(lengths[q] - lengths[p]), int(vision[q] - vision[p]), int(images[q] - images[p])
-            dw = int(videos[q] - videos[p])
-            if (load[a] + dl > cap or load[b] - dl > cap or vload[a] + dv > vcap or vload[b] - dv > vcap
-                    or iload[a] + di > icap or iload[b] - di > icap or wload[a] + dw > wcap or wload[b] - dw > wcap
-                    or any(xl[a] + int(x[q] - x[p]) > xc or xl[b] - int(x[q] - x[p]) > xc for x, xc, xl in extra)):
+            delta = [x - y for x, y in zip(rows[q], rows[p], strict=True)]  # what pack a gains, b loses
+            if any(col[a] + d > cap or col[b] - d > cap for col, d, cap in zip(load, delta, caps, strict=True)):
                 continue
-            for x, _, xl in extra:
-                xl[a] += int(x[q] - x[p])
-                xl[b] -= int(x[q] - x[p])
+            for col, d in zip(load, delta, strict=True):
+                col[a] += d
+                col[b] -= d
             pack_ids[p], pack_ids[q] = b, a
-            load[a] += dl
-            load[b] -= dl
-            vload[a] += dv
-            vload[b] -= dv
-            iload[a] += di
-            iload[b] -= di
-            wload[a] += dw
-            wload[b] -= dw
             for pk, old_ex, new_ex in ((a, ea, eb), (b, eb, ea)):
                 m = members[pk]
                 m[old_ex] -= 1

@@ -1,7 +1,7 @@
 """Global bin-packing of example lengths into packs (the planner).
 
-Only lengths travel here: ``plan`` takes one int per example (tokens, and optionally vision tokens and image
-counts) and returns one pack id per example. Pack ids are numbered in the seeded, shuffled order the writer
+Only lengths travel here: ``plan`` takes one int per example (tokens) and optionally an (n, k) cost matrix of
+per-pack budgets with their (k,) limits (``packing.budgets``), and returns one pack id per example. Pack ids are numbered in the seeded, shuffled order the writer
 emits them, so ``pack 0`` is the first row of the first shard. Pure: no I/O, no torch, no global RNG.
 
 Algorithms (``algorithm=``):
@@ -15,8 +15,8 @@ Algorithms (``algorithm=``):
   baseline, like ``DataCollatorWithFlattening`` fed in order).
 - ``binpacking`` the PyPI ``binpacking.to_constant_volume`` (quadratic; a reference, not for real builds).
 
-Extra per-pack budgets (vision tokens, image, video and clip counts, audio tokens, examples per pack) are
-feasibility constraints: the planner still best-fits on tokens but only among packs where every budget holds.
+Extra per-pack budgets (the columns of ``costs``: vision tokens, image, video and clip counts, audio tokens;
+and examples per pack) are feasibility constraints: the planner still best-fits on tokens but only among packs where every budget holds.
 That path keeps per-capacity maxima of each remaining budget in a segment tree and searches it depth-first
 (still compiled, near O(n log C)).
 
@@ -32,10 +32,13 @@ docs/benchmarks.md (``scripts/bench_packing.py``).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from packer.errors import ConfigError
+from packer.packing.budgets import check_costs, counts_tokens, from_named, noun
 
 ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")
 
@@ -52,45 +55,37 @@ def plan(
     lengths: np.ndarray,
     capacity: int,
     *,
+    costs: np.ndarray | None = None,
+    limits: Sequence[int | None] = (),
+    names: Sequence[str] = (),
     algorithm: str = "bfd",
-    vision: np.ndarray | None = None,
-    vision_budget: int | None = None,
-    images: np.ndarray | None = None,
-    max_images: int | None = None,
-    videos: np.ndarray | None = None,
-    max_videos: int | None = None,
-    audio: np.ndarray | None = None,
-    max_audio_tokens: int | None = None,
-    audios: np.ndarray | None = None,
-    max_audios: int | None = None,
     max_examples: int | None = None,
-    balance_vision: bool = False,
+    balance: int | None = None,
     refine: bool = False,
     seed: int = 0,
+    **named: Any,
 ) -> np.ndarray:
     """Assign every example to a pack; return int64 pack ids numbered in the seeded shuffled write order.
 
     Args:
         lengths: (n,) tokens per example, each in [1, capacity].
         capacity: tokens per pack (the build's ``max_length``).
+        costs: (n, k) what each example costs of k per-pack budgets besides tokens (vision tokens, images,
+            videos, audio tokens, clips: ``core.media.BUDGETS``, ``packing.budgets``); each >= 0.
+        limits: (k,) at most ``limits[j]`` of column j per pack; None = unbounded (a column kept for
+            ``balance`` or for its checks only).
+        names: (k,) the knob each column's limit comes from (``max_vision_tokens``), named by errors; a name in
+            ``BUDGETS`` that counts tokens must stay within the example's length.
         algorithm: ``bfd`` (default), ``ffd``, ``next-fit`` or ``binpacking``.
-        vision: (n,) vision tokens per example (part of ``lengths``); needed for ``vision_budget`` and
-            ``balance_vision``.
-        vision_budget: at most this many vision tokens per pack (``max_vision_tokens``).
-        images: (n,) images per example; needed for ``max_images``.
-        max_images: at most this many images per pack.
-        videos: (n,) videos per example; needed for ``max_videos``.
-        max_videos: at most this many videos per pack.
-        audio: (n,) audio tokens per example (part of ``lengths``); needed for ``max_audio_tokens``.
-        max_audio_tokens: at most this many audio tokens per pack (the audio encoder's work).
-        audios: (n,) audio clips per example; needed for ``max_audios``.
-        max_audios: at most this many clips per pack.
         max_examples: at most this many examples per pack (``max_examples_per_pack``).
-        balance_vision: spread vision tokens evenly over the packs (same-ish pack count, lower spread of
-            vision tokens per pack, so no rank gets all the image-heavy rows). A no-op without ``vision``.
+        balance: a column of ``costs`` to spread evenly over the packs (vision tokens: same-ish pack count,
+            lower spread per pack, so no rank gets all the image-heavy rows).
         refine: also try BFD with exact completion (tokens-only ``bfd``) and keep the better plan, then try
             to empty the least-filled packs into the others' free space. Never more packs; costs ~2x.
         seed: seed of the pack shuffle (``np.random.default_rng(seed)``).
+        named: the per-medium keywords ``plan`` took before the cost matrix, still accepted: a count array
+            and its limit per budget (``vision``/``vision_budget``, ``images``/``max_images``, ...:
+            ``packing.budgets.NAMED``) and ``balance_vision``.
 
     Returns:
         (n,) int64 pack id per example, numbered 0..P-1 in write order.
@@ -99,6 +94,9 @@ def plan(
 
         >>> plan(np.array([6, 5, 4, 3, 2]), 10, seed=0)
         array([0, 1, 0, 1, 1])
+        >>> plan(np.array([6, 5, 4, 3, 2]), 10, costs=np.array([[1], [1], [0], [0], [1]]), limits=[1],
+        ...      names=["max_images"], seed=0)  # one image per pack: 6, 5 and 2 apart
+        array([2, 0, 2, 0, 1])
 
     Measured fill rate (``efficiency``), against ``lower_bound`` and ``lower_bound_l2``: docs/benchmarks.md
     (``scripts/bench_packing.py``).
@@ -107,52 +105,46 @@ def plan(
         raise ConfigError(f"'algorithm' must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     lens = _int_array(lengths, "lengths")
     n = lens.shape[0]
+    if named:
+        if costs is not None or limits or balance is not None:
+            raise ConfigError("give the budgets as costs=/limits= or as the named keywords, not both")
+        cols, limits, names, balance = from_named(named, lambda values, keyword: _int_array(values, keyword, n))
+        costs = np.stack(cols, axis=1) if cols else None
+    limits = list(limits)
+    names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
     capacity = _positive_int(capacity, "capacity (max_length)")
-    vis = None if vision is None else _int_array(vision, "vision", n)
-    imgs = None if images is None else _int_array(images, "images", n)
-    vids = None if videos is None else _int_array(videos, "videos", n)
-    aud = None if audio is None else _int_array(audio, "audio", n)
-    clips = None if audios is None else _int_array(audios, "audios", n)
-    for value, knob in ((vision_budget, "max_vision_tokens"), (max_images, "max_images"),
-                        (max_videos, "max_videos"), (max_audio_tokens, "max_audio_tokens"),
-                        (max_audios, "max_audios"), (max_examples, "max_examples_per_pack")):  # fmt: skip
+    cost = check_costs(costs, limits, names, n)
+    for value, knob in (*zip(limits, names, strict=True), (max_examples, "max_examples_per_pack")):
         if value is not None:
             _positive_int(value, knob)
+    if balance is not None and not 0 <= balance < len(limits):
+        raise ConfigError(f"'balance' must be a column of costs (0..{len(limits) - 1}), got {balance}")
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     # numba is imported here, at the first plan, not with this module: reading ALGORITHMS (config, cli)
     # must not cost its ~0.3 s import.
-    from packer.packing import balance, kernels
+    from packer.packing import balance as balancing
+    from packer.packing import kernels
 
     _check_fits(lens, capacity, "tokens", "capacity", "max_length", lower=1)
-    if vis is not None:
-        _check_fits(vis, None, "vision tokens", "", "", lower=0)
-        if (vis > lens).any():  # vision tokens are part of the example's tokens
-            i = int(np.argmax(vis > lens))
-            raise ConfigError(f"example {i} has {vis[i]} vision tokens but only {lens[i]} tokens in all")
-    if imgs is not None:
-        _check_fits(imgs, None, "images", "", "", lower=0)
-    if vids is not None:
-        _check_fits(vids, None, "videos", "", "", lower=0)
-    if aud is not None:
-        _check_fits(aud, None, "audio tokens", "", "", lower=0)
-        if (aud > lens).any():  # audio tokens are part of the example's tokens
-            i = int(np.argmax(aud > lens))
-            raise ConfigError(f"example {i} has {aud[i]} audio tokens but only {lens[i]} tokens in all")
-    if clips is not None:
-        _check_fits(clips, None, "audio clips", "", "", lower=0)
+    for j, (limit, name) in enumerate(zip(limits, names, strict=True)):
+        _check_fits(cost[:, j], limit, noun(name), name, name, lower=0)
+        if counts_tokens(name) and (cost[:, j] > lens).any():  # vision/audio tokens are part of the example's
+            i = int(np.argmax(cost[:, j] > lens))
+            raise ConfigError(f"example {i} has {cost[i, j]} {noun(name)} but only {lens[i]} tokens in all")
 
-    constrained = any(b is not None for b in (vision_budget, max_images, max_videos, max_audio_tokens, max_audios,
-                                              max_examples))
-    fast = algorithm == "bfd" and not constrained and not refine and not (balance_vision and vis is not None)
-    # The fast path needs no budget columns; skip building an (n, 1) array of ones for it.
-    needs, budgets = _constraints(0 if fast else n, vis, vision_budget, imgs, max_images, max_examples,
-                                  vids=vids, max_videos=max_videos, audio=aud, max_audio_tokens=max_audio_tokens,
-                                  audios=clips, max_audios=max_audios)
+    bounded = [j for j, limit in enumerate(limits) if limit is not None]
+    constrained = bool(bounded) or max_examples is not None
+    vis = None if balance is None else cost[:, balance]
+    fast = algorithm == "bfd" and not constrained and not refine and vis is None
     if fast:  # tokens-only BFD: the length-class planner makes the same plan, ids included, in less memory
         from packer.packing.bulk import plan_bulk
 
         return plan_bulk(lens, capacity, seed=seed).pack_ids()
+    # Budget columns for the kernels: 0 = examples (always), then the bounded cost columns in order.
+    needs = np.ascontiguousarray(np.concatenate([np.ones((n, 1), dtype=np.int64), cost[:, bounded]], axis=1))
+    budgets = np.array([_UNBOUNDED if max_examples is None else max_examples] + [limits[j] for j in bounded],
+                       dtype=np.int64)
 
     if algorithm == "bfd":
         if constrained:
@@ -175,17 +167,16 @@ def plan(
         assign, num_packs = kernels.next_fit(lens, needs, capacity, budgets)
     else:
         if constrained:
-            raise ConfigError(
-                "algorithm 'binpacking' only knows the token budget; unset max_vision_tokens, max_images, "
-                "max_videos, max_audio_tokens, max_audios and max_examples_per_pack, or use algorithm 'bfd'"
-            )
+            knobs = ", ".join([names[j] for j in bounded] + ["max_examples_per_pack"] * (max_examples is not None))
+            raise ConfigError(f"algorithm 'binpacking' only knows the token budget; unset {knobs}, "
+                              "or use algorithm 'bfd'")
         assign, num_packs = _binpacking_library(lens, capacity)
 
-    if balance_vision and vis is not None and vis.any():
-        vision_col = 1 if vision_budget is not None else -1  # budget columns: examples, vision, images
-        assign, num_packs = balance.balanced(lens, vis, needs, capacity, budgets, assign, num_packs, vision_col)
+    if vis is not None and vis.any():
+        vision_col = 1 + bounded.index(balance) if balance in bounded else -1
+        assign, num_packs = balancing.balanced(lens, vis, needs, capacity, budgets, assign, num_packs, vision_col)
     if refine:
-        assign, num_packs = balance.refine_packs(assign, num_packs, lens, needs, capacity, budgets)
+        assign, num_packs = balancing.refine_packs(assign, num_packs, lens, needs, capacity, budgets)
 
     # The numbering is the write order: a seeded permutation of the packs.
     perm = np.random.default_rng(seed).permutation(num_packs).astype(np.int64)
@@ -285,43 +276,6 @@ def _check_fits(
             raise ConfigError(
                 f"example {i} has {hi} {what} > {param} {budget}; raise '{knob}' or drop/truncate the example"
             )
-
-
-def _constraints(
-    n: int,  # rows to build; 0 validates the budgets only
-    vis: np.ndarray | None,
-    vision_budget: int | None,
-    imgs: np.ndarray | None,
-    max_images: int | None,
-    max_examples: int | None,
-    *,
-    vids: np.ndarray | None = None,
-    max_videos: int | None = None,
-    audio: np.ndarray | None = None,
-    max_audio_tokens: int | None = None,
-    audios: np.ndarray | None = None,
-    max_audios: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Secondary per-pack budgets as columns: 0 = examples (always), then vision tokens, images, videos, audio
-    tokens, audio clips (those set)."""
-    cols = [np.ones(n, dtype=np.int64)]
-    budgets = [_UNBOUNDED if max_examples is None else _positive_int(max_examples, "max_examples_per_pack")]
-    for limit, values, key, noun, what, label in (
-        (vision_budget, vis, "max_vision_tokens", "vision token", "vision tokens", "vision budget"),
-        (max_images, imgs, "max_images", "image", "images", "max_images"),
-        (max_videos, vids, "max_videos", "video", "videos", "max_videos"),
-        (max_audio_tokens, audio, "max_audio_tokens", "audio token", "audio tokens", "audio budget"),
-        (max_audios, audios, "max_audios", "audio clip", "audio clips", "max_audios"),
-    ):
-        if limit is None:
-            continue
-        budget = _positive_int(limit, key)
-        if values is None:
-            raise ConfigError(f"'{key}' is set but no per-example {noun} counts were given")
-        _check_fits(values, budget, what, label, key, lower=0)
-        cols.append(values[:n])
-        budgets.append(budget)
-    return np.ascontiguousarray(np.stack(cols, axis=1)), np.array(budgets, dtype=np.int64)
 
 
 def _completion_threshold(lens: np.ndarray) -> int:

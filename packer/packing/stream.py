@@ -12,27 +12,16 @@ packing"): a pool of 10,000 is within a few packs per million examples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from packer.errors import ConfigError
+from packer.packing.budgets import from_named, noun
 from packer.packing.planner import plan
 
 T = TypeVar("T")
-
-
-# Per-example counts a pack may budget: (pack_stream's and the planner's count keyword, budget keyword, what
-# the count is, what its budget is called, the config knob to raise). Counts and budgets are named as in
-# ``packing.plan``.
-_BUDGETS = (
-    ("vision", "vision_budget", "vision tokens", "vision budget", "max_vision_tokens"),
-    ("images", "max_images", "images", "image budget", "max_images"),
-    ("videos", "max_videos", "videos", "video budget", "max_videos"),
-    ("audio", "max_audio_tokens", "audio tokens", "audio-token budget", "max_audio_tokens"),
-    ("audios", "max_audios", "audio clips", "audio-clip budget", "max_audios"),
-)
 
 
 def pack_stream(
@@ -41,16 +30,9 @@ def pack_stream(
     capacity: int,
     pool_size: int = 1000,
     length: Callable[[T], int] = len,
-    vision: Callable[[T], int] | None = None,
-    vision_budget: int | None = None,
-    images: Callable[[T], int] | None = None,
-    max_images: int | None = None,
-    videos: Callable[[T], int] | None = None,
-    max_videos: int | None = None,
-    audio: Callable[[T], int] | None = None,
-    max_audio_tokens: int | None = None,
-    audios: Callable[[T], int] | None = None,
-    max_audios: int | None = None,
+    costs: Callable[[T], Sequence[int]] | None = None,
+    limits: Sequence[int | None] = (),
+    names: Sequence[str] = (),
     max_examples: int | None = None,
     algorithm: str = "bfd",
     refine: bool = False,
@@ -59,6 +41,7 @@ def pack_stream(
     max_wait: int = 8,
     on_round: Callable[[int, list[T], list[int]], None] | None = None,
     resume: tuple[int, list[T], list[int]] | None = None,
+    **named: Any,
 ) -> Iterator[list[T]]:
     """Yield packs (lists of examples, in arrival order) whose lengths sum to at most ``capacity``.
 
@@ -67,16 +50,9 @@ def pack_stream(
         capacity: tokens per pack.
         pool_size: examples planned together; larger packs tighter and holds more in memory.
         length: tokens of an example (default ``len``).
-        vision: vision tokens of an example; with ``vision_budget``, at most that many per pack.
-        vision_budget: vision-token budget per pack (needs ``vision``).
-        images: images of an example; with ``max_images``, at most that many per pack.
-        max_images: image budget per pack (needs ``images``).
-        videos: videos of an example; with ``max_videos``, at most that many per pack.
-        max_videos: video budget per pack (needs ``videos``).
-        audio: audio tokens of an example; with ``max_audio_tokens``, at most that many per pack.
-        max_audio_tokens: audio-token budget per pack (needs ``audio``).
-        audios: audio clips of an example; with ``max_audios``, at most that many per pack.
-        max_audios: audio-clip budget per pack (needs ``audios``).
+        costs: an example's k costs against the per-pack budgets (``packing.plan``'s cost matrix, one row).
+        limits: (k,) at most ``limits[j]`` of cost j per pack; None = unbounded (the column is dropped).
+        names: (k,) the knob each limit comes from, named by errors (``max_vision_tokens``).
         max_examples: at most this many examples per pack.
         algorithm: planner used on the pool (see ``packing.plan``).
         refine: the planner's ``refine`` (see ``packing.plan``).
@@ -90,29 +66,40 @@ def pack_stream(
         resume: ``(r, pool, ages)`` as ``on_round`` saw them: start at round r with that pool;
             ``examples`` are then the examples read after the pool's. The packs are those the
             uninterrupted stream yields from round r on.
+        named: ``plan``'s old named budgets with functions for counts (``vision=``/``vision_budget=``,
+            ``images=``/``max_images=``, ...), still accepted.
 
     Every example is emitted exactly once. Raises ``ConfigError`` for an example longer than ``capacity``
     (or over any budget) when it is read.
     """
     if pool_size < 1:
         raise ConfigError(f"'pool_size' must be a positive integer, got {pool_size}")
-    given = {"vision": (vision, vision_budget), "images": (images, max_images), "videos": (videos, max_videos),
-             "audio": (audio, max_audio_tokens), "audios": (audios, max_audios)}
-    active = []  # (count function, budget, its _BUDGETS entry) of each budget set
-    for spec in _BUDGETS:
-        count, budget = given[spec[0]]
-        if budget is not None:
-            if count is None:
-                raise ConfigError(f"'{spec[1]}' is set but no `{spec[0]}` function gives the {spec[2]}")
-            active.append((count, budget, spec))
+    if named:
+        if costs is not None or limits:
+            raise ConfigError("give the budgets as costs=/limits= or as the named keywords, not both")
+        functions, limits, names, _ = from_named(named, lambda function, keyword: function)
+
+        def costs(example: T) -> tuple[int, ...]:
+            return tuple(f(example) for f in functions)
+
+    names = list(names) if names else [f"costs[{j}]" for j in range(len(limits))]
+    if len(names) != len(limits):
+        raise ConfigError(f"'names' has {len(names)} entries but there are {len(limits)} limits")
+    if limits and costs is None:
+        raise ConfigError("'limits' are set but no `costs` function gives an example's costs")
+    active = [j for j, limit in enumerate(limits) if limit is not None]  # the budgets the pool is planned with
+    bound = [limits[j] for j in active]
     if not 0.0 <= min_fill <= 1.0:
         raise ConfigError(f"'min_fill' must be in [0, 1], got {min_fill}")
     keep_at_most = pool_size // 2  # leftovers never crowd out new examples
-    options = {"max_examples": max_examples, "algorithm": algorithm, "refine": refine}
-    names = [(spec[0], spec[1], budget) for _, budget, spec in active]
+    options = {"max_examples": max_examples, "algorithm": algorithm, "refine": refine, "limits": bound,
+               "names": [names[j] for j in active]}
 
-    def counts(example: T) -> tuple[int, ...]:  # (tokens, then each budgeted count)
-        return (int(length(example)), *(int(count(example)) for count, _, _ in active))
+    def counts(example: T) -> tuple[int, ...]:  # (tokens, then each budgeted cost)
+        if not active:
+            return (int(length(example)),)
+        row = costs(example)
+        return (int(length(example)), *(int(row[j]) for j in active))
 
     pool: list[T] = list(resume[1]) if resume else []
     rows: list[tuple[int, ...]] = [counts(e) for e in pool]
@@ -125,7 +112,7 @@ def pack_stream(
         while len(pool) >= pool_size:
             if on_round is not None:
                 on_round(rnd, pool, age)
-            packs, kept = _round(rows, age, capacity, names, options, seed + rnd, min_fill, max_wait, keep_at_most)
+            packs, kept = _round(rows, age, capacity, options, seed + rnd, min_fill, max_wait, keep_at_most)
             rnd += 1
             for members in packs:
                 yield [pool[i] for i in members]
@@ -141,10 +128,10 @@ def pack_stream(
                 f"example {seen} of the stream has {row[0]} tokens; each needs 1..capacity ({capacity}) tokens: "
                 "raise 'max_length' or drop/truncate it"
             )
-        for value, (_, budget, (_, _, what, called, knob)) in zip(row[1:], active, strict=True):
-            if value > budget:
-                raise ConfigError(f"example {seen} of the stream has {value} {what} > {called} {budget}: "
-                                  f"raise '{knob}' or drop it")
+        for value, limit, name in zip(row[1:], bound, options["names"], strict=True):
+            if value > limit:
+                raise ConfigError(f"example {seen} of the stream has {value} {noun(name)} > {name} {limit}: "
+                                  f"raise '{name}' or drop it")
         seen += 1
         pool.append(example)
         rows.append(row)
@@ -153,7 +140,7 @@ def pack_stream(
     if pool:  # end of input: everything goes
         if on_round is not None:
             on_round(rnd, pool, age)
-        packs, _ = _round(rows, age, capacity, names, options, seed + rnd, 0.0, 0, len(pool))
+        packs, _ = _round(rows, age, capacity, options, seed + rnd, 0.0, 0, len(pool))
         for members in packs:
             yield [pool[i] for i in members]
 
@@ -162,22 +149,17 @@ def _round(
     rows: list[tuple[int, ...]],
     age: list[int],
     capacity: int,
-    names: list[tuple[str, str, int]],
     options: dict,
     seed: int,
     min_fill: float,
     max_wait: int,
     keep_at_most: int,
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Plan the pool (``rows``: tokens then the budgeted counts of each example; ``names``: each count's and
-    budget's planner keyword and the budget); return (packs to emit, each as pool indices ascending; pool
-    indices kept)."""
-    table = np.asarray(rows, dtype=np.int64).reshape(len(rows), 1 + len(names))
+    """Plan the pool (``rows``: tokens then the budgeted costs of each example; ``options``: the planner's
+    limits and names among them); return (packs to emit, each as pool indices ascending; pool indices kept)."""
+    table = np.asarray(rows, dtype=np.int64).reshape(len(rows), 1 + len(options["limits"]))  # (n, 1 + k)
     lengths = table[:, 0]
-    budgets = {}
-    for j, (count, budget_name, budget) in enumerate(names, start=1):
-        budgets[count], budgets[budget_name] = table[:, j], budget
-    ids = plan(lengths, capacity, seed=seed, **budgets, **options)
+    ids = plan(lengths, capacity, seed=seed, costs=table[:, 1:], **options)
     num_packs = int(ids.max()) + 1
     fill = np.bincount(ids, weights=lengths, minlength=num_packs) / capacity
     count = np.bincount(ids, minlength=num_packs)

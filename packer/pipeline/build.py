@@ -33,7 +33,9 @@ import pyarrow.compute as pc
 
 from packer import __version__
 from packer.config import BuildConfig
+from packer.core.media import MEDIA, medium
 from packer.errors import RejectRateError
+from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
 from packer.pipeline.executor import Executor
@@ -157,7 +159,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         loss_weight=table.column("loss_weight").to_numpy()[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
         image_units=_image_units(cache, plan.index, encoder.profile),
-        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index], videos=plan.videos,
+        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
+        videos=_budgeted_counts(plan, config, "video"),
         **_audio_stats(cache, table, plan.index),
     )
     write_json_atomic(out / STATS, stats)
@@ -177,12 +180,12 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
 
 def _all_rows_linear_text(cache: EncodeCache, table: pa.Table, index: np.ndarray, profile: Any) -> bool:
     """Does every packed row get ``seq_lengths`` (shards.assemble._seq_lengths): no mRoPE, and every planned example
-    one node with no image, video or loss weight? Then the card's view is the one TRL's padding-free path trains exactly. The
+    one node with no medium (image, video, audio) or loss weight? Then the card's view is the one TRL's padding-free path trains exactly. The
     cache's node offsets are read only when the cheap columns leave the question open."""
     if profile.mrope:
         return False
-    if (table.column("num_images").to_numpy()[index] != 0).any() or (table.column("num_videos").to_numpy()[index] != 0).any():
-        return False
+    if any((table.column(m.count_column).to_numpy()[index] != 0).any() for m in MEDIA):
+        return False  # a medium's tokens: assemble leaves such rows' seq_lengths null (audio too)
     if (table.column("loss_weight").to_numpy()[index] != table.column("num_loss_tokens").to_numpy()[index]).any():
         return False  # loss weights, which TRL's own loss ignores
     if not cache.open(("loss_weights",)).column("loss_weights").is_null().to_numpy(zero_copy_only=False)[index].all():
@@ -272,6 +275,13 @@ def _write(
             entries.extend(written)
             bar.update(len(shards.pack_sizes))
     return entries
+
+
+def _budgeted_counts(plan: Plan, config: BuildConfig, name: str) -> np.ndarray | None:
+    """(n,) items of medium ``name`` per planned example where ``config`` budgets them (stats then report
+    them per pack), else None."""
+    j = FLAGS.index(medium(name).count_budget)
+    return plan.costs[:, j] if limits_of(config)[j] is not None else None
 
 
 def _audio_stats(cache: Any, table: pa.Table, index: np.ndarray) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from packer.core.media import MEDIA
 from packer.errors import REJECT_REASONS, ShardError
 from packer.pipeline.faults import Hooks
 from packer.shards.assemble import take_rows
@@ -32,9 +33,11 @@ from packer.shards.io import write_text_atomic
 from packer.shards.schema import EXAMPLE_SCHEMA
 from packer.shards.store import ObjectPath, write_atomic
 
-PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "loss_weight", "num_vision_tokens",
-                "num_video_tokens", "num_audio_tokens", "num_images", "num_videos", "num_audios")
-"""What ``EncodeCache.open`` reads: the plan, the budget rejects and the stats need no token data."""
+PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "loss_weight",
+                *dict.fromkeys(c for m in MEDIA for c in (m.token_column, m.own_tokens_column) if c),
+                *(m.count_column for m in MEDIA))
+"""What ``EncodeCache.open`` reads: the plan, the budget rejects and the stats need no token data (each medium's
+token and count columns: ``num_vision_tokens``, ``num_video_tokens``, ``num_audio_tokens``, ``num_images``, ...)."""
 
 
 @dataclass(frozen=True)

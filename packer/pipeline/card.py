@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from packer.core.media import MEDIA
 from packer.shards.io import write_text_atomic
 from packer.shards.schema import SCHEMA
 from packer.shards.store import ObjectPath
@@ -78,7 +79,7 @@ def shards_digest(shards: Iterable[Mapping[str, Any]]) -> str:
     return h.hexdigest()
 
 
-MEDIA_COLUMNS = ("images", "videos")
+MEDIA_COLUMNS = tuple(m.plural for m in MEDIA)  # every medium's list column (core.media)
 
 
 def card_text(*, title: str, packer_version: str, profile: str, tokenizer: str, max_length: int,

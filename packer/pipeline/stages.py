@@ -25,7 +25,9 @@ import pyarrow as pa
 
 from packer.config import BuildConfig
 from packer.core.ids import id_location
+from packer.core.media import BUDGETS
 from packer.errors import ConfigError, RecordError
+from packer.packing.budgets import FLAGS, VISION, budget_message, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
 from packer.shards.assemble import assemble_packs, encoded_table
@@ -228,12 +230,13 @@ class Plan:
     copies: np.ndarray  # copy number: 0 for the original, k for its k-th up-sampled copy
     pack_ids: np.ndarray  # pack of the example, numbered in write order
     lengths: np.ndarray  # tokens
-    vision: np.ndarray  # vision tokens
-    images: np.ndarray  # images
+    costs: np.ndarray  # (n, k) each budget's count (core.media.BUDGETS order: vision tokens, images, ...)
     sources: np.ndarray  # source name (object array)
-    videos: np.ndarray | None = None  # videos, where the build has a video budget
-    audio: np.ndarray | None = None  # audio tokens, where the build has an audio-token budget
-    audios: np.ndarray | None = None  # audio clips, where the build has a clip budget
+
+    @property
+    def vision(self) -> np.ndarray:
+        """(n,) vision tokens."""
+        return self.costs[:, VISION]
 
     @property
     def pack_sizes(self) -> np.ndarray:
@@ -241,33 +244,29 @@ class Plan:
         return np.bincount(self.pack_ids, minlength=int(self.pack_ids.max()) + 1 if len(self.pack_ids) else 0)
 
 
-def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Examples that encoded fine but can never fit a pack's vision or audio budget: (n,) mask and their rejects
-    (reported as ``overlong``)."""
-    bad = np.zeros(table.num_rows, dtype=bool)
-    if config.max_vision_tokens is not None:
-        bad |= table.column("num_vision_tokens").to_numpy() > config.max_vision_tokens
-    if config.max_images is not None:
-        bad |= table.column("num_images").to_numpy() > config.max_images
-    if config.max_videos is not None:
-        bad |= table.column("num_videos").to_numpy() > config.max_videos
-    audio_bad = np.zeros(table.num_rows, dtype=bool)
-    if config.max_audio_tokens is not None:
-        audio_bad |= table.column("num_audio_tokens").to_numpy() > config.max_audio_tokens
-    if config.max_audios is not None:
-        audio_bad |= table.column("num_audios").to_numpy() > config.max_audios
-    from packer.packing.budgets import budget_message
+def cost_matrix(table: pa.Table, rows: np.ndarray | None = None) -> np.ndarray:
+    """(n, k) int64 the encode cache's count column of every budget (``BUDGETS`` order), at ``rows``."""
+    cols = [table.column(b.column).to_numpy().astype(np.int64) for b in BUDGETS]
+    costs = np.stack(cols, axis=1) if cols else np.zeros((table.num_rows, 0), dtype=np.int64)  # (n, k)
+    return costs if rows is None else costs[rows]
 
+
+def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Examples that encoded fine but can never fit a pack's budgets (vision, audio: ``BUDGETS``): (n,) mask
+    and their rejects (reported as ``overlong``)."""
+    limits = np.array([_UNSET if v is None else v for v in limits_of(config)], dtype=np.int64)  # (k,)
+    costs = cost_matrix(table)
+    bad = (costs > limits).any(axis=1)  # (n,)
     rejects = []
-    counts = ("num_vision_tokens", "num_images", "num_videos", "num_audio_tokens", "num_audios")
-    for i in np.flatnonzero(bad | audio_bad).tolist():
+    for i in np.flatnonzero(bad).tolist():
         path, line = id_location(table.column("example_id")[i].as_py())
-        vision, images, videos, audio_tokens, audios = (int(table.column(c)[i].as_py()) for c in counts)
-        message = budget_message(config, vision=vision, images=images, videos=videos, audio_tokens=audio_tokens,
-                                 audios=audios)
         rejects.append({"path": path, "line": line, "reason": "overlong",
-                        "source": table.column("source_name")[i].as_py(), "message": message})
-    return bad | audio_bad, sorted(rejects, key=lambda r: (r["path"], r["line"]))
+                        "source": table.column("source_name")[i].as_py(),
+                        "message": budget_message(config, costs[i].tolist())})
+    return bad, sorted(rejects, key=lambda r: (r["path"], r["line"]))
+
+
+_UNSET = np.iinfo(np.int64).max  # an unset limit: no count exceeds it
 
 
 def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> Plan:
@@ -280,38 +279,26 @@ def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> 
     keep = ~exclude[index]
     index, copies = index[keep], copies[keep]
     lengths = table.column("num_tokens").to_numpy().astype(np.int64)[index]
-    vision = table.column("num_vision_tokens").to_numpy().astype(np.int64)[index]
-    images = table.column("num_images").to_numpy().astype(np.int64)[index]
-    videos = None if config.max_videos is None else table.column("num_videos").to_numpy().astype(np.int64)[index]
-    audio = (None if config.max_audio_tokens is None
-             else table.column("num_audio_tokens").to_numpy().astype(np.int64)[index])
-    audios = None if config.max_audios is None else table.column("num_audios").to_numpy().astype(np.int64)[index]
-    pack_ids = _plan(config, lengths, vision, images, videos, audio, audios)
+    costs = cost_matrix(table, index)
+    pack_ids = _plan(config, lengths, costs)
     if copies.any():
-        pack_ids = separate_copies(index, pack_ids, lengths, vision, images, capacity=config.max_length,
-                                   vision_budget=config.max_vision_tokens, max_images=config.max_images,
-                                   videos=videos, max_videos=config.max_videos, audio=audio,
-                                   max_audio_tokens=config.max_audio_tokens, audios=audios,
-                                   max_audios=config.max_audios, seed=config.seed)
-    return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, vision=vision, images=images,
-                sources=sources[index], videos=videos, audio=audio, audios=audios)
+        pack_ids = separate_copies(index, pack_ids, lengths, costs=costs, limits=limits_of(config),
+                                   capacity=config.max_length, seed=config.seed)
+    return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, costs=costs, sources=sources[index])
 
 
-def _plan(config: BuildConfig, lengths: np.ndarray, vision: np.ndarray, images: np.ndarray,
-          videos: np.ndarray | None, audio: np.ndarray | None = None, audios: np.ndarray | None = None
-          ) -> np.ndarray:
-    """``packing.plan`` with ``config``'s options: (n,) pack id per example."""
+def _plan(config: BuildConfig, lengths: np.ndarray, costs: np.ndarray) -> np.ndarray:
+    """``packing.plan`` with ``config``'s options: (n,) pack id per example. Only the budgets ``config`` sets
+    go to the planner (and the vision tokens where it balances them)."""
     from packer.packing import plan
 
+    limits = limits_of(config)
+    used = [j for j, limit in enumerate(limits) if limit is not None or (j == VISION and config.balance_vision)]
     return plan(
-        lengths, config.max_length, algorithm=config.algorithm,
-        vision=vision if config.max_vision_tokens or config.balance_vision else None,
-        vision_budget=config.max_vision_tokens,
-        images=images if config.max_images else None, max_images=config.max_images,
-        videos=videos, max_videos=config.max_videos,
-        audio=audio, max_audio_tokens=config.max_audio_tokens, audios=audios, max_audios=config.max_audios,
-        max_examples=config.max_examples_per_pack, balance_vision=config.balance_vision,
-        refine=config.refine, seed=config.seed,
+        lengths, config.max_length, costs=costs[:, used], limits=[limits[j] for j in used],
+        names=[FLAGS[j] for j in used], algorithm=config.algorithm,
+        balance=used.index(VISION) if config.balance_vision else None,
+        max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed,
     )
 
 
@@ -326,8 +313,7 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        _plan(config, one, one * 0, one * 0, None if config.max_videos is None else one * 0,
-              None if config.max_audio_tokens is None else one * 0, None if config.max_audios is None else one * 0)
+        _plan(config, one, np.zeros((1, len(BUDGETS)), dtype=np.int64))
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 

@@ -32,11 +32,12 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from packer.core import tree
+from packer.core.media import MEDIA
 from packer.errors import ConfigError
 from packer.report.stats import naive_batches
 from packer.shards.assemble import list_column
 from packer.shards.io import ShardSet, open_shards
-from packer.shards.schema import STATS
+from packer.shards.schema import SCHEMAS, STATS
 
 SAMPLE_EXAMPLES = 32  # examples drawn in the cell grids: enough for a few batches, few enough to see each row
 CELLS_PER_ROW = 64  # a pack's width in cells: coarse enough to see cells, fine enough to see short examples
@@ -140,14 +141,15 @@ def sample_examples(shards: ShardSet, max_examples: int = SAMPLE_EXAMPLES) -> li
     packs: list[list[SampleExample]] = []
     taken = 0
     colour = 0
-    media = ["images", "videos", *(["audios"] if shards.manifest.schema_version >= 4 else [])]
+    columns = SCHEMAS[shards.manifest.schema_version].names  # a build older than a medium lacks its column
+    media = [m.plural for m in MEDIA if m.plural in columns]
     rows = _leading_rows(shards, ["cu_seqlens", *media])
     for row in rows:
         cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
         if packs and taken + len(cu) - 1 > max_examples:
             break
         vision = np.zeros(int(cu[-1]), dtype=bool)  # (T,)
-        for im in row["images"] + row["videos"] + row.get("audios", []):
+        for im in (item for plural in media for item in row[plural]):
             vision[im["offset"] : im["offset"] + im["num_tokens"]] = True
         pack = []
         for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):

@@ -17,6 +17,7 @@ import pytest
 
 import packer.models.registry
 from packer.config import BuildConfig
+from packer.core.media import MEDIA
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import forward_keys, get_profile, profile_names, register_family
 from packer.pipeline.build import build
@@ -124,3 +125,28 @@ def test_rows_read_and_collate(toy):
     assert all((batch["input_ids"][0, s : s + 9] == toy_id).all() for s in starts)
     inputs = model_inputs(batch)
     assert {"input_ids", "position_ids", "toy_pixel_values"} <= set(inputs)
+
+
+def test_the_toys_media_are_rows_of_the_media_table(toy, tmp_path):
+    """A family takes a medium by setting the placeholder its row names (``Medium.placeholder``): the toy has
+    images and audio, no video. Budgets, budget rejects and verify's budget check loop over the rows, so the
+    toy's images are budgeted with no code of its own: a pack of at most one image rejects the example with two
+    (the table's words), and verify flags a shard whose manifest promises fewer images than a row holds."""
+    result, out = toy
+    profile = get_profile("toy")
+    assert [m.name for m in MEDIA if getattr(profile, m.placeholder)] == ["image", "audio"]
+    config = BuildConfig.from_dict({**result.manifest["config"], "output": str(tmp_path / "one"), "max_images": 1})
+    one = build(config, progress=False)
+    rejects = [json.loads(x) for x in (tmp_path / "one" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["reason"], r["message"]) for r in rejects] == [
+        ("overlong", "18 vision tokens / 2 images exceed --max-vision-tokens / --max-images")]
+    assert one.manifest["totals"]["examples"] == 5 and verify_build(tmp_path / "one").ok
+
+    copy = tmp_path / "tight"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["config"]["max_images"] = 1  # a promise the rows (two images in one) do not keep
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    report = verify_build(copy)
+    assert {check for _, check in report.counts} == {"images budget"}, report.lines()
+    assert all("images > max_images 1" in v.what for v in report.violations)

@@ -213,9 +213,9 @@ def test_separate_copies_keeps_every_budget_and_the_pack_count(seed, n, reps):
     base_vis = np.minimum(base_len, rng.integers(0, 100, size=n))
     index = np.repeat(np.arange(n), reps)  # every example `reps` times, copies together, as sample_sources does
     lengths, vision, images = base_len[index], base_vis[index], (base_vis[index] > 0).astype(np.int64)
-    ids = plan(lengths, 1024, vision=vision, vision_budget=400, images=images, max_images=6, seed=seed)
-    out = separate_copies(index, ids, lengths, vision, images, capacity=1024, vision_budget=400, max_images=6,
-                          seed=seed)
+    costs, limits = np.stack([vision, images], axis=1), [400, 6]
+    ids = plan(lengths, 1024, costs=costs, limits=limits, seed=seed)
+    out = separate_copies(index, ids, lengths, costs=costs, limits=limits, capacity=1024, seed=seed)
     assert out.max() == ids.max() and np.array_equal(np.bincount(out), np.bincount(ids))
     for values, cap in ((lengths, 1024), (vision, 400), (images, 6)):
         assert np.bincount(out, weights=values).max() <= cap
@@ -236,9 +236,9 @@ def test_separate_copies_keeps_the_audio_budgets(seed, n, reps):
     index = np.repeat(np.arange(n), reps)
     lengths, audio = base_len[index], base_audio[index]
     audios, zeros = (audio > 0).astype(np.int64), np.zeros(len(index), dtype=np.int64)
-    ids = plan(lengths, 1024, audio=audio, max_audio_tokens=300, audios=audios, max_audios=3, seed=seed)
-    out = separate_copies(index, ids, lengths, zeros, zeros, capacity=1024, vision_budget=None, max_images=None,
-                          audio=audio, max_audio_tokens=300, audios=audios, max_audios=3, seed=seed)
+    costs, limits = np.stack([zeros, audio, audios], axis=1), [None, 300, 3]  # an unbounded column is ignored
+    ids = plan(lengths, 1024, costs=costs, limits=limits, seed=seed)
+    out = separate_copies(index, ids, lengths, costs=costs, limits=limits, capacity=1024, seed=seed)
     assert np.array_equal(np.bincount(out), np.bincount(ids))
     for values, cap in ((lengths, 1024), (audio, 300), (audios, 3)):
         assert np.bincount(out, weights=values).max() <= cap

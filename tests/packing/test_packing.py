@@ -143,6 +143,33 @@ def multimodal(draw):
 
 @SETTINGS
 @given(multimodal(), st.sampled_from(FAST), st.booleans(), st.booleans())
+def test_cost_matrix_is_the_named_budgets(case, algorithm, balance, refine):
+    """``costs``/``limits`` and the named keywords are one plan: the same columns in the same order give the same
+    ids; an unbounded column is only balanced."""
+    lengths, capacity, vision, images, vision_budget, max_images, max_examples, _ = case
+    named = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,
+                 images=images, max_images=max_images, max_examples=max_examples, balance_vision=balance,
+                 refine=refine)  # fmt: skip
+    costs = np.stack([vision, images], axis=1).reshape(-1, 2)
+    matrix = plan(lengths, capacity, algorithm=algorithm, costs=costs, limits=[vision_budget, max_images],
+                  names=["max_vision_tokens", "max_images"], max_examples=max_examples,
+                  balance=0 if balance else None, refine=refine)  # fmt: skip
+    np.testing.assert_array_equal(matrix, named)
+    np.testing.assert_array_equal(plan(lengths, capacity, costs=costs[:, :1], limits=[None], balance=0),
+                                  plan(lengths, capacity, vision=vision, balance_vision=True))
+
+
+def test_cost_matrix_errors():
+    with pytest.raises(ConfigError, match=r"'costs' must be an \(n, k\) = \(2, 1\) array"):
+        plan(np.array([3, 2]), 8, costs=np.ones((2, 2), np.int64), limits=[1])
+    with pytest.raises(ConfigError, match="not both"):
+        plan(np.array([3, 2]), 8, costs=np.ones((2, 1), np.int64), limits=[1], vision=[1, 1])
+    with pytest.raises(ConfigError, match=r"'balance' must be a column of costs"):
+        plan(np.array([3, 2]), 8, costs=np.ones((2, 1), np.int64), limits=[1], balance=1)
+
+
+@SETTINGS
+@given(multimodal(), st.sampled_from(FAST), st.booleans(), st.booleans())
 def test_budgets_hold(case, algorithm, balance, refine):
     lengths, capacity, vision, images, vision_budget, max_images, max_examples, n = case
     ids = plan(lengths, capacity, algorithm=algorithm, vision=vision, vision_budget=vision_budget,
@@ -335,18 +362,18 @@ def test_groups_and_totals():
         ({"vision": [1, 1, 1]}, r"'vision' has 3 entries but there are 2 examples"),
         (
             {"lengths": [3, 6], "vision": [1, 5], "vision_budget": 4},
-            r"example 1 has 5 vision tokens > vision budget 4; raise 'max_vision_tokens'",
+            r"example 1 has 5 vision tokens > max_vision_tokens 4; raise 'max_vision_tokens'",
         ),
         ({"vision": [4, 1]}, r"example 0 has 4 vision tokens but only 3 tokens in all"),
-        ({"vision_budget": 4}, r"'max_vision_tokens' is set but no per-example vision token counts"),
+        ({"vision_budget": 4}, r"'vision_budget' is set but no `vision` counts"),
         ({"images": [0, 3], "max_images": 2}, r"example 1 has 3 images > max_images 2; raise 'max_images'"),
-        ({"max_images": 2}, r"'max_images' is set but no per-example image counts"),
+        ({"max_images": 2}, r"'max_images' is set but no `images` counts"),
         ({"videos": [0, 3], "max_videos": 2}, r"example 1 has 3 videos > max_videos 2; raise 'max_videos'"),
-        ({"max_videos": 2}, r"'max_videos' is set but no per-example video counts"),
+        ({"max_videos": 2}, r"'max_videos' is set but no `videos` counts"),
         ({"lengths": [3, 4], "audio": [0, 3], "max_audio_tokens": 2},
-         r"example 1 has 3 audio tokens > audio budget 2; raise 'max_audio_tokens'"),
+         r"example 1 has 3 audio tokens > max_audio_tokens 2; raise 'max_audio_tokens'"),
         ({"audio": [4, 1]}, r"example 0 has 4 audio tokens but only 3 tokens in all"),
-        ({"max_audio_tokens": 2}, r"'max_audio_tokens' is set but no per-example audio token counts"),
+        ({"max_audio_tokens": 2}, r"'max_audio_tokens' is set but no `audio` counts"),
         ({"audios": [0, 3], "max_audios": 2}, r"example 1 has 3 audio clips > max_audios 2; raise 'max_audios'"),
         ({"max_audios": 0}, r"'max_audios' must be a positive integer"),
         ({"max_examples": 0}, r"'max_examples_per_pack' must be a positive integer"),

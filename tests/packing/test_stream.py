@@ -118,10 +118,10 @@ def test_default_length_and_empty_input():
         ({"examples": ["abc", "abcdefghi"]}, r"example 1 of the stream has 9 tokens; .*raise 'max_length'"),
         ({"examples": ["abc", ""]}, r"example 1 of the stream has 0 tokens"),
         ({"pool_size": 0}, r"'pool_size' must be a positive integer"),
-        ({"vision_budget": 3}, r"'vision_budget' is set but no `vision` function"),
+        ({"vision_budget": 3}, r"'vision_budget' is set but no `vision` counts"),
         (
             {"vision": len, "vision_budget": 2},
-            r"example 0 of the stream has 3 vision tokens > vision budget 2",
+            r"example 0 of the stream has 3 vision tokens > max_vision_tokens 2: raise 'max_vision_tokens'",
         ),
         ({"min_fill": 1.5}, r"'min_fill' must be in \[0, 1\]"),
     ],
@@ -157,7 +157,7 @@ def test_image_budget_per_pack():
                              max_images=2))
     assert sorted(x for p in packs for x in p) == sorted(items)
     assert max(sum(k for _, k in p) for p in packs) <= 2
-    with pytest.raises(ConfigError, match="image budget"):
+    with pytest.raises(ConfigError, match="3 images > max_images 2"):
         list(pack_stream([(10, 3)], capacity=100, length=lambda t: t[0], images=lambda t: t[1], max_images=2))
 
 
@@ -201,10 +201,10 @@ def test_every_budget_exactly_once_and_resume(raw, pool_size, algorithm, min_fil
 @pytest.mark.parametrize(
     ("budget", "count", "value", "match"),
     [
-        ("max_videos", "videos", 3, r"example 0 of the stream has 3 videos > video budget 2: raise 'max_videos'"),
+        ("max_videos", "videos", 3, r"example 0 of the stream has 3 videos > max_videos 2: raise 'max_videos'"),
         ("max_audio_tokens", "audio", 51,
-         r"example 0 of the stream has 51 audio tokens > audio-token budget 50: raise 'max_audio_tokens'"),
-        ("max_audios", "audios", 3, r"example 0 of the stream has 3 audio clips > audio-clip budget 2: "
+         r"example 0 of the stream has 51 audio tokens > max_audio_tokens 50: raise 'max_audio_tokens'"),
+        ("max_audios", "audios", 3, r"example 0 of the stream has 3 audio clips > max_audios 2: "
          "raise 'max_audios'"),
     ],
 )
@@ -212,7 +212,7 @@ def test_new_budgets_refuse_an_example_over_them_and_need_their_count(budget, co
     limit = {"max_videos": 2, "max_audio_tokens": 50, "max_audios": 2}[budget]
     with pytest.raises(ConfigError, match=match):
         list(pack_stream([10], capacity=100, length=int, **{count: lambda e: value, budget: limit}))
-    with pytest.raises(ConfigError, match=rf"'{budget}' is set but no `{count}` function"):
+    with pytest.raises(ConfigError, match=rf"'{budget}' is set but no `{count}` counts"):
         list(pack_stream([10], capacity=100, length=int, **{budget: limit}))
 
 
@@ -228,3 +228,16 @@ def test_audio_budgets_bind():
     assert [list(p) for p in packs] == [g.tolist() for g in groups(want)]
     packs = list(pack_stream(range(12), max_audio_tokens=60, **kw))  # two clips' tokens per pack
     assert len(packs) == 6
+
+
+@SETTINGS
+@given(st.lists(example_counts, max_size=120), st.integers(1, 30))
+def test_a_cost_function_is_the_named_budgets(raw, pool_size):
+    """``costs``/``limits`` (one row per example, as ``packing.plan`` takes them) stream the same packs as the
+    named count functions and budgets; an unbounded cost is dropped."""
+    examples = [(*e, i) for i, e in enumerate(raw)]
+    kw = dict(capacity=200, pool_size=pool_size, length=lambda e: e[0], seed=3, max_examples=5)
+    named = list(pack_stream(examples, **COUNTS, **{k: v for k, v in ALL_BUDGETS.items() if k != "max_examples"}, **kw))
+    limits = [ALL_BUDGETS[k] for k in ("vision_budget", "max_images", "max_videos", "max_audio_tokens", "max_audios")]
+    matrix = list(pack_stream(examples, costs=lambda e: (*e[1:6], 99), limits=[*limits, None], **kw))
+    assert matrix == named

@@ -302,3 +302,14 @@ def test_inspect_lists_a_rows_clips(built):
     a = clips[0]
     assert f"[{a['offset']}, {a['offset'] + a['num_tokens']})" in lines[0]
     assert f"{a['feature_length']:,} feature frames" in lines[0] and f"{a['num_samples'] / 16000:.2f} s" in lines[0]
+
+
+def test_a_linear_audio_build_is_not_called_trl_exact(corpus):
+    """Rows of one-node examples with clips keep ``seq_lengths`` null (the clips' spans), so the card keeps every
+    column: the card's check loops over every medium of the table, audio too, not images and videos alone."""
+    config = BuildConfig.from_inputs([str(corpus / "bytes.parquet")], str(corpus / "linear"), profile="toy",
+                                     chat_template=str(corpus / "toy.jinja"), max_length=160)
+    build(config, progress=False)
+    card = (corpus / "linear" / "README.md").read_text()
+    assert "columns:" not in card and "name: audios" in card
+    assert all(r["seq_lengths"] is None for r in _rows(corpus / "linear"))

@@ -140,7 +140,7 @@ def test_card_view_of_a_linear_text_build_has_no_media_columns(builds, tmp_path)
     linear = datasets.load_dataset(str(builds["linear"]), cache_dir=cache)["train"]
     mixed = datasets.load_dataset(str(builds["mixed"]), cache_dir=cache)["train"]
     assert "images" not in linear.column_names and "videos" not in linear.column_names
-    assert linear.column_names == [n for n in SCHEMA.names if n not in ("images", "videos")]
+    assert linear.column_names == [n for n in SCHEMA.names if n not in ("images", "videos", "audios")]
     assert mixed.column_names == SCHEMA.names
     assert linear["seq_lengths"] == [np.diff(cu).tolist() for cu in linear["cu_seqlens"]]
     text = card_text(title="t", packer_version="0", profile="text", tokenizer="t", max_length=8, stats_table="-",

@@ -41,6 +41,7 @@ from packer.errors import ConfigError, RecordError
 from packer.formats.read import expand_inputs, parse_line
 from packer.formats.tables import is_table
 from packer.models import get_profile
+from packer.packing.budgets import FLAGS, budget_message, encoded_costs, limits_of
 from packer.packing.stream import pack_stream
 from packer.shards.assemble import assemble_packs, encoded_table
 from packer.train.data.dataset import _decode_block, _row
@@ -346,12 +347,8 @@ class OnlinePackedDataset(IterableDataset):
                     if t[0] > last)
         packs = pack_stream(
             examples, capacity=cfg.max_length, pool_size=self.pool_size, length=lambda t: t[1].num_tokens,
-            vision=lambda t: t[1].num_vision_tokens, vision_budget=cfg.max_vision_tokens,
-            images=lambda t: len(t[1].images), max_images=cfg.max_images,
-            videos=lambda t: len(t[1].videos), max_videos=cfg.max_videos,
-            audio=lambda t: t[1].num_audio_tokens, max_audio_tokens=cfg.max_audio_tokens,
             # every clip counts, a video's own sound track too (the build's num_audios is len(audios))
-            audios=lambda t: len(t[1].audios), max_audios=cfg.max_audios,
+            costs=lambda t: encoded_costs(t[1]), limits=limits_of(cfg), names=FLAGS,
             max_examples=cfg.max_examples_per_pack,
             algorithm=cfg.algorithm, refine=cfg.refine, seed=cfg.seed, min_fill=self.min_fill,
             max_wait=self.max_wait, on_round=on_round, resume=resume,
@@ -379,10 +376,7 @@ class OnlinePackedDataset(IterableDataset):
 def over_budget(example: Encoded, config: BuildConfig) -> str | None:
     """Why ``example`` can never fit a pack's vision or audio budget (``packing.budgets.budget_message``, the
     build's words; reported as ``overlong``); None if it fits them all."""
-    from packer.packing.budgets import budget_message
-
-    return budget_message(config, vision=example.num_vision_tokens, images=len(example.images),
-                          videos=len(example.videos), audio_tokens=example.num_audio_tokens, audios=len(example.audios))
+    return budget_message(config, encoded_costs(example))
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
