@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from packer.core.types import Example
-from packer.formats import chat, llava, preference, text
+from packer.formats import chat, llamafactory, llava, preference, text
 from packer.formats.common import Ctx
 
 Parser = Callable[[dict[str, Any], Ctx], Example]
@@ -40,7 +40,7 @@ KINDS: dict[str, Parser] = {
 
 def parse_record(
     obj: Any, *, path: str, line: int, base_dir: str, image_root: str | None = None, source_name: str = "",
-    columns: dict[str, str] | None = None, audio_in_video: bool = False,
+    columns: dict[str, str] | None = None, audio_in_video: bool = False, dataset: dict[str, Any] | None = None,
 ) -> Example:
     """Parse one decoded JSON record (or table row) into an Example; raise RecordError (with ``path:line``)
     when unusable.
@@ -49,13 +49,16 @@ def parse_record(
     ``image_root`` is given. ``columns`` maps packer fields onto the record's own names
     (``{"messages": "conversations"}``: packer's ``messages`` is the record's ``conversations``).
     ``audio_in_video``: every clip video brings its sound track (``use_audio_in_video``; a record's own
-    ``use_audio_in_video`` wins).
+    ``use_audio_in_video`` wins). ``dataset``: the record is one of a LLaMA-Factory dataset with this spec
+    (``llamafactory.dataset_spec``), converted to a packer record first.
     """
     ctx = Ctx(path, line, os.path.abspath(image_root if image_root is not None else base_dir), source_name,
               audio_in_video=audio_in_video)
     if not isinstance(obj, dict):
         raise ctx.error("malformed_json", f"the line is a JSON {type(obj).__name__}, not an object")
-    if columns:
+    if dataset is not None:
+        obj = llamafactory.to_record(obj, dataset, ctx)
+    elif columns:
         obj = rename_fields(obj, columns)
     rid = obj.get("id")
     if rid is not None and not isinstance(rid, (str, int)):

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from packer.core.types import Example
 from packer.errors import ConfigError, RecordError
@@ -23,6 +24,7 @@ def parse_line(
     source_name: str = "",
     columns: dict[str, str] | None = None,
     audio_in_video: bool = False,
+    dataset: dict[str, Any] | None = None,
 ) -> Example:
     """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record."""
     if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -55,7 +57,7 @@ def parse_line(
             ) from None
     return parse_record(
         obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name,
-        columns=columns, audio_in_video=audio_in_video,
+        columns=columns, audio_in_video=audio_in_video, dataset=dataset,
     )
 
 

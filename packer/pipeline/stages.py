@@ -157,7 +157,7 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
     from packer.formats.read import parse_line
     from packer.formats.tables import row_records
 
-    columns = config.column_map
+    options = config.record_options(chunk.source)  # a dataset_info source's mapping and media root
     if chunk.table:
         import pyarrow as pa
 
@@ -167,9 +167,8 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
             raise ConfigError(f"cannot read rows {chunk.start}..{chunk.end - 1} of {chunk.path}: {e}") from e
         for row, obj in enumerate(rows, start=chunk.first_line):
             try:
-                yield parse_record(obj, path=chunk.path, line=row, base_dir=base_dir, image_root=config.image_root,
-                                   source_name=chunk.source, columns=columns,
-                                   audio_in_video=config.use_audio_in_video)
+                yield parse_record(obj, path=chunk.path, line=row, base_dir=base_dir, source_name=chunk.source,
+                                   **options)
             except RecordError as e:
                 yield e if e.path else e.located(chunk.path, row)
         return
@@ -177,8 +176,8 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
         if not raw.strip():
             continue  # blank lines are not records
         try:
-            yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
-                             source_name=chunk.source, columns=columns, audio_in_video=config.use_audio_in_video)
+            yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, source_name=chunk.source,
+                             **options)
         except RecordError as e:
             yield e if e.path else e.located(chunk.path, line_no)
 
