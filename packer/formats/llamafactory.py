@@ -265,3 +265,11 @@ def _tools(value: Any, ctx: Ctx, column: str | None) -> list[dict[str, Any]] | N
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise ctx.error("wrong_type", f"{column!r} must be a list of function schemas, got {value!r:.120}")
     return [t if t.get("type") == "function" else {"type": "function", "function": t} for t in value] or None
+
+
+def v1_pair(obj: dict[str, Any], ctx: Ctx) -> dict[str, Any]:
+    """LLaMA-Factory v1's DPO sample (``chosen_messages`` / ``rejected_messages``: whole conversations, content
+    parts with ``value``) -> a preference record (the prompt: their common prefix, as TRL takes it)."""
+    out = {k: v for k, v in obj.items() if k not in ("chosen_messages", "rejected_messages")}
+    out["chosen"], out["rejected"] = obj.get("chosen_messages"), obj.get("rejected_messages")
+    return out
