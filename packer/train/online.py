@@ -236,8 +236,7 @@ class OnlinePackedDataset(IterableDataset):
                 continue  # blank lines are not records
             try:
                 ex = parse_line(raw, path=chunk.path, line=line, base_dir=os.path.dirname(os.path.abspath(chunk.path)),
-                                image_root=self.config.image_root, source_name=chunk.source,
-                                columns=self.config.column_map, audio_in_video=self.config.use_audio_in_video)
+                                source_name=chunk.source, **self.config.record_options(chunk.source))
             except RecordError as e:
                 ex = e if e.path else e.located(chunk.path, line)
             parsed.append((j, chunk.source, ex))

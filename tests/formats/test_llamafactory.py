@@ -286,3 +286,15 @@ def test_yaml_dataset_info_and_datasets(lf, tmp_path):
     assert again == config
     plain = BuildConfig.from_inputs(["x.jsonl"], "o")
     assert "dataset" not in plain.to_dict()["sources"][0]  # builds without datasets keep their manifests
+
+
+def test_online_packing_reads_dataset_info_sources_with_their_mapping(lf, tmp_path):
+    from packer.train.online import OnlinePackedDataset
+
+    config = BuildConfig.from_dict({"dataset_info": str(lf / "dataset_info.json"), "output": str(tmp_path / "o"),
+                                    "datasets": ["glaive_toolcall_en_demo", "alpaca_en_demo"], "profile": "text",
+                                    "tokenizer": "qwen2.5", "max_length": 4096})
+    rejects = tmp_path / "rejects.jsonl"
+    rows = list(OnlinePackedDataset(config, pool_size=4, load_images=False, rejects_path=rejects))
+    ids = [e for r in rows for e in r["example_ids"]]
+    assert len(ids) == 7 and not (rejects.exists() and rejects.read_text())  # 3 tool-call records + 4 alpaca
