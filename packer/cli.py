@@ -215,8 +215,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
         config = BuildConfig.from_yaml(config_file, **overrides)
     else:
         if not inputs and not source_list and not datasets:
-            raise click.UsageError("no input: give JSONL files, --source, --dataset-info with --dataset, or --config "
-                                   "with inputs")
+            raise click.UsageError("no input: give JSONL files, --source, or --config with inputs")
         config = BuildConfig.from_dict({}, **overrides)
     result = run_build(config, progress=not quiet)
     if not quiet:
