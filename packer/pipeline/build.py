@@ -128,7 +128,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
                                     files=files)
     work = prepare_output(out, fingerprint, overwrite=config.overwrite)
     if scanned is None:
-        chunks = executor.submit(scan_chunks, config, progress=progress, spill=str(work / "inputs"))()
+        chunks = executor.submit(scan_chunks, config, progress=progress, spill=str((work / "inputs").resolve()))()
         files = sorted({c.path for c in chunks})
     cache = EncodeCache(work / "encode", len(chunks))
     cache.root.mkdir(exist_ok=True)

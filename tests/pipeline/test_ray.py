@@ -114,11 +114,11 @@ def test_ray_builds_a_streamed_input_as_the_local_executor(cluster, corpus, tmp_
     (corpus / "array.json.gz").write_bytes(gzip.compress(json.dumps(recs, indent=1).encode()))
     outs = {}
     for executor in ("local", "ray"):
-        out = os.path.relpath(tmp_path / executor, corpus)
+        out = os.path.relpath(tmp_path / executor / "out", corpus)  # one name: the card's title
         build(BuildConfig.from_inputs(["array.json.gz"], out, executor=executor, **OPTS), progress=False)
-        outs[executor] = _digests(tmp_path / executor)
+        outs[executor] = _digests(tmp_path / executor / "out")
     assert outs["ray"] == outs["local"]
-    assert verify_build(tmp_path / "ray", inputs=["array.json.gz"]).ok
+    assert verify_build(tmp_path / "ray" / "out", inputs=["array.json.gz"]).ok
 
 
 class KillWhenReported(Hooks):
