@@ -87,30 +87,33 @@ def test_truncated_stream_names_file_and_position(tmp_path: Path, suffix):
 
 
 @pytest.mark.parametrize(("text", "where"), [
-    ('[{"text": "a"}, {"text": "b"}', r"element 3 \(after 2 good elements\)"),  # no closing bracket
-    ('[{"text": "a"} x {"text": "b"}]', r"element 2 \(after 1 good elements\)"),  # garbage between elements
-    ('[{"text": "a"}, {"text": "b', r"element 2 \(after 1 good elements\)"),  # a truncated element
-    ('[{"text": "a"}] [{"text": "b"}]', r"element 2"),  # a second value after the array
+    ('[{"text": "a"}, {"text": "b"}', r"element 3 \(after 2 good elements\), at character 29: the file ends"),
+    ('[{"text": "a"} x {"text": "b"}]', r"element 2 \(after 1 good elements\), at character 15: expected ','"),
+    ('[{"text": "a"}, {"text": "b', r"element 2 \(after 1 good elements\), at character 16: Unterminated"),
+    ('[{"text": "a"}] [{"text": "b"}]', r"element 2 .*follows the array's closing"),
+    ('[{"text": "a"},]', r"element 2 .*a ',' before the closing"),
 ])
 def test_broken_array_is_an_error_naming_element(tmp_path: Path, text, where):
     path = tmp_path / "mllm_demo.json"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=rf"mllm_demo\.json: the JSON array breaks in {where}.*bytes"):
+    with pytest.raises(ConfigError, match=rf"mllm_demo\.json: the JSON array breaks in {where}"):
         list(records(str(path)))
 
 
 def test_array_non_object_elements_are_rejects(tmp_path: Path):
     path = tmp_path / "d.json"
-    path.write_text('[{"text": "a"}, 7, ["x"], {"nothing": 1}]')
+    path.write_bytes(b'[{"text": "a"}, 7, ["x"], {"nothing": 1}, {"text": "\\ud800"}, {"text": "\xff"},\n'
+                     b' {"text": 12345678901234567890123}, {"text": NaN}]')
     out = list(read_jsonl(str(path)))
-    assert [n for n, _ in out] == [1, 2, 3, 4]
-    assert [getattr(e, "reason", None) for _, e in out] == [None, "malformed_json", "malformed_json", "unknown_format"]
+    assert [n for n, _ in out] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [getattr(e, "reason", None) for _, e in out] == [  # as the same JSONL lines
+        None, "malformed_json", "malformed_json", "unknown_format", "not_utf8", "not_utf8", "wrong_type", "wrong_type"]
     assert str(out[1][1]).startswith(f"{path}:2")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(recs=st.lists(st.dictionaries(st.sampled_from(["text", "id", "x"]),
-                                     st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                                     st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=False),
                                                st.none()), min_size=1), max_size=6),
        indent=st.sampled_from([None, 0, 2]), cut=st.integers(min_value=0, max_value=10_000))
 def test_fuzzed_arrays_read_whole_or_fail_loudly(tmp_path: Path, recs, indent, cut):
@@ -196,3 +199,17 @@ def test_directory_without_jsonl_gives_streamed_files(tmp_path: Path):
     (tmp_path / "b.jsonl.zst").write_bytes(COMPRESS[".zst"](b"{}\n"))
     (tmp_path / "c.txt").write_text("x\n")
     assert [Path(p).name for p in expand_inputs([str(tmp_path)])] == ["a.json", "b.jsonl.zst", "c.txt"]
+
+
+def test_array_elements_across_buffer_boundaries(tmp_path: Path, monkeypatch):
+    """Numbers, literals and strings cut by the read buffer's end are read whole (a 7-character buffer)."""
+    import packer.formats.files as files
+
+    monkeypatch.setattr(files, "_BLOCK", 7)
+    recs = [{"text": "x" * (i % 13), "n": -(10**25) * i, "f": 1.5e-3, "t": True, "z": None} for i in range(60)]
+    path = tmp_path / "b.json"
+    for indent in (None, 3):
+        path.write_text(json.dumps(recs, indent=indent))
+        assert [json.loads(raw) for _, raw in records(str(path))] == recs
+    path.write_text("[1, 22, 333, true, null, 4.5e10]")
+    assert [raw for _, raw in records(str(path))] == [b"1", b"22", b"333", b"true", b"null", b"4.5e10"]
