@@ -228,6 +228,8 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
         )
         if st["rejected"]:
             click.echo(f"rejected records and reasons: {result.output / 'rejects.jsonl'}")
+        for note in getattr(result, "notes", []):  # rejects mostly of one reason, and what the input looks like
+            click.secho(f"note: {note}", fg="yellow", err=True)
         click.echo(f"details: packer stats {result.output}")
 
 
