@@ -298,3 +298,32 @@ def test_online_packing_reads_dataset_info_sources_with_their_mapping(lf, tmp_pa
     rows = list(OnlinePackedDataset(config, pool_size=4, load_images=False, rejects_path=rejects))
     ids = [e for r in rows for e in r["example_ids"]]
     assert len(ids) == 7 and not (rejects.exists() and rejects.read_text())  # 3 tool-call records + 4 alpaca
+
+
+def test_llamafactorys_own_json_arrays_pack_as_their_jsonl_twins(lf, tmp_path):
+    """dataset_info.json's file names as LLaMA-Factory ships them (``*.json``: pretty-printed arrays, as its
+    data/ holds them), against the same records one per line."""
+    arrays = lf  # beside the JSONL twins, so that media paths resolve alike
+    info = json.loads((arrays / "dataset_info.json").read_text())
+    names = ["mllm_demo", "alpaca_en_demo", "dpo_en_demo", "history_demo"]
+    for name in names:
+        jsonl = arrays / info[name]["file_name"]
+        records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+        info[name]["file_name"] = jsonl.with_suffix(".json").name
+        (arrays / info[name]["file_name"]).write_text(json.dumps(records, indent=2, ensure_ascii=False))
+    (arrays / "dataset_info_arrays.json").write_text(json.dumps(info, indent=2))
+    common = ["--profile", "qwen2-vl", "--max-pixels", str(64 * 28 * 28), "--max-length", "4096", "-q",
+              *[x for name in names for x in ("--dataset", name)]]
+    runner = CliRunner()
+    for info_file, out in (("dataset_info.json", "out_lines"), ("dataset_info_arrays.json", "out_arrays")):
+        got = runner.invoke(cli, ["build", "--dataset-info", str(lf / info_file), "-o", str(tmp_path / out), *common])
+        assert got.exit_code == 0, got.output
+    assert _rows(tmp_path / "out_arrays") == _rows(tmp_path / "out_lines")
+    totals = json.loads((tmp_path / "out_arrays" / "manifest.json").read_text())["totals"]
+    assert totals["examples"] == 3 + 4 + 3 + 2 and totals["rejected"] == 0
+    inputs = [x for name in names for x in ("--input", str(arrays / info[name]["file_name"]))]
+    check = runner.invoke(cli, ["verify", str(tmp_path / "out_arrays"), *inputs])
+    assert check.exit_code == 0, check.output
+    shown = runner.invoke(cli, ["inspect", str(tmp_path / "out_arrays"), "--example",
+                                f"{arrays / 'mllm_demo.json'}:2", "--ids"])
+    assert shown.exit_code == 0 and "mllm_demo.json:2" in shown.output, shown.output
