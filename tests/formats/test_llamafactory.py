@@ -79,6 +79,10 @@ def test_dataset_sources_resolve_files_weights_and_hub_entries(lf):
     local = dataset_sources(info, [f"rlaif_v={lf / 'rlaif_v_local.jsonl'}@2"])  # a Hub entry read from a local copy
     assert local[0]["paths"] == [str(lf / "rlaif_v_local.jsonl")] and local[0]["weight"] == 2.0
     assert local[0]["dataset"]["ranking"] and local[0]["dataset"]["columns"]["images"] == "image"
+    (lf / "parts").mkdir()  # a folder file_name: every file in it, as LLaMA-Factory lists it
+    info_dir = json.loads((lf / "dataset_info.json").read_text())
+    (lf / "info2.json").write_text(json.dumps({"parts": {**info_dir["alpaca_en_demo"], "file_name": "parts"}}))
+    assert dataset_sources(str(lf / "info2.json"), ["parts"])[0]["paths"] == [str(lf / "parts" / "*")]
     with pytest.raises(ConfigError, match="'nope' is not in"):
         dataset_sources(info, ["nope"])
     with pytest.raises(ConfigError, match="named twice"):
