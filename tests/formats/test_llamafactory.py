@@ -5,6 +5,7 @@ same records written as packer's own JSONL pack."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -331,3 +332,39 @@ def test_llamafactorys_own_json_arrays_pack_as_their_jsonl_twins(lf, tmp_path):
     shown = runner.invoke(cli, ["inspect", str(tmp_path / "out_arrays"), "--example",
                                 f"{arrays / 'mllm_demo.json'}:2", "--ids"])
     assert shown.exit_code == 0 and "mllm_demo.json:2" in shown.output, shown.output
+
+
+def test_a_hub_entry_reads_a_local_snapshot_with_embedded_images(tmp_path, coco_images):
+    """llava_1k_en (an hf_hub_url entry of LLaMA-Factory's dataset_info.json, verbatim) pointed at a downloaded
+    Hub snapshot whose Parquet holds the images as ``datasets.Image`` bytes."""
+    from datasets import Dataset, Features, Image, Value
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    entry = {"hf_hub_url": "BUAADreamer/llava-en-zh-2k", "subset": "en", "formatting": "sharegpt",
+             "columns": {"messages": "messages", "images": "images"},
+             "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"llava_1k_en": entry}))
+    jpeg = coco_images[0].read_bytes()
+    rows = [{"messages": [{"role": "user", "content": "<image>What is this?"}, {"role": "assistant", "content": "A street."}],
+             "images": [{"bytes": jpeg, "path": None}]},
+            {"messages": [{"role": "user", "content": "What is this?"}, {"role": "assistant", "content": "?"}],
+             "images": [{"bytes": jpeg, "path": None}]}]  # row 2: an image but no placeholder
+    features = Features({"messages": [{"role": Value("string"), "content": Value("string")}], "images": [Image()]})
+    (tmp_path / "snap" / "data").mkdir(parents=True)
+    Dataset.from_list(rows, features=features).to_parquet(str(tmp_path / "snap" / "data" / "train-00000-of-00001.parquet"))
+    out = tmp_path / "out"
+    got = CliRunner().invoke(cli, ["build", "--dataset-info", str(tmp_path / "dataset_info.json"), "--dataset",
+                                   f"llava_1k_en={tmp_path / 'snap'}", "-o", str(out), "--max-pixels",
+                                   str(64 * 28 * 28), "-q"])
+    assert got.exit_code == 0, got.output
+    row = pq.read_table(next(out.glob("shard-*.parquet"))).to_pylist()[0]
+    assert [im["data"] for im in row["images"]] == [jpeg]  # embedded bytes, kept as they are
+    reject = json.loads((out / "rejects.jsonl").read_text())
+    assert (Path(reject["path"]).name, reject["line"], reject["reason"]) == (
+        "train-00000-of-00001.parquet", 2, "image_count_mismatch")
+    assert "lists 1 images ('images') but its text has 0 <image>" in reject["message"]
+
+
+def test_dataset_without_dataset_info_is_a_usage_error(tmp_path):
+    got = CliRunner().invoke(cli, ["build", "--dataset", "mllm_demo", "-o", str(tmp_path / "o")])
+    assert got.exit_code == 2 and "--dataset names a dataset of --dataset-info FILE" in got.output
