@@ -327,8 +327,9 @@ def test_llamafactorys_own_json_arrays_pack_as_their_jsonl_twins(lf, tmp_path):
     totals = json.loads((tmp_path / "out_arrays" / "manifest.json").read_text())["totals"]
     assert totals["examples"] == 3 + 4 + 3 + 2 and totals["rejected"] == 0
     inputs = [x for name in names for x in ("--input", str(arrays / info[name]["file_name"]))]
-    check = runner.invoke(cli, ["verify", str(tmp_path / "out_arrays"), *inputs])
+    check = runner.invoke(cli, ["verify", str(tmp_path / "out_arrays"), *inputs, "--tokenizer-check", "all"])
     assert check.exit_code == 0, check.output
+    assert "12 input records (12 re-tokenized" in check.output  # each array element re-read with its mapping
     shown = runner.invoke(cli, ["inspect", str(tmp_path / "out_arrays"), "--example",
                                 f"{arrays / 'mllm_demo.json'}:2", "--ids"])
     assert shown.exit_code == 0 and "mllm_demo.json:2" in shown.output, shown.output
