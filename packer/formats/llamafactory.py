@@ -212,7 +212,7 @@ def _sharegpt(obj: dict[str, Any], spec: dict[str, Any], ctx: Ctx) -> tuple[list
         answers = []
         for key in ("chosen", "rejected"):
             t = _get(obj, cols[key])
-            if not isinstance(t, dict) or t.get(role) not in even:
+            if not isinstance(t, dict) or t.get(role) is None or t.get(role) not in even:
                 raise ctx.error("wrong_type", f"{cols[key]!r} must be one {tag['assistant_tag']!r} turn, got "
                                               f"{t!r:.120}")
             answers.append([_turn(t, spec, ctx, cols[key])])

@@ -22,6 +22,8 @@ from tests.formats.conftest import IMG_A, IMG_B
 
 DATA = Path(__file__).parents[1] / "data" / "llamafactory"
 INFO = json.loads((DATA / "dataset_info.json").read_text())
+INFO["rlaif_mm"] = {**INFO["mllm_demo"], "ranking": True,  # sharegpt ranking with role/content tags, no function tag
+                    "columns": {**INFO["mllm_demo"]["columns"], "chosen": "chosen", "rejected": "rejected"}}
 
 
 @pytest.fixture()
@@ -175,6 +177,8 @@ def test_alpaca_ranking_with_an_image_from_a_hub_entry_read_locally(lf):
     ({"instruction": "", "input": "", "output": "b"}, "alpaca_en_demo", "empty_messages", "no instruction"),
     ({"conversations": [{"from": "human", "value": "q"}], "chosen": {"from": "gpt", "value": "a"}, "rejected": "b"},
      "dpo_en_demo", "wrong_type", "'rejected' must be one 'gpt' turn"),
+    ({"messages": [{"role": "user", "content": "q"}], "chosen": {"content": "a"}, "rejected": {"content": "b"}},
+     "rlaif_mm", "wrong_type", "'chosen' must be one 'assistant' turn"),
 ])
 def test_bad_records_are_rejects_that_say_what_and_where(record, entry, reason, match):
     with pytest.raises(RecordError, match=match) as e:
