@@ -491,7 +491,8 @@ def record_tools(obj: dict[str, Any], ctx: Ctx) -> list[dict] | None:
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as e:
-            raise ctx.error("wrong_type", f"'tools' is a string but not JSON: {e.msg} at column {e.colno}") from None
+            raise ctx.error("wrong_type", f"'tools' must be a list of tool definitions (or a JSON string of one), "
+                                          f"got a string that is not JSON: {e.msg} at column {e.colno}") from None
         if tools == []:
             return None
         if isinstance(tools, list):
