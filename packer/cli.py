@@ -114,6 +114,11 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[@W]",
               help="A named source with an optional weight: 2 repeats each example twice, 0.5 keeps a seeded "
                    "half, 1.5 all plus a seeded half. Repeat the option for a mixture.")
+@click.option("--dataset-info", "dataset_info", type=click.Path(exists=True, dir_okay=False), metavar="JSON",
+              help="A LLaMA-Factory dataset_info.json; each --dataset names one of its datasets (a source).")
+@click.option("--dataset", "datasets", multiple=True, metavar="NAME[=PATH][@W]",
+              help="A dataset of --dataset-info, with an optional weight (as --source); =PATH reads a local copy "
+                   "instead of its file_name (the way to read a Hub entry offline). Repeatable.")
 @click.option("--profile", type=click.Choice(profile_names()), help="Model family profile. [default: qwen2-vl]")
 @click.option("--tokenizer", help="HF tokenizer name or directory. [default: the profile's, offline qwen2-vl]")
 @click.option("--chat-template", help="Jinja chat template (string or file) instead of the tokenizer's.")
@@ -175,13 +180,22 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
       packer build --config configs/qwen2-vl.yaml train.jsonl -o out/
       packer build -o out/ --source chat=chat.jsonl@2 --source captions=caps.jsonl@0.5
       packer build llava-snapshot/ -o out/ --columns conversations=dialog,image=picture
+      packer build --dataset-info data/dataset_info.json --dataset mllm_demo --dataset alpaca_en_demo@0.5 -o out/
       packer build '/shared/data/*.jsonl' -o /shared/out --executor ray --ray-address auto
     """
     from packer.config import BuildConfig, parse_profile_options
     from packer.pipeline.build import build as run_build
 
+    overrides: dict[str, Any] = {}
+    dataset_info, datasets = options.pop("dataset_info"), options.pop("datasets")
+    if datasets and not dataset_info and not config_file:
+        raise click.UsageError("--dataset names a dataset of --dataset-info FILE; give that file too")
+    if dataset_info:
+        overrides["dataset_info"] = dataset_info
+    if datasets:
+        overrides["datasets"] = list(datasets)
     profile_option = options.pop("profile_option")
-    overrides = {k: v for k, v in options.items() if v is not None}
+    overrides.update({k: v for k, v in options.items() if v is not None})
     if profile_option:
         overrides["profile_options"] = parse_profile_options(profile_option)
     if output:
@@ -200,7 +214,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
     if config_file:
         config = BuildConfig.from_yaml(config_file, **overrides)
     else:
-        if not inputs and not source_list:
+        if not inputs and not source_list and not datasets:
             raise click.UsageError("no input: give JSONL files, --source, or --config with inputs")
         config = BuildConfig.from_dict({}, **overrides)
     result = run_build(config, progress=not quiet)
@@ -214,6 +228,8 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
         )
         if st["rejected"]:
             click.echo(f"rejected records and reasons: {result.output / 'rejects.jsonl'}")
+        for note in getattr(result, "notes", []):  # rejects mostly of one reason, and what the input looks like
+            click.secho(f"note: {note}", fg="yellow", err=True)
         click.echo(f"details: packer stats {result.output}")
 
 

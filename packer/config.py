@@ -54,6 +54,12 @@ class SourceConfig:
     """JSONL files or glob patterns."""
     weight: float = 1.0
     """Sampling factor: 2.0 repeats every example twice, 0.5 keeps a seeded half, 1.5 all + a seeded half."""
+    dataset: dict[str, Any] | None = None
+    """A LLaMA-Factory dataset's spec (``formats.llamafactory.dataset_spec``: formatting, ranking, every column and
+    tag): its records are read with that mapping. Set from ``dataset_info`` + ``datasets``; None: packer's kinds."""
+    image_root: str | None = None
+    """Where this source's relative media paths resolve (a dataset_info.json's directory, as LLaMA-Factory's
+    ``media_dir``); the build's ``image_root`` wins; None: each input file's directory."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -189,6 +195,9 @@ class BuildConfig:
             raise ConfigError(f"'max_reject_fraction' must be in [0, 1], got {self.max_reject_fraction}")
         if self.profile_options is not None:
             _check_profile_options(self)
+        names = [s.name for s in self.sources]
+        if any(s.dataset is not None for s in self.sources) and len(set(names)) != len(names):
+            raise ConfigError(f"source names must differ when a dataset_info.json dataset is one of them, got {names}")
 
     @classmethod
     def from_inputs(cls, inputs: list[str] | tuple[str, ...], output: str, **options: Any) -> BuildConfig:
@@ -197,14 +206,19 @@ class BuildConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **overrides: Any) -> BuildConfig:
-        """Build from a YAML/JSON mapping; ``overrides`` (CLI options that were given) win."""
+        """Build from a YAML/JSON mapping; ``overrides`` (CLI options that were given) win.
+
+        Besides the fields: ``inputs`` (files or globs: one source named ''), and ``dataset_info`` (a
+        LLaMA-Factory dataset_info.json) with ``datasets`` (names in it, each ``NAME[=PATH][@WEIGHT]`` or
+        ``{name, path, weight}``), each dataset one more source (``dataset_sources``).
+        """
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(data.get("profile_options"), dict) and isinstance(given.get("profile_options"), dict):
             given["profile_options"] = {**data["profile_options"], **given["profile_options"]}  # per key
         data = {**data, **given}
         if isinstance(data.get("columns"), str):
             data["columns"] = parse_columns(data["columns"])
-        known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
+        known = {f.name for f in dataclasses.fields(cls)} | {"inputs", "dataset_info", "datasets"}
         unknown = sorted(set(data) - known)
         if unknown:
             import difflib
@@ -216,10 +230,13 @@ class BuildConfig:
             )
         inputs = data.pop("inputs", None)
         sources = data.pop("sources", None)
+        info, datasets = data.pop("dataset_info", None), data.pop("datasets", None)
         if inputs and sources:
             raise ConfigError("give either 'inputs' or 'sources', not both")
         if inputs:
             sources = [{"name": "", "paths": [inputs] if isinstance(inputs, str) else inputs}]
+        if info or datasets:
+            sources = list(sources or []) + dataset_sources(info, datasets)
         parsed = []
         for s in sources or []:
             if not isinstance(s, dict) or "paths" not in s:
@@ -230,6 +247,8 @@ class BuildConfig:
                     name=str(s["name"]) if "name" in s else Path(str(paths if isinstance(paths, str) else paths[0])).stem,
                     paths=tuple([paths] if isinstance(paths, str) else paths),
                     weight=float(s.get("weight", 1.0)),
+                    dataset=s.get("dataset"),
+                    image_root=s.get("image_root"),
                 )
             )
         if "output" not in data:
@@ -255,7 +274,8 @@ class BuildConfig:
         del d["storage_options"]
         if d["profile_options"] is None:  # unset: the manifest and fingerprint of a build stay as before it existed
             del d["profile_options"]
-        d["sources"] = [{**s, "paths": list(s["paths"])} for s in d["sources"]]
+        d["sources"] = [{**{k: v for k, v in s.items() if v is not None or k not in ("dataset", "image_root")},
+                         "paths": list(s["paths"])} for s in d["sources"]]  # unset: manifests stay as before
         return d
 
     def tokenizer_name(self) -> str:
@@ -274,6 +294,13 @@ class BuildConfig:
         """The profile settings this config overrides (for ``packer.models.get_profile``)."""
         return profile_overrides(self.to_dict())
 
+    def record_options(self, source_name: str) -> dict[str, Any]:
+        """How the records of source ``source_name`` parse: ``formats.parse_record``'s keywords."""
+        source = next((s for s in self.sources if s.name == source_name), None)
+        own = source.image_root if source is not None else None
+        return {"image_root": self.image_root if self.image_root is not None else own, "columns": self.column_map,
+                "audio_in_video": self.use_audio_in_video, "dataset": source.dataset if source is not None else None}
+
     @property
     def column_map(self) -> dict[str, str]:
         """``columns``, or {} when unset."""
@@ -281,6 +308,79 @@ class BuildConfig:
 
     def replace(self, **changes: Any) -> BuildConfig:
         return dataclasses.replace(self, **changes)
+
+
+def dataset_sources(info: Any, datasets: Any) -> list[dict[str, Any]]:
+    """``dataset_info`` (a LLaMA-Factory dataset_info.json) + ``datasets`` -> one source mapping per dataset.
+
+    Each dataset is ``NAME``, ``NAME@WEIGHT``, ``NAME=PATH[@WEIGHT]`` or ``{name, path, weight}``. Its files are
+    the entry's ``file_name`` (a file, glob or folder) relative to the JSON's directory, as LLaMA-Factory's
+    ``dataset_dir``; ``PATH`` (a file, glob, folder or local Hub snapshot) replaces it, the one way to read a Hub
+    or script entry (``hf_hub_url``, ``ms_hub_url``, ``om_hub_url``, ``script_url``) offline. Media paths resolve
+    against the JSON's directory (LLaMA-Factory's ``media_dir`` default).
+    """
+    import json
+    import os
+
+    from packer.formats.llamafactory import HUB_KEYS, dataset_spec
+
+    if not isinstance(info, str) or not info:
+        raise ConfigError("'datasets' needs 'dataset_info': the path of a LLaMA-Factory dataset_info.json")
+    if isinstance(datasets, str):
+        datasets = [datasets]
+    if not isinstance(datasets, (list, tuple)) or not datasets:
+        raise ConfigError(f"'dataset_info' {info} needs 'datasets': the names of the datasets to pack (--dataset NAME)")
+    try:
+        with open(info, encoding="utf-8") as f:
+            entries = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read dataset_info {info}: {e}") from e
+    if not isinstance(entries, dict):
+        raise ConfigError(f"dataset_info {info} must be a JSON object of name: entry")
+    base = os.path.dirname(info)
+    out: list[dict[str, Any]] = []
+    for item in datasets:
+        if isinstance(item, dict):
+            name, path, weight = item.get("name"), item.get("path"), item.get("weight", 1.0)
+        elif isinstance(item, str):
+            rest, at, w = item.rpartition("@") if "@" in item else (item, "", "1")
+            name, _, path = rest.partition("=")
+            try:
+                weight = float(w)
+            except ValueError:
+                raise ConfigError(f"dataset {item!r}: weight {w!r} is not a number") from None
+        else:
+            raise ConfigError(f"each of 'datasets' is NAME[=PATH][@WEIGHT] or a mapping, got {item!r}")
+        if not isinstance(name, str) or name not in entries:
+            known = ", ".join(sorted(map(str, entries))[:12])
+            raise ConfigError(f"dataset {name!r} is not in {info} (it has {len(entries)}: {known}, ...)")
+        if any(o["name"] == name for o in out):
+            raise ConfigError(f"dataset {name!r} is named twice; give it once with a weight (--dataset {name}@2)")
+        entry = entries[name]
+        where = f"{info} {name!r}"
+        spec = dataset_spec(name, entry, where)
+        hub = next((k for k in HUB_KEYS if k in entry), None)
+        if path:
+            paths = [path]
+        elif hub is not None:
+            raise ConfigError(
+                f"{where} is a {hub} entry ({entry[hub]!r}); packer works offline: download it (e.g. "
+                f"`huggingface-cli download --repo-type dataset {entry[hub]} --local-dir DIR`) and point the name "
+                f"at the copy: --dataset {name}=DIR (YAML: {{name: {name}, path: DIR}})")
+        elif isinstance(entry.get("file_name"), str) and entry["file_name"]:
+            local = os.path.join(base, entry["file_name"])
+            paths = [os.path.join(local, "*") if os.path.isdir(local) and not _is_dataset_dir(local) else local]
+        else:
+            raise ConfigError(f"{where} has no file_name (and no Hub URL); give it a file: --dataset {name}=PATH")
+        out.append({"name": name, "paths": paths, "weight": weight, "dataset": spec,
+                    "image_root": os.path.abspath(base)})
+    return out
+
+
+def _is_dataset_dir(path: str) -> bool:
+    from packer.formats.tables import is_dataset_dir
+
+    return is_dataset_dir(path)
 
 
 def parse_columns(text: str) -> dict[str, str]:

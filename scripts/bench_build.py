@@ -12,6 +12,10 @@ process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --rss-only
     python scripts/bench_build.py --records 50000 --num-proc 2 --executor local ray --rss-only
     python scripts/bench_build.py --ray-tasks 20000   # what one Ray task costs the driver
+    python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
+
+``--input-format``: the same records also as a pretty-printed JSON array (``array``), ``.jsonl.zst`` (``zst``)
+or ``.jsonl.gz`` (``gz``), each built with the first executor and compared with the JSONL build.
 
 Each build runs in a fresh process (this script with ``--child``) that times its stages: ``start`` (the
 executor: a local Ray cluster of N CPUs for ray), ``scan`` (tokenizer load, scan, fingerprint), ``encode``,
@@ -83,6 +87,33 @@ def _render_and_encode(lines: list[str]) -> int:
         for branch in rec.get("branches", [[]]):
             texts.append(_TOK.apply_chat_template(msgs + branch, tokenize=False))
     return sum(len(ids) for ids in _TOK(texts).input_ids)
+
+
+def convert(corpus: Path, fmt: str) -> Path:
+    """The JSONL corpus rewritten as ``fmt`` (streamed: the corpus is never held whole)."""
+    if fmt == "jsonl":
+        return corpus
+    if fmt == "array":
+        out = corpus.with_suffix(".json")
+        with open(corpus) as f, open(out, "w") as g:
+            g.write("[\n")
+            for i, line in enumerate(f):
+                g.write(("" if i == 0 else ",\n") + json.dumps(json.loads(line), indent=2))
+            g.write("\n]\n")
+        return out
+    out = corpus.with_name(corpus.name + "." + fmt)
+    with open(corpus, "rb") as f, open(out, "wb") as g:
+        if fmt == "zst":
+            import zstandard
+
+            zstandard.ZstdCompressor(level=3).copy_stream(f, g)
+        else:
+            import gzip
+            import shutil
+
+            with gzip.open(g, "wb") as z:
+                shutil.copyfileobj(f, z)
+    return out
 
 
 def tokenizer_alone(path: Path, num_proc: int) -> dict[str, float]:
@@ -242,6 +273,8 @@ def main() -> None:
     ap.add_argument("--executor", nargs="+", choices=["local", "ray"], default=["local"],
                     help="build with each (ray: a local Ray cluster of --num-proc CPUs, started in the build)")
     ap.add_argument("--ray-tasks", type=int, metavar="N", help="only time N no-op tasks through the Ray executor")
+    ap.add_argument("--input-format", nargs="+", choices=["jsonl", "array", "zst", "gz"], default=["jsonl"],
+                    help="build the same records from each file kind too (formats/files.py), first executor only")
     ap.add_argument("--child", nargs=4, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
@@ -270,6 +303,19 @@ def main() -> None:
                 print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
                                                       if v >= 0.1))
                 print("    the build process's CPU-s by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in b["parent_cpu"].items()))
+            for fmt in args.input_format:
+                if fmt == "jsonl":
+                    continue
+                path = convert(corpus, fmt)
+                b = packer_build(path, Path(tmp) / f"out-{n}-{fmt}", args.num_proc, args.executor[0])
+                base = builds[args.executor[0]]
+                split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
+                print(f"  {path.name} ({path.stat().st_size / 2**20:.0f} MiB): {b['seconds']:.1f} s ({split}), "
+                      f"peak RSS {b['peak_rss_mib']:.0f} MiB; JSONL / {fmt} throughput "
+                      f"{base['seconds'] / b['seconds']:.1%}, peak RSS {fmt} / JSONL "
+                      f"{b['peak_rss_mib'] / base['peak_rss_mib']:.1%}; same packs: "
+                      f"{(b['examples'], b['packs']) == (base['examples'], base['packs'])}")
+                path.unlink()
             if {"local", "ray"} <= set(builds):
                 local, ray = builds["local"], builds["ray"]
                 assert local["shards"] == ray["shards"], "the Ray build's shards differ from the local build's"

@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "encode": {"errors", "core", "models", "media"},
     "packing": {"errors", "core"},  # core.media: the budgets the media declare
     "shards": {"errors", "core", "config"},  # the manifest records the BuildConfig
-    "config": {"errors", "packing", "encode", "models"},
+    "config": {"errors", "packing", "encode", "models", "formats"},  # formats: dataset_info.json entries
     "pipeline": {"errors", "config", "core", "formats", "media", "models", "encode", "packing", "shards", "report"},
     "report": {"errors", "config", "core", "formats", "models", "encode", "packing", "shards"},
     "train": {"errors", "core", "media", "models", "shards",

@@ -142,7 +142,7 @@ def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
     [
         ("max_len: 10\n", "error: unknown config keys ['max_len'] ('max_len': did you mean 'max_length'?); "
                           "known keys: algorithm, balance_vision, "
-                          "chat_template, columns, executor, image_root, image_token, inputs, long_docs, long_docs_overlap, "
+                          "chat_template, columns, dataset_info, datasets, executor, image_root, image_token, inputs, long_docs, long_docs_overlap, "
                           "max_audio_tokens, max_audios, max_examples_per_pack, max_images, max_length, "
                           "max_pixels, max_reject_fraction, max_videos, max_vision_tokens, min_pixels, num_proc, output, "
                           "overlong, overwrite, profile, profile_options, ray_address, refine, rows_per_row_group, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import os
 import re
@@ -17,6 +18,9 @@ from typing import Any
 from packer.core.types import AudioRef, Example, ImageRef, Message, Node, Part, VideoRef
 from packer.errors import RecordError
 
+# LLaMA-Factory v1's content parts hold their payload under "value": the type -> the key packer reads it from.
+_VALUE_KEYS = {"text": "text", "image_url": "image_url", "video_url": "video_url", "audio_url": "audio_url",
+               "image": "image", "video": "video", "audio": "audio"}
 # Accepted roles -> canonical role. LLaVA / ShareGPT names map onto the chat roles.
 ROLES: dict[str, str] = {
     "system": "system",
@@ -306,6 +310,8 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[Part]:
                     f'{where} part {j} must be an object like {{"type": "text", ...}}, got {type(part).__name__}',
                 )
             kind = part.get("type")
+            if "value" in part and kind in _VALUE_KEYS:  # LLaMA-Factory v1: {"type": "image_url", "value": "a.jpg"}
+                part = {**{k: v for k, v in part.items() if k != "value"}, _VALUE_KEYS[kind]: part["value"]}
             if kind == "text" or (kind is None and "text" in part):
                 text = part.get("text")
                 if not isinstance(text, str):
@@ -323,6 +329,9 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[Part]:
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
                 parts.append(image_ref(url, ctx))
+            elif kind == "video_url":
+                url = part.get("video_url")
+                parts.append(video_ref(url.get("url") if isinstance(url, dict) else url, ctx, part))
             elif kind == "video" or (kind is None and "video" in part):
                 source = part.get("video")
                 parts.append(ctx.next_pooled_video() if source is None else video_ref(source, ctx, part))
@@ -343,7 +352,8 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[Part]:
             else:
                 raise ctx.error(
                     "wrong_type",
-                    f"{where} part {j} has unsupported type {kind!r}; use text, image, image_url, video or audio",
+                    f"{where} part {j} has unsupported type {kind!r}; use text, image, image_url, video or audio "
+                    "(or video_url, audio_url; a tool call goes in the message's tool_calls)",
                 )
     else:
         raise ctx.error(
@@ -358,8 +368,13 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[Part]:
 
 def loss_flag(msg: dict[str, Any], ctx: Ctx, where: str) -> bool | float | None:
     """A message's ``loss``: true or false, or a weight (a finite number >= 0) its loss tokens carry, as ms-swift's
-    ``loss_scale`` and LLaMA-Factory's ``loss_weights``; a weight of 0 is ``false``."""
+    ``loss_scale`` and LLaMA-Factory's ``loss_weights``; a weight of 0 is ``false``. LLaMA-Factory v1's
+    per-message ``loss_weight`` is the same weight (1.0: the turn carries loss, weighing 1)."""
     loss = msg.get("loss")
+    if loss is None and msg.get("loss_weight") is not None:
+        loss = msg["loss_weight"]
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool) and loss == 1:
+            loss = True  # a weight of one is plain loss: no loss_weights column for it
     if loss is None or isinstance(loss, bool):
         return loss
     if not isinstance(loss, (int, float)):
@@ -424,8 +439,11 @@ def chat_message(msg: Any, ctx: Ctx, where: str) -> Message:
             "wrong_type", f"{where} must be an object with 'role' and 'content', got {type(msg).__name__}"
         )
     role = canonical_role(msg.get("role"), ctx, where)
-    calls = tool_calls(msg, role, ctx, where)
     content = msg.get("content")
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in content):
+        msg = _v1_tool_calls(msg, content, ctx, where)
+        content = msg["content"]
+    calls = tool_calls(msg, role, ctx, where)
     if calls is not None and content in (None, "", []):
         parts: list[Part] = []  # a turn that only calls tools
     elif "content" not in msg:
@@ -442,11 +460,44 @@ def chat_message(msg: Any, ctx: Ctx, where: str) -> Message:
     )
 
 
+def _v1_tool_calls(msg: dict[str, Any], content: list, ctx: Ctx, where: str) -> dict[str, Any]:
+    """LLaMA-Factory v1's ``{"type": "tool_call", "value": "{\"name\": ..., \"arguments\": ...}"}`` parts ->
+    the message's ``tool_calls`` (OpenAI style), the other parts left as its content."""
+    calls = list(msg.get("tool_calls") or [])
+    rest = []
+    for j, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "tool_call"):
+            rest.append(part)
+            continue
+        value = part.get("value")
+        try:
+            call = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError as e:
+            raise ctx.error("wrong_type", f"{where} part {j} (tool_call) is not JSON: {e.msg}") from None
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"]):
+            raise ctx.error("wrong_type", f'{where} part {j} (tool_call) must be {{"name": ..., "arguments": ...}}')
+        calls.append({"type": "function", "function": {"name": call["name"], "arguments": call.get("arguments", {})}})
+    return {**msg, "content": rest, "tool_calls": calls}
+
+
 def record_tools(obj: dict[str, Any], ctx: Ctx) -> list[dict] | None:
-    """The record-level ``tools`` list (function definitions, JSON schema), kept as given for the template."""
+    """The record-level ``tools`` list (function definitions, JSON schema), kept as given for the template; a
+    JSON string of it (LLaMA-Factory's form) is read, and bare function schemas wrapped as
+    ``{"type": "function", "function": ...}``."""
     tools = obj.get("tools")
-    if tools is None or tools == []:
+    if tools is None or tools == [] or tools == "":
         return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ctx.error("wrong_type", f"'tools' must be a list of tool definitions (or a JSON string of one), "
+                                          f"got a string that is not JSON: {e.msg} at column {e.colno}") from None
+        if tools == []:
+            return None
+        if isinstance(tools, list):
+            tools = [t if not isinstance(t, dict) or t.get("type") == "function" else {"type": "function", "function": t}
+                     for t in tools]
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ctx.error("wrong_type", "'tools' must be a list of tool definitions (JSON objects)")
     return tools

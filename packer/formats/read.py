@@ -1,5 +1,6 @@
 """Reading input files: JSONL bytes -> records (line numbers, bad UTF-8, bad JSON), and input patterns -> files
-(JSONL, Parquet, Arrow, ``datasets`` directories; tables are read by ``tables.py``)."""
+(JSONL, Parquet, Arrow, ``datasets`` directories; tables are read by ``tables.py``; JSON arrays, compressed
+files, ``.txt`` and webdataset tars by ``files.py``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import glob
 import json
 import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from packer.core.types import Example
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
+from packer.formats.files import REJECT_KEY
 
+_REJECT_PREFIX = json.dumps({REJECT_KEY: 0})[:-3].encode()  # how files.reject_line's lines start
 
 def parse_line(
     raw: bytes,
@@ -23,8 +27,13 @@ def parse_line(
     source_name: str = "",
     columns: dict[str, str] | None = None,
     audio_in_video: bool = False,
+    dataset: dict[str, Any] | None = None,
 ) -> Example:
-    """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record."""
+    """Bytes of one JSONL line -> Example; RecordError for bad UTF-8, bad JSON or a bad record (or for a
+    ``files.reject_line``: a record a streamed file could not give, e.g. a tar sample missing a member)."""
+    if raw.startswith(_REJECT_PREFIX):
+        reason, message = json.loads(raw)[REJECT_KEY]
+        raise RecordError(reason, message, path=path, line=line)
     if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]  # a UTF-8 byte-order mark some editors write
     try:
@@ -55,15 +64,25 @@ def parse_line(
             ) from None
     return parse_record(
         obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name,
-        columns=columns, audio_in_video=audio_in_video,
+        columns=columns, audio_in_video=audio_in_video, dataset=dataset,
     )
 
 
 def chosen_lines(path: str, numbers: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-    """``(line_number, raw bytes)`` of the given 1-based lines of a JSONL file, in file order, the byte-order mark of
-    line 1 removed (what verify's re-encoding checks read back)."""
+    """``(line_number, raw bytes)`` of the given 1-based lines of a JSONL file (of a streamed file: its
+    records, ``files.records``), in file order, the byte-order mark of line 1 removed (what verify's
+    re-encoding checks read back)."""
+    from packer.formats.files import is_streamed, records
+
     wanted = set(numbers)
     last = max(wanted, default=0)
+    if is_streamed(path):
+        for number, raw in records(path):
+            if number > last:
+                return
+            if number in wanted:
+                yield number, raw
+        return
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if number > last:
@@ -75,14 +94,18 @@ def chosen_lines(path: str, numbers: Iterable[int]) -> Iterator[tuple[int, bytes
 def read_jsonl(
     path: str, *, image_root: str | None = None, source_name: str = ""
 ) -> Iterator[tuple[int, Example | RecordError]]:
-    """Stream ``(line_number, Example or RecordError)`` for every non-blank line of a JSONL file.
+    """Stream ``(line_number, Example or RecordError)`` for every non-blank line of a JSONL file (every record
+    of another kind ``files.records`` reads: array elements, text lines, tar samples).
 
     Lines are read as bytes one at a time (1-based numbers; blank lines are skipped but counted), so a bad
     byte or a bad line becomes a RecordError for that line, never an exception for the file.
     """
+    from packer.formats.files import is_streamed, records
+
     base_dir = os.path.dirname(os.path.abspath(path))
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        lines = records(path) if is_streamed(path) else enumerate(f, start=1)
+        for number, raw in lines:
             if not raw.strip():
                 continue
             try:
@@ -93,12 +116,17 @@ def read_jsonl(
                 yield number, e
 
 
+STREAMED_PATTERNS = ("*.json", "*.json.*", "*.jsonl.*", "*.txt", "*.txt.*", "*.tar", "*.tar.*", "*.tgz")
+"""What a directory with no ``*.jsonl`` and no table gives (files.py reads them)."""
+
+
 def expand_inputs(patterns: Iterable[str]) -> list[str]:
     """Files, directories and glob patterns -> sorted, deduplicated file paths.
 
     A ``datasets`` directory (``save_to_disk`` output, a Hub snapshot) gives its train split's files
     (``tables.dataset_files``); another directory its ``*.jsonl``, or, with none, its ``*.parquet`` /
-    ``*.arrow``. Raises ConfigError naming the first pattern that matches no file.
+    ``*.arrow``, or, with none, its JSON arrays, compressed JSON lines, ``.txt`` files and tars
+    (``STREAMED_PATTERNS``). Raises ConfigError naming the first pattern that matches no file.
     """
     from packer.formats.tables import TABLE_SUFFIXES, dataset_files, is_dataset_dir
 
@@ -110,7 +138,8 @@ def expand_inputs(patterns: Iterable[str]) -> list[str]:
             matches = dataset_files(pattern)
         elif os.path.isdir(pattern):
             matches = glob.glob(os.path.join(glob.escape(pattern), "*.jsonl")) or [
-                m for suffix in TABLE_SUFFIXES for m in glob.glob(os.path.join(glob.escape(pattern), "*" + suffix))]
+                m for suffix in TABLE_SUFFIXES for m in glob.glob(os.path.join(glob.escape(pattern), "*" + suffix))
+            ] or [m for p in STREAMED_PATTERNS for m in glob.glob(os.path.join(glob.escape(pattern), p))]
         else:
             matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
         if not matches:

@@ -2,7 +2,9 @@
 
 Stages (``stages.py``) and what each leaves in ``OUT/.packer`` (the work area):
 
-1. scan    split every input file into chunks of lines (byte ranges); cheap, redone on every run.
+1. scan    split every input file into chunks of lines (byte ranges); cheap, redone on every run. A streamed
+           file (compressed, a JSON array, .txt, a tar: formats/files.py) is read once into chunk files
+           ``inputs/NNNNN-JJJJJJ.jsonl``, which a resumed build reuses.
 2. encode  each chunk -> ``encode/chunk-NNNNNN.arrow`` (EXAMPLE_SCHEMA) + ``.rejects.jsonl``, as executor
            tasks, each written atomically; a rerun skips chunks already encoded. Token data stays on disk.
 3. plan    lengths only (memory-mapped columns) -> ``packing.plan`` -> pack id per example.
@@ -23,7 +25,7 @@ import os
 import shutil
 import threading
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +36,7 @@ import pyarrow.compute as pc
 from packer import __version__
 from packer.config import BuildConfig
 from packer.core.media import MEDIA, medium
-from packer.errors import RejectRateError
+from packer.errors import ConfigError, RejectRateError
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
@@ -57,6 +59,7 @@ from packer.pipeline.stages import (
     progress_bar,
     scan_chunks,
     shard_ranges,
+    streamed_inputs,
     warm_planner,
 )
 from packer.shards.io import write_json_atomic
@@ -81,6 +84,7 @@ class BuildResult:
     output: Path | ObjectPath
     manifest: dict[str, Any]
     stats: dict[str, Any]
+    notes: list[str] = field(default_factory=list)  # what the rejects suggest (reject_notes), for the CLI to print
 
 
 def build(
@@ -104,21 +108,30 @@ def build(
 def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool) -> BuildResult:
     """``build`` once its executor is started."""
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
+    from packer.formats.read import expand_inputs
     from packer.report.stats import compute_stats, format_stats
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it)
-    scanned = executor.submit(scan_chunks, config, progress=progress)
+    streamed = streamed_inputs(config)
+    # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it);
+    # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir
+    scanned = None if streamed else executor.submit(scan_chunks, config, progress=progress)
     encoder = make_encoder(config)
     executor.preload(encoder)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
     template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
     out = store_path(config.output, config.storage_options)
-    chunks = scanned()
-    files = sorted({c.path for c in chunks})
+    if scanned is not None:
+        chunks = scanned()
+        files = sorted({c.path for c in chunks})
+    else:
+        files = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
     fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
                                     files=files)
     work = prepare_output(out, fingerprint, overwrite=config.overwrite)
+    if scanned is None:
+        chunks = executor.submit(scan_chunks, config, progress=progress, spill=str((work / "inputs").resolve()))()
+        files = sorted({c.path for c in chunks})
     cache = EncodeCache(work / "encode", len(chunks))
     cache.root.mkdir(exist_ok=True)
 
@@ -130,11 +143,18 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     table = cache.open(parts=parts)
     over_budget, budget_rejected = budget_rejects(table, config)
     rejected = totals.rejected + len(budget_rejected)
-    if totals.records and rejected / totals.records > config.max_reject_fraction:
+    if not totals.records:
+        raise ConfigError(f"the inputs ({', '.join(files) or 'none'}) hold no record: nothing to pack")
+    if totals.records and (rejected / totals.records > config.max_reject_fraction
+                           or table.num_rows == int(over_budget.sum())):
+        notes = reject_notes(cache.rejects() + budget_rejected, files)
+        why = (f"{rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}"
+               if rejected < totals.records else "nothing to pack: a build of no example fails whatever "
+               "--max-reject-fraction says")
         raise RejectRateError(
-            f"{rejected} of {totals.records} input records were rejected "
-            f"({rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}); "
-            f"see {cache.root}/*.rejects.jsonl for the reasons, fix the input or the config"
+            f"{rejected} of {totals.records} input records were rejected ({why}); "
+            + "".join(f"{n}; " for n in notes)
+            + f"see {cache.root}/*.rejects.jsonl for the reasons, fix the input or the config"
         )
     warm.join()
     plan = plan_packs(table, config, exclude=over_budget)
@@ -175,7 +195,29 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         plan=plan, stats=stats, shards=shard_entries,
     )
     write_json_atomic(out / MANIFEST, manifest)  # last: its presence means the build is complete
-    return BuildResult(output=out, manifest=manifest, stats=stats)
+    return BuildResult(output=out, manifest=manifest, stats=stats, notes=reject_notes(rejects, files))
+
+
+def reject_notes(rejects: list[dict[str, Any]], files: list[str]) -> list[str]:
+    """What to tell a user whose rejects are mostly one reason: that reason's count, and a hint for each
+    file it hit whose bytes look like another kind than its name says (``files.sniff``: an array, gzip bytes
+    under a plain name, plain text). Empty when no reason holds half the rejects."""
+    from collections import Counter
+
+    from packer.formats.files import sniff
+
+    if not rejects:
+        return []
+    (reason, count), = Counter(r["reason"] for r in rejects).most_common(1)
+    if count * 2 < len(rejects):
+        return []
+    notes = [f"{count} of the {len(rejects)} rejects are {reason!r}"]
+    hit = sorted({r["path"] for r in rejects if r["reason"] == reason})
+    for path in hit[:5]:
+        hint = sniff(path) if os.path.isfile(path) else None
+        if hint:
+            notes.append(hint)
+    return notes
 
 
 def _all_rows_linear_text(cache: EncodeCache, table: pa.Table, index: np.ndarray, profile: Any) -> bool:

@@ -1,6 +1,7 @@
 """The stages of a build, as plain functions that know no executor:
 
     scan_chunks        input files -> chunks of CHUNK_LINES lines (byte ranges) or rows    in the parent
+                       (a streamed file, formats/files.py: spilled as JSON-lines chunk files)
     encode_chunk       one chunk -> its rows and rejects in the encode cache             a task (any process)
     plan_packs         the cache's length columns -> which examples go in which pack      in the parent
     write_shard_range  consecutive shards of the plan -> Parquet files + markers          a task (any process)
@@ -60,6 +61,7 @@ class Chunk:
     first_line: int  # 1-based number of the first line (row)
     num_lines: int = CHUNK_LINES  # lines in the chunk (blank ones included)
     table: bool = False  # a Parquet/Arrow file (formats/tables.py): start/end count rows
+    spill: str = ""  # a streamed file's chunk (files.py) as JSON lines in the work dir: read this, not ``path``
 
 
 def _table_chunks(path: str, source: str, first_index: int) -> list[Chunk]:
@@ -84,13 +86,27 @@ def _table_chunks(path: str, source: str, first_index: int) -> list[Chunk]:
     return chunks
 
 
-def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
-    """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order."""
+def streamed_inputs(config: BuildConfig) -> bool:
+    """Does any input need ``files.records`` (compressed, an array, text, a tar)? Their chunks are spilled
+    into the work dir, so ``build`` scans them once that dir is prepared."""
+    from packer.formats.files import is_streamed
+    from packer.formats.read import expand_inputs
+    from packer.formats.tables import is_table
+
+    return any(not is_table(p) and is_streamed(p) for s in config.sources for p in expand_inputs(s.paths))
+
+
+def scan_chunks(config: BuildConfig, *, progress: bool = False, spill: str | None = None) -> list[Chunk]:
+    """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order; a streamed file
+    (``streamed_inputs``) is read once and its records spilled as JSON-lines chunk files under ``spill``
+    (``OUT/.packer/inputs``), kept for a resumed build."""
+    from packer.formats.files import is_streamed
     from packer.formats.read import expand_inputs
     from packer.formats.tables import check_columns, is_table
 
     chunks: list[Chunk] = []
     seen: set[str] = set()
+    streamed = 0
     for source in config.sources:
         for path in expand_inputs(source.paths):
             if path in seen:
@@ -99,6 +115,13 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
             if is_table(path):
                 check_columns(path, config.column_map)
                 chunks.extend(_table_chunks(path, source.name, len(chunks)))
+                continue
+            if is_streamed(path):
+                if spill is None:
+                    raise ConfigError(f"{path} is read as a stream (formats/files.py): scan it with a spill dir")
+                chunks.extend(_spill_chunks(path, source.name, len(chunks), config=config, spill=spill,
+                                            name=f"{streamed:05d}", progress=progress))
+                streamed += 1
                 continue
             size = os.path.getsize(path)
             with open(path, "rb") as f, progress_bar(
@@ -117,6 +140,56 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False) -> list[Chunk]:
                     chunks.append(Chunk(len(chunks), path, source.name, start, pos, line_no, lines))
                     bar.update(pos - start)
     return chunks
+
+
+def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConfig, spill: str, name: str,
+                  progress: bool) -> list[Chunk]:
+    """A streamed file's records (``files.records``) as chunk files ``spill/NAME-JJJJJJ.jsonl`` of
+    ``CHUNK_LINES`` records each, blank lines standing in for the numbers a record does not use (so line k
+    of a chunk file is record ``first_line + k``, as in a JSONL chunk); ``spill/NAME.json`` lists them once
+    all are written, and a resumed build reads that list instead of the file."""
+    from packer.formats.files import records
+    from packer.shards.store import store_path, write_atomic
+
+    root = store_path(spill, config.storage_options)
+    root.mkdir(parents=True, exist_ok=True)
+    listing = root / f"{name}.json"
+    if listing.exists():
+        done = json.loads(listing.read_text())
+        if done.get("input") == os.path.abspath(path):
+            return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
+                          spill=str(root / c["file"])) for j, c in enumerate(done["chunks"])]
+    # a tar's videos become files here (on an object store: a temp dir, files.py)
+    media_dir = str(root / f"{name}-media") if isinstance(root, Path) else None
+    entries: list[dict[str, Any]] = []
+    lines: list[bytes] = []
+    first = last = 0
+
+    def flush() -> None:
+        data = b"".join(line + b"\n" for line in lines)
+        file = f"{name}-{len(entries):06d}.jsonl"
+        write_atomic(root / file, data)
+        entries.append({"file": file, "size": len(data), "first_line": first, "num_lines": last - first + 1})
+
+    with progress_bar(enabled=progress, unit="rec", unit_scale=True, desc=f"scan {Path(path).name}",
+                      leave=False) as bar:
+        for number, raw in records(path, media_dir=media_dir):
+            if not lines:
+                first = number
+            else:
+                lines.extend([b""] * (number - last - 1))  # the blank lines between two records
+            lines.append(raw)
+            last = number
+            if number - first + 1 >= CHUNK_LINES:
+                flush()
+                bar.update(len(lines))
+                lines = []
+        if lines:
+            flush()
+            bar.update(len(lines))
+    write_json_atomic(listing, {"input": os.path.abspath(path), "chunks": entries})
+    return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
+                  spill=str(root / c["file"])) for j, c in enumerate(entries)]
 
 
 # -------------------------------------------------------------------------------------------- encode
@@ -142,10 +215,13 @@ def make_encoder(config: BuildConfig) -> Encoder:
                    chat_template=chat_template(config))
 
 
-def _read_chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
-    with open(chunk.path, "rb") as f:
-        f.seek(chunk.start)
-        data = f.read(chunk.end - chunk.start)
+def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, bytes]]:
+    if chunk.spill:  # a streamed file's chunk, spilled by the scan
+        data = store_path(chunk.spill, config.storage_options).read_bytes()
+    else:
+        with open(chunk.path, "rb") as f:
+            f.seek(chunk.start)
+            data = f.read(chunk.end - chunk.start)
     lines = data.split(b"\n")  # the same rule the scan counted lines by (not splitlines: \r is no break)
     if lines and lines[-1] == b"":
         lines.pop()
@@ -159,7 +235,7 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
     from packer.formats.read import parse_line
     from packer.formats.tables import row_records
 
-    columns = config.column_map
+    options = config.record_options(chunk.source)  # a dataset_info source's mapping and media root
     if chunk.table:
         import pyarrow as pa
 
@@ -169,18 +245,17 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
             raise ConfigError(f"cannot read rows {chunk.start}..{chunk.end - 1} of {chunk.path}: {e}") from e
         for row, obj in enumerate(rows, start=chunk.first_line):
             try:
-                yield parse_record(obj, path=chunk.path, line=row, base_dir=base_dir, image_root=config.image_root,
-                                   source_name=chunk.source, columns=columns,
-                                   audio_in_video=config.use_audio_in_video)
+                yield parse_record(obj, path=chunk.path, line=row, base_dir=base_dir, source_name=chunk.source,
+                                   **options)
             except RecordError as e:
                 yield e if e.path else e.located(chunk.path, row)
         return
-    for line_no, raw in _read_chunk_lines(chunk):
+    for line_no, raw in _read_chunk_lines(chunk, config):
         if not raw.strip():
             continue  # blank lines are not records
         try:
-            yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, image_root=config.image_root,
-                             source_name=chunk.source, columns=columns, audio_in_video=config.use_audio_in_video)
+            yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, source_name=chunk.source,
+                             **options)
         except RecordError as e:
             yield e if e.path else e.located(chunk.path, line_no)
 

@@ -84,6 +84,7 @@ def check_tokens(manifest: Manifest, digests: RecordDigests, files: dict[str, st
         add("<dataset>", f"tokenizer {ref.name!r} differs from the build's (fingerprint); records not re-tokenized")
         return 0
     config = manifest.config
+    source_of = _file_sources(manifest)
     wanted: dict[str, dict[int, tuple[int, str]]] = defaultdict(dict)
     for real, line, value in keys:
         wanted[real][line] = value
@@ -93,7 +94,7 @@ def check_tokens(manifest: Manifest, digests: RecordDigests, files: dict[str, st
             value = lines[n]
             try:
                 example = parse_line(raw, path=real, line=n, base_dir=os.path.dirname(real),
-                                     image_root=config.image_root, columns=config.column_map)
+                                     **config.record_options(source_of.get(real, "")))
                 got = encoder.encode(example)
             except Exception as e:  # noqa: BLE001 - a packed record must encode again
                 add(name, f"line {n} is packed but does not encode again with the HF tokenizer: {e}")
@@ -104,6 +105,21 @@ def check_tokens(manifest: Manifest, digests: RecordDigests, files: dict[str, st
                 add(name, f"line {n}: the packed tokens/labels ({value[0]} tokens) differ from the HF tokenizer's "
                     f"({got.num_tokens} tokens), e.g. a fast path that is not exact")
     return len(keys)
+
+
+def _file_sources(manifest: Manifest) -> dict[str, str]:
+    """Resolved input file -> the name of the source it belongs to (whose mapping its records parse with)."""
+    from packer.errors import ConfigError
+    from packer.formats.read import expand_inputs
+
+    out = {}
+    for s in manifest.config.sources:
+        try:
+            files = expand_inputs([manifest.resolve(p) for p in s.paths])
+        except ConfigError:
+            continue  # verify's source-weights check reports a source that matches nothing
+        out.update((os.path.realpath(f), s.name) for f in files)
+    return out
 
 
 def _general_encoder(manifest: Manifest):

@@ -98,6 +98,29 @@ def test_ray_build_is_byte_identical_to_local(cluster, corpus, reference, tmp_pa
     assert verify_build(tmp_path / "out", inputs=list(FILES)).ok
 
 
+@pytest.mark.slow
+def test_ray_builds_a_streamed_input_as_the_local_executor(cluster, corpus, tmp_path, monkeypatch):
+    """A gzipped JSON array: the scan spills it on a Ray worker (into the work dir of a relative --output),
+    Ray workers encode the spilled chunks, and the bytes are the local executor's."""
+    import gzip
+
+    monkeypatch.chdir(corpus)
+    recs = []
+    for line in (corpus / "a.jsonl").read_text().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            continue
+    (corpus / "array.json.gz").write_bytes(gzip.compress(json.dumps(recs, indent=1).encode()))
+    outs = {}
+    for executor in ("local", "ray"):
+        out = os.path.relpath(tmp_path / executor / "out", corpus)  # one name: the card's title
+        build(BuildConfig.from_inputs(["array.json.gz"], out, executor=executor, **OPTS), progress=False)
+        outs[executor] = _digests(tmp_path / executor / "out")
+    assert outs["ray"] == outs["local"]
+    assert verify_build(tmp_path / "ray" / "out", inputs=["array.json.gz"]).ok
+
+
 class KillWhenReported(Hooks):
     """At each named (point, n), the first time only: write this process's pid to a file, then wait for the
     test to kill it. At ``shard-write`` it first writes half of the shard's temp file, as a killed write

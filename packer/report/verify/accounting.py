@@ -97,15 +97,18 @@ def check_totals(manifest: Manifest, root: Path, rep: VerifyReport, sums: Counte
 
 def input_lines(path: str) -> np.ndarray:
     """1-based numbers of the records of an input file: a JSONL file's non-blank lines, by the build's own
-    rule, or every row of a Parquet/Arrow file (counted from its metadata).
+    rule, every row of a Parquet/Arrow file (counted from its metadata), or a streamed file's records.
 
     Lines split at ``\\n`` only; a line of ASCII whitespace (incl. a CRLF's ``\\r``, or a lone BOM on line 1)
     is blank.
     """
+    from packer.formats.files import is_streamed, records
     from packer.formats.tables import is_table, unit_rows
 
     if is_table(path):
         return np.arange(1, sum(unit_rows(path)) + 1, dtype=np.int64)
+    if is_streamed(path):  # an array's elements, a compressed file's lines, a tar's samples (formats/files.py)
+        return np.fromiter((n for n, _ in records(path)), dtype=np.int64)
     numbers = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):

@@ -38,6 +38,7 @@ from packer.core.types import Encoded
 from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
+from packer.formats.files import is_streamed
 from packer.formats.read import expand_inputs, parse_line
 from packer.formats.tables import is_table
 from packer.models import get_profile
@@ -70,6 +71,9 @@ def scan_lines(config: BuildConfig) -> list[LineChunk]:
         for path in expand_inputs(source.paths):
             if is_table(path):
                 raise ConfigError(f"{path} is a table: online packing reads JSONL; build tables with `packer build`")
+            if is_streamed(path):  # byte ranges of an array or a compressed file are not records
+                raise ConfigError(f"{path} is a JSON array, compressed, .txt or a tar (docs/format.md, \"Input "
+                                  "files\"): online packing reads plain JSONL; build it with `packer build`")
             with open(path, "rb") as f:
                 start = pos = lines = 0
                 for raw in f:
@@ -237,8 +241,7 @@ class OnlinePackedDataset(IterableDataset):
                 continue  # blank lines are not records
             try:
                 ex = parse_line(raw, path=chunk.path, line=line, base_dir=os.path.dirname(os.path.abspath(chunk.path)),
-                                image_root=self.config.image_root, source_name=chunk.source,
-                                columns=self.config.column_map, audio_in_video=self.config.use_audio_in_video)
+                                source_name=chunk.source, **self.config.record_options(chunk.source))
             except RecordError as e:
                 ex = e if e.path else e.located(chunk.path, line)
             parsed.append((j, chunk.source, ex))
