@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
+from packer.encode.encoder import Encoder
 from packer.errors import ConfigError
 from packer.models import get_profile, profile_names
 from packer.packing import ALGORITHMS
@@ -281,6 +283,20 @@ class BuildConfig:
 
     def replace(self, **changes: Any) -> BuildConfig:
         return dataclasses.replace(self, **changes)
+
+
+def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True) -> Encoder:
+    """The Encoder of ``config`` (profile, tokenizer, chat template, length policy): the one a build, online
+    packing and ``verify``'s tokenizer check all use. Loading the tokenizer is the expensive part, so a build
+    makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path)."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    template = config.chat_template
+    if template and Path(template).is_file():  # a file's contents, else the template itself
+        template = Path(template).read_text()
+    return Encoder(load_tokenizer(config.tokenizer_name()), get_profile(config.profile, **config.profile_overrides()),
+                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
+                   long_docs_overlap=config.long_docs_overlap, chat_template=template, fast=fast)
 
 
 def parse_columns(text: str) -> dict[str, str]:

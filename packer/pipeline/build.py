@@ -25,14 +25,15 @@ import threading
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer import __version__
-from packer.config import BuildConfig
+from packer.config import BuildConfig, make_encoder
+from packer.encode.encoder import Encoder
 from packer.errors import RejectRateError
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
@@ -50,7 +51,6 @@ from packer.pipeline.stages import (
     Plan,
     ShardRange,
     budget_rejects,
-    make_encoder,
     plan_packs,
     progress_bar,
     scan_chunks,
@@ -69,9 +69,6 @@ from packer.shards.schema import (
     Totals,
 )
 from packer.shards.store import ObjectPath, mirror_dir, store_path, write_atomic
-
-if TYPE_CHECKING:
-    from packer.encode.encoder import Encoder
 
 
 @dataclass
