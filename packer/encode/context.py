@@ -22,7 +22,7 @@ from packer.errors import ConfigError, RecordError
 from packer.models.base import MediaRun, ModelProfile
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)  # eq=False: arrays have no truth value to compare by
 class TokenizerView:
     """The tokenizer as the encode stages use it: ``of(tokenizer)`` reads what they need from a transformers
     fast tokenizer; the methods run its Rust tokenizer (``backend``), which is all a worker process holds."""
@@ -143,7 +143,7 @@ class RunIds:
         )
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class EncodeContext:
     """What the stages after tokenization read from the encoder: one per ``Encoder``, built by it."""
 
