@@ -7,20 +7,21 @@ to change); 2 a usage error, or a bad record under --strict; 3 more input reject
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import sys
+import types
+import typing
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from packer import __version__
-from packer.config import EXECUTORS
-from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
+from packer.config import BuildConfig
 from packer.errors import PackerError, RecordError, RejectRateError
-from packer.models import profile_names
-from packer.packing import ALGORITHMS
 from packer.report.verify import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
@@ -39,6 +40,67 @@ class BuildDir(click.ParamType):
 
 
 BUILD_DIR = BuildDir()
+
+# Option bundles shared by commands, as decorators (sqlite-utils' cli.py style).
+directory_argument = click.argument("directory", type=BUILD_DIR)
+"""A finished build's DIRECTORY (stats, inspect, verify)."""
+
+
+def _config_fields(config: type = BuildConfig) -> list[dataclasses.Field]:
+    """The config's fields that are ``packer build`` options (those made with ``config.option``: a help)."""
+    return [f for f in dataclasses.fields(config) if "help" in f.metadata]
+
+
+def _field_option(f: dataclasses.Field, hint: Any) -> Callable:
+    """The click option of one BuildConfig field: its name, type and choices from the field, its help from the
+    field's ``help`` with the field's default appended. ``default=None`` (a flag too): an option not given
+    leaves the YAML's value (``BuildConfig.from_dict`` ignores None)."""
+    meta = f.metadata
+    arms = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else [hint]
+    kind = typing.get_origin(arms[0]) or arms[0]  # int, float, str, bool; dict: a string the config parses
+    decls = list(meta.get("flags", ["--" + f.name.replace("_", "-")]))
+    kw: dict[str, Any] = {"default": None, "metavar": meta.get("metavar"), "multiple": meta.get("multiple", False)}
+    if kind is bool:
+        decls = [f"{decls[0]}/--no-{decls[0][2:]}"]
+    if "choices" in meta:
+        choices = meta["choices"]
+        kw["type"] = click.Choice(choices() if callable(choices) else choices)
+    elif meta.get("path") == "dir":
+        kw["type"] = click.Path(file_okay=False)
+    elif kind in (int, float):
+        kw["type"] = kind
+    if kw["multiple"]:
+        kw["default"] = ()
+    default = meta.get("default_help")
+    if default is None and f.default is not dataclasses.MISSING and f.default is not None:
+        default = ("on" if f.default else "off") if kind is bool else f.default
+    kw["help"] = meta["help"] if default is None else f"{meta['help']} [default: {default}]"
+    return click.option(*decls, f.name, **kw)
+
+
+def config_options(*names: str, exclude: tuple[str, ...] = (), config: type = BuildConfig) -> Callable:
+    """Decorator: the options of BuildConfig's fields ``names`` (none: every option field but ``exclude``), in
+    the fields' order. A field made with ``config.option`` is an option here with nothing else to write."""
+    hints = typing.get_type_hints(config)
+    fields = [f for f in _config_fields(config) if (f.name in names if names else f.name not in exclude)]
+
+    def decorate(command: Callable) -> Callable:
+        for f in reversed(fields):  # click lists options in decorator order, top first
+            command = _field_option(f, hints[f.name])(command)
+        return command
+
+    return decorate
+
+
+def config_overrides(options: dict[str, Any], config: type = BuildConfig) -> dict[str, Any]:
+    """The BuildConfig fields given on the command line (None or no values: not given), each read by its
+    field's ``parse`` where it has one; pops them from ``options``."""
+    out = {}
+    for f in _config_fields(config):
+        value = options.pop(f.name, None)
+        if value is not None and value != ():
+            out[f.name] = f.metadata["parse"](value) if "parse" in f.metadata else value
+    return out
 
 
 def _fail(message: str, code: int) -> None:
@@ -108,7 +170,7 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 
 @cli.command(short_help="Read JSONL, pack it globally, write Parquet shards.")
 @click.argument("inputs", nargs=-1)
-@click.option("-o", "--output", type=click.Path(file_okay=False), help="Output directory for shards, or an object-store URL (s3://bucket/prefix).")
+@config_options("output")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML build config (configs/*.yaml); command-line options override it.")
 @click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[@W]",
@@ -119,53 +181,11 @@ def _source_option(value: tuple[str, ...]) -> list[dict[str, Any]] | None:
 @click.option("--dataset", "datasets", multiple=True, metavar="NAME[=PATH][@W]",
               help="A dataset of --dataset-info, with an optional weight (as --source); =PATH reads a local copy "
                    "instead of its file_name (the way to read a Hub entry offline). Repeatable.")
-@click.option("--profile", type=click.Choice(profile_names()), help="Model family profile. [default: qwen2-vl]")
-@click.option("--tokenizer", help="HF tokenizer name or directory. [default: the profile's, offline qwen2-vl]")
-@click.option("--chat-template", help="Jinja chat template (string or file) instead of the tokenizer's.")
-@click.option("--max-length", type=int, help="Pack capacity in tokens. [default: 4096]")
-@click.option("--max-vision-tokens", type=int, help="Vision-token budget per pack.")
-@click.option("--max-images", type=int, help="Image budget per pack.")
-@click.option("--max-videos", type=int, help="Video budget per pack.")
-@click.option("--max-audio-tokens", type=int, help="Audio-token budget per pack (the audio encoder's work).")
-@click.option("--max-audios", type=int, help="Audio-clip budget per pack (a video's sound track counts one).")
-@click.option("--max-examples-per-pack", type=int, help="Cap on examples per pack.")
-@click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Planner. [default: bfd]")
-@click.option("--balance-vision/--no-balance-vision", default=None, help="Spread vision tokens evenly over packs.")
-@click.option("--refine/--no-refine", default=None, help="Also try BFD with exact pack completion; keep the plan with fewer packs. [default: on]")
-@click.option("--overlong", type=click.Choice(OVERLONG_POLICIES),
-              help="Over-long examples: reject (drop), keep the head (truncate), keep the end (truncate_left: a "
-                   "text's last tokens, a chat's last turns) or drop early turns (keep_last_turns). [default: drop]")
-@click.option("--long-docs", type=click.Choice(LONG_DOCS_POLICIES),
-              help="Text records over --max-length: follow --overlong (off) or split them into chunks. [default: off]")
-@click.option("--long-docs-overlap", type=int, help="Tokens each chunk repeats from the previous one as context. [default: 0]")
-@click.option("--image-root", type=click.Path(file_okay=False), help="Resolve relative image paths here instead.")
-@click.option("--use-audio-in-video/--no-use-audio-in-video", default=None,
-              help="Each clip video also brings its sound track (qwen-omni-utils' use_audio_in_video); a record's "
-                   "own use_audio_in_video wins. [default: off]")
-@click.option("--columns", metavar="FIELD=COLUMN,...",
-              help="Map input columns onto packer's fields, e.g. messages=conversations,images=image.")
-@click.option("--image-token", help="The tokenizer's image placeholder token, e.g. '<image>' for LLaVA tokenizers.")
-@click.option("--min-pixels", type=int, help="Override the profile's min_pixels.")
-@click.option("--max-pixels", type=int, help="Override the profile's max_pixels.")
-@click.option("--profile-option", "profile_option", multiple=True, metavar="KEY=VALUE",
-              help="Set one of the profile's settings, e.g. max_tiles=6 (internvl), do_pan_and_scan=true (gemma3); "
-                   "repeatable. The value is read as a bool, int, float or string.")
-@click.option("--seed", type=int, help="Seed of the pack shuffle and of source sampling. [default: 0]")
-@click.option("--num-proc", type=int, help="Encoding processes (the local executor). [default: 1]")
-@click.option("--executor", type=click.Choice(EXECUTORS),
-              help="Run the encode and write tasks on this machine or on a Ray cluster (pip install "
-                   "'packer[ray]'); the bytes are the same. [default: local]")
-@click.option("--ray-address", metavar="ADDR",
-              help="The Ray cluster to join with --executor ray. [default: RAY_ADDRESS, else Ray on this machine]")
-@click.option("--rows-per-shard", type=int, help="Packs per Parquet file. [default: 2048]")
-@click.option("--rows-per-row-group", type=int, help="Packs per Parquet row group. [default: 64]")
-@click.option("--strict/--no-strict", default=None, help="Stop at the first bad record (exit 2).")
-@click.option("--max-reject-fraction", type=float, help="Fail (exit 3) above this rejected fraction. [default: 1.0]")
-@click.option("--overwrite/--no-overwrite", default=None, help="Replace an output directory holding another build.")
+@config_options(exclude=("output",))  # every other BuildConfig option field
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars; print only errors.")
 @handle_errors
-def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, sources: tuple[str, ...],
-          quiet: bool, **options: Any) -> None:
+def build(inputs: tuple[str, ...], config_file: str | None, sources: tuple[str, ...], quiet: bool,
+          **options: Any) -> None:
     """Read JSONL records, render and encode them, pack them globally and write Parquet shards.
 
     INPUTS are JSONL, Parquet or Arrow files, directories (their *.jsonl; a `datasets` directory, from
@@ -183,22 +203,18 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
       packer build --dataset-info data/dataset_info.json --dataset mllm_demo --dataset alpaca_en_demo@0.5 -o out/
       packer build '/shared/data/*.jsonl' -o /shared/out --executor ray --ray-address auto
     """
-    from packer.config import BuildConfig, parse_profile_options
     from packer.pipeline.build import build as run_build
 
-    overrides: dict[str, Any] = {}
+    output = options.pop("output")
     dataset_info, datasets = options.pop("dataset_info"), options.pop("datasets")
     if datasets and not dataset_info and not config_file:
         raise click.UsageError("--dataset names a dataset of --dataset-info FILE; give that file too")
+    overrides = config_overrides(options)
     if dataset_info:
         overrides["dataset_info"] = dataset_info
     if datasets:
         overrides["datasets"] = list(datasets)
-    profile_option = options.pop("profile_option")
-    overrides.update({k: v for k, v in options.items() if v is not None})
-    if profile_option:
-        overrides["profile_options"] = parse_profile_options(profile_option)
-    if output:
+    if output:  # an empty -o leaves the config's output
         overrides["output"] = output
     source_list = _source_option(sources)
     if inputs and source_list:
@@ -234,7 +250,7 @@ def build(inputs: tuple[str, ...], output: str | None, config_file: str | None, 
 
 
 @cli.command(short_help="What the packing achieved: table, JSON or picture.")
-@click.argument("directory", type=BUILD_DIR)
+@directory_argument
 @click.option("--json", "as_json", is_flag=True, help="Print stats.json instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
               help="Also draw the picture: pack fill, examples and vision tokens per pack, and the padding "
@@ -267,7 +283,7 @@ def stats(directory: str, as_json: bool, plot_path: str | None) -> None:
 
 
 @cli.command(short_help="One packed row: examples, tree, roles, images, mask.")
-@click.argument("directory", type=BUILD_DIR)
+@directory_argument
 @click.option("--row", type=int, help="The row (packed sequence) to show, counted from 0 across shards. [default: 0]")
 @click.option("--example", "example_id", metavar="PATH:LINE",
               help="Show the row that holds this example (an id from example_ids or rejects) instead of --row.")
@@ -321,7 +337,7 @@ def inspect(directory: str, row: int | None, example_id: str | None, mask_path: 
 
 
 @cli.command("verify")
-@click.argument("directory", type=BUILD_DIR)
+@directory_argument
 @click.option("--input", "inputs", multiple=True, metavar="FILE_OR_GLOB",
               help="Also check that every non-blank line (table row) of these inputs is packed or rejected exactly once.")
 @click.option("--limit", type=int, default=DEFAULT_LIMIT, show_default=True,

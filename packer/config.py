@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
+from packer.encode.encoder import Encoder
 from packer.errors import ConfigError
 from packer.models import get_profile, profile_names
 from packer.packing import ALGORITHMS
@@ -44,6 +46,51 @@ def _check_types(config: Any) -> None:
             raise ConfigError(f"'{f.name}' must be {expected}, got {value!r} ({type(value).__name__})")
 
 
+def parse_columns(text: str) -> dict[str, str]:
+    """``"messages=conversations,images=image"`` -> ``{"messages": "conversations", "images": "image"}``."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        field, sep, column = item.partition("=")
+        if not sep or not field.strip() or not column.strip():
+            raise ConfigError(f"'columns': {item!r} is not FIELD=COLUMN (e.g. messages=conversations,images=image)")
+        out[field.strip()] = column.strip()
+    return out
+
+
+def parse_profile_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["max_tiles=6", "do_pan_and_scan=true"]`` -> ``{"max_tiles": 6, "do_pan_and_scan": True}``: each value
+    read as a bool (true/false), an int, a float, else kept as the string (as YAML would read it)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"'profile_options': {item!r} is not KEY=VALUE (e.g. max_tiles=6)")
+        out[key.strip()] = _scalar(text.strip())
+    return out
+
+
+def _scalar(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str, **cli: Any) -> Any:
+    """A ``BuildConfig`` field that ``packer build`` also takes as ``--field-name`` (cli.py's ``config_options``
+    makes the option from the field): ``help`` is its --help line, the field's default appended to it there.
+    The field's type gives the option's (int, float, str; a bool is a ``--x/--no-x`` flag); ``cli`` says what
+    the type cannot: ``choices`` (a tuple, also checked by ``__post_init__``, or a function giving the
+    names), ``metavar``, ``path="dir"`` (a directory), ``flags`` (the option's names, e.g. ``("-o",
+    "--output")``), ``default_help`` (words for a default of None), ``multiple`` with ``parse`` (the values given
+    -> the field's value). A plain field (no ``help``) is config-only."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
 @dataclass(frozen=True, kw_only=True)
 class SourceConfig:
     """One named input source of a (possibly mixed) build."""
@@ -75,82 +122,98 @@ class BuildConfig:
 
     sources: tuple[SourceConfig, ...]
     """The inputs; a plain `packer build a.jsonl b.jsonl` is one source named ''."""
-    output: str
+    output: str = option(help="Output directory for shards, or an object-store URL (s3://bucket/prefix).",
+                         flags=("-o", "--output"), path="dir")
     """Output directory for shards, manifest, stats and rejects; or an object-store URL (``s3://bucket/prefix``,
     the ``s3`` extra), where the encode cache lives too."""
-    profile: str = "qwen2-vl"
+    profile: str = option("qwen2-vl", help="Model family profile.", choices=profile_names)
     """Model family profile (``packer.models.profile_names()``): qwen2-vl, qwen2.5-vl, llava, text, ..."""
-    tokenizer: str | None = None
+    tokenizer: str | None = option(None, help="HF tokenizer name or directory.",
+                                   default_help="the profile's, offline qwen2-vl")
     """HF tokenizer name or path; None means the profile's ``default_tokenizer``."""
-    chat_template: str | None = None
+    chat_template: str | None = option(None, help="Jinja chat template (string or file) instead of the tokenizer's.")
     """A Jinja chat template (string or path to a file) to use instead of the tokenizer's own."""
-    max_length: int = 4096
+    max_length: int = option(4096, help="Pack capacity in tokens.")
     """Pack capacity in tokens (and the longest example allowed)."""
-    max_vision_tokens: int | None = None
+    max_vision_tokens: int | None = option(None, help="Vision-token budget per pack.")
     """Optional vision-token budget per pack."""
-    max_images: int | None = None
+    max_images: int | None = option(None, help="Image budget per pack.")
     """Optional image-count budget per pack."""
-    max_videos: int | None = None
+    max_videos: int | None = option(None, help="Video budget per pack.")
     """Optional video-count budget per pack (each clip or frame list counts one)."""
-    max_audio_tokens: int | None = None
+    max_audio_tokens: int | None = option(None, help="Audio-token budget per pack (the audio encoder's work).")
     """Optional audio-token budget per pack (the audio encoder's work, apart from the vision tower's)."""
-    max_audios: int | None = None
+    max_audios: int | None = option(None, help="Audio-clip budget per pack (a video's sound track counts one).")
     """Optional audio-clip budget per pack (each clip, a video's sound track included, counts one)."""
-    max_examples_per_pack: int | None = None
+    max_examples_per_pack: int | None = option(None, help="Cap on examples per pack.")
     """Optional cap on examples per pack."""
-    algorithm: str = "bfd"
+    algorithm: str = option("bfd", help="Planner.", choices=ALGORITHMS)
     """Planner: bfd (default), ffd, next-fit, binpacking."""
-    balance_vision: bool = False
+    balance_vision: bool = option(False, help="Spread vision tokens evenly over packs.")
     """Spread vision tokens evenly across packs (same pack count, lower vision-load spread)."""
-    refine: bool = True
+    refine: bool = option(True, help="Also try BFD with exact pack completion; keep the plan with fewer packs.")
     """Also try BFD with exact pack completion and keep the plan with fewer packs (a few times the planner's
     time, never more packs; measured in docs/benchmarks.md, "Planner")."""
-    overlong: str = "drop"
+    overlong: str = option("drop", choices=OVERLONG_POLICIES,
+                           help="Over-long examples: reject (drop), keep the head (truncate), keep the end "
+                                "(truncate_left: a text's last tokens, a chat's last turns) or drop early turns "
+                                "(keep_last_turns).")
     """What to do with an example longer than max_length: drop (reject), truncate (keep the head),
     truncate_left (keep the end: a text's last tokens, a conversation's last turns) or keep_last_turns
     (drop whole early turns; a text keeps its head). See ``packer.encode.OVERLONG_POLICIES``."""
-    long_docs: str = "off"
+    long_docs: str = option("off", choices=LONG_DOCS_POLICIES,
+                            help="Text records over --max-length: follow --overlong (off) or split them into chunks.")
     """``text`` records longer than max_length: off (follow ``overlong``) or split (into chunks, each an
     example ``path:line@k``; no token lost)."""
-    long_docs_overlap: int = 0
+    long_docs_overlap: int = option(0, help="Tokens each chunk repeats from the previous one as context.")
     """With ``long_docs: split``, tokens each chunk repeats from the previous one as context (no loss)."""
-    image_root: str | None = None
+    image_root: str | None = option(None, help="Resolve relative image paths here instead.", path="dir")
     """Resolve relative image paths against this directory instead of each JSONL file's directory."""
-    use_audio_in_video: bool = False
+    use_audio_in_video: bool = option(False, help="Each clip video also brings its sound track (qwen-omni-utils' "
+                                      "use_audio_in_video); a record's own use_audio_in_video wins.")
     """Every clip video also brings its own sound track (qwen-omni-utils' ``use_audio_in_video``), for a profile
     that lays the two out together; a record's own ``use_audio_in_video`` wins."""
-    columns: dict[str, str] | None = None
+    columns: dict[str, str] | None = option(None, metavar="FIELD=COLUMN,...",  # the string parse_columns reads
+                                            help="Map input columns onto packer's fields, e.g. "
+                                                 "messages=conversations,images=image.")
     """Packer field -> the input's column (or key) holding it, e.g. ``{"messages": "conversations",
     "images": "image"}``; YAML takes a mapping, the CLI ``messages=conversations,images=image``."""
-    image_token: str | None = None
+    image_token: str | None = option(None, help="The tokenizer's image placeholder token, e.g. '<image>' for "
+                                                 "LLaVA tokenizers.")
     """The tokenizer's image placeholder token, if not the profile's (e.g. `<image>` for a LLaVA tokenizer)."""
-    min_pixels: int | None = None
+    min_pixels: int | None = option(None, help="Override the profile's min_pixels.")
     """Override the profile's min_pixels (Qwen2-VL smart resize)."""
-    max_pixels: int | None = None
+    max_pixels: int | None = option(None, help="Override the profile's max_pixels.")
     """Override the profile's max_pixels (Qwen2-VL smart resize)."""
-    profile_options: dict[str, Any] | None = None
+    profile_options: dict[str, Any] | None = option(
+        None, flags=("--profile-option",), metavar="KEY=VALUE", multiple=True, parse=parse_profile_options,
+        help="Set one of the profile's settings, e.g. max_tiles=6 (internvl), do_pan_and_scan=true (gemma3); "
+             "repeatable. The value is read as a bool, int, float or string.")
     """Family settings beyond the ones above, by the profile's names (its ``overridable``), e.g. InternVL's
     ``{"max_tiles": 6}`` or Gemma 3's ``{"do_pan_and_scan": true}``; YAML takes a mapping, the CLI
     ``--profile-option KEY=VALUE`` (repeatable). Stored in the manifest, so the reader rebuilds the profile."""
-    seed: int = 0
+    seed: int = option(0, help="Seed of the pack shuffle and of source sampling.")
     """Seed of the pack shuffle and of source down-sampling."""
-    num_proc: int = 1
+    num_proc: int = option(1, help="Encoding processes (the local executor).")
     """Processes for encoding (the local executor)."""
-    executor: str = "local"
+    executor: str = option("local", choices=EXECUTORS,
+                           help="Run the encode and write tasks on this machine or on a Ray cluster (pip install "
+                                "'packer[ray]'); the bytes are the same.")
     """What runs the encode and write tasks (``EXECUTORS``): local (this machine, ``num_proc`` processes) or
     ray (a Ray cluster: ``pip install packer[ray]``). Never changes the output bytes."""
-    ray_address: str | None = None
+    ray_address: str | None = option(None, metavar="ADDR", default_help="RAY_ADDRESS, else Ray on this machine",
+                                     help="The Ray cluster to join with --executor ray.")
     """With ``executor: ray``, the cluster to join (``ray.init(address=...)``); None: ``RAY_ADDRESS`` or a
     Ray started on this machine for the build."""
-    rows_per_shard: int = 2048
+    rows_per_shard: int = option(2048, help="Packs per Parquet file.")
     """Packs per Parquet file."""
-    rows_per_row_group: int = 64
+    rows_per_row_group: int = option(64, help="Packs per Parquet row group.")
     """Packs per Parquet row group (the unit a reader decodes at once)."""
-    strict: bool = False
+    strict: bool = option(False, help="Stop at the first bad record (exit 2).")
     """Stop at the first bad record (exit 2) instead of rejecting it."""
-    max_reject_fraction: float = 1.0
+    max_reject_fraction: float = option(1.0, help="Fail (exit 3) above this rejected fraction.")
     """Fail the build (exit 3) when more than this fraction of input records is rejected."""
-    overwrite: bool = False
+    overwrite: bool = option(False, help="Replace an output directory holding another build.")
     """Replace an output directory that holds a different build."""
     storage_options: dict[str, Any] | None = None
     """fsspec options for an object-store ``output`` (e.g. ``{"endpoint_url": ..., "key": ..., "secret": ...}``
@@ -170,19 +233,15 @@ class BuildConfig:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
         if self.profile not in profile_names():
             raise ConfigError(f"unknown profile {self.profile!r}; known profiles: {', '.join(profile_names())}")
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        if self.overlong not in OVERLONG_POLICIES:
-            raise ConfigError(f"'overlong' must be one of {', '.join(OVERLONG_POLICIES)}, got {self.overlong!r}")
-        if self.long_docs not in LONG_DOCS_POLICIES:
-            raise ConfigError(f"'long_docs' must be one of {', '.join(LONG_DOCS_POLICIES)}, got {self.long_docs!r}")
+        for f in dataclasses.fields(self):  # algorithm, overlong, long_docs, executor: their option's choices
+            choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if isinstance(choices, tuple) and value not in choices:
+                raise ConfigError(f"'{f.name}' must be one of {', '.join(choices)}, got {value!r}")
         if not 0 <= self.long_docs_overlap < self.max_length:
             raise ConfigError(f"'long_docs_overlap' must be in [0, max_length {self.max_length}), "
                               f"got {self.long_docs_overlap}")
         if self.num_proc < 1:
             raise ConfigError(f"'num_proc' must be >= 1, got {self.num_proc}")
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"'executor' must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError(f"'ray_address' is for executor: ray, got executor {self.executor!r}")
         if self.rows_per_shard < 1 or self.rows_per_row_group < 1:
@@ -383,38 +442,18 @@ def _is_dataset_dir(path: str) -> bool:
     return is_dataset_dir(path)
 
 
-def parse_columns(text: str) -> dict[str, str]:
-    """``"messages=conversations,images=image"`` -> ``{"messages": "conversations", "images": "image"}``."""
-    out = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        field, sep, column = item.partition("=")
-        if not sep or not field.strip() or not column.strip():
-            raise ConfigError(f"'columns': {item!r} is not FIELD=COLUMN (e.g. messages=conversations,images=image)")
-        out[field.strip()] = column.strip()
-    return out
+def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True) -> Encoder:
+    """The Encoder of ``config`` (profile, tokenizer, chat template, length policy): the one a build, online
+    packing and ``verify``'s tokenizer check all use. Loading the tokenizer is the expensive part, so a build
+    makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path)."""
+    from packer.encode.tokenizers import load_tokenizer
 
-
-def parse_profile_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """``["max_tiles=6", "do_pan_and_scan=true"]`` -> ``{"max_tiles": 6, "do_pan_and_scan": True}``: each value
-    read as a bool (true/false), an int, a float, else kept as the string (as YAML would read it)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"'profile_options': {item!r} is not KEY=VALUE (e.g. max_tiles=6)")
-        out[key.strip()] = _scalar(text.strip())
-    return out
-
-
-def _scalar(text: str) -> Any:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    template = config.chat_template
+    if template and Path(template).is_file():  # a file's contents, else the template itself
+        template = Path(template).read_text()
+    return Encoder(load_tokenizer(config.tokenizer_name()), get_profile(config.profile, **config.profile_overrides()),
+                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
+                   long_docs_overlap=config.long_docs_overlap, chat_template=template, fast=fast)
 
 
 def _check_profile_options(config: BuildConfig) -> None:

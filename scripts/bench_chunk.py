@@ -56,7 +56,7 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
         t2 = time.process_time()
         encodings = encoder._tokenize(texts)
         t3 = time.process_time()
-        done, tokens = [], batch_tokens(encoder, staged, texts, encodings)
+        done, tokens = [], batch_tokens(encoder.context, staged, texts, encodings)
         for example, staged_one in zip(parsed, staged, strict=True):
             one = encoder._finish(example, staged_one, tokens)
             one.source_name = chunk.source

@@ -198,7 +198,7 @@ def _apply_in_build() -> None:
 
         init = encoder.Encoder.__init__
 
-        def without(self, *args, fast=True, **kwargs):  # the build's make_encoder passes no `fast`
+        def without(self, *args, fast=True, **kwargs):  # the variant's paths, whatever make_encoder asks
             _mark(name)
             init(self, *args, fast=encoder_fast(name), **kwargs)
 

@@ -3,17 +3,19 @@ is what the manifest stores; bad keys and values fail with a message that names 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
 
-from packer.cli import cli
-from packer.config import BuildConfig
+from packer.cli import cli, config_options, config_overrides
+from packer.config import BuildConfig, option
 from packer.errors import ConfigError
 from packer.models import builtin_tokenizers, get_profile, profile_names
 from packer.models.base import ModelProfile
@@ -180,3 +182,50 @@ def test_wrong_value_type_is_a_config_error():
         BuildConfig.from_dict({"overwrite": "yes", "inputs": ["x.jsonl"], "output": "o"})
     with pytest.raises(ConfigError, match="'max_vision_tokens' must be int | None"):
         BuildConfig.from_dict({"max_vision_tokens": 1.5, "inputs": ["x.jsonl"], "output": "o"})
+
+
+def test_build_options_are_the_config_fields():
+    """`packer build` takes every BuildConfig field made with `option` by its name, its help the field's with the
+    field's own default appended (no default copied by hand), and no config-only field."""
+    params = {p.name: p for p in cli.commands["build"].params}
+    fields = {f.name: f for f in dataclasses.fields(BuildConfig)}
+    options = [n for n, f in fields.items() if "help" in f.metadata]
+    assert len(options) == 33 and {"sources", "storage_options"} <= set(fields) - set(options)
+    assert set(params) == {*options, "inputs", "config_file", "sources", "quiet"}
+    for name in options:
+        f, help_text = fields[name], params[name].help
+        assert help_text.startswith(f.metadata["help"]), name
+        if f.default not in (None, dataclasses.MISSING):
+            shown = ("on" if f.default else "off") if isinstance(f.default, bool) else f.default
+            assert help_text.endswith(f"[default: {shown}]"), name
+    assert params["max_length"].help == "Pack capacity in tokens. [default: 4096]"
+    assert params["balance_vision"].opts == ["--balance-vision"] and params["balance_vision"].secondary_opts == [
+        "--no-balance-vision"]
+    assert params["output"].opts == ["-o", "--output"] and params["profile_options"].opts == ["--profile-option"]
+    assert params["algorithm"].type.choices == ("bfd", "ffd", "next-fit", "binpacking")
+
+
+def test_a_new_config_field_is_a_new_option():
+    """Adding an option is one field: a config with one more `option` field gets `--dataset-info` from it, and
+    the value given reaches the config's overrides (not given: left out, so YAML's value stays)."""
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Config(BuildConfig):
+        dataset_info: str | None = option(None, help="LLaMA-Factory dataset_info.json.")
+        extra_epochs: int = option(2, help="Epochs.")
+
+    seen = []
+
+    @click.command()
+    @config_options("dataset_info", "extra_epochs", "max_length", config=Config)
+    def command(**options):
+        seen.append(config_overrides(options, config=Config))
+
+    lines = [" ".join(line.split()) for line in CliRunner().invoke(command, ["--help"]).stdout.splitlines()]
+    assert lines[3:6] == ["--max-length INTEGER Pack capacity in tokens. [default: 4096]",  # in field order
+                          "--dataset-info TEXT LLaMA-Factory dataset_info.json.",
+                          "--extra-epochs INTEGER Epochs. [default: 2]"]
+    assert CliRunner().invoke(command, ["--dataset-info", "d.json", "--max-length", "8"]).exit_code == 0
+    assert CliRunner().invoke(command, []).exit_code == 0
+    assert seen == [{"dataset_info": "d.json", "max_length": 8}, {}]
+    res = CliRunner().invoke(command, ["--extra-epochs", "x"])
+    assert res.exit_code == 2 and "'x' is not a valid integer" in res.output

@@ -3,7 +3,8 @@
 encoder.py (``Encoder``) orchestrates the stages: render.py renders conversations (templates.py locates message
 content), draft.py tokenizes a batch (tokenize.py), labels it (labels.py, the loss rule) and joins trees,
 media.py expands each media placeholder into its family's run, lengths.py applies the length policies (split.py
-cuts a long text into chunks); tokenizers.py loads tokenizers offline. This module imports nothing heavy: config
+cuts a long text into chunks); each stage reads the ``EncodeContext`` the Encoder hands it (context.py: the
+tokenizer view, the profile, the length numbers), never the Encoder; tokenizers.py loads tokenizers offline. This module imports nothing heavy: config
 and cli read ``OVERLONG_POLICIES`` and ``LONG_DOCS_POLICIES``.
 """
 

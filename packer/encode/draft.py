@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,14 +29,13 @@ from packer.core.types import (
     ImageRef,
     VideoRef,
 )
+from packer.encode.context import EncodeContext
 from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels, loss_weight
+from packer.encode.render import Staged
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
 from packer.errors import RecordError
-
-if TYPE_CHECKING:
-    from packer.encode.encoder import Encoder
-    from packer.encode.render import Staged
+from packer.models.base import ModelProfile
 
 
 @dataclass(slots=True)
@@ -82,7 +80,7 @@ class Draft:
     weights: np.ndarray | None = None  # (L,) float32 loss weight of each token, None when all are 1
 
 
-def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings: list) -> Tokens:
+def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], encodings: list) -> Tokens:
     """The batch's tokens (``encodings`` of ``texts``) with every conversation path's labels: the loss rule for
     all texts at once from byte lengths (``batch_loss_labels``), one text at a time from character offsets
     where those do not apply (the general path, ``loss_labels``). Messages with a loss weight other than 1
@@ -96,55 +94,57 @@ def batch_tokens(enc: Encoder, staged: list[Staged], texts: list[str], encodings
             loss = [(s, m) for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
             spans[stage.first + i] = [s for s, _ in loss]
             weights[stage.first + i] = [loss_weight(m) for _, m in loss]
-    labels = _labels(enc, ids, starts, texts, spans, encodings)
+    labels = _labels(ctx, ids, starts, texts, spans, encodings)
     token_weights = None
     for w in sorted({w for ws in weights for w in ws} - {1.0}):
         only = [[s for s, x in zip(ss, ws, strict=True) if x == w] for ss, ws in zip(spans, weights, strict=True)]
         if token_weights is None:
             token_weights = np.ones(ids.shape[0], dtype=np.float32)
-        token_weights[_labels(enc, ids, starts, texts, only, encodings, count=False) != IGNORE_INDEX] = w
+        token_weights[_labels(ctx, ids, starts, texts, only, encodings, count=False) != IGNORE_INDEX] = w
     return Tokens(ids, labels, starts, token_weights)
 
 
-def _labels(enc: Encoder, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],
+def _labels(ctx: EncodeContext, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],
             encodings: list, *, count: bool = True) -> np.ndarray:
     """(T,) labels of the loss messages ``spans`` of every text (see ``batch_tokens``)."""
-    if enc._token_bytes is None:  # the batch was tokenized with offsets
+    view = ctx.tokens
+    if view.token_bytes is None:  # the batch was tokenized with offsets
         labels, rest = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32), [k for k, s in enumerate(spans) if s]
     else:
-        labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=enc._is_special,
-                                         offsets=ByteOffsets(ids, starts, enc._token_bytes, nfc=enc._nfc))
+        labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=view.is_special,
+                                         offsets=ByteOffsets(ids, starts, view.token_bytes, nfc=view.nfc))
         if count:
-            enc.paths["labels:byte-lengths"] += len(texts) - len(rest)
+            ctx.paths["labels:byte-lengths"] += len(texts) - len(rest)
     if count:
-        enc.paths["labels:offsets"] += len(rest)
+        ctx.paths["labels:offsets"] += len(rest)
     for k in rest:
         a, b = starts[k], starts[k + 1]
-        encoding = encodings[k] if enc._token_bytes is None else enc._backend.encode(texts[k], add_special_tokens=False)
-        labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=enc._is_special,
+        encoding = encodings[k] if view.token_bytes is None else view.encoding(texts[k])
+        labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=view.is_special,
                                   boundaries=offset_boundaries(ids[a:b], encoding, texts[k]))
     return labels
 
 
-def text_draft(enc: Encoder, tokens: Tokens, k: int) -> Draft:
+def text_draft(ctx: EncodeContext, tokens: Tokens, k: int) -> Draft:
     """A ``text`` record (text ``k`` of ``tokens``): [bos] + tokens + eos, loss on every token (the first is
     cleared later)."""
     parts = [tokens.text(k)[0]]
-    if enc.bos_id is not None:
-        parts.insert(0, np.array([enc.bos_id], dtype=np.int32))
-    if enc.eos_id is not None:
-        parts.append(np.array([enc.eos_id], dtype=np.int32))
+    bos, eos = ctx.tokens.bos_id, ctx.tokens.eos_id
+    if bos is not None:
+        parts.insert(0, np.array([bos], dtype=np.int32))
+    if eos is not None:
+        parts.append(np.array([eos], dtype=np.int32))
     arr = np.concatenate(parts)  # a copy: the batch's ids stay as they are
-    for token_id, what in ((enc.image_token_id, "image"), (enc.video_token_id, "video"), (enc.audio_token_id, "audio")):
+    for token_id, what in ((ctx.image_token_id, "image"), (ctx.video_token_id, "video"), (ctx.audio_token_id, "audio")):
         if token_id is not None and (arr == token_id).any():
             raise RecordError("image_count_mismatch", f"the text holds the {what} token literally but names no {what}")
     return Draft(arr, arr.copy(), np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), refs=[])
 
 
-def tree_draft(enc: Encoder, stage: Staged, tokens: Tokens) -> Draft:
+def tree_draft(ctx: EncodeContext, stage: Staged, tokens: Tokens) -> Draft:
     """Nodes are path deltas: node n's tokens are its path's minus its parent's path's."""
     ids, labels, node_offsets, refs = join_nodes(stage, tokens)
-    check_media_tokens(enc, ids, node_offsets, refs)
+    check_media_tokens(ctx, ids, node_offsets, refs)
     node_parents = np.array(stage.parents, dtype=np.int32)
     weights = None
     if tokens.weights is not None:  # each node's weights are its path's past its parent's path, as its labels
@@ -189,28 +189,28 @@ def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, n
     return np.concatenate(node_ids), np.concatenate(node_labels), offsets, refs
 
 
-def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray,
+def check_media_tokens(ctx: EncodeContext, ids: np.ndarray, node_offsets: np.ndarray,
                        refs: list[list[ImageRef | VideoRef | AudioRef]]) -> None:
     """Each node must hold exactly one image token per image its messages name (one per block of an image the
     processor writes as blocks), one video token per video and one audio token per audio clip (a video's sound
     track has none)."""
-    profile = enc.profile
+    profile = ctx.profile
     audios = [[r for r in node if isinstance(r, AudioRef)] for node in refs]
-    if any(audios) and enc.audio_token_id is None:
+    if any(audios) and ctx.audio_token_id is None:
         raise profile._no_audio()
-    if enc.audio_token_id is not None and (any(audios) or (ids == enc.audio_token_id).any()):
+    if ctx.audio_token_id is not None and (any(audios) or (ids == ctx.audio_token_id).any()):
         placed = [[r for r in node if r.placeholder] for node in audios]
-        _check_token_counts(ids, node_offsets, placed, enc.audio_token_id, profile.audio_token, "audio")
+        _check_token_counts(ids, node_offsets, placed, ctx.audio_token_id, profile.audio_token, "audio")
     videos = [[r for r in node if isinstance(r, VideoRef)] for node in refs]
-    if any(videos) and enc.video_token_id is None:
+    if any(videos) and ctx.video_token_id is None:
         profile.plan_video(next(v for node in videos for v in node))  # raises: no video in this family
-    if enc.video_token_id is not None and (any(videos) or (ids == enc.video_token_id).any()):
-        _check_token_counts(ids, node_offsets, videos, enc.video_token_id, profile.video_token, "video")
+    if ctx.video_token_id is not None and (any(videos) or (ids == ctx.video_token_id).any()):
+        _check_token_counts(ids, node_offsets, videos, ctx.video_token_id, profile.video_token, "video")
     images = [[r for r in node if isinstance(r, ImageRef)] for node in refs]
-    if not any(images) and (enc.image_token_id is None or not (ids == enc.image_token_id).any()):
+    if not any(images) and (ctx.image_token_id is None or not (ids == ctx.image_token_id).any()):
         return  # the common text-only case: nothing to count
     want = np.array([len(r) for r in images], dtype=np.int64)
-    if enc.image_token_id is None:
+    if ctx.image_token_id is None:
         if want.any():
             raise RecordError(
                 "image_count_mismatch",
@@ -218,13 +218,13 @@ def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray,
                 "use a vision profile (qwen2-vl, qwen2.5-vl, llava)",
             )
         return
-    blocks = [[b for r in node for b in blocks_of(enc, r)] for node in images]
-    _check_token_counts(ids, node_offsets, blocks, enc.image_token_id, profile.image_token, "image")
+    blocks = [[b for r in node for b in blocks_of(profile, r)] for node in images]
+    _check_token_counts(ids, node_offsets, blocks, ctx.image_token_id, profile.image_token, "image")
 
 
-def blocks_of(enc: Encoder, ref: ImageRef) -> list[ImageRef]:
+def blocks_of(profile: ModelProfile, ref: ImageRef) -> list[ImageRef]:
     """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``): once by default."""
-    blocks = enc.profile.image_blocks(*enc.profile.image_size(ref))
+    blocks = profile.image_blocks(*profile.image_size(ref))
     return [ref] if blocks is None else [ref] * len(blocks.runs)
 
 

@@ -31,25 +31,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from packer.core.ids import chunk_id
 from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, Example
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
+from packer.encode.context import EncodeContext, RunIds, TokenizerView
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
 from packer.encode.tiktoken_bpe import TiktokenBPE
-from packer.encode.tokenize import cached_token_byte_lengths, normalizes_nfc, special_token_mask, tokenize
 from packer.errors import ConfigError, RecordError
+from packer.models.base import ModelProfile
 
 FAST_PATHS = ("python-template", "byte-lengths", "tiktoken")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
-
-if TYPE_CHECKING:
-    from packer.models.base import ModelProfile
 
 
 class Encoder:
@@ -85,53 +84,49 @@ class Encoder:
             raise ConfigError(f"'long_docs' must be one of {', '.join(LONG_DOCS_POLICIES)}, got {long_docs!r}")
         if long_docs_overlap < 0 or (max_length is not None and long_docs_overlap >= max_length):
             raise ConfigError(f"'long_docs_overlap' must be in [0, max_length), got {long_docs_overlap}")
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise ConfigError("packer needs a fast (Rust-backed) tokenizer: it reads character offsets")
+        self.fast_paths = frozenset(FAST_PATHS if fast is True else () if fast is False else fast)
+        if self.fast_paths - set(FAST_PATHS):
+            raise ConfigError(f"unknown fast paths {sorted(self.fast_paths - set(FAST_PATHS))}; known: {', '.join(FAST_PATHS)}")
+        view = TokenizerView.of(tokenizer, byte_lengths="byte-lengths" in self.fast_paths)
         self.tokenizer = tokenizer
         self.profile = profile
         self.max_length = max_length
         self.overlong = overlong
         self.long_docs = long_docs
         self.long_docs_overlap = long_docs_overlap
-        self.fast_paths = frozenset(FAST_PATHS if fast is True else () if fast is False else fast)
-        if self.fast_paths - set(FAST_PATHS):
-            raise ConfigError(f"unknown fast paths {sorted(self.fast_paths - set(FAST_PATHS))}; known: {', '.join(FAST_PATHS)}")
         self._chat_template = chat_template
-        self._backend = backend
         self._chat = ChatTemplate(
             chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None),
             special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
             images=profile.has_vision, fast="python-template" in self.fast_paths,
         )
-        # Special (control) tokens: an end-of-turn marker is the first of them after a message's content.
-        self._is_special = special_token_mask(tokenizer)  # (V,) id -> control token?
-        # (V,) UTF-8 bytes per token id, or None: boundaries from character offsets (the general path)
-        self._token_bytes = (cached_token_byte_lengths(backend, size=self._is_special.shape[0])
-                             if "byte-lengths" in self.fast_paths else None)
-        self._nfc = normalizes_nfc(backend)  # byte lengths then hold for texts already in NFC only
         # the ids from tiktoken where it is exact (None: the HF tokenizer); its boundaries need the byte lengths
-        self._tiktoken = (TiktokenBPE.of(backend) if "tiktoken" in self.fast_paths and self._token_bytes is not None
+        self._tiktoken = (TiktokenBPE.of(view.backend) if "tiktoken" in self.fast_paths and view.token_bytes is not None
                           else None)
-        self.image_token_id = self._token_id(profile.image_token)
-        self.video_token_id = self._token_id(profile.video_token)
-        self.audio_token_id = self._token_id(profile.audio_token)
-        self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image, video or audio token?
-        self._is_placeholder[[t for t in (self.image_token_id, self.video_token_id, self.audio_token_id)
-                              if t is not None]] = True
-        self.vision_start_id = self._token_id(profile.vision_start)
+        self.image_token_id = self._token_id(view, profile.image_token)
+        self.video_token_id = self._token_id(view, profile.video_token)
+        self.audio_token_id = self._token_id(view, profile.audio_token)
+        self.vision_start_id = self._token_id(view, profile.vision_start)
+        self.bos_id = view.bos_id
+        self.eos_id = view.eos_id
+        is_placeholder = np.zeros_like(view.is_special)  # (V,) id -> an image, video or audio token?
+        is_placeholder[[t for t in (self.image_token_id, self.video_token_id, self.audio_token_id)
+                        if t is not None]] = True
         # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
             "image_token": self.image_token_id,
             "video_token": self.video_token_id,
             "audio_token": self.audio_token_id,
             "vision_start": self.vision_start_id,
-            "vision_end": self._token_id(profile.vision_end),
+            "vision_end": self._token_id(view, profile.vision_end),
         }
-        self._runs = media.RunIds(self)  # the ids of runs laid out in tokens of their own, per distinct run
-        self.bos_id = tokenizer.bos_token_id
-        self.eos_id = tokenizer.eos_token_id
-        self.paths: Counter[str] = Counter()  # steps by the path they took (see the module docstring)
+        self.context = EncodeContext(
+            tokens=view, profile=profile, image_token_id=self.image_token_id, video_token_id=self.video_token_id,
+            audio_token_id=self.audio_token_id, vision_start_id=self.vision_start_id, is_placeholder=is_placeholder,
+            max_length=max_length, long_docs_overlap=long_docs_overlap, runs=RunIds(view, profile),
+        )
+        """What the stages (draft.py, media.py, lengths.py) read from this encoder and its tokenizer."""
+        self.paths = self.context.paths  # steps by the path they took (see the module docstring)
 
     @property
     def template(self) -> str | None:
@@ -157,16 +152,15 @@ class Encoder:
         imports torch through AutoTokenizer). After it ``tokenizer`` is None."""
         return {**self.__dict__, "tokenizer": None}
 
-    def _token_id(self, token: str | None) -> int | None:
+    def _token_id(self, view: TokenizerView, token: str | None) -> int | None:
         if token is None:
             return None
-        tok = self.tokenizer
-        tid = tok.convert_tokens_to_ids(token)
-        if tid is None or tid == tok.unk_token_id or tok.convert_ids_to_tokens(tid) != token:
+        tid = view.token_id(token)
+        if tid is None:
             raise ConfigError(
                 f"profile {self.profile.name!r} uses token {token!r}, which the tokenizer does not have"
             )
-        return int(tid)
+        return tid
 
     # ------------------------------------------------------------------ public
 
@@ -197,7 +191,7 @@ class Encoder:
             texts.extend(s.texts)
             staged.append(s)
         encodings = self._tokenize(texts)
-        tokens = batch_tokens(self, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
+        tokens = batch_tokens(self.context, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
         out: list[Encoded | RecordError] = []
         for example, s in zip(examples, staged, strict=True):
             if isinstance(s, RecordError):
@@ -211,12 +205,13 @@ class Encoder:
 
     def _tokenize(self, texts: list[str]) -> list:
         """Each text's tokens: its ids from tiktoken (a list) or its tokenizers.Encoding from the HF tokenizer."""
+        view = self.context.tokens
         if self._tiktoken is None:
             self.paths["tokens:hf"] += len(texts)
-            return tokenize(self._backend, texts, offsets=self._token_bytes is None)
+            return view.tokenize(texts, offsets=view.token_bytes is None)
         out: list = self._tiktoken.encode(texts)
         rest = [k for k, ids in enumerate(out) if ids is None]
-        for k, encoding in zip(rest, tokenize(self._backend, [texts[k] for k in rest], offsets=False), strict=True):
+        for k, encoding in zip(rest, view.tokenize([texts[k] for k in rest], offsets=False), strict=True):
             out[k] = encoding
         self.paths["tokens:tiktoken"] += len(texts) - len(rest)
         self.paths["tokens:hf"] += len(rest)
@@ -231,29 +226,31 @@ class Encoder:
         if self.max_length is None or length <= self.max_length:
             return self._encoded(example, draft)
         text = example.kind == "text"
-        if text and self.long_docs == "split":
-            return lengths.split(self, example, draft)
+        if text and self.long_docs == "split":  # each chunk an example of its own, ``path:line@k``
+            return [self._encoded(example, chunk, example_id=chunk_id(example.example_id, k))
+                    for k, chunk in enumerate(lengths.split(self.context, draft))]
         if self.overlong == "drop":
             raise RecordError("overlong", f"{length} tokens > --max-length {self.max_length}")
         if self.overlong == "truncate" or (text and self.overlong == "keep_last_turns"):
-            lengths.truncate(self, draft)
+            lengths.truncate(self.context, draft)
         elif text:  # truncate_left
-            lengths.truncate_left(self, draft)
+            lengths.truncate_left(self.context, draft)
         else:  # keep_last_turns, or truncate_left on a conversation
-            draft = lengths.keep_last_turns(self, example, length)
+            draft = lengths.keep_last_turns(self.context, example, length, redraft=self._draft_alone)
         return self._encoded(example, draft)
 
     def _draft(self, example: Example, staged: Staged, tokens: Tokens) -> Draft:
         """The whole example's tokens, labels and nodes, its media expanded (no length policy yet)."""
-        draft = text_draft(self, tokens, staged.first) if example.kind == "text" else tree_draft(self, staged, tokens)
-        media.expand(self, draft)
+        ctx = self.context
+        draft = text_draft(ctx, tokens, staged.first) if example.kind == "text" else tree_draft(ctx, staged, tokens)
+        media.expand(ctx, draft)
         return draft
 
     def _draft_alone(self, example: Example) -> Draft:
         """``_draft`` of one example with a tokenizer call of its own (``lengths.keep_last_turns``)."""
         s = stage(example, self._chat, self.profile)
         encodings = self._tokenize(s.texts)
-        return self._draft(example, s, batch_tokens(self, [s], s.texts, encodings))
+        return self._draft(example, s, batch_tokens(self.context, [s], s.texts, encodings))
 
     def _encoded(self, example: Example, draft: Draft, *, example_id: str | None = None) -> Encoded:
         """The Encoded form of a draft that fits: first label cleared, positions (1-D and the profile's)."""

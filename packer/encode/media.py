@@ -8,12 +8,10 @@ other tokens; node offsets shift to match. No per-token Python loop anywhere.
 A run given as text is tokenized alone, which equals tokenizing it in place only where no merge crosses its
 edges: a special (control) token on each side of every edge does it (Qwen3-VL's timestamps follow the
 template's <|vision_start|>); elsewhere the edge is checked by tokenizing the text between the nearest special
-tokens with the run (``RunIds.check_edges``), else ``template_error``.
+tokens with the run (``context.RunIds.check_edges``, the run ids' cache), else ``template_error``.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,16 +24,14 @@ from packer.core.types import (
     ImageRef,
     VideoRef,
 )
+from packer.encode.context import EncodeContext
+from packer.encode.draft import Draft
 from packer.errors import ConfigError, RecordError
+from packer.media.video import VideoPlan
 from packer.models.base import Media, MediaRun
 
-if TYPE_CHECKING:
-    from packer.encode.draft import Draft
-    from packer.encode.encoder import Encoder
-    from packer.media.video import VideoPlan
 
-
-def expand(enc: Encoder, draft: Draft) -> None:
+def expand(ctx: EncodeContext, draft: Draft) -> None:
     """Replace each of ``draft``'s placeholders with its run; record the stored image, video and audio entries.
 
     A video's own sound track (``AudioRef.video``) has no placeholder: its run lies inside its video's
@@ -44,18 +40,18 @@ def expand(enc: Encoder, draft: Draft) -> None:
     refs = draft.refs
     if not refs:
         return
-    profile = enc.profile
+    profile = ctx.profile
     placed = [r for r in refs if not (isinstance(r, AudioRef) and r.video)]  # refs with a placeholder
-    pos = np.flatnonzero(enc._is_placeholder[draft.ids]).tolist()  # one per video, audio, image, or image block
+    pos = np.flatnonzero(ctx.is_placeholder[draft.ids]).tolist()  # one per video, audio, image, or image block
     blocks = [profile.image_blocks(*profile.image_size(r)) if isinstance(r, ImageRef) else None for r in placed]
     draft.blocks = [1 if b is None else len(b.runs) for r, b in zip(placed, blocks, strict=True) if isinstance(r, ImageRef)]
     ref_pos, at = [], 0  # each placed ref's first placeholder
     for b in blocks:
         ref_pos.append(pos[at])
         at += 1 if b is None else len(b.runs)
-    if enc.video_token_id is not None or enc.audio_token_id is not None:
-        want = [enc.video_token_id if isinstance(r, VideoRef) else enc.audio_token_id if isinstance(r, AudioRef)
-                else enc.image_token_id for r in placed]
+    if ctx.video_token_id is not None or ctx.audio_token_id is not None:
+        want = [ctx.video_token_id if isinstance(r, VideoRef) else ctx.audio_token_id if isinstance(r, AudioRef)
+                else ctx.image_token_id for r in placed]
         if draft.ids[ref_pos].tolist() != want:
             raise RecordError("template_error", "the chat template put the images, videos and audio out of their order")
     placed_nodes = (np.searchsorted(draft.node_offsets, ref_pos, side="right") - 1).tolist()
@@ -77,7 +73,7 @@ def expand(enc: Encoder, draft: Draft) -> None:
         if run.inside != (isinstance(ref, AudioRef) and ref.video):
             raise ConfigError(f"profile {profile.name!r}: a MediaRun is `inside` exactly for a video's sound track")
     outer = [(ref, run) for ref, run in entries if not run.inside]  # one per placeholder
-    ids_of = [enc._runs.ids(run, draft.ids, p) for (_, run), p in zip(outer, pos, strict=True)]
+    ids_of = [ctx.runs.ids(run, draft.ids, p) for (_, run), p in zip(outer, pos, strict=True)]
     spans = [run.num_tokens if ids is None else ids.shape[0] for (_, run), ids in zip(outer, ids_of, strict=True)]
     starts, shift = [], 0  # where each placeholder's run starts once expanded
     for p, n in zip(pos, spans, strict=True):
@@ -122,68 +118,6 @@ def expand(enc: Encoder, draft: Draft) -> None:
         shifts = np.cumsum([0] + [n - 1 for n in spans])  # (P + 1,) tokens the first k placeholders add
         before = np.searchsorted(np.array(pos, dtype=np.int64), draft.node_offsets, side="left")
         draft.node_offsets = (draft.node_offsets + shifts[before]).astype(np.int32)
-
-
-class RunIds:
-    """The token ids of ``MediaRun``s laid out in tokens of their own, cached per run (a dataset has few
-    distinct grids and runs)."""
-
-    def __init__(self, enc: Encoder):
-        self._enc = enc
-        self._names: dict[tuple[str, ...], np.ndarray] = {}
-        self._texts: dict[str, np.ndarray] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_enc": self._enc, "_names": {}, "_texts": {}}
-
-    def ids(self, run: MediaRun, ids: np.ndarray, p: int) -> np.ndarray | None:
-        """The run's ids where it is not the placeholder repeated (None), its placeholder at ``p`` of ``ids``."""
-        if run.tokens is not None:
-            out = self._names.get(run.tokens)
-            if out is None:
-                lookup = {name: self._enc._token_id(name) for name in set(run.tokens)}
-                out = self._names[run.tokens] = np.array([lookup[n] for n in run.tokens], dtype=np.int32)
-            return out
-        if run.text is not None:
-            out = self._texts.get(run.text)
-            if out is None:
-                out = self._texts[run.text] = self._encode(run.text)
-            self.check_edges(run.text, out, ids, p)
-            return out
-        return None
-
-    def _encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._enc._backend.encode(text, add_special_tokens=False).ids, dtype=np.int32)
-
-    def check_edges(self, text: str, run: np.ndarray, ids: np.ndarray, p: int) -> None:
-        """RecordError unless tokenizing ``text`` in place of the placeholder at ``p`` gives ``run``: at each
-        edge either side is a special token, or the text between the edge's nearest special token and the run,
-        tokenized with it, splits at the edge."""
-        special = self._enc._is_special
-        if p > 0 and not special[ids[p - 1]] and not special[run[0]]:
-            q = p - 1
-            while q > 0 and not special[ids[q - 1]]:
-                q -= 1
-            before = ids[q:p]
-            joined = self._encode(self._enc._backend.decode(before.tolist(), skip_special_tokens=False) + text)
-            if joined.shape[0] < before.shape[0] or not np.array_equal(joined[: before.shape[0]], before):
-                raise self._error()
-        if p + 1 < ids.shape[0] and not special[ids[p + 1]] and not special[run[-1]]:
-            q = p + 2
-            while q < ids.shape[0] and not special[ids[q]]:
-                q += 1
-            after = ids[p + 1 : q]
-            joined = self._encode(text + self._enc._backend.decode(after.tolist(), skip_special_tokens=False))
-            if joined.shape[0] < after.shape[0] or not np.array_equal(joined[-after.shape[0] :], after):
-                raise self._error()
-
-    def _error(self) -> RecordError:
-        profile = self._enc.profile
-        return RecordError(
-            "template_error",
-            f"profile {profile.name!r} writes a video as text that would merge with the text around its "
-            f"placeholder; the chat template must put a special token (e.g. {profile.vision_start!r}) next to it",
-        )
 
 
 def encoded_video(ref: VideoRef, plan: VideoPlan | None, *, offset: int) -> EncodedVideo:

@@ -27,15 +27,16 @@ import threading
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer import __version__
-from packer.config import BuildConfig
+from packer.config import BuildConfig, make_encoder
 from packer.core.media import MEDIA, medium
+from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RejectRateError
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
@@ -54,7 +55,6 @@ from packer.pipeline.stages import (
     Plan,
     ShardRange,
     budget_rejects,
-    make_encoder,
     plan_packs,
     progress_bar,
     scan_chunks,
@@ -74,9 +74,6 @@ from packer.shards.schema import (
     Totals,
 )
 from packer.shards.store import ObjectPath, mirror_dir, store_path, write_atomic
-
-if TYPE_CHECKING:
-    from packer.encode.encoder import Encoder
 
 
 @dataclass

@@ -19,14 +19,15 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from packer.config import BuildConfig
+from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
 from packer.core.ids import id_location
 from packer.core.media import BUDGETS
+from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError
 from packer.packing.budgets import FLAGS, VISION, budget_message, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
@@ -35,9 +36,6 @@ from packer.shards.assemble import assemble_packs, encoded_table
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
-
-if TYPE_CHECKING:
-    from packer.encode.encoder import Encoder
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
 
@@ -193,28 +191,6 @@ def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConf
 
 
 # -------------------------------------------------------------------------------------------- encode
-def chat_template(config: BuildConfig) -> str | None:
-    """The ``chat_template`` option's text: the file's contents when it names a file, else the string."""
-    template = config.chat_template
-    if template and Path(template).is_file():
-        return Path(template).read_text()
-    return template
-
-
-def make_encoder(config: BuildConfig) -> Encoder:
-    """The Encoder of ``config`` (profile, tokenizer, chat template, length policy); loading the tokenizer
-    is the expensive part, so a build makes one and its executor ships it to the workers."""
-    from packer.encode.encoder import Encoder
-    from packer.encode.tokenizers import load_tokenizer
-    from packer.models import get_profile
-
-    profile = get_profile(config.profile, **config.profile_overrides())
-    tokenizer = load_tokenizer(config.tokenizer_name())
-    return Encoder(tokenizer, profile, max_length=config.max_length, overlong=config.overlong,
-                   long_docs=config.long_docs, long_docs_overlap=config.long_docs_overlap,
-                   chat_template=chat_template(config))
-
-
 def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, bytes]]:
     if chunk.spill:  # a streamed file's chunk, spilled by the scan
         data = store_path(chunk.spill, config.storage_options).read_bytes()

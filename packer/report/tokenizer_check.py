@@ -123,18 +123,8 @@ def _file_sources(manifest: Manifest) -> dict[str, str]:
 
 
 def _general_encoder(manifest: Manifest):
-    """The build's encoder (pipeline.stages.make_encoder: profile, tokenizer, template, length policy) on the
-    general path only."""
-    from pathlib import Path
+    """The build's encoder (``config.make_encoder``: profile, tokenizer, template, length policy) on the general
+    path only."""
+    from packer.config import make_encoder
 
-    from packer.encode.encoder import Encoder
-    from packer.encode.tokenizers import load_tokenizer
-    from packer.models import get_profile
-
-    config = manifest.config
-    template = config.chat_template
-    if template and Path(template).is_file():
-        template = Path(template).read_text()
-    return Encoder(load_tokenizer(config.tokenizer_name()), get_profile(config.profile, **config.profile_overrides()),
-                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
-                   long_docs_overlap=config.long_docs_overlap, chat_template=template, fast=False)
+    return make_encoder(manifest.config, fast=False)

@@ -415,6 +415,22 @@ def test_encoder_pickles(qwen, img):
     np.testing.assert_array_equal(a.mrope_position_ids, b.mrope_position_ids)
 
 
+@pytest.mark.parametrize("name", ["internvl", "gemma4"])
+def test_pickled_encoder_lays_out_runs_of_named_tokens(img, name):
+    """A family whose runs name their tokens (``MediaRun.tokens``: InternVL's <img> ... </img>, Gemma 4's) looks
+    them up in a worker too, where the pickled Encoder holds the Rust tokenizer only (at 7d01253 that lookup
+    went through the transformers tokenizer, None there: every --num-proc > 1 build of these families failed)."""
+    profile = get_profile(name)
+    encoder = Encoder(load_tokenizer(profile.default_tokenizer), profile)
+    ex = example({"messages": [msg("user", [{"type": "image", "image": str(img)}]), msg("assistant", "y")]})
+    worker = pickle.loads(pickle.dumps(encoder))
+    assert worker.tokenizer is None
+    a, b = encoder.encode(ex), worker.encode(ex)
+    assert len(a.images) == 1 and a.images[0].num_tokens > 1
+    np.testing.assert_array_equal(a.input_ids, b.input_ids)
+    np.testing.assert_array_equal(a.labels, b.labels)
+
+
 @pytest.mark.slow
 def test_coco_script_end_to_end(tok, qwen, coco_dir: Path, tmp_path: Path, monkeypatch):
     """scripts/coco_to_jsonl.py output parses and encodes with no reject, from another working directory."""

@@ -32,16 +32,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.config import BuildConfig
+from packer.config import BuildConfig, make_encoder
 from packer.core.ids import id_location
 from packer.core.types import Encoded
-from packer.encode.encoder import Encoder
-from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.formats.files import is_streamed
 from packer.formats.read import expand_inputs, parse_line
 from packer.formats.tables import is_table
-from packer.models import get_profile
 from packer.packing.budgets import FLAGS, budget_message, encoded_costs, limits_of
 from packer.packing.stream import pack_stream
 from packer.shards.assemble import assemble_packs, encoded_table
@@ -86,18 +83,6 @@ def scan_lines(config: BuildConfig) -> list[LineChunk]:
                     chunks.append(LineChunk(path, source.name, start, pos, lines - lines % CHUNK_LINES + 1,
                                             lines % CHUNK_LINES))
     return chunks
-
-
-def make_encoder(config: BuildConfig) -> Encoder:
-    """The build's Encoder for ``config`` (as ``pipeline.stages.make_encoder``; train/ does not import
-    pipeline/, and tests/train/test_online.py checks the rows against a real build)."""
-    profile = get_profile(config.profile, **config.profile_overrides())
-    template = config.chat_template
-    if template and Path(template).is_file():
-        template = Path(template).read_text()
-    return Encoder(load_tokenizer(config.tokenizer_name()), profile,
-                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
-                   long_docs_overlap=config.long_docs_overlap, chat_template=template)
 
 
 class OnlinePackedDataset(IterableDataset):
