@@ -191,7 +191,8 @@ def test_build_options_are_the_config_fields():
     fields = {f.name: f for f in dataclasses.fields(BuildConfig)}
     options = [n for n, f in fields.items() if "help" in f.metadata]
     assert len(options) == 33 and {"sources", "storage_options"} <= set(fields) - set(options)
-    assert set(params) == {*options, "inputs", "config_file", "sources", "quiet"}
+    # --dataset-info / --dataset expand into sources (config.dataset_sources), as --source does: no field of their own
+    assert set(params) == {*options, "inputs", "config_file", "sources", "dataset_info", "datasets", "quiet"}
     for name in options:
         f, help_text = fields[name], params[name].help
         assert help_text.startswith(f.metadata["help"]), name
