@@ -189,6 +189,12 @@ class BuildConfig:
             raise ConfigError(f"'max_reject_fraction' must be in [0, 1], got {self.max_reject_fraction}")
         if self.profile_options is not None:
             _check_profile_options(self)
+        if self.tokenizer is not None and Path(self.tokenizer).is_dir():  # a checkpoint's own processor files win
+            from packer.models.checkpoint import check_processor_files
+
+            overrides = {k for k, v in self.profile_overrides().items() if v is not None}
+            check_processor_files(get_profile(self.profile, **self.profile_overrides()), self.tokenizer,
+                                  explicit=overrides)
 
     @classmethod
     def from_inputs(cls, inputs: list[str] | tuple[str, ...], output: str, **options: Any) -> BuildConfig:

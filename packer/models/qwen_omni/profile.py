@@ -86,7 +86,8 @@ class QwenOmniProfile(ModelProfile):
         "video_second_per_grid", "input_features", "feature_attention_mask",
     )
     overridable: ClassVar[tuple[str, ...]] = (
-        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", *ModelProfile.overridable
+        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "audio_chunk_length",
+        *ModelProfile.overridable
     )
 
     def __post_init__(self) -> None:

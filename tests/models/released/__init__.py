@@ -155,13 +155,25 @@ def file_values(entry: dict[str, Any], name: str) -> dict[str, Any]:
     return dict(entry["files"].get(name, {}).get("values", {}))
 
 
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """A fixture's dotted keys ("size.shortest_edge") as the file's nested mappings."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
 def checkpoint_dir(path: Path, entry: dict[str, Any]) -> Path:
     """A checkpoint directory holding the released processor files of ``entry`` (their recorded values)."""
     path.mkdir(parents=True, exist_ok=True)
     for name in ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json"):
         values = file_values(entry, name)
         if values:
-            (path / name).write_text(json.dumps(values, indent=2))
+            (path / name).write_text(json.dumps(nested(values), indent=2))
     return path
 
 
