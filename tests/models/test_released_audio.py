@@ -128,3 +128,50 @@ def test_real_clips_count_and_featurize_as_the_released_processor(tmp_path, seco
     assert tuple(got["input_features"].shape) == (1, 128, 30000)
     np.testing.assert_array_equal(got["feature_attention_mask"][0].numpy(), want["attention_mask"][0])
     np.testing.assert_allclose(got["input_features"][0].numpy(), want["input_features"][0], rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
+    """Qwen2.5-Omni's proof with clips past 30 s (31.5 s: 787 tokens) and past 300 s (cut: 7500 tokens), two
+    examples packed in one row: per-token losses and every gradient of a tiny thinker equal each example run alone,
+    its features as the released processor makes them (the reader's within float32 STFT rounding of the
+    extractor's: test_real_clips_count_and_featurize_as_the_released_processor)."""
+    import json
+
+    import soundfile as sf
+    import torch
+
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+    from packer.train.collate import collate
+    from packer.train.dataset import PackedDataset
+    from scripts import check_equivalence as ce
+    from tests.helpers import write_shardset
+
+    profile = get_profile("qwen2.5-omni")
+    tok = load_tokenizer("qwen2.5-omni")
+    rng = np.random.default_rng(7)
+    for name, seconds, sr in (("long.flac", 31.5, 16000), ("longer.flac", 300.5, 16000)):
+        sf.write(tmp_path / name, (0.1 * rng.standard_normal(int(seconds * sr))).astype(np.float32), sr)
+    records = [{"messages": [{"role": "user", "content": [{"type": "audio", "audio": name},
+                                                          {"type": "text", "text": "What is it?"}]},
+                             {"role": "assistant", "content": "Noise."}]} for name in ("long.flac", "longer.flac")]
+    encoder = Encoder(tok, profile)
+    encoded = [encoder.encode(parse_record(r, path="long.jsonl", line=i + 1, base_dir=str(tmp_path)))
+               for i, r in enumerate(records)]
+    assert [a.num_tokens for e in encoded for a in e.audios] == [787, 7500]
+    rows = list(PackedDataset(write_shardset(tmp_path / "shards", encoded, [2], profile="qwen2.5-omni"),
+                              shuffle=False))
+    batch = collate(rows)
+    assert tuple(batch["input_features"].shape) == (2, 128, 30000)
+    assert batch["feature_attention_mask"].sum(1).tolist() == [3150, 30000]
+    token_ids = ce.profile_token_ids(profile, tok)
+    (batch,), ids, vocab = ce.compact_vocab([batch], token_ids)
+    torch.manual_seed(0)
+    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
+    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
+    for backend in ("sdpa_varlen", "sdpa"):
+        assert report[backend]["ok"], json.dumps(report)
+        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
+    assert report["paths"] == 2
