@@ -49,11 +49,15 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
 
 
 def check_processor_files(profile: Any, directory: str | Path, *, explicit: set[str] = frozenset()) -> None:
-    """ConfigError where a file of ``directory`` sets a value that ``profile`` (already with the build's
-    overrides) does not have, for a setting the build did not set itself (``explicit``)."""
-    directory = Path(directory)
-    for name in FILES:
-        path = directory / name
+    """ConfigError where a file of ``directory`` (a checkpoint directory, or one processor file) sets a value that
+    ``profile`` (already with the build's overrides) does not have, for a setting the build did not set itself
+    (``explicit``)."""
+    where = Path(directory)
+    if where.is_file() and where.name not in FILES:
+        raise ConfigError(f"{where}: not a processor file; expected a checkpoint directory or one of {', '.join(FILES)}")
+    paths = [where] if where.is_file() else [where / name for name in FILES]
+    for path in paths:
+        name = path.name
         if not path.is_file():
             continue
         try:

@@ -85,6 +85,26 @@ def test_a_nested_size_is_read(tmp_path) -> None:
         _config(tmp_path, "smolvlm", ckpt)
 
 
+def test_processor_config_names_a_directory_or_one_file(tmp_path) -> None:
+    """``processor_config`` (YAML ``processor_config:``) is checked as a --tokenizer directory is, and may name
+    one file; a tokenizer that is a builtin name does not hide it."""
+    ckpt = _checkpoint(tmp_path, "qwen_omni", "qwen2.5-omni", chunk_length=30)
+    for where in (ckpt, ckpt / "preprocessor_config.json"):
+        with pytest.raises(ConfigError, match=r"sets chunk_length 30"):
+            BuildConfig.from_inputs([str(tmp_path / "x.jsonl")], str(tmp_path / "out"), profile="qwen2.5-omni",
+                                    processor_config=str(where))
+    with pytest.raises(ConfigError, match=r"not a processor file"):
+        BuildConfig.from_inputs([str(tmp_path / "x.jsonl")], str(tmp_path / "out"), profile="qwen2.5-omni",
+                                processor_config=str(ckpt / "tokenizer.json"))
+    with pytest.raises(ConfigError, match=r"'processor_config': .* does not exist"):
+        BuildConfig.from_inputs([str(tmp_path / "x.jsonl")], str(tmp_path / "out"), profile="qwen2.5-omni",
+                                processor_config=str(tmp_path / "missing"))
+    ok = BuildConfig.from_inputs([str(tmp_path / "x.jsonl")], str(tmp_path / "out"), profile="qwen2.5-omni",
+                                 processor_config=str(ckpt), profile_options={"audio_chunk_length": 30})
+    assert ok.to_dict()["processor_config"] == str(ckpt)
+    assert "processor_config" not in BuildConfig.from_inputs(["x.jsonl"], "out").to_dict()  # fingerprints kept
+
+
 def test_an_unreadable_processor_file_names_itself(tmp_path) -> None:
     ckpt = _checkpoint(tmp_path, "qwen_vl", "qwen2-vl")
     (ckpt / "preprocessor_config.json").write_text("{not json")
