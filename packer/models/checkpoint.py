@@ -73,6 +73,11 @@ def check_processor_files(profile: Any, directory: str | Path, *, explicit: set[
             have = getattr(profile, setting)
             if have is None or isinstance(want, (dict, list)) or have == want:
                 continue
+            if setting not in profile.overridable:  # e.g. a patch size: another model, not another setting
+                raise ConfigError(
+                    f"{path} sets {key} {want}; profile {profile.name!r} counts with {setting} {have}, which no "
+                    f"build option changes: this checkpoint's processor is not one profile {profile.name!r} is "
+                    "exact for")
             option = f"--max-pixels {want}" if setting == "max_pixels" else (
                 f"--min-pixels {want}" if setting == "min_pixels" else f"--profile-option {setting}={want}")
             raise ConfigError(

@@ -105,6 +105,13 @@ def test_processor_config_names_a_directory_or_one_file(tmp_path) -> None:
     assert "processor_config" not in BuildConfig.from_inputs(["x.jsonl"], "out").to_dict()  # fingerprints kept
 
 
+def test_a_setting_no_option_changes_is_refused_as_another_model(tmp_path) -> None:
+    ckpt = _checkpoint(tmp_path, "qwen_vl", "qwen2-vl", patch_size=16)
+    with pytest.raises(ConfigError, match=r"sets patch_size 16; profile 'qwen2-vl' counts with patch_size 14, "
+                                          r"which no build option changes"):
+        _config(tmp_path, "qwen2-vl", ckpt)
+
+
 def test_an_unreadable_processor_file_names_itself(tmp_path) -> None:
     ckpt = _checkpoint(tmp_path, "qwen_vl", "qwen2-vl")
     (ckpt / "preprocessor_config.json").write_text("{not json")
