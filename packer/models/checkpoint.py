@@ -40,6 +40,11 @@ KEYS: dict[str, dict[str, str]] = {
 }
 
 
+# Keys a profile's released processor call never reads, by profile name: Qwen3OmniMoeProcessor pads each call to
+# its longest clip with truncation=False, so its extractor's chunk_length neither pads nor cuts a clip.
+UNREAD: dict[str, set[str]] = {"qwen3-omni": {"chunk_length"}}
+
+
 def _get(data: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         if not isinstance(data, dict) or part not in data:
@@ -68,7 +73,8 @@ def check_processor_files(profile: Any, directory: str | Path, *, explicit: set[
             if key == "size.longest_edge" and hasattr(profile, "longest_edge"):
                 setting = "longest_edge"  # SmolVLM's and Mistral 3's: an edge in pixels, not an area
             want = _get(data, key)
-            if want is None or setting in explicit or not hasattr(profile, setting):
+            if want is None or setting in explicit or not hasattr(profile, setting) or key in UNREAD.get(
+                    profile.name, ()):
                 continue
             have = getattr(profile, setting)
             if have is None or isinstance(want, (dict, list)) or have == want:

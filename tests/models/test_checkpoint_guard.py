@@ -65,6 +65,11 @@ def test_a_30_s_chunk_is_refused_then_followed(tmp_path) -> None:
     _config(tmp_path, "qwen2.5-omni", ckpt, profile_options={"audio_chunk_length": 300})
 
 
+def test_a_key_the_released_call_never_reads_is_not_compared(tmp_path) -> None:
+    """Qwen3-Omni's processor pads to the longest clip without truncation: any chunk_length is fine."""
+    _config(tmp_path, "qwen3-omni", _checkpoint(tmp_path, "qwen_omni", "qwen3-omni", chunk_length=30))
+
+
 def test_pixel_bounds_that_differ_are_refused(tmp_path) -> None:
     ckpt = _checkpoint(tmp_path, "qwen_vl", "qwen2-vl", max_pixels=1003520)
     with pytest.raises(ConfigError, match=r"sets max_pixels 1003520; profile 'qwen2-vl' would count with "
