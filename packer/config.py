@@ -192,6 +192,15 @@ class BuildConfig:
     """Family settings beyond the ones above, by the profile's names (its ``overridable``), e.g. InternVL's
     ``{"max_tiles": 6}`` or Gemma 3's ``{"do_pan_and_scan": true}``; YAML takes a mapping, the CLI
     ``--profile-option KEY=VALUE`` (repeatable). Stored in the manifest, so the reader rebuilds the profile."""
+    processor_config: str | None = option(
+        None, metavar="DIR_OR_JSON",
+        help="A checkpoint directory (or its preprocessor_config.json / video_preprocessor_config.json / "
+             "processor_config.json) the build's counts must agree with; refused where the profile would count "
+             "otherwise. A --tokenizer directory is checked the same way.")
+    """A checkpoint directory, or one of its processor files (preprocessor_config.json,
+    video_preprocessor_config.json, processor_config.json), the build's counts must agree with: refused where the
+    profile would count otherwise, naming the option that follows the file (``packer/models/checkpoint.py``). A
+    ``tokenizer`` that is a directory is checked the same way."""
     seed: int = option(0, help="Seed of the pack shuffle and of source sampling.")
     """Seed of the pack shuffle and of source down-sampling."""
     num_proc: int = option(1, help="Encoding processes (the local executor).")
@@ -254,6 +263,16 @@ class BuildConfig:
             raise ConfigError(f"'max_reject_fraction' must be in [0, 1], got {self.max_reject_fraction}")
         if self.profile_options is not None:
             _check_profile_options(self)
+        checkpoints = [p for p in (self.processor_config,) if p is not None]
+        if self.processor_config is not None and not Path(self.processor_config).exists():
+            raise ConfigError(f"'processor_config': {self.processor_config} does not exist")
+        if self.tokenizer is not None and Path(self.tokenizer).is_dir():
+            checkpoints.append(self.tokenizer)
+        for where in checkpoints:  # a checkpoint's own processor files win over the profile's defaults
+            from packer.models.checkpoint import check_processor_files
+
+            overrides = {k for k, v in self.profile_overrides().items() if v is not None}
+            check_processor_files(get_profile(self.profile, **self.profile_overrides()), where, explicit=overrides)
         names = [s.name for s in self.sources]
         if any(s.dataset is not None for s in self.sources) and len(set(names)) != len(names):
             raise ConfigError(f"source names must differ when a dataset_info.json dataset is one of them, got {names}")
@@ -331,8 +350,9 @@ class BuildConfig:
         """The effective config, JSON-serialisable (stored in the manifest), less ``storage_options``."""
         d = dataclasses.asdict(self)
         del d["storage_options"]
-        if d["profile_options"] is None:  # unset: the manifest and fingerprint of a build stay as before it existed
-            del d["profile_options"]
+        for key in ("profile_options", "processor_config"):
+            if d[key] is None:  # unset: the manifest and fingerprint of a build stay as before it existed
+                del d[key]
         d["sources"] = [{**{k: v for k, v in s.items() if v is not None or k not in ("dataset", "image_root")},
                          "paths": list(s["paths"])} for s in d["sources"]]  # unset: manifests stay as before
         return d

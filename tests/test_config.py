@@ -147,7 +147,7 @@ def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
                           "chat_template, columns, dataset_info, datasets, executor, image_root, image_token, inputs, long_docs, long_docs_overlap, "
                           "max_audio_tokens, max_audios, max_examples_per_pack, max_images, max_length, "
                           "max_pixels, max_reject_fraction, max_videos, max_vision_tokens, min_pixels, num_proc, output, "
-                          "overlong, overwrite, profile, profile_options, ray_address, refine, rows_per_row_group, "
+                          "overlong, overwrite, processor_config, profile, profile_options, ray_address, refine, rows_per_row_group, "
                           "rows_per_shard, seed, "
                           "sources, storage_options, strict, tokenizer, use_audio_in_video\n"),
         ("- a list\n", "error: config {cfg} must be a mapping of option: value\n"),
@@ -190,7 +190,7 @@ def test_build_options_are_the_config_fields():
     params = {p.name: p for p in cli.commands["build"].params}
     fields = {f.name: f for f in dataclasses.fields(BuildConfig)}
     options = [n for n, f in fields.items() if "help" in f.metadata]
-    assert len(options) == 33 and {"sources", "storage_options"} <= set(fields) - set(options)
+    assert len(options) == 34 and {"sources", "storage_options"} <= set(fields) - set(options)
     # --dataset-info / --dataset expand into sources (config.dataset_sources), as --source does: no field of their own
     assert set(params) == {*options, "inputs", "config_file", "sources", "dataset_info", "datasets", "quiet"}
     for name in options:

@@ -40,6 +40,12 @@ class Reader:
     audio_feature_size: ClassVar[int] = 128
     """Mel bins of the default audio features (Whisper large-v3's 128: Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni)."""
 
+    @property
+    def audio_chunk_length(self) -> int:
+        """Seconds each clip without ``padded_samples`` is padded to and cut at: the profile's
+        ``audio_chunk_length`` (the released preprocessor_config.json's ``chunk_length``), else Whisper's 30."""
+        return int(getattr(self.profile, "audio_chunk_length", 30))
+
     def __init__(self, profile: ModelProfile):
         self.profile = profile
 
@@ -129,9 +135,10 @@ class Reader:
         the build counted another rule).
 
         A clip without ``padded_samples`` (every family but Qwen3-Omni) is the extractor on the clip alone, padded
-        to 30 s (``padding="max_length"``): F = 3000. A clip with them is its row of the extractor called on its
+        to and cut at ``audio_chunk_length`` seconds (``padding="max_length"``): F = 3000 for 30 s (Qwen2-Audio),
+        30000 for Qwen2.5-Omni's 300 s. A clip with them is its row of the extractor called on its
         example's clips with ``padding=True, truncation=False`` (the clip zero-padded to ``padded_samples``, the
-        longest of them), kept up to its mask; F is then the longest mask of the batch (3000 too where a clip
+        longest of them), kept up to its mask; F is then the longest mask of the batch (3000 or 30000 too where a clip
         without them is in it), and the frames past a clip's mask are zeros the model never reads."""
         from packer.models.shared.audio_features import whisper_log_mel
 
@@ -140,7 +147,8 @@ class Reader:
             padded = a.get("padded_samples")
             where = a["source"] or "inline audio"
             if padded is None:
-                mel = whisper_log_mel(y, feature_size=self.audio_feature_size, sampling_rate=int(a["sample_rate"]))
+                mel = whisper_log_mel(y, feature_size=self.audio_feature_size, sampling_rate=int(a["sample_rate"]),
+                                      chunk_length=self.audio_chunk_length)
             elif padded < len(y):
                 raise ShardError(f"{where}: padded to {padded} samples, fewer than its {len(y)}")
             else:  # the extractor's "longest" padding of the example's call: this clip zero-padded to the longest

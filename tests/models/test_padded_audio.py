@@ -86,18 +86,18 @@ def test_a_clip_over_30_s_is_not_truncated(clips):
     assert features.shape[2] == 481_003 // 160 > 3000 and entries[1]["feature_length"] == 101
 
 
-def test_unpadded_clips_keep_their_30_s_features(clips):
-    """Entries without padded_samples (every other family) are the clip alone padded to 30 s, as before; beside a
-    padded one the batch is as wide as its widest (3000 here)."""
+def test_unpadded_clips_keep_their_chunk_features(clips):
+    """Entries without padded_samples (every other family) are the clip alone padded to the profile's chunk
+    (Qwen2.5-Omni's released 300 s); beside a padded one the batch is as wide as its widest (30000 here)."""
     reader = get_profile("qwen2.5-omni").reader()
     (path, y), (path2, y2) = clips[1]
-    alone = whisper_log_mel(y)
+    alone = whisper_log_mel(y, chunk_length=300)
     plain = reader.audio_inputs([_entry(path, len(y), None, int(alone.attention_mask.sum()))])
-    assert plain["input_features"].shape == (1, 128, 3000)
+    assert plain["input_features"].shape == (1, 128, 30000)
     assert np.array_equal(plain["input_features"][0].numpy(), alone.features)
     assert np.array_equal(plain["feature_attention_mask"][0].numpy(), alone.attention_mask)
     mixed = reader.audio_inputs([_entry(path, len(y), None, 101), _entry(path2, len(y2), len(y2), 150)])
-    assert mixed["input_features"].shape == (2, 128, 3000)
+    assert mixed["input_features"].shape == (2, 128, 30000)
     assert np.array_equal(mixed["input_features"][0].numpy(), alone.features)
     assert int(mixed["feature_attention_mask"][1].sum()) == 150
 

@@ -33,8 +33,12 @@ def tok():
 
 @pytest.fixture(scope="module")
 def processor(tok):
-    # Qwen/Qwen2-Audio-7B-Instruct's preprocessor_config.json: WhisperFeatureExtractor with 128 mel bins
-    return Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok)
+    # Qwen/Qwen2-Audio-7B-Instruct's preprocessor_config.json (tests/models/released/qwen2_audio.json): 128 mel
+    # bins, chunk_length 30
+    from tests.models import released
+
+    entry = released.load("qwen2_audio")["profiles"]["qwen2-audio"]
+    return Qwen2AudioProcessor(feature_extractor=released.whisper_extractor(entry), tokenizer=tok)
 
 
 # ------------------------------------------------------------------ the tokenizer

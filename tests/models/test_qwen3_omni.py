@@ -17,7 +17,6 @@ from transformers import (
     Qwen2VLImageProcessorPil,
     Qwen3OmniMoeProcessor,
     Qwen3OmniMoeThinkerConfig,
-    WhisperFeatureExtractor,
 )
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoePreTrainedModelForConditionalGeneration as OmniModel,
@@ -67,11 +66,15 @@ class _Processor(Qwen3OmniMoeProcessor):
 @pytest.fixture(scope="module")
 def processor(tok):
     """Qwen3OmniMoeProcessor as Qwen3-Omni's preprocessor_config builds it: Qwen2VL image and video processors
-    with 16 px patches and mean/std 0.5, WhisperFeatureExtractor with 128 mel bins."""
+    with 16 px patches and mean/std 0.5, WhisperFeatureExtractor from the released file
+    (tests/models/released/qwen_omni.json)."""
+    from tests.models import released
+
     video, mp = qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
     yield _Processor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, min_pixels=3136, max_pixels=12845056,
                                                               image_mean=HALF, image_std=HALF),
-                     video_processor=video, feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                     video_processor=video, tokenizer=tok,
+                     feature_extractor=released.whisper_extractor(released.load("qwen_omni")["profiles"]["qwen3-omni"]),
                      chat_template=tok.chat_template)
     mp.undo()
 

@@ -43,6 +43,7 @@ from tests.helpers import (
     without_video_processor,
     write_omni_media,
 )
+from tests.models import released
 
 IMG, VID, AUD, VB, VE, AB, AE = 151655, 151656, 151646, 151652, 151653, 151647, 151648
 
@@ -58,10 +59,11 @@ def tok():
 
 @pytest.fixture(scope="module")
 def processor(tok):
-    # Qwen/Qwen2.5-Omni-7B preprocessor_config.json: WhisperFeatureExtractor with 128 mel bins, Qwen2VL images
+    # Qwen/Qwen2.5-Omni-7B preprocessor_config.json (tests/models/released/qwen_omni.json): WhisperFeatureExtractor
+    # with 128 mel bins and chunk_length 300, Qwen2VL images
     return _Processor(image_processor=Qwen2VLImageProcessorPil(), video_processor=None,
-                      feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
-                      chat_template=tok.chat_template)
+                      feature_extractor=released.whisper_extractor(released.load("qwen_omni")["profiles"]["qwen2.5-omni"]),
+                      tokenizer=tok, chat_template=tok.chat_template)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,8 @@ def test_audio_tokens_equal_the_processor(processor) -> None:
         want = int((out["input_ids"][0] == AUD).sum())
         assert audio_tokens_from_frames(frames) == want == processor._get_num_audio_tokens(n), n
     assert audio_tokens_from_frames(mel_frames(320)) == 0  # < 20 ms: no token at all (the model cannot take it)
-    assert audio_tokens_from_frames(mel_frames(480000)) == audio_tokens_from_frames(mel_frames(10**7)) == 750
+    assert audio_tokens_from_frames(mel_frames(480000)) == 750  # 30 s: no cap there (the released chunk is 300 s)
+    assert audio_tokens_from_frames(mel_frames(4800000)) == audio_tokens_from_frames(mel_frames(10**7)) == 7500
 
 
 # ------------------------------------------------------------------ a video with its sound
@@ -339,7 +342,7 @@ def test_reader_audio_equals_the_processor(tmp_path, omni_encoded, processor) ->
     rows = _rows_with_audio(tmp_path, omni_encoded, [2, 3])
     batch = collate(rows)
     clips = [a for r in rows for a in r["audios"]]
-    assert batch["input_features"].shape == (len(clips), 128, 3000)
+    assert batch["input_features"].shape == (len(clips), 128, 30000)
     samples = [decode_audio(a["source"], target_sr=16000, start=a["audio_start"], end=a["audio_end"],
                             video=a["video"]) for a in clips]
     want = processor.feature_extractor(samples, sampling_rate=16000, padding="max_length", return_attention_mask=True,

@@ -61,7 +61,12 @@ def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.I
     # torchvision), so one pass over the images checks both profiles.
     names = {IMAGE_PROCESSOR_MAPPING_NAMES[m]["pil"] for m in ("qwen2_vl", "qwen2_5_vl")}
     assert names == {"Qwen2VLImageProcessorPil"}
-    processor = transformers.Qwen2VLImageProcessorPil()  # the class defaults, built independently
+    # built independently, from the released preprocessor_config.json (tests/models/released/qwen_vl.json)
+    from tests.models.released import file_values, load
+
+    released = file_values(load("qwen_vl")["profiles"]["qwen2-vl"], "preprocessor_config.json")
+    processor = transformers.Qwen2VLImageProcessorPil(min_pixels=released["min_pixels"],
+                                                      max_pixels=released["max_pixels"])
     profiles = [get_profile("qwen2-vl"), get_profile("qwen2.5-vl")]
     for profile in profiles:
         assert isinstance(profile.reader().image_processor(), transformers.Qwen2VLImageProcessorPil)

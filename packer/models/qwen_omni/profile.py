@@ -3,7 +3,7 @@ interleaved with its frames by time chunk; time-aligned mRoPE (``rope.py``).
 
     image 640x480      smart_resize -> grid (1, 34, 46) -> 391 <|IMAGE|>   (as Qwen2.5-VL; max_pixels 12845056)
     audio 3.2 s 44.1k  qwen-omni-utils' librosa.load at 16 kHz -> 51200 samples -> 320 mel frames
-                       -> ((320 - 1) // 2 + 1 - 2) // 2 + 1 = 80 <|AUDIO|>          (at most 30 s: 750 tokens)
+                       -> ((320 - 1) // 2 + 1 - 2) // 2 + 1 = 80 <|AUDIO|>        (at most 300 s: 7500 tokens)
     video with sound   <|vision_bos|><|audio_bos|> [frames 0-1][audio 0-49][frames 2-3][audio 50-99]...
                        <|audio_eos|><|vision_eos|>: 2 s chunks (Qwen2_5OmniProcessor.replace_video_with_audio_token)
 
@@ -12,7 +12,8 @@ Counts from headers: images as ``Qwen2VLImageProcessor`` with the released check
 qwen-vl-utils 0.0.14's, import order aside) and ``Qwen2VLVideoProcessor`` resizes them (the processor's
 videos_kwargs: 128..768 * 28 * 28 per frame), i.e. the shared ``qwen_video_plan`` rule; audio from the samples
 the loader yields (``media.audio.loaded_num_samples`` at 16 kHz): ``mel_frames`` (WhisperFeatureExtractor,
-padded to and truncated at 30 s as the processor asks) then ``audio_tokens_from_frames``.
+padded to and truncated at the released ``chunk_length``, 300 s, as the processor asks: a longer clip counts,
+and is featurized, as its first 4,800,000 samples) then ``audio_tokens_from_frames``.
 
 A video's ``second_per_grid`` is what ``Qwen2_5OmniProcessor`` gives it: ``temporal_patch_size / fps``, fps the
 video part's ``fps`` option (the value a user passes on to the processor), else the processor's hard-coded 2.0.
@@ -71,6 +72,9 @@ class QwenOmniProfile(ModelProfile):
     max_pixels: int = 12845056
     video_min_pixels: int | None = None
     video_max_pixels: int | None = None
+    audio_chunk_length: int = 300
+    """Seconds WhisperFeatureExtractor pads every clip to and cuts it at: the released preprocessor_config.json's
+    ``chunk_length`` (``n_samples`` 4800000, ``nb_max_frames`` 30000), not Whisper's class default of 30."""
 
     image_mean: ClassVar[tuple[float, ...]] = CLIP_MEAN
     image_std: ClassVar[tuple[float, ...]] = CLIP_STD
@@ -82,10 +86,13 @@ class QwenOmniProfile(ModelProfile):
         "video_second_per_grid", "input_features", "feature_attention_mask",
     )
     overridable: ClassVar[tuple[str, ...]] = (
-        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", *ModelProfile.overridable
+        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "audio_chunk_length",
+        *ModelProfile.overridable
     )
 
     def __post_init__(self) -> None:
+        if self.audio_chunk_length < 1:
+            raise ConfigError(f"profile {self.name!r}: 'audio_chunk_length' must be >= 1 s, got {self.audio_chunk_length}")
         if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
             raise ConfigError(f"profile {self.name!r}: need 1 <= 'min_pixels' <= 'max_pixels', "
                               f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
@@ -116,9 +123,15 @@ class QwenOmniProfile(ModelProfile):
         )
 
     def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        """``rope.mel_frames``: ceil(n / 160), at most 3000 (30 s); -1 for an empty clip."""
+        """``rope.mel_frames``: ceil(n / 160), at most 30000 (``audio_chunk_length`` 300 s); -1 for an empty
+        clip."""
         n = np.asarray(num_samples, dtype=np.int64)
-        return np.where(n > 0, mel_frames(n), -1)
+        return np.where(n > 0, mel_frames(n, max_frames=self.audio_max_frames), -1)
+
+    @property
+    def audio_max_frames(self) -> int:
+        """The extractor's ``nb_max_frames``: ``audio_chunk_length`` seconds of 16 kHz in 160-sample hops."""
+        return self.audio_chunk_length * self.audio_sample_rate // 160
 
     def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
         """``rope.audio_tokens_from_frames``; -1 where it gives no token (under 3 frames: the model's

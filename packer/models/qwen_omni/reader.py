@@ -3,12 +3,14 @@
 videos from their planned frames only (the shared ``qwen_video_pixels`` maths, no torchvision), the processor's
 ``video_second_per_grid``, and (the base ``Reader``'s default, which is Qwen2.5-Omni's) each audio clip, a video's
 sound track too, decoded as qwen-omni-utils loads it (``media.audio.decode_audio``: librosa.load at 16 kHz) and
-turned into Whisper log-mel features in numpy (``shared.audio_features.whisper_log_mel``, 128 bins, padded to
-30 s: WhisperFeatureExtractor's numbers within its float32 STFT's rounding, tests/models/test_qwen_omni.py).
+turned into Whisper log-mel features in numpy (``shared.audio_features.whisper_log_mel``, 128 bins, padded to and
+cut at the released ``chunk_length`` of 300 s: WhisperFeatureExtractor's numbers within its float32 STFT's rounding,
+tests/models/test_qwen_omni.py).
 
     pixel_values        (sum(t*h*w), 3*2*14*14) float32   image_grid_thw (N, 3) int64
     pixel_values_videos (sum(t*h*w), 3*2*14*14) float32   video_grid_thw (V, 3) int64   video_second_per_grid (V,)
-    input_features      (A, 128, 3000) float32             feature_attention_mask (A, 3000) int32
+    input_features      (A, 128, 30000) float32            feature_attention_mask (A, 30000) int32  (15 MB a clip,
+                        as the processor pads; the audio tower reads only the masked frames)
     audio_offsets       (A,) int64: each clip's first audio token in the batch (a sound track's is inside its video)
 """
 

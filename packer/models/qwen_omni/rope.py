@@ -43,10 +43,11 @@ def audio_tokens_from_frames(frames: int | np.ndarray) -> np.ndarray:
     return ((f - 1) // 2 + 1 - 2) // 2 + 1
 
 
-def mel_frames(num_samples: int | np.ndarray, *, hop_length: int = 160, max_frames: int = 3000) -> np.ndarray:
+def mel_frames(num_samples: int | np.ndarray, *, hop_length: int = 160, max_frames: int = 30000) -> np.ndarray:
     """``feature_attention_mask.sum()`` of a clip of ``num_samples`` (16 kHz) after WhisperFeatureExtractor with
-    the processor's ``padding="max_length"`` (and its default truncation at 30 s): ceil(n / 160), at most 3000
-    (``Qwen2_5OmniProcessor._get_num_audio_tokens``)."""
+    the processor's ``padding="max_length"`` (and its default truncation at ``n_samples``): ceil(n / 160), at most
+    ``nb_max_frames`` (``Qwen2_5OmniProcessor._get_num_audio_tokens``): 30000 in the released
+    preprocessor_config.json (``chunk_length`` 300 s, tests/models/released/qwen_omni.json)."""
     n = np.asarray(num_samples, dtype=np.int64)
     return np.minimum(-(-n // hop_length), max_frames)
 

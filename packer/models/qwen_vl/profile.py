@@ -14,8 +14,9 @@ same ``Qwen2VLImageProcessor`` (same smart_resize, patch 14, merge 2, temporal p
 28*28*1280 pixel defaults), so grids and token counts are the same. Window attention lives in the vision
 tower (model), not in the token count. ``get_rope_index`` is the same for images (temporal interval 1); it
 differs only for video, where Qwen2.5-VL spaces temporal positions by ``tokens_per_second *
-second_per_grid_ts``. Released checkpoints' ``preprocessor_config.json`` set ``max_pixels=12845056``; the
-class default (used here) is 1003520 - pass ``max_pixels`` to match a checkpoint.
+second_per_grid_ts``. The pixel bounds are the released checkpoints' ``preprocessor_config.json`` (min_pixels
+3136, max_pixels 12845056: Qwen2-VL-7B-Instruct, Qwen2.5-VL-7B-Instruct, tests/models/released/qwen_vl.json), which
+``from_pretrained`` passes over the class default max_pixels 1003520 (28*28*1280) that packer used before.
 
 Video (``plan_video``): frames sampled as qwen-vl-utils samples them and resized as ``Qwen2VLVideoProcessor``
 does, from the container's header (``video_plan.py``); rendered
@@ -66,10 +67,11 @@ class QwenVLProfile(ModelProfile):
     """Side of the patch square merged into one LLM token (2x2 -> 1)."""
     temporal_patch_size: int = 2
     """Frames per temporal patch (a still image is repeated to fill it; its grid_t is 1)."""
-    min_pixels: int = 56 * 56
-    """Smart-resize lower bound on resized height*width (the processor's class default)."""
-    max_pixels: int = 28 * 28 * 1280
-    """Smart-resize upper bound on resized height*width (class default: at most 1280 tokens per image)."""
+    min_pixels: int = 3136
+    """Smart-resize lower bound on resized height*width (the released preprocessor_config.json's, = 56 * 56)."""
+    max_pixels: int = 12845056
+    """Smart-resize upper bound on resized height*width (the released preprocessor_config.json's, 16384 tokens;
+    the class default, 1003520, is not what a checkpoint's processor loads)."""
     video_token: str | None = "<|video_pad|>"
     tokens_per_second: int | None = None
     """Qwen2.5-VL: the vision config's ``tokens_per_second`` (released checkpoints: 2), which spaces a video's

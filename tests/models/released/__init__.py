@@ -1,0 +1,188 @@
+"""The released checkpoints' constants, one cited fixture per family (``<family>.json``), and the one place that
+maps a fixture's keys to a profile's values (``PROFILE_VALUE``: rename a profile attribute here, nowhere else).
+
+A fixture holds, per profile, the values each released file sets (``files[name]["values"]``) and where they were
+read (``files[name]["source"]``: the checkpoint repo and revision, or the public copy they were read from; "not
+found" says so). ``checkpoint_dir`` writes them back as a checkpoint directory's files, for tests of what a
+user's ``--tokenizer <dir>`` says.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+# (file, key) -> the profile's value for it, every family alike; ``FAMILY_VALUE`` where a family names the same
+# file key otherwise. Files named "tokenizer" map token strings to ids and are compared against the builtin
+# tokenizer instead; config.json's token ids through ``TOKEN_KEYS``.
+P = "preprocessor_config.json"
+PROFILE_VALUE: dict[tuple[str, str], Callable[[Any], Any]] = {
+    (P, "min_pixels"): lambda p: p.min_pixels,
+    (P, "max_pixels"): lambda p: p.max_pixels,
+    (P, "size.shortest_edge"): lambda p: p.min_pixels,  # Qwen3-VL / GLM's size = pixel bounds
+    (P, "size.longest_edge"): lambda p: p.max_pixels,
+    (P, "patch_size"): lambda p: p.patch_size,
+    (P, "merge_size"): lambda p: p.merge_size,
+    (P, "temporal_patch_size"): lambda p: p.temporal_patch_size,
+    # normalization: the profile's, else the one its reader's image processor applies
+    (P, "image_mean"): lambda p: _norm(p, "image_mean"),
+    (P, "image_std"): lambda p: _norm(p, "image_std"),
+    # audio: what the reader pads/cuts to and the count rule's cap, from the profile
+    (P, "sampling_rate"): lambda p: p.audio_sample_rate,
+    (P, "feature_size"): lambda p: p.reader().audio_feature_size,
+    (P, "chunk_length"): lambda p: p.reader().audio_chunk_length,
+    (P, "n_samples"): lambda p: p.reader().audio_chunk_length * p.audio_sample_rate,
+    (P, "nb_max_frames"): lambda p: _max_frames(p),
+    # video: the profile's video rule (shared/qwen_video_plan.py's VideoFamily)
+    ("video_preprocessor_config.json", "patch_size"): lambda p: p.video_family().patch_size,
+    ("video_preprocessor_config.json", "merge_size"): lambda p: p.video_family().merge_size,
+    ("video_preprocessor_config.json", "temporal_patch_size"): lambda p: p.video_family().temporal_patch_size,
+}
+
+FAMILY_VALUE: dict[str, dict[tuple[str, str], Callable[[Any], Any]]] = {
+    "gemma3": {
+        (P, "size.height"): lambda p: p.image_px, (P, "size.width"): lambda p: p.image_px,
+        (P, "image_seq_length"): lambda p: p.tokens_per_image, (P, "do_pan_and_scan"): lambda p: p.do_pan_and_scan,
+        ("processor_config.json", "image_seq_length"): lambda p: p.tokens_per_image,
+        ("config.json", "mm_tokens_per_image"): lambda p: p.tokens_per_image,
+    },
+    "gemma4": {
+        ("processor_config.json", "image_processor.patch_size"): lambda p: p.patch_size,
+        ("processor_config.json", "image_processor.pooling_kernel_size"): lambda p: p.pooling_kernel_size,
+        ("processor_config.json", "image_processor.max_soft_tokens"): lambda p: p.max_soft_tokens,
+        ("processor_config.json", "video_processor.max_soft_tokens"): lambda p: p.video_max_soft_tokens,
+        ("processor_config.json", "video_processor.num_frames"): lambda p: p.video_num_frames,
+        ("processor_config.json", "audio_seq_length"): lambda p: int(p.audio_num_tokens(_frames(p, 10**9))[0]),
+        ("processor_config.json", "feature_extractor.sampling_rate"): lambda p: p.audio_sample_rate,
+        ("processor_config.json", "feature_extractor.feature_size"): lambda p: _gemma4_audio("MEL_BINS"),
+        ("processor_config.json", "feature_extractor.frame_length"): lambda p: _gemma4_audio("FRAME_LENGTH"),
+        ("processor_config.json", "feature_extractor.hop_length"): lambda p: _gemma4_audio("HOP"),
+        ("processor_config.json", "feature_extractor.fft_length"): lambda p: _gemma4_audio("FFT_LENGTH"),
+    },
+    "smolvlm": {
+        (P, "size.longest_edge"): lambda p: p.longest_edge, (P, "max_image_size.longest_edge"): lambda p: p.tile_px,
+        (P, "do_image_splitting"): lambda p: p.do_image_splitting,
+        ("processor_config.json", "image_seq_len"): lambda p: (p.tile_px // p.patch_size // p.scale_factor) ** 2,
+    },
+    "mistral3": {
+        (P, "size.longest_edge"): lambda p: p.longest_edge, (P, "patch_size.height"): lambda p: p.patch_size,
+        ("config.json", "spatial_merge_size"): lambda p: p.spatial_merge_size,
+    },
+    "llava": {
+        (P, "crop_size.height"): lambda p: p.image_px, (P, "size.shortest_edge"): lambda p: p.image_px,
+        ("config.json", "vision_config.patch_size"): lambda p: p.patch_size,
+    },
+    "internvl": {
+        (P, "size.height"): lambda p: p.tile_px, (P, "min_patches"): lambda p: p.min_tiles,
+        (P, "max_patches"): lambda p: p.max_tiles,
+        ("processor_config.json", "image_seq_length"): lambda p: p.tokens_per_tile,
+    },
+    "llava_onevision": {(P, "size.height"): lambda p: p.crop_px},
+    "llama4": {
+        (P, "size.height"): lambda p: p.tile_px, (P, "max_patches"): lambda p: p.max_patches,
+        (P, "resize_to_max_canvas"): lambda p: p.resize_to_max_canvas,
+    },
+    "molmo2": {
+        (P, "crop_px"): lambda p: p.crop_px, (P, "max_crops"): lambda p: p.max_crops,
+        (P, "video_num_frames"): lambda p: p.video_max_frames, (P, "video_max_fps"): lambda p: p.video_max_fps,
+    },
+}
+
+
+# config.json keys that name a token id -> the profile attribute holding that token's string
+TOKEN_KEYS = {
+    "audio_token_index": "audio_token", "audio_token_id": "audio_token", "image_token_index": "image_token",
+    "image_token_id": "image_token", "video_token_index": "video_token", "video_token_id": "video_token",
+    "audio_start_token_id": "audio_start", "audio_end_token_id": "audio_end",
+    "vision_start_token_id": "vision_start", "vision_end_token_id": "vision_end",
+}
+
+# Keys a fixture records but no profile value stands for (the processor's own defaults, or values the profile
+# takes from the processor's call rather than the file): listed so a new key is a decision, not a miss.
+RECORDED_ONLY = {
+    "feature_extractor_type", "image_processor_type", "video_processor_type", "processor_class", "dither",
+    "padding_side", "padding_value", "return_attention_mask", "hop_length", "n_fft", "position_id_per_seconds",
+    "seconds_per_chunk", "padding", "truncation",
+}
+
+
+def profile_value(family: str, file: str, key: str) -> Callable[[Any], Any] | None:
+    """How to read the profile's value for a fixture key (None: recorded only)."""
+    return FAMILY_VALUE.get(family, {}).get((file, key)) or PROFILE_VALUE.get((file, key))
+
+def _norm(profile: Any, name: str) -> list[float]:
+    value = getattr(profile, name, None)
+    if value is None:
+        value = getattr(profile.reader().make_image_processor(), name)
+    return [float(x) for x in value]
+
+
+def _frames(profile: Any, samples: int) -> Any:
+    import numpy as np
+
+    return profile.audio_feature_lengths(np.array([samples], dtype=np.int64))
+
+
+def _max_frames(profile: Any) -> int:
+    """The cap of the family's frame count: the frames of a clip far longer than any chunk."""
+    return int(_frames(profile, 10**9)[0])
+
+
+def _gemma4_audio(*names: str) -> Any:
+    from packer.models.gemma4 import audio
+
+    return next(getattr(audio, n) for n in names if hasattr(audio, n))
+
+
+def families() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("*.json"))
+
+
+def load(family: str) -> dict[str, Any]:
+    return json.loads((HERE / f"{family}.json").read_text())
+
+
+def released_profiles() -> list[tuple[str, str, dict[str, Any]]]:
+    """(family, profile name, that profile's fixture entry) for every fixture."""
+    return [(f, name, entry) for f in families() for name, entry in load(f)["profiles"].items()]
+
+
+def file_values(entry: dict[str, Any], name: str) -> dict[str, Any]:
+    return dict(entry["files"].get(name, {}).get("values", {}))
+
+
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """A fixture's dotted keys ("size.shortest_edge") as the file's nested mappings."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+def checkpoint_dir(path: Path, entry: dict[str, Any]) -> Path:
+    """A checkpoint directory holding the released processor files of ``entry`` (their recorded values)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json"):
+        values = file_values(entry, name)
+        if values:
+            (path / name).write_text(json.dumps(nested(values), indent=2))
+    return path
+
+
+def whisper_extractor(entry: dict[str, Any]) -> Any:
+    """transformers' WhisperFeatureExtractor configured as the released preprocessor_config.json says (what
+    ``from_pretrained`` builds from it: the file's keys as constructor arguments)."""
+    from transformers import WhisperFeatureExtractor
+
+    values = file_values(entry, "preprocessor_config.json")
+    keys = ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value", "dither",
+            "return_attention_mask")
+    return WhisperFeatureExtractor(**{k: values[k] for k in keys if k in values})
