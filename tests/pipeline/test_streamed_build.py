@@ -176,6 +176,11 @@ def test_webdataset_tar_packs_as_native_records(corpus, tmp_path):
     assert "shard-000000.tar sample 7 (key '999999')" in reject["message"]
     images_a = sum(len(r["images"]) for r in PackedDataset(tmp_path / "a", shuffle=False, load_images=False))
     assert images_a == len(native)
+    res = CliRunner().invoke(cli, ["verify", str(tmp_path / "a"), "--input", str(tar), "--tokenizer-check", "all"])
+    assert res.exit_code == 0, res.output
+    assert f"{len(native) + 1} input records ({len(native)} re-tokenized" in res.output
+    res = CliRunner().invoke(cli, ["inspect", str(tmp_path / "a"), "--example", f"{tar}:2"])
+    assert res.exit_code == 0 and f"{tar}:2" in res.output and "1 image" in res.output
 
 
 def test_a_build_of_nothing_fails_with_a_hint(tmp_path):
