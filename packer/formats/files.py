@@ -252,7 +252,7 @@ _BLOCK = 1 << 20  # characters read at a time; doubled while one element does no
 
 def _array(path: str, *, media_dir: str | None = None) -> Iterator[tuple[int, bytes]]:
     """The elements of a JSON array, each parsed by the stdlib's C decoder (``raw_decode``) on a sliding buffer
-    and spilled as its own text on one line (JSON has no raw newline inside a string): 3.5x faster than ijson
+    and spilled as its own text on one line (JSON has no raw newline inside a string): 2.1x faster than ijson
     plus ``json.dumps`` (docs/benchmarks.md, "Input files"), and every element reads as the same JSONL line
     would (NaN, big integers, a lone surrogate or a bad byte inside a string: the same record or reject)."""
     decoder = json.JSONDecoder()
