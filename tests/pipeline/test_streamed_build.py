@@ -114,6 +114,10 @@ def test_every_kind_packs_the_rows_jsonl_packs(corpus, reference, tmp_path, monk
     for key in ("input_records", "rejected", "examples", "tokens", "loss_tokens", "vision_tokens"):
         assert manifest["totals"][key] == ref_manifest["totals"][key], key
     _assert_same(_rows(tmp_path / "out"), ref_rows)
+    images = [sum(len(r["images"]) for r in PackedDataset(o, shuffle=False, load_images=False))
+              for o in (tmp_path / "out", Path(ref_manifest["config"]["output"]))]
+    assert images[0] == images[1] == sum(len(r["messages"][0]["content"]) for r in recs if "messages" in r
+                                         and isinstance(r["messages"][0]["content"], list))
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert [(r["path"], r["line"], r["reason"]) for r in rejects] == [(str(path), len(recs), "unknown_format")]
     report = verify_build(tmp_path / "out", inputs=[str(path)])
