@@ -147,6 +147,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     if totals.records and (rejected / totals.records > config.max_reject_fraction
                            or table.num_rows == int(over_budget.sum())):
         notes = reject_notes(cache.rejects() + budget_rejected, files)
+        if len(notes) < 2 and rejected < totals.records:
+            notes = []  # a count without a hint about the file adds nothing to the rejects' own file
         why = (f"{rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}"
                if rejected < totals.records else "nothing to pack: a build of no example fails whatever "
                "--max-reject-fraction says")
