@@ -185,6 +185,13 @@ def sniff(path: str) -> str | None:
         return f"{path} is a JSON array (packer reads it element by element)"
     if text and not text.startswith(b"{") and not path.lower().endswith(".txt"):
         return f"{path} looks like plain text, not JSON lines: name it .txt to read one text record per line"
+    first, newline, _ = text.partition(b"\n")
+    if text.startswith(b"{") and newline:
+        try:
+            json.loads(first)
+        except ValueError:  # "{" alone on line 1: an object spread over lines
+            return (f"{path} looks like pretty-printed JSON, not one object per line: write it as JSON lines, or "
+                    "as a JSON array of records")
     return None
 
 

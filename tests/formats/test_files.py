@@ -189,6 +189,12 @@ def test_sniff_hints(tmp_path: Path):
     txt = tmp_path / "wiki.jsonl"
     txt.write_text("Some plain prose.\nMore of it.\n")
     assert "plain text" in sniff(str(txt)) and "name it .txt" in sniff(str(txt))
+    pretty = tmp_path / "one.json"
+    pretty.write_text(json.dumps({"messages": []}, indent=2))
+    assert "pretty-printed JSON" in sniff(str(pretty))
+    lines = tmp_path / "ok.jsonl"
+    lines.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert sniff(str(lines)) is None
     arr = tmp_path / "a.txt"
     arr.write_text('[{"text": "a"}]')
     assert "JSON array" in sniff(str(arr))
