@@ -14,6 +14,12 @@ process tree's (a local Ray's processes included).
     python scripts/bench_build.py --ray-tasks 20000   # what one Ray task costs the driver
     python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
 
+``--array-parse N``: only time reading an N-record pretty-printed array of bench records, ``files.records``
+(the stdlib's ``raw_decode``) against ijson's C backend + ``json.dumps`` (the library tried first; needs ijson).
+
+``--scan-only``: only time the scan (``stages.scan_chunks``: byte ranges for JSONL, the spill for the others)
+of each ``--input-format``, in this process (wall and CPU seconds).
+
 ``--input-format``: the same records also as a pretty-printed JSON array (``array``), ``.jsonl.zst`` (``zst``)
 or ``.jsonl.gz`` (``gz``), each built with the first executor and compared with the JSONL build.
 
@@ -114,6 +120,49 @@ def convert(corpus: Path, fmt: str) -> Path:
             with gzip.open(g, "wb") as z:
                 shutil.copyfileobj(f, z)
     return out
+
+
+def array_parse(coco: Path, records: int) -> None:
+    """Seconds to stream an array's elements as JSON lines: packer's reader vs ijson + json.dumps."""
+    import io
+
+    from packer.formats.files import records as read_records
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "c.jsonl"
+        make_corpus(corpus, coco, records)
+        path = convert(corpus, "array")
+        t0 = time.perf_counter()
+        n = sum(1 for _ in read_records(str(path)))
+        ours = time.perf_counter() - t0
+        print(f"{n:,} elements, {path.stat().st_size / 2**20:.1f} MiB: files.records {ours:.2f} s", end="")
+        try:
+            import ijson
+        except ImportError:
+            print(" (ijson not installed)")
+            return
+        t0 = time.perf_counter()
+        with open(path, "rb") as f:
+            for obj in ijson.items(io.BufferedReader(f), "item", use_float=True):
+                json.dumps(obj, ensure_ascii=False).encode()
+        print(f", ijson ({ijson.backend}) + json.dumps {time.perf_counter() - t0:.2f} s")
+
+
+def scan_only(coco: Path, records: int, formats: list[str]) -> None:
+    """Seconds the scan of each input format takes: what an array or zst build adds before its encode starts."""
+    from packer.config import BuildConfig
+    from packer.pipeline.stages import scan_chunks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "c.jsonl"
+        make_corpus(corpus, coco, records)
+        for fmt in formats:
+            path = convert(corpus, fmt)
+            config = BuildConfig.from_inputs([str(path)], str(Path(tmp) / f"out-{fmt}"), profile="qwen2-vl")
+            t0, c0 = time.perf_counter(), time.process_time()
+            chunks = scan_chunks(config, spill=str(Path(tmp) / f"spill-{fmt}"))
+            print(f"{path.name} ({path.stat().st_size / 2**20:.0f} MiB): {len(chunks)} chunks, scan "
+                  f"{time.perf_counter() - t0:.2f} s, {time.process_time() - c0:.2f} CPU-s")
 
 
 def tokenizer_alone(path: Path, num_proc: int) -> dict[str, float]:
@@ -273,6 +322,8 @@ def main() -> None:
     ap.add_argument("--executor", nargs="+", choices=["local", "ray"], default=["local"],
                     help="build with each (ray: a local Ray cluster of --num-proc CPUs, started in the build)")
     ap.add_argument("--ray-tasks", type=int, metavar="N", help="only time N no-op tasks through the Ray executor")
+    ap.add_argument("--array-parse", type=int, metavar="N", help="only time reading an N-record JSON array")
+    ap.add_argument("--scan-only", action="store_true", help="only time the scan of each --input-format")
     ap.add_argument("--input-format", nargs="+", choices=["jsonl", "array", "zst", "gz"], default=["jsonl"],
                     help="build the same records from each file kind too (formats/files.py), first executor only")
     ap.add_argument("--child", nargs=4, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR"), help=argparse.SUPPRESS)
@@ -280,6 +331,13 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
+        return
+    if args.scan_only:
+        for n in args.records:
+            scan_only(args.coco, n, args.input_format)
+        return
+    if args.array_parse:
+        array_parse(args.coco, args.array_parse)
         return
     if args.ray_tasks:
         r = ray_task_cost(args.ray_tasks, args.num_proc)
@@ -310,9 +368,10 @@ def main() -> None:
                 b = packer_build(path, Path(tmp) / f"out-{n}-{fmt}", args.num_proc, args.executor[0])
                 base = builds[args.executor[0]]
                 split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
-                print(f"  {path.name} ({path.stat().st_size / 2**20:.0f} MiB): {b['seconds']:.1f} s ({split}), "
-                      f"peak RSS {b['peak_rss_mib']:.0f} MiB; JSONL / {fmt} throughput "
-                      f"{base['seconds'] / b['seconds']:.1%}, peak RSS {fmt} / JSONL "
+                print(f"  {path.name} ({path.stat().st_size / 2**20:.0f} MiB): {b['seconds']:.1f} s, "
+                      f"{b['cpu_seconds']:.1f} CPU-s ({split}), peak RSS {b['peak_rss_mib']:.0f} MiB; {fmt} / JSONL "
+                      f"throughput {base['seconds'] / b['seconds']:.1%} (per CPU-second "
+                      f"{base['cpu_seconds'] / b['cpu_seconds']:.1%}), peak RSS {fmt} / JSONL "
                       f"{b['peak_rss_mib'] / base['peak_rss_mib']:.1%}; same packs: "
                       f"{(b['examples'], b['packs']) == (base['examples'], base['packs'])}")
                 path.unlink()

@@ -141,10 +141,13 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     over_budget, budget_rejected = budget_rejects(table, config)
     rejected = totals.rejected + len(budget_rejected)
     if not totals.records:
-        raise ConfigError(f"the inputs ({', '.join(files) or 'none'}) hold no record: nothing to pack")
+        named = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
+        raise ConfigError(f"the inputs ({', '.join(named)}) hold no record: nothing to pack")
     if totals.records and (rejected / totals.records > config.max_reject_fraction
                            or table.num_rows == int(over_budget.sum())):
         notes = reject_notes(cache.rejects() + budget_rejected, files)
+        if len(notes) < 2 and rejected < totals.records:
+            notes = []  # a count without a hint about the file adds nothing to the rejects' own file
         why = (f"{rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}"
                if rejected < totals.records else "nothing to pack: a build of no example fails whatever "
                "--max-reject-fraction says")

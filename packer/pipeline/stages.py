@@ -157,8 +157,8 @@ def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConf
         if done.get("input") == os.path.abspath(path):
             return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
                           spill=str(root / c["file"])) for j, c in enumerate(done["chunks"])]
-    # a tar's videos become files here (on an object store: a temp dir, files.py)
-    media_dir = str(root / f"{name}-media") if isinstance(root, Path) else None
+    # a tar's videos become files beside the shards, which name them (on an object store: a temp dir, files.py)
+    media_dir = str(root.parent.parent / "media") if isinstance(root, Path) else None
     entries: list[dict[str, Any]] = []
     lines: list[bytes] = []
     first = last = 0

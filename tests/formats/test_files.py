@@ -189,6 +189,12 @@ def test_sniff_hints(tmp_path: Path):
     txt = tmp_path / "wiki.jsonl"
     txt.write_text("Some plain prose.\nMore of it.\n")
     assert "plain text" in sniff(str(txt)) and "name it .txt" in sniff(str(txt))
+    pretty = tmp_path / "one.json"
+    pretty.write_text(json.dumps({"messages": []}, indent=2))
+    assert "pretty-printed JSON" in sniff(str(pretty))
+    lines = tmp_path / "ok.jsonl"
+    lines.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert sniff(str(lines)) is None
     arr = tmp_path / "a.txt"
     arr.write_text('[{"text": "a"}]')
     assert "JSON array" in sniff(str(arr))
@@ -213,3 +219,17 @@ def test_array_elements_across_buffer_boundaries(tmp_path: Path, monkeypatch):
         assert [json.loads(raw) for _, raw in records(str(path))] == recs
     path.write_text("[1, 22, 333, true, null, 4.5e10]")
     assert [raw for _, raw in records(str(path))] == [b"1", b"22", b"333", b"true", b"null", b"4.5e10"]
+
+
+def test_tar_video_member_is_extracted_once(tmp_path: Path):
+    """packer reads videos from files: a video member becomes a file under media_dir that the record names."""
+    clip = b"\x00\x00\x00\x18ftypmp42" + bytes(range(200))  # the bytes are copied, not decoded, here
+    rec = {"messages": [{"role": "user", "content": [{"type": "video", "video": "v1.mp4"}]},
+                        {"role": "assistant", "content": "A clip."}]}
+    path = _tar(tmp_path / "vid.tar", [("v1.mp4", clip), ("v1.json", json.dumps(rec).encode())])
+    media = tmp_path / "media"
+    for _ in range(2):  # a second read finds the file in place
+        [(n, raw)] = list(records(str(path), media_dir=str(media)))
+        video = json.loads(raw)["messages"][0]["content"][0]["video"]
+        assert n == 1 and Path(video).parent == media and Path(video).read_bytes() == clip
+    assert [p.name for p in media.iterdir()] == ["vid.tar.00000001.mp4"]

@@ -114,6 +114,10 @@ def test_every_kind_packs_the_rows_jsonl_packs(corpus, reference, tmp_path, monk
     for key in ("input_records", "rejected", "examples", "tokens", "loss_tokens", "vision_tokens"):
         assert manifest["totals"][key] == ref_manifest["totals"][key], key
     _assert_same(_rows(tmp_path / "out"), ref_rows)
+    images = [sum(len(r["images"]) for r in PackedDataset(o, shuffle=False, load_images=False))
+              for o in (tmp_path / "out", Path(ref_manifest["config"]["output"]))]
+    assert images[0] == images[1] == sum(len(r["messages"][0]["content"]) for r in recs if "messages" in r
+                                         and isinstance(r["messages"][0]["content"], list))
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert [(r["path"], r["line"], r["reason"]) for r in rejects] == [(str(path), len(recs), "unknown_format")]
     report = verify_build(tmp_path / "out", inputs=[str(path)])
@@ -176,6 +180,11 @@ def test_webdataset_tar_packs_as_native_records(corpus, tmp_path):
     assert "shard-000000.tar sample 7 (key '999999')" in reject["message"]
     images_a = sum(len(r["images"]) for r in PackedDataset(tmp_path / "a", shuffle=False, load_images=False))
     assert images_a == len(native)
+    res = CliRunner().invoke(cli, ["verify", str(tmp_path / "a"), "--input", str(tar), "--tokenizer-check", "all"])
+    assert res.exit_code == 0, res.output
+    assert f"{len(native) + 1} input records ({len(native)} re-tokenized" in res.output
+    res = CliRunner().invoke(cli, ["inspect", str(tmp_path / "a"), "--example", f"{tar}:2"])
+    assert res.exit_code == 0 and f"{tar}:2" in res.output and "1 image" in res.output
 
 
 def test_a_build_of_nothing_fails_with_a_hint(tmp_path):
