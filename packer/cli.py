@@ -2,7 +2,7 @@
 
 Exit codes (docs/cli.md): 0 success; 1 a configuration, input-file or shard error (the message says what
 to change); 2 a usage error, or a bad record under --strict; 3 more input rejected than
---max-reject-fraction allows; 4 ``packer verify`` found violations; 130 interrupted (Ctrl-C).
+--max-reject-fraction allows, or no example left to pack; 4 ``packer verify`` found violations; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def cli() -> None:
     \b
     Exit codes: 0 success; 1 a configuration, input-file or shard error (the message says what to
     change); 2 a usage error, or a bad record under --strict; 3 more input rejected than
-    --max-reject-fraction allows; 4 `packer verify` found violations; 130 interrupted (rerun to resume).
+    --max-reject-fraction allows, or no example left to pack; 4 `packer verify` found violations; 130 interrupted (rerun to resume).
     """
 
 
