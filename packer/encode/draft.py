@@ -34,6 +34,8 @@ from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels, l
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
 from packer.errors import RecordError
+from packer.models.base import image_blocks
+from packer.models.registry import no_medium
 
 if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
@@ -197,13 +199,13 @@ def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray,
     profile = enc.profile
     audios = [[r for r in node if isinstance(r, AudioRef)] for node in refs]
     if any(audios) and enc.audio_token_id is None:
-        raise profile._no_audio()
+        raise no_medium(profile.name, "audio")
     if enc.audio_token_id is not None and (any(audios) or (ids == enc.audio_token_id).any()):
         placed = [[r for r in node if r.placeholder] for node in audios]
         _check_token_counts(ids, node_offsets, placed, enc.audio_token_id, profile.audio_token, "audio")
     videos = [[r for r in node if isinstance(r, VideoRef)] for node in refs]
     if any(videos) and enc.video_token_id is None:
-        profile.plan_video(next(v for node in videos for v in node))  # raises: no video in this family
+        raise no_medium(profile.name, "video")
     if enc.video_token_id is not None and (any(videos) or (ids == enc.video_token_id).any()):
         _check_token_counts(ids, node_offsets, videos, enc.video_token_id, profile.video_token, "video")
     images = [[r for r in node if isinstance(r, ImageRef)] for node in refs]
@@ -224,7 +226,7 @@ def check_media_tokens(enc: Encoder, ids: np.ndarray, node_offsets: np.ndarray,
 
 def blocks_of(enc: Encoder, ref: ImageRef) -> list[ImageRef]:
     """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``): once by default."""
-    blocks = enc.profile.image_blocks(*enc.profile.image_size(ref))
+    blocks = image_blocks(enc.profile, ref)
     return [ref] if blocks is None else [ref] * len(blocks.runs)
 
 

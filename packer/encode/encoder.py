@@ -270,10 +270,9 @@ class Encoder:
             positions = np.arange(length, dtype=np.int32)
         else:
             positions = tree_position_ids(length, node_offsets, node_parents)
-        extra = self.profile.extra_positions(
-            ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids,
-            **({"videos": draft.videos} if draft.videos else {}),  # only a video family is ever passed videos
-            **({"audios": draft.audios} if draft.audios else {}),  # and only an audio family audio
+        extra = self.profile.positions.extra(
+            ids, positions, node_offsets, node_parents, images=[im.grid_thw for im in images],
+            videos=draft.videos, audios=draft.audios, token_ids=self._token_ids,
         )
         return Encoded(
             example_id=example.example_id if example_id is None else example_id,

@@ -25,15 +25,26 @@ The base class is a model without vision or audio (the ``text`` family); a famil
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from packer.core.types import AudioRef, ImageRef, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.media.images import image_size
-from packer.models.registry import profiles_with
+from packer.models.registry import no_medium, profiles_with
+from packer.models.rules import (
+    AudioPlan,
+    AudioRule,
+    ImageBlocks,
+    ImageRule,
+    Media,
+    MediaRun,
+    Positions,
+    VideoRule,
+    audio_info,
+)
 
 if TYPE_CHECKING:
     from packer.core.types import EncodedAudio, EncodedVideo
@@ -41,88 +52,6 @@ if TYPE_CHECKING:
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
-
-
-@lru_cache(maxsize=4096)
-def _probe_file(path: str, start: float | None, end: float | None, video: bool) -> AudioInfo:
-    from packer.media.audio import probe_audio
-
-    return probe_audio(path, start=start, end=end, video=video)
-
-
-class AudioPlan(NamedTuple):
-    """What a family makes of one audio clip, from its header: the stored entry's numbers (``EncodedAudio``).
-
-        5 s at 44.1 kHz, Whisper features  ->  AudioPlan(sample_rate=16000, num_samples=80000, feature_length=500)
-    """
-
-    sample_rate: int
-    """The rate the family's loader resamples to (Hz)."""
-    num_samples: int
-    """Mono samples the loader yields at that rate for the clip's window (``media.audio.loaded_num_samples``)."""
-    feature_length: int
-    """The feature frames the model reads (Whisper: log-mel frames)."""
-    padded_samples: int | None = None
-    """Samples the clip's features were computed over, zero-padded beside the other clips of its example (Qwen3-Omni's
-    processor pads every clip of one call to the longest: the features of a clip depend on that length); None
-    where the features are the clip's alone (padded to a fixed length or not at all)."""
-
-
-class MediaRun(NamedTuple):
-    """What one media placeholder becomes in an example's tokens, and the entry the shards store for it.
-
-    The run is ``tokens`` (token names), else ``text`` (tokenized alone: the encoder checks that tokenizing it in
-    place would give the same tokens), else the placeholder repeated ``num_tokens`` times. The stored entry
-    (its offset, ``grid``, ``num_tokens``) starts ``lead`` tokens into the run.
-
-        Qwen2-VL image 640x480  MediaRun((1, 34, 46), 391)                       391 x <|image_pad|>
-        InternVL image          MediaRun((1, 3, 4), 3328, tokens=("<img>", *ctx, "</img>"), lead=1)
-        Qwen3-VL video          MediaRun((4, 30, 40), 1200, text="<0.5 seconds><|vision_start|>...", plan=plan)
-    """
-
-    grid: tuple[int, int, int]
-    """The stored grid (t, h, w): ``grid_num_tokens`` of it is ``num_tokens``."""
-    num_tokens: int
-    """The model's media tokens of this entry (stored ``num_tokens``)."""
-    tokens: tuple[str, ...] | None = None
-    """The whole run, token by token, by name (Molmo2's layout of an image, InternVL's <img>...</img>)."""
-    text: str | None = None
-    """The whole run as text (timestamps between a video's frames)."""
-    lead: int = 0
-    """Tokens of the run before its entry's first token."""
-    plan: VideoPlan | None = None
-    """A video's plan (frames, sizes, seconds): what the shards store of it."""
-    audio: AudioPlan | None = None
-    """An audio clip's plan (samples, features): what the shards store of it."""
-    inside: bool = False
-    """The run lies inside the previous placeholder's run and has no placeholder of its own: a video's sound
-    track (``AudioRef.video``) that the family interleaves with its frames (Qwen-Omni). Its entry starts ``lead``
-    tokens into that run; ``tokens`` / ``text`` are unset (the video's run holds them)."""
-
-
-class Media(NamedTuple):
-    """One media reference of an example, as ``media_runs`` sees it."""
-
-    ref: ImageRef | VideoRef | AudioRef
-    node: int
-    """The tree node whose messages name it (0 in a linear example)."""
-
-
-class ImageBlocks(NamedTuple):
-    """One image that the processor writes as several placeholder blocks with text between them, BEFORE
-    tokenizing (Gemma 3's pan-and-scan: the whole image, then its crops), each block a stored entry of its own.
-
-        rendered  "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"   what the chat template writes
-        text      "Here is the original image " + rendered + " and here are ..." + rendered + " " + rendered
-        runs      (MediaRun((1, 16, 16), 256), MediaRun((2, 16, 16), 256), MediaRun((3, 16, 16), 256))
-    """
-
-    rendered: str
-    """The chat template's rendering of the image: one ``image_token``."""
-    text: str
-    """What the processor tokenizes instead: one ``image_token`` per block."""
-    runs: tuple[MediaRun, ...]
-    """Each block's run, in token order."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,6 +108,26 @@ class ModelProfile:
     def has_audio(self) -> bool:
         return self.audio_token is not None
 
+    # ------------------------------------------------------------------ the rules (packer.models.rules)
+
+    @cached_property
+    def image(self) -> ImageRule | None:
+        """The image rule, None without vision. TRANSITIONAL: the old hooks behind one adapter until the family
+        gives its own rule (each migrated family overrides this)."""
+        return _LegacyImage(self) if self.image_token is not None else None
+
+    @cached_property
+    def video(self) -> VideoRule | None:
+        return _LegacyVideo(self) if self.video_token is not None else None
+
+    @cached_property
+    def audio(self) -> AudioRule | None:
+        return _LegacyAudio(self) if self.audio_token is not None else None
+
+    @cached_property
+    def positions(self) -> Positions:
+        return _LegacyPositions(self)
+
     # ------------------------------------------------------------------ encode
 
     def image_size(self, image: ImageRef) -> tuple[int, int]:
@@ -218,21 +167,25 @@ class ModelProfile:
         out = []
         for m in media:
             if isinstance(m.ref, VideoRef):
+                if self.video is None:
+                    raise no_medium(self.name, "video")
                 if m.ref not in plans:
-                    plans[m.ref] = self.plan_video(m.ref)
-                out.append(self.video_run(plans[m.ref]))
+                    plans[m.ref] = self.video.plan(m.ref)
+                out.append(self.video.run(plans[m.ref]))
             elif isinstance(m.ref, AudioRef):
-                if not self.has_audio:
-                    raise self._no_audio()
+                if self.audio is None:
+                    raise no_medium(self.name, "audio")
                 if m.ref.video:  # laid out with its video's frames: a family that interleaves them overrides this
                     raise RecordError(
                         "unsupported_medium",
                         f"profile {self.name!r} does not take a video's sound track (use_audio_in_video); "
                         f"drop the option or use {' or '.join(profiles_with('audio_in_video')) or 'an omni profile'}",
                     )
-                out.append(self.audio_run(m.ref, self.audio_info(m.ref)))
+                out.append(self.audio.run(self.audio.plan(m.ref)))
             else:
-                out.append(self.image_run(*self.image_size(m.ref)))
+                if self.image is None:
+                    raise no_medium(self.name, "image")
+                out.append(self.image.run(self.image.plan(m.ref)))
         return out
 
     def image_run(self, width: int, height: int) -> MediaRun:
@@ -244,13 +197,8 @@ class ModelProfile:
         return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), plan=plan)
 
     def audio_info(self, audio: AudioRef) -> AudioInfo:
-        """An audio clip's header after its window (``packer.media.audio.probe_audio``): rate, channels, samples;
-        RecordError ``missing_audio`` / ``bad_audio`` for a clip nothing can load."""
-        if audio.data is None:  # a file: its header read once per window (a tree's branches name a clip twice)
-            return _probe_file(audio.path, audio.start, audio.end, audio.video)
-        from packer.media.audio import probe_audio
-
-        return probe_audio(audio.data, start=audio.start, end=audio.end, video=audio.video)
+        """An audio clip's header after its window (``packer.models.rules.audio_info``)."""
+        return audio_info(audio)
 
     def audio_plan(self, info: AudioInfo) -> AudioPlan:
         """The samples the family's loader yields (``loaded_num_samples`` at ``audio_sample_rate``) and the
@@ -413,3 +361,113 @@ class ModelProfile:
         names = profiles_with("image")
         choices = " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # "a, b or c"
         return ConfigError(f"profile {self.name!r} has no vision encoder; use {choices}")
+
+
+# ---------------------------------------------------------------------------------------------------- TRANSITIONAL
+# The old hooks seen as rules, while families move to rules of their own (issue 31); each goes with the last
+# family that still needs it.
+
+
+class _LegacyImage(ImageRule):
+    def __init__(self, profile: ModelProfile):
+        self.p = profile
+
+    def run(self, size: tuple[int, int]) -> MediaRun:
+        return self.p.image_run(*size)
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        return self.p.grid_thw(width, height)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        return self.p.num_tokens(width, height)
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        return self.p.grid_num_tokens(grids)
+
+    def blocks(self, size: tuple[int, int]) -> ImageBlocks | None:
+        return self.p.image_blocks(*size)
+
+    def units(self, grids: np.ndarray) -> tuple[str, np.ndarray] | None:
+        return self.p.image_units(grids)
+
+    def spans(self, ids, row_starts, lists, entries, token_id):  # noqa: ANN001, ANN201
+        return self.p.verify_spans("image", ids, row_starts, lists, dict(entries), token_id)
+
+
+class _LegacyVideo(VideoRule):
+    def __init__(self, profile: ModelProfile):
+        self.p = profile
+
+    def plan(self, ref: VideoRef) -> VideoPlan:
+        return self.p.plan_video(ref)
+
+    def run(self, plan: VideoPlan) -> MediaRun:
+        return self.p.video_run(plan)
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        return self.p.video_grid_num_tokens(grids)
+
+    def plan_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        return self.p.video_faults(grids, sizes, num_frames)
+
+    def spans(self, ids, row_starts, lists, entries, token_id):  # noqa: ANN001, ANN201
+        return self.p.verify_spans("video", ids, row_starts, lists, dict(entries), token_id)
+
+
+class _LegacyAudio(AudioRule):
+    def __init__(self, profile: ModelProfile):
+        object.__setattr__(self, "p", profile)
+        object.__setattr__(self, "sample_rate", profile.audio_sample_rate)
+
+    def plan(self, ref: AudioRef) -> AudioPlan:  # the family's audio_run decides: its run stands in for the plan
+        return self.p.audio_run(ref, self.p.audio_info(ref))  # type: ignore[return-value]
+
+    def run(self, plan: AudioPlan) -> MediaRun:
+        return plan  # type: ignore[return-value]
+
+    def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
+        import inspect
+
+        has = padded_samples >= 0
+        want = np.full(len(num_samples), -1, dtype=np.int64)
+        if (~has).any():
+            want[~has] = self.p.audio_feature_lengths(num_samples[~has])
+        if has.any() and "padded_samples" in inspect.signature(self.p.audio_feature_lengths).parameters:
+            want[has] = self.p.audio_feature_lengths(num_samples[has], padded_samples=padded_samples[has])
+        return want
+
+    def num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        return self.p.audio_num_tokens(feature_lengths)
+
+    def spans(self, ids, row_starts, lists, entries, token_id):  # noqa: ANN001, ANN201
+        return self.p.verify_spans("audio", ids, row_starts, lists, dict(entries), token_id)
+
+
+class _LegacyPositions(Positions):
+    def __init__(self, profile: ModelProfile):
+        self.p = profile
+        self.mrope = profile.mrope
+        self.fractional = profile.fractional_positions
+
+    def extra(self, ids, positions, node_offsets, node_parents, *, images, videos, audios, token_ids):  # noqa: ANN001, ANN201
+        kw = {}
+        if videos:
+            kw["videos"] = videos
+        if audios:
+            kw["audios"] = audios
+        return self.p.extra_positions(ids, positions, node_offsets, node_parents, list(images), token_ids=token_ids, **kw)
+
+    def expected(self, length, node_offsets, node_parents, *, images, videos, audios):  # noqa: ANN001, ANN201
+        kw = {}
+        if len(videos["offset"]):
+            kw.update(video_offsets=videos["offset"], video_grids=videos["grid"], video_seconds=videos["second_per_grid_t"])
+        if len(audios["offset"]):
+            kw.update(audio_offsets=audios["offset"], audio_feature_lengths=audios["feature_length"],
+                      audio_num_tokens=audios["num_tokens"], audio_in_video=audios["video"])
+        return self.p.expected_extra_positions(length, node_offsets, node_parents, images["offset"], images["grid"], **kw)
+
+
+def image_blocks(profile: ModelProfile, ref: ImageRef) -> ImageBlocks | None:
+    """The blocks the profile's image rule writes ``ref`` as (Gemma 3's pan-and-scan), or None."""
+    rule = profile.image
+    return None if rule is None else rule.blocks(rule.plan(ref))

@@ -11,7 +11,7 @@ import dataclasses
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, RecordError
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile
@@ -86,6 +86,20 @@ def profiles_with(what: str) -> tuple[str, ...]:
         return p.has_video if what == "video" else p.has_audio if what == "audio" else p.has_vision
 
     return tuple(n for n, p in _PROFILES.items() if takes(p))
+
+
+def no_medium(name: str, medium: str) -> RecordError | ConfigError:
+    """The error for a record (or a reader) asking profile ``name`` for a ``medium`` it lacks, naming the profiles
+    that take it: RecordError for a video or audio clip, ConfigError for images (a build-wide mistake)."""
+    names = profiles_with(medium)
+    if medium == "video":
+        return RecordError("image_count_mismatch",
+                           f"profile {name!r} takes no videos, but the record names one; use {' or '.join(names)}")
+    if medium == "audio":
+        use = f"use {' or '.join(names)}" if names else "no registered profile takes audio"
+        return RecordError("unsupported_medium", f"profile {name!r} takes no audio, but the record names some; {use}")
+    choices = " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # "a, b or c"
+    return ConfigError(f"profile {name!r} has no vision encoder; use {choices}")
 
 
 def builtin_tokenizers() -> tuple[str, ...]:

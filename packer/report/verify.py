@@ -15,7 +15,7 @@ What is checked (each failure is one ``Violation``: file, row, what):
   of the row's node forest; images lie inside one example, in order, without
   overlap, over exactly the image-token run of their ``num_tokens`` (no stray image token), with
   ``num_tokens`` matching the grid; videos the same way over their video-token runs, and each video's grid
-  agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); audio clips the
+  agrees with its stored frame size and sampled frame count (``VideoRule.faults``); audio clips the
   same way over their audio-token runs (a video's sound track: the family's spans inside the video's run), each
   clip's ``feature_length`` from its ``num_samples`` (and its ``padded_samples``, schema v5, where set: never
   fewer than its samples) and ``num_tokens`` from its ``feature_length`` by the
@@ -38,7 +38,6 @@ group plus the example ids (for the uniqueness check).
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -267,7 +266,7 @@ def _check_shapes(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> np.nd
           lambda i: f"example_sources has {d.src_off[i + 1] - d.src_off[i]} values for {d.E[i]} examples")
     check((d.N < 1) | (np.diff(d.np_off) != d.N), "node arrays length",
           lambda i: f"{d.N[i]} node_offsets and {d.np_off[i + 1] - d.np_off[i]} node_parents (want equal, >= 1)")
-    if lim.profile.mrope:
+    if lim.profile.positions.mrope:
         check(d.mrope_null, "mrope missing", lambda i: "mrope_position_ids is null but the profile uses mRoPE")
         check(~d.mrope_null & (np.diff(d.mr_off) != 3 * d.T), "mrope length",
               lambda i: f"mrope_position_ids has {d.mr_off[i + 1] - d.mr_off[i]} values, want 3*T = {3 * d.T[i]}")
@@ -390,7 +389,11 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
                                           ("video", d.vid_off, d.vid, lim.video_token_id),
                                           ("audio", d.aud_off, d.aud, lim.audio_token_id)):
         # the family's spans of its placeholders (Qwen3-VL: a video's temporal patches, each a run of its own)
-        lists, fields, on = lim.profile.verify_spans(what, d.ids, row_base, lists, fields, token_id)
+        rule = getattr(lim.profile, what)  # the medium's rule (packer.models.rules), None where the family lacks it
+        if rule is not None:
+            lists, fields, on = rule.spans(d.ids, row_base, lists, fields, token_id)
+        else:
+            on = True
         on = (token_id if on else None) if isinstance(on, bool) else on  # the id lying exactly on the spans
         spans[what] = _check_spans(d, lim, check, what, lists, fields, g_starts, g_off)
         checked[what] = lists, fields
@@ -414,59 +417,39 @@ def _check_content(d: _Rows, lim: _Limits, rep: VerifyReport, file: str) -> None
     vid_off, vid = checked["video"]
     img_off, img = checked["image"]
     if len(d.vid["offset"]):
-        vid_grids = np.stack([d.vid["grid_t"], d.vid["grid_h"], d.vid["grid_w"]], axis=1)
-        sizes = np.stack([d.vid["height"], d.vid["width"]], axis=1)
-        faults = lim.profile.video_faults(vid_grids, sizes, d.vid["num_frames"])
-        faults |= lim.profile.video_grid_num_tokens(vid_grids) != d.vid["num_tokens"]
-        faults |= ~(d.vid["second_per_grid_t"] > 0)
+        video = lim.profile.video
+        faults = np.ones(len(d.vid["offset"]), dtype=bool) if video is None else (
+            video.faults(d.vid) | (video.tokens(d.vid) != d.vid["num_tokens"]))
         check(_rows_with(faults, _row_of(d.vid_off), d.R), "video plan",
               lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
               f"{lim.profile.name!r}")
     if len(d.aud["offset"]):  # each clip's numbers under the family's rule: samples -> frames (-> tokens: spans)
-        faults = _audio_plan_faults(lim.profile, d.aud)
-        faults |= (d.aud["sample_rate"] != lim.profile.audio_sample_rate) | (d.aud["num_samples"] < 1)
+        audio = lim.profile.audio
+        faults = np.ones(len(d.aud["offset"]), dtype=bool) if audio is None else audio.faults(d.aud)
         check(_rows_with(faults, _row_of(d.aud_off), d.R), "audio plan",
               lambda i: f"an audio clip's sample rate, samples or feature length disagree under profile "
               f"{lim.profile.name!r} (or its padded_samples, where set)")
 
     # --- mRoPE: recomputed along each tree path by the model family
-    if lim.profile.mrope and L:
+    if lim.profile.positions.mrope and L:
         got = d.mrope.reshape(-1, 3).T  # (3, L): token-major storage
         _, img_sel, img_grids, _ = spans["image"]
         _, vid_sel, vid_grids, _ = spans["video"]
         img_starts = (row_base[_row_of(img_off)] + img["offset"])[img_sel]
-        videos = {}
-        if vid_sel.any():
-            videos = dict(video_offsets=(row_base[_row_of(vid_off)] + vid["offset"])[vid_sel],
-                          video_grids=vid_grids[vid_sel], video_seconds=vid["second_per_grid_t"][vid_sel])
+        videos = dict(offset=(row_base[_row_of(vid_off)] + vid["offset"])[vid_sel], grid=vid_grids[vid_sel],
+                      second_per_grid_t=vid["second_per_grid_t"][vid_sel])
         _, aud_sel, _, _ = spans["audio"]
         aud_off, aud = checked["audio"]  # the family's spans, as for videos (aud_sel selects among them)
-        if aud_sel.any():
-            videos.update(audio_offsets=(row_base[_row_of(aud_off)] + aud["offset"])[aud_sel],
-                          audio_feature_lengths=aud["feature_length"][aud_sel],
-                          audio_num_tokens=aud["num_tokens"][aud_sel], audio_in_video=aud["video"][aud_sel])
-        want = lim.profile.expected_extra_positions(L, g_off, g_par, img_starts, img_grids[img_sel], **videos)
+        audios = {k: aud[k][aud_sel] for k in ("feature_length", "num_tokens", "video")}
+        audios["offset"] = (row_base[_row_of(aud_off)] + aud["offset"])[aud_sel]
+        want = lim.profile.positions.expected(L, g_off, g_par, images=dict(offset=img_starts, grid=img_grids[img_sel]),
+                                              videos=videos, audios=audios)
         bad = (got != want).any(axis=0) & tok_ok
         check(_rows_with(bad, row_of_tok, d.R), "mrope_position_ids",
               lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")
 
     if d.has_seq_lengths:
         _check_seq_lengths(d, check)
-
-
-def _audio_plan_faults(profile: ModelProfile, aud: dict[str, np.ndarray]) -> np.ndarray:
-    """(A,) bool: a clip whose feature_length is not the family's for its samples, or whose padded_samples (schema
-    v5, where set) is fewer than its samples; clips with padded_samples are asked with them, the others without
-    (the families that never store them keep their one-argument ``audio_feature_lengths``)."""
-    padded = aud["padded_samples"]
-    has = padded >= 0
-    want = np.full(len(padded), -1, dtype=np.int64)
-    if (~has).any():
-        want[~has] = profile.audio_feature_lengths(aud["num_samples"][~has])
-    # a family whose rule takes no padded_samples never stores them: such clips stay faults (-1)
-    if has.any() and "padded_samples" in inspect.signature(profile.audio_feature_lengths).parameters:
-        want[has] = profile.audio_feature_lengths(aud["num_samples"][has], padded_samples=padded[has])
-    return (want != aud["feature_length"]) | (has & (padded < aud["num_samples"]))
 
 
 def _check_seq_lengths(d: _Rows, check) -> None:
@@ -518,16 +501,17 @@ def _check_spans(d: _Rows, lim: _Limits, check, what: str, lists: np.ndarray, fi
     check(_rows_with(spans_bad, row_of_img, d.R), f"{what} spans",
           lambda i: f"a {what}'s tokens are outside the row, overlap another {what}, are out of order or cross "
           "an example or tree-node boundary")
+    rule = getattr(lim.profile, what)  # without the medium every entry is wrong
+    want = np.full(len(s), -1, dtype=np.int64) if rule is None else rule.tokens(fields)
     if what == "audio":  # a clip's count follows from its feature length (the family's rule)
         grids = np.zeros((len(s), 3), dtype=np.int64)
-        grid_bad = lim.profile.audio_num_tokens(fields["feature_length"]) != n
+        grid_bad = want != n
         check(_rows_with(grid_bad, row_of_img, d.R), "audio tokens count",
               lambda i: f"an audio clip's num_tokens does not match its feature_length under profile "
               f"{lim.profile.name!r}")
     else:
         grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)  # (I, 3)
-        count = lim.profile.video_grid_num_tokens if what == "video" else lim.profile.grid_num_tokens
-        grid_bad = count(grids) != n
+        grid_bad = want != n
         check(_rows_with(grid_bad, row_of_img, d.R), f"{what} grid",
               lambda i: f"a {what}'s num_tokens does not match its grid (t, h, w) under profile {lim.profile.name!r}")
     img_rows_ok = ~_rows_with(spans_bad | grid_bad, row_of_img, d.R)

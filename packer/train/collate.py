@@ -116,7 +116,7 @@ def _mrope_positions(rows: list[dict[str, Any]], text: np.ndarray) -> torch.Tens
     float32), else int64; ShardError where a non-fractional profile's stored position is not a whole number."""
     mrope = np.concatenate([r["mrope_position_ids"] for r in rows], axis=1)  # (3, T)
     fractional = "profile" in rows[0] and _family(
-        rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items())))[0].fractional_positions
+        rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items())))[0].positions.fractional
     full = np.empty((4, 1, mrope.shape[1]), dtype=np.float32 if fractional else np.int64)  # text row, then t/h/w
     full[0, 0] = text
     full[1:, 0] = mrope
