@@ -271,8 +271,8 @@ class Encoder:
         else:
             positions = tree_position_ids(length, node_offsets, node_parents)
         extra = self.profile.positions.extra(
-            ids, positions, node_offsets, node_parents, images=[im.grid_thw for im in images],
-            videos=draft.videos, audios=draft.audios, token_ids=self._token_ids,
+            ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids,
+            videos=draft.videos, audios=draft.audios,
         )
         return Encoded(
             example_id=example.example_id if example_id is None else example_id,

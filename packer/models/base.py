@@ -91,12 +91,6 @@ class ModelProfile:
     """Fields ``get_profile(name, **overrides)`` may change."""
 
     @property
-    def family(self) -> str:
-        """The family package this profile lives in (``packer/models/<family>/``, docs/models/<family>.md)."""
-        parts = type(self).__module__.split(".")
-        return parts[2] if parts[:2] == ["packer", "models"] and len(parts) > 3 else parts[-1]
-
-    @property
     def has_vision(self) -> bool:
         return self.image_token is not None
 
@@ -449,7 +443,7 @@ class _LegacyPositions(Positions):
         self.mrope = profile.mrope
         self.fractional = profile.fractional_positions
 
-    def extra(self, ids, positions, node_offsets, node_parents, *, images, videos, audios, token_ids):  # noqa: ANN001, ANN201
+    def extra(self, ids, positions, node_offsets, node_parents, images, *, token_ids, videos=(), audios=()):  # noqa: ANN001, ANN201
         kw = {}
         if videos:
             kw["videos"] = videos

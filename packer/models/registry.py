@@ -72,6 +72,12 @@ def get_profile(name: str, **overrides: Any) -> ModelProfile:
     return dataclasses.replace(profile, **changes) if changes else profile
 
 
+def family_of(profile: Any) -> str:
+    """The family package a profile lives in (``packer/models/<family>/``, docs/models/<family>.md)."""
+    parts = type(profile).__module__.split(".")
+    return parts[2] if parts[:2] == ["packer", "models"] and len(parts) > 3 else parts[-1]
+
+
 def forward_keys() -> tuple[str, ...]:
     """Every batch key some registered family's model forward takes (a batch holds only its own family's)."""
     return tuple(dict.fromkeys(k for p in _PROFILES.values() for k in p.forward_keys))

@@ -286,9 +286,9 @@ class Positions:
     are ``t * second_per_grid * 13``): ``collate`` then gives float32 ``position_ids``; else int64, and a stored
     position that is not a whole number is a ShardError."""
 
-    def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray, *,
-              images: Sequence[tuple[int, int, int]], videos: Sequence[EncodedVideo], audios: Sequence[EncodedAudio],
-              token_ids: Mapping[str, int | None]) -> np.ndarray | None:
+    def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray,
+              images: Sequence[tuple[int, int, int]], *, token_ids: Mapping[str, int | None],
+              videos: Sequence[EncodedVideo] = (), audios: Sequence[EncodedAudio] = ()) -> np.ndarray | None:
         """One encoded example's positions beyond ``positions`` (L,), or None: (3, L) int32, or float32 where
         ``fractional``. ``ids`` (L,) are the expanded tokens, ``images`` its images' grids in token order,
         ``videos`` / ``audios`` its entries in token order, ``token_ids`` the ids the encoder resolved for
@@ -304,12 +304,12 @@ class Positions:
         return None
 
 
-def flat_mrope(positions: np.ndarray) -> np.ndarray:
-    """get_rope_index on text alone: three rows equal to the 1-D positions, (3, L) int32.
+def flat_mrope(positions: np.ndarray, dtype: type = np.int32) -> np.ndarray:
+    """get_rope_index on text alone: three rows equal to the 1-D positions, (3, L) int32 (or ``dtype``).
 
     One row seen three times (row stride 0), read-only: no copy until the cache stores it token-major
     (np.broadcast_to gives the same view, slower)."""
-    row = np.ascontiguousarray(positions, dtype=np.int32)
-    out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
+    row = np.ascontiguousarray(positions, dtype=dtype)
+    out = np.ndarray((3, row.shape[0]), dtype, row, 0, (0, row.itemsize))
     out.flags.writeable = False
     return out

@@ -94,7 +94,7 @@ def test_clips_in_every_codec_become_their_counted_runs(toy, clips):
     frames = [-(-n // 160) for n in samples]  # Whisper's mask over a clip padded to 30 s
     assert [a.feature_length for a in enc.audios] == frames
     assert [a.num_tokens for a in enc.audios] == [-(-f // 10) for f in frames]
-    assert all(a.sample_rate == profile.audio_sample_rate and not a.video and a.data is None for a in enc.audios)
+    assert all(a.sample_rate == profile.audio.sample_rate and not a.video and a.data is None for a in enc.audios)
     assert [a.source for a in enc.audios] == [str(clips / n) for n in names]
     messages = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "and"}, {"type": "audio"},
                                              {"type": "audio"}, {"type": "text", "text": "and "}, {"type": "audio"}]},
