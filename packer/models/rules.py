@@ -209,6 +209,32 @@ class VideoRule:
         return lists, entries, True
 
 
+def frame_spans(ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+                token_id: int | None) -> Spans:
+    """Videos as spans of their temporal patches (frames), for a family that writes text between them (Qwen3-VL's
+    timestamps, Gemma 4's mm:ss and frame delimiters): patch k a (1, h, w) span over the k-th run of
+    ``token_id`` from its video's offset; a patch whose run is missing gets offset -1 (a bad span)."""
+    if not len(entries["offset"]):
+        return lists, entries, True
+    rows = len(lists) - 1
+    row_of_vid = np.repeat(np.arange(rows), np.diff(lists))  # (V,)
+    t = np.maximum(entries["grid_t"], 0)  # (V,)
+    edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
+    runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
+    first = np.searchsorted(runs, row_starts[row_of_vid] + entries["offset"])  # (V,) each video's first run
+    video_of = np.repeat(np.arange(len(t)), t)  # (F,) the video of each patch
+    run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, t)
+    found = run < len(runs)
+    flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
+    patches = {"offset": np.where(found, flat - row_starts[row_of_vid[video_of]], -1),
+               "grid_t": np.ones(len(video_of), dtype=np.int64), "grid_h": entries["grid_h"][video_of],
+               "grid_w": entries["grid_w"][video_of],
+               "num_tokens": entries["num_tokens"][video_of] // np.maximum(t[video_of], 1),
+               "second_per_grid_t": entries["second_per_grid_t"][video_of]}
+    per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(per_row)]), patches, True
+
+
 # ---------------------------------------------------------------------------------------------------- audio
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from packer.core.types import EncodedVideo
 from packer.models.qwen_vl.profile import QwenVLProfile
-from packer.models.rules import Entries, MediaRun, Spans
+from packer.models.rules import Entries, MediaRun, Spans, frame_spans
 from packer.models.shared.mrope import MRoPE
 from packer.models.shared.qwen_rules import QwenVideo
 from packer.models.shared.qwen_video_pixels import HALF_MEAN, HALF_STD
@@ -62,28 +62,9 @@ class Qwen3Video(QwenVideo):
 
     def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
               token_id: int | None) -> Spans:
-        """A video as spans of its temporal patches: each patch a (1, h, w) span over the k-th run of video
-        tokens from its video's offset (its timestamp and start/end tokens lie between the runs). A video whose
-        runs are missing gets offset -1 (a bad span)."""
-        if not len(entries["offset"]):
-            return lists, entries, True
-        rows = len(lists) - 1
-        row_of_vid = np.repeat(np.arange(rows), np.diff(lists))
-        t = entries["grid_t"]
-        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
-        runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
-        first = np.searchsorted(runs, row_starts[row_of_vid] + entries["offset"])  # (V,) each video's first run
-        video_of = np.repeat(np.arange(len(t)), np.maximum(t, 0))  # (F,) the video of each patch
-        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, np.maximum(t, 0))
-        found = run < len(runs)
-        flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
-        offset = np.where(found, flat - row_starts[row_of_vid[video_of]], -1)
-        grid_h, grid_w = entries["grid_h"][video_of], entries["grid_w"][video_of]
-        patches = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
-                   "num_tokens": entries["num_tokens"][video_of] // np.maximum(t[video_of], 1),
-                   "second_per_grid_t": entries["second_per_grid_t"][video_of]}
-        per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
-        return np.concatenate([[0], np.cumsum(per_row)]), patches, True
+        """A video as spans of its temporal patches (``rules.frame_spans``): its timestamps and start/end tokens
+        lie between their runs."""
+        return frame_spans(ids, row_starts, lists, entries, token_id)
 
 
 @dataclass(frozen=True)
