@@ -339,3 +339,26 @@ def flat_mrope(positions: np.ndarray, dtype: type = np.int32) -> np.ndarray:
     out = np.ndarray((3, row.shape[0]), dtype, row, 0, (0, row.itemsize))
     out.flags.writeable = False
     return out
+
+
+@dataclass(frozen=True)
+class FixedImage(ImageRule):
+    """Every image resized (and cropped) to one square of ``side_px``, one token per ``patch_px`` patch, whatever
+    its size (LLaVA-1.5: 336 / 14 -> (1, 24, 24), 576 tokens); any stored grid has that count."""
+
+    side_px: int
+    patch_px: int
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.side_px // self.patch_px) ** 2
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        side = self.side_px // self.patch_px
+        return (1, side, side)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        return self.tokens_per_image
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        return np.full(len(grids), self.tokens_per_image, dtype=np.int64)
