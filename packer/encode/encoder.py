@@ -102,7 +102,7 @@ class Encoder:
         self._chat = ChatTemplate(
             chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None),
             special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
-            images=profile.has_vision, fast="python-template" in self.fast_paths,
+            images=profile.image is not None, fast="python-template" in self.fast_paths,
         )
         # Special (control) tokens: an end-of-turn marker is the first of them after a message's content.
         self._is_special = special_token_mask(tokenizer)  # (V,) id -> control token?
@@ -119,14 +119,14 @@ class Encoder:
         self._is_placeholder = np.zeros_like(self._is_special)  # (V,) id -> an image, video or audio token?
         self._is_placeholder[[t for t in (self.image_token_id, self.video_token_id, self.audio_token_id)
                               if t is not None]] = True
-        self.vision_start_id = self._token_id(profile.vision_start)
+        self.vision_start_id = self._token_id(profile.image.start if profile.image else None)
         # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
             "image_token": self.image_token_id,
             "video_token": self.video_token_id,
             "audio_token": self.audio_token_id,
             "vision_start": self.vision_start_id,
-            "vision_end": self._token_id(profile.vision_end),
+            "vision_end": self._token_id(profile.image.end if profile.image else None),
         }
         self._runs = media.RunIds(self)  # the ids of runs laid out in tokens of their own, per distinct run
         self.bos_id = tokenizer.bos_token_id

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from packer.errors import ConfigError, RecordError
 
 if TYPE_CHECKING:
-    from packer.models.base import ModelProfile
     from packer.models.shared.tokenizer import TokenizerSpec
 
+ModelProfile = Any  # packer.models.base.ModelProfile; not imported: base imports this module (no cycle)
 _PROFILES: dict[str, ModelProfile] = {}
 _TOKENIZERS: dict[str, TokenizerSpec] = {}
 
@@ -88,8 +88,8 @@ def profiles_with(what: str) -> tuple[str, ...]:
     track), for error messages."""
     def takes(p: ModelProfile) -> bool:
         if what == "audio_in_video":
-            return p.has_audio and p.has_video and p.audio_in_video
-        return p.has_video if what == "video" else p.has_audio if what == "audio" else p.has_vision
+            return p.audio is not None and p.video is not None and p.audio.in_video
+        return getattr(p, what) is not None
 
     return tuple(n for n, p in _PROFILES.items() if takes(p))
 

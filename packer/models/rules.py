@@ -21,9 +21,9 @@ of its own subclasses one of these bases. No torch here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -122,9 +122,18 @@ def grids_of(entries: Entries) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------- images
 
 
+@dataclass(frozen=True)
 class ImageRule:
     """An image's size -> its grid and tokens; stored grids -> their tokens. Subclasses give ``grid_thw`` and
     ``grid_num_tokens`` (and ``num_tokens`` where it is not the grid's)."""
+
+    start: str | None = field(default=None, kw_only=True)
+    """The token before an image's run (Qwen's ``<|vision_start|>``), or None; truncation never leaves it
+    without its image."""
+    end: str | None = field(default=None, kw_only=True)
+    """The token after an image's run (Qwen's ``<|vision_end|>``), or None."""
+    bidirectional: bool = field(default=False, kw_only=True)
+    """An image's tokens see each other (the profile's ``bidirectional_images``)."""
 
     def plan(self, ref: ImageRef) -> tuple[int, int]:
         """(width, height) from the file header, cached per file (``packer.media.images.image_size``)."""
@@ -155,6 +164,17 @@ class ImageRule:
         """The unit the vision tower works in per image, for ``packer stats``: (name, count per stored grid), or
         None (the default) when tokens say it all (InternVL: ("tiles", rows * cols + thumbnail))."""
         return None
+
+    def bidirectional_spans(self, row: Mapping) -> list[tuple[int, ...]]:
+        """The [start, end) token ranges of one shard row (docs/format.md) whose tokens all see each other: each
+        image's run where ``bidirectional``, else none. A family may give (start, end, group) rows instead: the
+        spans of one group see each other too (Molmo2); a group's spans lie on one root-to-leaf path.
+
+            images = [{"offset": 5, "num_tokens": 4}]  ->  [(5, 9)] when bidirectional, else []
+        """
+        if not self.bidirectional:
+            return []
+        return [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
 
     def tokens(self, entries: Entries) -> np.ndarray:
         return self.grid_num_tokens(grids_of(entries))
@@ -258,6 +278,9 @@ class AudioRule:
 
     sample_rate: int = 16000
     """The rate the family's loader resamples every clip to (Whisper-style encoders: 16 kHz)."""
+    in_video: ClassVar[bool] = False
+    """True where the family lays a video's sound track (``AudioRef.video``) out with its frames (Qwen-Omni's
+    ``media_runs``)."""
 
     def plan(self, ref: AudioRef) -> AudioPlan:
         """The samples the family's loader yields for the clip's window and the feature frames they make."""

@@ -108,7 +108,7 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     counts = {}
     for path in coco_images:
         ref = ImageRef(path=str(path))
-        w, h = PAS.image_size(ref)
+        w, h = PAS.image.plan(ref)
         chw = np.asarray(load_image(ref)).transpose(2, 0, 1)
         crops = proc.pan_and_scan(chw, **rule)
         rows, cols = PAS.image.crop_layout(w, h)
@@ -126,10 +126,10 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     assert {0, 2, 3, 4} <= set(out["num_crops"].tolist())
     entries = [(r, g) for r, (w, h) in zip(refs, ODD_SIZES, strict=True)
                for g in [run.grid for run in (small.image.blocks((w, h)) or types.SimpleNamespace(runs=[small.image.run((w, h))])).runs]]
-    assert small.grid_num_tokens(np.array([g for _, g in entries])).tolist() == [4] * len(out["pixel_values"])
+    assert small.image.grid_num_tokens(np.array([g for _, g in entries])).tolist() == [4] * len(out["pixel_values"])
     pixels = small.reader().pixel_inputs([r for r, _ in entries], [g for _, g in entries])["pixel_values"]
     assert np.array_equal(pixels.numpy(), out["pixel_values"])
-    assert PAS.grid_num_tokens(np.array([(6, 16, 16), (0, 16, 16)])).tolist() == [-1, -1]  # 4 crops at most
+    assert PAS.image.grid_num_tokens(np.array([(6, 16, 16), (0, 16, 16)])).tolist() == [-1, -1]  # 4 crops at most
 
 
 @pytest.mark.slow

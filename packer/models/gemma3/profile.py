@@ -51,9 +51,7 @@ class Gemma3Image(ImageRule):
     """Every image resized to one square, ``tokens_per_image`` pooled tokens; with pan-and-scan an elongated image
     is also cut into crops, written as blocks with text between (``blocks``: the processor's rewrite)."""
 
-    token: str
-    start: str
-    end: str
+    token: str = "<image_soft_token>"
     tokens_per_image: int = 256
     do_pan_and_scan: bool = False
     pan_and_scan_min_crop_size: int = 256
@@ -151,7 +149,7 @@ class Gemma3Profile(ModelProfile):
 
     @cached_property
     def image(self) -> Gemma3Image:
-        return Gemma3Image(self.image_token, self.vision_start, self.vision_end,
+        return Gemma3Image(self.image_token, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images,
                            tokens_per_image=self.tokens_per_image, do_pan_and_scan=self.do_pan_and_scan,
                            pan_and_scan_min_crop_size=self.pan_and_scan_min_crop_size,
                            pan_and_scan_max_num_crops=self.pan_and_scan_max_num_crops,

@@ -109,7 +109,7 @@ class Gemma4Profile(ModelProfile):
 
     @cached_property
     def image(self) -> Gemma4Image:
-        return Gemma4Image(self.image_token, self.vision_start, self.vision_end, patch_size=self.patch_size,
+        return Gemma4Image(self.image_token, start=self.vision_start, end=self.vision_end, patch_size=self.patch_size,
                            pooling=self.pooling_kernel_size, max_soft_tokens=self.max_soft_tokens)
 
     @cached_property

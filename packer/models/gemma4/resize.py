@@ -76,9 +76,7 @@ class Gemma4Image(ImageRule):
     """Gemma 4's image processor: resized within ``max_soft_tokens`` (``pooled_grid``), one soft token per
     ``pooling`` x ``pooling`` patches, written ``<|image>`` + the soft tokens + ``<image|>``."""
 
-    token: str
-    boi: str
-    eoi: str
+    token: str = "<|image|>"
     patch_size: int = 16
     pooling: int = 3
     max_soft_tokens: int = 280
@@ -99,7 +97,7 @@ class Gemma4Image(ImageRule):
         first soft token."""
         grid = self.grid_thw(*size)
         n = grid[1] * grid[2]
-        return MediaRun(grid, n, tokens=(self.boi, *(self.token,) * n, self.eoi), lead=1)
+        return MediaRun(grid, n, tokens=(self.start, *(self.token,) * n, self.end), lead=1)
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """rows * cols of stored (1, rows, cols), -1 unless 1 <= rows * cols <= max_soft_tokens (what the resize

@@ -18,7 +18,7 @@ every image and every temporal patch of a video is a (1, h, w) run of ``<|image|
 image token too), and ``packer.models.shared.mrope`` (Qwen2-VL's rule, per root-to-leaf path) gives exactly GLM's
 positions when handed those runs' grids in token order.
 
-Videos are built by default; their frames hold ``<|image|>``, so ``verify_spans`` tells verify that the video
+Videos are built by default; their frames hold ``<|image|>``, so the image rule's ``spans`` tells verify that the video
 spans (one per temporal patch) hold the image placeholder too, and verify checks it against images' and videos'
 spans together. ``videos=False`` refuses every video with the reason (docs/models/glm46v.md, "Videos").
 """
@@ -139,7 +139,8 @@ class Glm46VProfile(ModelProfile):
 
     @cached_property
     def image(self) -> GlmImage:
-        return GlmImage(self.patch_size, self.merge_size, self.temporal_patch_size, self.min_pixels, self.max_pixels)
+        return GlmImage(self.patch_size, self.merge_size, self.temporal_patch_size, self.min_pixels, self.max_pixels,
+                        start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images)
 
     @cached_property
     def video(self) -> GlmVideo:

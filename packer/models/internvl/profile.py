@@ -39,9 +39,7 @@ class TiledImage(ImageRule):
     (``tile_layout``), plus a thumbnail when there are several, ``tokens_per_tile`` each, written
     ``start`` + ``token`` * n + ``end``."""
 
-    token: str
-    start: str
-    end: str
+    token: str = "<IMG_CONTEXT>"
     tile_px: int = 448
     tokens_per_tile: int = 256
     min_tiles: int = 1
@@ -108,7 +106,7 @@ class InternVLProfile(ModelProfile):
 
     @cached_property
     def image(self) -> TiledImage:
-        return TiledImage(self.image_token, self.vision_start, self.vision_end, tile_px=self.tile_px,
+        return TiledImage(self.image_token, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images, tile_px=self.tile_px,
                           tokens_per_tile=self.tokens_per_tile, min_tiles=self.min_tiles, max_tiles=self.max_tiles)
 
     def reader(self) -> Reader:

@@ -18,7 +18,7 @@ root-to-leaf path (packer/train/layout.py, ``PackedLayout.chunk_plan``), docs/mo
 Stored per image (docs/models/llama4.md, "In the shards"): grid (t, h, w) = (1, rows, cols) of the canvas in tiles;
 ``num_tokens`` = the ``<|patch|>`` tokens, 144 * (rows * cols, + 1 for the global tile when rows * cols > 1);
 ``offset`` is the run's first token (``<|image_start|>``). verify checks each image by its ``<|image|>`` token and
-the layout around it (``verify_spans``).
+the layout around it (the image rule's ``spans``).
 
 Counts from the header alone (width, height): transformers 5.23.0's ``image_processing_llama4`` canvas rule
 (``find_supported_resolutions``, ``get_best_fit`` in float32 as it computes it), exact on every COCO-mini image and
@@ -217,7 +217,7 @@ class Llama4Profile(ModelProfile):
     @cached_property
     def image(self) -> Llama4Image:
         return Llama4Image(self.image_token, self.tile_px, self.max_patches, self.resize_to_max_canvas,
-                           self.patch_size, self.pixel_shuffle_ratio)
+                           self.patch_size, self.pixel_shuffle_ratio, bidirectional=self.bidirectional_images)
 
     @property
     def tokens_per_tile(self) -> int:

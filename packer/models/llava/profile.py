@@ -38,7 +38,7 @@ class LlavaProfile(ModelProfile):
 
     @cached_property
     def image(self) -> FixedImage:
-        return FixedImage(self.image_px, self.patch_size)
+        return FixedImage(self.image_px, self.patch_size, bidirectional=self.bidirectional_images)
 
     @property
     def tokens_per_image(self) -> int:

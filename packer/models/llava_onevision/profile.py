@@ -122,7 +122,7 @@ class LlavaOnevisionProfile(ModelProfile):
 
     @cached_property
     def image(self) -> AnyresImage:
-        return AnyresImage(self.crop_px, self.patch_size, self.max_tiles, self.pinpoints)
+        return AnyresImage(self.crop_px, self.patch_size, self.max_tiles, self.pinpoints, bidirectional=self.bidirectional_images)
 
     def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
         """Tiled if every path through the image's node holds it alone; else one crop: side**2 + 1 tokens.

@@ -14,7 +14,7 @@ its own grid, so images of one packed batch stay apart (docs/models/mistral3.md)
 Stored per image (docs/models/mistral3.md, "In the shards"): grid (t, h, w) = (1, rows, cols) of merged patches,
 ``num_tokens`` = rows * cols, the ``[IMG]`` tokens the model replaces with image features (the count after
 merging); ``offset`` is the run's first token (an ``[IMG]``); the run is ``rows`` tokens longer
-(``[IMG_BREAK]`` x rows - 1, ``[IMG_END]``). verify checks each row of ``[IMG]`` tokens (``verify_spans``).
+(``[IMG_BREAK]`` x rows - 1, ``[IMG_END]``). verify checks each row of ``[IMG]`` tokens (the image rule's ``spans``).
 
 Counts from the header alone (width, height): transformers 5.23.0's ``get_resize_output_image_size`` of
 ``image_processing_pil_pixtral`` with PixtralProcessor's patch size (patch_size * spatial_merge_size), exact on
@@ -158,7 +158,7 @@ class Mistral3Profile(ModelProfile):
 
     @cached_property
     def image(self) -> PixtralImage:
-        return PixtralImage(self.image_token, self.longest_edge, self.patch_size, self.spatial_merge_size)
+        return PixtralImage(self.image_token, self.longest_edge, self.patch_size, self.spatial_merge_size, bidirectional=self.bidirectional_images)
 
     # ------------------------------------------------------------------ read / proof
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -110,6 +111,31 @@ class Molmo2Image(ImageRule):
         total = self._run_length(*self.low_res_grid) + self._run_length(grids[:, 1], grids[:, 2])
         return np.where(ok, total, -1)
 
+    def bidirectional_spans(self, row: Mapping) -> list[tuple[int, ...]]:
+        """(start, end, group) per image run and per video frame run; group = the highest node with media on
+        the run's path.
+
+        Molmo2 makes all image tokens of a sequence one block (a video's frames too); the profile's ``media_runs`` admits
+        only trees whose media nodes form chains without a branch point between them, so each chain is the
+        block of every path through it (two branches' own images: two chains, two groups)."""
+        runs = [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
+        for v in row.get("videos") or ():
+            runs += frame_runs(row["input_ids"], offset=int(v["offset"]), grid=(v["grid_t"], v["grid_h"], v["grid_w"]))
+        node_offsets = row.get("node_offsets")
+        if node_offsets is None or len(node_offsets) <= 1:
+            return [(a, b, 0) for a, b in runs]
+        parents = np.asarray(row["node_parents"]).tolist()
+        nodes = (np.searchsorted(np.asarray(node_offsets), [a for a, _ in runs], side="right") - 1).tolist()
+        has_media = set(nodes)
+        out = []
+        for (a, b), node in zip(runs, nodes, strict=True):
+            top, n = node, parents[node]
+            while n >= 0:
+                top = n if n in has_media else top
+                n = parents[n]
+            out.append((a, b, top))
+        return out
+
     def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
               token_id: int | None) -> Spans:
         """Laid out in tokens of its own: the placeholder appears nowhere in a row."""
@@ -154,7 +180,7 @@ class Molmo2Profile(ModelProfile):
     @cached_property
     def image(self) -> Molmo2Image:
         return Molmo2Image(self.crop_px, self.patch_size, self.max_crops, self.overlap_margins, self.pooling,
-                           self.col_tokens)
+                           self.col_tokens, bidirectional=self.bidirectional_images)
 
     @cached_property
     def video(self) -> Molmo2Video:
@@ -176,31 +202,6 @@ class Molmo2Profile(ModelProfile):
         return super().media_runs(media, node_parents)
 
     # ------------------------------------------------------------------ read
-
-    def bidirectional_spans(self, row: dict[str, Any]) -> list[tuple[int, int, int]]:
-        """(start, end, group) per image run and per video frame run; group = the highest node with media on
-        the run's path.
-
-        Molmo2 makes all image tokens of a sequence one block (a video's frames too); ``media_runs`` admits
-        only trees whose media nodes form chains without a branch point between them, so each chain is the
-        block of every path through it (two branches' own images: two chains, two groups)."""
-        runs = [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
-        for v in row.get("videos") or ():
-            runs += frame_runs(row["input_ids"], offset=int(v["offset"]), grid=(v["grid_t"], v["grid_h"], v["grid_w"]))
-        node_offsets = row.get("node_offsets")
-        if node_offsets is None or len(node_offsets) <= 1:
-            return [(a, b, 0) for a, b in runs]
-        parents = np.asarray(row["node_parents"]).tolist()
-        nodes = (np.searchsorted(np.asarray(node_offsets), [a for a, _ in runs], side="right") - 1).tolist()
-        has_media = set(nodes)
-        out = []
-        for (a, b), node in zip(runs, nodes, strict=True):
-            top, n = node, parents[node]
-            while n >= 0:
-                top = n if n in has_media else top
-                n = parents[n]
-            out.append((a, b, top))
-        return out
 
     def reader(self) -> Reader:
         from packer.models.molmo2.reader import Molmo2Reader

@@ -33,6 +33,7 @@ from packer.models.shared.audio_features import WhisperAudio, whisper_tokens
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 MIN_TOKENS = 2  # fewer and the model's forward takes the batch for unexpanded input (module docstring)
 AUDIO = WhisperAudio(min_tokens=MIN_TOKENS, hint="Qwen2-Audio's model takes a clip of one token for unexpanded "
@@ -62,6 +63,11 @@ class Qwen2AudioProfile(ModelProfile):
     @cached_property
     def audio(self) -> WhisperAudio:
         return AUDIO
+
+    def reader(self) -> Reader:
+        from packer.models.reader import Reader
+
+        return Reader(self)
 
     def proof(self) -> Proof:
         from packer.models.qwen2_audio.proof import Qwen2AudioProof

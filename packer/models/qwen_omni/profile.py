@@ -88,6 +88,8 @@ class OmniAudio(AudioRule):
     """Qwen2.5-Omni's audio: ``rope.mel_frames`` (Whisper features, padded to and cut at 30 s), then
     ``rope.audio_tokens_from_frames``; each clip alone (``plan_example``)."""
 
+    in_video = True
+
     def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
         """``rope.mel_frames``: ceil(n / 160), at most 3000 (30 s); -1 for an empty clip or a padded one (this
         model pads no clip beside the others)."""
@@ -343,7 +345,7 @@ class QwenOmniProfile(ModelProfile):
     @cached_property
     def image(self) -> QwenImage:
         return QwenImage(patch_size=self.patch_size, merge_size=self.merge_size, min_pixels=self.min_pixels,
-                         max_pixels=self.max_pixels)
+                         max_pixels=self.max_pixels, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images)
 
     @cached_property
     def video(self) -> OmniVideo:

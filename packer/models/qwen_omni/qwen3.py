@@ -13,7 +13,7 @@ What differs from Qwen2.5-Omni, and where packer follows what:
   longest length (``AudioPlan.padded_samples``, the shards' ``audios.padded_samples``), which the reader pads
   to. In a tree each root-to-leaf path is one example; a clip its paths pad differently is refused
   (``audio_tree``): no single set of features is every path's.
-- Positions are float32 (``rope3.omni3_position_ids``; ``fractional_positions``).
+- Positions are float32 (``rope3.omni3_position_ids``; ``Positions.fractional``).
 - Images: ``Qwen2VLImageProcessor`` with 16 px patches, merge 2, mean/std 0.5 (the SigLIP2-initialised tower
   Qwen3-VL also uses) and the profile's min/max pixels (default 3136 / 12845056, Qwen2.5-Omni's checkpoint
   bounds: set yours from your checkpoint's preprocessor_config.json). The processor is packer's reference for

@@ -98,7 +98,7 @@ class QwenVLProfile(ModelProfile):
     @cached_property
     def image(self) -> QwenImage:
         return QwenImage(patch_size=self.patch_size, merge_size=self.merge_size, min_pixels=self.min_pixels,
-                         max_pixels=self.max_pixels)
+                         max_pixels=self.max_pixels, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images)
 
     @cached_property
     def video(self) -> QwenVideo:

@@ -17,7 +17,7 @@ Stored per image (docs/models/smolvlm.md, "In the shards"): grid (t, h, w) = (1,
 image_seq_len, or image_seq_len unsplit (``grid_num_tokens``): the tokens the model replaces with image
 features. ``offset`` is the run's first token (its first ``<fake_token_around_image>``); the run is longer than
 ``num_tokens`` by its ``<fake_token_around_image>``, ``<row_i_col_j>``, ``<global-img>`` and newline tokens.
-verify checks each tile's ``<image>`` run (``verify_spans``).
+verify checks each tile's ``<image>`` run (the image rule's ``spans``).
 
 Counts from the header alone (width, height): the resize and split arithmetic of transformers 5.23.0's
 ``SmolVLMImageProcessorPil`` (``tile_grid``), exact on every COCO-mini image and odd sizes
@@ -210,7 +210,7 @@ class SmolVLMProfile(ModelProfile):
     @cached_property
     def image(self) -> SmolVLMImage:
         return SmolVLMImage(self.image_token, self.tile_px, self.longest_edge, self.patch_size, self.scale_factor,
-                            self.do_image_splitting)
+                            self.do_image_splitting, bidirectional=self.bidirectional_images)
 
     @property
     def image_seq_len(self) -> int:
