@@ -7,7 +7,7 @@ model profile. The Encoder orchestrates four stages, each in its own module:
     media    each placeholder becomes its family's run (``ModelProfile.media_runs``) (media.py)
     lengths  the length policy of an example longer than max_length (lengths.py)
 
-then positions: a token's position on its root-to-leaf path, and the profile's own (``extra_positions``: mRoPE).
+then positions: a token's position on its root-to-leaf path, and the profile's own (``positions.extra``: mRoPE).
 
 Fast paths, each beside the general path it replaces, selected by one argument: ``Encoder(..., fast=True)`` (the
 default) takes them where they apply, ``fast=False`` never does, ``fast={"byte-lengths", ...}`` takes those named
@@ -120,7 +120,7 @@ class Encoder:
         self._is_placeholder[[t for t in (self.image_token_id, self.video_token_id, self.audio_token_id)
                               if t is not None]] = True
         self.vision_start_id = self._token_id(profile.image.start if profile.image else None)
-        # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
+        # what the profile's positions.extra may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
             "image_token": self.image_token_id,
             "video_token": self.video_token_id,

@@ -344,7 +344,7 @@ def test_mrope_equals_per_token_reference(data, merge):
     np.testing.assert_array_equal(got, want)
 
 
-def test_extra_positions_is_mrope_and_text_is_three_equal_rows(tok) -> None:
+def test_positions_extra_is_mrope_and_text_is_three_equal_rows(tok) -> None:
     """What the encoder calls: the text-only fast path and the image path give get_rope_index's rows."""
     profile = get_profile("qwen2-vl")
     token_ids = {"image_token": IMAGE_PAD, "vision_start": VISION_START, "vision_end": VISION_END}
