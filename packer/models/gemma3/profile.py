@@ -115,6 +115,7 @@ class Gemma3Profile(ModelProfile):
     image_token: str | None = "<image_soft_token>"
     vision_start: str | None = "<start_of_image>"
     vision_end: str | None = "<end_of_image>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     bidirectional_images: bool = True
     default_tokenizer: str = "gemma3"
     image_px: int = 896

@@ -59,6 +59,7 @@ class Gemma4Profile(ModelProfile):
     image_token: str | None = "<|image|>"
     vision_start: str | None = "<|image>"
     vision_end: str | None = "<image|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     video_token: str | None = "<|video|>"
     audio_token: str | None = "<|audio|>"
     audio_start: str = "<|audio>"

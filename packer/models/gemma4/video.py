@@ -63,7 +63,7 @@ class Gemma4Video(VideoRule):
     max_soft_tokens: int = 70
     num_frames: int = 32
 
-    def plan(self, video: VideoRef) -> VideoPlan:
+    def plan(self, ref: VideoRef) -> VideoPlan:
         """Frames, grid (frames, rows, cols) and ``<|video|>`` count of one clip, from its header alone.
 
         ``video_num_frames`` (32) frames, or the part's ``nframes``; a clip with fewer frames than the default gives
@@ -73,6 +73,7 @@ class Gemma4Video(VideoRule):
         default ``num_frames`` is its ValueError; the Qwen options mean nothing to it), an ``nframes`` past the
         clip's frame count (the processor's ValueError).
         """
+        video = ref
         if video.frames:
             raise RecordError("bad_video", "Gemma 4's video processor samples frames from a clip, not from a list of frame "
                                            "images (transformers raises there); give the video as a file")

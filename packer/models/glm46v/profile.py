@@ -106,6 +106,7 @@ class Glm46VProfile(ModelProfile):
     image_token: str | None = "<|image|>"
     vision_start: str | None = "<|begin_of_image|>"
     vision_end: str | None = "<|end_of_image|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     video_token: str | None = "<|video|>"
     default_tokenizer: str | None = "glm-4.6v"
     patch_size: int = 14

@@ -118,9 +118,10 @@ class GlmVideo(VideoRule):
     enabled: bool = True
     """False: every video refused with ``VIDEOS_OFF`` (``--profile-option videos=false``)."""
 
-    def plan(self, video: VideoRef) -> VideoPlan:
+    def plan(self, ref: VideoRef) -> VideoPlan:
         """Frames, grid and tokens of one clip from its header: ``sample_frames``, then ``smart_resize`` of the sampled
         frames together, then the patchify grid (frames / 2, height / 14, width / 14)."""
+        video = ref
         if not self.enabled:
             raise RecordError("bad_video", VIDEOS_OFF)
         if video.frames:
@@ -180,13 +181,14 @@ class GlmVideo(VideoRule):
         return ((grids[:, 0] * self.temporal_patch_size != num_frames) | (grids[:, 0] < 1)
                 | (grids[:, 1] * p != sizes[:, 0]) | (grids[:, 2] * p != sizes[:, 1]))
 
-    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: Entries,
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
               token_id: int | None) -> Spans:
         """A video as spans of its temporal patches, each a (1, h, w) span over the k-th run of its frame token from
         the video's offset (the timestamp and ``<|end_of_image|><|begin_of_image|>`` lie between the runs); the frame
         token is the one at the first video's offset (``<|image|>``: the manifest records only ``<|video|>``'s id),
         a video whose offset holds another gets offset -1. The spans hold that token, which verify checks against
         the images' spans and these together; the ``<|video|>`` placeholder appears nowhere."""
+        fields = entries
         if not len(fields["offset"]):
             return lists, fields, False
         rows = len(lists) - 1

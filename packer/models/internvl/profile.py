@@ -84,6 +84,7 @@ class InternVLProfile(ModelProfile):
     image_token: str | None = "<IMG_CONTEXT>"
     vision_start: str | None = "<img>"
     vision_end: str | None = "</img>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     default_tokenizer: str | None = "internvl3"
     tile_px: int = 448
     """Tile side in pixels (the vision tower's input)."""

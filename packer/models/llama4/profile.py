@@ -102,7 +102,7 @@ class Llama4Image(ImageRule):
         marker = (t == 1) & (r == 0) & (c == 0)
         return np.where(ok, self.tokens_per_tile * (n + (n > 1)), np.where(marker, 1, -1))
 
-    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: Entries,
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
               token_id: int | None) -> Spans:
         """Each image as ONE span: its ``<|image|>`` token (grid (1, 0, 0), 1 token), where the run's layout puts it
         (1 + rows * cols * (tokens_per_tile + 1) tokens from the run's offset for a tiled canvas, 1 for one tile), and
@@ -116,6 +116,7 @@ class Llama4Image(ImageRule):
         such span more. An entry whose grid is not a canvas or whose num_tokens disagrees keeps its offset and
         num_tokens with grid (0, h, w), which no image has (verify reports a wrong grid).
         """
+        fields = entries
         if not len(fields["offset"]):
             return lists, fields, True
         P = self.tokens_per_tile

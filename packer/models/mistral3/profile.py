@@ -95,7 +95,7 @@ class PixtralImage(ImageRule):
         ok = (t == 1) & (r >= 1) & (c >= 1) & (r <= self.max_side) & (c <= self.max_side)
         return np.where(ok, r * c, -1)
 
-    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: Entries,
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
               token_id: int | None) -> Spans:
         """An image as the spans of its rows: row k a (1, 1, cols) span of cols tokens at offset + k * (cols + 1),
         and the ``[IMG]`` tokens lie exactly on the rows (placed). One token lies between two rows and after the
@@ -106,6 +106,7 @@ class PixtralImage(ImageRule):
         the breaks and the end have is the tokenizer's and verify does not know them (the manifest records the
         placeholder's only): that they are not ``[IMG]`` is what is checked.
         """
+        fields = entries
         if not len(fields["offset"]):
             return lists, fields, True
         n = fields["num_tokens"]

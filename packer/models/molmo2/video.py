@@ -67,12 +67,13 @@ class Molmo2Video(VideoRule):
         side = self.crop_px // self.patch_size
         return -(-side // self.pooling[0]), -(-side // self.pooling[1])
 
-    def plan(self, video: VideoRef) -> VideoPlan:
+    def plan(self, ref: VideoRef) -> VideoPlan:
         """Frames, grid (frames, 9, 9) and ``<im_patch>`` count of one clip, from its header alone.
 
         A frame list, ``video_start``/``video_end`` or a Qwen-only option is refused (RecordError bad_video):
         Molmo2's processor takes a whole clip and only the sampling options in ``OPTIONS``.
         """
+        video = ref
         options = dict(video.options)
         if video.frames:
             raise RecordError("bad_video", "Molmo2 takes a video file, not a list of frame images")

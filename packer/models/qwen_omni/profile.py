@@ -22,7 +22,7 @@ which audio tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
@@ -257,7 +257,7 @@ class OmniPositions(Positions):
 
 
 def split_runs(what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
-               token_id: int | None, *, merge: int, frames_for_tokens) -> Spans:  # noqa: ANN001
+               token_id: int | None, *, merge: int, frames_for_tokens: Callable[[int], int] | None) -> Spans:
     """A video with its sound as the runs verify can check: its frames' runs (whole frames, (k, h, w) each)
     and its sound's runs (``feature_length`` ``frames_for_tokens``, which the count rule maps back to the run's
     tokens), the runs of its tokens from its offset until its tokens are all found. ``OmniPositions.expected``
@@ -315,6 +315,7 @@ class QwenOmniProfile(ModelProfile):
     audio_token: str | None = "<|AUDIO|>"
     vision_start: str | None = "<|vision_bos|>"
     vision_end: str | None = "<|vision_eos|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     audio_start: str = "<|audio_bos|>"
     audio_end: str = "<|audio_eos|>"
     default_tokenizer: str | None = "qwen2.5-omni"

@@ -143,6 +143,7 @@ class Qwen3OmniProfile(QwenOmniProfile):
     audio_token: str | None = "<|audio_pad|>"
     vision_start: str | None = "<|vision_start|>"
     vision_end: str | None = "<|vision_end|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     audio_start: str = "<|audio_start|>"
     audio_end: str = "<|audio_end|>"
     default_tokenizer: str | None = "qwen3-omni"

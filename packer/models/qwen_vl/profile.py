@@ -55,6 +55,7 @@ class QwenVLProfile(ModelProfile):
     image_token: str | None = "<|image_pad|>"
     vision_start: str | None = "<|vision_start|>"
     vision_end: str | None = "<|vision_end|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     patch_size: int = 14
     """Vision transformer patch side in pixels."""
     merge_size: int = 2

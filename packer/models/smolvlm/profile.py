@@ -114,7 +114,7 @@ class SmolVLMImage(ImageRule):
         split = (t == 1) & (r >= 1) & (c >= 1) & (np.maximum(r, c) == k) & (self.do_image_splitting and k > 1)
         return np.where(single, self.image_seq_len, np.where(split, (r * c + 1) * self.image_seq_len, -1))
 
-    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: Entries,
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
               token_id: int | None) -> Spans:
         """An image as spans of its tiles: tile k (k < rows * cols + 1) a (1, 0, 0) span of image_seq_len tokens
         over the k-th run of ``<image>`` tokens from the image's offset, and the ``<image>`` tokens lie exactly on
@@ -127,6 +127,7 @@ class SmolVLMImage(ImageRule):
         whose run is missing or laid out otherwise gets offset -1 (a bad span). Which ids those other tokens
         have is the tokenizer's and verify does not know them (the manifest records the placeholder's only).
         """
+        fields = entries
         if not len(fields["offset"]) or token_id is None:
             return lists, fields, True
         seq = self.image_seq_len
