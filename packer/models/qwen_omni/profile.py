@@ -35,22 +35,18 @@ from packer.media.video import VideoPlan
 from packer.models.base import ModelProfile
 from packer.models.qwen_omni.rope import (
     Block,
-    audio_tokens_from_frames,
     interleave,
-    mel_frames,
     omni_position_ids,
 )
 from packer.models.rules import (
-    AudioPlan,
-    AudioRule,
     Entries,
     Media,
     MediaRun,
     Positions,
     Spans,
-    audio_info,
     flat_mrope,
 )
+from packer.models.shared.audio_features import WhisperAudio
 from packer.models.shared.qwen_rules import QwenImage, QwenVideo
 from packer.models.shared.qwen_video_pixels import CLIP_MEAN, CLIP_STD
 
@@ -84,32 +80,14 @@ class OmniVideo(QwenVideo):
 
 
 @dataclass(frozen=True)
-class OmniAudio(AudioRule):
-    """Qwen2.5-Omni's audio: ``rope.mel_frames`` (Whisper features, padded to and cut at 30 s), then
-    ``rope.audio_tokens_from_frames``; each clip alone (``plan_example``)."""
+class OmniAudio(WhisperAudio):
+    """Qwen2.5-Omni's audio: the shared Whisper rule (``rope.mel_frames``'s frames, ``rope.audio_tokens_from_frames``'s
+    tokens), at least one token a clip; each clip alone (``plan_example``), and a video's sound track may lie in
+    its video's run."""
 
     in_video = True
-
-    def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
-        """``rope.mel_frames``: ceil(n / 160), at most 3000 (30 s); -1 for an empty clip or a padded one (this
-        model pads no clip beside the others)."""
-        n = np.asarray(num_samples, dtype=np.int64)
-        return np.where((n > 0) & (np.asarray(padded_samples) < 0), mel_frames(n), -1)
-
-    def num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        """``rope.audio_tokens_from_frames``; -1 where it gives no token (under 3 frames: the model's
-        get_rope_index cannot place an empty clip)."""
-        f = np.asarray(feature_lengths, dtype=np.int64)
-        n = audio_tokens_from_frames(f)
-        return np.where((f > 0) & (n > 0), n, -1)
-
-    def plan(self, ref: AudioRef) -> AudioPlan:
-        plan = super().plan(ref)
-        if self.num_tokens(np.array([plan.feature_length], dtype=np.int64))[0] <= 0:
-            raise RecordError("bad_audio", f"{audio_info(ref).source}: {plan.num_samples} samples at 16 kHz "
-                              f"({plan.feature_length} mel frames) make no audio token; Qwen2.5-Omni needs at least "
-                              "321 samples (20 ms)")
-        return plan
+    min_tokens: int = 1
+    hint: str = "no audio token: Qwen2.5-Omni needs at least 321 samples (20 ms)"
 
     def frames_for_tokens(self, tokens: int) -> int:
         """Feature frames a clip of ``tokens`` tokens alone has (verify's spans of a sound cut by frames):
