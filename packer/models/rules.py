@@ -1,9 +1,9 @@
 """The rules a family is composed from: one object per medium (``ImageRule``, ``VideoRule``, ``AudioRule``) and one
 for positions (``Positions``). A profile holds them as ``profile.image`` / ``profile.video`` / ``profile.audio``
-(None where the family lacks the medium; ``packer.core.media.MEDIA`` names these attributes) and
+(None where the family lacks the medium; the media table, ``core/media.py``, names these attributes) and
 ``profile.positions``; the encoder, verify and stats call them and nothing else of a medium.
 
-Every medium's rule answers the same four questions with the same signatures, so a caller loops over the media:
+Every medium's rule answers the same questions with the same signatures, so a caller loops over the media:
 
     plan(ref)                       what a reference is, from its header (an image's size, a VideoPlan, an AudioPlan)
     run(plan) -> MediaRun           what that becomes in an example's tokens, alone
