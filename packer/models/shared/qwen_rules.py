@@ -16,7 +16,7 @@ import numpy as np
 from packer.core.types import VideoRef
 from packer.errors import ConfigError
 from packer.media.video import VideoPlan, probe, probe_frame_list
-from packer.models.rules import ImageRule, VideoRule
+from packer.models.rules import ImageRule, MediaRun, VideoRule
 from packer.models.shared import qwen_video_plan as plans
 from packer.models.shared.qwen_resize import smart_resize
 
@@ -51,6 +51,11 @@ class QwenImage(ImageRule):
     def num_tokens(self, width: int, height: int) -> int:
         t, h, w = self.grid_thw(width, height)
         return t * h * w // self.merge_size**2
+
+    def run(self, size: tuple[int, int]) -> MediaRun:
+        """``num_tokens`` placeholders over ``grid_thw``, the resize done once."""
+        grid = self.grid_thw(*size)
+        return MediaRun(grid, grid[0] * grid[1] * grid[2] // self.merge_size**2)
 
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         return merged_tokens(grids, self.merge_size)
