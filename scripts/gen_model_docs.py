@@ -7,7 +7,7 @@ One row per registered profile (``packer.models.profile_names()``): its family p
 the HF model class it is exact against, its default builtin tokenizer, whether it takes videos and audio, and where its
 tokenizer, chat template and processor constants come from (released, constructed or a stand-in: the ``status`` of
 its cited fixture, tests/models/released/<family>.json). A family is the package that holds the profile
-(``ModelProfile.family``); each family's page is written by hand.
+(``packer.models.family_of``); each family's page is written by hand.
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ def model_class(profile: Any) -> str | None:
 
 def rows() -> list[tuple[str, str, str | None, str | None, bool, bool]]:
     """(profile, family, HF model class, default tokenizer, has video, has audio) per registered profile, in order."""
-    from packer.models import get_profile, profile_names
+    from packer.models import family_of, get_profile, profile_names
 
     out = []
     for name in profile_names():
         profile = get_profile(name)
-        out.append((name, profile.family, model_class(profile), profile.default_tokenizer, profile.has_video,
-                    profile.has_audio))
+        out.append((name, family_of(profile), model_class(profile), profile.default_tokenizer, (profile.video is not None),
+                    (profile.audio is not None)))
     return out
 
 

@@ -63,11 +63,11 @@ def test_every_config_parses_and_every_profile_has_one():
         # every shipped config runs offline, or names no tokenizer because its family has no honest default
         assert config.tokenizer in builtin_tokenizers() or get_profile(config.profile).default_tokenizer is None
         vision = get_profile(config.profile, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
-        if not vision.has_vision:
+        if vision.image is None:
             assert name not in WORKED
             continue
-        tokens = vision.num_tokens(640, 480)  # encode's count; verify re-derives it from the stored grid
-        assert tokens > 0 and vision.grid_num_tokens(np.array([vision.grid_thw(640, 480)])).tolist() == [tokens]
+        tokens = vision.image.num_tokens(640, 480)  # encode's count; verify re-derives it from the stored grid
+        assert tokens > 0 and vision.image.grid_num_tokens(np.array([vision.image.grid_thw(640, 480)])).tolist() == [tokens]
         assert WORKED.get(name, tokens) == tokens, name
 
 
@@ -77,13 +77,13 @@ def test_qwen25_config_counts_like_qwen2():
     assert {k: v for k, v in q2.items() if k != "profile"} == {k: v for k, v in q25.items() if k != "profile"}
     a, b = get_profile("qwen2-vl"), get_profile("qwen2.5-vl")
     for w, h in [(640, 480), (28, 28), (4000, 300), (1920, 1080)]:
-        assert a.grid_thw(w, h) == b.grid_thw(w, h)
+        assert a.image.grid_thw(w, h) == b.image.grid_thw(w, h)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_builds_and_manifest_holds_the_effective_config(path, corpus, tmp_path):
-    data = corpus["vision" if _profile(path).has_vision else "text"]
+    data = corpus["vision" if _profile(path).image is not None else "text"]
     out = tmp_path / "out"
     args = ["build", "--config", str(path), str(data), "-o", str(out), "-q"]
     given = {} if BuildConfig.from_yaml(path, inputs=["x"], output="o").tokenizer else {"tokenizer": "qwen2-vl"}

@@ -228,7 +228,7 @@ class Encoded:
     node_offsets: np.ndarray  # (N,) start of each node inside the example, node 0 at 0
     node_parents: np.ndarray  # (N,) parent node index, -1 for the root
     images: list[EncodedImage]
-    mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models: int32, or float32 (fractional_positions)
+    mrope_position_ids: np.ndarray | None = None  # (3, L) for mRoPE models: int32, or float32 (Positions.fractional)
     source_name: str = ""
     videos: list[EncodedVideo] = field(default_factory=list)
     audios: list[EncodedAudio] = field(default_factory=list)

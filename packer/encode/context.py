@@ -139,7 +139,7 @@ class RunIds:
         return RecordError(
             "template_error",
             f"profile {profile.name!r} writes a video as text that would merge with the text around its "
-            f"placeholder; the chat template must put a special token (e.g. {profile.vision_start!r}) next to it",
+            f"placeholder; the chat template must put a special token (e.g. {profile.image.start if profile.image else None!r}) next to it",
         )
 
 

@@ -35,7 +35,8 @@ from packer.encode.render import Staged
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
 from packer.errors import RecordError
-from packer.models.base import ModelProfile
+from packer.models.base import ModelProfile, image_blocks
+from packer.models.registry import no_medium
 
 
 @dataclass(slots=True)
@@ -197,13 +198,13 @@ def check_media_tokens(ctx: EncodeContext, ids: np.ndarray, node_offsets: np.nda
     profile = ctx.profile
     audios = [[r for r in node if isinstance(r, AudioRef)] for node in refs]
     if any(audios) and ctx.audio_token_id is None:
-        raise profile._no_audio()
+        raise no_medium(profile.name, "audio")
     if ctx.audio_token_id is not None and (any(audios) or (ids == ctx.audio_token_id).any()):
         placed = [[r for r in node if r.placeholder] for node in audios]
         _check_token_counts(ids, node_offsets, placed, ctx.audio_token_id, profile.audio_token, "audio")
     videos = [[r for r in node if isinstance(r, VideoRef)] for node in refs]
     if any(videos) and ctx.video_token_id is None:
-        profile.plan_video(next(v for node in videos for v in node))  # raises: no video in this family
+        raise no_medium(profile.name, "video")
     if ctx.video_token_id is not None and (any(videos) or (ids == ctx.video_token_id).any()):
         _check_token_counts(ids, node_offsets, videos, ctx.video_token_id, profile.video_token, "video")
     images = [[r for r in node if isinstance(r, ImageRef)] for node in refs]
@@ -224,7 +225,7 @@ def check_media_tokens(ctx: EncodeContext, ids: np.ndarray, node_offsets: np.nda
 
 def blocks_of(profile: ModelProfile, ref: ImageRef) -> list[ImageRef]:
     """``ref`` once per block the profile writes it as (``ModelProfile.image_blocks``): once by default."""
-    blocks = profile.image_blocks(*profile.image_size(ref))
+    blocks = image_blocks(profile, ref)
     return [ref] if blocks is None else [ref] * len(blocks.runs)
 
 

@@ -7,7 +7,7 @@ model profile. The Encoder orchestrates four stages, each in its own module:
     media    each placeholder becomes its family's run (``ModelProfile.media_runs``) (media.py)
     lengths  the length policy of an example longer than max_length (lengths.py)
 
-then positions: a token's position on its root-to-leaf path, and the profile's own (``extra_positions``: mRoPE).
+then positions: a token's position on its root-to-leaf path, and the profile's own (``positions.extra``: mRoPE).
 
 Fast paths, each beside the general path it replaces, selected by one argument: ``Encoder(..., fast=True)`` (the
 default) takes them where they apply, ``fast=False`` never does, ``fast={"byte-lengths", ...}`` takes those named
@@ -98,7 +98,7 @@ class Encoder:
         self._chat = ChatTemplate(
             chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None),
             special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
-            images=profile.has_vision, fast="python-template" in self.fast_paths,
+            images=profile.image is not None, fast="python-template" in self.fast_paths,
         )
         # the ids from tiktoken where it is exact (None: the HF tokenizer); its boundaries need the byte lengths
         self._tiktoken = (TiktokenBPE.of(view.backend) if "tiktoken" in self.fast_paths and view.token_bytes is not None
@@ -106,19 +106,19 @@ class Encoder:
         self.image_token_id = self._token_id(view, profile.image_token)
         self.video_token_id = self._token_id(view, profile.video_token)
         self.audio_token_id = self._token_id(view, profile.audio_token)
-        self.vision_start_id = self._token_id(view, profile.vision_start)
+        self.vision_start_id = self._token_id(view, profile.image.start if profile.image else None)
         self.bos_id = view.bos_id
         self.eos_id = view.eos_id
         is_placeholder = np.zeros_like(view.is_special)  # (V,) id -> an image, video or audio token?
         is_placeholder[[t for t in (self.image_token_id, self.video_token_id, self.audio_token_id)
                         if t is not None]] = True
-        # what the profile's extra_positions may look tokens up by (mRoPE finds each image's run)
+        # what the profile's positions.extra may look tokens up by (mRoPE finds each image's run)
         self._token_ids = {
             "image_token": self.image_token_id,
             "video_token": self.video_token_id,
             "audio_token": self.audio_token_id,
             "vision_start": self.vision_start_id,
-            "vision_end": self._token_id(view, profile.vision_end),
+            "vision_end": self._token_id(view, profile.image.end if profile.image else None),
         }
         self.context = EncodeContext(
             tokens=view, profile=profile, image_token_id=self.image_token_id, video_token_id=self.video_token_id,
@@ -267,10 +267,9 @@ class Encoder:
             positions = np.arange(length, dtype=np.int32)
         else:
             positions = tree_position_ids(length, node_offsets, node_parents)
-        extra = self.profile.extra_positions(
+        extra = self.profile.positions.extra(
             ids, positions, node_offsets, node_parents, [im.grid_thw for im in images], token_ids=self._token_ids,
-            **({"videos": draft.videos} if draft.videos else {}),  # only a video family is ever passed videos
-            **({"audios": draft.audios} if draft.audios else {}),  # and only an audio family audio
+            videos=draft.videos, audios=draft.audios,
         )
         return Encoded(
             example_id=example.example_id if example_id is None else example_id,

@@ -21,7 +21,7 @@ from packer.encode.context import EncodeContext
 from packer.encode.draft import Draft
 from packer.encode.split import chunk_labels, split_windows
 from packer.errors import RecordError
-from packer.models.base import Media
+from packer.models.base import Media, image_blocks
 
 
 def truncate(ctx: EncodeContext, draft: Draft) -> None:
@@ -72,7 +72,7 @@ def _check_counts_kept(ctx: EncodeContext, draft: Draft, whole: list, keep_nodes
     under the cut tree differ from the ones it has): no cut keeps it exact."""
     profile = ctx.profile
     refs = [r for r in draft.refs if isinstance(r, ImageRef)][: len(whole)]
-    plain = [(r, im) for r, im in zip(refs, whole, strict=True) if profile.image_blocks(*profile.image_size(r)) is None]
+    plain = [(r, im) for r, im in zip(refs, whole, strict=True) if image_blocks(profile, r) is None]
     if not plain:
         return
     offsets, parents = draft.node_offsets[:keep_nodes], draft.node_parents[:keep_nodes]

@@ -28,7 +28,7 @@ from packer.encode.context import EncodeContext
 from packer.encode.draft import Draft
 from packer.errors import ConfigError, RecordError
 from packer.media.video import VideoPlan
-from packer.models.base import Media, MediaRun
+from packer.models.base import Media, MediaRun, image_blocks
 
 
 def expand(ctx: EncodeContext, draft: Draft) -> None:
@@ -43,7 +43,7 @@ def expand(ctx: EncodeContext, draft: Draft) -> None:
     profile = ctx.profile
     placed = [r for r in refs if not (isinstance(r, AudioRef) and r.video)]  # refs with a placeholder
     pos = np.flatnonzero(ctx.is_placeholder[draft.ids]).tolist()  # one per video, audio, image, or image block
-    blocks = [profile.image_blocks(*profile.image_size(r)) if isinstance(r, ImageRef) else None for r in placed]
+    blocks = [image_blocks(profile, r) if isinstance(r, ImageRef) else None for r in placed]
     draft.blocks = [1 if b is None else len(b.runs) for r, b in zip(placed, blocks, strict=True) if isinstance(r, ImageRef)]
     ref_pos, at = [], 0  # each placed ref's first placeholder
     for b in blocks:
@@ -123,7 +123,7 @@ def expand(ctx: EncodeContext, draft: Draft) -> None:
 def encoded_video(ref: VideoRef, plan: VideoPlan | None, *, offset: int) -> EncodedVideo:
     """A planned video (``packer.media.video.VideoPlan``) at ``offset`` of its example."""
     if plan is None:
-        raise ConfigError("a video's MediaRun must carry its plan (ModelProfile.video_run)")
+        raise ConfigError("a video's MediaRun must carry its plan (VideoRule.run)")
     options = dict(ref.options)
     start, end = options.get("video_start"), options.get("video_end")
     return EncodedVideo(
@@ -148,7 +148,7 @@ def encoded_audio(ref: AudioRef, run: MediaRun, *, offset: int) -> EncodedAudio:
     """An audio clip's entry (its ``MediaRun.audio`` plan) at ``offset`` of its example."""
     plan = run.audio
     if plan is None:
-        raise ConfigError("an audio clip's MediaRun must carry its plan (ModelProfile.audio_run)")
+        raise ConfigError("an audio clip's MediaRun must carry its plan (AudioRule.run)")
     return EncodedAudio(
         source=ref.path if ref.data is None else "",
         data=ref.data,

@@ -15,7 +15,7 @@ import numpy as np
 from packer.core.types import Example, ImageRef, Message, Node
 from packer.encode.templates import ChatTemplate, Span
 from packer.errors import RecordError
-from packer.models.base import ModelProfile
+from packer.models.base import ModelProfile, image_blocks
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ def rewrite_images(text: str, spans: list[Span], path: list[Message], profile: M
         at = text.find(token, at)
         if at < 0:
             return text, spans  # fewer image tokens than images: the token check says so
-        blocks = profile.image_blocks(*profile.image_size(ref))
+        blocks = image_blocks(profile, ref)
         if blocks is not None:
             a = at - blocks.rendered.index(token)
             if text[a : a + len(blocks.rendered)] != blocks.rendered:

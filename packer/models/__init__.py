@@ -14,6 +14,7 @@ from importlib import import_module
 from packer.models.base import ModelProfile
 from packer.models.registry import (
     builtin_tokenizers,
+    family_of,
     forward_keys,
     get_profile,
     profile_names,
@@ -22,7 +23,7 @@ from packer.models.registry import (
     register_tokenizer,
 )
 
-__all__ = ["ModelProfile", "builtin_tokenizers", "forward_keys", "get_profile", "profile_names", "register_family",
+__all__ = ["ModelProfile", "builtin_tokenizers", "family_of", "forward_keys", "get_profile", "profile_names", "register_family",
            "register_profile", "register_tokenizer", "FAMILIES"]
 
 # The family packages, in the order their profiles are listed (``--profile`` choices, docs/models/).

@@ -1,128 +1,46 @@
-"""``ModelProfile``: what packer asks a model family, cut by who asks. One family is one package
-(``packer/models/<family>/``); its profile subclasses this, and its reader and proof subclass ``Reader``
-(reader.py) and ``Proof`` (proof.py).
+"""``ModelProfile``: the protocol a model family implements, composed from rules (``packer/models/rules.py``).
+One family is one package (``packer/models/<family>/``); its profile subclasses this, says which rules it uses,
+and its reader and proof subclass ``Reader`` (reader.py) and ``Proof`` (proof.py).
 
-    encode   (packer.encode: counts from headers, before any pixel is decoded)
-             image_size(ref) -> (w, h)            the header (media/images.py), shared by every family
-             grid_thw(w, h), num_tokens(w, h)     the family's resize rule
-             plan_video(ref) -> VideoPlan         a video's frames, grid and tokens from its header
-             audio_info(ref) -> AudioInfo         an audio clip's header (media/audio.py), shared by every family
-             audio_run(ref, info) -> MediaRun     what one clip becomes: samples, features, tokens (audio_token)
-             image_blocks(w, h) -> ImageBlocks    the processor's rewrite of an image's text BEFORE tokenizing
-             media_runs(media, parents) -> runs   what each media placeholder becomes AFTER tokenizing
-                                                  (default: image_run / video_run of each, alone)
-             extra_positions(...) -> (3, L)|None  positions beyond the 1-D row (mRoPE), per example
-    read     bidirectional_spans(row)             token ranges that see each other (collate, packer inspect)
-             reader() -> Reader                   rows -> the model's inputs (torch; reader.py)
-    report   image_units(grids)                   what an image becomes besides tokens (tiles, crops), or None
-    verify   grid_num_tokens, video_grid_num_tokens, video_faults, audio_feature_lengths, audio_num_tokens,
-             expected_extra_positions, verify_spans
-    proof    proof() -> Proof                     the model class, a tiny model, one path's inputs (proof.py)
+    fields       name, default_tokenizer, image_token, video_token, audio_token, bidirectional_images
+    class vars   forward_keys, overridable
+    rules        image (ImageRule | None), video (VideoRule | None), audio (AudioRule | None), positions (Positions)
+    hooks        media_runs(media, node_parents)   what one example's placeholders become, the media together
+                 reader() -> Reader                 rows -> the model's inputs (torch; reader.py)
+                 proof() -> Proof                   the model class, a tiny model, one path's inputs (proof.py)
 
-The base class is a model without vision or audio (the ``text`` family); a family overrides what it takes.
+Who asks what: the encoder asks each rule's ``plan`` / ``run`` (``media_runs`` by default) and ``positions.extra``;
+verify and stats loop over the media (``packer.core.media``) and ask each rule's ``tokens`` / ``faults`` /
+``spans`` and ``positions.expected``; collate and ``packer inspect --mask`` ask ``bidirectional_spans`` (the image
+rule's). The base class is a model without vision or audio (the ``text`` family): every medium None, flat positions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 
 from packer.core.types import AudioRef, ImageRef, VideoRef
-from packer.errors import ConfigError, RecordError
-from packer.media.images import image_size
-from packer.models.registry import profiles_with
+from packer.errors import RecordError
+from packer.media.video import VideoPlan
+from packer.models.registry import no_medium, profiles_with
+from packer.models.rules import (
+    AudioPlan,
+    AudioRule,
+    ImageBlocks,
+    ImageRule,
+    Media,
+    MediaRun,
+    Positions,
+    VideoRule,
+)
 
-if TYPE_CHECKING:
-    from packer.core.types import EncodedAudio, EncodedVideo
-    from packer.media.audio import AudioInfo
-    from packer.media.video import VideoPlan
-    from packer.models.proof import Proof
-    from packer.models.reader import Reader
+__all__ = ["AudioPlan", "ImageBlocks", "Media", "MediaRun", "ModelProfile", "bidirectional_spans", "image_blocks"]
 
-
-@lru_cache(maxsize=4096)
-def _probe_file(path: str, start: float | None, end: float | None, video: bool) -> AudioInfo:
-    from packer.media.audio import probe_audio
-
-    return probe_audio(path, start=start, end=end, video=video)
-
-
-class AudioPlan(NamedTuple):
-    """What a family makes of one audio clip, from its header: the stored entry's numbers (``EncodedAudio``).
-
-        5 s at 44.1 kHz, Whisper features  ->  AudioPlan(sample_rate=16000, num_samples=80000, feature_length=500)
-    """
-
-    sample_rate: int
-    """The rate the family's loader resamples to (Hz)."""
-    num_samples: int
-    """Mono samples the loader yields at that rate for the clip's window (``media.audio.loaded_num_samples``)."""
-    feature_length: int
-    """The feature frames the model reads (Whisper: log-mel frames)."""
-    padded_samples: int | None = None
-    """Samples the clip's features were computed over, zero-padded beside the other clips of its example (Qwen3-Omni's
-    processor pads every clip of one call to the longest: the features of a clip depend on that length); None
-    where the features are the clip's alone (padded to a fixed length or not at all)."""
-
-
-class MediaRun(NamedTuple):
-    """What one media placeholder becomes in an example's tokens, and the entry the shards store for it.
-
-    The run is ``tokens`` (token names), else ``text`` (tokenized alone: the encoder checks that tokenizing it in
-    place would give the same tokens), else the placeholder repeated ``num_tokens`` times. The stored entry
-    (its offset, ``grid``, ``num_tokens``) starts ``lead`` tokens into the run.
-
-        Qwen2-VL image 640x480  MediaRun((1, 34, 46), 391)                       391 x <|image_pad|>
-        InternVL image          MediaRun((1, 3, 4), 3328, tokens=("<img>", *ctx, "</img>"), lead=1)
-        Qwen3-VL video          MediaRun((4, 30, 40), 1200, text="<0.5 seconds><|vision_start|>...", plan=plan)
-    """
-
-    grid: tuple[int, int, int]
-    """The stored grid (t, h, w): ``grid_num_tokens`` of it is ``num_tokens``."""
-    num_tokens: int
-    """The model's media tokens of this entry (stored ``num_tokens``)."""
-    tokens: tuple[str, ...] | None = None
-    """The whole run, token by token, by name (Molmo2's layout of an image, InternVL's <img>...</img>)."""
-    text: str | None = None
-    """The whole run as text (timestamps between a video's frames)."""
-    lead: int = 0
-    """Tokens of the run before its entry's first token."""
-    plan: VideoPlan | None = None
-    """A video's plan (frames, sizes, seconds): what the shards store of it."""
-    audio: AudioPlan | None = None
-    """An audio clip's plan (samples, features): what the shards store of it."""
-    inside: bool = False
-    """The run lies inside the previous placeholder's run and has no placeholder of its own: a video's sound
-    track (``AudioRef.video``) that the family interleaves with its frames (Qwen-Omni). Its entry starts ``lead``
-    tokens into that run; ``tokens`` / ``text`` are unset (the video's run holds them)."""
-
-
-class Media(NamedTuple):
-    """One media reference of an example, as ``media_runs`` sees it."""
-
-    ref: ImageRef | VideoRef | AudioRef
-    node: int
-    """The tree node whose messages name it (0 in a linear example)."""
-
-
-class ImageBlocks(NamedTuple):
-    """One image that the processor writes as several placeholder blocks with text between them, BEFORE
-    tokenizing (Gemma 3's pan-and-scan: the whole image, then its crops), each block a stored entry of its own.
-
-        rendered  "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"   what the chat template writes
-        text      "Here is the original image " + rendered + " and here are ..." + rendered + " " + rendered
-        runs      (MediaRun((1, 16, 16), 256), MediaRun((2, 16, 16), 256), MediaRun((3, 16, 16), 256))
-    """
-
-    rendered: str
-    """The chat template's rendering of the image: one ``image_token``."""
-    text: str
-    """What the processor tokenizes instead: one ``image_token`` per block."""
-    runs: tuple[MediaRun, ...]
-    """Each block's run, in token order."""
+FLAT = Positions()
+"""The positions rule of a model without mRoPE: 1-D positions alone."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,285 +49,86 @@ class ModelProfile:
 
     name: str
     """Profile name, as given to ``--profile``."""
-    image_token: str | None = None
-    """The placeholder the chat template writes once per image; None for a model without vision."""
-    vision_start: str | None = None
-    """Token before an image's placeholders (Qwen), or None; truncation never leaves it without its image."""
-    vision_end: str | None = None
-    """Token after an image's placeholders (Qwen), or None."""
-    bidirectional_images: bool = False
-    """True when tokens of one image attend to each other in both directions (Molmo-style)."""
     default_tokenizer: str | None = "qwen2-vl"
     """Tokenizer used when the build names none; None where no honest default exists (the build must name one)."""
+    image_token: str | None = None
+    """The placeholder the chat template writes once per image; None for a model without vision."""
     video_token: str | None = None
     """The placeholder the template writes once per video (Qwen: ``<|video_pad|>``); None without video."""
     audio_token: str | None = None
     """The placeholder the template writes once per audio clip (Qwen-Omni: ``<|AUDIO|>``); None without audio."""
+    bidirectional_images: bool = False
+    """True when tokens of one image attend to each other in both directions (Molmo-style): the image rule's
+    ``bidirectional``."""
 
-    mrope: ClassVar[bool] = False
-    """True when ``extra_positions`` gives 3-D mRoPE rows (the shards' ``mrope_position_ids``)."""
-    fractional_positions: ClassVar[bool] = False
-    """True where ``extra_positions`` returns float32 positions that may be fractional (e.g. Qwen3-Omni, whose video
-    time positions are ``t * second_per_grid * 13``): ``collate`` then gives float32 ``position_ids``; else int64,
-    and a stored position that is not a whole number is a ShardError."""
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids")
     """The collated batch keys the model's forward takes (``packer.train`` passes these and no others)."""
-    audio_sample_rate: ClassVar[int] = 16000
-    """The rate the family's audio loader resamples every clip to (Whisper-style encoders: 16 kHz)."""
-    audio_in_video: ClassVar[bool] = False
-    """True when ``media_runs`` lays out a video's sound track (``AudioRef.video``) with its frames (Qwen-Omni)."""
     overridable: ClassVar[tuple[str, ...]] = ("image_token", "bidirectional_images", "default_tokenizer")
     """Fields ``get_profile(name, **overrides)`` may change."""
 
-    @property
-    def family(self) -> str:
-        """The family package this profile lives in (``packer/models/<family>/``, docs/models/<family>.md)."""
-        parts = type(self).__module__.split(".")
-        return parts[2] if parts[:2] == ["packer", "models"] and len(parts) > 3 else parts[-1]
-
-    @property
-    def has_vision(self) -> bool:
-        return self.image_token is not None
-
-    @property
-    def has_video(self) -> bool:
-        return self.video_token is not None
-
-    @property
-    def has_audio(self) -> bool:
-        return self.audio_token is not None
-
-    # ------------------------------------------------------------------ encode
-
-    def image_size(self, image: ImageRef) -> tuple[int, int]:
-        """(width, height) from the file header, cached per file (``packer.media.images.image_size``)."""
-        return image_size(image)
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """The patch grid (t, h, w) an image of this size becomes: what the model's processor reports."""
-        raise self._no_vision()
-
-    def num_tokens(self, width: int, height: int) -> int:
-        """Vision tokens one image of this size becomes in the LLM sequence."""
-        raise self._no_vision()
-
-    def plan_video(self, video: VideoRef) -> VideoPlan:
-        """The frames, grid and token count of one video, from its header alone (``packer.media.video``);
-        RecordError for a video the family cannot use."""
-        raise RecordError(
-            "image_count_mismatch",
-            f"profile {self.name!r} takes no videos, but the record names one; use {' or '.join(profiles_with('video'))}",
-        )
-
-    def image_blocks(self, width: int, height: int) -> ImageBlocks | None:
-        """How the processor rewrites an image of this size in the text before tokenizing (``ImageBlocks``), or
-        None (the default): the template's one placeholder, expanded after tokenizing by ``media_runs``."""
-        return None
+    # The rules: a family overrides these with (cached) properties built from its fields.
+    image: ClassVar[ImageRule | None] = None
+    """How an image's size becomes its grid, tokens and run (``rules.ImageRule``); None without vision."""
+    video: ClassVar[VideoRule | None] = None
+    """How a video's header becomes its plan and run (``rules.VideoRule``); None without video."""
+    audio: ClassVar[AudioRule | None] = None
+    """How a clip's header becomes its samples, frames and tokens (``rules.AudioRule``); None without audio."""
+    positions: ClassVar[Positions] = FLAT
+    """Positions beyond the 1-D row (``rules.Positions``: flat, mRoPE, Omni's time-aligned)."""
 
     def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
         """What each of one example's media placeholders becomes, in token order (``MediaRun``); RecordError
         for media this model cannot take together. ``node_parents`` (N,) is the example's tree (-1 at the root).
 
-        Each alone by default (``image_run`` / ``video_run``); a family whose rule looks at the other media of
-        a root-to-leaf path (what the model sees as one example) overrides it (LLaVA-OneVision tiles an
-        image only when it is its path's one image). A clip named twice (a tree's branches) is planned once.
+        Each alone by default (each rule's ``run`` of its ``plan``); a family whose rule looks at the other media
+        of a root-to-leaf path overrides it: the cross-medium hook (LLaVA-OneVision tiles an image only when it is
+        its path's one image; Qwen-Omni interleaves a video with its sound track). A clip named twice (a tree's
+        branches) is planned once.
         """
         plans: dict[VideoRef, VideoPlan] = {}
         out = []
         for m in media:
             if isinstance(m.ref, VideoRef):
+                if self.video is None:
+                    raise no_medium(self.name, "video")
                 if m.ref not in plans:
-                    plans[m.ref] = self.plan_video(m.ref)
-                out.append(self.video_run(plans[m.ref]))
+                    plans[m.ref] = self.video.plan(m.ref)
+                out.append(self.video.run(plans[m.ref]))
             elif isinstance(m.ref, AudioRef):
-                if not self.has_audio:
-                    raise self._no_audio()
+                if self.audio is None:
+                    raise no_medium(self.name, "audio")
                 if m.ref.video:  # laid out with its video's frames: a family that interleaves them overrides this
                     raise RecordError(
                         "unsupported_medium",
                         f"profile {self.name!r} does not take a video's sound track (use_audio_in_video); "
                         f"drop the option or use {' or '.join(profiles_with('audio_in_video')) or 'an omni profile'}",
                     )
-                out.append(self.audio_run(m.ref, self.audio_info(m.ref)))
+                out.append(self.audio.run(self.audio.plan(m.ref)))
             else:
-                out.append(self.image_run(*self.image_size(m.ref)))
+                if self.image is None:
+                    raise no_medium(self.name, "image")
+                out.append(self.image.run(self.image.plan(m.ref)))
         return out
 
-    def image_run(self, width: int, height: int) -> MediaRun:
-        """One image alone: ``num_tokens`` placeholders over ``grid_thw``, by default."""
-        return MediaRun(self.grid_thw(width, height), self.num_tokens(width, height))
+    def reader(self) -> Any:
+        """The ``packer.models.reader.Reader`` that turns this profile's rows into its model's inputs (torch is
+        imported there, never here; the family's own module names it)."""
+        raise NotImplementedError(f"profile {self.name!r} names no reader")
 
-    def video_run(self, plan: VideoPlan) -> MediaRun:
-        """One planned video: its ``num_tokens`` placeholders, by default."""
-        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), plan=plan)
+    def proof(self) -> Any:
+        """The ``packer.models.proof.Proof`` that proves this profile exact on its model
+        (``scripts/check_equivalence.py``; torch there)."""
+        raise NotImplementedError(f"profile {self.name!r} names no proof")
 
-    def audio_info(self, audio: AudioRef) -> AudioInfo:
-        """An audio clip's header after its window (``packer.media.audio.probe_audio``): rate, channels, samples;
-        RecordError ``missing_audio`` / ``bad_audio`` for a clip nothing can load."""
-        if audio.data is None:  # a file: its header read once per window (a tree's branches name a clip twice)
-            return _probe_file(audio.path, audio.start, audio.end, audio.video)
-        from packer.media.audio import probe_audio
 
-        return probe_audio(audio.data, start=audio.start, end=audio.end, video=audio.video)
+def bidirectional_spans(profile: ModelProfile, row: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The [start, end) (or (start, end, group)) token ranges of one shard row whose tokens all see each other:
+    the image rule's (``ImageRule.bidirectional_spans``), none without vision. ``collate`` emits them as the
+    batch's ``bidirectional_spans`` and ``packer inspect --mask`` draws them, so both follow this one rule."""
+    return [] if profile.image is None else profile.image.bidirectional_spans(row)
 
-    def audio_plan(self, info: AudioInfo) -> AudioPlan:
-        """The samples the family's loader yields (``loaded_num_samples`` at ``audio_sample_rate``) and the
-        feature frames they make (``audio_feature_lengths``), from the header."""
-        from packer.media.audio import loaded_num_samples
 
-        n = int(loaded_num_samples(info, self.audio_sample_rate))
-        length = int(self.audio_feature_lengths(np.array([n], dtype=np.int64))[0])
-        if length <= 0:
-            raise RecordError("bad_audio", f"{info.source}: {n} samples at {self.audio_sample_rate} Hz make no "
-                                           f"feature frame for profile {self.name!r}")
-        return AudioPlan(self.audio_sample_rate, n, length)
-
-    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
-        """One audio clip alone: ``audio_num_tokens`` placeholders over its plan (``audio_plan``), by default."""
-        plan = self.audio_plan(info)
-        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
-        return MediaRun((), n, audio=plan)
-
-    def extra_positions(
-        self,
-        ids: np.ndarray,
-        positions: np.ndarray,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        grids: list[tuple[int, int, int]],
-        *,
-        token_ids: dict[str, int | None],
-        videos: list[EncodedVideo] = (),  # type: ignore[assignment]
-        audios: list[EncodedAudio] = (),  # type: ignore[assignment]
-    ) -> np.ndarray | None:
-        """Positions the model takes beyond the 1-D ``positions`` of one encoded example, or None: (3, L) int32, or
-        float32 where ``fractional_positions`` (the shards store both as float32, whole numbers exactly).
-
-        ``ids`` (L,) are the expanded tokens, ``grids`` the example's images in token order, ``token_ids`` the
-        ids the encoder resolved for "image_token", "video_token", "audio_token", "vision_start" and "vision_end"
-        (None where unset), ``videos`` the example's videos in token order (passed only when it has some),
-        ``audios`` its audio clips (``EncodedAudio``, token order; passed only to a family with audio, when the
-        example has some).
-        """
-        return None
-
-    # ------------------------------------------------------------------ read
-
-    def bidirectional_spans(self, row: dict[str, Any]) -> list[tuple[int, ...]]:
-        """The [start, end) token ranges of one row whose tokens all see each other, relative to the row.
-
-        ``row`` is a shard row (docs/format.md: ``input_ids``, ``images``, ``videos``, ``node_offsets``,
-        ``node_parents``). The default is each image's run when ``bidirectional_images`` is set, else none.
-        ``collate`` emits these as the batch's ``bidirectional_spans`` and ``packer inspect --mask`` draws them,
-        so both follow this one rule. A family may give (start, end, group) rows instead: the spans of one
-        group see each other too (Molmo2); a group's spans lie on one root-to-leaf path, and group ids are the
-        row's node indices.
-
-            images = [{"offset": 5, "num_tokens": 4}]  ->  [(5, 9)] with bidirectional_images, else []
-        """
-        if not self.bidirectional_images:
-            return []
-        return [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
-
-    def reader(self) -> Reader:
-        """What turns this profile's rows into its model's inputs (torch imported there, not here)."""
-        from packer.models.reader import Reader
-
-        return Reader(self)
-
-    # ------------------------------------------------------------------ report
-
-    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray] | None:
-        """The unit the vision tower works in per image, for ``packer stats``: (name, count per stored grid).
-
-        ``grids`` (I, 3) int64 as stored; e.g. InternVL ("tiles", rows * cols + thumbnail). None (the default)
-        when tokens say it all: stats then show no units.
-        """
-        return None
-
-    # ------------------------------------------------------------------ verify
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """Vision tokens of each stored grid ((I, 3) int64 -> (I,) int64), -1 where no image has that grid.
-
-        verify checks every image's ``num_tokens`` against it; without vision every image is wrong.
-        """
-        return np.full(len(grids), -1, dtype=np.int64)
-
-    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """``num_tokens`` of stored video grids ((V, 3) -> (V,)), -1 where no video has that grid: the image
-        rule by default (Qwen's t * h * w / 4 serves both); Molmo2's frames differ from its images."""
-        return self.grid_num_tokens(grids)
-
-    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        """Feature frames of clips of ``num_samples`` samples at ``audio_sample_rate`` ((A,) int64 -> (A,) int64),
-        -1 where none: the encode rule (``audio_plan``) and verify's. Without audio every clip is wrong.
-
-        A family that stores ``padded_samples`` (``AudioPlan``) takes them too, as a keyword:
-        ``audio_feature_lengths(num_samples, padded_samples=padded)`` ((A,) int64); verify passes them only
-        where the shards hold them."""
-        return np.full(len(num_samples), -1, dtype=np.int64)
-
-    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        """Audio tokens of clips of ``feature_lengths`` frames ((A,) int64 -> (A,) int64), -1 where none: the
-        encode rule (``audio_run``) and verify's. Without audio every clip is wrong."""
-        return np.full(len(feature_lengths), -1, dtype=np.int64)
-
-    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
-        """(V,) bool: a stored video whose grid, frame size (V, 2: height, width) or sampled frame count
-        disagree under this family (verify's check). Without video every video is wrong."""
-        return np.ones(len(grids), dtype=bool)
-
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool | int | None]:
-        """The spans verify checks for the stored ``what`` ("image", "video" or "audio") entries of a row group, and which
-        token lies exactly on them: True for the placeholder (``token_id``), another id (GLM-4.6V's video frames hold
-        its image placeholder), or False / None where the family's runs hold other tokens. Verify checks every such
-        id against all the spans that claim it, images' and videos' together; a placeholder no span claims must
-        appear nowhere.
-
-        ``ids`` is the row group's flat tokens, ``row_starts`` (R,) each row's first, ``lists`` (R+1,) each
-        row's entries, ``fields`` the entries' columns (offset, grid_t/h/w, num_tokens, ...), ``token_id`` the
-        placeholder's id (the manifest's). The entries
-        themselves by default; Qwen3-VL gives a video's temporal patches, each a run of its own.
-        """
-        return lists, fields, True
-
-    def expected_extra_positions(
-        self,
-        length: int,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        image_offsets: np.ndarray,
-        image_grids: np.ndarray,
-        **videos: np.ndarray,
-    ) -> np.ndarray | None:
-        """``extra_positions`` of a forest of nodes (a row group's examples, flattened), without a loop.
-
-        ``node_offsets``/``node_parents`` (N,) index the flat stream of ``length`` tokens, -1 at each root;
-        ``image_offsets`` (I,) are the images' first tokens and ``image_grids`` (I, 3) their grids; a video
-        family also gets ``video_offsets`` (V,), ``video_grids`` (V, 3) and ``video_seconds`` (V,)
-        (second_per_grid_t); an audio family ``audio_offsets``, ``audio_feature_lengths``, ``audio_num_tokens``
-        (A,) and ``audio_in_video`` (A,) bool (a video's sound track) when the rows hold clips.
-        """
-        return None
-
-    # ------------------------------------------------------------------ proof
-
-    def proof(self) -> Proof:
-        """What proves this profile exact on its model (``scripts/check_equivalence.py``; torch there)."""
-        from packer.models.proof import Proof
-
-        return Proof(self)
-
-    def _no_audio(self) -> RecordError:
-        names = profiles_with("audio")
-        use = f"use {' or '.join(names)}" if names else "no registered profile takes audio"
-        return RecordError("unsupported_medium", f"profile {self.name!r} takes no audio, but the record names some; {use}")
-
-    def _no_vision(self) -> ConfigError:
-        names = profiles_with("image")
-        choices = " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # "a, b or c"
-        return ConfigError(f"profile {self.name!r} has no vision encoder; use {choices}")
+def image_blocks(profile: ModelProfile, ref: ImageRef) -> ImageBlocks | None:
+    """The blocks the profile's image rule writes ``ref`` as (Gemma 3's pan-and-scan), or None."""
+    rule = profile.image
+    return None if rule is None else rule.blocks(rule.plan(ref))

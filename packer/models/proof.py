@@ -56,7 +56,8 @@ class Proof:
         The equivalence check renumbers a build's ids to a small vocabulary and keeps these distinct.
         """
         p = self.profile
-        return tuple(t for t in (p.image_token, p.vision_start, p.vision_end) if t is not None)
+        start, end = (p.image.start, p.image.end) if p.image is not None else (None, None)
+        return tuple(t for t in (p.image_token, start, end) if t is not None)
 
     def tiny_model(self, *, token_ids: dict[str, int], vocab_size: int, **kw: Any) -> torch.nn.Module:
         """A tiny random-weight fp32 model of ``model_class`` (train mode), built from a config offline.
@@ -96,7 +97,7 @@ class Proof:
 
     def image_table(self, batch: Mapping[str, Any], token_ids: dict[str, int]) -> list[tuple[int, int]]:
         """(first token, token count) of every image in the batch: the run of placeholders at its offset."""
-        if not self.profile.has_vision or batch.get("image_offsets") is None:
+        if self.profile.image is None or batch.get("image_offsets") is None:
             return []
         image_id = token_ids.get(self.profile.image_token)
         ids = batch["input_ids"][0]

@@ -22,6 +22,7 @@ import torch
 from packer.core.types import ImageRef
 from packer.errors import ConfigError, ShardError
 from packer.media.images import load_image
+from packer.models.registry import no_medium
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile
@@ -84,7 +85,7 @@ class Reader:
 
     def make_image_processor(self) -> Any:
         """A new HF image processor for the profile (``image_processor`` caches it)."""
-        raise self.profile._no_vision()
+        raise no_medium(self.profile.name, "image")
 
     def pixel_values(self, images: list[ImageRef]) -> dict[str, torch.Tensor]:
         """Decode ``images`` (RGB) and run the processor; keep the outputs the model's forward takes."""
@@ -104,7 +105,7 @@ class Reader:
     def video_pixel_values(self, videos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """The model's video inputs for ``videos`` (rows of the shards' ``videos`` column), decoding only the
         planned frames."""
-        raise self.profile._no_vision()
+        raise no_medium(self.profile.name, "image")
 
 
     # ------------------------------------------------------------------ audio
@@ -115,7 +116,7 @@ class Reader:
         the samples the build counted (the file changed since the build)."""
         from packer.media.audio import decode_audio
 
-        if not self.profile.has_audio:
+        if self.profile.audio is None:
             raise ConfigError(f"profile {self.profile.name!r} takes no audio, but the rows hold audio clips")
         samples = []
         for a in audios:

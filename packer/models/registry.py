@@ -11,12 +11,12 @@ import dataclasses
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, RecordError
 
 if TYPE_CHECKING:
-    from packer.models.base import ModelProfile
     from packer.models.shared.tokenizer import TokenizerSpec
 
+ModelProfile = Any  # packer.models.base.ModelProfile; not imported: base imports this module (no cycle)
 _PROFILES: dict[str, ModelProfile] = {}
 _TOKENIZERS: dict[str, TokenizerSpec] = {}
 
@@ -72,6 +72,12 @@ def get_profile(name: str, **overrides: Any) -> ModelProfile:
     return dataclasses.replace(profile, **changes) if changes else profile
 
 
+def family_of(profile: Any) -> str:
+    """The family package a profile lives in (``packer/models/<family>/``, docs/models/<family>.md)."""
+    parts = type(profile).__module__.split(".")
+    return parts[2] if parts[:2] == ["packer", "models"] and len(parts) > 3 else parts[-1]
+
+
 def forward_keys() -> tuple[str, ...]:
     """Every batch key some registered family's model forward takes (a batch holds only its own family's)."""
     return tuple(dict.fromkeys(k for p in _PROFILES.values() for k in p.forward_keys))
@@ -82,10 +88,24 @@ def profiles_with(what: str) -> tuple[str, ...]:
     track), for error messages."""
     def takes(p: ModelProfile) -> bool:
         if what == "audio_in_video":
-            return p.has_audio and p.has_video and p.audio_in_video
-        return p.has_video if what == "video" else p.has_audio if what == "audio" else p.has_vision
+            return p.audio is not None and p.video is not None and p.audio.in_video
+        return getattr(p, what) is not None
 
     return tuple(n for n, p in _PROFILES.items() if takes(p))
+
+
+def no_medium(name: str, medium: str) -> RecordError | ConfigError:
+    """The error for a record (or a reader) asking profile ``name`` for a ``medium`` it lacks, naming the profiles
+    that take it: RecordError for a video or audio clip, ConfigError for images (a build-wide mistake)."""
+    names = profiles_with(medium)
+    if medium == "video":
+        return RecordError("image_count_mismatch",
+                           f"profile {name!r} takes no videos, but the record names one; use {' or '.join(names)}")
+    if medium == "audio":
+        use = f"use {' or '.join(names)}" if names else "no registered profile takes audio"
+        return RecordError("unsupported_medium", f"profile {name!r} takes no audio, but the record names some; {use}")
+    choices = " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # "a, b or c"
+    return ConfigError(f"profile {name!r} has no vision encoder; use {choices}")
 
 
 def builtin_tokenizers() -> tuple[str, ...]:

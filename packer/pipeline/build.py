@@ -224,7 +224,7 @@ def _all_rows_linear_text(cache: EncodeCache, table: pa.Table, index: np.ndarray
     """Does every packed row get ``seq_lengths`` (shards.assemble._seq_lengths): no mRoPE, and every planned example
     one node with no medium (image, video, audio) or loss weight? Then the card's view is the one TRL's padding-free path trains exactly. The
     cache's node offsets are read only when the cheap columns leave the question open."""
-    if profile.mrope:
+    if profile.positions.mrope:
         return False
     if any((table.column(m.count_column).to_numpy()[index] != 0).any() for m in MEDIA):
         return False  # a medium's tokens: assemble leaves such rows' seq_lengths null (audio too)
@@ -347,13 +347,13 @@ def _image_units(cache: Any, index: np.ndarray, profile: Any) -> tuple[str, np.n
     from the encode cache's image grids (an up-sampled example counts once per copy); None if it has none."""
     import pyarrow.compute as pc
 
-    if profile.image_units(np.zeros((0, 3), dtype=np.int64)) is None:
+    if profile.image is None or profile.image.units(np.zeros((0, 3), dtype=np.int64)) is None:
         return None  # the family counts no units: the images column is not read
     images = cache.open(("images",)).column("images").combine_chunks()  # list<struct> per cached example
     structs = images.flatten()
     grids = np.stack([structs.field(f).to_numpy(zero_copy_only=False) for f in ("grid_t", "grid_h", "grid_w")],
                      axis=1).astype(np.int64).reshape(-1, 3)  # (I, 3) every cached image
-    units = profile.image_units(grids)
+    units = profile.image.units(grids)
     if units is None:
         return None
     name, per_image = units

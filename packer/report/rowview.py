@@ -407,11 +407,12 @@ def _draw_mask_panel(ax, data: dict[str, Any], *, cells: int, profile: ModelProf
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Rectangle
 
+    from packer.models.base import bidirectional_spans
     from packer.report.plots import PALETTE, VISION_TINT
 
     T = len(data["input_ids"])
     lo = data.get("first_token", 0)
-    spans = profile.bidirectional_spans(data) if profile is not None else []
+    spans = bidirectional_spans(profile, data) if profile is not None else []
     visible, centre, f = coarse_mask(data, cells=cells, spans=spans)
     nb = len(centre)
     cu, offsets = data["cu_seqlens"], data["node_offsets"]

@@ -71,7 +71,7 @@ def compute_stats(
 
     ``loss_weight``: each example's summed loss weight (None or equal to ``loss_tokens``: unweighted).
     ``image_units``: (name, units per example, units per image) where the family counts its images in units
-    the vision tower runs on (``ModelProfile.image_units``: InternVL's tiles); stats then hold
+    the vision tower runs on (``ImageRule.units``: InternVL's tiles); stats then hold
     ``image_units`` = {"name", "total", "per_pack", "per_image"} (min/mean/max). ``video``: the video tokens
     among ``vision``; a build with any adds ``video_tokens`` / ``image_tokens`` and their per-pack spreads
     (a build without video keeps the keys it always had). ``videos``: videos per example, given by a build

@@ -65,7 +65,7 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
 
 
 def mrope_values(positions: np.ndarray, example_id: str = "") -> np.ndarray:
-    """(3, L) mRoPE positions (int32, or float32 for a ``fractional_positions`` family) as the stored float32
+    """(3, L) mRoPE positions (int32, or float32 for a family whose ``Positions.fractional``) as the stored float32
     values, token-major. ShardError where float32 would not hold them exactly (an integer position of 2^24 or
     more: an example far longer than any model's context), never a rounded position."""
     positions = np.asarray(positions)

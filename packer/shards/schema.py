@@ -108,7 +108,7 @@ SCHEMA = pa.schema(
         ("loss_weights", F32_LIST),  # T: each label's weight, 0 where -100; null where every loss weight is 1
         ("position_ids", I32_LIST),
         ("mrope_position_ids", F32_LIST),  # 3*T token-major (t,h,w per token); null without mRoPE; whole numbers
-        # except where the profile's positions are fractional (ModelProfile.fractional_positions)
+        # except where the profile's positions are fractional (Positions.fractional)
         ("cu_seqlens", I32_LIST),  # E+1, starts at 0, ends at T
         ("seq_lengths", I32_LIST),  # E example lengths where TRL's padding-free collator is exact; else null
         ("node_offsets", I32_LIST),

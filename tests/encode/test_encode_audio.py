@@ -25,6 +25,7 @@ from packer.media.audio import decode_audio
 from packer.media.video import VideoPlan
 from packer.models import get_profile
 from packer.models.base import Media, MediaRun
+from packer.models.rules import VideoRule
 from tests.media.audio_clips import signal, write_clip, write_video
 from tests.models.toy_family import ToyProfile
 
@@ -94,7 +95,7 @@ def test_clips_in_every_codec_become_their_counted_runs(toy, clips):
     frames = [-(-n // 160) for n in samples]  # Whisper's mask over a clip padded to 30 s
     assert [a.feature_length for a in enc.audios] == frames
     assert [a.num_tokens for a in enc.audios] == [-(-f // 10) for f in frames]
-    assert all(a.sample_rate == profile.audio_sample_rate and not a.video and a.data is None for a in enc.audios)
+    assert all(a.sample_rate == profile.audio.sample_rate and not a.video and a.data is None for a in enc.audios)
     assert [a.source for a in enc.audios] == [str(clips / n) for n in names]
     messages = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "and"}, {"type": "audio"},
                                              {"type": "audio"}, {"type": "text", "text": "and "}, {"type": "audio"}]},
@@ -175,6 +176,14 @@ def test_literal_audio_token_in_text_is_refused(toy, clips):
 # ---------------------------------------------------------------- a video's sound track inside its video's run
 
 
+class _ToyVideo(VideoRule):
+    """Every clip two frames, 4 tokens."""
+
+    def plan(self, video: VideoRef) -> VideoPlan:
+        return VideoPlan(frame_indices=(0, 1), video_fps=10.0, total_frames=15, sample_fps=2.0, utils_size=(48, 64),
+                         size=(48, 64), grid_thw=(1, 2, 2), num_tokens=4, second_per_grid_t=1.0, timestamps=None)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToyAV(ToyProfile):
     """The toy with video (4 tokens per clip) whose sound track it interleaves with the frames, Qwen-Omni style:
@@ -184,12 +193,8 @@ class ToyAV(ToyProfile):
     interleave: bool = True
 
     @property
-    def audio_in_video(self) -> bool:  # type: ignore[override]
-        return self.interleave
-
-    def plan_video(self, video: VideoRef) -> VideoPlan:
-        return VideoPlan(frame_indices=(0, 1), video_fps=10.0, total_frames=15, sample_fps=2.0, utils_size=(48, 64),
-                         size=(48, 64), grid_thw=(1, 2, 2), num_tokens=4, second_per_grid_t=1.0, timestamps=None)
+    def video(self) -> _ToyVideo:
+        return _ToyVideo()
 
     def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
         out, k = [], 0
@@ -200,8 +205,8 @@ class ToyAV(ToyProfile):
                 out += super().media_runs(media[k : k + 1], node_parents)
                 k += 1
                 continue
-            plan = self.plan_video(ref)
-            audio_run = self.audio_run(media[k + 1].ref, self.audio_info(media[k + 1].ref))
+            plan = self.video.plan(ref)
+            audio_run = self.audio.run(self.audio.plan(media[k + 1].ref))
             half = audio_run.num_tokens // 2
             tokens = ("<|box_start|>", *[self.video_token] * 2, *[self.audio_token] * half, *[self.video_token] * 2,
                       *[self.audio_token] * (audio_run.num_tokens - half), "<|box_end|>")

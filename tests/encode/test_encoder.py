@@ -128,9 +128,9 @@ def test_image_counts_on_real_coco(tok, coco_images):
         profile = get_profile(name)
         enc = Encoder(tok, profile).encode(example(rec))
         sizes = [Image.open(p).size for p in files]
-        want = [profile.num_tokens(w, h) for w, h in sizes]
+        want = [profile.image.num_tokens(w, h) for w, h in sizes]
         assert [im.num_tokens for im in enc.images] == want
-        assert [im.grid_thw for im in enc.images] == [profile.grid_thw(w, h) for w, h in sizes]
+        assert [im.grid_thw for im in enc.images] == [profile.image.grid_thw(w, h) for w, h in sizes]
         pads = np.flatnonzero(enc.input_ids == IMAGE_PAD)
         assert pads.shape[0] == sum(want) and (enc.labels[pads] == IGNORE_INDEX).all()
         for (

@@ -93,10 +93,10 @@ def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"conformance-{name}")
     for i, (file, (w, h)) in enumerate(SIZES.items()):
         (root / file).write_bytes(_png(w, h, seed=i))
-    if profile.has_video:
+    if profile.video is not None:
         write_clip(root / "clip.mp4", fps=4, frames=8, width=64, height=48)
     data = root / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in _records(profile.has_video)))
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records(profile.video is not None)))
     tokenizer = profile.default_tokenizer or "qwen2-vl"
     options = {"max_pixels": 64 * 28 * 28, "min_pixels": 16 * 28 * 28} if "max_pixels" in profile.overridable else {}
     config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile=name, tokenizer=tokenizer,
@@ -109,8 +109,8 @@ def family(request, tmp_path_factory):
 def test_build_and_verify(family):
     """Every line packed or rejected with a reason; the shards keep every invariant of docs/format.md."""
     totals = family["result"].manifest["totals"]
-    assert totals["examples"] + totals["rejected"] == len(_records(family["profile"].has_video))
-    if not family["profile"].has_vision:
+    assert totals["examples"] + totals["rejected"] == len(_records(family["profile"].video is not None))
+    if family["profile"].image is None:
         assert totals["examples"] == 3  # the text, the chat and the text tree; every image record is refused
     else:
         assert totals["rejected"] == 0, (family["root"] / "out" / "rejects.jsonl").read_text()
@@ -127,7 +127,7 @@ def test_rows_read_and_collate(family):
     images = [im for r in rows for im in r["images"]]
     videos = [v for r in rows for v in r["videos"]]
     if images:
-        assert batch["image_offsets"].tolist() == sorted(batch["image_offsets"].tolist()) or profile.has_video
+        assert batch["image_offsets"].tolist() == sorted(batch["image_offsets"].tolist()) or profile.video is not None
         assert len(batch["image_offsets"]) >= len(images)
     if videos:
         assert len(batch["video_offsets"]) == len(videos)

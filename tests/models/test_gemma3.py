@@ -51,13 +51,13 @@ def processor(tok):
 @pytest.mark.slow
 def test_every_coco_image_is_256_tokens(coco_images, processor) -> None:
     profile = get_profile("gemma3")
-    sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images]
+    sizes = [profile.image.plan(ImageRef(path=str(p))) for p in coco_images]
     want = processor._get_num_multimodal_tokens(image_sizes=[(h, w) for w, h in sizes])["num_image_tokens"]
-    assert [profile.num_tokens(w, h) for w, h in sizes] == want == [256] * len(sizes)
-    grids = np.array([profile.grid_thw(w, h) for w, h in sizes + [(1, 1), (5000, 3)]])
-    assert profile.grid_num_tokens(grids).tolist() == [256] * (len(sizes) + 2)
-    assert profile.grid_num_tokens(np.array([(1, 16, 8), (2, 16, 16)])).tolist() == [-1, -1]
-    assert profile.bidirectional_images and not profile.mrope
+    assert [profile.image.num_tokens(w, h) for w, h in sizes] == want == [256] * len(sizes)
+    grids = np.array([profile.image.grid_thw(w, h) for w, h in sizes + [(1, 1), (5000, 3)]])
+    assert profile.image.grid_num_tokens(grids).tolist() == [256] * (len(sizes) + 2)
+    assert profile.image.grid_num_tokens(np.array([(1, 16, 8), (2, 16, 16)])).tolist() == [-1, -1]
+    assert profile.bidirectional_images and not profile.positions.mrope
 
 
 def test_input_ids_token_types_and_pixels_match_the_processor(coco_images, tok, processor) -> None:
@@ -108,10 +108,10 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     counts = {}
     for path in coco_images:
         ref = ImageRef(path=str(path))
-        w, h = PAS.image_size(ref)
+        w, h = PAS.image.plan(ref)
         chw = np.asarray(load_image(ref)).transpose(2, 0, 1)
         crops = proc.pan_and_scan(chw, **rule)
-        rows, cols = PAS.crop_layout(w, h)
+        rows, cols = PAS.image.crop_layout(w, h)
         assert len(crops) == rows * cols, path
         assert all(c.shape[1:] == (-(-h // rows), -(-w // cols)) for c in crops[:-1])  # ceil-sized crops
         counts[rows * cols] = counts.get(rows * cols, 0) + 1
@@ -121,15 +121,15 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     refs = [ImageRef(data=_png(w, h)) for w, h in ODD_SIZES]
     out = transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56})(
         images=[load_image(r) for r in refs], do_pan_and_scan=True, return_tensors="np", **rule)
-    assert [small.image_size(r) for r in refs] == ODD_SIZES
-    assert [r * c for r, c in (small.crop_layout(w, h) for w, h in ODD_SIZES)] == out["num_crops"].tolist()
+    assert [small.image.plan(r) for r in refs] == ODD_SIZES
+    assert [r * c for r, c in (small.image.crop_layout(w, h) for w, h in ODD_SIZES)] == out["num_crops"].tolist()
     assert {0, 2, 3, 4} <= set(out["num_crops"].tolist())
     entries = [(r, g) for r, (w, h) in zip(refs, ODD_SIZES, strict=True)
-               for g in [run.grid for run in (small.image_blocks(w, h) or types.SimpleNamespace(runs=[small.image_run(w, h)])).runs]]
-    assert small.grid_num_tokens(np.array([g for _, g in entries])).tolist() == [4] * len(out["pixel_values"])
+               for g in [run.grid for run in (small.image.blocks((w, h)) or types.SimpleNamespace(runs=[small.image.run((w, h))])).runs]]
+    assert small.image.grid_num_tokens(np.array([g for _, g in entries])).tolist() == [4] * len(out["pixel_values"])
     pixels = small.reader().pixel_inputs([r for r, _ in entries], [g for _, g in entries])["pixel_values"]
     assert np.array_equal(pixels.numpy(), out["pixel_values"])
-    assert PAS.grid_num_tokens(np.array([(6, 16, 16), (0, 16, 16)])).tolist() == [-1, -1]  # 4 crops at most
+    assert PAS.image.grid_num_tokens(np.array([(6, 16, 16), (0, 16, 16)])).tolist() == [-1, -1]  # 4 crops at most
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_pan_and_scan_input_ids_and_pixels_match_the_processor(tmp_path, coco_im
             blocks += n
             seen += 1
     profile = get_profile("gemma3", **options)
-    coco = [profile.crop_layout(*profile.image_size(ImageRef(path=str(p)))) for p in coco_images[:2]]
+    coco = [profile.image.crop_layout(*profile.image.plan(ImageRef(path=str(p)))) for p in coco_images[:2]]
     assert seen == 2 and sum(len(r["images"]) for r in rows) == (1 + 3) + 1 + sum(1 + r * c for r, c in coco)
 
 

@@ -197,26 +197,26 @@ def test_counts_from_headers_equal_the_processor_rule(options, coco_images, proc
     """num_tokens from the header == Gemma4Processor._get_num_multimodal_tokens on every COCO-mini image and the
     odd sizes; the grid gives it back (verify), stats' patches are 9 per token; a video's frames use 70."""
     profile = get_profile("gemma4", **options)
-    sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+    sizes = [profile.image.plan(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
     assert len(coco_images) > 200
     want = processor._get_num_multimodal_tokens(image_sizes=[(h, w) for w, h in sizes], **options)
-    got = [profile.num_tokens(w, h) for w, h in sizes]
+    got = [profile.image.num_tokens(w, h) for w, h in sizes]
     assert got == want["num_image_tokens"]
-    grids = np.array([profile.grid_thw(w, h) for w, h in sizes])
-    assert profile.grid_num_tokens(grids).tolist() == got
-    assert profile.image_units(grids)[1].tolist() == [9 * n for n in got]
+    grids = np.array([profile.image.grid_thw(w, h) for w, h in sizes])
+    assert profile.image.grid_num_tokens(grids).tolist() == got
+    assert profile.image.units(grids)[1].tolist() == [9 * n for n in got]
     assert len(set(got)) > 5 and max(got) <= profile.max_soft_tokens  # the count depends on the size
     videos = processor._get_num_multimodal_tokens(video_sizes=[(32, h, w) for w, h in sizes])["num_video_tokens"]
     frames = [target_size(h, w, patch_size=16, max_soft_tokens=70, pooling=3) for w, h in sizes]  # video.plan's
-    assert profile.video_grid_num_tokens(np.array([(32, fh // 48, fw // 48) for fh, fw in frames])).tolist() == videos
+    assert profile.video.grid_num_tokens(np.array([(32, fh // 48, fw // 48) for fh, fw in frames])).tolist() == videos
 
 
 def test_grid_num_tokens_refuses_grids_no_image_gives() -> None:
     profile = get_profile("gemma4")
     grids = np.array([(1, 14, 19), (1, 1, 280), (1, 16, 16), (1, 17, 17), (2, 14, 19), (1, 0, 5), (1, 1, 281)])
-    assert profile.grid_num_tokens(grids).tolist() == [266, 280, 256, -1, -1, -1, -1]
+    assert profile.image.grid_num_tokens(grids).tolist() == [266, 280, 256, -1, -1, -1, -1]
     frames = np.array([(32, 7, 9), (1, 7, 9), (32, 8, 9), (0, 7, 9)])
-    assert profile.video_grid_num_tokens(frames).tolist() == [32 * 63, 63, -1, -1]
+    assert profile.video.grid_num_tokens(frames).tolist() == [32 * 63, 63, -1, -1]
 
 
 @pytest.mark.slow
@@ -225,17 +225,17 @@ def test_counts_equal_the_processors_pixels(coco_images) -> None:
     header's count, on one COCO image per distinct grid and every odd size (small ones as real files)."""
     profile = get_profile("gemma4")
     proc = Gemma4ImageProcessorPil()
-    coco = {profile.grid_thw(*profile.image_size(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
+    coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
     odd = [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h <= 4_000_000]
     refs = list(coco.values()) + odd
     assert len(coco) > 3
     for ref in refs:
-        w, h = profile.image_size(ref)
+        w, h = profile.image.plan(ref)
         out = proc(images=[load_image(ref)], return_tensors="np")
-        n = profile.num_tokens(w, h)
+        n = profile.image.num_tokens(w, h)
         assert out["num_soft_tokens_per_image"][0] == n, (w, h)
         assert int((out["image_position_ids"][0] >= 0).all(-1).sum()) == 9 * n
-        _, rows, cols = profile.grid_thw(w, h)
+        _, rows, cols = profile.image.grid_thw(w, h)
         assert out["image_position_ids"][0, 9 * n - 1].tolist() == [3 * cols - 1, 3 * rows - 1]  # (x, y) last patch
 
 
@@ -267,26 +267,26 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 
 def test_video_plans_from_the_header(clips) -> None:
     profile = get_profile("gemma4")
-    plan = profile.plan_video(VideoRef(path=str(clips["clip"])))
+    plan = profile.video.plan(VideoRef(path=str(clips["clip"])))
     assert plan.frame_indices == tuple(np.arange(32) * 40 // 32)
     assert plan.size == (336, 432) and plan.grid_thw == (32, 7, 9) and plan.num_tokens == 32 * 63
-    run = profile.video_run(plan)
+    run = profile.video.run(plan)
     assert run.text.startswith("00:00 <|image>" + "<|video|>" * 63 + "<image|> 00:00 <|image>")
     assert run.text.count("<|image>") == 32 and run.text.endswith("<image|>") and " 00:19 <|image>" in run.text
-    short = profile.plan_video(VideoRef(path=str(clips["short"])))  # fewer frames than 32: all of them
+    short = profile.video.plan(VideoRef(path=str(clips["short"])))  # fewer frames than 32: all of them
     assert short.frame_indices == tuple(range(8))
-    five = profile.plan_video(VideoRef(path=str(clips["clip"]), options=(("nframes", 5),)))
+    five = profile.video.plan(VideoRef(path=str(clips["clip"]), options=(("nframes", 5),)))
     assert five.frame_indices == (0, 8, 16, 24, 32)
-    slow = profile.plan_video(VideoRef(path=str(clips["slow"])))
-    assert profile.video_run(slow).text.split(" <|image>")[-1].endswith("<image|>")
-    assert profile.video_run(slow).text.endswith(" 02:54 <|image>" + "<|video|>" * 56 + "<image|>")  # 58 / (1/3) s
+    slow = profile.video.plan(VideoRef(path=str(clips["slow"])))
+    assert profile.video.run(slow).text.split(" <|image>")[-1].endswith("<image|>")
+    assert profile.video.run(slow).text.endswith(" 02:54 <|image>" + "<|video|>" * 56 + "<image|>")  # 58 / (1/3) s
     bad = [(VideoRef(path=str(clips["short"]), options=(("nframes", 9),)), "asks more frames"),
            (VideoRef(path=str(clips["clip"]), options=(("fps", 2),)), "takes no fps"),
            (VideoRef(path=str(clips["clip"]), options=(("nframes", 2.5),)), "positive integer"),
            (VideoRef(frames=("a.png", "b.png")), "not from a list of frame images")]
     for ref, message in bad:
         with pytest.raises(RecordError, match=message):
-            profile.plan_video(ref)
+            profile.video.plan(ref)
 
 
 # ------------------------------------------------------------------ refusals

@@ -122,7 +122,7 @@ def test_counts_from_headers_equal_the_processor(clips, tok, processor) -> None:
     for name, start, end in cases:
         path = str(clips / "clips" / name)
         ref = AudioRef(path=path, start=start, end=end)
-        run = profile.audio_run(ref, profile.audio_info(ref))
+        run = profile.audio.run(profile.audio.plan(ref))
         samples = _load(path, start, end)
         assert run.audio.num_samples == len(samples), name
         out = processor(text=["<|audio|>"], audio=[samples], add_special_tokens=False, return_tensors="np")
@@ -130,8 +130,7 @@ def test_counts_from_headers_equal_the_processor(clips, tok, processor) -> None:
         assert [tok.convert_tokens_to_ids(t) for t in run.tokens] == want, name
         assert want[1:-1] == [ids["<|audio|>"]] * run.num_tokens and run.lead == 1
         assert run.audio.feature_length == int(out["input_features_mask"][0].sum())
-    long = profile.audio_run(AudioRef(path=str(clips / "clips" / "h.flac")),
-                             profile.audio_info(AudioRef(path=str(clips / "clips" / "h.flac"))))
+    long = profile.audio.run(profile.audio.plan(AudioRef(path=str(clips / "clips" / "h.flac"))))
     assert long.num_tokens == 750 and long.audio.num_samples == 31 * 16000  # the extractor cuts it to 30 s
 
 
@@ -142,12 +141,12 @@ def test_a_clip_under_one_frame_is_refused(tmp_path) -> None:
     rate, seconds, channels, kind = CLIPS["g.wav"]
     write_clip(tmp_path / "g.wav", signal(kind, rate, seconds, channels=channels), rate)
     ref = AudioRef(path=str(tmp_path / "g.wav"))
-    assert profile.audio_run(ref, profile.audio_info(ref)).num_tokens == 1
+    assert profile.audio.run(profile.audio.plan(ref)).num_tokens == 1
     short = tmp_path / "short.wav"
     write_clip(short, signal("noise", 16000, num_samples=160), 16000)
     ref = AudioRef(path=str(short))
     with pytest.raises(RecordError) as e:
-        profile.audio_run(ref, profile.audio_info(ref))
+        profile.audio.run(profile.audio.plan(ref))
     assert e.value.reason == "bad_audio" and "short.wav" in str(e.value)
 
 

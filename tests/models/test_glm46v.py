@@ -209,7 +209,7 @@ def test_counts_from_headers_equal_the_processor(setting: str, coco_images) -> N
     options, size = SETTINGS[setting]
     profile = get_profile("glm-4.6v", **options)
     hf = Glm46VImageProcessorPil(size=size)
-    sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+    sizes = [profile.image.plan(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
     assert len(coco_images) > 200
     grids, counts, refused = [], [], 0
     for w, h in sizes:
@@ -218,25 +218,25 @@ def test_counts_from_headers_equal_the_processor(setting: str, coco_images) -> N
                                            max_pixels=size["longest_edge"])
         except ValueError:
             with pytest.raises(RecordError, match="aspect ratio"):
-                profile.grid_thw(w, h)
+                profile.image.grid_thw(w, h)
             refused += 1
             continue
-        assert profile.grid_thw(w, h) == (1, rh // 14, rw // 14), (w, h)
+        assert profile.image.grid_thw(w, h) == (1, rh // 14, rw // 14), (w, h)
         n = hf.get_number_of_image_patches(h, w, {}) // 4
-        assert profile.num_tokens(w, h) == n, (w, h)
-        grids.append(profile.grid_thw(w, h))
+        assert profile.image.num_tokens(w, h) == n, (w, h)
+        grids.append(profile.image.grid_thw(w, h))
         counts.append(n)
     assert refused == 4  # the short side is scaled up to 28 first: 1x200 passes, 1x201 and 3x601 do not
-    assert profile.grid_num_tokens(np.array(grids)).tolist() == counts
+    assert profile.image.grid_num_tokens(np.array(grids)).tolist() == counts
 
 
 def test_worked_example_and_grid_rule() -> None:
     profile = get_profile("glm-4.6v")
-    assert profile.grid_thw(640, 480) == (1, 34, 46) and profile.num_tokens(640, 480) == 391
-    assert profile.num_tokens(12000, 9000) == 6030  # at most 6144 tokens: 2 x area <= 9633792
+    assert profile.image.grid_thw(640, 480) == (1, 34, 46) and profile.image.num_tokens(640, 480) == 391
+    assert profile.image.num_tokens(12000, 9000) == 6030  # at most 6144 tokens: 2 x area <= 9633792
     grids = np.array([(1, 34, 46), (1, 2, 2), (2, 34, 46), (1, 33, 46), (1, 0, 0)])
-    assert profile.grid_num_tokens(grids).tolist() == [391, 1, -1, -1, -1]
-    assert profile.video_grid_num_tokens(grids).tolist() == [391, 1, 782, -1, -1]
+    assert profile.image.grid_num_tokens(grids).tolist() == [391, 1, -1, -1, -1]
+    assert profile.video.grid_num_tokens(grids).tolist() == [391, 1, 782, -1, -1]
     with pytest.raises(ConfigError, match="min_pixels"):
         get_profile("glm-4.6v", min_pixels=100, max_pixels=50)
 
@@ -247,7 +247,7 @@ def test_counts_equal_the_processors_pixels(coco_images) -> None:
     size the processor takes, and pixel_values rows = t * h * w."""
     profile = get_profile("glm-4.6v")
     hf = Glm46VImageProcessorPil(size=CHECKPOINT)
-    refs = {profile.grid_thw(*profile.image_size(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
+    refs = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
     odd = [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h < 5e6]
     seen = 0
     for ref in [*refs.values(), *odd]:
@@ -256,10 +256,10 @@ def test_counts_equal_the_processors_pixels(coco_images) -> None:
             out = hf(images=[image], return_tensors="np", do_rescale=False, do_normalize=False)
         except ValueError:
             with pytest.raises(RecordError):
-                profile.grid_thw(*image.size)
+                profile.image.grid_thw(*image.size)
             continue
         grid = tuple(int(x) for x in out["image_grid_thw"][0])
-        assert profile.grid_thw(*image.size) == grid, image.size
+        assert profile.image.grid_thw(*image.size) == grid, image.size
         assert out["pixel_values"].shape == (grid[1] * grid[2], 3 * 2 * 14 * 14)
         seen += 1
     assert seen > 40
@@ -317,13 +317,13 @@ def test_plan_from_the_header_equals_the_processor(clips, processor) -> None:
         frames, meta = _decoded(path)
         info = probe(str(path))
         assert (info.num_frames, pyav_duration(info)) == (meta.total_num_frames, meta.duration), name
-        plan = profile.plan_video(VideoRef(path=str(path)))
+        plan = profile.video.plan(VideoRef(path=str(path)))
         out = processor.video_processor(videos=[frames], video_metadata=[meta], return_metadata=True,
                                         return_tensors="pt")
         assert list(plan.frame_indices) == out["video_metadata"][0].frames_indices.tolist(), name
         assert tuple(plan.grid_thw) == tuple(out["video_grid_thw"][0].tolist()), name
         want = processor.replace_video_token(out, video_idx=0)
-        run = profile.video_run(plan)
+        run = profile.video.run(plan)
         assert run.text == want and run.num_tokens == want.count("<|image|>") and run.lead == 1, name
 
 
@@ -332,15 +332,15 @@ def test_videos_the_processor_cannot_take_are_refused(tmp_path) -> None:
     frames."""
     clip = write_clip(tmp_path / "one.mp4", fps=30, frames=1, width=64, height=48)
     with pytest.raises(RecordError, match="videos are off"):
-        get_profile("glm-4.6v", videos=False).plan_video(VideoRef(path=str(clip)))
+        get_profile("glm-4.6v", videos=False).video.plan(VideoRef(path=str(clip)))
     profile = get_profile("glm-4.6v")
-    assert profile.has_video and not get_profile("glm-4.6v", videos=False).has_video
+    assert profile.video.enabled and not get_profile("glm-4.6v", videos=False).video.enabled
     with pytest.raises(RecordError, match="not a list of frame images"):
-        profile.plan_video(VideoRef(frames=("a.jpg", "b.jpg")))
+        profile.video.plan(VideoRef(frames=("a.jpg", "b.jpg")))
     with pytest.raises(RecordError, match=r"no sampling options \(fps\)"):
-        profile.plan_video(VideoRef(path=str(clip), options=(("fps", 1.0),)))
+        profile.video.plan(VideoRef(path=str(clip), options=(("fps", 1.0),)))
     with pytest.raises(RecordError, match="samples 0 frames"):
-        profile.plan_video(VideoRef(path=str(clip)))
+        profile.video.plan(VideoRef(path=str(clip)))
     media = [Media(ImageRef(path="x.png"), 1), Media(VideoRef(path=str(clip)), 0)]
     with pytest.raises(RecordError, match="no image beside a video"):
         profile.media_runs(media, np.array([-1, 0]))
@@ -353,7 +353,7 @@ def test_video_pixels_equal_the_processor(clips, processor) -> None:
     profile = get_profile("glm-4.6v", videos=True)
     for name in ("band3", "ntsc"):
         frames, meta = _decoded(clips[name])
-        plan = profile.plan_video(VideoRef(path=str(clips[name])))
+        plan = profile.video.plan(VideoRef(path=str(clips[name])))
         out = processor.video_processor(videos=[frames], video_metadata=[meta], return_tensors="pt")
         got, grid = video_pixel_values(frames[list(plan.frame_indices)], height=plan.size[0], width=plan.size[1])
         assert grid == tuple(out["video_grid_thw"][0].tolist())

@@ -92,12 +92,12 @@ def test_every_coco_image_and_odd_sizes_match_processor(coco_images: list[Path],
     (tiles of pixel values) on one COCO image per distinct tile layout and on every odd size."""
     profile = get_profile("internvl")
     refs = [ImageRef(path=str(p)) for p in coco_images] + [ImageRef(data=_png(w, h)) for w, h in ODD_SIZES]
-    sizes = [profile.image_size(r) for r in refs]
+    sizes = [profile.image.plan(r) for r in refs]
     assert sizes[len(coco_images):] == ODD_SIZES
     rule = processor._get_num_multimodal_tokens(image_sizes=[(h, w) for w, h in sizes])
-    assert [2 + profile.num_tokens(w, h) for w, h in sizes] == rule["num_image_tokens"]  # + <img>, </img>
+    assert [2 + profile.image.num_tokens(w, h) for w, h in sizes] == rule["num_image_tokens"]  # + <img>, </img>
     assert len(coco_images) > 200
-    per_layout = {profile.grid_thw(*s): (s, r) for s, r in zip(sizes[: len(coco_images)], refs, strict=False)}
+    per_layout = {profile.image.grid_thw(*s): (s, r) for s, r in zip(sizes[: len(coco_images)], refs, strict=False)}
     run = list(per_layout.values()) + list(zip(ODD_SIZES, refs[len(coco_images):], strict=True))
     for (w, h), ref in run:
         image = load_image(ref)
@@ -105,9 +105,9 @@ def test_every_coco_image_and_odd_sizes_match_processor(coco_images: list[Path],
         out = processor.image_processor(images=[image], crop_to_patches=True, do_rescale=False,
                                         do_normalize=False, return_tensors="np")
         tiles = int(out["num_patches"][0])
-        assert tiles * 256 == profile.num_tokens(w, h), (w, h)
-        _, rows, cols = profile.grid_thw(w, h)
-        assert profile.grid_num_tokens(np.array([[1, rows, cols]])).tolist() == [tiles * 256]
+        assert tiles * 256 == profile.image.num_tokens(w, h), (w, h)
+        _, rows, cols = profile.image.grid_thw(w, h)
+        assert profile.image.grid_num_tokens(np.array([[1, rows, cols]])).tolist() == [tiles * 256]
 
 
 @pytest.mark.slow

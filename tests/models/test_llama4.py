@@ -157,25 +157,25 @@ def test_counts_from_headers_equal_the_processor_rule(setting: str, coco_images,
     profile = get_profile("llama4", **SETTINGS[setting])
     possible = torch.tensor(module.find_supported_resolutions.__wrapped__(
         profile.max_patches, SizeDict(height=profile.tile_px, width=profile.tile_px)))
-    sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+    sizes = [profile.image.plan(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
     assert len(coco_images) > 200
     sizes += [(w, h) for w in range(1, 1400, 37) for h in range(1, 1400, 41)]
     grids, want = [], []
     for w, h in sizes:
         best = module.get_best_fit((h, w), possible, resize_to_max_canvas=profile.resize_to_max_canvas)
         rows, cols = int(best[0]) // profile.tile_px, int(best[1]) // profile.tile_px
-        assert profile.tile_grid(w, h) == (rows, cols), (w, h)
-        grid = profile.grid_thw(w, h)
-        run = profile.image_run(w, h)
+        assert profile.image.tile_grid(w, h) == (rows, cols), (w, h)
+        grid = profile.image.grid_thw(w, h)
+        run = profile.image.run((w, h))
         assert run.grid == grid == (1, rows, cols)
-        assert run.num_tokens == profile.num_tokens(w, h) == run.tokens.count("<|patch|>")
+        assert run.num_tokens == profile.image.num_tokens(w, h) == run.tokens.count("<|patch|>")
         if len(grids) < 300:  # the run as the processor writes it
             assert "".join(run.tokens) == processor._prompt_split_image((rows, cols), profile.tokens_per_tile)
         grids.append(grid)
         want.append(run.num_tokens)
-    assert profile.grid_num_tokens(np.array(grids)).tolist() == want
+    assert profile.image.grid_num_tokens(np.array(grids)).tolist() == want
     n = np.array([r * c for _, r, c in grids])
-    assert profile.image_units(np.array(grids))[1].tolist() == (n + (n > 1)).tolist()
+    assert profile.image.units(np.array(grids))[1].tolist() == (n + (n > 1)).tolist()
 
 
 def test_grid_num_tokens_refuses_grids_no_image_gives() -> None:
@@ -184,7 +184,7 @@ def test_grid_num_tokens_refuses_grids_no_image_gives() -> None:
                                                       resize_to_max_canvas=False) == (672, 672)
     grids = np.array([(1, 1, 1), (1, 2, 2), (1, 4, 4), (1, 1, 16), (1, 3, 6), (1, 0, 0), (2, 1, 1), (1, 0, 3),
                       (0, 1, 1)])
-    assert profile.grid_num_tokens(grids).tolist() == [144, 5 * 144, 17 * 144, 17 * 144, -1, 1, -1, -1, -1]
+    assert profile.image.grid_num_tokens(grids).tolist() == [144, 5 * 144, 17 * 144, 17 * 144, -1, 1, -1, -1, -1]
 
 
 def test_bad_settings_are_refused() -> None:
@@ -202,7 +202,7 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images) -> None:
     odd size: the header's grid, rows * cols tiles + the global one when several."""
     profile = get_profile("llama4", **SETTINGS[setting])
     image_processor = _image_processor(profile)
-    coco = {profile.grid_thw(*profile.image_size(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
+    coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
     refs = list(coco.values()) + [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)
                                   if w * h < 3_000_000]
     for ref in refs:
@@ -210,9 +210,9 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images) -> None:
         w, h = image.size
         out = image_processor(images=[image], return_tensors="pt")
         rows, cols = out["aspect_ratios"][0].tolist()
-        assert profile.grid_thw(w, h) == (1, rows, cols), (w, h)
+        assert profile.image.grid_thw(w, h) == (1, rows, cols), (w, h)
         t = profile.tile_px
-        assert out["pixel_values"].shape == (profile.image_units(np.array([(1, rows, cols)]))[1][0], 3, t, t)
+        assert out["pixel_values"].shape == (profile.image.units(np.array([(1, rows, cols)]))[1][0], 3, t, t)
         assert out["pixel_values"].dtype == torch.bfloat16
 
 
@@ -386,7 +386,7 @@ def test_reader_equals_the_image_processor(built) -> None:
     assert torch.equal(batch["pixel_values"].to(torch.bfloat16), want)
     assert torch.equal(batch["pixel_values"], want.float())
     profile = get_profile("llama4")
-    tiles = profile.image_units(np.array([(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]))[1]
+    tiles = profile.image.units(np.array([(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]))[1]
     assert batch["pixel_values"].shape[0] == int(tiles.sum())
     token_ids = {"<|patch|>": load_tokenizer("llama4").convert_tokens_to_ids("<|patch|>")}
     table = profile.proof().image_table(batch, token_ids)

@@ -16,9 +16,9 @@ def test_llava_is_576_tokens_of_336px(coco_images: list[Path]) -> None:
     profile = get_profile("llava")
     refs = [ImageRef(path=str(p)) for p in coco_images[:3]]
     for ref in refs:
-        w, h = profile.image_size(ref)
-        assert profile.num_tokens(w, h) == 576
-        assert profile.grid_thw(w, h) == (1, 24, 24)
+        w, h = profile.image.plan(ref)
+        assert profile.image.num_tokens(w, h) == 576
+        assert profile.image.grid_thw(w, h) == (1, 24, 24)
     out = profile.reader().pixel_values(refs)
     assert set(out) == {"pixel_values"}
     assert tuple(out["pixel_values"].shape) == (3, 3, 336, 336)
@@ -40,6 +40,6 @@ def test_pixel_values_match_processor(coco_images: list[Path]) -> None:
 
 def test_verify_hooks() -> None:
     profile = get_profile("llava")
-    assert profile.grid_num_tokens(np.array([(1, 24, 24), (1, 2, 2)])).tolist() == [576, 576]
-    assert profile.extra_positions(np.zeros(3), np.arange(3), np.zeros(1), np.full(1, -1), [], token_ids={}) is None
-    assert not profile.mrope
+    assert profile.image.grid_num_tokens(np.array([(1, 24, 24), (1, 2, 2)])).tolist() == [576, 576]
+    assert profile.positions.extra(np.zeros(3), np.arange(3), np.zeros(1), np.full(1, -1), [], token_ids={}) is None
+    assert not profile.positions.mrope

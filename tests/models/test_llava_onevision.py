@@ -52,7 +52,7 @@ def processor(tok):
 
 def _sizes(coco_images: list[Path]) -> list[tuple[int, int]]:
     profile = get_profile("llava-onevision")
-    return [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+    return [profile.image.plan(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
 
 
 @pytest.mark.slow
@@ -61,9 +61,9 @@ def test_every_coco_image_and_odd_sizes_match_the_processor(coco_images, process
     sizes = _sizes(coco_images)
     assert len(sizes) == len(coco_images) + len(ODD_SIZES) > 300
     want = processor._get_num_multimodal_tokens(image_sizes=[(h, w) for w, h in sizes])["num_image_tokens"]
-    assert [profile.num_tokens(w, h) for w, h in sizes] == want
-    grids = np.array([profile.grid_thw(w, h) for w, h in sizes])
-    assert profile.grid_num_tokens(grids).tolist() == want
+    assert [profile.image.num_tokens(w, h) for w, h in sizes] == want
+    grids = np.array([profile.image.grid_thw(w, h) for w, h in sizes])
+    assert profile.image.grid_num_tokens(grids).tolist() == want
     assert {int(t) for t in grids[:, 0]} >= {2, 3, 5, 37}  # 1x1 ... 6x6 tiles, plus the base crop
 
 
@@ -75,11 +75,11 @@ def test_feature_lengths_match_the_model(coco_images) -> None:
     model = profile.proof().tiny_model(token_ids={"<image>": 5, "<video>": 6}, vocab_size=64, hidden=8).model
     sizes = sorted(set(_sizes(coco_images)))
     for w, h in sizes:
-        crops = profile.grid_thw(w, h)[0]
+        crops = profile.image.grid_thw(w, h)[0]
         feats, lens = model.pack_image_features(
             [torch.zeros(crops, 729, 8)], torch.tensor([[h, w]]), image_newline=model.image_newline
         )
-        assert int(lens[0]) == profile.num_tokens(w, h), (w, h)
+        assert int(lens[0]) == profile.image.num_tokens(w, h), (w, h)
     feats, lens = model.pack_image_features([torch.zeros(1, 729, 8)] * 2, torch.tensor([[480, 640]] * 2),
                                             image_newline=model.image_newline)
     assert lens.tolist() == [730, 730] == [run.num_tokens for run in profile.media_runs(_two_images(), np.array([-1]))]
@@ -87,8 +87,8 @@ def test_feature_lengths_match_the_model(coco_images) -> None:
 
 def test_worked_example_640x480() -> None:
     profile = get_profile("llava-onevision")
-    assert profile.grid_thw(640, 480) == (5, 40, 54)
-    assert profile.num_tokens(640, 480) == 729 + 40 * 55 == 2929
+    assert profile.image.grid_thw(640, 480) == (5, 40, 54)
+    assert profile.image.num_tokens(640, 480) == 729 + 40 * 55 == 2929
     assert [(run.grid, run.num_tokens) for run in profile.media_runs(_two_images(), np.array([-1]))] == [((1, 27, 27), 730)] * 2
     assert len(profile.pinpoints) == 36 and profile.pinpoints[:2] == ((384, 384), (384, 768))
 

@@ -163,14 +163,14 @@ def test_counts_from_headers_equal_the_processor_rule(setting: str, coco_images,
     options = SETTINGS[setting]
     profile = get_profile("mistral3", **options)
     processor = _processor(tokenizer, options)
-    sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+    sizes = [profile.image.plan(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
     assert len(coco_images) > 200
     grids, refused = [], []
     for w, h in sizes:
         try:
-            rows, cols = profile.token_grid(w, h)
+            rows, cols = profile.image.token_grid(w, h)
         except RecordError:  # a side scaled to 0 px: no run the processor could write (its pixels raise)
-            unit = profile.unit
+            unit = profile.image.unit
             size = image_processing_pil_pixtral.get_resize_output_image_size(
                 np.zeros((h, w, 3)), size=(profile.longest_edge,) * 2, patch_size=(unit, unit),
                 input_data_format="channels_last")
@@ -179,17 +179,17 @@ def test_counts_from_headers_equal_the_processor_rule(setting: str, coco_images,
             continue
         if h not in (1, 3):  # the helper measures np.zeros((h, w, 3)), read channels-first when h is 1 or 3
             assert processor._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"] == [rows * (cols + 1)]
-        run = profile.image_run(w, h)
-        unit = profile.unit
+        run = profile.image.run((w, h))
+        unit = profile.image.unit
         assert "".join(run.tokens) == processor.replace_image_token({"image_sizes": [(rows * unit, cols * unit)]}, 0)
-        assert run.num_tokens == profile.num_tokens(w, h) == run.tokens.count("[IMG]") == rows * cols
-        assert run.grid == profile.grid_thw(w, h) == (1, rows, cols) and run.lead == 0
-        assert max(rows, cols) <= profile.max_side
+        assert run.num_tokens == profile.image.num_tokens(w, h) == run.tokens.count("[IMG]") == rows * cols
+        assert run.grid == profile.image.grid_thw(w, h) == (1, rows, cols) and run.lead == 0
+        assert max(rows, cols) <= profile.image.max_side
         grids.append(run.grid)
     assert refused == REFUSED_AT[setting]
     grids = np.array(grids)
-    assert profile.grid_num_tokens(grids).tolist() == [r * c for _, r, c in grids]
-    assert profile.image_units(grids)[1].tolist() == [r * c * profile.spatial_merge_size**2 for _, r, c in grids]
+    assert profile.image.grid_num_tokens(grids).tolist() == [r * c for _, r, c in grids]
+    assert profile.image.units(grids)[1].tolist() == [r * c * profile.spatial_merge_size**2 for _, r, c in grids]
 
 
 def test_counts_refused_where_the_processor_cannot() -> None:
@@ -197,16 +197,16 @@ def test_counts_refused_where_the_processor_cannot() -> None:
     profile = get_profile("mistral3")
     for w, h in [*REFUSED, (0, 5)]:
         with pytest.raises(RecordError) as e:
-            profile.token_grid(w, h)
+            profile.image.token_grid(w, h)
         assert e.value.reason == "bad_image"
-    assert token_grid(640, 480, longest_edge=1540, unit=28) == (18, 23) == profile.token_grid(640, 480)
+    assert token_grid(640, 480, longest_edge=1540, unit=28) == (18, 23) == profile.image.token_grid(640, 480)
     assert image_tokens(2, 3) == ("[IMG]",) * 3 + ("[IMG_BREAK]",) + ("[IMG]",) * 3 + ("[IMG_END]",)
 
 
 def test_grid_num_tokens_refuses_grids_no_image_gives() -> None:
     profile = get_profile("mistral3")  # at most 55 tokens a side
     grids = np.array([(1, 18, 23), (1, 1, 1), (1, 55, 55), (1, 56, 1), (1, 0, 3), (2, 3, 4), (1, 3, 0)])
-    assert profile.grid_num_tokens(grids).tolist() == [414, 1, 3025, -1, -1, -1, -1]
+    assert profile.image.grid_num_tokens(grids).tolist() == [414, 1, 3025, -1, -1, -1, -1]
 
 
 def test_bad_settings_are_refused() -> None:
@@ -223,8 +223,8 @@ def test_mistral_common_rounds_where_transformers_floors() -> None:
     encoder = ImageEncoder.__new__(ImageEncoder)
     encoder.image_config = ImageConfig(image_patch_size=14, max_image_size=1540, spatial_merge_size=2)
     assert encoder._image_to_num_tokens(Image.new("RGB", (1771, 999))) == (55, 32)
-    assert get_profile("mistral3").token_grid(1771, 999) == (31, 55)
-    assert encoder._image_to_num_tokens(Image.new("RGB", (640, 480)))[::-1] == get_profile("mistral3").token_grid(640, 480)
+    assert get_profile("mistral3").image.token_grid(1771, 999) == (31, 55)
+    assert encoder._image_to_num_tokens(Image.new("RGB", (640, 480)))[::-1] == get_profile("mistral3").image.token_grid(640, 480)
 
 
 @pytest.mark.slow
@@ -235,20 +235,20 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images, tokenizer
     options = SETTINGS[setting]
     profile = get_profile("mistral3", **options)
     processor = _processor(tokenizer, options)
-    coco = {profile.grid_thw(*profile.image_size(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
+    coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
     refs = list(coco.values()) + [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)]
     for ref in refs:
         image = load_image(ref)
         w, h = image.size
-        assert profile.image_size(ref) == (w, h)
+        assert profile.image.plan(ref) == (w, h)
         if (w, h) in REFUSED_AT[setting]:
             with pytest.raises(ValueError):  # resized to a side of 0 px
                 processor(text="[IMG]", images=[image])
             continue
         out = processor(text="[IMG]", images=[image], return_tensors="np")
-        rows, cols = profile.token_grid(w, h)
-        assert out["image_sizes"].tolist() == [[rows * profile.unit, cols * profile.unit]], (w, h)
-        assert out["input_ids"][0].tolist() == tokenizer.convert_tokens_to_ids(list(profile.image_run(w, h).tokens))
+        rows, cols = profile.image.token_grid(w, h)
+        assert out["image_sizes"].tolist() == [[rows * profile.image.unit, cols * profile.image.unit]], (w, h)
+        assert out["input_ids"][0].tolist() == tokenizer.convert_tokens_to_ids(list(profile.image.run((w, h)).tokens))
     if setting == "mistral-small-3.1":
         for w, h in REFUSED:
             with pytest.raises(ValueError):

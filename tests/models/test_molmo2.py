@@ -87,14 +87,14 @@ def test_token_counts_from_the_header(profile, processor, coco_images, odd_image
     """Every COCO-mini image and every odd size: header-only grid and count == the HF processor's rule."""
     assert len(coco_images) >= 200
     for path in [*coco_images, *odd_images]:
-        w, h = profile.image_size(ImageRef(path=str(path)))
+        w, h = profile.image.plan(ImageRef(path=str(path)))
         grid, n = _hf_tokens(processor, w, h)
-        crops, rows, cols = profile.grid_thw(w, h)
+        crops, rows, cols = profile.image.grid_thw(w, h)
         _, crops_hf = processor.image_processor.get_image_grid_and_crops(h, w)
         assert (crops, rows, cols) == (crops_hf, *grid[2:]), path.name
         assert grid[:2] == list(profile.low_res_grid)
-        assert profile.num_tokens(w, h) == n, path.name
-        assert profile.grid_num_tokens(np.array([[crops, rows, cols]]))[0] == n
+        assert profile.image.num_tokens(w, h) == n, path.name
+        assert profile.image.grid_num_tokens(np.array([[crops, rows, cols]]))[0] == n
 
 
 @pytest.mark.slow
@@ -105,7 +105,7 @@ def test_token_counts_of_the_processor_output(profile, processor, coco_images, o
     for path in [*coco_images[::60], *small]:
         image = load_image(ImageRef(path=str(path)))
         out = profile.reader().image_processor()(images=[image], return_tensors="pt")
-        crops, rows, cols = profile.grid_thw(*image.size)
+        crops, rows, cols = profile.image.grid_thw(*image.size)
         assert out["image_num_crops"].tolist() == [crops], path.name
         assert out["image_grids"][0, 2:].tolist() == [rows, cols]
         assert out["pixel_values"].shape == (crops, 27 * 27, 14 * 14 * 3)
@@ -114,10 +114,10 @@ def test_token_counts_of_the_processor_output(profile, processor, coco_images, o
 
 
 def test_grid_num_tokens_refuses_impossible_grids(profile) -> None:
-    good = profile.grid_thw(640, 480)
+    good = profile.image.grid_thw(640, 480)
     grids = np.array([good, (4, *good[1:]), (5, 24, 23), (10, 42, 14), (2, 14, 14)])
-    assert profile.grid_num_tokens(grids).tolist() == [766, -1, -1, -1, 212 + 212]
-    assert profile.image_units(grids[:1])[0] == "crops" and profile.image_units(grids[:1])[1].tolist() == [5]
+    assert profile.image.grid_num_tokens(grids).tolist() == [766, -1, -1, -1, 212 + 212]
+    assert profile.image.units(grids[:1])[0] == "crops" and profile.image.units(grids[:1])[1].tolist() == [5]
 
 
 def _example(parts_and_answers: list, image_dir: Path) -> Example:

@@ -91,7 +91,7 @@ def test_sampling_equals_the_processor(profile, processor, clips) -> None:
     """Every clip x option: header-only frame indices, grid and tokens == sample_frames on the loader's metadata."""
     for path in clips:
         for options in OPTIONS:
-            plan = profile.plan_video(_ref(path, **options))
+            plan = profile.video.plan(_ref(path, **options))
             kw = {"fps": options.get("fps"), "max_fps": options.get("max_fps")}
             if "max_frames" in options:
                 kw["num_frames"] = options["max_frames"]
@@ -136,7 +136,7 @@ def test_rejects(profile, tmp_path, clips) -> None:
              (_ref(tmp_path / "missing.mp4"), "missing_video")]
     for ref, reason in cases:
         with pytest.raises(RecordError) as e:
-            profile.plan_video(ref)
+            profile.video.plan(ref)
         assert e.value.reason == reason, ref
 
 
@@ -152,7 +152,7 @@ def test_reader_gives_the_processor_output(profile, processor, clips) -> None:
     import torch
 
     chosen = [clips[2], clips[3]]
-    plans = [profile.plan_video(_ref(p)) for p in chosen]
+    plans = [profile.video.plan(_ref(p)) for p in chosen]
     ours = profile.reader().video_pixel_values([_shard_video(p, plan) for p, plan in zip(chosen, plans, strict=True)])
     clips_decoded = []
     for path in chosen:
@@ -170,7 +170,7 @@ def test_same_pixels_as_torchvision(profile, clips) -> None:
     import torch
     from transformers.models.molmo2.video_processing_molmo2 import Molmo2VideoProcessor
 
-    plan = profile.plan_video(_ref(clips[2]))
+    plan = profile.video.plan(_ref(clips[2]))
     ours = profile.reader().video_pixel_values([_shard_video(clips[2], plan)])
     with av.open(str(clips[2])) as c:
         frames = torch.from_numpy(np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]))

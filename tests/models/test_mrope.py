@@ -344,21 +344,21 @@ def test_mrope_equals_per_token_reference(data, merge):
     np.testing.assert_array_equal(got, want)
 
 
-def test_extra_positions_is_mrope_and_text_is_three_equal_rows(tok) -> None:
+def test_positions_extra_is_mrope_and_text_is_three_equal_rows(tok) -> None:
     """What the encoder calls: the text-only fast path and the image path give get_rope_index's rows."""
     profile = get_profile("qwen2-vl")
     token_ids = {"image_token": IMAGE_PAD, "vision_start": VISION_START, "vision_end": VISION_END}
     offsets, parents = np.array([0, 5], np.int32), np.array([-1, 0], np.int32)
     ids = np.array(text(tok, "Hello world! A plain sentence, longer."), np.int32)
     pos = tree_position_ids(len(ids), offsets, parents)
-    got = profile.extra_positions(ids, pos, offsets, parents, [], token_ids=token_ids)
+    got = profile.positions.extra(ids, pos, offsets, parents, [], token_ids=token_ids)
     assert got.dtype == np.int32 and (got == pos).all() and got.shape == (3, len(ids))
     ids = np.array(text(tok, "Look") + image((1, 4, 6)) + text(tok, "at it, a branch."), np.int32)
     offsets = np.array([0, len(ids) - 3], np.int32)  # the image in the root, a branch after it
     pos = tree_position_ids(len(ids), offsets, parents)
-    got = profile.extra_positions(ids, pos, offsets, parents, [(1, 4, 6)], token_ids=token_ids)
+    got = profile.positions.extra(ids, pos, offsets, parents, [(1, 4, 6)], token_ids=token_ids)
     np.testing.assert_array_equal(got, mrope_position_ids(ids, offsets, parents, [(1, 4, 6)], image_token_id=IMAGE_PAD))
-    assert get_profile("llava").extra_positions(ids, pos, offsets, parents, [], token_ids=token_ids) is None
+    assert get_profile("llava").positions.extra(ids, pos, offsets, parents, [], token_ids=token_ids) is None
 
 
 def _runs_rule(ids, token_id, grids, merge=2):
@@ -402,7 +402,7 @@ def test_vision_runs_match_the_plain_rule_on_random_runs():
 
 def test_text_mrope_rows_are_a_read_only_view_of_the_positions():
     pos = tree_position_ids(7, np.array([0, 3]), np.array([-1, 0]))
-    rows = get_profile("qwen2-vl").extra_positions(np.zeros(7, np.int32), pos, np.array([0, 3]), np.array([-1, 0]),
+    rows = get_profile("qwen2-vl").positions.extra(np.zeros(7, np.int32), pos, np.array([0, 3]), np.array([-1, 0]),
                                                    [], token_ids={"image_token": IMAGE_PAD})
     np.testing.assert_array_equal(rows, np.tile(pos, (3, 1)))
     assert rows.dtype == np.int32 and rows.strides[0] == 0

@@ -78,9 +78,9 @@ def test_audio_tokens_equal_the_processor(processor) -> None:
         frames = int(out["feature_attention_mask"].sum())
         assert feature_lengths(np.array([n]))[0] == frames, n
         want = int((out["input_ids"][0] == AUD).sum())
-        assert profile.audio_num_tokens(np.array([frames]))[0] == want, n
+        assert profile.audio.num_tokens(np.array([frames]))[0] == want, n
         assert out["input_ids"][0][0] == BOS and out["input_ids"][0][want + 1] == EOS
-    assert profile.audio_num_tokens(feature_lengths(np.array([10**7])))[0] == 750  # cut at 30 s
+    assert profile.audio.num_tokens(feature_lengths(np.array([10**7])))[0] == 750  # cut at 30 s
 
 
 @settings(max_examples=200, deadline=None)
@@ -90,7 +90,7 @@ def test_count_rule(n: int) -> None:
     profile = get_profile("qwen2-audio")
     frames = int(feature_lengths(np.array([n]))[0])
     assert frames == min(-(-n // 160), 3000)
-    tokens = int(profile.audio_num_tokens(np.array([frames]))[0])
+    tokens = int(profile.audio.num_tokens(np.array([frames]))[0])
     assert tokens == (int(tokens_from_frames(np.array([frames]))[0]) if n >= 961 else -1)
     assert tokens == -1 or 2 <= tokens <= 750
 

@@ -30,7 +30,7 @@ from packer.core.types import ImageRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.media.images import load_image
-from packer.models import get_profile
+from packer.models import family_of, get_profile
 from packer.models.qwen_vl.qwen3 import Qwen3VLProfile
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
@@ -80,12 +80,12 @@ def test_transformers_runs_qwen35_with_qwen3vl_classes() -> None:
                 config.vision_end_token_id) == (248056, 248057, 248053, 248054)
     for name in ("qwen3.5", "qwen3.5-moe"):
         profile = get_profile(name)
-        assert isinstance(profile, Qwen3VLProfile) and profile.has_video and profile.mrope
+        assert isinstance(profile, Qwen3VLProfile) and (profile.video is not None) and profile.positions.mrope
         assert (profile.patch_size, profile.merge_size, profile.temporal_patch_size) == (16, 2, 2)
         assert (profile.min_pixels, profile.max_pixels) == (65536, 16777216)
         assert profile.image_mean == profile.image_std == (0.5, 0.5, 0.5)
-        assert profile.video_family() == get_profile("qwen3-vl").video_family()
-        assert profile.family == "qwen_vl" and profile.default_tokenizer == "qwen3.5-standin"
+        assert profile.video.family() == get_profile("qwen3-vl").video.family()
+        assert family_of(profile) == "qwen_vl" and profile.default_tokenizer == "qwen3.5-standin"
     assert get_profile("qwen3.5-moe").proof().model_class == "Qwen3_5MoeForConditionalGeneration"
 
 
@@ -102,14 +102,14 @@ def test_every_coco_image_matches_the_image_processor() -> None:
         by_size: dict[tuple[int, int], list[ImageRef]] = {}
         for p in IMAGE_FILES:
             ref = ImageRef(path=str(p))
-            by_size.setdefault(profile.image_size(ref), []).append(ref)
+            by_size.setdefault(profile.image.plan(ref), []).append(ref)
         sizes = list(by_size)
         decoded = [Image.open(by_size[s][0].path).convert("RGB") for s in sizes]
         out = processor(images=decoded, return_tensors="np", do_rescale=False, do_normalize=False)
         for (w, h), grid in zip(sizes, out["image_grid_thw"].tolist(), strict=True):
             for ref in by_size[(w, h)]:
-                assert profile.grid_thw(*profile.image_size(ref)) == tuple(grid)
-            assert profile.num_tokens(w, h) == grid[0] * grid[1] * grid[2] // 4
+                assert profile.image.grid_thw(*profile.image.plan(ref)) == tuple(grid)
+            assert profile.image.num_tokens(w, h) == grid[0] * grid[1] * grid[2] // 4
     assert len(IMAGE_FILES) > 200
 
 
@@ -121,9 +121,9 @@ def test_odd_sizes_match_the_image_processor(size) -> None:
     profile = get_profile("qwen3.5")
     if max(w, h) / min(w, h) > 200:
         with pytest.raises(RecordError, match="aspect ratio"):
-            profile.grid_thw(w, h)
+            profile.image.grid_thw(w, h)
         return
-    t, gh, gw = profile.grid_thw(w, h)
+    t, gh, gw = profile.image.grid_thw(w, h)
     assert processor.get_number_of_image_patches(h, w, {}) == t * gh * gw
     if w * h <= 1_000_000:  # a real processor run where it is cheap
         out = processor(images=[Image.new("RGB", (w, h))], return_tensors="np", do_rescale=False, do_normalize=False)

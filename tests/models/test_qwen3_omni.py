@@ -207,7 +207,7 @@ def test_positions_equal_get_rope_index(rope_model, with_sound) -> None:
     for _ in range(150):
         ids, blocks, igr, vgr, spg, aud = _random_sequence(rng, with_sound)
         if not igr and not vgr:
-            continue  # get_rope_index's 1-D branch (text and audio alone): 0..L-1, which extra_positions gives
+            continue  # get_rope_index's 1-D branch (text and audio alone): 0..L-1, which the positions rule gives
         got = omni3_position_ids(len(ids), np.array([0]), np.array([-1]), blocks)
         want = _reference(rope_model, ids, igr, vgr, spg, aud, with_sound)
         assert got.dtype == np.float32
@@ -566,13 +566,13 @@ def test_positions_where_float32_rounding_changes_binade(rope_model, with_sound)
         got = omni3_position_ids(len(ids), np.array(offsets), np.array([-1, 0, 0]), blocks)
         if not with_sound:  # verify's rebuild from the stored spans (videos, clips alone) gives the same
             clips = [bl for bl in blocks if bl.kind == "audio"]
-            want = profile.expected_extra_positions(
-                len(ids), np.array(offsets), np.array([-1, 0, 0]), np.zeros(0, np.int64), np.zeros((0, 3), np.int64),
-                video_offsets=np.array([blocks[0].start]), video_grids=np.array([g]), video_seconds=np.array([sp]),
-                audio_offsets=np.array([c.start for c in clips]),
-                audio_feature_lengths=frames_for_tokens([c.end - c.start for c in clips]),
-                audio_num_tokens=np.array([c.end - c.start for c in clips]),
-                audio_in_video=np.zeros(len(clips), bool))
+            want = profile.positions.expected(
+                len(ids), np.array(offsets), np.array([-1, 0, 0]),
+                images=dict(offset=np.zeros(0, np.int64), grid=np.zeros((0, 3), np.int64)),
+                videos=dict(offset=np.array([blocks[0].start]), grid=np.array([g]), second_per_grid_t=np.array([sp])),
+                audios=dict(offset=np.array([c.start for c in clips]),
+                            feature_length=frames_for_tokens([c.end - c.start for c in clips]),
+                            num_tokens=np.array([c.end - c.start for c in clips]), video=np.zeros(len(clips), bool)))
             np.testing.assert_array_equal(want, got)
         for b, (part, p_aud) in enumerate(parts):
             cols = np.concatenate([np.arange(offsets[1]), np.arange(offsets[b + 1], offsets[b + 1] + len(part))])

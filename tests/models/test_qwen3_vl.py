@@ -56,17 +56,17 @@ def test_every_coco_image_matches_processor(processor) -> None:
     by_size: dict[tuple[int, int], list[ImageRef]] = {}
     for p in IMAGE_FILES:
         ref = ImageRef(path=str(p))
-        by_size.setdefault(profile.image_size(ref), []).append(ref)
+        by_size.setdefault(profile.image.plan(ref), []).append(ref)
     sizes = list(by_size)
     decoded = [Image.open(by_size[s][0].path).convert("RGB") for s in sizes]
     assert [im.size for im in decoded] == sizes
     hf = _hf_grids(processor, decoded)
     for (w, h), grid in zip(sizes, hf, strict=True):
         for ref in by_size[(w, h)]:
-            assert profile.grid_thw(*profile.image_size(ref)) == grid
-        assert profile.num_tokens(w, h) == grid[0] * grid[1] * grid[2] // 4
+            assert profile.image.grid_thw(*profile.image.plan(ref)) == grid
+        assert profile.image.num_tokens(w, h) == grid[0] * grid[1] * grid[2] // 4
         assert processor.get_number_of_image_patches(h, w, {}) == grid[0] * grid[1] * grid[2]
-    assert profile.num_tokens(640, 480) == 300  # the module docstring's worked example
+    assert profile.image.num_tokens(640, 480) == 300  # the module docstring's worked example
 
 
 @pytest.mark.parametrize("size", [(1, 1), (31, 33), (32, 32), (255, 257), (1000, 5), (5, 999), (4096, 4096),
@@ -76,9 +76,9 @@ def test_odd_sizes_match_processor(processor, size) -> None:
     profile = get_profile("qwen3-vl")
     if max(w, h) / min(w, h) > 200:
         with pytest.raises(RecordError, match="aspect ratio"):
-            profile.grid_thw(w, h)
+            profile.image.grid_thw(w, h)
         return
-    t, gh, gw = profile.grid_thw(w, h)
+    t, gh, gw = profile.image.grid_thw(w, h)
     assert processor.get_number_of_image_patches(h, w, {}) == t * gh * gw
     if w * h <= 1_000_000:  # a real processor run where it is cheap
         assert _hf_grids(processor, [Image.new("RGB", (w, h))]) == [(t, gh, gw)]
@@ -97,7 +97,7 @@ def test_pixel_values_match_processor_exactly(processor) -> None:
 def test_pixel_overrides() -> None:
     profile = get_profile("qwen3-vl", min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 16)
     assert isinstance(profile, Qwen3VLProfile)
-    assert profile.num_tokens(640, 480) == 12  # 96 x 128 px: 3 x 4 merged tokens
+    assert profile.image.num_tokens(640, 480) == 12  # 96 x 128 px: 3 x 4 merged tokens
     hf = transformers.Qwen2VLImageProcessorPil(**{**CHECKPOINT_PREPROCESSOR, "size": {
         "shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16}})
     assert hf.get_number_of_image_patches(480, 640, {}) == 12 * 4
@@ -141,7 +141,7 @@ def _positions(tok, ids, offsets, parents, grids) -> np.ndarray:
     from packer.core.tree import tree_position_ids
 
     token_ids = {"image_token": tok.convert_tokens_to_ids("<|image_pad|>"), "vision_start": None, "vision_end": None}
-    return profile.extra_positions(
+    return profile.positions.extra(
         ids, tree_position_ids(len(ids), offsets, parents), offsets, parents, grids, token_ids=token_ids
     )
 

@@ -315,14 +315,14 @@ def test_frame_list_pixels_follow_qwen_vl_utils(tmp_path, coco_images, name, siz
 
     paths = _frame_images(tmp_path, coco_images, size)
     profile = get_profile(name)
-    family = profile.video_family()
+    family = profile.video.family()
     want = ref.reference({"type": "video", "video": paths, **options}, family)
     want_pixels, want_grid = video_pixel_values(
         want.frames.permute(0, 2, 3, 1).numpy(), resized_height=want.size[0], resized_width=want.size[1],
         patch_size=profile.patch_size, image_mean=profile.image_mean, image_std=profile.image_std,
         utils_size=want.utils_size,
     )
-    plan = profile.plan_video(VideoRef(frames=tuple(paths), options=tuple(sorted(options.items()))))
+    plan = profile.video.plan(VideoRef(frames=tuple(paths), options=tuple(sorted(options.items()))))
     assert (plan.utils_size, plan.size, plan.grid_thw) == (want.utils_size, want.size, tuple(want_grid[0].tolist()))
     stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
               "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
@@ -360,7 +360,7 @@ def test_frame_list_matches_real_qwen_vl_utils(tmp_path, coco_images, name, size
         out = Qwen3VLVideoProcessor()(videos=[video], do_sample_frames=False, do_resize=False, return_tensors="pt")
     else:
         out = Qwen2VLVideoProcessor()(videos=[video], do_sample_frames=False, return_tensors="pt")
-    plan = profile.plan_video(VideoRef(frames=tuple(paths)))
+    plan = profile.video.plan(VideoRef(frames=tuple(paths)))
     stored = {"source": "", "frames": paths, "frame_indices": list(plan.frame_indices), "height": plan.size[0],
               "width": plan.size[1], "utils_height": plan.utils_size[0], "utils_width": plan.utils_size[1],
               "second_per_grid_t": plan.second_per_grid_t}

@@ -48,11 +48,11 @@ def _check_against(
         assert out["pixel_values"].shape[0] == sum(t * h * w for t, h, w in grids)  # one row per patch
         hf_grids += grids
     hf_tokens = [t * h * w // processor.merge_size**2 for t, h, w in hf_grids]
-    sizes = [profiles[0].image_size(ref) for ref in refs]
+    sizes = [profiles[0].image.plan(ref) for ref in refs]
     assert sizes == [im.size for im in images]
     for profile in profiles:
-        assert [profile.grid_thw(*wh) for wh in sizes] == hf_grids, profile.name
-        assert [profile.num_tokens(*wh) for wh in sizes] == hf_tokens, profile.name
+        assert [profile.image.grid_thw(*wh) for wh in sizes] == hf_grids, profile.name
+        assert [profile.image.num_tokens(*wh) for wh in sizes] == hf_tokens, profile.name
 
 
 @pytest.mark.slow
@@ -113,12 +113,12 @@ def test_smart_resize_sweep_matches_transformers(factor_pixels) -> None:
         if max(w, h) / min(w, h) > 200:
             continue
         rh, rw = hf_smart_resize(h, w, factor=factor, min_pixels=lo, max_pixels=hi)
-        assert profile.grid_thw(w, h) == (1, rh // 14, rw // 14), (w, h)
+        assert profile.image.grid_thw(w, h) == (1, rh // 14, rw // 14), (w, h)
 
 
 def test_aspect_ratio_above_200_is_a_bad_image() -> None:
     with pytest.raises(RecordError, match="aspect ratio") as e:
-        get_profile("qwen2-vl").grid_thw(201, 1)
+        get_profile("qwen2-vl").image.grid_thw(201, 1)
     assert e.value.reason == "bad_image"
 
 
@@ -131,15 +131,15 @@ def test_pixel_values_match_processor_exactly() -> None:
     )
     assert set(out) == {"pixel_values", "image_grid_thw"}
     assert out["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
-    assert out["image_grid_thw"].tolist() == [list(profile.grid_thw(*profile.image_size(r))) for r in refs]
+    assert out["image_grid_thw"].tolist() == [list(profile.image.grid_thw(*profile.image.plan(r))) for r in refs]
     assert (out["pixel_values"] == expected["pixel_values"]).all()
     assert out["pixel_values"].shape == (int(expected["image_grid_thw"].prod(-1).sum()), 3 * 2 * 14 * 14)
 
 
 def test_worked_example_640x480() -> None:
     profile = get_profile("qwen2-vl")
-    assert profile.grid_thw(640, 480) == (1, 34, 46)  # smart_resize: 644x476
-    assert profile.num_tokens(640, 480) == 391
+    assert profile.image.grid_thw(640, 480) == (1, 34, 46)  # smart_resize: 644x476
+    assert profile.image.num_tokens(640, 480) == 391
 
 
 def test_inline_bytes_give_the_same_pixels() -> None:
@@ -159,5 +159,5 @@ def test_pixel_values_of_a_bad_file_is_a_bad_image(tmp_path: Path) -> None:
 def test_verify_hooks() -> None:
     profile = get_profile("qwen2-vl")
     grids = np.array([(1, 34, 46), (1, 2, 2), (2, 4, 6), (1, 3, 4)])
-    assert profile.grid_num_tokens(grids).tolist() == [391, 1, 12, -1]  # 3 rows of patches do not merge
+    assert profile.image.grid_num_tokens(grids).tolist() == [391, 1, 12, -1]  # 3 rows of patches do not merge
     assert profile.forward_keys[:4] == ("input_ids", "position_ids", "pixel_values", "image_grid_thw")

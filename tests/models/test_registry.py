@@ -6,10 +6,13 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from packer.core.types import ImageRef
 from packer.errors import ConfigError
 from packer.models import forward_keys, get_profile, profile_names, register_profile
+from packer.models.base import Media
 from packer.models.text import TextProfile
 from tests.conftest import REPO
 
@@ -23,7 +26,7 @@ def test_get_profile() -> None:
     p = get_profile("qwen2-vl", max_pixels=256 * 28 * 28)
     assert (p.min_pixels, p.max_pixels) == (56 * 56, 256 * 28 * 28)
     assert p.reader().image_processor().size["longest_edge"] == 256 * 28 * 28
-    assert p.num_tokens(640, 480) <= 256
+    assert p.image.num_tokens(640, 480) <= 256
     with pytest.raises(ConfigError, match=f"unknown profile 'gpt-5'; known profiles: {', '.join(names)}$"):
         get_profile("gpt-5")
     with pytest.raises(ConfigError, match="min_pixels"):
@@ -42,14 +45,13 @@ def test_get_profile() -> None:
         get_profile("qwen2-vl", warp_factor=16)
     assert get_profile("llava", image_token="<image>").image_token == "<image>"
     text = get_profile("text")
-    assert text.image_token is None and not text.mrope
-    vision = [n for n in names if get_profile(n).has_vision]
+    assert text.image_token is None and not text.positions.mrope
+    vision = [n for n in names if get_profile(n).image is not None]
     assert "text" not in vision and {"qwen2-vl", "llava"} <= set(vision)
+    assert text.image is None and text.video is None and text.audio is None
     with pytest.raises(ConfigError, match=re.escape(f"profile 'text' has no vision encoder; use "
                                                     f"{', '.join(vision[:-1])} or {vision[-1]}")):
-        text.num_tokens(640, 480)
-    with pytest.raises(ConfigError, match="no vision encoder"):
-        text.grid_thw(640, 480)
+        text.media_runs([Media(ImageRef(path="x.png"), 0)], np.array([-1]))
 
 
 def test_a_name_is_registered_once() -> None:
@@ -69,7 +71,7 @@ def test_forward_keys_are_the_families_union() -> None:
 
 def test_import_needs_no_torch_or_transformers() -> None:
     """The CLI reads profile_names() for its choices: importing the registry must stay cheap."""
-    code = ("import sys, packer.models as m; m.profile_names(); m.get_profile('qwen2-vl').num_tokens(640, 480); "
+    code = ("import sys, packer.models as m; m.profile_names(); m.get_profile('qwen2-vl').image.num_tokens(640, 480); "
             "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -120,29 +120,29 @@ def test_counts_from_headers_equal_the_processor_rule(setting: str, coco_images)
     profile = get_profile("smolvlm", **SETTINGS[setting])
     assert profile.image_seq_len == SEQ[setting]
     processor = _image_processor(SETTINGS[setting])
-    sizes = [profile.image_size(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
+    sizes = [profile.image.plan(ImageRef(path=str(p))) for p in coco_images] + ODD_SIZES
     assert len(coco_images) > 200
     grids = []
     for w, h in sizes:
         patches, rows, cols = processor.get_number_of_image_patches(h, w)
-        assert profile.tile_grid(w, h) == (rows, cols), (w, h)
-        grid = profile.grid_thw(w, h)
-        assert grid == (1, rows, cols) and profile.image_units(np.array([grid]))[1].tolist() == [max(patches, 1)]
-        run = profile.image_run(w, h)
+        assert profile.image.tile_grid(w, h) == (rows, cols), (w, h)
+        grid = profile.image.grid_thw(w, h)
+        assert grid == (1, rows, cols) and profile.image.units(np.array([grid]))[1].tolist() == [max(patches, 1)]
+        run = profile.image.run((w, h))
         assert run.text == get_image_prompt_string(rows, cols, SEQ[setting], "<fake_token_around_image>", "<image>",
                                                    "<global-img>")
-        assert run.num_tokens == profile.num_tokens(w, h) == run.text.count("<image>") and run.grid == grid
+        assert run.num_tokens == profile.image.num_tokens(w, h) == run.text.count("<image>") and run.grid == grid
         grids.append(grid)
-    want = [profile.num_tokens(w, h) for w, h in sizes]
-    assert profile.grid_num_tokens(np.array(grids)).tolist() == want
+    want = [profile.image.num_tokens(w, h) for w, h in sizes]
+    assert profile.image.grid_num_tokens(np.array(grids)).tolist() == want
 
 
 def test_grid_num_tokens_refuses_grids_no_image_gives() -> None:
     profile = get_profile("smolvlm")  # 4 tiles along the longest side, always split
-    assert tile_grid(640, 480, tile_px=384, longest_edge=1536) == (3, 4) == profile.tile_grid(640, 480)
+    assert tile_grid(640, 480, tile_px=384, longest_edge=1536) == (3, 4) == profile.image.tile_grid(640, 480)
     grids = np.array([(1, 0, 0), (1, 3, 4), (1, 4, 1), (1, 4, 4), (1, 3, 3), (1, 5, 4), (2, 3, 4), (1, 0, 4)])
-    assert profile.grid_num_tokens(grids).tolist() == [81, 13 * 81, 5 * 81, 17 * 81, -1, -1, -1, -1]
-    assert get_profile("smolvlm", do_image_splitting=False).grid_num_tokens(grids).tolist() == [81] + [-1] * 7
+    assert profile.image.grid_num_tokens(grids).tolist() == [81, 13 * 81, 5 * 81, 17 * 81, -1, -1, -1, -1]
+    assert get_profile("smolvlm", do_image_splitting=False).image.grid_num_tokens(grids).tolist() == [81] + [-1] * 7
 
 
 def test_bad_settings_are_refused() -> None:
@@ -150,7 +150,7 @@ def test_bad_settings_are_refused() -> None:
         get_profile("smolvlm", scale_factor=4)  # 27 patches a side
     with pytest.raises(ConfigError, match="up to 6"):
         get_profile("smolvlm", longest_edge=8 * 384)
-    assert get_profile("smolvlm", longest_edge=8 * 384, do_image_splitting=False).num_tokens(640, 480) == 81
+    assert get_profile("smolvlm", longest_edge=8 * 384, do_image_splitting=False).image.num_tokens(640, 480) == 81
 
 
 @pytest.mark.slow
@@ -160,15 +160,15 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images) -> None:
     per distinct split and every odd size; every tile tile_px square, the mask all ones."""
     profile = get_profile("smolvlm", **SETTINGS[setting])
     processor = _image_processor(SETTINGS[setting])
-    coco = {profile.grid_thw(*profile.image_size(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
+    coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
     refs = list(coco.values()) + [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)]
     for ref in refs:
         image = load_image(ref)
         w, h = image.size
-        assert profile.image_size(ref) == (w, h)
+        assert profile.image.plan(ref) == (w, h)
         out = processor(images=[[image]], return_row_col_info=True, return_tensors="np")
         rows, cols = out["rows"][0][0], out["cols"][0][0]
-        assert profile.grid_thw(w, h) == (1, rows, cols), (w, h)
+        assert profile.image.grid_thw(w, h) == (1, rows, cols), (w, h)
         t = profile.tile_px
         assert out["pixel_values"].shape == (1, rows * cols + 1, 3, t, t)
         assert out["pixel_attention_mask"].all()
@@ -307,7 +307,7 @@ def test_reader_equals_the_image_processor(built) -> None:
     for key in ("pixel_values", "pixel_attention_mask"):
         assert batch[key].dtype == want[key].dtype and torch.equal(batch[key], want[key]), key
     profile = get_profile("smolvlm")
-    tiles = profile.image_units(np.array([(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]))[1]
+    tiles = profile.image.units(np.array([(im["grid_t"], im["grid_h"], im["grid_w"]) for im in images]))[1]
     assert batch["pixel_values"].shape[:2] == (1, int(tiles.sum()))
     # the proof cuts the batch per image the same way: its tiles are the <image> runs from its offset
     token_ids = {"<image>": load_tokenizer("smolvlm").convert_tokens_to_ids("<image>")}

@@ -1,6 +1,6 @@
 """Video mRoPE (Qwen2-VL, Qwen2.5-VL's time-scaled temporal index) against transformers' own get_rope_index
 on every root-to-leaf path of random trees mixing text, images and videos, and verify's loop-free
-recomputation (``expected_extra_positions``) against the encoder's (``extra_positions``)."""
+recomputation (``Positions.expected``) against the encoder's (``Positions.extra``)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_video_mrope_matches_get_rope_index_on_every_path(models, name) -> None:
     for case in range(25):
         ids, offsets, parents, images, videos = random_vision_tree(rng)
         positions = tree_position_ids(len(ids), offsets, parents)
-        got = profile.extra_positions(ids, positions, offsets, parents, images, token_ids=TOKEN_IDS, videos=videos)
+        got = profile.positions.extra(ids, positions, offsets, parents, images, token_ids=TOKEN_IDS, videos=videos)
         ends = np.append(offsets[1:], len(ids))
         for path in paths(parents):
             index = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
@@ -107,11 +107,12 @@ def test_video_mrope_matches_get_rope_index_on_every_path(models, name) -> None:
             np.testing.assert_array_equal(got[:, index], want, err_msg=f"case {case} path {path}")
         # verify's vectorized recomputation agrees
         img_starts = np.flatnonzero(np.diff(np.concatenate([[0], ids == IMAGE_PAD]).astype(int)) == 1)
-        again = profile.expected_extra_positions(
-            len(ids), offsets, parents, img_starts, np.array(images, dtype=np.int64).reshape(-1, 3),
-            video_offsets=np.array([v.offset for v in videos], dtype=np.int64),
-            video_grids=np.array([v.grid_thw for v in videos], dtype=np.int64).reshape(-1, 3),
-            video_seconds=np.array([v.second_per_grid_t for v in videos]),
+        again = profile.positions.expected(
+            len(ids), offsets, parents, images=dict(offset=img_starts, grid=np.array(images, dtype=np.int64).reshape(-1, 3)),
+            videos=dict(offset=np.array([v.offset for v in videos], dtype=np.int64),
+                        grid=np.array([v.grid_thw for v in videos], dtype=np.int64).reshape(-1, 3),
+                        second_per_grid_t=np.array([v.second_per_grid_t for v in videos])),
+            audios=dict(offset=np.zeros(0, np.int64)),
         )
         np.testing.assert_array_equal(again, got, err_msg=f"case {case}")
 
@@ -124,6 +125,6 @@ def test_qwen25_temporal_index_is_scaled_by_time() -> None:
                          second_per_grid_t=1.0)
     ids = np.array([7, VISION_START] + [VIDEO_PAD] * 4 + [VISION_END, 8])
     one, root = np.array([0], np.int32), np.array([-1], np.int32)
-    rows = {name: get_profile(name).extra_positions(ids, np.arange(8), one, root, [], token_ids=TOKEN_IDS,
+    rows = {name: get_profile(name).positions.extra(ids, np.arange(8), one, root, [], token_ids=TOKEN_IDS,
                                                     videos=[video])[0].tolist() for name in ("qwen2-vl", "qwen2.5-vl")}
     assert rows == {"qwen2-vl": [0, 1, 2, 3, 4, 5, 3, 4], "qwen2.5-vl": [0, 1, 2, 4, 6, 8, 3, 4]}

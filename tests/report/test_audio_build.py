@@ -155,16 +155,25 @@ MUTATIONS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class _PaddedToyAudio(toy_family.profile.ToyAudio):
+    """The toy's audio with Qwen3-Omni's rule: a clip padded (to its example's longest) has min(ceil(n / 160),
+    L // 160) frames, the extractor's mask under padding=True, truncation=False."""
+
+    def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
+        alone = super().feature_lengths(num_samples, np.full(len(num_samples), -1))
+        padded = [feature_frames(int(n), padding="max_length", max_length=int(p), truncation=False) if p >= 0 else -1
+                  for n, p in zip(num_samples, padded_samples, strict=True)]
+        return np.where(np.asarray(padded_samples) >= 0, np.array(padded, dtype=np.int64), alone)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _PaddedToy(toy_family.profile.ToyProfile):
-    """The toy with Qwen3-Omni's rule: a clip padded (to its example's longest) has min(ceil(n / 160), L // 160)
-    frames, the extractor's mask under padding=True, truncation=False."""
+    """The toy with ``_PaddedToyAudio``."""
 
-    def audio_feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray | None = None) -> np.ndarray:
-        if padded_samples is None:
-            return super().audio_feature_lengths(num_samples)
-        return np.array([feature_frames(int(n), padding="max_length", max_length=int(p), truncation=False)
-                         for n, p in zip(num_samples, padded_samples, strict=True)], dtype=np.int64)
+    @property
+    def audio(self) -> _PaddedToyAudio:
+        return _PaddedToyAudio(frames_per_token=self.frames_per_token)
 
 
 def _pad_every_clip(out: Path, padded) -> None:

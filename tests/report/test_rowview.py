@@ -80,7 +80,7 @@ def test_tree_nodes_roles_loss_and_image(one_per_row, coco_images):
     assert [(n.start, n.end) for n in ex.nodes][0][0] == 0 and ex.nodes[-1].end == info.num_tokens
     (im,) = ex.images
     with Image.open(coco_images[0]) as pil:
-        grid = get_profile("qwen2-vl", max_pixels=MAX_PIXELS).grid_thw(*pil.size)
+        grid = get_profile("qwen2-vl", max_pixels=MAX_PIXELS).image.grid_thw(*pil.size)
     assert im.grid == grid and im.num_tokens == grid[0] * grid[1] * grid[2] // 4
     assert im.source == str(one_per_row.parent / "img.jpg")
     row = read_row(open_shards(one_per_row), info.row)
@@ -184,7 +184,7 @@ def test_coarse_mask_is_the_block_or_of_the_dense_mask(seed):
     profile = get_profile("qwen2-vl", bidirectional_images=bool(seed % 2))
     data = {"input_ids": np.zeros(T, np.int64), "cu_seqlens": cu.astype(np.int64), "images": images,
             "node_offsets": np.array(offsets), "node_parents": np.array(parents)}
-    spans = profile.bidirectional_spans({"images": images})  # what collate emits for training
+    spans = profile.image.bidirectional_spans({"images": images})  # what collate emits for training
     dense = build_attention_mask(T, cu, np.array(offsets), np.array(parents), bidirectional_spans=spans).numpy()
     exact, _, f = coarse_mask(data, cells=T, spans=spans)
     assert f == 1 and np.array_equal(exact, dense)

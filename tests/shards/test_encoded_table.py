@@ -20,7 +20,7 @@ def _examples(seed: int, mrope: str) -> list[Encoded]:
     """Random trees with images and a video or two; mRoPE rows: ``none``, or ``mixed``: the profile's text
     rows (a stride-0 view of position_ids), equal rows as a plain copy, rows that differ, one 1-D view of them."""
     rng = np.random.default_rng(seed)
-    text_rows = get_profile("qwen2-vl").extra_positions
+    text_rows = get_profile("qwen2-vl").positions.extra
     out = []
     for i in range(int(rng.integers(1, 12))):
         e = random_example(rng, i, images=True)

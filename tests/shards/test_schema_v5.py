@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +17,7 @@ import torch
 from packer.errors import ShardError
 from packer.models.qwen_vl import QwenVLProfile
 from packer.models.registry import _PROFILES, register_profile
+from packer.models.shared.mrope import MRoPE
 from packer.shards.assemble import assemble_packs, encoded_table, mrope_values, take_rows
 from packer.shards.io import write_json_atomic
 from packer.shards.schema import (
@@ -38,7 +38,14 @@ from tests.helpers import random_example, write_shardset
 class _FractionalQwen(QwenVLProfile):
     """Qwen2-VL's profile saying its positions may be fractional (as Qwen3-Omni's): what the readers key on."""
 
-    fractional_positions: ClassVar[bool] = True
+    @property
+    def positions(self) -> MRoPE:
+        return _FractionalMRoPE(merge_size=self.merge_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FractionalMRoPE(MRoPE):
+    fractional = True
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,13 @@ clips is each clip's frames padded with zero frames that are masked, which is wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
+
+from packer.models.rules import AudioPlan, AudioRule, MediaRun
 
 SAMPLE_RATE = 16000
 FRAME_LENGTH = 320
@@ -69,6 +72,31 @@ def computed_frames(num_samples: int) -> int:
 
 
 @lru_cache(maxsize=1)
+@dataclass(frozen=True)
+class Gemma4Audio(AudioRule):
+    """Gemma 4's audio: the extractor's valid frames (``valid_frames``), ceil(frames / 4) soft tokens
+    (``soft_tokens``), written ``<|audio>`` + the soft tokens + ``<audio|>``."""
+
+    token: str = "<|audio|>"
+    boa: str = "<|audio>"
+    eoa: str = "<audio|>"
+
+    def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
+        """The extractor's valid frames of clips of ``num_samples`` samples at 16 kHz, -1 under 161 samples (a clip
+        over 30 s counts its first 30 s, as the extractor cuts it) or where stored as padded (no clip is)."""
+        return np.where(np.asarray(padded_samples) < 0, valid_frames(num_samples), -1)
+
+    def num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        """ceil(frames / 4), -1 outside 1..2,999 frames."""
+        return soft_tokens(feature_lengths)
+
+    def run(self, plan: AudioPlan) -> MediaRun:
+        """``Gemma4Processor.replace_audio_token``: ``<|audio>`` + the soft tokens + ``<audio|>``, the entry at the
+        first soft token; the plan's ``feature_length`` is the clip's valid frames."""
+        n = int(self.num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
+        return MediaRun((), n, tokens=(self.boa, *(self.token,) * n, self.eoa), lead=1, audio=plan)
+
+
 def _mel_filters() -> np.ndarray:
     """(257, 128) float64: ``mel_filter_bank(257, 128, 0, 8000, 16000, norm=None, mel_scale="htk")``."""
     mel = 2595.0 * np.log10(1.0 + np.array([0.0, 8000.0]) / 700.0)

@@ -34,19 +34,16 @@ test_conformance.py, test_gemma4_audio.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from packer.errors import ConfigError
-from packer.models.base import MediaRun, ModelProfile
-from packer.models.gemma4.resize import SUPPORTED_SOFT_TOKENS, pooled_grid
-from packer.models.gemma4.video import plan, video_text
+from packer.models.base import ModelProfile
+from packer.models.gemma4.audio import Gemma4Audio
+from packer.models.gemma4.resize import SUPPORTED_SOFT_TOKENS, Gemma4Image
+from packer.models.gemma4.video import Gemma4Video
 
 if TYPE_CHECKING:
-    from packer.core.types import AudioRef, VideoRef
-    from packer.media.audio import AudioInfo
-    from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
 
@@ -62,6 +59,7 @@ class Gemma4Profile(ModelProfile):
     image_token: str | None = "<|image|>"
     vision_start: str | None = "<|image>"
     vision_end: str | None = "<image|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     video_token: str | None = "<|video|>"
     audio_token: str | None = "<|audio|>"
     audio_start: str = "<|audio>"
@@ -110,48 +108,25 @@ class Gemma4Profile(ModelProfile):
                 "(docs/models/gemma4.md, 'Attention'); E2B and E4B (unset) are exact"
             )
 
-    # ------------------------------------------------------------------ encode
+    @cached_property
+    def image(self) -> Gemma4Image:
+        return Gemma4Image(self.image_token, start=self.vision_start, end=self.vision_end, patch_size=self.patch_size,
+                           pooling=self.pooling_kernel_size, max_soft_tokens=self.max_soft_tokens)
+
+    @cached_property
+    def video(self) -> Gemma4Video:
+        return Gemma4Video(self.video_token, self.vision_start, self.vision_end, patch_size=self.patch_size,
+                           pooling=self.pooling_kernel_size, max_soft_tokens=self.video_max_soft_tokens,
+                           num_frames=self.video_num_frames)
+
+    @cached_property
+    def audio(self) -> Gemma4Audio:
+        return Gemma4Audio(token=self.audio_token, boa=self.audio_start, eoa=self.audio_end)
 
     @property
     def token_side(self) -> int:
         """Pixels per soft token along a side: patch_size * pooling_kernel_size (48)."""
         return self.patch_size * self.pooling_kernel_size
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """(1, rows, cols) of pooled soft tokens: the resized image over 48 px."""
-        rows, cols = pooled_grid(height, width, patch_size=self.patch_size, max_soft_tokens=self.max_soft_tokens,
-                                 pooling=self.pooling_kernel_size)
-        return (1, rows, cols)
-
-    def num_tokens(self, width: int, height: int) -> int:
-        """The processor's ``num_soft_tokens_per_image``: rows * cols."""
-        _, rows, cols = self.grid_thw(width, height)
-        return rows * cols
-
-    def image_run(self, width: int, height: int) -> MediaRun:
-        """``Gemma4Processor.replace_image_token``: ``<|image>`` + the soft tokens + ``<image|>``, the entry at the
-        first soft token."""
-        grid = self.grid_thw(width, height)
-        n = grid[1] * grid[2]
-        return MediaRun(grid, n, tokens=(self.vision_start, *(self.image_token,) * n, self.vision_end), lead=1)
-
-    def plan_video(self, video: VideoRef) -> VideoPlan:
-        """A clip's frames and tokens from its header (``video.plan``)."""
-        return plan(self, video)
-
-    def video_run(self, plan: VideoPlan) -> MediaRun:
-        """``Gemma4Processor.replace_video_token``: per frame its mm:ss, then ``<|image>`` + its soft tokens +
-        ``<image|>``, frames joined by a space (tokenized alone: the template puts "\\n\\n" around it)."""
-        text = video_text(plan, video_token=self.video_token, boi=self.vision_start, eoi=self.vision_end)
-        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, plan=plan)
-
-    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
-        """``Gemma4Processor.replace_audio_token``: ``<|audio>`` + the soft tokens + ``<audio|>``, the entry at the
-        first soft token; the plan's ``feature_length`` is the clip's valid frames."""
-        plan = self.audio_plan(info)
-        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
-        return MediaRun((), n, tokens=(self.audio_start, *(self.audio_token,) * n, self.audio_end), lead=1,
-                        audio=plan)
 
     # ------------------------------------------------------------------ read / proof
 
@@ -164,75 +139,3 @@ class Gemma4Profile(ModelProfile):
         from packer.models.gemma4.proof import Gemma4Proof
 
         return Gemma4Proof(self)
-
-    # ------------------------------------------------------------------ report
-
-    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
-        """("patches", rows * cols * 9): the 16 px patches the vision tower encodes per image (before pooling;
-        the processor pads each image to max_soft_tokens * 9 patch slots, which the tower masks)."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        return "patches", grids[:, 0] * grids[:, 1] * grids[:, 2] * self.pooling_kernel_size**2
-
-    # ------------------------------------------------------------------ verify
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """rows * cols of stored (1, rows, cols), -1 unless 1 <= rows * cols <= max_soft_tokens (what the resize
-        can give: its sides are whole tokens within the budget; the processor raises past it)."""
-        return _tokens(grids, self.max_soft_tokens, image=True)
-
-    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """frames * rows * cols of stored (frames, rows, cols), -1 unless 1 <= rows * cols <= the frame budget."""
-        return _tokens(grids, self.video_max_soft_tokens, image=False)
-
-    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        """The extractor's valid frames of clips of ``num_samples`` samples at 16 kHz, -1 under 161 samples
-        (``audio.valid_frames``: a clip over 30 s counts its first 30 s, as the extractor cuts it)."""
-        from packer.models.gemma4.audio import valid_frames
-
-        return valid_frames(num_samples)
-
-    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        """ceil(frames / 4), -1 outside 1..2,999 frames (``audio.soft_tokens``)."""
-        from packer.models.gemma4.audio import soft_tokens
-
-        return soft_tokens(feature_lengths)
-
-    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
-        """Frames = grid_t, and the stored frame size (height, width) is the grid's: rows, cols * 48 px."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        return ((grids[:, 0] != num_frames) | (sizes[:, 0] != grids[:, 1] * self.token_side)
-                | (sizes[:, 1] != grids[:, 2] * self.token_side) | (self.video_grid_num_tokens(grids) < 0))
-
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """A video as spans of its frames: frame k a (1, rows, cols) span over the k-th run of ``<|video|>`` from
-        its video's offset (its time stamp and ``<|image>`` / ``<image|>`` lie between the runs); a frame whose
-        run is missing gets offset -1 (a bad span). Images are their entries."""
-        if what != "video" or not len(fields["offset"]):
-            return lists, fields, True
-        rows = len(lists) - 1
-        row_of_vid = np.repeat(np.arange(rows), np.diff(lists))  # (V,)
-        t = np.maximum(fields["grid_t"], 0)  # (V,)
-        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
-        runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
-        first = np.searchsorted(runs, row_starts[row_of_vid] + fields["offset"])  # (V,) each video's first run
-        video_of = np.repeat(np.arange(len(t)), t)  # (F,) the video of each frame
-        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, t)
-        found = run < len(runs)
-        flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
-        frames = {"offset": np.where(found, flat - row_starts[row_of_vid[video_of]], -1),
-                  "grid_t": np.ones(len(video_of), dtype=np.int64), "grid_h": fields["grid_h"][video_of],
-                  "grid_w": fields["grid_w"][video_of],
-                  "num_tokens": fields["num_tokens"][video_of] // np.maximum(t[video_of], 1),
-                  "second_per_grid_t": fields["second_per_grid_t"][video_of]}
-        per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
-        return np.concatenate([[0], np.cumsum(per_row)]), frames, True
-
-
-def _tokens(grids: np.ndarray, budget: int, *, image: bool) -> np.ndarray:
-    grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-    t, r, c = grids[:, 0], grids[:, 1], grids[:, 2]
-    ok = (r >= 1) & (c >= 1) & (r * c <= budget) & ((t == 1) if image else (t >= 1))
-    return np.where(ok, t * r * c, -1)

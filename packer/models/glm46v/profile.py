@@ -18,33 +18,80 @@ every image and every temporal patch of a video is a (1, h, w) run of ``<|image|
 image token too), and ``packer.models.shared.mrope`` (Qwen2-VL's rule, per root-to-leaf path) gives exactly GLM's
 positions when handed those runs' grids in token order.
 
-Videos are built by default; their frames hold ``<|image|>``, so ``verify_spans`` tells verify that the video
+Videos are built by default; their frames hold ``<|image|>``, so the image rule's ``spans`` tells verify that the video
 spans (one per temporal patch) hold the image placeholder too, and verify checks it against images' and videos'
 spans together. ``videos=False`` refuses every video with the reason (docs/models/glm46v.md, "Videos").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.core.tree import ancestor_matrix
-from packer.core.types import EncodedVideo, VideoRef
+from packer.core.types import EncodedAudio, EncodedVideo, VideoRef
 from packer.errors import ConfigError, RecordError
-from packer.models.base import Media, MediaRun, ModelProfile
+from packer.models.base import ModelProfile
 from packer.models.glm46v.resize import smart_resize
-from packer.models.shared.mrope import expected_mrope, mrope_position_ids
+from packer.models.glm46v.video import VIDEOS_OFF, GlmVideo
+from packer.models.rules import ImageRule, Media, MediaRun, flat_mrope
+from packer.models.shared.mrope import MRoPE, mrope_position_ids
 
 if TYPE_CHECKING:
-    from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
 
-VIDEOS_OFF = "GLM-4.6V videos are off in this build (--profile-option videos=false); drop it to pack them"
+__all__ = ["VIDEOS_OFF", "Glm46VProfile", "GlmImage", "GlmMRoPE"]
+
+
+@dataclass(frozen=True)
+class GlmImage(ImageRule):
+    """Glm46VImageProcessorPil: ``smart_resize`` of the image as 2 frames, 2x2 patches per token."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 112 * 112
+    max_pixels: int = 28 * 28 * 2 * 6144
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """(1, h, w) patches: ``Glm46VImageProcessorPil``'s ``image_grid_thw`` (``smart_resize`` of 2 frames)."""
+        h, w = _image_size(height, width, self.patch_size * self.merge_size, self.temporal_patch_size,
+                           self.min_pixels, self.max_pixels)
+        return (1, h // self.patch_size, w // self.patch_size)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        _, h, w = self.grid_thw(width, height)
+        return h * w // self.merge_size**2
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """h * w / 4 of an image's (1, h, w); -1 unless t is 1 and h, w are whole merges."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        m = self.merge_size
+        ok = (grids[:, 0] == 1) & (grids[:, 1] >= m) & (grids[:, 2] >= m) & (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
+        return np.where(ok, grids[:, 1] * grids[:, 2] // m**2, -1)
+
+
+@dataclass(frozen=True)
+class GlmMRoPE(MRoPE):
+    """``Glm46VModel.get_rope_index``: Qwen2-VL's rule over every run of ``<|image|>`` tokens, each image and each
+    temporal patch of a video a (1, h, w) grid, in token order (verify's spans give videos so already)."""
+
+    def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray,
+              images: Sequence[tuple[int, int, int]], *, token_ids: Mapping[str, int | None],
+              videos: Sequence[EncodedVideo] = (), audios: Sequence[EncodedAudio] = ()) -> np.ndarray:
+        if not images and not videos:  # text alone: three rows equal to the 1-D positions (a read-only view)
+            return flat_mrope(positions)
+        image_id = token_ids["image_token"]
+        runs = _grids_in_token_order(np.asarray(ids), image_id, images, videos) if videos else list(images)
+        return mrope_position_ids(ids, node_offsets, node_parents, runs, image_token_id=image_id,
+                                  spatial_merge_size=self.merge_size)
+
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +106,7 @@ class Glm46VProfile(ModelProfile):
     image_token: str | None = "<|image|>"
     vision_start: str | None = "<|begin_of_image|>"
     vision_end: str | None = "<|end_of_image|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     video_token: str | None = "<|video|>"
     default_tokenizer: str | None = "glm-4.6v"
     patch_size: int = 14
@@ -79,7 +127,6 @@ class Glm46VProfile(ModelProfile):
     videos: bool = True
     """Build videos (``False``: refuse each with ``VIDEOS_OFF``)."""
 
-    mrope: ClassVar[bool] = True
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
     overridable: ClassVar[tuple[str, ...]] = (
         "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "videos", *ModelProfile.overridable,
@@ -91,40 +138,22 @@ class Glm46VProfile(ModelProfile):
                 raise ConfigError(f"profile {self.name!r}: need 1 <= {low!r} <= {high!r}, got "
                                   f"{low}={getattr(self, low)}, {high}={getattr(self, high)}")
 
-    @property
-    def has_video(self) -> bool:
-        return self.videos and self.video_token is not None
+    @cached_property
+    def image(self) -> GlmImage:
+        return GlmImage(self.patch_size, self.merge_size, self.temporal_patch_size, self.min_pixels, self.max_pixels,
+                        start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images)
 
-    # ------------------------------------------------------------------ encode
+    @cached_property
+    def video(self) -> GlmVideo:
+        return GlmVideo(self.image_token, self.vision_start, self.vision_end, self.patch_size, self.merge_size,
+                        self.temporal_patch_size, self.video_min_pixels, self.video_max_pixels, enabled=self.videos)
 
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """(1, h, w) patches: ``Glm46VImageProcessorPil``'s ``image_grid_thw`` (``smart_resize`` of 2 frames)."""
-        h, w = _image_size(height, width, self.patch_size * self.merge_size, self.temporal_patch_size,
-                           self.min_pixels, self.max_pixels)
-        return (1, h // self.patch_size, w // self.patch_size)
-
-    def num_tokens(self, width: int, height: int) -> int:
-        _, h, w = self.grid_thw(width, height)
-        return h * w // self.merge_size**2
-
-    def plan_video(self, video: VideoRef) -> VideoPlan:
-        """A clip's frames, grid and tokens from its header (``video.plan``); RecordError with videos off."""
-        if not self.videos:
-            raise RecordError("bad_video", VIDEOS_OFF)
-        from packer.models.glm46v.video import plan
-
-        return plan(self, video)
-
-    def video_run(self, plan: VideoPlan) -> MediaRun:
-        """``Glm46VProcessor.replace_video_token``'s text (``video.video_text``), tokenized alone; the entry starts at
-        its first ``<|image|>`` (lead 1) and counts the ``<|image|>`` tokens of all its temporal patches."""
-        from packer.models.glm46v.video import video_text
-
-        text = video_text(plan, image_token=self.image_token, begin=self.vision_start, end=self.vision_end)
-        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, lead=1, plan=plan)
+    @cached_property
+    def positions(self) -> GlmMRoPE:
+        return GlmMRoPE(merge_size=self.merge_size)
 
     def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
-        """Each alone (``image_run`` / ``video_run``); RecordError for an image and a video on one root-to-leaf
+        """Each alone (the image and video rules' ``run``); RecordError for an image and a video on one root-to-leaf
         path: ``Glm46VModel.get_placeholder_mask`` takes every ``<|image|>`` token as an image token AND as a video
         token (a video's frames hold ``<|image|>``), so with both kinds in one sample the image features meet more
         placeholders than they fill, and the model raises."""
@@ -141,30 +170,6 @@ class Glm46VProfile(ModelProfile):
                 )
         return super().media_runs(media, node_parents)
 
-    def extra_positions(
-        self,
-        ids: np.ndarray,
-        positions: np.ndarray,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        grids: list[tuple[int, int, int]],
-        *,
-        token_ids: dict[str, int | None],
-        videos: Sequence[EncodedVideo] = (),
-    ) -> np.ndarray:
-        """mRoPE rows (3, L) int32, as ``Glm46VModel.get_rope_index`` gives them for each root-to-leaf path alone:
-        Qwen2-VL's rule (``shared.mrope``) over every run of ``<|image|>`` tokens, each image and each temporal patch
-        of a video a (1, h, w) grid, in token order."""
-        if not grids and not videos:  # text alone: three rows equal to the 1-D positions (a read-only view)
-            row = np.ascontiguousarray(positions, dtype=np.int32)
-            out = np.ndarray((3, row.shape[0]), np.int32, row, 0, (0, row.itemsize))
-            out.flags.writeable = False
-            return out
-        image_id = token_ids["image_token"]
-        runs = _grids_in_token_order(np.asarray(ids), image_id, grids, videos) if videos else list(grids)
-        return mrope_position_ids(ids, node_offsets, node_parents, runs, image_token_id=image_id,
-                                  spatial_merge_size=self.merge_size)
-
     # ------------------------------------------------------------------ read / proof
 
     def reader(self) -> Reader:
@@ -176,85 +181,6 @@ class Glm46VProfile(ModelProfile):
         from packer.models.glm46v.proof import Glm46VProof
 
         return Glm46VProof(self)
-
-    # ------------------------------------------------------------------ verify
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """h * w / 4 of an image's (1, h, w); -1 unless t is 1 and h, w are whole merges."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        m = self.merge_size
-        ok = (grids[:, 0] == 1) & (grids[:, 1] >= m) & (grids[:, 2] >= m) & (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
-        return np.where(ok, grids[:, 1] * grids[:, 2] // m**2, -1)
-
-    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """t * h * w / 4 of a video's (t, h, w) (and of each temporal patch's (1, h, w) span)."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        m = self.merge_size
-        ok = (grids[:, 0] >= 1) & (grids[:, 1] >= m) & (grids[:, 2] >= m) & (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
-        return np.where(ok, grids[:, 0] * grids[:, 1] * grids[:, 2] // m**2, -1)
-
-    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
-        """Frames = grid_t * 2 (the sampled count is made even), frame size = grid (h, w) * patch_size."""
-        p = self.patch_size
-        return ((grids[:, 0] * self.temporal_patch_size != num_frames) | (grids[:, 0] < 1)
-                | (grids[:, 1] * p != sizes[:, 0]) | (grids[:, 2] * p != sizes[:, 1]))
-
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """A video as spans of its temporal patches, each a (1, h, w) span over the k-th run of its frame token from
-        the video's offset (the timestamp and ``<|end_of_image|><|begin_of_image|>`` lie between the runs); the frame
-        token is the one at the first video's offset (``<|image|>``: the manifest records only ``<|video|>``'s id),
-        a video whose offset holds another gets offset -1. The spans hold that token, which verify checks against
-        the images' spans and these together; the ``<|video|>`` placeholder appears nowhere. Images: the entries
-        themselves."""
-        if what != "video" or not len(fields["offset"]):
-            return lists, fields, what != "video"
-        rows = len(lists) - 1
-        row_of_vid = np.repeat(np.arange(rows), np.diff(lists))
-        start = row_starts[row_of_vid] + fields["offset"]  # (V,) flat first token of each video
-        inside = (fields["offset"] >= 0) & (start < len(ids))
-        frame_tok = ids[np.where(inside, start, 0)]
-        token = int(frame_tok[np.argmax(inside)]) if inside.any() else -1
-        t = np.maximum(fields["grid_t"], 0)
-        edges = np.diff(np.concatenate([[0], (ids == token).astype(np.int8), [0]]))
-        runs = np.flatnonzero(edges == 1)  # flat starts of every run of the frame token
-        first = np.searchsorted(runs, start)  # (V,) each video's first run
-        video_of = np.repeat(np.arange(len(t)), t)  # (F,) the video of each temporal patch
-        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, t)
-        found = (run < len(runs)) & inside[video_of] & (frame_tok[video_of] == token)
-        flat = np.append(runs, -1)[np.where(found, run, len(runs))]
-        offset = np.where(found, flat - row_starts[row_of_vid[video_of]], -1)
-        grid_h, grid_w = fields["grid_h"][video_of], fields["grid_w"][video_of]
-        patches = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
-                   "num_tokens": fields["num_tokens"][video_of] // np.maximum(t[video_of], 1),
-                   "second_per_grid_t": fields["second_per_grid_t"][video_of]}
-        per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
-        return np.concatenate([[0], np.cumsum(per_row)]), patches, (token if token >= 0 else None)
-
-    def expected_extra_positions(
-        self,
-        length: int,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        image_offsets: np.ndarray,
-        image_grids: np.ndarray,
-        *,
-        video_offsets: np.ndarray | None = None,
-        video_grids: np.ndarray | None = None,
-        video_seconds: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """``expected_mrope`` over the images and the videos' temporal patches (``verify_spans``' (1, h, w) spans),
-        one list of runs in offset order."""
-        offsets = np.asarray(image_offsets, dtype=np.int64)
-        grids = np.asarray(image_grids, dtype=np.int64).reshape(-1, 3)
-        if video_offsets is not None and len(video_offsets):
-            offsets = np.concatenate([offsets, np.asarray(video_offsets, dtype=np.int64)])
-            grids = np.concatenate([grids, np.asarray(video_grids, dtype=np.int64).reshape(-1, 3)])
-            order = np.argsort(offsets, kind="stable")
-            offsets, grids = offsets[order], grids[order]
-        return expected_mrope(length, node_offsets, node_parents, offsets, grids, spatial_merge_size=self.merge_size)
 
 
 @lru_cache(maxsize=65536)

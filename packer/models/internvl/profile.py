@@ -19,17 +19,59 @@ image and the *processor* writes ``<img>``/``</img>`` around its run (``image_ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.errors import ConfigError
-from packer.models.base import MediaRun, ModelProfile
+from packer.models.base import ModelProfile
+from packer.models.rules import ImageRule, MediaRun
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
     from packer.models.reader import Reader
+
+
+@dataclass(frozen=True)
+class TiledImage(ImageRule):
+    """InternVL's dynamic tiling: the layout of ``min_tiles``..``max_tiles`` tiles closest to the image's aspect
+    (``tile_layout``), plus a thumbnail when there are several, ``tokens_per_tile`` each, written
+    ``start`` + ``token`` * n + ``end``."""
+
+    token: str = "<IMG_CONTEXT>"
+    tile_px: int = 448
+    tokens_per_tile: int = 256
+    min_tiles: int = 1
+    max_tiles: int = 12
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """(1, rows, cols) of the tile layout, as the processor's ``get_optimal_tiled_canvas`` picks it."""
+        cols, rows = tile_layout(width, height, tile_px=self.tile_px, min_tiles=self.min_tiles,
+                                 max_tiles=self.max_tiles)
+        return (1, rows, cols)
+
+    def num_tokens(self, width: int, height: int) -> int:
+        _, rows, cols = self.grid_thw(width, height)
+        return num_tiles(rows * cols) * self.tokens_per_tile
+
+    def run(self, size: tuple[int, int]) -> MediaRun:
+        """``<img>`` + ``<IMG_CONTEXT>`` * num_tokens + ``</img>``: the chat template writes one ``<IMG_CONTEXT>``
+        and the processor the rest, the delimiters included (the entry starts after ``<img>``)."""
+        grid = self.grid_thw(*size)
+        n = self.num_tokens(*size)
+        return MediaRun(grid, n, tokens=_wrapped(self.start, self.token, self.end, n), lead=1)
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """(rows * cols + thumbnail) * 256 for a layout of min..max tiles, else -1."""
+        tiles = grids[:, 1] * grids[:, 2]
+        ok = (grids[:, 0] == 1) & (tiles >= self.min_tiles) & (tiles <= self.max_tiles)
+        return np.where(ok, (tiles + (tiles > 1)) * self.tokens_per_tile, -1)
+
+    def units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
+        """("tiles", rows * cols + the thumbnail): the 448-px crops the vision tower runs on, per image."""
+        tiles = grids[:, 1] * grids[:, 2]
+        return "tiles", tiles + (tiles > 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +84,7 @@ class InternVLProfile(ModelProfile):
     image_token: str | None = "<IMG_CONTEXT>"
     vision_start: str | None = "<img>"
     vision_end: str | None = "</img>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
     default_tokenizer: str | None = "internvl3"
     tile_px: int = 448
     """Tile side in pixels (the vision tower's input)."""
@@ -62,22 +105,10 @@ class InternVLProfile(ModelProfile):
                 f"got min_tiles={self.min_tiles}, max_tiles={self.max_tiles}"
             )
 
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """(1, rows, cols) of the tile layout, as the processor's ``get_optimal_tiled_canvas`` picks it."""
-        cols, rows = tile_layout(width, height, tile_px=self.tile_px, min_tiles=self.min_tiles,
-                                 max_tiles=self.max_tiles)
-        return (1, rows, cols)
-
-    def num_tokens(self, width: int, height: int) -> int:
-        _, rows, cols = self.grid_thw(width, height)
-        return num_tiles(rows * cols) * self.tokens_per_tile
-
-    def image_run(self, width: int, height: int) -> MediaRun:
-        """``<img>`` + ``<IMG_CONTEXT>`` * num_tokens + ``</img>``: the chat template writes one ``<IMG_CONTEXT>``
-        and the processor the rest, the delimiters included (the entry starts after ``<img>``)."""
-        grid = self.grid_thw(width, height)
-        return MediaRun(grid, self.num_tokens(width, height), tokens=_wrapped(self.vision_start, self.image_token,
-                                                                              self.vision_end, self.num_tokens(width, height)), lead=1)
+    @cached_property
+    def image(self) -> TiledImage:
+        return TiledImage(self.image_token, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images, tile_px=self.tile_px,
+                          tokens_per_tile=self.tokens_per_tile, min_tiles=self.min_tiles, max_tiles=self.max_tiles)
 
     def reader(self) -> Reader:
         from packer.models.internvl.reader import InternVLReader
@@ -88,17 +119,6 @@ class InternVLProfile(ModelProfile):
         from packer.models.internvl.proof import InternVLProof
 
         return InternVLProof(self)
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """(rows * cols + thumbnail) * 256 for a layout of min..max tiles, else -1."""
-        tiles = grids[:, 1] * grids[:, 2]
-        ok = (grids[:, 0] == 1) & (tiles >= self.min_tiles) & (tiles <= self.max_tiles)
-        return np.where(ok, (tiles + (tiles > 1)) * self.tokens_per_tile, -1)
-
-    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
-        """("tiles", rows * cols + the thumbnail): the 448-px crops the vision tower runs on, per image."""
-        tiles = grids[:, 1] * grids[:, 2]
-        return "tiles", tiles + (tiles > 1)
 
 
 def num_tiles(layout_tiles: int) -> int:

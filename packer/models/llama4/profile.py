@@ -18,7 +18,7 @@ root-to-leaf path (packer/train/layout.py, ``PackedLayout.chunk_plan``), docs/mo
 Stored per image (docs/models/llama4.md, "In the shards"): grid (t, h, w) = (1, rows, cols) of the canvas in tiles;
 ``num_tokens`` = the ``<|patch|>`` tokens, 144 * (rows * cols, + 1 for the global tile when rows * cols > 1);
 ``offset`` is the run's first token (``<|image_start|>``). verify checks each image by its ``<|image|>`` token and
-the layout around it (``verify_spans``).
+the layout around it (the image rule's ``spans``).
 
 Counts from the header alone (width, height): transformers 5.23.0's ``image_processing_llama4`` canvas rule
 (``find_supported_resolutions``, ``get_best_fit`` in float32 as it computes it), exact on every COCO-mini image and
@@ -29,62 +29,32 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.errors import ConfigError, RecordError
-from packer.models.base import MediaRun, ModelProfile
+from packer.models.base import ModelProfile
 from packer.models.llama4.tokens import IMAGE_END, IMAGE_START, PATCH, TILE_X, TILE_Y
+from packer.models.rules import Entries, ImageRule, MediaRun, Spans
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
     from packer.models.reader import Reader
 
 
-@dataclass(frozen=True, kw_only=True)
-class Llama4Profile(ModelProfile):
-    """Llama 4: the settings of meta-llama/Llama-4-Scout-17B-16E-Instruct by default (preprocessor ``size`` 336x336,
-    ``max_patches`` 16, ``resize_to_max_canvas`` false; processor ``patch_size`` 14, ``pixel_shuffle_ratio`` 0.5:
-    144 tokens a tile).
+@dataclass(frozen=True)
+class Llama4Image(ImageRule):
+    """Llama 4's image processor: a canvas of up to ``max_patches`` tiles (``canvas``) plus the global tile,
+    ``tokens_per_tile`` ``<|patch|>`` each, written token by token (``image_tokens``)."""
 
-    ``pixel_values`` gives {"pixel_values": (tiles, 3, tile_px, tile_px) float32}: the batch's images' tiles in token
-    order, each image's tiles row by row and then its global tile, holding exactly the image processor's bfloat16
-    values (the model does not cast them: a bf16 model takes them after ``.to(torch.bfloat16)``, which is exact).
-    """
-
-    image_token: str | None = "<|image|>"
-    default_tokenizer: str | None = "llama4"
+    token: str = "<|image|>"
     tile_px: int = 336
-    """``size`` (height = width): the side of a tile and of the global tile (the vision tower's ``image_size``)."""
     max_patches: int = 16
-    """``max_patches``: the most tiles of a canvas (the global tile not counted)."""
     resize_to_max_canvas: bool = False
-    """``resize_to_max_canvas``: pick the canvas that upscales most instead of the one that resizes least."""
     patch_size: int = 14
-    """The vision tower's patch size (``vision_config.patch_size``, the processor's ``patch_size``)."""
     pixel_shuffle_ratio: float = 0.5
-    """``vision_config.pixel_shuffle_ratio`` (the processor's): 1 / ratio**2 patches per token."""
-
-    forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values")
-    overridable: ClassVar[tuple[str, ...]] = (
-        "tile_px", "max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio",
-        *ModelProfile.overridable,
-    )
-
-    def __post_init__(self) -> None:
-        if self.tile_px < 1 or self.max_patches < 1 or self.patch_size < 1 or not 0 < self.pixel_shuffle_ratio <= 1:
-            raise ConfigError(f"profile {self.name!r}: tile_px, max_patches and patch_size must be >= 1 and "
-                              "pixel_shuffle_ratio in (0, 1]")
-        side = self.tile_px // self.patch_size
-        shuffled = side * self.pixel_shuffle_ratio
-        if side < 1 or shuffled != int(shuffled) or int(shuffled) ** 2 != self.tokens_per_tile:
-            raise ConfigError(
-                f"profile {self.name!r}: the {side} patches along a tile (tile_px {self.tile_px} // patch_size "
-                f"{self.patch_size}) times pixel_shuffle_ratio {self.pixel_shuffle_ratio} must be a whole number of "
-                "tokens (the vision adapter's pixel shuffle)"
-            )
 
     @property
     def tokens_per_tile(self) -> int:
@@ -92,8 +62,6 @@ class Llama4Profile(ModelProfile):
         downsample_ratio`` with ``downsample_ratio = int(round(1 / pixel_shuffle_ratio**2))`` (144 for 336 / 14 / 0.5)."""
         side = self.tile_px // self.patch_size
         return side * side // int(round(1.0 / self.pixel_shuffle_ratio**2))
-
-    # ------------------------------------------------------------------ encode
 
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of the image's canvas in tiles (``canvas`` of the module, divided by tile_px)."""
@@ -110,38 +78,22 @@ class Llama4Profile(ModelProfile):
         rows, cols = self.tile_grid(width, height)
         return self.tokens_per_tile * tiles(rows, cols)
 
-    def image_run(self, width: int, height: int) -> MediaRun:
+    def run(self, size: tuple[int, int]) -> MediaRun:
         """Llama4Processor's run for the image (``_prompt_split_image``), token by token; the entry starts at its first
         token (``<|image_start|>``) and counts its ``<|patch|>`` tokens."""
-        rows, cols = self.tile_grid(width, height)
+        rows, cols = self.tile_grid(*size)
         return MediaRun((1, rows, cols), self.tokens_per_tile * tiles(rows, cols),
-                        tokens=image_tokens(rows, cols, self.tokens_per_tile, self.image_token))
+                        tokens=image_tokens(rows, cols, self.tokens_per_tile, self.token))
 
-    # ------------------------------------------------------------------ read / proof
-
-    def reader(self) -> Reader:
-        from packer.models.llama4.reader import Llama4Reader
-
-        return Llama4Reader(self)
-
-    def proof(self) -> Proof:
-        from packer.models.llama4.proof import Llama4Proof
-
-        return Llama4Proof(self)
-
-    # ------------------------------------------------------------------ report
-
-    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
+    def units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
         """("tiles", rows * cols, + 1 for the global tile when rows * cols > 1): the vision tower's inputs per image."""
         grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
         n = grids[:, 1] * grids[:, 2]
         return "tiles", n + (n > 1)
 
-    # ------------------------------------------------------------------ verify
-
     def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
         """``<|patch|>`` tokens of stored grids: (1, rows, cols) with 1 <= rows * cols <= max_patches -> tokens_per_tile
-        * tiles; (1, 0, 0) -> 1, the one ``<|image|>`` token ``verify_spans`` checks each image by (no stored image has
+        * tiles; (1, 0, 0) -> 1, the one ``<|image|>`` token ``spans`` checks each image by (no stored image has
         that grid: verify refuses it); else -1."""
         grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
         t, r, c = grids[:, 0], grids[:, 1], grids[:, 2]
@@ -150,10 +102,8 @@ class Llama4Profile(ModelProfile):
         marker = (t == 1) & (r == 0) & (c == 0)
         return np.where(ok, self.tokens_per_tile * (n + (n > 1)), np.where(marker, 1, -1))
 
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
         """Each image as ONE span: its ``<|image|>`` token (grid (1, 0, 0), 1 token), where the run's layout puts it
         (1 + rows * cols * (tokens_per_tile + 1) tokens from the run's offset for a tiled canvas, 1 for one tile), and
         the ``<|image|>`` tokens lie exactly on those spans (placed): a missing, extra or misplaced ``<|image|>``
@@ -166,7 +116,8 @@ class Llama4Profile(ModelProfile):
         such span more. An entry whose grid is not a canvas or whose num_tokens disagrees keeps its offset and
         num_tokens with grid (0, h, w), which no image has (verify reports a wrong grid).
         """
-        if what != "image" or not len(fields["offset"]):
+        fields = entries
+        if not len(fields["offset"]):
             return lists, fields, True
         P = self.tokens_per_tile
         n = fields["num_tokens"]
@@ -219,6 +170,71 @@ class Llama4Profile(ModelProfile):
             per_row = np.diff(lists) + stray
             lists = np.concatenate([[0], np.cumsum(per_row)])
         return lists, spans, True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Llama4Profile(ModelProfile):
+    """Llama 4: the settings of meta-llama/Llama-4-Scout-17B-16E-Instruct by default (preprocessor ``size`` 336x336,
+    ``max_patches`` 16, ``resize_to_max_canvas`` false; processor ``patch_size`` 14, ``pixel_shuffle_ratio`` 0.5:
+    144 tokens a tile).
+
+    ``pixel_values`` gives {"pixel_values": (tiles, 3, tile_px, tile_px) float32}: the batch's images' tiles in token
+    order, each image's tiles row by row and then its global tile, holding exactly the image processor's bfloat16
+    values (the model does not cast them: a bf16 model takes them after ``.to(torch.bfloat16)``, which is exact).
+    """
+
+    image_token: str | None = "<|image|>"
+    default_tokenizer: str | None = "llama4"
+    tile_px: int = 336
+    """``size`` (height = width): the side of a tile and of the global tile (the vision tower's ``image_size``)."""
+    max_patches: int = 16
+    """``max_patches``: the most tiles of a canvas (the global tile not counted)."""
+    resize_to_max_canvas: bool = False
+    """``resize_to_max_canvas``: pick the canvas that upscales most instead of the one that resizes least."""
+    patch_size: int = 14
+    """The vision tower's patch size (``vision_config.patch_size``, the processor's ``patch_size``)."""
+    pixel_shuffle_ratio: float = 0.5
+    """``vision_config.pixel_shuffle_ratio`` (the processor's): 1 / ratio**2 patches per token."""
+
+    forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values")
+    overridable: ClassVar[tuple[str, ...]] = (
+        "tile_px", "max_patches", "resize_to_max_canvas", "patch_size", "pixel_shuffle_ratio",
+        *ModelProfile.overridable,
+    )
+
+    def __post_init__(self) -> None:
+        if self.tile_px < 1 or self.max_patches < 1 or self.patch_size < 1 or not 0 < self.pixel_shuffle_ratio <= 1:
+            raise ConfigError(f"profile {self.name!r}: tile_px, max_patches and patch_size must be >= 1 and "
+                              "pixel_shuffle_ratio in (0, 1]")
+        side = self.tile_px // self.patch_size
+        shuffled = side * self.pixel_shuffle_ratio
+        if side < 1 or shuffled != int(shuffled) or int(shuffled) ** 2 != self.tokens_per_tile:
+            raise ConfigError(
+                f"profile {self.name!r}: the {side} patches along a tile (tile_px {self.tile_px} // patch_size "
+                f"{self.patch_size}) times pixel_shuffle_ratio {self.pixel_shuffle_ratio} must be a whole number of "
+                "tokens (the vision adapter's pixel shuffle)"
+            )
+
+    @cached_property
+    def image(self) -> Llama4Image:
+        return Llama4Image(self.image_token, self.tile_px, self.max_patches, self.resize_to_max_canvas,
+                           self.patch_size, self.pixel_shuffle_ratio, bidirectional=self.bidirectional_images)
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return self.image.tokens_per_tile
+
+    # ------------------------------------------------------------------ read / proof
+
+    def reader(self) -> Reader:
+        from packer.models.llama4.reader import Llama4Reader
+
+        return Llama4Reader(self)
+
+    def proof(self) -> Proof:
+        from packer.models.llama4.proof import Llama4Proof
+
+        return Llama4Proof(self)
 
 
 KINDS = ("start", "patch", "x", "y", "image", "end")

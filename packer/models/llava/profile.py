@@ -12,11 +12,11 @@ builds a stand-in; a LLaVA tokenizer has its own <image> (``--image-token``). No
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from packer.models.base import ModelProfile
+from packer.models.rules import FixedImage
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
@@ -36,16 +36,13 @@ class LlavaProfile(ModelProfile):
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values")
 
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        side = self.image_px // self.patch_size
-        return (1, side, side)
+    @cached_property
+    def image(self) -> FixedImage:
+        return FixedImage(self.image_px, self.patch_size, bidirectional=self.bidirectional_images)
 
     @property
     def tokens_per_image(self) -> int:
-        return (self.image_px // self.patch_size) ** 2
-
-    def num_tokens(self, width: int, height: int) -> int:
-        return self.tokens_per_image
+        return self.image.tokens_per_image
 
     def reader(self) -> Reader:
         from packer.models.llava.reader import LlavaReader
@@ -56,8 +53,3 @@ class LlavaProfile(ModelProfile):
         from packer.models.llava.proof import LlavaProof
 
         return LlavaProof(self)
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """576 for any stored grid: the count is fixed."""
-        return np.full(len(grids), self.tokens_per_image, dtype=np.int64)
-

@@ -24,23 +24,65 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from packer.core.types import VideoRef
+from packer.core.types import ImageRef
 from packer.errors import ConfigError
-from packer.models.base import Media, MediaRun, ModelProfile
+from packer.models.base import ModelProfile
 from packer.models.llava_onevision.anyres import (
     anyres_pinpoints,
     select_best_resolution,
     tiled_alone,
     unpadded_features,
 )
+from packer.models.rules import ImageRule, Media, MediaRun
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
     from packer.models.reader import Reader
+
+
+@dataclass(frozen=True)
+class AnyresImage(ImageRule):
+    """``anyres_max_<max_tiles>``: an image tiled over the best pinpoint, its unpadded feature map downscaled past
+    1.1x ``max_tiles`` crops' worth; ``run`` is the tiled form (the profile's ``media_runs`` picks it per example).
+    """
+
+    crop_px: int
+    patch_size: int
+    max_tiles: int
+    pinpoints: tuple[tuple[int, int], ...]
+
+    @property
+    def side(self) -> int:
+        """Features per crop side (27)."""
+        return self.crop_px // self.patch_size
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """(crops, feature rows, feature columns) of an image tiled alone (its example's one image)."""
+        best_h, best_w = select_best_resolution(height, width, self.pinpoints)
+        rows, cols = best_h // self.crop_px, best_w // self.crop_px
+        feat_h, feat_w = unpadded_features(height, width, self.side * rows, self.side * cols)
+        ratio = math.sqrt(feat_h * feat_w / (self.max_tiles * self.side**2))
+        if ratio > 1.1:  # both the processor and the model's interpolate floor each side
+            feat_h, feat_w = int(feat_h // ratio), int(feat_w // ratio)
+        return (1 + rows * cols, feat_h, feat_w)
+
+    def untiled(self) -> MediaRun:
+        """An image beside others on its path: one crop, side**2 + 1 tokens."""
+        return MediaRun((1, self.side, self.side), self.side**2 + 1)
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """side**2 base features + h rows of (w + 1 newline) for a tiled image; side**2 + 1 untiled."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        t, h, w = grids[:, 0], grids[:, 1], grids[:, 2]
+        base = self.side**2
+        untiled = (t == 1) & (h == self.side) & (w == self.side)
+        tiled = (t > 1) & (h > 0) & (w > 0)
+        return np.where(untiled, base + 1, np.where(tiled, base + h * (w + 1), -1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,30 +120,19 @@ class LlavaOnevisionProfile(ModelProfile):
         """Features per crop side (27)."""
         return self.crop_px // self.patch_size
 
-    # ------------------------------------------------------------------ encode
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """(crops, feature rows, feature columns) of an image tiled alone (its example's one image)."""
-        best_h, best_w = select_best_resolution(height, width, self.pinpoints)
-        rows, cols = best_h // self.crop_px, best_w // self.crop_px
-        feat_h, feat_w = unpadded_features(height, width, self.side * rows, self.side * cols)
-        ratio = math.sqrt(feat_h * feat_w / (self.max_tiles * self.side**2))
-        if ratio > 1.1:  # both the processor and the model's interpolate floor each side
-            feat_h, feat_w = int(feat_h // ratio), int(feat_w // ratio)
-        return (1 + rows * cols, feat_h, feat_w)
-
-    def num_tokens(self, width: int, height: int) -> int:
-        return int(self.grid_num_tokens(np.array([self.grid_thw(width, height)]))[0])
+    @cached_property
+    def image(self) -> AnyresImage:
+        return AnyresImage(self.crop_px, self.patch_size, self.max_tiles, self.pinpoints, bidirectional=self.bidirectional_images)
 
     def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
         """Tiled if every path through the image's node holds it alone; else one crop: side**2 + 1 tokens.
 
-        The model sees each root-to-leaf path as its own example (``tiled_alone``)."""
-        if any(isinstance(m.ref, VideoRef) for m in media):
-            return super().media_runs(media, node_parents)  # refused: no video here (plan_video says so)
-        untiled = MediaRun((1, self.side, self.side), self.side**2 + 1)
+        The model sees each root-to-leaf path as its own example (``tiled_alone``): the per-example image mode."""
+        if any(not isinstance(m.ref, ImageRef) for m in media):
+            return super().media_runs(media, node_parents)  # refused: no video or audio here
         alone = tiled_alone(np.array([m.node for m in media], dtype=np.int64), np.asarray(node_parents))
-        return [self.image_run(*self.image_size(m.ref)) if a else untiled for m, a in zip(media, alone, strict=True)]
+        return [self.image.run(self.image.plan(m.ref)) if a else self.image.untiled()
+                for m, a in zip(media, alone, strict=True)]
 
     # ------------------------------------------------------------------ read
 
@@ -114,14 +145,3 @@ class LlavaOnevisionProfile(ModelProfile):
         from packer.models.llava_onevision.proof import LlavaOnevisionProof
 
         return LlavaOnevisionProof(self)
-
-    # ------------------------------------------------------------------ verify
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """side**2 base features + h rows of (w + 1 newline) for a tiled image; side**2 + 1 untiled."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        t, h, w = grids[:, 0], grids[:, 1], grids[:, 2]
-        base = self.side**2
-        untiled = (t == 1) & (h == self.side) & (w == self.side)
-        tiled = (t > 1) & (h > 0) & (w > 0)
-        return np.where(untiled, base + 1, np.where(tiled, base + h * (w + 1), -1))

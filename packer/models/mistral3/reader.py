@@ -24,4 +24,4 @@ class Mistral3Reader(Reader):
 
         p = self.profile
         return PixtralImageProcessorPil(size={"longest_edge": p.longest_edge},
-                                        patch_size={"height": p.unit, "width": p.unit})
+                                        patch_size={"height": p.image.unit, "width": p.image.unit})

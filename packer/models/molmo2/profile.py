@@ -24,23 +24,122 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.core.tree import ancestor_matrix
 from packer.core.types import VideoRef
 from packer.errors import RecordError
-from packer.models.base import Media, MediaRun, ModelProfile
-from packer.models.molmo2.video import frame_runs, plan, video_text
+from packer.models.base import ModelProfile
+from packer.models.molmo2.video import Molmo2Video, frame_runs
+from packer.models.rules import Entries, ImageRule, Media, MediaRun, Spans
 
 if TYPE_CHECKING:
-    from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
 
+
+@dataclass(frozen=True)
+class Molmo2Image(ImageRule):
+    """Molmo2's image processor: a low-res view and up to ``max_crops`` overlapping high-res crops, pooled
+    ``pooling``, laid out in tokens of their own (``_image_layout``)."""
+
+    crop_px: int = 378
+    patch_size: int = 14
+    max_crops: int = 8
+    overlap_margins: tuple[int, int] = (4, 4)
+    pooling: tuple[int, int] = (2, 2)
+    col_tokens: bool = True
+
+    @property
+    def low_res_grid(self) -> tuple[int, int]:
+        """The low-res view's pooled grid (rows, cols): ceil(27 / 2) = 14 each by default."""
+        side = self.crop_px // self.patch_size
+        return math.ceil(side / self.pooling[0]), math.ceil(side / self.pooling[1])
+
+    def tiling(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """(tiling_h, tiling_w, canvas_h, canvas_w): ``compute_crop_geometry`` of transformers' molmo2."""
+        if width < 1 or height < 1:
+            raise RecordError("bad_image", f"image of {width}x{height} px has no pixels")
+        margin_patches = sum(self.overlap_margins)
+        window = (self.crop_px // self.patch_size - margin_patches) * self.patch_size
+        margin = margin_patches * self.patch_size
+        th, tw = _select_tiling(height - margin, width - margin, window, self.max_crops)
+        return th, tw, th * window + margin, tw * window + margin
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """(crops incl. the low-res view, high-res pooled rows, high-res pooled cols)."""
+        th, tw, ch, cw = self.tiling(width, height)
+        ph, pw = self.pooling
+        return th * tw + 1, math.ceil(ch // self.patch_size / ph), math.ceil(cw // self.patch_size / pw)
+
+    def _run_length(self, rows: np.ndarray | int, cols: np.ndarray | int) -> np.ndarray | int:
+        return rows * (cols + int(self.col_tokens)) + 2  # start, rows of patches (+ <im_col>), end
+
+    def num_tokens(self, width: int, height: int) -> int:
+        _, h, w = self.grid_thw(width, height)
+        return int(self._run_length(*self.low_res_grid) + self._run_length(h, w))
+
+    def run(self, size: tuple[int, int]) -> MediaRun:
+        """``Molmo2Processor.replace_image_token``: the low-res view, then the high-res one, row by row."""
+        grid = self.grid_thw(*size)
+        tokens = _image_layout(self.low_res_grid, (grid[1], grid[2]), self.col_tokens)
+        return MediaRun(grid, len(tokens), tokens=tokens)
+
+    def units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
+        """("crops", crops per stored grid): the vision tower's work per image, low-res view included."""
+        return "crops", np.asarray(grids, dtype=np.int64).reshape(-1, 3)[:, 0]
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """Tokens of stored (crops, rows, cols); -1 unless rows/cols are pooled canvases of some tiling with
+        tiling_h * tiling_w + 1 == crops and at most ``max_crops`` crops."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        side = self.crop_px // self.patch_size - sum(self.overlap_margins)  # window patches per crop
+        tiles = np.arange(1, self.max_crops + 1)
+        pooled = {p: -(-(side * tiles + sum(self.overlap_margins)) // p) for p in self.pooling}
+        rows = np.searchsorted(pooled[self.pooling[0]], grids[:, 1])  # index of the tiling_h giving that many
+        cols = np.searchsorted(pooled[self.pooling[1]], grids[:, 2])
+        ok = (rows < len(tiles)) & (cols < len(tiles))
+        ok &= pooled[self.pooling[0]][np.minimum(rows, len(tiles) - 1)] == grids[:, 1]
+        ok &= pooled[self.pooling[1]][np.minimum(cols, len(tiles) - 1)] == grids[:, 2]
+        ok &= (rows + 1) * (cols + 1) + 1 == grids[:, 0]
+        ok &= (rows + 1) * (cols + 1) <= self.max_crops
+        total = self._run_length(*self.low_res_grid) + self._run_length(grids[:, 1], grids[:, 2])
+        return np.where(ok, total, -1)
+
+    def bidirectional_spans(self, row: Mapping) -> list[tuple[int, ...]]:
+        """(start, end, group) per image run and per video frame run; group = the highest node with media on
+        the run's path.
+
+        Molmo2 makes all image tokens of a sequence one block (a video's frames too); the profile's ``media_runs`` admits
+        only trees whose media nodes form chains without a branch point between them, so each chain is the
+        block of every path through it (two branches' own images: two chains, two groups)."""
+        runs = [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
+        for v in row.get("videos") or ():
+            runs += frame_runs(row["input_ids"], offset=int(v["offset"]), grid=(v["grid_t"], v["grid_h"], v["grid_w"]))
+        node_offsets = row.get("node_offsets")
+        if node_offsets is None or len(node_offsets) <= 1:
+            return [(a, b, 0) for a, b in runs]
+        parents = np.asarray(row["node_parents"]).tolist()
+        nodes = (np.searchsorted(np.asarray(node_offsets), [a for a, _ in runs], side="right") - 1).tolist()
+        has_media = set(nodes)
+        out = []
+        for (a, b), node in zip(runs, nodes, strict=True):
+            top, n = node, parents[node]
+            while n >= 0:
+                top = n if n in has_media else top
+                n = parents[n]
+            out.append((a, b, top))
+        return out
+
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
+        """Laid out in tokens of its own: the placeholder appears nowhere in a row."""
+        return lists, entries, False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,42 +177,22 @@ class Molmo2Profile(ModelProfile):
         "mm_token_type_ids",
     )  # a batch's videos reach the model as image inputs (join_vision)
 
-    # ------------------------------------------------------------------ geometry
+    @cached_property
+    def image(self) -> Molmo2Image:
+        return Molmo2Image(self.crop_px, self.patch_size, self.max_crops, self.overlap_margins, self.pooling,
+                           self.col_tokens, bidirectional=self.bidirectional_images)
+
+    @cached_property
+    def video(self) -> Molmo2Video:
+        return Molmo2Video(self.crop_px, self.patch_size, self.video_max_frames, self.video_max_fps,
+                           self.video_pooling)
 
     @property
     def low_res_grid(self) -> tuple[int, int]:
-        """The low-res view's pooled grid (rows, cols): ceil(27 / 2) = 14 each by default."""
-        side = self.crop_px // self.patch_size
-        return math.ceil(side / self.pooling[0]), math.ceil(side / self.pooling[1])
-
-    def tiling(self, width: int, height: int) -> tuple[int, int, int, int]:
-        """(tiling_h, tiling_w, canvas_h, canvas_w): ``compute_crop_geometry`` of transformers' molmo2."""
-        if width < 1 or height < 1:
-            raise RecordError("bad_image", f"image of {width}x{height} px has no pixels")
-        margin_patches = sum(self.overlap_margins)
-        window = (self.crop_px // self.patch_size - margin_patches) * self.patch_size
-        margin = margin_patches * self.patch_size
-        th, tw = _select_tiling(height - margin, width - margin, window, self.max_crops)
-        return th, tw, th * window + margin, tw * window + margin
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """(crops incl. the low-res view, high-res pooled rows, high-res pooled cols)."""
-        th, tw, ch, cw = self.tiling(width, height)
-        ph, pw = self.pooling
-        return th * tw + 1, math.ceil(ch // self.patch_size / ph), math.ceil(cw // self.patch_size / pw)
-
-    def _run_length(self, rows: np.ndarray | int, cols: np.ndarray | int) -> np.ndarray | int:
-        return rows * (cols + int(self.col_tokens)) + 2  # start, rows of patches (+ <im_col>), end
-
-    def num_tokens(self, width: int, height: int) -> int:
-        _, h, w = self.grid_thw(width, height)
-        return int(self._run_length(*self.low_res_grid) + self._run_length(h, w))
-
-    # ------------------------------------------------------------------ runs
+        return self.image.low_res_grid
 
     def media_runs(self, media: list[Media], node_parents: np.ndarray) -> list[MediaRun]:
-        """Each image as its own layout of tokens (``image_run``), each video as its frames' text
-        (``video_run``); refused (RecordError) where the model cannot take the example's media together: two
+        """Each image as its own layout of tokens, each video as its frames' text (the rules' ``run``); refused (RecordError) where the model cannot take the example's media together: two
         videos, or a video and an image, on one root-to-leaf path (its processor takes one video per sample, its
         forward no images beside a video), or media above a branch point whose block would differ per branch."""
         if any(isinstance(m.ref, VideoRef) for m in media):
@@ -122,62 +201,7 @@ class Molmo2Profile(ModelProfile):
             check_media_nodes(node_parents, [m.node for m in media])
         return super().media_runs(media, node_parents)
 
-    def image_run(self, width: int, height: int) -> MediaRun:
-        """``Molmo2Processor.replace_image_token``: the low-res view, then the high-res one, row by row."""
-        grid = self.grid_thw(width, height)
-        tokens = _image_layout(self.low_res_grid, (grid[1], grid[2]), self.col_tokens)
-        return MediaRun(grid, len(tokens), tokens=tokens)
-
-    def video_run(self, plan: VideoPlan) -> MediaRun:
-        """``Molmo2Processor.get_video_string``: per frame its time, then <frame_start> <im_patch>*81 <frame_end>."""
-        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=video_text(plan), plan=plan)
-
-    def plan_video(self, video: VideoRef) -> VideoPlan:
-        """A clip's frames and tokens from its header (``video.plan``)."""
-        return plan(self, video)
-
-    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
-        """Frames = grid_t, every frame at the crop size, its pooled grid that of the crop."""
-        side = self.crop_px // self.patch_size
-        rows, cols = -(-side // self.video_pooling[0]), -(-side // self.video_pooling[1])
-        return ((grids[:, 0] != num_frames) | (grids[:, 0] < 1) | (grids[:, 1] != rows) | (grids[:, 2] != cols)
-                | (sizes[:, 0] != self.crop_px) | (sizes[:, 1] != self.crop_px))
-
-    def video_grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """<im_patch> tokens of stored (frames, rows, cols): frames * rows * cols, -1 unless (rows, cols) is
-        the pooled frame grid (9, 9)."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        side = self.crop_px // self.patch_size
-        ok = (grids[:, 0] >= 1) & (grids[:, 1] == -(-side // self.video_pooling[0]))
-        ok &= grids[:, 2] == -(-side // self.video_pooling[1])
-        return np.where(ok, grids.prod(axis=1), -1)
-
     # ------------------------------------------------------------------ read
-
-    def bidirectional_spans(self, row: dict[str, Any]) -> list[tuple[int, int, int]]:
-        """(start, end, group) per image run and per video frame run; group = the highest node with media on
-        the run's path.
-
-        Molmo2 makes all image tokens of a sequence one block (a video's frames too); ``media_runs`` admits
-        only trees whose media nodes form chains without a branch point between them, so each chain is the
-        block of every path through it (two branches' own images: two chains, two groups)."""
-        runs = [(int(im["offset"]), int(im["offset"]) + int(im["num_tokens"])) for im in row["images"]]
-        for v in row.get("videos") or ():
-            runs += frame_runs(row["input_ids"], offset=int(v["offset"]), grid=(v["grid_t"], v["grid_h"], v["grid_w"]))
-        node_offsets = row.get("node_offsets")
-        if node_offsets is None or len(node_offsets) <= 1:
-            return [(a, b, 0) for a, b in runs]
-        parents = np.asarray(row["node_parents"]).tolist()
-        nodes = (np.searchsorted(np.asarray(node_offsets), [a for a, _ in runs], side="right") - 1).tolist()
-        has_media = set(nodes)
-        out = []
-        for (a, b), node in zip(runs, nodes, strict=True):
-            top, n = node, parents[node]
-            while n >= 0:
-                top = n if n in has_media else top
-                n = parents[n]
-            out.append((a, b, top))
-        return out
 
     def reader(self) -> Reader:
         from packer.models.molmo2.reader import Molmo2Reader
@@ -188,38 +212,6 @@ class Molmo2Profile(ModelProfile):
         from packer.models.molmo2.proof import Molmo2Proof
 
         return Molmo2Proof(self)
-
-    # ------------------------------------------------------------------ report
-
-    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
-        """("crops", crops per stored grid): the vision tower's work per image, low-res view included."""
-        return "crops", np.asarray(grids, dtype=np.int64).reshape(-1, 3)[:, 0]
-
-    # ------------------------------------------------------------------ verify
-
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """Images and videos are laid out in tokens of their own: the placeholders appear nowhere in a row."""
-        return lists, fields, False
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """Tokens of stored (crops, rows, cols); -1 unless rows/cols are pooled canvases of some tiling with
-        tiling_h * tiling_w + 1 == crops and at most ``max_crops`` crops."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        side = self.crop_px // self.patch_size - sum(self.overlap_margins)  # window patches per crop
-        tiles = np.arange(1, self.max_crops + 1)
-        pooled = {p: -(-(side * tiles + sum(self.overlap_margins)) // p) for p in self.pooling}
-        rows = np.searchsorted(pooled[self.pooling[0]], grids[:, 1])  # index of the tiling_h giving that many
-        cols = np.searchsorted(pooled[self.pooling[1]], grids[:, 2])
-        ok = (rows < len(tiles)) & (cols < len(tiles))
-        ok &= pooled[self.pooling[0]][np.minimum(rows, len(tiles) - 1)] == grids[:, 1]
-        ok &= pooled[self.pooling[1]][np.minimum(cols, len(tiles) - 1)] == grids[:, 2]
-        ok &= (rows + 1) * (cols + 1) + 1 == grids[:, 0]
-        ok &= (rows + 1) * (cols + 1) <= self.max_crops
-        total = self._run_length(*self.low_res_grid) + self._run_length(grids[:, 1], grids[:, 2])
-        return np.where(ok, total, -1)
 
 
 def _select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:

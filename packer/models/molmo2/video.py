@@ -16,16 +16,14 @@ Why one module apart from molmo2.py: images and videos share the vision tower bu
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
+from packer.core.types import VideoRef
 from packer.errors import RecordError
-
-if TYPE_CHECKING:
-    from packer.core.types import VideoRef
-    from packer.media.video import VideoPlan
-    from packer.models.molmo2.profile import Molmo2Profile
+from packer.media.video import VideoPlan, probe
+from packer.models.rules import Entries, MediaRun, Spans, VideoRule
 
 # the options a Molmo2 video part may carry: the processor's sample_frames arguments
 OPTIONS = ("fps", "max_frames", "max_fps")
@@ -52,43 +50,82 @@ def sample_indices(*, total_frames: int, video_fps: float, fps: float | None = N
     return (np.arange(count, dtype=np.float64) * step).astype(np.float32).astype(np.int64)
 
 
-def plan(profile: Molmo2Profile, video: VideoRef) -> VideoPlan:
-    """Frames, grid (frames, 9, 9) and ``<im_patch>`` count of one clip, from its header alone.
+@dataclass(frozen=True)
+class Molmo2Video(VideoRule):
+    """Molmo2VideoProcessor: at most ``max_frames`` frames at ``max_fps`` (``sample_indices``), every frame a crop
+    pooled ``pooling`` into 9x9 ``<im_patch>``, written per frame with its time (``video_text``)."""
 
-    A frame list, ``video_start``/``video_end`` or a Qwen-only option is refused (RecordError bad_video):
-    Molmo2's processor takes a whole clip and only the sampling options in ``OPTIONS``.
-    """
-    from packer.media.video import VideoPlan, probe
+    crop_px: int = 378
+    patch_size: int = 14
+    max_frames: int = 64
+    max_fps: float = 2.0
+    pooling: tuple[int, int] = (3, 3)
 
-    options = dict(video.options)
-    if video.frames:
-        raise RecordError("bad_video", "Molmo2 takes a video file, not a list of frame images")
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise RecordError("bad_video", f"Molmo2's video processor takes no {', '.join(unknown)}; use {', '.join(OPTIONS)}")
-    for name, value in options.items():
-        if not value > 0:
-            raise RecordError("bad_video", f"video option {name!r} must be > 0, got {value!r}")
-    info = probe(video.path)
-    indices = sample_indices(
-        total_frames=info.num_frames, video_fps=info.fps, fps=options.get("fps"),
-        num_frames=int(options.get("max_frames", profile.video_max_frames)),
-        max_fps=options.get("max_fps", profile.video_max_fps),
-    )
-    side = profile.crop_px // profile.patch_size
-    grid = (int(indices.shape[0]), -(-side // profile.video_pooling[0]), -(-side // profile.video_pooling[1]))
-    return VideoPlan(
-        frame_indices=tuple(indices.tolist()),
-        video_fps=info.fps,
-        total_frames=info.num_frames,
-        sample_fps=indices.shape[0] / info.num_frames * info.fps,
-        utils_size=(info.height, info.width),
-        size=(profile.crop_px, profile.crop_px),
-        grid_thw=grid,
-        num_tokens=grid[0] * grid[1] * grid[2],
-        second_per_grid_t=1.0 / info.fps,  # a frame's own time step (verify requires > 0; the model reads none)
-        timestamps=tuple(i / info.fps for i in indices.tolist()),
-    )
+    @property
+    def frame_grid(self) -> tuple[int, int]:
+        """A frame's pooled grid (rows, cols): ceil(27 / 3) = 9 each."""
+        side = self.crop_px // self.patch_size
+        return -(-side // self.pooling[0]), -(-side // self.pooling[1])
+
+    def plan(self, ref: VideoRef) -> VideoPlan:
+        """Frames, grid (frames, 9, 9) and ``<im_patch>`` count of one clip, from its header alone.
+
+        A frame list, ``video_start``/``video_end`` or a Qwen-only option is refused (RecordError bad_video):
+        Molmo2's processor takes a whole clip and only the sampling options in ``OPTIONS``.
+        """
+        video = ref
+        options = dict(video.options)
+        if video.frames:
+            raise RecordError("bad_video", "Molmo2 takes a video file, not a list of frame images")
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise RecordError("bad_video", f"Molmo2's video processor takes no {', '.join(unknown)}; use {', '.join(OPTIONS)}")
+        for name, value in options.items():
+            if not value > 0:
+                raise RecordError("bad_video", f"video option {name!r} must be > 0, got {value!r}")
+        info = probe(video.path)
+        indices = sample_indices(
+            total_frames=info.num_frames, video_fps=info.fps, fps=options.get("fps"),
+            num_frames=int(options.get("max_frames", self.max_frames)),
+            max_fps=options.get("max_fps", self.max_fps),
+        )
+        side = self.crop_px // self.patch_size
+        grid = (int(indices.shape[0]), -(-side // self.pooling[0]), -(-side // self.pooling[1]))
+        return VideoPlan(
+            frame_indices=tuple(indices.tolist()),
+            video_fps=info.fps,
+            total_frames=info.num_frames,
+            sample_fps=indices.shape[0] / info.num_frames * info.fps,
+            utils_size=(info.height, info.width),
+            size=(self.crop_px, self.crop_px),
+            grid_thw=grid,
+            num_tokens=grid[0] * grid[1] * grid[2],
+            second_per_grid_t=1.0 / info.fps,  # a frame's own time step (verify requires > 0; the model reads none)
+            timestamps=tuple(i / info.fps for i in indices.tolist()),
+        )
+
+    def run(self, plan: VideoPlan) -> MediaRun:
+        """``Molmo2Processor.get_video_string``: per frame its time, then <frame_start> <im_patch>*81 <frame_end>."""
+        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=video_text(plan), plan=plan)
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """<im_patch> tokens of stored (frames, rows, cols): frames * rows * cols, -1 unless (rows, cols) is
+        the pooled frame grid (9, 9)."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        rows, cols = self.frame_grid
+        ok = (grids[:, 0] >= 1) & (grids[:, 1] == rows) & (grids[:, 2] == cols)
+        return np.where(ok, grids.prod(axis=1), -1)
+
+    def plan_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        """Frames = grid_t, every frame at the crop size, its pooled grid that of the crop."""
+        rows, cols = self.frame_grid
+        return ((grids[:, 0] != num_frames) | (grids[:, 0] < 1) | (grids[:, 1] != rows) | (grids[:, 2] != cols)
+                | (sizes[:, 0] != self.crop_px) | (sizes[:, 1] != self.crop_px))
+
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
+        """Laid out in tokens of its own: the placeholder appears nowhere in a row."""
+        return lists, entries, False
 
 
 def video_text(plan: VideoPlan) -> str:

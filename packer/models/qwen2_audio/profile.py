@@ -23,35 +23,30 @@ re-expands it, so such a clip cannot train as the processor laid it out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from packer.errors import RecordError
-from packer.models.base import MediaRun, ModelProfile
+from packer.models.base import ModelProfile
+from packer.models.shared.audio_features import WhisperAudio, whisper_tokens
 
 if TYPE_CHECKING:
-    from packer.core.types import AudioRef
-    from packer.media.audio import AudioInfo
     from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 MIN_TOKENS = 2  # fewer and the model's forward takes the batch for unexpanded input (module docstring)
+AUDIO = WhisperAudio(min_tokens=MIN_TOKENS, hint="Qwen2-Audio's model takes a clip of one token for unexpanded "
+                     "input, so packer needs at least 961 samples (60 ms)")
 
 
 def feature_lengths(num_samples: np.ndarray) -> np.ndarray:
-    """Mel frames the extractor's attention mask marks (``feature_frames``, padded to 30 s and cut there:
-    ceil(n / 160), at most 3000); -1 for an empty clip."""
-    from packer.models.shared.audio_features import feature_frames
-
-    n = np.asarray(num_samples, dtype=np.int64).reshape(-1)
-    frames = np.array(feature_frames([max(int(x), 0) for x in n.tolist()], padding="max_length"), dtype=np.int64)
-    return np.where(n > 0, frames, -1)
+    """Mel frames the extractor's attention mask marks (padded to 30 s and cut there: ceil(n / 160), at most
+    3000); -1 for an empty clip."""
+    return AUDIO.feature_lengths(num_samples, np.full(np.shape(num_samples), -1))
 
 
-def tokens_from_frames(frames: np.ndarray) -> np.ndarray:
-    """``Qwen2AudioProcessor``'s ``(((L - 1) // 2 + 1) - 2) // 2 + 1`` (the encoder's conv2, then its avg pool)."""
-    f = np.asarray(frames, dtype=np.int64)
-    return ((f - 1) // 2 + 1 - 2) // 2 + 1
+tokens_from_frames = whisper_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,27 +58,16 @@ class Qwen2AudioProfile(ModelProfile):
     audio_end: str = "<|audio_eos|>"
     default_tokenizer: str | None = "qwen2-audio"
 
-    audio_sample_rate: ClassVar[int] = 16000
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "input_features", "feature_attention_mask")
 
-    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        return feature_lengths(num_samples)
+    @cached_property
+    def audio(self) -> WhisperAudio:
+        return AUDIO
 
-    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        """The processor's count; -1 where it gives fewer than two tokens (refused: module docstring)."""
-        f = np.asarray(feature_lengths, dtype=np.int64)
-        n = tokens_from_frames(f)
-        return np.where((f > 0) & (n >= MIN_TOKENS), n, -1)
+    def reader(self) -> Reader:
+        from packer.models.reader import Reader
 
-    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
-        plan = self.audio_plan(info)
-        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
-        if n < MIN_TOKENS:
-            raise RecordError(
-                "bad_audio", f"{info.source}: {plan.num_samples} samples at 16 kHz ({plan.feature_length} mel frames) "
-                f"make {int(tokens_from_frames(np.array([plan.feature_length]))[0])} audio token(s); Qwen2-Audio's "
-                "model takes a clip of one token for unexpanded input, so packer needs at least 961 samples (60 ms)")
-        return MediaRun((), n, audio=plan)
+        return Reader(self)
 
     def proof(self) -> Proof:
         from packer.models.qwen2_audio.proof import Qwen2AudioProof

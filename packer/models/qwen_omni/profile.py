@@ -23,237 +23,117 @@ which audio tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.core.types import AudioRef, EncodedAudio, EncodedVideo, VideoRef
 from packer.errors import ConfigError, RecordError
-from packer.models.base import AudioPlan, Media, MediaRun, ModelProfile
+from packer.media.video import VideoPlan
+from packer.models.base import ModelProfile
 from packer.models.qwen_omni.rope import (
     Block,
-    audio_tokens_from_frames,
     interleave,
-    mel_frames,
     omni_position_ids,
 )
-from packer.models.shared.qwen_resize import smart_resize
+from packer.models.rules import (
+    Entries,
+    Media,
+    MediaRun,
+    Positions,
+    Spans,
+    flat_mrope,
+)
+from packer.models.shared.audio_features import WhisperAudio
+from packer.models.shared.qwen_rules import QwenImage, QwenVideo
 from packer.models.shared.qwen_video_pixels import CLIP_MEAN, CLIP_STD
 
 if TYPE_CHECKING:
-    from packer.media.audio import AudioInfo
-    from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
-    from packer.models.shared.qwen_video_plan import VideoFamily
 
 DEFAULT_FPS = 2.0  # Qwen2_5OmniProcessor._process_videos: "default fps not saved in official ckpt, hardcode"
 
 
-@dataclass(frozen=True, kw_only=True)
-class QwenOmniProfile(ModelProfile):
-    """Qwen2.5-Omni (thinker): images, videos (with or without their sound) and audio clips."""
+# ---------------------------------------------------------------------------------------------------- rules
 
-    image_token: str | None = "<|IMAGE|>"
-    video_token: str | None = "<|VIDEO|>"
-    audio_token: str | None = "<|AUDIO|>"
-    vision_start: str | None = "<|vision_bos|>"
-    vision_end: str | None = "<|vision_eos|>"
-    audio_start: str = "<|audio_bos|>"
-    audio_end: str = "<|audio_eos|>"
-    default_tokenizer: str | None = "qwen2.5-omni"
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-    min_pixels: int = 3136
-    """The released checkpoint's preprocessor_config.json (Qwen/Qwen2.5-Omni-7B)."""
-    max_pixels: int = 12845056
-    video_min_pixels: int | None = None
-    video_max_pixels: int | None = None
-    audio_chunk_length: int = 300
-    """Seconds WhisperFeatureExtractor pads every clip to and cuts it at: the released preprocessor_config.json's
-    ``chunk_length`` (``n_samples`` 4800000, ``nb_max_frames`` 30000), not Whisper's class default of 30."""
 
-    image_mean: ClassVar[tuple[float, ...]] = CLIP_MEAN
-    image_std: ClassVar[tuple[float, ...]] = CLIP_STD
-    mrope: ClassVar[bool] = True
-    audio_in_video: ClassVar[bool] = True
-    audio_sample_rate: ClassVar[int] = 16000
-    forward_keys: ClassVar[tuple[str, ...]] = (
-        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-        "video_second_per_grid", "input_features", "feature_attention_mask",
-    )
-    overridable: ClassVar[tuple[str, ...]] = (
-        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "audio_chunk_length",
-        *ModelProfile.overridable
-    )
+@dataclass(frozen=True)
+class OmniVideo(QwenVideo):
+    """The shared Qwen video rule with the processor's ``video_second_per_grid`` (``temporal_patch_size / fps``,
+    fps the part's option, else ``default_fps``); verify sees a video with its sound as its frames' runs."""
 
-    def __post_init__(self) -> None:
-        if self.audio_chunk_length < 1:
-            raise ConfigError(f"profile {self.name!r}: 'audio_chunk_length' must be >= 1 s, got {self.audio_chunk_length}")
-        if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
-            raise ConfigError(f"profile {self.name!r}: need 1 <= 'min_pixels' <= 'max_pixels', "
-                              f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
+    default_fps: float = DEFAULT_FPS
 
-    # ------------------------------------------------------------------ counts
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """Qwen2VLImageProcessor's ``image_grid_thw``."""
-        h, w = smart_resize(height, width, factor=self.patch_size * self.merge_size,
-                            min_pixels=self.min_pixels, max_pixels=self.max_pixels)
-        return (1, h // self.patch_size, w // self.patch_size)
-
-    def num_tokens(self, width: int, height: int) -> int:
-        t, h, w = self.grid_thw(width, height)
-        return t * h * w // self.merge_size**2
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        m = self.merge_size
-        whole = (grids[:, 1] % m == 0) & (grids[:, 2] % m == 0)
-        return np.where(whole, grids[:, 0] * (grids[:, 1] // m) * (grids[:, 2] // m), -1)
-
-    def video_faults(self, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
-        p, m = self.patch_size, self.merge_size
-        return (
-            (grids[:, 0] * self.temporal_patch_size != num_frames) | (grids[:, 0] < 1)
-            | (grids[:, 1] * p != sizes[:, 0]) | (grids[:, 2] * p != sizes[:, 1])
-            | (grids[:, 1] % m != 0) | (grids[:, 2] % m != 0) | (grids[:, 1] < 1) | (grids[:, 2] < 1)
-        )
-
-    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        """``rope.mel_frames``: ceil(n / 160), at most 30000 (``audio_chunk_length`` 300 s); -1 for an empty
-        clip."""
-        n = np.asarray(num_samples, dtype=np.int64)
-        return np.where(n > 0, mel_frames(n, max_frames=self.audio_max_frames), -1)
-
-    @property
-    def audio_max_frames(self) -> int:
-        """The extractor's ``nb_max_frames``: ``audio_chunk_length`` seconds of 16 kHz in 160-sample hops."""
-        return self.audio_chunk_length * self.audio_sample_rate // 160
-
-    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        """``rope.audio_tokens_from_frames``; -1 where it gives no token (under 3 frames: the model's
-        get_rope_index cannot place an empty clip)."""
-        f = np.asarray(feature_lengths, dtype=np.int64)
-        n = audio_tokens_from_frames(f)
-        return np.where((f > 0) & (n > 0), n, -1)
-
-    def audio_run(self, audio: AudioRef, info: AudioInfo) -> MediaRun:
-        plan = self.audio_plan(info)
-        return MediaRun((), self._audio_tokens(plan, info), audio=plan)
-
-    def _audio_tokens(self, plan: AudioPlan, info: AudioInfo) -> int:
-        n = int(self.audio_num_tokens(np.array([plan.feature_length], dtype=np.int64))[0])
-        if n <= 0:
-            raise RecordError("bad_audio", f"{info.source}: {plan.num_samples} samples at 16 kHz ({plan.feature_length} "
-                              "mel frames) make no audio token; Qwen2.5-Omni needs at least 321 samples (20 ms)")
-        return n
-
-    # ------------------------------------------------------------------ video
-
-    def video_family(self) -> VideoFamily:
-        from packer.models.shared.qwen_video_plan import get_video_family
-
-        return get_video_family("qwen2.5-vl", min_pixels=self.video_min_pixels, max_pixels=self.video_max_pixels)
-
-    def plan_video(self, video: VideoRef) -> VideoPlan:
+    def plan(self, ref: VideoRef) -> VideoPlan:
         """qwen-omni-utils' frames and the processor's sizes (the shared Qwen rule), with the processor's
         ``video_second_per_grid`` (module docstring)."""
-        import packer.models.shared.qwen_video_plan as rules
-        from packer.media.video import probe, probe_frame_list
+        fps = float(dict(ref.options).get("fps") or self.default_fps)
+        return replace(super().plan(ref), second_per_grid_t=self.temporal_patch_size / fps)
 
-        options = dict(video.options)
-        request = rules.VideoRequest.from_part(options)
-        if video.frames:
-            plan = rules.plan_frame_list(probe_frame_list(video.frames), request, self.video_family())
-        else:
-            plan = rules.plan_video(probe(video.path), request, self.video_family())
-        fps = float(options.get("fps") or DEFAULT_FPS)
-        return replace(plan, second_per_grid_t=self.temporal_patch_size / fps)
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
+        return split_runs("video", ids, row_starts, lists, entries, token_id, merge=self.merge_size,
+                          frames_for_tokens=None)
 
-    def media_runs(self, media: Sequence[Media], node_parents: np.ndarray) -> list[MediaRun]:
-        """Images and clips alone; a video followed by its own sound track (``AudioRef.video``) becomes one run
-        ``<|audio_bos|>`` + frames and audio interleaved by 2 s chunk + ``<|audio_eos|>`` (the processor's
-        placeholder for ``<|VIDEO|>``), the track's entry inside it."""
-        clips = self.audio_plans(media, node_parents)
-        out: list[MediaRun] = []
-        plans: dict[VideoRef, VideoPlan] = {}
-        for i, m in enumerate(media):
-            ref = m.ref
-            if isinstance(ref, AudioRef):
-                if not ref.video:  # a sound track is laid out with the video before it
-                    out.append(MediaRun((), clips[i][1], audio=clips[i][0]))
-            elif isinstance(ref, VideoRef):
-                if ref not in plans:
-                    plans[ref] = self.plan_video(ref)
-                plan = plans[ref]
-                track = media[i + 1].ref if i + 1 < len(media) else None
-                if isinstance(track, AudioRef) and track.video:
-                    out += self.av_runs(plan, *clips[i + 1])
-                else:
-                    out.append(self.video_run(plan))
-            else:
-                out.append(self.image_run(*self.image_size(ref)))
-        return out
 
-    def audio_plans(self, media: Sequence[Media], node_parents: np.ndarray) -> dict[int, tuple[AudioPlan, int]]:
-        """(plan, tokens) of every clip of an example (a video's sound track too), by its index in ``media``:
-        each clip alone, from its header (``audio_run``)."""
-        runs = {i: self.audio_run(m.ref, self.audio_info(m.ref)) for i, m in enumerate(media)
-                if isinstance(m.ref, AudioRef)}
-        return {i: (run.audio, run.num_tokens) for i, run in runs.items()}
+@dataclass(frozen=True)
+class OmniAudio(WhisperAudio):
+    """Qwen2.5-Omni's audio: the shared Whisper rule (``rope.mel_frames``'s frames, ``rope.audio_tokens_from_frames``'s
+    tokens), at least one token a clip; each clip alone (``plan_example``), and a video's sound track may lie in
+    its video's run."""
 
-    def av_runs(self, plan: VideoPlan, audio: AudioPlan, n: int) -> list[MediaRun]:
-        """A video with its sound track of ``n`` tokens: the video's run (``<|audio_bos|>``, its frames and the
-        sound interleaved as ``av_kinds`` orders them, ``<|audio_eos|>``) and the track's entry inside it."""
-        kinds = self.av_kinds(tuple(plan.grid_thw), plan.second_per_grid_t, n)
-        names = np.where(kinds == 0, self.video_token, self.audio_token).tolist()
-        return [MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), tokens=(self.audio_start, *names, self.audio_end),
-                         lead=1, plan=plan),
-                MediaRun((), n, lead=1 + int(np.argmax(kinds == 1)), audio=audio, inside=True)]
+    in_video = True
+    min_tokens: int = 1
+    hint: str = "no audio token: Qwen2.5-Omni needs at least 321 samples (20 ms)"
+
+    def frames_for_tokens(self, tokens: int) -> int:
+        """Feature frames a clip of ``tokens`` tokens alone has (verify's spans of a sound cut by frames):
+        ``num_tokens(4 * c) == c``."""
+        return 4 * tokens
+
+    def plan_example(self, media: Sequence[Media], node_parents: np.ndarray) -> dict[int, MediaRun]:
+        """The run of every clip of an example (a video's sound track too), by its index in ``media``: each
+        clip alone, from its header."""
+        return {i: self.run(self.plan(m.ref)) for i, m in enumerate(media) if isinstance(m.ref, AudioRef)}
+
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
+        return split_runs("audio", ids, row_starts, lists, entries, token_id, merge=0,
+                          frames_for_tokens=self.frames_for_tokens)
+
+
+@dataclass(frozen=True)
+class OmniPositions(Positions):
+    """Time-aligned mRoPE (``rope.omni_position_ids``) over an example's media blocks: images, videos (with their
+    sound interleaved by 2 s chunk where they have it) and clips; per example (``extra``) and for verify
+    (``expected``, from the runs ``split_runs`` gives)."""
+
+    merge_size: int = 2
+    mrope = True
 
     def av_kinds(self, grid: tuple[int, int, int], second_per_grid: float, audio_tokens: int) -> np.ndarray:
         """The processor's order of a video's tokens (0) and its sound's (1) between the bos and eos pairs:
         Qwen2.5-Omni's 2 s chunks (``rope.interleave``, which refuses a video the model would chunk otherwise)."""
         return interleave(grid, second_per_grid, audio_tokens, merge=self.merge_size).kinds
 
-    def frames_for_tokens(self, tokens: int) -> int:
-        """Feature frames a clip of ``tokens`` tokens alone has (verify's spans of a sound cut by frames):
-        ``audio_num_tokens(4 * c) == c``."""
-        return 4 * tokens
-
     def block_positions(self, length: int, node_offsets: np.ndarray, node_parents: np.ndarray,
                         blocks: list[Block]) -> np.ndarray:
         """(3, length) positions of a tree from its media blocks (``rope.omni_position_ids``)."""
         return omni_position_ids(np.zeros(length, np.int32), node_offsets, node_parents, blocks, merge=self.merge_size)
 
-    # ------------------------------------------------------------------ positions
-
-    def extra_positions(
-        self,
-        ids: np.ndarray,
-        positions: np.ndarray,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        grids: list[tuple[int, int, int]],
-        *,
-        token_ids: dict[str, int | None],
-        videos: Sequence[EncodedVideo] = (),
-        audios: Sequence[EncodedAudio] = (),
-    ) -> np.ndarray:
-        """(3, L) int32 (float32 for a ``fractional_positions`` family): ``block_positions`` over the example's
-        images, videos (with their sound where they have it) and clips, each root-to-leaf path as get_rope_index
-        gives it alone."""
-        if not grids and not videos:  # text and audio alone: get_rope_index's 1-D branch
-            dtype = np.float32 if self.fractional_positions else np.int32
-            row = np.ascontiguousarray(positions, dtype=dtype)
-            out = np.ndarray((3, row.shape[0]), dtype, row, 0, (0, row.itemsize))
-            out.flags.writeable = False
-            return out
+    def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray,
+              images: Sequence[tuple[int, int, int]], *, token_ids: Mapping[str, int | None],
+              videos: Sequence[EncodedVideo] = (), audios: Sequence[EncodedAudio] = ()) -> np.ndarray:
+        """(3, L) int32 (float32 where ``fractional``): ``block_positions`` over the example's images, videos (with
+        their sound where they have it) and clips, each root-to-leaf path as get_rope_index gives it alone."""
+        if not images and not videos:  # text and audio alone: get_rope_index's 1-D branch
+            return flat_mrope(positions, np.float32 if self.fractional else np.int32)
         return self.block_positions(len(ids), node_offsets, node_parents,
-                                    self.blocks(ids, grids, videos, audios, token_ids))
+                                    self.blocks(ids, images, videos, audios, token_ids))
 
     def blocks(
         self,
@@ -261,7 +141,7 @@ class QwenOmniProfile(ModelProfile):
         grids: Sequence[tuple[int, int, int]],
         videos: Sequence[EncodedVideo],
         audios: Sequence[EncodedAudio],
-        token_ids: dict[str, int | None],
+        token_ids: Mapping[str, int | None],
     ) -> list[Block]:
         """The example's media spans in token order, checked against its ids (RecordError
         "image_count_mismatch" where a run is not what its entry says)."""
@@ -304,72 +184,12 @@ class QwenOmniProfile(ModelProfile):
         out.sort(key=lambda b: b.start)
         return out
 
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """A video with its sound as the runs verify can check: its frames' runs (whole frames, (k, h, w) each)
-        and its sound's runs (``feature_length`` 4 * tokens, which the count rule maps back to the run's tokens),
-        the runs of its tokens from its offset until its tokens are all found. ``expected_extra_positions`` then
-        rebuilds the video from its adjacent runs and checks their order against the processor's layout. An entry
-        whose runs do not add up gets offset -1 (a bad span)."""
-        if what not in ("video", "audio") or not len(fields["offset"]) or token_id is None:
-            return lists, fields, True
-        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
-        run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        rows = len(lists) - 1
-        row_of = np.repeat(np.arange(rows), np.diff(lists))
-        out: dict[str, list] = {k: [] for k in fields}
-        per_row = np.zeros(rows, dtype=np.int64)
-        for i in range(len(fields["offset"])):
-            entry = {k: v[i] for k, v in fields.items()}
-            base, n = int(row_starts[row_of[i]]), int(entry["num_tokens"])
-            at = int(np.searchsorted(run_starts, base + int(entry["offset"])))
-            runs: list[tuple[int, int]] = []
-            if at < len(run_starts) and run_starts[at] == base + int(entry["offset"]):
-                found = 0
-                while at < len(run_starts) and found < n:
-                    size = min(int(run_ends[at] - run_starts[at]), n - found)
-                    runs.append((int(run_starts[at]) - base, size))
-                    found += size
-                    at += 1
-                if found < n:
-                    runs = []
-            if not runs:
-                runs = [(-1, n)]
-            if what == "video" and len(runs) > 1:
-                per = (int(entry["grid_h"]) // self.merge_size) * (int(entry["grid_w"]) // self.merge_size)
-            for off, size in runs:
-                span = {**entry, "offset": off, "num_tokens": size}
-                if len(runs) > 1 and what == "video":
-                    span["grid_t"] = size // per if size % per == 0 else 0  # a split frame: a bad grid
-                elif len(runs) > 1:
-                    span["feature_length"] = self.frames_for_tokens(size)  # a sound's chunk, as a clip alone
-                for key, value in span.items():
-                    out[key].append(value)
-            per_row[row_of[i]] += len(runs)
-        spans = {k: np.asarray(v, dtype=fields[k].dtype) for k, v in out.items()}
-        return np.concatenate([[0], np.cumsum(per_row)]), spans, True
-
-    def expected_extra_positions(
-        self,
-        length: int,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        image_offsets: np.ndarray,
-        image_grids: np.ndarray,
-        *,
-        video_offsets: np.ndarray | None = None,
-        video_grids: np.ndarray | None = None,
-        video_seconds: np.ndarray | None = None,
-        audio_offsets: np.ndarray | None = None,
-        audio_feature_lengths: np.ndarray | None = None,
-        audio_num_tokens: np.ndarray | None = None,
-        audio_in_video: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """``omni_position_ids`` of a forest (verify's check) from the spans ``verify_spans`` gives: each root
+    def expected(self, length: int, node_offsets: np.ndarray, node_parents: np.ndarray, *, images: Entries,
+                 videos: Entries, audios: Entries) -> np.ndarray:
+        """``omni_position_ids`` of a forest (verify's check) from the runs ``split_runs`` gives: each root
         starts at 0. A clip alone is a block of its own (consecutive positions, but Qwen3-Omni's float32 sums
         round per block); a video with its sound is the adjacent spans of its frames' and its sound's chunks."""
+        image_offsets, image_grids = images["offset"], images["grid"]
         m = self.merge_size
         blocks = []
         for off, g in zip(np.asarray(image_offsets).tolist(), np.asarray(image_grids).reshape(-1, 3).tolist(),
@@ -377,13 +197,13 @@ class QwenOmniProfile(ModelProfile):
             blocks.append(Block(off, off + g[0] * (g[1] // m) * (g[2] // m), "image", tuple(g)))
         # verify's spans: a video with its sound comes as adjacent spans (its frames' chunks, its sound's chunks)
         spans = []  # (start, end, kind, grid, seconds)
-        if video_offsets is not None:
-            for off, g, sec in zip(np.asarray(video_offsets).tolist(), np.asarray(video_grids).reshape(-1, 3).tolist(),
-                                   np.asarray(video_seconds).tolist(), strict=True):
+        if len(videos["offset"]):
+            for off, g, sec in zip(np.asarray(videos["offset"]).tolist(), np.asarray(videos["grid"]).reshape(-1, 3).tolist(),
+                                   np.asarray(videos["second_per_grid_t"]).tolist(), strict=True):
                 spans.append((off, off + g[0] * (g[1] // m) * (g[2] // m), "video", tuple(g), sec))
-        if audio_offsets is not None and audio_in_video is not None:
-            for off, n, v in zip(np.asarray(audio_offsets).tolist(), np.asarray(audio_num_tokens).tolist(),
-                                 np.asarray(audio_in_video).tolist(), strict=True):
+        if len(audios["offset"]):
+            for off, n, v in zip(np.asarray(audios["offset"]).tolist(), np.asarray(audios["num_tokens"]).tolist(),
+                                 np.asarray(audios["video"]).tolist(), strict=True):
                 if v:
                     spans.append((off, off + n, "sound", None, 0.0))
                 else:  # a clip alone: a block of its own, as get_rope_index walks it (float32 rounds per block)
@@ -413,7 +233,153 @@ class QwenOmniProfile(ModelProfile):
         blocks.sort(key=lambda b: b.start)
         return self.block_positions(length, node_offsets, node_parents, blocks)
 
-    # ------------------------------------------------------------------ reader, proof
+
+
+def split_runs(what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+               token_id: int | None, *, merge: int, frames_for_tokens: Callable[[int], int] | None) -> Spans:
+    """A video with its sound as the runs verify can check: its frames' runs (whole frames, (k, h, w) each)
+    and its sound's runs (``feature_length`` ``frames_for_tokens``, which the count rule maps back to the run's
+    tokens), the runs of its tokens from its offset until its tokens are all found. ``OmniPositions.expected``
+    then rebuilds the video from its adjacent runs and checks their order against the processor's layout. An
+    entry whose runs do not add up gets offset -1 (a bad span)."""
+    fields = entries
+    if not len(fields["offset"]) or token_id is None:
+        return lists, fields, True
+    edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
+    run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    rows = len(lists) - 1
+    row_of = np.repeat(np.arange(rows), np.diff(lists))
+    out: dict[str, list] = {k: [] for k in fields}
+    per_row = np.zeros(rows, dtype=np.int64)
+    for i in range(len(fields["offset"])):
+        entry = {k: v[i] for k, v in fields.items()}
+        base, n = int(row_starts[row_of[i]]), int(entry["num_tokens"])
+        at = int(np.searchsorted(run_starts, base + int(entry["offset"])))
+        runs: list[tuple[int, int]] = []
+        if at < len(run_starts) and run_starts[at] == base + int(entry["offset"]):
+            found = 0
+            while at < len(run_starts) and found < n:
+                size = min(int(run_ends[at] - run_starts[at]), n - found)
+                runs.append((int(run_starts[at]) - base, size))
+                found += size
+                at += 1
+            if found < n:
+                runs = []
+        if not runs:
+            runs = [(-1, n)]
+        if what == "video" and len(runs) > 1:
+            per = (int(entry["grid_h"]) // merge) * (int(entry["grid_w"]) // merge)
+        for off, size in runs:
+            span = {**entry, "offset": off, "num_tokens": size}
+            if len(runs) > 1 and what == "video":
+                span["grid_t"] = size // per if size % per == 0 else 0  # a split frame: a bad grid
+            elif len(runs) > 1:
+                span["feature_length"] = frames_for_tokens(size)  # a sound's chunk, as a clip alone
+            for key, value in span.items():
+                out[key].append(value)
+        per_row[row_of[i]] += len(runs)
+    spans = {k: np.asarray(v, dtype=fields[k].dtype) for k, v in out.items()}
+    return np.concatenate([[0], np.cumsum(per_row)]), spans, True
+
+
+# ---------------------------------------------------------------------------------------------------- the profile
+
+
+@dataclass(frozen=True, kw_only=True)
+class QwenOmniProfile(ModelProfile):
+    """Qwen2.5-Omni (thinker): images, videos (with or without their sound) and audio clips."""
+
+    image_token: str | None = "<|IMAGE|>"
+    video_token: str | None = "<|VIDEO|>"
+    audio_token: str | None = "<|AUDIO|>"
+    vision_start: str | None = "<|vision_bos|>"
+    vision_end: str | None = "<|vision_eos|>"
+    """With ``vision_start``: the tokens around an image\'s run (its image rule\'s ``start`` / ``end``)."""
+    audio_start: str = "<|audio_bos|>"
+    audio_end: str = "<|audio_eos|>"
+    default_tokenizer: str | None = "qwen2.5-omni"
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 3136
+    """The released checkpoint's preprocessor_config.json (Qwen/Qwen2.5-Omni-7B)."""
+    max_pixels: int = 12845056
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+    audio_chunk_length: int = 300
+    """Seconds WhisperFeatureExtractor pads every clip to and cuts it at: the released preprocessor_config.json's
+    ``chunk_length`` (``n_samples`` 4800000, ``nb_max_frames`` 30000), not Whisper's class default of 30."""
+
+    image_mean: ClassVar[tuple[float, ...]] = CLIP_MEAN
+    image_std: ClassVar[tuple[float, ...]] = CLIP_STD
+    forward_keys: ClassVar[tuple[str, ...]] = (
+        "input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+        "video_second_per_grid", "input_features", "feature_attention_mask",
+    )
+    overridable: ClassVar[tuple[str, ...]] = (
+        "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "audio_chunk_length",
+        *ModelProfile.overridable
+    )
+
+    def __post_init__(self) -> None:
+        if self.audio_chunk_length < 1:
+            raise ConfigError(f"profile {self.name!r}: 'audio_chunk_length' must be >= 1 s, got {self.audio_chunk_length}")
+        if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
+            raise ConfigError(f"profile {self.name!r}: need 1 <= 'min_pixels' <= 'max_pixels', "
+                              f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
+
+    @cached_property
+    def image(self) -> QwenImage:
+        return QwenImage(patch_size=self.patch_size, merge_size=self.merge_size, min_pixels=self.min_pixels,
+                         max_pixels=self.max_pixels, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images)
+
+    @cached_property
+    def video(self) -> OmniVideo:
+        return OmniVideo("qwen2.5-vl", self.video_min_pixels, self.video_max_pixels, patch_size=self.patch_size,
+                         merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size)
+
+    @cached_property
+    def audio(self) -> OmniAudio:
+        return OmniAudio(chunk_length=self.audio_chunk_length)
+
+    @cached_property
+    def positions(self) -> OmniPositions:
+        return OmniPositions(merge_size=self.merge_size)
+
+    def media_runs(self, media: Sequence[Media], node_parents: np.ndarray) -> list[MediaRun]:
+        """Images and clips alone; a video followed by its own sound track (``AudioRef.video``) becomes one run
+        ``<|audio_bos|>`` + frames and audio interleaved by 2 s chunk + ``<|audio_eos|>`` (the processor's
+        placeholder for ``<|VIDEO|>``), the track's entry inside it: the one hook where two media meet."""
+        clips = self.audio.plan_example(media, node_parents)
+        out: list[MediaRun] = []
+        plans: dict[VideoRef, VideoPlan] = {}
+        for i, m in enumerate(media):
+            ref = m.ref
+            if isinstance(ref, AudioRef):
+                if not ref.video:  # a sound track is laid out with the video before it
+                    out.append(clips[i])
+            elif isinstance(ref, VideoRef):
+                if ref not in plans:
+                    plans[ref] = self.video.plan(ref)
+                plan = plans[ref]
+                track = media[i + 1].ref if i + 1 < len(media) else None
+                if isinstance(track, AudioRef) and track.video:
+                    out += self._av_runs(plan, clips[i + 1])
+                else:
+                    out.append(self.video.run(plan))
+            else:
+                out.append(self.image.run(self.image.plan(ref)))
+        return out
+
+    def _av_runs(self, plan: VideoPlan, track: MediaRun) -> list[MediaRun]:
+        """A video with its sound track: the video's run (``<|audio_bos|>``, its frames and the sound interleaved
+        as ``av_kinds`` orders them, ``<|audio_eos|>``) and the track's entry inside it."""
+        n = track.num_tokens
+        kinds = self.positions.av_kinds(tuple(plan.grid_thw), plan.second_per_grid_t, n)
+        names = np.where(kinds == 0, self.video_token, self.audio_token).tolist()
+        return [MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), tokens=(self.audio_start, *names, self.audio_end),
+                         lead=1, plan=plan),
+                MediaRun((), n, lead=1 + int(np.argmax(kinds == 1)), audio=track.audio, inside=True)]
 
     def reader(self) -> Reader:
         from packer.models.qwen_omni.reader import QwenOmniReader
@@ -424,4 +390,3 @@ class QwenOmniProfile(ModelProfile):
         from packer.models.qwen_omni.proof import QwenOmniProof
 
         return QwenOmniProof(self)
-

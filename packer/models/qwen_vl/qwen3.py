@@ -14,7 +14,7 @@ What changes from Qwen2-VL (transformers 5.23.0), and what does not:
 - Positions: ``Qwen3VLModel.get_rope_index`` gives images exactly Qwen2-VL's ids (a maximal run of image
   tokens, (t, h, w) over the merged grid from the current position, then max(h, w) // 2 on); the
   *interleaving* is in the rotary embedding (``Qwen3VLTextRotaryEmbedding.recomposition_frequencies`` assigns
-  frequencies t, h, w, t, h, w, ...), which reads the same three rows. So ``extra_positions`` is Qwen2-VL's;
+  frequencies t, h, w, t, h, w, ...), which reads the same three rows. So the positions rule is Qwen2-VL's;
   tests/models/test_qwen3_vl.py checks it against the real ``get_rope_index`` on every root-to-leaf path.
 - DeepStack adds vision features to the first decoder layers' hidden states at the vision tokens: per token,
   so a packed row needs nothing more (tests/train check packed == unpacked on the real model).
@@ -26,20 +26,55 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.core.types import EncodedVideo
-from packer.models.base import MediaRun
 from packer.models.qwen_vl.profile import QwenVLProfile
-from packer.models.shared.mrope import mrope_position_ids
+from packer.models.rules import Entries, MediaRun, Spans, frame_spans
+from packer.models.shared.mrope import MRoPE
+from packer.models.shared.qwen_rules import QwenVideo
 from packer.models.shared.qwen_video_pixels import HALF_MEAN, HALF_STD
+from packer.models.shared.qwen_video_plan import qwen3_video_text
 
 if TYPE_CHECKING:
     from packer.media.video import VideoPlan
     from packer.models.proof import Proof
     from packer.models.reader import Reader
+
+
+@dataclass(frozen=True)
+class Qwen3Video(QwenVideo):
+    """Qwen3-VL's videos: a run of text, each temporal patch its own timestamped block."""
+
+    token: str = "<|video_pad|>"
+    start: str = "<|vision_start|>"
+    end: str = "<|vision_end|>"
+
+    def run(self, plan: VideoPlan) -> MediaRun:
+        """``<{t:.1f} seconds><|vision_start|>`` + pad * (h*w/4) + ``<|vision_end|>`` per temporal patch: what
+        transformers 5.23.0's ``Qwen3VLProcessor.replace_video_token`` substitutes for the ``<|video_pad|>``
+        (processing_qwen3_vl.py:75-103), t the mean time of the patch's first and last frame."""
+        text = qwen3_video_text(plan, video_token=self.token, vision_start=self.start, vision_end=self.end)
+        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, plan=plan)
+
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
+        """A video as spans of its temporal patches (``rules.frame_spans``): its timestamps and start/end tokens
+        lie between their runs."""
+        return frame_spans(ids, row_starts, lists, entries, token_id)
+
+
+@dataclass(frozen=True)
+class Qwen3MRoPE(MRoPE):
+    """Qwen2-VL's rule, each temporal patch of a video a (1, h, w) run of its own: ``get_rope_index`` splits
+    ``video_grid_thw`` by frames (``repeat_interleave``, t = 1) and the timestamps between them are text."""
+
+    def video_spans(self, videos: Sequence[EncodedVideo]) -> tuple[list[tuple[int, int, int]], list[float]]:
+        frames = [(1, h, w) for v in videos for _ in range(v.grid_thw[0]) for h, w in [v.grid_thw[1:]]]
+        return frames, [1.0] * len(frames)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,64 +95,16 @@ class Qwen3VLProfile(QwenVLProfile):
     """The processor's normalization mean (images and videos alike)."""
     image_std: ClassVar[tuple[float, ...]] = HALF_STD
 
-    def video_run(self, plan: VideoPlan) -> MediaRun:
-        """``<{t:.1f} seconds><|vision_start|>`` + pad * (h*w/4) + ``<|vision_end|>`` per temporal patch: what
-        transformers 5.23.0's ``Qwen3VLProcessor.replace_video_token`` substitutes for the ``<|video_pad|>``
-        (processing_qwen3_vl.py:75-103), t the mean time of the patch's first and last frame."""
-        from packer.models.shared.qwen_video_plan import qwen3_video_text
+    @cached_property
+    def video(self) -> Qwen3Video:
+        return Qwen3Video(self.video_rule or self.name, self.video_min_pixels, self.video_max_pixels,
+                          patch_size=self.patch_size, merge_size=self.merge_size,
+                          temporal_patch_size=self.temporal_patch_size, token=self.video_token,
+                          start=self.vision_start, end=self.vision_end)
 
-        text = qwen3_video_text(plan, video_token=self.video_token, vision_start=self.vision_start,
-                                vision_end=self.vision_end)
-        return MediaRun(tuple(plan.grid_thw), int(plan.num_tokens), text=text, plan=plan)
-
-    def extra_positions(
-        self,
-        ids: np.ndarray,
-        positions: np.ndarray,
-        node_offsets: np.ndarray,
-        node_parents: np.ndarray,
-        grids: list[tuple[int, int, int]],
-        *,
-        token_ids: dict[str, int | None],
-        videos: Sequence[EncodedVideo] = (),
-    ) -> np.ndarray:
-        """Qwen2-VL's rule, each temporal patch of a video a (1, h, w) run of its own: ``get_rope_index`` splits
-        ``video_grid_thw`` by frames (``repeat_interleave``, t = 1) and the timestamps between them are text."""
-        if not videos:
-            return super().extra_positions(ids, positions, node_offsets, node_parents, grids, token_ids=token_ids)
-        frames = [(1, h, w) for v in videos for _ in range(v.grid_thw[0]) for h, w in [v.grid_thw[1:]]]
-        return mrope_position_ids(
-            ids, node_offsets, node_parents, grids, image_token_id=token_ids["image_token"],
-            spatial_merge_size=self.merge_size, video_token_id=token_ids["video_token"], video_grids=frames,
-            video_intervals=[1.0] * len(frames),
-        )
-
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """A video as spans of its temporal patches: each patch a (1, h, w) span over the k-th run of video
-        tokens from its video's offset (its timestamp and start/end tokens lie between the runs). A video whose
-        runs are missing gets offset -1 (a bad span)."""
-        if what != "video" or not len(fields["offset"]):
-            return lists, fields, True
-        rows = len(lists) - 1
-        row_of_vid = np.repeat(np.arange(rows), np.diff(lists))
-        t = fields["grid_t"]
-        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
-        runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
-        first = np.searchsorted(runs, row_starts[row_of_vid] + fields["offset"])  # (V,) each video's first run
-        video_of = np.repeat(np.arange(len(t)), np.maximum(t, 0))  # (F,) the video of each patch
-        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, np.maximum(t, 0))
-        found = run < len(runs)
-        flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
-        offset = np.where(found, flat - row_starts[row_of_vid[video_of]], -1)
-        grid_h, grid_w = fields["grid_h"][video_of], fields["grid_w"][video_of]
-        patches = {"offset": offset, "grid_t": np.ones_like(grid_h), "grid_h": grid_h, "grid_w": grid_w,
-                   "num_tokens": fields["num_tokens"][video_of] // np.maximum(t[video_of], 1),
-                   "second_per_grid_t": fields["second_per_grid_t"][video_of]}
-        per_row = np.bincount(row_of_vid, weights=t, minlength=rows).astype(np.int64)
-        return np.concatenate([[0], np.cumsum(per_row)]), patches, True
+    @cached_property
+    def positions(self) -> Qwen3MRoPE:
+        return Qwen3MRoPE(merge_size=self.merge_size, tokens_per_second=self.tokens_per_second)
 
     def reader(self) -> Reader:
         from packer.models.qwen_vl.reader import Qwen3VLReader

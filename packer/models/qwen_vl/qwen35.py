@@ -19,7 +19,7 @@ What is the same, and what is not (checked in transformers 5.23.0's source):
   ``Qwen3_5VisionModel`` deletes the DeepStack mergers): same patch 16, spatial merge 2, temporal patch 2, so
   the same tokens per image; the features enter the language model at the placeholders only.
 - Positions: ``Qwen3_5Model.get_rope_index`` and ``get_vision_position_ids`` are Qwen3-VL's line for line
-  (videos split per temporal patch, t = 1, the timestamps text between), so ``extra_positions`` is Qwen3-VL's;
+  (videos split per temporal patch, t = 1, the timestamps text between), so the positions rule is Qwen3-VL's;
   ``Qwen3_5TextModel`` takes the same 4-row ``[text; t; h; w]`` position ids and rotates a quarter of each
   head (``partial_rotary_factor``) with interleaved sections: the model's business, not the rows'.
 - Token ids: Qwen3.5's config names its own (image 248056, video 248057, vision start / end 248053 / 248054,

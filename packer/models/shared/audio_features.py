@@ -18,10 +18,15 @@ numbers). Frames that cover padding only are all zero, so their value is known w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
+
+from packer.core.types import AudioRef
+from packer.errors import RecordError
+from packer.models.rules import AudioPlan, AudioRule, audio_info
 
 
 class LogMel(NamedTuple):
@@ -204,3 +209,51 @@ def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
     log_region = mels >= 15.0
     freq[log_region] = 1000.0 * np.exp(np.log(6.4) / 27.0 * (mels[log_region] - 15.0))
     return freq
+
+
+@dataclass(frozen=True)
+class WhisperAudio(AudioRule):
+    """A Whisper-fronted encoder's audio rule (Qwen2-Audio, Qwen2.5-Omni): the extractor's frames of a clip padded
+    to and cut at ``chunk_length`` s (``feature_frames``: ceil(n / 160), at most 3000 for 30 s), then the encoder's conv2 and avg pool,
+    ``(((L - 1) // 2 + 1) - 2) // 2 + 1`` tokens; a clip of fewer than ``min_tokens`` is refused with ``hint``.
+
+        WhisperAudio(min_tokens=2)   5 s at 16 kHz -> 80000 samples -> 500 frames -> 125 tokens
+    """
+
+    min_tokens: int = 1
+    """Fewer tokens and the clip is refused (bad_audio)."""
+    hint: str = ""
+    """What the refusal adds: why the model needs ``min_tokens``, and the shortest clip that has them."""
+    chunk_length: int = 30
+    """Seconds the extractor pads every clip to and cuts it at: the released preprocessor_config.json's
+    ``chunk_length`` (Qwen2-Audio 30, Qwen2.5-Omni 300)."""
+
+    def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
+        """-1 for an empty clip, or one stored as padded (the extractor pads every clip to ``chunk_length`` s
+        alone)."""
+        n = np.asarray(num_samples, dtype=np.int64).reshape(-1)
+        frames = np.array(feature_frames([max(int(x), 0) for x in n.tolist()], padding="max_length",
+                                         chunk_length=self.chunk_length, sampling_rate=self.sample_rate),
+                          dtype=np.int64)
+        return np.where((n > 0) & (np.asarray(padded_samples).reshape(-1) < 0), frames, -1)
+
+    def num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        """The processor's count; -1 where it gives fewer than ``min_tokens``."""
+        f = np.asarray(feature_lengths, dtype=np.int64)
+        n = whisper_tokens(f)
+        return np.where((f > 0) & (n >= self.min_tokens), n, -1)
+
+    def plan(self, ref: AudioRef) -> AudioPlan:
+        plan = super().plan(ref)
+        n = int(whisper_tokens(np.array([plan.feature_length]))[0])
+        if n < self.min_tokens:
+            raise RecordError("bad_audio", f"{audio_info(ref).source}: {plan.num_samples} samples at "
+                              f"{self.sample_rate // 1000} kHz ({plan.feature_length} mel frames) make {n} audio "
+                              f"token(s); {self.hint}")
+        return plan
+
+
+def whisper_tokens(frames: np.ndarray) -> np.ndarray:
+    """``Qwen2AudioProcessor``'s ``(((L - 1) // 2 + 1) - 2) // 2 + 1`` (the encoder's conv2, then its avg pool)."""
+    f = np.asarray(frames, dtype=np.int64)
+    return ((f - 1) // 2 + 1 - 2) // 2 + 1

@@ -9,13 +9,16 @@ temporal intervals, Qwen3-VL with its per-frame runs).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from packer.core.tree import check_layout, node_lengths, node_start_positions
+from packer.core.types import EncodedAudio, EncodedVideo
 from packer.errors import RecordError
+from packer.models.rules import Entries, Positions, flat_mrope
 
 
 def _runs(ids: np.ndarray, token_id: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -223,3 +226,54 @@ def expected_mrope(
     out[1, tok] = origin + (k // lw[img_tok]) % lh[img_tok]
     out[2, tok] = origin + k % lw[img_tok]
     return out
+
+
+@dataclass(frozen=True)
+class MRoPE(Positions):
+    """Qwen2-VL's ``get_rope_index`` as a positions rule: per example (``extra``: ``mrope_position_ids`` along each
+    path) and vectorised for verify (``expected``: ``expected_mrope``), images and videos one list of vision spans.
+
+    A video's temporal step is ``interval``: float32 ``tokens_per_second * second_per_grid_t`` (Qwen2.5-VL), 1
+    where ``tokens_per_second`` is None (Qwen2-VL); an image's is 1 (its t index is always 0)."""
+
+    merge_size: int = 2
+    tokens_per_second: int | None = None
+    mrope = True
+
+    def interval(self, second_per_grid_t: float) -> np.float32:
+        if self.tokens_per_second is None:
+            return np.float32(1.0)
+        return np.float32(np.float32(self.tokens_per_second) * np.float32(second_per_grid_t))
+
+    def video_spans(self, videos: Sequence[EncodedVideo]) -> tuple[list[tuple[int, int, int]], list[float]]:
+        """The vision spans of an example's videos and their temporal steps: one per video here; Qwen3-VL's one
+        per temporal patch."""
+        return [v.grid_thw for v in videos], [self.interval(v.second_per_grid_t) for v in videos]
+
+    def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray,
+              images: Sequence[tuple[int, int, int]], *, token_ids: Mapping[str, int | None],
+              videos: Sequence[EncodedVideo] = (), audios: Sequence[EncodedAudio] = ()) -> np.ndarray:
+        if not images and not videos:  # get_rope_index on text alone: three rows equal to the 1-D positions
+            return flat_mrope(positions)
+        grids, intervals = self.video_spans(videos)
+        return mrope_position_ids(
+            ids, node_offsets, node_parents, list(images), image_token_id=token_ids["image_token"],
+            spatial_merge_size=self.merge_size, video_token_id=token_ids.get("video_token"), video_grids=grids,
+            video_intervals=intervals,
+        )
+
+    def expected(self, length: int, node_offsets: np.ndarray, node_parents: np.ndarray, *, images: Entries,
+                 videos: Entries, audios: Entries) -> np.ndarray:
+        offsets = np.asarray(images["offset"], dtype=np.int64)
+        grids = np.asarray(images["grid"], dtype=np.int64).reshape(-1, 3)
+        intervals = np.ones(len(offsets), dtype=np.float32)
+        if len(videos["offset"]):
+            seconds = np.asarray(videos["second_per_grid_t"], dtype=np.float64)
+            offsets = np.concatenate([offsets, np.asarray(videos["offset"], dtype=np.int64)])
+            grids = np.concatenate([grids, np.asarray(videos["grid"], dtype=np.int64).reshape(-1, 3)])
+            intervals = np.concatenate([intervals, np.array([self.interval(x) for x in seconds.tolist()],
+                                                            dtype=np.float32)])
+            order = np.argsort(offsets, kind="stable")
+            offsets, grids, intervals = offsets[order], grids[order], intervals[order]
+        return expected_mrope(length, node_offsets, node_parents, offsets, grids, spatial_merge_size=self.merge_size,
+                              temporal_intervals=intervals)

@@ -143,7 +143,7 @@ def planned_video_pixels(videos: Sequence[dict[str, Any]], profile: Any) -> tupl
     for v in videos:
         utils_size = (v["utils_height"], v["utils_width"])
         pixel_values, grid = video_pixel_values(
-            sampled_frames(v, utils_size, profile.video_family()), resized_height=v["height"], resized_width=v["width"],
+            sampled_frames(v, utils_size, profile.video.family()), resized_height=v["height"], resized_width=v["width"],
             patch_size=profile.patch_size, image_mean=profile.image_mean, image_std=profile.image_std,
             temporal_patch_size=profile.temporal_patch_size, merge_size=profile.merge_size, utils_size=utils_size,
         )

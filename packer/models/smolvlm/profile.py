@@ -17,7 +17,7 @@ Stored per image (docs/models/smolvlm.md, "In the shards"): grid (t, h, w) = (1,
 image_seq_len, or image_seq_len unsplit (``grid_num_tokens``): the tokens the model replaces with image
 features. ``offset`` is the run's first token (its first ``<fake_token_around_image>``); the run is longer than
 ``num_tokens`` by its ``<fake_token_around_image>``, ``<row_i_col_j>``, ``<global-img>`` and newline tokens.
-verify checks each tile's ``<image>`` run (``verify_spans``).
+verify checks each tile's ``<image>`` run (the image rule's ``spans``).
 
 Counts from the header alone (width, height): the resize and split arithmetic of transformers 5.23.0's
 ``SmolVLMImageProcessorPil`` (``tile_grid``), exact on every COCO-mini image and odd sizes
@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.errors import ConfigError, RecordError
-from packer.models.base import MediaRun, ModelProfile
+from packer.models.base import ModelProfile
+from packer.models.rules import Entries, ImageRule, MediaRun, Spans
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
@@ -48,6 +49,118 @@ MAX_IMAGE_SIZE = 4096
 """``image_processing_pil_smolvlm.MAX_IMAGE_SIZE``: no side is resized beyond it."""
 MAX_SIDE_TILES = 6
 """SmolVLM's tokenizers have ``<row_i_col_j>`` for i, j in 1..6: no split may have more rows or columns."""
+
+
+@dataclass(frozen=True)
+class SmolVLMImage(ImageRule):
+    """SmolVLM's image processor: resized so its longest edge is ``longest_edge``, split into ``tile_px`` tiles
+    (``tile_grid``) plus the global view, ``image_seq_len`` ``<image>`` tokens each, written as the processor's
+    ``prompt_string`` (tokenized alone)."""
+
+    token: str = "<image>"
+    tile_px: int = 384
+    longest_edge: int = 1536
+    patch_size: int = 14
+    scale_factor: int = 3
+    do_image_splitting: bool = True
+
+    @property
+    def image_seq_len(self) -> int:
+        """``<image>`` tokens per tile: ((tile_px // patch_size) / scale_factor)**2, SmolVLMProcessor's
+        ``image_seq_len`` as SmolVLMModel computes it from its config (384 // 14 = 27 patches a side, 81 tokens
+        for SmolVLM2-2.2B; the vision tower's stride-14 convolution leaves the last 6 px out)."""
+        return (self.tile_px // self.patch_size // self.scale_factor) ** 2
+
+    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of the split, (0, 0) when not split (``tile_grid`` of the module)."""
+        return tile_grid(width, height, tile_px=self.tile_px, longest_edge=self.longest_edge,
+                         do_image_splitting=self.do_image_splitting)
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """(1, rows, cols) of the split; (1, 0, 0) for an image that is not split."""
+        return (1, *self.tile_grid(width, height))
+
+    def num_tokens(self, width: int, height: int) -> int:
+        """The image's ``<image>`` tokens: image_seq_len per tile, the global view included."""
+        rows, cols = self.tile_grid(width, height)
+        return (rows * cols + 1) * self.image_seq_len
+
+    def run(self, size: tuple[int, int]) -> MediaRun:
+        """SmolVLMProcessor's text for the image (``prompt_string``), tokenized alone; the entry starts at its first
+        token and counts its ``<image>`` tokens."""
+        rows, cols = self.tile_grid(*size)
+        return MediaRun((1, rows, cols), (rows * cols + 1) * self.image_seq_len,
+                        text=prompt_string(rows, cols, self.image_seq_len, image_token=self.token))
+
+    def units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
+        """("tiles", rows * cols + the global view, or 1 unsplit): the vision tower's inputs per image."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        return "tiles", grids[:, 1] * grids[:, 2] + 1
+
+    @property
+    def side_tiles(self) -> int:
+        """Tiles along a split image's longest side: its longest edge is resized to ``longest_edge`` (at most
+        4096), then rounded up to whole tiles."""
+        return -(-min(self.longest_edge, MAX_IMAGE_SIZE) // self.tile_px)
+
+    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
+        """``<image>`` tokens of stored grids: (1, 0, 0) -> image_seq_len (an unsplit image, and one tile in
+        ``spans``); (1, rows, cols) -> (rows * cols + 1) * image_seq_len when splitting is on and the
+        grid is one the resize can give (the longest side ``side_tiles`` tiles, the other 1..that many); else -1."""
+        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+        t, r, c = grids[:, 0], grids[:, 1], grids[:, 2]
+        k = self.side_tiles
+        single = (t == 1) & (r == 0) & (c == 0)
+        split = (t == 1) & (r >= 1) & (c >= 1) & (np.maximum(r, c) == k) & (self.do_image_splitting and k > 1)
+        return np.where(single, self.image_seq_len, np.where(split, (r * c + 1) * self.image_seq_len, -1))
+
+    def spans(self, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entries: Entries,
+              token_id: int | None) -> Spans:
+        """An image as spans of its tiles: tile k (k < rows * cols + 1) a (1, 0, 0) span of image_seq_len tokens
+        over the k-th run of ``<image>`` tokens from the image's offset, and the ``<image>`` tokens lie exactly on
+        the tiles (placed): a missing, extra, short or long tile run, or one that is another image's, fails.
+
+        The layout is checked by token counts the tokenizer cannot change: 2 tokens (``<fake_token_around_image>``
+        and ``<row_i_col_j>`` or ``<global-img>``) from the image's offset to its first tile and between two tiles
+        of a row, more after a row's last tile (the newline the processor writes), so rows and cols are the run's.
+        An entry whose grid and num_tokens disagree stays one span as stored (verify names its grid); a tile
+        whose run is missing or laid out otherwise gets offset -1 (a bad span). Which ids those other tokens
+        have is the tokenizer's and verify does not know them (the manifest records the placeholder's only).
+        """
+        fields = entries
+        if not len(fields["offset"]) or token_id is None:
+            return lists, fields, True
+        seq = self.image_seq_len
+        n = fields["num_tokens"]
+        grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)
+        good = (self.grid_num_tokens(grids) == n) & (n > 0)
+        tiles = np.where(good, n // seq, 1)  # (I,)
+        row_of = np.repeat(np.arange(len(lists) - 1), np.diff(lists))  # (I,) the row of each entry
+        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
+        runs = np.flatnonzero(edges == 1)  # flat starts of every run of <image> tokens
+        first = np.searchsorted(runs, row_starts[row_of] + fields["offset"])  # (I,) each entry's first run
+        entry = np.repeat(np.arange(len(n)), tiles)  # (S,) the entry of each span
+        run = first[entry] + np.arange(len(entry)) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+        k = run - first[entry]  # (S,) the tile's index in its image
+        found = run < len(runs)
+        flat = np.append(runs, -1)[np.where(found, run, len(runs))]
+        # the layout between tiles, in tokens the tokenizer cannot change: <fake_token_around_image> and
+        # <row_i_col_j> (or <global-img>) before each tile, so 2 tokens from the image's offset to its first tile
+        # and between two tiles of a row; more after a row's last tile (a newline, then those two)
+        gap = flat - np.where(k == 0, row_starts[row_of[entry]] + fields["offset"][entry], np.roll(flat, 1) + seq)
+        cols = np.maximum(fields["grid_w"][entry], 1)
+        laid = np.where((k == 0) | (k % cols != 0), gap == 2, gap > 2)
+        offset = np.where(found & laid, flat - row_starts[row_of[entry]], -1)
+        kept = ~good[entry]  # a bad entry as stored
+        spans = {
+            "offset": np.where(kept, fields["offset"][entry], offset),
+            "num_tokens": np.where(kept, n[entry], seq),
+            "grid_t": np.where(kept, fields["grid_t"][entry], 1),
+            "grid_h": np.where(kept, fields["grid_h"][entry], 0),
+            "grid_w": np.where(kept, fields["grid_w"][entry], 0),
+        }
+        per_row = np.bincount(row_of, weights=tiles, minlength=len(lists) - 1).astype(np.int64)
+        return np.concatenate([[0], np.cumsum(per_row)]), spans, True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,35 +208,18 @@ class SmolVLMProfile(ModelProfile):
                 "(<row_6_col_6>)"
             )
 
+    @cached_property
+    def image(self) -> SmolVLMImage:
+        return SmolVLMImage(self.image_token, self.tile_px, self.longest_edge, self.patch_size, self.scale_factor,
+                            self.do_image_splitting, bidirectional=self.bidirectional_images)
+
     @property
     def image_seq_len(self) -> int:
-        """``<image>`` tokens per tile: ((tile_px // patch_size) / scale_factor)**2, SmolVLMProcessor's
-        ``image_seq_len`` as SmolVLMModel computes it from its config (384 // 14 = 27 patches a side, 81 tokens
-        for SmolVLM2-2.2B; the vision tower's stride-14 convolution leaves the last 6 px out)."""
-        return (self.tile_px // self.patch_size // self.scale_factor) ** 2
+        return self.image.image_seq_len
 
-    # ------------------------------------------------------------------ encode
-
-    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
-        """(rows, cols) of the split, (0, 0) when not split (``tile_grid`` of the module)."""
-        return tile_grid(width, height, tile_px=self.tile_px, longest_edge=self.longest_edge,
-                         do_image_splitting=self.do_image_splitting)
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        """(1, rows, cols) of the split; (1, 0, 0) for an image that is not split."""
-        return (1, *self.tile_grid(width, height))
-
-    def num_tokens(self, width: int, height: int) -> int:
-        """The image's ``<image>`` tokens: image_seq_len per tile, the global view included."""
-        rows, cols = self.tile_grid(width, height)
-        return (rows * cols + 1) * self.image_seq_len
-
-    def image_run(self, width: int, height: int) -> MediaRun:
-        """SmolVLMProcessor's text for the image (``prompt_string``), tokenized alone; the entry starts at its first
-        token and counts its ``<image>`` tokens."""
-        rows, cols = self.tile_grid(width, height)
-        return MediaRun((1, rows, cols), (rows * cols + 1) * self.image_seq_len,
-                        text=prompt_string(rows, cols, self.image_seq_len, image_token=self.image_token))
+    @property
+    def side_tiles(self) -> int:
+        return self.image.side_tiles
 
     # ------------------------------------------------------------------ read / proof
 
@@ -136,81 +232,6 @@ class SmolVLMProfile(ModelProfile):
         from packer.models.smolvlm.proof import SmolVLMProof
 
         return SmolVLMProof(self)
-
-    # ------------------------------------------------------------------ report
-
-    def image_units(self, grids: np.ndarray) -> tuple[str, np.ndarray]:
-        """("tiles", rows * cols + the global view, or 1 unsplit): the vision tower's inputs per image."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        return "tiles", grids[:, 1] * grids[:, 2] + 1
-
-    # ------------------------------------------------------------------ verify
-
-    @property
-    def side_tiles(self) -> int:
-        """Tiles along a split image's longest side: its longest edge is resized to ``longest_edge`` (at most
-        4096), then rounded up to whole tiles."""
-        return -(-min(self.longest_edge, MAX_IMAGE_SIZE) // self.tile_px)
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        """``<image>`` tokens of stored grids: (1, 0, 0) -> image_seq_len (an unsplit image, and one tile in
-        ``verify_spans``); (1, rows, cols) -> (rows * cols + 1) * image_seq_len when splitting is on and the
-        grid is one the resize can give (the longest side ``side_tiles`` tiles, the other 1..that many); else -1."""
-        grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        t, r, c = grids[:, 0], grids[:, 1], grids[:, 2]
-        k = self.side_tiles
-        single = (t == 1) & (r == 0) & (c == 0)
-        split = (t == 1) & (r >= 1) & (c >= 1) & (np.maximum(r, c) == k) & (self.do_image_splitting and k > 1)
-        return np.where(single, self.image_seq_len, np.where(split, (r * c + 1) * self.image_seq_len, -1))
-
-    def verify_spans(
-        self, what: str, ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, fields: dict[str, np.ndarray],
-        token_id: int | None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """An image as spans of its tiles: tile k (k < rows * cols + 1) a (1, 0, 0) span of image_seq_len tokens
-        over the k-th run of ``<image>`` tokens from the image's offset, and the ``<image>`` tokens lie exactly on
-        the tiles (placed): a missing, extra, short or long tile run, or one that is another image's, fails.
-
-        The layout is checked by token counts the tokenizer cannot change: 2 tokens (``<fake_token_around_image>``
-        and ``<row_i_col_j>`` or ``<global-img>``) from the image's offset to its first tile and between two tiles
-        of a row, more after a row's last tile (the newline the processor writes), so rows and cols are the run's.
-        An entry whose grid and num_tokens disagree stays one span as stored (verify names its grid); a tile
-        whose run is missing or laid out otherwise gets offset -1 (a bad span). Which ids those other tokens
-        have is the tokenizer's and verify does not know them (the manifest records the placeholder's only).
-        """
-        if what != "image" or not len(fields["offset"]) or token_id is None:
-            return lists, fields, True
-        seq = self.image_seq_len
-        n = fields["num_tokens"]
-        grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)
-        good = (self.grid_num_tokens(grids) == n) & (n > 0)
-        tiles = np.where(good, n // seq, 1)  # (I,)
-        row_of = np.repeat(np.arange(len(lists) - 1), np.diff(lists))  # (I,) the row of each entry
-        edges = np.diff(np.concatenate([[0], (ids == token_id).astype(np.int8), [0]]))
-        runs = np.flatnonzero(edges == 1)  # flat starts of every run of <image> tokens
-        first = np.searchsorted(runs, row_starts[row_of] + fields["offset"])  # (I,) each entry's first run
-        entry = np.repeat(np.arange(len(n)), tiles)  # (S,) the entry of each span
-        run = first[entry] + np.arange(len(entry)) - np.repeat(np.cumsum(tiles) - tiles, tiles)
-        k = run - first[entry]  # (S,) the tile's index in its image
-        found = run < len(runs)
-        flat = np.append(runs, -1)[np.where(found, run, len(runs))]
-        # the layout between tiles, in tokens the tokenizer cannot change: <fake_token_around_image> and
-        # <row_i_col_j> (or <global-img>) before each tile, so 2 tokens from the image's offset to its first tile
-        # and between two tiles of a row; more after a row's last tile (a newline, then those two)
-        gap = flat - np.where(k == 0, row_starts[row_of[entry]] + fields["offset"][entry], np.roll(flat, 1) + seq)
-        cols = np.maximum(fields["grid_w"][entry], 1)
-        laid = np.where((k == 0) | (k % cols != 0), gap == 2, gap > 2)
-        offset = np.where(found & laid, flat - row_starts[row_of[entry]], -1)
-        kept = ~good[entry]  # a bad entry as stored
-        spans = {
-            "offset": np.where(kept, fields["offset"][entry], offset),
-            "num_tokens": np.where(kept, n[entry], seq),
-            "grid_t": np.where(kept, fields["grid_t"][entry], 1),
-            "grid_h": np.where(kept, fields["grid_h"][entry], 0),
-            "grid_w": np.where(kept, fields["grid_w"][entry], 0),
-        }
-        per_row = np.bincount(row_of, weights=tiles, minlength=len(lists) - 1).astype(np.int64)
-        return np.concatenate([[0], np.cumsum(per_row)]), spans, True
 
 
 def _rescale_to_max_len(height: int, width: int, max_len: int) -> tuple[int, int]:

@@ -12,11 +12,17 @@ from packer.models.base import ModelProfile
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
+    from packer.models.reader import Reader
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextProfile(ModelProfile):
     """A language model without a vision encoder."""
+
+    def reader(self) -> Reader:
+        from packer.models.reader import Reader
+
+        return Reader(self)
 
     def proof(self) -> Proof:
         from packer.models.text.proof import TextProof

@@ -27,11 +27,11 @@ What is checked (each failure is one ``Violation``: file, row, what):
   of the row's node forest; images lie inside one example, in order, without
   overlap, over exactly the image-token run of their ``num_tokens`` (no stray image token), with
   ``num_tokens`` matching the grid; videos the same way over their video-token runs, and each video's grid
-  agrees with its stored frame size and sampled frame count (``ModelProfile.video_faults``); audio clips the
+  agrees with its stored frame size and sampled frame count (the video rule's ``faults``); audio clips the
   same way over their audio-token runs (a video's sound track: the family's spans inside the video's run), each
   clip's ``feature_length`` from its ``num_samples`` (and its ``padded_samples``, schema v5, where set: never
   fewer than its samples) and ``num_tokens`` from its ``feature_length`` by the
-  family's rule (``audio_feature_lengths``, ``audio_num_tokens``), ``num_audio_tokens`` and the audio budgets
+  family's audio rule (``feature_lengths``, ``num_tokens``), ``num_audio_tokens`` and the audio budgets
   (among the budgets above); mRoPE positions (float32 since v5, compared as stored: a fraction
   an integer family's positions must not have is a difference)
   equal an independent vectorized recomputation of ``get_rope_index`` along each tree path (with each

@@ -1,11 +1,11 @@
-"""Every question verify asks the model family, in one place: the family protocol is redesigned around rule
-objects (``profile.image``, ``profile.video``, ``profile.audio``: ``core.media.Medium.rule``), and this
-module is what re-points verify at it. The checks call these functions, never the profile's hooks.
+"""Every question verify asks the model family, in one place: the family's rule objects (``profile.image``,
+``profile.video``, ``profile.audio``: ``core.media.Medium.rule``; ``profile.positions``; ``packer.models.rules``).
+The checks call these functions, never the profile. A medium whose rule is None (the family lacks it) has every
+stored entry wrong.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,7 +23,7 @@ def load_profile(manifest: Manifest) -> ModelProfile:
 
 
 def uses_mrope(profile: ModelProfile) -> bool:
-    return bool(profile.mrope)
+    return bool(profile.positions.mrope)
 
 
 def spans(profile: ModelProfile, medium: str, ids: np.ndarray, row_starts: np.ndarray, offsets: np.ndarray,
@@ -31,45 +31,44 @@ def spans(profile: ModelProfile, medium: str, ids: np.ndarray, row_starts: np.nd
     """The family's spans of a medium's placeholders, ``(offsets, fields, on)``: what the span checks walk
     (Qwen3-VL: a video's temporal patches, each a run of its own) and which id lies on them (``on``: an id,
     True = the placeholder, False/None = none)."""
-    return profile.verify_spans(medium, ids, row_starts, offsets, fields, token_id)
+    rule = getattr(profile, medium)
+    if rule is None:
+        return offsets, fields, True
+    return rule.spans(ids, row_starts, offsets, fields, token_id)
 
 
-def grid_num_tokens(profile: ModelProfile, medium: str, grids: np.ndarray) -> np.ndarray:
-    """(I,) tokens of each image's (or video's) (t, h, w) grid under the family's rule."""
-    if medium == "video":
-        return profile.video_grid_num_tokens(grids)
-    return profile.grid_num_tokens(grids)
+def num_tokens(profile: ModelProfile, medium: str, fields: dict[str, np.ndarray]) -> np.ndarray:
+    """(S,) tokens of each stored entry (an image's or video's grid, a clip's feature length) under the family's
+    rule; -1 where it has none."""
+    rule = getattr(profile, medium)
+    if rule is None:
+        return np.full(len(fields["offset"]), -1, dtype=np.int64)
+    return rule.tokens(fields)
 
 
-def audio_num_tokens(profile: ModelProfile, feature_lengths: np.ndarray) -> np.ndarray:
-    """(A,) tokens of each clip from its feature length."""
-    return profile.audio_num_tokens(feature_lengths)
+def video_faults(profile: ModelProfile, fields: dict[str, np.ndarray]) -> np.ndarray:
+    """(V,) bool: a video whose grid disagrees with its stored frame size, sampled frame count, seconds per grid or
+    token count."""
+    video = profile.video
+    if video is None:
+        return np.ones(len(fields["offset"]), dtype=bool)
+    return video.faults(fields) | (video.tokens(fields) != fields["num_tokens"])
 
 
-def video_faults(profile: ModelProfile, grids: np.ndarray, sizes: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
-    """(V,) bool: a video whose grid disagrees with its stored frame size and sampled frame count."""
-    return profile.video_faults(grids, sizes, num_frames)
+def audio_faults(profile: ModelProfile, fields: dict[str, np.ndarray]) -> np.ndarray:
+    """(A,) bool: a clip whose sample rate, samples or feature length disagree under the family's rule, or whose
+    padded_samples (schema v5, -1 where null) are fewer than its samples."""
+    audio = profile.audio
+    if audio is None:
+        return np.ones(len(fields["offset"]), dtype=bool)
+    return audio.faults(fields)
 
 
-def audio_sample_rate(profile: ModelProfile) -> int:
-    return profile.audio_sample_rate
-
-
-def audio_feature_lengths(profile: ModelProfile, num_samples: np.ndarray, padded: np.ndarray) -> np.ndarray:
-    """(A,) the family's feature length of each clip, -1 where it cannot say: clips with padded_samples
-    (``padded >= 0``, schema v5) are asked with them, the others without (the families that never store them
-    keep their one-argument ``audio_feature_lengths``; asked about a padded clip, they answer -1: a fault)."""
-    has = padded >= 0
-    want = np.full(len(padded), -1, dtype=np.int64)
-    if (~has).any():
-        want[~has] = profile.audio_feature_lengths(num_samples[~has])
-    if has.any() and "padded_samples" in inspect.signature(profile.audio_feature_lengths).parameters:
-        want[has] = profile.audio_feature_lengths(num_samples[has], padded_samples=padded[has])
-    return want
-
-
-def extra_positions(profile: ModelProfile, num_tokens: int, node_offsets: np.ndarray, node_parents: np.ndarray,
-                    image_starts: np.ndarray, image_grids: np.ndarray, **media: np.ndarray) -> np.ndarray:
+def expected_positions(profile: ModelProfile, num_tokens: int, node_offsets: np.ndarray, node_parents: np.ndarray,
+                       *, images: dict[str, np.ndarray], videos: dict[str, np.ndarray],
+                       audios: dict[str, np.ndarray]) -> np.ndarray:
     """(3, L) the family's mRoPE positions of the flat token stream (``get_rope_index`` along each tree path);
-    ``media``: the videos' and audio clips' offsets and plans, where any (``video_offsets``, ``audio_offsets``...)."""
-    return profile.expected_extra_positions(num_tokens, node_offsets, node_parents, image_starts, image_grids, **media)
+    ``images``: ``offset``, ``grid``; ``videos``: ``offset``, ``grid``, ``second_per_grid_t``; ``audios``:
+    ``offset``, ``feature_length``, ``num_tokens``, ``video``."""
+    return profile.positions.expected(num_tokens, node_offsets, node_parents, images=images, videos=videos,
+                                      audios=audios)

@@ -99,12 +99,12 @@ def _check_span_token_counts(d: Rows, check: RowCheck, profile: ModelProfile, me
     """(S,) spans whose ``num_tokens`` disagree with the family's count, and (S, 3) their grids."""
     n = fields["num_tokens"]
     if medium == "audio":  # a clip's count follows from its feature length (the family's rule)
-        bad = family.audio_num_tokens(profile, fields["feature_length"]) != n
+        bad = family.num_tokens(profile, medium, fields) != n
         check(rows_with(bad, span_row, d.num_rows), "audio tokens count",
               lambda i: f"an audio clip's num_tokens does not match its feature_length under profile {profile.name!r}")
         return bad, np.zeros((len(n), 3), dtype=np.int64)
     grids = np.stack([fields["grid_t"], fields["grid_h"], fields["grid_w"]], axis=1)  # (S, 3)
-    bad = family.grid_num_tokens(profile, medium, grids) != n
+    bad = family.num_tokens(profile, medium, fields) != n
     check(rows_with(bad, span_row, d.num_rows), f"{medium} grid",
           lambda i: f"a {medium}'s num_tokens does not match its grid (t, h, w) under profile {profile.name!r}")
     return bad, grids
@@ -142,11 +142,7 @@ def check_video_plans(d: Rows, check: RowCheck, profile: ModelProfile) -> None:
     v = videos.fields
     if not len(v["offset"]):
         return
-    grids = np.stack([v["grid_t"], v["grid_h"], v["grid_w"]], axis=1)
-    sizes = np.stack([v["height"], v["width"]], axis=1)
-    faults = family.video_faults(profile, grids, sizes, v["num_frames"])
-    faults |= family.grid_num_tokens(profile, "video", grids) != v["num_tokens"]
-    faults |= ~(v["second_per_grid_t"] > 0)
+    faults = family.video_faults(profile, v)
     check(rows_with(faults, row_of(videos.offsets), d.num_rows), "video plan",
           lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
           f"{profile.name!r}")
@@ -159,10 +155,7 @@ def check_audio_plans(d: Rows, check: RowCheck, profile: ModelProfile) -> None:
     a = clips.fields
     if not len(a["offset"]):
         return
-    padded = a["padded_samples"]
-    faults = family.audio_feature_lengths(profile, a["num_samples"], padded) != a["feature_length"]
-    faults |= (padded >= 0) & (padded < a["num_samples"])
-    faults |= (a["sample_rate"] != family.audio_sample_rate(profile)) | (a["num_samples"] < 1)
+    faults = family.audio_faults(profile, a)
     check(rows_with(faults, row_of(clips.offsets), d.num_rows), "audio plan",
           lambda i: f"an audio clip's sample rate, samples or feature length disagree under profile "
           f"{profile.name!r} (or its padded_samples, where set)")

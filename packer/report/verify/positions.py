@@ -35,18 +35,14 @@ def check_mrope(d: Rows, check: RowCheck, profile: ModelProfile, spans: dict[str
         return
     got = d.mrope.values.reshape(-1, 3).T  # (3, L): token-major storage
     image, video, audio = spans["image"], spans["video"], spans["audio"]
-    media = {}
-    if video.sound.any():
-        media.update(video_offsets=video.starts[video.sound], video_grids=video.grids[video.sound],
-                     video_seconds=video.fields["second_per_grid_t"][video.sound])
-    if audio.sound.any():  # the family's spans, as for videos
-        media.update(audio_offsets=audio.starts[audio.sound],
-                     audio_feature_lengths=audio.fields["feature_length"][audio.sound],
-                     audio_num_tokens=audio.fields["num_tokens"][audio.sound],
-                     audio_in_video=audio.fields["video"][audio.sound])
+    videos = dict(offset=video.starts[video.sound], grid=video.grids[video.sound],
+                  second_per_grid_t=video.fields["second_per_grid_t"][video.sound])
+    audios = {k: audio.fields[k][audio.sound] for k in ("feature_length", "num_tokens", "video")}
+    audios["offset"] = audio.starts[audio.sound]  # the family's spans, as for videos
     offsets, parents = d.forest
-    want = family.extra_positions(profile, L, offsets, parents, image.starts[image.sound], image.grids[image.sound],
-                                  **media)
+    want = family.expected_positions(profile, L, offsets, parents,
+                                     images=dict(offset=image.starts[image.sound], grid=image.grids[image.sound]),
+                                     videos=videos, audios=audios)
     bad = (got != want).any(axis=0) & sound
     check(rows_with(bad, d.input_ids.row_of, d.num_rows), "mrope_position_ids",
           lambda i: "mrope_position_ids differ from get_rope_index of each example's tree paths")

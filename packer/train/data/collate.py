@@ -39,7 +39,7 @@ def _cat(rows: list[dict[str, Any]], key: str, shifts: np.ndarray | None = None)
 def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate rows into one unpadded (1, T) batch with explicit boundaries (docs/format.md): tokens, labels,
     positions, ``cu_seqlens``, the tree; then the family's part, from the rows' profile: the token ranges that see
-    each other (``ModelProfile.bidirectional_spans`` -> ``bidirectional_spans``) and the model's media inputs
+    each other (``ImageRule.bidirectional_spans`` -> ``bidirectional_spans``) and the model's media inputs
     (``Reader.batch_inputs``: pixels, grids, ``image_offsets``, its own keys)."""
     row_start = np.cumsum([0] + [len(r["input_ids"]) for r in rows])  # (R+1,)
     labels_np = _cat(rows, "labels").astype(np.int64)  # (T,)
@@ -95,11 +95,13 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if "profile" in rows[0] or any(r["images"] for r in rows):  # the family's part: its spans, then its media inputs
         name, options = rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items()))
         profile, reader = _family(name, options)
+        from packer.models.base import bidirectional_spans
+
         spans, nodes = [], 0
         for r, s in zip(rows, row_start[:-1], strict=True):
             # (start, end) or (start, end, group): rows shift the offsets, and a group (a row node) by the
             # nodes before the row, so no two rows share one
-            for a, b, *group in profile.bidirectional_spans(r):
+            for a, b, *group in bidirectional_spans(profile, r):
                 spans.append((a + int(s), b + int(s), *(g + nodes for g in group)))
             nodes += len(r["node_offsets"])
         if spans:
@@ -112,11 +114,11 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _mrope_positions(rows: list[dict[str, Any]], text: np.ndarray) -> torch.Tensor:
     """(4, 1, T) positions: the text row, then the rows' t/h/w (stored float32 in schema v5, int32 before).
-    float32 where the rows' profile has ``fractional_positions`` (Qwen3-Omni's get_rope_index computes them in
+    float32 where the rows' profile's positions are ``fractional`` (Qwen3-Omni's get_rope_index computes them in
     float32), else int64; ShardError where a non-fractional profile's stored position is not a whole number."""
     mrope = np.concatenate([r["mrope_position_ids"] for r in rows], axis=1)  # (3, T)
     fractional = "profile" in rows[0] and _family(
-        rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items())))[0].fractional_positions
+        rows[0]["profile"], tuple(sorted(dict(rows[0]["profile_options"]).items())))[0].positions.fractional
     full = np.empty((4, 1, mrope.shape[1]), dtype=np.float32 if fractional else np.int64)  # text row, then t/h/w
     full[0, 0] = text
     full[1:, 0] = mrope

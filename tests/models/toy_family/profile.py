@@ -12,15 +12,33 @@ and the default reader; the token rule is no model's).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from packer.models.base import ModelProfile
+from packer.models.rules import AudioRule, FixedImage
 from packer.models.shared.audio_features import feature_frames
 
 if TYPE_CHECKING:
     from packer.models.reader import Reader
+
+
+@dataclass(frozen=True)
+class ToyAudio(AudioRule):
+    """Whisper frames of a clip padded to 30 s alone (``feature_frames``), one token per ``frames_per_token``."""
+
+    frames_per_token: int = 10
+
+    def feature_lengths(self, num_samples: np.ndarray, padded_samples: np.ndarray) -> np.ndarray:
+        """-1 where a clip is stored as padded: the toy's features are each clip's alone."""
+        frames = np.array([feature_frames(int(n)) for n in num_samples], dtype=np.int64).reshape(-1)
+        return np.where(np.asarray(padded_samples) < 0, frames, -1)
+
+    def num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
+        lengths = np.asarray(feature_lengths, dtype=np.int64)
+        return np.where(lengths > 0, -(-lengths // self.frames_per_token), -1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,28 +56,19 @@ class ToyProfile(ModelProfile):
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "toy_pixel_values")
 
+    @cached_property
+    def image(self) -> FixedImage:
+        return FixedImage(self.side_px, self.patch_px, bidirectional=self.bidirectional_images)
+
+    @cached_property
+    def audio(self) -> ToyAudio:
+        return ToyAudio(frames_per_token=self.frames_per_token)
+
     @property
     def tokens_per_image(self) -> int:
-        return (self.side_px // self.patch_px) ** 2
-
-    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
-        side = self.side_px // self.patch_px
-        return (1, side, side)
-
-    def num_tokens(self, width: int, height: int) -> int:
-        return self.tokens_per_image
+        return self.image.tokens_per_image
 
     def reader(self) -> Reader:
         from tests.models.toy_family.reader import ToyReader
 
         return ToyReader(self)
-
-    def grid_num_tokens(self, grids: np.ndarray) -> np.ndarray:
-        return np.full(len(grids), self.tokens_per_image, dtype=np.int64)
-
-    def audio_feature_lengths(self, num_samples: np.ndarray) -> np.ndarray:
-        return np.array([feature_frames(int(n)) for n in num_samples], dtype=np.int64).reshape(-1)
-
-    def audio_num_tokens(self, feature_lengths: np.ndarray) -> np.ndarray:
-        lengths = np.asarray(feature_lengths, dtype=np.int64)
-        return np.where(lengths > 0, -(-lengths // self.frames_per_token), -1)
