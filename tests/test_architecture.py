@@ -193,20 +193,9 @@ def _simple_cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     return out
 
 
-# Cycles that `if TYPE_CHECKING:` imports close, as they stand at 7d01253 in packer/models/ (the protocol-family
-# branch of issue 31 removes them; delete this set when it merges). No other is allowed, and an entry that no
-# longer exists fails the test too, so that the set only shrinks.
-TYPE_CHECKING_CYCLES_ALLOWED: set[tuple[str, ...]] = {
-    ("packer.models.base", "packer.models.proof"),
-    ("packer.models.base", "packer.models.reader"),
-    ("packer.models.base", "packer.models.registry"),
-    ("packer.models.gemma4.profile", "packer.models.gemma4.video"),
-    ("packer.models.glm46v.profile", "packer.models.glm46v.video"),
-    ("packer.models.molmo2.profile", "packer.models.molmo2.video"),
-    ("packer.models.molmo2.profile", "packer.models.molmo2.reader", "packer.models.molmo2.video"),
-    ("packer.models.molmo2.profile", "packer.models.molmo2.proof", "packer.models.molmo2.reader",
-     "packer.models.molmo2.video"),
-}
+# Cycles that `if TYPE_CHECKING:` imports close and that are allowed: none (issue 31 removed the last, in
+# packer/models/). An entry that no longer exists fails the test too, so that the set only shrinks.
+TYPE_CHECKING_CYCLES_ALLOWED: set[tuple[str, ...]] = set()
 
 
 def test_no_cycles_behind_type_checking():

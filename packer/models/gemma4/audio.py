@@ -71,7 +71,6 @@ def computed_frames(num_samples: int) -> int:
     return max(0, (padded + PAD_LEFT - (FRAME_LENGTH + 1)) // HOP + 1)
 
 
-@lru_cache(maxsize=1)
 @dataclass(frozen=True)
 class Gemma4Audio(AudioRule):
     """Gemma 4's audio: the extractor's valid frames (``valid_frames``), ceil(frames / 4) soft tokens
@@ -97,6 +96,7 @@ class Gemma4Audio(AudioRule):
         return MediaRun((), n, tokens=(self.boa, *(self.token,) * n, self.eoa), lead=1, audio=plan)
 
 
+@lru_cache(maxsize=1)
 def _mel_filters() -> np.ndarray:
     """(257, 128) float64: ``mel_filter_bank(257, 128, 0, 8000, 16000, norm=None, mel_scale="htk")``."""
     mel = 2595.0 * np.log10(1.0 + np.array([0.0, 8000.0]) / 700.0)
