@@ -60,7 +60,7 @@ def test_a_30_s_chunk_is_refused_then_followed(tmp_path) -> None:
     from packer.models import get_profile
 
     profile = get_profile("qwen2.5-omni", **followed.profile_overrides())
-    assert int(profile.audio_feature_lengths(__import__("numpy").array([10**7]))[0]) == 3000
+    assert int(profile.audio.feature_lengths(__import__("numpy").array([10**7]), __import__("numpy").full(1, -1))[0]) == 3000
     assert profile.reader().audio_chunk_length == 30
     _config(tmp_path, "qwen2.5-omni", ckpt, profile_options={"audio_chunk_length": 300})
 

@@ -45,7 +45,7 @@ def _counts(proc, profile, n: int, rng) -> tuple[int, int, int]:
     text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     out = proc(text=text, audio=[rng.standard_normal(n).astype(np.float32) * 0.1], return_tensors="np")
     audio_id = proc.tokenizer.convert_tokens_to_ids(profile.audio_token)
-    mine = int(profile.audio_feature_lengths(np.array([n], dtype=np.int64))[0])
+    mine = int(profile.audio.feature_lengths(np.array([n], dtype=np.int64), np.full(1, -1, dtype=np.int64))[0])
     return mine, int(out["feature_attention_mask"].sum()), int((out["input_ids"][0] == audio_id).sum())
 
 
@@ -66,7 +66,7 @@ def test_qwen25_omni_counts_equal_the_released_processor(n) -> None:
     assert mine == frames == min(-(-n // 160), 30000), n
     assert tokens == proc._get_num_audio_tokens(n)
     # a clip the processor gives no token is refused (-1): the model cannot place it
-    assert int(profile.audio_num_tokens(np.array([mine]))[0]) == (tokens or -1), n
+    assert int(profile.audio.num_tokens(np.array([mine]))[0]) == (tokens or -1), n
     if n >= 4_800_000:
         assert tokens == 7500
     if n == 503840:  # 31.49 s
@@ -79,7 +79,7 @@ def test_qwen2_audio_counts_equal_the_released_processor(n) -> None:
     proc = _processor(Qwen2AudioProcessor, "qwen2-audio", Q2A)
     mine, frames, tokens = _counts(proc, profile, n, np.random.default_rng(n))
     assert mine == frames == min(-(-n // 160), 3000), n
-    assert int(profile.audio_num_tokens(np.array([mine]))[0]) == (tokens if tokens >= 2 else -1), n
+    assert int(profile.audio.num_tokens(np.array([mine]))[0]) == (tokens if tokens >= 2 else -1), n
 
 
 @pytest.mark.parametrize("n", [16001, 480001, 4800001])
@@ -121,7 +121,7 @@ def test_real_clips_count_and_featurize_as_the_released_processor(tmp_path, seco
     want = proc.feature_extractor([y], sampling_rate=16000, padding="max_length", return_attention_mask=True,
                                   return_tensors="np")
     assert plan.feature_length == int(want["attention_mask"].sum())
-    assert profile.audio_num_tokens(np.array([plan.feature_length]))[0] == proc._get_num_audio_tokens(len(y))
+    assert profile.audio.num_tokens(np.array([plan.feature_length]))[0] == proc._get_num_audio_tokens(len(y))
     got = profile.reader().audio_inputs([{"source": str(path), "data": None, "sample_rate": 16000,
                                           "audio_start": None, "audio_end": None, "video": False,
                                           "num_samples": plan.num_samples, "feature_length": plan.feature_length}])

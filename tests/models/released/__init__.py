@@ -32,15 +32,15 @@ PROFILE_VALUE: dict[tuple[str, str], Callable[[Any], Any]] = {
     (P, "image_mean"): lambda p: _norm(p, "image_mean"),
     (P, "image_std"): lambda p: _norm(p, "image_std"),
     # audio: what the reader pads/cuts to and the count rule's cap, from the profile
-    (P, "sampling_rate"): lambda p: p.audio_sample_rate,
+    (P, "sampling_rate"): lambda p: p.audio.sample_rate,
     (P, "feature_size"): lambda p: p.reader().audio_feature_size,
     (P, "chunk_length"): lambda p: p.reader().audio_chunk_length,
-    (P, "n_samples"): lambda p: p.reader().audio_chunk_length * p.audio_sample_rate,
+    (P, "n_samples"): lambda p: p.reader().audio_chunk_length * p.audio.sample_rate,
     (P, "nb_max_frames"): lambda p: _max_frames(p),
     # video: the profile's video rule (shared/qwen_video_plan.py's VideoFamily)
-    ("video_preprocessor_config.json", "patch_size"): lambda p: p.video_family().patch_size,
-    ("video_preprocessor_config.json", "merge_size"): lambda p: p.video_family().merge_size,
-    ("video_preprocessor_config.json", "temporal_patch_size"): lambda p: p.video_family().temporal_patch_size,
+    ("video_preprocessor_config.json", "patch_size"): lambda p: p.video.family().patch_size,
+    ("video_preprocessor_config.json", "merge_size"): lambda p: p.video.family().merge_size,
+    ("video_preprocessor_config.json", "temporal_patch_size"): lambda p: p.video.family().temporal_patch_size,
 }
 
 FAMILY_VALUE: dict[str, dict[tuple[str, str], Callable[[Any], Any]]] = {
@@ -56,8 +56,8 @@ FAMILY_VALUE: dict[str, dict[tuple[str, str], Callable[[Any], Any]]] = {
         ("processor_config.json", "image_processor.max_soft_tokens"): lambda p: p.max_soft_tokens,
         ("processor_config.json", "video_processor.max_soft_tokens"): lambda p: p.video_max_soft_tokens,
         ("processor_config.json", "video_processor.num_frames"): lambda p: p.video_num_frames,
-        ("processor_config.json", "audio_seq_length"): lambda p: int(p.audio_num_tokens(_frames(p, 10**9))[0]),
-        ("processor_config.json", "feature_extractor.sampling_rate"): lambda p: p.audio_sample_rate,
+        ("processor_config.json", "audio_seq_length"): lambda p: int(p.audio.num_tokens(_frames(p, 10**9))[0]),
+        ("processor_config.json", "feature_extractor.sampling_rate"): lambda p: p.audio.sample_rate,
         ("processor_config.json", "feature_extractor.feature_size"): lambda p: _gemma4_audio("MEL_BINS"),
         ("processor_config.json", "feature_extractor.frame_length"): lambda p: _gemma4_audio("FRAME_LENGTH"),
         ("processor_config.json", "feature_extractor.hop_length"): lambda p: _gemma4_audio("HOP"),
@@ -124,7 +124,7 @@ def _norm(profile: Any, name: str) -> list[float]:
 def _frames(profile: Any, samples: int) -> Any:
     import numpy as np
 
-    return profile.audio_feature_lengths(np.array([samples], dtype=np.int64))
+    return profile.audio.feature_lengths(np.array([samples], dtype=np.int64), np.full(1, -1, dtype=np.int64))
 
 
 def _max_frames(profile: Any) -> int:
