@@ -11,8 +11,13 @@ tokens are changed and its siblings' log-probs must not move (no completion sees
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import datasets
 import pytest
@@ -208,3 +213,26 @@ def test_what_packer_cannot_make_exact_is_refused(model_dir, tmp_path):
     ids, mask = torch.ones(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
     with pytest.raises(ConfigError, match="pixel_values"):
         trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3, pixel_values=torch.zeros(4, 3))
+
+
+@pytest.mark.slow
+def test_packed_grpo_equals_trl_on_two_ranks(model_dir, tmp_path):
+    """torchrun, 2 ranks over gloo: TRL gathers the rewards of both ranks for the group advantages and DDP
+    averages the gradients; packing each rank's micro-batch changes neither."""
+    repo = Path(__file__).resolve().parents[3]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(repo)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(Path(__file__).with_name("grpo_multirank_worker.py")), "--model", model_dir, "--out", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    record = json.loads((tmp_path / "record.json").read_text())
+    grads = torch.load(tmp_path / "grads.pt")
+    assert record["trl"]["world"] == record["packer"]["world"] == 2
+    assert record["packer"]["losses"] == pytest.approx(record["trl"]["losses"], rel=1e-5, abs=1e-6)
+    assert len(grads["packer"]) == len(grads["trl"]) == 3
+    for g, w in zip(grads["packer"], grads["trl"], strict=True):
+        assert assert_grads_close(g, w, rtol=1e-3) < 2e-5
