@@ -41,8 +41,8 @@ RECIPES = recipes()
 
 
 def test_the_page_has_a_recipe_per_trainer():
-    assert set(RECIPES) == {"trl-sft", "trl-sft-trees", "trl-dpo", "hf-trainer", "hf-trainer-weighting", "torchrun",
-                            "accelerate"}
+    assert set(RECIPES) == {"trl-sft", "trl-sft-trees", "trl-dpo", "trl-grpo", "hf-trainer", "hf-trainer-weighting",
+                            "torchrun", "accelerate"}
     for name in ("torchrun", "accelerate"):
         assert RECIPES[name]["file"] and RECIPES[name]["run"], name
 

@@ -35,6 +35,7 @@ from packer.train.attention.hf import use_packed_attention
 from packer.train.data.dataset import PackedDataset
 from packer.train.keys import FILLER_KWARG, LAYOUT_KWARG
 from packer.train.options import Backend, Loss, Prefix, Weighting
+from packer.train.trainers.grpo import PackedGRPOTrainer  # noqa: F401  (reached as packer.train.trl.PackedGRPOTrainer)
 from packer.train.trainers.loss import preference_pairs, sequence_logps
 from packer.train.trainers.step import global_count, kept_rows, split_batch, step_loss
 from packer.train.trainers.trainer import PackedCollator, PackedTrainerMixin, prepare_args

@@ -1,0 +1,241 @@
+"""GRPO on group trees inside TRL equals TRL 1.16's own padded GRPOTrainer on the same rollouts (fp32, a real tiny Llama).
+
+Both trainers get their completions from the same ``rollout_func`` (TRL's own hook for custom rollouts): a fixed
+function of the prompt and the completion's place in the batch, so the two see identical rollouts whatever the
+weights. Prompts have unequal lengths (TRL left-pads them), completions unequal lengths, some end in EOS and
+some are cut at ``max_completion_length``. Per-token log-probs (policy, old policy and reference), the logged
+losses and every gradient of three optimizer steps with gradient accumulation (learning rate 1e-2, so later
+steps run on weights both trainers updated) are compared; then a sibling's
+tokens are changed and its siblings' log-probs must not move (no completion sees another).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from packer.encode.tokenizers import load_tokenizer
+from packer.errors import ConfigError
+from packer.models import get_profile
+from packer.train.trainers.grpo import PackedGRPOTrainer, group_trees, pack_trees, row_of
+from tests.train.trainer_helpers import VOCAB, StepRecorder, assert_grads_close, logged_losses, tiny_llama
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental feature" warning
+
+G = 4
+PROMPTS = ["What is 2 + 2?", "Name a colour, any colour at all, and say why you like it.", "Count to three.",
+           "Summarise: the cat sat on the mat and then it sat on the hat."]
+
+
+def fixed_rollout(prompts: list, trainer: GRPOTrainer) -> dict:
+    """Completions as a fixed function of (prompt, place in the batch): lengths 1..8, every third ends in EOS."""
+    tok = trainer.processing_class
+    eos = tok.eos_token_id
+    prompt_ids, completion_ids = [], []
+    for i, prompt in enumerate(prompts):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        g = torch.Generator().manual_seed(zlib.crc32(f"{prompt}|{i % G}".encode()))
+        n = int(torch.randint(1, trainer.args.max_completion_length + 1, (1,), generator=g))
+        comp = torch.randint(100, 5000, (n,), generator=g).tolist()
+        if i % 3 == 0:
+            comp[-1] = eos
+        prompt_ids.append(ids)
+        completion_ids.append(comp)
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+
+def length_reward(completions: list, **kwargs) -> list[float]:
+    return [float(len(c) % 5) for c in completions]
+
+
+class Recording:
+    """Keeps every (policy / old / reference) per-token log-prob tensor the trainer computes."""
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
+        out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
+        self.recorded.append((out[0].detach().clone(), None if out[1] is None else out[1].detach().clone()))
+        return out
+
+
+class RecordingGRPO(Recording, GRPOTrainer):
+    recorded: list
+
+
+class RecordingPackedGRPO(Recording, PackedGRPOTrainer):
+    recorded: list
+
+
+def tiny_qwen35():
+    """Qwen3.5's language model (Gated DeltaNet and full-attention layers): a group's completions fork the linear
+    layers' recurrent state at the prompt (``packer.train.attention.linear_state``)."""
+    torch.manual_seed(0)
+    proof = get_profile("qwen3.5").proof()
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 0],
+            "mrope_interleaved": True}
+    return proof.tiny_model(token_ids={}, vocab_size=VOCAB, model_class=proof.text_model_class, rope_parameters=rope)
+
+
+def saved(tmp_path_factory, name, model) -> str:
+    path = tmp_path_factory.mktemp(name)
+    model.save_pretrained(path)
+    load_tokenizer("qwen2-vl").save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return saved(tmp_path_factory, "tiny_llama", tiny_llama(seed=0))
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(tmp_path_factory):
+    return saved(tmp_path_factory, "tiny_qwen35", tiny_qwen35().float())
+
+
+def grpo_config(tmp_path, **kw) -> GRPOConfig:
+    base = dict(output_dir=str(tmp_path / "run"), learning_rate=1e-2, logging_steps=1, report_to=[], use_cpu=True,
+                bf16=False, per_device_train_batch_size=2 * G, gradient_accumulation_steps=2, num_generations=G,
+                max_completion_length=8, max_steps=3, beta=0.1, seed=0, save_strategy="no", shuffle_dataset=False,
+                loss_type="dapo")
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def run(cls, model_dir, tmp_path, **kw):
+    tok = load_tokenizer("qwen2-vl")
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS * 4})
+    packer_kw = {"max_tokens": kw.pop("max_tokens")} if "max_tokens" in kw and issubclass(cls, PackedGRPOTrainer) else {}
+    kw.pop("max_tokens", None)
+    trainer = cls(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path, **kw), train_dataset=data,
+                  processing_class=tok, rollout_func=fixed_rollout, **packer_kw)
+    trainer.recorded = []
+    rec = StepRecorder()
+    trainer.add_callback(rec)
+    trainer.train()
+    return trainer, rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", [
+    {},
+    {"loss_type": "grpo", "num_iterations": 2},  # num_iterations > 1: the old policy's log-probs are computed too
+    {"loss_type": "dr_grpo"},
+    {"loss_type": "bnpo", "beta": 0.0},
+    {"loss_type": "cispo"},
+    {"max_tokens": 30},  # rows of at most 30 tokens: groups split over several trees and rows
+])
+def test_packed_grpo_equals_trl(model_dir, tmp_path, kw):
+    assert_same_training(model_dir, tmp_path, dict(kw))
+
+
+@pytest.mark.slow
+def test_packed_grpo_equals_trl_on_qwen35_linear_attention(qwen35_dir, tmp_path):
+    # The delta rule's chunked recurrence (TRL's padded path) against packer's tree recurrence: fp32 round-off
+    # of a longer reduction, 2e-5 relative on a log-prob of ~12.
+    assert_same_training(qwen35_dir, tmp_path, {}, rtol=5e-5, grad_top=1e-4, grad_rtol=1e-2)
+
+
+def assert_same_training(model_dir, tmp_path, kw, rtol=1e-5, grad_top=2e-5, grad_rtol=1e-3):
+    want, want_rec = run(RecordingGRPO, model_dir, tmp_path / "trl", **kw)
+    got, got_rec = run(RecordingPackedGRPO, model_dir, tmp_path / "packer", **kw)
+    assert len(got.recorded) == len(want.recorded) > 0
+    for (g, ge), (w, we) in zip(got.recorded, want.recorded, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=rtol, atol=1e-5)
+        if we is not None:
+            torch.testing.assert_close(ge, we, rtol=rtol, atol=1e-5)
+    assert logged_losses(got) == pytest.approx(logged_losses(want), rel=rtol, abs=1e-6)
+    assert len(got_rec.grads) == len(want_rec.grads) == 3
+    for g, w in zip(got_rec.grads, want_rec.grads, strict=True):
+        # fp32 round-off of two different reductions (TRL's chunked log-softmax and padded SDPA with the prompt
+        # at left-padded positions, against packer's): within 2e-5 of the largest gradient, 1e-3 of each tensor's
+        worst = assert_grads_close(g, w, rtol=grad_rtol)
+        print("worst gradient difference / largest gradient:", worst)
+        assert worst < grad_top
+
+
+def test_a_completion_never_sees_a_sibling(model_dir, tmp_path):
+    trainer = PackedGRPOTrainer(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path),
+                                train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+                                processing_class=load_tokenizer("qwen2-vl"))
+    prompt = torch.tensor([11, 12, 13, 14, 15])
+    comps = torch.tensor([[21, 22, 23, 24], [31, 32, 33, 0], [41, 42, 0, 0]])
+    ids = torch.cat([prompt.expand(3, -1), comps], dim=1)
+    mask = torch.cat([torch.ones(3, 5, dtype=torch.long), (comps > 0).long()], dim=1)
+    model = trainer.model.eval()
+    with torch.no_grad():
+        before, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, 4)
+        changed = ids.clone()
+        changed[1, 5:8] = torch.tensor([91, 92, 93])
+        after, _, _ = trainer._get_per_token_logps_and_entropies(model, changed, mask, 4)
+        alone, _, _ = trainer._get_per_token_logps_and_entropies(model, ids[:1], mask[:1], 4)
+    assert len(pack_trees(group_trees(ids, mask, 4, ids.numel()), ids.numel())) == 1  # one row, one tree
+    torch.testing.assert_close(after[[0, 2]], before[[0, 2]], rtol=0, atol=0)  # siblings untouched
+    assert not torch.allclose(after[1, 1:3], before[1, 1:3])  # the changed branch itself moved
+    torch.testing.assert_close(before[0], alone[0], rtol=1e-5, atol=1e-6)  # as if it ran alone
+    assert float(before[2, 2:].abs().sum()) == 0.0  # padding gets 0, as in TRL
+
+
+def test_groups_are_trees_packed_to_the_budget():
+    ids = torch.tensor([[0, 7, 8, 1, 2, 0], [0, 7, 8, 3, 0, 0], [9, 9, 9, 4, 5, 6], [0, 7, 8, 1, 1, 1]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    trees = group_trees(ids, mask, 3, 100)
+    assert [(t.prompt, t.completions, t.lengths) for t in trees] == [([7, 8], [0, 1, 3], [2, 1, 3]),
+                                                                     ([9, 9, 9], [2], [3])]
+    row = row_of(trees, ids, 3)
+    assert row.input_ids.tolist() == [[7, 8, 1, 2, 3, 1, 1, 1, 9, 9, 9, 4, 5, 6]]
+    assert row.layout.node_parents.tolist() == [-1, 0, 0, 0, -1, 4]
+    assert row.position_ids.tolist() == [[0, 1, 2, 3, 2, 2, 3, 4, 0, 1, 2, 3, 4, 5]]
+    assert row.targets.tolist() == [0, 1, 3, 9, 10, 11, 6, 7, 8]
+    split = group_trees(ids, mask, 3, 6)  # a group over the budget splits its completions, prompt in each
+    assert [(t.prompt, t.completions) for t in split] == [([7, 8], [0, 1]), ([7, 8], [3]), ([9, 9, 9], [2])]
+    assert all(sum(t.num_tokens for t in r) <= 6 for r in pack_trees(split, 6))
+    with pytest.raises(ConfigError, match="max_tokens=4"):
+        group_trees(ids, mask, 3, 4)
+
+
+def test_what_packer_cannot_make_exact_is_refused(model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="cast_lm_head_to_fp32"):
+        PackedGRPOTrainer(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path, cast_lm_head_to_fp32=True),
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+                          processing_class=load_tokenizer("qwen2-vl"))
+    trainer = PackedGRPOTrainer(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path),
+                                train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+                                processing_class=load_tokenizer("qwen2-vl"))
+    ids, mask = torch.ones(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
+    with pytest.raises(ConfigError, match="pixel_values"):
+        trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3, pixel_values=torch.zeros(4, 3))
+
+
+@pytest.mark.slow
+def test_packed_grpo_equals_trl_on_two_ranks(model_dir, tmp_path):
+    """torchrun, 2 ranks over gloo: TRL gathers the rewards of both ranks for the group advantages and DDP
+    averages the gradients; packing each rank's micro-batch changes neither."""
+    repo = Path(__file__).resolve().parents[3]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(repo)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(Path(__file__).with_name("grpo_multirank_worker.py")), "--model", model_dir, "--out", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    record = json.loads((tmp_path / "record.json").read_text())
+    grads = torch.load(tmp_path / "grads.pt")
+    assert record["trl"]["world"] == record["packer"]["world"] == 2
+    assert record["packer"]["losses"] == pytest.approx(record["trl"]["losses"], rel=1e-5, abs=1e-6)
+    assert len(grads["packer"]) == len(grads["trl"]) == 3
+    for g, w in zip(grads["packer"], grads["trl"], strict=True):
+        assert assert_grads_close(g, w, rtol=1e-3) < 2e-5
