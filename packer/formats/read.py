@@ -24,6 +24,13 @@ except ImportError:  # pragma: no cover
 _REJECT_PREFIX = json.dumps({REJECT_KEY: 0})[:-3].encode()  # how files.reject_line's lines start
 # 19+ digits: an integer orjson would turn into a float (json keeps it exact): such a line takes json
 _LONG_NUMBER = re.compile(rb"\d{19}")
+_DIGITS = b"0123456789"
+
+
+def _long_number(raw: bytes) -> bool:
+    """Whether ``raw`` holds a run of 19+ digits; the regex only where 19 digits are there at all (the count
+    costs a tenth of the regex's scan)."""
+    return len(raw) - len(raw.translate(None, _DIGITS)) >= 19 and _LONG_NUMBER.search(raw) is not None
 
 def parse_line(
     raw: bytes,
@@ -44,7 +51,7 @@ def parse_line(
         raise RecordError(reason, message, path=path, line=line)
     if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]  # a UTF-8 byte-order mark some editors write
-    if orjson is not None and not _LONG_NUMBER.search(raw):
+    if orjson is not None and not _long_number(raw):
         # orjson's value where it gives one is json's: it rejects what json would read otherwise (NaN, Infinity,
         # 1e400, a lone surrogate escape, invalid UTF-8) and the long integers are json's above; any line it
         # rejects is read by json below, so every reject keeps json's wording (tests/formats/test_read_orjson.py)
