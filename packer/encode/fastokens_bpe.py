@@ -2,7 +2,9 @@
 encode from the same tokenizer.json), batch in, flat ids + offsets out (no Python object per token or per text).
 
 ``FastokensBPE.of(backend)`` gives one only where packer can check it is exact, else None (tiktoken, or the HF
-tokenizer, then encode, as before):
+tokenizer, then encode, as before); the last check runs where the engine is first used, in each process (building
+the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: the build's parent, which only pickles the encoder,
+never pays it), and a failed one leaves every text to the HF tokenizer:
 
 - (the Encoder's condition) the pipeline is one whose boundaries come from token byte lengths
   (``tokenize.token_byte_lengths``: byte-level BPE, no normalizer or NFC, no prefix space or offset trimming):
@@ -11,7 +13,7 @@ tokenizer, then encode, as before):
 - no added token strips, matches as a single word or is normalized (none of the builtins' does; flags the fuzz
   tests do not cover go to the HF tokenizer);
 - on a fixed probe of hard text (NFC-rewritten accents, literal special tokens, emoji, digits, long runs) its ids
-  equal the HF tokenizer's: a construct fastokens would read otherwise fails here, at construction.
+  equal the HF tokenizer's: a construct fastokens would read otherwise fails here, before any text is encoded.
 
 A text that is not valid Unicode (a lone surrogate) goes to the HF tokenizer, which raises as it always did.
 tests/encode/test_fastokens_bpe.py fuzzes every builtin against transformers, NFC text and user files included;
@@ -26,9 +28,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-# tokenizers.Tokenizer -> (signature, whether the engine is exact on it); weak keys: it dies with its tokenizer
+# tokenizers.Tokenizer -> (signature, whether the engine may apply); weak keys: it dies with its tokenizer
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# tokenizers.Tokenizer -> fastokens.Tokenizer from its tokenizer.json, built once per process (never pickled)
+# tokenizers.Tokenizer -> fastokens.Tokenizer from its tokenizer.json, or None where the probe failed; built once
+# per process (never pickled)
 _NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 _PROBE = [
@@ -67,32 +70,37 @@ class FastokensBPE:
                      getattr(model, "ignore_merges", None))
         cached = _ENGINES.get(backend)
         if cached is None or cached[0] != signature:
-            cached = (signature, _exact(backend))
+            cached = (signature, _eligible(backend))
             _ENGINES[backend] = cached
         return cls(backend) if cached[1] else None
 
     def native(self) -> Any:
-        """The fastokens.Tokenizer (built on first use in each process)."""
-        tok = _NATIVE.get(self.backend)
-        if tok is None:
-            import fastokens
-
-            tok = _NATIVE[self.backend] = fastokens.Tokenizer.from_json_str(self.backend.to_str())
-        return tok
+        """The fastokens.Tokenizer, or None where it failed the probe (built and probed on first use in each
+        process)."""
+        if self.backend not in _NATIVE:
+            _NATIVE[self.backend] = _checked_native(self.backend)
+        return _NATIVE[self.backend]
 
     def encode(self, texts: list[str]) -> tuple[Flat, list[int]]:
         """The ids of every text (no special tokens added), flat, and the texts it left to the HF tokenizer (not
-        valid Unicode): those have no ids in ``Flat`` (an empty span)."""
-        left: list[int] = []
-        try:
-            ids, offsets = self.native().encode_batch_flat(texts, add_special_tokens=False)
-        except UnicodeEncodeError:  # a lone surrogate somewhere: encode the others, leave it to HF
-            left = [k for k, t in enumerate(texts) if not _valid(t)]
-            keep = set(left)
-            ids, offsets = self.native().encode_batch_flat(
-                ["" if k in keep else t for k, t in enumerate(texts)], add_special_tokens=False)
-        return Flat(np.frombuffer(ids, dtype=np.uint32).astype(np.int32),
-                    np.frombuffer(offsets, dtype=np.uint64).tolist()), left
+        valid Unicode; every text where the probe failed): those have no ids in ``Flat`` (an empty span)."""
+        native = self.native()
+        if native is None:
+            return Flat(np.zeros(0, dtype=np.int32), [0] * (len(texts) + 1)), list(range(len(texts)))
+        return _encode(native, texts)
+
+
+def _encode(native: Any, texts: list[str]) -> tuple[Flat, list[int]]:
+    left: list[int] = []
+    try:
+        ids, offsets = native.encode_batch_flat(texts, add_special_tokens=False)
+    except UnicodeEncodeError:  # a lone surrogate somewhere: encode the others, leave it to HF
+        left = [k for k, t in enumerate(texts) if not _valid(t)]
+        keep = set(left)
+        ids, offsets = native.encode_batch_flat(["" if k in keep else t for k, t in enumerate(texts)],
+                                                add_special_tokens=False)
+    return Flat(np.frombuffer(ids, dtype=np.uint32).astype(np.int32),
+                np.frombuffer(offsets, dtype=np.uint64).tolist()), left
 
 
 def _valid(text: str) -> bool:
@@ -103,16 +111,24 @@ def _valid(text: str) -> bool:
     return True
 
 
-def _exact(backend: Any) -> bool:
+def _eligible(backend: Any) -> bool:
     try:
         import fastokens  # noqa: F401
     except ImportError:  # not installed: tiktoken or the HF tokenizer
         return False
-    if any(t.normalized or t.lstrip or t.rstrip or t.single_word for t in backend.get_added_tokens_decoder().values()):
-        return False
+    return not any(t.normalized or t.lstrip or t.rstrip or t.single_word
+                   for t in backend.get_added_tokens_decoder().values())
+
+
+def _checked_native(backend: Any) -> Any:
+    """fastokens' tokenizer of ``backend``'s tokenizer.json where its ids equal the HF tokenizer's on the probe,
+    else None."""
+    import fastokens
+
     try:
-        flat, _ = FastokensBPE(backend).encode(_PROBE)
+        native = fastokens.Tokenizer.from_json_str(backend.to_str())
+        flat, _ = _encode(native, _PROBE)
     except Exception:  # a pipeline fastokens cannot load: the HF tokenizer  # noqa: BLE001
-        return False
+        return None
     want = backend.encode_batch(_PROBE, add_special_tokens=False)
-    return [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] == [e.ids for e in want]
+    return native if [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] == [e.ids for e in want] else None

@@ -16,6 +16,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from packer.core.types import Example
+from packer.encode import fastokens_bpe
 from packer.encode.encoder import Encoder
 from packer.encode.fastokens_bpe import FastokensBPE
 from packer.encode.tokenizers import load_tokenizer
@@ -110,6 +111,21 @@ def test_no_engine_for_unchecked_added_token_flags():
         tok = _user_tokenizer(extra=AddedToken("<|x|>", **{"normalized": False, **flags}))
         assert FastokensBPE.of(tok.backend_tokenizer) is None, flags
     assert FastokensBPE.of(_user_tokenizer().backend_tokenizer) is not None
+
+
+def test_failed_probe_leaves_every_text_to_hf(image_root):
+    """Where fastokens' ids differ from HF's on the probe (or it cannot load the file), the HF tokenizer encodes
+    every text, with the same bytes out."""
+    tok = _user_tokenizer()
+    tok.chat_template = load_tokenizer("qwen2.5").chat_template
+    encoder = Encoder(tok, get_profile("text"))
+    assert encoder._fastokens is not None
+    fastokens_bpe._NATIVE[encoder._fastokens.backend] = None  # what a failed probe leaves
+    records = [{"messages": [{"role": "user", "content": "quick fox"}, {"role": "assistant", "content": "The dog."}]}]
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+    assert encoder.path_counts()["tokens:fastokens"] == 0 and encoder.path_counts()["tokens:hf"] > 0
 
 
 def test_byte_fallback_vocabulary_takes_the_hf_tokenizer(image_root):
