@@ -17,10 +17,12 @@ says which path each step took (a test proves the general one ran):
 - ``python-template``: the ChatML template in pure Python (templates.py), where Jinja is the general path;
 - ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
   character offsets per text are the general path;
-- ``tiktoken``: the ids from tiktoken with the tokenizer's own ranks and split (tiktoken_bpe.py), where the HF
-  tokenizer is the general path; only for a vocabulary it is exact on (Qwen2's, Llama 3's, Llama 4's rank files),
-  and with ``byte-lengths`` (its tokens' boundaries come from their byte lengths). A text it leaves (one NFC would
-  change) goes to the HF tokenizer.
+- ``fastokens``: the batch's ids, flat, from fastokens on the tokenizer's own tokenizer.json (fastokens_bpe.py),
+  where the HF tokenizer is the general path; only where it is checked exact and with ``byte-lengths`` (its
+  tokens' boundaries come from their byte lengths). A text it leaves (not valid Unicode) goes to the HF tokenizer.
+- ``tiktoken``: the ids from tiktoken with the tokenizer's own ranks and split (tiktoken_bpe.py), where fastokens
+  does not apply (switched off); only for a vocabulary it is exact on (Qwen2's, Llama 3's, Llama 4's rank
+  files), and with ``byte-lengths``. A text it leaves (one NFC would change) goes to the HF tokenizer.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -41,13 +44,14 @@ from packer.core.types import IGNORE_INDEX, Encoded, Example
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
 from packer.encode.context import EncodeContext, RunIds, TokenizerView
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
+from packer.encode.fastokens_bpe import FastokensBPE, Flat
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
 from packer.encode.tiktoken_bpe import TiktokenBPE
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 
-FAST_PATHS = ("python-template", "byte-lengths", "tiktoken")
+FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "tiktoken")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 
@@ -100,9 +104,11 @@ class Encoder:
             special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
             images=profile.image is not None, fast="python-template" in self.fast_paths,
         )
-        # the ids from tiktoken where it is exact (None: the HF tokenizer); its boundaries need the byte lengths
-        self._tiktoken = (TiktokenBPE.of(view.backend) if "tiktoken" in self.fast_paths and view.token_bytes is not None
-                          else None)
+        # the ids from fastokens, else tiktoken, where exact (None: the HF tokenizer); boundaries need byte lengths
+        bytes_ok = view.token_bytes is not None
+        self._fastokens = FastokensBPE.of(view.backend) if "fastokens" in self.fast_paths and bytes_ok else None
+        self._tiktoken = (TiktokenBPE.of(view.backend) if self._fastokens is None and "tiktoken" in self.fast_paths
+                          and bytes_ok else None)
         self.image_token_id = self._token_id(view, profile.image_token)
         self.video_token_id = self._token_id(view, profile.video_token)
         self.audio_token_id = self._token_id(view, profile.audio_token)
@@ -135,7 +141,7 @@ class Encoder:
 
     def path_counts(self) -> Counter[str]:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
-        "render:jinja+prefixes"), tokens ("tokens:tiktoken", "tokens:hf", per text) and labels
+        "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:tiktoken", "tokens:hf", per text) and labels
         ("labels:byte-lengths", "labels:offsets")."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
@@ -203,13 +209,24 @@ class Encoder:
                 out.append(e if e.path else e.located(example.path, example.line))
         return out
 
-    def _tokenize(self, texts: list[str]) -> list:
-        """Each text's tokens: its ids from tiktoken (a list) or its tokenizers.Encoding from the HF tokenizer."""
+    def _tokenize(self, texts: list[str]) -> list | Flat:
+        """Each text's tokens: all ids flat from fastokens (``Flat``), or per text its ids from tiktoken (a list)
+        or its tokenizers.Encoding from the HF tokenizer."""
         view = self.context.tokens
+        if self._fastokens is not None:
+            flat, rest = self._fastokens.encode(texts)
+            self.paths["tokens:fastokens"] += len(texts) - len(rest)
+            if not rest:
+                return flat
+            self.paths["tokens:hf"] += len(rest)
+            out: list = [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)]
+            for k, encoding in zip(rest, view.tokenize([texts[k] for k in rest], offsets=False), strict=True):
+                out[k] = encoding
+            return out
         if self._tiktoken is None:
             self.paths["tokens:hf"] += len(texts)
             return view.tokenize(texts, offsets=view.token_bytes is None)
-        out: list = self._tiktoken.encode(texts)
+        out = self._tiktoken.encode(texts)
         rest = [k for k, ids in enumerate(out) if ids is None]
         for k, encoding in zip(rest, view.tokenize([texts[k] for k in rest], offsets=False), strict=True):
             out[k] = encoding

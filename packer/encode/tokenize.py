@@ -73,13 +73,15 @@ def offset_boundaries(ids: np.ndarray, enc: Any, text: str) -> Boundaries:
     return Boundaries(token_at, lambda token, char: enc.token_to_chars(token)[0] < char)
 
 
-def flat_ids(encodings: list) -> tuple[np.ndarray, list[int]]:
-    """(T,) int32 ids of all ``encodings`` (tokenizers.Encodings, or lists of ids) back to back, and where each
-    starts: encoding k's ids are
+def flat_ids(encodings: Any) -> tuple[np.ndarray, list[int]]:
+    """(T,) int32 ids of all ``encodings`` (tokenizers.Encodings, or lists of ids; a ``fastokens_bpe.Flat`` is
+    already this, as it is) back to back, and where each starts: encoding k's ids are
     ``ids[starts[k]:starts[k + 1]]``. One conversion for the whole batch: numpy's per-call cost paid once.
 
         encodings' ids [5, 6, 7], [8, 9]  ->  ids [5, 6, 7, 8, 9], starts [0, 3, 5]
     """
+    if isinstance(encodings, tuple):  # a Flat: one engine call gave the whole batch flat
+        return encodings
     lists = [e if isinstance(e, list) else e.ids for e in encodings]
     starts = [0, *accumulate(map(len, lists))]
     return np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=starts[-1]), starts

@@ -1,0 +1,134 @@
+"""The fastest exact tokenizer engine packer has: ``fastokens`` (a Rust re-implementation of HF ``tokenizers``'
+encode from the same tokenizer.json), batch in, flat ids + offsets out (no Python object per token or per text).
+
+``FastokensBPE.of(backend)`` gives one only where packer can check it is exact, else None (tiktoken, or the HF
+tokenizer, then encode, as before); the last check runs where the engine is first used, in each process (building
+the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: the build's parent, which only pickles the encoder,
+never pays it), and a failed one leaves every text to the HF tokenizer:
+
+- (the Encoder's condition) the pipeline is one whose boundaries come from token byte lengths
+  (``tokenize.token_byte_lengths``: byte-level BPE, no normalizer or NFC, no prefix space or offset trimming):
+  labels never need the offsets fastokens does not give; a byte-fallback (SentencePiece) vocabulary goes to the
+  HF tokenizer with its offsets;
+- no added token strips, matches as a single word or is normalized (none of the builtins' does; flags the fuzz
+  tests do not cover go to the HF tokenizer);
+- on a fixed probe of hard text (NFC-rewritten accents, literal special tokens, emoji, digits, long runs) its ids
+  equal the HF tokenizer's: a construct fastokens would read otherwise fails here, before any text is encoded.
+
+A text that is not valid Unicode (a lone surrogate) goes to the HF tokenizer, which raises as it always did.
+tests/encode/test_fastokens_bpe.py fuzzes every builtin against transformers, NFC text and user files included;
+docs/benchmarks.md, "Fast paths": 10x tiktoken's speed on the build's rendered texts.
+"""
+
+from __future__ import annotations
+
+import weakref
+from itertools import pairwise
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# tokenizers.Tokenizer -> (signature, whether the engine may apply); weak keys: it dies with its tokenizer
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# tokenizers.Tokenizer -> fastokens.Tokenizer from its tokenizer.json, or None where the probe failed; built once
+# per process (never pickled)
+_NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+_PROBE = [
+    "cafe\u0301 na\u0308ive \u1100\u1161\u11a8 \uac00",  # decomposed accents and jamo: NFC rewrites them
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><|image_pad|><|begin_of_text|><|eot_id|>",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f44d\U0001f3fd 12345678901234 \u0661\u0662 \uff11\uff12",
+    "   \n\n\t\t  x  " + "a" * 300 + " " * 200 + "\u4e2d\u6587" * 50 + "\r\n\u2028\u00a0\u3000\u200b",
+    "def f(x):\n    return x ** 2  # 'quote' \"q\" don't I'm we'll\n",
+    "",
+]
+
+
+class Flat(NamedTuple):
+    """A batch's tokens back to back: text k's ids are ``ids[starts[k]:starts[k + 1]]``."""
+
+    ids: np.ndarray
+    """(T,) int32 ids of every text."""
+    starts: list[int]
+    """(N+1,) where each text's ids start (and the last ends)."""
+
+
+class FastokensBPE:
+    """What fastokens needs to encode as the HF tokenizer does: the HF tokenizer itself (pickled once with the
+    encoder that holds both), whose tokenizer.json each process builds its native tokenizer from, once."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+
+    @classmethod
+    def of(cls, backend: Any) -> FastokensBPE | None:
+        """The engine for this tokenizers.Tokenizer, or None where it is not known exact; computed once per
+        tokenizer and reused while its vocabulary and pipeline are unchanged."""
+        model = backend.model  # not repr(model): that serializes the whole vocabulary
+        signature = (backend.get_vocab_size(with_added_tokens=True), repr(backend.normalizer),
+                     repr(backend.pre_tokenizer), type(model).__name__, getattr(model, "dropout", None),
+                     getattr(model, "ignore_merges", None))
+        cached = _ENGINES.get(backend)
+        if cached is None or cached[0] != signature:
+            cached = (signature, _eligible(backend))
+            _ENGINES[backend] = cached
+        return cls(backend) if cached[1] else None
+
+    def native(self) -> Any:
+        """The fastokens.Tokenizer, or None where it failed the probe (built and probed on first use in each
+        process)."""
+        if self.backend not in _NATIVE:
+            _NATIVE[self.backend] = _checked_native(self.backend)
+        return _NATIVE[self.backend]
+
+    def encode(self, texts: list[str]) -> tuple[Flat, list[int]]:
+        """The ids of every text (no special tokens added), flat, and the texts it left to the HF tokenizer (not
+        valid Unicode; every text where the probe failed): those have no ids in ``Flat`` (an empty span)."""
+        native = self.native()
+        if native is None:
+            return Flat(np.zeros(0, dtype=np.int32), [0] * (len(texts) + 1)), list(range(len(texts)))
+        return _encode(native, texts)
+
+
+def _encode(native: Any, texts: list[str]) -> tuple[Flat, list[int]]:
+    left: list[int] = []
+    try:
+        ids, offsets = native.encode_batch_flat(texts, add_special_tokens=False)
+    except UnicodeEncodeError:  # a lone surrogate somewhere: encode the others, leave it to HF
+        left = [k for k, t in enumerate(texts) if not _valid(t)]
+        keep = set(left)
+        ids, offsets = native.encode_batch_flat(["" if k in keep else t for k, t in enumerate(texts)],
+                                                add_special_tokens=False)
+    return Flat(np.frombuffer(ids, dtype=np.uint32).astype(np.int32),
+                np.frombuffer(offsets, dtype=np.uint64).tolist()), left
+
+
+def _valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _eligible(backend: Any) -> bool:
+    try:
+        import fastokens  # noqa: F401
+    except ImportError:  # not installed: tiktoken or the HF tokenizer
+        return False
+    return not any(t.normalized or t.lstrip or t.rstrip or t.single_word
+                   for t in backend.get_added_tokens_decoder().values())
+
+
+def _checked_native(backend: Any) -> Any:
+    """fastokens' tokenizer of ``backend``'s tokenizer.json where its ids equal the HF tokenizer's on the probe,
+    else None."""
+    import fastokens
+
+    try:
+        native = fastokens.Tokenizer.from_json_str(backend.to_str())
+        flat, _ = _encode(native, _PROBE)
+    except Exception:  # a pipeline fastokens cannot load: the HF tokenizer  # noqa: BLE001
+        return None
+    want = backend.encode_batch(_PROBE, add_special_tokens=False)
+    return native if [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] == [e.ids for e in want] else None

@@ -1,0 +1,162 @@
+"""The fastokens engine (packer/encode/fastokens_bpe.py) against the HF tokenizer it replaces: the same ids on
+adversarial text for every builtin (transformers' reference tokenizers), NFC text, literal special tokens, a
+user's own tokenizer file with added tokens; the HF tokenizer where it must (a lone surrogate, a byte-fallback
+vocabulary, added-token flags it is not checked on); and the build's own records byte-identical."""
+
+from __future__ import annotations
+
+import unicodedata
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from packer.core.types import Example
+from packer.encode import fastokens_bpe
+from packer.encode.encoder import Encoder
+from packer.encode.fastokens_bpe import FastokensBPE
+from packer.encode.tokenizers import load_tokenizer
+from packer.models import get_profile
+from packer.models.registry import builtin_tokenizers
+from tests.encode.helpers import assert_same, general, one_by_one, parse_all
+from tests.encode.reference_tokenizers import reference_tokenizer
+from tests.encode.test_builtin_tokenizers import NFC_EXAMPLE, adversarial
+from tests.encode.test_tiktoken_bpe import _records
+
+pytest.importorskip("fastokens")
+
+
+def _ids(engine: FastokensBPE, texts: list[str]) -> list[list[int] | None]:
+    flat, left = engine.encode(texts)
+    assert flat.ids.dtype == np.int32 and len(flat.starts) == len(texts) + 1
+    return [None if k in left else flat.ids[a:b].tolist() for k, (a, b) in enumerate(pairwise(flat.starts))]
+
+
+def _check(name: str, max_examples: int) -> None:
+    backend = load_tokenizer(name).backend_tokenizer
+    engine = FastokensBPE.of(backend)
+    assert engine is not None
+    try:
+        ref = reference_tokenizer(name)
+    except Exception:  # mistral3 (tekken): no transformers reference here; its own tokenizer is the reference
+        ref = backend
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(texts=st.lists(adversarial(name), min_size=1, max_size=6))
+    def check(texts):
+        for text, ids, want in zip(texts, _ids(engine, texts), ref.encode_batch(texts, add_special_tokens=False),
+                                   strict=True):
+            assert ids == want.ids, text
+
+    check()
+
+
+def test_engine_equals_hf_on_adversarial_text_qwen(qwen_tokenizer):
+    _check("qwen2-vl", 60)
+    engine = FastokensBPE.of(qwen_tokenizer.backend_tokenizer)
+    want = qwen_tokenizer.backend_tokenizer.encode(NFC_EXAMPLE, add_special_tokens=False).ids
+    assert _ids(engine, [NFC_EXAMPLE]) == [want] == [[924, 58858, 43117, 533]]  # NFC: fastokens normalizes too
+    literal = "<|im_start|>user\nhi<|im_end|><|image_pad|>"  # literal special tokens in the text: one id each
+    assert _ids(engine, [literal])[0][:1] == [qwen_tokenizer.convert_tokens_to_ids("<|im_start|>")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in builtin_tokenizers() if n != "qwen2-vl"])
+def test_engine_equals_hf_on_adversarial_text(name):
+    """Every builtin, mistral3's tekken too, gets the engine, and it equals the reference."""
+    _check(name, 30)
+
+
+def test_lone_surrogate_goes_to_hf(qwen_tokenizer):
+    engine = FastokensBPE.of(qwen_tokenizer.backend_tokenizer)
+    assert _ids(engine, ["ok", "bad \ud800", "fine"]) == [[562], None, [62057]]
+
+
+def _user_tokenizer(**added: AddedToken) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained here on a little text (a user's own tokenizer.json), NFC, with added tokens."""
+    backend = Tokenizer(models.BPE(ignore_merges=True))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(pattern=Regex(r"\s+|\w+|[^\s\w]+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    text = ["The quick brown fox jumps over the lazy dog. Caf\u00e9 na\u00efve \u6771\u4eac 12345."] * 50
+    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                          special_tokens=["<s>", "</s>"]))
+    backend.add_special_tokens([AddedToken("<|user|>", normalized=False), *added.values()])
+    backend.add_tokens([AddedToken("quickfox", normalized=False)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(texts=st.lists(st.one_of(adversarial("qwen2-vl"), st.sampled_from(["<|user|>", "quickfox", "<s>", "quick fox"])),
+                      min_size=1, max_size=6).map(lambda xs: ["".join(xs), *xs]))
+def test_user_tokenizer_file_with_added_tokens(texts):
+    tok = _user_tokenizer()
+    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())  # as read back from a user's file
+    engine = FastokensBPE.of(backend)
+    assert engine is not None
+    assert _ids(engine, texts) == [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_no_engine_for_unchecked_added_token_flags():
+    """An added token that strips, matches as a single word or is normalized: the HF tokenizer encodes."""
+    for flags in ({"lstrip": True}, {"rstrip": True}, {"single_word": True}, {"normalized": True}):
+        tok = _user_tokenizer(extra=AddedToken("<|x|>", **{"normalized": False, **flags}))
+        assert FastokensBPE.of(tok.backend_tokenizer) is None, flags
+    assert FastokensBPE.of(_user_tokenizer().backend_tokenizer) is not None
+
+
+def test_failed_probe_leaves_every_text_to_hf(image_root):
+    """Where fastokens' ids differ from HF's on the probe (or it cannot load the file), the HF tokenizer encodes
+    every text, with the same bytes out."""
+    tok = _user_tokenizer()
+    tok.chat_template = load_tokenizer("qwen2.5").chat_template
+    encoder = Encoder(tok, get_profile("text"))
+    assert encoder._fastokens is not None
+    fastokens_bpe._NATIVE[encoder._fastokens.backend] = None  # what a failed probe leaves
+    records = [{"messages": [{"role": "user", "content": "quick fox"}, {"role": "assistant", "content": "The dog."}]}]
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+    assert encoder.path_counts()["tokens:fastokens"] == 0 and encoder.path_counts()["tokens:hf"] > 0
+
+
+def test_byte_fallback_vocabulary_takes_the_hf_tokenizer(image_root):
+    """A SentencePiece-style BPE with byte fallback: its boundaries need offsets, so the HF tokenizer encodes
+    (no engine), and the encoder's output is the general path's."""
+    backend = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    backend.train_from_iterator(["Hello there, how are you today? Fine thanks."] * 20,
+                                trainers.BpeTrainer(vocab_size=400, special_tokens=specials))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = load_tokenizer("qwen2.5").chat_template  # ChatML
+    encoder = Encoder(tok, get_profile("text"))
+    records = [{"messages": [{"role": "user", "content": "Hi \u6771"}, {"role": "assistant", "content": "Hello there."}]}]
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+    assert encoder.path_counts()["tokens:fastokens"] == 0 and encoder.path_counts()["tokens:hf"] > 0
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(text=adversarial("qwen2-vl"))
+def test_build_records_equal_general_path(qwen_tokenizer, image_root, text):
+    """Chats, images, trees and text records holding adversarial text (NFC-rewritten too): the default encoder
+    (fastokens, flat) gives the general path's bytes, and fastokens encoded every text."""
+    encoder = Encoder(qwen_tokenizer, get_profile("qwen2-vl", max_pixels=64 * 28 * 28))
+    examples = [p for p in parse_all(_records(text), image_root) if isinstance(p, Example)]
+    for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+    counts = encoder.path_counts()
+    assert counts["tokens:fastokens"] > 0 and counts["tokens:hf"] == 0 and counts["tokens:tiktoken"] == 0, counts
+    assert unicodedata.is_normalized("NFC", text) or counts["labels:offsets"] > 0  # NFC-rewritten: offsets' labels
