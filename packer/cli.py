@@ -249,6 +249,58 @@ def build(inputs: tuple[str, ...], config_file: str | None, sources: tuple[str, 
         click.echo(f"details: packer stats {result.output}")
 
 
+REPACK_OPTIONS = ("output", "max_length", "keep_up_to", "max_vision_tokens", "max_images", "max_videos",
+                  "max_audio_tokens", "max_audios", "max_examples_per_pack", "algorithm", "balance_vision", "refine",
+                  "seed", "rows_per_shard", "rows_per_row_group", "num_proc", "executor", "ray_address",
+                  "max_reject_fraction", "overwrite")  # packer.pipeline.repack.CHANGEABLE, as options
+
+
+def _weights(items: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, weight = item.rpartition("=")
+        try:
+            out[name] = float(weight)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected NAME=WEIGHT (a number)", param_hint="--weight") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected NAME=WEIGHT", param_hint="--weight")
+    return out
+
+
+@cli.command(short_help="Pack a build's encoded examples again with other packing options.")
+@directory_argument
+@config_options(*REPACK_OPTIONS)
+@click.option("--weight", "weights", multiple=True, metavar="NAME=W",
+              help="A source's new sampling weight (as --source's @W); `=W` for the unnamed source. Repeatable.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars; print only errors.")
+@handle_errors
+def repack(directory: str, weights: tuple[str, ...], quiet: bool, **options: Any) -> None:
+    """Pack the encoded examples of the finished build DIRECTORY into --output with other packing options
+    (max length, budgets, algorithm, seed, source weights, shard size), without re-tokenizing: the shards are
+    byte-identical to a fresh `packer build` with the same options. A --max-length above the longest example
+    DIRECTORY's encode cache kept (its --keep-up-to, else its --max-length) is refused: build again.
+
+    \b
+    Examples:
+      packer repack out/ -o out-16k/ --max-length 16384
+      packer repack out/ -o out-b/ --max-vision-tokens 4096 --seed 1 --weight chat=2
+    """
+    from packer.pipeline.repack import repack as run_repack
+
+    overrides = config_overrides(options)
+    output = overrides.pop("output", None)
+    if not output:
+        raise click.UsageError("repack needs --output NEW (another directory than DIRECTORY)")
+    result = run_repack(directory, output, weights=_weights(weights), progress=not quiet, **overrides)
+    if not quiet:
+        st = result.stats
+        click.secho(f"repacked {st['examples']:,} examples into {st['packs']:,} packs "
+                    f"({100 * st['efficiency']:.2f}% full); {st['rejected']:,} rejected; "
+                    f"{len(result.manifest['shards'])} shard(s) in {result.output}", fg="green")
+        click.echo(f"details: packer stats {result.output}")
+
+
 @cli.command(short_help="What the packing achieved: table, JSON or picture.")
 @directory_argument
 @click.option("--json", "as_json", is_flag=True, help="Print stats.json instead of the table.")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import threading
 from contextlib import closing
@@ -37,7 +38,7 @@ from packer import __version__
 from packer.config import BuildConfig, make_encoder
 from packer.core.media import MEDIA, medium
 from packer.encode.encoder import Encoder
-from packer.errors import ConfigError, RejectRateError
+from packer.errors import ConfigError, RejectRateError, ShardError
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
@@ -46,8 +47,13 @@ from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
 from packer.pipeline.output import (
     build_fingerprint,
+    encode_ceiling,
+    encode_fingerprint,
     prepare_output,
+    read_encode_mark,
     remove_stale_shards,
+    reusable,
+    write_encode_mark,
     write_rejects,
 )
 from packer.pipeline.stages import (
@@ -62,12 +68,13 @@ from packer.pipeline.stages import (
     streamed_inputs,
     warm_planner,
 )
-from packer.shards.io import write_json_atomic
+from packer.shards.io import write_json_atomic, write_text_atomic
 from packer.shards.schema import (
     MANIFEST,
     REJECTS,
     SCHEMA_VERSION,
     STATS,
+    WORK_DIR,
     Manifest,
     ShardEntry,
     TokenizerRef,
@@ -109,34 +116,70 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     from packer.report.stats import compute_stats, format_stats
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out = store_path(config.output, config.storage_options)
+    inputs = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
+    # an encode cache whose every chunk is committed (a finished build, packer repack's copy) needs no scan when
+    # this build may reuse it (the check below, once the tokenizer is loaded); else the scan runs after all
+    prior = read_encode_mark(out / WORK_DIR)
+    prior = prior if prior is not None and prior.get("chunks") is not None and prior.get("inputs") == inputs else None
     streamed = streamed_inputs(config)
     # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it);
     # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir
-    scanned = None if streamed else executor.submit(scan_chunks, config, progress=progress)
+    scanned = None if streamed or prior is not None else executor.submit(scan_chunks, config, progress=progress)
     encoder = make_encoder(config)
-    executor.preload(encoder)
+    preloaded = prior is None  # a reused cache may need no encoder in the workers: preloaded once that is known
+    if preloaded:
+        executor.preload(encoder)
     tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
     template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
-    out = store_path(config.output, config.storage_options)
     if scanned is not None:
         chunks = scanned()
         files = sorted({c.path for c in chunks})
     else:
-        files = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
+        files = prior["files"] if prior is not None else inputs
     fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
                                     files=files)
-    work = prepare_output(out, fingerprint, overwrite=config.overwrite)
-    if scanned is None:
-        chunks = executor.submit(scan_chunks, config, progress=progress, spill=str((work / "inputs").resolve()))()
-        files = sorted({c.path for c in chunks})
-    cache = EncodeCache(work / "encode", len(chunks))
-    cache.root.mkdir(exist_ok=True)
+    encoding = (encode_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
+                                   files=files), encode_ceiling(config))
+    work = prepare_output(out, fingerprint, overwrite=config.overwrite, encoding=encoding)
+    mark = read_encode_mark(work)
+    if not reusable(mark, *encoding):  # a new cache (or one older than its mark, of this very build)
+        mark = {"fingerprint": encoding[0], "keeps_up_to": encoding[1]}
+        write_encode_mark(work, mark)
+    if mark["keeps_up_to"] not in (None, encoder.max_length):  # the cache keeps more than max_length: so does
+        encoder = encoder.replace(max_length=mark["keeps_up_to"])  # what is encoded into it
+        preloaded = False
+    cache = EncodeCache(work / "encode", mark.get("chunks") or 0)
+    complete = (prior is not None and mark.get("inputs") == inputs and mark.get("chunks") is not None
+                and all(cache.arrow(i).exists() for i in range(cache.num_chunks)))
+    if complete:  # nothing to encode: every chunk of these inputs is in the cache
+        files = mark["chunked"]
+    else:
+        if not preloaded:
+            executor.preload(encoder)
+        fingerprinted = files
+        if scanned is None:
+            chunks = executor.submit(scan_chunks, config, progress=progress,
+                                     spill=str((work / "inputs").resolve()))()
+            files = sorted({c.path for c in chunks})
+            if prior is not None and not streamed and files != fingerprinted:  # the prior cache's list, but a file emptied since
+                fingerprinted = files
+                fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp,
+                                                chat_template_sha256=template_sha256, files=files)
+                write_text_atomic(work / "fingerprint", fingerprint + "\n")
+        cache = EncodeCache(work / "encode", len(chunks))
+        cache.root.mkdir(exist_ok=True)
 
     # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
-    totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
-                            progress=progress)
+    if complete:
+        totals, parts = _cached(cache, progress=progress)
+    else:
+        totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
+                                progress=progress)
+        write_encode_mark(work, {**mark, "chunks": len(chunks), "inputs": inputs, "files": fingerprinted,
+                                 "chunked": files})  # a rebuild with other packing options needs no scan
     table = cache.open(parts=parts)
     over_budget, budget_rejected = budget_rejects(table, config)
     rejected = totals.rejected + len(budget_rejected)
@@ -145,7 +188,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         raise ConfigError(f"the inputs ({', '.join(named)}) hold no record: nothing to pack")
     if totals.records and (rejected / totals.records > config.max_reject_fraction
                            or table.num_rows == int(over_budget.sum())):
-        notes = reject_notes(cache.rejects() + budget_rejected, files)
+        notes = reject_notes(_encode_rejects(cache, config) + budget_rejected, files)
         if len(notes) < 2 and rejected < totals.records:
             notes = []  # a count without a hint about the file adds nothing to the rejects' own file
         why = (f"{rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}"
@@ -170,7 +213,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
         shutil.rmtree(mirror_dir(cache.root), ignore_errors=True)
 
-    rejects = sorted(cache.rejects() + budget_rejected, key=lambda r: (r["path"], r["line"]))
+    rejects = sorted(_encode_rejects(cache, config) + budget_rejected, key=lambda r: (r["path"], r["line"]))
     write_rejects(out / REJECTS, rejects)
     hooks.at("rejects")
     stats = compute_stats(
@@ -302,6 +345,34 @@ def _encode(
             bar.set_postfix(examples=encoded, rejects=rejected, refresh=False)
             hooks.at("encode", done)
     return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
+
+
+def _cached(cache: EncodeCache, *, progress: bool) -> tuple[ChunkCounts, list[pa.Table]]:
+    """``_encode``'s totals and plan columns for a cache whose every chunk is committed (a repack, a rebuild
+    with other packing options): read here, no task runs."""
+    records = encoded = rejected = 0
+    parts = []
+    for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached", unit="chunk"):
+        counts = cache.counts(i)
+        if counts is None:
+            raise ShardError(f"chunk {i} of {cache.root} vanished during the build; rerun the same command")
+        records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
+        parts.append(cache.read(i))
+    return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
+
+
+_OVERLONG = re.compile(r"([0-9]+) tokens > --max-length [0-9]+")  # Encoder._finish's message under overlong: drop
+
+
+def _encode_rejects(cache: EncodeCache, config: BuildConfig) -> list[dict[str, Any]]:
+    """The cache's rejects, each ``overlong`` one told against this build's ``max_length``: a cache kept up to
+    more (``--keep-up-to``, a repack) names its own ceiling, and a build's rejects must not depend on it."""
+    rejects = cache.rejects()
+    for r in rejects:
+        found = _OVERLONG.fullmatch(r["message"]) if r["reason"] == "overlong" else None
+        if found:
+            r["message"] = f"{found.group(1)} tokens > --max-length {config.max_length}"
+    return rejects
 
 
 def _write(
