@@ -146,15 +146,15 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     if not reusable(mark, *encoding):  # a new cache (or one older than its mark, of this very build)
         mark = {"fingerprint": encoding[0], "keeps_up_to": encoding[1]}
         write_encode_mark(work, mark)
-    if mark["keeps_up_to"] not in (None, encoder.max_length):  # the cache keeps more than max_length: so does
-        encoder = encoder.replace(max_length=mark["keeps_up_to"])  # what is encoded into it
-        preloaded = False
     cache = EncodeCache(work / "encode", mark.get("chunks") or 0)
     complete = (prior is not None and mark.get("inputs") == inputs and mark.get("chunks") is not None
                 and all(cache.arrow(i).exists() for i in range(cache.num_chunks)))
     if complete:  # nothing to encode: every chunk of these inputs is in the cache
         files = mark["chunked"]
     else:
+        if mark["keeps_up_to"] not in (None, encoder.max_length):  # the cache keeps more than max_length: so
+            encoder = encoder.replace(max_length=mark["keeps_up_to"])  # does what is encoded into it
+            preloaded = False
         if not preloaded:
             executor.preload(encoder)
         fingerprinted = files
