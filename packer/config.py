@@ -474,18 +474,27 @@ def _is_dataset_dir(path: str) -> bool:
     return is_dataset_dir(path)
 
 
-def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True) -> Encoder:
+def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True, tokenizer: Any = None,
+                 max_length: int | None = None) -> Encoder:
     """The Encoder of ``config`` (profile, tokenizer, chat template, length policy): the one a build, online
     packing and ``verify``'s tokenizer check all use. Loading the tokenizer is the expensive part, so a build
-    makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path)."""
+    makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path);
+    ``tokenizer``: the one ``config`` names, loaded already; ``max_length``: the encoder's instead of
+    ``config.max_length`` (a build whose encode cache keeps more: ``keep_up_to``)."""
     from packer.encode.tokenizers import load_tokenizer
 
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer_name())
+    return Encoder(tokenizer, get_profile(config.profile, **config.profile_overrides()),
+                   max_length=max_length or config.max_length, overlong=config.overlong, long_docs=config.long_docs,
+                   long_docs_overlap=config.long_docs_overlap, chat_template=chat_template_source(config), fast=fast)
+
+
+def chat_template_source(config: BuildConfig) -> str | None:
+    """``chat_template``: a file's contents, else the template itself; None: the tokenizer's (the Encoder's)."""
     template = config.chat_template
-    if template and Path(template).is_file():  # a file's contents, else the template itself
+    if template and Path(template).is_file():
         template = Path(template).read_text()
-    return Encoder(load_tokenizer(config.tokenizer_name()), get_profile(config.profile, **config.profile_overrides()),
-                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
-                   long_docs_overlap=config.long_docs_overlap, chat_template=template, fast=fast)
+    return template
 
 
 def _check_profile_options(config: BuildConfig) -> None:

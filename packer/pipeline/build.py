@@ -35,10 +35,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer import __version__
-from packer.config import BuildConfig, make_encoder
+from packer.config import BuildConfig, chat_template_source, make_encoder
 from packer.core.media import MEDIA, medium
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RejectRateError, ShardError
+from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
@@ -112,6 +113,7 @@ def build(
 def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool) -> BuildResult:
     """``build`` once its executor is started."""
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
+    from packer.encode.tokenizers import load_tokenizer
     from packer.formats.read import expand_inputs
     from packer.report.stats import compute_stats, format_stats
 
@@ -126,12 +128,18 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it);
     # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir
     scanned = None if streamed or prior is not None else executor.submit(scan_chunks, config, progress=progress)
-    encoder = make_encoder(config)
-    preloaded = prior is None  # a reused cache may need no encoder in the workers: preloaded once that is known
-    if preloaded:
+    if prior is None:
+        encoder: Encoder | None = make_encoder(config, max_length=encode_ceiling(config))
         executor.preload(encoder)
-    tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
-    template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
+        tokenizer, template, profile = encoder.tokenizer, encoder.template, encoder.profile
+    else:  # a reused cache needs no encoder (its tables take seconds to build): made below if it is needed
+        encoder, tokenizer = None, load_tokenizer(config.tokenizer_name())
+        template = chat_template_source(config)
+        template = template if template is not None else getattr(tokenizer, "chat_template", None)  # as Encoder's
+        profile = get_profile(config.profile, **config.profile_overrides())
+    preloaded = encoder is not None
+    tokenizer_fp = tokenizer_fingerprint(tokenizer)
+    template_sha256 = hashlib.sha256(str(template or "").encode()).hexdigest()  # the template used
     if scanned is not None:
         chunks = scanned()
         files = sorted({c.path for c in chunks})
@@ -147,13 +155,14 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         mark = {"fingerprint": encoding[0], "keeps_up_to": encoding[1]}
         write_encode_mark(work, mark)
     cache = EncodeCache(work / "encode", mark.get("chunks") or 0)
-    complete = (prior is not None and mark.get("inputs") == inputs and mark.get("chunks") is not None
+    complete = (prior is not None and mark.get("inputs") == inputs and mark.get("totals") is not None
                 and all(cache.arrow(i).exists() for i in range(cache.num_chunks)))
     if complete:  # nothing to encode: every chunk of these inputs is in the cache
         files = mark["chunked"]
     else:
-        if mark["keeps_up_to"] not in (None, encoder.max_length):  # the cache keeps more than max_length: so
-            encoder = encoder.replace(max_length=mark["keeps_up_to"])  # does what is encoded into it
+        ceiling = mark["keeps_up_to"] or config.max_length  # the cache keeps more than max_length: so does
+        if encoder is None or encoder.max_length != ceiling:  # what is encoded into it
+            encoder = make_encoder(config, tokenizer=tokenizer, max_length=ceiling)
             preloaded = False
         if not preloaded:
             executor.preload(encoder)
@@ -174,12 +183,13 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
     if complete:
-        totals, parts = _cached(cache, progress=progress)
+        totals, parts = _cached(cache, ChunkCounts(*mark["totals"]), progress=progress)
     else:
         totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
                                 progress=progress)
         write_encode_mark(work, {**mark, "chunks": len(chunks), "inputs": inputs, "files": fingerprinted,
-                                 "chunked": files})  # a rebuild with other packing options needs no scan
+                                 "chunked": files, "totals": [totals.records, totals.encoded, totals.rejected]})
+        # ^ a rebuild with other packing options needs no scan, no encoder and no count
     table = cache.open(parts=parts)
     over_budget, budget_rejected = budget_rejects(table, config)
     rejected = totals.rejected + len(budget_rejected)
@@ -221,7 +231,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
         loss_weight=table.column("loss_weight").to_numpy()[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
-        image_units=_image_units(cache, plan.index, encoder.profile),
+        image_units=_image_units(cache, plan.index, profile),
         video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
         videos=_budgeted_counts(plan, config, "video"),
         **_audio_stats(cache, table, plan.index),
@@ -230,10 +240,10 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
                tokenizer=config.tokenizer_name(), max_length=config.max_length,
                stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)), shards=shard_entries,
-               trl_exact=_all_rows_linear_text(cache, table, plan.index, encoder.profile))
+               trl_exact=_all_rows_linear_text(cache, table, plan.index, profile))
     hooks.at("manifest")
     manifest = manifest_dict(
-        config=config, fingerprint=fingerprint, encoder=encoder, tokenizer_fp=tokenizer_fp,
+        config=config, fingerprint=fingerprint, tokenizer=tokenizer, profile=profile, tokenizer_fp=tokenizer_fp,
         chat_template_sha256=template_sha256, inputs=files, input_records=totals.records, rejected=len(rejects),
         plan=plan, stats=stats, shards=shard_entries,
     )
@@ -290,14 +300,14 @@ def make_executor(config: BuildConfig) -> Executor:
 
 
 def manifest_dict(
-    *, config: BuildConfig, fingerprint: str, encoder: Encoder, tokenizer_fp: str, chat_template_sha256: str,
+    *, config: BuildConfig, fingerprint: str, tokenizer: Any, profile: Any, tokenizer_fp: str, chat_template_sha256: str,
     inputs: list[str], input_records: int, rejected: int, plan: Plan, stats: dict[str, Any],
     shards: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it."""
-    profile = encoder.profile
-    image_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
-    video_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.video_token) if profile.video_token else None
+    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it (``tokenizer`` and
+    ``profile``: the build's, an Encoder's)."""
+    image_token_id = tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
+    video_token_id = tokenizer.convert_tokens_to_ids(profile.video_token) if profile.video_token else None
     return Manifest(
         schema_version=SCHEMA_VERSION,
         packer_version=__version__,
@@ -310,7 +320,7 @@ def manifest_dict(
         base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
         image_token_id=image_token_id,
         video_token_id=video_token_id,
-        audio_token_id=encoder.tokenizer.convert_tokens_to_ids(profile.audio_token) if profile.audio_token else None,
+        audio_token_id=tokenizer.convert_tokens_to_ids(profile.audio_token) if profile.audio_token else None,
         totals=Totals(
             input_records=input_records,
             rejected=rejected,
@@ -347,18 +357,15 @@ def _encode(
     return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
 
 
-def _cached(cache: EncodeCache, *, progress: bool) -> tuple[ChunkCounts, list[pa.Table]]:
-    """``_encode``'s totals and plan columns for a cache whose every chunk is committed (a repack, a rebuild
-    with other packing options): read here, no task runs."""
-    records = encoded = rejected = 0
-    parts = []
-    for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached", unit="chunk"):
-        counts = cache.counts(i)
-        if counts is None:
-            raise ShardError(f"chunk {i} of {cache.root} vanished during the build; rerun the same command")
-        records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
-        parts.append(cache.read(i))
-    return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
+def _cached(cache: EncodeCache, totals: ChunkCounts, *, progress: bool) -> tuple[ChunkCounts, list[pa.Table]]:
+    """``_encode``'s result for a cache whose every chunk is committed (a repack, a rebuild with other packing
+    options): ``totals`` as the encode mark holds them, the plan columns read here; no task runs."""
+    parts = [cache.read(i) for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached",
+                                                 unit="chunk")]
+    if sum(t.num_rows for t in parts) != totals.encoded:
+        raise ShardError(f"{cache.root} holds {sum(t.num_rows for t in parts)} examples, its mark "
+                         f"{totals.encoded}: the encode cache is corrupt; delete {cache.root} and rerun")
+    return totals, parts
 
 
 _OVERLONG = re.compile(r"([0-9]+) tokens > --max-length [0-9]+")  # Encoder._finish's message under overlong: drop
