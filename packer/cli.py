@@ -51,10 +51,11 @@ def _config_fields(config: type = BuildConfig) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(config) if "help" in f.metadata]
 
 
-def _field_option(f: dataclasses.Field, hint: Any) -> Callable:
+def _field_option(f: dataclasses.Field, hint: Any, default_from: str | None = None) -> Callable:
     """The click option of one BuildConfig field: its name, type and choices from the field, its help from the
     field's ``help`` with the field's default appended. ``default=None`` (a flag too): an option not given
-    leaves the YAML's value (``BuildConfig.from_dict`` ignores None)."""
+    leaves the YAML's value (``BuildConfig.from_dict`` ignores None); ``default_from`` names where an option not
+    given comes from instead of the field's default (``packer repack``: the build it repacks)."""
     meta = f.metadata
     arms = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else [hint]
     kind = typing.get_origin(arms[0]) or arms[0]  # int, float, str, bool; dict: a string the config parses
@@ -71,22 +72,24 @@ def _field_option(f: dataclasses.Field, hint: Any) -> Callable:
         kw["type"] = kind
     if kw["multiple"]:
         kw["default"] = ()
-    default = meta.get("default_help")
+    default = default_from or meta.get("default_help")
     if default is None and f.default is not dataclasses.MISSING and f.default is not None:
         default = ("on" if f.default else "off") if kind is bool else f.default
     kw["help"] = meta["help"] if default is None else f"{meta['help']} [default: {default}]"
     return click.option(*decls, f.name, **kw)
 
 
-def config_options(*names: str, exclude: tuple[str, ...] = (), config: type = BuildConfig) -> Callable:
+def config_options(*names: str, exclude: tuple[str, ...] = (), config: type = BuildConfig,
+                   default_from: str | None = None) -> Callable:
     """Decorator: the options of BuildConfig's fields ``names`` (none: every option field but ``exclude``), in
-    the fields' order. A field made with ``config.option`` is an option here with nothing else to write."""
+    the fields' order. A field made with ``config.option`` is an option here with nothing else to write.
+    ``default_from``: ``_field_option``'s."""
     hints = typing.get_type_hints(config)
     fields = [f for f in _config_fields(config) if (f.name in names if names else f.name not in exclude)]
 
     def decorate(command: Callable) -> Callable:
         for f in reversed(fields):  # click lists options in decorator order, top first
-            command = _field_option(f, hints[f.name])(command)
+            command = _field_option(f, hints[f.name], default_from)(command)
         return command
 
     return decorate
@@ -246,6 +249,59 @@ def build(inputs: tuple[str, ...], config_file: str | None, sources: tuple[str, 
             click.echo(f"rejected records and reasons: {result.output / 'rejects.jsonl'}")
         for note in getattr(result, "notes", []):  # rejects mostly of one reason, and what the input looks like
             click.secho(f"note: {note}", fg="yellow", err=True)
+        click.echo(f"details: packer stats {result.output}")
+
+
+REPACK_OPTIONS = ("output", "max_length", "max_vision_tokens", "max_images", "max_videos",
+                  "max_audio_tokens", "max_audios", "max_examples_per_pack", "algorithm", "balance_vision", "refine",
+                  "seed", "rows_per_shard", "rows_per_row_group", "num_proc", "executor", "ray_address",
+                  "max_reject_fraction", "overwrite")  # packer.pipeline.repack.CHANGEABLE, as options
+
+
+def _weights(items: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, weight = item.rpartition("=")
+        try:
+            out[name] = float(weight)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected NAME=WEIGHT (a number)", param_hint="--weight") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected NAME=WEIGHT", param_hint="--weight")
+    return out
+
+
+@cli.command(short_help="Pack a build's encoded examples again with other packing options.")
+@directory_argument
+@config_options("output")
+@config_options(*REPACK_OPTIONS[1:], default_from="DIRECTORY's")
+@click.option("--weight", "weights", multiple=True, metavar="NAME=W",
+              help="A source's new sampling weight (as --source's @W); `=W` for the unnamed source. Repeatable.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars; print only errors.")
+@handle_errors
+def repack(directory: str, weights: tuple[str, ...], quiet: bool, **options: Any) -> None:
+    """Pack the encoded examples of the finished build DIRECTORY into --output with other packing options
+    (max length, budgets, algorithm, seed, source weights, shard size), without re-tokenizing: the shards are
+    byte-identical to a fresh `packer build` with the same options. A --max-length above the longest example
+    DIRECTORY's encode cache kept (its --keep-up-to, else its --max-length) is refused: build again.
+
+    \b
+    Examples:
+      packer repack out/ -o out-16k/ --max-length 16384
+      packer repack out/ -o out-b/ --max-vision-tokens 4096 --seed 1 --weight chat=2
+    """
+    from packer.pipeline.repack import repack as run_repack
+
+    overrides = config_overrides(options)
+    output = overrides.pop("output", None)
+    if not output:
+        raise click.UsageError("repack needs --output NEW (another directory than DIRECTORY)")
+    result = run_repack(directory, output, weights=_weights(weights), progress=not quiet, **overrides)
+    if not quiet:
+        st = result.stats
+        click.secho(f"repacked {st['examples']:,} examples into {st['packs']:,} packs "
+                    f"({100 * st['efficiency']:.2f}% full); {st['rejected']:,} rejected; "
+                    f"{len(result.manifest['shards'])} shard(s) in {result.output}", fg="green")
         click.echo(f"details: packer stats {result.output}")
 
 

@@ -135,6 +135,13 @@ class BuildConfig:
     """A Jinja chat template (string or path to a file) to use instead of the tokenizer's own."""
     max_length: int = option(4096, help="Pack capacity in tokens.")
     """Pack capacity in tokens (and the longest example allowed)."""
+    keep_up_to: int | None = option(None, default_help="--max-length",
+                                    help="Keep encoded examples of up to this many tokens in the encode cache "
+                                         "(--overlong drop, --long-docs off), so that `packer repack` may raise "
+                                         "--max-length up to it without re-tokenizing.")
+    """The longest example the encode cache keeps (``--overlong drop`` with ``--long-docs off``: there
+    ``max_length`` only filters, and the examples between it and this ceiling are rejected when planned), so a
+    repack (``packer repack``) or a rebuild may raise ``max_length`` up to it; None: ``max_length``."""
     max_vision_tokens: int | None = option(None, help="Vision-token budget per pack.")
     """Optional vision-token budget per pack."""
     max_images: int | None = option(None, help="Image budget per pack.")
@@ -246,6 +253,11 @@ class BuildConfig:
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if isinstance(choices, tuple) and value not in choices:
                 raise ConfigError(f"'{f.name}' must be one of {', '.join(choices)}, got {value!r}")
+        if self.keep_up_to is not None and self.keep_up_to < self.max_length:
+            raise ConfigError(f"'keep_up_to' must be >= max_length {self.max_length}, got {self.keep_up_to}")
+        if self.keep_up_to is not None and not (self.overlong == "drop" and self.long_docs == "off"):
+            raise ConfigError("'keep_up_to' keeps examples longer than max_length only with overlong: drop and "
+                              "long_docs: off (truncating or splitting makes max_length part of the encoded rows)")
         if not 0 <= self.long_docs_overlap < self.max_length:
             raise ConfigError(f"'long_docs_overlap' must be in [0, max_length {self.max_length}), "
                               f"got {self.long_docs_overlap}")
@@ -350,7 +362,7 @@ class BuildConfig:
         """The effective config, JSON-serialisable (stored in the manifest), less ``storage_options``."""
         d = dataclasses.asdict(self)
         del d["storage_options"]
-        for key in ("profile_options", "processor_config"):
+        for key in ("profile_options", "processor_config", "keep_up_to"):
             if d[key] is None:  # unset: the manifest and fingerprint of a build stay as before it existed
                 del d[key]
         d["sources"] = [{**{k: v for k, v in s.items() if v is not None or k not in ("dataset", "image_root")},
@@ -462,18 +474,27 @@ def _is_dataset_dir(path: str) -> bool:
     return is_dataset_dir(path)
 
 
-def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True) -> Encoder:
+def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True, tokenizer: Any = None,
+                 max_length: int | None = None) -> Encoder:
     """The Encoder of ``config`` (profile, tokenizer, chat template, length policy): the one a build, online
     packing and ``verify``'s tokenizer check all use. Loading the tokenizer is the expensive part, so a build
-    makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path)."""
+    makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path);
+    ``tokenizer``: the one ``config`` names, loaded already; ``max_length``: the encoder's instead of
+    ``config.max_length`` (a build whose encode cache keeps more: ``keep_up_to``)."""
     from packer.encode.tokenizers import load_tokenizer
 
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer_name())
+    return Encoder(tokenizer, get_profile(config.profile, **config.profile_overrides()),
+                   max_length=max_length or config.max_length, overlong=config.overlong, long_docs=config.long_docs,
+                   long_docs_overlap=config.long_docs_overlap, chat_template=chat_template_source(config), fast=fast)
+
+
+def chat_template_source(config: BuildConfig) -> str | None:
+    """``chat_template``: a file's contents, else the template itself; None: the tokenizer's (the Encoder's)."""
     template = config.chat_template
-    if template and Path(template).is_file():  # a file's contents, else the template itself
+    if template and Path(template).is_file():
         template = Path(template).read_text()
-    return Encoder(load_tokenizer(config.tokenizer_name()), get_profile(config.profile, **config.profile_overrides()),
-                   max_length=config.max_length, overlong=config.overlong, long_docs=config.long_docs,
-                   long_docs_overlap=config.long_docs_overlap, chat_template=template, fast=fast)
+    return template
 
 
 def _check_profile_options(config: BuildConfig) -> None:

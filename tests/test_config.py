@@ -144,7 +144,8 @@ def test_command_line_inputs_or_sources_replace_the_yaml_ones(corpus, tmp_path):
     [
         ("max_len: 10\n", "error: unknown config keys ['max_len'] ('max_len': did you mean 'max_length'?); "
                           "known keys: algorithm, balance_vision, "
-                          "chat_template, columns, dataset_info, datasets, executor, image_root, image_token, inputs, long_docs, long_docs_overlap, "
+                          "chat_template, columns, dataset_info, datasets, executor, image_root, image_token, inputs, keep_up_to, "
+                          "long_docs, long_docs_overlap, "
                           "max_audio_tokens, max_audios, max_examples_per_pack, max_images, max_length, "
                           "max_pixels, max_reject_fraction, max_videos, max_vision_tokens, min_pixels, num_proc, output, "
                           "overlong, overwrite, processor_config, profile, profile_options, ray_address, refine, rows_per_row_group, "
@@ -190,7 +191,7 @@ def test_build_options_are_the_config_fields():
     params = {p.name: p for p in cli.commands["build"].params}
     fields = {f.name: f for f in dataclasses.fields(BuildConfig)}
     options = [n for n, f in fields.items() if "help" in f.metadata]
-    assert len(options) == 34 and {"sources", "storage_options"} <= set(fields) - set(options)
+    assert len(options) == 35 and {"sources", "storage_options"} <= set(fields) - set(options)
     # --dataset-info / --dataset expand into sources (config.dataset_sources), as --source does: no field of their own
     assert set(params) == {*options, "inputs", "config_file", "sources", "dataset_info", "datasets", "quiet"}
     for name in options:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import threading
 from contextlib import closing
@@ -34,10 +35,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer import __version__
-from packer.config import BuildConfig, make_encoder
+from packer.config import BuildConfig, chat_template_source, make_encoder
 from packer.core.media import MEDIA, medium
 from packer.encode.encoder import Encoder
-from packer.errors import ConfigError, RejectRateError
+from packer.errors import ConfigError, RejectRateError, ShardError
+from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
@@ -46,8 +48,13 @@ from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
 from packer.pipeline.output import (
     build_fingerprint,
+    encode_ceiling,
+    encode_fingerprint,
     prepare_output,
+    read_encode_mark,
     remove_stale_shards,
+    reusable,
+    write_encode_mark,
     write_rejects,
 )
 from packer.pipeline.stages import (
@@ -62,12 +69,13 @@ from packer.pipeline.stages import (
     streamed_inputs,
     warm_planner,
 )
-from packer.shards.io import write_json_atomic
+from packer.shards.io import write_json_atomic, write_text_atomic
 from packer.shards.schema import (
     MANIFEST,
     REJECTS,
     SCHEMA_VERSION,
     STATS,
+    WORK_DIR,
     Manifest,
     ShardEntry,
     TokenizerRef,
@@ -105,38 +113,83 @@ def build(
 def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool) -> BuildResult:
     """``build`` once its executor is started."""
     from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
+    from packer.encode.tokenizers import load_tokenizer
     from packer.formats.read import expand_inputs
     from packer.report.stats import compute_stats, format_stats
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out = store_path(config.output, config.storage_options)
+    inputs = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
+    # an encode cache whose every chunk is committed (a finished build, packer repack's copy) needs no scan when
+    # this build may reuse it (the check below, once the tokenizer is loaded); else the scan runs after all
+    prior = read_encode_mark(out / WORK_DIR)
+    prior = prior if prior is not None and prior.get("chunks") is not None and prior.get("inputs") == inputs else None
     streamed = streamed_inputs(config)
     # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it);
     # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir
-    scanned = None if streamed else executor.submit(scan_chunks, config, progress=progress)
-    encoder = make_encoder(config)
-    executor.preload(encoder)
-    tokenizer_fp = tokenizer_fingerprint(encoder.tokenizer)
-    template_sha256 = hashlib.sha256(str(encoder.template or "").encode()).hexdigest()  # the template used
-    out = store_path(config.output, config.storage_options)
+    scanned = None if streamed or prior is not None else executor.submit(scan_chunks, config, progress=progress)
+    if prior is None:
+        encoder: Encoder | None = make_encoder(config, max_length=encode_ceiling(config))
+        executor.preload(encoder)
+        tokenizer, template, profile = encoder.tokenizer, encoder.template, encoder.profile
+    else:  # a reused cache needs no encoder (its tables take seconds to build): made below if it is needed
+        encoder, tokenizer = None, load_tokenizer(config.tokenizer_name())
+        template = chat_template_source(config)
+        template = template if template is not None else getattr(tokenizer, "chat_template", None)  # as Encoder's
+        profile = get_profile(config.profile, **config.profile_overrides())
+    preloaded = encoder is not None
+    tokenizer_fp = tokenizer_fingerprint(tokenizer)
+    template_sha256 = hashlib.sha256(str(template or "").encode()).hexdigest()  # the template used
     if scanned is not None:
         chunks = scanned()
         files = sorted({c.path for c in chunks})
     else:
-        files = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
+        files = prior["files"] if prior is not None else inputs
     fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
                                     files=files)
-    work = prepare_output(out, fingerprint, overwrite=config.overwrite)
-    if scanned is None:
-        chunks = executor.submit(scan_chunks, config, progress=progress, spill=str((work / "inputs").resolve()))()
-        files = sorted({c.path for c in chunks})
-    cache = EncodeCache(work / "encode", len(chunks))
-    cache.root.mkdir(exist_ok=True)
+    encoding = (encode_fingerprint(config, tokenizer_fp=tokenizer_fp, chat_template_sha256=template_sha256,
+                                   files=files), encode_ceiling(config))
+    work = prepare_output(out, fingerprint, overwrite=config.overwrite, encoding=encoding)
+    mark = read_encode_mark(work)
+    if not reusable(mark, *encoding):  # a new cache (or one older than its mark, of this very build)
+        mark = {"fingerprint": encoding[0], "keeps_up_to": encoding[1]}
+        write_encode_mark(work, mark)
+    cache = EncodeCache(work / "encode", mark.get("chunks") or 0)
+    complete = (prior is not None and mark.get("inputs") == inputs and mark.get("totals") is not None
+                and all(cache.arrow(i).exists() for i in range(cache.num_chunks)))
+    if complete:  # nothing to encode: every chunk of these inputs is in the cache
+        files = mark["chunked"]
+    else:
+        ceiling = mark["keeps_up_to"] or config.max_length  # the cache keeps more than max_length: so does
+        if encoder is None or encoder.max_length != ceiling:  # what is encoded into it
+            encoder = make_encoder(config, tokenizer=tokenizer, max_length=ceiling)
+            preloaded = False
+        if not preloaded:
+            executor.preload(encoder)
+        fingerprinted = files
+        if scanned is None:
+            chunks = executor.submit(scan_chunks, config, progress=progress,
+                                     spill=str((work / "inputs").resolve()))()
+            files = sorted({c.path for c in chunks})
+            if prior is not None and not streamed and files != fingerprinted:  # the prior cache's list, but a file emptied since
+                fingerprinted = files
+                fingerprint = build_fingerprint(config, tokenizer_fp=tokenizer_fp,
+                                                chat_template_sha256=template_sha256, files=files)
+                write_text_atomic(work / "fingerprint", fingerprint + "\n")
+        cache = EncodeCache(work / "encode", len(chunks))
+        cache.root.mkdir(exist_ok=True)
 
     # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
-    totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
-                            progress=progress)
+    if complete:
+        totals, parts = _cached(cache, ChunkCounts(*mark["totals"]), progress=progress)
+    else:
+        totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
+                                progress=progress)
+        write_encode_mark(work, {**mark, "chunks": len(chunks), "inputs": inputs, "files": fingerprinted,
+                                 "chunked": files, "totals": [totals.records, totals.encoded, totals.rejected]})
+        # ^ a rebuild with other packing options needs no scan, no encoder and no count
     table = cache.open(parts=parts)
     over_budget, budget_rejected = budget_rejects(table, config)
     rejected = totals.rejected + len(budget_rejected)
@@ -145,7 +198,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         raise ConfigError(f"the inputs ({', '.join(named)}) hold no record: nothing to pack")
     if totals.records and (rejected / totals.records > config.max_reject_fraction
                            or table.num_rows == int(over_budget.sum())):
-        notes = reject_notes(cache.rejects() + budget_rejected, files)
+        notes = reject_notes(_encode_rejects(cache, config) + budget_rejected, files)
         if len(notes) < 2 and rejected < totals.records:
             notes = []  # a count without a hint about the file adds nothing to the rejects' own file
         why = (f"{rejected / totals.records:.1%} > --max-reject-fraction {config.max_reject_fraction}"
@@ -170,7 +223,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
         shutil.rmtree(mirror_dir(cache.root), ignore_errors=True)
 
-    rejects = sorted(cache.rejects() + budget_rejected, key=lambda r: (r["path"], r["line"]))
+    rejects = sorted(_encode_rejects(cache, config) + budget_rejected, key=lambda r: (r["path"], r["line"]))
     write_rejects(out / REJECTS, rejects)
     hooks.at("rejects")
     stats = compute_stats(
@@ -178,7 +231,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
         loss_weight=table.column("loss_weight").to_numpy()[plan.index],
         sources=plan.sources, input_records=totals.records, rejects=rejects,
-        image_units=_image_units(cache, plan.index, encoder.profile),
+        image_units=_image_units(cache, plan.index, profile),
         video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
         videos=_budgeted_counts(plan, config, "video"),
         **_audio_stats(cache, table, plan.index),
@@ -187,10 +240,10 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
                tokenizer=config.tokenizer_name(), max_length=config.max_length,
                stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)), shards=shard_entries,
-               trl_exact=_all_rows_linear_text(cache, table, plan.index, encoder.profile))
+               trl_exact=_all_rows_linear_text(cache, table, plan.index, profile))
     hooks.at("manifest")
     manifest = manifest_dict(
-        config=config, fingerprint=fingerprint, encoder=encoder, tokenizer_fp=tokenizer_fp,
+        config=config, fingerprint=fingerprint, tokenizer=tokenizer, profile=profile, tokenizer_fp=tokenizer_fp,
         chat_template_sha256=template_sha256, inputs=files, input_records=totals.records, rejected=len(rejects),
         plan=plan, stats=stats, shards=shard_entries,
     )
@@ -247,14 +300,14 @@ def make_executor(config: BuildConfig) -> Executor:
 
 
 def manifest_dict(
-    *, config: BuildConfig, fingerprint: str, encoder: Encoder, tokenizer_fp: str, chat_template_sha256: str,
+    *, config: BuildConfig, fingerprint: str, tokenizer: Any, profile: Any, tokenizer_fp: str, chat_template_sha256: str,
     inputs: list[str], input_records: int, rejected: int, plan: Plan, stats: dict[str, Any],
     shards: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it."""
-    profile = encoder.profile
-    image_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
-    video_token_id = encoder.tokenizer.convert_tokens_to_ids(profile.video_token) if profile.video_token else None
+    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it (``tokenizer`` and
+    ``profile``: the build's, an Encoder's)."""
+    image_token_id = tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
+    video_token_id = tokenizer.convert_tokens_to_ids(profile.video_token) if profile.video_token else None
     return Manifest(
         schema_version=SCHEMA_VERSION,
         packer_version=__version__,
@@ -267,7 +320,7 @@ def manifest_dict(
         base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
         image_token_id=image_token_id,
         video_token_id=video_token_id,
-        audio_token_id=encoder.tokenizer.convert_tokens_to_ids(profile.audio_token) if profile.audio_token else None,
+        audio_token_id=tokenizer.convert_tokens_to_ids(profile.audio_token) if profile.audio_token else None,
         totals=Totals(
             input_records=input_records,
             rejected=rejected,
@@ -302,6 +355,31 @@ def _encode(
             bar.set_postfix(examples=encoded, rejects=rejected, refresh=False)
             hooks.at("encode", done)
     return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
+
+
+def _cached(cache: EncodeCache, totals: ChunkCounts, *, progress: bool) -> tuple[ChunkCounts, list[pa.Table]]:
+    """``_encode``'s result for a cache whose every chunk is committed (a repack, a rebuild with other packing
+    options): ``totals`` as the encode mark holds them, the plan columns read here; no task runs."""
+    parts = [cache.read(i) for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached",
+                                                 unit="chunk")]
+    if sum(t.num_rows for t in parts) != totals.encoded:
+        raise ShardError(f"{cache.root} holds {sum(t.num_rows for t in parts)} examples, its mark "
+                         f"{totals.encoded}: the encode cache is corrupt; delete {cache.root} and rerun")
+    return totals, parts
+
+
+_OVERLONG = re.compile(r"([0-9]+) tokens > --max-length [0-9]+")  # Encoder._finish's message under overlong: drop
+
+
+def _encode_rejects(cache: EncodeCache, config: BuildConfig) -> list[dict[str, Any]]:
+    """The cache's rejects, each ``overlong`` one told against this build's ``max_length``: a cache kept up to
+    more (``--keep-up-to``, a repack) names its own ceiling, and a build's rejects must not depend on it."""
+    rejects = cache.rejects()
+    for r in rejects:
+        found = _OVERLONG.fullmatch(r["message"]) if r["reason"] == "overlong" else None
+        if found:
+            r["message"] = f"{found.group(1)} tokens > --max-length {config.max_length}"
+    return rejects
 
 
 def _write(

@@ -25,7 +25,7 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
     """sha256 of what determines the output: config (less run-time knobs), tokenizer, the chat template used
     (a ``--chat-template`` FILE is in the config by name only), input files (names, sizes, mtimes)."""
     cfg = config.to_dict()
-    for k in ("output", "num_proc", "executor", "ray_address", "overwrite", "strict", "max_reject_fraction"):
+    for k in RUN_FIELDS:
         cfg.pop(k)
     h = hashlib.sha256()
     # CHUNK_LINES: the encode cache is indexed by chunk, so a cache of another chunking must not be reused.
@@ -38,13 +38,85 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
     return h.hexdigest()
 
 
-def prepare_output(out: Path | ObjectPath, fingerprint: str, *, overwrite: bool) -> Path | ObjectPath:
-    """Create or reuse the output directory; refuse to mix with a different build unless ``overwrite``."""
+PACKING_FIELDS = ("max_length", "keep_up_to", "max_vision_tokens", "max_images", "max_videos", "max_audio_tokens",
+                  "max_audios", "max_examples_per_pack", "algorithm", "balance_vision", "refine", "seed",
+                  "rows_per_shard", "rows_per_row_group")
+"""Config fields that decide only the packing of the encoded examples (and the sources' weights): a change of
+them alone reuses the encode cache (``encode_fingerprint``). ``max_length`` only filters where
+``encode_ceiling`` is not None; otherwise it is part of the encoding."""
+RUN_FIELDS = ("output", "num_proc", "executor", "ray_address", "overwrite", "strict", "max_reject_fraction")
+"""Run-time knobs: no part of any fingerprint."""
+ENCODE_MARK = "fingerprint.json"  # in OUT/.packer/encode: which encoding the cache holds (``read_encode_mark``)
+KEPT = ("encode", "inputs")  # what of OUT/.packer a rebuild with another packing keeps (with OUT/media)
+
+
+def encode_ceiling(config: BuildConfig) -> int | None:
+    """The longest example an encode cache of ``config`` keeps where ``max_length`` only filters (``overlong``
+    drop, ``long_docs`` off): ``keep_up_to``, else ``max_length``; None where the length policy changes the
+    encoded rows (then ``max_length`` is in ``encode_fingerprint``)."""
+    if config.overlong == "drop" and config.long_docs == "off":
+        return config.keep_up_to or config.max_length
+    return None
+
+
+def encode_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_sha256: str, files: list[str]) -> str:
+    """sha256 of what determines the encoded examples: ``build_fingerprint``'s less the packing options
+    (``PACKING_FIELDS``, the sources' weights); ``max_length`` stays where it changes encoded rows."""
+    packing = PACKING_FIELDS if encode_ceiling(config) is not None else tuple(f for f in PACKING_FIELDS
+                                                                             if f != "max_length")
+    cfg = {k: v for k, v in config.to_dict().items() if k not in RUN_FIELDS + packing}
+    cfg["sources"] = [{k: v for k, v in s.items() if k != "weight"} for s in cfg["sources"]]
+    h = hashlib.sha256()
+    h.update(json.dumps({"encode": cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES,
+                         "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
+    h.update(tokenizer_fp.encode())
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.abspath(f)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def read_encode_mark(work: Path | ObjectPath) -> dict[str, Any] | None:
+    """The encode cache's mark: ``fingerprint`` (``encode_fingerprint``), ``keeps_up_to`` (``encode_ceiling``
+    when it was made) and, once every chunk is committed, ``chunks``, ``inputs`` and ``files`` (what a rebuild
+    needs instead of a scan); None where there is none (a cache older than the mark, or no cache)."""
+    path = work / "encode" / ENCODE_MARK
+    try:
+        mark = json.loads(path.read_text()) if path.exists() else None
+    except ValueError:
+        return None  # half a mark (it is written atomically, so only by hand): as if none
+    return mark if isinstance(mark, dict) and isinstance(mark.get("fingerprint"), str) else None
+
+
+def write_encode_mark(work: Path | ObjectPath, mark: dict[str, Any]) -> None:
+    (work / "encode").mkdir(parents=True, exist_ok=True)
+    write_text_atomic(work / "encode" / ENCODE_MARK, json.dumps(mark, sort_keys=True) + "\n")
+
+
+def reusable(mark: dict[str, Any] | None, fingerprint: str, ceiling: int | None) -> bool:
+    """Does a cache of ``mark`` hold every example an encoding of ``fingerprint`` keeping up to ``ceiling``
+    tokens would? The same encoding, kept up to at least as many tokens."""
+    if mark is None or mark["fingerprint"] != fingerprint:
+        return False
+    kept = mark.get("keeps_up_to")
+    return kept == ceiling if kept is None or ceiling is None else kept >= ceiling
+
+
+def prepare_output(out: Path | ObjectPath, fingerprint: str, *, overwrite: bool,
+                   encoding: tuple[str, int | None] | None = None) -> Path | ObjectPath:
+    """Create or reuse the output directory; refuse to mix with a different build unless ``overwrite``.
+
+    ``encoding``: (``encode_fingerprint``, ``encode_ceiling``) of this build. Where another build's encode cache
+    holds the same encoding (``reusable``), replacing that build keeps the cache (a repack: only packing
+    options changed), and a directory holding only such a cache (``packer repack``'s copy) is this build's."""
     work = out / WORK_DIR
     marker = work / "fingerprint"
+    keep = encoding is not None and reusable(read_encode_mark(work), *encoding)
     if out.exists() and any(out.iterdir()) and not _only_empty_work_dir(out, work):
         same = marker.exists() and marker.read_text().strip() == fingerprint
-        if not same:
+        if not same and keep and _only_encode_cache(out, work):
+            remove_stale_temp_files(out)
+        elif not same:
             if not overwrite and ((out / MANIFEST).exists() or work.exists()):
                 raise ConfigError(
                     f"{out} holds a different packer build; pass --overwrite to replace it or choose another --output"
@@ -52,7 +124,14 @@ def prepare_output(out: Path | ObjectPath, fingerprint: str, *, overwrite: bool)
             if not overwrite:
                 raise ConfigError(f"{out} is not empty; pass --overwrite to replace its contents")
             for child in out.iterdir():
-                remove_tree(child)
+                if keep and child.name == WORK_DIR:
+                    for part in child.iterdir():
+                        if part.name not in KEPT:
+                            remove_tree(part)
+                elif not (keep and child.name == "media"):  # a tar's videos, which the kept spill names
+                    remove_tree(child)
+            if keep:
+                remove_stale_temp_files(out)
         else:
             if (out / MANIFEST).exists():
                 (out / MANIFEST).unlink()  # rebuilding in place: the old manifest must not vouch for new shards
@@ -64,6 +143,12 @@ def prepare_output(out: Path | ObjectPath, fingerprint: str, *, overwrite: bool)
     work.mkdir(parents=True, exist_ok=True)
     write_text_atomic(marker, fingerprint + "\n")  # a half-written fingerprint would read as "a different build"
     return work
+
+
+def _only_encode_cache(out: Path | ObjectPath, work: Path | ObjectPath) -> bool:
+    """True for a directory holding an encode cache and nothing of a build's own (``packer repack``'s copy)."""
+    return ({p.name for p in out.iterdir()} <= {WORK_DIR, "media"} and work.is_dir()
+            and all(p.name in KEPT or ".tmp-" in p.name for p in work.iterdir()))
 
 
 def _only_empty_work_dir(out: Path | ObjectPath, work: Path | ObjectPath) -> bool:

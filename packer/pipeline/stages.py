@@ -303,17 +303,21 @@ def cost_matrix(table: pa.Table, rows: np.ndarray | None = None) -> np.ndarray:
 
 
 def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Examples that encoded fine but can never fit a pack's budgets (vision, audio: ``BUDGETS``): (n,) mask
-    and their rejects (reported as ``overlong``)."""
+    """Examples that encoded fine but can never fit a pack's budgets (vision, audio: ``BUDGETS``), or are
+    longer than ``max_length`` (a cache kept up to more: ``--keep-up-to``, a repack; the message the encoder
+    gives such an example): (n,) mask and their rejects (reported as ``overlong``)."""
     limits = np.array([_UNSET if v is None else v for v in limits_of(config)], dtype=np.int64)  # (k,)
     costs = cost_matrix(table)
-    bad = (costs > limits).any(axis=1)  # (n,)
+    tokens = table.column("num_tokens").to_numpy()
+    long = tokens > config.max_length  # (n,)
+    bad = (costs > limits).any(axis=1) | long  # (n,)
     rejects = []
     for i in np.flatnonzero(bad).tolist():
         path, line = id_location(table.column("example_id")[i].as_py())
         rejects.append({"path": path, "line": line, "reason": "overlong",
                         "source": table.column("source_name")[i].as_py(),
-                        "message": budget_message(config, costs[i].tolist())})
+                        "message": f"{tokens[i]} tokens > --max-length {config.max_length}" if long[i]
+                        else budget_message(config, costs[i].tolist())})
     return bad, sorted(rejects, key=lambda r: (r["path"], r["line"]))
 
 
@@ -326,7 +330,14 @@ def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> 
     from packer.packing.mixing import sample_sources, separate_copies
 
     sources = np.asarray(table.column("source_name").to_numpy(zero_copy_only=False), dtype=object)
-    index, copies = sample_sources(sources, [(s.name, s.weight) for s in config.sources], seed=config.seed)
+    weights = [(s.name, s.weight) for s in config.sources]
+    fits = table.column("num_tokens").to_numpy() <= config.max_length
+    if fits.all():
+        index, copies = sample_sources(sources, weights, seed=config.seed)
+    else:  # a cache kept up to more (--keep-up-to, a repack): sampled as the cache of this max_length would be
+        rows = np.flatnonzero(fits)
+        index, copies = sample_sources(sources[rows], weights, seed=config.seed)
+        index = rows[index]
     keep = ~exclude[index]
     index, copies = index[keep], copies[keep]
     lengths = table.column("num_tokens").to_numpy().astype(np.int64)[index]

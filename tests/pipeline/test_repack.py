@@ -1,0 +1,134 @@
+"""Repacking without re-tokenizing (issue 32): ``packer repack`` and a rebuild with only packing options changed
+reuse the encode cache, and write the bytes of a fresh build with the same options."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import cli
+from packer.config import BuildConfig
+from packer.encode.encoder import Encoder
+from packer.errors import ConfigError
+from packer.pipeline.build import build
+from packer.pipeline.repack import repack
+from packer.report.verify import verify_build
+
+
+def _write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _sums(out: Path) -> dict[str, str]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {s["file"]: s["sha256"] for s in manifest["shards"]}
+
+
+@pytest.fixture(scope="module")
+def images_corpus(tmp_path_factory, coco_images) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    for im in coco_images[:3]:
+        shutil.copy(im, root / im.name)
+    recs = []
+    for i in range(40):
+        words = " more" * (i * 23)  # 0 .. ~900 words: some over 512 tokens, one over 2048 with the prompt
+        if i % 4 == 0:
+            content = [{"type": "image", "image": coco_images[i % 3].name}, {"type": "text", "text": f"Q{i}?{words}"}]
+        else:
+            content = f"Question {i}?{words}"
+        recs.append({"messages": [{"role": "user", "content": content},
+                                  {"role": "assistant", "content": f"Answer {i}."}]})
+    recs.append({"messages": [{"role": "user", "content": "long " * 3000}, {"role": "assistant", "content": "ok"}]})
+    return _write_jsonl(root / "data.jsonl", recs)
+
+
+def _image_config(corpus: Path, out: Path, **kw) -> BuildConfig:
+    opts = dict(profile="qwen2-vl", max_length=1024, max_pixels=64 * 28 * 28, rows_per_shard=4, rows_per_row_group=2)
+    return BuildConfig.from_inputs([str(corpus)], str(out), **(opts | kw))
+
+
+def test_repack_of_an_image_build_is_a_fresh_build_and_verifies(images_corpus, tmp_path, monkeypatch):
+    first = build(_image_config(images_corpus, tmp_path / "out", keep_up_to=2048), progress=False)
+    assert first.stats["rejects_by_reason"] == {"overlong": 1}  # the 3000-word one: over the ceiling too
+    monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError("re-tokenized")))
+    for options in ({"max_length": 2048}, {"max_length": 512, "max_vision_tokens": 200, "seed": 3, "algorithm": "ffd"},
+                    {"rows_per_shard": 2, "refine": False}):
+        new = tmp_path / f"new-{len(list(tmp_path.iterdir()))}"
+        result = repack(tmp_path / "out", new, progress=False, **options)
+        monkeypatch.undo()
+        fresh = build(_image_config(images_corpus, tmp_path / f"fresh-{new.name}", **options), progress=False)
+        assert _sums(new) == _sums(fresh.output) and len(_sums(new)) > 1
+        assert (new / "rejects.jsonl").read_bytes() == (fresh.output / "rejects.jsonl").read_bytes()
+        assert result.stats == fresh.stats
+        assert verify_build(new, inputs=[str(images_corpus)]).ok
+        monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError()))
+    assert result.stats["rejects_by_reason"] == {"overlong": 1}
+
+
+def test_repack_beyond_what_the_cache_kept_is_refused(images_corpus, tmp_path):
+    build(_image_config(images_corpus, tmp_path / "out"), progress=False)
+    with pytest.raises(ConfigError, match=r"keeps examples of up to 1024 tokens; --max-length 2048 needs the longer "
+                                          r"ones it never kept: run `packer build` with --max-length 2048"):
+        repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=2048)
+    with pytest.raises(ConfigError, match="profile decide the encoded examples"):
+        repack(tmp_path / "out", tmp_path / "new", progress=False, profile="text")
+    assert not (tmp_path / "new").exists()
+
+
+def test_truncation_makes_max_length_part_of_the_encoding(images_corpus, tmp_path):
+    build(_image_config(images_corpus, tmp_path / "out", overlong="truncate"), progress=False)
+    with pytest.raises(ConfigError, match="shaped the encoded rows"):
+        repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=512)
+    with pytest.raises(ConfigError, match="only with overlong: drop"):
+        _image_config(images_corpus, tmp_path / "x", overlong="truncate", keep_up_to=2048)
+
+
+@pytest.fixture(scope="module")
+def text_sources(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("text")
+    return [_write_jsonl(root / f"{name}.jsonl", [{"text": f"{name} document {i}." + " word" * (7 * i % 300)}
+                                                 for i in range(n)]) for name, n in (("web", 700), ("books", 300))]
+
+
+def _text_config(files: list[Path], out: Path, weights: tuple[float, float] = (1.0, 1.0), **kw) -> BuildConfig:
+    sources = [{"name": f.stem, "paths": [str(f)], "weight": w} for f, w in zip(files, weights, strict=True)]
+    return BuildConfig.from_dict({"sources": sources, "output": str(out), "profile": "text", "max_length": 256,
+                                  "rows_per_shard": 16, **kw})
+
+
+def test_repack_with_other_weights_on_the_cli(text_sources, tmp_path, monkeypatch):
+    build(_text_config(text_sources, tmp_path / "out"), progress=False)
+    fresh = build(_text_config(text_sources, tmp_path / "fresh", (0.5, 2.5), max_length=200, seed=7), progress=False)
+    monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError()))
+    run = CliRunner().invoke(cli, ["repack", str(tmp_path / "out"), "-o", str(tmp_path / "new"), "--max-length",
+                                   "200", "--seed", "7", "--weight", "web=0.5", "--weight", "books=2.5", "-q"])
+    assert run.exit_code == 0, run.output
+    assert _sums(tmp_path / "new") == _sums(fresh.output) and len(_sums(fresh.output)) > 1
+    again = CliRunner().invoke(cli, ["repack", str(tmp_path / "out"), "-o", str(tmp_path / "new"), "-q"])
+    assert again.exit_code == 1 and "is not empty; pass --overwrite" in again.stderr
+    bad = CliRunner().invoke(cli, ["repack", str(tmp_path / "out"), "-o", str(tmp_path / "b"), "--weight", "x=1"])
+    assert bad.exit_code == 1 and "--weight names no source" in bad.stderr
+
+
+def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tmp_path, monkeypatch):
+    cfg = _text_config(text_sources, tmp_path / "out")
+    build(cfg, progress=False)
+    chunk = tmp_path / "out" / ".packer" / "encode" / "chunk-000000.arrow"
+    before = chunk.stat().st_mtime_ns
+    monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError()))
+    with pytest.raises(ConfigError, match="holds a different packer build; pass --overwrite"):
+        build(cfg.replace(max_length=128), progress=False)  # as before: --overwrite says the old build may go
+    again = build(cfg.replace(max_length=128, algorithm="ffd", overwrite=True), progress=False)
+    assert chunk.stat().st_mtime_ns == before
+    monkeypatch.undo()
+    fresh = build(cfg.replace(max_length=128, algorithm="ffd", output=str(tmp_path / "fresh")), progress=False)
+    assert _sums(tmp_path / "out") == _sums(fresh.output)
+    assert again.stats == fresh.stats
+    # an encoding option changed: the cache goes, as before
+    other = build(cfg.replace(max_length=128, overwrite=True, chat_template="{{ messages }}"), progress=False)
+    assert chunk.stat().st_mtime_ns != before and other.stats["examples"] > 0
