@@ -18,6 +18,7 @@ no venv, no network. ``--wheels DIR`` installs the prepared wheels with ``pip in
    on a branched row.
 3. ``train_step``: ``scripts/bench_train_step.py``'s padded-vs-packed training step (real tokens/s) on a
    small real-shaped Llama (and Qwen2-VL for COCO caption trees when ``--data`` holds COCO).
+4. ``gpu_tests``: ``pytest -m gpu`` with what is left of ``--budget`` (``--skip-tests``: not).
 
 Prints ONE JSON summary line last (also ``OUT/gpu_check.json``). ``--dry-run`` (implied on a machine without
 CUDA only when asked) runs the same code on CPU where it exists and lists what it skipped and why. Without
@@ -30,6 +31,7 @@ import argparse
 import importlib
 import importlib.abc
 import importlib.metadata as md
+import importlib.util
 import json
 import os
 import random
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import time
 import traceback
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,13 +86,26 @@ class NodeImage(importlib.abc.MetaPathFinder):
         self.owners = {mod: {norm(d) for d in dists} for mod, dists in md.packages_distributions().items()}
         self.refused: set[str] = set()
 
+    def refuses(self, name: str) -> bool:
+        owners = self.owners.get(name.partition(".")[0])
+        return bool(owners) and not owners & self.allowed
+
     def find_spec(self, name, path=None, target=None):  # noqa: ANN001
         top = name.partition(".")[0]
-        owners = self.owners.get(top)
-        if path is None and owners and not owners & self.allowed:
-            self.refused.add(f"{top} ({', '.join(sorted(owners))})")
+        if path is None and self.refuses(top):
+            self.refused.add(f"{top} ({', '.join(sorted(self.owners[top]))})")
             raise ModuleNotFoundError(f"No module named {top!r} (not on the simulated node)", name=top)
         return None
+
+    def install(self) -> None:
+        """First on sys.meta_path; availability probes (``importlib.util.find_spec``) answer None, as there."""
+        probe = importlib.util.find_spec
+
+        def find_spec(name, package=None):  # noqa: ANN001, ANN202
+            return None if self.refuses(name) else probe(name, package)
+
+        importlib.util.find_spec = find_spec
+        sys.meta_path.insert(0, self)
 
 
 def _cos(a, b) -> float:
@@ -197,6 +213,7 @@ def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[s
     import bench_train_step as bts
     import torch
 
+    data = data.resolve()  # the bench writes image paths into JSONL read from a temp dir
     coco, hist = data / "coco-mini", data / "length-histograms" / "wikipedia_bert_512.csv"
     size = dict(hidden=1024, layers=4, heads=16, text_examples=256, images=24, repeats=3, capacity=4096) if big \
         else dict(hidden=64, layers=1, heads=2, text_examples=12, images=2, repeats=1, capacity=1024)
@@ -214,6 +231,26 @@ def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[s
             skipped.append(f"train_step.captions: no COCO images under {coco}")
     out["ok"] = True
     return out
+
+
+def gpu_tests(timeout: float) -> dict:
+    """``pytest -m gpu`` (pytest is on the node): the marked tests' counts and skip reasons."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "gpu.xml"
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs",
+               f"--junitxml={xml}", "tests"]
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=max(timeout, 30))
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"pytest -m gpu ran past the {timeout:.0f} s left of the budget"}
+        suite = ET.parse(xml).getroot() if xml.exists() else None
+    if suite is None:
+        return {"ok": False, "error": (proc.stdout + proc.stderr)[-2000:]}
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    skips = sorted(set(re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.+)", proc.stdout)))
+    return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+            "skip_reasons": skips, "ok": proc.returncode == 0, "tail": proc.stdout.strip().splitlines()[-1:]}
 
 
 def _stage(summary: dict, name: str, fn, deadline: float, skipped: list[str]) -> None:
@@ -242,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the summary to OUT/gpu_check.json")
     parser.add_argument("--budget", type=float, default=420, help="seconds; a stage not started by then is skipped")
     parser.add_argument("--seeds", type=int, default=3, help="random packed rows per kernel check")
-    parser.add_argument("--skip-bench", action="store_true", help="kernels only")
+    parser.add_argument("--skip-bench", action="store_true", help="no training-step figure")
+    parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu after the checks")
     parser.add_argument("--simulate-node", type=Path,
                         help="a package list (one name a line): refuse imports of anything else (dry-run proof)")
     args = parser.parse_args(argv)
@@ -261,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {p.name.split("-")[0] for p in args.wheels.glob("*.whl")} if args.wheels else set()
         guard = NodeImage(names | extra | {"packer"})
         os.environ["PACKER_CACHE"] = tempfile.mkdtemp(prefix="gpu-check-cache-")  # builtins built as on the node
-        sys.meta_path.insert(0, guard)
+        guard.install()
     import torch
 
     cuda = torch.cuda.is_available() and not args.dry_run
@@ -287,11 +325,16 @@ def main(argv: list[str] | None = None) -> int:
             else "sdpa_varlen"
         _stage(summary, "train_step", lambda: train_step(device, args.data, backend, cuda, skipped), deadline,
                skipped)
+    if cuda and not args.skip_tests:  # last: the kernels and the figure above come first in the budget
+        _stage(summary, "gpu_tests", lambda: gpu_tests(deadline - time.monotonic()), deadline, skipped)
+    elif not cuda:
+        skipped.append("gpu_tests: pytest -m gpu needs CUDA (their CPU twins run in the normal suite)")
     if guard is not None:
         summary["simulated_node_refused"] = sorted(guard.refused)
     summary["skipped"] = skipped
     summary["seconds"] = round(time.monotonic() - start, 1)
-    summary["ok"] = all(_all_ok(summary.get(k, {})) for k in ("wheels", "kernels", "gated_delta", "train_step"))
+    summary["ok"] = all(_all_ok(summary.get(k, {})) for k in ("wheels", "kernels", "gated_delta", "train_step",
+                                                              "gpu_tests"))
     line = json.dumps(summary, default=str)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,8 @@ def test_dry_run_checks_the_kernels_on_cpu_as_the_node_would_import_them():
                           text=True, timeout=900)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0 and summary["ok"], summary
-    assert summary["dry_run"] and summary["simulated_node_refused"] == []
+    # numba's entry points load awkward's extension where awkward is installed (here); the node has none
+    assert summary["dry_run"] and set(summary["simulated_node_refused"]) <= {"awkward (awkward)"}
     assert set(summary["kernels"]) == {"sdpa", "sdpa_varlen", "flex", "sdpa+spans", "sdpa_varlen+spans", "flex+spans"}
     assert all(0 < k["max_abs_err_bf16_vs_fp32"] < 2e-2 for k in summary["kernels"].values())
     assert summary["kernels"]["sdpa_varlen"]["min_grad_cos"] > 0.999
