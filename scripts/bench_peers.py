@@ -335,6 +335,7 @@ def main() -> None:
     ap.add_argument("--venvs", type=Path, default=Path.home() / ".cache" / "packer-peers",
                     help="where each peer's venv is created (reused when it exists)")
     ap.add_argument("--images", type=int, default=0, help="also an image set of this many image+caption chats")
+    ap.add_argument("--image-sides", default="packer,llamafactory-neat", help="the sides run on the image set")
     ap.add_argument("--trl-child", nargs=4, metavar=("CORPUS", "OUT", "MAX_LENGTH", "NUM_PROC"), help=argparse.SUPPRESS)
     ap.add_argument("--peer-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -395,7 +396,7 @@ def main() -> None:
             make_image_chats(images, args.coco, args.images)
             print(f"image set: {args.images:,} image+caption chats over {args.coco.name}'s val2017 images")
             s["images"] = {}
-            for name in ["packer", *others]:
+            for name in args.image_sides.split(","):
                 if name == "packer":
                     cmd = [str(Path(sys.executable).parent / "packer"), "build", str(images), "-o",
                            str(Path(tmp) / "img-packer"), "--profile", "qwen2-vl", "--max-length",
