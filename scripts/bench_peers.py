@@ -14,6 +14,20 @@ tokenizer (Qwen2's vocabulary and ChatML template) and ``--num-proc`` processes:
   packing=True, packing_strategy="bfd", max_length=L, dataset_num_proc=N))`` on a tiny model (its construction
   is what tokenizes and packs the data: ``_prepare_dataset``), with a fresh ``datasets`` cache per run.
 
+The other peers (``--peers packer,trl,llamafactory,llamafactory-neat,ms-swift,axolotl``), once each, every one in
+its own venv under ``--venvs`` that the script creates (``pip install <peer>``: they pin other transformers /
+datasets / torch than packer, so none installs beside packer's pins), driven by a child of this script under
+that venv's python with the same chats and packer's builtin tokenizer saved as a local dir (``save_pretrained``,
+plus a 1-layer width-8 Qwen2 for the CLIs that load a model; no hub here):
+
+- LLaMA-Factory: ``get_dataset(stage="sft")`` with ``packing`` (greedy knapsack per ``datasets.map`` batch, every
+  pack padded to ``cutoff_len + 1``; examples see each other) and with ``neat_packing`` (attention mask numbered per
+  example: isolated);
+- ms-swift: ``swift sft --packing true --max_steps 1``; axolotl: ``axolotl preprocess`` with ``sample_packing``.
+
+A peer that cannot install or run here is a row with its error. ``--images N`` adds an image set (N COCO
+image + caption chats) for ``--image-sides``.
+
 Printed per side, median of ``--repeats`` runs: wall, CPU (the whole process tree: ``RUSAGE_CHILDREN`` after the
 child exits, which counts every waited-for descendant), peak RSS (the sum of the tree's VmRSS, sampled every
 50 ms), packs and packs over the lower bound (ceil(tokens / L) of that side's own tokens), and which tokens carry
@@ -173,7 +187,7 @@ def peer_venv(root: Path, name: str, log: Path) -> tuple[Path | None, str]:
         tail = log.read_text().strip().splitlines()[-3:]
         return None, f"pip install {spec} failed: {' | '.join(tail)[-600:]}"
     version = subprocess.run([str(py), "-m", "pip", "freeze"], capture_output=True, text=True).stdout
-    pins = [ln for ln in version.splitlines() if ln.split("==")[0].lower() in
+    pins = [ln for ln in version.splitlines() if ln.split("==")[0].lower().replace("_", "-") in
             {"llamafactory", "ms-swift", "axolotl", "transformers", "datasets", "torch", "trl"}]
     marker.write_text(", ".join(pins))
     return py, marker.read_text()
