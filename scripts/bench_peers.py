@@ -108,7 +108,10 @@ def measure(cmd: list[str], env: dict[str, str]) -> dict:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    try:
+        result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    except json.JSONDecodeError:  # a peer's CLI ran to the end but printed no figures of its own
+        result = {}
     return {"wall": wall, "cpu": cpu, "rss_mib": peak / 2**20, "load": (load, os.getloadavg()[0]), **result}
 
 
@@ -253,19 +256,26 @@ def swift_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir: s
 
 
 def axolotl_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir: str) -> None:
-    """``axolotl preprocess`` with sample_packing; it tokenizes and saves (its packs are made at train time by
-    MultipackBatchSampler, so the child reports the prepared dataset, then packs its lengths as training would)."""
+    """``axolotl preprocess`` with sample_packing: it tokenizes and saves the dataset; its packs are made at train
+    time (MultipackBatchSampler), so the child reports the prepared examples and tokens, not packs."""
     import yaml
+    from datasets import load_from_disk
 
     Path(out).mkdir(parents=True, exist_ok=True)
+    prepared = Path(out) / "prepared"
     cfg = {"base_model": tokdir, "datasets": [{"path": corpus, "ds_type": "json", "type": "chat_template",
                                                "field_messages": "messages"}],
-           "sequence_len": max_length, "sample_packing": True, "dataset_prepared_path": str(Path(out) / "prepared"),
+           "sequence_len": max_length, "sample_packing": True, "dataset_prepared_path": str(prepared),
            "dataset_processes": num_proc, "output_dir": str(Path(out) / "run"), "micro_batch_size": 1,
            "num_epochs": 1, "learning_rate": 1e-5, "chat_template": "chatml"}
     (Path(out) / "cfg.yml").write_text(yaml.safe_dump(cfg))
     cli = Path(sys.executable).parent / "axolotl"
-    os.execv(str(cli), [str(cli), "preprocess", str(Path(out) / "cfg.yml")])
+    subprocess.run([str(cli), "preprocess", str(Path(out) / "cfg.yml")], check=True, stdout=sys.stderr)
+    saved = sorted(p.parent for p in prepared.rglob("dataset_info.json"))
+    ds = load_from_disk(str(saved[0]))
+    tokens = sum(len(x) for x in ds["input_ids"])
+    print(json.dumps({"packs": None, "tokens": tokens, "examples": ds.num_rows, "isolated": None,
+                      "note": "packs made at train time by MultipackBatchSampler"}))
 
 
 def peer_side(name: str, corpus: Path, out: Path, max_length: int, num_proc: int, env: dict, root: Path,
@@ -331,6 +341,10 @@ def peer_row(name: str, r: dict, bound_of) -> str:
     if "error" in r:
         return f"{name:18s} could not run here: {r['error'].strip().splitlines()[-1][:300] if r['error'].strip() else '?'}"
     cap = r.get("capacity")
+    if r.get("packs") is None:
+        return (f"{name:18s} {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s, peak RSS {r['rss_mib']:.0f} MiB; "
+                f"{r.get('examples', 0):,} examples, {r.get('tokens', 0):,} tokens; {r.get('note', 'no packs')}; "
+                f"{r.get('versions', '')}")
     bound = bound_of(r["tokens"], cap)
     return (f"{name:18s} {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s, peak RSS {r['rss_mib']:.0f} MiB; "
             f"{r.get('examples', 0):,} examples, {r['tokens']:,} tokens in {r['packs']:,} packs (lower bound {bound:,}: "
