@@ -10,8 +10,9 @@ COCO ?= $(SHARED)/data/coco-mini
 DEMO ?= demo_out
 AUDIO_PROFILE ?= qwen2.5-omni
 PYTEST_ARGS ?=
+GPU_PYTHON ?= python3  # the CUDA node's own interpreter (torch already there)
 
-.PHONY: setup demo test test-fast lint docs gpu-check clean
+.PHONY: setup demo test test-fast lint docs gpu-wheels gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -54,10 +55,15 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check packer tests scripts
 
-# On a CUDA machine: flash-attn (if a wheel fits), the gpu-marked tests, the training-step benchmark on the
-# real kernels; one JSON summary. Without CUDA it says so and exits 0.
-gpu-check: setup
-	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) scripts/gpu_check.py
+# The GPU proof on a CUDA node as it is (no venv, no network): its own python3 with torch, and the wheels that
+# `make gpu-wheels` put in .gpu/ (fla-core + what packer needs that such an image lacks) installed --no-index
+# into a temp dir. Kernels in bf16 against fp32, fla's varlen gated delta, the packed-vs-padded training step;
+# one JSON summary. Without CUDA it says so and exits 0 (`python scripts/gpu_check.py --dry-run`: the same on CPU).
+gpu-wheels:
+	$(PYTHON) scripts/gpu_wheels.py --out .gpu --shared $(SHARED)/data --verify
+
+gpu-check:
+	PYTHONPATH=$(CURDIR) HF_HUB_OFFLINE=1 $(GPU_PYTHON) scripts/gpu_check.py --wheels .gpu/wheels --data .gpu/data --out .gpu/out
 
 docs: setup
 	$(PY) scripts/gen_cli_docs.py

@@ -14,6 +14,20 @@ tokenizer (Qwen2's vocabulary and ChatML template) and ``--num-proc`` processes:
   packing=True, packing_strategy="bfd", max_length=L, dataset_num_proc=N))`` on a tiny model (its construction
   is what tokenizes and packs the data: ``_prepare_dataset``), with a fresh ``datasets`` cache per run.
 
+The other peers (``--peers packer,trl,llamafactory,llamafactory-neat,ms-swift,axolotl``), once each, every one in
+its own venv under ``--venvs`` that the script creates (``pip install <peer>``: they pin other transformers /
+datasets / torch than packer, so none installs beside packer's pins), driven by a child of this script under
+that venv's python with the same chats and packer's builtin tokenizer saved as a local dir (``save_pretrained``,
+plus a 1-layer width-8 Qwen2 for the CLIs that load a model; no hub here):
+
+- LLaMA-Factory: ``get_dataset(stage="sft")`` with ``packing`` (greedy knapsack per ``datasets.map`` batch, every
+  pack padded to ``cutoff_len + 1``; examples see each other) and with ``neat_packing`` (attention mask numbered per
+  example: isolated);
+- ms-swift: ``swift sft --packing true --max_steps 1``; axolotl: ``axolotl preprocess`` with ``sample_packing``.
+
+A peer that cannot install or run here is a row with its error. ``--images N`` adds an image set (N COCO
+image + caption chats) for ``--image-sides``.
+
 Printed per side, median of ``--repeats`` runs: wall, CPU (the whole process tree: ``RUSAGE_CHILDREN`` after the
 child exits, which counts every waited-for descendant), peak RSS (the sum of the tree's VmRSS, sampled every
 50 ms), packs and packs over the lower bound (ceil(tokens / L) of that side's own tokens), and which tokens carry
@@ -94,7 +108,10 @@ def measure(cmd: list[str], env: dict[str, str]) -> dict:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    try:
+        result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    except json.JSONDecodeError:  # a peer's CLI ran to the end but printed no figures of its own
+        result = {}
     return {"wall": wall, "cpu": cpu, "rss_mib": peak / 2**20, "load": (load, os.getloadavg()[0]), **result}
 
 
@@ -145,6 +162,141 @@ def trl_side(corpus: Path, out: Path, max_length: int, num_proc: int, env: dict)
         shutil.rmtree(cache, ignore_errors=True)
 
 
+# ---- the other peers: each in its own venv (they do not install beside packer's pins), driven by a child of
+# this script under that venv's python; the child imports only the peer, never packer.
+
+PEERS = {  # name -> (pip requirement, what it runs)
+    "llamafactory": ("llamafactory==0.9.5", "get_dataset(stage='sft') with packing (greedy knapsack per map batch)"),
+    "llamafactory-neat": ("llamafactory==0.9.5", "get_dataset(stage='sft') with neat_packing (isolated examples)"),
+    "ms-swift": ("ms-swift==4.6.0", "`swift sft --packing true` (its PackingDataset: binpacking per 1,000 records)"),
+    "axolotl": ("axolotl", "`axolotl preprocess` with sample_packing"),
+}
+VENV_OF = {"llamafactory-neat": "llamafactory"}
+
+
+def peer_venv(root: Path, name: str, log: Path) -> tuple[Path | None, str]:
+    """The peer's venv under ``root``, created and installed on first use (pip resolves its own torch: PyPI's,
+    whose torchvision/torchaudio load with it; it runs on CPU here)."""
+    venv = root / VENV_OF.get(name, name)
+    py = venv / "bin" / "python"
+    marker = venv / ".installed"
+    if marker.exists():
+        return py, marker.read_text()
+    spec = PEERS[name][0]
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    with open(log, "a") as f:
+        proc = subprocess.run([str(py), "-m", "pip", "install", spec], stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        tail = log.read_text().strip().splitlines()[-3:]
+        return None, f"pip install {spec} failed: {' | '.join(tail)[-600:]}"
+    version = subprocess.run([str(py), "-m", "pip", "freeze"], capture_output=True, text=True).stdout
+    pins = [ln for ln in version.splitlines() if ln.split("==")[0].lower().replace("_", "-") in
+            {"llamafactory", "ms-swift", "axolotl", "transformers", "datasets", "torch", "trl"}]
+    marker.write_text(", ".join(pins))
+    return py, marker.read_text()
+
+
+def _pack_stats(rows: list[dict], pad_id: int | None) -> dict:
+    """packs, real tokens, examples from packed rows (padding: the trailing pad ids / zero attention mask)."""
+    tokens = examples = 0
+    for r in rows:
+        mask = r.get("attention_mask")
+        if mask is not None and max(mask) > 1:  # neat packing: 1..n per example, 0 on padding
+            tokens += sum(1 for m in mask if m)
+            examples += max(mask)
+            continue
+        pos = r.get("position_ids")
+        ids = r["input_ids"]
+        n = len(ids)
+        if pad_id is not None:
+            while n and ids[n - 1] == pad_id:
+                n -= 1
+        tokens += n
+        if pos is not None:
+            examples += sum(1 for p in pos[:n] if p == 0)
+        elif "seq_lengths" in r:
+            examples += len(r["seq_lengths"])
+    return {"packs": len(rows), "tokens": tokens, "examples": examples}
+
+
+def llamafactory_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir: str, neat: bool) -> None:
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+
+    ddir = Path(out) / "data"
+    ddir.mkdir(parents=True, exist_ok=True)
+    info = {"chats": {"file_name": str(Path(corpus).resolve()), "formatting": "sharegpt",
+                      "columns": {"messages": "messages", **({"images": "images"} if "image" in corpus else {})},
+                      "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                               "assistant_tag": "assistant"}}}
+    (ddir / "dataset_info.json").write_text(json.dumps(info))
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(dict(
+        model_name_or_path=tokdir, stage="sft", do_train=True, finetuning_type="full", dataset="chats",
+        dataset_dir=str(ddir), template="qwen2_vl" if "image" in corpus else "qwen", cutoff_len=max_length,
+        packing=True, neat_packing=neat, preprocessing_num_workers=num_proc, overwrite_cache=True,
+        output_dir=str(Path(out) / "run"), report_to="none", use_cpu=True))
+    tm = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tm["tokenizer"], data_args)
+    ds = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)["train_dataset"]
+    stats = _pack_stats(ds.to_list(), tm["tokenizer"].pad_token_id)
+    loss = sum(sum(1 for x in labels if x != -100) for labels in ds["labels"])
+    print(json.dumps({**stats, "loss_tokens": loss, "capacity": max_length + 1, "isolated": neat}))
+
+
+def swift_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir: str) -> None:
+    """``swift sft --packing true`` on the tiny model (its dataset preparation runs before the first step)."""
+    cli = Path(sys.executable).parent / "swift"
+    template = "qwen2_vl" if "image" in corpus else "qwen"
+    os.execv(str(cli), [str(cli), "sft", "--model", tokdir, "--model_type", "qwen2", "--template", template,
+                        "--dataset", corpus, "--packing", "true", "--max_length", str(max_length),
+                        "--dataset_num_proc", str(num_proc), "--max_steps", "1", "--output_dir", out,
+                        "--report_to", "none", "--tuner_type", "full", "--split_dataset_ratio", "0",
+                        "--save_strategy", "no"])
+
+
+def axolotl_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir: str) -> None:
+    """``axolotl preprocess`` with sample_packing: it tokenizes and saves the dataset; its packs are made at train
+    time (MultipackBatchSampler), so the child reports the prepared examples and tokens, not packs."""
+    import yaml
+    from datasets import load_from_disk
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    prepared = Path(out) / "prepared"
+    cfg = {"base_model": tokdir, "datasets": [{"path": corpus, "ds_type": "json", "type": "chat_template",
+                                               "field_messages": "messages"}],
+           "sequence_len": max_length, "sample_packing": True, "dataset_prepared_path": str(prepared),
+           "dataset_processes": num_proc, "output_dir": str(Path(out) / "run"), "micro_batch_size": 1,
+           "num_epochs": 1, "learning_rate": 1e-5, "chat_template": "chatml"}
+    (Path(out) / "cfg.yml").write_text(yaml.safe_dump(cfg))
+    cli = Path(sys.executable).parent / "axolotl"
+    subprocess.run([str(cli), "preprocess", str(Path(out) / "cfg.yml")], check=True, stdout=sys.stderr)
+    saved = sorted(p.parent for p in prepared.rglob("dataset_info.json"))
+    ds = load_from_disk(str(saved[0]))
+    tokens = sum(len(x) for x in ds["input_ids"])
+    print(json.dumps({"packs": None, "tokens": tokens, "examples": ds.num_rows, "isolated": None,
+                      "note": "packs made at train time by MultipackBatchSampler"}))
+
+
+def peer_side(name: str, corpus: Path, out: Path, max_length: int, num_proc: int, env: dict, root: Path,
+              tokdir: Path) -> dict:
+    py, info = peer_venv(root, name, root / f"{name}.log")
+    if py is None:
+        return {"error": info}
+    cache = tempfile.mkdtemp(prefix="bench-peers-hf-")
+    cmd = [str(py), str(Path(__file__).resolve()), "--peer-child", name, str(corpus), str(out), str(max_length),
+           str(num_proc), str(tokdir)]
+    child_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    try:
+        return {**measure(cmd, {**child_env, "HF_DATASETS_CACHE": cache, "HF_HOME": cache}), "versions": info}
+    except SystemExit as exc:  # a peer that cannot run here is a row saying why
+        return {"error": str(exc)[-1500:], "versions": info}
+    finally:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def summary(runs: list[dict], max_length: int) -> dict:
     med = {k: statistics.median(r[k] for r in runs) for k in ("wall", "cpu", "rss_mib")}
     last = runs[-1]
@@ -155,6 +307,50 @@ def summary(runs: list[dict], max_length: int) -> dict:
             "walls": [r["wall"] for r in runs]}
 
 
+def make_image_chats(path: Path, coco: Path, records: int, seed: int = 0) -> None:
+    """One COCO image + a question, one of its captions as the answer (the image set), images cycled."""
+    rng = np.random.default_rng(seed)
+    data = json.loads((coco / "annotations" / "captions_val2017.json").read_text())
+    names = {im["id"]: coco / "val2017" / im["file_name"] for im in data["images"]}
+    caps = [(names[a["image_id"]], a["caption"].strip()) for a in data["annotations"] if names[a["image_id"]].exists()]
+    with open(path, "w") as f:
+        for i in rng.integers(0, len(caps), size=records):
+            image, cap = caps[int(i)]
+            f.write(json.dumps({"messages": [{"role": "user", "content": "<image>Describe this image."},
+                                             {"role": "assistant", "content": cap}], "images": [str(image)]}) + "\n")
+
+
+def save_tokenizer(tokdir: Path) -> None:
+    """packer's builtin qwen2-vl tokenizer (and Qwen2-VL's image processor) as a local dir the peers load."""
+    import torch
+    from transformers import Qwen2Config, Qwen2VLImageProcessor
+
+    from packer.encode.tokenizers import load_tokenizer
+
+    load_tokenizer("qwen2-vl").save_pretrained(tokdir)
+    Qwen2VLImageProcessor(max_pixels=200704).save_pretrained(tokdir)
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(0)  # a 1-layer width-8 Qwen2: the CLIs that load a model before preparing data get one
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                 num_attention_heads=1, num_key_value_heads=1,
+                                 tie_word_embeddings=True)).save_pretrained(tokdir)
+
+
+def peer_row(name: str, r: dict, bound_of) -> str:
+    if "error" in r:
+        return f"{name:18s} could not run here: {r['error'].strip().splitlines()[-1][:300] if r['error'].strip() else '?'}"
+    cap = r.get("capacity")
+    if r.get("packs") is None:
+        return (f"{name:18s} {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s, peak RSS {r['rss_mib']:.0f} MiB; "
+                f"{r.get('examples', 0):,} examples, {r.get('tokens', 0):,} tokens; {r.get('note', 'no packs')}; "
+                f"{r.get('versions', '')}")
+    bound = bound_of(r["tokens"], cap)
+    return (f"{name:18s} {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s, peak RSS {r['rss_mib']:.0f} MiB; "
+            f"{r.get('examples', 0):,} examples, {r['tokens']:,} tokens in {r['packs']:,} packs (lower bound {bound:,}: "
+            f"+{r['packs'] - bound}); isolated: {r.get('isolated')}; {r.get('versions', '')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=50_000)
@@ -163,8 +359,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--coco", type=Path,
                     default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")) / "data" / "coco-mini")
+    ap.add_argument("--peers", default="packer,trl", help=f"sides to run: packer, trl, {', '.join(PEERS)}")
+    ap.add_argument("--venvs", type=Path, default=Path.home() / ".cache" / "packer-peers",
+                    help="where each peer's venv is created (reused when it exists)")
+    ap.add_argument("--images", type=int, default=0, help="also an image set of this many image+caption chats")
+    ap.add_argument("--image-sides", default="packer,llamafactory-neat", help="the sides run on the image set")
     ap.add_argument("--trl-child", nargs=4, metavar=("CORPUS", "OUT", "MAX_LENGTH", "NUM_PROC"), help=argparse.SUPPRESS)
+    ap.add_argument("--peer-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.peer_child:
+        name, corpus, out, length, procs, tokdir = args.peer_child
+        if name.startswith("llamafactory"):
+            llamafactory_child(corpus, out, int(length), int(procs), tokdir, neat=name.endswith("neat"))
+        elif name == "ms-swift":
+            swift_child(corpus, out, int(length), int(procs), tokdir)
+        else:
+            axolotl_child(corpus, out, int(length), int(procs), tokdir)
+        return
     sys.path.insert(0, str(REPO))
     if args.trl_child:
         corpus, out, length, procs = args.trl_child
@@ -172,30 +383,65 @@ def main() -> None:
         return
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(REPO)}
+    sides = args.peers.split(",")
+    others = [p for p in sides if p in PEERS]
+    args.venvs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "chats.jsonl"
         make_chats(corpus, args.coco, args.records)
+        tokdir = Path(tmp) / "tokenizer"
+        save_tokenizer(tokdir)
         print(f"{args.records:,} chats ({corpus.stat().st_size / 2**20:.1f} MiB JSONL), max_length {args.max_length}, "
               f"{args.num_proc} processes, {args.repeats} runs each (interleaved), load {os.getloadavg()[0]:.1f}")
-        runs: dict[str, list[dict]] = {"packer": [], "trl": []}
+        runs: dict[str, list[dict]] = {s: [] for s in ("packer", "trl") if s in sides}
         for i in range(args.repeats):
             for side, fn in (("packer", packer_side), ("trl", trl_side)):
+                if side not in runs:
+                    continue
                 r = fn(corpus, Path(tmp) / f"{side}-{i}", args.max_length, args.num_proc, env)
                 runs[side].append(r)
                 print(f"  run {i + 1} {side:6s}: {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s, {r['rss_mib']:.0f} MiB, "
                       f"load {r['load'][0]:.1f} -> {r['load'][1]:.1f}", flush=True)
-        s = {side: summary(r, args.max_length) for side, r in runs.items()}
+        s: dict = {side: summary(r, args.max_length) for side, r in runs.items()}
         for side, v in s.items():
             print(f"{side:6s} median: {v['wall']:.1f} s wall, {v['cpu']:.1f} CPU-s, peak RSS {v['rss_mib']:.0f} MiB; "
                   f"{v['examples']:,} examples, {v['tokens']:,} tokens in {v['packs']:,} packs (lower bound "
                   f"{v['lower_bound']:,}: +{v['over_bound']}); loss on {v['loss_tokens']:,} tokens "
                   f"({v['loss_share']:.1%})")
-        p, t = s["packer"], s["trl"]
-        print(f"packer / TRL: wall {p['wall'] / t['wall']:.2f}x, CPU {p['cpu'] / t['cpu']:.2f}x, "
-              f"peak RSS {p['rss_mib'] / t['rss_mib']:.2f}x, packs {p['packs']:,} vs {t['packs']:,}")
-        print("loss: packer on assistant turns (content + end-of-turn token); TRL's default on every token "
-              "(assistant_only_loss needs a template with generation markers)")
-        print(json.dumps(s))
+        if "packer" in s and "trl" in s:
+            p, t = s["packer"], s["trl"]
+            print(f"packer / TRL: wall {p['wall'] / t['wall']:.2f}x, CPU {p['cpu'] / t['cpu']:.2f}x, "
+                  f"peak RSS {p['rss_mib'] / t['rss_mib']:.2f}x, packs {p['packs']:,} vs {t['packs']:,}")
+            print("loss: packer on assistant turns (content + end-of-turn token); TRL's default on every token "
+                  "(assistant_only_loss needs a template with generation markers)")
+        bound_of = lambda tokens, cap: math.ceil(tokens / (cap or args.max_length))  # noqa: E731
+        for name in others:  # once each: installing and running a peer takes minutes
+            r = peer_side(name, corpus, Path(tmp) / name, args.max_length, args.num_proc, env, args.venvs, tokdir)
+            s[name] = r
+            print(peer_row(name, r, bound_of), flush=True)
+        if args.images:
+            images = Path(tmp) / "image_chats.jsonl"
+            make_image_chats(images, args.coco, args.images)
+            print(f"image set: {args.images:,} image+caption chats over {args.coco.name}'s val2017 images")
+            s["images"] = {}
+            for name in args.image_sides.split(","):
+                if name == "packer":
+                    cmd = [str(Path(sys.executable).parent / "packer"), "build", str(images), "-o",
+                           str(Path(tmp) / "img-packer"), "--profile", "qwen2-vl", "--max-length",
+                           str(args.max_length), "--overlong", "truncate", "--num-proc", str(args.num_proc),
+                           "--overwrite", "--quiet"]
+                    try:
+                        r = measure(cmd, env)
+                        t = json.loads((Path(tmp) / "img-packer" / "manifest.json").read_text())["totals"]
+                        r.update(packs=t["packs"], tokens=t["tokens"], examples=t["examples"], isolated=True)
+                    except SystemExit as exc:
+                        r = {"error": str(exc)[-1500:]}
+                else:
+                    r = peer_side(name, images, Path(tmp) / f"img-{name}", args.max_length, args.num_proc, env,
+                                  args.venvs, tokdir)
+                s["images"][name] = r
+                print(peer_row(f"images {name}", r, bound_of), flush=True)
+        print(json.dumps(s, default=str))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""``make gpu-check`` runs unattended anywhere: without CUDA it says so in its JSON summary and exits 0."""
+"""``make gpu-check`` runs unattended anywhere: without CUDA it says so and exits 0; ``--dry-run`` runs its checks
+on CPU, importing nothing beyond the CUDA node's image and the wheels ``make gpu-wheels`` prepares."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,6 +13,13 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
@@ -24,6 +33,43 @@ def test_gpu_check_without_cuda_says_so_and_exits_0():
     assert "needs a CUDA GPU" in summary["message"]
 
 
+@pytest.mark.slow
+def test_dry_run_checks_the_kernels_on_cpu_as_the_node_would_import_them():
+    """bf16 against fp32 on every CPU backend and the gated delta torch path, under the simulated node's imports."""
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--seeds", "1", "--skip-bench",
+                           "--simulate-node", "scripts/gpu_node_packages.txt"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0 and summary["ok"], summary
+    # numba's entry points load awkward's extension where awkward is installed (here); the node has none
+    assert summary["dry_run"] and set(summary["simulated_node_refused"]) <= {"awkward (awkward)"}
+    assert set(summary["kernels"]) == {"sdpa", "sdpa_varlen", "flex", "sdpa+spans", "sdpa_varlen+spans", "flex+spans"}
+    assert all(0 < k["max_abs_err_bf16_vs_fp32"] < 2e-2 for k in summary["kernels"].values())
+    assert summary["kernels"]["sdpa_varlen"]["min_grad_cos"] > 0.999
+    assert {g["kernel"] for g in (summary["gated_delta"]["independent"], summary["gated_delta"]["branched"])} == {"torch"}
+    assert any(s.startswith("kernels.varlen") for s in summary["skipped"])
+    assert any(s.startswith("gated_delta.fla") for s in summary["skipped"])
+
+
+def test_the_node_guard_refuses_what_the_image_lacks():
+    """--simulate-node: a package outside the image (and outside its packages' own needs) cannot be imported."""
+    guard = _script("gpu_check").NodeImage({"numpy"})
+    assert guard.find_spec("numpy", None) is None  # allowed: the normal finders take it
+    with pytest.raises(ModuleNotFoundError, match="not on the simulated node"):
+        guard.find_spec("zstandard", None)
+    assert guard.refused == {"zstandard (zstandard)"}
+
+
+def test_the_wheels_are_pinned_and_none_is_on_the_node_already():
+    wheels = _script("gpu_wheels").WHEELS
+    node = {ln.strip().lower() for ln in (REPO / "scripts" / "gpu_node_packages.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")}
+    assert "fla-core==0.6.0" in wheels and all("==" in w for w in wheels)
+    assert not {w.split("==")[0] for w in wheels} & node
+    assert {"torch", "transformers", "triton", "numpy", "pyarrow", "numba", "einops"} <= node
+
+
 def test_gpu_check_is_in_the_makefile():
     makefile = (REPO / "Makefile").read_text()
-    assert "gpu-check:" in makefile and "scripts/gpu_check.py" in makefile
+    assert "gpu-check:" in makefile and "scripts/gpu_check.py --wheels .gpu/wheels" in makefile
+    assert "gpu-wheels:" in makefile and "scripts/gpu_wheels.py" in makefile
