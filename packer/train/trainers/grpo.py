@@ -17,8 +17,11 @@ Each completion token's log-prob is read from its predecessor's logit on its own
 token from the prompt's last, ``packer.train.trainers.loss.loss_targets``), divided by TRL's ``temperature``
 as TRL's fused LM head does, and handed back in TRL's (B, T_completion) layout (0 on padding, as TRL's), with
 the entropies; so every ``loss_type``, the clipping, the KL term, importance sampling and the metrics run
-unchanged. A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in
-each). Only what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
+unchanged. Completions that share more than the prompt (a first turn, a tool result) form a radix trie under it:
+each shared prefix one node, computed once, a shared token's log-prob handed to every completion through it.
+Qwen2-VL prompt images go through the model once per tree (``_PromptImages``: mRoPE positions along each path).
+A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in each). Only
+what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
 (docs/training.md, "RL").
 """
 
@@ -224,7 +227,7 @@ class PackedGRPOTrainer(GRPOTrainer):
 
     ``max_tokens``: the most tokens in one packed row (default: the padded batch's own B x (P + C), so a row
     never holds more than TRL's padded forward would). ``backend``: packer's attention backend
-    (``use_packed_attention``). Refused with a ConfigError: prompts with images or other media, a MoE
+    (``use_packed_attention``). Refused with a ConfigError: media other than Qwen2-VL's prompt images, a MoE
     load-balancing loss (``router_aux_loss_coef`` on a model that outputs router logits), ``cast_lm_head_to_fp32``.
     """
 
