@@ -263,6 +263,18 @@ def test_packed_grpo_equals_trl_with_shared_turns(model_dir, tmp_path):
     assert_same_training(model_dir, tmp_path, {"rollout_func": shared_turn_rollout, "max_completion_length": 8})
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="open: log-probs (1e-4 relative) and losses of all 3 steps and step 1's "
+                   "gradients (1e-6 of the largest) match, but steps 2 and 3's gradients drift to 1.9e-4 and 4.3e-4 "
+                   "of the largest (one-level trees: 4.7e-5, 3.9e-5); round-off after lr=1e-2 steps or a fork "
+                   "detail of the delta rule's backward, not yet told apart")
+def test_packed_grpo_equals_trl_with_shared_turns_on_qwen35(qwen35_dir, tmp_path):
+    # the recurrent state forks at every inner node of the trie, not only at the prompt; the delta rule's
+    # round-off over these longer paths: 5.6e-5 relative on one log-prob of ~12 (1 of 64), hence 1e-4
+    assert_same_training(qwen35_dir, tmp_path, {"rollout_func": shared_turn_rollout}, rtol=1e-4, grad_top=1e-4,
+                         grad_rtol=1e-2)
+
+
 def test_shared_turns_are_computed_once_and_never_see_a_sibling(model_dir, tmp_path):
     trainer = PackedGRPOTrainer(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path),
                                 train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
