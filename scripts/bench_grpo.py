@@ -8,10 +8,16 @@ prompt repeated G times, left-padded prompts, right-padded completions whose len
   call TRL's loss makes), TRL's own method on a model with TRL's fused LM head, and PackedGRPOTrainer's on a
   model with packer's attention (the same weights), min over ``--repeats``, interleaved per row, 1 torch thread.
 
-The VLM shape's prompt is 1500 image-like + 100 text tokens; the language model computes image tokens like text
-tokens, so the CPU figure runs them as text (the vision tower, once per image in both paths' inputs, is left out).
+The "VLM 1500+100:300" shape runs its 1500 image-like prompt tokens as text through the Llama (no vision tower);
+``--vlm`` adds "Qwen2-VL real" rows on the real path: a random-weight Qwen2-VL (the same text sizes, a 1-block vision
+tower of width 32) with a real 1500-token image (grid 1 x 60 x 100, 6,000 patches) in each prompt, TRL's inputs as
+its ``_generate_and_score_completions`` hands them over (``pixel_values`` once per completion, ``image_grid_thw``,
+``num_images``, ``mm_token_type_ids``), so TRL's vision tower runs G times per group and packer's once. The
+"multi-turn" shape: completions of a group share a first turn and tool result (200 tokens) before their own 20-100%
+of 400, which the radix trie computes once.
 
     nice -n 10 .venv/bin/python scripts/bench_grpo.py            # the table in docs/benchmarks.md
+    nice -n 10 .venv/bin/python scripts/bench_grpo.py --vlm --only multi Qwen2-VL --groups 4 8 --repeats 2
 """
 
 from __future__ import annotations
@@ -31,37 +37,60 @@ from trl.trainer.utils import add_fused_lm_head
 from packer.train.attention.hf import use_packed_attention
 from packer.train.trainers.grpo import PackedGRPOTrainer, group_trees, pack_trees
 
-SHAPES = {"math 300:600": (300, 600), "VLM 1500+100:300": (1600, 300)}
+SHAPES = {"math 300:600": (300, 600), "VLM 1500+100:300": (1600, 300), "multi-turn 300:200+400": (300, 600)}
+SHARED = {"multi-turn 300:200+400": 200}  # tokens a group's completions share after the prompt
+IMAGE_GRID = (1, 60, 100)  # 6,000 patches, 1,500 tokens after Qwen2-VL's 2 x 2 merge
+IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN = 8000, 8001, 8002, 8003
 
 
-def batch(prompts: int, G: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0):
+def batch(prompts: int, G: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0, shared: int = 0,
+          image: bool = False):
     """TRL's (B, P + C) ids and mask: prompt lengths within 80-100% of ``prompt_len`` (left-padded), completion
-    lengths uniform in [20%, 100%] of ``completion_len`` (right-padded, as EOS ends them)."""
+    lengths uniform in [20%, 100%] of ``completion_len`` (right-padded, as EOS ends them); the first ``shared``
+    completion tokens the same within a group; ``image``: the prompt opens with one Qwen2-VL image (1,500 tokens)."""
     rng = np.random.default_rng(seed)
     p_lens = rng.integers(int(0.8 * prompt_len), prompt_len + 1, prompts)
-    c_lens = rng.integers(int(0.2 * completion_len), completion_len + 1, prompts * G)
+    if image:  # the image (1,502 tokens with its start and end) before 80-100% of prompt_len text tokens
+        p_lens = p_lens + IMAGE_GRID[0] * IMAGE_GRID[1] * IMAGE_GRID[2] // 4 + 2
+    c_lens = shared + rng.integers(int(0.2 * (completion_len - shared)), completion_len - shared + 1, prompts * G)
     P, C = int(p_lens.max()), int(c_lens.max())
     ids = torch.zeros(prompts * G, P + C, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i in range(prompts):
-        prompt = torch.from_numpy(rng.integers(1, vocab, p_lens[i]))
+        prompt = torch.from_numpy(rng.integers(1, IMAGE_TOKEN, p_lens[i]))
+        if image:
+            n = IMAGE_GRID[0] * IMAGE_GRID[1] * IMAGE_GRID[2] // 4
+            prompt[:n + 2] = torch.tensor([VISION_START] + [IMAGE_TOKEN] * n + [VISION_END])
+        turn = torch.from_numpy(rng.integers(1, IMAGE_TOKEN, shared))
         for g in range(G):
             b = i * G + g
             ids[b, P - p_lens[i]:P] = prompt
             mask[b, P - p_lens[i]:P] = 1
-            ids[b, P:P + c_lens[b]] = torch.from_numpy(rng.integers(1, vocab, c_lens[b]))
+            ids[b, P:P + c_lens[b]] = torch.from_numpy(rng.integers(1, IMAGE_TOKEN, c_lens[b]))
+            ids[b, P:P + shared] = turn
             mask[b, P:P + c_lens[b]] = 1
     return ids, mask, C
 
 
-def step_time(fn, model, ids, mask, C, repeats: int) -> float:
+def image_inputs(ids: torch.Tensor, P: int) -> dict:
+    """TRL's media inputs of a batch whose every prompt holds one image: pixels once per completion."""
+    patches = IMAGE_GRID[0] * IMAGE_GRID[1] * IMAGE_GRID[2]
+    pixels = torch.randn(patches, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
+    B = ids.shape[0]
+    mm = torch.zeros_like(ids)
+    mm[:, :P] = (ids[:, :P] == IMAGE_TOKEN).long()
+    return {"pixel_values": pixels.repeat(B, 1), "image_grid_thw": torch.tensor([IMAGE_GRID] * B),
+            "num_images": [1] * B, "mm_token_type_ids": mm}
+
+
+def step_time(fn, model, ids, mask, C, repeats: int, **media) -> float:
     best = float("inf")
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        logps, _, _ = fn(model, ids, mask, C, compute_entropy=True)
+        start = time.process_time()  # CPU seconds of this process (1 torch thread): what load moves least
+        logps, _, _ = fn(model, ids, mask, C, compute_entropy=True, **media)
         (logps.sum()).backward()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best
 
 
@@ -72,6 +101,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared machine's load moves it least)")
     ap.add_argument("--no-time", action="store_true", help="token counts only")
+    ap.add_argument("--vlm", action="store_true", help="also the real Qwen2-VL rows (vision tower included)")
+    ap.add_argument("--only", nargs="+", default=None, help="shapes whose name starts with one of these")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -90,19 +121,36 @@ def main() -> None:
     def packed_fn(*a, **k):
         return PackedGRPOTrainer._get_per_token_logps_and_entropies(packed, *a, **k)
 
-    print(f"{'shape':18} {'G':>3} {'B':>4} {'padded tok':>10} {'packed tok':>10} {'ratio':>6} "
+    print(f"{'shape':26} {'G':>3} {'B':>4} {'padded tok':>10} {'packed tok':>10} {'ratio':>6} "
           f"{'TRL s':>7} {'packed s':>8} {'speedup':>7}")
-    for name, (p_len, c_len) in SHAPES.items():
+    shapes = [(name, p, c, padded_model, packed_model) for name, (p, c) in SHAPES.items()]
+    if args.vlm:
+        from packer.models import get_profile
+
+        torch.manual_seed(0)
+        tokens = dict(zip(get_profile("qwen2-vl").proof().model_tokens(),
+                          (IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN), strict=True))
+        vlm = get_profile("qwen2-vl").proof().tiny_model(token_ids=tokens, vocab_size=config.vocab_size, hidden=128)
+        vlm_packed = copy.deepcopy(vlm)
+        add_fused_lm_head(vlm, outputs=("log_probs", "entropy"))
+        use_packed_attention(vlm_packed, "auto")
+        shapes.append(("Qwen2-VL real 1500+100:300", 100, 300, vlm, vlm_packed))
+    for name, p_len, c_len, padded_m, packed_m in shapes:
+        if args.only and not any(name.startswith(o) for o in args.only):
+            continue
         for G in args.groups:
-            ids, mask, C = batch(args.prompts, G, p_len, c_len, config.vocab_size)
+            image = name.startswith("Qwen2-VL")
+            ids, mask, C = batch(args.prompts, G, p_len, c_len, config.vocab_size, shared=SHARED.get(name, 0),
+                                 image=image)
+            media = image_inputs(ids, ids.shape[1] - C) if image else {}
             padded_tokens = ids.numel()
             packed_tokens = sum(t.num_tokens for r in pack_trees(group_trees(ids, mask, C, ids.numel()), ids.numel())
                                 for t in r)
             t_trl = t_packed = float("nan")
             if not args.no_time:
-                t_trl = step_time(trl_fn, padded_model, ids, mask, C, args.repeats)
-                t_packed = step_time(packed_fn, packed_model, ids, mask, C, args.repeats)
-            print(f"{name:18} {G:>3} {ids.shape[0]:>4} {padded_tokens:>10} {packed_tokens:>10} "
+                t_trl = step_time(trl_fn, padded_m, ids, mask, C, args.repeats, **media)
+                t_packed = step_time(packed_fn, packed_m, ids, mask, C, args.repeats, **media)
+            print(f"{name:26} {G:>3} {ids.shape[0]:>4} {padded_tokens:>10} {packed_tokens:>10} "
                   f"{padded_tokens / packed_tokens:>6.2f} {t_trl:>7.2f} {t_packed:>8.2f} {t_trl / t_packed:>7.2f}",
                   flush=True)
 

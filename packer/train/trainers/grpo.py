@@ -17,13 +17,17 @@ Each completion token's log-prob is read from its predecessor's logit on its own
 token from the prompt's last, ``packer.train.trainers.loss.loss_targets``), divided by TRL's ``temperature``
 as TRL's fused LM head does, and handed back in TRL's (B, T_completion) layout (0 on padding, as TRL's), with
 the entropies; so every ``loss_type``, the clipping, the KL term, importance sampling and the metrics run
-unchanged. A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in
-each). Only what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
+unchanged. Completions that share more than the prompt (a first turn, a tool result) form a radix trie under it:
+each shared prefix one node, computed once, a shared token's log-prob handed to every completion through it.
+Qwen2-VL prompt images go through the model once per tree (``_PromptImages``: mRoPE positions along each path).
+A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in each). Only
+what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
 (docs/training.md, "RL").
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,7 @@ from trl import GRPOTrainer
 
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError
+from packer.models.shared.mrope import mrope_position_ids
 from packer.packing.kernels import bfd_fast
 from packer.train.attention.hf import use_packed_attention
 from packer.train.attention.layout import PackedLayout
@@ -41,31 +46,74 @@ from packer.train.keys import LAYOUT_KWARG
 from packer.train.options import Backend
 from packer.train.trainers.loss import loss_targets
 
-# Inputs of TRL's log-prob call that carry media: the prompt's images would have to be placed once per tree.
-_MEDIA = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes",
-          "token_type_ids", "mm_token_type_ids", "image_position_ids")
+# Media inputs TRL 1.16 may hand its log-prob call. Proven packed: Qwen2-VL's images in the prompt
+# (``pixel_values`` + ``image_grid_thw`` + ``num_images``; ``mm_token_type_ids`` is not needed: packer places the
+# mRoPE positions from the ids along each path). Any other family's media inputs are refused by name.
+_REFUSED_MEDIA = ("pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
+                  "image_position_ids")
+_IMAGE_MODEL_TYPES = ("qwen2_vl",)  # proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
 
 
 @dataclass(frozen=True)
 class GroupTree:
-    """One tree of a packed row: a prompt (root) and the completions (branches) that share it."""
+    """One tree of a packed row: a prompt (node 0) and the completions that share it as a radix trie of their
+    tokens, so a prefix several completions share (a first turn, a tool result) is one node, computed once."""
 
     prompt: list[int]
     completions: list[int]  # indices into TRL's batch
     lengths: list[int]  # each completion's unpadded token count
+    nodes: tuple[tuple[int, int, int, int], ...]  # (parent node, completion holding the tokens, start, end)
+    leaves: tuple[int, ...]  # per completion: the node of its last token (inner when it prefixes another)
+    sample: int = -1  # the batch index whose images the prompt carries (-1: none)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + sum(self.lengths)
+        return len(self.prompt) + sum(end - start for _, _, start, end in self.nodes)
+
+
+def radix_trie(seqs: dict[int, list[int]]) -> tuple[list[tuple[int, int, int, int]], dict[int, int]]:
+    """``seqs`` (batch index -> completion tokens) as a radix trie under node 0 (the prompt): nodes
+    (parent, completion, start, end) depth-first (a parent before its children), children in order of first
+    appearance, and each completion's leaf node."""
+    nodes: list[tuple[int, int, int, int]] = []
+    leaves: dict[int, int] = {}
+
+    def grow(members: list[int], depth: int, parent: int) -> None:  # recursion depth <= len(members)
+        groups: dict[int, list[int]] = {}
+        for m in members:
+            if len(seqs[m]) > depth:
+                groups.setdefault(seqs[m][depth], []).append(m)
+        for group in groups.values():
+            first, end = seqs[group[0]], min(len(seqs[m]) for m in group)
+            stop = depth + 1
+            while stop < end and all(seqs[m][stop] == first[stop] for m in group):
+                stop += 1
+            nodes.append((parent, group[0], depth, stop))
+            node = len(nodes)
+            leaves.update((m, node) for m in group if len(seqs[m]) == stop)
+            grow(group, stop, node)
+
+    grow(list(seqs), 0, 0)
+    return nodes, leaves
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def group_trees(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
-                max_tokens: int) -> list[GroupTree]:
-    """TRL's padded (B, P + C) batch as prefix trees: completions grouped by identical (unpadded) prompt ids,
-    split so that no tree has more than ``max_tokens`` tokens; completions with no token are left out."""
+                max_tokens: int, image_keys: list[bytes] | None = None) -> list[GroupTree]:
+    """TRL's padded (B, P + C) batch as prefix trees: completions grouped by identical (unpadded) prompt ids (and
+    images: ``image_keys``, one digest per sample), each group a radix trie of its completions, split so that no
+    tree has more than ``max_tokens`` tokens; completions with no token are left out."""
     prompt_len = input_ids.shape[1] - completion_length
     ids, mask = input_ids.cpu(), attention_mask.cpu().bool()
-    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    groups: dict[tuple, list[tuple[int, list[int]]]] = {}
     for b in range(ids.shape[0]):
         comp = mask[b, prompt_len:]
         n = int(comp.sum())
@@ -73,21 +121,33 @@ def group_trees(input_ids: torch.Tensor, attention_mask: torch.Tensor, completio
             raise ConfigError(f"completion {b}'s attention mask has holes; PackedGRPOTrainer packs a completion's "
                               "tokens up to its first padding only")
         prompt = tuple(ids[b, :prompt_len][mask[b, :prompt_len]].tolist())
-        groups.setdefault(prompt, []).append((b, n))
+        key = (prompt, image_keys[b] if image_keys is not None else b"")
+        groups.setdefault(key, []).append((b, ids[b, prompt_len:prompt_len + n].tolist()))
     trees = []
-    for prompt, members in groups.items():
-        members = [m for m in members if m[1] > 0]
-        current: list[tuple[int, int]] = []
-        for b, n in members:
-            if len(prompt) + n > max_tokens:
+
+    def close(prompt: tuple[int, ...], current: list[tuple[int, list[int]]]) -> None:
+        seqs = dict(current)
+        nodes, leaves = radix_trie(seqs)
+        trees.append(GroupTree(list(prompt), list(seqs), [len(c) for c in seqs.values()], tuple(nodes),
+                               tuple(leaves[b] for b in seqs), current[0][0] if image_keys is not None else -1))
+
+    for (prompt, _), members in groups.items():
+        current: list[tuple[int, list[int]]] = []
+        size = len(prompt)  # the trie's tokens so far: each completion adds what no earlier one shares
+        for b, comp in members:
+            if not comp:
+                continue
+            if len(prompt) + len(comp) > max_tokens:
                 raise ConfigError(f"max_tokens={max_tokens} is smaller than a prompt and one completion "
-                                  f"({len(prompt)} + {n} tokens): raise max_tokens")
-            if current and len(prompt) + sum(m[1] for m in current) + n > max_tokens:
-                trees.append(GroupTree(list(prompt), [m[0] for m in current], [m[1] for m in current]))
-                current = []
-            current.append((b, n))
+                                  f"({len(prompt)} + {len(comp)} tokens): raise max_tokens")
+            new = len(comp) - max((_common(comp, c) for _, c in current), default=0)
+            if current and size + new > max_tokens:
+                close(prompt, current)
+                current, size, new = [], len(prompt), len(comp)
+            current.append((b, comp))
+            size += new
         if current:
-            trees.append(GroupTree(list(prompt), [m[0] for m in current], [m[1] for m in current]))
+            close(prompt, current)
     return trees
 
 
@@ -111,16 +171,18 @@ class PackedRow:
     position_ids: torch.Tensor  # (1, T): positions along each root-to-leaf path
     layout: PackedLayout
     labels: torch.Tensor  # (T,) the completion tokens, -100 elsewhere
-    targets: torch.Tensor  # (L,) flat index b * C + j of each completion token, in row order
+    targets: torch.Tensor  # (L,) flat index b * C + j of each completion token (a shared token serves several)
+    sources: torch.Tensor  # (L,) the row position of that token
 
 
 def row_of(trees: list[GroupTree], input_ids: torch.Tensor, completion_length: int) -> PackedRow:
-    """Lay out ``trees`` as one packed row (depth-first: prompt, then each completion)."""
+    """Lay out ``trees`` as one packed row (depth-first: each prompt, then its trie's nodes)."""
     prompt_len = input_ids.shape[1] - completion_length
     ids = input_ids.cpu()
     tokens: list[int] = []
     labels: list[int] = []
     targets: list[int] = []
+    sources: list[int] = []
     cu, offsets, parents = [0], [], []
     for tree in trees:
         root = len(offsets)
@@ -128,13 +190,20 @@ def row_of(trees: list[GroupTree], input_ids: torch.Tensor, completion_length: i
         parents.append(-1)
         tokens += tree.prompt
         labels += [IGNORE_INDEX] * len(tree.prompt)
-        for b, n in zip(tree.completions, tree.lengths, strict=True):
+        for parent, b, start, end in tree.nodes:
             offsets.append(len(tokens))
-            parents.append(root)
-            completion = ids[b, prompt_len:prompt_len + n].tolist()
-            tokens += completion
-            labels += completion
-            targets += [b * completion_length + j for j in range(n)]
+            parents.append(root + parent)
+            part = ids[b, prompt_len + start:prompt_len + end].tolist()
+            tokens += part
+            labels += part
+        for b, leaf in zip(tree.completions, tree.leaves, strict=True):
+            node = leaf  # walk the path up: each node's tokens are this completion's [start, end)
+            while node:
+                parent, _, start, end = tree.nodes[node - 1]
+                first = offsets[root + node]
+                targets += [b * completion_length + j for j in range(start, end)]
+                sources += range(first, first + end - start)
+                node = parent
         cu.append(len(tokens))
     layout = PackedLayout.from_tensors(len(tokens), cu, offsets, parents)
     device = input_ids.device
@@ -144,6 +213,7 @@ def row_of(trees: list[GroupTree], input_ids: torch.Tensor, completion_length: i
         layout=layout,
         labels=torch.tensor(labels, dtype=torch.long, device=device),
         targets=torch.tensor(targets, dtype=torch.long, device=device),
+        sources=torch.tensor(sources, dtype=torch.long, device=device),
     )
 
 
@@ -157,7 +227,7 @@ class PackedGRPOTrainer(GRPOTrainer):
 
     ``max_tokens``: the most tokens in one packed row (default: the padded batch's own B x (P + C), so a row
     never holds more than TRL's padded forward would). ``backend``: packer's attention backend
-    (``use_packed_attention``). Refused with a ConfigError: prompts with images or other media, a MoE
+    (``use_packed_attention``). Refused with a ConfigError: media other than Qwen2-VL's prompt images, a MoE
     load-balancing loss (``router_aux_loss_coef`` on a model that outputs router logits), ``cast_lm_head_to_fp32``.
     """
 
@@ -181,31 +251,42 @@ class PackedGRPOTrainer(GRPOTrainer):
             use_packed_attention(self.accelerator.unwrap_model(self.ref_model), backend)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **media: Any):
+                                           compute_entropy=False, compute_aux_loss=False, pixel_values=None,
+                                           image_grid_thw=None, num_images=None, mm_token_type_ids=None,
+                                           **media: Any):
         """TRL's (B, C) per-token log-probs (and entropies) of the completions, computed on packed group trees."""
-        given = [k for k in _MEDIA if media.get(k) is not None] + (["num_images"] if media.get("num_images") else [])
-        if given:
-            raise ConfigError(f"PackedGRPOTrainer packs text prompts only; this batch carries {given} (prompts "
-                              "with images are not supported yet: use trl.GRPOTrainer)")
+        refused = [k for k in _REFUSED_MEDIA if media.get(k) is not None]
+        if refused or set(media) - set(_REFUSED_MEDIA):
+            raise ConfigError(f"PackedGRPOTrainer packs text prompts and Qwen2-VL's prompt images only; this batch "
+                              f"carries {refused or sorted(media)} (use trl.GRPOTrainer)")
         if compute_aux_loss:
             raise ConfigError("PackedGRPOTrainer: set router_aux_loss_coef=0 (the MoE aux loss is not packed)")
         B, C = input_ids.shape[0], int(logits_to_keep)
+        images = None
+        if pixel_values is not None:
+            images = _PromptImages(self.accelerator.unwrap_model(model), pixel_values, image_grid_thw, num_images, B)
         budget = self.packer_max_tokens or input_ids.numel()
-        trees = group_trees(input_ids, attention_mask, C, budget)
+        trees = group_trees(input_ids, attention_mask, C, budget, None if images is None else images.keys)
         logps_flat, entropy_flat, index = [], [], []
         for trees_of_row in pack_trees(trees, budget):
             row = row_of(trees_of_row, input_ids, C)
             sel = loss_targets(row.labels, row.layout)
             keep = torch.unique(sel.predecessors)  # sorted
+            inputs: dict[str, Any] = {"position_ids": row.position_ids}
+            if images is not None:
+                inputs = images.inputs(row, [t.sample for t in trees_of_row])
             with self.accelerator.autocast():
-                out = model(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False,
-                            logits_to_keep=keep, **{LAYOUT_KWARG: row.layout})
+                out = model(input_ids=row.input_ids, use_cache=False, logits_to_keep=keep,
+                            **inputs, **{LAYOUT_KWARG: row.layout})
             logits = out.logits[0].index_select(0, torch.searchsorted(keep, sel.predecessors)).float()
             logp = F.log_softmax(logits / self.temperature, dim=-1)  # TRL's fused head divides by temperature too
-            logps_flat.append(logp.gather(-1, sel.targets.unsqueeze(-1)).squeeze(-1))
-            if compute_entropy:
-                entropy_flat.append(-(logp.exp() * logp).sum(-1))  # differentiable: TRL's entropy bonus uses it
-            index.append(row.targets)  # sel's tokens are the row's labelled ones, in row order
+            # sel's tokens are the row's labelled ones in row order: a row position's rank among them
+            rank = torch.cumsum(row.labels != IGNORE_INDEX, 0) - 1
+            pick = rank[row.sources]
+            logps_flat.append(logp.gather(-1, sel.targets.unsqueeze(-1)).squeeze(-1)[pick])
+            if compute_entropy:  # differentiable: TRL's entropy bonus uses it
+                entropy_flat.append(-(logp.exp() * logp).sum(-1)[pick])
+            index.append(row.targets)
         logps = torch.zeros(B * C, dtype=torch.float32, device=input_ids.device)
         entropies = torch.zeros(B * C, dtype=torch.float32, device=input_ids.device) if compute_entropy else None
         if index:
@@ -215,3 +296,40 @@ class PackedGRPOTrainer(GRPOTrainer):
                 entropies = entropies.index_put((idx,), torch.cat(entropy_flat))
         return logps.view(B, C), (entropies.view(B, C) if compute_entropy else None), None
 
+
+class _PromptImages:
+    """Qwen2-VL's prompt images of TRL's batch (each prompt's images repeated once per completion there): one
+    digest per sample to group by, and per packed row each tree's images once with the mRoPE positions of
+    every path (``packer.models.shared.mrope.mrope_position_ids``, Qwen2-VL's ``get_rope_index`` per path)."""
+
+    def __init__(self, model: Any, pixel_values: torch.Tensor, grid: torch.Tensor | None, num_images: Any, batch: int):
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in _IMAGE_MODEL_TYPES or grid is None or num_images is None:
+            raise ConfigError(f"PackedGRPOTrainer packs prompt images for {list(_IMAGE_MODEL_TYPES)} only (pixel_values "
+                              f"with image_grid_thw and num_images); this is {model_type!r}: use trl.GRPOTrainer")
+        counts = [int(n) for n in num_images]
+        if len(counts) != batch:
+            raise ConfigError(f"num_images has {len(counts)} entries for a batch of {batch}")
+        rows = grid.prod(-1).tolist()
+        image_start = np.cumsum([0, *counts]).tolist()
+        row_start = np.cumsum([0, *rows]).tolist()
+        self.pixel_values, self.grid = pixel_values, grid
+        self.images = [range(image_start[b], image_start[b + 1]) for b in range(batch)]
+        self.rows = [(row_start[image_start[b]], row_start[image_start[b + 1]]) for b in range(batch)]
+        pixels, grids = pixel_values.detach().cpu().contiguous(), grid.cpu()
+        self.keys = [hashlib.sha1(pixels[a:e].numpy().tobytes() + grids[i.start:i.stop].numpy().tobytes()).digest()
+                     for (a, e), i in zip(self.rows, self.images, strict=True)]
+        self.image_token_id = int(model.config.image_token_id)
+        self.merge = int(model.config.vision_config.spatial_merge_size)
+
+    def inputs(self, row: PackedRow, samples: list[int]) -> dict[str, Any]:
+        """The model's kwargs for ``row`` whose trees' prompts carry the images of ``samples`` (in row order)."""
+        grid = torch.cat([self.grid[self.images[b].start:self.images[b].stop] for b in samples])
+        pixels = torch.cat([self.pixel_values[self.rows[b][0]:self.rows[b][1]] for b in samples])
+        layout = row.layout
+        mrope = mrope_position_ids(row.input_ids[0].cpu().numpy(), layout.node_offsets.cpu().numpy(),
+                                   layout.node_parents.cpu().numpy(), [tuple(g) for g in grid.tolist()],
+                                   image_token_id=self.image_token_id, spatial_merge_size=self.merge)
+        positions = torch.cat([row.position_ids.cpu(), torch.from_numpy(mrope.astype(np.int64))])  # text row, t/h/w
+        return {"position_ids": positions.unsqueeze(1).to(row.input_ids.device), "pixel_values": pixels,
+                "image_grid_thw": grid}

@@ -117,8 +117,9 @@ def run(cls, model_dir, tmp_path, **kw):
     data = datasets.Dataset.from_dict({"prompt": PROMPTS * 4})
     packer_kw = {"max_tokens": kw.pop("max_tokens")} if "max_tokens" in kw and issubclass(cls, PackedGRPOTrainer) else {}
     kw.pop("max_tokens", None)
+    rollout = kw.pop("rollout_func", fixed_rollout)
     trainer = cls(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path, **kw), train_dataset=data,
-                  processing_class=tok, rollout_func=fixed_rollout, **packer_kw)
+                  processing_class=tok, rollout_func=rollout, **packer_kw)
     trainer.recorded = []
     rec = StepRecorder()
     trainer.add_callback(rec)
@@ -194,10 +195,12 @@ def test_groups_are_trees_packed_to_the_budget():
     assert [(t.prompt, t.completions, t.lengths) for t in trees] == [([7, 8], [0, 1, 3], [2, 1, 3]),
                                                                      ([9, 9, 9], [2], [3])]
     row = row_of(trees, ids, 3)
-    assert row.input_ids.tolist() == [[7, 8, 1, 2, 3, 1, 1, 1, 9, 9, 9, 4, 5, 6]]
-    assert row.layout.node_parents.tolist() == [-1, 0, 0, 0, -1, 4]
-    assert row.position_ids.tolist() == [[0, 1, 2, 3, 2, 2, 3, 4, 0, 1, 2, 3, 4, 5]]
-    assert row.targets.tolist() == [0, 1, 3, 9, 10, 11, 6, 7, 8]
+    # completions 0 ([1, 2]) and 3 ([1, 1, 1]) share their first token: one inner node [1], computed once
+    assert row.input_ids.tolist() == [[7, 8, 1, 2, 1, 1, 3, 9, 9, 9, 4, 5, 6]]
+    assert row.layout.node_parents.tolist() == [-1, 0, 1, 1, 0, -1, 5]
+    assert row.position_ids.tolist() == [[0, 1, 2, 3, 3, 4, 2, 0, 1, 2, 3, 4, 5]]
+    assert sorted(zip(row.targets.tolist(), row.sources.tolist(), strict=True)) == [
+        (0, 2), (1, 3), (3, 6), (6, 10), (7, 11), (8, 12), (9, 2), (10, 4), (11, 5)]
     split = group_trees(ids, mask, 3, 6)  # a group over the budget splits its completions, prompt in each
     assert [(t.prompt, t.completions) for t in split] == [([7, 8], [0, 1]), ([7, 8], [3]), ([9, 9, 9], [2])]
     assert all(sum(t.num_tokens for t in r) <= 6 for r in pack_trees(split, 6))
@@ -239,3 +242,145 @@ def test_packed_grpo_equals_trl_on_two_ranks(model_dir, tmp_path):
     assert len(grads["packer"]) == len(grads["trl"]) == 3
     for g, w in zip(grads["packer"], grads["trl"], strict=True):
         assert assert_grads_close(g, w, rtol=1e-3) < 2e-5
+
+
+# ---------------------------------------------------------------- deeper trees: completions sharing more than the prompt
+
+def shared_turn_rollout(prompts: list, trainer: GRPOTrainer) -> dict:
+    """Multi-turn-shaped rollouts: completions 0-2 of a group share a first turn and a "tool result" (6 tokens),
+    completion 1 is a prefix of completion 2, completion 3 shares nothing but the prompt."""
+    out = fixed_rollout(prompts, trainer)
+    for i, prompt in enumerate(prompts):
+        g = torch.Generator().manual_seed(zlib.crc32(prompt.encode()))
+        turn = torch.randint(100, 5000, (6,), generator=g).tolist()
+        own = out["completion_ids"][i][:2]
+        out["completion_ids"][i] = {0: turn + own, 1: turn[:4], 2: turn}.get(i % G, own)
+    return out
+
+
+@pytest.mark.slow
+def test_packed_grpo_equals_trl_with_shared_turns(model_dir, tmp_path):
+    assert_same_training(model_dir, tmp_path, {"rollout_func": shared_turn_rollout, "max_completion_length": 8})
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="open: log-probs (1e-4 relative) and losses of all 3 steps and step 1's "
+                   "gradients (1e-6 of the largest) match, but steps 2 and 3's gradients drift to 1.9e-4 and 4.3e-4 "
+                   "of the largest (one-level trees: 4.7e-5, 3.9e-5); round-off after lr=1e-2 steps or a fork "
+                   "detail of the delta rule's backward, not yet told apart")
+def test_packed_grpo_equals_trl_with_shared_turns_on_qwen35(qwen35_dir, tmp_path):
+    # the recurrent state forks at every inner node of the trie, not only at the prompt; the delta rule's
+    # round-off over these longer paths: 5.6e-5 relative on one log-prob of ~12 (1 of 64), hence 1e-4
+    assert_same_training(qwen35_dir, tmp_path, {"rollout_func": shared_turn_rollout}, rtol=1e-4, grad_top=1e-4,
+                         grad_rtol=1e-2)
+
+
+def test_shared_turns_are_computed_once_and_never_see_a_sibling(model_dir, tmp_path):
+    trainer = PackedGRPOTrainer(model_dir, reward_funcs=length_reward, args=grpo_config(tmp_path),
+                                train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+                                processing_class=load_tokenizer("qwen2-vl"))
+    prompt = torch.tensor([11, 12, 13, 14, 15])
+    comps = torch.tensor([[21, 22, 23, 24, 25], [21, 22, 23, 31, 0], [21, 22, 0, 0, 0], [41, 42, 43, 0, 0]])
+    ids = torch.cat([prompt.expand(4, -1), comps], dim=1)
+    mask = torch.cat([torch.ones(4, 5, dtype=torch.long), (comps > 0).long()], dim=1)
+    (tree,) = group_trees(ids, mask, 5, ids.numel())
+    assert tree.num_tokens == 5 + 2 + 1 + 2 + 1 + 3  # [21 22] [23] [24 25] [31] [41 42 43]
+    model = trainer.model.eval()
+    with torch.no_grad():
+        before, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, 5)
+        changed = ids.clone()
+        changed[1, 8] = 91  # completion 1's own token after the shared [21 22 23]
+        after, _, _ = trainer._get_per_token_logps_and_entropies(model, changed, mask, 5)
+        alone = torch.cat([trainer._get_per_token_logps_and_entropies(model, ids[b:b + 1], mask[b:b + 1], 5)[0]
+                           for b in range(4)])
+    torch.testing.assert_close(after[[0, 2, 3]], before[[0, 2, 3]], rtol=0, atol=0)  # siblings untouched
+    torch.testing.assert_close(after[1, :3], before[1, :3], rtol=0, atol=0)  # its shared prefix too
+    assert not torch.allclose(after[1, 3], before[1, 3])
+    torch.testing.assert_close(before, alone, rtol=1e-5, atol=1e-6)  # each as if it ran alone
+
+
+# ---------------------------------------------------------------- Qwen2-VL: an image in the prompt
+
+IMAGE_SIZES = [(56, 56), (84, 56), (56, 112), (112, 84)]  # 4, 6, 8 and 12 image tokens after the 2x2 merge
+
+
+def qwen2_vl_processor():
+    """A real ``Qwen2VLProcessor`` offline: packer's builtin qwen2-vl tokenizer, left-padded (TRL left-pads its
+    prompt ids; a right-padding processor would put TRL's ``mm_token_type_ids`` beside the wrong tokens), and the
+    PIL image processor (its video-processor class check skipped: without torchvision transformers' video
+    mapping is a placeholder)."""
+    import transformers
+    from transformers.processing_utils import ProcessorMixin
+
+    tok = load_tokenizer("qwen2-vl")
+    tok.padding_side = "left"
+    images = transformers.Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    with pytest.MonkeyPatch.context() as mp:
+        check = ProcessorMixin.check_argument_for_proper_class
+        mp.setattr(ProcessorMixin, "check_argument_for_proper_class",
+                   lambda self, name, arg: None if name == "video_processor" else check(self, name, arg))
+        return transformers.Qwen2VLProcessor(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_dir(tmp_path_factory):
+    tok = load_tokenizer("qwen2-vl")
+    proof = get_profile("qwen2-vl").proof()
+    torch.manual_seed(0)
+    model = proof.tiny_model(token_ids={t: tok.convert_tokens_to_ids(t) for t in proof.model_tokens()},
+                             vocab_size=VOCAB)
+    return saved(tmp_path_factory, "tiny_qwen2_vl", model)
+
+
+def image_rollout(prompts: list, trainer: GRPOTrainer) -> dict:
+    """``fixed_rollout`` for conversational prompts with an image: the prompt ids as the processor gives them."""
+    proc = trainer.processing_class
+    prompt_ids, completion_ids = [], []
+    for i, prompt in enumerate(prompts):
+        images = [c["image"] for m in prompt for c in m["content"] if c.get("type") == "image"]
+        text = proc.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        prompt_ids.append(list(proc(images=images, text=[text])["input_ids"][0]))
+        g = torch.Generator().manual_seed(zlib.crc32(f"{text}|{i % G}".encode()))
+        n = int(torch.randint(1, trainer.args.max_completion_length + 1, (1,), generator=g))
+        completion_ids.append(torch.randint(100, 5000, (n,), generator=g).tolist())
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+
+def completion_length_reward(completion_ids: list, **kwargs) -> list[float]:
+    return [float(len(c) % 5) for c in completion_ids]
+
+
+def image_prompts() -> datasets.Dataset:
+    from PIL import Image
+
+    files = sorted((Path(os.environ.get("PACKER_SHARED", "/work/shared")) / "data/coco-mini/train2017").glob("*.jpg"))
+    images = [Image.open(f).convert("RGB").resize(size) for f, size in zip(files, IMAGE_SIZES, strict=False)]
+    texts = ["What is this?", "Describe the picture in a few words, please.", "Colour?", "Count the objects."]
+    prompts = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}] for t in texts]
+    return datasets.Dataset.from_dict({"prompt": prompts * 2, "image": images * 2})
+
+
+@pytest.mark.slow
+def test_packed_grpo_equals_trl_on_qwen2_vl_with_an_image(qwen2_vl_dir, tmp_path):
+    """Each group's image goes through the vision tower and the language model once (TRL: G times), its mRoPE
+    positions placed along every path; log-probs, losses and gradients (vision tower included) equal TRL's."""
+    results = []
+    for cls in (RecordingGRPO, RecordingPackedGRPO):
+        trainer = cls(qwen2_vl_dir, reward_funcs=completion_length_reward, train_dataset=image_prompts(),
+                      args=grpo_config(tmp_path / cls.__name__, max_steps=2), processing_class=qwen2_vl_processor(),
+                      rollout_func=image_rollout)
+        trainer.recorded = []
+        rec = StepRecorder()
+        trainer.add_callback(rec)
+        trainer.train()
+        results.append((trainer, rec))
+    (want, want_rec), (got, got_rec) = results
+    assert len(got.recorded) == len(want.recorded) > 0
+    for (g, _), (w, _) in zip(got.recorded, want.recorded, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert logged_losses(got) == pytest.approx(logged_losses(want), rel=1e-5, abs=1e-6)
+    assert len(got_rec.grads) == len(want_rec.grads) == 2
+    for g, w in zip(got_rec.grads, want_rec.grads, strict=True):
+        worst = assert_grads_close(g, w, rtol=1e-3)
+        print("worst gradient difference / largest gradient:", worst)
+        assert worst < 2e-5
