@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import packer.train.attention.hf as hf
 from packer.core import tree
@@ -26,43 +25,17 @@ from packer.models import get_profile
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.attention.layout import PackedLayout
+from tests.train.attention.path_reference import OFFSETS, PARENTS, SPANS, T, reference
 
 _spec = importlib.util.spec_from_file_location(
     "check_equivalence", Path(__file__).resolve().parents[3] / "scripts" / "check_equivalence.py")
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
-# Example 0: a tree, prefix 0 (6 tokens) -> branches 1 (5) and 2 (3); 2 -> 3 (4) and 4 (2). Example 1: 7 tokens.
-OFFSETS = [0, 6, 11, 14, 18, 20]
-PARENTS = [-1, 0, 0, 2, 2, -1]
-T = 27
-SPANS = [(1, 4), (21, 25)]  # an image in the prefix, one in example 1
-
-
-def _paths(layout: PackedLayout) -> list[list[int]]:
-    offsets = layout.node_offsets.tolist() + [layout.num_tokens]
-    anc = layout.ancestors()
-    leaves = [n for n in range(layout.num_nodes) if n not in set(layout.node_parents.tolist())]
-    return [[t for m in anc[n].nonzero().reshape(-1).tolist() for t in range(offsets[m], offsets[m + 1])]
-            for n in leaves]
-
-
 def _reference(q, k, v, layout, chunk: int | None, spans) -> torch.Tensor:
-    out = torch.zeros_like(q)
-    for path in _paths(layout):
-        idx = torch.tensor(path)
-        n = len(path)
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        block = torch.full((n,), -1)
-        for b, (s, e) in enumerate(spans):
-            block[(idx >= s) & (idx < e)] = b
-        allowed = (j <= i) | ((block[:, None] == block[None, :]) & (block[:, None] >= 0))
-        if chunk is not None:
-            allowed &= (j // chunk) == (i // chunk)  # transformers' chunked_overlay, on the path's own positions
-        qh, kh, vh = (x[idx].transpose(0, 1)[None] for x in (q, k, v))  # (1, H, n, D)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, enable_gqa=True)[0].transpose(0, 1)
-        out[idx] = o  # a shared prefix gets the same output on every path through it
-    return out
+    if chunk is None:
+        return reference(q, k, v, layout, spans, None)
+    return reference(q, k, v, layout, spans, lambda i, j: (j // chunk) == (i // chunk))  # transformers' chunked_overlay, on the path's own positions
 
 
 def _qkv(seed: int, dtype=torch.float64):
