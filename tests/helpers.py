@@ -261,6 +261,61 @@ def omni_path_media(msgs: list[dict], enc: Encoded, cols: np.ndarray, media: Pat
     return audio, slots, images, videos, entries
 
 
+def omni_processor_out(processor, msgs: list[dict], enc: Encoded, cols: np.ndarray, media: Path, *,
+                       with_sound: bool) -> tuple[Any, list, list]:
+    """An Omni processor's output (``return_tensors="pt"``) for one path: its chat template's text with the path's
+    media (``omni_path_media``; the videos' sound loaded where the record uses it); also the path's audio clips and
+    its videos' encoded entries."""
+    audio, slots, images, videos, video_entries = omni_path_media(msgs, enc, cols, media, with_sound=with_sound)
+    text = processor.apply_chat_template(msgs, tokenize=False)
+    kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
+    # a part's fps is what a user hands on to the processor (its video_second_per_grid)
+    fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
+    videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
+    out = processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
+                    videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
+    return out, audio, video_entries
+
+
+def tiny_model_report(profile: Any, tok: Any, batch: dict, *, paths: int) -> tuple[dict, Any]:
+    """``scripts/check_equivalence``'s proof of ``batch`` on the family's tiny model (seed 0, the vocabulary
+    compacted to the batch's ids): on sdpa_varlen and sdpa every path's losses and gradients equal it alone and
+    every parameter gets a gradient, over ``paths`` paths. The report and the model."""
+    import json
+
+    import torch
+
+    from scripts import check_equivalence as ce
+
+    (batch,), ids, vocab = ce.compact_vocab([batch], ce.profile_token_ids(profile, tok))
+    torch.manual_seed(0)
+    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
+    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
+    for backend in ("sdpa_varlen", "sdpa"):
+        assert report[backend]["ok"], json.dumps(report)
+        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
+    assert report["paths"] == paths
+    return report, model
+
+
+def break_sound_track(row: dict, fault: str, *, audio_id: int, position_step: float) -> None:
+    """The faults verify must find in an Omni row holding a video's sound: the frame before the track and the
+    track's first token swapped, the track's entry off its run, a position of the track moved by
+    ``position_step``, a stray audio token (the row's first token)."""
+    track = next(a for a in row["audios"] if a["video"])
+    if fault == "frame and sound swapped":
+        ids, k = row["input_ids"], track["offset"]
+        ids[k - 1], ids[k] = ids[k], ids[k - 1]
+    elif fault == "sound track offset":
+        track["offset"] += 1
+    elif fault == "position":
+        row["mrope_position_ids"][3 * (track["offset"] + 2)] += position_step
+    elif fault == "stray audio token":
+        row["input_ids"][0] = audio_id
+    else:
+        raise KeyError(fault)
+
+
 def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
     """Rewrite one shard of a finished build with ``change(rows)`` applied to its rows (a list of dicts, changed
     in place), its manifest entry's checksum and size updated: a corrupted build for verify to find."""

@@ -37,7 +37,8 @@ from packer.models.qwen_omni.rope3 import (
     omni3_position_ids,
 )
 from tests.helpers import (
-    omni_path_media,
+    break_sound_track,
+    omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
     record_paths,
@@ -314,15 +315,9 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
         with_sound = bool(record.get("use_audio_in_video"))
         for msgs, cols in zip(record_paths(record), token_paths(enc), strict=True):
             on_path = set(cols.tolist())
-            audio, slots, images, videos, video_entries = omni_path_media(msgs, enc, cols, media, with_sound=with_sound)
-            text = processor.apply_chat_template(msgs, tokenize=False)
-            kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
-            fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
-            videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
-            out = processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
-                            videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
+            out, audio, video_entries = omni_processor_out(processor, msgs, enc, cols, media, with_sound=with_sound)
             np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
-            if videos:
+            if video_entries:
                 assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
                 spg = torch.tensor([v.second_per_grid_t for v in video_entries], dtype=torch.float32)
                 assert torch.equal(torch.as_tensor(out["video_second_per_grid"], dtype=torch.float32), spg)
@@ -337,9 +332,9 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
                     torch.testing.assert_close(got["input_features"][k, :, : a.feature_length],
                                                out["input_features"][k, :, : a.feature_length], rtol=0, atol=1e-4)
             ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
-                                torch.ones_like(out["input_ids"]), with_sound and bool(videos),
+                                torch.ones_like(out["input_ids"]), with_sound and bool(video_entries),
                                 mask.sum(-1) if audio else None,
-                                spg if videos else None)
+                                spg if video_entries else None)
             np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
             fractional += bool((ref != ref.round()).any())
             checked += 1
@@ -379,8 +374,7 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     from packer.models import get_profile
     from packer.train.collate import collate
     from packer.train.dataset import PackedDataset
-    from scripts import check_equivalence as ce
-    from tests.helpers import write_shardset
+    from tests.helpers import tiny_model_report, write_shardset
 
     profile = get_profile("qwen3-omni")
     root = write_shardset(tmp_path / "shards", encoded, [2, 3, 1], profile="qwen3-omni")
@@ -388,15 +382,7 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     batch = collate(rows)
     assert batch["position_ids"].dtype == torch.float32
     assert (batch["position_ids"] != batch["position_ids"].round()).any()  # the fractional video
-    token_ids = ce.profile_token_ids(profile, tok)
-    (batch,), ids, vocab = ce.compact_vocab([batch], token_ids)
-    torch.manual_seed(0)
-    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
-    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
-    for backend in ("sdpa_varlen", "sdpa"):
-        assert report[backend]["ok"], json.dumps(report)
-        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 8
+    report, model = tiny_model_report(profile, tok, batch, paths=8)
     # the figures docs/models/qwen_omni.md quotes (pytest -s prints them)
     print(json.dumps({b: {k: report[b][k] for k in ("loss_max_rel", "total_rel", "grad_max_rel")}
                       for b in ("sdpa_varlen", "sdpa")} | {"tokens": report["tokens"]}))
@@ -460,20 +446,12 @@ def test_verify_finds_each_fault(omni3_build, tmp_path, fault) -> None:
     shutil.copytree(omni3_build["root"] / "out", out)
 
     def change(rows: list[dict]) -> None:
-        row = next(r for r in rows if any(a["video"] for a in r["audios"]))
-        track = next(a for a in row["audios"] if a["video"])
-        if fault == "frame and sound swapped":
-            ids, k = row["input_ids"], track["offset"]
-            ids[k - 1], ids[k] = ids[k], ids[k - 1]
-        elif fault == "sound track offset":
-            track["offset"] += 1
-        elif fault == "position":
-            row["mrope_position_ids"][3 * (track["offset"] + 2)] += 0.5
-        elif fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
+        if fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
             clip = next(a for r in rows for a in r["audios"] if a["padded_samples"] > a["num_samples"] + 160)
             clip["padded_samples"] = clip["num_samples"]
         else:
-            row["input_ids"][0] = AUD
+            row = next(r for r in rows if any(a["video"] for a in r["audios"]))
+            break_sound_track(row, fault, audio_id=AUD, position_step=0.5)
 
     rewrite_shard(out, change)
     report = verify_build(out)
