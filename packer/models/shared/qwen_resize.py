@@ -4,11 +4,20 @@ image processor and by qwen-vl-utils' frame sizing (``video_plan.py``)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from packer.errors import RecordError
+from packer.errors import ConfigError, RecordError
 
 # Qwen2-VL's smart_resize refuses images whose long side is more than 200x the short side.
 MAX_ASPECT_RATIO = 200
+
+
+def check_pixel_bounds(profile: Any, *pairs: tuple[str, str]) -> None:
+    """ConfigError unless 1 <= low <= high for each (low, high) pair of the profile's pixel-bound fields."""
+    for low, high in pairs or (("min_pixels", "max_pixels"),):
+        if getattr(profile, low) < 1 or getattr(profile, high) < getattr(profile, low):
+            raise ConfigError(f"profile {profile.name!r}: need 1 <= {low!r} <= {high!r}, got "
+                              f"{low}={getattr(profile, low)}, {high}={getattr(profile, high)}")
 
 
 def smart_resize(
