@@ -117,18 +117,23 @@ def write_shardset(root: Path, examples: list[Encoded], pack_sizes: list[int], *
     return root
 
 
-def token_paths(enc: Encoded) -> list[np.ndarray]:
-    """Token positions of each root-to-leaf path of an encoded example, leaves in node order."""
-    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
-    ends = [*offs[1:], len(enc.input_ids)]
+def leaf_chains(offsets: list[int], parents: list[int], ends, nodes) -> list[np.ndarray]:
+    """Positions of each root-to-leaf path through ``nodes`` (node n holds ``offsets[n]:ends[n]``), leaves in node
+    order."""
     out = []
-    for leaf in (n for n in range(len(offs)) if n not in parents):
+    for leaf in (n for n in nodes if n not in parents):
         chain, n = [], leaf
         while n >= 0:
             chain.append(n)
             n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
+        out.append(np.concatenate([np.arange(offsets[n], ends[n]) for n in reversed(chain)]))
     return out
+
+
+def token_paths(enc: Encoded) -> list[np.ndarray]:
+    """Token positions of each root-to-leaf path of an encoded example, leaves in node order."""
+    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
+    return leaf_chains(offs, parents, [*offs[1:], len(enc.input_ids)], range(len(offs)))
 
 
 def without_video_processor(processor_class: type) -> type:

@@ -20,7 +20,7 @@ from packer.pipeline.build import build
 from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA
 from packer.train.dataset import PackedDataset
-from tests.helpers import record_paths
+from tests.helpers import leaf_chains, record_paths
 
 
 def png(w: int, h: int, seed: int = 0) -> bytes:
@@ -100,14 +100,7 @@ def leaf_positions(row: dict, e: int) -> list[np.ndarray]:
     cu, offs, parents = row["cu_seqlens"], row["node_offsets"].tolist(), row["node_parents"].tolist()
     nodes = [n for n, o in enumerate(offs) if cu[e] <= o < cu[e + 1]]
     ends = {n: (offs[n + 1] if n + 1 < len(offs) and offs[n + 1] < cu[e + 1] else int(cu[e + 1])) for n in nodes}
-    out = []
-    for leaf in (n for n in nodes if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
+    return leaf_chains(offs, parents, ends, nodes)
 
 
 def each_path(rows: list[dict], records: list[dict], paths: Callable[[dict], list]

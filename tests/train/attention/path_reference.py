@@ -44,3 +44,26 @@ def reference(q, k, v, layout: PackedLayout, spans,
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, enable_gqa=True)[0].transpose(0, 1)
         out[idx] = o  # a shared prefix gets the same output on every path through it
     return out
+
+
+def cuda_qkv(backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded bf16 q, k, v (4 query heads, 2 kv heads, 64 dims) on CUDA for the row; skips a kernel not
+    installed."""
+    import pytest
+
+    from packer.train.attention.backends import flash_available, varlen_available
+
+    if (backend == "flash" and not flash_available()) or (backend == "varlen" and not varlen_available()):
+        pytest.skip(f"{backend} is not available")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(T, h, 64, device="cuda").to(torch.bfloat16) for h in (4, 2, 2))
+    return q, k, v
+
+
+def assert_matches_fp32_sdpa(q, k, v, layout: PackedLayout, backend: str, **rule: int) -> None:
+    """``backend`` on bf16 q, k, v within 2e-2 of fp32 sdpa under the layer's ``rule`` (chunk= or window=)."""
+    from packer.train.attention.backends import packed_attention
+
+    ref = packed_attention(q.float(), k.float(), v.float(), layout, backend="sdpa", **rule)
+    got = packed_attention(q, k, v, layout, backend=backend, **rule)
+    assert (got.float() - ref).abs().max() < 2e-2, (backend, rule)

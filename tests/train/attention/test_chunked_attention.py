@@ -25,7 +25,15 @@ from packer.models import get_profile
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.attention.layout import PackedLayout
-from tests.train.attention.path_reference import OFFSETS, PARENTS, SPANS, T, reference
+from tests.train.attention.path_reference import (
+    OFFSETS,
+    PARENTS,
+    SPANS,
+    T,
+    assert_matches_fp32_sdpa,
+    cuda_qkv,
+    reference,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "check_equivalence", Path(__file__).resolve().parents[3] / "scripts" / "check_equivalence.py")
@@ -135,17 +143,10 @@ def test_refusals() -> None:
 def test_cuda_kernels_take_the_chunks(backend: str) -> None:
     """The chunk plan on flash-attn and torch varlen (causal segments), the chunk mask on compiled flex, equal fp32
     sdpa; with spans the varlen kernels refuse."""
-    from packer.train.attention.backends import flash_available, varlen_available
-
-    if (backend == "flash" and not flash_available()) or (backend == "varlen" and not varlen_available()):
-        pytest.skip(f"{backend} is not available")
+    q, k, v = cuda_qkv(backend)
     layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(T, h, 64, device="cuda").to(torch.bfloat16) for h in (4, 2, 2))
     for chunk in (2, 5):
-        ref = packed_attention(q.float(), k.float(), v.float(), layout, backend="sdpa", chunk=chunk)
-        got = packed_attention(q, k, v, layout, backend=backend, chunk=chunk)
-        assert (got.float() - ref).abs().max() < 2e-2, (backend, chunk)
+        assert_matches_fp32_sdpa(q, k, v, layout, backend, chunk=chunk)
     if backend != "flex":
         spans = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS)
         with pytest.raises(ConfigError):

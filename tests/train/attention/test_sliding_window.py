@@ -13,7 +13,15 @@ import torch
 
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.layout import PackedLayout
-from tests.train.attention.path_reference import OFFSETS, PARENTS, SPANS, T, reference
+from tests.train.attention.path_reference import (
+    OFFSETS,
+    PARENTS,
+    SPANS,
+    T,
+    assert_matches_fp32_sdpa,
+    cuda_qkv,
+    reference,
+)
 
 
 def _reference(q, k, v, layout, window: int | None, spans) -> torch.Tensor:
@@ -50,14 +58,7 @@ def test_no_window_is_the_plain_tree_mask() -> None:
 @pytest.mark.parametrize("with_spans", [False, True])
 def test_cuda_kernels_take_the_window(backend: str, with_spans: bool) -> None:
     """window_size=(window - 1, 0) on the varlen segments (and span_attention's causal call) equals fp32 sdpa."""
-    from packer.train.attention.backends import flash_available, varlen_available
-
-    if (backend == "flash" and not flash_available()) or (backend == "varlen" and not varlen_available()):
-        pytest.skip(f"{backend} is not available")
+    q, k, v = cuda_qkv(backend)
     layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS if with_spans else None)
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(T, h, 64, device="cuda").to(torch.bfloat16) for h in (4, 2, 2))
     for window in (2, 5):
-        ref = packed_attention(q.float(), k.float(), v.float(), layout, backend="sdpa", window=window)
-        got = packed_attention(q, k, v, layout, backend=backend, window=window)
-        assert (got.float() - ref).abs().max() < 2e-2, (backend, window)
+        assert_matches_fp32_sdpa(q, k, v, layout, backend, window=window)
