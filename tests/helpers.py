@@ -303,6 +303,15 @@ def tiny_model_report(profile: Any, tok: Any, batch: dict, *, paths: int) -> tup
     return report, model
 
 
+SOUND_TRACK_FAULTS = {  # break_sound_track's faults -> what verify reports (any of)
+    # a frame's last token and the sound's first change places: the frames' runs no longer make whole frames
+    "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
+    "sound track offset": {"audio spans"},
+    "position": {"mrope_position_ids"},
+    "stray audio token": {"audio tokens"},
+}
+
+
 def break_sound_track(row: dict, fault: str, *, audio_id: int, position_step: float) -> None:
     """The faults verify must find in an Omni row holding a video's sound: the frame before the track and the
     track's first token swapped, the track's entry off its run, a position of the track moved by
@@ -338,6 +347,21 @@ def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
     new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
     manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
+
+
+def assert_verify_finds(built_out: Path, tmp_path: Path, change, want: set[str]) -> None:
+    """A copy of the build ``built_out`` with ``change(rows)`` applied to its first shard (``rewrite_shard``)
+    fails verify, on one of the checks named in ``want`` at least."""
+    import shutil
+
+    from packer.report.verify import verify_build
+
+    out = tmp_path / "out"
+    shutil.copytree(built_out, out)
+    rewrite_shard(out, change)
+    report = verify_build(out)
+    assert not report.ok
+    assert want & {check for _, check in report.counts}, report.lines()
 
 
 def random_omni_sequence(rng: np.random.Generator, with_sound: bool, *, tokens: dict[str, int], frames_for,

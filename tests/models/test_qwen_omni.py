@@ -34,12 +34,13 @@ from packer.models.qwen_omni.rope import (
     omni_position_ids,
 )
 from tests.helpers import (
+    SOUND_TRACK_FAULTS,
+    assert_verify_finds,
     break_sound_track,
     omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
     record_paths,
-    rewrite_shard,
     tiny_model_report,
     token_paths,
     without_video_processor,
@@ -452,29 +453,12 @@ def test_build_verifies(omni_build) -> None:
     assert report.ok, report.lines()
 
 
-OMNI_FAULTS = {  # fault -> what verify reports (any of)
-    # a frame's last token and the sound's first change places: the frames' runs no longer make whole frames
-    "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
-    "sound track offset": {"audio spans"},
-    "position": {"mrope_position_ids"},
-    "stray audio token": {"audio tokens"},
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", sorted(OMNI_FAULTS))
+@pytest.mark.parametrize("fault", sorted(SOUND_TRACK_FAULTS))
 def test_verify_finds_each_fault(omni_build, tmp_path, fault) -> None:
-    import shutil
-
-    from packer.report.verify import verify_build
-
-    out = tmp_path / "out"
-    shutil.copytree(omni_build["root"] / "out", out)
-
-    rewrite_shard(out, lambda rows: break_sound_track(rows[0], fault, audio_id=AUD, position_step=1))
-    report = verify_build(out)
-    assert not report.ok
-    assert OMNI_FAULTS[fault] & {check for _, check in report.counts}, report.lines()
+    assert_verify_finds(omni_build["root"] / "out", tmp_path,
+                        lambda rows: break_sound_track(rows[0], fault, audio_id=AUD, position_step=1),
+                        SOUND_TRACK_FAULTS[fault])
 
 
 @pytest.mark.slow
