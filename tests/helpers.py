@@ -364,6 +364,32 @@ def assert_verify_finds(built_out: Path, tmp_path: Path, change, want: set[str])
     assert want & {check for _, check in report.counts}, report.lines()
 
 
+def check_omni_tree(rng: np.random.Generator, with_sound: bool, random_sequence, position_ids, reference) -> None:
+    """A root and two branches, each ``random_sequence(rng, with_sound)``: ``position_ids(ids, offsets, parents,
+    blocks)`` of the tree, on every root-to-leaf path, equals ``reference(path ids, image grids, video grids,
+    seconds per grid, clips' frames)`` on that path alone (0..L-1 on a path with no image or video: the 1-D
+    branch of get_rope_index)."""
+    from packer.models.qwen_omni.rope import Block
+
+    parts = [random_sequence(rng, with_sound) for _ in range(3)]
+    ids, blocks, offsets = [], [], []
+    for p_ids, p_blocks, *_ in parts:
+        offsets.append(len(ids))
+        blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
+                   for b in p_blocks]
+        ids += p_ids
+    got = position_ids(ids, np.array(offsets), np.array([-1, 0, 0]), blocks)
+    ends = [*offsets[1:], len(ids)]
+    for path in ([0, 1], [0, 2]):
+        cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
+        merged = [parts[n] for n in path]
+        igr, vgr, spg, aud = ([g for m in merged for g in m[k]] for k in (2, 3, 4, 5))
+        if not igr and not vgr:
+            np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
+            continue
+        np.testing.assert_array_equal(got[:, cols], reference([ids[c] for c in cols], igr, vgr, spg, aud))
+
+
 def random_omni_sequence(rng: np.random.Generator, with_sound: bool, *, tokens: dict[str, int], frames_for,
                          av_kinds, seconds_per_grid: tuple[float, ...]):
     """A random Omni sequence for positions tests: text, images, audio clips and videos (with their sound when

@@ -40,6 +40,7 @@ from tests.helpers import (
     SOUND_TRACK_FAULTS,
     assert_verify_finds,
     break_sound_track,
+    check_omni_tree,
     omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
@@ -224,24 +225,9 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
     """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
     rng = np.random.default_rng(7 + with_sound)
     for _ in range(40):
-        parts = [_random_sequence(rng, with_sound) for _ in range(3)]
-        ids, blocks, offsets = [], [], []
-        for p_ids, p_blocks, *_ in parts:
-            offsets.append(len(ids))
-            blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
-                       for b in p_blocks]
-            ids += p_ids
-        got = omni3_position_ids(len(ids), np.array(offsets), np.array([-1, 0, 0]), blocks)
-        ends = [*offsets[1:], len(ids)]
-        for path in ([0, 1], [0, 2]):
-            cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
-            merged = [parts[n] for n in path]
-            igr, vgr, spg, aud = ([g for m in merged for g in m[k]] for k in (2, 3, 4, 5))
-            if not igr and not vgr:
-                np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
-                continue
-            want = _reference(rope_model, [ids[c] for c in cols], igr, vgr, spg, aud, with_sound)
-            np.testing.assert_array_equal(got[:, cols], want)
+        check_omni_tree(rng, with_sound, _random_sequence,
+                        lambda ids, offsets, parents, blocks: omni3_position_ids(len(ids), offsets, parents, blocks),
+                        lambda *path: _reference(rope_model, *path, with_sound))
 
 
 # ------------------------------------------------------------------ every path of real records

@@ -27,7 +27,6 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 
 from packer.encode.tokenizers import load_tokenizer
 from packer.models.qwen_omni.rope import (
-    Block,
     audio_tokens_from_frames,
     interleave,
     mel_frames,
@@ -37,6 +36,7 @@ from tests.helpers import (
     SOUND_TRACK_FAULTS,
     assert_verify_finds,
     break_sound_track,
+    check_omni_tree,
     omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
@@ -192,28 +192,9 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
     """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
     rng = np.random.default_rng(7 + with_sound)
     for _ in range(30):
-        parts = [_random_sequence(rng, with_sound) for _ in range(3)]
-        ids, blocks, offsets = [], [], []
-        for p_ids, p_blocks, *_ in parts:
-            offsets.append(len(ids))
-            blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
-                       for b in p_blocks]
-            ids += p_ids
-        offsets_a, parents = np.array(offsets), np.array([-1, 0, 0])
-        got = omni_position_ids(np.array(ids), offsets_a, parents, blocks)
-        ends = [*offsets[1:], len(ids)]
-        for path in ([0, 1], [0, 2]):
-            cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
-            p_ids = [ids[c] for c in cols]
-            merged = [parts[n] for n in path]
-            igr = [g for m in merged for g in m[2]]
-            vgr = [g for m in merged for g in m[3]]
-            spg = [g for m in merged for g in m[4]]
-            aud = [g for m in merged for g in m[5]]
-            if not igr and not vgr:
-                np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
-                continue
-            np.testing.assert_array_equal(got[:, cols], _reference(rope_model, p_ids, igr, vgr, spg, aud, with_sound))
+        check_omni_tree(rng, with_sound, _random_sequence,
+                        lambda ids, offsets, parents, blocks: omni_position_ids(np.array(ids), offsets, parents, blocks),
+                        lambda *path: _reference(rope_model, *path, with_sound))
 
 
 # ------------------------------------------------------------------ every path's ids through the encoder
