@@ -206,12 +206,9 @@ def write_omni_media(root: Path) -> Path:
     two mp4 videos with sound (one a 22.05 kHz mono track), and two images of odd sizes."""
     from PIL import Image
 
-    from tests.media.audio_clips import signal, write_clip, write_video
+    from tests.media.audio_clips import write_four_clips, write_video
 
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_four_clips(root)
     write_video(root / "movie.mp4", seconds=4.5, fps=10, size=(64, 48))
     write_video(root / "long.mp4", seconds=7.3, fps=8, size=(80, 60), sample_rate=22050, channels=1)
     rng = np.random.default_rng(3)

@@ -100,13 +100,10 @@ def test_count_rule(n: int) -> None:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory) -> Path:
-    from tests.media.audio_clips import signal, write_clip
+    from tests.media.audio_clips import signal, write_clip, write_four_clips
 
     root = tmp_path_factory.mktemp("qwen2audio")
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_four_clips(root)
     write_clip(root / "odd.ogg", signal("speech", 11025, 1.77), 11025)
     write_clip(root / "voice.opus", signal("speech", 48000, 0.93), 48000)
     write_clip(root / "long.wav", signal("speech", 8000, 31.3), 8000)
