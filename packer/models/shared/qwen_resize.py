@@ -44,3 +44,32 @@ def smart_resize(
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def short_side_up(height: int, width: int, factor: int) -> tuple[int, int]:
+    """(height, width) with a side shorter than ``factor`` scaled up to it, aspect kept (``int`` truncation), as
+    the frames-and-area ``smart_resize`` of Qwen3-VL's and GLM-4.6V's video processors does first."""
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height = int(height * scale)
+        width = int(width * scale)
+    return height, width
+
+
+def frames_area_resize(num_frames: int, height: int, width: int, *, temporal_factor: int, factor: int,
+                       min_pixels: float, max_pixels: float) -> tuple[int, int]:
+    """(height, width) in multiples of ``factor`` with ``t_bar * h_bar * w_bar`` in [min_pixels, max_pixels]
+    (``t_bar`` the frames rounded to ``temporal_factor``): the bounds of Qwen3-VL's and GLM-4.6V's
+    ``smart_resize``, after their own checks, rounding and all."""
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
