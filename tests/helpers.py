@@ -130,6 +130,15 @@ def leaf_chains(offsets: list[int], parents: list[int], ends, nodes) -> list[np.
     return out
 
 
+def encode_records(tokenizer: Any, profile: Any, records: list[dict], media: Path, *, path: str) -> list[Encoded]:
+    """Each record through ``Encoder(tokenizer, profile)`` as line i + 1 of ``path``, its media under ``media``."""
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+
+    encoder = Encoder(tokenizer, profile)
+    return [encoder.encode(parse_record(r, path=path, line=i + 1, base_dir=str(media))) for i, r in enumerate(records)]
+
+
 def token_paths(enc: Encoded) -> list[np.ndarray]:
     """Token positions of each root-to-leaf path of an encoded example, leaves in node order."""
     offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()

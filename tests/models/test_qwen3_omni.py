@@ -41,6 +41,7 @@ from tests.helpers import (
     assert_verify_finds,
     break_sound_track,
     check_omni_tree,
+    encode_records,
     omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
@@ -276,13 +277,9 @@ def _records() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def encoded(tok, media):
-    from packer.encode.encoder import Encoder
-    from packer.formats import parse_record
     from packer.models import get_profile
 
-    encoder = Encoder(tok, get_profile("qwen3-omni"))
-    return [encoder.encode(parse_record(r, path="omni3.jsonl", line=i + 1, base_dir=str(media)))
-            for i, r in enumerate(_records())]
+    return encode_records(tok, get_profile("qwen3-omni"), _records(), media, path="omni3.jsonl")
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ from tests.helpers import (
     assert_verify_finds,
     break_sound_track,
     check_omni_tree,
+    encode_records,
     omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
@@ -300,13 +301,9 @@ def _rows_with_audio(tmp_path, examples, pack_sizes):
 
 @pytest.fixture(scope="module")
 def omni_encoded(tok, media):
-    from packer.encode.encoder import Encoder
-    from packer.formats import parse_record
     from packer.models import get_profile
 
-    encoder = Encoder(tok, get_profile("qwen2.5-omni"))
-    return [encoder.encode(parse_record(r, path="omni.jsonl", line=i + 1, base_dir=str(media)))
-            for i, r in enumerate(_omni_records())]
+    return encode_records(tok, get_profile("qwen2.5-omni"), _omni_records(), media, path="omni.jsonl")
 
 
 @pytest.mark.slow

@@ -140,11 +140,9 @@ def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
 
     import soundfile as sf
 
-    from packer.encode.encoder import Encoder
-    from packer.formats import parse_record
     from packer.train.collate import collate
     from packer.train.dataset import PackedDataset
-    from tests.helpers import write_shardset
+    from tests.helpers import encode_records, write_shardset
 
     profile = get_profile("qwen2.5-omni")
     tok = load_tokenizer("qwen2.5-omni")
@@ -154,9 +152,7 @@ def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
     records = [{"messages": [{"role": "user", "content": [{"type": "audio", "audio": name},
                                                           {"type": "text", "text": "What is it?"}]},
                              {"role": "assistant", "content": "Noise."}]} for name in ("long.flac", "longer.flac")]
-    encoder = Encoder(tok, profile)
-    encoded = [encoder.encode(parse_record(r, path="long.jsonl", line=i + 1, base_dir=str(tmp_path)))
-               for i, r in enumerate(records)]
+    encoded = encode_records(tok, profile, records, tmp_path, path="long.jsonl")
     assert [a.num_tokens for e in encoded for a in e.audios] == [787, 7500]
     rows = list(PackedDataset(write_shardset(tmp_path / "shards", encoded, [2], profile="qwen2.5-omni"),
                               shuffle=False))
