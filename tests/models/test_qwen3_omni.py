@@ -36,19 +36,7 @@ from packer.models.qwen_omni.rope3 import (
     mel_frames,
     omni3_position_ids,
 )
-from tests.helpers import (
-    SOUND_TRACK_FAULTS,
-    assert_verify_finds,
-    break_sound_track,
-    check_omni_tree,
-    encode_records,
-    omni_processor_out,
-    qwen2vl_video_processor,
-    random_omni_sequence,
-    record_paths,
-    token_paths,
-    write_omni_media,
-)
+from tests import helpers as th
 
 IMG, VID, AUD, VS, VE, AS, AE = 151655, 151656, 151675, 151652, 151653, 151669, 151670
 HALF = [0.5, 0.5, 0.5]
@@ -74,7 +62,7 @@ def processor(tok):
     (tests/models/released/qwen_omni.json)."""
     from tests.models import released
 
-    video, mp = qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
+    video, mp = th.qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
     yield _Processor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, min_pixels=3136, max_pixels=12845056,
                                                               image_mean=HALF, image_std=HALF),
                      video_processor=video, tokenizer=tok,
@@ -190,7 +178,7 @@ def test_layout_equals_the_processor(processor, grid, spg, n) -> None:
 
 def _random_sequence(rng, with_sound: bool):
     # second_per_grid 2 / fps for the fps a user hands on: 1.0 (the default), 2.0, and sampled rates' fractions
-    return random_omni_sequence(
+    return th.random_omni_sequence(
         rng, with_sound, tokens=TOKENS, frames_for=frames_for_tokens, av_kinds=layout,
         seconds_per_grid=(2.0, 1.0, 0.5, 2 / 1.9178, 2 / 2.3, 2 / 0.7))
 
@@ -226,7 +214,7 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
     """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
     rng = np.random.default_rng(7 + with_sound)
     for _ in range(40):
-        check_omni_tree(rng, with_sound, _random_sequence,
+        th.check_omni_tree(rng, with_sound, _random_sequence,
                         lambda ids, offsets, parents, blocks: omni3_position_ids(len(ids), offsets, parents, blocks),
                         lambda *path: _reference(rope_model, *path, with_sound))
 
@@ -236,7 +224,7 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    return write_omni_media(tmp_path_factory.mktemp("omni3"))
+    return th.write_omni_media(tmp_path_factory.mktemp("omni3"))
 
 
 def _records() -> list[dict]:
@@ -279,7 +267,7 @@ def _records() -> list[dict]:
 def encoded(tok, media):
     from packer.models import get_profile
 
-    return encode_records(tok, get_profile("qwen3-omni"), _records(), media, path="omni3.jsonl")
+    return th.encode_records(tok, get_profile("qwen3-omni"), _records(), media, path="omni3.jsonl")
 
 
 @pytest.mark.slow
@@ -297,9 +285,9 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
     checked = fractional = 0
     for record, enc in zip(_records(), encoded, strict=True):
         with_sound = bool(record.get("use_audio_in_video"))
-        for msgs, cols in zip(record_paths(record), token_paths(enc), strict=True):
+        for msgs, cols in zip(th.record_paths(record), th.token_paths(enc), strict=True):
             on_path = set(cols.tolist())
-            out, audio, video_entries = omni_processor_out(processor, msgs, enc, cols, media, with_sound=with_sound)
+            out, audio, video_entries = th.omni_processor_out(processor, msgs, enc, cols, media, with_sound=with_sound)
             np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
             if video_entries:
                 assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
@@ -410,7 +398,7 @@ def test_build_verifies(omni3_build) -> None:
     assert (positions != np.round(positions)).any()
 
 
-OMNI3_FAULTS = {**SOUND_TRACK_FAULTS, "padding": {"audio plan"}}  # fault -> what verify reports (any of)
+OMNI3_FAULTS = {**th.SOUND_TRACK_FAULTS, "padding": {"audio plan"}}  # fault -> what verify reports (any of)
 
 
 @pytest.mark.slow
@@ -422,9 +410,9 @@ def test_verify_finds_each_fault(omni3_build, tmp_path, fault) -> None:
             clip["padded_samples"] = clip["num_samples"]
         else:
             row = next(r for r in rows if any(a["video"] for a in r["audios"]))
-            break_sound_track(row, fault, audio_id=AUD, position_step=0.5)
+            th.break_sound_track(row, fault, audio_id=AUD, position_step=0.5)
 
-    assert_verify_finds(omni3_build["root"] / "out", tmp_path, change, OMNI3_FAULTS[fault])
+    th.assert_verify_finds(omni3_build["root"] / "out", tmp_path, change, OMNI3_FAULTS[fault])
 
 
 @pytest.mark.slow

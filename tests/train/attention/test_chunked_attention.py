@@ -25,15 +25,7 @@ from packer.models import get_profile
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.attention.layout import PackedLayout
-from tests.train.attention.path_reference import (
-    OFFSETS,
-    PARENTS,
-    SPANS,
-    T,
-    assert_matches_fp32_sdpa,
-    cuda_qkv,
-    reference,
-)
+from tests.train.attention import path_reference as ref
 
 _spec = importlib.util.spec_from_file_location(
     "check_equivalence", Path(__file__).resolve().parents[3] / "scripts" / "check_equivalence.py")
@@ -42,20 +34,20 @@ _spec.loader.exec_module(ce)
 
 def _reference(q, k, v, layout, chunk: int | None, spans) -> torch.Tensor:
     if chunk is None:
-        return reference(q, k, v, layout, spans, None)
-    return reference(q, k, v, layout, spans, lambda i, j: (j // chunk) == (i // chunk))  # transformers' chunked_overlay, on the path's own positions
+        return ref.reference(q, k, v, layout, spans, None)
+    return ref.reference(q, k, v, layout, spans, lambda i, j: (j // chunk) == (i // chunk))  # transformers' chunked_overlay, on the path's own positions
 
 
 def _qkv(seed: int, dtype=torch.float64):
     torch.manual_seed(seed)
-    return [torch.randn(T, h, 8, dtype=dtype, requires_grad=True) for h in (4, 2, 2)]
+    return [torch.randn(ref.T, h, 8, dtype=dtype, requires_grad=True) for h in (4, 2, 2)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 100])
 def test_packed_chunks_match_each_path_alone(chunk: int) -> None:
     """Values and gradients (fp64) of sdpa and sdpa_varlen, values of flex, against every path alone."""
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
     assert layout.path_positions().tolist()[11:14] == [6, 7, 8]  # branch 2 continues its parent, not the row
     q, k, v = _qkv(chunk)
     want = _reference(q, k, v, layout, chunk, [])
@@ -75,9 +67,9 @@ def test_packed_chunks_match_each_path_alone(chunk: int) -> None:
 def test_chunks_with_bidirectional_spans_on_the_mask_backends(chunk: int) -> None:
     """sdpa and flex AND the chunks onto causal-or-span (a span split by a chunk boundary sees only its own chunk's
     part); the varlen backends, whose span call would cross chunks, refuse."""
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=ref.SPANS)
     q, k, v = _qkv(chunk)
-    want = _reference(q, k, v, layout, chunk, SPANS)
+    want = _reference(q, k, v, layout, chunk, ref.SPANS)
     torch.testing.assert_close(packed_attention(q, k, v, layout, backend="sdpa", chunk=chunk), want)
     with torch.no_grad():
         got = packed_attention(q.float(), k.float(), v.float(), layout, backend="flex", chunk=chunk)
@@ -129,7 +121,7 @@ def test_chunk_plan_of_a_small_tree() -> None:
 
 
 def test_refusals() -> None:
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
     q, k, v = _qkv(0)
     with pytest.raises(ConfigError, match="both a sliding window"):
         packed_attention(q, k, v, layout, backend="sdpa", window=4, chunk=4)
@@ -143,12 +135,12 @@ def test_refusals() -> None:
 def test_cuda_kernels_take_the_chunks(backend: str) -> None:
     """The chunk plan on flash-attn and torch varlen (causal segments), the chunk mask on compiled flex, equal fp32
     sdpa; with spans the varlen kernels refuse."""
-    q, k, v = cuda_qkv(backend)
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
+    q, k, v = ref.cuda_qkv(backend)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
     for chunk in (2, 5):
-        assert_matches_fp32_sdpa(q, k, v, layout, backend, chunk=chunk)
+        ref.assert_matches_fp32_sdpa(q, k, v, layout, backend, chunk=chunk)
     if backend != "flex":
-        spans = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS)
+        spans = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=ref.SPANS)
         with pytest.raises(ConfigError):
             packed_attention(q, k, v, spans, backend=backend, chunk=2)
 

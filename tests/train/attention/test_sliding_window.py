@@ -13,21 +13,13 @@ import torch
 
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.layout import PackedLayout
-from tests.train.attention.path_reference import (
-    OFFSETS,
-    PARENTS,
-    SPANS,
-    T,
-    assert_matches_fp32_sdpa,
-    cuda_qkv,
-    reference,
-)
+from tests.train.attention import path_reference as ref
 
 
 def _reference(q, k, v, layout, window: int | None, spans) -> torch.Tensor:
     if window is None:
-        return reference(q, k, v, layout, spans, None)
-    return reference(q, k, v, layout, spans, lambda i, j: j > i - window)  # transformers' sliding_window_overlay, on the path's own positions
+        return ref.reference(q, k, v, layout, spans, None)
+    return ref.reference(q, k, v, layout, spans, lambda i, j: j > i - window)  # transformers' sliding_window_overlay, on the path's own positions
 
 
 @pytest.mark.slow
@@ -35,9 +27,9 @@ def _reference(q, k, v, layout, window: int | None, spans) -> torch.Tensor:
 @pytest.mark.parametrize("with_spans", [False, True])
 def test_packed_sliding_window_matches_each_path_alone(window: int, with_spans: bool) -> None:
     torch.manual_seed(window)
-    q, k, v = torch.randn(T, 4, 8), torch.randn(T, 2, 8), torch.randn(T, 2, 8)
-    spans = SPANS if with_spans else []
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=spans or None)
+    q, k, v = torch.randn(ref.T, 4, 8), torch.randn(ref.T, 2, 8), torch.randn(ref.T, 2, 8)
+    spans = ref.SPANS if with_spans else []
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=spans or None)
     assert layout.path_positions().tolist()[11:14] == [6, 7, 8]  # branch 2 continues its parent, not the row
     expected = _reference(q, k, v, layout, window, spans)
     for backend in ("sdpa", "flex", "sdpa_varlen"):  # sdpa_varlen with spans: the two merged varlen calls
@@ -47,8 +39,8 @@ def test_packed_sliding_window_matches_each_path_alone(window: int, with_spans: 
 
 
 def test_no_window_is_the_plain_tree_mask() -> None:
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
-    assert torch.equal(layout.dense_mask("cpu", T), layout.dense_mask("cpu"))
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
+    assert torch.equal(layout.dense_mask("cpu", ref.T), layout.dense_mask("cpu"))
     assert not torch.equal(layout.dense_mask("cpu", 2), layout.dense_mask("cpu"))
 
 
@@ -58,7 +50,7 @@ def test_no_window_is_the_plain_tree_mask() -> None:
 @pytest.mark.parametrize("with_spans", [False, True])
 def test_cuda_kernels_take_the_window(backend: str, with_spans: bool) -> None:
     """window_size=(window - 1, 0) on the varlen segments (and span_attention's causal call) equals fp32 sdpa."""
-    q, k, v = cuda_qkv(backend)
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS if with_spans else None)
+    q, k, v = ref.cuda_qkv(backend)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=ref.SPANS if with_spans else None)
     for window in (2, 5):
-        assert_matches_fp32_sdpa(q, k, v, layout, backend, window=window)
+        ref.assert_matches_fp32_sdpa(q, k, v, layout, backend, window=window)
