@@ -117,18 +117,32 @@ def write_shardset(root: Path, examples: list[Encoded], pack_sizes: list[int], *
     return root
 
 
-def token_paths(enc: Encoded) -> list[np.ndarray]:
-    """Token positions of each root-to-leaf path of an encoded example, leaves in node order."""
-    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
-    ends = [*offs[1:], len(enc.input_ids)]
+def leaf_chains(offsets: list[int], parents: list[int], ends, nodes) -> list[np.ndarray]:
+    """Positions of each root-to-leaf path through ``nodes`` (node n holds ``offsets[n]:ends[n]``), leaves in node
+    order."""
     out = []
-    for leaf in (n for n in range(len(offs)) if n not in parents):
+    for leaf in (n for n in nodes if n not in parents):
         chain, n = [], leaf
         while n >= 0:
             chain.append(n)
             n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
+        out.append(np.concatenate([np.arange(offsets[n], ends[n]) for n in reversed(chain)]))
     return out
+
+
+def encode_records(tokenizer: Any, profile: Any, records: list[dict], media: Path, *, path: str) -> list[Encoded]:
+    """Each record through ``Encoder(tokenizer, profile)`` as line i + 1 of ``path``, its media under ``media``."""
+    from packer.encode.encoder import Encoder
+    from packer.formats import parse_record
+
+    encoder = Encoder(tokenizer, profile)
+    return [encoder.encode(parse_record(r, path=path, line=i + 1, base_dir=str(media))) for i, r in enumerate(records)]
+
+
+def token_paths(enc: Encoded) -> list[np.ndarray]:
+    """Token positions of each root-to-leaf path of an encoded example, leaves in node order."""
+    offs, parents = enc.node_offsets.tolist(), enc.node_parents.tolist()
+    return leaf_chains(offs, parents, [*offs[1:], len(enc.input_ids)], range(len(offs)))
 
 
 def without_video_processor(processor_class: type) -> type:
@@ -201,12 +215,9 @@ def write_omni_media(root: Path) -> Path:
     two mp4 videos with sound (one a 22.05 kHz mono track), and two images of odd sizes."""
     from PIL import Image
 
-    from tests.media.audio_clips import signal, write_clip, write_video
+    from tests.media.audio_clips import write_four_clips, write_video
 
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_four_clips(root)
     write_video(root / "movie.mp4", seconds=4.5, fps=10, size=(64, 48))
     write_video(root / "long.mp4", seconds=7.3, fps=8, size=(80, 60), sample_rate=22050, channels=1)
     rng = np.random.default_rng(3)
@@ -261,6 +272,70 @@ def omni_path_media(msgs: list[dict], enc: Encoded, cols: np.ndarray, media: Pat
     return audio, slots, images, videos, entries
 
 
+def omni_processor_out(processor, msgs: list[dict], enc: Encoded, cols: np.ndarray, media: Path, *,
+                       with_sound: bool) -> tuple[Any, list, list]:
+    """An Omni processor's output (``return_tensors="pt"``) for one path: its chat template's text with the path's
+    media (``omni_path_media``; the videos' sound loaded where the record uses it); also the path's audio clips and
+    its videos' encoded entries."""
+    audio, slots, images, videos, video_entries = omni_path_media(msgs, enc, cols, media, with_sound=with_sound)
+    text = processor.apply_chat_template(msgs, tokenize=False)
+    kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
+    # a part's fps is what a user hands on to the processor (its video_second_per_grid)
+    fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
+    videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
+    out = processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
+                    videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
+    return out, audio, video_entries
+
+
+def tiny_model_report(profile: Any, tok: Any, batch: dict, *, paths: int) -> tuple[dict, Any]:
+    """``scripts/check_equivalence``'s proof of ``batch`` on the family's tiny model (seed 0, the vocabulary
+    compacted to the batch's ids): on sdpa_varlen and sdpa every path's losses and gradients equal it alone and
+    every parameter gets a gradient, over ``paths`` paths. The report and the model."""
+    import json
+
+    import torch
+
+    from scripts import check_equivalence as ce
+
+    (batch,), ids, vocab = ce.compact_vocab([batch], ce.profile_token_ids(profile, tok))
+    torch.manual_seed(0)
+    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
+    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
+    for backend in ("sdpa_varlen", "sdpa"):
+        assert report[backend]["ok"], json.dumps(report)
+        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
+    assert report["paths"] == paths
+    return report, model
+
+
+SOUND_TRACK_FAULTS = {  # break_sound_track's faults -> what verify reports (any of)
+    # a frame's last token and the sound's first change places: the frames' runs no longer make whole frames
+    "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
+    "sound track offset": {"audio spans"},
+    "position": {"mrope_position_ids"},
+    "stray audio token": {"audio tokens"},
+}
+
+
+def break_sound_track(row: dict, fault: str, *, audio_id: int, position_step: float) -> None:
+    """The faults verify must find in an Omni row holding a video's sound: the frame before the track and the
+    track's first token swapped, the track's entry off its run, a position of the track moved by
+    ``position_step``, a stray audio token (the row's first token)."""
+    track = next(a for a in row["audios"] if a["video"])
+    if fault == "frame and sound swapped":
+        ids, k = row["input_ids"], track["offset"]
+        ids[k - 1], ids[k] = ids[k], ids[k - 1]
+    elif fault == "sound track offset":
+        track["offset"] += 1
+    elif fault == "position":
+        row["mrope_position_ids"][3 * (track["offset"] + 2)] += position_step
+    elif fault == "stray audio token":
+        row["input_ids"][0] = audio_id
+    else:
+        raise KeyError(fault)
+
+
 def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
     """Rewrite one shard of a finished build with ``change(rows)`` applied to its rows (a list of dicts, changed
     in place), its manifest entry's checksum and size updated: a corrupted build for verify to find."""
@@ -278,6 +353,47 @@ def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
     new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
     manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
+
+
+def assert_verify_finds(built_out: Path, tmp_path: Path, change, want: set[str]) -> None:
+    """A copy of the build ``built_out`` with ``change(rows)`` applied to its first shard (``rewrite_shard``)
+    fails verify, on one of the checks named in ``want`` at least."""
+    import shutil
+
+    from packer.report.verify import verify_build
+
+    out = tmp_path / "out"
+    shutil.copytree(built_out, out)
+    rewrite_shard(out, change)
+    report = verify_build(out)
+    assert not report.ok
+    assert want & {check for _, check in report.counts}, report.lines()
+
+
+def check_omni_tree(rng: np.random.Generator, with_sound: bool, random_sequence, position_ids, reference) -> None:
+    """A root and two branches, each ``random_sequence(rng, with_sound)``: ``position_ids(ids, offsets, parents,
+    blocks)`` of the tree, on every root-to-leaf path, equals ``reference(path ids, image grids, video grids,
+    seconds per grid, clips' frames)`` on that path alone (0..L-1 on a path with no image or video: the 1-D
+    branch of get_rope_index)."""
+    from packer.models.qwen_omni.rope import Block
+
+    parts = [random_sequence(rng, with_sound) for _ in range(3)]
+    ids, blocks, offsets = [], [], []
+    for p_ids, p_blocks, *_ in parts:
+        offsets.append(len(ids))
+        blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
+                   for b in p_blocks]
+        ids += p_ids
+    got = position_ids(ids, np.array(offsets), np.array([-1, 0, 0]), blocks)
+    ends = [*offsets[1:], len(ids)]
+    for path in ([0, 1], [0, 2]):
+        cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
+        merged = [parts[n] for n in path]
+        igr, vgr, spg, aud = ([g for m in merged for g in m[k]] for k in (2, 3, 4, 5))
+        if not igr and not vgr:
+            np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
+            continue
+        np.testing.assert_array_equal(got[:, cols], reference([ids[c] for c in cols], igr, vgr, spg, aud))
 
 
 def random_omni_sequence(rng: np.random.Generator, with_sound: bool, *, tokens: dict[str, int], frames_for,

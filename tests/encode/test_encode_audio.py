@@ -26,7 +26,7 @@ from packer.media.video import VideoPlan
 from packer.models import get_profile
 from packer.models.base import Media, MediaRun
 from packer.models.rules import VideoRule
-from tests.media.audio_clips import signal, write_clip, write_video
+from tests.media.audio_clips import write_four_clips, write_video
 from tests.models.toy_family import ToyProfile
 
 TEMPLATE = (
@@ -44,10 +44,7 @@ AUDIO = "<|quad_start|>"
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("audio")
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_four_clips(root)
     (root / "broken.wav").write_bytes(b"RIFF not really a wave file")
     write_video(root / "movie.mp4", seconds=1.5)
     return root

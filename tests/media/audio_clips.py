@@ -74,6 +74,16 @@ def write_clip(path: str | Path, samples: np.ndarray, sample_rate: int, *, codec
     return path
 
 
+def write_four_clips(root: Path) -> Path:
+    """The audio tests' clips in four codecs and rates under ``root``: speech.wav (22.05 kHz stereo, 1.3 s),
+    tone.mp3 (44.1 kHz, 0.7 s), noise.flac (16 kHz, 2.05 s), short.m4a (48 kHz stereo, 0.45 s)."""
+    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
+    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
+    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
+    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    return root
+
+
 def _write_av(path: Path, samples: np.ndarray, sample_rate: int, codec: str, container_format: str | None) -> None:
     import av
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import importlib.util
-import io
 import json
 import shutil
 import sys
@@ -25,8 +24,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,7 +33,6 @@ from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeat
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
 
-from packer.config import BuildConfig
 from packer.core.types import ImageRef, VideoRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
@@ -46,26 +42,16 @@ from packer.models import get_profile
 from packer.models.gemma4.resize import SUPPORTED_SOFT_TOKENS, target_size
 from packer.models.gemma4.tokenizers import GEMMA4_FIRST_ID, GEMMA4_TOKENS
 from packer.models.gemma4.video import sample_indices, timestamp
-from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
 from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
 from tests.media.make_videos import write_clip
+from tests.models import family_checks as fc
 
 # odd sizes (width, height): 1 px, extreme strips (the budget's one-token-high branch), exact budgets, a side that
 # rounds to exactly a whole token (1000x700: 960x672 = 20 x 14 = 280), just off whole tokens, huge
 ODD_SIZES = [(1, 1), (2, 3), (3, 2), (1, 700), (700, 1), (10000, 1), (1, 10000), (5000, 10), (10, 5000),
              (48, 48), (47, 49), (912, 672), (640, 480), (480, 640), (1000, 700), (700, 1000), (85, 238),
              (13440, 48), (4000, 3000), (99, 100), (1537, 1535)]
-
-
-def _png(w: int, h: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 # ------------------------------------------------------------------ the processors, without torchvision
@@ -226,7 +212,7 @@ def test_counts_equal_the_processors_pixels(coco_images) -> None:
     profile = get_profile("gemma4")
     proc = Gemma4ImageProcessorPil()
     coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
-    odd = [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h <= 4_000_000]
+    odd = [ImageRef(data=fc.png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h <= 4_000_000]
     refs = list(coco.values()) + odd
     assert len(coco) > 3
     for ref in refs:
@@ -310,37 +296,12 @@ def test_settings_packer_cannot_pack_are_refused() -> None:
 
 
 def _paths(record: dict) -> list[list[dict]]:
-    """Each root-to-leaf path's messages of a record, leaves in depth-first order (packer's node order)."""
-    def walk(prefix: list[dict], node) -> list[list[dict]]:
-        msgs = prefix + (node if isinstance(node, list) else node["messages"])
-        branches = [] if isinstance(node, list) else node.get("branches", [])
-        return [p for b in branches for p in walk(msgs, b)] or [msgs]
-
+    """Each root-to-leaf path's messages of a record (packer's node order); a LLaVA record's image turn names its
+    image (``_image``)."""
+    paths = fc.chat_paths(record)
     if "conversations" in record:
-        role = {"human": "user", "gpt": "assistant"}
-        msgs = []
-        for turn in record["conversations"]:
-            text = turn["value"]
-            content = [{"type": "image"}, {"type": "text", "text": text[len("<image>"):]}] \
-                if text.startswith("<image>") else text
-            msgs.append({"role": role[turn["from"]], "content": content})
-        return [[{**m, "_image": record["image"]} if isinstance(m["content"], list) else m for m in msgs]]
-    return walk([], record)
-
-
-def _leaf_paths(row: dict, e: int) -> list[np.ndarray]:
-    """Row positions of each root-to-leaf path of example ``e`` of ``row``, leaves in node order."""
-    cu, offs, parents = row["cu_seqlens"], row["node_offsets"].tolist(), row["node_parents"].tolist()
-    nodes = [n for n, o in enumerate(offs) if cu[e] <= o < cu[e + 1]]
-    ends = {n: (offs[n + 1] if n + 1 < len(offs) and offs[n + 1] < cu[e + 1] else int(cu[e + 1])) for n in nodes}
-    out = []
-    for leaf in (n for n in nodes if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
+        return [[{**m, "_image": record["image"]} if isinstance(m["content"], list) else m for m in paths[0]]]
+    return paths
 
 
 def _media(path: list[dict], root: Path) -> tuple[list[Image.Image], list[tuple[np.ndarray, VideoMetadata, dict]]]:
@@ -386,33 +347,14 @@ def built(tmp_path_factory, coco_images, clips):
     nested branch, an image in a later turn, a LLaVA record, text, videos (a 40-frame clip, an 8-frame one, one
     with "nframes") under a QA tree and beside an image, in rows of several examples."""
     root = tmp_path_factory.mktemp("gemma4")
-    shutil.copy(coco_images[0], root / "coco.jpg")
+    fc.write_images(root, coco_images[0], {"wide.png": (900, 300), "line.png": (1, 700), "round.png": (1000, 700),
+                                        "small.png": (40, 30)})
     for name, clip in clips.items():
         shutil.copy(clip, root / f"{name}.mp4")
-    for i, (name, (w, h)) in enumerate({"wide.png": (900, 300), "line.png": (1, 700), "round.png": (1000, 700),
-                                        "small.png": (40, 30)}.items()):
-        (root / name).write_bytes(_png(w, h, seed=i))
     img = lambda *names: [{"type": "image", "image": n} for n in names]  # noqa: E731
     text = lambda t: [{"type": "text", "text": t}]  # noqa: E731
     records = [
-        {"messages": [{"role": "user", "content": [*img("coco.jpg"), *text("What is shown?")]},
-                      {"role": "assistant", "content": "A scene."}]},
-        {"messages": [{"role": "user", "content": [*text("Compare "), *img("wide.png", "line.png"),
-                                                   *text(" please.")]},
-                      {"role": "assistant", "content": "A band and a line."}]},
-        {"messages": [{"role": "user", "content": [*img("round.png"), *text("Write a caption.")]}],
-         "branches": [[{"role": "assistant", "content": "Static."}],
-                      {"messages": [{"role": "assistant", "content": "Noise"}],
-                       "branches": [[{"role": "user", "content": "Shorter?"}, {"role": "assistant", "content": "No."}],
-                                    [{"role": "user", "content": [*text("And this? "), *img("small.png")]},
-                                     {"role": "assistant", "content": "Also noise."}]]}]},
-        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi."},
-                      {"role": "assistant", "content": "Hello."},
-                      {"role": "user", "content": [*img("small.png"), *text("And now?")]},
-                      {"role": "assistant", "content": "A small image."}]},
-        {"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}, {"from": "gpt", "value": "Pixels."}],
-         "image": "wide.png"},
-        {"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1 2 3."}]},
+        *fc.image_records(tree="round.png"),
         {"messages": [{"role": "user", "content": [{"type": "video", "video": "clip.mp4"}, *text("What happens?")]}],
          "branches": [[{"role": "assistant", "content": "Noise flickers."}], [{"role": "assistant", "content": "TV."}]]},
         {"messages": [{"role": "user", "content": [*img("small.png"), {"type": "video", "video": "short.mp4"},
@@ -420,13 +362,7 @@ def built(tmp_path_factory, coco_images, clips):
         {"messages": [{"role": "user", "content": [{"type": "video", "video": "clip.mp4", "nframes": 5},
                                                    *text("Five frames.")]}, {"role": "assistant", "content": "Yes."}]},
     ]
-    data = root / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="gemma4", max_length=4096,
-                                     rows_per_shard=2)
-    result = build(config, progress=False)
-    return {"root": root, "data": data, "records": records, "result": result,
-            "rows": list(PackedDataset(root / "out", shuffle=False))}
+    return fc.build_records(root, records, profile="gemma4", max_length=4096)
 
 
 @pytest.mark.slow
@@ -439,22 +375,16 @@ def test_expansion_equals_the_processor(built, tok, processor) -> None:
     rows, root = built["rows"], built["root"]
     assert len(rows) > 1 and any(len(r["example_ids"]) > 1 for r in rows)
     seen = 0
-    for row in rows:
-        for e, example_id in enumerate(row["example_ids"]):
-            record = built["records"][int(example_id.rsplit(":", 1)[1]) - 1]
-            paths = _paths(record)
-            got = _leaf_paths(row, e)
-            assert len(got) == len(paths)
-            for positions, path in zip(got, paths, strict=True):
-                want, types_ = _processor_ids(path, root, tok, processor)
-                assert row["input_ids"][positions].tolist() == want, (example_id, path)
-                # the stored entries are the processor's media tokens: images type 1, video frames type 2
-                media = np.zeros(len(row["input_ids"]), dtype=np.int64)
-                for im in row["images"]:
-                    media[im["offset"] : im["offset"] + im["num_tokens"]] = 1
-                media[row["input_ids"] == tok.convert_tokens_to_ids("<|video|>")] = 2
-                assert media[positions].tolist() == types_
-                seen += 1
+    for row, example_id, _record, positions, path in fc.each_path(rows, built["records"], _paths):
+        want, types_ = _processor_ids(path, root, tok, processor)
+        assert row["input_ids"][positions].tolist() == want, (example_id, path)
+        # the stored entries are the processor's media tokens: images type 1, video frames type 2
+        media = np.zeros(len(row["input_ids"]), dtype=np.int64)
+        for im in row["images"]:
+            media[im["offset"] : im["offset"] + im["num_tokens"]] = 1
+        media[row["input_ids"] == tok.convert_tokens_to_ids("<|video|>")] = 2
+        assert media[positions].tolist() == types_
+        seen += 1
     assert seen == 1 + 1 + 3 + 1 + 1 + 1 + 2 + 1 + 1
 
 
@@ -489,21 +419,6 @@ def test_reader_equals_the_processors(built, clips) -> None:
     assert (batch["pixel_values_videos"].abs().sum((1, 2)) > 0).all()  # noise frames, upscaled: not blank
 
 
-def _rewrite(out: Path, change) -> None:
-    """Apply ``change`` to the first row holding a video; record the shard's new checksum."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
-        for row in rows:
-            if row["videos"]:
-                change(row, row["videos"][0])
-                new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
-                manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
-                write_json_atomic(out / "manifest.json", manifest)
-                return
-    raise AssertionError("no video")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["frame token", "stray video token", "frames", "frame size", "offset"])
 def test_verify_checks_every_frame(built, tmp_path, tok, fault) -> None:
@@ -527,7 +442,7 @@ def test_verify_checks_every_frame(built, tmp_path, tok, fault) -> None:
         else:
             v["offset"] = first + 1
 
-    _rewrite(out, change)
+    fc.rewrite_first(out, lambda row: row["videos"][0] if row["videos"] else None, change, missing="no video")
     report = verify_build(out)
     assert not report.ok
     want = {"frame token": "video spans", "stray video token": "video tokens", "frames": "video plan",

@@ -36,9 +36,9 @@ from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
-from tests.helpers import without_video_processor
+from tests.helpers import tiny_model_report, without_video_processor
 from tests.media.audio_clips import signal, write_clip
-from tests.models.test_gemma4 import _leaf_paths
+from tests.models.family_checks import leaf_positions
 
 # name -> (rate, seconds, channels, kind): each codec, odd rates and lengths, mono and stereo, one over 30 s
 CLIPS = {"a.wav": (22050, 1.3, 2, "speech"), "b.mp3": (44100, 0.83, 1, "tone"), "c.flac": (16000, 2.4, 1, "noise"),
@@ -222,7 +222,7 @@ def test_build_equals_the_processor(built, tok, processor) -> None:
         assert np.array_equal(stored, row["input_ids"] == aud)
         for e, example_id in enumerate(row["example_ids"]):
             record = built["records"][int(example_id.rsplit(":", 1)[1]) - 1]
-            got = _leaf_paths(row, e)
+            got = leaf_positions(row, e)
             paths = _path_messages(record)
             assert len(got) == len(paths)
             for positions, path in zip(got, paths, strict=True):
@@ -329,14 +329,7 @@ def test_packed_equals_unpacked_with_audio(built, tok) -> None:
     every gradient of a tiny Gemma4ForConditionalGeneration equal each root-to-leaf path run alone as the
     processor gives it (that path's clips alone; padded to the batch's longest, which the tower test shows
     changes none of their tokens)."""
-    profile, token_ids, ce = _tiny(tok)
-    (batch,), ids, vocab = ce.compact_vocab([collate(built["rows"])], token_ids)
-    torch.manual_seed(0)
-    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
-    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
-    for backend in ("sdpa_varlen", "sdpa"):
-        assert report[backend]["ok"], json.dumps(report)
-        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 7
+    profile = get_profile("gemma4")
+    _, model = tiny_model_report(profile, tok, collate(built["rows"]), paths=7)
     grads = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
     assert grads, "the audio tower took part"

@@ -14,12 +14,12 @@ is the class's own code. The tokenizer is the builtin ``glm-4.6v`` STAND-IN (pac
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import shutil
 import sys
 import types
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 
 import av
@@ -28,13 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image
 from transformers import Glm46VImageProcessorPil
 from transformers.models.glm46v import image_processing_pil_glm46v as hf_image
 from transformers.models.glm46v.processing_glm46v import Glm46VProcessor
 from transformers.video_utils import VideoMetadata
 
-from packer.config import BuildConfig
 from packer.core.types import ImageRef, VideoRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
@@ -45,13 +43,12 @@ from packer.models.glm46v.reader import video_pixel_values
 from packer.models.glm46v.resize import smart_resize
 from packer.models.glm46v.tokenizers import GLM_FIRST_ID, GLM_TOKENS, STANDIN_FIRST_ID
 from packer.models.glm46v.video import pyav_duration, sample_frames
-from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA
 from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
 from tests.media.make_videos import write_clip
+from tests.models.family_checks import build_records, chat_paths, each_path, image_records, png, write_images
 
 CHECKPOINT = {"shortest_edge": 12544, "longest_edge": 9633792}  # the GLM-V checkpoints' preprocessor_config.json
 SETTINGS = {  # profile options -> Glm46VImageProcessorPil's size
@@ -67,13 +64,6 @@ ODD_SIZES = [(1, 1), (2, 3), (27, 27), (28, 28), (29, 29), (5, 700), (700, 5), (
              (56, 56), (55, 57), (83, 113), (640, 480),
              (480, 640), (1000, 999), (2195, 2195), (2196, 2196), (4000, 3000), (6000, 4000), (8192, 64),
              (12000, 9000), (99, 100)]
-
-
-def _png(w: int, h: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +238,7 @@ def test_counts_equal_the_processors_pixels(coco_images) -> None:
     profile = get_profile("glm-4.6v")
     hf = Glm46VImageProcessorPil(size=CHECKPOINT)
     refs = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
-    odd = [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h < 5e6]
+    odd = [ImageRef(data=png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h < 5e6]
     seen = 0
     for ref in [*refs.values(), *odd]:
         image = load_image(ref)
@@ -368,23 +358,7 @@ def _records() -> list[dict]:
     text = lambda t: [{"type": "text", "text": t}]  # noqa: E731
     vid = lambda name: [{"type": "video", "video": name}]  # noqa: E731
     return [
-        {"messages": [{"role": "user", "content": [*img("coco.jpg"), *text("What is shown?")]},
-                      {"role": "assistant", "content": "A scene."}]},
-        {"messages": [{"role": "user", "content": [*text("Compare "), *img("wide.png", "thin.png"), *text(" please.")]},
-                      {"role": "assistant", "content": "A band and a line."}]},
-        {"messages": [{"role": "user", "content": [*img("small.png"), *text("Write a caption.")]}],
-         "branches": [[{"role": "assistant", "content": "Static."}],
-                      {"messages": [{"role": "assistant", "content": "Noise"}],
-                       "branches": [[{"role": "user", "content": "Shorter?"}, {"role": "assistant", "content": "No."}],
-                                    [{"role": "user", "content": [*text("And this? "), *img("wide.png")]},
-                                     {"role": "assistant", "content": "Also noise."}]]}]},
-        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi."},
-                      {"role": "assistant", "content": "Hello."},
-                      {"role": "user", "content": [*img("small.png"), *text("And now?")]},
-                      {"role": "assistant", "content": "A small image."}]},
-        {"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}, {"from": "gpt", "value": "Pixels."}],
-         "image": "wide.png"},
-        {"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1 2 3."}]},
+        *image_records(pair=("wide.png", "thin.png"), tree="small.png", nested="wide.png"),
         {"messages": [{"role": "user", "content": [*vid("band3.mp4"), *text("What happens?")]}],
          "branches": [[{"role": "assistant", "content": "The grey changes."}],
                       [{"role": "user", "content": [*text("And here? "), *vid("ntsc.mp4")]},
@@ -403,22 +377,14 @@ VIDEO_RECORDS = {7, 8, 9, 10}  # 1-based lines with a video; 10 is refused on ev
 
 
 def _build(root: Path, *, videos: bool) -> dict:
-    data = root / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
-    out = root / ("videos" if videos else "images")
-    config = BuildConfig.from_inputs([str(data)], str(out), profile="glm-4.6v", max_length=65536, rows_per_shard=2,
-                                     profile_options={"videos": videos})
-    result = build(config, progress=False)
-    return {"root": root, "data": data, "out": out, "result": result,
-            "rows": list(PackedDataset(out, shuffle=False))}
+    return build_records(root, _records(), out="videos" if videos else "images", profile="glm-4.6v",
+                         max_length=65536, profile_options={"videos": videos})
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, coco_images, clips) -> Path:
     root = tmp_path_factory.mktemp("glm46v")
-    shutil.copy(coco_images[0], root / "coco.jpg")
-    for i, (name, (w, h)) in enumerate({"wide.png": (900, 300), "thin.png": (20, 1000), "small.png": (40, 30)}.items()):
-        (root / name).write_bytes(_png(w, h, seed=i))
+    write_images(root, coco_images[0], {"wide.png": (900, 300), "thin.png": (20, 1000), "small.png": (40, 30)})
     for path in clips.values():
         shutil.copy(path, root / path.name)
     return root
@@ -433,40 +399,6 @@ def built(files) -> dict:
 @pytest.fixture(scope="module")
 def built_videos(files) -> dict:
     return _build(files, videos=True)
-
-
-def _paths(record: dict) -> list[list[dict]]:
-    """Each root-to-leaf path's messages of a record, leaves in depth-first order (packer's node order)."""
-    def walk(prefix: list[dict], node) -> list[list[dict]]:
-        msgs = prefix + (node if isinstance(node, list) else node["messages"])
-        branches = [] if isinstance(node, list) else node.get("branches", [])
-        return [p for b in branches for p in walk(msgs, b)] or [msgs]
-
-    if "conversations" in record:
-        role = {"human": "user", "gpt": "assistant"}
-        msgs = []
-        for turn in record["conversations"]:
-            text = turn["value"]
-            content = [{"type": "image", "image": record["image"]}, {"type": "text", "text": text[len("<image>"):]}] \
-                if text.startswith("<image>") else text
-            msgs.append({"role": role[turn["from"]], "content": content})
-        return [msgs]
-    return walk([], record)
-
-
-def _leaf_paths(row: dict, e: int) -> list[np.ndarray]:
-    """Row positions of each root-to-leaf path of example ``e`` of ``row``, leaves in node order."""
-    cu, offs, parents = row["cu_seqlens"], row["node_offsets"].tolist(), row["node_parents"].tolist()
-    nodes = [n for n, o in enumerate(offs) if cu[e] <= o < cu[e + 1]]
-    ends = {n: (offs[n + 1] if n + 1 < len(offs) and offs[n + 1] < cu[e + 1] else int(cu[e + 1])) for n in nodes}
-    out = []
-    for leaf in (n for n in nodes if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
 
 
 def _processor_inputs(path: list[dict], root: Path, tokenizer, processor) -> dict:
@@ -489,14 +421,9 @@ def _processor_inputs(path: list[dict], root: Path, tokenizer, processor) -> dic
 
 def _examples(built: dict, tokenizer, processor):
     """(row, path positions, the processor's output) of every root-to-leaf path of the build."""
-    for row in built["rows"]:
-        for e, example_id in enumerate(row["example_ids"]):
-            record = _records()[int(example_id.rsplit(":", 1)[1]) - 1]
-            paths = _paths(record)
-            got = _leaf_paths(row, e)
-            assert len(got) == len(paths)
-            for positions, path in zip(got, paths, strict=True):
-                yield row, positions, _processor_inputs(path, built["root"], tokenizer, processor)
+    for row, _id, _record, positions, path in each_path(built["rows"], _records(),
+                                                         partial(chat_paths, image_name=True)):
+        yield row, positions, _processor_inputs(path, built["root"], tokenizer, processor)
 
 
 @pytest.mark.slow

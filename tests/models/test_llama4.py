@@ -14,18 +14,14 @@ builtin tokenizer.
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image
 from transformers.image_utils import SizeDict
 from transformers.models.llama4.processing_llama4 import Llama4Processor
 from transformers.models.llama4.processing_llama4 import chat_template as PROCESSOR_TEMPLATE
@@ -42,10 +38,9 @@ from packer.models.llama4.processor import _llama4_module, image_processor_class
 from packer.models.llama4.tokenizers import LLAMA4_CHAT_TEMPLATE, LLAMA4_SPECIAL_TOKENS
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
+from tests.models import family_checks as fc
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")
@@ -63,13 +58,6 @@ SETTINGS = {  # profile options -> Llama4ImageProcessor settings
     "small-tiles": {"tile_px": 56, "max_patches": 6},  # 4 tokens a tile
     "one-tile": {"max_patches": 1},
 }
-
-
-def _png(w: int, h: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _image_processor(profile: Llama4Profile):
@@ -203,7 +191,7 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images) -> None:
     profile = get_profile("llama4", **SETTINGS[setting])
     image_processor = _image_processor(profile)
     coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
-    refs = list(coco.values()) + [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)
+    refs = list(coco.values()) + [ImageRef(data=fc.png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)
                                   if w * h < 3_000_000]
     for ref in refs:
         image = load_image(ref)
@@ -244,7 +232,7 @@ def test_resize_follows_torchvisions_paths() -> None:
 def test_same_pixels_as_torchvision(coco_images) -> None:
     """With torchvision installed: the unmodified Llama4ImageProcessor gives the reader's image processor's pixels."""
     module = _llama4_module()
-    images = [load_image(ImageRef(path=str(p))) for p in coco_images[:8]] + [load_image(ImageRef(data=_png(40, 700)))]
+    images = [load_image(ImageRef(path=str(p))) for p in coco_images[:8]] + [load_image(ImageRef(data=fc.png(40, 700)))]
     want = module.Llama4ImageProcessor()(images=images, return_tensors="pt")["pixel_values"]
     got = image_processor_class()()(images=images, return_tensors="pt")["pixel_values"]
     assert torch.equal(got, want)
@@ -253,72 +241,19 @@ def test_same_pixels_as_torchvision(coco_images) -> None:
 # ---------------------------------------------------------------------------------------------- ids, reader, verify
 
 
-def _paths(record: dict) -> list[list[dict]]:
-    """Each root-to-leaf path's messages of a record, leaves in depth-first order (packer's node order)."""
-    def walk(prefix: list[dict], node) -> list[list[dict]]:
-        msgs = prefix + (node if isinstance(node, list) else node["messages"])
-        branches = [] if isinstance(node, list) else node.get("branches", [])
-        return [p for b in branches for p in walk(msgs, b)] or [msgs]
-
-    if "conversations" in record:
-        role = {"human": "user", "gpt": "assistant"}
-        msgs = []
-        for turn in record["conversations"]:
-            text = turn["value"]
-            content = [{"type": "image"}, {"type": "text", "text": text[len("<image>"):]}] \
-                if text.startswith("<image>") else text
-            msgs.append({"role": role[turn["from"]], "content": content})
-        return [msgs]
-    return walk([], record)
-
-
-def _leaf_paths(row: dict, e: int) -> list[np.ndarray]:
-    """Row positions of each root-to-leaf path of example ``e`` of ``row``, leaves in node order."""
-    cu, offs, parents = row["cu_seqlens"], row["node_offsets"].tolist(), row["node_parents"].tolist()
-    nodes = [n for n, o in enumerate(offs) if cu[e] <= o < cu[e + 1]]
-    ends = {n: (offs[n + 1] if n + 1 < len(offs) and offs[n + 1] < cu[e + 1] else int(cu[e + 1])) for n in nodes}
-    out = []
-    for leaf in (n for n in nodes if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
-
-
 def _records() -> list[dict]:
-    img = lambda *names: [{"type": "image", "image": n} for n in names]  # noqa: E731
-    text = lambda t: [{"type": "text", "text": t}]  # noqa: E731
-    return [
-        {"messages": [{"role": "user", "content": [*img("coco.jpg"), *text("What is shown?")]},
-                      {"role": "assistant", "content": "A scene."}]},
-        {"messages": [{"role": "user", "content": [*text("Compare "), *img("wide.png", "line.png"),
-                                                   *text(" please.")]},
-                      {"role": "assistant", "content": "A band and a line."}]},
-        {"messages": [{"role": "user", "content": [*img("tile.png"), *text("Write a caption.")]}],
-         "branches": [[{"role": "assistant", "content": "Static."}],
-                      {"messages": [{"role": "assistant", "content": "Noise"}],
-                       "branches": [[{"role": "user", "content": "Shorter?"}, {"role": "assistant", "content": "No."}],
-                                    [{"role": "user", "content": [*text("And this? "), *img("small.png")]},
-                                     {"role": "assistant", "content": "Also noise."}]]}]},
-        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi."},
-                      {"role": "assistant", "content": "Hello."},
-                      {"role": "user", "content": [*img("tall.png"), *text("And now?")]},
-                      {"role": "assistant", "content": "A tall image."}]},
-        {"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}, {"from": "gpt", "value": "Pixels."}],
-         "image": "wide.png"},
-        {"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1 2 3."}]},
-        {"text": "A plain document, long enough to carry some loss on every token of it."},
-    ]
+    return [*fc.image_records(later="tall.png"),
+            {"text": "A plain document, long enough to carry some loss on every token of it."}]
 
 
 def _write_images(root: Path, coco_images: list[Path]) -> None:
-    shutil.copy(coco_images[0], root / "coco.jpg")
-    sizes = {"wide.png": (900, 300), "line.png": (1, 700), "tile.png": (336, 336), "small.png": (40, 30),
-             "tall.png": (300, 1300)}
-    for i, (name, (w, h)) in enumerate(sizes.items()):
-        (root / name).write_bytes(_png(w, h, seed=i))
+    fc.write_images(root, coco_images[0], {"wide.png": (900, 300), "line.png": (1, 700), "tile.png": (336, 336),
+                                        "small.png": (40, 30), "tall.png": (300, 1300)})
+
+
+def _paths(record: dict) -> list:
+    """A document's one path is the record itself; a chat's are its root-to-leaf conversations."""
+    return [record] if "text" in record else fc.chat_paths(record)
 
 
 @pytest.fixture(scope="module")
@@ -327,14 +262,7 @@ def built(tmp_path_factory, coco_images):
     prefix and an image in a nested branch, an image in a later turn, a LLaVA record, a chat and a document."""
     root = tmp_path_factory.mktemp("llama4")
     _write_images(root, coco_images)
-    records = _records()
-    data = root / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="llama4", max_length=2048,
-                                     rows_per_shard=2)
-    result = build(config, progress=False)
-    return {"root": root, "data": data, "records": records, "result": result,
-            "rows": list(PackedDataset(root / "out", shuffle=False))}
+    return fc.build_records(root, _records(), profile="llama4", max_length=2048)
 
 
 @pytest.mark.slow
@@ -348,28 +276,22 @@ def test_ids_equal_the_processor(built, tokenizer, processor) -> None:
     grids = {(im["grid_h"], im["grid_w"]) for r in rows for im in r["images"]}
     assert {(1, 1), (2, 2)} <= grids and len(grids) >= 4  # one tile, square and elongated canvases
     seen = 0
-    for row in rows:
-        for e, example_id in enumerate(row["example_ids"]):
-            record = built["records"][int(example_id.rsplit(":", 1)[1]) - 1]
-            got = _leaf_paths(row, e)
-            if "text" in record:
-                want = tokenizer("<|begin_of_text|>" + record["text"] + "<|eot|>", add_special_tokens=False).input_ids
-                assert row["input_ids"][got[0]].tolist() == want
-                seen += 1
-                continue
-            paths = _paths(record)
-            assert len(got) == len(paths)
-            for positions, path in zip(got, paths, strict=True):
-                names = [c["image"] for m in path if isinstance(m["content"], list) for c in m["content"]
-                         if c.get("type") == "image" and "image" in c] or ([record["image"]] if "image" in record else [])
-                msgs = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
-                         [{"type": "image"} if c["type"] == "image" else c for c in m["content"]]} for m in path]
-                text = tokenizer.apply_chat_template(msgs, tokenize=False)
-                images = [load_image(ImageRef(path=str(root / n))) for n in names]
-                # the rendering holds its bos: no special tokens added (as the processor's apply_chat_template)
-                want = processor(text=text, images=images or None, add_special_tokens=False)["input_ids"]
-                assert row["input_ids"][positions].tolist() == want[0], (example_id, path)
-                seen += 1
+    for row, example_id, record, positions, path in fc.each_path(rows, built["records"], _paths):
+        if "text" in record:
+            want = tokenizer("<|begin_of_text|>" + record["text"] + "<|eot|>", add_special_tokens=False).input_ids
+            assert row["input_ids"][positions].tolist() == want
+            seen += 1
+            continue
+        names = [c["image"] for m in path if isinstance(m["content"], list) for c in m["content"]
+                 if c.get("type") == "image" and "image" in c] or ([record["image"]] if "image" in record else [])
+        msgs = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
+                 [{"type": "image"} if c["type"] == "image" else c for c in m["content"]]} for m in path]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False)
+        images = [load_image(ImageRef(path=str(root / n))) for n in names]
+        # the rendering holds its bos: no special tokens added (as the processor's apply_chat_template)
+        want = processor(text=text, images=images or None, add_special_tokens=False)["input_ids"]
+        assert row["input_ids"][positions].tolist() == want[0], (example_id, path)
+        seen += 1
     assert seen == 1 + 1 + 3 + 1 + 1 + 1 + 1
 
 
@@ -392,23 +314,6 @@ def test_reader_equals_the_image_processor(built) -> None:
     table = profile.proof().image_table(batch, token_ids)
     assert [n for _, n in table] == tiles.tolist()
     assert [off for off, _ in table] == batch["image_offsets"].tolist()
-
-
-def _rewrite(out: Path, change) -> None:
-    """Apply ``change`` to the first row's first image with rows != cols; record the shard's new checksum."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
-        for row in rows:
-            for im in row["images"]:
-                if im["grid_h"] != im["grid_w"]:
-                    change(row, im)
-                    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"],
-                                      rows_per_row_group=2)
-                    manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
-                    write_json_atomic(out / "manifest.json", manifest)
-                    return
-    raise AssertionError("no image with rows != cols")
 
 
 FAULTS = {  # fault -> what verify reports
@@ -435,18 +340,14 @@ def test_verify_checks_every_run(built, tmp_path, tokenizer, fault) -> None:
             row["input_ids"][im["offset"] + 1 + 144] = patch_id
         elif fault == "stray patch":  # the row's first token (<|begin_of_text|>)
             row["input_ids"][0] = patch_id
-        elif fault == "stray image token":
-            row["input_ids"][0] = image_id
-        elif fault == "rows and cols swapped":
-            im["grid_h"], im["grid_w"] = im["grid_w"], im["grid_h"]
         elif fault == "grid":
             im["grid_h"] = 17
         elif fault == "marker grid":
             im["grid_h"], im["grid_w"], im["num_tokens"] = 0, 0, 1
-        else:
-            im["offset"] += 1
+        else:  # the row's first token is <|begin_of_text|>
+            fc.break_image(row, im, fault, image_id)
 
-    _rewrite(out, change)
+    fc.rewrite_first(out, fc.oblong_image, change)
     report = verify_build(out)
     assert not report.ok
     assert FAULTS[fault] in {check for _, check in report.counts}, report.lines()

@@ -14,24 +14,21 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import io
 import json
 import re
 import shutil
 import sys
 import types
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
 from transformers import PixtralImageProcessorPil
 from transformers.models.pixtral import image_processing_pil_pixtral
 
-from packer.config import BuildConfig
 from packer.core.types import ImageRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
@@ -39,12 +36,9 @@ from packer.media.images import load_image
 from packer.models import get_profile
 from packer.models.mistral3 import image_tokens, token_grid
 from packer.models.mistral3.tokenizers import MISTRAL3_CHAT_TEMPLATE, SPECIAL_TOKENS, tekken_file
-from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
 from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
+from tests.models import family_checks as fc
 
 # odd sizes: 1 px, a token and just off it, extreme aspect ratios, exactly the longest edge and just past it,
 # sizes where the floor of the resize and mistral-common's round differ (1771x999, 1960x999)
@@ -80,13 +74,6 @@ def _processor(tokenizer, options: dict | None = None):
     o = {**DEFAULTS, **(options or {})}
     return PixtralProcessor(image_processor=PixtralImageProcessorPil(size={"longest_edge": o["longest_edge"]}),
                             tokenizer=tokenizer, patch_size=o["patch_size"], spatial_merge_size=o["spatial_merge_size"])
-
-
-def _png(w: int, h: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +223,7 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images, tokenizer
     profile = get_profile("mistral3", **options)
     processor = _processor(tokenizer, options)
     coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
-    refs = list(coco.values()) + [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)]
+    refs = list(coco.values()) + [ImageRef(data=fc.png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)]
     for ref in refs:
         image = load_image(ref)
         w, h = image.size
@@ -258,25 +245,6 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images, tokenizer
 # ---------------------------------------------------------------------------------------------- a build
 
 
-def _paths(record: dict) -> list[list[dict]]:
-    """Each root-to-leaf path's messages of a record (packer's node order), LLaVA turns as chat messages."""
-    def walk(prefix: list[dict], node) -> list[list[dict]]:
-        msgs = prefix + (node if isinstance(node, list) else node["messages"])
-        branches = [] if isinstance(node, list) else node.get("branches", [])
-        return [p for b in branches for p in walk(msgs, b)] or [msgs]
-
-    if "conversations" in record:
-        role = {"human": "user", "gpt": "assistant"}
-        msgs = []
-        for turn in record["conversations"]:
-            text = turn["value"]
-            content = [{"type": "image"}, {"type": "text", "text": text[len("<image>"):]}] \
-                if text.startswith("<image>") else text
-            msgs.append({"role": role[turn["from"]], "content": content})
-        return [msgs]
-    return walk([], record)
-
-
 def _image_names(record: dict, path: list[dict]) -> list[str]:
     if "conversations" in record:
         return [record["image"]]
@@ -294,62 +262,18 @@ def _processor_ids(path: list[dict], images: list[Image.Image], processor) -> li
     return out["input_ids"][0].tolist()
 
 
-def _leaf_paths(row: dict, e: int) -> list[np.ndarray]:
-    """Row positions of each root-to-leaf path of example ``e`` of ``row``, leaves in node order."""
-    cu, offs, parents = row["cu_seqlens"], row["node_offsets"].tolist(), row["node_parents"].tolist()
-    nodes = [n for n, o in enumerate(offs) if cu[e] <= o < cu[e + 1]]
-    ends = {n: (offs[n + 1] if n + 1 < len(offs) and offs[n + 1] < cu[e + 1] else int(cu[e + 1])) for n in nodes}
-    out = []
-    for leaf in (n for n in nodes if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, coco_images):
     """A build over a COCO image, odd sizes (one resized), two images in one turn, a tree with its image in the
     prefix and a nested branch, a system prompt and an image in a later turn, a LLaVA record, text, and an image
     the processor cannot take (rejected), in rows of several examples."""
     root = tmp_path_factory.mktemp("mistral3")
-    shutil.copy(coco_images[0], root / "coco.jpg")
-    for i, (name, (w, h)) in enumerate({"wide.png": (1771, 40), "line.png": (1, 70), "tile.png": (28, 28),
-                                        "small.png": (40, 30), "sliver.png": (3000, 1)}.items()):
-        (root / name).write_bytes(_png(w, h, seed=i))
-    img = lambda *names: [{"type": "image", "image": n} for n in names]  # noqa: E731
-    text = lambda t: [{"type": "text", "text": t}]  # noqa: E731
-    records = [
-        {"messages": [{"role": "user", "content": [*img("coco.jpg"), *text("What is shown?")]},
-                      {"role": "assistant", "content": "A scene."}]},
-        {"messages": [{"role": "user", "content": [*text("Compare "), *img("wide.png", "line.png"),
-                                                   *text(" please.")]},
-                      {"role": "assistant", "content": "A band and a line."}]},
-        {"messages": [{"role": "user", "content": [*img("tile.png"), *text("Write a caption.")]}],
-         "branches": [[{"role": "assistant", "content": "Static."}],
-                      {"messages": [{"role": "assistant", "content": "Noise"}],
-                       "branches": [[{"role": "user", "content": "Shorter?"}, {"role": "assistant", "content": "No."}],
-                                    [{"role": "user", "content": [*text("And this? "), *img("small.png")]},
-                                     {"role": "assistant", "content": "Also noise."}]]}]},
-        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi."},
-                      {"role": "assistant", "content": "Hello."},
-                      {"role": "user", "content": [*img("small.png"), *text("And now?")]},
-                      {"role": "assistant", "content": "A small image."}]},
-        {"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}, {"from": "gpt", "value": "Pixels."}],
-         "image": "wide.png"},
-        {"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1 2 3."}]},
-        {"messages": [{"role": "user", "content": [*img("sliver.png"), *text("And this?")]},
-                      {"role": "assistant", "content": "Nothing."}]},
-    ]
-    data = root / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="mistral3", max_length=512,
-                                     rows_per_shard=2)
-    result = build(config, progress=False)
-    return {"root": root, "data": data, "records": records, "result": result,
-            "rows": list(PackedDataset(root / "out", shuffle=False))}
+    fc.write_images(root, coco_images[0], {"wide.png": (1771, 40), "line.png": (1, 70), "tile.png": (28, 28),
+                                        "small.png": (40, 30), "sliver.png": (3000, 1)})
+    records = [*fc.image_records(), {"messages": [
+        {"role": "user", "content": [{"type": "image", "image": "sliver.png"}, {"type": "text", "text": "And this?"}]},
+        {"role": "assistant", "content": "Nothing."}]}]
+    return fc.build_records(root, records, profile="mistral3", max_length=512)
 
 
 @pytest.mark.slow
@@ -365,16 +289,10 @@ def test_expansion_equals_the_processor(built, tokenizer) -> None:
     rows, root = built["rows"], built["root"]
     assert len(rows) > 1 and any(len(r["example_ids"]) > 1 for r in rows)
     seen = 0
-    for row in rows:
-        for e, example_id in enumerate(row["example_ids"]):
-            record = built["records"][int(example_id.rsplit(":", 1)[1]) - 1]
-            paths = _paths(record)
-            got = _leaf_paths(row, e)
-            assert len(got) == len(paths)
-            for positions, path in zip(got, paths, strict=True):
-                images = [load_image(ImageRef(path=str(root / n))) for n in _image_names(record, path)]
-                assert row["input_ids"][positions].tolist() == _processor_ids(path, images, processor), example_id
-                seen += 1
+    for row, example_id, record, positions, path in fc.each_path(rows, built["records"], fc.chat_paths):
+        images = [load_image(ImageRef(path=str(root / n))) for n in _image_names(record, path)]
+        assert row["input_ids"][positions].tolist() == _processor_ids(path, images, processor), example_id
+        seen += 1
     assert seen == 1 + 1 + 3 + 1 + 1 + 1
 
 
@@ -397,23 +315,6 @@ def test_reader_equals_the_image_processor(built, tokenizer) -> None:
     assert (batch["input_ids"][0, batch["image_offsets"]] == 10).all()
 
 
-def _rewrite(out: Path, change) -> None:
-    """Apply ``change`` to the first row's first image with rows != cols, both > 1; record the new checksum."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
-        for row in rows:
-            for im in row["images"]:
-                if im["grid_h"] != im["grid_w"] and min(im["grid_h"], im["grid_w"]) > 1:
-                    change(row, im)
-                    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"],
-                                      rows_per_row_group=2)
-                    manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
-                    write_json_atomic(out / "manifest.json", manifest)
-                    return
-    raise AssertionError("no image with rows != cols")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["image token", "break", "stray image token", "rows and cols swapped", "grid",
                                    "offset"])
@@ -431,16 +332,10 @@ def test_verify_checks_every_row(built, tmp_path, tokenizer, fault) -> None:
             row["input_ids"][im["offset"] + 1] = text_id
         elif fault == "break":
             row["input_ids"][im["offset"] + im["grid_w"]] = image_id
-        elif fault == "stray image token":  # the row's first token (<s>): no image's
-            row["input_ids"][0] = image_id
-        elif fault == "rows and cols swapped":
-            im["grid_h"], im["grid_w"] = im["grid_w"], im["grid_h"]
-        elif fault == "grid":
-            im["grid_h"] += 1
-        else:
-            im["offset"] += 1
+        else:  # the row's first token is <s>
+            fc.break_image(row, im, fault, image_id)
 
-    _rewrite(out, change)
+    fc.rewrite_first(out, partial(fc.oblong_image, min_side=2), change)
     report = verify_build(out)
     assert not report.ok
     # swapped, the rows' spans run past the run onto the text after it, which carries labels

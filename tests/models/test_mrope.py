@@ -189,27 +189,31 @@ def test_mrope_tree_matches_each_path_alone(models, tok, model_name) -> None:
     check_tree_against_hf(models[model_name], ids, offsets, parents, grids)
 
 
+def random_image_tree(rng: np.random.Generator, words: list[list[int]]) -> list[tuple[int, list[int], list]]:
+    """A random tree of 1 to 7 nodes, each 1 to 3 pieces (an image of a random grid, or one of ``words``), as
+    ``build_tree``'s (parent, ids, grids) nodes in depth-first order (parents first, each subtree contiguous)."""
+    nodes = []
+    for i in range(int(rng.integers(1, 8))):
+        parent = -1 if i == 0 else int(rng.integers(0, i))
+        node_ids, node_grids = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            if rng.random() < 0.4:
+                g = (1, 2 * int(rng.integers(1, 6)), 2 * int(rng.integers(1, 6)))
+                node_ids += image(g)
+                node_grids.append(g)
+            else:
+                node_ids += words[int(rng.integers(len(words)))]
+        nodes.append((parent, node_ids, node_grids))
+    order = _depth_first(nodes)
+    remap = {old: new for new, old in enumerate(order)}
+    return [(remap[nodes[o][0]] if nodes[o][0] >= 0 else -1, nodes[o][1], nodes[o][2]) for o in order]
+
+
 def test_mrope_random_trees_match_hf(models, tok) -> None:
     rng = np.random.default_rng(1)
     words = [text(tok, w) for w in ("Hi.", " the dog", "<|im_end|>\n", "<|im_start|>assistant\n", "?", " 42")]
     for _ in range(12):
-        nodes = []
-        for i in range(int(rng.integers(1, 8))):
-            parent = -1 if i == 0 else int(rng.integers(0, i))
-            node_ids, node_grids = [], []
-            for _ in range(int(rng.integers(1, 4))):
-                if rng.random() < 0.4:
-                    g = (1, 2 * int(rng.integers(1, 6)), 2 * int(rng.integers(1, 6)))
-                    node_ids += image(g)
-                    node_grids.append(g)
-                else:
-                    node_ids += words[int(rng.integers(len(words)))]
-            nodes.append((parent, node_ids, node_grids))
-        # depth-first order: parents before children and each subtree contiguous
-        order = _depth_first(nodes)
-        remap = {old: new for new, old in enumerate(order)}
-        nodes = [(remap[nodes[o][0]] if nodes[o][0] >= 0 else -1, nodes[o][1], nodes[o][2]) for o in order]
-        check_tree_against_hf(models["qwen2-vl"], *build_tree(nodes))
+        check_tree_against_hf(models["qwen2-vl"], *build_tree(random_image_tree(rng, words)))
 
 
 def _depth_first(nodes) -> list[int]:

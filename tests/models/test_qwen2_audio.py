@@ -21,7 +21,7 @@ from transformers import Qwen2AudioConfig, Qwen2AudioProcessor, WhisperFeatureEx
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.models.qwen2_audio.profile import feature_lengths, tokens_from_frames
-from tests.helpers import token_paths
+from tests.helpers import tiny_model_report, token_paths
 
 AUD, BOS, EOS = 151646, 151647, 151648
 
@@ -100,13 +100,10 @@ def test_count_rule(n: int) -> None:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory) -> Path:
-    from tests.media.audio_clips import signal, write_clip
+    from tests.media.audio_clips import signal, write_clip, write_four_clips
 
     root = tmp_path_factory.mktemp("qwen2audio")
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_four_clips(root)
     write_clip(root / "odd.ogg", signal("speech", 11025, 1.77), 11025)
     write_clip(root / "voice.opus", signal("speech", 48000, 0.93), 48000)
     write_clip(root / "long.wav", signal("speech", 8000, 31.3), 8000)
@@ -276,21 +273,12 @@ def test_packed_equals_unpacked(built, tok) -> None:
     a 30 s clip, a clip inline from Parquet) collated into one batch: per-token losses, the total and every gradient of a tiny
     Qwen2AudioForConditionalGeneration equal each root-to-leaf path run alone with its own clips."""
     from packer.train.collate import collate
-    from scripts import check_equivalence as ce
 
     profile = get_profile("qwen2-audio")
     rows = _rows(built)
     assert len(rows) == 2 and sum(len(r["example_ids"]) for r in rows) == 7  # several examples a row
     assert any(len(r["audios"]) >= 3 for r in rows)
-    token_ids = ce.profile_token_ids(profile, tok)
-    (batch,), ids, vocab = ce.compact_vocab([collate(rows)], token_ids)
-    torch.manual_seed(0)
-    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
-    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
-    for backend in ("sdpa_varlen", "sdpa"):
-        assert report[backend]["ok"], json.dumps(report)
-        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 8
+    _, model = tiny_model_report(profile, tok, collate(rows), paths=8)
     assert any("audio_tower" in n and p.grad is not None and p.grad.abs().sum() > 0
                for n, p in model.named_parameters()), "the audio tower took part"
 

@@ -36,15 +36,7 @@ from packer.models.qwen_omni.rope3 import (
     mel_frames,
     omni3_position_ids,
 )
-from tests.helpers import (
-    omni_path_media,
-    qwen2vl_video_processor,
-    random_omni_sequence,
-    record_paths,
-    rewrite_shard,
-    token_paths,
-    write_omni_media,
-)
+from tests import helpers as th
 
 IMG, VID, AUD, VS, VE, AS, AE = 151655, 151656, 151675, 151652, 151653, 151669, 151670
 HALF = [0.5, 0.5, 0.5]
@@ -70,7 +62,7 @@ def processor(tok):
     (tests/models/released/qwen_omni.json)."""
     from tests.models import released
 
-    video, mp = qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
+    video, mp = th.qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
     yield _Processor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, min_pixels=3136, max_pixels=12845056,
                                                               image_mean=HALF, image_std=HALF),
                      video_processor=video, tokenizer=tok,
@@ -186,7 +178,7 @@ def test_layout_equals_the_processor(processor, grid, spg, n) -> None:
 
 def _random_sequence(rng, with_sound: bool):
     # second_per_grid 2 / fps for the fps a user hands on: 1.0 (the default), 2.0, and sampled rates' fractions
-    return random_omni_sequence(
+    return th.random_omni_sequence(
         rng, with_sound, tokens=TOKENS, frames_for=frames_for_tokens, av_kinds=layout,
         seconds_per_grid=(2.0, 1.0, 0.5, 2 / 1.9178, 2 / 2.3, 2 / 0.7))
 
@@ -222,24 +214,9 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
     """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
     rng = np.random.default_rng(7 + with_sound)
     for _ in range(40):
-        parts = [_random_sequence(rng, with_sound) for _ in range(3)]
-        ids, blocks, offsets = [], [], []
-        for p_ids, p_blocks, *_ in parts:
-            offsets.append(len(ids))
-            blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
-                       for b in p_blocks]
-            ids += p_ids
-        got = omni3_position_ids(len(ids), np.array(offsets), np.array([-1, 0, 0]), blocks)
-        ends = [*offsets[1:], len(ids)]
-        for path in ([0, 1], [0, 2]):
-            cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
-            merged = [parts[n] for n in path]
-            igr, vgr, spg, aud = ([g for m in merged for g in m[k]] for k in (2, 3, 4, 5))
-            if not igr and not vgr:
-                np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
-                continue
-            want = _reference(rope_model, [ids[c] for c in cols], igr, vgr, spg, aud, with_sound)
-            np.testing.assert_array_equal(got[:, cols], want)
+        th.check_omni_tree(rng, with_sound, _random_sequence,
+                        lambda ids, offsets, parents, blocks: omni3_position_ids(len(ids), offsets, parents, blocks),
+                        lambda *path: _reference(rope_model, *path, with_sound))
 
 
 # ------------------------------------------------------------------ every path of real records
@@ -247,7 +224,7 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    return write_omni_media(tmp_path_factory.mktemp("omni3"))
+    return th.write_omni_media(tmp_path_factory.mktemp("omni3"))
 
 
 def _records() -> list[dict]:
@@ -288,13 +265,9 @@ def _records() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def encoded(tok, media):
-    from packer.encode.encoder import Encoder
-    from packer.formats import parse_record
     from packer.models import get_profile
 
-    encoder = Encoder(tok, get_profile("qwen3-omni"))
-    return [encoder.encode(parse_record(r, path="omni3.jsonl", line=i + 1, base_dir=str(media)))
-            for i, r in enumerate(_records())]
+    return th.encode_records(tok, get_profile("qwen3-omni"), _records(), media, path="omni3.jsonl")
 
 
 @pytest.mark.slow
@@ -312,17 +285,11 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
     checked = fractional = 0
     for record, enc in zip(_records(), encoded, strict=True):
         with_sound = bool(record.get("use_audio_in_video"))
-        for msgs, cols in zip(record_paths(record), token_paths(enc), strict=True):
+        for msgs, cols in zip(th.record_paths(record), th.token_paths(enc), strict=True):
             on_path = set(cols.tolist())
-            audio, slots, images, videos, video_entries = omni_path_media(msgs, enc, cols, media, with_sound=with_sound)
-            text = processor.apply_chat_template(msgs, tokenize=False)
-            kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
-            fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
-            videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
-            out = processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
-                            videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
+            out, audio, video_entries = th.omni_processor_out(processor, msgs, enc, cols, media, with_sound=with_sound)
             np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
-            if videos:
+            if video_entries:
                 assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
                 spg = torch.tensor([v.second_per_grid_t for v in video_entries], dtype=torch.float32)
                 assert torch.equal(torch.as_tensor(out["video_second_per_grid"], dtype=torch.float32), spg)
@@ -337,9 +304,9 @@ def test_every_path_equals_the_processor(processor, media, rope_model, encoded) 
                     torch.testing.assert_close(got["input_features"][k, :, : a.feature_length],
                                                out["input_features"][k, :, : a.feature_length], rtol=0, atol=1e-4)
             ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
-                                torch.ones_like(out["input_ids"]), with_sound and bool(videos),
+                                torch.ones_like(out["input_ids"]), with_sound and bool(video_entries),
                                 mask.sum(-1) if audio else None,
-                                spg if videos else None)
+                                spg if video_entries else None)
             np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
             fractional += bool((ref != ref.round()).any())
             checked += 1
@@ -379,8 +346,7 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     from packer.models import get_profile
     from packer.train.collate import collate
     from packer.train.dataset import PackedDataset
-    from scripts import check_equivalence as ce
-    from tests.helpers import write_shardset
+    from tests.helpers import tiny_model_report, write_shardset
 
     profile = get_profile("qwen3-omni")
     root = write_shardset(tmp_path / "shards", encoded, [2, 3, 1], profile="qwen3-omni")
@@ -388,15 +354,7 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     batch = collate(rows)
     assert batch["position_ids"].dtype == torch.float32
     assert (batch["position_ids"] != batch["position_ids"].round()).any()  # the fractional video
-    token_ids = ce.profile_token_ids(profile, tok)
-    (batch,), ids, vocab = ce.compact_vocab([batch], token_ids)
-    torch.manual_seed(0)
-    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
-    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
-    for backend in ("sdpa_varlen", "sdpa"):
-        assert report[backend]["ok"], json.dumps(report)
-        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 8
+    report, model = tiny_model_report(profile, tok, batch, paths=8)
     # the figures docs/models/qwen_omni.md quotes (pytest -s prints them)
     print(json.dumps({b: {k: report[b][k] for k in ("loss_max_rel", "total_rel", "grad_max_rel")}
                       for b in ("sdpa_varlen", "sdpa")} | {"tokens": report["tokens"]}))
@@ -440,45 +398,21 @@ def test_build_verifies(omni3_build) -> None:
     assert (positions != np.round(positions)).any()
 
 
-OMNI3_FAULTS = {  # fault -> what verify reports (any of)
-    "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
-    "sound track offset": {"audio spans"},
-    "position": {"mrope_position_ids"},
-    "padding": {"audio plan"},
-    "stray audio token": {"audio tokens"},
-}
+OMNI3_FAULTS = {**th.SOUND_TRACK_FAULTS, "padding": {"audio plan"}}  # fault -> what verify reports (any of)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", sorted(OMNI3_FAULTS))
 def test_verify_finds_each_fault(omni3_build, tmp_path, fault) -> None:
-    import shutil
-
-    from packer.report.verify import verify_build
-
-    out = tmp_path / "out"
-    shutil.copytree(omni3_build["root"] / "out", out)
-
     def change(rows: list[dict]) -> None:
-        row = next(r for r in rows if any(a["video"] for a in r["audios"]))
-        track = next(a for a in row["audios"] if a["video"])
-        if fault == "frame and sound swapped":
-            ids, k = row["input_ids"], track["offset"]
-            ids[k - 1], ids[k] = ids[k], ids[k - 1]
-        elif fault == "sound track offset":
-            track["offset"] += 1
-        elif fault == "position":
-            row["mrope_position_ids"][3 * (track["offset"] + 2)] += 0.5
-        elif fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
+        if fault == "padding":  # a clip that was padded beside a longer one, stored as padded alone
             clip = next(a for r in rows for a in r["audios"] if a["padded_samples"] > a["num_samples"] + 160)
             clip["padded_samples"] = clip["num_samples"]
         else:
-            row["input_ids"][0] = AUD
+            row = next(r for r in rows if any(a["video"] for a in r["audios"]))
+            th.break_sound_track(row, fault, audio_id=AUD, position_step=0.5)
 
-    rewrite_shard(out, change)
-    report = verify_build(out)
-    assert not report.ok
-    assert OMNI3_FAULTS[fault] & {check for _, check in report.counts}, report.lines()
+    th.assert_verify_finds(omni3_build["root"] / "out", tmp_path, change, OMNI3_FAULTS[fault])
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from packer.errors import RecordError
 from packer.models import get_profile
 from packer.models.qwen_vl.qwen3 import Qwen3VLProfile
 from tests.conftest import COCO
-from tests.models.test_mrope import _depth_first, build_tree, image, linear_cases, paths, text
+from tests.models.test_mrope import build_tree, image, linear_cases, paths, random_image_tree, text
 
 IMAGE_FILES = sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (COCO / d).glob("*.jpg"))
 IMAGE_PAD = 151655
@@ -188,22 +188,7 @@ def test_random_trees_match_get_rope_index(model, tok) -> None:
     rng = np.random.default_rng(3)
     words = [text(tok, w) for w in ("Hi.", " the dog", "<|im_end|>\n", "<|im_start|>assistant\n", "<think>", " 42")]
     for _ in range(10):
-        nodes = []
-        for i in range(int(rng.integers(1, 8))):
-            parent = -1 if i == 0 else int(rng.integers(0, i))
-            node_ids, node_grids = [], []
-            for _ in range(int(rng.integers(1, 4))):
-                if rng.random() < 0.4:
-                    g = (1, 2 * int(rng.integers(1, 6)), 2 * int(rng.integers(1, 6)))
-                    node_ids += image(g)
-                    node_grids.append(g)
-                else:
-                    node_ids += words[int(rng.integers(len(words)))]
-            nodes.append((parent, node_ids, node_grids))
-        order = _depth_first(nodes)
-        remap = {old: new for new, old in enumerate(order)}
-        nodes = [(remap[nodes[o][0]] if nodes[o][0] >= 0 else -1, nodes[o][1], nodes[o][2]) for o in order]
-        _check_tree(model, tok, *build_tree(nodes))
+        _check_tree(model, tok, *build_tree(random_image_tree(rng, words)))
 
 
 # ---- tokenizer and template ------------------------------------------------------------------------------

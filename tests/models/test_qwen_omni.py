@@ -27,18 +27,22 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 
 from packer.encode.tokenizers import load_tokenizer
 from packer.models.qwen_omni.rope import (
-    Block,
     audio_tokens_from_frames,
     interleave,
     mel_frames,
     omni_position_ids,
 )
 from tests.helpers import (
-    omni_path_media,
+    SOUND_TRACK_FAULTS,
+    assert_verify_finds,
+    break_sound_track,
+    check_omni_tree,
+    encode_records,
+    omni_processor_out,
     qwen2vl_video_processor,
     random_omni_sequence,
     record_paths,
-    rewrite_shard,
+    tiny_model_report,
     token_paths,
     without_video_processor,
     write_omni_media,
@@ -189,28 +193,9 @@ def test_positions_on_trees(rope_model, with_sound) -> None:
     """A root and two branches, each a random sequence: every root-to-leaf path equals get_rope_index on it alone."""
     rng = np.random.default_rng(7 + with_sound)
     for _ in range(30):
-        parts = [_random_sequence(rng, with_sound) for _ in range(3)]
-        ids, blocks, offsets = [], [], []
-        for p_ids, p_blocks, *_ in parts:
-            offsets.append(len(ids))
-            blocks += [Block(b.start + len(ids), b.end + len(ids), b.kind, b.grid, b.second_per_grid, b.audio_tokens)
-                       for b in p_blocks]
-            ids += p_ids
-        offsets_a, parents = np.array(offsets), np.array([-1, 0, 0])
-        got = omni_position_ids(np.array(ids), offsets_a, parents, blocks)
-        ends = [*offsets[1:], len(ids)]
-        for path in ([0, 1], [0, 2]):
-            cols = np.concatenate([np.arange(offsets[n], ends[n]) for n in path])
-            p_ids = [ids[c] for c in cols]
-            merged = [parts[n] for n in path]
-            igr = [g for m in merged for g in m[2]]
-            vgr = [g for m in merged for g in m[3]]
-            spg = [g for m in merged for g in m[4]]
-            aud = [g for m in merged for g in m[5]]
-            if not igr and not vgr:
-                np.testing.assert_array_equal(got[:, cols], np.broadcast_to(np.arange(len(cols)), (3, len(cols))))
-                continue
-            np.testing.assert_array_equal(got[:, cols], _reference(rope_model, p_ids, igr, vgr, spg, aud, with_sound))
+        check_omni_tree(rng, with_sound, _random_sequence,
+                        lambda ids, offsets, parents, blocks: omni_position_ids(np.array(ids), offsets, parents, blocks),
+                        lambda *path: _reference(rope_model, *path, with_sound))
 
 
 # ------------------------------------------------------------------ every path's ids through the encoder
@@ -279,16 +264,9 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
         enc = encoder.encode(parse_record(record, path="omni.jsonl", line=1, base_dir=str(media)))
         with_sound = bool(record.get("use_audio_in_video"))
         for msgs, cols in zip(record_paths(record), token_paths(enc), strict=True):
-            audio, slots, images, videos, video_entries = omni_path_media(msgs, enc, cols, media, with_sound=with_sound)
-            text = av_processor.apply_chat_template(msgs, tokenize=False)
-            kw = dict(load_audio_from_video=True, audio_from_video_indices=slots) if with_sound and videos else {}
-            # a part's fps is what a user hands on to the processor (its video_second_per_grid)
-            fps = [p["fps"] for m in msgs if isinstance(m["content"], list) for p in m["content"] if "fps" in p]
-            videos_kwargs = {"do_sample_frames": False, **({"fps": fps[0]} if fps else {})}
-            out = av_processor(text=[text], audio=audio or None, images=images or None, videos=videos or None,
-                               videos_kwargs=videos_kwargs, return_tensors="pt", **kw)
+            out, audio, video_entries = omni_processor_out(av_processor, msgs, enc, cols, media, with_sound=with_sound)
             np.testing.assert_array_equal(enc.input_ids[cols], out["input_ids"][0].numpy())
-            if videos:
+            if video_entries:
                 assert out["video_grid_thw"].tolist() == [list(v.grid_thw) for v in video_entries]
                 assert out["video_second_per_grid"].tolist() == [v.second_per_grid_t for v in video_entries]
             if audio:
@@ -297,9 +275,9 @@ def test_every_path_equals_the_processor(tok, av_processor, media, rope_model) -
                 assert sorted(frames) == sorted(a.feature_length for a in mine)
             # (audio alone: the 1-D branch, 0..L-1 from the attention mask)
             ref, _ = rope_model(out["input_ids"], out.get("image_grid_thw"), out.get("video_grid_thw"),
-                                torch.ones_like(out["input_ids"]), with_sound and bool(videos),
+                                torch.ones_like(out["input_ids"]), with_sound and bool(video_entries),
                                 out["feature_attention_mask"].sum(-1) if audio else None,
-                                out["video_second_per_grid"] if videos else None)
+                                out["video_second_per_grid"] if video_entries else None)
             np.testing.assert_array_equal(enc.mrope_position_ids[:, cols], ref[:, 0].numpy())
             checked += 1
     assert checked == 6
@@ -323,13 +301,9 @@ def _rows_with_audio(tmp_path, examples, pack_sizes):
 
 @pytest.fixture(scope="module")
 def omni_encoded(tok, media):
-    from packer.encode.encoder import Encoder
-    from packer.formats import parse_record
     from packer.models import get_profile
 
-    encoder = Encoder(tok, get_profile("qwen2.5-omni"))
-    return [encoder.encode(parse_record(r, path="omni.jsonl", line=i + 1, base_dir=str(media)))
-            for i, r in enumerate(_omni_records())]
+    return encode_records(tok, get_profile("qwen2.5-omni"), _omni_records(), media, path="omni.jsonl")
 
 
 @pytest.mark.slow
@@ -376,23 +350,12 @@ def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
     examples a row and collated into one batch: per-token losses, the total and every gradient of a tiny
     Qwen2_5OmniThinkerForConditionalGeneration equal each root-to-leaf path run alone through the model's own
     processing (its get_rope_index, its audio tower on that path's clips alone)."""
-    import json
-
     from packer.models import get_profile
     from packer.train.collate import collate
-    from scripts import check_equivalence as ce
 
     profile = get_profile("qwen2.5-omni")
     rows = _rows_with_audio(tmp_path, omni_encoded, [2, 3])
-    token_ids = ce.profile_token_ids(profile, tok)
-    (batch,), ids, vocab = ce.compact_vocab([collate(rows)], token_ids)
-    torch.manual_seed(0)
-    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
-    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
-    for backend in ("sdpa_varlen", "sdpa"):
-        assert report[backend]["ok"], json.dumps(report)
-        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 6
+    _, model = tiny_model_report(profile, tok, collate(rows), paths=6)
     audio_params = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
     assert audio_params, "the audio tower took part"
 
@@ -468,41 +431,12 @@ def test_build_verifies(omni_build) -> None:
     assert report.ok, report.lines()
 
 
-OMNI_FAULTS = {  # fault -> what verify reports (any of)
-    # a frame's last token and the sound's first change places: the frames' runs no longer make whole frames
-    "frame and sound swapped": {"video grid", "audio spans", "mrope_position_ids"},
-    "sound track offset": {"audio spans"},
-    "position": {"mrope_position_ids"},
-    "stray audio token": {"audio tokens"},
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", sorted(OMNI_FAULTS))
+@pytest.mark.parametrize("fault", sorted(SOUND_TRACK_FAULTS))
 def test_verify_finds_each_fault(omni_build, tmp_path, fault) -> None:
-    import shutil
-
-    from packer.report.verify import verify_build
-
-    out = tmp_path / "out"
-    shutil.copytree(omni_build["root"] / "out", out)
-
-    def change(row: dict) -> None:
-        track = next(a for a in row["audios"] if a["video"])
-        if fault == "frame and sound swapped":
-            ids, k = row["input_ids"], track["offset"]
-            ids[k - 1], ids[k] = ids[k], ids[k - 1]
-        elif fault == "sound track offset":
-            track["offset"] += 1
-        elif fault == "position":
-            row["mrope_position_ids"][3 * (track["offset"] + 2)] += 1
-        else:
-            row["input_ids"][0] = AUD
-
-    rewrite_shard(out, lambda rows: change(rows[0]))
-    report = verify_build(out)
-    assert not report.ok
-    assert OMNI_FAULTS[fault] & {check for _, check in report.counts}, report.lines()
+    assert_verify_finds(omni_build["root"] / "out", tmp_path,
+                        lambda rows: break_sound_track(rows[0], fault, audio_id=AUD, position_step=1),
+                        SOUND_TRACK_FAULTS[fault])
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from transformers import Qwen2_5OmniProcessor, Qwen2AudioProcessor, Qwen3OmniMoe
 from packer.core.types import AudioRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
-from tests.helpers import without_video_processor
+from tests.helpers import tiny_model_report, without_video_processor
 from tests.models import released
 
 OMNI = released.load("qwen_omni")["profiles"]
@@ -137,17 +137,12 @@ def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
     examples packed in one row: per-token losses and every gradient of a tiny thinker equal each example run alone,
     its features as the released processor makes them (the reader's within float32 STFT rounding of the
     extractor's: test_real_clips_count_and_featurize_as_the_released_processor)."""
-    import json
 
     import soundfile as sf
-    import torch
 
-    from packer.encode.encoder import Encoder
-    from packer.formats import parse_record
     from packer.train.collate import collate
     from packer.train.dataset import PackedDataset
-    from scripts import check_equivalence as ce
-    from tests.helpers import write_shardset
+    from tests.helpers import encode_records, write_shardset
 
     profile = get_profile("qwen2.5-omni")
     tok = load_tokenizer("qwen2.5-omni")
@@ -157,21 +152,11 @@ def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
     records = [{"messages": [{"role": "user", "content": [{"type": "audio", "audio": name},
                                                           {"type": "text", "text": "What is it?"}]},
                              {"role": "assistant", "content": "Noise."}]} for name in ("long.flac", "longer.flac")]
-    encoder = Encoder(tok, profile)
-    encoded = [encoder.encode(parse_record(r, path="long.jsonl", line=i + 1, base_dir=str(tmp_path)))
-               for i, r in enumerate(records)]
+    encoded = encode_records(tok, profile, records, tmp_path, path="long.jsonl")
     assert [a.num_tokens for e in encoded for a in e.audios] == [787, 7500]
     rows = list(PackedDataset(write_shardset(tmp_path / "shards", encoded, [2], profile="qwen2.5-omni"),
                               shuffle=False))
     batch = collate(rows)
     assert tuple(batch["input_features"].shape) == (2, 128, 30000)
     assert batch["feature_attention_mask"].sum(1).tolist() == [3150, 30000]
-    token_ids = ce.profile_token_ids(profile, tok)
-    (batch,), ids, vocab = ce.compact_vocab([batch], token_ids)
-    torch.manual_seed(0)
-    model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
-    report = ce.compare(model, batch, ["sdpa_varlen", "sdpa"], profile=profile, token_ids=ids)
-    for backend in ("sdpa_varlen", "sdpa"):
-        assert report[backend]["ok"], json.dumps(report)
-        assert report[backend]["grad_missing"] == [] and report[backend]["grad_params"] > 0
-    assert report["paths"] == 2
+    tiny_model_report(profile, tok, batch, paths=2)

@@ -12,22 +12,18 @@ tokenizer is the builtin ``smolvlm`` STAND-IN (packer/models/smolvlm/tokenizers.
 
 from __future__ import annotations
 
-import io
 import itertools
-import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
 from transformers import SmolVLMImageProcessorPil
 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE, get_image_prompt_string
 
-from packer.config import BuildConfig
 from packer.core.types import ImageRef
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
@@ -35,12 +31,9 @@ from packer.media.images import load_image
 from packer.models import get_profile
 from packer.models.smolvlm import prompt_string, tile_grid
 from packer.models.smolvlm.tokenizers import SMOLVLM_FIRST_ID, SMOLVLM_TOKENS
-from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
 from packer.train.collate import collate
-from packer.train.dataset import PackedDataset
+from tests.models import family_checks as fc
 
 # odd sizes: 1 px, extreme aspect ratios, exactly one and several tiles, just off them, beyond 4096
 ODD_SIZES = [(1, 1), (2, 3), (3, 2), (1, 700), (700, 1), (5000, 10), (10, 5000), (383, 384), (384, 384),
@@ -64,13 +57,6 @@ def _image_processor(options: dict) -> SmolVLMImageProcessorPil:
     return SmolVLMImageProcessorPil(size={"longest_edge": p["longest_edge"]},
                                     max_image_size={"longest_edge": p["tile_px"]},
                                     do_image_splitting=p["do_image_splitting"])
-
-
-def _png(w: int, h: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +147,7 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images) -> None:
     profile = get_profile("smolvlm", **SETTINGS[setting])
     processor = _image_processor(SETTINGS[setting])
     coco = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
-    refs = list(coco.values()) + [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)]
+    refs = list(coco.values()) + [ImageRef(data=fc.png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES)]
     for ref in refs:
         image = load_image(ref)
         w, h = image.size
@@ -172,25 +158,6 @@ def test_counts_equal_the_processors_pixels(setting: str, coco_images) -> None:
         t = profile.tile_px
         assert out["pixel_values"].shape == (1, rows * cols + 1, 3, t, t)
         assert out["pixel_attention_mask"].all()
-
-
-def _paths(record: dict) -> list[list[dict]]:
-    """Each root-to-leaf path's messages of a record, leaves in depth-first order (packer's node order)."""
-    def walk(prefix: list[dict], node) -> list[list[dict]]:
-        msgs = prefix + (node if isinstance(node, list) else node["messages"])
-        branches = [] if isinstance(node, list) else node.get("branches", [])
-        return [p for b in branches for p in walk(msgs, b)] or [msgs]
-
-    if "conversations" in record:
-        role = {"human": "user", "gpt": "assistant"}
-        msgs = []
-        for turn in record["conversations"]:
-            text = turn["value"]
-            content = [{"type": "image"}, {"type": "text", "text": text[len("<image>"):]}] \
-                if text.startswith("<image>") else [{"type": "text", "text": text}]
-            msgs.append({"role": role[turn["from"]], "content": content})
-        return [msgs]
-    return walk([], record)
 
 
 def _processor_ids(path: list[dict], images: list[Image.Image], tokenizer, processor, seq: int) -> list[int]:
@@ -212,59 +179,14 @@ def _processor_ids(path: list[dict], images: list[Image.Image], tokenizer, proce
     return tokenizer(text).input_ids
 
 
-def _leaf_paths(row: dict, e: int) -> list[np.ndarray]:
-    """Row positions of each root-to-leaf path of example ``e`` of ``row``, leaves in node order."""
-    cu, offs, parents = row["cu_seqlens"], row["node_offsets"].tolist(), row["node_parents"].tolist()
-    nodes = [n for n, o in enumerate(offs) if cu[e] <= o < cu[e + 1]]
-    ends = {n: (offs[n + 1] if n + 1 < len(offs) and offs[n + 1] < cu[e + 1] else int(cu[e + 1])) for n in nodes}
-    out = []
-    for leaf in (n for n in nodes if n not in parents):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = parents[n]
-        out.append(np.concatenate([np.arange(offs[n], ends[n]) for n in reversed(chain)]))
-    return out
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, coco_images):
     """A build over a COCO image, odd sizes, two images in one turn, a tree with its image in the prefix and a
     nested branch, an image in a later turn, a LLaVA record and text, in rows of several examples."""
     root = tmp_path_factory.mktemp("smolvlm")
-    shutil.copy(coco_images[0], root / "coco.jpg")
-    for i, (name, (w, h)) in enumerate({"wide.png": (900, 300), "line.png": (1, 700), "tile.png": (384, 384),
-                                        "small.png": (40, 30)}.items()):
-        (root / name).write_bytes(_png(w, h, seed=i))
-    img = lambda *names: [{"type": "image", "image": n} for n in names]  # noqa: E731
-    text = lambda t: [{"type": "text", "text": t}]  # noqa: E731
-    records = [
-        {"messages": [{"role": "user", "content": [*img("coco.jpg"), *text("What is shown?")]},
-                      {"role": "assistant", "content": "A scene."}]},
-        {"messages": [{"role": "user", "content": [*text("Compare "), *img("wide.png", "line.png"),
-                                                   *text(" please.")]},
-                      {"role": "assistant", "content": "A band and a line."}]},
-        {"messages": [{"role": "user", "content": [*img("tile.png"), *text("Write a caption.")]}],
-         "branches": [[{"role": "assistant", "content": "Static."}],
-                      {"messages": [{"role": "assistant", "content": "Noise"}],
-                       "branches": [[{"role": "user", "content": "Shorter?"}, {"role": "assistant", "content": "No."}],
-                                    [{"role": "user", "content": [*text("And this? "), *img("small.png")]},
-                                     {"role": "assistant", "content": "Also noise."}]]}]},
-        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi."},
-                      {"role": "assistant", "content": "Hello."},
-                      {"role": "user", "content": [*img("small.png"), *text("And now?")]},
-                      {"role": "assistant", "content": "A small image."}]},
-        {"conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}, {"from": "gpt", "value": "Pixels."}],
-         "image": "wide.png"},
-        {"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1 2 3."}]},
-    ]
-    data = root / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="smolvlm", max_length=4096,
-                                     rows_per_shard=2)
-    result = build(config, progress=False)
-    return {"root": root, "data": data, "records": records, "result": result,
-            "rows": list(PackedDataset(root / "out", shuffle=False))}
+    fc.write_images(root, coco_images[0], {"wide.png": (900, 300), "line.png": (1, 700), "tile.png": (384, 384),
+                                        "small.png": (40, 30)})
+    return fc.build_records(root, fc.image_records(), profile="smolvlm", max_length=4096)
 
 
 @pytest.mark.slow
@@ -277,21 +199,16 @@ def test_expansion_equals_the_processor(built, tokenizer) -> None:
     rows, root = built["rows"], built["root"]
     assert len(rows) > 1 and any(len(r["example_ids"]) > 1 for r in rows)
     seen = 0
-    for row in rows:
-        for e, example_id in enumerate(row["example_ids"]):
-            record = built["records"][int(example_id.rsplit(":", 1)[1]) - 1]
-            paths = _paths(record)
-            got = _leaf_paths(row, e)
-            assert len(got) == len(paths)
-            for positions, path in zip(got, paths, strict=True):
-                names = [c["image"] for m in path if isinstance(m["content"], list) for c in m["content"]
-                         if c.get("type") == "image" and "image" in c]
-                if "conversations" in record:
-                    names = [record["image"]]
-                images = [load_image(ImageRef(path=str(root / n))) for n in names]
-                want = _processor_ids(path, images, tokenizer, processor, seq=81)
-                assert row["input_ids"][positions].tolist() == want, (example_id, path)
-                seen += 1
+    paths = partial(fc.chat_paths, text_parts=True)  # LLaVA turns as parts, as DEFAULT_CHAT_TEMPLATE takes them
+    for row, example_id, record, positions, path in fc.each_path(rows, built["records"], paths):
+        names = [c["image"] for m in path if isinstance(m["content"], list) for c in m["content"]
+                 if c.get("type") == "image" and "image" in c]
+        if "conversations" in record:
+            names = [record["image"]]
+        images = [load_image(ImageRef(path=str(root / n))) for n in names]
+        want = _processor_ids(path, images, tokenizer, processor, seq=81)
+        assert row["input_ids"][positions].tolist() == want, (example_id, path)
+        seen += 1
     assert seen == 1 + 1 + 3 + 1 + 1 + 1
 
 
@@ -316,23 +233,6 @@ def test_reader_equals_the_image_processor(built) -> None:
     assert [off for off, _ in table] == batch["image_offsets"].tolist()
 
 
-def _rewrite(out: Path, change) -> None:
-    """Apply ``change`` to the first row's first image with rows != cols; record the shard's new checksum."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
-        for row in rows:
-            for im in row["images"]:
-                if im["grid_h"] != im["grid_w"]:
-                    change(row, im)
-                    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"],
-                                      rows_per_row_group=2)
-                    manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
-                    write_json_atomic(out / "manifest.json", manifest)
-                    return
-    raise AssertionError("no image with rows != cols")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["tile token", "stray image token", "rows and cols swapped", "grid", "offset"])
 def test_verify_checks_every_tile(built, tmp_path, tokenizer, fault) -> None:
@@ -346,16 +246,10 @@ def test_verify_checks_every_tile(built, tmp_path, tokenizer, fault) -> None:
     def change(row: dict, im: dict) -> None:
         if fault == "tile token":  # in the first tile, after <fake_token_around_image> and <row_1_col_1>
             row["input_ids"][im["offset"] + 2 + 40] = text_id
-        elif fault == "stray image token":  # the row's first token (<|im_start|>): no image's
-            row["input_ids"][0] = image_id
-        elif fault == "rows and cols swapped":
-            im["grid_h"], im["grid_w"] = im["grid_w"], im["grid_h"]
-        elif fault == "grid":
-            im["grid_h"] += 1
-        else:
-            im["offset"] += 1
+        else:  # the row's first token is <|im_start|>
+            fc.break_image(row, im, fault, image_id)
 
-    _rewrite(out, change)
+    fc.rewrite_first(out, fc.oblong_image, change)
     report = verify_build(out)
     assert not report.ok
     # a tile split in two shifts every later tile onto another run: the spans check fails first

@@ -177,6 +177,19 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
+def _killed_in_the_pool(corpus: Path, out: Path, tokenizer: str, hook: str) -> None:
+    """Run ``packer build --num-proc 2`` into ``out`` with the fault hook ``hook``, which SIGKILLs the worker
+    that reaches it; kill the worker it orphans with it, and check the whole process group is gone."""
+    proc = subprocess.Popen(build_command(_args(corpus, out, tokenizer, "--num-proc", "2"), hook),
+                            env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, stderr
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the other worker, orphaned mid-work
+    assert _group_gone(proc.pid)
+
+
 @pytest.mark.slow
 def test_ctrl_c_to_the_process_group_exits_130_and_resumes(corpus, tiny_tokenizer, reference, tmp_path):
     """Ctrl-C in a terminal signals the parent and every spawn worker: exit 130, one line, no traceback."""
@@ -215,14 +228,7 @@ def test_killed_inside_a_pool_worker_then_rerun_is_byte_identical(corpus, tiny_t
     parent) kills the build between the chunk's rejects and its commit; the rerun finishes it."""
     out = tmp_path / "out"
     encode = out / ".packer" / "encode"
-    proc = subprocess.Popen(build_command(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "encode-partial:2"),
-                            env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == -signal.SIGKILL, stderr
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the other worker, orphaned mid-chunk
-    assert _group_gone(proc.pid)
+    _killed_in_the_pool(corpus, out, tiny_tokenizer, "encode-partial:2")
     assert (encode / "chunk-000002.rejects.jsonl").exists() and not (encode / "chunk-000002.arrow").exists()
     _assert_unfinished(out)
     build(_config(corpus, out, tiny_tokenizer), progress=False)
@@ -264,14 +270,7 @@ def test_killed_while_a_pool_worker_writes_shards_then_rerun_is_byte_identical(c
     """--num-proc 2 writes shards in the pool: the worker that renamed shard 3 into place kills the build
     before its marker; the rerun keeps what is complete and finishes byte-identical."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(build_command(_args(corpus, out, tiny_tokenizer, "--num-proc", "2"), "shard:3"),
-                            env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == -signal.SIGKILL, stderr
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the other worker, orphaned mid-shard
-    assert _group_gone(proc.pid)
+    _killed_in_the_pool(corpus, out, tiny_tokenizer, "shard:3")
     assert (out / "shard-00003.parquet").exists() and not (out / ".packer" / "shards" / "00003.json").exists()
     _assert_unfinished(out)
     build(_config(corpus, out, tiny_tokenizer).replace(num_proc=2), progress=False)

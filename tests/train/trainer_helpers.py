@@ -62,6 +62,15 @@ class StepRecorder(TrainerCallback):
         self.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
+def trl_args(tmp_path: Path, **kw: Any) -> dict[str, Any]:
+    """A TRL config's arguments for one reproducible CPU step: no learning, no clipping, every step logged, rows in
+    order; ``kw`` adds to or overrides them."""
+    base = dict(output_dir=str(tmp_path / "run"), learning_rate=0.0, logging_steps=1, report_to=[], use_cpu=True,
+                save_strategy="no", bf16=False, max_grad_norm=0.0, train_sampling_strategy="sequential",
+                disable_tqdm=True)
+    return {**base, **kw}
+
+
 def logged_losses(trainer: Any) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 

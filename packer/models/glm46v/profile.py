@@ -34,12 +34,13 @@ import numpy as np
 
 from packer.core.tree import ancestor_matrix
 from packer.core.types import EncodedAudio, EncodedVideo, VideoRef
-from packer.errors import ConfigError, RecordError
+from packer.errors import RecordError
 from packer.models.base import ModelProfile
 from packer.models.glm46v.resize import smart_resize
 from packer.models.glm46v.video import VIDEOS_OFF, GlmVideo
 from packer.models.rules import ImageRule, Media, MediaRun, flat_mrope
 from packer.models.shared.mrope import MRoPE, mrope_position_ids
+from packer.models.shared.qwen_resize import check_pixel_bounds
 
 if TYPE_CHECKING:
     from packer.models.proof import Proof
@@ -133,10 +134,7 @@ class Glm46VProfile(ModelProfile):
     )
 
     def __post_init__(self) -> None:
-        for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
-            if getattr(self, low) < 1 or getattr(self, high) < getattr(self, low):
-                raise ConfigError(f"profile {self.name!r}: need 1 <= {low!r} <= {high!r}, got "
-                                  f"{low}={getattr(self, low)}, {high}={getattr(self, high)}")
+        check_pixel_bounds(self, ("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels"))
 
     @cached_property
     def image(self) -> GlmImage:

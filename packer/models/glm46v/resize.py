@@ -10,9 +10,8 @@ scales a side shorter than the factor up to it.
 
 from __future__ import annotations
 
-import math
-
 from packer.errors import RecordError
+from packer.models.shared.qwen_resize import frames_area_resize, short_side_up
 
 MAX_ASPECT_RATIO = 200
 """``smart_resize`` raises beyond this long side / short side (after scaling a short side up to the factor)."""
@@ -29,25 +28,12 @@ def smart_resize(
         raise RecordError(reason, f"{what} of {width}x{height} px has no pixels")
     if num_frames < temporal_factor:
         raise RecordError(reason, f"{num_frames} frames: GLM-4.6V needs at least {temporal_factor}")
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height = int(height * scale)
-        width = int(width * scale)
+    height, width = short_side_up(height, width, factor)
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise RecordError(
             reason,
             f"{what} of {width}x{height} px (after scaling its short side up to {factor}) has an aspect ratio above "
             f"{MAX_ASPECT_RATIO}, which GLM-4.6V's processor refuses",
         )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(num_frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return frames_area_resize(num_frames, height, width, temporal_factor=temporal_factor, factor=factor,
+                              min_pixels=min_pixels, max_pixels=max_pixels)

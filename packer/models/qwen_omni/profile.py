@@ -48,6 +48,7 @@ from packer.models.rules import (
     flat_mrope,
 )
 from packer.models.shared.audio_features import WhisperAudio
+from packer.models.shared.qwen_resize import check_pixel_bounds
 from packer.models.shared.qwen_rules import QwenImage, QwenVideo
 from packer.models.shared.qwen_video_pixels import CLIP_MEAN, CLIP_STD
 
@@ -324,14 +325,11 @@ class QwenOmniProfile(ModelProfile):
     def __post_init__(self) -> None:
         if self.audio_chunk_length < 1:
             raise ConfigError(f"profile {self.name!r}: 'audio_chunk_length' must be >= 1 s, got {self.audio_chunk_length}")
-        if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
-            raise ConfigError(f"profile {self.name!r}: need 1 <= 'min_pixels' <= 'max_pixels', "
-                              f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
+        check_pixel_bounds(self)
 
     @cached_property
     def image(self) -> QwenImage:
-        return QwenImage(patch_size=self.patch_size, merge_size=self.merge_size, min_pixels=self.min_pixels,
-                         max_pixels=self.max_pixels, start=self.vision_start, end=self.vision_end, bidirectional=self.bidirectional_images)
+        return QwenImage.of(self)
 
     @cached_property
     def video(self) -> OmniVideo:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,14 @@ class QwenImage(ImageRule):
         if self.min_pixels < 1 or self.max_pixels < self.min_pixels:
             raise ConfigError(f"need 1 <= 'min_pixels' <= 'max_pixels', got min_pixels={self.min_pixels}, "
                               f"max_pixels={self.max_pixels}")
+
+    @classmethod
+    def of(cls, profile: Any) -> QwenImage:
+        """The rule a Qwen profile's fields give: its patch and merge sizes, pixel bounds, ``vision_start`` /
+        ``vision_end`` and ``bidirectional_images``."""
+        return cls(patch_size=profile.patch_size, merge_size=profile.merge_size, min_pixels=profile.min_pixels,
+                   max_pixels=profile.max_pixels, start=profile.vision_start, end=profile.vision_end,
+                   bidirectional=profile.bidirectional_images)
 
     def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
         """The patch grid (t, h, w) before merging, exactly Qwen2VLImageProcessor's ``image_grid_thw``."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from packer.errors import ConfigError, RecordError
 from packer.media.video import VideoInfo, VideoPlan
-from packer.models.shared.qwen_resize import smart_resize
+from packer.models.shared.qwen_resize import frames_area_resize, short_side_up, smart_resize
 
 # qwen-vl-utils 0.0.14 vision_process.py:24-37. The names are theirs, so a diff against it reads line by line.
 MAX_RATIO = 200  # :24, a frame whose long side is > 200x its short side is refused
@@ -407,23 +407,10 @@ def _hf_qwen3_smart_resize(
     num_frames: int, height: int, width: int, temporal_factor: int, factor: int, min_pixels: int, max_pixels: float
 ) -> tuple[int, int]:
     """transformers 5.23.0 video_processing_qwen3_vl.py:75-108: bounds frames x area, not one frame's area."""
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height = int(height * scale)
-        width = int(width * scale)
+    height, width = short_side_up(height, width, factor)
     _check_ratio(height, width)
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(num_frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return frames_area_resize(num_frames, height, width, temporal_factor=temporal_factor, factor=factor,
+                              min_pixels=min_pixels, max_pixels=max_pixels)
 
 
 def utils_frame_size(request: VideoRequest, *, nframes: int, height: int, width: int, family: VideoFamily) -> tuple[int, int]:

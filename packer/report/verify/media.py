@@ -135,27 +135,25 @@ def check_placeholders(d: Rows, check: RowCheck, spans: dict[str, Spans], on: di
     return sound
 
 
+def _check_plans(d: Rows, check: RowCheck, medium: str, faults, fault: str) -> None:
+    """``faults(fields)`` flags the medium's entries whose numbers disagree; their rows fail "<medium> plan"."""
+    entries = d.media[medium]
+    if not len(entries.fields["offset"]):
+        return
+    check(rows_with(faults(entries.fields), row_of(entries.offsets), d.num_rows), f"{medium} plan", lambda i: fault)
+
+
 def check_video_plans(d: Rows, check: RowCheck, profile: ModelProfile) -> None:
     """Each video's grid agrees with its stored frame size and sampled frame count, its token count with its
     grid, and its ``second_per_grid_t`` is positive."""
-    videos = d.media["video"]
-    v = videos.fields
-    if not len(v["offset"]):
-        return
-    faults = family.video_faults(profile, v)
-    check(rows_with(faults, row_of(videos.offsets), d.num_rows), "video plan",
-          lambda i: f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
-          f"{profile.name!r}")
+    _check_plans(d, check, "video", lambda v: family.video_faults(profile, v),
+                 f"a video's grid, frame size, frame count or second_per_grid_t disagree under profile "
+                 f"{profile.name!r}")
 
 
 def check_audio_plans(d: Rows, check: RowCheck, profile: ModelProfile) -> None:
     """Each clip's numbers under the family's rule: its sample rate, >= 1 sample, its feature length from its
     samples (and its padded_samples, v5, where set: never fewer than its samples)."""
-    clips = d.media["audio"]
-    a = clips.fields
-    if not len(a["offset"]):
-        return
-    faults = family.audio_faults(profile, a)
-    check(rows_with(faults, row_of(clips.offsets), d.num_rows), "audio plan",
-          lambda i: f"an audio clip's sample rate, samples or feature length disagree under profile "
-          f"{profile.name!r} (or its padded_samples, where set)")
+    _check_plans(d, check, "audio", lambda a: family.audio_faults(profile, a),
+                 f"an audio clip's sample rate, samples or feature length disagree under profile "
+                 f"{profile.name!r} (or its padded_samples, where set)")

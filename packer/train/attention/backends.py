@@ -92,25 +92,26 @@ def _plan(layout: PackedLayout, device: torch.device, chunk: int | None) -> Varl
     return layout.varlen_plan(device) if chunk is None else layout.chunk_plan(device, chunk)
 
 
+def _varlen_args(q, k, v, layout: PackedLayout, chunk: int | None) -> tuple[tuple, torch.dtype]:
+    """The positional arguments both varlen kernels take, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k), k and v gathered by the layer's plan and all three in the kernels' precision; and q's dtype."""
+    plan = _plan(layout, q.device, chunk)
+    kg, vg = _gather_kv(k, v, plan)
+    qkv, dtype = _low_precision(q, kg, vg)
+    return (*qkv, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k), dtype
+
+
 def _flash(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
            chunk: int | None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
     if layout.span_plan(q.device) is not None:
         return _two_calls(q, k, v, layout, scale, dropout, "flash", window, chunk)
-    plan = _plan(layout, q.device, chunk)
-    kg, vg = _gather_kv(k, v, plan)
-    (q16, k16, v16), dtype = _low_precision(q, kg, vg)
+    args, dtype = _varlen_args(q, k, v, layout, chunk)
     # causal=True is bottom-right aligned when seqlen_q != seqlen_k (flash-attn >= 2.1): a node's queries are
     # the last rows of its [ancestors ; node] key range. GQA: kv may have fewer heads than q.
     out = flash_attn_varlen_func(
-        q16,
-        k16,
-        v16,
-        plan.cu_seqlens_q,
-        plan.cu_seqlens_k,
-        plan.max_seqlen_q,
-        plan.max_seqlen_k,
+        *args,
         dropout_p=dropout,
         softmax_scale=scale,
         causal=True,
@@ -127,18 +128,10 @@ def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window:
         raise ConfigError("backend 'varlen' has no attention dropout (torch hardcodes 0); use 'flash' or 'sdpa'")
     if layout.span_plan(q.device) is not None:
         return _two_calls(q, k, v, layout, scale, dropout, "varlen", window, chunk)
-    plan = _plan(layout, q.device, chunk)
-    kg, vg = _gather_kv(k, v, plan)
-    (q16, k16, v16), dtype = _low_precision(q, kg, vg)
+    args, dtype = _varlen_args(q, k, v, layout, chunk)
     # window_size=(-1, 0) is how varlen_attn spells causal; PyTorch's flash kernel aligns it bottom-right.
     out = varlen_attn(
-        q16,
-        k16,
-        v16,
-        plan.cu_seqlens_q,
-        plan.cu_seqlens_k,
-        plan.max_seqlen_q,
-        plan.max_seqlen_k,
+        *args,
         scale=scale,
         window_size=(-1 if window is None else window - 1, 0),
         enable_gqa=q.shape[1] != k.shape[1],

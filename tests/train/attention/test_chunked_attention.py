@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import packer.train.attention.hf as hf
 from packer.core import tree
@@ -26,55 +25,29 @@ from packer.models import get_profile
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.attention.layout import PackedLayout
+from tests.train.attention import path_reference as ref
 
 _spec = importlib.util.spec_from_file_location(
     "check_equivalence", Path(__file__).resolve().parents[3] / "scripts" / "check_equivalence.py")
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
-# Example 0: a tree, prefix 0 (6 tokens) -> branches 1 (5) and 2 (3); 2 -> 3 (4) and 4 (2). Example 1: 7 tokens.
-OFFSETS = [0, 6, 11, 14, 18, 20]
-PARENTS = [-1, 0, 0, 2, 2, -1]
-T = 27
-SPANS = [(1, 4), (21, 25)]  # an image in the prefix, one in example 1
-
-
-def _paths(layout: PackedLayout) -> list[list[int]]:
-    offsets = layout.node_offsets.tolist() + [layout.num_tokens]
-    anc = layout.ancestors()
-    leaves = [n for n in range(layout.num_nodes) if n not in set(layout.node_parents.tolist())]
-    return [[t for m in anc[n].nonzero().reshape(-1).tolist() for t in range(offsets[m], offsets[m + 1])]
-            for n in leaves]
-
-
 def _reference(q, k, v, layout, chunk: int | None, spans) -> torch.Tensor:
-    out = torch.zeros_like(q)
-    for path in _paths(layout):
-        idx = torch.tensor(path)
-        n = len(path)
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        block = torch.full((n,), -1)
-        for b, (s, e) in enumerate(spans):
-            block[(idx >= s) & (idx < e)] = b
-        allowed = (j <= i) | ((block[:, None] == block[None, :]) & (block[:, None] >= 0))
-        if chunk is not None:
-            allowed &= (j // chunk) == (i // chunk)  # transformers' chunked_overlay, on the path's own positions
-        qh, kh, vh = (x[idx].transpose(0, 1)[None] for x in (q, k, v))  # (1, H, n, D)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, enable_gqa=True)[0].transpose(0, 1)
-        out[idx] = o  # a shared prefix gets the same output on every path through it
-    return out
+    if chunk is None:
+        return ref.reference(q, k, v, layout, spans, None)
+    return ref.reference(q, k, v, layout, spans, lambda i, j: (j // chunk) == (i // chunk))  # transformers' chunked_overlay, on the path's own positions
 
 
 def _qkv(seed: int, dtype=torch.float64):
     torch.manual_seed(seed)
-    return [torch.randn(T, h, 8, dtype=dtype, requires_grad=True) for h in (4, 2, 2)]
+    return [torch.randn(ref.T, h, 8, dtype=dtype, requires_grad=True) for h in (4, 2, 2)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 100])
 def test_packed_chunks_match_each_path_alone(chunk: int) -> None:
     """Values and gradients (fp64) of sdpa and sdpa_varlen, values of flex, against every path alone."""
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
     assert layout.path_positions().tolist()[11:14] == [6, 7, 8]  # branch 2 continues its parent, not the row
     q, k, v = _qkv(chunk)
     want = _reference(q, k, v, layout, chunk, [])
@@ -94,9 +67,9 @@ def test_packed_chunks_match_each_path_alone(chunk: int) -> None:
 def test_chunks_with_bidirectional_spans_on_the_mask_backends(chunk: int) -> None:
     """sdpa and flex AND the chunks onto causal-or-span (a span split by a chunk boundary sees only its own chunk's
     part); the varlen backends, whose span call would cross chunks, refuse."""
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=ref.SPANS)
     q, k, v = _qkv(chunk)
-    want = _reference(q, k, v, layout, chunk, SPANS)
+    want = _reference(q, k, v, layout, chunk, ref.SPANS)
     torch.testing.assert_close(packed_attention(q, k, v, layout, backend="sdpa", chunk=chunk), want)
     with torch.no_grad():
         got = packed_attention(q.float(), k.float(), v.float(), layout, backend="flex", chunk=chunk)
@@ -148,7 +121,7 @@ def test_chunk_plan_of_a_small_tree() -> None:
 
 
 def test_refusals() -> None:
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
     q, k, v = _qkv(0)
     with pytest.raises(ConfigError, match="both a sliding window"):
         packed_attention(q, k, v, layout, backend="sdpa", window=4, chunk=4)
@@ -162,19 +135,12 @@ def test_refusals() -> None:
 def test_cuda_kernels_take_the_chunks(backend: str) -> None:
     """The chunk plan on flash-attn and torch varlen (causal segments), the chunk mask on compiled flex, equal fp32
     sdpa; with spans the varlen kernels refuse."""
-    from packer.train.attention.backends import flash_available, varlen_available
-
-    if (backend == "flash" and not flash_available()) or (backend == "varlen" and not varlen_available()):
-        pytest.skip(f"{backend} is not available")
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(T, h, 64, device="cuda").to(torch.bfloat16) for h in (4, 2, 2))
+    q, k, v = ref.cuda_qkv(backend)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
     for chunk in (2, 5):
-        ref = packed_attention(q.float(), k.float(), v.float(), layout, backend="sdpa", chunk=chunk)
-        got = packed_attention(q, k, v, layout, backend=backend, chunk=chunk)
-        assert (got.float() - ref).abs().max() < 2e-2, (backend, chunk)
+        ref.assert_matches_fp32_sdpa(q, k, v, layout, backend, chunk=chunk)
     if backend != "flex":
-        spans = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS)
+        spans = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=ref.SPANS)
         with pytest.raises(ConfigError):
             packed_attention(q, k, v, spans, backend=backend, chunk=2)
 

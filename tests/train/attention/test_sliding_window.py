@@ -10,42 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from packer.train.attention.backends import packed_attention
 from packer.train.attention.layout import PackedLayout
-
-# Example 0: a tree, prefix 0 (6 tokens) -> branches 1 (5) and 2 (3); 2 -> 3 (4) and 4 (2). Example 1: 7 tokens.
-OFFSETS = [0, 6, 11, 14, 18, 20]
-PARENTS = [-1, 0, 0, 2, 2, -1]
-T = 27
-SPANS = [(1, 4), (21, 25)]  # an image in the prefix, one in example 1
-
-
-def _paths(layout: PackedLayout) -> list[list[int]]:
-    offsets = layout.node_offsets.tolist() + [layout.num_tokens]
-    anc = layout.ancestors()
-    leaves = [n for n in range(layout.num_nodes) if n not in set(layout.node_parents.tolist())]
-    return [[t for m in anc[n].nonzero().reshape(-1).tolist() for t in range(offsets[m], offsets[m + 1])]
-            for n in leaves]
+from tests.train.attention import path_reference as ref
 
 
 def _reference(q, k, v, layout, window: int | None, spans) -> torch.Tensor:
-    out = torch.zeros_like(q)
-    for path in _paths(layout):
-        idx = torch.tensor(path)
-        n = len(path)
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        block = torch.full((n,), -1)
-        for b, (s, e) in enumerate(spans):
-            block[(idx >= s) & (idx < e)] = b
-        allowed = (j <= i) | ((block[:, None] == block[None, :]) & (block[:, None] >= 0))
-        if window is not None:
-            allowed &= j > i - window  # transformers' sliding_window_overlay, on the path's own positions
-        qh, kh, vh = (x[idx].transpose(0, 1)[None] for x in (q, k, v))  # (1, H, n, D)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, enable_gqa=True)[0].transpose(0, 1)
-        out[idx] = o  # a shared prefix gets the same output on every path through it
-    return out
+    if window is None:
+        return ref.reference(q, k, v, layout, spans, None)
+    return ref.reference(q, k, v, layout, spans, lambda i, j: j > i - window)  # transformers' sliding_window_overlay, on the path's own positions
 
 
 @pytest.mark.slow
@@ -53,9 +27,9 @@ def _reference(q, k, v, layout, window: int | None, spans) -> torch.Tensor:
 @pytest.mark.parametrize("with_spans", [False, True])
 def test_packed_sliding_window_matches_each_path_alone(window: int, with_spans: bool) -> None:
     torch.manual_seed(window)
-    q, k, v = torch.randn(T, 4, 8), torch.randn(T, 2, 8), torch.randn(T, 2, 8)
-    spans = SPANS if with_spans else []
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=spans or None)
+    q, k, v = torch.randn(ref.T, 4, 8), torch.randn(ref.T, 2, 8), torch.randn(ref.T, 2, 8)
+    spans = ref.SPANS if with_spans else []
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=spans or None)
     assert layout.path_positions().tolist()[11:14] == [6, 7, 8]  # branch 2 continues its parent, not the row
     expected = _reference(q, k, v, layout, window, spans)
     for backend in ("sdpa", "flex", "sdpa_varlen"):  # sdpa_varlen with spans: the two merged varlen calls
@@ -65,8 +39,8 @@ def test_packed_sliding_window_matches_each_path_alone(window: int, with_spans: 
 
 
 def test_no_window_is_the_plain_tree_mask() -> None:
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS)
-    assert torch.equal(layout.dense_mask("cpu", T), layout.dense_mask("cpu"))
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS)
+    assert torch.equal(layout.dense_mask("cpu", ref.T), layout.dense_mask("cpu"))
     assert not torch.equal(layout.dense_mask("cpu", 2), layout.dense_mask("cpu"))
 
 
@@ -76,14 +50,7 @@ def test_no_window_is_the_plain_tree_mask() -> None:
 @pytest.mark.parametrize("with_spans", [False, True])
 def test_cuda_kernels_take_the_window(backend: str, with_spans: bool) -> None:
     """window_size=(window - 1, 0) on the varlen segments (and span_attention's causal call) equals fp32 sdpa."""
-    from packer.train.attention.backends import flash_available, varlen_available
-
-    if (backend == "flash" and not flash_available()) or (backend == "varlen" and not varlen_available()):
-        pytest.skip(f"{backend} is not available")
-    layout = PackedLayout.from_tensors(T, [0, 20, T], OFFSETS, PARENTS, bidirectional_spans=SPANS if with_spans else None)
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(T, h, 64, device="cuda").to(torch.bfloat16) for h in (4, 2, 2))
+    q, k, v = ref.cuda_qkv(backend)
+    layout = PackedLayout.from_tensors(ref.T, [0, 20, ref.T], ref.OFFSETS, ref.PARENTS, bidirectional_spans=ref.SPANS if with_spans else None)
     for window in (2, 5):
-        ref = packed_attention(q.float(), k.float(), v.float(), layout, backend="sdpa", window=window)
-        got = packed_attention(q, k, v, layout, backend=backend, window=window)
-        assert (got.float() - ref).abs().max() < 2e-2, (backend, window)
+        ref.assert_matches_fp32_sdpa(q, k, v, layout, backend, window=window)

@@ -288,13 +288,10 @@ def _audio_records() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def audio_corpus(tmp_path_factory) -> Path:
-    from tests.media.audio_clips import signal, write_clip, write_video
+    from tests.media.audio_clips import signal, write_clip, write_four_clips, write_video
 
     root = tmp_path_factory.mktemp("online-audio")
-    write_clip(root / "speech.wav", signal("speech", 22050, 1.3, channels=2), 22050)
-    write_clip(root / "tone.mp3", signal("tone", 44100, 0.7), 44100)
-    write_clip(root / "noise.flac", signal("noise", 16000, 2.05), 16000)
-    write_clip(root / "short.m4a", signal("speech", 48000, 0.45, channels=2), 48000)
+    write_four_clips(root)
     write_clip(root / "long.wav", signal("speech", 16000, 6.0), 16000)
     write_video(root / "movie.mp4", seconds=1.5, fps=4, size=(56, 56))
     path = root / "data.jsonl"

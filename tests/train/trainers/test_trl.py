@@ -34,6 +34,7 @@ from tests.train.trainer_helpers import (
     path_examples,
     tiny_llama,
     trees,
+    trl_args,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -54,10 +55,7 @@ def builds(tmp_path_factory):
 
 
 def config(tmp_path, **kw) -> SFTConfig:
-    base = dict(output_dir=str(tmp_path / "run"), learning_rate=0.0, logging_steps=1, report_to=[], use_cpu=True,
-                save_strategy="no", bf16=False, max_grad_norm=0.0, train_sampling_strategy="sequential",
-                shuffle_dataset=False, disable_tqdm=True, dataloader_num_workers=0)
-    return SFTConfig(**{**base, **kw})
+    return SFTConfig(**trl_args(tmp_path, **{"shuffle_dataset": False, "dataloader_num_workers": 0, **kw}))
 
 
 def unpacked_reference(tmp_path, tok, examples: list[dict]) -> tuple[float, dict]:

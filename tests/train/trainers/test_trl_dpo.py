@@ -37,6 +37,7 @@ from tests.train.trainer_helpers import (
     build_jsonl,
     logged_losses,
     tiny_llama,
+    trl_args,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -57,10 +58,15 @@ PAIRS = [
 
 
 def dpo_config(tmp_path, **kw) -> DPOConfig:
-    base = dict(output_dir=str(tmp_path / "run"), learning_rate=0.0, logging_steps=1, report_to=[], use_cpu=True,
-                save_strategy="no", bf16=False, max_grad_norm=0.0, beta=BETA, max_steps=1, max_length=None,
-                train_sampling_strategy="sequential", disable_tqdm=True)
-    return DPOConfig(**{**base, **kw})
+    return DPOConfig(**trl_args(tmp_path, **{"beta": BETA, "max_steps": 1, "max_length": None, **kw}))
+
+
+def packed_dpo(tmp_path, rows: datasets.Dataset, tok, rec: StepRecorder) -> PackedDPOTrainer:
+    """PackedDPOTrainer over ``rows``, one packed row per micro-batch, the step's pairs over all of them."""
+    return PackedDPOTrainer(tiny_llama(LLAMA3_VOCAB, seed=0), ref_model=tiny_llama(LLAMA3_VOCAB, seed=1),
+                            args=dpo_config(tmp_path, per_device_train_batch_size=1,
+                                            gradient_accumulation_steps=rows.num_rows),
+                            train_dataset=rows, processing_class=tok, callbacks=[rec])
 
 
 def test_packed_dpo_equals_trl_dpo_on_the_unpacked_pairs(tmp_path):
@@ -80,10 +86,7 @@ def test_packed_dpo_equals_trl_dpo_on_the_unpacked_pairs(tmp_path):
 
     # packer's trees: one packed row per micro-batch, the step's pairs over all of them
     packed_rec = StepRecorder()
-    packed = PackedDPOTrainer(tiny_llama(LLAMA3_VOCAB, seed=0), ref_model=tiny_llama(LLAMA3_VOCAB, seed=1),
-                              args=dpo_config(tmp_path, per_device_train_batch_size=1,
-                                              gradient_accumulation_steps=rows.num_rows),
-                              train_dataset=rows, processing_class=tok, callbacks=[packed_rec])
+    packed = packed_dpo(tmp_path, rows, tok, packed_rec)
     packed.train()
     assert logged_losses(packed)[0] == pytest.approx(logged_losses(trl)[0], rel=1e-6)
     worst = assert_grads_close(packed_rec.grads[0], rec.grads[0])
@@ -223,10 +226,7 @@ def test_packed_dpo_with_loss_weights_equals_the_definition(tmp_path):
     rows = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))["train"]
     assert any(r["loss_weights"] is not None for r in rows)
     rec = StepRecorder()
-    packed = PackedDPOTrainer(tiny_llama(LLAMA3_VOCAB, seed=0), ref_model=tiny_llama(LLAMA3_VOCAB, seed=1),
-                              args=dpo_config(tmp_path, per_device_train_batch_size=1,
-                                              gradient_accumulation_steps=rows.num_rows),
-                              train_dataset=rows, processing_class=tok, callbacks=[rec])
+    packed = packed_dpo(tmp_path, rows, tok, rec)
     packed.train()
 
     policy, reference = tiny_llama(LLAMA3_VOCAB, seed=0), tiny_llama(LLAMA3_VOCAB, seed=1)
