@@ -115,7 +115,7 @@ def test_real_clips_count_and_featurize_as_the_released_processor(tmp_path, seco
     t = np.arange(int(round(seconds * sr))) / sr
     sf.write(path, (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32), sr)
     ref = AudioRef(path=str(path))
-    plan = profile.audio_plan(profile.audio_info(ref))
+    plan = profile.audio.plan(ref)
     y, _ = librosa.load(str(path), sr=16000)
     assert plan.num_samples == len(y)
     want = proc.feature_extractor([y], sampling_rate=16000, padding="max_length", return_attention_mask=True,
