@@ -15,7 +15,6 @@ bytes whatever runs them, in whatever order.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import pyarrow as pa
 
 from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
 from packer.core.ids import id_location
+from packer.core.location import absolute, parent_of, read_range
 from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError
@@ -98,6 +98,7 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False, spill: str | Non
     """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order; a streamed file
     (``streamed_inputs``) is read once and its records spilled as JSON-lines chunk files under ``spill``
     (``OUT/.packer/inputs``), kept for a resumed build."""
+    from packer.core.location import file_size, open_file
     from packer.formats.files import is_streamed
     from packer.formats.read import expand_inputs
     from packer.formats.tables import check_columns, is_table
@@ -121,8 +122,8 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False, spill: str | Non
                                             name=f"{streamed:05d}", progress=progress))
                 streamed += 1
                 continue
-            size = os.path.getsize(path)
-            with open(path, "rb") as f, progress_bar(
+            size = file_size(path)
+            with open_file(path) as f, progress_bar(
                 total=size, enabled=progress, unit="B", unit_scale=True, desc=f"scan {Path(path).name}", leave=False
             ) as bar:
                 start, line_no, lines = 0, 1, 0
@@ -154,7 +155,7 @@ def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConf
     listing = root / f"{name}.json"
     if listing.exists():
         done = json.loads(listing.read_text())
-        if done.get("input") == os.path.abspath(path):
+        if done.get("input") == absolute(path):
             return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
                           spill=str(root / c["file"])) for j, c in enumerate(done["chunks"])]
     # a tar's videos become files beside the shards, which name them (on an object store: a temp dir, files.py)
@@ -185,7 +186,7 @@ def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConf
         if lines:
             flush()
             bar.update(len(lines))
-    write_json_atomic(listing, {"input": os.path.abspath(path), "chunks": entries})
+    write_json_atomic(listing, {"input": absolute(path), "chunks": entries})
     return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
                   spill=str(root / c["file"])) for j, c in enumerate(entries)]
 
@@ -195,9 +196,7 @@ def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, 
     if chunk.spill:  # a streamed file's chunk, spilled by the scan
         data = store_path(chunk.spill, config.storage_options).read_bytes()
     else:
-        with open(chunk.path, "rb") as f:
-            f.seek(chunk.start)
-            data = f.read(chunk.end - chunk.start)
+        data = read_range(chunk.path, chunk.start, chunk.end)
     lines = data.split(b"\n")  # the same rule the scan counted lines by (not splitlines: \r is no break)
     if lines and lines[-1] == b"":
         lines.pop()
@@ -251,7 +250,7 @@ def encode_chunk(
     done = cache.counts(chunk.index)
     if done is not None:
         return done
-    base_dir = os.path.dirname(os.path.abspath(chunk.path))
+    base_dir = parent_of(chunk.path)  # a URL's prefix for an input on a store: media resolve there, not locally
     parsed: list[Any] = list(_chunk_records(chunk, config, base_dir))  # Example or RecordError, in line order
     # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     results = iter(encoder.encode_batch([p for p in parsed if not isinstance(p, RecordError)]))
