@@ -259,7 +259,7 @@ def probe_frame_list(paths: Sequence[str]) -> list[tuple[int, int]]:
     sizes = []
     for path in paths:
         try:
-            with Image.open(path) as im:
+            with open_file(path, block_size=1 << 16) as f, Image.open(f) as im:  # a path or an input URL
                 sizes.append(im.size)
         except FileNotFoundError as e:
             raise RecordError("missing_image", f"frame image {path!r} does not exist; check the path or --image-root") from e
