@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import IO, Any
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, PackerError, StorageError
 
 S3_RETRIES = 8  # attempts per request (botocore's standard mode: backoff 2^k x random, at most 20 s each)
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -47,13 +48,26 @@ def _new_filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
         options = dict(storage_options)
         if protocol in ("s3", "s3a"):  # not cached: other processes (pool workers, Ray tasks) add files meanwhile
             options.setdefault("use_listings_cache", False)
-            options.setdefault("config_kwargs", {"retries": {"max_attempts": S3_RETRIES, "mode": "standard"}})
+            if not {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ):  # botocore reads those itself
+                options.setdefault("config_kwargs", {"retries": {"max_attempts": S3_RETRIES, "mode": "standard"}})
         return fsspec.filesystem(protocol, **options)
     except ImportError as e:
         extra = " (pip install 'packer[s3]')" if protocol in ("s3", "s3a") else ""
         raise ConfigError(f"{protocol}:// paths need fsspec's {protocol} filesystem{extra}: {e}") from None
     except ValueError as e:  # fsspec: "Protocol not known"
         raise ConfigError(f"cannot use {protocol}:// paths: {e}") from None
+
+
+@contextmanager
+def naming(what: str) -> Iterator[None]:
+    """Raise what an I/O call inside raises past its retries as a StorageError that says ``what`` (the
+    operation and the object); a missing file stays FileNotFoundError (callers decide what missing means)."""
+    try:
+        yield
+    except (FileNotFoundError, PackerError):
+        raise
+    except Exception as e:  # noqa: BLE001 - s3fs/botocore raise OSError, ClientError, connection errors ...
+        raise StorageError(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def _object(path: str) -> tuple[Any, str]:
@@ -129,7 +143,8 @@ def file_version(path: str) -> tuple[int, str]:
     unchanged file give the same pair (the build's fingerprint, media header caches)."""
     if is_url(path):
         fs, key = _object(path)
-        info = fs.info(key)
+        with naming(f"reading the size and ETag of {path}"):
+            info = fs.info(key)
         return int(info["size"]), str(info.get("ETag") or info.get("LastModified") or info.get("mtime"))
     st = os.stat(path)
     return st.st_size, str(st.st_mtime_ns)
@@ -141,11 +156,13 @@ def read_range(path: str, start: int, end: int) -> bytes:
     OSError naming the object and the range, never a chunk silently short."""
     if is_url(path):
         fs, key = _object(path)
-        data = fs.cat_file(key, start=start, end=end)
+        with naming(f"reading bytes [{start}, {end}) of {path}"):
+            data = fs.cat_file(key, start=start, end=end)
     else:
         with open(path, "rb") as f:
             f.seek(start)
             data = f.read(end - start)
     if len(data) != end - start:
-        raise OSError(f"{path}: read {len(data)} of the {end - start} bytes of [{start}, {end}) (short read)")
+        raise StorageError(f"reading {path}: got {len(data)} of the {end - start} bytes of [{start}, {end}) (a short "
+                           "read, or the file changed since the scan)")
     return data

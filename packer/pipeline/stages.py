@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from packer.core.ids import id_location
 from packer.core.location import absolute, parent_of, read_range
 from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
-from packer.errors import ConfigError, RecordError
+from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, budget_message, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
@@ -44,6 +45,16 @@ def progress_bar(iterable=None, *, enabled: bool, **kw):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Prefix a StorageError (an object or file that could not be read or written past its retries) with the
+    stage and the unit of work it hit, and say that a rerun resumes."""
+    try:
+        yield
+    except StorageError as e:
+        raise StorageError(f"{name}: {e}; what is committed stays: rerun the command to resume") from e.__cause__
 
 
 # ---------------------------------------------------------------------------------------------- scan
@@ -98,6 +109,11 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False, spill: str | Non
     """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order; a streamed file
     (``streamed_inputs``) is read once and its records spilled as JSON-lines chunk files under ``spill``
     (``OUT/.packer/inputs``), kept for a resumed build."""
+    with stage("scan"):
+        return _scan(config, progress=progress, spill=spill)
+
+
+def _scan(config: BuildConfig, *, progress: bool, spill: str | None) -> list[Chunk]:
     from packer.core.location import file_size, open_file
     from packer.formats.files import is_streamed
     from packer.formats.read import expand_inputs
@@ -247,6 +263,12 @@ def encode_chunk(
     Under ``config.strict`` the chunk's first bad record raises its RecordError (it pickles, so it reaches
     the parent from a worker intact).
     """
+    with stage(f"encode (chunk {chunk.index}: {chunk.path} from line {chunk.first_line})"):
+        return _encode_chunk(chunk, encoder=encoder, cache=cache, config=config, hooks=hooks)
+
+
+def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config: BuildConfig,
+                  hooks: Hooks) -> ChunkCounts:
     done = cache.counts(chunk.index)
     if done is not None:
         return done
@@ -404,25 +426,33 @@ def write_shard_range(
     pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
     entries = []
     for j, p0 in enumerate(range(0, len(shards.pack_sizes), config.rows_per_shard)):
-        s = shards.first + j
-        p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
-        path = out / shard_name(s)
-        marker = markers / f"{s:05d}.json"
-        if marker.exists() and path.exists():
-            entry = json.loads(marker.read_text())
-            if sha256_file(path) == entry["sha256"]:
-                entries.append(entry)
-                continue
-        rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
-        dup = shards.copies[pack_bounds[p0] : pack_bounds[p1]]
-        if dup.any():  # up-sampled copies get unique ids: path:line#k
-            ids = rows.column("example_id").to_pylist()
-            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
-            rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
-        packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
-        hooks.at("shard-write", s, table=packed, path=path)
-        entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
-        hooks.at("shard", s)
-        write_json_atomic(marker, entry)
-        entries.append(entry)
+        with stage(f"write (shard {shards.first + j})"):
+            entries.append(_write_shard(shards, j, p0, pack_bounds, out=out, markers=markers, cache=cache,
+                                        config=config, hooks=hooks))
     return entries
+
+
+def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *, out: Any, markers: Any,
+                 cache: EncodeCache, config: BuildConfig, hooks: Hooks) -> dict[str, Any]:
+    """Shard ``shards.first + j`` (its packs start at ``p0`` of the range): kept if its marker matches its
+    file, else gathered and written, then its marker."""
+    s = shards.first + j
+    p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
+    path = out / shard_name(s)
+    marker = markers / f"{s:05d}.json"
+    if marker.exists() and path.exists():
+        entry = json.loads(marker.read_text())
+        if sha256_file(path) == entry["sha256"]:
+            return entry
+    rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
+    dup = shards.copies[pack_bounds[p0] : pack_bounds[p1]]
+    if dup.any():  # up-sampled copies get unique ids: path:line#k
+        ids = rows.column("example_id").to_pylist()
+        ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
+        rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
+    packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
+    hooks.at("shard-write", s, table=packed, path=path)
+    entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
+    hooks.at("shard", s)
+    write_json_atomic(marker, entry)
+    return entry

@@ -26,6 +26,7 @@ and a rerun deletes the stray temps as it does on a local disk.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -35,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from packer.core.location import _filesystem, is_url  # noqa: F401 (is_url: where callers found it)
+from packer.core.location import _filesystem, is_url, naming  # noqa: F401 (is_url: where callers found it)
 
 
 def store_path(location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Path | ObjectPath:
@@ -125,7 +126,8 @@ class ObjectPath:
         """Nothing to do: an object store has no directories."""
 
     def read_bytes(self) -> bytes:
-        return self.fs.cat_file(self.key)
+        with naming(f"reading {self.url}"):
+            return self.fs.cat_file(self.key)
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
@@ -133,7 +135,8 @@ class ObjectPath:
     def write_bytes(self, data: bytes) -> None:
         """Put ``data`` under this name in one request (not atomic across a crash of a multi-part upload; the
         build writes through ``write_atomic``)."""
-        self.fs.pipe_file(self.key, data)
+        with naming(f"writing {self.url}"):
+            self.fs.pipe_file(self.key, data)
 
     def open(self, mode: str = "rb", **kw: Any) -> IO[Any]:
         return self.fs.open(self.key, mode, **kw)
@@ -157,9 +160,11 @@ def write_atomic(path: Path | ObjectPath, data: bytes, *, fsync: bool = False) -
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             tmp.write_bytes(data)
-            path.fs.copy(tmp.key, path.key)
+            with naming(f"publishing {path.url} (a copy of its temp object)"):
+                path.fs.copy(tmp.key, path.key)
         finally:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(Exception):  # a temp left behind is deleted by the next run (output.py)
+                tmp.unlink(missing_ok=True)
         return
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
@@ -203,7 +208,8 @@ def local_file(path: Path | ObjectPath) -> Path:
         copy.parent.mkdir(parents=True, exist_ok=True)
         tmp = copy.with_name(f"{copy.name}.tmp-{os.getpid()}")
         try:
-            path.fs.get_file(path.key, str(tmp))
+            with naming(f"downloading {path.url} to {tmp}"):
+                path.fs.get_file(path.key, str(tmp))
             os.replace(tmp, copy)
         except BaseException:
             tmp.unlink(missing_ok=True)

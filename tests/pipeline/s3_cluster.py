@@ -2,7 +2,7 @@
 machine (``ray.cluster_utils.Cluster``, how Ray tests multi-node behaviour), each node with its own temp
 directory, and hooks that fail a task which opens a file under the driver's directories.
 
-    with s3_server() as env:                      # AWS_ENDPOINT_URL ... set in os.environ, bucket "packer"
+    with s3_server() as (env, proxy):             # AWS_ENDPOINT_URL ... set in os.environ, bucket "packer"
         cluster, node_tmps = start_cluster(workers=2)
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.pipeline.faults import Hooks
+from tests.pipeline.s3_faults import FaultProxy
 
 BUCKET = "packer"
 
@@ -29,24 +30,28 @@ def free_port() -> int:
 
 
 @contextmanager
-def s3_server() -> Iterator[dict[str, str]]:
-    """A moto S3 server on 127.0.0.1 with the bucket ``packer``; the AWS environment of this process (and so of
-    the Ray nodes started after it) points at it."""
+def s3_server(max_attempts: int = 4) -> Iterator[tuple[dict[str, str], FaultProxy]]:
+    """A moto S3 server on 127.0.0.1 with the bucket ``packer``, behind a ``FaultProxy``; the AWS environment of
+    this process (and so of the Ray nodes and pool workers started after it) points at the proxy, with
+    botocore's standard retries of ``max_attempts`` attempts per request (exponential backoff with jitter)."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    proxy = FaultProxy(f"http://127.0.0.1:{port}").start()
+    env = {"AWS_ENDPOINT_URL": proxy.url, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_RETRY_MODE": "standard", "AWS_MAX_ATTEMPTS": str(max_attempts)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         import boto3
 
         boto3.client("s3").create_bucket(Bucket=BUCKET)
-        yield env
+        yield env, proxy
     finally:
+        proxy.stop()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

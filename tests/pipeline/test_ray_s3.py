@@ -35,7 +35,7 @@ from packer.pipeline.build import build  # noqa: E402
 from packer.report.verify import verify_build  # noqa: E402
 from packer.shards.store import store_path  # noqa: E402
 from tests.media.make_videos import write_clip  # noqa: E402
-from tests.pipeline import s3_cluster  # noqa: E402
+from tests.pipeline import s3_cluster, s3_faults  # noqa: E402
 from tests.pipeline.s3_cluster import NoLocalReads, s3_server, start_cluster, upload  # noqa: E402
 from tests.pipeline.test_build import _mixed_records, _write_jsonl  # noqa: E402
 
@@ -44,14 +44,23 @@ IN = "s3://packer/in"
 OPTS = dict(profile="qwen2-vl", max_length=1024, max_pixels=128 * 28 * 28, rows_per_shard=2, rows_per_row_group=2)
 RUN_TIME = ("output", "executor", "ray_address", "num_proc")  # config keys that may differ between two runs
 ray.cloudpickle.register_pickle_by_value(s3_cluster)  # its hooks go to Ray workers, which cannot import tests/
+ray.cloudpickle.register_pickle_by_value(s3_faults)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
 def s3():
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
-    with s3_server() as env:
-        yield env
+    with s3_server() as served:
+        yield served
+
+
+@pytest.fixture
+def proxy(s3):
+    """The fault proxy in front of the S3 server, its rules cleared after the test."""
+    s3[1].clear()
+    yield s3[1]
+    s3[1].clear()
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +83,7 @@ def corpus(tmp_path_factory, coco_images, s3) -> Path:
 @pytest.fixture(scope="module")
 def cluster(s3, tmp_path_factory):
     """Head + 2 worker nodes; this process is the driver."""
-    cluster, tmps = start_cluster(workers=2, env=s3)
+    cluster, tmps = start_cluster(workers=2, env=s3[0])
     ray.init(address=cluster.address, include_dashboard=False)
     yield cluster
     ray.shutdown()
@@ -168,3 +177,55 @@ def test_a_multi_node_build_on_s3_is_byte_identical(cluster, corpus, reference, 
         sources |= {m["source"] for r in remote for m in r["images"] + r["videos"]}
     assert videos > 0  # the clip was probed on a worker node through S3
     assert sources and all(s.startswith((f"{IN}/images/", f"{IN}/videos/")) for s in sources), sources
+
+
+# every stage's requests: the scan's and the encode's reads of an input, a media header, the encode cache's
+# commit (an upload reset halfway), the plan's and the writers' reads of the cache, a shard's upload, the manifest
+TRANSIENT = [
+    ("GET", r"/packer/in/a\.jsonl", "503", 2),
+    ("HEAD", r"/packer/in/images/", "500", 2),
+    ("HEAD", r"/packer/in/videos/clip\.mp4", "503", 1),  # its headers: cached by a worker from an earlier build
+    ("PUT", r"/\.packer/encode/chunk-\d+\.arrow\.tmp-", "reset", 2),
+    ("GET", r"/\.packer/encode/chunk-\d+\.arrow", "short", 2),
+    ("PUT", r"/shard-\d+\.parquet\.tmp-", "500", 2),
+    ("PUT", r"/\.packer/shards/\d+\.json\.tmp-", "503", 1),
+    ("PUT", r"/manifest\.json\.tmp-", "503", 1),
+]
+
+
+@pytest.mark.slow
+def test_s3_errors_on_every_stage_are_retried_to_the_same_bytes(cluster, corpus, reference, proxy, tmp_path_factory,
+                                                                 driver_cwd):
+    """5xx, throttling, a reset upload and short reads, on the driver and on both worker nodes: retried with
+    backoff (botocore's standard mode, s3fs's read loop) and the build is byte-identical."""
+    out = "s3://packer/out/transient"
+    rules = [proxy.arm(*r) for r in TRANSIENT]
+    build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory))
+    assert [(r.pattern.pattern, r.fired) for r in rules] == [(r[1], r[3]) for r in TRANSIENT], proxy.log
+    proxy.clear()
+    assert digests(out) == reference
+
+
+@pytest.mark.slow
+def test_past_the_retry_budget_the_error_names_the_object_and_the_stage_and_a_rerun_resumes(
+        cluster, corpus, reference, proxy, tmp_path_factory, driver_cwd):
+    from packer.errors import StorageError
+
+    out = "s3://packer/out/budget"
+    # chunk 1's commit fails on every attempt (more than AWS_MAX_ATTEMPTS)
+    proxy.arm("PUT", r"/out/budget/\.packer/encode/chunk-000001\.arrow\.tmp-", "500", times=100)
+    with pytest.raises(StorageError) as e:
+        build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory))
+    message = str(e.value)
+    assert "encode (chunk 1: s3://packer/in/b.jsonl from line 1)" in message, message
+    assert "s3://packer/out/budget/.packer/encode/chunk-000001.arrow.tmp-" in message, message
+    assert "rerun the command to resume" in message
+    root = store_path(out)
+    committed = {p.name: p.fs.info(p.key)["ETag"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+    assert "chunk-000001.arrow" not in committed and not (root / "manifest.json").exists()
+
+    proxy.clear()
+    build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory))
+    assert digests(out) == reference
+    again = {p.name: p.fs.info(p.key)["ETag"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+    assert {k: again[k] for k in committed} == committed  # the chunks committed before were not encoded again
