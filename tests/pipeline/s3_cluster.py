@@ -76,14 +76,74 @@ def start_cluster(workers: int = 2, *, env: dict[str, str] | None = None) -> tup
     the cluster and those directories. The driver connects with ``ray.init(address=cluster.address)``."""
     from ray.cluster_utils import Cluster
 
-    tmps = [Path(tempfile.mkdtemp(prefix=f"packer-node{k}-")) for k in range(workers + 1)]
+    head = Path(tempfile.mkdtemp(prefix="packer-head-"))
     base = {**(env or {}), "TOKENIZERS_PARALLELISM": "false"}
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False, "env_vars": {**base, "TMPDIR": str(tmps[0])}})
-    for k in range(workers):
-        cluster.add_node(num_cpus=1, env_vars={**base, "TMPDIR": str(tmps[k + 1])})
+        "num_cpus": 0, "include_dashboard": False, "env_vars": {**base, "TMPDIR": str(head)}})
+    tmps = [head] + [add_worker(cluster, base) for _ in range(workers)]
     cluster.wait_for_nodes()
     return cluster, tmps
+
+
+def add_worker(cluster: Any, env: dict[str, str]) -> Path:
+    """A 1-CPU worker node with its own ``TMPDIR``; that directory."""
+    tmp = Path(tempfile.mkdtemp(prefix="packer-node-"))
+    cluster.add_node(num_cpus=1, env_vars={**env, "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp)})
+    return tmp
+
+
+class StallOnNode(Hooks):
+    """At each named (point, n), the first time only: report this task's Ray node in ``signals/POINT-N`` and
+    stall until the test removes that node. At ``shard-write`` it first uploads half of the shard as its temp
+    object, as a node lost mid-upload leaves it. The retry (on another node) finds the signal and goes on.
+    ``signals`` is the test's control channel, outside the directories the tasks may not read."""
+
+    def __init__(self, signals: str, points: list[tuple[str, int]]):
+        self.signals, self.points = signals, points
+
+    def at(self, point: str, n: int = 0, **state: Any) -> None:
+        if (point, n) not in self.points:
+            return
+        flag = Path(self.signals) / f"{point}-{n}"
+        if flag.exists():
+            return
+        if point == "shard-write":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            sink = pa.BufferOutputStream()
+            pq.write_table(state["table"], sink)
+            data = sink.getvalue().to_pybytes()
+            state["path"].with_name(f"{state['path'].name}.tmp-{os.getpid()}-halfdone").write_bytes(data[: len(data) // 2])
+        import ray
+
+        tmp = flag.with_name(flag.name + ".tmp")
+        tmp.write_text(ray.get_runtime_context().get_node_id())
+        os.replace(tmp, flag)
+        import time
+
+        time.sleep(120)  # the node is removed long before this ends
+
+
+def remove_reporting_nodes(cluster: Any, signals: Path, expected: int, stop: Any, removed: list[str]) -> None:
+    """Remove each node that reports in ``signals`` (``StallOnNode``)."""
+    import time
+
+    seen: set[str] = set()
+    while len(seen) < expected and not stop.is_set():
+        for flag in sorted(signals.glob("*")):
+            if flag.name.endswith(".tmp") or flag.name in seen:
+                continue
+            seen.add(flag.name)
+            node_id = flag.read_text()
+            try:
+                node = next(w for w in cluster.worker_nodes if w.node_id == node_id)
+                cluster.remove_node(node, allow_graceful=False)
+                removed.append(node_id)
+            except Exception as e:  # noqa: BLE001 - reported to the test, which asserts on ``removed``
+                removed.append(f"failed on {flag.name}: {type(e).__name__}: {e} "
+                               f"(nodes: {[w.node_id for w in cluster.worker_nodes]})")
+        time.sleep(0.05)
 
 
 class NoLocalReads(Hooks):

@@ -36,7 +36,15 @@ from packer.report.verify import verify_build  # noqa: E402
 from packer.shards.store import store_path  # noqa: E402
 from tests.media.make_videos import write_clip  # noqa: E402
 from tests.pipeline import s3_cluster, s3_faults  # noqa: E402
-from tests.pipeline.s3_cluster import NoLocalReads, s3_server, start_cluster, upload  # noqa: E402
+from tests.pipeline.s3_cluster import (  # noqa: E402
+    NoLocalReads,
+    StallOnNode,
+    add_worker,
+    remove_reporting_nodes,
+    s3_server,
+    start_cluster,
+    upload,
+)
 from tests.pipeline.test_build import _mixed_records, _write_jsonl  # noqa: E402
 
 FILES = ("a.jsonl", "b.jsonl", "c.jsonl")
@@ -229,3 +237,35 @@ def test_past_the_retry_budget_the_error_names_the_object_and_the_stage_and_a_re
     assert digests(out) == reference
     again = {p.name: p.fs.info(p.key)["ETag"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
     assert {k: again[k] for k in committed} == committed  # the chunks committed before were not encoded again
+
+
+@pytest.mark.slow
+def test_a_worker_node_removed_mid_encode_and_mid_write_loses_and_doubles_nothing(
+        cluster, corpus, reference, s3, tmp_path_factory, driver_cwd):
+    """A node is removed (its raylet and workers killed) while its task encodes chunk 1 (rejects written, rows
+    not), then another while its task uploads shard 2 (half of it is a temp object); Ray runs both tasks again
+    on the nodes left (two more joined before the build, so two stay), and the build is byte-identical, with
+    no temp."""
+    import tempfile
+    import threading
+
+    for _ in range(2):
+        add_worker(cluster, s3[0])
+    cluster.wait_for_nodes()
+    signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))
+    removed: list[str] = []
+    stop = threading.Event()
+    remover = threading.Thread(target=remove_reporting_nodes, args=(cluster, signals, 2, stop, removed))
+    remover.start()
+    out = "s3://packer/out/node-lost"
+    hooks = no_local_reads(tmp_path_factory, StallOnNode(str(signals), [("encode-partial", 1), ("shard-write", 2)]))
+    try:
+        build(ray_config(out, cluster), progress=False, hooks=hooks)
+    finally:
+        stop.set()
+        remover.join()
+    assert len(removed) == 2 and all(not r.startswith("failed") for r in removed), removed
+    assert digests(out) == reference
+    keys = [p.name for p in store_path(out).iterdir()]
+    assert not [k for k in keys if ".tmp-" in k], keys
+    assert verify_build(out).ok
