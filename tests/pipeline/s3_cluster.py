@@ -78,7 +78,8 @@ def start_cluster(workers: int = 2, *, env: dict[str, str] | None = None) -> tup
 
     head = Path(tempfile.mkdtemp(prefix="packer-head-"))
     base = {**(env or {}), "TOKENIZERS_PARALLELISM": "false"}
-    cluster = Cluster(initialize_head=True, head_node_args={
+    # shutdown_at_exit=False: the test stops it (a removed node's own exit hook fails in Ray 2.60)
+    cluster = Cluster(initialize_head=True, shutdown_at_exit=False, head_node_args={
         "num_cpus": 0, "include_dashboard": False, "env_vars": {**base, "TMPDIR": str(head)}})
     tmps = [head] + [add_worker(cluster, base) for _ in range(workers)]
     cluster.wait_for_nodes()
