@@ -229,13 +229,13 @@ def test_past_the_retry_budget_the_error_names_the_object_and_the_stage_and_a_re
     assert "s3://packer/out/budget/.packer/encode/chunk-000001.arrow.tmp-" in message, message
     assert "rerun the command to resume" in message
     root = store_path(out)
-    committed = {p.name: p.fs.info(p.key)["ETag"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+    committed = {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
     assert "chunk-000001.arrow" not in committed and not (root / "manifest.json").exists()
 
     proxy.clear()
     build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory))
     assert digests(out) == reference
-    again = {p.name: p.fs.info(p.key)["ETag"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+    again = {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
     assert {k: again[k] for k in committed} == committed  # the chunks committed before were not encoded again
 
 
@@ -269,3 +269,30 @@ def test_a_worker_node_removed_mid_encode_and_mid_write_loses_and_doubles_nothin
     keys = [p.name for p in store_path(out).iterdir()]
     assert not [k for k in keys if ".tmp-" in k], keys
     assert verify_build(out).ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["plan:0", "shard:1"])
+def test_a_driver_killed_after_the_plan_or_mid_write_resumes_by_rerunning_the_command(
+        cluster, corpus, reference, s3, tmp_path_factory, driver_cwd, point):
+    """``packer build`` on the cluster (a second driver, a subprocess) killed -9 once its plan is written, or
+    while its tasks on the worker nodes write shards (shard 1 published, its marker not); the same build run
+    again finishes it from what is committed on S3, reusing every encoded chunk."""
+    import signal
+
+    from tests.pipeline.crash_setup import run_build
+
+    out = f"s3://packer/out/driver-killed-{point.split(':')[0]}"
+    args = [*_urls(), "-o", out, "-q", "--executor", "ray", "--ray-address", cluster.address, "--profile",
+            "qwen2-vl", "--max-length", "1024", "--max-pixels", str(OPTS["max_pixels"]), "--rows-per-shard", "2",
+            "--rows-per-row-group", "2"]
+    crashed = run_build(args, point, env=s3[0])
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    root = store_path(out)
+    assert not (root / "manifest.json").exists()
+    encoded = {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+    assert len(encoded) == len(FILES)
+
+    build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory))
+    assert digests(out) == reference
+    assert {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")} == encoded
