@@ -29,13 +29,15 @@ def is_url(location: str | os.PathLike) -> bool:
     return bool(_URL.match(str(location)))
 
 
-_FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, options) -> filesystem, one client each
+_FILESYSTEMS: dict[tuple[int, str, str, str | None], Any] = {}  # (pid, protocol, options, endpoint) -> client
 
 
 def _filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
     """The fsspec filesystem of ``protocol`` with these options, made once per process (making an s3fs
     client costs more than a request)."""
-    key = (os.getpid(), protocol, json.dumps(storage_options, sort_keys=True, default=str))
+    # the endpoint from the environment too: a process that points AWS_ENDPOINT_URL elsewhere gets a new client
+    key = (os.getpid(), protocol, json.dumps(storage_options, sort_keys=True, default=str),
+           os.environ.get("AWS_ENDPOINT_URL"))
     if key not in _FILESYSTEMS:
         _FILESYSTEMS[key] = _new_filesystem(protocol, storage_options)
     return _FILESYSTEMS[key]
