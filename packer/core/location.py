@@ -52,6 +52,7 @@ def _new_filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
             options.setdefault("use_listings_cache", False)
             if not {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ):  # botocore reads those itself
                 options.setdefault("config_kwargs", {"retries": {"max_attempts": S3_RETRIES, "mode": "standard"}})
+        options.setdefault("skip_instance_cache", True)  # fsspec's own cache would ignore a changed endpoint
         return fsspec.filesystem(protocol, **options)
     except ImportError as e:
         extra = " (pip install 'packer[s3]')" if protocol in ("s3", "s3a") else ""
