@@ -49,6 +49,11 @@ class ShardError(PackerError):
     """A shard directory is missing, unfinished, corrupt or of another schema version."""
 
 
+class StorageError(PackerError):
+    """A read or write of the inputs or the output (an object store, a disk) failed past its retries; the message
+    names the stage and the object. What was committed stays: rerunning the command resumes."""
+
+
 class RejectRateError(PackerError):
     """More of the input was rejected than --max-reject-fraction allows (exit code 3)."""
 

@@ -22,10 +22,10 @@ the tokenizer, not this, bounds a build.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
+from packer.core.location import absolute
 from packer.core.types import Example
 from packer.formats import cauldron, chat, llamafactory, llava, preference, text
 from packer.formats.common import Ctx
@@ -60,7 +60,7 @@ def parse_record(
     ``use_audio_in_video`` wins). ``dataset``: the record is one of a LLaMA-Factory dataset with this spec
     (``llamafactory.dataset_spec``), converted to a packer record first.
     """
-    ctx = Ctx(path, line, os.path.abspath(image_root if image_root is not None else base_dir), source_name,
+    ctx = Ctx(path, line, absolute(image_root if image_root is not None else base_dir), source_name,
               audio_in_video=audio_in_video)
     if not isinstance(obj, dict):
         raise ctx.error("malformed_json", f"the line is a JSON {type(obj).__name__}, not an object")

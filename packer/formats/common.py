@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any
 
+from packer.core.location import is_file, resolve
 from packer.core.types import AudioRef, Example, ImageRef, Message, Node, Part, VideoRef
 from packer.errors import RecordError
 
@@ -143,10 +144,10 @@ def image_ref(source: Any, ctx: Ctx) -> ImageRef:
         )
     if source.startswith("file://"):
         source = source[len("file://") :]
-    path = source if os.path.isabs(source) else os.path.normpath(os.path.join(ctx.root_dir, source))
-    if os.path.isdir(path):
+    path = resolve(source, ctx.root_dir)  # an input on a store: its prefix (s3://...), not this node's disk
+    if os.path.isdir(path):  # a URL is never a local directory; a store has no directories
         raise ctx.error("bad_image", f"image {path} is a directory, not an image file (named {source!r})")
-    if not os.path.isfile(path):
+    if not is_file(path):
         raise ctx.error(
             "missing_image",
             f"image {path} does not exist (named {source!r}; set --image-root if paths are relative to another directory)",
@@ -160,10 +161,10 @@ def _file_path(source: str, ctx: Ctx, *, missing: str, bad: str, what: str) -> s
         raise ctx.error(missing, f"{source!r} is a URL; packer works offline: download the {what}s and use paths")
     if source.startswith("file://"):
         source = source[len("file://") :]
-    path = source if os.path.isabs(source) else os.path.normpath(os.path.join(ctx.root_dir, source))
-    if os.path.isdir(path):
+    path = resolve(source, ctx.root_dir)
+    if os.path.isdir(path):  # a URL is never a local directory; a store has no directories
         raise ctx.error(bad, f"{what} {path} is a directory, not a file (named {source!r})")
-    if not os.path.isfile(path):
+    if not is_file(path):
         raise ctx.error(
             missing,
             f"{what} {path} does not exist (named {source!r}; set --image-root if paths are relative to another directory)",

@@ -70,22 +70,25 @@ def _inner_name(path: str) -> str:
 
 def open_bytes(path: str) -> IO[bytes]:
     """``path`` as a stream of its decompressed bytes (by extension), read as it is consumed."""
+    from packer.core.location import is_url, open_file
+
     c = compression(path)
+    if c is None:
+        return open_file(path)
+    if c == ".zst":
+        return io.BufferedReader(_Zstd(open_file(path)), buffer_size=1 << 20)
+    raw = open_file(path) if is_url(path) else path  # an input URL (s3://): fsspec's file, read in ranged GETs
     if c == ".gz":
         import gzip
 
-        return gzip.open(path, "rb")
+        return gzip.open(raw, "rb")
     if c == ".bz2":
         import bz2
 
-        return bz2.open(path, "rb")
-    if c == ".xz":
-        import lzma
+        return bz2.open(raw, "rb")
+    import lzma
 
-        return lzma.open(path, "rb")
-    if c == ".zst":
-        return io.BufferedReader(_Zstd(open(path, "rb")), buffer_size=1 << 20)  # noqa: SIM115 - closed with it
-    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    return lzma.open(raw, "rb")
 
 
 class _Zstd(io.RawIOBase):

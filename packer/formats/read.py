@@ -156,10 +156,22 @@ def expand_inputs(patterns: Iterable[str]) -> list[str]:
     ``*.arrow``, or, with none, its JSON arrays, compressed JSON lines, ``.txt`` files and tars
     (``STREAMED_PATTERNS``). Raises ConfigError naming the first pattern that matches no file.
     """
+    from packer.core.location import glob_files, is_dir, is_file, is_url
     from packer.formats.tables import TABLE_SUFFIXES, dataset_files, is_dataset_dir
 
     found: set[str] = set()
     for pattern in patterns:
+        if is_url(pattern):  # an object store (s3://): a file, a prefix's *.jsonl, or a glob
+            if is_file(pattern):
+                matches = [pattern]
+            elif is_dir(pattern):
+                matches = glob_files(pattern.rstrip("/") + "/*.jsonl")
+            else:
+                matches = glob_files(pattern)
+            if not matches:
+                raise ConfigError(f"input {pattern!r} matches no object; give JSONL objects, prefixes or glob patterns")
+            found.update(matches)
+            continue
         if os.path.isfile(pattern):
             matches = [pattern]
         elif os.path.isdir(pattern) and is_dataset_dir(pattern):

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from PIL import Image, UnidentifiedImageError
 
+from packer.core.location import file_version, is_url, open_file
 from packer.core.types import ImageRef
 from packer.errors import RecordError
 
@@ -36,6 +37,12 @@ def image_size(image: ImageRef) -> tuple[int, int]:
     """
     if image.data is not None:
         return read_image_size(image)
+    if is_url(image.path):  # an input on a store: its version is the object's size and ETag
+        try:
+            size, version = file_version(image.path)
+        except OSError:
+            return read_image_size(image)
+        return _file_image_size(image.path, 0, size, version, 0)
     try:
         st = os.stat(image.path)
     except OSError:
@@ -87,7 +94,7 @@ def load_image(ref: ImageRef) -> Image.Image:
 
 
 @lru_cache(maxsize=8192)  # ~2 MB of keys at most: memory does not grow with the corpus
-def _file_image_size(path: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) -> tuple[int, int]:
+def _file_image_size(path: str, inode: int, size: int, mtime_ns: int | str, ctime_ns: int) -> tuple[int, int]:
     """``read_image_size`` of a file, memoized by its identity and version (see ``image_size``)."""
     return read_image_size(ImageRef(path=path))
 
@@ -97,7 +104,7 @@ def _open(ref: ImageRef):
     if ref.data is not None:
         return io.BytesIO(ref.data)
     try:
-        return open(ref.path, "rb")  # noqa: SIM115 - closed by the caller's `with`
+        return open_file(ref.path, block_size=1 << 20)  # a local file, or an object read in ranged GETs
     except FileNotFoundError as e:
         raise RecordError(
             "missing_image", f"image file {ref.path!r} does not exist; check the path or --image-root"

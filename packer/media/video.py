@@ -17,6 +17,7 @@ metadata is not applied (neither decord nor PyAV applies it), so the header size
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import stat
 import struct
@@ -27,6 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from packer.core.location import file_version, is_url, open_file
 from packer.errors import RecordError
 
 
@@ -80,6 +82,14 @@ def probe(path: str) -> VideoInfo:
     A file's answer is cached in the process by (path, inode, size, mtime, ctime): datasets ask many questions
     of one clip. Errors are not cached.
     """
+    if is_url(path):  # an input on a store: headers read through ranged GETs, cached by size and ETag
+        try:
+            size, version = file_version(path)
+        except FileNotFoundError as e:
+            raise RecordError("missing_video", f"video object {path!r} does not exist; check the path") from e
+        if size == 0:
+            raise RecordError("bad_video", f"video {path!r} is an empty file")
+        return _probe_file(path, 0, size, version, 0)
     try:
         st = os.stat(path)
     except FileNotFoundError as e:
@@ -103,7 +113,7 @@ _HEADERS_ONLY = {"skip_frame": "nonkey"}
 
 
 @lru_cache(maxsize=8192)  # ~3 MB at most: memory does not grow with the corpus
-def _probe_file(path: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) -> VideoInfo:
+def _probe_file(path: str, inode: int, size: int, mtime_ns: int | str, ctime_ns: int) -> VideoInfo:
     info = _read_headers(path, size, _HEADERS_ONLY)
     if info.width < 1 or info.height < 1:
         info = _read_headers(path, size, None)
@@ -114,11 +124,14 @@ def _probe_file(path: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) 
 
 def _read_headers(path: str, size: int, options: dict | None) -> VideoInfo:
     av = _av()
+    source = open_file(path, block_size=1 << 20) if is_url(path) else path  # PyAV reads a file object too
     try:
-        container = av.open(path, metadata_errors="ignore", options=options)
+        container = av.open(source, metadata_errors="ignore", options=options)
     except (av.error.FFmpegError, UnicodeDecodeError) as e:
+        if source is not path:
+            source.close()
         raise RecordError("bad_video", f"{path} is not a readable video container: {e}") from e
-    with container:
+    with container, source if source is not path else contextlib.nullcontext():
         stream = _video_stream(container)
         if stream is None:
             kinds = ", ".join(
@@ -184,7 +197,7 @@ def _isobmff_truncation(path: str, size: int) -> str | None:
     off, so the box sizes are the cheap check (a few 8-byte reads), like a JPEG's end-of-image marker. A file
     cut before its moov box (moov last) does not open at all.
     """
-    with open(path, "rb") as f:
+    with open_file(path, block_size=1 << 16) as f:
         offset = 0
         while offset + 8 <= size:
             f.seek(offset)
@@ -246,7 +259,7 @@ def probe_frame_list(paths: Sequence[str]) -> list[tuple[int, int]]:
     sizes = []
     for path in paths:
         try:
-            with Image.open(path) as im:
+            with open_file(path, block_size=1 << 16) as f, Image.open(f) as im:  # a path or an input URL
                 sizes.append(im.size)
         except FileNotFoundError as e:
             raise RecordError("missing_image", f"frame image {path!r} does not exist; check the path or --image-root") from e

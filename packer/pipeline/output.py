@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from packer import __version__
 from packer.config import BuildConfig
+from packer.core.location import absolute, file_version
 from packer.errors import ConfigError
 from packer.pipeline.card import CARD
 from packer.pipeline.stages import CHUNK_LINES
@@ -33,8 +33,8 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
                          "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
     h.update(tokenizer_fp.encode())
     for f in files:
-        st = os.stat(f)
-        h.update(f"{os.path.abspath(f)}:{st.st_size}:{st.st_mtime_ns}".encode())
+        size, version = file_version(f)  # an object's ETag where a file's mtime
+        h.update(f"{absolute(f)}:{size}:{version}".encode())
     return h.hexdigest()
 
 

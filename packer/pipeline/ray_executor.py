@@ -13,8 +13,9 @@ markers as a local build (the tasks skip committed chunks and shards).
 
 The encoder travels once: ``ray.put`` on the driver, then each worker process loads it on its first task
 and keeps it (~0.5 s per worker instead of per task). Every node needs packer installed (the driver's
-version) and must see the inputs and the output directory at the same paths (a shared file system or
-object-store URLs); relative paths resolve against the driver's working directory where a node has it.
+version); inputs and output may be object-store URLs alone (``s3://``: nothing shared between the nodes but the
+store; a record's relative media paths resolve against its input's URL), or local paths every node sees at
+the same place (relative ones resolve against the driver's working directory where a node has it).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ bytes whatever runs them, in whatever order.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ import pyarrow as pa
 
 from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
 from packer.core.ids import id_location
+from packer.core.location import absolute, parent_of, read_range
 from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
-from packer.errors import ConfigError, RecordError
+from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, budget_message, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.faults import Hooks
@@ -44,6 +45,16 @@ def progress_bar(iterable=None, *, enabled: bool, **kw):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Prefix a StorageError (an object or file that could not be read or written past its retries) with the
+    stage and the unit of work it hit, and say that a rerun resumes."""
+    try:
+        yield
+    except StorageError as e:
+        raise StorageError(f"{name}: {e}; what is committed stays: rerun the command to resume") from e.__cause__
 
 
 # ---------------------------------------------------------------------------------------------- scan
@@ -98,6 +109,12 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False, spill: str | Non
     """Split every input file into chunks of ``CHUNK_LINES`` lines, in source / file order; a streamed file
     (``streamed_inputs``) is read once and its records spilled as JSON-lines chunk files under ``spill``
     (``OUT/.packer/inputs``), kept for a resumed build."""
+    with stage("scan"):
+        return _scan(config, progress=progress, spill=spill)
+
+
+def _scan(config: BuildConfig, *, progress: bool, spill: str | None) -> list[Chunk]:
+    from packer.core.location import file_size, open_file
     from packer.formats.files import is_streamed
     from packer.formats.read import expand_inputs
     from packer.formats.tables import check_columns, is_table
@@ -121,8 +138,8 @@ def scan_chunks(config: BuildConfig, *, progress: bool = False, spill: str | Non
                                             name=f"{streamed:05d}", progress=progress))
                 streamed += 1
                 continue
-            size = os.path.getsize(path)
-            with open(path, "rb") as f, progress_bar(
+            size = file_size(path)
+            with open_file(path) as f, progress_bar(
                 total=size, enabled=progress, unit="B", unit_scale=True, desc=f"scan {Path(path).name}", leave=False
             ) as bar:
                 start, line_no, lines = 0, 1, 0
@@ -154,7 +171,7 @@ def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConf
     listing = root / f"{name}.json"
     if listing.exists():
         done = json.loads(listing.read_text())
-        if done.get("input") == os.path.abspath(path):
+        if done.get("input") == absolute(path):
             return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
                           spill=str(root / c["file"])) for j, c in enumerate(done["chunks"])]
     # a tar's videos become files beside the shards, which name them (on an object store: a temp dir, files.py)
@@ -185,7 +202,7 @@ def _spill_chunks(path: str, source: str, first_index: int, *, config: BuildConf
         if lines:
             flush()
             bar.update(len(lines))
-    write_json_atomic(listing, {"input": os.path.abspath(path), "chunks": entries})
+    write_json_atomic(listing, {"input": absolute(path), "chunks": entries})
     return [Chunk(first_index + j, path, source, 0, c["size"], c["first_line"], c["num_lines"],
                   spill=str(root / c["file"])) for j, c in enumerate(entries)]
 
@@ -195,9 +212,7 @@ def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, 
     if chunk.spill:  # a streamed file's chunk, spilled by the scan
         data = store_path(chunk.spill, config.storage_options).read_bytes()
     else:
-        with open(chunk.path, "rb") as f:
-            f.seek(chunk.start)
-            data = f.read(chunk.end - chunk.start)
+        data = read_range(chunk.path, chunk.start, chunk.end)
     lines = data.split(b"\n")  # the same rule the scan counted lines by (not splitlines: \r is no break)
     if lines and lines[-1] == b"":
         lines.pop()
@@ -248,10 +263,16 @@ def encode_chunk(
     Under ``config.strict`` the chunk's first bad record raises its RecordError (it pickles, so it reaches
     the parent from a worker intact).
     """
+    with stage(f"encode (chunk {chunk.index}: {chunk.path} from line {chunk.first_line})"):
+        return _encode_chunk(chunk, encoder=encoder, cache=cache, config=config, hooks=hooks)
+
+
+def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config: BuildConfig,
+                  hooks: Hooks) -> ChunkCounts:
     done = cache.counts(chunk.index)
     if done is not None:
         return done
-    base_dir = os.path.dirname(os.path.abspath(chunk.path))
+    base_dir = parent_of(chunk.path)  # a URL's prefix for an input on a store: media resolve there, not locally
     parsed: list[Any] = list(_chunk_records(chunk, config, base_dir))  # Example or RecordError, in line order
     # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     results = iter(encoder.encode_batch([p for p in parsed if not isinstance(p, RecordError)]))
@@ -416,25 +437,33 @@ def write_shard_range(
     pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
     entries = []
     for j, p0 in enumerate(range(0, len(shards.pack_sizes), config.rows_per_shard)):
-        s = shards.first + j
-        p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
-        path = out / shard_name(s)
-        marker = markers / f"{s:05d}.json"
-        if marker.exists() and path.exists():
-            entry = json.loads(marker.read_text())
-            if sha256_file(path) == entry["sha256"]:
-                entries.append(entry)
-                continue
-        rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
-        dup = shards.copies[pack_bounds[p0] : pack_bounds[p1]]
-        if dup.any():  # up-sampled copies get unique ids: path:line#k
-            ids = rows.column("example_id").to_pylist()
-            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
-            rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
-        packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
-        hooks.at("shard-write", s, table=packed, path=path)
-        entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
-        hooks.at("shard", s)
-        write_json_atomic(marker, entry)
-        entries.append(entry)
+        with stage(f"write (shard {shards.first + j})"):
+            entries.append(_write_shard(shards, j, p0, pack_bounds, out=out, markers=markers, cache=cache,
+                                        config=config, hooks=hooks))
     return entries
+
+
+def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *, out: Any, markers: Any,
+                 cache: EncodeCache, config: BuildConfig, hooks: Hooks) -> dict[str, Any]:
+    """Shard ``shards.first + j`` (its packs start at ``p0`` of the range): kept if its marker matches its
+    file, else gathered and written, then its marker."""
+    s = shards.first + j
+    p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
+    path = out / shard_name(s)
+    marker = markers / f"{s:05d}.json"
+    if marker.exists() and path.exists():
+        entry = json.loads(marker.read_text())
+        if sha256_file(path) == entry["sha256"]:
+            return entry
+    rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
+    dup = shards.copies[pack_bounds[p0] : pack_bounds[p1]]
+    if dup.any():  # up-sampled copies get unique ids: path:line#k
+        ids = rows.column("example_id").to_pylist()
+        ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
+        rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
+    packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
+    hooks.at("shard-write", s, table=packed, path=path)
+    entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
+    hooks.at("shard", s)
+    write_json_atomic(marker, entry)
+    return entry

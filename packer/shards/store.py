@@ -26,10 +26,9 @@ and a rerun deletes the stray temps as it does on a local disk.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -37,14 +36,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from packer.errors import ConfigError
-
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_url(location: str | os.PathLike) -> bool:
-    """True for ``s3://...`` and other ``protocol://`` locations (``file://`` included)."""
-    return bool(_URL.match(str(location)))
+from packer.core.location import _filesystem, is_url, naming  # noqa: F401 (is_url: where callers found it)
 
 
 def store_path(location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Path | ObjectPath:
@@ -54,33 +46,6 @@ def store_path(location: str | os.PathLike, storage_options: Mapping[str, Any] |
     if is_url(location):
         return ObjectPath(str(location), storage_options)
     return Path(location)
-
-
-_FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, options) -> filesystem, one client each
-
-
-def _filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
-    """The fsspec filesystem of ``protocol`` with these options, made once per process (making an s3fs
-    client costs more than a request)."""
-    key = (os.getpid(), protocol, json.dumps(storage_options, sort_keys=True, default=str))
-    if key not in _FILESYSTEMS:
-        _FILESYSTEMS[key] = _new_filesystem(protocol, storage_options)
-    return _FILESYSTEMS[key]
-
-
-def _new_filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
-    try:
-        import fsspec
-
-        options = dict(storage_options)
-        if protocol in ("s3", "s3a"):  # not cached: other processes (pool workers, Ray tasks) add files meanwhile
-            options.setdefault("use_listings_cache", False)
-        return fsspec.filesystem(protocol, **options)
-    except ImportError as e:
-        extra = " (pip install 'packer[s3]')" if protocol in ("s3", "s3a") else ""
-        raise ConfigError(f"{protocol}:// paths need fsspec's {protocol} filesystem{extra}: {e}") from None
-    except ValueError as e:  # fsspec: "Protocol not known"
-        raise ConfigError(f"cannot use {protocol}:// paths: {e}") from None
 
 
 class ObjectPath:
@@ -161,7 +126,8 @@ class ObjectPath:
         """Nothing to do: an object store has no directories."""
 
     def read_bytes(self) -> bytes:
-        return self.fs.cat_file(self.key)
+        with naming(f"reading {self.url}"):
+            return self.fs.cat_file(self.key)
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
@@ -169,7 +135,8 @@ class ObjectPath:
     def write_bytes(self, data: bytes) -> None:
         """Put ``data`` under this name in one request (not atomic across a crash of a multi-part upload; the
         build writes through ``write_atomic``)."""
-        self.fs.pipe_file(self.key, data)
+        with naming(f"writing {self.url}"):
+            self.fs.pipe_file(self.key, data)
 
     def open(self, mode: str = "rb", **kw: Any) -> IO[Any]:
         return self.fs.open(self.key, mode, **kw)
@@ -193,9 +160,11 @@ def write_atomic(path: Path | ObjectPath, data: bytes, *, fsync: bool = False) -
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             tmp.write_bytes(data)
-            path.fs.copy(tmp.key, path.key)
+            with naming(f"publishing {path.url} (a copy of its temp object)"):
+                path.fs.copy(tmp.key, path.key)
         finally:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(Exception):  # a temp left behind is deleted by the next run (output.py)
+                tmp.unlink(missing_ok=True)
         return
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
@@ -239,7 +208,8 @@ def local_file(path: Path | ObjectPath) -> Path:
         copy.parent.mkdir(parents=True, exist_ok=True)
         tmp = copy.with_name(f"{copy.name}.tmp-{os.getpid()}")
         try:
-            path.fs.get_file(path.key, str(tmp))
+            with naming(f"downloading {path.url} to {tmp}"):
+                path.fs.get_file(path.key, str(tmp))
             os.replace(tmp, copy)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -250,3 +220,4 @@ def local_file(path: Path | ObjectPath) -> Path:
 def mirror_dir(prefix: ObjectPath) -> Path:
     """This machine's directory of downloaded copies of the objects under ``prefix`` (``local_file``)."""
     return Path(tempfile.gettempdir()) / "packer-store" / hashlib.sha256(prefix.url.encode()).hexdigest()[:16]
+

@@ -173,6 +173,6 @@ def test_s3_without_s3fs_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as if the `s3` extra were not installed
     # fsspec's table of loaded filesystem classes (the package's `registry` attribute is a read-only view of it)
     monkeypatch.delitem(importlib.import_module("fsspec.registry")._registry, "s3", raising=False)
-    monkeypatch.setattr("packer.shards.store._FILESYSTEMS", {})
+    monkeypatch.setattr("packer.core.location._FILESYSTEMS", {})
     with pytest.raises(ConfigError, match=r"s3:// paths need .*pip install 'packer\[s3\]'"):
         open_shards("s3://packer/anything")
