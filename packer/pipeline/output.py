@@ -71,8 +71,8 @@ def encode_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_
                          "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
     h.update(tokenizer_fp.encode())
     for f in files:
-        st = os.stat(f)
-        h.update(f"{os.path.abspath(f)}:{st.st_size}:{st.st_mtime_ns}".encode())
+        size, version = file_version(f)  # an object's ETag where a file's mtime
+        h.update(f"{absolute(f)}:{size}:{version}".encode())
     return h.hexdigest()
 
 
