@@ -33,19 +33,32 @@ WORDS = ("the a cat dog runs over under blue red house tree sky water fast slow 
 
 
 def make_records(path: Path, n: int, seed: int = 0) -> None:
-    """n records of 2-40 words each, written in blocks of 100k."""
+    """n records ``{"text": "w w ..."}`` of 2-40 words each, assembled as bytes with numpy (20M in ~1 min)."""
     if path.exists():
         return
     rng = np.random.default_rng(seed)
+    pieces = [w.encode() for w in WORDS] + [b" ", b'{"text": "', b'"}\n']  # words, space, prefix, suffix
+    table = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    size = np.array([len(p) for p in pieces])
+    first = np.concatenate([[0], np.cumsum(size)[:-1]])
+    space, prefix, suffix = len(WORDS), len(WORDS) + 1, len(WORDS) + 2
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        for a in range(0, n, 100_000):
-            b = min(n, a + 100_000)
-            counts = rng.integers(2, 41, size=b - a)
+    with open(tmp, "wb") as f:
+        for a in range(0, n, 1_000_000):
+            counts = rng.integers(2, 41, size=min(n, a + 1_000_000) - a)
             words = rng.integers(0, len(WORDS), size=int(counts.sum()))
-            cuts = np.cumsum(counts)[:-1]
-            f.writelines('{"text": "' + " ".join(WORDS[w] for w in ws) + '"}\n'
-                         for ws in np.split(words, cuts))
+            # piece ids per record: prefix, w, space, w, ..., w, suffix (2 * count + 1 pieces)
+            per = 2 * counts + 1
+            ends = np.cumsum(per)
+            ids = np.full(int(ends[-1]), space, dtype=np.int64)
+            ids[ends - per] = prefix
+            ids[ends - 1] = suffix
+            record = np.repeat(np.arange(len(counts)), counts)
+            k = np.arange(len(words)) - np.repeat(np.cumsum(counts) - counts, counts)  # word number in its record
+            ids[(ends - per)[record] + 1 + 2 * k] = words
+            lens = size[ids]
+            offs = np.cumsum(lens) - lens
+            f.write(table[np.repeat(first[ids], lens) + np.arange(int(lens.sum())) - np.repeat(offs, lens)].tobytes())
     tmp.rename(path)
 
 

@@ -330,7 +330,7 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0)))) if copies.any() else None
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
-    used = [j for j, limit in enumerate(limits) if limit is not None or (j == VISION and config.balance_vision)]
+    used = _used(config)
     simple = (not used and config.algorithm == "bfd" and not config.refine and config.max_examples_per_pack is None
               and copies is None)
     if simple:  # what plan() would do, without its (n,) int64 pack ids
@@ -339,14 +339,15 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         packs = plan_bulk(lengths, config.max_length, seed=config.seed)
         return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
                     columns=columns)
-    costs = np.zeros((len(lengths), len(BUDGETS)), dtype=np.int64)  # (n, k) the per-example planner's input
-    for j, b in enumerate(BUDGETS):
-        if columns.count(b.column) is not None:
-            costs[:, j] = columns.count(b.column) if index is None else columns.count(b.column)[index]
+    costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
+    for c, j in enumerate(used):
+        values = columns.count(BUDGETS[j].column)
+        if values is not None:
+            costs[:, c] = values if index is None else values[index]
     pack_ids = _plan(config, lengths.astype(np.int64), costs)
-    if copies is not None:
-        pack_ids = separate_copies(index, pack_ids, lengths.astype(np.int64), costs=costs, limits=limits,
-                                   capacity=config.max_length, seed=config.seed)
+    if copies is not None:  # the same swaps: separate_copies checks only the bounded budgets, all among ``used``
+        pack_ids = separate_copies(index, pack_ids, lengths.astype(np.int64), costs=costs,
+                                   limits=[limits[j] for j in used], capacity=config.max_length, seed=config.seed)
     del costs
     order = np.argsort(pack_ids, kind="stable").astype(np.int32 if len(pack_ids) < 2**31 else np.int64)
     sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
@@ -354,15 +355,22 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     return Plan(index=index, copies=copies, order=order, bounds=bounds, lengths=lengths, columns=columns)
 
 
+def _used(config: BuildConfig) -> list[int]:
+    """The budgets (``BUDGETS`` indices) the planner sees: those ``config`` sets, and the vision tokens where it
+    balances them."""
+    return [j for j, limit in enumerate(limits_of(config))
+            if limit is not None or (j == VISION and config.balance_vision)]
+
+
 def _plan(config: BuildConfig, lengths: np.ndarray, costs: np.ndarray) -> np.ndarray:
-    """``packing.plan`` with ``config``'s options: (n,) pack id per example. Only the budgets ``config`` sets
-    go to the planner (and the vision tokens where it balances them)."""
+    """``packing.plan`` with ``config``'s options: (n,) pack id per example. ``costs``: (n, len(_used(config)))
+    only the budgets the planner sees, not all of them (8 bytes per example each)."""
     from packer.packing import plan
 
     limits = limits_of(config)
-    used = [j for j, limit in enumerate(limits) if limit is not None or (j == VISION and config.balance_vision)]
+    used = _used(config)
     return plan(
-        lengths, config.max_length, costs=costs[:, used], limits=[limits[j] for j in used],
+        lengths, config.max_length, costs=costs, limits=[limits[j] for j in used],
         names=[FLAGS[j] for j in used], algorithm=config.algorithm,
         balance=used.index(VISION) if config.balance_vision else None,
         max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed,
@@ -380,7 +388,7 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        _plan(config, one, np.zeros((1, len(BUDGETS)), dtype=np.int64))
+        _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 
