@@ -9,6 +9,7 @@ straight-line fit) and the time per record.
 
     nice -n 10 python scripts/bench_build_memory.py --sizes 1e6 5e6 2e7
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
+    python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
 
 The records are kept in ``--dir`` (default a temp dir) between runs of the same size.
 """
@@ -106,6 +107,44 @@ def _child(path: str, out: str, num_proc: int) -> None:
     print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls}))
 
 
+def _driver_only(n: int, refine: bool) -> None:
+    """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
+    compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
+    cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
+    from packer.config import BuildConfig
+    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
+    from packer.pipeline.stages import CHUNK_LINES, plan_packs, shard_ranges, warm_planner
+    from packer.report.stats import compute_stats
+
+    def status(key: str) -> int:
+        return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
+
+    config = BuildConfig.from_inputs(["tiny.jsonl"], "out", profile="text", refine=refine)
+    warm_planner(config)
+    compute_stats(lengths=np.ones(4, np.uint16), vision=None, packs=(np.arange(4, dtype=np.int32),
+                  np.array([0, 4], np.int32)), capacity=8, loss_tokens=np.ones(4, np.uint16))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    base = status("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    rng = np.random.default_rng(0)
+    built = ColumnsBuilder(n)
+    for a in range(0, n, CHUNK_LINES):
+        tokens = rng.integers(3, 43, size=min(n, a + CHUNK_LINES) - a).astype(np.uint16)
+        built.add(ChunkColumns(tokens=tokens, loss_tokens=tokens - 2, counts={}, loss_weight=None, linear=None,
+                               over=np.zeros(0, np.int64), rejects=[]))
+    columns = built.finish([config.sources[0].name] * len(built.rows))
+    plan = plan_packs(columns, config)
+    ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
+    names = [s.name for s in config.sources]
+    stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
+                          capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
+                          sources=plan.planned(columns.source_codes(names)), source_names=names, input_records=n)
+    print(json.dumps({"refine": refine, "examples": n, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
+                      "peak_above_base_mib": (status("VmHWM") - base) / 2**20,
+                      "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
+
+
 def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float]) -> None:
     import psutil
 
@@ -151,6 +190,14 @@ def run_build(path: Path, out: Path, num_proc: int) -> dict:
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    if sys.argv[1:2] == ["--driver-only"]:
+        for refine in ("1", "0"):
+            for size in sys.argv[2:]:  # each in a fresh process
+                subprocess.run([sys.executable, __file__, "--driver-only-child", size, refine], check=True)
+        return
+    if sys.argv[1:2] == ["--driver-only-child"]:
+        _driver_only(int(float(sys.argv[2])), sys.argv[3] == "1")
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6])

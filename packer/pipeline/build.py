@@ -40,7 +40,7 @@ from packer.errors import ConfigError, RejectRateError
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
-from packer.pipeline.columns import ChunkColumns, Columns, read_chunk
+from packer.pipeline.columns import ColumnsBuilder, read_chunk
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
@@ -134,9 +134,9 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
-    totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
+    totals, built = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
                             progress=progress)
-    columns = Columns.gather(parts, [c.source for c in chunks])
+    columns = built.finish([c.source for c in chunks])
     budget_rejected = columns.rejects
     rejected = totals.rejected + len(budget_rejected)
     if not totals.records:
@@ -174,7 +174,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     stats = compute_stats(
         lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds), capacity=config.max_length,
         loss_tokens=plan.planned(columns.loss_tokens), loss_weight=plan.planned(columns.loss_weight),
-        sources=plan.planned(columns.source_codes(names)), source_names=names, input_records=totals.records,
+        sources=plan.planned(columns.source_codes(names)) if len(set(columns.sources)) > 1 else None,
+        source_names=names if len(set(columns.sources)) > 1 else columns.sources[:1], input_records=totals.records,
         rejects=rejects, image_units=_image_units(cache, plan, encoder.profile),
         video=plan.planned(columns.count("num_video_tokens")), videos=_budgeted_counts(plan, config, "video"),
         **_audio_stats(cache, plan),
@@ -275,12 +276,12 @@ def manifest_dict(
 def _encode(
     executor: Executor, chunks: list[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
     progress: bool,
-) -> tuple[ChunkCounts, list[ChunkColumns]]:
+) -> tuple[ChunkCounts, ColumnsBuilder]:
     """Run the encode tasks; return the totals over all chunks and each chunk's compact columns
     (``columns.read_chunk``), read as it lands: this process is idle while the workers encode, so the plan
     does not wait on a pass over every chunk file."""
     records = encoded = rejected = 0
-    parts = []
+    parts = ColumnsBuilder(sum(c.num_lines for c in chunks))  # rows <= lines but for split texts
     # counted in input lines (what users know their files by), advanced a chunk at a time
     with progress_bar(total=sum(c.num_lines for c in chunks), enabled=progress, desc="encode", unit="line",
                       unit_scale=True) as bar, \
@@ -288,7 +289,7 @@ def _encode(
         for done, counts in enumerate(results, start=1):
             records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
             chunk = chunks[done - 1]
-            parts.append(read_chunk(cache, chunk.index, config, chunk.source))
+            parts.add(read_chunk(cache, chunk.index, config, chunk.source))
             bar.update(chunks[done - 1].num_lines)
             bar.set_postfix(examples=encoded, rejects=rejected, refresh=False)
             hooks.at("encode", done)

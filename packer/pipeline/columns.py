@@ -112,34 +112,12 @@ class Columns:
 
     @classmethod
     def gather(cls, parts: list[ChunkColumns], sources: list[str]) -> Columns:
-        """Concatenate ``parts`` (emptied as it goes: each chunk's arrays are freed once copied)."""
-        rows = np.array([len(p.tokens) for p in parts], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(rows)])
-
-        def cat(get: Any, dtype: Any, fill: Any = 0) -> np.ndarray:
-            out = np.empty(int(starts[-1]), dtype=dtype)
-            for k, p in enumerate(parts):
-                v = get(p)
-                out[starts[k]:starts[k + 1]] = fill if v is None else v
-            return out
-
-        names = [c for c in COUNT_COLUMNS if any(c in p.counts for p in parts)]
-        dtype = parts[0].tokens.dtype if parts else np.uint16
-        wide = np.uint32 if any(p.tokens.dtype == np.uint32 for p in parts) else dtype
-        counts = {c: cat(lambda p, c=c: p.counts.get(c),
-                         np.result_type(*[p.counts[c].dtype for p in parts if c in p.counts])) for c in names}
-        weighted = any(p.loss_weight is not None for p in parts)
-        loss_weight = cat(lambda p: p.loss_tokens if p.loss_weight is None else p.loss_weight, np.float64) \
-            if weighted else None
-        linear = cat(lambda p: p.linear, bool, True) if any(p.linear is not None for p in parts) else None
-        over = np.concatenate([p.over + starts[k] for k, p in enumerate(parts)]) if parts else np.zeros(0, np.int64)
-        tokens = cat(lambda p: p.tokens, wide)
-        loss_tokens = cat(lambda p: p.loss_tokens, wide)
-        rejects = [r for p in parts for r in p.rejects]
+        """Concatenate ``parts`` (emptied as it goes)."""
+        builder = ColumnsBuilder(sum(len(p.tokens) for p in parts))
+        for p in parts:
+            builder.add(p)
         parts.clear()
-        return cls(rows=rows, sources=sources, tokens=tokens, loss_tokens=loss_tokens, counts=counts,
-                   loss_weight=loss_weight, linear=linear, over=over.astype(np.int64),
-                   rejects=sorted(rejects, key=lambda r: (r["path"], r["line"])))
+        return builder.finish(sources)
 
     def count(self, name: str) -> np.ndarray | None:
         """(n,) the count column ``name`` (``num_images``...), None where every row holds 0."""
@@ -149,3 +127,77 @@ class Columns:
         """(n,) each row's source as its index in ``names`` (uint8 while there are < 256 sources)."""
         codes = np.array([names.index(s) for s in self.sources], dtype=np.uint8 if len(names) < 256 else np.int32)
         return np.repeat(codes, self.rows)
+
+
+class ColumnsBuilder:
+    """``Columns`` filled chunk by chunk as they land: each chunk's arrays are copied into arrays of
+    ``rows_hint`` rows allocated once (pages untouched until written, so a hint above the rows costs no
+    memory), and freed; no per-chunk object outlives its ``add``. Grows (a copy) past the hint: a split
+    text's chunks are rows beyond its one input line."""
+
+    def __init__(self, rows_hint: int):
+        self.n = 0
+        self.rows: list[int] = []
+        self.tokens: np.ndarray | None = None
+        self.loss_tokens: np.ndarray | None = None
+        self.counts: dict[str, np.ndarray] = {}
+        self.loss_weight: np.ndarray | None = None
+        self.linear: np.ndarray | None = None
+        self.over: list[np.ndarray] = []
+        self.rejects: list[dict[str, Any]] = []
+        self._size = max(1, rows_hint)
+
+    def _fit(self, a: np.ndarray | None, dtype: Any, fill: Any = None) -> np.ndarray:
+        """``a`` with room for ``self._size`` rows of at least ``dtype`` (rows already in it kept)."""
+        if a is not None and a.shape[0] >= self._size and np.can_cast(dtype, a.dtype):
+            return a
+        out = np.empty(self._size, dtype=dtype if a is None else np.result_type(a.dtype, dtype))
+        if a is not None:
+            out[: self.n] = a[: self.n]
+        elif fill is not None:
+            out[: self.n] = fill
+        return out
+
+    def add(self, part: ChunkColumns) -> None:
+        k = len(part.tokens)
+        start, end = self.n, self.n + k
+        if end > self._size:
+            self._size = max(end, 2 * self._size)
+        self.tokens = self._fit(self.tokens, part.tokens.dtype)
+        self.loss_tokens = self._fit(self.loss_tokens, part.loss_tokens.dtype)
+        self.tokens[start:end] = part.tokens
+        self.loss_tokens[start:end] = part.loss_tokens
+        for name in set(self.counts) | set(part.counts):
+            values = part.counts.get(name)
+            self.counts[name] = self._fit(self.counts.get(name), part.tokens.dtype if values is None else values.dtype,
+                                          fill=0)
+            self.counts[name][start:end] = 0 if values is None else values
+        if part.loss_weight is not None or self.loss_weight is not None:
+            if self.loss_weight is None:
+                self.loss_weight = self._fit(None, np.float64)
+                self.loss_weight[:start] = self.loss_tokens[:start]
+            self.loss_weight = self._fit(self.loss_weight, np.float64)
+            self.loss_weight[start:end] = part.loss_tokens if part.loss_weight is None else part.loss_weight
+        if part.linear is not None or self.linear is not None:
+            self.linear = self._fit(self.linear, bool, fill=True)
+            self.linear[start:end] = True if part.linear is None else part.linear
+        if len(part.over):
+            self.over.append(part.over + start)
+        self.rejects.extend(part.rejects)
+        self.rows.append(k)
+        self.n = end
+
+    def finish(self, sources: list[str]) -> Columns:
+        """The columns of every chunk added, in order; ``sources``: each chunk's source."""
+        n = self.n
+        dtype = self.tokens.dtype if self.tokens is not None else np.uint16
+        empty = np.zeros(0, dtype=dtype)
+        return Columns(
+            rows=np.array(self.rows, dtype=np.int64), sources=sources,
+            tokens=empty if self.tokens is None else self.tokens[:n],
+            loss_tokens=empty if self.loss_tokens is None else self.loss_tokens[:n],
+            counts={c: self.counts[c][:n] for c in COUNT_COLUMNS if c in self.counts},
+            loss_weight=None if self.loss_weight is None else self.loss_weight[:n],
+            linear=None if self.linear is None else self.linear[:n],
+            over=np.concatenate(self.over) if self.over else np.zeros(0, dtype=np.int64),
+            rejects=sorted(self.rejects, key=lambda r: (r["path"], r["line"])))

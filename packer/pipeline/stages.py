@@ -30,7 +30,7 @@ from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError
 from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
-from packer.pipeline.columns import Columns
+from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
 from packer.shards.assemble import assemble_packs, encoded_table
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
@@ -331,14 +331,18 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
-    simple = (not used and config.algorithm == "bfd" and not config.refine and config.max_examples_per_pack is None
-              and copies is None)
-    if simple:  # what plan() would do, without its (n,) int64 pack ids
+    if not used and config.algorithm == "bfd" and config.max_examples_per_pack is None and copies is None:
+        # Tokens-only best fit: plan() hands it to plan_bulk, without plan()'s (n,) int64 pack ids. With
+        # ``refine`` too where plan_bulk's packs reach the lower bound: then refine keeps plain BFD's plan
+        # (exact completion cannot use fewer packs, refine_packs stops at the bound), the same ids.
         from packer.packing.bulk import plan_bulk
 
         packs = plan_bulk(lengths, config.max_length, seed=config.seed)
-        return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
-                    columns=columns)
+        bound = -(-int(lengths.sum(dtype=np.int64)) // config.max_length)
+        if not config.refine or packs.num_packs <= bound:
+            return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
+                        columns=columns)
+        del packs  # refine may save packs: plan()'s per-example path
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
     for c, j in enumerate(used):
         values = columns.count(BUDGETS[j].column)
@@ -389,6 +393,9 @@ def warm_planner(config: BuildConfig) -> None:
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
         _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
+        from packer.packing.bulk import plan_bulk
+
+        plan_bulk(one.astype(length_dtype(config.max_length)), config.max_length)  # the kernels for the build's dtype
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 

@@ -85,7 +85,8 @@ def compute_stats(
 
     The plan comes as ``pack_ids`` (n,) or as ``packs`` = (order, bounds) (``packing.bulk.PackOrder``: pack p
     holds examples ``order[bounds[p]:bounds[p + 1]]``, 4 bytes per example, what a build passes). ``vision``
-    None: no vision token. ``source_names``: ``sources`` are indices into it (one byte per example), not names.
+    None: no vision token. ``source_names``: ``sources`` are indices into it (one byte per example), not names;
+    with ``sources`` None, one name: every example is that source's.
     """
     rejects = rejects or []
     lengths = np.asarray(lengths)  # any integer dtype: a build passes uint16 (2 bytes per example)
@@ -175,20 +176,23 @@ def compute_stats(
                                            "max": float(seconds_pp.max()), "std": float(seconds_pp.std())}
         stats["audio_clips_per_pack"] = _summary(audio_pp["clips"].astype(np.int64))
         stats["hist_audio_per_pack"] = _hist(tokens_pp, 0.0, float(tokens_pp.max(initial=1)))
-    if source_names is not None and sources is not None:
+    if source_names is not None and sources is None:  # every example is source_names[0]'s (no array)
+        codes: dict[str, Any] = {source_names[0]: None} if len(source_names) == 1 and len(lengths) else {}
+    elif source_names is not None:
         codes = {source_names[c]: c for c in np.unique(sources).tolist()}
     else:
         codes = {} if sources is None else {name: name for name in set(sources.tolist())}
-    if sources is not None and len(sources) and any(codes):
+    if len(lengths) and any(codes):
         per_source: dict[str, dict[str, Any]] = {}
         for name in sorted(codes):
-            sel = sources == codes[name]
+            everyone = codes[name] is None or len(codes) == 1
+            sel = slice(None) if everyone else sources == codes[name]  # a view, not a mask, for one source
             # The mixture inside packs: this source's share of each pack's examples, over packs.
-            with_sel = per_pack(sel)
+            with_sel = pack_examples.astype(np.float64) if everyone else per_pack(sel)
             in_pack = with_sel / np.maximum(pack_examples, 1)
             packs_with = int(np.count_nonzero(with_sel))
             per_source[name] = {
-                "examples": int(sel.sum()),
+                "examples": len(lengths) if everyone else int(sel.sum()),
                 "tokens": int(lengths[sel].sum()),
                 "loss_tokens": int(np.asarray(loss_tokens)[sel].sum()),
                 "token_share": float(lengths[sel].sum() / max(tokens, 1)),
@@ -197,7 +201,7 @@ def compute_stats(
                 "packs": packs_with,
                 "pack_share": packs_with / num_packs if num_packs else 0.0,
                 "rejected": sum(1 for r in rejects if r.get("source") == name),
-                "share": float(sel.mean()),
+                "share": 1.0 if everyone else float(sel.mean()),
                 "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
                 "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
             }

@@ -33,3 +33,15 @@ def test_pack_order_and_narrow_arrays_give_the_same_stats():
                                input_records=n)
         assert json.dumps(narrow, sort_keys=True) == json.dumps(wide, sort_keys=True)
     assert set(narrow["sources"]) == set(names) and narrow["packs"] == packs.num_packs
+
+
+def test_one_source_needs_no_array():
+    lengths = np.random.default_rng(4).integers(1, 100, size=999).astype(np.uint16)
+    packs = plan_bulk(lengths, 256)
+    wide = compute_stats(lengths=lengths.astype(np.int64), pack_ids=packs.pack_ids(), capacity=256,
+                         vision=np.zeros(999, np.int64), loss_tokens=lengths.astype(np.int64),
+                         sources=np.array(["chat"] * 999, dtype=object))
+    narrow = compute_stats(lengths=lengths, packs=(packs.order, packs.bounds), capacity=256, vision=None,
+                           loss_tokens=lengths, sources=None, source_names=["chat"])
+    assert json.dumps(narrow, sort_keys=True) == json.dumps(wide, sort_keys=True)
+    assert narrow["sources"]["chat"]["share"] == 1.0
