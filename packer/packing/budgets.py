@@ -1,6 +1,6 @@
 """Per-pack budgets as a cost matrix: the columns ``core.media.BUDGETS`` declares, their limits from a config,
 and the words both packers reject an example with (``overlong`` rejects of ``packer build``'s
-``budget_rejects`` and of on-the-fly packing's ``over_budget``).
+``pipeline.columns.read_chunk`` and of on-the-fly packing's ``over_budget``).
 
     costs   (n, k) int64: example i costs costs[i, j] of budget j (vision tokens, images, videos, ...)
     limits  (k,)  int or None: at most limits[j] per pack; None = unbounded

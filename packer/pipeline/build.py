@@ -7,7 +7,8 @@ Stages (``stages.py``) and what each leaves in ``OUT/.packer`` (the work area):
            ``inputs/NNNNN-JJJJJJ.jsonl``, which a resumed build reuses.
 2. encode  each chunk -> ``encode/chunk-NNNNNN.arrow`` (EXAMPLE_SCHEMA) + ``.rejects.jsonl``, as executor
            tasks, each written atomically; a rerun skips chunks already encoded. Token data stays on disk.
-3. plan    lengths only (memory-mapped columns) -> ``packing.plan`` -> pack id per example.
+3. plan    each chunk's lengths read as it lands into compact arrays (``columns.py``, ~4 bytes per example)
+           -> ``packing.bulk.plan_bulk`` (or ``packing.plan`` for budgets) -> ``order`` / ``bounds``.
 4. write   shard ranges as executor tasks: rows gathered chunk file by chunk file, each shard written
            atomically; a rerun skips shards whose marker (sha256) matches.
 5. finish  rejects.jsonl, stats.json, README.md (a dataset card: ``datasets.load_dataset(OUT)`` works),
@@ -20,7 +21,6 @@ build writes the same bytes as an uninterrupted one, whatever executor ran its t
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import shutil
@@ -31,18 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer import __version__
 from packer.config import BuildConfig, chat_template_source, make_encoder
-from packer.core.media import MEDIA, medium
+from packer.core.media import medium
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RejectRateError, ShardError
 from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
+from packer.pipeline.columns import ColumnsBuilder, read_chunk
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
@@ -61,7 +61,6 @@ from packer.pipeline.stages import (
     Chunk,
     Plan,
     ShardRange,
-    budget_rejects,
     plan_packs,
     progress_bar,
     scan_chunks,
@@ -183,21 +182,24 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
     if complete:
-        totals, parts = _cached(cache, ChunkCounts(*mark["totals"]), progress=progress)
+        sources = mark.get("sources") or _chunk_sources(cache, config)
+        totals, built = _cached(cache, ChunkCounts(*mark["totals"]), sources, config=config, progress=progress)
     else:
-        totals, parts = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
+        totals, built = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
                                 progress=progress)
+        sources = [c.source for c in chunks]
         write_encode_mark(work, {**mark, "chunks": len(chunks), "inputs": inputs, "files": fingerprinted,
-                                 "chunked": files, "totals": [totals.records, totals.encoded, totals.rejected]})
+                                 "chunked": files, "totals": [totals.records, totals.encoded, totals.rejected],
+                                 "sources": sources})
         # ^ a rebuild with other packing options needs no scan, no encoder and no count
-    table = cache.open(parts=parts)
-    over_budget, budget_rejected = budget_rejects(table, config)
+    columns = built.finish(sources)
+    budget_rejected = columns.rejects
     rejected = totals.rejected + len(budget_rejected)
     if not totals.records:
         named = sorted({p for s in config.sources for p in expand_inputs(s.paths)})
         raise ConfigError(f"the inputs ({', '.join(named)}) hold no record: nothing to pack")
     if totals.records and (rejected / totals.records > config.max_reject_fraction
-                           or table.num_rows == int(over_budget.sum())):
+                           or columns.num_rows == len(columns.over)):
         notes = reject_notes(_encode_rejects(cache, config) + budget_rejected, files)
         if len(notes) < 2 and rejected < totals.records:
             notes = []  # a count without a hint about the file adds nothing to the rejects' own file
@@ -210,14 +212,12 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
             + f"see {cache.root}/*.rejects.jsonl for the reasons, fix the input or the config"
         )
     warm.join()
-    plan = plan_packs(table, config, exclude=over_budget)
-    buf = io.BytesIO()
-    np.save(buf, np.stack([plan.index, plan.copies, plan.pack_ids]))
-    write_atomic(work / "plan.npy", buf.getvalue())
+    plan = plan_packs(columns, config)
+    _save_plan(work, plan)
     hooks.at("plan")
 
     shard_entries = _write(executor, shard_ranges(plan, rows_per_shard=config.rows_per_shard),
-                           cache=cache.indexed([t.num_rows for t in parts]), config=config, hooks=hooks,
+                           cache=cache.indexed(columns.rows.tolist()), config=config, hooks=hooks,
                            progress=progress)
     remove_stale_shards(out, {e["file"] for e in shard_entries})
     if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
@@ -226,21 +226,21 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     rejects = sorted(_encode_rejects(cache, config) + budget_rejected, key=lambda r: (r["path"], r["line"]))
     write_rejects(out / REJECTS, rejects)
     hooks.at("rejects")
+    names = [s.name for s in config.sources]
     stats = compute_stats(
-        lengths=plan.lengths, vision=plan.vision, pack_ids=plan.pack_ids, capacity=config.max_length,
-        loss_tokens=table.column("num_loss_tokens").to_numpy().astype(np.int64)[plan.index],
-        loss_weight=table.column("loss_weight").to_numpy()[plan.index],
-        sources=plan.sources, input_records=totals.records, rejects=rejects,
-        image_units=_image_units(cache, plan.index, profile),
-        video=table.column("num_video_tokens").to_numpy().astype(np.int64)[plan.index],
-        videos=_budgeted_counts(plan, config, "video"),
-        **_audio_stats(cache, table, plan.index),
+        lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds), capacity=config.max_length,
+        loss_tokens=plan.planned(columns.loss_tokens), loss_weight=plan.planned(columns.loss_weight),
+        sources=plan.planned(columns.source_codes(names)) if len(set(columns.sources)) > 1 else None,
+        source_names=names if len(set(columns.sources)) > 1 else columns.sources[:1], input_records=totals.records,
+        rejects=rejects, image_units=_image_units(cache, plan, profile),
+        video=plan.planned(columns.count("num_video_tokens")), videos=_budgeted_counts(plan, config, "video"),
+        **_audio_stats(cache, plan),
     )
     write_json_atomic(out / STATS, stats)
     write_card(out, title=out.resolve().name, packer_version=__version__, profile=config.profile,
                tokenizer=config.tokenizer_name(), max_length=config.max_length,
                stats_table=format_stats(stats), num_rows=int(len(plan.pack_sizes)), shards=shard_entries,
-               trl_exact=_all_rows_linear_text(cache, table, plan.index, profile))
+               trl_exact=_all_rows_linear_text(plan, profile))
     hooks.at("manifest")
     manifest = manifest_dict(
         config=config, fingerprint=fingerprint, tokenizer=tokenizer, profile=profile, tokenizer_fp=tokenizer_fp,
@@ -273,20 +273,14 @@ def reject_notes(rejects: list[dict[str, Any]], files: list[str]) -> list[str]:
     return notes
 
 
-def _all_rows_linear_text(cache: EncodeCache, table: pa.Table, index: np.ndarray, profile: Any) -> bool:
+def _all_rows_linear_text(plan: Plan, profile: Any) -> bool:
     """Does every packed row get ``seq_lengths`` (shards.assemble._seq_lengths): no mRoPE, and every planned example
-    one node with no medium (image, video, audio) or loss weight? Then the card's view is the one TRL's padding-free path trains exactly. The
-    cache's node offsets are read only when the cheap columns leave the question open."""
+    one node with no medium (image, video, audio) or loss weight? Then the card's view is the one TRL's padding-free
+    path trains exactly. Read from the compact columns' per-row flag (``columns.read_chunk``)."""
     if profile.positions.mrope:
         return False
-    if any((table.column(m.count_column).to_numpy()[index] != 0).any() for m in MEDIA):
-        return False  # a medium's tokens: assemble leaves such rows' seq_lengths null (audio too)
-    if (table.column("loss_weight").to_numpy()[index] != table.column("num_loss_tokens").to_numpy()[index]).any():
-        return False  # loss weights, which TRL's own loss ignores
-    if not cache.open(("loss_weights",)).column("loss_weights").is_null().to_numpy(zero_copy_only=False)[index].all():
-        return False  # weights that happen to sum to the loss tokens
-    nodes = pc.list_value_length(cache.open(("node_offsets",)).column("node_offsets")).to_numpy()
-    return bool((nodes[index] == 1).all())
+    linear = plan.planned(plan.columns.linear)
+    return bool(linear is None or linear.all())
 
 
 def make_executor(config: BuildConfig) -> Executor:
@@ -325,11 +319,11 @@ def manifest_dict(
             input_records=input_records,
             rejected=rejected,
             rejects_by_reason=stats["rejects_by_reason"],
-            examples=int(len(plan.index)),
+            examples=plan.num_examples,
             packs=int(len(plan.pack_sizes)),
             tokens=int(plan.lengths.sum()),
             loss_tokens=stats["loss_tokens"],
-            vision_tokens=int(plan.vision.sum()),
+            vision_tokens=0 if plan.vision is None else int(plan.vision.sum()),
         ),
         shards=tuple(ShardEntry(**entry) for entry in shards),
     ).to_dict()
@@ -338,34 +332,48 @@ def manifest_dict(
 def _encode(
     executor: Executor, chunks: list[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
     progress: bool,
-) -> tuple[ChunkCounts, list[pa.Table]]:
-    """Run the encode tasks; return the totals over all chunks and each chunk's plan columns
-    (``EncodeCache.read``), read as it lands: this process is idle while the workers encode, so the plan
+) -> tuple[ChunkCounts, ColumnsBuilder]:
+    """Run the encode tasks; return the totals over all chunks and each chunk's compact columns
+    (``columns.read_chunk``), read as it lands: this process is idle while the workers encode, so the plan
     does not wait on a pass over every chunk file."""
     records = encoded = rejected = 0
-    parts = []
+    parts = ColumnsBuilder(sum(c.num_lines for c in chunks))  # rows <= lines but for split texts
     # counted in input lines (what users know their files by), advanced a chunk at a time
     with progress_bar(total=sum(c.num_lines for c in chunks), enabled=progress, desc="encode", unit="line",
                       unit_scale=True) as bar, \
             closing(executor.encode(chunks, encoder=encoder, cache=cache, config=config, hooks=hooks)) as results:
         for done, counts in enumerate(results, start=1):
             records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
-            parts.append(cache.read(chunks[done - 1].index))
+            chunk = chunks[done - 1]
+            parts.add(read_chunk(cache, chunk.index, config, chunk.source))
             bar.update(chunks[done - 1].num_lines)
             bar.set_postfix(examples=encoded, rejects=rejected, refresh=False)
             hooks.at("encode", done)
     return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
 
 
-def _cached(cache: EncodeCache, totals: ChunkCounts, *, progress: bool) -> tuple[ChunkCounts, list[pa.Table]]:
+def _cached(cache: EncodeCache, totals: ChunkCounts, sources: list[str], *, config: BuildConfig,
+            progress: bool) -> tuple[ChunkCounts, ColumnsBuilder]:
     """``_encode``'s result for a cache whose every chunk is committed (a repack, a rebuild with other packing
-    options): ``totals`` as the encode mark holds them, the plan columns read here; no task runs."""
-    parts = [cache.read(i) for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached",
-                                                 unit="chunk")]
-    if sum(t.num_rows for t in parts) != totals.encoded:
-        raise ShardError(f"{cache.root} holds {sum(t.num_rows for t in parts)} examples, its mark "
+    options): ``totals`` as the encode mark holds them, each chunk's compact columns read here as ``_encode``
+    reads them (``columns.read_chunk``; ``sources``: each chunk's); no task runs."""
+    parts = ColumnsBuilder(totals.encoded)
+    for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached", unit="chunk"):
+        parts.add(read_chunk(cache, i, config, sources[i]))
+    if parts.n != totals.encoded:
+        raise ShardError(f"{cache.root} holds {parts.n} examples, its mark "
                          f"{totals.encoded}: the encode cache is corrupt; delete {cache.root} and rerun")
     return totals, parts
+
+
+def _chunk_sources(cache: EncodeCache, config: BuildConfig) -> list[str]:
+    """Each cached chunk's source, for an encode mark written before it kept them: read from the chunk's first
+    row (every file belongs to one source); an empty chunk is counted as the first source's."""
+    sources = []
+    for i in range(cache.num_chunks):
+        names = cache.read(i, ("source_name",)).column("source_name")
+        sources.append(names[0].as_py() if len(names) else config.sources[0].name)
+    return sources
 
 
 _OVERLONG = re.compile(r"([0-9]+) tokens > --max-length [0-9]+")  # Encoder._finish's message under overlong: drop
@@ -397,18 +405,33 @@ def _write(
     return entries
 
 
+def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:
+    """``plan.npz``: the plan as the writers read it (``order``, ``bounds``, and ``index`` / ``copies`` where
+    sources were sampled), for inspection; nothing reads it back. Written from a buffer, not a copy of it."""
+    import io
+
+    arrays = {"order": plan.order, "bounds": plan.bounds}
+    arrays.update({k: v for k, v in (("index", plan.index), ("copies", plan.copies)) if v is not None})
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(work / "plan.npz", buf.getbuffer())
+
+
 def _budgeted_counts(plan: Plan, config: BuildConfig, name: str) -> np.ndarray | None:
     """(n,) items of medium ``name`` per planned example where ``config`` budgets them (stats then report
     them per pack), else None."""
     j = FLAGS.index(medium(name).count_budget)
-    return plan.costs[:, j] if limits_of(config)[j] is not None else None
+    if limits_of(config)[j] is None:
+        return None
+    counts = plan.cost(j)
+    return np.zeros(plan.num_examples, dtype=np.uint8) if counts is None else counts
 
 
-def _audio_stats(cache: Any, table: pa.Table, index: np.ndarray) -> dict[str, np.ndarray]:
+def _audio_stats(cache: Any, plan: Plan) -> dict[str, np.ndarray]:
     """Audio tokens, seconds and clips per planned example for ``compute_stats`` (the seconds read from the
     encode cache's audio entries: samples / rate); nothing for a build without a clip."""
-    clips = table.column("num_audios").to_numpy().astype(np.int64)
-    if not clips.any():
+    clips = plan.columns.count("num_audios")
+    if clips is None:
         return {}
     audios = cache.open(("audios",)).column("audios").combine_chunks()
     structs = audios.flatten()
@@ -416,16 +439,18 @@ def _audio_stats(cache: Any, table: pa.Table, index: np.ndarray) -> dict[str, np
                / structs.field("sample_rate").to_numpy(zero_copy_only=False))
     counts = pc.list_value_length(audios).to_numpy(zero_copy_only=False).astype(np.int64)
     per_example = np.bincount(np.repeat(np.arange(len(counts)), counts), weights=seconds, minlength=len(counts))
-    return {"audio": table.column("num_audio_tokens").to_numpy().astype(np.int64)[index],
-            "audio_seconds": per_example[index], "audios": clips[index]}
+    tokens = plan.columns.count("num_audio_tokens")
+    return {"audio": plan.planned(tokens if tokens is not None else np.zeros(len(clips), np.int64)),
+            "audio_seconds": plan.planned(per_example), "audios": plan.planned(clips)}
 
 
-def _image_units(cache: Any, index: np.ndarray, profile: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
+def _image_units(cache: Any, plan: Plan, profile: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
     """(unit name, units per planned example, units per planned image) of the profile's ``image_units``, read
     from the encode cache's image grids (an up-sampled example counts once per copy); None if it has none."""
     import pyarrow.compute as pc
 
-    if profile.image is None or profile.image.units(np.zeros((0, 3), dtype=np.int64)) is None:
+    if profile.image is None or profile.image.units(np.zeros((0, 3), dtype=np.int64)) is None \
+            or plan.columns.count("num_images") is None:
         return None  # the family counts no units: the images column is not read
     images = cache.open(("images",)).column("images").combine_chunks()  # list<struct> per cached example
     structs = images.flatten()
@@ -435,6 +460,7 @@ def _image_units(cache: Any, index: np.ndarray, profile: Any) -> tuple[str, np.n
     if units is None:
         return None
     name, per_image = units
+    index = np.arange(len(images)) if plan.index is None else plan.index
     counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)  # (E,) images each
     starts = np.concatenate([[0], np.cumsum(counts)])
     per_example = np.add.reduceat(np.append(per_image, 0), starts[:-1])  # (E,); 0 where an example has none

@@ -3,7 +3,7 @@
     scan_chunks        input files -> chunks of CHUNK_LINES lines (byte ranges) or rows    in the parent
                        (a streamed file, formats/files.py: spilled as JSON-lines chunk files)
     encode_chunk       one chunk -> its rows and rejects in the encode cache             a task (any process)
-    plan_packs         the cache's length columns -> which examples go in which pack      in the parent
+    plan_packs         the compact length columns (columns.py) -> packs (order, bounds)   in the parent
     write_shard_range  consecutive shards of the plan -> Parquet files + markers          a task (any process)
 
 The two task stages are idempotent: a committed chunk is not encoded again and a shard whose marker matches
@@ -25,13 +25,13 @@ import numpy as np
 import pyarrow as pa
 
 from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
-from packer.core.ids import id_location
 from packer.core.location import absolute, parent_of, read_range
 from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError, StorageError
-from packer.packing.budgets import FLAGS, VISION, budget_message, limits_of
+from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
 from packer.shards.assemble import assemble_packs, encoded_table
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
@@ -295,90 +295,119 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
 # ---------------------------------------------------------------------------------------------- plan
 @dataclass(frozen=True)
 class Plan:
-    """Which cached example goes in which pack. Arrays (n,) run over the planned examples, an up-sampled
-    example once per copy, in input order."""
+    """Which cached example goes in which pack, as ``packing.bulk.PackOrder`` holds it: the planned examples
+    (an up-sampled example once per copy, in input order) grouped pack by pack in write order. 4 bytes per
+    example (``order``) above the lengths, not pack ids + their argsort (issue 32)."""
 
-    index: np.ndarray  # row of the example in the encode cache
-    copies: np.ndarray  # copy number: 0 for the original, k for its k-th up-sampled copy
-    pack_ids: np.ndarray  # pack of the example, numbered in write order
-    lengths: np.ndarray  # tokens
-    costs: np.ndarray  # (n, k) each budget's count (core.media.BUDGETS order: vision tokens, images, ...)
-    sources: np.ndarray  # source name (object array)
+    index: np.ndarray | None  # (n,) cache row of each planned example; None: every cache row once, in order
+    copies: np.ndarray | None  # (n,) copy number (0 the original, k its k-th copy); None: no copy
+    order: np.ndarray  # (n,) planned examples, pack 0's first; inside a pack in increasing index
+    bounds: np.ndarray  # (P + 1,) pack p holds order[bounds[p]:bounds[p + 1]]
+    lengths: np.ndarray  # (n,) tokens (columns.length_dtype)
+    columns: Columns  # the cache's compact columns (stats, card)
 
     @property
-    def vision(self) -> np.ndarray:
-        """(n,) vision tokens."""
-        return self.costs[:, VISION]
+    def num_examples(self) -> int:
+        return int(self.order.shape[0])
 
     @property
     def pack_sizes(self) -> np.ndarray:
         """(P,) examples per pack."""
-        return np.bincount(self.pack_ids, minlength=int(self.pack_ids.max()) + 1 if len(self.pack_ids) else 0)
+        return np.diff(self.bounds.astype(np.int64))
+
+    def planned(self, values: np.ndarray | None) -> np.ndarray | None:
+        """(n,) ``values`` (one per cache row) of each planned example."""
+        return values if values is None or self.index is None else values[self.index]
+
+    def cost(self, j: int) -> np.ndarray | None:
+        """(n,) budget ``j``'s count (``BUDGETS`` order) per planned example; None where every one is 0."""
+        return self.planned(self.columns.count(BUDGETS[j].column))
+
+    @property
+    def vision(self) -> np.ndarray | None:
+        """(n,) vision tokens, None where there are none."""
+        return self.cost(VISION)
 
 
-def cost_matrix(table: pa.Table, rows: np.ndarray | None = None) -> np.ndarray:
-    """(n, k) int64 the encode cache's count column of every budget (``BUDGETS`` order), at ``rows``."""
-    cols = [table.column(b.column).to_numpy().astype(np.int64) for b in BUDGETS]
-    costs = np.stack(cols, axis=1) if cols else np.zeros((table.num_rows, 0), dtype=np.int64)  # (n, k)
-    return costs if rows is None else costs[rows]
-
-
-def budget_rejects(table: pa.Table, config: BuildConfig) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Examples that encoded fine but can never fit a pack's budgets (vision, audio: ``BUDGETS``), or are
-    longer than ``max_length`` (a cache kept up to more: ``--keep-up-to``, a repack; the message the encoder
-    gives such an example): (n,) mask and their rejects (reported as ``overlong``)."""
-    limits = np.array([_UNSET if v is None else v for v in limits_of(config)], dtype=np.int64)  # (k,)
-    costs = cost_matrix(table)
-    tokens = table.column("num_tokens").to_numpy()
-    long = tokens > config.max_length  # (n,)
-    bad = (costs > limits).any(axis=1) | long  # (n,)
-    rejects = []
-    for i in np.flatnonzero(bad).tolist():
-        path, line = id_location(table.column("example_id")[i].as_py())
-        rejects.append({"path": path, "line": line, "reason": "overlong",
-                        "source": table.column("source_name")[i].as_py(),
-                        "message": f"{tokens[i]} tokens > --max-length {config.max_length}" if long[i]
-                        else budget_message(config, costs[i].tolist())})
-    return bad, sorted(rejects, key=lambda r: (r["path"], r["line"]))
-
-
-_UNSET = np.iinfo(np.int64).max  # an unset limit: no count exceeds it
-
-
-def plan_packs(table: pa.Table, config: BuildConfig, *, exclude: np.ndarray) -> Plan:
-    """Sample the sources by weight, then plan every kept example (``exclude``: (n,) cache rows to leave out)
-    from the memory-mapped length columns alone."""
+def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
+    """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left
+    out) from the
+    compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit (4 bytes per example),
+    ``packing.plan`` where budgets, ``refine``, balancing or copies need per-example state."""
     from packer.packing.mixing import sample_sources, separate_copies
 
-    sources = np.asarray(table.column("source_name").to_numpy(zero_copy_only=False), dtype=object)
-    weights = [(s.name, s.weight) for s in config.sources]
-    fits = table.column("num_tokens").to_numpy() <= config.max_length
-    if fits.all():
-        index, copies = sample_sources(sources, weights, seed=config.seed)
-    else:  # a cache kept up to more (--keep-up-to, a repack): sampled as the cache of this max_length would be
-        rows = np.flatnonzero(fits)
-        index, copies = sample_sources(sources[rows], weights, seed=config.seed)
-        index = rows[index]
-    keep = ~exclude[index]
-    index, copies = index[keep], copies[keep]
-    lengths = table.column("num_tokens").to_numpy().astype(np.int64)[index]
-    costs = cost_matrix(table, index)
-    pack_ids = _plan(config, lengths, costs)
-    if copies.any():
-        pack_ids = separate_copies(index, pack_ids, lengths, costs=costs, limits=limits_of(config),
-                                   capacity=config.max_length, seed=config.seed)
-    return Plan(index=index, copies=copies, pack_ids=pack_ids, lengths=lengths, costs=costs, sources=sources[index])
+    n = columns.num_rows
+    names = [s.name for s in config.sources]
+    weights = [(names.index(s.name), s.weight) for s in config.sources]
+    index = copies = None
+    # a cache kept up to more (--keep-up-to, a repack) is sampled as the cache of this max_length would be:
+    # over the rows that fit only (those longer are rejects, ``columns.read_chunk``)
+    fits = None if columns.tokens.max(initial=0) <= config.max_length else columns.tokens <= config.max_length
+    if any(w != 1.0 for _, w in weights):
+        codes = columns.source_codes(names)
+        if fits is None:
+            index, copies = sample_sources(codes, weights, seed=config.seed)
+        else:
+            rows = np.flatnonzero(fits)
+            index, copies = sample_sources(codes[rows], weights, seed=config.seed)
+            index = rows[index]
+            del rows
+        del codes
+    if len(columns.over):
+        if index is None:
+            index, copies = np.arange(n), np.zeros(n, dtype=np.int64)
+        keep = ~np.isin(index, columns.over, assume_unique=False)
+        index, copies = index[keep], copies[keep]
+    if index is not None:
+        index = index.astype(np.int32 if n < 2**31 else np.int64)
+        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0)))) if copies.any() else None
+    lengths = columns.tokens if index is None else columns.tokens[index]
+    limits = limits_of(config)
+    used = _used(config)
+    if not used and config.algorithm == "bfd" and config.max_examples_per_pack is None and copies is None:
+        # Tokens-only best fit: plan() hands it to plan_bulk, without plan()'s (n,) int64 pack ids. With
+        # ``refine`` too where plan_bulk's packs reach the lower bound: then refine keeps plain BFD's plan
+        # (exact completion cannot use fewer packs, refine_packs stops at the bound), the same ids.
+        from packer.packing.bulk import plan_bulk
+
+        packs = plan_bulk(lengths, config.max_length, seed=config.seed)
+        bound = -(-int(lengths.sum(dtype=np.int64)) // config.max_length)
+        if not config.refine or packs.num_packs <= bound:
+            return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
+                        columns=columns)
+        del packs  # refine may save packs: plan()'s per-example path
+    costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
+    for c, j in enumerate(used):
+        values = columns.count(BUDGETS[j].column)
+        if values is not None:
+            costs[:, c] = values if index is None else values[index]
+    pack_ids = _plan(config, lengths.astype(np.int64), costs)
+    if copies is not None:  # the same swaps: separate_copies checks only the bounded budgets, all among ``used``
+        pack_ids = separate_copies(index, pack_ids, lengths.astype(np.int64), costs=costs,
+                                   limits=[limits[j] for j in used], capacity=config.max_length, seed=config.seed)
+    del costs
+    order = np.argsort(pack_ids, kind="stable").astype(np.int32 if len(pack_ids) < 2**31 else np.int64)
+    sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(order.dtype)
+    return Plan(index=index, copies=copies, order=order, bounds=bounds, lengths=lengths, columns=columns)
+
+
+def _used(config: BuildConfig) -> list[int]:
+    """The budgets (``BUDGETS`` indices) the planner sees: those ``config`` sets, and the vision tokens where it
+    balances them."""
+    return [j for j, limit in enumerate(limits_of(config))
+            if limit is not None or (j == VISION and config.balance_vision)]
 
 
 def _plan(config: BuildConfig, lengths: np.ndarray, costs: np.ndarray) -> np.ndarray:
-    """``packing.plan`` with ``config``'s options: (n,) pack id per example. Only the budgets ``config`` sets
-    go to the planner (and the vision tokens where it balances them)."""
+    """``packing.plan`` with ``config``'s options: (n,) pack id per example. ``costs``: (n, len(_used(config)))
+    only the budgets the planner sees, not all of them (8 bytes per example each)."""
     from packer.packing import plan
 
     limits = limits_of(config)
-    used = [j for j, limit in enumerate(limits) if limit is not None or (j == VISION and config.balance_vision)]
+    used = _used(config)
     return plan(
-        lengths, config.max_length, costs=costs[:, used], limits=[limits[j] for j in used],
+        lengths, config.max_length, costs=costs, limits=[limits[j] for j in used],
         names=[FLAGS[j] for j in used], algorithm=config.algorithm,
         balance=used.index(VISION) if config.balance_vision else None,
         max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed,
@@ -390,13 +419,16 @@ def warm_planner(config: BuildConfig) -> None:
     which pyarrow imports at its first ``to_numpy``) by planning one example; ``build`` runs this in a
     thread while the workers encode, so those imports and kernel loads leave the plan's critical path.
 
-    Example: ``warm_planner(config)`` then ``plan_packs(table, config, exclude=...)``: the same plan,
+    Example: ``warm_planner(config)`` then ``plan_packs(columns, config)``: the same plan,
     without the loads. Errors are left to the real plan, which raises them with the real data.
     """
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        _plan(config, one, np.zeros((1, len(BUDGETS)), dtype=np.int64))
+        _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
+        from packer.packing.bulk import plan_bulk
+
+        plan_bulk(one.astype(length_dtype(config.max_length)), config.max_length)  # the kernels for the build's dtype
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 
@@ -409,20 +441,20 @@ class ShardRange:
     first: int  # index of the first shard
     pack_sizes: np.ndarray  # (P,) examples per pack, the range's packs in write order
     examples: np.ndarray  # (sum(pack_sizes),) cache row of each example, pack by pack
-    copies: np.ndarray  # (sum(pack_sizes),) copy number of each
+    copies: np.ndarray | None  # (sum(pack_sizes),) copy number of each; None: no copy
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
-    """One range per shard (progress and resume are per shard); ``write_shard_range`` takes longer ones too."""
-    order = np.argsort(plan.pack_ids, kind="stable")  # examples grouped pack by pack, input order inside a pack
-    examples, copies, pack_sizes = plan.index[order], plan.copies[order], plan.pack_sizes
-    pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes)])
+    """One range per shard (progress and resume are per shard); ``write_shard_range`` takes longer ones too.
+    Without sampling a range's examples are a view of ``plan.order`` (no copy per example)."""
+    pack_sizes = plan.pack_sizes
     ranges = []
     for s, p0 in enumerate(range(0, len(pack_sizes), rows_per_shard)):
         p1 = min(len(pack_sizes), p0 + rows_per_shard)
-        e0, e1 = pack_bounds[p0], pack_bounds[p1]
-        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1], examples=examples[e0:e1],
-                                 copies=copies[e0:e1]))
+        sel = plan.order[plan.bounds[p0] : plan.bounds[p1]]
+        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1],
+                                 examples=sel if plan.index is None else plan.index[sel],
+                                 copies=None if plan.copies is None else plan.copies[sel]))
     return ranges
 
 
@@ -456,8 +488,8 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         if sha256_file(path) == entry["sha256"]:
             return entry
     rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
-    dup = shards.copies[pack_bounds[p0] : pack_bounds[p1]]
-    if dup.any():  # up-sampled copies get unique ids: path:line#k
+    dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
+    if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
         ids = rows.column("example_id").to_pylist()
         ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
         rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))

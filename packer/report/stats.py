@@ -52,12 +52,14 @@ def _hist(values: np.ndarray, lo: float, hi: float, bins: int = HIST_BINS) -> di
 def compute_stats(
     *,
     lengths: np.ndarray,
-    vision: np.ndarray,
-    pack_ids: np.ndarray,
+    vision: np.ndarray | None,
+    pack_ids: np.ndarray | None = None,
     capacity: int,
+    packs: tuple[np.ndarray, np.ndarray] | None = None,
     loss_tokens: np.ndarray,
     loss_weight: np.ndarray | None = None,
     sources: np.ndarray | None = None,
+    source_names: list[str] | None = None,
     input_records: int = 0,
     rejects: list[dict[str, Any]] | None = None,
     image_units: tuple[str, np.ndarray, np.ndarray] | None = None,
@@ -80,13 +82,31 @@ def compute_stats(
     example; a build with any clip adds ``audio_tokens``, ``audio_seconds``, ``audio_clips``, their per-pack
     spreads (``audio_tokens_per_pack`` with its std, ``audio_seconds_per_pack``, ``audio_clips_per_pack``) and
     ``hist_audio_per_pack`` (audio tokens per pack); a build without audio keeps the keys it always had.
+
+    The plan comes as ``pack_ids`` (n,) or as ``packs`` = (order, bounds) (``packing.bulk.PackOrder``: pack p
+    holds examples ``order[bounds[p]:bounds[p + 1]]``, 4 bytes per example, what a build passes). ``vision``
+    None: no vision token. ``source_names``: ``sources`` are indices into it (one byte per example), not names;
+    with ``sources`` None, one name: every example is that source's.
     """
     rejects = rejects or []
-    lengths = np.asarray(lengths, dtype=np.int64)
-    num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
-    pack_tokens = np.bincount(pack_ids, weights=lengths, minlength=num_packs).astype(np.int64)
-    pack_vision = np.bincount(pack_ids, weights=vision, minlength=num_packs).astype(np.int64)
-    pack_examples = np.bincount(pack_ids, minlength=num_packs)
+    lengths = np.asarray(lengths)  # any integer dtype: a build passes uint16 (2 bytes per example)
+    if packs is not None:
+        order, bounds = packs
+        num_packs = len(bounds) - 1
+        pack_examples = np.diff(np.asarray(bounds, dtype=np.int64))
+
+        def per_pack(values: np.ndarray) -> np.ndarray:  # float64 sums in input order, as bincount's
+            if not num_packs:
+                return np.zeros(0, dtype=np.float64)
+            return np.add.reduceat(np.asarray(values)[order], bounds[:-1], dtype=np.float64)
+    else:
+        num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
+        pack_examples = np.bincount(pack_ids, minlength=num_packs)
+
+        def per_pack(values: np.ndarray) -> np.ndarray:
+            return np.bincount(pack_ids, weights=values, minlength=num_packs)
+    pack_tokens = per_pack(lengths).astype(np.int64)
+    pack_vision = np.zeros(num_packs, dtype=np.int64) if vision is None else per_pack(vision).astype(np.int64)
     tokens = int(lengths.sum())
     lower_bound = -(-tokens // capacity)
     slots = num_packs * capacity
@@ -99,7 +119,7 @@ def compute_stats(
         "packs": num_packs,
         "tokens": tokens,
         "loss_tokens": int(np.asarray(loss_tokens).sum()),
-        "vision_tokens": int(np.asarray(vision).sum()),
+        "vision_tokens": 0 if vision is None else int(np.asarray(vision).sum()),
         "efficiency": tokens / slots if slots else 0.0,
         "lower_bound_packs": int(lower_bound),
         "packs_over_lower_bound": int(num_packs - lower_bound),
@@ -123,56 +143,65 @@ def compute_stats(
     }
     weighted = (loss_weight is not None and len(loss_weight)
                 and not np.array_equal(np.asarray(loss_weight, dtype=np.float64), np.asarray(loss_tokens, np.float64)))
-    loss_mass = np.asarray(loss_weight if weighted else loss_tokens, dtype=np.float64)  # (n,) what the loss counts
+    loss_mass = np.asarray(loss_weight if weighted else loss_tokens)  # (n,) what the loss counts
     if weighted:
         stats["weighted_loss_tokens"] = float(loss_mass.sum())
     if image_units is not None:
         name, per_example, per_image = image_units
-        pack_units = np.bincount(pack_ids, weights=per_example, minlength=num_packs).astype(np.int64)
+        pack_units = per_pack(per_example).astype(np.int64)
         stats["image_units"] = {"name": name, "total": int(np.asarray(per_example).sum()),
                                 "per_pack": _summary(pack_units), "per_image": _summary(np.asarray(per_image))}
     if video is not None and np.asarray(video).sum():
         video = np.asarray(video, dtype=np.int64)
-        pack_video = np.bincount(pack_ids, weights=video, minlength=num_packs).astype(np.int64)
+        pack_video = per_pack(video).astype(np.int64)
         pack_image = pack_vision - pack_video
         stats["video_tokens"] = int(video.sum())
         stats["image_tokens"] = stats["vision_tokens"] - stats["video_tokens"]
         stats["video_tokens_per_pack"] = {**_summary(pack_video), "std": float(pack_video.std()) if num_packs else 0.0}
         stats["image_tokens_per_pack"] = {**_summary(pack_image), "std": float(pack_image.std()) if num_packs else 0.0}
     if videos is not None:
-        pack_videos = np.bincount(pack_ids, weights=videos, minlength=num_packs).astype(np.int64)
+        pack_videos = per_pack(videos).astype(np.int64)
         stats["videos"] = int(np.asarray(videos).sum())
         stats["videos_per_pack"] = _summary(pack_videos)
     if audios is not None and np.asarray(audios).sum():
-        per_pack = {name: np.bincount(pack_ids, weights=np.asarray(values, dtype=np.float64), minlength=num_packs)
+        audio_pp = {name: per_pack(np.asarray(values, dtype=np.float64))
                     for name, values in (("tokens", audio), ("seconds", audio_seconds), ("clips", audios))}
         stats["audio_tokens"] = int(np.asarray(audio).sum())
         stats["audio_seconds"] = float(np.asarray(audio_seconds, dtype=np.float64).sum())
         stats["audio_clips"] = int(np.asarray(audios).sum())
-        tokens_pp = per_pack["tokens"].astype(np.int64)
+        tokens_pp = audio_pp["tokens"].astype(np.int64)
         stats["audio_tokens_per_pack"] = {**_summary(tokens_pp), "std": float(tokens_pp.std())}
-        seconds_pp = per_pack["seconds"]
+        seconds_pp = audio_pp["seconds"]
         stats["audio_seconds_per_pack"] = {"min": float(seconds_pp.min()), "mean": float(seconds_pp.mean()),
                                            "max": float(seconds_pp.max()), "std": float(seconds_pp.std())}
-        stats["audio_clips_per_pack"] = _summary(per_pack["clips"].astype(np.int64))
+        stats["audio_clips_per_pack"] = _summary(audio_pp["clips"].astype(np.int64))
         stats["hist_audio_per_pack"] = _hist(tokens_pp, 0.0, float(tokens_pp.max(initial=1)))
-    if sources is not None and len(sources) and any(sources):
+    if source_names is not None and sources is None:  # every example is source_names[0]'s (no array)
+        codes: dict[str, Any] = {source_names[0]: None} if len(source_names) == 1 and len(lengths) else {}
+    elif source_names is not None:
+        codes = {source_names[c]: c for c in np.unique(sources).tolist()}
+    else:
+        codes = {} if sources is None else {name: name for name in set(sources.tolist())}
+    if len(lengths) and any(codes):
         per_source: dict[str, dict[str, Any]] = {}
-        for name in sorted(set(sources.tolist())):
-            sel = sources == name
+        for name in sorted(codes):
+            everyone = codes[name] is None or len(codes) == 1
+            sel = slice(None) if everyone else sources == codes[name]  # a view, not a mask, for one source
             # The mixture inside packs: this source's share of each pack's examples, over packs.
-            in_pack = np.bincount(pack_ids, weights=sel, minlength=num_packs) / np.maximum(pack_examples, 1)
-            packs_with = int(np.count_nonzero(np.bincount(pack_ids[sel], minlength=num_packs)))
+            with_sel = pack_examples.astype(np.float64) if everyone else per_pack(sel)
+            in_pack = with_sel / np.maximum(pack_examples, 1)
+            packs_with = int(np.count_nonzero(with_sel))
             per_source[name] = {
-                "examples": int(sel.sum()),
+                "examples": len(lengths) if everyone else int(sel.sum()),
                 "tokens": int(lengths[sel].sum()),
                 "loss_tokens": int(np.asarray(loss_tokens)[sel].sum()),
                 "token_share": float(lengths[sel].sum() / max(tokens, 1)),
-                "loss_token_share": float(loss_mass[sel].sum() / loss_mass.sum()) if loss_mass.sum() else 0.0,
+                "loss_token_share": (float(loss_mass[sel].sum(dtype=np.float64) / loss_mass.sum(dtype=np.float64))
+                                     if loss_mass.sum() else 0.0),
                 "packs": packs_with,
                 "pack_share": packs_with / num_packs if num_packs else 0.0,
                 "rejected": sum(1 for r in rejects if r.get("source") == name),
-                "share": float(sel.mean()),
+                "share": 1.0 if everyone else float(sel.mean()),
                 "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
                 "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
             }

@@ -1,0 +1,233 @@
+"""Peak RSS per example of `packer build`, every process of it, on tiny text records (issue 32).
+
+Writes N tiny text records (2-40 words each, ``{"text": ...}``), builds them with ``--profile text
+--num-proc 2`` in a fresh child process, and samples the RSS of every process of the build's tree (the
+driver and each worker) every 0.1 s. Prints per size: the largest process's peak RSS, the driver's peak in
+each stage (scan, encode, plan, write, finish; sampled by a thread in the driver), wall and CPU seconds
+(the whole tree), and, over all sizes, the slope of peak RSS against records (bytes per example: a
+straight-line fit) and the time per record.
+
+    nice -n 10 python scripts/bench_build_memory.py --sizes 1e6 5e6 2e7
+    python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
+    python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
+
+The records are kept in ``--dir`` (default a temp dir) between runs of the same size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ("the a cat dog runs over under blue red house tree sky water fast slow big small green man woman "
+         "child eats sees").split()
+
+
+def make_records(path: Path, n: int, seed: int = 0) -> None:
+    """n records ``{"text": "w w ..."}`` of 2-40 words each, assembled as bytes with numpy (20M in ~1 min)."""
+    if path.exists():
+        return
+    rng = np.random.default_rng(seed)
+    pieces = [w.encode() for w in WORDS] + [b" ", b'{"text": "', b'"}\n']  # words, space, prefix, suffix
+    table = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    size = np.array([len(p) for p in pieces])
+    first = np.concatenate([[0], np.cumsum(size)[:-1]])
+    space, prefix, suffix = len(WORDS), len(WORDS) + 1, len(WORDS) + 2
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        for a in range(0, n, 1_000_000):
+            counts = rng.integers(2, 41, size=min(n, a + 1_000_000) - a)
+            words = rng.integers(0, len(WORDS), size=int(counts.sum()))
+            # piece ids per record: prefix, w, space, w, ..., w, suffix (2 * count + 1 pieces)
+            per = 2 * counts + 1
+            ends = np.cumsum(per)
+            ids = np.full(int(ends[-1]), space, dtype=np.int64)
+            ids[ends - per] = prefix
+            ids[ends - 1] = suffix
+            record = np.repeat(np.arange(len(counts)), counts)
+            k = np.arange(len(words)) - np.repeat(np.cumsum(counts) - counts, counts)  # word number in its record
+            ids[(ends - per)[record] + 1 + 2 * k] = words
+            lens = size[ids]
+            offs = np.cumsum(lens) - lens
+            f.write(table[np.repeat(first[ids], lens) + np.arange(int(lens.sum())) - np.repeat(offs, lens)].tobytes())
+    tmp.rename(path)
+
+
+def _child(path: str, out: str, num_proc: int) -> None:
+    """One build in this process; print the driver's peak RSS per stage (MiB) and the stage wall times."""
+    from packer.config import BuildConfig
+    from packer.pipeline.build import build, make_executor
+
+    stage = ["scan"]
+    peaks: dict[str, int] = {}
+    walls: dict[str, float] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            peaks[stage[0]] = max(peaks.get(stage[0], 0), rss)
+            time.sleep(0.05)
+
+    def mark(name: str) -> None:
+        walls[stage[0]] = time.perf_counter() - t0
+        stage[0] = name
+
+    config = BuildConfig.from_inputs([path], out, profile="text", num_proc=num_proc, overwrite=True)
+    inner = make_executor(config)
+
+    class Timed(type(inner)):  # the stage boundaries, as the build crosses them
+        def encode(self, chunks, **kw):
+            mark("encode")
+            yield from inner.encode(chunks, **kw)
+            mark("plan")
+
+        def write(self, ranges, **kw):
+            mark("write")
+            yield from inner.write(ranges, **kw)
+            mark("finish")
+
+    timed = Timed.__new__(Timed)
+    timed.__dict__ = inner.__dict__
+    t0 = time.perf_counter()
+    threading.Thread(target=sample, daemon=True).start()
+    build(config, progress=False, executor=timed)
+    mark("end")
+    done.set()
+    print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls}))
+
+
+def _driver_only(n: int, refine: bool) -> None:
+    """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
+    compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
+    cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
+    from packer.config import BuildConfig
+    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
+    from packer.pipeline.stages import CHUNK_LINES, plan_packs, shard_ranges, warm_planner
+    from packer.report.stats import compute_stats
+
+    def status(key: str) -> int:
+        return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
+
+    config = BuildConfig.from_inputs(["tiny.jsonl"], "out", profile="text", refine=refine)
+    warm_planner(config)
+    compute_stats(lengths=np.ones(4, np.uint16), vision=None, packs=(np.arange(4, dtype=np.int32),
+                  np.array([0, 4], np.int32)), capacity=8, loss_tokens=np.ones(4, np.uint16))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    base = status("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    rng = np.random.default_rng(0)
+    built = ColumnsBuilder(n)
+    for a in range(0, n, CHUNK_LINES):
+        tokens = rng.integers(3, 43, size=min(n, a + CHUNK_LINES) - a).astype(np.uint16)
+        built.add(ChunkColumns(tokens=tokens, loss_tokens=tokens - 2, counts={}, loss_weight=None, linear=None,
+                               over=np.zeros(0, np.int64), rejects=[]))
+    columns = built.finish([config.sources[0].name] * len(built.rows))
+    plan = plan_packs(columns, config)
+    ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
+    names = [s.name for s in config.sources]
+    stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
+                          capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
+                          sources=None, source_names=names, input_records=n)  # one source, as build passes it
+    print(json.dumps({"refine": refine, "examples": n, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
+                      "peak_above_base_mib": (status("VmHWM") - base) / 2**20,
+                      "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
+
+
+def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float]) -> None:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            with p.oneshot():
+                rss = p.memory_info().rss
+                t = p.cpu_times()
+                name = "driver" if p.pid == pid else "worker"
+        except psutil.NoSuchProcess:
+            continue
+        peaks[p.pid] = (name, max(peaks.get(p.pid, (name, 0))[1], rss))
+        cpu[p.pid] = t.user + t.system
+
+
+def run_build(path: Path, out: Path, num_proc: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    peaks: dict[int, tuple[str, int]] = {}
+    cpu: dict[int, float] = {}
+    while proc.poll() is None:
+        _tree(proc.pid, peaks, cpu)
+        time.sleep(0.1)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"packer build failed with exit code {proc.returncode}")
+    child = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    manifest = json.loads((out / "manifest.json").read_text())
+    driver = max(v for n, v in peaks.values() if n == "driver")
+    workers = [v for n, v in peaks.values() if n == "worker"]
+    return {"examples": manifest["totals"]["examples"], "packs": manifest["totals"]["packs"], "wall_s": wall,
+            "cpu_s": sum(cpu.values()), "peak_mib": max(driver, *workers) / 2**20, "driver_mib": driver / 2**20,
+            "worker_mib": max(workers, default=0) / 2**20, **child}
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    if sys.argv[1:2] == ["--driver-only"]:
+        for refine in ("1", "0"):
+            for size in sys.argv[2:]:  # each in a fresh process
+                subprocess.run([sys.executable, __file__, "--driver-only-child", size, refine], check=True)
+        return
+    if sys.argv[1:2] == ["--driver-only-child"]:
+        _driver_only(int(float(sys.argv[2])), sys.argv[3] == "1")
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=float, nargs="+", default=[1e6])
+    ap.add_argument("--num-proc", type=int, default=2)
+    ap.add_argument("--dir", type=Path, default=None, help="where the records (and builds) go")
+    args = ap.parse_args()
+    root = args.dir or Path(tempfile.mkdtemp(prefix="bench-build-memory-"))
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for size in args.sizes:
+        n = int(size)
+        path = root / f"tiny-{n}.jsonl"
+        make_records(path, n)
+        r = run_build(path, root / f"out-{n}", args.num_proc)
+        rows.append(r)
+        stages = ", ".join(f"{k} {v:.0f}" for k, v in r["driver_peak_mib"].items())
+        print(f"{n:,} records: {r['examples']:,} examples, {r['packs']:,} packs; peak RSS {r['peak_mib']:.0f} MiB "
+              f"(driver {r['driver_mib']:.0f}, largest worker {r['worker_mib']:.0f}); driver by stage: {stages}; "
+              f"{r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} CPU-s ({r['cpu_s'] / n * 1e6:.1f} CPU-us/record)",
+              flush=True)
+        import shutil
+
+        shutil.rmtree(root / f"out-{n}", ignore_errors=True)
+    if len(rows) > 1:
+        x = np.array([r["examples"] for r in rows], dtype=float)
+        for key in ("peak_mib", "driver_mib", "worker_mib"):
+            slope, icpt = np.polyfit(x, np.array([r[key] for r in rows]) * 2**20, 1)
+            print(f"{key}: {slope:.1f} B per example + {icpt / 2**20:.0f} MiB")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""``compute_stats`` from a build's compact plan (issue 32): ``packs=(order, bounds)`` over uint16 lengths and
+one-byte source codes gives the very stats.json of ``pack_ids`` over int64 arrays and source names."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from packer.packing.bulk import plan_bulk
+from packer.report.stats import compute_stats
+
+
+def test_pack_order_and_narrow_arrays_give_the_same_stats():
+    rng = np.random.default_rng(3)
+    n = 5000
+    lengths = rng.integers(1, 300, size=n).astype(np.uint16)
+    packs = plan_bulk(lengths, 512, seed=7)
+    pack_ids = packs.pack_ids()
+    names = ["chat", "code", "web"]
+    codes = rng.integers(0, 3, size=n).astype(np.uint8)
+    loss = (lengths // 2).astype(np.uint16)
+    weight = loss * rng.choice([0.5, 1.0, 2.0], size=n)
+    vision = np.where(rng.random(n) < 0.2, lengths // 3, 0).astype(np.uint16)
+    for loss_weight, vis in ((None, None), (weight, vision)):
+        wide = compute_stats(lengths=lengths.astype(np.int64), pack_ids=pack_ids, capacity=512,
+                             vision=np.zeros(n, np.int64) if vis is None else vis.astype(np.int64),
+                             loss_tokens=loss.astype(np.int64),
+                             loss_weight=loss.astype(np.float64) if loss_weight is None else loss_weight,
+                             sources=np.array(names, dtype=object)[codes], input_records=n)
+        narrow = compute_stats(lengths=lengths, packs=(packs.order, packs.bounds), capacity=512, vision=vis,
+                               loss_tokens=loss, loss_weight=loss_weight, sources=codes, source_names=names,
+                               input_records=n)
+        assert json.dumps(narrow, sort_keys=True) == json.dumps(wide, sort_keys=True)
+    assert set(narrow["sources"]) == set(names) and narrow["packs"] == packs.num_packs
+
+
+def test_one_source_needs_no_array():
+    lengths = np.random.default_rng(4).integers(1, 100, size=999).astype(np.uint16)
+    packs = plan_bulk(lengths, 256)
+    wide = compute_stats(lengths=lengths.astype(np.int64), pack_ids=packs.pack_ids(), capacity=256,
+                         vision=np.zeros(999, np.int64), loss_tokens=lengths.astype(np.int64),
+                         sources=np.array(["chat"] * 999, dtype=object))
+    narrow = compute_stats(lengths=lengths, packs=(packs.order, packs.bounds), capacity=256, vision=None,
+                           loss_tokens=lengths, sources=None, source_names=["chat"])
+    assert json.dumps(narrow, sort_keys=True) == json.dumps(wide, sort_keys=True)
+    assert narrow["sources"]["chat"]["share"] == 1.0
