@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from packer.config import BuildConfig
 from packer.encode.encoder import Encoder
 from packer.encode.tokenizers import load_tokenizer
-from packer.errors import RecordError
+from packer.errors import RecordError, RejectRateError
 from packer.formats.read import parse_line
 from packer.models import get_profile
 from packer.pipeline.build import build
@@ -133,12 +133,18 @@ def test_build_verify_and_recover_every_example(image_dir, records, max_length, 
         config = BuildConfig.from_inputs([str(data)], str(root / "out"), profile="qwen2-vl", max_length=max_length,
                                          max_pixels=MAX_PIXELS, overlong=overlong, rows_per_shard=rows_per_shard,
                                          rows_per_row_group=2, seed=seed)
+        encoder = Encoder(load_tokenizer("qwen2-vl"), get_profile("qwen2-vl", max_pixels=MAX_PIXELS),
+                          max_length=max_length, overlong=overlong)
+        if not any(_encodes(encoder, raw, data, line, root)
+                   for line, raw in enumerate(data.read_bytes().splitlines(), start=1)):
+            # every record rejected: a build of nothing fails loudly, whatever --max-reject-fraction says
+            with pytest.raises(RejectRateError, match="nothing to pack"):
+                build(config, progress=False)
+            return
         result = build(config, progress=False)
         report = verify_build(root / "out", inputs=[str(data)])
         assert report.ok, report.lines()
 
-        encoder = Encoder(load_tokenizer("qwen2-vl"), get_profile("qwen2-vl", max_pixels=MAX_PIXELS),
-                          max_length=max_length, overlong=overlong)
         got = _examples_in(root / "out")
         rejects = {r["line"]: r["reason"] for r in map(json.loads, (root / "out" / "rejects.jsonl").open())}
         for line, raw in enumerate(data.read_bytes().splitlines(), start=1):
@@ -158,3 +164,12 @@ def test_build_verify_and_recover_every_example(image_dir, records, max_length, 
             assert g["images"] == [(im.source, im.grid_thw, im.offset, im.num_tokens) for im in enc.images]
         assert not got  # nothing packed that is not an input record
         assert result.manifest["totals"]["input_records"] == len(records)
+
+
+def _encodes(encoder: Encoder, raw: bytes, data: Path, line: int, root: Path) -> bool:
+    """Does the record on ``line`` encode (no RecordError)?"""
+    try:
+        encoder.encode(parse_line(raw, path=str(data), line=line, base_dir=str(root)))
+    except RecordError:
+        return False
+    return True

@@ -44,8 +44,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A 2-CPU Ray on this machine for the module; its address, for a second driver to join."""
-    ray.init(num_cpus=2, include_dashboard=False)
+    """A 2-CPU Ray started for the module (``address="local"``: not another test's cluster on this machine); its
+    address, for a second driver to join."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new one, never a cluster another test left
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
