@@ -21,6 +21,7 @@ import click
 
 from packer import __version__
 from packer.config import BuildConfig
+from packer.core.media import BUDGETS
 from packer.errors import PackerError, RecordError, RejectRateError
 from packer.report.verify import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK
 
@@ -252,9 +253,8 @@ def build(inputs: tuple[str, ...], config_file: str | None, sources: tuple[str, 
         click.echo(f"details: packer stats {result.output}")
 
 
-REPACK_OPTIONS = ("output", "max_length", "max_vision_tokens", "max_images", "max_videos",
-                  "max_audio_tokens", "max_audios", "max_examples_per_pack", "algorithm", "balance_vision", "refine",
-                  "seed", "rows_per_shard", "rows_per_row_group", "num_proc", "executor", "ray_address",
+REPACK_OPTIONS = ("output", "max_length", *(b.flag for b in BUDGETS), "max_examples_per_pack", "algorithm", "balance_vision",
+                  "refine", "seed", "rows_per_shard", "rows_per_row_group", "num_proc", "executor", "ray_address",
                   "max_reject_fraction", "overwrite")  # packer.pipeline.repack.CHANGEABLE, as options
 
 

@@ -14,6 +14,7 @@ from packer import __version__
 from packer.config import BuildConfig
 from packer.core.location import absolute, file_version
 from packer.errors import ConfigError
+from packer.packing.budgets import FLAGS
 from packer.pipeline.card import CARD
 from packer.pipeline.stages import CHUNK_LINES
 from packer.shards.io import write_text_atomic
@@ -38,9 +39,8 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
     return h.hexdigest()
 
 
-PACKING_FIELDS = ("max_length", "keep_up_to", "max_vision_tokens", "max_images", "max_videos", "max_audio_tokens",
-                  "max_audios", "max_examples_per_pack", "algorithm", "balance_vision", "refine", "seed",
-                  "rows_per_shard", "rows_per_row_group")
+PACKING_FIELDS = ("max_length", "keep_up_to", *FLAGS, "max_examples_per_pack", "algorithm", "balance_vision",
+                  "refine", "seed", "rows_per_shard", "rows_per_row_group")  # FLAGS: every medium's budgets
 """Config fields that decide only the packing of the encoded examples (and the sources' weights): a change of
 them alone reuses the encode cache (``encode_fingerprint``). ``max_length`` only filters where
 ``encode_ceiling`` is not None; otherwise it is part of the encoding."""
