@@ -414,7 +414,7 @@ def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:
     arrays.update({k: v for k, v in (("index", plan.index), ("copies", plan.copies)) if v is not None})
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    write_atomic(work / "plan.npz", buf.getbuffer())
+    write_atomic(work / "plan.npz", buf.getvalue())  # bytes: an object store takes no memoryview
 
 
 def _budgeted_counts(plan: Plan, config: BuildConfig, name: str) -> np.ndarray | None:
