@@ -28,13 +28,19 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
     cfg = config.to_dict()
     for k in RUN_FIELDS:
         cfg.pop(k)
+    return _digest("config", cfg, tokenizer_fp=tokenizer_fp, chat_template_sha256=chat_template_sha256, files=files)
+
+
+def _digest(key: str, cfg: dict[str, Any], *, tokenizer_fp: str, chat_template_sha256: str, files: list[str]) -> str:
+    """sha256 of ``cfg`` (under ``key``), the schema, packer's version, the chunking, the chat template, the
+    tokenizer and the input files (names, sizes, and an object's ETag where a file's mtime)."""
     h = hashlib.sha256()
     # CHUNK_LINES: the encode cache is indexed by chunk, so a cache of another chunking must not be reused.
-    h.update(json.dumps({"config": cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES,
+    h.update(json.dumps({key: cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES,
                          "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
     h.update(tokenizer_fp.encode())
     for f in files:
-        size, version = file_version(f)  # an object's ETag where a file's mtime
+        size, version = file_version(f)
         h.update(f"{absolute(f)}:{size}:{version}".encode())
     return h.hexdigest()
 
@@ -66,14 +72,7 @@ def encode_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_
                                                                              if f != "max_length")
     cfg = {k: v for k, v in config.to_dict().items() if k not in RUN_FIELDS + packing}
     cfg["sources"] = [{k: v for k, v in s.items() if k != "weight"} for s in cfg["sources"]]
-    h = hashlib.sha256()
-    h.update(json.dumps({"encode": cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES,
-                         "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
-    h.update(tokenizer_fp.encode())
-    for f in files:
-        size, version = file_version(f)  # an object's ETag where a file's mtime
-        h.update(f"{absolute(f)}:{size}:{version}".encode())
-    return h.hexdigest()
+    return _digest("encode", cfg, tokenizer_fp=tokenizer_fp, chat_template_sha256=chat_template_sha256, files=files)
 
 
 def read_encode_mark(work: Path | ObjectPath) -> dict[str, Any] | None:
