@@ -4,12 +4,19 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download at test time
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray 2.60 turns token auth on for a local ray.init() and keeps the token in ~/.ray/auth_token, one file for every
+# process of the machine: two xdist workers starting Rays raced on it and a driver joining the multi-node test
+# cluster was refused (InvalidAuthToken). One token in the environment, inherited by every Ray node and driver
+# the tests start, leaves that file alone.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")).resolve()

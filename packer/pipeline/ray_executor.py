@@ -66,7 +66,9 @@ class RayExecutor(Executor):
             try:
                 ray.init(address=address, logging_level=logging.WARNING, **local)
             except ConnectionError as e:
-                raise ConfigError(f"cannot join the Ray cluster at {address!r}: {e}") from None
+                raise ConfigError(f"cannot join the Ray cluster at {address!r}: {e} (is it up? A cluster with token "
+                                  "authentication, which Ray 2.60 turns on by default, needs its token here: "
+                                  "RAY_AUTH_TOKEN or ~/.ray/auth_token)") from None
         self.window = max(1, int(ray.cluster_resources().get("CPU", 1))) * TASKS_PER_CPU
         self.cwd = os.getcwd()
 

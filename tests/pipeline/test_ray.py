@@ -215,3 +215,17 @@ def test_without_ray_the_error_names_the_extra(corpus, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where Ray is not installed
     with pytest.raises(ConfigError, match=r"pip install 'packer\[ray\]'"):
         make_executor(_config(corpus, tmp_path / "out", executor="ray"))
+
+
+@pytest.mark.slow
+def test_a_driver_without_the_clusters_token_is_refused_naming_it(cluster, corpus, tmp_path):
+    """A second driver holding another token (a cluster with token auth, Ray's default) fails with exit 1 and
+    says where the token goes; nothing is written."""
+    out = tmp_path / "out"
+    env = {**os.environ, "RAY_AUTH_TOKEN": "0" * 64, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-m", "packer.cli", "build", *FILES, "-o", str(out), "-q", "--executor",
+                          "ray", "--ray-address", cluster, "--profile", "qwen2-vl"], cwd=corpus, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert f"cannot join the Ray cluster at '{cluster}'" in run.stderr and "RAY_AUTH_TOKEN" in run.stderr
+    assert not (out / "manifest.json").exists()
