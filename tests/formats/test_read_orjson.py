@@ -13,8 +13,6 @@ from hypothesis import strategies as st
 from packer.errors import RecordError
 from packer.formats import read
 
-pytest.importorskip("orjson")
-
 CHAT = '{"messages": [{"role": "user", "content": %s}, {"role": "assistant", "content": "ok"}]%s}'
 
 LINES = [
