@@ -255,7 +255,7 @@ def build(inputs: tuple[str, ...], config_file: str | None, sources: tuple[str, 
 
 REPACK_OPTIONS = ("output", "max_length", *(b.flag for b in BUDGETS), "max_examples_per_pack", "algorithm", "balance_vision",
                   "refine", "seed", "rows_per_shard", "rows_per_row_group", "num_proc", "executor", "ray_address",
-                  "max_reject_fraction", "overwrite")  # packer.pipeline.repack.CHANGEABLE, as options
+                  "max_reject_fraction")  # packer.pipeline.repack.CHANGEABLE, as options (and --overwrite, below)
 
 
 def _weights(items: tuple[str, ...]) -> dict[str, float]:
@@ -275,6 +275,7 @@ def _weights(items: tuple[str, ...]) -> dict[str, float]:
 @directory_argument
 @config_options("output")
 @config_options(*REPACK_OPTIONS[1:], default_from="DIRECTORY's")
+@config_options("overwrite")  # never DIRECTORY's: repack replaces a non-empty output only when told to
 @click.option("--weight", "weights", multiple=True, metavar="NAME=W",
               help="A source's new sampling weight (as --source's @W); `=W` for the unnamed source. Repeatable.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars; print only errors.")
