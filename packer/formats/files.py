@@ -39,7 +39,6 @@ from typing import IO, Any
 from packer.errors import ConfigError
 
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
-TAR_SUFFIXES = (".tar", ".tgz")
 IMAGE_EXTS = {"jpg": "image/jpeg", "jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp",
               "bmp": "image/bmp", "gif": "image/gif", "tif": "image/tiff", "tiff": "image/tiff"}
 AUDIO_EXTS = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg", "m4a": "audio/mp4"}

@@ -123,11 +123,6 @@ class Gemma4Profile(ModelProfile):
     def audio(self) -> Gemma4Audio:
         return Gemma4Audio(token=self.audio_token, boa=self.audio_start, eoa=self.audio_end)
 
-    @property
-    def token_side(self) -> int:
-        """Pixels per soft token along a side: patch_size * pooling_kernel_size (48)."""
-        return self.patch_size * self.pooling_kernel_size
-
     # ------------------------------------------------------------------ read / proof
 
     def reader(self) -> Reader:
