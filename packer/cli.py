@@ -192,8 +192,10 @@ def build(inputs: tuple[str, ...], config_file: str | None, sources: tuple[str, 
           **options: Any) -> None:
     """Read JSONL records, render and encode them, pack them globally and write Parquet shards.
 
-    INPUTS are JSONL, Parquet or Arrow files, directories (their *.jsonl; a `datasets` directory, from
-    save_to_disk or a Hub snapshot, its train split) or globs (quote globs). Rerunning an interrupted
+    INPUTS are JSONL, Parquet or Arrow files, JSON arrays, .gz/.zst/.bz2/.xz files, .txt files, webdataset
+    .tar shards (docs/format.md, "Input files"), directories (their *.jsonl, else their tables, else those
+    files; a `datasets` directory, from save_to_disk or a Hub snapshot, its train split) or globs (quote
+    globs). Rerunning an interrupted
     build with the same command resumes it; the result is byte-identical to an uninterrupted build.
     Rejected records go to OUTPUT/rejects.jsonl with file, line and reason.
 
