@@ -6,7 +6,8 @@ input's URL (``parent_of``, ``resolve``), never a node's working directory. Inpu
 environment configures (``AWS_ENDPOINT_URL``, ``AWS_PROFILE`` ...); ``storage_options`` is the output's
 (``packer.shards.store``, which shares this module's clients). S3 requests are retried by botocore's
 ``standard`` mode (``S3_RETRIES`` attempts, exponential backoff with jitter: 5xx, throttling, a connection
-reset) and s3fs's own loop (a body cut short); what still fails raises an OSError naming the object.
+reset) and s3fs's own loop (a body cut short); what still fails raises a StorageError naming the object
+(``naming``).
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def file_version(path: str) -> tuple[int, str]:
 def read_range(path: str, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of a local file or an input URL (one ranged GET). A read that returns fewer
     bytes than asked (a connection cut mid-body the client did not notice, a file cut since the scan) raises
-    OSError naming the object and the range, never a chunk silently short."""
+    StorageError naming the object and the range, never a chunk silently short."""
     if is_url(path):
         fs, key = _object(path)
         with naming(f"reading bytes [{start}, {end}) of {path}"):
