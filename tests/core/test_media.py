@@ -20,8 +20,9 @@ from packer.shards.schema import EXAMPLE_SCHEMA, SCHEMA
 
 @pytest.mark.parametrize("m", MEDIA, ids=lambda m: m.name)
 def test_each_row_names_what_exists(m):
-    """What a new row must bring: its placeholder and its rule attribute on the profile, its budgets in the config, its columns in the
-    shards, the examples table and the encode cache, its items on ``Encoded``, its fields for verify."""
+    """What a new row must bring: its placeholder and its rule attribute on the profile, its budgets in the
+    config, its columns in the shards, the examples table and the encode cache, its items on ``Encoded``, its
+    fields for verify."""
     assert m.placeholder in {f.name for f in dataclasses.fields(ModelProfile)}
     assert m.rule in ModelProfile.__annotations__ and getattr(ModelProfile, m.rule) is None  # the text base: none
     assert {m.count_budget, m.token_budget} <= {f.name for f in dataclasses.fields(BuildConfig)}
