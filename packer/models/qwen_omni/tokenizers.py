@@ -13,7 +13,7 @@ Qwen2.5-Omni renames Qwen2.5's vision tokens and reuses three of its grounding s
 
 Where the ids come from: transformers 5.23.0 ``Qwen2_5OmniThinkerConfig`` (audio_token_id 151646,
 image_token_id 151655, video_token_id 151656, audio_start/end_token_id 151647/151648, vision_start/end 151652/
-151653; ``tests/models/qwen_omni/test_tokenizers.py`` checks them), and Qwen/Qwen2.5-Omni-7B's
+151653; ``tests/models/test_qwen_omni.py::test_tokenizer_ids`` checks them), and Qwen/Qwen2.5-Omni-7B's
 ``added_tokens.json`` (public copies) for the rest. The talker's TTS ids (151859-151861) are embedding rows of
 the talker, not tokens of this tokenizer.
 
