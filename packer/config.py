@@ -463,9 +463,29 @@ def dataset_sources(info: Any, datasets: Any) -> list[dict[str, Any]]:
             paths = [os.path.join(local, "*") if os.path.isdir(local) and not _is_dataset_dir(local) else local]
         else:
             raise ConfigError(f"{where} has no file_name (and no Hub URL); give it a file: --dataset {name}=PATH")
+        if len(paths) == 1 and os.path.isdir(paths[0]) and _is_dataset_dir(paths[0]):
+            paths = _snapshot_files(paths[0], entry, where, name, hub=hub is not None)
         out.append({"name": name, "paths": paths, "weight": weight, "dataset": spec,
                     "image_root": os.path.abspath(base)})
     return out
+
+
+def _snapshot_files(path: str, entry: dict[str, Any], where: str, name: str, *, hub: bool) -> list[str]:
+    """A dataset directory's files as LLaMA-Factory's ``load_dataset`` call reads them: the entry's ``subset``
+    (a config name) and ``split`` (default: the directory's train split); a Hub entry's ``folder`` (its
+    ``data_dir``) is refused (name its files) rather than read past."""
+    from packer.formats.tables import dataset_files
+
+    if hub and entry.get("folder") is not None:
+        raise ConfigError(f"{where} sets folder {entry['folder']!r} (a data_dir inside the Hub repo): point the "
+                          f"dataset at that folder's files, --dataset {name}=PATH/{entry['folder']}/*.parquet")
+    subset, split = entry.get("subset"), entry.get("split")
+    if subset is None and split is None:
+        return [path]  # the build reads it as any dataset directory
+    try:
+        return dataset_files(path, config=subset, split=split)
+    except ConfigError as e:
+        raise ConfigError(f"{where} (subset {subset!r}, split {split!r}): {e}") from None
 
 
 def _is_dataset_dir(path: str) -> bool:

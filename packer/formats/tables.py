@@ -54,26 +54,40 @@ def is_dataset_dir(path: str) -> bool:
     )
 
 
-def dataset_files(path: str) -> list[str]:
+def dataset_files(path: str, *, config: str | None = None, split: str | None = None) -> list[str]:
     """The files of a dataset directory's ``train`` split (the only split when there is one), in row order.
 
     ``save_to_disk``: ``state.json``'s ``_data_files``; a DatasetDict: its ``train/`` (``dataset_dict.json``).
     Hub snapshot: the README's ``configs`` (the ``default`` config, else the first), else ``data/*``
-    files, those named ``train-*`` / ``train/`` when any are.
+    files, those named ``train-*`` / ``train/`` when any are. ``config`` / ``split`` pick another README config
+    and split by name, as ``datasets.load_dataset(name=..., split=...)`` does (a LLaMA-Factory entry's ``subset``
+    and ``split``); ConfigError where the directory has none of that name.
     """
+    if config is not None and not _readme_configs(path):
+        raise ConfigError(f"{path} has no README configs, so no config named {config!r}; name its files instead")
     if os.path.isfile(os.path.join(path, "dataset_dict.json")):
         splits = json.loads(open(os.path.join(path, "dataset_dict.json")).read()).get("splits", [])
-        return dataset_files(os.path.join(path, _pick_split(splits, path)))
+        return dataset_files(os.path.join(path, _pick_split(splits, path, split)))
     if os.path.isfile(os.path.join(path, "state.json")):
+        if split not in (None, SPLIT):
+            raise ConfigError(f"{path} holds one split, not one named {split!r}; name the split's files instead")
         state = json.loads(open(os.path.join(path, "state.json")).read())
         return [os.path.join(path, f["filename"]) for f in state.get("_data_files", [])]
-    files = _readme_data_files(path) or _data_folder_files(path)
+    files = _readme_data_files(path, config, split)
+    if not files and split not in (None, SPLIT):
+        raise ConfigError(f"{path} has no README configs to find the split {split!r} in; name the split's files "
+                          "instead")
+    files = files or _data_folder_files(path)
     if not files:
         raise ConfigError(f"{path} is not a dataset directory: no state.json, README configs or data/*.parquet")
     return files
 
 
-def _pick_split(splits: list[str], where: str) -> str:
+def _pick_split(splits: list[str], where: str, want: str | None = None) -> str:
+    if want is not None:  # asked by name: that one or an error
+        if want not in splits:
+            raise ConfigError(f"{where} has splits {splits} and none named {want!r}")
+        return want
     if SPLIT in splits or len(splits) != 1:
         if SPLIT not in splits:
             raise ConfigError(f"{where} has splits {splits} and none named {SPLIT!r}; name the split's files instead")
@@ -81,8 +95,8 @@ def _pick_split(splits: list[str], where: str) -> str:
     return splits[0]
 
 
-def _readme_data_files(path: str) -> list[str]:
-    """Files of the README's ``configs`` (Hub dataset card YAML), ``train`` split; [] without one."""
+def _readme_configs(path: str) -> list[dict]:
+    """The README's ``configs`` (Hub dataset card YAML); [] without them."""
     readme = os.path.join(path, "README.md")
     if not os.path.isfile(readme):
         return []
@@ -96,16 +110,30 @@ def _readme_data_files(path: str) -> list[str]:
     except yaml.YAMLError:
         return []
     configs = meta.get("configs") if isinstance(meta, dict) else None
-    if not isinstance(configs, list) or not configs:
+    return configs if isinstance(configs, list) else []
+
+
+def _readme_data_files(path: str, name: str | None = None, want: str | None = None) -> list[str]:
+    """Files of the README's ``configs`` (Hub dataset card YAML), ``train`` split (config ``name`` and split
+    ``want`` where given); [] without one."""
+    readme = os.path.join(path, "README.md")
+    configs = _readme_configs(path)
+    if not configs:
         return []
-    config = next((c for c in configs if c.get("config_name") == "default"), configs[0])
+    if name is not None:
+        config = next((c for c in configs if c.get("config_name") == name), None)
+        if config is None:
+            raise ConfigError(f"{readme} has no config named {name!r} (its configs: "
+                              f"{[c.get('config_name') for c in configs]})")
+    else:
+        config = next((c for c in configs if c.get("config_name") == "default"), configs[0])
     data_files = config.get("data_files")
     if isinstance(data_files, (str, list)) and not (isinstance(data_files, list) and data_files
                                                     and isinstance(data_files[0], dict)):
         patterns = {SPLIT: [data_files] if isinstance(data_files, str) else data_files}
     else:
         patterns = {d["split"]: [d["path"]] if isinstance(d["path"], str) else d["path"] for d in data_files or []}
-    split = _pick_split(list(patterns), readme)
+    split = _pick_split(list(patterns), readme, want)
     found = sorted({m for p in patterns[split] for m in glob.glob(os.path.join(path, p), recursive=True)
                     if is_table(m) and os.path.isfile(m)})
     if not found:

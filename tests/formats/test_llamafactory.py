@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -341,7 +342,8 @@ def test_llamafactorys_own_json_arrays_pack_as_their_jsonl_twins(lf, tmp_path):
 
 def test_a_hub_entry_reads_a_local_snapshot_with_embedded_images(tmp_path, coco_images):
     """llava_1k_en (an hf_hub_url entry of LLaMA-Factory's dataset_info.json, verbatim) pointed at a downloaded
-    Hub snapshot whose Parquet holds the images as ``datasets.Image`` bytes."""
+    Hub snapshot whose Parquet holds the images as ``datasets.Image`` bytes; its ``subset`` picks the snapshot's
+    config of that name, as ``load_dataset(name="en")`` does (the other config's rows are not packed)."""
     from datasets import Dataset, Features, Image, Value
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -355,8 +357,13 @@ def test_a_hub_entry_reads_a_local_snapshot_with_embedded_images(tmp_path, coco_
             {"messages": [{"role": "user", "content": "What is this?"}, {"role": "assistant", "content": "?"}],
              "images": [{"bytes": jpeg, "path": None}]}]  # row 2: an image but no placeholder
     features = Features({"messages": [{"role": Value("string"), "content": Value("string")}], "images": [Image()]})
-    (tmp_path / "snap" / "data").mkdir(parents=True)
-    Dataset.from_list(rows, features=features).to_parquet(str(tmp_path / "snap" / "data" / "train-00000-of-00001.parquet"))
+    for config, config_rows in (("en", rows), ("zh", rows[:1] * 3)):
+        (tmp_path / "snap" / config).mkdir(parents=True)
+        Dataset.from_list(config_rows, features=features).to_parquet(
+            str(tmp_path / "snap" / config / "train-00000-of-00001.parquet"))
+    (tmp_path / "snap" / "README.md").write_text(
+        "---\nconfigs:\n- config_name: en\n  data_files:\n  - split: train\n    path: en/train-*\n"
+        "- config_name: zh\n  data_files:\n  - split: train\n    path: zh/train-*\n---\n")
     out = tmp_path / "out"
     got = CliRunner().invoke(cli, ["build", "--dataset-info", str(tmp_path / "dataset_info.json"), "--dataset",
                                    f"llava_1k_en={tmp_path / 'snap'}", "-o", str(out), "--max-pixels",
@@ -364,10 +371,39 @@ def test_a_hub_entry_reads_a_local_snapshot_with_embedded_images(tmp_path, coco_
     assert got.exit_code == 0, got.output
     row = pq.read_table(next(out.glob("shard-*.parquet"))).to_pylist()[0]
     assert [im["data"] for im in row["images"]] == [jpeg]  # embedded bytes, kept as they are
+    assert json.loads((out / "stats.json").read_text())["examples"] == 1  # en's one good row, none of zh's three
     reject = json.loads((out / "rejects.jsonl").read_text())
-    assert (Path(reject["path"]).name, reject["line"], reject["reason"]) == (
-        "train-00000-of-00001.parquet", 2, "image_count_mismatch")
+    assert (Path(reject["path"]).parent.name, Path(reject["path"]).name, reject["line"], reject["reason"]) == (
+        "en", "train-00000-of-00001.parquet", 2, "image_count_mismatch")
     assert "lists 1 images ('images') but its text has 0 <image>" in reject["message"]
+
+
+def test_a_hub_entrys_subset_split_and_folder_are_followed_or_refused(tmp_path):
+    """LLaMA-Factory loads a Hub entry with ``load_dataset(name=subset, split=split, data_dir=folder)``: a local
+    snapshot gives that config's split, or a ConfigError naming the entry, never the default config's rows."""
+    snap = tmp_path / "snap"
+    for config, split in (("en", "train"), ("en", "test"), ("zh", "train")):
+        (snap / config).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"instruction": [f"{config} {split}"], "output": ["ok"]}),
+                       snap / config / f"{split}-00000-of-00001.parquet")
+    (snap / "README.md").write_text(
+        "---\nconfigs:\n- config_name: en\n  data_files:\n  - split: train\n    path: en/train-*\n"
+        "  - split: test\n    path: en/test-*\n- config_name: zh\n  data_files:\n  - split: train\n"
+        "    path: zh/train-*\n---\n")
+    entries = {"d": {"hf_hub_url": "x/y", "subset": "en", "split": "test"}, "z": {"hf_hub_url": "x/y", "subset": "zh"},
+               "fr": {"hf_hub_url": "x/y", "subset": "fr"}, "dev": {"hf_hub_url": "x/y", "split": "dev"},
+               "f": {"hf_hub_url": "x/y", "folder": "en"}, "plain": {"hf_hub_url": "x/y"}}
+    info = tmp_path / "dataset_info.json"
+    info.write_text(json.dumps(entries))
+    assert dataset_sources(str(info), [f"d={snap}"])[0]["paths"] == [str(snap / "en" / "test-00000-of-00001.parquet")]
+    assert dataset_sources(str(info), [f"z={snap}"])[0]["paths"] == [str(snap / "zh" / "train-00000-of-00001.parquet")]
+    assert dataset_sources(str(info), [f"plain={snap}"])[0]["paths"] == [str(snap)]  # the build's own rule
+    with pytest.raises(ConfigError, match=r"'fr' \(subset 'fr', split None\).*no config named 'fr'.*\['en', 'zh'\]"):
+        dataset_sources(str(info), [f"fr={snap}"])
+    with pytest.raises(ConfigError, match=r"has splits \['train', 'test'\] and none named 'dev'"):
+        dataset_sources(str(info), [f"dev={snap}"])
+    with pytest.raises(ConfigError, match=r"sets folder 'en'.*--dataset f=PATH/en/\*\.parquet"):
+        dataset_sources(str(info), [f"f={snap}"])
 
 
 def test_dataset_without_dataset_info_is_a_usage_error(tmp_path):
