@@ -210,8 +210,8 @@ class BuildConfig:
     ``tokenizer`` that is a directory is checked the same way."""
     seed: int = option(0, help="Seed of the pack shuffle and of source sampling.")
     """Seed of the pack shuffle and of source down-sampling."""
-    num_proc: int = option(1, help="Encoding processes (the local executor).")
-    """Processes for encoding (the local executor)."""
+    num_proc: int = option(1, help="Processes for the encode and write tasks (the local executor).")
+    """Processes for the encode and write tasks (the local executor; LocalExecutor runs both in its pool)."""
     executor: str = option("local", choices=EXECUTORS,
                            help="Run the encode and write tasks on this machine or on a Ray cluster (pip install "
                                 "'packer[ray]'); the bytes are the same.")
