@@ -73,3 +73,15 @@ def test_gpu_check_is_in_the_makefile():
     makefile = (REPO / "Makefile").read_text()
     assert "gpu-check:" in makefile and "scripts/gpu_check.py --wheels .gpu/wheels" in makefile
     assert "gpu-wheels:" in makefile and "scripts/gpu_wheels.py" in makefile
+
+
+def test_a_stage_the_budget_left_out_fails_the_check():
+    """A stage not started before the deadline proved nothing: the summary says so and is not ok."""
+    gpu_check = _script("gpu_check")
+    summary: dict = {}
+    skipped: list[str] = []
+    gpu_check._stage(summary, "train_step", lambda: {"ok": True}, deadline=0.0, skipped=skipped)
+    assert skipped == ["train_step: the time budget ran out before it"]
+    assert summary["train_step"]["ok"] is False and not gpu_check._all_ok(summary)
+    gpu_check._stage(summary, "kernels", lambda: {"ok": True}, deadline=float("inf"), skipped=skipped)
+    assert summary["kernels"] == {"ok": True}
