@@ -285,6 +285,9 @@ class BuildConfig:
 
             overrides = {k for k, v in self.profile_overrides().items() if v is not None}
             check_processor_files(get_profile(self.profile, **self.profile_overrides()), where, explicit=overrides)
+        if self.columns and all(s.dataset is not None for s in self.sources):
+            raise ConfigError("'columns' maps packer's own inputs; a dataset_info.json dataset is read with its "
+                              "entry's own 'columns' and 'tags': set them there")
         names = [s.name for s in self.sources]
         if any(s.dataset is not None for s in self.sources) and len(set(names)) != len(names):
             raise ConfigError(f"source names must differ when a dataset_info.json dataset is one of them, got {names}")

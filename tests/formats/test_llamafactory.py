@@ -409,3 +409,10 @@ def test_a_hub_entrys_subset_split_and_folder_are_followed_or_refused(tmp_path):
 def test_dataset_without_dataset_info_is_a_usage_error(tmp_path):
     got = CliRunner().invoke(cli, ["build", "--dataset", "mllm_demo", "-o", str(tmp_path / "o")])
     assert got.exit_code == 2 and "--dataset names a dataset of --dataset-info FILE" in got.output
+
+
+def test_columns_with_only_dataset_info_sources_is_refused(lf, tmp_path):
+    """--columns maps packer's own inputs; a dataset_info dataset has its entry's columns: said, never ignored."""
+    got = CliRunner().invoke(cli, ["build", "--dataset-info", str(lf / "dataset_info.json"), "--dataset", "mllm_demo",
+                                   "--columns", "messages=conversations", "-o", str(tmp_path / "o")])
+    assert got.exit_code != 0 and "entry's own 'columns'" in got.output
