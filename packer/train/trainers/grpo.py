@@ -278,7 +278,8 @@ class PackedGRPOTrainer(GRPOTrainer):
             with self.accelerator.autocast():
                 out = model(input_ids=row.input_ids, use_cache=False, logits_to_keep=keep,
                             **inputs, **{LAYOUT_KWARG: row.layout})
-            logits = out.logits[0].index_select(0, torch.searchsorted(keep, sel.predecessors)).float()
+            logits = out.logits[0].index_select(0, torch.searchsorted(keep, sel.predecessors))
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 as TRL's head; fp64 stays
             logp = F.log_softmax(logits / self.temperature, dim=-1)  # TRL's fused head divides by temperature too
             # sel's tokens are the row's labelled ones in row order: a row position's rank among them
             rank = torch.cumsum(row.labels != IGNORE_INDEX, 0) - 1
@@ -287,8 +288,9 @@ class PackedGRPOTrainer(GRPOTrainer):
             if compute_entropy:  # differentiable: TRL's entropy bonus uses it
                 entropy_flat.append(-(logp.exp() * logp).sum(-1)[pick])
             index.append(row.targets)
-        logps = torch.zeros(B * C, dtype=torch.float32, device=input_ids.device)
-        entropies = torch.zeros(B * C, dtype=torch.float32, device=input_ids.device) if compute_entropy else None
+        dtype = logps_flat[0].dtype if logps_flat else torch.float32
+        logps = torch.zeros(B * C, dtype=dtype, device=input_ids.device)
+        entropies = torch.zeros(B * C, dtype=dtype, device=input_ids.device) if compute_entropy else None
         if index:
             idx = torch.cat(index)
             logps = logps.index_put((idx,), torch.cat(logps_flat))
