@@ -19,7 +19,8 @@ as TRL's fused LM head does, and handed back in TRL's (B, T_completion) layout (
 the entropies; so every ``loss_type``, the clipping, the KL term, importance sampling and the metrics run
 unchanged. Completions that share more than the prompt (a first turn, a tool result) form a radix trie under it:
 each shared prefix one node, computed once, a shared token's log-prob handed to every completion through it.
-Qwen2-VL prompt images go through the model once per tree (``_PromptImages``: mRoPE positions along each path).
+Prompt images of the Qwen-VL families go through the model once per tree (``_PromptImages``: mRoPE positions
+along each path).
 A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in each). Only
 what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
 (docs/training.md, "RL").
@@ -46,12 +47,14 @@ from packer.train.keys import LAYOUT_KWARG
 from packer.train.options import Backend
 from packer.train.trainers.loss import loss_targets
 
-# Media inputs TRL 1.16 may hand its log-prob call. Proven packed: Qwen2-VL's images in the prompt
-# (``pixel_values`` + ``image_grid_thw`` + ``num_images``; ``mm_token_type_ids`` is not needed: packer places the
-# mRoPE positions from the ids along each path). Any other family's media inputs are refused by name.
+# Media inputs TRL 1.16 may hand its log-prob call (it passes no video or audio). Proven packed: the Qwen-VL
+# families' images in the prompt (``pixel_values`` + ``image_grid_thw`` + ``num_images``; ``mm_token_type_ids`` is
+# not needed: packer places the mRoPE positions from the ids along each path, Qwen2-VL's ``get_rope_index`` rule,
+# which Qwen2.5-VL, Qwen3-VL and Qwen3.5 share for images). Any other family's media inputs are refused by name.
 _REFUSED_MEDIA = ("pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
                   "image_position_ids")
-_IMAGE_MODEL_TYPES = ("qwen2_vl",)  # proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
+# model types whose prompt images are proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
+_IMAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,7 @@ class PackedGRPOTrainer(GRPOTrainer):
 
     ``max_tokens``: the most tokens in one packed row (default: the padded batch's own B x (P + C), so a row
     never holds more than TRL's padded forward would). ``backend``: packer's attention backend
-    (``use_packed_attention``). Refused with a ConfigError: media other than Qwen2-VL's prompt images, a MoE
+    (``use_packed_attention``). Refused with a ConfigError: media other than the Qwen-VL prompt images, a MoE
     load-balancing loss (``router_aux_loss_coef`` on a model that outputs router logits), ``cast_lm_head_to_fp32``.
     """
 
@@ -257,7 +260,7 @@ class PackedGRPOTrainer(GRPOTrainer):
         """TRL's (B, C) per-token log-probs (and entropies) of the completions, computed on packed group trees."""
         refused = [k for k in _REFUSED_MEDIA if media.get(k) is not None]
         if refused or set(media) - set(_REFUSED_MEDIA):
-            raise ConfigError(f"PackedGRPOTrainer packs text prompts and Qwen2-VL's prompt images only; this batch "
+            raise ConfigError(f"PackedGRPOTrainer packs text prompts and Qwen-VL prompt images only; this batch "
                               f"carries {refused or sorted(media)} (use trl.GRPOTrainer)")
         if compute_aux_loss:
             raise ConfigError("PackedGRPOTrainer: set router_aux_loss_coef=0 (the MoE aux loss is not packed)")
@@ -300,9 +303,10 @@ class PackedGRPOTrainer(GRPOTrainer):
 
 
 class _PromptImages:
-    """Qwen2-VL's prompt images of TRL's batch (each prompt's images repeated once per completion there): one
+    """The Qwen-VL prompt images of TRL's batch (each prompt's images repeated once per completion there): one
     digest per sample to group by, and per packed row each tree's images once with the mRoPE positions of
-    every path (``packer.models.shared.mrope.mrope_position_ids``, Qwen2-VL's ``get_rope_index`` per path)."""
+    every path (``packer.models.shared.mrope.mrope_position_ids``, Qwen2-VL's ``get_rope_index`` per path: the
+    image rule of Qwen2.5-VL, Qwen3-VL and Qwen3.5 too; Qwen3-VL interleaves the same three rows in its rotary)."""
 
     def __init__(self, model: Any, pixel_values: torch.Tensor, grid: torch.Tensor | None, num_images: Any, batch: int):
         model_type = getattr(model.config, "model_type", None)
