@@ -30,6 +30,7 @@ from trl import GRPOConfig, GRPOTrainer
 from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
 from packer.models import get_profile
+from packer.models.gemma3 import Gemma3Profile
 from packer.train.trainers.grpo import _REFUSED_MEDIA, PackedGRPOTrainer, group_trees, pack_trees, row_of
 from tests.train.trainer_helpers import VOCAB, StepRecorder, assert_grads_close, logged_losses, tiny_llama
 
@@ -222,9 +223,9 @@ def test_what_packer_cannot_make_exact_is_refused(model_dir, tmp_path):
     ids, mask = torch.ones(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
     with pytest.raises(ConfigError, match="pixel_values.*'llama'"):  # images on a family not proven: by model type
         trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3, pixel_values=torch.zeros(4, 3))
-    # other families' media inputs (Gemma 3, LLaVA-NeXT, InternVL, SmolVLM, LFM2-VL, Gemma 4) and any input TRL
-    # may add later (a video's pixels): by name
-    for name in (*_REFUSED_MEDIA, "pixel_values_videos"):
+    # other families' media inputs (LLaVA-NeXT, InternVL, SmolVLM, LFM2-VL, Gemma 4; token_type_ids on any model
+    # but Gemma 3) and any input TRL may add later (a video's pixels): by name
+    for name in (*_REFUSED_MEDIA, "token_type_ids", "pixel_values_videos"):
         with pytest.raises(ConfigError, match=name):
             trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3, **{name: torch.zeros(2, 6)})
 
@@ -373,6 +374,29 @@ def test_shared_turns_are_computed_once_and_never_see_a_sibling(model_dir, tmp_p
 IMAGE_SIZES = [(2, 2), (3, 2), (2, 4), (4, 3)]  # in units of the resize factor (28 / 32 px): 4, 6, 8, 12 tokens
 VL_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor", "qwen3-vl": "Qwen3VLProcessor",
                  "qwen3.5": "Qwen3VLProcessor"}  # transformers' processing_auto mapping of each model type
+GEMMA3_TINY = Gemma3Profile(name="gemma3-tiny", image_px=56, tokens_per_image=4)  # 4x4 patches pooled 2x2: 4 tokens
+
+
+def vl_profile(name: str):
+    return GEMMA3_TINY if name == "gemma3" else get_profile(name)
+
+
+def gemma3_processor():
+    """transformers' ``Gemma3Processor`` (PIL image processor at the tiny model's 56 px, 4 tokens an image) over
+    packer's ``gemma3`` stand-in tokenizer, left-padded, and Gemma 3's chat template as released (an image part is
+    ``<start_of_image>``, which the processor expands; the builtin template writes that expansion itself)."""
+    import transformers
+
+    from packer.models.gemma3.tokenizers import GEMMA3_CHAT_TEMPLATE
+
+    tok = load_tokenizer("gemma3")
+    tok.padding_side = "left"
+    template = GEMMA3_CHAT_TEMPLATE.replace("'\n\n<start_of_image><image_soft_token><end_of_image>\n\n'",
+                                            "'<start_of_image>'")
+    assert template != GEMMA3_CHAT_TEMPLATE
+    images = transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56})
+    return transformers.Gemma3Processor(image_processor=images, tokenizer=tok, image_seq_length=4,
+                                        chat_template=template)
 
 
 def vl_processor(name: str):
@@ -384,6 +408,8 @@ def vl_processor(name: str):
 
     from tests.helpers import without_video_processor
 
+    if name == "gemma3":
+        return gemma3_processor()
     profile = get_profile(name)
     tok = load_tokenizer(profile.default_tokenizer)
     tok.padding_side = "left"
@@ -397,7 +423,7 @@ def vl_processor(name: str):
 
 def vl_model_dir(tmp_path: Path, name: str) -> str:
     """The profile's tiny model (packer's proof: random weights, fp32) saved with its tokenizer."""
-    profile = get_profile(name)
+    profile = vl_profile(name)
     tok = load_tokenizer(profile.default_tokenizer)
     proof = profile.proof()
     torch.manual_seed(0)
@@ -443,6 +469,7 @@ def image_prompts(factor: int = 28) -> datasets.Dataset:
     ("qwen2.5-vl", 1e-5, 2e-5, False),  # windowed vision attention
     ("qwen3-vl", 1e-5, 2e-5, False),  # interleaved mRoPE, DeepStack into the first decoder layers
     ("qwen3.5", 5e-5, 2e-5, False),  # Gated DeltaNet layers: the state forks after the image (fp32, as the text test)
+    ("gemma3", 1e-5, 2e-5, False),  # 1-D positions, each image's tokens bidirectional, a sliding-window layer
 ])
 def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, whole_groups):
     """Each group's image goes through the vision tower and the language model once (TRL: G times), its mRoPE
@@ -452,11 +479,11 @@ def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, wh
     1.1e-6 of the largest gradient on every family, step 2 within 7.8e-6 (Qwen2-VL), 2.0e-6 (Qwen2.5-VL),
     8.5e-5 (Qwen3-VL), 2.1e-5 (Qwen3.5) (see test_packed_grpo_equals_trl_with_shared_turns_on_qwen35)."""
     model_dir = vl_model_dir(tmp_path, name)
-    profile = get_profile(name)
+    profile = vl_profile(name)
     results = []
     for cls in (RecordingGRPO, RecordingPackedGRPO):
         trainer = cls(model_dir, reward_funcs=completion_length_reward,
-                      train_dataset=image_prompts(profile.patch_size * profile.merge_size),
+                      train_dataset=image_prompts(profile.patch_size * getattr(profile, "merge_size", 2)),
                       args=grpo_config(tmp_path / cls.__name__, max_steps=2, optim="sgd",
                                        steps_per_generation=1 if whole_groups else None),
                       processing_class=vl_processor(name),
@@ -466,7 +493,9 @@ def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, wh
         trainer.add_callback(rec)
         rows: dict[str, list[int]] = {"policy": [], "reference": []}  # patch rows of each vision-tower call
         for key, model in (("policy", trainer.model), ("reference", trainer.ref_model)):
-            model.model.visual.register_forward_hook(lambda m, args, out, r=rows[key]: r.append(args[0].shape[0]))
+            tower = getattr(model.model, "visual", None) or model.model.vision_tower
+            tower.register_forward_hook(lambda m, args, kw, out, r=rows[key]: r.append(
+                (args[0] if args else kw["pixel_values"]).shape[0]), with_kwargs=True)
         trainer.train()
         results.append((trainer, rec, rows))
     (want, want_rec, want_rows), (got, got_rec, got_rows) = results
@@ -487,7 +516,7 @@ def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, wh
     assert logged_losses(got) == pytest.approx(logged_losses(want), rel=rtol, abs=1e-6)
     assert len(got_rec.grads) == len(want_rec.grads) == 2
     for g, w in zip(got_rec.grads, want_rec.grads, strict=True):
-        assert any(n.startswith(("model.visual", "visual")) for n in g)  # the vision tower is trained too
+        assert any(n.startswith(("model.visual", "model.vision_tower")) for n in g)  # the vision tower trains too
         worst = assert_grads_close(g, w, rtol=1e-3)
         print(name, "worst gradient difference / largest gradient:", worst)
         assert worst < grad_top
