@@ -373,7 +373,7 @@ def test_shared_turns_are_computed_once_and_never_see_a_sibling(model_dir, tmp_p
 
 IMAGE_SIZES = [(2, 2), (3, 2), (2, 4), (4, 3)]  # in units of the resize factor (28 / 32 px): 4, 6, 8, 12 tokens
 VL_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor", "qwen3-vl": "Qwen3VLProcessor",
-                 "qwen3.5": "Qwen3VLProcessor"}  # transformers' processing_auto mapping of each model type
+                 "qwen3.5": "Qwen3VLProcessor", "glm-4.6v": "Glm46VProcessor"}  # processing_auto's mapping
 GEMMA3_TINY = Gemma3Profile(name="gemma3-tiny", image_px=56, tokens_per_image=4)  # 4x4 patches pooled 2x2: 4 tokens
 
 
@@ -414,9 +414,13 @@ def vl_processor(name: str):
     tok = load_tokenizer(profile.default_tokenizer)
     tok.padding_side = "left"
     factor = profile.patch_size * profile.merge_size
-    images = transformers.Qwen2VLImageProcessorPil(
-        min_pixels=4 * factor * factor, max_pixels=16 * factor * factor, patch_size=profile.patch_size,
-        merge_size=profile.merge_size, image_mean=list(profile.image_mean), image_std=list(profile.image_std))
+    if name == "glm-4.6v":  # GLM's smart_resize counts an image as 2 frames: its bounds are on 2 x the area
+        images = transformers.Glm46VImageProcessorPil(size={"shortest_edge": 8 * factor * factor,
+                                                             "longest_edge": 32 * factor * factor})
+    else:
+        images = transformers.Qwen2VLImageProcessorPil(
+            min_pixels=4 * factor * factor, max_pixels=16 * factor * factor, patch_size=profile.patch_size,
+            merge_size=profile.merge_size, image_mean=list(profile.image_mean), image_std=list(profile.image_std))
     cls = without_video_processor(getattr(transformers, VL_PROCESSORS[name]))
     return cls(image_processor=images, tokenizer=tok, video_processor=None, chat_template=tok.chat_template)
 
@@ -470,6 +474,7 @@ def image_prompts(factor: int = 28) -> datasets.Dataset:
     ("qwen3-vl", 1e-5, 2e-5, False),  # interleaved mRoPE, DeepStack into the first decoder layers
     ("qwen3.5", 5e-5, 2e-5, False),  # Gated DeltaNet layers: the state forks after the image (fp32, as the text test)
     ("gemma3", 1e-5, 2e-5, False),  # 1-D positions, each image's tokens bidirectional, a sliding-window layer
+    ("glm-4.6v", 1e-5, 2e-5, False),  # Qwen2-VL's image mRoPE rule over <|image|> runs
 ])
 def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, whole_groups):
     """Each group's image goes through the vision tower and the language model once (TRL: G times), its mRoPE
