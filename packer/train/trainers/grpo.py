@@ -19,8 +19,8 @@ as TRL's fused LM head does, and handed back in TRL's (B, T_completion) layout (
 the entropies; so every ``loss_type``, the clipping, the KL term, importance sampling and the metrics run
 unchanged. Completions that share more than the prompt (a first turn, a tool result) form a radix trie under it:
 each shared prefix one node, computed once, a shared token's log-prob handed to every completion through it.
-Prompt images of the Qwen-VL families go through the model once per tree (``_PromptImages``: mRoPE positions
-along each path).
+Prompt images (the Qwen-VL families, GLM-4.6V, Gemma 3) go through the model once per tree (``_PromptImages``:
+mRoPE positions along each path, or Gemma 3's bidirectional image spans).
 A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in each). Only
 what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
 (docs/training.md, "RL").
@@ -233,8 +233,9 @@ class PackedGRPOTrainer(GRPOTrainer):
 
     ``max_tokens``: the most tokens in one packed row (default: the padded batch's own B x (P + C), so a row
     never holds more than TRL's padded forward would). ``backend``: packer's attention backend
-    (``use_packed_attention``). Refused with a ConfigError: media other than the Qwen-VL prompt images, a MoE
-    load-balancing loss (``router_aux_loss_coef`` on a model that outputs router logits), ``cast_lm_head_to_fp32``.
+    (``use_packed_attention``). Refused with a ConfigError: media other than the prompt images of
+    ``_IMAGE_MODEL_TYPES``, a MoE load-balancing loss (``router_aux_loss_coef`` on a model that outputs router
+    logits), ``cast_lm_head_to_fp32``.
     """
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any = None, *, max_tokens: int | None = None,
