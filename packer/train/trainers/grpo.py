@@ -275,6 +275,9 @@ class PackedGRPOTrainer(GRPOTrainer):
         images = None
         if pixel_values is not None:
             images = _PromptImages(self.accelerator.unwrap_model(model), pixel_values, image_grid_thw, num_images, B)
+            if bool((input_ids[:, -C:] == images.image_token_id).any()):
+                raise ConfigError("PackedGRPOTrainer packs images in the prompt only; a completion holds image tokens "
+                                  "(a tool's image): use trl.GRPOTrainer")
         budget = self.packer_max_tokens or input_ids.numel()
         trees = group_trees(input_ids, attention_mask, C, budget, None if images is None else images.keys)
         logps_flat, entropy_flat, index = [], [], []

@@ -230,6 +230,19 @@ def test_what_packer_cannot_make_exact_is_refused(model_dir, tmp_path):
             trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3, **{name: torch.zeros(2, 6)})
 
 
+def test_images_inside_completions_are_refused(tmp_path):
+    """A tool's image in a completion: its pixels are not among TRL's prompt images, so it is refused by name."""
+    trainer = PackedGRPOTrainer(vl_model_dir(tmp_path, "qwen2-vl"), reward_funcs=length_reward,
+                                args=grpo_config(tmp_path, beta=0.0), processing_class=vl_processor("qwen2-vl"),
+                                train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}))
+    image = trainer.model.config.image_token_id
+    ids = torch.tensor([[11, image, 12, 21, image, 22]] * 2)  # prompt [11 <img> 12], completion [21 <img> 22]
+    with pytest.raises(ConfigError, match="completion holds image tokens"):
+        trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 3,
+                                                   pixel_values=torch.zeros(8, 3 * 2 * 14 * 14),
+                                                   image_grid_thw=torch.tensor([[1, 2, 2]] * 2), num_images=[1, 1])
+
+
 @pytest.mark.slow
 def test_packed_grpo_equals_trl_on_two_ranks(model_dir, tmp_path):
     """torchrun, 2 ranks over gloo: TRL gathers the rewards of both ranks for the group advantages and DDP
