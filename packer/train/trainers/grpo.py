@@ -50,14 +50,16 @@ from packer.train.trainers.loss import loss_targets
 # Media inputs TRL 1.16 may hand its log-prob call (it passes no video or audio). Proven packed: images in the
 # prompt of the Qwen-VL families (``pixel_values`` + ``image_grid_thw`` + ``num_images``; ``mm_token_type_ids`` is
 # not needed: packer places the mRoPE positions from the ids along each path, Qwen2-VL's ``get_rope_index`` rule,
-# which Qwen2.5-VL, Qwen3-VL and Qwen3.5 share for images) and of Gemma 3 (``pixel_values`` one entry per image +
-# ``num_images``; ``token_type_ids`` not needed: each run of image tokens is a bidirectional span of the layout).
+# which Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-4.6V share for images), of LLaVA-1.5 and of Gemma 3 (``pixel_values``
+# one entry per image + ``num_images``, 1-D positions; Gemma 3's ``token_type_ids`` not needed: each run of image
+# tokens is a bidirectional span of the layout).
 # Any other family's media inputs are refused by name.
 _REFUSED_MEDIA = ("pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "image_position_ids")
 # model types whose prompt images are proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
 _MROPE_IMAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm46v")
-_SPAN_IMAGE_MODEL_TYPES = ("gemma3",)  # 1-D positions, each image's tokens one bidirectional span
-_IMAGE_MODEL_TYPES = (*_MROPE_IMAGE_MODEL_TYPES, *_SPAN_IMAGE_MODEL_TYPES)
+_FLAT_IMAGE_MODEL_TYPES = ("llava", "gemma3")  # 1-D positions, one pixel_values entry per image
+_SPAN_IMAGE_MODEL_TYPES = ("gemma3",)  # each image's run of tokens one bidirectional span
+_IMAGE_MODEL_TYPES = (*_MROPE_IMAGE_MODEL_TYPES, *_FLAT_IMAGE_MODEL_TYPES)
 
 
 @dataclass(frozen=True)
@@ -317,12 +319,13 @@ class _PromptImages:
 
     Qwen-VL families: the mRoPE positions of every path (``packer.models.shared.mrope.mrope_position_ids``,
     Qwen2-VL's ``get_rope_index`` per path: the image rule of Qwen2.5-VL, Qwen3-VL and Qwen3.5 too; Qwen3-VL
-    interleaves the same three rows in its rotary). Gemma 3: 1-D positions, and each run of image tokens a
-    bidirectional span of the layout (the blocks ``Gemma3Model`` builds from ``token_type_ids``)."""
+    interleaves the same three rows in its rotary). LLaVA-1.5 and Gemma 3: 1-D positions; Gemma 3's each run of
+    image tokens a bidirectional span of the layout (the blocks ``Gemma3Model`` builds from ``token_type_ids``)."""
 
     def __init__(self, model: Any, pixel_values: torch.Tensor, grid: torch.Tensor | None, num_images: Any, batch: int):
         model_type = getattr(model.config, "model_type", None)
         self.mrope = model_type in _MROPE_IMAGE_MODEL_TYPES
+        self.spans = model_type in _SPAN_IMAGE_MODEL_TYPES
         if model_type not in _IMAGE_MODEL_TYPES or (self.mrope and grid is None) or num_images is None:
             raise ConfigError(f"PackedGRPOTrainer packs prompt images for {list(_IMAGE_MODEL_TYPES)} only (pixel_values "
                               f"with num_images, and image_grid_thw for Qwen); this is {model_type!r}: use "
@@ -353,6 +356,8 @@ class _PromptImages:
         """The model's kwargs for ``row`` whose trees' prompts carry the images of ``samples`` (in row order)."""
         pixels = torch.cat([self.pixel_values[self.rows[b][0]:self.rows[b][1]] for b in samples])
         layout = row.layout
+        if not self.mrope and not self.spans:
+            return {"position_ids": row.position_ids, "pixel_values": pixels, LAYOUT_KWARG: layout}
         if not self.mrope:
             ids = row.input_ids[0].cpu()
             hits = torch.cat([torch.zeros(1, dtype=torch.int8), (ids == self.image_token_id).to(torch.int8),

@@ -31,6 +31,7 @@ from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
 from packer.models import get_profile
 from packer.models.gemma3 import Gemma3Profile
+from packer.models.llava.profile import LlavaProfile
 from packer.train.trainers.grpo import _REFUSED_MEDIA, PackedGRPOTrainer, group_trees, pack_trees, row_of
 from tests.train.trainer_helpers import VOCAB, StepRecorder, assert_grads_close, logged_losses, tiny_llama
 
@@ -388,10 +389,26 @@ IMAGE_SIZES = [(2, 2), (3, 2), (2, 4), (4, 3)]  # in units of the resize factor 
 VL_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor", "qwen3-vl": "Qwen3VLProcessor",
                  "qwen3.5": "Qwen3VLProcessor", "glm-4.6v": "Glm46VProcessor"}  # processing_auto's mapping
 GEMMA3_TINY = Gemma3Profile(name="gemma3-tiny", image_px=56, tokens_per_image=4)  # 4x4 patches pooled 2x2: 4 tokens
+LLAVA_TINY = LlavaProfile(name="llava-tiny", image_px=56)  # 4x4 patches of 14 px: 16 tokens
 
 
 def vl_profile(name: str):
-    return GEMMA3_TINY if name == "gemma3" else get_profile(name)
+    return {"gemma3": GEMMA3_TINY, "llava": LLAVA_TINY}.get(name) or get_profile(name)
+
+
+def llava_processor():
+    """transformers' ``LlavaProcessor`` at the tiny model's 56 px (CLIP's PIL processor: shortest edge, centre
+    crop), LLaVA-1.5's "default" features (CLS dropped: 16 tokens), over the builtin qwen2-vl tokenizer
+    left-padded (LLaVA-1.5's Vicuna tokenizer ships nowhere offline; its ``<|image_pad|>`` is the image token)."""
+    import transformers
+
+    tok = load_tokenizer("qwen2-vl")
+    tok.padding_side = "left"
+    images = transformers.CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    return transformers.LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=14,
+                                       vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                       image_token="<|image_pad|>",
+                                       chat_template=tok.chat_template)
 
 
 def gemma3_processor():
@@ -421,8 +438,8 @@ def vl_processor(name: str):
 
     from tests.helpers import without_video_processor
 
-    if name == "gemma3":
-        return gemma3_processor()
+    if name in ("gemma3", "llava"):
+        return gemma3_processor() if name == "gemma3" else llava_processor()
     profile = get_profile(name)
     tok = load_tokenizer(profile.default_tokenizer)
     tok.padding_side = "left"
@@ -441,7 +458,7 @@ def vl_processor(name: str):
 def vl_model_dir(tmp_path: Path, name: str) -> str:
     """The profile's tiny model (packer's proof: random weights, fp32) saved with its tokenizer."""
     profile = vl_profile(name)
-    tok = load_tokenizer(profile.default_tokenizer)
+    tok = load_tokenizer(profile.default_tokenizer or "qwen2-vl")
     proof = profile.proof()
     torch.manual_seed(0)
     model = proof.tiny_model(token_ids={t: tok.convert_tokens_to_ids(t) for t in proof.model_tokens()},
@@ -488,6 +505,7 @@ def image_prompts(factor: int = 28) -> datasets.Dataset:
     ("qwen3.5", 5e-5, 2e-5, False),  # Gated DeltaNet layers: the state forks after the image (fp32, as the text test)
     ("gemma3", 1e-5, 2e-5, False),  # 1-D positions, each image's tokens bidirectional, a sliding-window layer
     ("glm-4.6v", 1e-5, 2e-5, False),  # Qwen2-VL's image mRoPE rule over <|image|> runs
+    ("llava", 1e-5, 2e-5, False),  # LLaVA-1.5: CLIP at a fixed size, 1-D positions, causal image tokens
 ])
 def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, whole_groups):
     """Each group's image goes through the vision tower and the language model once (TRL: G times), its mRoPE
