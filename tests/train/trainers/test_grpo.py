@@ -244,6 +244,18 @@ def test_images_inside_completions_are_refused(tmp_path):
                                                    image_grid_thw=torch.tensor([[1, 2, 2]] * 2), num_images=[1, 1])
 
 
+def test_gemma3_pan_and_scan_crops_are_refused(tmp_path):
+    """Gemma 3 with pan-and-scan: more pixel_values entries (the crops) than images, which packer does not place."""
+    trainer = PackedGRPOTrainer(vl_model_dir(tmp_path, "gemma3"), reward_funcs=length_reward,
+                                args=grpo_config(tmp_path, beta=0.0), processing_class=gemma3_processor(),
+                                train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}))
+    image = trainer.model.config.image_token_id
+    ids = torch.tensor([[11, image, 12, 21, 22, 23]] * 2)
+    with pytest.raises(ConfigError, match="pan-and-scan"):  # 2 images, 3 entries each: the whole and 2 crops
+        trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 3,
+                                                   pixel_values=torch.zeros(6, 3, 56, 56), num_images=[1, 1])
+
+
 @pytest.mark.slow
 def test_packed_grpo_equals_trl_on_two_ranks(model_dir, tmp_path):
     """torchrun, 2 ranks over gloo: TRL gathers the rewards of both ranks for the group advantages and DDP
