@@ -56,7 +56,7 @@ from packer.train.trainers.loss import loss_targets
 # Any other family's media inputs are refused by name.
 _REFUSED_MEDIA = ("pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "image_position_ids")
 # model types whose prompt images are proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
-_MROPE_IMAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm46v")
+_MROPE_IMAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "glm46v")
 _FLAT_IMAGE_MODEL_TYPES = ("llava", "gemma3")  # 1-D positions, one pixel_values entry per image
 _SPAN_IMAGE_MODEL_TYPES = ("gemma3",)  # each image's run of tokens one bidirectional span
 _IMAGE_MODEL_TYPES = (*_MROPE_IMAGE_MODEL_TYPES, *_FLAT_IMAGE_MODEL_TYPES)

@@ -399,7 +399,8 @@ def test_shared_turns_are_computed_once_and_never_see_a_sibling(model_dir, tmp_p
 
 IMAGE_SIZES = [(2, 2), (3, 2), (2, 4), (4, 3)]  # in units of the resize factor (28 / 32 px): 4, 6, 8, 12 tokens
 VL_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor", "qwen3-vl": "Qwen3VLProcessor",
-                 "qwen3.5": "Qwen3VLProcessor", "glm-4.6v": "Glm46VProcessor"}  # processing_auto's mapping
+                 "qwen3.5": "Qwen3VLProcessor", "qwen3.5-moe": "Qwen3VLProcessor",
+                 "glm-4.6v": "Glm46VProcessor"}  # processing_auto's mapping
 GEMMA3_TINY = Gemma3Profile(name="gemma3-tiny", image_px=56, tokens_per_image=4)  # 4x4 patches pooled 2x2: 4 tokens
 LLAVA_TINY = LlavaProfile(name="llava-tiny", image_px=56)  # 4x4 patches of 14 px: 16 tokens
 
@@ -515,6 +516,7 @@ def image_prompts(factor: int = 28) -> datasets.Dataset:
     ("qwen2.5-vl", 1e-5, 2e-5, False),  # windowed vision attention
     ("qwen3-vl", 1e-5, 2e-5, False),  # interleaved mRoPE, DeepStack into the first decoder layers
     ("qwen3.5", 5e-5, 2e-5, False),  # Gated DeltaNet layers: the state forks after the image (fp32, as the text test)
+    ("qwen3.5-moe", 5e-5, 2e-5, False),  # its sparse MoE blocks (no router aux loss: refused, see the docstring)
     ("gemma3", 1e-5, 2e-5, False),  # 1-D positions, each image's tokens bidirectional, a sliding-window layer
     ("glm-4.6v", 1e-5, 2e-5, False),  # Qwen2-VL's image mRoPE rule over <|image|> runs
     ("llava", 1e-5, 2e-5, False),  # LLaVA-1.5: CLIP at a fixed size, 1-D positions, causal image tokens
@@ -528,12 +530,13 @@ def test_packed_grpo_equals_trl_with_an_image(tmp_path, name, rtol, grad_top, wh
     8.5e-5 (Qwen3-VL), 2.1e-5 (Qwen3.5) (see test_packed_grpo_equals_trl_with_shared_turns_on_qwen35)."""
     model_dir = vl_model_dir(tmp_path, name)
     profile = vl_profile(name)
+    moe = {"router_aux_loss_coef": 0.0} if name.endswith("moe") else {}  # the aux loss is refused (docstring)
     results = []
     for cls in (RecordingGRPO, RecordingPackedGRPO):
         trainer = cls(model_dir, reward_funcs=completion_length_reward,
                       train_dataset=image_prompts(profile.patch_size * getattr(profile, "merge_size", 2)),
                       args=grpo_config(tmp_path / cls.__name__, max_steps=2, optim="sgd",
-                                       steps_per_generation=1 if whole_groups else None),
+                                       steps_per_generation=1 if whole_groups else None, **moe),
                       processing_class=vl_processor(name),
                       rollout_func=image_rollout)
         trainer.recorded = []
