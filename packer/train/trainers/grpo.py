@@ -19,8 +19,8 @@ as TRL's fused LM head does, and handed back in TRL's (B, T_completion) layout (
 the entropies; so every ``loss_type``, the clipping, the KL term, importance sampling and the metrics run
 unchanged. Completions that share more than the prompt (a first turn, a tool result) form a radix trie under it:
 each shared prefix one node, computed once, a shared token's log-prob handed to every completion through it.
-Prompt images (the Qwen-VL families, GLM-4.6V, Gemma 3) go through the model once per tree (``_PromptImages``:
-mRoPE positions along each path, or Gemma 3's bidirectional image spans).
+Prompt images (the Qwen-VL families, GLM-4.6V, LLaVA-1.5, Gemma 3) go through the model once per tree
+(``_PromptImages``: mRoPE positions along each path, or 1-D ones and Gemma 3's bidirectional image spans).
 A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in each). Only
 what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
 (docs/training.md, "RL").
@@ -318,8 +318,8 @@ class _PromptImages:
     sample to group by, and per packed row each tree's images once.
 
     Qwen-VL families: the mRoPE positions of every path (``packer.models.shared.mrope.mrope_position_ids``,
-    Qwen2-VL's ``get_rope_index`` per path: the image rule of Qwen2.5-VL, Qwen3-VL and Qwen3.5 too; Qwen3-VL
-    interleaves the same three rows in its rotary). LLaVA-1.5 and Gemma 3: 1-D positions; Gemma 3's each run of
+    Qwen2-VL's ``get_rope_index`` per path: the image rule of Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-4.6V too;
+    Qwen3-VL interleaves the same three rows in its rotary). LLaVA-1.5 and Gemma 3: 1-D positions; Gemma 3's each run of
     image tokens a bidirectional span of the layout (the blocks ``Gemma3Model`` builds from ``token_type_ids``)."""
 
     def __init__(self, model: Any, pixel_values: torch.Tensor, grid: torch.Tensor | None, num_images: Any, batch: int):
