@@ -13,8 +13,8 @@ The "VLM 1500+100:300" shape runs its 1500 image-like prompt tokens as text thro
 tower of width 32) with a real 1500-token image (grid 1 x 60 x 100, 6,000 patches) in each prompt, TRL's inputs as
 its ``_generate_and_score_completions`` hands them over (``pixel_values`` once per completion, ``image_grid_thw``,
 ``num_images``, ``mm_token_type_ids``), so TRL's vision tower runs G times per group and packer's once.
-``--vlm qwen2.5-vl qwen3-vl qwen3.5`` picks the families (each its packer proof's tiny model: Qwen2.5-VL at the
-Llama's text sizes, Qwen3-VL and Qwen3.5 at their proofs' hidden 32; the same image grid). The
+``--vlm qwen2.5-vl qwen3-vl qwen3.5 glm-4.6v`` picks the families (each its packer proof's tiny model: Qwen2.5-VL
+at the Llama's text sizes, Qwen3-VL and Qwen3.5 at hidden 32, GLM-4.6V at 64; the same image grid). The
 "multi-turn" shape: completions of a group share a first turn and tool result (200 tokens) before their own 20-100%
 of 400, which the radix trie computes once.
 
@@ -43,7 +43,8 @@ from packer.train.trainers.grpo import PackedGRPOTrainer, group_trees, pack_tree
 SHAPES = {"math 300:600": (300, 600), "VLM 1500+100:300": (1600, 300), "multi-turn 300:200+400": (300, 600)}
 SHARED = {"multi-turn 300:200+400": 200}  # tokens a group's completions share after the prompt
 IMAGE_GRID = (1, 60, 100)  # 6,000 patches, 1,500 tokens after Qwen2-VL's 2 x 2 merge
-VLM_NAMES = {"qwen2-vl": "Qwen2-VL", "qwen2.5-vl": "Qwen2.5-VL", "qwen3-vl": "Qwen3-VL", "qwen3.5": "Qwen3.5"}
+VLM_NAMES = {"qwen2-vl": "Qwen2-VL", "qwen2.5-vl": "Qwen2.5-VL", "qwen3-vl": "Qwen3-VL", "qwen3.5": "Qwen3.5",
+             "glm-4.6v": "GLM-4.6V"}
 IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN = 8000, 8001, 8002, 8003
 
 
@@ -135,8 +136,8 @@ def main() -> None:
 
         torch.manual_seed(0)
         proof = get_profile(family).proof()
-        tokens = dict(zip(proof.model_tokens(), (IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN), strict=True))
-        sizes = {"hidden": 128} if family in ("qwen2-vl", "qwen2.5-vl") else {}  # Qwen3's proofs: hidden 32
+        tokens = {t: IMAGE_TOKEN + i for i, t in enumerate(proof.model_tokens())}  # image, start, end, video ...
+        sizes = {"hidden": 128} if family in ("qwen2-vl", "qwen2.5-vl") else {}  # the others: their proofs' sizes
         vlm = proof.tiny_model(token_ids=tokens, vocab_size=config.vocab_size, **sizes)
         vlm_packed = copy.deepcopy(vlm)
         add_fused_lm_head(vlm, outputs=("log_probs", "entropy"))
