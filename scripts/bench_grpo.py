@@ -12,12 +12,15 @@ The "VLM 1500+100:300" shape runs its 1500 image-like prompt tokens as text thro
 ``--vlm`` adds "Qwen2-VL real" rows on the real path: a random-weight Qwen2-VL (the same text sizes, a 1-block vision
 tower of width 32) with a real 1500-token image (grid 1 x 60 x 100, 6,000 patches) in each prompt, TRL's inputs as
 its ``_generate_and_score_completions`` hands them over (``pixel_values`` once per completion, ``image_grid_thw``,
-``num_images``, ``mm_token_type_ids``), so TRL's vision tower runs G times per group and packer's once. The
+``num_images``, ``mm_token_type_ids``), so TRL's vision tower runs G times per group and packer's once.
+``--vlm qwen2.5-vl qwen3-vl qwen3.5 glm-4.6v`` picks the families (each its packer proof's tiny model: Qwen2.5-VL
+at the Llama's text sizes, Qwen3-VL and Qwen3.5 at hidden 32, GLM-4.6V at 64; the same image grid). The
 "multi-turn" shape: completions of a group share a first turn and tool result (200 tokens) before their own 20-100%
 of 400, which the radix trie computes once.
 
     nice -n 10 .venv/bin/python scripts/bench_grpo.py            # the table in docs/benchmarks.md
     nice -n 10 .venv/bin/python scripts/bench_grpo.py --vlm --only multi Qwen2-VL --groups 4 8 --repeats 2
+    nice -n 10 .venv/bin/python scripts/bench_grpo.py --vlm qwen2.5-vl qwen3-vl qwen3.5 --only Qwen --groups 4
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from packer.train.trainers.grpo import PackedGRPOTrainer, group_trees, pack_tree
 SHAPES = {"math 300:600": (300, 600), "VLM 1500+100:300": (1600, 300), "multi-turn 300:200+400": (300, 600)}
 SHARED = {"multi-turn 300:200+400": 200}  # tokens a group's completions share after the prompt
 IMAGE_GRID = (1, 60, 100)  # 6,000 patches, 1,500 tokens after Qwen2-VL's 2 x 2 merge
+VLM_NAMES = {"qwen2-vl": "Qwen2-VL", "qwen2.5-vl": "Qwen2.5-VL", "qwen3-vl": "Qwen3-VL", "qwen3.5": "Qwen3.5",
+             "glm-4.6v": "GLM-4.6V"}
 IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN = 8000, 8001, 8002, 8003
 
 
@@ -72,10 +77,10 @@ def batch(prompts: int, G: int, prompt_len: int, completion_len: int, vocab: int
     return ids, mask, C
 
 
-def image_inputs(ids: torch.Tensor, P: int) -> dict:
+def image_inputs(ids: torch.Tensor, P: int, patch: int = 14) -> dict:
     """TRL's media inputs of a batch whose every prompt holds one image: pixels once per completion."""
     patches = IMAGE_GRID[0] * IMAGE_GRID[1] * IMAGE_GRID[2]
-    pixels = torch.randn(patches, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
+    pixels = torch.randn(patches, 3 * 2 * patch * patch, generator=torch.Generator().manual_seed(0))
     B = ids.shape[0]
     mm = torch.zeros_like(ids)
     mm[:, :P] = (ids[:, :P] == IMAGE_TOKEN).long()
@@ -101,7 +106,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared machine's load moves it least)")
     ap.add_argument("--no-time", action="store_true", help="token counts only")
-    ap.add_argument("--vlm", action="store_true", help="also the real Qwen2-VL rows (vision tower included)")
+    ap.add_argument("--vlm", nargs="*", default=None, choices=sorted(VLM_NAMES), metavar="FAMILY",
+                    help=f"also real VLM rows, vision tower included (no FAMILY: qwen2-vl; any of {sorted(VLM_NAMES)})")
     ap.add_argument("--only", nargs="+", default=None, help="shapes whose name starts with one of these")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -121,28 +127,32 @@ def main() -> None:
     def packed_fn(*a, **k):
         return PackedGRPOTrainer._get_per_token_logps_and_entropies(packed, *a, **k)
 
-    print(f"{'shape':26} {'G':>3} {'B':>4} {'padded tok':>10} {'packed tok':>10} {'ratio':>6} "
+    print(f"{'shape':28} {'G':>3} {'B':>4} {'padded tok':>10} {'packed tok':>10} {'ratio':>6} "
           f"{'TRL s':>7} {'packed s':>8} {'speedup':>7}")
     shapes = [(name, p, c, padded_model, packed_model) for name, (p, c) in SHAPES.items()]
-    if args.vlm:
+    patch = {}
+    for family in ([] if args.vlm is None else args.vlm or ["qwen2-vl"]):
         from packer.models import get_profile
 
         torch.manual_seed(0)
-        tokens = dict(zip(get_profile("qwen2-vl").proof().model_tokens(),
-                          (IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN), strict=True))
-        vlm = get_profile("qwen2-vl").proof().tiny_model(token_ids=tokens, vocab_size=config.vocab_size, hidden=128)
+        proof = get_profile(family).proof()
+        tokens = {t: IMAGE_TOKEN + i for i, t in enumerate(proof.model_tokens())}  # image, start, end, video ...
+        sizes = {"hidden": 128} if family in ("qwen2-vl", "qwen2.5-vl") else {}  # the others: their proofs' sizes
+        vlm = proof.tiny_model(token_ids=tokens, vocab_size=config.vocab_size, **sizes)
         vlm_packed = copy.deepcopy(vlm)
         add_fused_lm_head(vlm, outputs=("log_probs", "entropy"))
         use_packed_attention(vlm_packed, "auto")
-        shapes.append(("Qwen2-VL real 1500+100:300", 100, 300, vlm, vlm_packed))
+        name = f"{VLM_NAMES[family]} real 1500+100:300"
+        patch[name] = get_profile(family).patch_size
+        shapes.append((name, 100, 300, vlm, vlm_packed))
     for name, p_len, c_len, padded_m, packed_m in shapes:
         if args.only and not any(name.startswith(o) for o in args.only):
             continue
         for G in args.groups:
-            image = name.startswith("Qwen2-VL")
+            image = name in patch
             ids, mask, C = batch(args.prompts, G, p_len, c_len, config.vocab_size, shared=SHARED.get(name, 0),
                                  image=image)
-            media = image_inputs(ids, ids.shape[1] - C) if image else {}
+            media = image_inputs(ids, ids.shape[1] - C, patch[name]) if image else {}
             padded_tokens = ids.numel()
             packed_tokens = sum(t.num_tokens for r in pack_trees(group_trees(ids, mask, C, ids.numel()), ids.numel())
                                 for t in r)
@@ -150,7 +160,7 @@ def main() -> None:
             if not args.no_time:
                 t_trl = step_time(trl_fn, padded_m, ids, mask, C, args.repeats, **media)
                 t_packed = step_time(packed_fn, packed_m, ids, mask, C, args.repeats, **media)
-            print(f"{name:26} {G:>3} {ids.shape[0]:>4} {padded_tokens:>10} {packed_tokens:>10} "
+            print(f"{name:28} {G:>3} {ids.shape[0]:>4} {padded_tokens:>10} {packed_tokens:>10} "
                   f"{padded_tokens / packed_tokens:>6.2f} {t_trl:>7.2f} {t_packed:>8.2f} {t_trl / t_packed:>7.2f}",
                   flush=True)
 

@@ -19,7 +19,8 @@ as TRL's fused LM head does, and handed back in TRL's (B, T_completion) layout (
 the entropies; so every ``loss_type``, the clipping, the KL term, importance sampling and the metrics run
 unchanged. Completions that share more than the prompt (a first turn, a tool result) form a radix trie under it:
 each shared prefix one node, computed once, a shared token's log-prob handed to every completion through it.
-Qwen2-VL prompt images go through the model once per tree (``_PromptImages``: mRoPE positions along each path).
+Prompt images (the Qwen-VL families, GLM-4.6V, LLaVA-1.5, Gemma 3) go through the model once per tree
+(``_PromptImages``: mRoPE positions along each path, or 1-D ones and Gemma 3's bidirectional image spans).
 A group too long for ``max_tokens`` splits its completions over several trees (the prompt again in each). Only
 what packer can make exact is accepted; the rest is refused with a ConfigError naming the option
 (docs/training.md, "RL").
@@ -46,12 +47,19 @@ from packer.train.keys import LAYOUT_KWARG
 from packer.train.options import Backend
 from packer.train.trainers.loss import loss_targets
 
-# Media inputs TRL 1.16 may hand its log-prob call. Proven packed: Qwen2-VL's images in the prompt
-# (``pixel_values`` + ``image_grid_thw`` + ``num_images``; ``mm_token_type_ids`` is not needed: packer places the
-# mRoPE positions from the ids along each path). Any other family's media inputs are refused by name.
-_REFUSED_MEDIA = ("pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
-                  "image_position_ids")
-_IMAGE_MODEL_TYPES = ("qwen2_vl",)  # proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
+# Media inputs TRL 1.16 may hand its log-prob call (it passes no video or audio). Proven packed: images in the
+# prompt of the Qwen-VL families (``pixel_values`` + ``image_grid_thw`` + ``num_images``; ``mm_token_type_ids`` is
+# not needed: packer places the mRoPE positions from the ids along each path, Qwen2-VL's ``get_rope_index`` rule,
+# which Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-4.6V share for images), of LLaVA-1.5 and of Gemma 3 (``pixel_values``
+# one entry per image + ``num_images``, 1-D positions; Gemma 3's ``token_type_ids`` not needed: each run of image
+# tokens is a bidirectional span of the layout).
+# Any other family's media inputs are refused by name.
+_REFUSED_MEDIA = ("pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "image_position_ids")
+# model types whose prompt images are proven equal to TRL's padded path (tests/train/trainers/test_grpo.py)
+_MROPE_IMAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "glm46v")
+_FLAT_IMAGE_MODEL_TYPES = ("llava", "gemma3")  # 1-D positions, one pixel_values entry per image
+_SPAN_IMAGE_MODEL_TYPES = ("gemma3",)  # each image's run of tokens one bidirectional span
+_IMAGE_MODEL_TYPES = (*_MROPE_IMAGE_MODEL_TYPES, *_FLAT_IMAGE_MODEL_TYPES)
 
 
 @dataclass(frozen=True)
@@ -227,8 +235,9 @@ class PackedGRPOTrainer(GRPOTrainer):
 
     ``max_tokens``: the most tokens in one packed row (default: the padded batch's own B x (P + C), so a row
     never holds more than TRL's padded forward would). ``backend``: packer's attention backend
-    (``use_packed_attention``). Refused with a ConfigError: media other than Qwen2-VL's prompt images, a MoE
-    load-balancing loss (``router_aux_loss_coef`` on a model that outputs router logits), ``cast_lm_head_to_fp32``.
+    (``use_packed_attention``). Refused with a ConfigError: media other than the prompt images of
+    ``_IMAGE_MODEL_TYPES``, a MoE load-balancing loss (``router_aux_loss_coef`` on a model that outputs router
+    logits), ``cast_lm_head_to_fp32``.
     """
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any = None, *, max_tokens: int | None = None,
@@ -253,18 +262,24 @@ class PackedGRPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, pixel_values=None,
                                            image_grid_thw=None, num_images=None, mm_token_type_ids=None,
-                                           **media: Any):
+                                           token_type_ids=None, **media: Any):
         """TRL's (B, C) per-token log-probs (and entropies) of the completions, computed on packed group trees."""
         refused = [k for k in _REFUSED_MEDIA if media.get(k) is not None]
+        model_type = getattr(self.accelerator.unwrap_model(model).config, "model_type", None)
+        if token_type_ids is not None and model_type not in _SPAN_IMAGE_MODEL_TYPES:
+            refused.append("token_type_ids")
         if refused or set(media) - set(_REFUSED_MEDIA):
-            raise ConfigError(f"PackedGRPOTrainer packs text prompts and Qwen2-VL's prompt images only; this batch "
-                              f"carries {refused or sorted(media)} (use trl.GRPOTrainer)")
+            raise ConfigError(f"PackedGRPOTrainer packs text prompts and the prompt images of {list(_IMAGE_MODEL_TYPES)} "
+                              f"only; this batch carries {refused or sorted(media)} (use trl.GRPOTrainer)")
         if compute_aux_loss:
             raise ConfigError("PackedGRPOTrainer: set router_aux_loss_coef=0 (the MoE aux loss is not packed)")
         B, C = input_ids.shape[0], int(logits_to_keep)
         images = None
         if pixel_values is not None:
             images = _PromptImages(self.accelerator.unwrap_model(model), pixel_values, image_grid_thw, num_images, B)
+            if bool((input_ids[:, -C:] == images.image_token_id).any()):
+                raise ConfigError("PackedGRPOTrainer packs images in the prompt only; a completion holds image tokens "
+                                  "(a tool's image): use trl.GRPOTrainer")
         budget = self.packer_max_tokens or input_ids.numel()
         trees = group_trees(input_ids, attention_mask, C, budget, None if images is None else images.keys)
         logps_flat, entropy_flat, index = [], [], []
@@ -272,13 +287,13 @@ class PackedGRPOTrainer(GRPOTrainer):
             row = row_of(trees_of_row, input_ids, C)
             sel = loss_targets(row.labels, row.layout)
             keep = torch.unique(sel.predecessors)  # sorted
-            inputs: dict[str, Any] = {"position_ids": row.position_ids}
+            inputs: dict[str, Any] = {"position_ids": row.position_ids, LAYOUT_KWARG: row.layout}
             if images is not None:
                 inputs = images.inputs(row, [t.sample for t in trees_of_row])
             with self.accelerator.autocast():
-                out = model(input_ids=row.input_ids, use_cache=False, logits_to_keep=keep,
-                            **inputs, **{LAYOUT_KWARG: row.layout})
-            logits = out.logits[0].index_select(0, torch.searchsorted(keep, sel.predecessors)).float()
+                out = model(input_ids=row.input_ids, use_cache=False, logits_to_keep=keep, **inputs)
+            logits = out.logits[0].index_select(0, torch.searchsorted(keep, sel.predecessors))
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 as TRL's head; fp64 stays
             logp = F.log_softmax(logits / self.temperature, dim=-1)  # TRL's fused head divides by temperature too
             # sel's tokens are the row's labelled ones in row order: a row position's rank among them
             rank = torch.cumsum(row.labels != IGNORE_INDEX, 0) - 1
@@ -287,8 +302,9 @@ class PackedGRPOTrainer(GRPOTrainer):
             if compute_entropy:  # differentiable: TRL's entropy bonus uses it
                 entropy_flat.append(-(logp.exp() * logp).sum(-1)[pick])
             index.append(row.targets)
-        logps = torch.zeros(B * C, dtype=torch.float32, device=input_ids.device)
-        entropies = torch.zeros(B * C, dtype=torch.float32, device=input_ids.device) if compute_entropy else None
+        dtype = logps_flat[0].dtype if logps_flat else torch.float32
+        logps = torch.zeros(B * C, dtype=dtype, device=input_ids.device)
+        entropies = torch.zeros(B * C, dtype=dtype, device=input_ids.device) if compute_entropy else None
         if index:
             idx = torch.cat(index)
             logps = logps.index_put((idx,), torch.cat(logps_flat))
@@ -298,38 +314,63 @@ class PackedGRPOTrainer(GRPOTrainer):
 
 
 class _PromptImages:
-    """Qwen2-VL's prompt images of TRL's batch (each prompt's images repeated once per completion there): one
-    digest per sample to group by, and per packed row each tree's images once with the mRoPE positions of
-    every path (``packer.models.shared.mrope.mrope_position_ids``, Qwen2-VL's ``get_rope_index`` per path)."""
+    """The prompt images of TRL's batch (each prompt's images repeated once per completion there): one digest per
+    sample to group by, and per packed row each tree's images once.
+
+    Qwen-VL families: the mRoPE positions of every path (``packer.models.shared.mrope.mrope_position_ids``,
+    Qwen2-VL's ``get_rope_index`` per path: the image rule of Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-4.6V too;
+    Qwen3-VL interleaves the same three rows in its rotary). LLaVA-1.5 and Gemma 3: 1-D positions; Gemma 3's each run of
+    image tokens a bidirectional span of the layout (the blocks ``Gemma3Model`` builds from ``token_type_ids``)."""
 
     def __init__(self, model: Any, pixel_values: torch.Tensor, grid: torch.Tensor | None, num_images: Any, batch: int):
         model_type = getattr(model.config, "model_type", None)
-        if model_type not in _IMAGE_MODEL_TYPES or grid is None or num_images is None:
+        self.mrope = model_type in _MROPE_IMAGE_MODEL_TYPES
+        self.spans = model_type in _SPAN_IMAGE_MODEL_TYPES
+        if model_type not in _IMAGE_MODEL_TYPES or (self.mrope and grid is None) or num_images is None:
             raise ConfigError(f"PackedGRPOTrainer packs prompt images for {list(_IMAGE_MODEL_TYPES)} only (pixel_values "
-                              f"with image_grid_thw and num_images); this is {model_type!r}: use trl.GRPOTrainer")
+                              f"with num_images, and image_grid_thw for Qwen); this is {model_type!r}: use "
+                              "trl.GRPOTrainer")
         counts = [int(n) for n in num_images]
         if len(counts) != batch:
             raise ConfigError(f"num_images has {len(counts)} entries for a batch of {batch}")
-        rows = grid.prod(-1).tolist()
+        if self.mrope:
+            rows = grid.prod(-1).tolist()
+        elif pixel_values.shape[0] == sum(counts):
+            rows = [1] * sum(counts)  # one pixel_values entry per image
+        else:
+            raise ConfigError(f"PackedGRPOTrainer: {model_type} pixel_values has {pixel_values.shape[0]} entries for "
+                              f"{sum(counts)} images (pan-and-scan crops are not packed); set do_pan_and_scan=False")
         image_start = np.cumsum([0, *counts]).tolist()
         row_start = np.cumsum([0, *rows]).tolist()
         self.pixel_values, self.grid = pixel_values, grid
         self.images = [range(image_start[b], image_start[b + 1]) for b in range(batch)]
         self.rows = [(row_start[image_start[b]], row_start[image_start[b + 1]]) for b in range(batch)]
-        pixels, grids = pixel_values.detach().cpu().contiguous(), grid.cpu()
+        pixels = pixel_values.detach().cpu().contiguous()
+        grids = grid.cpu() if grid is not None else torch.zeros(sum(counts), 0, dtype=torch.long)
         self.keys = [hashlib.sha1(pixels[a:e].numpy().tobytes() + grids[i.start:i.stop].numpy().tobytes()).digest()
                      for (a, e), i in zip(self.rows, self.images, strict=True)]
         self.image_token_id = int(model.config.image_token_id)
-        self.merge = int(model.config.vision_config.spatial_merge_size)
+        self.merge = int(model.config.vision_config.spatial_merge_size) if self.mrope else 1
 
     def inputs(self, row: PackedRow, samples: list[int]) -> dict[str, Any]:
         """The model's kwargs for ``row`` whose trees' prompts carry the images of ``samples`` (in row order)."""
-        grid = torch.cat([self.grid[self.images[b].start:self.images[b].stop] for b in samples])
         pixels = torch.cat([self.pixel_values[self.rows[b][0]:self.rows[b][1]] for b in samples])
         layout = row.layout
+        if not self.mrope and not self.spans:
+            return {"position_ids": row.position_ids, "pixel_values": pixels, LAYOUT_KWARG: layout}
+        if not self.mrope:
+            ids = row.input_ids[0].cpu()
+            hits = torch.cat([torch.zeros(1, dtype=torch.int8), (ids == self.image_token_id).to(torch.int8),
+                              torch.zeros(1, dtype=torch.int8)])
+            edges = hits.diff()
+            spans = torch.stack([(edges == 1).nonzero()[:, 0], (edges == -1).nonzero()[:, 0]], dim=1)  # (S, 2)
+            layout = PackedLayout.from_tensors(layout.num_tokens, layout.cu_seqlens, layout.node_offsets,
+                                               layout.node_parents, bidirectional_spans=spans)
+            return {"position_ids": row.position_ids, "pixel_values": pixels, LAYOUT_KWARG: layout}
+        grid = torch.cat([self.grid[self.images[b].start:self.images[b].stop] for b in samples])
         mrope = mrope_position_ids(row.input_ids[0].cpu().numpy(), layout.node_offsets.cpu().numpy(),
                                    layout.node_parents.cpu().numpy(), [tuple(g) for g in grid.tolist()],
                                    image_token_id=self.image_token_id, spatial_merge_size=self.merge)
         positions = torch.cat([row.position_ids.cpu(), torch.from_numpy(mrope.astype(np.int64))])  # text row, t/h/w
         return {"position_ids": positions.unsqueeze(1).to(row.input_ids.device), "pixel_values": pixels,
-                "image_grid_thw": grid}
+                "image_grid_thw": grid, LAYOUT_KWARG: layout}
