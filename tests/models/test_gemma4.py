@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from transformers import Gemma4ImageProcessorPil, Gemma4Processor
-from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
 
@@ -46,6 +45,7 @@ from packer.report.verify import verify_build
 from packer.train.collate import collate
 from tests.media.make_videos import write_clip
 from tests.models import family_checks as fc
+from tests.models import released
 
 # odd sizes (width, height): 1 px, extreme strips (the budget's one-token-high branch), exact budgets, a side that
 # rounds to exactly a whole token (1000x700: 960x672 = 20 x 14 = 280), just off whole tokens, huge
@@ -124,7 +124,7 @@ def tok():
 def processor(tok):
     # google/gemma-4-*-it processor_config.json: the classes' defaults (image 280 soft tokens, video 32 frames of
     # 70), image_seq_length 280
-    return _Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessorPil(),
+    return _Processor(feature_extractor=released.audio_extractor("gemma4"), image_processor=released.image_processor("gemma4"),
                       tokenizer=tok, video_processor=_video_processor_class()(), image_seq_length=280)
 
 
@@ -465,7 +465,9 @@ def test_vision_bidirectional_checkpoints_cannot_be_packed_exactly(built, tok) -
     spec.loader.exec_module(ce)
     profile = get_profile("gemma4")
     row = max(built["rows"], key=lambda r: len(r["images"]))
-    (batch,), ids, vocab = ce.compact_vocab([collate([row])], ce.profile_token_ids(profile, tok))
+    with released.released_reader(profile):  # the released image processor, not the profile's
+        rows = collate([row])
+    (batch,), ids, vocab = ce.compact_vocab([rows], ce.profile_token_ids(profile, tok))
     model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
     assert ce.compare(model, batch, ["sdpa_varlen"], profile=profile, token_ids=ids)["sdpa_varlen"]["ok"]
     model.config.text_config.use_bidirectional_attention = "vision"  # Gemma4Model reads it at every forward

@@ -10,7 +10,8 @@ user's ``--tokenizer <dir>`` says.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,156 @@ def whisper_extractor(entry: dict[str, Any]) -> Any:
     keys = ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value", "dither",
             "return_attention_mask")
     return WhisperFeatureExtractor(**{k: values[k] for k in keys if k in values})
+
+
+# ---------------------------------------------------------------- the reference processors of the proofs
+
+# What a family's Processor passes its image processor at call time, which no processor file holds, as
+# ``from_pretrained`` kwargs read from the fixture: PixtralProcessor's patch_size * spatial_merge_size,
+# InternVLProcessor's crop_to_patches (its images_kwargs win over the file's false), LLaVA-OneVision's crops
+# concatenated rather than padded (the reader's layout: the same pixels per crop), and Molmo2's fixture keys, named
+# as the profile names them (no public copy of its file was found), as the processor's arguments.
+CALL_KWARGS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "mistral3": lambda e: {"patch_size": {
+        side: file_values(e, P)["patch_size.height"] * file_values(e, "config.json")["spatial_merge_size"]
+        for side in ("height", "width")}},
+    "internvl": lambda e: {"crop_to_patches": True},
+    "llava_onevision": lambda e: {"do_pad": False},
+    "molmo2": lambda e: {"size": {"height": file_values(e, P)["crop_px"], "width": file_values(e, P)["crop_px"]},
+                         "max_crops": file_values(e, P)["max_crops"]},
+}
+
+
+def family_of(profile_name: str) -> str:
+    return next(f for f, name, _ in released_profiles() if name == profile_name)
+
+
+def entry_of(profile_name: str) -> dict[str, Any]:
+    return load(family_of(profile_name))["profiles"][profile_name]
+
+
+def _squared(values: dict[str, Any]) -> dict[str, Any]:
+    """A fixture's ``size.height`` without ``size.width`` is the square its file writes (448 x 448 tiles)."""
+    out = dict(values)
+    for key, value in values.items():
+        if key.endswith(".height") and f"{key[:-7]}.width" not in values:
+            out[f"{key[:-7]}.width"] = value
+    return out
+
+
+def image_processor(profile_name: str, *, min_pixels: int | None = None, max_pixels: int | None = None,
+                    **kwargs: Any) -> Any:
+    """The family's HF image processor as ``from_pretrained`` loads it from a checkpoint directory holding the
+    released files (the fixture's values; the class's defaults for what the file leaves out), plus what the
+    family's Processor passes at call time (``CALL_KWARGS``) and a build's own settings (``min_pixels`` /
+    ``max_pixels``, the processor's other ``kwargs``). The class is the one packer's reader runs (the PIL backend of
+    the file's ``image_processor_type``; torchvision is not a dependency): only the values come from the fixture,
+    so a profile default that drifts from the released file gives the proof other counts than the build's."""
+    import tempfile
+
+    from packer.models import get_profile
+
+    family, entry = family_of(profile_name), entry_of(profile_name)
+    cls = type(get_profile(profile_name).reader().make_image_processor())
+    directory = Path(tempfile.mkdtemp(prefix=f"released-{profile_name}-"))
+    pre = _squared(file_values(entry, P))
+    if family == "molmo2":  # its fixture keys are the profile's names, not a file's (see CALL_KWARGS)
+        pre = {}
+    (directory / P).write_text(json.dumps(nested(pre)))
+    proc = file_values(entry, "processor_config.json")
+    if proc:
+        (directory / "processor_config.json").write_text(json.dumps(nested(proc)))
+    args = {**CALL_KWARGS.get(family, lambda e: {})(entry), **kwargs}
+    if min_pixels is not None or max_pixels is not None:
+        if "min_pixels" in pre:  # Qwen2-VL's file keys win over a size= kwarg
+            args.update(min_pixels=min_pixels, max_pixels=max_pixels)
+        else:
+            args["size"] = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    return cls.from_pretrained(str(directory), **args)
+
+
+def audio_extractor(profile_name: str) -> Any:
+    """The family's feature extractor as the released files configure it: ``WhisperFeatureExtractor`` from
+    preprocessor_config.json (Qwen2-Audio, the Omni models), ``Gemma4AudioFeatureExtractor`` from
+    processor_config.json's ``feature_extractor``."""
+    entry = entry_of(profile_name)
+    if family_of(profile_name) == "gemma4":
+        from transformers import Gemma4AudioFeatureExtractor
+
+        values = nested(file_values(entry, "processor_config.json"))["feature_extractor"]
+        return Gemma4AudioFeatureExtractor(**values)
+    return whisper_extractor(entry)
+
+
+def _reference_audio_features(profile_name: str) -> Callable[..., dict[str, Any]]:
+    """A reader's ``audio_features`` through the released extractor itself (not packer's numpy log-mel): each
+    clip alone, as the family's processor calls it (Whisper: padded to and cut at the file's ``chunk_length``, or,
+    for a clip with ``padded_samples``, padded to them uncut; Gemma 4: its own call), its mask's sum checked
+    against the build's ``feature_length``."""
+    import numpy as np
+    import torch
+
+    extractor = audio_extractor(profile_name)
+    gemma = family_of(profile_name) == "gemma4"
+
+    def audio_features(self: Any, samples: list[Any], audios: list[dict[str, Any]]) -> dict[str, Any]:
+        feats, masks = [], []
+        for y, a in zip(samples, audios, strict=True):
+            if gemma:
+                out = extractor([y], return_tensors="np")
+                feat, mask = out["input_features"][0], out["input_features_mask"][0]
+            else:
+                padded = a.get("padded_samples")
+                call = ({"padding": "max_length", "truncation": True} if padded is None else
+                        {"padding": "max_length", "max_length": int(padded), "truncation": False})
+                out = extractor(y, sampling_rate=int(a["sample_rate"]), return_attention_mask=True,
+                                return_tensors="np", **call)
+                feat, mask = out["input_features"][0], out["attention_mask"][0]
+            frames = int(mask.sum())
+            if frames != a["feature_length"]:
+                raise AssertionError(f"{a['source'] or 'inline audio'}: the released extractor gives {frames} "
+                                     f"feature frames, the build counted {a['feature_length']}")
+            if not gemma and a.get("padded_samples") is not None:
+                feat, mask = feat[:, :frames], mask[:frames]
+            feats.append(feat)
+            masks.append(mask)
+        width = max(m.shape[0] for m in masks)
+        if gemma:  # (A, T, mel) and a bool mask, padded to the longest clip
+            features = np.zeros((len(feats), width, feats[0].shape[-1]), np.float32)
+            mask_out = np.zeros((len(masks), width), bool)
+            for i, (f, m) in enumerate(zip(feats, masks, strict=True)):
+                features[i, : f.shape[0]], mask_out[i, : m.shape[0]] = f, m
+            return {"input_features": torch.from_numpy(features), "input_features_mask": torch.from_numpy(mask_out)}
+        features = np.zeros((len(feats), feats[0].shape[0], width), np.float32)
+        mask_out = np.zeros((len(masks), width), np.int32)
+        for i, (f, m) in enumerate(zip(feats, masks, strict=True)):
+            features[i, :, : f.shape[1]], mask_out[i, : m.shape[0]] = f, m
+        return {"input_features": torch.from_numpy(features), "feature_attention_mask": torch.from_numpy(mask_out)}
+
+    return audio_features
+
+
+@contextmanager
+def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
+    """Within it, ``profile``'s reader runs the released processors, not ones made from the profile: its image
+    processor is ``image_processor(profile.name, **image_kwargs)`` (``image_kwargs``: the build's own settings,
+    e.g. ``max_pixels``) and its audio features are the released extractor's (``audio_extractor``). The proofs
+    (packed == unpacked) read their batches inside it, so a profile default that drifts from the released file
+    counts other tokens than the released processor gives, and the proof fails: the model refuses features and
+    placeholders that disagree, or the audio check does (``tests/models/test_released_proofs.py`` shows both)."""
+    import pytest
+
+    from packer.models import reader as base
+
+    cls = type(profile.reader())
+    with pytest.MonkeyPatch.context() as mp:
+        if profile.image is not None:
+            processor = image_processor(profile.name, **image_kwargs)
+            mp.setattr(cls, "make_image_processor", lambda self: processor)
+        if profile.audio is not None:
+            mp.setattr(cls, "audio_features", _reference_audio_features(profile.name))
+        base._image_processor.cache_clear()
+        try:
+            yield
+        finally:
+            base._image_processor.cache_clear()

@@ -1,0 +1,105 @@
+"""The proofs read their batches through the released processors (``released.released_reader``): the image processor
+and the audio extractor the released files configure (tests/models/released/), not ones made from packer's profile.
+Here: every family's reader gives what its released processor gives on adversarial sizes, and a profile default
+that drifts from the released file fails the proof (a pixel bound, the issue's 30 s audio chunk)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from packer.core.types import ImageRef
+from packer.encode.tokenizers import load_tokenizer
+from packer.models import get_profile, profile_names
+from tests.helpers import encode_records, tiny_model_report, write_shardset
+from tests.models import released
+
+IMAGE_PROFILES = [n for n in profile_names() if get_profile(n).image is not None]
+# odd sizes: prime sides, extreme aspect ratios, one pixel off a 28 / 32 px patch multiple, a tile and a half
+SIZES = [(97, 61), (61, 97), (449, 448), (29, 28), (1000, 251)]
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", IMAGE_PROFILES)
+def test_reader_pixels_are_the_released_processors(name) -> None:
+    """The reader's batch of odd-sized images (its own processor, made from the profile) equals the released image
+    processor's, every tensor bit for bit: same counts, same pixels."""
+    profile = get_profile(name)
+    refs = [ImageRef(data=_png(w, h, seed=i)) for i, (w, h) in enumerate(SIZES)]
+    ours = profile.reader().pixel_values(refs)
+    with released.released_reader(profile):
+        theirs = profile.reader().pixel_values(refs)
+    assert set(ours) == set(theirs) and ours
+    for key, value in ours.items():
+        if torch.is_tensor(value):
+            assert value.shape == theirs[key].shape and torch.equal(value, theirs[key]), (name, key)
+
+
+def _rows(tmp_path, profile, tok, records, *, pack: list[int]):
+    """Rows of a shard set of ``records`` (media under ``tmp_path``) encoded with ``profile``."""
+    from packer.train.dataset import PackedDataset
+
+    encoded = encode_records(tok, profile, records, tmp_path, path="x.jsonl")
+    out = tmp_path / f"shards-{profile.name}-{id(profile)}"
+    return list(PackedDataset(write_shardset(out, encoded, pack, profile=profile.name), shuffle=False))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_drifted_pixel_bound_fails_the_proof(tmp_path) -> None:
+    """A Qwen2-VL profile whose max_pixels is not the released one counts a 300 x 200 image as 54 tokens; the released
+    processor gives it 77, and the model refuses the packed batch. Given the same bound (a build's explicit
+    ``--max-pixels``, passed to the processor as users do), the proof holds."""
+    from packer.train.collate import collate
+
+    drifted = get_profile("qwen2-vl", max_pixels=64 * 28 * 28)
+    tok = load_tokenizer("qwen2-vl")
+    (tmp_path / "a.png").write_bytes(_png(300, 200, seed=0))
+    record = {"messages": [{"role": "user", "content": [{"type": "image", "image": "a.png"},
+                                                        {"type": "text", "text": "What is it?"}]},
+                           {"role": "assistant", "content": "Noise."}]}
+    rows = _rows(tmp_path, drifted, tok, [record], pack=[1])
+    assert drifted.image.num_tokens(300, 200) == 54 != get_profile("qwen2-vl").image.num_tokens(300, 200) == 77
+    with released.released_reader(drifted):
+        batch = collate(rows)
+    assert batch["image_grid_thw"].tolist() == [[1, 14, 22]]  # the released processor's 77 tokens
+    with pytest.raises(ValueError, match="do not match"):
+        tiny_model_report(drifted, tok, batch, paths=1)
+    with released.released_reader(drifted, max_pixels=64 * 28 * 28, min_pixels=drifted.min_pixels):
+        batch = collate(rows)
+    tiny_model_report(drifted, tok, batch, paths=1)
+
+
+def test_a_drifted_audio_chunk_fails_the_proof(tmp_path) -> None:
+    """The issue's bug, through the proof's reader: a Qwen2.5-Omni profile with Whisper's 30 s chunk counts a 31.5 s
+    clip as 3000 frames; the released extractor (300 s) gives 3150, and the batch is refused. The released
+    profile's count is the extractor's."""
+    import soundfile as sf
+
+    from packer.train.collate import collate
+
+    sf.write(tmp_path / "long.flac", (0.1 * np.random.default_rng(0).standard_normal(504_000)).astype(np.float32),
+             16000)
+    record = {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "long.flac"},
+                                                        {"type": "text", "text": "What is it?"}]},
+                           {"role": "assistant", "content": "Noise."}]}
+    tok = load_tokenizer("qwen2.5-omni")
+    drifted = get_profile("qwen2.5-omni", audio_chunk_length=30)
+    rows = _rows(tmp_path, drifted, tok, [record], pack=[1])
+    with released.released_reader(drifted), pytest.raises(AssertionError, match="gives 3150 feature frames, the "
+                                                                                 "build counted 3000"):
+        collate(rows)
+    profile = get_profile("qwen2.5-omni")
+    rows = _rows(tmp_path, profile, tok, [record], pack=[1])
+    with released.released_reader(profile):
+        assert collate(rows)["feature_attention_mask"].sum().item() == 3150
