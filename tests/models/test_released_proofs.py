@@ -103,3 +103,36 @@ def test_a_drifted_audio_chunk_fails_the_proof(tmp_path) -> None:
     rows = _rows(tmp_path, profile, tok, [record], pack=[1])
     with released.released_reader(profile):
         assert collate(rows)["feature_attention_mask"].sum().item() == 3150
+
+
+# the families whose image count is the processor's grid under pixel bounds: tokens = patches / merge_size ** 2
+BOUNDED = [n for n in IMAGE_PROFILES if hasattr(get_profile(n), "min_pixels")]
+
+
+def _bound_sizes(processor) -> list[tuple[int, int]]:
+    """(width, height) next to the released processor's bounds: a square at min_pixels and max_pixels and one
+    pixel either side, one patch (times merge) and one pixel either side, a side of 1, aspect ratios 199:1."""
+    import math
+
+    f = processor.patch_size * processor.merge_size
+    lo, hi = math.isqrt(processor.size["shortest_edge"]), math.isqrt(processor.size["longest_edge"])
+    return [(lo, lo), (lo - 1, lo), (lo, lo + 1), (hi, hi), (hi + 1, hi), (hi, hi - 1), (hi + 1, hi + 1),
+            (f, f), (f - 1, f + 1), (f + 1, f - 1), (1, 1), (1, 7), (199 * f, f), (f, 199 * f), (7 * f + 1, 3 * f - 1)]
+
+
+@pytest.mark.parametrize("name", BOUNDED)
+def test_counts_at_the_released_pixel_bounds_equal_the_processors(name) -> None:
+    """Every size near the released min/max pixels and the patch edges: the profile's token count equals the
+    released image processor's grid (``get_number_of_image_patches``, its own smart_resize) / merge_size ** 2;
+    an aspect ratio past 200 is refused by both."""
+    from packer.errors import RecordError
+
+    profile, processor = get_profile(name), released.image_processor(name)
+    merge = processor.merge_size ** 2
+    for w, h in _bound_sizes(processor):
+        assert profile.image.num_tokens(w, h) == processor.get_number_of_image_patches(h, w, {}) // merge, (w, h)
+    f = processor.patch_size * processor.merge_size
+    with pytest.raises(ValueError):
+        processor.get_number_of_image_patches(f, 201 * f, {})
+    with pytest.raises(RecordError):
+        profile.image.num_tokens(201 * f, f)
