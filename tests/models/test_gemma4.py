@@ -77,6 +77,13 @@ def _tv_normalize(x: torch.Tensor, mean, std, inplace: bool = False) -> torch.Te
     return x.sub_(mean).div_(std) if inplace else x.sub(mean).div(std)
 
 
+def _released_video_processor():
+    """Gemma4VideoProcessor with the released processor_config.json's video_processor values
+    (tests/models/released/gemma4.json: 32 frames of 70 soft tokens), the class's defaults for the rest."""
+    values = released.nested(released.file_values(released.entry_of("gemma4"), "processor_config.json"))
+    return _video_processor_class()(**values["video_processor"])
+
+
 @lru_cache(maxsize=1)
 def _video_processor_class() -> type:
     """transformers' ``Gemma4VideoProcessor``: its module's source run with ``tvF`` = torchvision's calls in torch."""
@@ -125,7 +132,7 @@ def processor(tok):
     # google/gemma-4-*-it processor_config.json: the classes' defaults (image 280 soft tokens, video 32 frames of
     # 70), image_seq_length 280
     return _Processor(feature_extractor=released.audio_extractor("gemma4"), image_processor=released.image_processor("gemma4"),
-                      tokenizer=tok, video_processor=_video_processor_class()(), image_seq_length=280)
+                      tokenizer=tok, video_processor=_released_video_processor(), image_seq_length=280)
 
 
 # ------------------------------------------------------------------ the tokenizer
@@ -409,7 +416,7 @@ def test_reader_equals_the_processors(built, clips) -> None:
         metas.append(VideoMetadata(total_num_frames=info.num_frames, fps=info.fps, width=info.width,
                                    height=info.height, duration=info.num_frames / info.fps))
         counts.append(len(v["frame_indices"]))
-    vp = _video_processor_class()()
+    vp = _released_video_processor()
     parts = [vp(videos=[c], video_metadata=[m], num_frames=n, return_tensors="pt") for c, m, n in
              zip(clips_in, metas, counts, strict=True)]
     for key in ("pixel_values_videos", "video_position_ids"):
