@@ -139,42 +139,17 @@ def test_counts_at_the_released_pixel_bounds_equal_the_processors(name) -> None:
         profile.image.num_tokens(201 * f, f)
 
 
-# Qwen2VLVideoProcessor families (the Omni processors load it too); (fps, frames) of clips at the sampling
-# edges: fewer frames than qwen-vl-utils' 4-frame floor, an odd count, one past a temporal patch, 2 fps exactly
-# (the sampling rate), a 29.97 fps clip whose sampled count rounds.
-# profile -> its transformers processor, whose class ``videos_kwargs`` it passes the video processor at every call
-# (the Omni processors' size: 128 * 28 * 28 .. 768 * 28 * 28, Qwen3-Omni's 128 * 32 * 32 .. 768 * 32 * 32)
-QWEN2_VIDEO = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor",
-               "qwen2.5-omni": "Qwen2_5OmniProcessor", "qwen3-omni": "Qwen3OmniMoeProcessor"}
+# (fps, frames) of clips at the sampling edges: fewer frames than qwen-vl-utils' 4-frame floor, an odd count, one
+# past a temporal patch, 2 fps exactly (the sampling rate), a 29.97 fps clip whose sampled count rounds.
 CLIPS = [(25, 3), (25, 5), (2, 9), (4, 8), (Fraction(30000, 1001), 61)]
 
 
-def _released_video_processor(name: str):
-    """transformers' Qwen2VLVideoProcessor (torchvision's two calls done in torch: tests.helpers) as
-    ``from_pretrained`` loads it from the released files (video_preprocessor_config.json, else the
-    preprocessor_config.json the checkpoint ships: Qwen2-VL's video processor reads that one)."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from tests.helpers import qwen2vl_video_processor
-
-    entry = released.entry_of(name)
-    _, mp = qwen2vl_video_processor()
-    directory = Path(tempfile.mkdtemp(prefix=f"released-video-{name}-"))
-    values = {**released.file_values(entry, released.P), **released.file_values(entry, "video_preprocessor_config.json")}
-    (directory / "video_preprocessor_config.json").write_text(json.dumps(released.nested(values)))
-    cls = type(qwen2vl_video_processor()[0])
-    return cls.from_pretrained(str(directory)), mp
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", QWEN2_VIDEO)
+@pytest.mark.parametrize("name", sorted(released.QWEN2_VIDEO))
 def test_video_counts_at_the_sampling_edges_equal_the_released_processor(tmp_path, name) -> None:
     """Clips at the frame-sampling edges, planned by the profile (qwen-vl-utils' sampling and size), their frames
     through the released video processor with what the family's processor passes it (``do_sample_frames=False``,
     as the model card runs it after qwen-vl-utils): its grid is the plan's and its pixels the reader's."""
-    import transformers
 
     from packer.core.types import VideoRef
     from packer.media.video import decode_frames
@@ -182,8 +157,7 @@ def test_video_counts_at_the_sampling_edges_equal_the_released_processor(tmp_pat
     from tests.models.test_qwen_video import qwen_vl_utils_resize
 
     profile = get_profile(name)
-    processor, mp = _released_video_processor(name)
-    call = dict(getattr(getattr(transformers, QWEN2_VIDEO[name]), "videos_kwargs", {}))
+    processor, call, mp = released.qwen2_video_processor(name)
     try:
         for i, (fps, frames) in enumerate(CLIPS):
             path = write_clip(tmp_path / f"c{i}.mp4", fps=fps, frames=frames, width=94, height=62)

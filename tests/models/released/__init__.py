@@ -10,6 +10,7 @@ user's ``--tokenizer <dir>`` says.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -316,11 +317,63 @@ def _reference_audio_features(profile_name: str) -> Callable[..., dict[str, Any]
     return audio_features
 
 
+# Qwen2VLVideoProcessor's families -> the transformers processor whose class ``videos_kwargs`` it passes the video
+# processor at every call (the Omni processors' size: 128 * 28 * 28 .. 768 * 28 * 28, Qwen3-Omni's 32 px ones)
+QWEN2_VIDEO = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor",
+               "qwen2.5-omni": "Qwen2_5OmniProcessor", "qwen3-omni": "Qwen3OmniMoeProcessor"}
+
+
+def qwen2_video_processor(profile_name: str) -> tuple[Any, dict[str, Any], Any]:
+    """transformers' Qwen2VLVideoProcessor (torchvision's two calls done in torch: ``tests.helpers``) as
+    ``from_pretrained`` loads it from the released files (video_preprocessor_config.json over the
+    preprocessor_config.json the checkpoint ships: Qwen2-VL's video processor reads that one), the kwargs its
+    family's processor passes it at every call, and the MonkeyPatch to ``undo()`` after."""
+    import tempfile
+
+    import transformers
+
+    from tests.helpers import qwen2vl_video_processor
+
+    entry = entry_of(profile_name)
+    video, mp = qwen2vl_video_processor()
+    directory = Path(tempfile.mkdtemp(prefix=f"released-video-{profile_name}-"))
+    values = {**file_values(entry, P), **file_values(entry, "video_preprocessor_config.json")}
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(nested(values)))
+    call = dict(getattr(getattr(transformers, QWEN2_VIDEO[profile_name]), "videos_kwargs", {}))
+    return type(video).from_pretrained(str(directory)), call, mp
+
+
+def _reference_video_pixels(profile_name: str) -> tuple[Callable[..., Any], Any]:
+    """``planned_video_pixels`` through the released video processor: each stored video's planned frames resized
+    as qwen-vl-utils does (``tests.models.test_qwen_video.qwen_vl_utils_resize``), then the processor with
+    ``do_sample_frames=False``, as the model cards run it."""
+    import torch
+
+    from packer.models.shared.qwen_video_pixels import sampled_frames
+    from tests.models.test_qwen_video import qwen_vl_utils_resize
+
+    processor, call, mp = qwen2_video_processor(profile_name)
+
+    def planned_video_pixels(videos: Any, profile: Any) -> tuple[Any, Any]:
+        pixels, grids = [], []
+        for v in videos:
+            size = (v["utils_height"], v["utils_width"])
+            frames = qwen_vl_utils_resize(sampled_frames(v, size, profile.video.family()), size)
+            out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt", **call)
+            pixels.append(out["pixel_values_videos"])
+            grids.append(out["video_grid_thw"])
+        return torch.cat(pixels), torch.cat(grids)
+
+    return planned_video_pixels, mp
+
+
 @contextmanager
 def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
     """Within it, ``profile``'s reader runs the released processors, not ones made from the profile: its image
     processor is ``image_processor(profile.name, **image_kwargs)`` (``image_kwargs``: the build's own settings,
-    e.g. ``max_pixels``) and its audio features are the released extractor's (``audio_extractor``). The proofs
+    e.g. ``max_pixels``), its audio features are the released extractor's (``audio_extractor``), and a Qwen2-VL
+    family's videos go through the released Qwen2VLVideoProcessor (``qwen2_video_processor``; Qwen3-VL's,
+    GLM's, Gemma 4's and Molmo2's video pixels stay the reader's: their processors need torchvision). The proofs
     (packed == unpacked) read their batches inside it, so a profile default that drifts from the released file
     counts other tokens than the released processor gives, and the proof fails: the model refuses features and
     placeholders that disagree, or the audio check does (``tests/models/test_released_proofs.py`` shows both)."""
@@ -335,8 +388,14 @@ def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
             mp.setattr(cls, "make_image_processor", lambda self: processor)
         if profile.audio is not None:
             mp.setattr(cls, "audio_features", _reference_audio_features(profile.name))
+        undo = None
+        if profile.video is not None and profile.name in QWEN2_VIDEO:
+            pixels, undo = _reference_video_pixels(profile.name)
+            mp.setattr(sys.modules[cls.video_pixel_values.__module__], "planned_video_pixels", pixels)
         base._image_processor.cache_clear()
         try:
             yield
         finally:
             base._image_processor.cache_clear()
+            if undo is not None:
+                undo.undo()
