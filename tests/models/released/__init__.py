@@ -239,21 +239,22 @@ def image_processor(profile_name: str, *, min_pixels: int | None = None, max_pix
 
     family, entry = family_of(profile_name), entry_of(profile_name)
     cls = type(get_profile(profile_name).reader().make_image_processor())
-    directory = Path(tempfile.mkdtemp(prefix=f"released-{profile_name}-"))
     pre = _squared(file_values(entry, P))
     if family == "molmo2":  # its fixture keys are the profile's names, not a file's (see CALL_KWARGS)
         pre = {}
-    (directory / P).write_text(json.dumps(nested(pre)))
-    proc = file_values(entry, "processor_config.json")
-    if proc:
-        (directory / "processor_config.json").write_text(json.dumps(nested(proc)))
     args = {**CALL_KWARGS.get(family, lambda e: {})(entry), **kwargs}
     if min_pixels is not None or max_pixels is not None:
         if "min_pixels" in pre:  # Qwen2-VL's file keys win over a size= kwarg
             args.update(min_pixels=min_pixels, max_pixels=max_pixels)
         else:
             args["size"] = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
-    return cls.from_pretrained(str(directory), **args)
+    with tempfile.TemporaryDirectory(prefix=f"released-{profile_name}-") as tmp:
+        directory = Path(tmp)
+        (directory / P).write_text(json.dumps(nested(pre)))
+        proc = file_values(entry, "processor_config.json")
+        if proc:
+            (directory / "processor_config.json").write_text(json.dumps(nested(proc)))
+        return cls.from_pretrained(str(directory), **args)
 
 
 def audio_extractor(profile_name: str) -> Any:
@@ -336,11 +337,11 @@ def qwen2_video_processor(profile_name: str) -> tuple[Any, dict[str, Any], Any]:
 
     entry = entry_of(profile_name)
     video, mp = qwen2vl_video_processor()
-    directory = Path(tempfile.mkdtemp(prefix=f"released-video-{profile_name}-"))
     values = {**file_values(entry, P), **file_values(entry, "video_preprocessor_config.json")}
-    (directory / "video_preprocessor_config.json").write_text(json.dumps(nested(values)))
     call = dict(getattr(getattr(transformers, QWEN2_VIDEO[profile_name]), "videos_kwargs", {}))
-    return type(video).from_pretrained(str(directory)), call, mp
+    with tempfile.TemporaryDirectory(prefix=f"released-video-{profile_name}-") as tmp:
+        (Path(tmp) / "video_preprocessor_config.json").write_text(json.dumps(nested(values)))
+        return type(video).from_pretrained(tmp), call, mp
 
 
 def _reference_video_pixels(profile_name: str) -> tuple[Callable[..., Any], Any]:
