@@ -7,26 +7,20 @@ tests/models/test_conformance.py (and here: why ``use_bidirectional_attention`` 
 
 ``Gemma4VideoProcessor`` cannot be imported without torchvision (its class annotations name ``tvF``), so the tests
 run its module's own source with torchvision's calls (``resize``, ``normalize``, ``grayscale_to_rgb``) done by
-the torch functions torchvision runs for them (``_video_processor_class``). The tokenizer is the builtin
+the torch functions torchvision runs for them (``tests.helpers.gemma4_video_processor_class``). The tokenizer is the builtin
 ``gemma4`` STAND-IN (packer/models/gemma4/tokenizers.py).
 """
 
 from __future__ import annotations
 
-import enum
-import importlib.util
 import json
 import shutil
-import sys
-import types
 from fractions import Fraction
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from transformers import Gemma4ImageProcessorPil, Gemma4Processor
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
@@ -57,56 +51,8 @@ ODD_SIZES = [(1, 1), (2, 3), (3, 2), (1, 700), (700, 1), (10000, 1), (1, 10000),
 # ------------------------------------------------------------------ the processors, without torchvision
 
 
-class _Interpolation(enum.Enum):
-    NEAREST = 0
-    BILINEAR = 2
-    BICUBIC = 3
-
-
-def _tv_resize(video: torch.Tensor, size: list[int], interpolation, antialias: bool = True) -> torch.Tensor:
-    """torchvision v2 ``resize_image`` for what Gemma4VideoProcessor gives it: a CPU uint8 (T, 3, H, W) tensor and
-    bicubic (its ``resample`` 3, which torchvision reads as BICUBIC), run by torch's native uint8 kernel."""
-    assert int(getattr(interpolation, "value", interpolation)) == 3 and video.dtype == torch.uint8
-    return F.interpolate(video, size=list(size), mode="bicubic", align_corners=False, antialias=antialias)
-
-
-def _tv_normalize(x: torch.Tensor, mean, std, inplace: bool = False) -> torch.Tensor:
-    """torchvision ``normalize``: (x - mean) / std per channel, in x's dtype."""
-    mean = torch.as_tensor(mean, dtype=x.dtype).view(-1, 1, 1)
-    std = torch.as_tensor(std, dtype=x.dtype).view(-1, 1, 1)
-    return x.sub_(mean).div_(std) if inplace else x.sub(mean).div(std)
-
-
 def _released_video_processor():
-    """Gemma4VideoProcessor with the released processor_config.json's video_processor values
-    (tests/models/released/gemma4.json: 32 frames of 70 soft tokens), the class's defaults for the rest."""
-    values = released.nested(released.file_values(released.entry_of("gemma4"), "processor_config.json"))
-    return _video_processor_class()(**values["video_processor"])
-
-
-@lru_cache(maxsize=1)
-def _video_processor_class() -> type:
-    """transformers' ``Gemma4VideoProcessor``: its module's source run with ``tvF`` = torchvision's calls in torch."""
-    name = "transformers.models.gemma4.video_processing_gemma4"
-    origin = importlib.util.find_spec(name).origin
-    module = types.ModuleType("_gemma4_video_processing_without_torchvision")
-    module.__file__, module.__package__ = origin, "transformers.models.gemma4"
-    module.tvF = types.SimpleNamespace(InterpolationMode=_Interpolation, resize=_tv_resize, normalize=_tv_normalize)
-    sys.modules[module.__name__] = module  # auto_docstring looks the class's source file up by its module
-    exec(compile(Path(origin).read_text(), origin, "exec"), module.__dict__)  # noqa: S102
-
-    class Gemma4VideoProcessorTorch(module.Gemma4VideoProcessor):
-        def normalize(self, image, mean, std, inplace=False, **kwargs):  # TorchvisionBackend's, tvF.normalize
-            return _tv_normalize(image, mean, std, inplace)
-
-        def convert_to_rgb(self, video):  # BaseVideoProcessor's: tvF.grayscale_to_rgb keeps 3 channels as they are
-            from transformers.image_utils import ChannelDimension
-            from transformers.video_utils import convert_to_rgb
-
-            assert video.shape[-3] == 3
-            return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
-
-    return Gemma4VideoProcessorTorch
+    return released.gemma4_video_processor()
 
 
 class _Processor(Gemma4Processor):

@@ -368,13 +368,49 @@ def _reference_video_pixels(profile_name: str) -> tuple[Callable[..., Any], Any]
     return planned_video_pixels, mp
 
 
+def gemma4_video_processor() -> Any:
+    """Gemma4VideoProcessor (torchvision's calls in torch: ``tests.helpers``) with the released
+    processor_config.json's video_processor values (32 frames of 70 soft tokens), the class's defaults else."""
+    from tests.helpers import gemma4_video_processor_class
+
+    values = nested(file_values(entry_of("gemma4"), "processor_config.json"))["video_processor"]
+    return gemma4_video_processor_class()(**values)
+
+
+def _reference_gemma4_video_pixels() -> Callable[..., dict[str, Any]]:
+    """Gemma 4's ``video_pixel_values`` through the released video processor: each stored video's whole clip with
+    its metadata and the planned frame count, the processor sampling the frames itself, as Gemma4Processor runs."""
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    from packer.media.video import decode_frames, probe
+
+    processor = gemma4_video_processor()
+
+    def video_pixel_values(self: Any, videos: list[dict[str, Any]]) -> dict[str, Any]:
+        parts, counts = [], []
+        for v in videos:
+            info = probe(v["source"])
+            meta = VideoMetadata(total_num_frames=info.num_frames, fps=info.fps, width=info.width,
+                                 height=info.height, duration=info.num_frames / info.fps)
+            counts.append(len(v["frame_indices"]))
+            parts.append(processor(videos=[decode_frames(info.path, range(info.num_frames))], video_metadata=[meta],
+                                   num_frames=counts[-1], return_tensors="pt"))
+        return {"pixel_values_videos": torch.cat([p["pixel_values_videos"] for p in parts]),
+                "video_position_ids": torch.cat([p["video_position_ids"] for p in parts]),
+                "num_frames_per_video": torch.tensor(counts, dtype=torch.int64)}
+
+    return video_pixel_values
+
+
 @contextmanager
 def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
     """Within it, ``profile``'s reader runs the released processors, not ones made from the profile: its image
     processor is ``image_processor(profile.name, **image_kwargs)`` (``image_kwargs``: the build's own settings,
     e.g. ``max_pixels``), its audio features are the released extractor's (``audio_extractor``), and a Qwen2-VL
-    family's videos go through the released Qwen2VLVideoProcessor (``qwen2_video_processor``; Qwen3-VL's,
-    GLM's, Gemma 4's and Molmo2's video pixels stay the reader's: their processors need torchvision). The proofs
+    family's videos go through the released Qwen2VLVideoProcessor (``qwen2_video_processor``), Gemma 4's through
+    its released Gemma4VideoProcessor (``gemma4_video_processor``; Qwen3-VL's, GLM's and Molmo2's video pixels stay
+    the reader's: their processors need torchvision). The proofs
     (packed == unpacked) read their batches inside it, so a profile default that drifts from the released file
     counts other tokens than the released processor gives, and the proof fails: the model refuses features and
     placeholders that disagree, or the audio check does (``tests/models/test_released_proofs.py`` shows both)."""
@@ -390,6 +426,8 @@ def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
         if profile.audio is not None:
             mp.setattr(cls, "audio_features", _reference_audio_features(profile.name))
         undo = None
+        if profile.video is not None and family_of(profile.name) == "gemma4":
+            mp.setattr(cls, "video_pixel_values", _reference_gemma4_video_pixels())
         if profile.video is not None and profile.name in QWEN2_VIDEO:
             pixels, undo = _reference_video_pixels(profile.name)
             mp.setattr(sys.modules[cls.video_pixel_values.__module__], "planned_video_pixels", pixels)
