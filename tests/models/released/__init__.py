@@ -403,14 +403,35 @@ def _reference_gemma4_video_pixels() -> Callable[..., dict[str, Any]]:
     return video_pixel_values
 
 
+def _reference_molmo2_video_pixels() -> Callable[..., dict[str, Any]]:
+    """Molmo2's ``video_pixel_values`` through Molmo2VideoProcessor (its torchvision calls in torch:
+    ``packer.models.molmo2.processor``) built from the fixture's values (crop size, frames, fps; the class's
+    defaults for patch and pooling), not the profile's: the planned frames, ``do_sample_frames=False``."""
+    import torch
+
+    from packer.media.video import decode_frames
+    from packer.models.molmo2.processor import video_processor_class
+
+    values = file_values(entry_of("molmo2"), P)
+    processor = video_processor_class()(size={"height": values["crop_px"], "width": values["crop_px"]},
+                                        num_frames=values["video_num_frames"], max_fps=values["video_max_fps"])
+
+    def video_pixel_values(self: Any, videos: list[dict[str, Any]]) -> dict[str, Any]:
+        clips = [torch.from_numpy(decode_frames(v["source"], list(v["frame_indices"]))) for v in videos]
+        out = processor(videos=clips, do_sample_frames=False, input_data_format="channels_last", return_tensors="pt")
+        return {k: out[k] for k in ("pixel_values_videos", "video_token_pooling", "video_grids")}
+
+    return video_pixel_values
+
+
 @contextmanager
 def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
     """Within it, ``profile``'s reader runs the released processors, not ones made from the profile: its image
     processor is ``image_processor(profile.name, **image_kwargs)`` (``image_kwargs``: the build's own settings,
     e.g. ``max_pixels``), its audio features are the released extractor's (``audio_extractor``), and a Qwen2-VL
-    family's videos go through the released Qwen2VLVideoProcessor (``qwen2_video_processor``), Gemma 4's through
-    its released Gemma4VideoProcessor (``gemma4_video_processor``; Qwen3-VL's, GLM's and Molmo2's video pixels stay
-    the reader's: their processors need torchvision). The proofs
+    family's videos go through the released Qwen2VLVideoProcessor (``qwen2_video_processor``), Gemma 4's and
+    Molmo2's through theirs (Qwen3-VL's and GLM's video pixels stay the reader's: their processors need torchvision
+    and no port runs them here). The proofs
     (packed == unpacked) read their batches inside it, so a profile default that drifts from the released file
     counts other tokens than the released processor gives, and the proof fails: the model refuses features and
     placeholders that disagree, or the audio check does (``tests/models/test_released_proofs.py`` shows both)."""
@@ -428,6 +449,8 @@ def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
         undo = None
         if profile.video is not None and family_of(profile.name) == "gemma4":
             mp.setattr(cls, "video_pixel_values", _reference_gemma4_video_pixels())
+        if profile.video is not None and family_of(profile.name) == "molmo2":
+            mp.setattr(cls, "video_pixel_values", _reference_molmo2_video_pixels())
         if profile.video is not None and profile.name in QWEN2_VIDEO:
             pixels, undo = _reference_video_pixels(profile.name)
             mp.setattr(sys.modules[cls.video_pixel_values.__module__], "planned_video_pixels", pixels)
