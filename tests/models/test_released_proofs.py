@@ -145,26 +145,25 @@ CLIPS = [(25, 3), (25, 5), (2, 9), (4, 8), (Fraction(30000, 1001), 61)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(released.QWEN2_VIDEO))
+@pytest.mark.parametrize("name", sorted(released.QWEN_VIDEO))
 def test_video_counts_at_the_sampling_edges_equal_the_released_processor(tmp_path, name) -> None:
     """Clips at the frame-sampling edges, planned by the profile (qwen-vl-utils' sampling and size), their frames
     through the released video processor with what the family's processor passes it (``do_sample_frames=False``,
     as the model card runs it after qwen-vl-utils): its grid is the plan's and its pixels the reader's."""
-
     from packer.core.types import VideoRef
     from packer.media.video import decode_frames
     from tests.media.make_videos import write_clip
     from tests.models.test_qwen_video import qwen_vl_utils_resize
 
     profile = get_profile(name)
-    processor, call, mp = released.qwen2_video_processor(name)
+    processor, call, mp = released.qwen_video_processor(name)
     try:
         for i, (fps, frames) in enumerate(CLIPS):
             path = write_clip(tmp_path / f"c{i}.mp4", fps=fps, frames=frames, width=94, height=62)
             plan = profile.video.plan(VideoRef(path=str(path)))
             decoded = decode_frames(str(path), plan.frame_indices)
             out = processor(videos=[qwen_vl_utils_resize(decoded, plan.utils_size)], do_sample_frames=False,
-                            return_tensors="pt", **call)
+                            do_resize=profile.video.family().processor_resize, return_tensors="pt", **call)
             assert out["video_grid_thw"][0].tolist() == list(plan.grid_thw), (fps, frames)
             assert int(out["video_grid_thw"][0].prod()) // processor.merge_size ** 2 == plan.num_tokens
             stored = {"source": str(path), "frames": None, "frame_indices": list(plan.frame_indices),

@@ -318,17 +318,21 @@ def _reference_audio_features(profile_name: str) -> Callable[..., dict[str, Any]
     return audio_features
 
 
-# Qwen2VLVideoProcessor's families -> the transformers processor whose class ``videos_kwargs`` it passes the video
-# processor at every call (the Omni processors' size: 128 * 28 * 28 .. 768 * 28 * 28, Qwen3-Omni's 32 px ones)
-QWEN2_VIDEO = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor",
-               "qwen2.5-omni": "Qwen2_5OmniProcessor", "qwen3-omni": "Qwen3OmniMoeProcessor"}
+# The Qwen families whose video processor runs here (its torchvision calls in torch) -> the transformers processor
+# whose class ``videos_kwargs`` it passes the video processor at every call (the Omni processors' size: 128 * 28 *
+# 28 .. 768 * 28 * 28, Qwen3-Omni's 32 px ones). Qwen3-VL's and Qwen3.5's is Qwen3VLVideoProcessor, the others'
+# Qwen2VLVideoProcessor.
+QWEN_VIDEO = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor",
+              "qwen2.5-omni": "Qwen2_5OmniProcessor", "qwen3-omni": "Qwen3OmniMoeProcessor",
+              "qwen3-vl": "Qwen3VLProcessor", "qwen3.5": "Qwen3VLProcessor", "qwen3.5-moe": "Qwen3VLProcessor"}
 
 
-def qwen2_video_processor(profile_name: str) -> tuple[Any, dict[str, Any], Any]:
-    """transformers' Qwen2VLVideoProcessor (torchvision's two calls done in torch: ``tests.helpers``) as
-    ``from_pretrained`` loads it from the released files (video_preprocessor_config.json over the
-    preprocessor_config.json the checkpoint ships: Qwen2-VL's video processor reads that one), the kwargs its
-    family's processor passes it at every call, and the MonkeyPatch to ``undo()`` after."""
+def qwen_video_processor(profile_name: str) -> tuple[Any, dict[str, Any], Any]:
+    """The family's video processor (Qwen2VLVideoProcessor, or Qwen3VLVideoProcessor for Qwen3-VL and Qwen3.5;
+    torchvision's calls done in torch: ``tests.helpers``) as ``from_pretrained`` loads it from the released files
+    (video_preprocessor_config.json over the preprocessor_config.json the checkpoint ships: Qwen2-VL's video
+    processor reads that one), the kwargs its family's processor passes it at every call, and the MonkeyPatch to
+    ``undo()`` after."""
     import tempfile
 
     import transformers
@@ -337,30 +341,42 @@ def qwen2_video_processor(profile_name: str) -> tuple[Any, dict[str, Any], Any]:
 
     entry = entry_of(profile_name)
     video, mp = qwen2vl_video_processor()
+    cls = type(video)
+    if QWEN_VIDEO[profile_name] == "Qwen3VLProcessor":
+        from transformers.image_utils import ChannelDimension
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+        from transformers.video_utils import convert_to_rgb
+
+        class Qwen3VLVideoProcessorTorch(Qwen3VLVideoProcessor):  # its backend's tvF is the helper's torch one
+            def convert_to_rgb(self, video):
+                return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
+
+        cls = Qwen3VLVideoProcessorTorch
     values = {**file_values(entry, P), **file_values(entry, "video_preprocessor_config.json")}
-    call = dict(getattr(getattr(transformers, QWEN2_VIDEO[profile_name]), "videos_kwargs", {}))
+    call = dict(getattr(getattr(transformers, QWEN_VIDEO[profile_name]), "videos_kwargs", {}))
     with tempfile.TemporaryDirectory(prefix=f"released-video-{profile_name}-") as tmp:
         (Path(tmp) / "video_preprocessor_config.json").write_text(json.dumps(nested(values)))
-        return type(video).from_pretrained(tmp), call, mp
+        return cls.from_pretrained(tmp), call, mp
 
 
 def _reference_video_pixels(profile_name: str) -> tuple[Callable[..., Any], Any]:
     """``planned_video_pixels`` through the released video processor: each stored video's planned frames resized
     as qwen-vl-utils does (``tests.models.test_qwen_video.qwen_vl_utils_resize``), then the processor with
-    ``do_sample_frames=False``, as the model cards run it."""
+    ``do_sample_frames=False`` (and ``do_resize=False`` where the model card calls it so: Qwen3-VL, Qwen3.5)."""
     import torch
 
     from packer.models.shared.qwen_video_pixels import sampled_frames
     from tests.models.test_qwen_video import qwen_vl_utils_resize
 
-    processor, call, mp = qwen2_video_processor(profile_name)
+    processor, call, mp = qwen_video_processor(profile_name)
 
     def planned_video_pixels(videos: Any, profile: Any) -> tuple[Any, Any]:
         pixels, grids = [], []
         for v in videos:
             size = (v["utils_height"], v["utils_width"])
             frames = qwen_vl_utils_resize(sampled_frames(v, size, profile.video.family()), size)
-            out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt", **call)
+            out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt",
+                            do_resize=profile.video.family().processor_resize, **call)
             pixels.append(out["pixel_values_videos"])
             grids.append(out["video_grid_thw"])
         return torch.cat(pixels), torch.cat(grids)
@@ -428,10 +444,9 @@ def _reference_molmo2_video_pixels() -> Callable[..., dict[str, Any]]:
 def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
     """Within it, ``profile``'s reader runs the released processors, not ones made from the profile: its image
     processor is ``image_processor(profile.name, **image_kwargs)`` (``image_kwargs``: the build's own settings,
-    e.g. ``max_pixels``), its audio features are the released extractor's (``audio_extractor``), and a Qwen2-VL
-    family's videos go through the released Qwen2VLVideoProcessor (``qwen2_video_processor``), Gemma 4's and
-    Molmo2's through theirs (Qwen3-VL's and GLM's video pixels stay the reader's: their processors need torchvision
-    and no port runs them here). The proofs
+    e.g. ``max_pixels``), its audio features are the released extractor's (``audio_extractor``), and a Qwen
+    family's videos go through its released video processor (``qwen_video_processor``), Gemma 4's and Molmo2's
+    through theirs (GLM's video pixels stay the reader's: no released video file is recorded for it). The proofs
     (packed == unpacked) read their batches inside it, so a profile default that drifts from the released file
     counts other tokens than the released processor gives, and the proof fails: the model refuses features and
     placeholders that disagree, or the audio check does (``tests/models/test_released_proofs.py`` shows both)."""
@@ -451,7 +466,7 @@ def released_reader(profile: Any, **image_kwargs: Any) -> Iterator[None]:
             mp.setattr(cls, "video_pixel_values", _reference_gemma4_video_pixels())
         if profile.video is not None and family_of(profile.name) == "molmo2":
             mp.setattr(cls, "video_pixel_values", _reference_molmo2_video_pixels())
-        if profile.video is not None and profile.name in QWEN2_VIDEO:
+        if profile.video is not None and profile.name in QWEN_VIDEO:
             pixels, undo = _reference_video_pixels(profile.name)
             mp.setattr(sys.modules[cls.video_pixel_values.__module__], "planned_video_pixels", pixels)
         base._image_processor.cache_clear()
