@@ -108,7 +108,9 @@ def constants_section(family: str) -> str | None:
     lines = [START, "\n## Released constants\n\n",
              f"What the released checkpoints' files set, each with where it was read "
              f"(tests/models/released/{family}.json; tests/models/test_released_constants.py checks the profile's "
-             "defaults against it, ~~struck~~ values are recorded but never read by the released processor's call).\n\n",
+             "defaults against it, and the family's packed == unpacked proof reads its batch through the processors "
+             "these values configure; ~~struck~~ values are recorded but never read by the released processor's "
+             "call).\n\n",
              "| profile | file | values | source |\n| --- | --- | --- | --- |\n"]
     for name, entry in json.loads(path.read_text())["profiles"].items():
         for file, spec in entry["files"].items():

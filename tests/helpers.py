@@ -210,6 +210,61 @@ def qwen2vl_video_processor(**kwargs: Any) -> tuple[Any, Any]:
     return VideoProcessor(**kwargs), mp
 
 
+def gemma4_video_processor_class() -> type:
+    """transformers' ``Gemma4VideoProcessor``: its module's source run with ``tvF`` = torchvision's calls in torch
+    (its class annotations name ``tvF``: it cannot be imported without torchvision). Built once."""
+    global _GEMMA4_VIDEO
+    if _GEMMA4_VIDEO is not None:
+        return _GEMMA4_VIDEO
+    import enum
+    import importlib.util
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    class Interpolation(enum.Enum):
+        NEAREST = 0
+        BILINEAR = 2
+        BICUBIC = 3
+
+    def resize(video: torch.Tensor, size: list[int], interpolation, antialias: bool = True) -> torch.Tensor:
+        # torchvision v2 resize_image for what Gemma4VideoProcessor gives it: a CPU uint8 (T, 3, H, W) tensor and
+        # bicubic (its resample 3), run by torch's native uint8 kernel
+        assert int(getattr(interpolation, "value", interpolation)) == 3 and video.dtype == torch.uint8
+        return F.interpolate(video, size=list(size), mode="bicubic", align_corners=False, antialias=antialias)
+
+    def normalize(x: torch.Tensor, mean, std, inplace: bool = False) -> torch.Tensor:
+        mean = torch.as_tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+        std = torch.as_tensor(std, dtype=x.dtype).view(-1, 1, 1)
+        return x.sub_(mean).div_(std) if inplace else x.sub(mean).div(std)
+
+    name = "transformers.models.gemma4.video_processing_gemma4"
+    origin = importlib.util.find_spec(name).origin
+    module = types.ModuleType("_gemma4_video_processing_without_torchvision")
+    module.__file__, module.__package__ = origin, "transformers.models.gemma4"
+    module.tvF = types.SimpleNamespace(InterpolationMode=Interpolation, resize=resize, normalize=normalize)
+    sys.modules[module.__name__] = module  # auto_docstring looks the class's source file up by its module
+    exec(compile(Path(origin).read_text(), origin, "exec"), module.__dict__)  # noqa: S102
+
+    class Gemma4VideoProcessorTorch(module.Gemma4VideoProcessor):
+        def normalize(self, image, mean, std, inplace=False, **kwargs):  # TorchvisionBackend's, tvF.normalize
+            return normalize(image, mean, std, inplace)
+
+        def convert_to_rgb(self, video):  # BaseVideoProcessor's: tvF.grayscale_to_rgb keeps 3 channels as they are
+            from transformers.image_utils import ChannelDimension
+            from transformers.video_utils import convert_to_rgb
+
+            assert video.shape[-3] == 3
+            return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
+
+    _GEMMA4_VIDEO = Gemma4VideoProcessorTorch
+    return _GEMMA4_VIDEO
+
+
+_GEMMA4_VIDEO: type | None = None
+
+
 def write_omni_media(root: Path) -> Path:
     """The Omni tests' media under ``root``: clips in four codecs and rates (wav stereo, mp3, flac, m4a stereo),
     two mp4 videos with sound (one a 22.05 kHz mono track), and two images of odd sizes."""

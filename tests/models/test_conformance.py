@@ -34,6 +34,7 @@ from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 from packer.train.hf import attn_implementations, model_inputs, use_packed_attention
 from tests.media.make_videos import write_clip
+from tests.models import released
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")
@@ -103,7 +104,8 @@ def family(request, tmp_path_factory):
                                      max_length=16384, rows_per_shard=2, **options)
     result = build(config, progress=False)
     return {"name": name, "profile": get_profile(name, **config.profile_overrides()), "root": root, "data": data,
-            "tokenizer": tokenizer, "result": result, "rows": list(PackedDataset(root / "out", shuffle=False))}
+            "tokenizer": tokenizer, "result": result, "rows": list(PackedDataset(root / "out", shuffle=False)),
+            "options": options}
 
 
 def test_build_and_verify(family):
@@ -142,11 +144,15 @@ def test_rows_read_and_collate(family):
 @pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_on_the_real_model(family):
     """The family's proof: per-token losses, total and every gradient of the packed forward (one batch of all
-    rows) equal every root-to-leaf path alone; ``model(**collate(rows))`` equals the explicit inputs."""
+    rows) equal every root-to-leaf path alone; ``model(**collate(rows))`` equals the explicit inputs. The batch's
+    pixels come from the image processor the released files configure (``released.released_reader``), not one
+    made from the profile: a profile default that drifts from them fails here."""
     profile = family["profile"]
     proof = profile.proof()
     token_ids = ce.profile_token_ids(profile, load_tokenizer(family["tokenizer"]))
-    (batch,), ids, vocab = ce.compact_vocab([collate(family["rows"])], token_ids)
+    with released.released_reader(profile, **family["options"]):
+        rows = collate(family["rows"])
+    (batch,), ids, vocab = ce.compact_vocab([rows], token_ids)
     torch.manual_seed(0)
     model = proof.tiny_model(token_ids=ids, vocab_size=vocab)
     assert type(model).__name__ == proof.model_class

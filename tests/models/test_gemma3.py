@@ -32,6 +32,7 @@ from packer.models.gemma3 import Gemma3Profile
 from packer.pipeline.build import build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
+from tests.models import released
 
 EXPANDED = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"  # the builtin template's image part
 
@@ -43,9 +44,10 @@ def tok():
 
 @pytest.fixture(scope="module")
 def processor(tok):
-    # google/gemma-3-*-it preprocessor_config.json: 896x896, image_seq_length 256, pan-and-scan off
-    image_processor = transformers.Gemma3ImageProcessorPil(size={"height": 896, "width": 896})
-    return transformers.Gemma3Processor(image_processor=image_processor, tokenizer=tok, image_seq_length=256)
+    # google/gemma-3-*-it's files (tests/models/released/gemma3.json): 896x896, image_seq_length 256, no pan-and-scan
+    seq = released.file_values(released.entry_of("gemma3"), "processor_config.json")["image_seq_length"]
+    return transformers.Gemma3Processor(image_processor=released.image_processor("gemma3"), tokenizer=tok,
+                                        image_seq_length=seq)
 
 
 @pytest.mark.slow
@@ -103,7 +105,7 @@ def _png(w: int, h: int, seed: int = 0) -> bytes:
 def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     """Crops counted from the header equal Gemma3ImageProcessorPil's ``pan_and_scan`` on every COCO-mini image
     (the decoded pixels) and its whole output (``num_crops``, pixel blocks) on odd sizes."""
-    proc = transformers.Gemma3ImageProcessorPil(size={"height": 896, "width": 896})
+    proc = released.image_processor("gemma3")
     rule = dict(pan_and_scan_min_crop_size=256, pan_and_scan_max_num_crops=4, pan_and_scan_min_ratio_to_activate=1.2)
     counts = {}
     for path in coco_images:
@@ -119,7 +121,7 @@ def test_pan_and_scan_crops_match_the_processor(coco_images) -> None:
     # the whole processor on odd sizes, at 56 px (the crop rule does not look at the output size): cheap pixels
     small = Gemma3Profile(name="gemma3-56", image_px=56, tokens_per_image=4, do_pan_and_scan=True)
     refs = [ImageRef(data=_png(w, h)) for w, h in ODD_SIZES]
-    out = transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56})(
+    out = released.image_processor("gemma3", size={"height": 56, "width": 56})(
         images=[load_image(r) for r in refs], do_pan_and_scan=True, return_tensors="np", **rule)
     assert [small.image.plan(r) for r in refs] == ODD_SIZES
     assert [r * c for r, c in (small.image.crop_layout(w, h) for w, h in ODD_SIZES)] == out["num_crops"].tolist()

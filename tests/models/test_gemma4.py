@@ -7,29 +7,22 @@ tests/models/test_conformance.py (and here: why ``use_bidirectional_attention`` 
 
 ``Gemma4VideoProcessor`` cannot be imported without torchvision (its class annotations name ``tvF``), so the tests
 run its module's own source with torchvision's calls (``resize``, ``normalize``, ``grayscale_to_rgb``) done by
-the torch functions torchvision runs for them (``_video_processor_class``). The tokenizer is the builtin
+the torch functions torchvision runs for them (``tests.helpers.gemma4_video_processor_class``). The tokenizer is the builtin
 ``gemma4`` STAND-IN (packer/models/gemma4/tokenizers.py).
 """
 
 from __future__ import annotations
 
-import enum
-import importlib.util
 import json
 import shutil
-import sys
-import types
 from fractions import Fraction
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from transformers import Gemma4ImageProcessorPil, Gemma4Processor
-from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
 
@@ -46,6 +39,7 @@ from packer.report.verify import verify_build
 from packer.train.collate import collate
 from tests.media.make_videos import write_clip
 from tests.models import family_checks as fc
+from tests.models import released
 
 # odd sizes (width, height): 1 px, extreme strips (the budget's one-token-high branch), exact budgets, a side that
 # rounds to exactly a whole token (1000x700: 960x672 = 20 x 14 = 280), just off whole tokens, huge
@@ -57,49 +51,8 @@ ODD_SIZES = [(1, 1), (2, 3), (3, 2), (1, 700), (700, 1), (10000, 1), (1, 10000),
 # ------------------------------------------------------------------ the processors, without torchvision
 
 
-class _Interpolation(enum.Enum):
-    NEAREST = 0
-    BILINEAR = 2
-    BICUBIC = 3
-
-
-def _tv_resize(video: torch.Tensor, size: list[int], interpolation, antialias: bool = True) -> torch.Tensor:
-    """torchvision v2 ``resize_image`` for what Gemma4VideoProcessor gives it: a CPU uint8 (T, 3, H, W) tensor and
-    bicubic (its ``resample`` 3, which torchvision reads as BICUBIC), run by torch's native uint8 kernel."""
-    assert int(getattr(interpolation, "value", interpolation)) == 3 and video.dtype == torch.uint8
-    return F.interpolate(video, size=list(size), mode="bicubic", align_corners=False, antialias=antialias)
-
-
-def _tv_normalize(x: torch.Tensor, mean, std, inplace: bool = False) -> torch.Tensor:
-    """torchvision ``normalize``: (x - mean) / std per channel, in x's dtype."""
-    mean = torch.as_tensor(mean, dtype=x.dtype).view(-1, 1, 1)
-    std = torch.as_tensor(std, dtype=x.dtype).view(-1, 1, 1)
-    return x.sub_(mean).div_(std) if inplace else x.sub(mean).div(std)
-
-
-@lru_cache(maxsize=1)
-def _video_processor_class() -> type:
-    """transformers' ``Gemma4VideoProcessor``: its module's source run with ``tvF`` = torchvision's calls in torch."""
-    name = "transformers.models.gemma4.video_processing_gemma4"
-    origin = importlib.util.find_spec(name).origin
-    module = types.ModuleType("_gemma4_video_processing_without_torchvision")
-    module.__file__, module.__package__ = origin, "transformers.models.gemma4"
-    module.tvF = types.SimpleNamespace(InterpolationMode=_Interpolation, resize=_tv_resize, normalize=_tv_normalize)
-    sys.modules[module.__name__] = module  # auto_docstring looks the class's source file up by its module
-    exec(compile(Path(origin).read_text(), origin, "exec"), module.__dict__)  # noqa: S102
-
-    class Gemma4VideoProcessorTorch(module.Gemma4VideoProcessor):
-        def normalize(self, image, mean, std, inplace=False, **kwargs):  # TorchvisionBackend's, tvF.normalize
-            return _tv_normalize(image, mean, std, inplace)
-
-        def convert_to_rgb(self, video):  # BaseVideoProcessor's: tvF.grayscale_to_rgb keeps 3 channels as they are
-            from transformers.image_utils import ChannelDimension
-            from transformers.video_utils import convert_to_rgb
-
-            assert video.shape[-3] == 3
-            return convert_to_rgb(video, input_data_format=ChannelDimension.FIRST)
-
-    return Gemma4VideoProcessorTorch
+def _released_video_processor():
+    return released.gemma4_video_processor()
 
 
 class _Processor(Gemma4Processor):
@@ -124,8 +77,8 @@ def tok():
 def processor(tok):
     # google/gemma-4-*-it processor_config.json: the classes' defaults (image 280 soft tokens, video 32 frames of
     # 70), image_seq_length 280
-    return _Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessorPil(),
-                      tokenizer=tok, video_processor=_video_processor_class()(), image_seq_length=280)
+    return _Processor(feature_extractor=released.audio_extractor("gemma4"), image_processor=released.image_processor("gemma4"),
+                      tokenizer=tok, video_processor=_released_video_processor(), image_seq_length=280)
 
 
 # ------------------------------------------------------------------ the tokenizer
@@ -409,7 +362,7 @@ def test_reader_equals_the_processors(built, clips) -> None:
         metas.append(VideoMetadata(total_num_frames=info.num_frames, fps=info.fps, width=info.width,
                                    height=info.height, duration=info.num_frames / info.fps))
         counts.append(len(v["frame_indices"]))
-    vp = _video_processor_class()()
+    vp = _released_video_processor()
     parts = [vp(videos=[c], video_metadata=[m], num_frames=n, return_tensors="pt") for c, m, n in
              zip(clips_in, metas, counts, strict=True)]
     for key in ("pixel_values_videos", "video_position_ids"):
@@ -465,7 +418,9 @@ def test_vision_bidirectional_checkpoints_cannot_be_packed_exactly(built, tok) -
     spec.loader.exec_module(ce)
     profile = get_profile("gemma4")
     row = max(built["rows"], key=lambda r: len(r["images"]))
-    (batch,), ids, vocab = ce.compact_vocab([collate([row])], ce.profile_token_ids(profile, tok))
+    with released.released_reader(profile):  # the released image processor, not the profile's
+        rows = collate([row])
+    (batch,), ids, vocab = ce.compact_vocab([rows], ce.profile_token_ids(profile, tok))
     model = profile.proof().tiny_model(token_ids=ids, vocab_size=vocab)
     assert ce.compare(model, batch, ["sdpa_varlen"], profile=profile, token_ids=ids)["sdpa_varlen"]["ok"]
     model.config.text_config.use_bidirectional_attention = "vision"  # Gemma4Model reads it at every forward

@@ -21,9 +21,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from transformers import Gemma4ImageProcessorPil, Gemma4Processor
+from transformers import Gemma4Processor
 from transformers.audio_utils import load_audio
-from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 
 from packer.config import BuildConfig
 from packer.core.types import AudioRef
@@ -38,6 +37,7 @@ from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 from tests.helpers import tiny_model_report, without_video_processor
 from tests.media.audio_clips import signal, write_clip
+from tests.models import released
 from tests.models.family_checks import leaf_positions
 
 # name -> (rate, seconds, channels, kind): each codec, odd rates and lengths, mono and stereo, one over 30 s
@@ -59,7 +59,7 @@ def processor(tok):
     # google/gemma-4-E2B-it processor_config.json: the classes' defaults (audio_seq_length 750, 40 ms a token).
     # A copy of the tokenizer: Gemma4Processor.__init__ resets its additional_special_tokens, and load_tokenizer's
     # cached one is the build's
-    return _Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessorPil(),
+    return _Processor(feature_extractor=released.audio_extractor("gemma4"), image_processor=released.image_processor("gemma4"),
                       tokenizer=copy.deepcopy(tok), video_processor=None)
 
 
@@ -87,7 +87,7 @@ def _load(path, start=None, end=None) -> np.ndarray:
 def test_count_rule_equals_the_processor(n) -> None:
     """valid_frames / soft_tokens == the extractor's mask and replace_audio_token's count on n samples (zeros:
     the count does not look at the samples), across the 161-sample floor and the 30 s cut."""
-    fe = Gemma4AudioFeatureExtractor()
+    fe = released.audio_extractor("gemma4")
     out = fe([np.zeros(n, dtype=np.float32)], return_tensors="np")
     mask = out["input_features_mask"][0]
     frames = int(valid_frames(np.array([n]))[0])
@@ -99,7 +99,7 @@ def test_count_rule_equals_the_processor(n) -> None:
 def test_features_are_the_extractors() -> None:
     """log_mel bit-equal to Gemma4AudioFeatureExtractor on one clip (odd lengths, the 30 s cut) and batch_features
     bit-equal to its batch (padded to the longest, masked frames zero)."""
-    fe = Gemma4AudioFeatureExtractor()
+    fe = released.audio_extractor("gemma4")
     rng = np.random.default_rng(0)
     ys = [(rng.standard_normal(n) * 0.3).astype(np.float32) for n in (1, 160, 161, 799, 801, 16000, 20811, 480_130)]
     for y in ys:
@@ -270,7 +270,7 @@ def test_reader_equals_the_extractor(built) -> None:
     batch = collate(rows)
     clips = [a for r in rows for a in r["audios"]]
     samples = [decode_audio(a["source"], target_sr=16000, start=a["audio_start"], end=a["audio_end"]) for a in clips]
-    want = Gemma4AudioFeatureExtractor()(samples, return_tensors="pt")
+    want = released.audio_extractor("gemma4")(samples, return_tensors="pt")
     assert torch.equal(batch["input_features"], want["input_features"])
     assert torch.equal(batch["input_features_mask"], want["input_features_mask"])
     ids = batch["input_ids"][0]
@@ -304,7 +304,7 @@ def test_audio_tower_keeps_batched_clips_apart(tok) -> None:
     nothing of it (measured: differences of float32 rounding, below 1e-5)."""
     profile, token_ids, ce = _tiny(tok)
     model = profile.proof().tiny_model(token_ids=token_ids, vocab_size=max(token_ids.values()) + 1).eval()
-    fe = Gemma4AudioFeatureExtractor()
+    fe = released.audio_extractor("gemma4")
     rng = np.random.default_rng(0)
     ys = [(rng.standard_normal(n) * 0.3).astype(np.float32) for n in (3201, 16000, 9000)]
     with torch.no_grad():
@@ -330,6 +330,8 @@ def test_packed_equals_unpacked_with_audio(built, tok) -> None:
     processor gives it (that path's clips alone; padded to the batch's longest, which the tower test shows
     changes none of their tokens)."""
     profile = get_profile("gemma4")
-    _, model = tiny_model_report(profile, tok, collate(built["rows"]), paths=7)
+    with released.released_reader(profile):  # the released image processor and extractor, not the profile's
+        batch = collate(built["rows"])
+    _, model = tiny_model_report(profile, tok, batch, paths=7)
     grads = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
     assert grads, "the audio tower took part"

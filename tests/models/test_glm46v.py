@@ -48,6 +48,7 @@ from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA
 from packer.train.collate import collate
 from tests.media.make_videos import write_clip
+from tests.models import released
 from tests.models.family_checks import build_records, chat_paths, each_path, image_records, png, write_images
 
 CHECKPOINT = {"shortest_edge": 12544, "longest_edge": 9633792}  # the GLM-V checkpoints' preprocessor_config.json
@@ -143,7 +144,7 @@ def processor(tokenizer, video_module):
         def check_argument_for_proper_class(self, name, arg):
             return None if name == "video_processor" else super().check_argument_for_proper_class(name, arg)
 
-    return Processor(image_processor=Glm46VImageProcessorPil(size=CHECKPOINT), tokenizer=tokenizer,
+    return Processor(image_processor=released.image_processor("glm-4.6v"), tokenizer=tokenizer,
                      video_processor=video_module.Glm46VVideoProcessor())
 
 
@@ -236,7 +237,7 @@ def test_counts_equal_the_processors_pixels(coco_images) -> None:
     """The processor's real resize of the pixels: image_grid_thw of one COCO image per distinct grid and every odd
     size the processor takes, and pixel_values rows = t * h * w."""
     profile = get_profile("glm-4.6v")
-    hf = Glm46VImageProcessorPil(size=CHECKPOINT)
+    hf = released.image_processor("glm-4.6v")
     refs = {profile.image.grid_thw(*profile.image.plan(ImageRef(path=str(p)))): ImageRef(path=str(p)) for p in coco_images}
     odd = [ImageRef(data=png(w, h, seed=i)) for i, (w, h) in enumerate(ODD_SIZES) if w * h < 5e6]
     seen = 0

@@ -33,6 +33,7 @@ from packer.pipeline.build import build
 from packer.report.stats import format_stats
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
+from tests.models import released
 
 # odd sizes: 1 px, extreme aspect ratios, exact tile multiples (ties between layouts), just off them
 ODD_SIZES = [(1, 1), (2, 3), (1, 700), (700, 1), (5000, 10), (10, 5000), (447, 449), (448, 448), (449, 448),
@@ -54,13 +55,10 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def processor(tokenizer):
-    # InternVL3-hf's preprocessor_config, built independently of the profile
-    image_processor = transformers.GotOcr2ImageProcessorPil(
-        size={"height": 448, "width": 448}, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225],
-        resample=3, do_convert_rgb=True,  # 3: bicubic
-    )
-    return _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
-                               image_seq_length=256, chat_template=INTERNVL_CHAT_TEMPLATE)
+    # InternVL3-hf's files (tests/models/released/internvl.json), built independently of the profile
+    seq = released.file_values(released.entry_of("internvl"), "processor_config.json")["image_seq_length"]
+    return _ImageOnlyProcessor(image_processor=released.image_processor("internvl"), tokenizer=tokenizer,
+                               video_processor=None, image_seq_length=seq, chat_template=INTERNVL_CHAT_TEMPLATE)
 
 
 def _png(w: int, h: int, seed: int = 0) -> bytes:

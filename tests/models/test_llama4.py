@@ -41,6 +41,7 @@ from packer.report.verify import verify_build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
 from tests.models import family_checks as fc
+from tests.models import released
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")
@@ -61,8 +62,15 @@ SETTINGS = {  # profile options -> Llama4ImageProcessor settings
 
 
 def _image_processor(profile: Llama4Profile):
-    return image_processor_class()(size={"height": profile.tile_px, "width": profile.tile_px},
-                                   max_patches=profile.max_patches, resize_to_max_canvas=profile.resize_to_max_canvas)
+    """The released files' image processor (tests/models/released/llama4.json) with the settings ``profile`` changes
+    from the released defaults (the build's own options), as a user passes them to the processor."""
+    default, kwargs = get_profile("llama4"), {}
+    if profile.tile_px != default.tile_px:
+        kwargs["size"] = {"height": profile.tile_px, "width": profile.tile_px}
+    for key in ("max_patches", "resize_to_max_canvas"):
+        if getattr(profile, key) != getattr(default, key):
+            kwargs[key] = getattr(profile, key)
+    return released.image_processor("llama4", **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from PIL import Image
 
 from packer.core.types import ImageRef
 from packer.models import get_profile
+from tests.models import released
 
 
 def test_llava_is_576_tokens_of_336px(coco_images: list[Path]) -> None:
@@ -27,13 +28,9 @@ def test_llava_is_576_tokens_of_336px(coco_images: list[Path]) -> None:
 
 def test_pixel_values_match_processor(coco_images: list[Path]) -> None:
     """The llava-hf/llava-1.5-7b-hf preprocessing: shortest edge 336, centre crop, CLIP mean/std."""
-    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
     refs = [ImageRef(path=str(p)) for p in coco_images[:2]]
-    expected = transformers.LlavaImageProcessorPil(
-        size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, do_center_crop=True, do_pad=False,
-        resample=3, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD,  # 3: bicubic
-    )(images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt")
+    expected = released.image_processor("llava")(images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt")
     out = get_profile("llava").reader().pixel_values(refs)
     assert (out["pixel_values"] == expected["pixel_values"]).all()
 

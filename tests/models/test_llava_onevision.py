@@ -25,6 +25,7 @@ from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
 from packer.models import get_profile
 from packer.models.base import Media
+from tests.models import released
 
 IMAGE = 151646  # <image>
 ODD_SIZES = [(w, h) for w in (1, 2, 13, 100, 383, 384, 385, 767, 769, 1000, 2304, 3000, 5000)
@@ -46,7 +47,7 @@ def tok():
 @pytest.fixture(scope="module")
 def processor(tok):
     # llava-hf/llava-onevision-qwen2-*-ov-hf: SigLIP 384/14 -> 729 features, strategy "full", anyres_max_9
-    return _Processor(image_processor=transformers.LlavaOnevisionImageProcessorPil(), tokenizer=tok,
+    return _Processor(image_processor=released.image_processor("llava-onevision"), tokenizer=tok,
                       num_image_tokens=729, vision_feature_select_strategy="full")
 
 

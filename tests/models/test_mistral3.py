@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import PixtralImageProcessorPil
 from transformers.models.pixtral import image_processing_pil_pixtral
 
 from packer.core.types import ImageRef
@@ -39,6 +38,7 @@ from packer.models.mistral3.tokenizers import MISTRAL3_CHAT_TEMPLATE, SPECIAL_TO
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from tests.models import family_checks as fc
+from tests.models import released
 
 # odd sizes: 1 px, a token and just off it, extreme aspect ratios, exactly the longest edge and just past it,
 # sizes where the floor of the resize and mistral-common's round differ (1771x999, 1960x999)
@@ -72,7 +72,7 @@ def _processor(tokenizer, options: dict | None = None):
             del sys.modules[name]
 
     o = {**DEFAULTS, **(options or {})}
-    return PixtralProcessor(image_processor=PixtralImageProcessorPil(size={"longest_edge": o["longest_edge"]}),
+    return PixtralProcessor(image_processor=released.image_processor("mistral3", size={"longest_edge": o["longest_edge"]}),
                             tokenizer=tokenizer, patch_size=o["patch_size"], spatial_merge_size=o["spatial_merge_size"])
 
 

@@ -28,6 +28,7 @@ from packer.pipeline.build import build
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
+from tests.models import released
 
 # (width, height): tiny, below the 112-px overlap margins, one crop exactly, extreme aspect ratios, huge
 ODD_SIZES = [(1, 1), (2, 3), (13, 7), (111, 111), (112, 113), (378, 378), (379, 378), (644, 644), (645, 644),
@@ -54,7 +55,7 @@ def processor(profile, tokenizer):
         def check_argument_for_proper_class(self, name, arg):
             return None if name == "video_processor" and arg is None else super().check_argument_for_proper_class(name, arg)
 
-    return NoVideo(image_processor=profile.reader().image_processor(), video_processor=None, tokenizer=tokenizer,
+    return NoVideo(image_processor=released.image_processor("molmo2"), video_processor=None, tokenizer=tokenizer,
                    chat_template=tokenizer.chat_template)
 
 
@@ -104,7 +105,7 @@ def test_token_counts_of_the_processor_output(profile, processor, coco_images, o
     small = [p for p, (w, h) in zip(odd_images, ODD_SIZES, strict=True) if w * h < 2_000_000]
     for path in [*coco_images[::60], *small]:
         image = load_image(ImageRef(path=str(path)))
-        out = profile.reader().image_processor()(images=[image], return_tensors="pt")
+        out = released.image_processor("molmo2")(images=[image], return_tensors="pt")
         crops, rows, cols = profile.image.grid_thw(*image.size)
         assert out["image_num_crops"].tolist() == [crops], path.name
         assert out["image_grids"][0, 2:].tolist() == [rows, cols]

@@ -23,6 +23,7 @@ from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.models import get_profile
 from tests.media.make_videos import write_clip
+from tests.models import released
 
 # (fps, frames, width, height): several rates, 0.1-40 s, odd sizes; a clip shorter than one sampled frame
 CLIPS = [(24, 48, 320, 240), (25, 12, 176, 144), (30, 95, 321, 241), (Fraction(30000, 1001), 90, 99, 57),
@@ -79,7 +80,11 @@ def processor(profile, tokenizer):
         def check_argument_for_proper_class(self, name, arg):
             return None if name == "video_processor" else super().check_argument_for_proper_class(name, arg)
 
-    return Processor(image_processor=profile.reader().image_processor(), video_processor=VideoProcessor(),
+    # the fixture's values (tests/models/released/molmo2.json), named as Molmo2VideoProcessor's arguments
+    values = released.file_values(released.entry_of("molmo2"), released.P)
+    video = VideoProcessor(num_frames=values["video_num_frames"], max_fps=values["video_max_fps"],
+                           size={"height": values["crop_px"], "width": values["crop_px"]})
+    return Processor(image_processor=released.image_processor("molmo2"), video_processor=video,
                      tokenizer=tokenizer, chat_template=tokenizer.chat_template)
 
 

@@ -22,6 +22,7 @@ from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.models.qwen2_audio.profile import feature_lengths, tokens_from_frames
 from tests.helpers import tiny_model_report, token_paths
+from tests.models import released
 
 AUD, BOS, EOS = 151646, 151647, 151648
 
@@ -35,8 +36,6 @@ def tok():
 def processor(tok):
     # Qwen/Qwen2-Audio-7B-Instruct's preprocessor_config.json (tests/models/released/qwen2_audio.json): 128 mel
     # bins, chunk_length 30
-    from tests.models import released
-
     entry = released.load("qwen2_audio")["profiles"]["qwen2-audio"]
     return Qwen2AudioProcessor(feature_extractor=released.whisper_extractor(entry), tokenizer=tok)
 
@@ -278,7 +277,9 @@ def test_packed_equals_unpacked(built, tok) -> None:
     rows = _rows(built)
     assert len(rows) == 2 and sum(len(r["example_ids"]) for r in rows) == 7  # several examples a row
     assert any(len(r["audios"]) >= 3 for r in rows)
-    _, model = tiny_model_report(profile, tok, collate(rows), paths=8)
+    with released.released_reader(profile):  # the released extractor's features, not the reader's
+        batch = collate(rows)
+    _, model = tiny_model_report(profile, tok, batch, paths=8)
     assert any("audio_tower" in n and p.grad is not None and p.grad.abs().sum() > 0
                for n, p in model.named_parameters()), "the audio tower took part"
 

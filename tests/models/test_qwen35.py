@@ -15,7 +15,6 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-import transformers
 from PIL import Image
 from transformers import Qwen3_5Config, Qwen3_5Model, Qwen3_5MoeConfig
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
@@ -39,30 +38,18 @@ from packer.train.dataset import PackedDataset
 from packer.train.layout import PackedLayout
 from tests.conftest import COCO
 from tests.media.make_videos import write_clip
+from tests.models import released
 from tests.train.test_equivalence import _check, _tiny, ce
 
 IMAGE_FILES = sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (COCO / d).glob("*.jpg"))
 
-# Qwen/Qwen3.5-* preprocessor_config.json: Qwen3-VL's values (processor_class Qwen3VLProcessor,
-# image_processor_type Qwen2VLImageProcessorFast).
-CHECKPOINT_PREPROCESSOR = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-}
 SMALL = {"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 16}  # the build's bounds: small images, fast tests
 VIDEO_SMALL = {"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 12}  # qwen-vl-utils' per-part bounds
 
 
 def _image_processor(**size):
-    cls = getattr(transformers, IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_5"]["pil"])
-    if size:
-        return cls(**{**CHECKPOINT_PREPROCESSOR, "size": {"shortest_edge": size["min_pixels"],
-                                                          "longest_edge": size["max_pixels"]}})
-    return cls(**CHECKPOINT_PREPROCESSOR)
+    assert IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_5"]["pil"] == "Qwen2VLImageProcessorPil"
+    return released.image_processor("qwen3.5", **size)  # the released files (tests/models/released/qwen_vl.json)
 
 
 def test_transformers_runs_qwen35_with_qwen3vl_classes() -> None:

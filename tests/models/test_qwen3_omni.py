@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from transformers import (
-    Qwen2VLImageProcessorPil,
     Qwen3OmniMoeProcessor,
     Qwen3OmniMoeThinkerConfig,
 )
@@ -37,6 +36,7 @@ from packer.models.qwen_omni.rope3 import (
     omni3_position_ids,
 )
 from tests import helpers as th
+from tests.models import released
 
 IMG, VID, AUD, VS, VE, AS, AE = 151655, 151656, 151675, 151652, 151653, 151669, 151670
 HALF = [0.5, 0.5, 0.5]
@@ -60,13 +60,10 @@ def processor(tok):
     """Qwen3OmniMoeProcessor as Qwen3-Omni's preprocessor_config builds it: Qwen2VL image and video processors
     with 16 px patches and mean/std 0.5, WhisperFeatureExtractor from the released file
     (tests/models/released/qwen_omni.json)."""
-    from tests.models import released
-
     video, mp = th.qwen2vl_video_processor(patch_size=16, image_mean=HALF, image_std=HALF, cap_pixels_per_frame=False)
-    yield _Processor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, min_pixels=3136, max_pixels=12845056,
-                                                              image_mean=HALF, image_std=HALF),
+    yield _Processor(image_processor=released.image_processor("qwen3-omni"),
                      video_processor=video, tokenizer=tok,
-                     feature_extractor=released.whisper_extractor(released.load("qwen_omni")["profiles"]["qwen3-omni"]),
+                     feature_extractor=released.audio_extractor("qwen3-omni"),
                      chat_template=tok.chat_template)
     mp.undo()
 
@@ -351,7 +348,8 @@ def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     profile = get_profile("qwen3-omni")
     root = write_shardset(tmp_path / "shards", encoded, [2, 3, 1], profile="qwen3-omni")
     rows = list(PackedDataset(root, shuffle=False))
-    batch = collate(rows)
+    with released.released_reader(profile):  # the released image processor and extractor, not the profile's
+        batch = collate(rows)
     assert batch["position_ids"].dtype == torch.float32
     assert (batch["position_ids"] != batch["position_ids"].round()).any()  # the fractional video
     report, model = tiny_model_report(profile, tok, batch, paths=8)

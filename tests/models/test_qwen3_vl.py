@@ -19,26 +19,17 @@ from packer.errors import RecordError
 from packer.models import get_profile
 from packer.models.qwen_vl.qwen3 import Qwen3VLProfile
 from tests.conftest import COCO
+from tests.models import released
 from tests.models.test_mrope import build_tree, image, linear_cases, paths, random_image_tree, text
 
 IMAGE_FILES = sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (COCO / d).glob("*.jpg"))
 IMAGE_PAD = 151655
 
-# Qwen/Qwen3-VL-*-Instruct preprocessor_config.json (the same in 2B, 4B, 8B, 30B-A3B, 32B, 235B-A22B):
-CHECKPOINT_PREPROCESSOR = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-}
-
 
 @pytest.fixture(scope="module")
 def processor():
     assert IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_vl"]["pil"] == "Qwen2VLImageProcessorPil"
-    return transformers.Qwen2VLImageProcessorPil(**CHECKPOINT_PREPROCESSOR)
+    return released.image_processor("qwen3-vl")
 
 
 def _hf_grids(processor, images: list[Image.Image]) -> list[tuple[int, int, int]]:
@@ -98,8 +89,7 @@ def test_pixel_overrides() -> None:
     profile = get_profile("qwen3-vl", min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 16)
     assert isinstance(profile, Qwen3VLProfile)
     assert profile.image.num_tokens(640, 480) == 12  # 96 x 128 px: 3 x 4 merged tokens
-    hf = transformers.Qwen2VLImageProcessorPil(**{**CHECKPOINT_PREPROCESSOR, "size": {
-        "shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16}})
+    hf = released.image_processor("qwen3-vl", min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 16)
     assert hf.get_number_of_image_patches(480, 640, {}) == 12 * 4
 
 

@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 from transformers import (
     Qwen2_5OmniProcessor,
     Qwen2_5OmniThinkerConfig,
-    Qwen2VLImageProcessorPil,
-    WhisperFeatureExtractor,
 )
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
     Qwen2_5OmniPreTrainedModelForConditionalGeneration as OmniModel,
@@ -65,7 +63,7 @@ def tok():
 def processor(tok):
     # Qwen/Qwen2.5-Omni-7B preprocessor_config.json (tests/models/released/qwen_omni.json): WhisperFeatureExtractor
     # with 128 mel bins and chunk_length 300, Qwen2VL images
-    return _Processor(image_processor=Qwen2VLImageProcessorPil(), video_processor=None,
+    return _Processor(image_processor=released.image_processor("qwen2.5-omni"), video_processor=None,
                       feature_extractor=released.whisper_extractor(released.load("qwen_omni")["profiles"]["qwen2.5-omni"]),
                       tokenizer=tok, chat_template=tok.chat_template)
 
@@ -210,8 +208,8 @@ def av_processor(tok):
             return super().check_argument_for_proper_class(argument_name, argument)
 
     video, mp = qwen2vl_video_processor(cap_pixels_per_frame=False)
-    yield WithVideo(image_processor=Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056),
-                    video_processor=video, feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+    yield WithVideo(image_processor=released.image_processor("qwen2.5-omni"),
+                    video_processor=video, feature_extractor=released.audio_extractor("qwen2.5-omni"), tokenizer=tok,
                     chat_template=tok.chat_template)
     mp.undo()
 
@@ -355,7 +353,9 @@ def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
 
     profile = get_profile("qwen2.5-omni")
     rows = _rows_with_audio(tmp_path, omni_encoded, [2, 3])
-    _, model = tiny_model_report(profile, tok, collate(rows), paths=6)
+    with released.released_reader(profile):  # the released image processor and extractor, not the profile's
+        batch = collate(rows)
+    _, model = tiny_model_report(profile, tok, batch, paths=6)
     audio_params = [n for n, p in model.named_parameters() if "audio_tower" in n and p.grad is not None]
     assert audio_params, "the audio tower took part"
 

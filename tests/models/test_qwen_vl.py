@@ -19,6 +19,7 @@ from packer.media.images import load_image
 from packer.models import get_profile
 from packer.models.qwen_vl import QwenVLProfile
 from tests.conftest import COCO  # ../shared beside the repo, or $PACKER_SHARED
+from tests.models.released import image_processor as released_processor
 
 IMAGE_FILES = sorted(p for d in ("train2017", "val2017", "unlabelled") for p in (COCO / d).glob("*.jpg"))
 
@@ -62,11 +63,7 @@ def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.I
     names = {IMAGE_PROCESSOR_MAPPING_NAMES[m]["pil"] for m in ("qwen2_vl", "qwen2_5_vl")}
     assert names == {"Qwen2VLImageProcessorPil"}
     # built independently, from the released preprocessor_config.json (tests/models/released/qwen_vl.json)
-    from tests.models.released import file_values, load
-
-    released = file_values(load("qwen_vl")["profiles"]["qwen2-vl"], "preprocessor_config.json")
-    processor = transformers.Qwen2VLImageProcessorPil(min_pixels=released["min_pixels"],
-                                                      max_pixels=released["max_pixels"])
+    processor = released_processor("qwen2-vl")
     profiles = [get_profile("qwen2-vl"), get_profile("qwen2.5-vl")]
     for profile in profiles:
         assert isinstance(profile.reader().image_processor(), transformers.Qwen2VLImageProcessorPil)
@@ -89,7 +86,7 @@ def test_qwen2_vl_and_2_5_every_coco_image_match_processor(decoded: list[Image.I
 @pytest.mark.slow
 def test_qwen2_vl_custom_pixels_match_processor(decoded, min_pixels: int, max_pixels: int) -> None:
     profile = get_profile("qwen2-vl", min_pixels=min_pixels, max_pixels=max_pixels)
-    processor = transformers.Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    processor = released_processor("qwen2-vl", min_pixels=min_pixels, max_pixels=max_pixels)
     images = _one_per_size(decoded)
     refs = [ImageRef(data=_png_bytes(im)) for im in images]  # inline bytes of the same size
     _check_against([profile], processor, images, refs)
@@ -126,7 +123,7 @@ def test_pixel_values_match_processor_exactly() -> None:
     profile = get_profile("qwen2-vl")
     refs = [ImageRef(path=str(p)) for p in IMAGE_FILES[:2]]
     out = profile.reader().pixel_values(refs)
-    expected = transformers.Qwen2VLImageProcessorPil()(
+    expected = released_processor("qwen2-vl")(
         images=[Image.open(r.path).convert("RGB") for r in refs], return_tensors="pt"
     )
     assert set(out) == {"pixel_values", "image_grid_thw"}

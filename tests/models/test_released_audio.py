@@ -31,9 +31,7 @@ def _processor(cls, name: str, entry: dict):
     tok = load_tokenizer(get_profile(name).default_tokenizer)
     kwargs = {"video_processor": None, "image_processor": None} if cls is not Qwen2AudioProcessor else {}
     if "image_processor" in kwargs:
-        from transformers import Qwen2VLImageProcessorPil
-
-        kwargs["image_processor"] = Qwen2VLImageProcessorPil()
+        kwargs["image_processor"] = released.image_processor(name)
     proc = without_video_processor(cls) if kwargs else cls
     return proc(feature_extractor=released.whisper_extractor(entry), tokenizer=tok, chat_template=tok.chat_template,
                 **kwargs)
@@ -135,8 +133,8 @@ def test_real_clips_count_and_featurize_as_the_released_processor(tmp_path, seco
 def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
     """Qwen2.5-Omni's proof with clips past 30 s (31.5 s: 787 tokens) and past 300 s (cut: 7500 tokens), two
     examples packed in one row: per-token losses and every gradient of a tiny thinker equal each example run alone,
-    its features as the released processor makes them (the reader's within float32 STFT rounding of the
-    extractor's: test_real_clips_count_and_featurize_as_the_released_processor)."""
+    its features the released extractor's own (``released.released_reader``; the reader's are within float32 STFT
+    rounding of them: test_real_clips_count_and_featurize_as_the_released_processor)."""
 
     import soundfile as sf
 
@@ -156,7 +154,8 @@ def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
     assert [a.num_tokens for e in encoded for a in e.audios] == [787, 7500]
     rows = list(PackedDataset(write_shardset(tmp_path / "shards", encoded, [2], profile="qwen2.5-omni"),
                               shuffle=False))
-    batch = collate(rows)
+    with released.released_reader(profile):  # the features the released extractor makes, not the reader's
+        batch = collate(rows)
     assert tuple(batch["input_features"].shape) == (2, 128, 30000)
     assert batch["feature_attention_mask"].sum(1).tolist() == [3150, 30000]
     tiny_model_report(profile, tok, batch, paths=2)

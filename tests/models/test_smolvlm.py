@@ -34,6 +34,7 @@ from packer.models.smolvlm.tokenizers import SMOLVLM_FIRST_ID, SMOLVLM_TOKENS
 from packer.report.verify import verify_build
 from packer.train.collate import collate
 from tests.models import family_checks as fc
+from tests.models import released
 
 # odd sizes: 1 px, extreme aspect ratios, exactly one and several tiles, just off them, beyond 4096
 ODD_SIZES = [(1, 1), (2, 3), (3, 2), (1, 700), (700, 1), (5000, 10), (10, 5000), (383, 384), (384, 384),
@@ -52,11 +53,16 @@ SEQ = {"smolvlm2": 81, "smolvlm-256m": 64, "class-defaults": 169, "fits-one-tile
 
 
 def _image_processor(options: dict) -> SmolVLMImageProcessorPil:
-    """The PIL image processor as the checkpoint's preprocessor_config builds it (the class defaults but sizes)."""
-    p = {"tile_px": 384, "longest_edge": 1536, "do_image_splitting": True, **options}
-    return SmolVLMImageProcessorPil(size={"longest_edge": p["longest_edge"]},
-                                    max_image_size={"longest_edge": p["tile_px"]},
-                                    do_image_splitting=p["do_image_splitting"])
+    """The PIL image processor as the checkpoint's preprocessor_config builds it (tests/models/released/smolvlm.json),
+    with the sizes ``options`` set (the build's own, as a user passes them to the processor)."""
+    kwargs: dict = {}
+    if "longest_edge" in options:
+        kwargs["size"] = {"longest_edge": options["longest_edge"]}
+    if "tile_px" in options:
+        kwargs["max_image_size"] = {"longest_edge": options["tile_px"]}
+    if "do_image_splitting" in options:
+        kwargs["do_image_splitting"] = options["do_image_splitting"]
+    return released.image_processor("smolvlm", **kwargs)
 
 
 @pytest.fixture(scope="module")

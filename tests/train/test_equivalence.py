@@ -28,6 +28,7 @@ from packer.train.attention.layout import PackedLayout
 from packer.train.data.collate import collate
 from packer.train.data.dataset import PackedDataset
 from packer.train.trainers.loss import packed_cross_entropy
+from tests.models import released
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")
@@ -95,6 +96,14 @@ def _text_length(tokenizer, text: str) -> int:
 
 def _rows(out: Path) -> list[dict]:
     return list(PackedDataset(out, shuffle=False))
+
+
+@pytest.fixture(autouse=True)
+def _released_processors():
+    """Every batch here read through the released Qwen2-VL processors (``released.released_reader``), not ones
+    made from the profile; the build's max_pixels given to them as users pass it."""
+    with released.released_reader(get_profile("qwen2-vl"), max_pixels=56 * 56 * 4, min_pixels=56 * 56):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.attention.layout import PackedLayout
 from packer.train.data.collate import collate
 from packer.train.data.dataset import PackedDataset
+from tests.models import released
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scripts" / "check_equivalence.py")
@@ -127,7 +128,9 @@ def test_packed_equals_unpacked(molmo2_rows) -> None:
     assert len(rows) >= 2 and any(len(r["images"]) >= 2 for r in rows)
     assert any((r["node_parents"] >= 0).any() for r in rows)  # a tree is packed
     tokenizer = load_tokenizer("molmo2")
-    (batch,), token_ids, vocab = _compact([collate(rows)], tokenizer)  # every row in one batch
+    with released.released_reader(get_profile("molmo2")):  # the released image processor, not the profile's
+        rows_batch = collate(rows)
+    (batch,), token_ids, vocab = _compact([rows_batch], tokenizer)  # every row in one batch
     torch.manual_seed(0)
     model = get_profile("molmo2").proof().tiny_model(token_ids=token_ids, vocab_size=vocab)
     run_ids = [token_ids[t] for t in IMAGE_RUN]

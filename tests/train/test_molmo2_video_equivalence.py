@@ -30,6 +30,7 @@ from packer.pipeline.build import build
 from packer.train.data.collate import collate
 from packer.train.data.dataset import PackedDataset
 from tests.media.make_videos import write_clip
+from tests.models import released
 from tests.train.test_molmo2_equivalence import BACKENDS, _compact
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +103,9 @@ def test_packed_equals_unpacked(video_rows) -> None:
     rows = video_rows
     assert sum(len(r["videos"]) for r in rows) == 2 and any((r["node_parents"] >= 0).any() for r in rows)
     tokenizer = load_tokenizer("molmo2")
-    (batch,), token_ids, vocab = _compact([collate(rows)], tokenizer)
+    with released.released_reader(get_profile("molmo2")):  # the released image and video processors
+        collated = collate(rows)
+    (batch,), token_ids, vocab = _compact([collated], tokenizer)
     # the token types and spans collate derives: exactly the frame runs, all of one example in one group
     run_ids = torch.tensor([token_ids[t] for t in RUN])
     assert batch["mm_token_type_ids"][0].tolist() == torch.isin(batch["input_ids"][0], run_ids).long().tolist()

@@ -17,6 +17,7 @@ from packer.models import get_profile
 from packer.pipeline.build import build
 from packer.train.data.collate import collate
 from packer.train.data.dataset import PackedDataset
+from tests.models import released
 from tests.pipeline.test_video_build import video_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,9 +48,15 @@ def _tiny(batches: list[dict], *, seed: int = 0) -> tuple[list[dict], object, di
     return batches, model, {"profile": profile, "token_ids": ids}
 
 
+def _collate(rows: list[dict]) -> dict:
+    """The batch as the released processors make it (``released.released_reader``), the build's max_pixels given."""
+    with released.released_reader(get_profile("qwen2.5-vl"), max_pixels=56 * 56 * 4, min_pixels=56 * 56):
+        return collate(rows)
+
+
 @pytest.mark.slow
 def test_qwen25_vl_video_rows_match_unpacked(video_rows):
-    batches, model, ctx = _tiny([collate([r]) for r in video_rows])
+    batches, model, ctx = _tiny([_collate([r]) for r in video_rows])
     assert any(len(b.get("video_grid_thw", ())) >= 2 for b in batches), "no row packs two videos"
     assert any("pixel_values" in b and "pixel_values_videos" in b for b in batches), "no row mixes images and videos"
     tree = [b for b in batches if "pixel_values_videos" in b and (b["node_parents"] >= 0).sum() >= 4]
@@ -67,6 +74,6 @@ def test_qwen25_vl_video_rows_match_unpacked(video_rows):
 @pytest.mark.slow
 def test_qwen25_vl_multi_row_batch_matches_unpacked(video_rows):
     """collate() of several video rows: video offsets and pixel rows shift across rows."""
-    (batch,), model, ctx = _tiny([collate(video_rows[:3])], seed=1)
+    (batch,), model, ctx = _tiny([_collate(video_rows[:3])], seed=1)
     report = ce.compare(model, batch, ["sdpa_varlen"], **ctx)
     assert report["sdpa_varlen"]["ok"], report
