@@ -53,6 +53,34 @@ class TokenizerView:
                    nfc=normalizes_nfc(backend), bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id,
                    unk_id=tokenizer.unk_token_id)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The Rust tokenizer as its tokenizer.json (what its own pickle holds): a worker rebuilds it only when
+        a text needs it (``backend``), and builds fastokens' tokenizer from the same string (``json``)."""
+        state = dict(self.__dict__)
+        state["_json"] = self.json()
+        state.pop("backend", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __getattr__(self, name: str) -> Any:
+        # only for what __dict__ lacks: ``backend`` of an unpickled view, built from its JSON on first use
+        # (~0.5 CPU-s for a 151k vocabulary, which a worker whose every text fastokens encodes never pays)
+        if name != "backend" or "_json" not in self.__dict__:
+            raise AttributeError(name)
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(self.__dict__["_json"])
+        object.__setattr__(self, "backend", backend)
+        return backend
+
+    def json(self) -> str:
+        """The Rust tokenizer's tokenizer.json (made once per view)."""
+        if "_json" not in self.__dict__:
+            object.__setattr__(self, "_json", self.backend.to_str())
+        return self.__dict__["_json"]
+
     def tokenize(self, texts: list[str], *, offsets: bool) -> list:
         """Each text's tokenizers.Encoding, no special tokens added (``tokenize.tokenize``)."""
         return tokenize(self.backend, texts, offsets=offsets)

@@ -104,7 +104,8 @@ class Encoder:
         )
         # the ids from fastokens where exact (None: the HF tokenizer); its boundaries need byte lengths
         bytes_ok = view.token_bytes is not None
-        self._fastokens = FastokensBPE.of(view.backend) if "fastokens" in self.fast_paths and bytes_ok else None
+        self._fastokens = (FastokensBPE.of(view.backend, source=view) if "fastokens" in self.fast_paths
+                           and bytes_ok else None)
         self.image_token_id = self._token_id(view, profile.image_token)
         self.video_token_id = self._token_id(view, profile.video_token)
         self.audio_token_id = self._token_id(view, profile.audio_token)
