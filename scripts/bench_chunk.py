@@ -70,11 +70,11 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
 
 
 def timed_mrope():
-    """Wrap ``qwen_vl.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
+    """Wrap ``shared.mrope.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
     returns the timings list, one CPU-time per call, and the function that undoes the wrap."""
-    import packer.models.qwen_vl.profile as qwen_vl
+    import packer.models.shared.mrope as mrope
 
-    real, times = qwen_vl.mrope_position_ids, []
+    real, times = mrope.mrope_position_ids, []
 
     def timed(*args, **kwargs):
         t = time.process_time()
@@ -83,8 +83,8 @@ def timed_mrope():
         finally:
             times.append(time.process_time() - t)
 
-    qwen_vl.mrope_position_ids = timed
-    return times, lambda: setattr(qwen_vl, "mrope_position_ids", real)
+    mrope.mrope_position_ids = timed
+    return times, lambda: setattr(mrope, "mrope_position_ids", real)
 
 
 def baseline_phases(lines: list[str]) -> dict[str, float]:
