@@ -6,7 +6,8 @@ Encoder (they never import it: encoder.py imports the stages, not the other way 
     EncodeContext   the view, the profile and its tokens' ids, the length policy's numbers, the runs' ids,
                     and the counter of which path each step took (``Encoder.path_counts``)
 
-Both pickle with the encoder (a worker's copy): the view holds the Rust tokenizer, never the transformers one.
+Both pickle with the encoder (a worker's copy): the view holds the Rust tokenizer (pickled as its tokenizer.json,
+rebuilt where a text first needs it), never the transformers one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from packer.models.base import MediaRun, ModelProfile
 @dataclass(frozen=True, kw_only=True, eq=False)  # eq=False: arrays have no truth value to compare by
 class TokenizerView:
     """The tokenizer as the encode stages use it: ``of(tokenizer)`` reads what they need from a transformers
-    fast tokenizer; the methods run its Rust tokenizer (``backend``), which is all a worker process holds."""
+    fast tokenizer; the methods run its Rust tokenizer (``backend``), which is all a worker process holds (and
+    only once a text needs it: fastokens encodes the rest, ``__getstate__``)."""
 
     backend: Any
     """The ``tokenizers.Tokenizer`` (the transformers tokenizer's ``backend_tokenizer``)."""

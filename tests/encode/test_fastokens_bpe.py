@@ -201,3 +201,22 @@ def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
         for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
             assert_same(got, want)
         assert encoder.path_counts()["tokens:fastokens"] > 0 and encoder.path_counts()["tokens:hf"] == 0
+
+
+def test_worker_builds_the_hf_tokenizer_only_for_a_text_that_needs_it(qwen_tokenizer, image_root):
+    """An unpickled encoder (a worker's) encodes with fastokens without rebuilding the HF tokenizer (its probe is
+    checked against the ids the parent computed); NFC-rewritten text (labels from offsets) rebuilds it, and
+    every result equals the parent's."""
+    import pickle
+
+    parent = Encoder(qwen_tokenizer, get_profile("qwen2-vl", max_pixels=64 * 28 * 28))
+    worker = pickle.loads(pickle.dumps(parent))
+    view = worker.context.tokens
+    examples = [p for p in parse_all(_records("plain words"), image_root) if isinstance(p, Example)]
+    for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
+        assert_same(got, want)
+    assert "backend" not in vars(view) and worker.path_counts()["tokens:fastokens"] > 0
+    examples = [p for p in parse_all(_records(NFC_EXAMPLE), image_root) if isinstance(p, Example)]
+    for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
+        assert_same(got, want)
+    assert "backend" in vars(view) and worker.path_counts()["labels:offsets"] > 0
