@@ -3,10 +3,8 @@
 On bench_build's corpus (4,096 records = 8 encode chunks of 512 lines): the build's phases (parse the JSONL
 lines, render every root-to-node path, the tokenizer call, finish = labels, images, positions, and the
 chunk's Arrow table, then commit = that table's Arrow IPC file written into an encode cache), once with the
-encoder's fast paths (``build``: the tokenizer call by fastokens, packer/encode/fastokens_bpe.py), once by tiktoken
-(``build-tiktoken``: every fast path but ``fastokens``) and once with the HF tokenizer doing the tokenizer call
-(``build-hf``: neither engine), and the
-baseline's (``apply_chat_template`` + one tokenizer call per chunk, as bench_build's ``tokenizer alone``). CPU time, best of ``--repeats`` rounds, the contenders alternating
+encoder's fast paths (``build``: the tokenizer call by fastokens, packer/encode/fastokens_bpe.py) and once with the
+HF tokenizer doing the tokenizer call (``build-hf``: every fast path but ``fastokens``), and the baseline's (``apply_chat_template`` + one tokenizer call per chunk, as bench_build's ``tokenizer alone``). CPU time, best of ``--repeats`` rounds, the contenders alternating
 inside each round so that load on the shared cores hits both alike. Where the build's encode stage goes,
 without the noise of a whole build (docs/benchmarks.md, "Build throughput").
 
@@ -72,11 +70,11 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
 
 
 def timed_mrope():
-    """Wrap ``qwen_vl.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
+    """Wrap ``shared.mrope.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
     returns the timings list, one CPU-time per call, and the function that undoes the wrap."""
-    import packer.models.qwen_vl.profile as qwen_vl
+    import packer.models.shared.mrope as mrope
 
-    real, times = qwen_vl.mrope_position_ids, []
+    real, times = mrope.mrope_position_ids, []
 
     def timed(*args, **kwargs):
         t = time.process_time()
@@ -85,8 +83,8 @@ def timed_mrope():
         finally:
             times.append(time.process_time() - t)
 
-    qwen_vl.mrope_position_ids = timed
-    return times, lambda: setattr(qwen_vl, "mrope_position_ids", real)
+    mrope.mrope_position_ids = timed
+    return times, lambda: setattr(mrope, "mrope_position_ids", real)
 
 
 def baseline_phases(lines: list[str]) -> dict[str, float]:
@@ -124,8 +122,7 @@ def main() -> None:
                                          max_length=8192, max_pixels=256 * 28 * 28)
         made = stages.make_encoder(config)
         encoder = pickle.loads(pickle.dumps(made))  # what a worker holds
-        hf = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"tiktoken", "fastokens"})))
-        tk = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"fastokens"})))
+        hf = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"fastokens"})))
         chunks = stages.scan_chunks(config)
         cache = EncodeCache(Path(tmp) / "cache", len(chunks))
         cache.root.mkdir()
@@ -136,7 +133,6 @@ def main() -> None:
         mrope_best = None  # (seconds, calls) of the round with the least mRoPE time
         for r in range(args.repeats + 1):  # round 0 warms the caches (image sizes, BPE)
             for name, run in (("build", lambda: build_phases(chunks, config, encoder, cache, tmp)),
-                              ("build-tiktoken", lambda: build_phases(chunks, config, tk, cache, tmp)),
                               ("build-hf", lambda: build_phases(chunks, config, hf, cache, tmp)),
                               ("baseline", lambda: baseline_phases(lines))):
                 mrope.clear()
@@ -147,8 +143,7 @@ def main() -> None:
                     prev = best.get(name)
                     best[name] = t if prev is None or sum(t.values()) < sum(prev.values()) else prev
         unwrap()
-        assert encoder.path_counts()["tokens:fastokens"] > 0 and tk.path_counts()["tokens:tiktoken"] > 0
-        assert hf.path_counts()["tokens:tiktoken"] == hf.path_counts()["tokens:fastokens"] == 0
+        assert encoder.path_counts()["tokens:fastokens"] > 0 and hf.path_counts()["tokens:fastokens"] == 0
     for name, t in best.items():
         split = ", ".join(f"{k} {v:.3f}" for k, v in t.items())
         print(f"{name}: {sum(t.values()):.3f} s CPU per {args.records:,} records ({split})")

@@ -6,7 +6,8 @@ Encoder (they never import it: encoder.py imports the stages, not the other way 
     EncodeContext   the view, the profile and its tokens' ids, the length policy's numbers, the runs' ids,
                     and the counter of which path each step took (``Encoder.path_counts``)
 
-Both pickle with the encoder (a worker's copy): the view holds the Rust tokenizer, never the transformers one.
+Both pickle with the encoder (a worker's copy): the view holds the Rust tokenizer (pickled as its tokenizer.json,
+rebuilt where a text first needs it), never the transformers one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from packer.models.base import MediaRun, ModelProfile
 @dataclass(frozen=True, kw_only=True, eq=False)  # eq=False: arrays have no truth value to compare by
 class TokenizerView:
     """The tokenizer as the encode stages use it: ``of(tokenizer)`` reads what they need from a transformers
-    fast tokenizer; the methods run its Rust tokenizer (``backend``), which is all a worker process holds."""
+    fast tokenizer; the methods run its Rust tokenizer (``backend``), which is all a worker process holds (and
+    only once a text needs it: fastokens encodes the rest, ``__getstate__``)."""
 
     backend: Any
     """The ``tokenizers.Tokenizer`` (the transformers tokenizer's ``backend_tokenizer``)."""
@@ -52,6 +54,34 @@ class TokenizerView:
                    token_bytes=cached_token_byte_lengths(backend, size=is_special.shape[0]) if byte_lengths else None,
                    nfc=normalizes_nfc(backend), bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id,
                    unk_id=tokenizer.unk_token_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The Rust tokenizer as its tokenizer.json (what its own pickle holds): a worker rebuilds it only when
+        a text needs it (``backend``), and builds fastokens' tokenizer from the same string (``json``)."""
+        state = dict(self.__dict__)
+        state["_json"] = self.json()
+        state.pop("backend", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __getattr__(self, name: str) -> Any:
+        # only for what __dict__ lacks: ``backend`` of an unpickled view, built from its JSON on first use
+        # (~0.5 CPU-s for a 151k vocabulary, which a worker whose every text fastokens encodes never pays)
+        if name != "backend" or "_json" not in self.__dict__:
+            raise AttributeError(name)
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(self.__dict__["_json"])
+        object.__setattr__(self, "backend", backend)
+        return backend
+
+    def json(self) -> str:
+        """The Rust tokenizer's tokenizer.json (made once per view)."""
+        if "_json" not in self.__dict__:
+            object.__setattr__(self, "_json", self.backend.to_str())
+        return self.__dict__["_json"]
 
     def tokenize(self, texts: list[str], *, offsets: bool) -> list:
         """Each text's tokenizers.Encoding, no special tokens added (``tokenize.tokenize``)."""

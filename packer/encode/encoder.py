@@ -20,9 +20,8 @@ says which path each step took (a test proves the general one ran):
 - ``fastokens``: the batch's ids, flat, from fastokens on the tokenizer's own tokenizer.json (fastokens_bpe.py),
   where the HF tokenizer is the general path; only where it is checked exact and with ``byte-lengths`` (its
   tokens' boundaries come from their byte lengths). A text it leaves (not valid Unicode) goes to the HF tokenizer.
-- ``tiktoken``: the ids from tiktoken with the tokenizer's own ranks and split (tiktoken_bpe.py), where fastokens
-  does not apply (switched off); only for a vocabulary it is exact on (Qwen2's, Llama 3's, Llama 4's rank
-  files), and with ``byte-lengths``. A text it leaves (one NFC would change) goes to the HF tokenizer.
+  (It replaced issue 25's ``tiktoken`` engine, removed in issue 33: every vocabulary tiktoken was exact on,
+  fastokens is too, at ~10x its speed.)
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -47,11 +46,10 @@ from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_dr
 from packer.encode.fastokens_bpe import FastokensBPE, Flat
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
-from packer.encode.tiktoken_bpe import TiktokenBPE
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 
-FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "tiktoken")
+FAST_PATHS = ("python-template", "byte-lengths", "fastokens")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 
@@ -104,11 +102,10 @@ class Encoder:
             special_tokens={k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
             images=profile.image is not None, fast="python-template" in self.fast_paths,
         )
-        # the ids from fastokens, else tiktoken, where exact (None: the HF tokenizer); boundaries need byte lengths
+        # the ids from fastokens where exact (None: the HF tokenizer); its boundaries need byte lengths
         bytes_ok = view.token_bytes is not None
-        self._fastokens = FastokensBPE.of(view.backend) if "fastokens" in self.fast_paths and bytes_ok else None
-        self._tiktoken = (TiktokenBPE.of(view.backend) if self._fastokens is None and "tiktoken" in self.fast_paths
-                          and bytes_ok else None)
+        self._fastokens = (FastokensBPE.of(view.backend, source=view) if "fastokens" in self.fast_paths
+                           and bytes_ok else None)
         self.image_token_id = self._token_id(view, profile.image_token)
         self.video_token_id = self._token_id(view, profile.video_token)
         self.audio_token_id = self._token_id(view, profile.audio_token)
@@ -141,7 +138,7 @@ class Encoder:
 
     def path_counts(self) -> Counter[str]:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
-        "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:tiktoken", "tokens:hf", per text) and labels
+        "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:hf", per text) and labels
         ("labels:byte-lengths", "labels:offsets")."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
@@ -210,28 +207,20 @@ class Encoder:
         return out
 
     def _tokenize(self, texts: list[str]) -> list | Flat:
-        """Each text's tokens: all ids flat from fastokens (``Flat``), or per text its ids from tiktoken (a list)
-        or its tokenizers.Encoding from the HF tokenizer."""
+        """Each text's tokens: all ids flat from fastokens (``Flat``), or per text its ids (a list, from
+        fastokens) or its tokenizers.Encoding from the HF tokenizer."""
         view = self.context.tokens
-        if self._fastokens is not None:
-            flat, rest = self._fastokens.encode(texts)
-            self.paths["tokens:fastokens"] += len(texts) - len(rest)
-            if not rest:
-                return flat
-            self.paths["tokens:hf"] += len(rest)
-            out: list = [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)]
-            for k, encoding in zip(rest, view.tokenize([texts[k] for k in rest], offsets=False), strict=True):
-                out[k] = encoding
-            return out
-        if self._tiktoken is None:
+        if self._fastokens is None:
             self.paths["tokens:hf"] += len(texts)
             return view.tokenize(texts, offsets=view.token_bytes is None)
-        out = self._tiktoken.encode(texts)
-        rest = [k for k, ids in enumerate(out) if ids is None]
+        flat, rest = self._fastokens.encode(texts)
+        self.paths["tokens:fastokens"] += len(texts) - len(rest)
+        if not rest:
+            return flat
+        self.paths["tokens:hf"] += len(rest)
+        out: list = [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)]
         for k, encoding in zip(rest, view.tokenize([texts[k] for k in rest], offsets=False), strict=True):
             out[k] = encoding
-        self.paths["tokens:tiktoken"] += len(texts) - len(rest)
-        self.paths["tokens:hf"] += len(rest)
         return out
 
     # ------------------------------------------------------------------ the stages after tokens

@@ -1,10 +1,11 @@
 """The fastest exact tokenizer engine packer has: ``fastokens`` (a Rust re-implementation of HF ``tokenizers``'
 encode from the same tokenizer.json), batch in, flat ids + offsets out (no Python object per token or per text).
 
-``FastokensBPE.of(backend)`` gives one only where packer can check it is exact, else None (tiktoken, or the HF
-tokenizer, then encode, as before); the last check runs where the engine is first used, in each process (building
+``FastokensBPE.of(backend)`` gives one only where packer can check it is exact, else None (the HF tokenizer then
+encodes, as before); the last check runs where the engine is first used, in each process (building
 the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: the build's parent, which only pickles the encoder,
-never pays it), and a failed one leaves every text to the HF tokenizer:
+never pays it; a worker compares with the HF ids of the probe the parent computed, and builds the HF tokenizer
+only for a text it must encode), and a failed one leaves every text to the HF tokenizer:
 
 - (the Encoder's condition) the pipeline is one whose boundaries come from token byte lengths
   (``tokenize.token_byte_lengths``: byte-level BPE, no normalizer or NFC, no prefix space or offset trimming):
@@ -17,7 +18,7 @@ never pays it), and a failed one leaves every text to the HF tokenizer:
 
 A text that is not valid Unicode (a lone surrogate) goes to the HF tokenizer, which raises as it always did.
 tests/encode/test_fastokens_bpe.py fuzzes every builtin against transformers, NFC text and user files included;
-docs/benchmarks.md, "Fast paths": 10x tiktoken's speed on the build's rendered texts.
+docs/benchmarks.md, "Fast paths": 10x tiktoken's speed (the engine it replaced), ~50x HF tokenizers'.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 # tokenizers.Tokenizer -> (signature, whether the engine may apply); weak keys: it dies with its tokenizer
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# tokenizers.Tokenizer -> fastokens.Tokenizer from its tokenizer.json, or None where the probe failed; built once
+# tokenizers.Tokenizer (or an unpickled source) -> fastokens.Tokenizer from its tokenizer.json, or None where the probe failed; built once
 # per process (never pickled)
 _NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -54,16 +55,26 @@ class Flat(NamedTuple):
 
 
 class FastokensBPE:
-    """What fastokens needs to encode as the HF tokenizer does: the HF tokenizer itself (pickled once with the
-    encoder that holds both), whose tokenizer.json each process builds its native tokenizer from, once."""
+    """What fastokens needs to encode as the HF tokenizer does: the tokenizer's tokenizer.json (``source``: a
+    ``TokenizerView``, pickled once with the encoder that holds both), whose string each process builds its
+    native tokenizer from, once, and the HF tokenizer's ids of the probe, computed where the engine is made: a
+    worker checks fastokens against them without building the HF tokenizer (~0.5 CPU-s of 151k vocabulary)."""
 
-    def __init__(self, backend: Any):
-        self.backend = backend
+    def __init__(self, source: Any, want: list[list[int]]):
+        self.source = source
+        """Anything with ``backend`` (the tokenizers.Tokenizer) and ``json()`` (its tokenizer.json)."""
+        self.want = want
+        """The HF tokenizer's ids of ``_PROBE``."""
+
+    @property
+    def backend(self) -> Any:
+        return self.source.backend
 
     @classmethod
-    def of(cls, backend: Any) -> FastokensBPE | None:
+    def of(cls, backend: Any, source: Any = None) -> FastokensBPE | None:
         """The engine for this tokenizers.Tokenizer, or None where it is not known exact; computed once per
-        tokenizer and reused while its vocabulary and pipeline are unchanged."""
+        tokenizer and reused while its vocabulary and pipeline are unchanged. ``source``: what the engine
+        holds it by (a ``TokenizerView`` of it; default: the tokenizer itself)."""
         model = backend.model  # not repr(model): that serializes the whole vocabulary
         signature = (backend.get_vocab_size(with_added_tokens=True), repr(backend.normalizer),
                      repr(backend.pre_tokenizer), type(model).__name__, getattr(model, "dropout", None),
@@ -72,14 +83,19 @@ class FastokensBPE:
         if cached is None or cached[0] != signature:
             cached = (signature, _eligible(backend))
             _ENGINES[backend] = cached
-        return cls(backend) if cached[1] else None
+        if not cached[1]:
+            return None
+        want = [e.ids for e in backend.encode_batch(_PROBE, add_special_tokens=False)]
+        return cls(source if source is not None else _Source(backend), want)
 
     def native(self) -> Any:
         """The fastokens.Tokenizer, or None where it failed the probe (built and probed on first use in each
         process)."""
-        if self.backend not in _NATIVE:
-            _NATIVE[self.backend] = _checked_native(self.backend)
-        return _NATIVE[self.backend]
+        # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source
+        key = vars(self.source).get("backend", self.source)
+        if key not in _NATIVE:
+            _NATIVE[key] = _checked_native(self.source.json(), self.want)
+        return _NATIVE[key]
 
     def encode(self, texts: list[str]) -> tuple[Flat, list[int]]:
         """The ids of every text (no special tokens added), flat, and the texts it left to the HF tokenizer (not
@@ -88,6 +104,16 @@ class FastokensBPE:
         if native is None:
             return Flat(np.zeros(0, dtype=np.int32), [0] * (len(texts) + 1)), list(range(len(texts)))
         return _encode(native, texts)
+
+
+class _Source:
+    """A bare tokenizers.Tokenizer as an engine's ``source``."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+
+    def json(self) -> str:
+        return self.backend.to_str()
 
 
 def _encode(native: Any, texts: list[str]) -> tuple[Flat, list[int]]:
@@ -114,21 +140,20 @@ def _valid(text: str) -> bool:
 def _eligible(backend: Any) -> bool:
     try:
         import fastokens  # noqa: F401
-    except ImportError:  # not installed: tiktoken or the HF tokenizer
+    except ImportError:  # not installed: the HF tokenizer
         return False
     return not any(t.normalized or t.lstrip or t.rstrip or t.single_word
                    for t in backend.get_added_tokens_decoder().values())
 
 
-def _checked_native(backend: Any) -> Any:
-    """fastokens' tokenizer of ``backend``'s tokenizer.json where its ids equal the HF tokenizer's on the probe,
+def _checked_native(json: str, want: list[list[int]]) -> Any:
+    """fastokens' tokenizer of this tokenizer.json where its ids of the probe are ``want`` (the HF tokenizer's),
     else None."""
     import fastokens
 
     try:
-        native = fastokens.Tokenizer.from_json_str(backend.to_str())
+        native = fastokens.Tokenizer.from_json_str(json)
         flat, _ = _encode(native, _PROBE)
     except Exception:  # a pipeline fastokens cannot load: the HF tokenizer  # noqa: BLE001
         return None
-    want = backend.encode_batch(_PROBE, add_special_tokens=False)
-    return native if [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] == [e.ids for e in want] else None
+    return native if [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] == want else None

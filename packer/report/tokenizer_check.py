@@ -1,6 +1,6 @@
 """``packer verify --input`` re-tokenizes input records with the HF tokenizer and compares with the shards.
 
-The build may take fast paths (tiktoken for the ids, byte lengths for the loss rule, a Python template); this
+The build may take fast paths (fastokens for the ids, byte lengths for the loss rule, a Python template); this
 check takes none: each sampled record is parsed again from its input line and encoded by the build's encoder
 (the manifest's tokenizer, its fingerprint checked, the same profile, template and length policy) with
 ``fast=False``, i.e. Jinja, the HF tokenizer and character offsets. Its tokens and labels must equal the packed

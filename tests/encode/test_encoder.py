@@ -599,25 +599,21 @@ def test_fast_false_runs_only_the_general_paths(tok, image_root):
     for got, w in zip(slow.encode_batch(examples), want, strict=True):
         assert_same(got, w)
     taken, general_taken = fast.path_counts(), slow.path_counts()
-    fast_keys = {"render:python", "labels:byte-lengths", "tokens:fastokens", "tokens:tiktoken"}
-    assert all(taken[k] > 0 for k in fast_keys - {"tokens:tiktoken"}), taken  # fastokens first, tiktoken unused
-    assert taken["tokens:tiktoken"] == 0, taken
+    fast_keys = {"render:python", "labels:byte-lengths", "tokens:fastokens"}
+    assert all(taken[k] > 0 for k in fast_keys), taken
     assert not any(general_taken[k] for k in fast_keys), general_taken
     assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "tokens:hf")), general_taken
-    keys = {"python-template": "render:python", "byte-lengths": "labels:byte-lengths", "fastokens": "tokens:fastokens",
-            "tiktoken": "tokens:tiktoken"}
+    keys = {"python-template": "render:python", "byte-lengths": "labels:byte-lengths", "fastokens": "tokens:fastokens"}
     assert set(keys) == set(FAST_PATHS)
     for name in keys:
-        engine = name in ("fastokens", "tiktoken")
-        names = {name, "byte-lengths"} if engine else {name}  # an engine's boundaries: byte lengths
+        names = {name, "byte-lengths"} if name == "fastokens" else {name}  # an engine's boundaries: byte lengths
         one = Encoder(tok, profile, fast=names)
         for got, w in zip(one.encode_batch(examples), want, strict=True):
             assert_same(got, w)
         assert {k for k in fast_keys if one.path_counts()[k]} == {keys[n] for n in names}
-    for name in ("fastokens", "tiktoken"):  # without byte lengths an engine has no boundaries: the HF tokenizer
-        alone = Encoder(tok, profile, fast={name})
-        alone.encode_batch(examples)
-        assert alone.path_counts()[f"tokens:{name}"] == 0 and alone.path_counts()["tokens:hf"] > 0
+    alone = Encoder(tok, profile, fast={"fastokens"})  # without byte lengths no boundaries: the HF tokenizer
+    alone.encode_batch(examples)
+    assert alone.path_counts()["tokens:fastokens"] == 0 and alone.path_counts()["tokens:hf"] > 0
     with pytest.raises(ConfigError, match="unknown fast paths"):
         Encoder(tok, profile, fast={"warp-drive"})
 

@@ -5,6 +5,7 @@ vocabulary, added-token flags it is not checked on); and the build's own records
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from itertools import pairwise
 
@@ -25,7 +26,6 @@ from packer.models.registry import builtin_tokenizers
 from tests.encode.helpers import assert_same, general, one_by_one, parse_all
 from tests.encode.reference_tokenizers import reference_tokenizer, referenced_builtins
 from tests.encode.test_builtin_tokenizers import NFC_EXAMPLE, adversarial
-from tests.encode.test_tiktoken_bpe import _records
 
 
 def _ids(engine: FastokensBPE, texts: list[str]) -> list[list[int] | None]:
@@ -143,6 +143,18 @@ def test_byte_fallback_vocabulary_takes_the_hf_tokenizer(image_root):
     assert encoder.path_counts()["tokens:fastokens"] == 0 and encoder.path_counts()["tokens:hf"] > 0
 
 
+def _records(text: str) -> list[dict]:
+    image = {"type": "image", "image": "img/a.jpg"}
+    ask = {"role": "user", "content": [image, {"type": "text", "text": "What? " + text}]}
+    return [
+        {"messages": [{"role": "user", "content": "Hi " + text}, {"role": "assistant", "content": text + " fine."}]},
+        {"messages": [ask, {"role": "assistant", "content": "A cat " + text}]},
+        {"messages": [{"role": "user", "content": text + "?"}],
+         "branches": [[{"role": "assistant", "content": "One " + text}], [{"role": "assistant", "content": "Two."}]]},
+        {"text": "plain " + text},
+    ]
+
+
 @settings(max_examples=20, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(text=adversarial("qwen2-vl"))
@@ -154,5 +166,53 @@ def test_build_records_equal_general_path(qwen_tokenizer, image_root, text):
     for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
         assert_same(got, want)
     counts = encoder.path_counts()
-    assert counts["tokens:fastokens"] > 0 and counts["tokens:hf"] == 0 and counts["tokens:tiktoken"] == 0, counts
+    assert counts["tokens:fastokens"] > 0 and counts["tokens:hf"] == 0, counts
     assert unicodedata.is_normalized("NFC", text) or counts["labels:offsets"] > 0  # NFC-rewritten: offsets' labels
+
+
+@pytest.mark.slow
+def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
+    """Tool calls (qwen2.5's template) and videos (qwen2.5-vl), NFC-rewritten text too: the engine's ids and labels
+    equal the general path's."""
+    from tests.media.make_videos import write_clip
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    tool_records = [{"tools": tools, "messages": [
+        {"role": "user", "content": "Weather in Zu\u0308rich and \u6771\u4eac?"},
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Z\u00fcrich"}}}]},
+        {"role": "tool", "name": "get_weather", "content": "18 C <tool_call>"},
+        {"role": "assistant", "content": "18 C in Z\u00fcrich. \U0001f468\u200d\U0001f469\u200d\U0001f467"}]}]
+    tool_records.append(json.loads(json.dumps(tool_records[0]).replace("Zu\\u0308rich", "Z\\u00fcrich")))  # NFC
+    clip = write_clip(tmp_path / "clip.mp4", fps=2, frames=4, width=64, height=48)
+    video_records = [{"messages": [{"role": "user", "content": [{"type": "video", "video": str(clip)}, {"type": "text", "text": "Qu'est-ce que c'est ?"}]},
+                                   {"role": "assistant", "content": "Un carre\u0301 gris."}]}]
+    video_records.append({"messages": [video_records[0]["messages"][0], {"role": "assistant", "content": "Un carr\u00e9 gris."}]})
+    for tokenizer, profile, records in (
+        ("qwen2.5", get_profile("text"), tool_records),
+        (get_profile("qwen2.5-vl").default_tokenizer, get_profile("qwen2.5-vl", max_pixels=128 * 32 * 32), video_records),
+    ):
+        encoder = Encoder(load_tokenizer(tokenizer), profile)
+        examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+        for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
+            assert_same(got, want)
+        assert encoder.path_counts()["tokens:fastokens"] > 0 and encoder.path_counts()["tokens:hf"] == 0
+
+
+def test_worker_builds_the_hf_tokenizer_only_for_a_text_that_needs_it(qwen_tokenizer, image_root):
+    """An unpickled encoder (a worker's) encodes with fastokens without rebuilding the HF tokenizer (its probe is
+    checked against the ids the parent computed); NFC-rewritten text (labels from offsets) rebuilds it, and
+    every result equals the parent's."""
+    import pickle
+
+    parent = Encoder(qwen_tokenizer, get_profile("qwen2-vl", max_pixels=64 * 28 * 28))
+    worker = pickle.loads(pickle.dumps(parent))
+    view = worker.context.tokens
+    examples = [p for p in parse_all(_records("plain words"), image_root) if isinstance(p, Example)]
+    for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
+        assert_same(got, want)
+    assert "backend" not in vars(view) and worker.path_counts()["tokens:fastokens"] > 0
+    examples = [p for p in parse_all(_records(NFC_EXAMPLE), image_root) if isinstance(p, Example)]
+    for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
+        assert_same(got, want)
+    assert "backend" in vars(view) and worker.path_counts()["labels:offsets"] > 0

@@ -11,7 +11,7 @@ import pytest
 from packer.core.types import Encoded, EncodedVideo
 from packer.errors import ShardError
 from packer.models import get_profile
-from packer.shards.assemble import assemble_packs, encoded_table, take_rows
+from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, take_rows
 from packer.shards.schema import EXAMPLE_SCHEMA
 from tests.helpers import random_example
 
@@ -62,6 +62,38 @@ def test_encoded_table_holds_the_examples(seed, mrope):
             e.num_tokens, e.num_loss_tokens, e.num_vision_tokens, e.num_video_tokens)
         assert [im["offset"] for im in row["images"]] == [im.offset for im in e.images]
         assert [v["second_per_grid_t"] for v in row["videos"]] == [v.second_per_grid_t for v in e.videos]
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, EXAMPLE_SCHEMA) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_encoded_table_equals_the_per_record_reference(seed):
+    """The column-by-column table equals ``from_pylist`` of each example's ``encoded_record``, down to the
+    encode cache's IPC bytes: loss weights on some rows (null on others), mRoPE on some, on all, or on none."""
+    rng = np.random.default_rng(seed)
+    for mrope in ("none", "mixed"):
+        examples = _examples(seed, mrope)
+        for e in examples:
+            if rng.random() < 0.4:
+                e.loss_weights = rng.choice(np.array([0, 0.5, 1, 2], np.float32), e.num_tokens)
+            if mrope == "mixed" and rng.random() < 0.3:
+                e.mrope_position_ids = None if seed % 2 else e.mrope_position_ids.astype(np.float32) + 0.5
+        want = pa.Table.from_pylist([encoded_record(e) for e in examples], schema=EXAMPLE_SCHEMA)
+        got = encoded_table(examples)
+        assert got.equals(want)
+        assert _ipc(got) == _ipc(want)
+
+
+def test_encoded_table_refuses_mrope_float32_cannot_hold():
+    examples = _examples(2, "mixed")
+    examples[-1].mrope_position_ids = np.full((3, examples[-1].num_tokens), 1 << 24, dtype=np.int32)
+    with pytest.raises(ShardError, match=repr(examples[-1].example_id)):
+        encoded_table(examples)
 
 
 def test_rows_taken_from_chunk_files_pack_like_the_table(tmp_path):
