@@ -124,6 +124,17 @@ def test_failed_probe_leaves_every_text_to_hf(image_root):
     assert encoder.path_counts()["tokens:fastokens"] == 0 and encoder.path_counts()["tokens:hf"] > 0
 
 
+def test_a_failed_probe_or_load_is_said_never_silent():
+    """The HF fallback keeps the ids exact but costs several times the time: a warning says why, once."""
+    backend = _user_tokenizer().backend_tokenizer
+    engine = FastokensBPE.of(backend)
+    with pytest.warns(RuntimeWarning, match="probe texts differ from the HF tokenizer's"):
+        assert fastokens_bpe._checked_native(backend.to_str(), [[0]] * len(engine.want)) is None
+    with pytest.warns(RuntimeWarning, match="fastokens cannot load it"):
+        assert fastokens_bpe._checked_native("{not a tokenizer", engine.want) is None
+    assert fastokens_bpe._checked_native(backend.to_str(), engine.want) is not None
+
+
 def test_byte_fallback_vocabulary_takes_the_hf_tokenizer(image_root):
     """A SentencePiece-style BPE with byte fallback: its boundaries need offsets, so the HF tokenizer encodes
     (no engine), and the encoder's output is the general path's."""
