@@ -172,9 +172,14 @@ def run_build(path: Path, out: Path, num_proc: int) -> dict:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peaks: dict[int, tuple[str, int]] = {}
     cpu: dict[int, float] = {}
+    progress, last = out.parent / f"progress-{out.name}.json", 0.0
     while proc.poll() is None:
         _tree(proc.pid, peaks, cpu)
         time.sleep(0.1)
+        if time.perf_counter() - last > 10:  # the peaks so far, for a run stopped before it ends
+            last = time.perf_counter()
+            progress.write_text(json.dumps({"wall_s": last - t0, "cpu_s": sum(cpu.values()), "peaks_mib": {
+                f"{name} {pid}": rss / 2**20 for pid, (name, rss) in peaks.items()}}))
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")
