@@ -136,11 +136,11 @@ def plan(
     bounded = [j for j, limit in enumerate(limits) if limit is not None]
     constrained = bool(bounded) or max_examples is not None
     vis = None if balance is None else cost[:, balance]
-    fast = algorithm == "bfd" and not constrained and vis is None
-    if fast:  # tokens-only BFD, refine too: the length-class planner makes the same plan, ids included, in less memory
+    fast = algorithm == "bfd" and not constrained and not refine and vis is None
+    if fast:  # tokens-only BFD: the length-class planner makes the same plan, ids included, in less memory
         from packer.packing.bulk import plan_bulk
 
-        return plan_bulk(lens, capacity, seed=seed, refine=refine).pack_ids()
+        return plan_bulk(lens, capacity, seed=seed).pack_ids()
     # Budget columns for the kernels: 0 = examples (always), then the bounded cost columns in order.
     needs = np.ascontiguousarray(np.concatenate([np.ones((n, 1), dtype=np.int64), cost[:, bounded]], axis=1))
     budgets = np.array([_UNBOUNDED if max_examples is None else max_examples] + [limits[j] for j in bounded],

@@ -179,8 +179,8 @@ def test_write_order_is_numpys_permutation(num_packs, seed, monkeypatch):
 
 
 def _per_example_refine(lens: np.ndarray, capacity: int, seed: int) -> np.ndarray:
-    """plan(refine=True)'s tokens-only path before it went through plan_bulk: two bfd_fast runs, the better one
-    refined by refine_packs, the survivors shuffled (per-example int64 arrays)."""
+    """plan(refine=True)'s tokens-only path spelled out: two bfd_fast runs, the better one refined by
+    refine_packs, the survivors shuffled (per-example int64 arrays)."""
     from packer.packing import kernels
     from packer.packing.balance import refine_packs
     from packer.packing.planner import _UNBOUNDED, _completion_threshold
