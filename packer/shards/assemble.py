@@ -168,7 +168,8 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             arr = table.column(name).chunk(0)
             nulls[name] += _nulls_at(arr, rows)
             if name in values:
-                values[name][to] = arr.to_numpy(zero_copy_only=False)[rows]  # a null row: the per-file path
+                if arr.null_count == 0:  # else the column takes the per-file path below
+                    values[name][to] = arr.to_numpy(zero_copy_only=False)[rows]
                 continue
             offsets = arr.offsets.to_numpy() if name in items else _offsets_and_values(arr)[0]
             took = offsets[rows + 1] - offsets[rows]
