@@ -110,8 +110,9 @@ def _child(path: str, out: str, num_proc: int) -> None:
 def _driver_only(n: int, refine: bool) -> None:
     """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
     compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
-    cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
+    saved (``plan.npz``), cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
     from packer.config import BuildConfig
+    from packer.pipeline.build import _save_plan
     from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
     from packer.pipeline.stages import CHUNK_LINES, plan_packs, shard_ranges, warm_planner
     from packer.report.stats import compute_stats
@@ -135,6 +136,8 @@ def _driver_only(n: int, refine: bool) -> None:
                                over=np.zeros(0, np.int64), rejects=[]))
     columns = built.finish([config.sources[0].name] * len(built.rows))
     plan = plan_packs(columns, config)
+    with tempfile.TemporaryDirectory() as work:
+        _save_plan(Path(work), plan)  # as build writes it
     ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
     names = [s.name for s in config.sources]
     stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
@@ -172,9 +175,14 @@ def run_build(path: Path, out: Path, num_proc: int) -> dict:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peaks: dict[int, tuple[str, int]] = {}
     cpu: dict[int, float] = {}
+    progress, last = out.parent / f"progress-{out.name}.json", 0.0
     while proc.poll() is None:
         _tree(proc.pid, peaks, cpu)
         time.sleep(0.1)
+        if time.perf_counter() - last > 10:  # the peaks so far, for a run stopped before it ends
+            last = time.perf_counter()
+            progress.write_text(json.dumps({"wall_s": last - t0, "cpu_s": sum(cpu.values()), "peaks_mib": {
+                f"{name} {pid}": rss / 2**20 for pid, (name, rss) in peaks.items()}}))
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")

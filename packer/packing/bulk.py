@@ -63,6 +63,11 @@ from packer.packing.kernels import (
     _bits_set,
     _bits_succ,
     _bitset_levels,
+    class_column,
+    ix_find,
+    ix_insert,
+    ix_new,
+    ix_remove,
 )
 
 # int32 indices and pack ids while they fit: 4 bytes per example instead of 8.
@@ -97,7 +102,7 @@ class PackOrder:
         return ids
 
 
-def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> PackOrder:
+def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0, refine: bool = False) -> PackOrder:
     """Tokens-only best-fit decreasing over length classes; the plan of ``plan(lengths, capacity, seed=seed)``.
 
     Args:
@@ -105,12 +110,13 @@ def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> PackOrder
             capacity < 65536 (2 bytes per example; it is read, never copied).
         capacity: tokens per pack (the build's ``max_length``).
         seed: seed of the pack shuffle (``np.random.default_rng(seed)``, the same write order as ``plan``).
+        refine: ``plan(..., refine=True)``'s plan (exact completion, then emptying the least-filled packs), over
+            runs of one length in one pack ("refine in bulk" below): ~2 bytes per example above ``order``.
 
     Returns:
         ``PackOrder``: examples grouped by pack in write order, and the pack boundaries.
 
-    No vision, image or examples-per-pack budgets and no ``refine``: those need per-example state and stay
-    in ``plan``. Measured at 10M, 100M and 1B lengths: docs/benchmarks.md "Planner at 10M / 100M lengths".
+    No vision, image or examples-per-pack budgets: those need per-example state and stay in ``plan``. Measured at 10M, 100M and 1B lengths: docs/benchmarks.md "Planner at 10M / 100M lengths".
     """
     lens = np.asarray(lengths)
     if lens.ndim != 1:
@@ -129,6 +135,10 @@ def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> PackOrder
     counts = np.zeros(capacity + 1, dtype=np.int64)
     if _count(lens, capacity, counts) >= 0:
         _raise_misfit(lens, capacity)
+    if refine:
+        refined = _plan_refined(lens, counts, capacity, seed, index)
+        if refined is not None:
+            return refined
 
     # 1. BFD over the length classes: pop visits as (pack, count) records, new packs per length.
     visit_count = np.uint16 if capacity < 2**16 else np.int32  # q <= capacity // s
@@ -423,3 +433,280 @@ def _scatter_ids(order, bounds, ids):
     for p in range(bounds.shape[0] - 1):
         for k in range(bounds[p], bounds[p + 1]):
             ids[order[k]] = p
+
+
+# ----------------------------------------------------------------------------------------------------------
+# refine in bulk: plan()'s tokens-only ``refine`` over runs of one length in one pack
+# ----------------------------------------------------------------------------------------------------------
+#
+# ``plan(refine=True)`` runs plain BFD and BFD with exact completion (``kernels.bfd_fast``), keeps the one with
+# fewer packs, then empties the least-filled packs into the others' free space (``balance.refine_packs``): 8 bytes
+# per example in each of ~5 arrays (~44 bytes per example in a build). Examples of one length are interchangeable
+# to both, and each hands the k-th slot of length s to the k-th example of length s in index order, so the same
+# plan is a list of runs (length s, pack b, q examples) in the order the slots are handed out: one run per (pack,
+# length) visit, not per example. Refine then moves whole packs' members (largest first, ties in slot order),
+# recorded per moved slot; the final pass over the examples in index order gives each its pack as ``_fill`` does.
+# The pack ids equal plan()'s (tests/packing/test_bulk.py); memory is ``order`` plus ~12 bytes per run and
+# plan()'s per-pack arrays.
+
+_UNBOUNDED = np.int64(1) << np.int64(60)  # planner's stand-in for "no examples-per-pack limit"
+
+
+def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int, index: type) -> PackOrder | None:
+    """plan(lens, capacity, refine=True, seed=seed) as a ``PackOrder``, or None where plain BFD already reaches
+    the lower bound (refine keeps that plan: ``plan_bulk``'s own path makes it)."""
+    bound = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
+    plain = _bfd_runs(counts, capacity, 0)
+    if plain[3] <= bound:
+        return None
+    complete_min = max(1, int(np.percentile(lens, 2)))  # planner._completion_threshold, on the lengths as given
+    other = _bfd_runs(counts, capacity, complete_min)
+    run_s, run_b, run_q, num_packs = other if other[3] < plain[3] else plain
+    del plain, other
+    # each pack's runs, longest first, ties in slot order (refine_packs' members: by -length, then index)
+    by_len = np.argsort(-run_s.astype(np.int64), kind="stable")
+    runs = by_len[np.argsort(run_b[by_len], kind="stable")]
+    ptr = np.zeros(num_packs + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(run_b, minlength=num_packs))
+    loads = np.bincount(run_b, weights=run_s.astype(np.float64) * run_q, minlength=num_packs)
+    candidates = np.lexsort((np.arange(num_packs), loads)).astype(np.int64)  # least filled first, as refine_packs
+    del loads, by_len
+    budgets = np.array([_UNBOUNDED], dtype=np.int64)
+    cls, classes = class_column(budgets, 1)
+    ix = ix_new(capacity + 1, num_packs, 1, cls, classes)
+    alive, move_first, move_to = _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budgets,
+                                              bound, 256)
+    del ix, runs, ptr, candidates
+    # write order: plan()'s seeded shuffle of the surviving packs, numbered in their old order
+    kept = int(alive.sum())
+    where = write_order(kept, seed, index)[np.cumsum(alive) - 1]  # (num_packs,) write position of each old pack
+    starts = np.zeros(kept + 1, dtype=index)
+    _run_sizes(run_b, run_q, alive, move_first, move_to, where, starts)
+    np.cumsum(starts, out=starts)
+    bounds = starts.copy()
+    first = np.zeros(capacity + 2, dtype=np.int64)  # runs of length s: slot_runs[first[s]:first[s + 1]]
+    np.cumsum(np.bincount(run_s, minlength=capacity + 1), out=first[1:])
+    slot_runs = np.argsort(run_s, kind="stable")  # in slot order within a length
+    order = np.empty(lens.shape[0], dtype=index)
+    _fill_runs(lens, run_b, run_q, slot_runs, first, alive, move_first, move_to, where, starts, order)
+    return PackOrder(order=order, bounds=bounds)
+
+
+@njit(cache=True)
+def _record(run_s, run_b, run_q, r, s, b, q):
+    """Append q examples of length s in pack b (merged into the last run when it is the same length and pack)."""
+    if r > 0 and run_s[r - 1] == s and run_b[r - 1] == b:
+        run_q[r - 1] += q
+        return run_s, run_b, run_q, r
+    if r == run_s.shape[0]:
+        run_s, run_b, run_q = _grow(run_s, r), _grow(run_b, r), _grow(run_q, r)
+    run_s[r] = s
+    run_b[r] = b
+    run_q[r] = q
+    return run_s, run_b, run_q, r + 1
+
+
+@njit(cache=True)
+def _bfd_runs(counts, capacity, complete_min):
+    """``kernels.bfd_fast`` (exact completion when ``complete_min > 0``) over length classes: the same packs,
+    chosen in the same sequence, as runs (run_s, run_b, run_q, num_packs) in the order bfd_fast hands out the
+    slots. A pack found open takes min(left, r // s) at once (it stays the tightest fit, ``_bfd_classes``);
+    a new pack takes one, then ``_complete``'s fill, one example at a time."""
+    table = _DEBRUIJN_TABLE
+    offs, nwords = _bitset_levels(capacity + 1)
+    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    nxt = np.empty(1024, dtype=np.int64)
+    left_count = counts.copy()
+    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
+    if complete_min > 0:
+        for s in range(1, capacity + 1):
+            if left_count[s] > 0:
+                _bits_set(avail, offs, capacity - s)
+    size = 1024
+    run_s = np.empty(size, dtype=np.int32)
+    run_b = np.empty(size, dtype=np.int32)
+    run_q = np.empty(size, dtype=np.int32)
+    r = 0
+    num_packs = 0
+    for s in range(capacity, 0, -1):
+        while left_count[s] > 0:
+            g = _bits_succ(bits, offs, nwords, s, table)
+            if g < 0:
+                b = num_packs
+                num_packs += 1
+                if b == nxt.shape[0]:
+                    nxt = _grow(nxt, b)
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, 1)
+                left_count[s] -= 1
+                if left_count[s] == 0 and complete_min > 0:
+                    _bits_clear(avail, offs, capacity - s)
+                left = capacity - s
+                while complete_min > 0 and left > 0:  # kernels._complete, recording runs
+                    key = _bits_succ(avail, offs, nwords, capacity - left, table)
+                    if key < 0:
+                        break
+                    x = capacity - key
+                    if x == left or left - x >= complete_min:
+                        run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, x, b, 1)
+                        left_count[x] -= 1
+                        if left_count[x] == 0:
+                            _bits_clear(avail, offs, capacity - x)
+                        left -= x
+                        continue
+                    u = min(x, left - complete_min)
+                    for _ in range(64):
+                        v = left - u
+                        if u < v:
+                            break
+                        if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
+                            for y in (u, v):
+                                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, y, b, 1)
+                                left_count[y] -= 1
+                                if left_count[y] == 0:
+                                    _bits_clear(avail, offs, capacity - y)
+                            left = 0
+                            break
+                        u -= 1
+                    break
+            else:
+                b = head[g]
+                head[g] = nxt[b]
+                if head[g] < 0:
+                    _bits_clear(bits, offs, g)
+                q = min(left_count[s], g // s)
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, q)
+                left_count[s] -= q
+                if left_count[s] == 0 and complete_min > 0:
+                    _bits_clear(avail, offs, capacity - s)
+                left = g - q * s
+            if left > 0:
+                _push(b, left, head, nxt, bits, offs)
+    return run_s[:r].copy(), run_b[:r].copy(), run_q[:r].copy(), num_packs
+
+
+@njit(cache=True)
+def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budgets, target, patience):
+    """``balance._refine`` over runs: try the candidates, move each member (longest first) to the best-fitting
+    other pack, keep the moves only if the whole pack empties. Returns (alive, move_first, move_to): a moved
+    run's j-th slot goes to pack ``move_to[move_first[r] + j]`` (-1: not moved)."""
+    num_packs = ptr.shape[0] - 1
+    rem, rem2 = ix[4], ix[5]
+    rem[:num_packs] = capacity
+    for b in range(num_packs):
+        rem2[b, 0] = budgets[0]
+    for r in range(run_s.shape[0]):
+        rem[run_b[r]] -= np.int64(run_s[r]) * run_q[r]
+        rem2[run_b[r], 0] -= run_q[r]
+    inside = np.zeros(num_packs, dtype=np.bool_)
+    alive = np.ones(num_packs, dtype=np.bool_)
+    touched = np.zeros(num_packs, dtype=np.bool_)
+    for b in range(num_packs):
+        if rem[b] > 0 and rem2[b, 0] > 0:
+            ix_insert(ix, b)
+            inside[b] = True
+    need = np.ones(1, dtype=np.int64)
+    move_first = np.full(run_s.shape[0], -1, dtype=np.int64)
+    move_to = np.empty(1024, dtype=np.int64)
+    moved = 0  # kept moves in move_to
+    scratch_to = np.empty(1024, dtype=np.int64)  # this candidate's moves: where each member went, its length
+    scratch_s = np.empty(1024, dtype=np.int64)
+    packs = num_packs
+    failures = 0
+    for c in range(candidates.shape[0]):
+        if packs <= target or failures >= patience:
+            break
+        p = candidates[c]
+        if touched[p]:
+            continue
+        if inside[p]:
+            ix_remove(ix, p)
+            inside[p] = False
+        nmoved = 0
+        ok = True
+        for k in range(ptr[p], ptr[p + 1]):
+            rr = runs[k]
+            s = np.int64(run_s[rr])
+            for _ in range(run_q[rr]):
+                b = ix_find(ix, s, need)
+                if b < 0:
+                    ok = False
+                    break
+                ix_remove(ix, b)
+                rem[b] -= s
+                rem2[b, 0] -= 1
+                inside[b] = rem[b] > 0 and rem2[b, 0] > 0
+                if inside[b]:
+                    ix_insert(ix, b)
+                if nmoved == scratch_to.shape[0]:
+                    scratch_to = _grow(scratch_to, nmoved)
+                    scratch_s = _grow(scratch_s, nmoved)
+                scratch_to[nmoved] = b
+                scratch_s[nmoved] = s
+                nmoved += 1
+            if not ok:
+                break
+        if ok:
+            m = 0
+            for k in range(ptr[p], ptr[p + 1]):
+                rr = runs[k]
+                move_first[rr] = moved
+                for _ in range(run_q[rr]):
+                    if moved == move_to.shape[0]:
+                        move_to = _grow(move_to, moved)
+                    move_to[moved] = scratch_to[m]
+                    touched[scratch_to[m]] = True
+                    moved += 1
+                    m += 1
+            alive[p] = False
+            packs -= 1
+            failures = 0
+            continue
+        for m in range(nmoved - 1, -1, -1):  # undo, newest first
+            b = scratch_to[m]
+            if inside[b]:
+                ix_remove(ix, b)
+            rem[b] += scratch_s[m]
+            rem2[b, 0] += 1
+            inside[b] = True
+            ix_insert(ix, b)
+        if rem[p] > 0 and rem2[p, 0] > 0:
+            ix_insert(ix, p)
+            inside[p] = True
+        failures += 1
+    return alive, move_first, move_to[:moved].copy()
+
+
+@njit(cache=True)
+def _run_sizes(run_b, run_q, alive, move_first, move_to, where, sizes):
+    """sizes[where[b] + 1] += examples that end in pack b."""
+    for r in range(run_b.shape[0]):
+        b = run_b[r]
+        if alive[b]:
+            sizes[where[b] + 1] += run_q[r]
+        else:
+            for j in range(run_q[r]):
+                sizes[where[move_to[move_first[r] + j]] + 1] += 1
+
+
+@njit(cache=True)
+def _fill_runs(lens, run_b, run_q, slot_runs, first, alive, move_first, move_to, where, cursor, order):
+    """order[cursor[p]++] = i for each example i in index order: the k-th example of length s takes the k-th
+    slot of s's runs (a moved run's slot: where refine sent it)."""
+    capacity = first.shape[0] - 2
+    at = first[:-1].copy()  # (capacity + 1,) the current run of each length
+    used = np.zeros(capacity + 1, dtype=np.int64)  # slots of that run taken
+    for i in range(lens.shape[0]):
+        s = np.int64(lens[i])
+        r = slot_runs[at[s]]
+        b = run_b[r]
+        if not alive[b]:
+            b = move_to[move_first[r] + used[s]]
+        used[s] += 1
+        if used[s] == run_q[r]:
+            at[s] += 1
+            used[s] = 0
+        p = where[b]
+        pos = cursor[p]
+        cursor[p] = pos + 1
+        order[pos] = i

@@ -412,9 +412,21 @@ def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:
 
     arrays = {"order": plan.order, "bounds": plan.bounds}
     arrays.update({k: v for k, v in (("index", plan.index), ("copies", plan.copies)) if v is not None})
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    write_atomic(work / "plan.npz", buf.getvalue())  # bytes: an object store takes no memoryview
+    if isinstance(work, ObjectPath):
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        write_atomic(work / "plan.npz", buf.getvalue())  # bytes: an object store takes no memoryview
+        return
+    # a local file is written straight from the arrays: a buffer and its bytes would be two more copies of
+    # ``order`` (8 bytes per example at the driver's peak)
+    tmp = work / f"plan.npz.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, work / "plan.npz")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _budgeted_counts(plan: Plan, config: BuildConfig, name: str) -> np.ndarray | None:

@@ -332,8 +332,8 @@ class Plan:
 def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left
     out) from the
-    compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit (4 bytes per example),
-    ``packing.plan`` where budgets, ``refine``, balancing or copies need per-example state."""
+    compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit, ``refine`` included (4
+    bytes per example), ``packing.plan`` where budgets, balancing or copies need per-example state."""
     from packer.packing.mixing import sample_sources, separate_copies
 
     n = columns.num_rows
@@ -365,17 +365,13 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     limits = limits_of(config)
     used = _used(config)
     if not used and config.algorithm == "bfd" and config.max_examples_per_pack is None and copies is None:
-        # Tokens-only best fit: plan() hands it to plan_bulk, without plan()'s (n,) int64 pack ids. With
-        # ``refine`` too where plan_bulk's packs reach the lower bound: then refine keeps plain BFD's plan
-        # (exact completion cannot use fewer packs, refine_packs stops at the bound), the same ids.
+        # Tokens-only best fit, ``refine`` included: plan()'s plan from plan_bulk, without plan()'s (n,) int64
+        # arrays (~44 bytes per example with refine) or pack ids + their argsort.
         from packer.packing.bulk import plan_bulk
 
-        packs = plan_bulk(lengths, config.max_length, seed=config.seed)
-        bound = -(-int(lengths.sum(dtype=np.int64)) // config.max_length)
-        if not config.refine or packs.num_packs <= bound:
-            return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
-                        columns=columns)
-        del packs  # refine may save packs: plan()'s per-example path
+        packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
+        return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
+                    columns=columns)
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
     for c, j in enumerate(used):
         values = columns.count(BUDGETS[j].column)

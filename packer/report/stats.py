@@ -30,12 +30,31 @@ def padded_tokens_per_batch(lengths: np.ndarray, batch_size: int) -> int:
     n = len(lengths)
     if n == 0:
         return 0
-    pad = (-n) % batch_size
-    grid = np.concatenate([lengths, np.zeros(pad, lengths.dtype)]).reshape(-1, batch_size)  # (batches, B)
-    counts = np.full(grid.shape[0], batch_size)
-    if pad:
-        counts[-1] = batch_size - pad
-    return int((grid.max(axis=1) * counts).sum())
+    full = n // batch_size * batch_size  # the full batches as a view (no per-example copy), then the rest
+    total = batch_size * int(np.asarray(lengths[:full]).reshape(-1, batch_size).max(axis=1).sum(dtype=np.int64))
+    if full < n:
+        total += (n - full) * int(np.max(lengths[full:]))
+    return total
+
+
+_BLOCK = 1 << 18  # examples per block of ``_per_pack``: its float64 copy is 2 MB, not 8 bytes per example
+
+
+def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """(P,) float64 sum of ``values`` over each pack's examples ``order[bounds[p]:bounds[p + 1]]``, in order.
+    Computed a block of whole packs at a time (reduceat casts its whole input to float64: 8 bytes per example at
+    once); each pack's sum is the same sequence of additions either way, so the same bits."""
+    num_packs = len(bounds) - 1
+    out = np.zeros(num_packs, dtype=np.float64)
+    p0 = 0
+    while p0 < num_packs:
+        b0 = int(bounds[p0])
+        p1 = max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1)
+        p1 = min(p1, num_packs)
+        starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
+        out[p0:p1] = np.add.reduceat(values[order[b0 : int(bounds[p1])]], starts, dtype=np.float64)
+        p0 = p1
+    return out
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:
@@ -96,9 +115,7 @@ def compute_stats(
         pack_examples = np.diff(np.asarray(bounds, dtype=np.int64))
 
         def per_pack(values: np.ndarray) -> np.ndarray:  # float64 sums in input order, as bincount's
-            if not num_packs:
-                return np.zeros(0, dtype=np.float64)
-            return np.add.reduceat(np.asarray(values)[order], bounds[:-1], dtype=np.float64)
+            return _per_pack(np.asarray(values), order, bounds)
     else:
         num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
         pack_examples = np.bincount(pack_ids, minlength=num_packs)

@@ -179,11 +179,30 @@ def _audio_record(a: EncodedAudio) -> dict[str, Any]:
             "padded_samples": a.padded_samples}
 
 
-_INT_LISTS = ("input_ids", "labels", "position_ids", "mrope_position_ids", "node_offsets", "node_parents")
-"""The token-length list columns ``take_rows`` copies with numpy (mRoPE positions are float32, the rest int32)."""
+def _flat(t: pa.DataType) -> bool:
+    """A column of strings or of lists of numbers: offsets + one values buffer, copied with numpy."""
+    return pa.types.is_string(t) or (pa.types.is_list(t) and pa.types.is_primitive(t.value_type))
 
 
-_DTYPES = {"mrope_position_ids": np.float32}
+def _offsets_and_values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A flat column's (offsets, values) as zero-copy numpy views: offsets index ``values``."""
+    if pa.types.is_string(arr.type):
+        _, offsets, data = arr.buffers()
+        values = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, dtype=np.uint8)
+        return np.frombuffer(offsets, dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4), values
+    return arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=True)
+
+
+def _values_dtype(t: pa.DataType) -> np.dtype:
+    return np.dtype(np.uint8) if pa.types.is_string(t) else np.dtype(t.value_type.to_pandas_dtype())
+
+
+def _from_offsets(t: pa.DataType, offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    """A flat column of type ``t`` from int64 offsets and its values (what ``_offsets_and_values`` reads)."""
+    off32 = offsets.astype(np.int32)
+    if pa.types.is_string(t):
+        return pa.Array.from_buffers(t, len(off32) - 1, [None, pa.py_buffer(off32), pa.py_buffer(values)])
+    return pa.ListArray.from_arrays(pa.array(off32), pa.array(values))
 
 
 def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel: np.ndarray) -> pa.Table:
@@ -193,11 +212,16 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
 
     pyarrow's take on the whole memory-mapped table first concatenates entire columns (measured: a 5% take
     of the 50k-record bench cache touched all 381 MB), so every shard cost the whole cache, and the touched
-    pages stayed mapped: peak RSS grew with the corpus. Here the token lists are copied with numpy straight
-    from one mapped file at a time into one array per column (a first pass reads only the offsets), so
-    memory is the rows taken plus one file; the small columns use pyarrow's take per file. Files on an object
-    store are read from this machine's copy (``store.local_file``).
+    pages stayed mapped: peak RSS grew with the corpus. Here the columns are copied with numpy straight from
+    one mapped file at a time into one array per column (a first pass reads the offsets and the fixed-width
+    columns, a second the strings' and lists' values), so memory is the rows taken plus one file, and a file
+    leaves no Arrow objects behind: a shard draws from nearly every file (10k at 5M examples), and a small
+    table kept per file cost ~46 KB each (docs/scale.md). Only columns that numpy cannot copy flat (media
+    lists with items in the rows taken, a column null in some of them) take pyarrow's per-file path. Files on
+    an object store are read from this machine's copy (``store.local_file``).
     """
+    from packer.shards.gather import copy_ranges
+
     n = sel.shape[0]
     chunk = np.searchsorted(starts, sel, side="right") - 1  # (n,) file of each selected example
     order = np.argsort(chunk, kind="stable")  # selected examples grouped by file
@@ -205,50 +229,106 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     used = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
     local = {c: sel[order[bounds[c] : bounds[c + 1]]] - starts[c] for c in used}  # rows to read, per file
     dest = {c: order[bounds[c] : bounds[c + 1]] for c in used}  # where they go in the output
-    small = [f.name for f in EXAMPLE_SCHEMA if f.name not in _INT_LISTS]
+    types = {f.name: f.type for f in EXAMPLE_SCHEMA}
+    flat = [name for name, t in types.items() if _flat(t)]
+    media = [name for name, t in types.items() if pa.types.is_list(t) and not _flat(t)]
+    fixed = [name for name in types if name not in flat and name not in media]
 
     def read(c: int) -> pa.Table:
         with pa.memory_map(str(local_file(store_path(files[c])))) as src:
             return ipc.open_file(src).read_all().combine_chunks()  # zero-copy views of the mapping
 
-    # pass 1: the small columns, each list's length, and which list columns are null (no mRoPE)
-    parts, lengths, nulls = [], {name: np.empty(n, dtype=np.int64) for name in _INT_LISTS}, dict.fromkeys(_INT_LISTS, 0)
+    # pass 1: each flat column's lengths, each media list's items, the fixed-width columns, the nulls
+    lengths = {name: np.empty(n, dtype=np.int64) for name in flat}
+    values = {name: np.empty(n, dtype=types[name].to_pandas_dtype()) for name in fixed}
+    nulls, items = dict.fromkeys(types, 0), dict.fromkeys(media, 0)
     for c in used:
-        table = read(c)
-        parts.append(table.select(small).take(pa.array(local[c])))
-        for name in _INT_LISTS:
+        table, rows, to = read(c), local[c], dest[c]
+        for name in types:
             arr = table.column(name).chunk(0)
-            nulls[name] += arr.null_count
-            offsets = arr.offsets.to_numpy()
-            lengths[name][dest[c]] = offsets[local[c] + 1] - offsets[local[c]]
+            nulls[name] += _nulls_at(arr, rows)
+            if name in values:
+                if arr.null_count == 0:  # else the column takes the per-file path below
+                    values[name][to] = arr.to_numpy(zero_copy_only=False)[rows]
+                continue
+            offsets = arr.offsets.to_numpy() if name in items else _offsets_and_values(arr)[0]
+            took = offsets[rows + 1] - offsets[rows]
+            if name in items:
+                items[name] += int(took.sum())
+            else:
+                lengths[name][to] = took
         del table  # unmapped here: only one file is mapped at a time
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(n)  # back from file order to ``sel`` order
-    empty = pa.schema([EXAMPLE_SCHEMA.field(f) for f in small]).empty_table()
-    grouped = pa.concat_tables(parts).combine_chunks() if parts else empty
-    columns = dict(zip(small, grouped.take(pa.array(inverse)).columns, strict=True))
-    dense = [name for name in _INT_LISTS if nulls[name] == 0]
-    for name in _INT_LISTS:
-        if nulls[name] == n:
-            columns[name] = pa.nulls(n, EXAMPLE_SCHEMA.field(name).type)  # mRoPE positions of a non-mRoPE build
-        elif nulls[name]:  # some null, some not: never written by one build; take it the slow way
-            columns[name] = pa.concat_tables([read(c).select([name]).take(pa.array(local[c])) for c in used]
-                                             ).column(0).take(pa.array(inverse))
-    # pass 2: copy the token lists, one slice per example (~1 us each, cheaper than per-token index arrays)
-    out_offsets = {name: np.concatenate([[0], np.cumsum(lengths[name])]) for name in dense}
-    values = {name: np.empty(int(out_offsets[name][-1]), dtype=_DTYPES.get(name, np.int32)) for name in dense}
+    columns: dict[str, Any] = {name: pa.array(values.pop(name), types[name]) for name in fixed}
+    for name in media:  # no image, video or clip in the rows taken (every text row): empty lists
+        columns[name] = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)),
+                                                 pa.array([], types[name].value_type))
+    for name in flat:
+        if nulls[name] == n:  # mRoPE positions of a non-mRoPE build, loss weights of an unweighted one
+            columns[name] = pa.nulls(n, types[name])
+    slow = [name for name in types if (name in items and (items[name] or nulls[name])) or 0 < nulls[name] < n
+            or (name in fixed and nulls[name])]
+    if slow:  # per file through pyarrow: media rows, partly null columns
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(n)  # back from file order to ``sel`` order
+        parts = _Parts()
+        for c in used:
+            parts.add(read(c).select(slow).take(pa.array(local[c])))
+        columns.update(zip(slow, parts.table().take(pa.array(inverse)).columns, strict=True))
+        del parts
+    # pass 2: the flat columns' values, one range per row (``gather.copy_ranges``), into one array per column
+    dense = [name for name in flat if nulls[name] == 0]
+    out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
+    for name in dense:
+        values[name] = np.empty(int(out_offsets[name][-1]), dtype=_values_dtype(types[name]))
     for c in used:
         table = read(c)
         for name in dense:
-            arr = table.column(name).chunk(0)
-            src, offsets, out = arr.values.to_numpy(zero_copy_only=True), arr.offsets.to_numpy(), values[name]
-            begin, end = offsets[local[c]].tolist(), offsets[local[c] + 1].tolist()
-            for a, b, d in zip(begin, end, out_offsets[name][dest[c]].tolist(), strict=True):
-                out[d : d + b - a] = src[a:b]
+            offsets, src = _offsets_and_values(table.column(name).chunk(0))
+            copy_ranges(src, offsets, local[c], values[name], out_offsets[name], dest[c])
         del table
     for name in dense:
-        columns[name] = pa.ListArray.from_arrays(pa.array(out_offsets[name].astype(np.int32)), pa.array(values[name]))
-    return pa.Table.from_arrays([columns[f.name] for f in EXAMPLE_SCHEMA], schema=EXAMPLE_SCHEMA)
+        columns[name] = _from_offsets(types[name], out_offsets.pop(name), values.pop(name))
+    return pa.Table.from_arrays([columns[name] for name in types], schema=EXAMPLE_SCHEMA)
+
+
+def _nulls_at(arr: pa.Array, rows: np.ndarray) -> int:
+    """How many of ``arr[rows]`` are null (the rows taken, not the whole file: a column null in every row, the
+    mRoPE positions of a text build, is then null in every row taken, and takes no per-file path)."""
+    if arr.null_count == 0:
+        return 0
+    if arr.null_count == len(arr):
+        return int(rows.shape[0])
+    return int(np.asarray(arr.is_null())[rows].sum())
+
+
+class _Parts:
+    """Tables concatenated in the order added, merged 64 at a time as they come (then 64 merged ones, ...).
+
+    A shard draws rows from nearly every chunk file (10k files at 5M examples), and each file's few rows kept
+    as their own small table cost ~46 KB of C++ objects (arrays, buffers, the file's schema), not their bytes:
+    the write workers' peak grew with the corpus (docs/scale.md). Merged as they come, at most 64 per level
+    are held; each row is copied once per level (log64 of the files)."""
+
+    _FAN = 64
+
+    def __init__(self) -> None:
+        self.levels: list[list[pa.Table]] = [[]]
+
+    def add(self, table: pa.Table) -> None:
+        self.levels[0].append(table)
+        i = 0
+        while len(self.levels[i]) == self._FAN:
+            merged = pa.concat_tables(self.levels[i]).combine_chunks()
+            self.levels[i] = []
+            if i + 1 == len(self.levels):
+                self.levels.append([])
+            self.levels[i + 1].append(merged)
+            i += 1
+
+    def table(self) -> pa.Table:
+        """Every table added, in order, as one table of one chunk per column."""
+        tables = [t for level in reversed(self.levels) for t in level]  # a higher level holds earlier tables
+        return pa.concat_tables(tables).combine_chunks()
 
 
 def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:

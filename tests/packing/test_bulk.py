@@ -176,3 +176,40 @@ def test_write_order_is_numpys_permutation(num_packs, seed, monkeypatch):
     assert np.array_equal(write_order(num_packs, seed), want)
     monkeypatch.setattr(bulk, "_REPLAY_OK", [False])
     assert np.array_equal(write_order(num_packs, seed), want)
+
+
+def _per_example_refine(lens: np.ndarray, capacity: int, seed: int) -> np.ndarray:
+    """plan(refine=True)'s tokens-only path spelled out: two bfd_fast runs, the better one refined by
+    refine_packs, the survivors shuffled (per-example int64 arrays)."""
+    from packer.packing import kernels
+    from packer.packing.balance import refine_packs
+    from packer.packing.planner import _UNBOUNDED, _completion_threshold
+
+    assign, packs = kernels.bfd_fast(lens, capacity, 0)
+    other, other_packs = kernels.bfd_fast(lens, capacity, _completion_threshold(lens))
+    if other_packs < packs:
+        assign, packs = other, other_packs
+    needs = np.ones((lens.shape[0], 1), dtype=np.int64)
+    assign, packs = refine_packs(assign, packs, lens, needs, capacity, np.array([_UNBOUNDED], dtype=np.int64))
+    return np.random.default_rng(seed).permutation(packs).astype(np.int64)[assign]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_refine_in_bulk_is_plans_refine(seed):
+    """plan_bulk(refine=True) makes plan(refine=True)'s plan (exact completion, then emptied packs), pack ids
+    and the writers' order included, on lengths where refine saves packs and where it does not."""
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.choice([16, 64, 512, 4096]))
+    n = int(rng.integers(1, 20000))
+    kind = seed % 3
+    if kind == 0:  # tiny records: plain BFD often one pack above the bound
+        lens = rng.integers(3, 43, size=n)
+    elif kind == 1:
+        lens = rng.lognormal(np.log(capacity / 6), 0.8, size=n).astype(int)
+    else:
+        lens = rng.integers(1, capacity // 3 + 2, size=n)
+    lens = np.clip(lens, 1, capacity).astype(np.uint16)
+    want = _per_example_refine(lens.astype(np.int64), capacity, seed)
+    got = plan_bulk(lens, capacity, seed=seed, refine=True)
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(np.diff(got.bounds), np.bincount(want))

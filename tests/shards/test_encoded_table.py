@@ -112,6 +112,31 @@ def test_rows_taken_from_chunk_files_pack_like_the_table(tmp_path):
     assert assemble_packs(taken, np.array([len(sel)])).equals(assemble_packs(want, np.array([len(sel)])))
 
 
+@pytest.mark.parametrize("kind", ["text", "weighted", "media", "mrope"])
+@pytest.mark.parametrize("seed", range(4))
+def test_take_rows_equals_arrow_take_over_many_files(tmp_path, seed, kind):
+    """take_rows over a few rows of each of many chunk files is the table's own ``take``, column for column:
+    text rows (no media, mRoPE and loss weights null in every row: the numpy path for every column), loss
+    weights null in some rows only, rows with images and videos (pyarrow's per-file path for those), mRoPE."""
+    rng = np.random.default_rng(seed)
+    examples = [random_example(rng, i, images=kind == "media", mrope=kind == "mrope") for i in range(300)]
+    for i, e in enumerate(examples):
+        e.source_name = ["", "web", "books"][i % 3]
+        if kind == "weighted" and i % 4 == 0:
+            e.loss_weights = np.full(e.num_tokens, 0.5, np.float32)
+    table = encoded_table(examples)
+    cuts = np.sort(rng.choice(np.arange(1, 300), size=19, replace=False))
+    starts = np.concatenate([[0], cuts, [300]])
+    files = []
+    for c in range(len(starts) - 1):
+        files.append(tmp_path / f"chunk-{c}.arrow")
+        with ipc.new_file(str(files[-1]), EXAMPLE_SCHEMA) as writer:
+            writer.write_table(table.slice(starts[c], starts[c + 1] - starts[c]))
+    for size in (1, 37, 300):
+        sel = rng.choice(300, size=size, replace=False)
+        assert take_rows(files, starts, sel).equals(table.take(pa.array(sel))), (size, kind)
+
+
 def test_encoded_table_of_nothing_is_the_empty_schema():
     assert encoded_table([]).equals(EXAMPLE_SCHEMA.empty_table())
 
