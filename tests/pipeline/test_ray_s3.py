@@ -92,6 +92,7 @@ def corpus(tmp_path_factory, coco_images, s3) -> Path:
 def cluster(s3, tmp_path_factory):
     """Head + 2 worker nodes; this process is the driver."""
     cluster, tmps = start_cluster(workers=2, env=s3[0])
+    cluster.node_tmps = tmps  # a node a test adds puts its TMPDIR here: removed with the others below
     ray.init(address=cluster.address, include_dashboard=False)
     yield cluster
     ray.shutdown()
@@ -250,9 +251,10 @@ def test_a_worker_node_removed_mid_encode_and_mid_write_loses_and_doubles_nothin
     import threading
 
     for _ in range(2):
-        add_worker(cluster, s3[0])
+        cluster.node_tmps.append(add_worker(cluster, s3[0]))
     cluster.wait_for_nodes()
     signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))
+    cluster.node_tmps.append(signals)
     removed: list[str] = []
     stop = threading.Event()
     remover = threading.Thread(target=remove_reporting_nodes, args=(cluster, signals, 2, stop, removed))
