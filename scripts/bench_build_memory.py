@@ -10,6 +10,10 @@ straight-line fit) and the time per record.
     nice -n 10 python scripts/bench_build_memory.py --sizes 1e6 5e6 2e7
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
     python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
+    nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
+
+``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
+(``PACKER_SHARED``'s coco-mini, reused: the header probe is per record), built with ``--profile qwen2-vl``.
 
 The records are kept in ``--dir`` (default a temp dir) between runs of the same size.
 """
@@ -63,7 +67,30 @@ def make_records(path: Path, n: int, seed: int = 0) -> None:
     tmp.rename(path)
 
 
-def _child(path: str, out: str, num_proc: int) -> None:
+def make_image_records(path: Path, n: int, coco: Path, seed: int = 0) -> None:
+    """n chat records, 30% with a COCO photo in the user turn (``--shape image``)."""
+    if path.exists():
+        return
+    rng = np.random.default_rng(seed)
+    photos = sorted(str(p) for p in (coco / "train2017").glob("*.jpg"))[:16]
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for a in range(0, n, 100_000):
+            m = min(n, a + 100_000) - a
+            counts, pick, has = rng.integers(2, 41, size=(m, 2)), rng.integers(0, len(photos), m), rng.random(m)
+            words = np.array(WORDS)[rng.integers(0, len(WORDS), size=int(counts.sum()))]
+            ends = np.cumsum(counts.ravel())
+            texts = [" ".join(words[e - c:e]) for e, c in zip(ends, counts.ravel(), strict=True)]
+            for i in range(m):
+                user: object = texts[2 * i]
+                if has[i] < 0.3:
+                    user = [{"type": "image", "image": photos[pick[i]]}, {"type": "text", "text": texts[2 * i]}]
+                f.write(json.dumps({"messages": [{"role": "user", "content": user},
+                                                 {"role": "assistant", "content": texts[2 * i + 1]}]}) + "\n")
+    tmp.rename(path)
+
+
+def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
     """One build in this process; print the driver's peak RSS per stage (MiB) and the stage wall times."""
     from packer.config import BuildConfig
     from packer.pipeline.build import build, make_executor
@@ -83,7 +110,8 @@ def _child(path: str, out: str, num_proc: int) -> None:
         walls[stage[0]] = time.perf_counter() - t0
         stage[0] = name
 
-    config = BuildConfig.from_inputs([path], out, profile="text", num_proc=num_proc, overwrite=True)
+    extra = {"max_pixels": 256 * 28 * 28} if profile != "text" else {}
+    config = BuildConfig.from_inputs([path], out, profile=profile, num_proc=num_proc, overwrite=True, **extra)
     inner = make_executor(config)
 
     class Timed(type(inner)):  # the stage boundaries, as the build crosses them
@@ -168,8 +196,8 @@ def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float]) ->
         cpu[p.pid] = t.user + t.system
 
 
-def run_build(path: Path, out: Path, num_proc: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc)]
+def run_build(path: Path, out: Path, num_proc: int, profile: str = "text") -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), profile]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -197,7 +225,7 @@ def run_build(path: Path, out: Path, num_proc: int) -> dict:
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
         return
     if sys.argv[1:2] == ["--driver-only"]:
         for refine in ("1", "0"):
@@ -211,15 +239,22 @@ def main() -> None:
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6])
     ap.add_argument("--num-proc", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None, help="where the records (and builds) go")
+    ap.add_argument("--shape", choices=("text", "image"), default="text", help="tiny text records, or chats with "
+                    "COCO photos in 30%% of them (qwen2-vl)")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-build-memory-"))
     root.mkdir(parents=True, exist_ok=True)
     rows = []
     for size in args.sizes:
         n = int(size)
-        path = root / f"tiny-{n}.jsonl"
-        make_records(path, n)
-        r = run_build(path, root / f"out-{n}", args.num_proc)
+        if args.shape == "text":
+            path, profile = root / f"tiny-{n}.jsonl", "text"
+            make_records(path, n)
+        else:
+            path, profile = root / f"image-{n}.jsonl", "qwen2-vl"
+            shared = Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared"))
+            make_image_records(path, n, shared / "data" / "coco-mini")
+        r = run_build(path, root / f"out-{n}", args.num_proc, profile)
         rows.append(r)
         stages = ", ".join(f"{k} {v:.0f}" for k, v in r["driver_peak_mib"].items())
         print(f"{n:,} records: {r['examples']:,} examples, {r['packs']:,} packs; peak RSS {r['peak_mib']:.0f} MiB "
