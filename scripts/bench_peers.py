@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -125,8 +126,31 @@ def packer_side(corpus: Path, out: Path, max_length: int, num_proc: int, env: di
     return {**r, "packs": t["packs"], "tokens": t["tokens"], "loss_tokens": t["loss_tokens"], "examples": t["examples"]}
 
 
-def trl_child(corpus: str, out: str, max_length: int, num_proc: int) -> None:
-    """TRL's preprocessing in this process; prints its packs and token counts as JSON."""
+def qwen2vl_processor(tokdir: str):
+    """The processor of ``save_processor``'s directory: ``AutoProcessor.from_pretrained``; where torchvision is
+    missing (packer's venv), transformers' Qwen2-VL video processor cannot load, so the same ``Qwen2VLProcessor``
+    from the directory's tokenizer, image processor and chat template with no video processor (images only)."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2VLProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(tokdir)
+    except ImportError:
+        pass
+
+    class ImagesOnly(Qwen2VLProcessor):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return ImagesOnly(image_processor=AutoImageProcessor.from_pretrained(tokdir),
+                      tokenizer=AutoTokenizer.from_pretrained(tokdir), video_processor=None,
+                      chat_template=(Path(tokdir) / "chat_template.jinja").read_text())
+
+
+def trl_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir: str) -> None:
+    """TRL's preprocessing in this process; prints its packs and token counts as JSON. On the image set
+    (``images`` column) the processing class is the Qwen2-VL processor of ``tokdir``, as TRL's VLM docs do."""
     import torch
     from datasets import load_dataset
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -134,14 +158,15 @@ def trl_child(corpus: str, out: str, max_length: int, num_proc: int) -> None:
 
     from packer.encode.tokenizers import load_tokenizer
 
-    tokenizer = load_tokenizer("qwen2-vl")
+    images = "image" in Path(corpus).name
+    processing = qwen2vl_processor(tokdir) if images else load_tokenizer("qwen2-vl")
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=151936, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True))
     data = load_dataset("json", data_files=corpus, split="train")
     args = SFTConfig(output_dir=out, packing=True, packing_strategy="bfd", max_length=max_length,
                      dataset_num_proc=num_proc, bf16=False, use_cpu=True, report_to=[], disable_tqdm=True)
-    trainer = SFTTrainer(model, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer = SFTTrainer(model, args=args, train_dataset=data, processing_class=processing)
     packed = trainer.train_dataset
     lengths = [sum(s) for s in packed["seq_lengths"]]
     loss = sum(sum(1 for x in labels if x != -100) for labels in packed["labels"])
@@ -150,10 +175,10 @@ def trl_child(corpus: str, out: str, max_length: int, num_proc: int) -> None:
                       "examples": int(examples)}))
 
 
-def trl_side(corpus: Path, out: Path, max_length: int, num_proc: int, env: dict) -> dict:
+def trl_side(corpus: Path, out: Path, max_length: int, num_proc: int, env: dict, tokdir: Path | None = None) -> dict:
     cache = tempfile.mkdtemp(prefix="bench-peers-hf-")  # TRL's and datasets' map caches: cold every run
     cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(corpus), str(out), str(max_length),
-           str(num_proc)]
+           str(num_proc), str(tokdir or "")]
     try:
         return measure(cmd, {**env, "HF_DATASETS_CACHE": cache})
     finally:
@@ -268,9 +293,29 @@ def axolotl_child(corpus: str, out: str, max_length: int, num_proc: int, tokdir:
            "sequence_len": max_length, "sample_packing": True, "dataset_prepared_path": str(prepared),
            "dataset_processes": num_proc, "output_dir": str(Path(out) / "run"), "micro_batch_size": 1,
            "num_epochs": 1, "learning_rate": 1e-5, "chat_template": "chatml"}
+    if "image" in Path(corpus).name:  # its multimodal settings (docs/multimodal.qmd), sample_packing kept on
+        import shutil
+
+        from transformers import Qwen2VLConfig
+
+        # axolotl takes a model for multimodal (and loads its processor) only by the config's model_type
+        model = Path(out) / "qwen2-vl"
+        shutil.copytree(tokdir, model, dirs_exist_ok=True)
+        Qwen2VLConfig(text_config={"vocab_size": 151936, "hidden_size": 8, "intermediate_size": 16,
+                                   "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1},
+                      vision_config={"depth": 1, "embed_dim": 8, "hidden_size": 8, "num_heads": 1}
+                      ).save_pretrained(model)
+        cfg.update(base_model=str(model), processor_type="AutoProcessor", chat_template="qwen2_vl",
+                   remove_unused_columns=False)
     (Path(out) / "cfg.yml").write_text(yaml.safe_dump(cfg))
     cli = Path(sys.executable).parent / "axolotl"
-    subprocess.run([str(cli), "preprocess", str(Path(out) / "cfg.yml")], check=True, stdout=sys.stderr)
+    proc = subprocess.run([str(cli), "preprocess", str(Path(out) / "cfg.yml")], stdout=sys.stderr,
+                          stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode:  # the row gets its exception, not this script's traceback
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        at = max((i for i, ln in enumerate(lines) if re.match(r"^[\w.]+(Error|Exception):", ln)), default=len(lines) - 1)
+        raise SystemExit(f"axolotl preprocess failed: {' '.join(lines[at:at + 2])[:400]}")
     saved = sorted(p.parent for p in prepared.rglob("dataset_info.json"))
     ds = load_from_disk(str(saved[0]))
     tokens = sum(len(x) for x in ds["input_ids"])
@@ -287,6 +332,7 @@ def peer_side(name: str, corpus: Path, out: Path, max_length: int, num_proc: int
     cmd = [str(py), str(Path(__file__).resolve()), "--peer-child", name, str(corpus), str(out), str(max_length),
            str(num_proc), str(tokdir)]
     child_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    child_env["AXOLOTL_DO_NOT_TRACK"] = "1"  # axolotl's telemetry would retry an unreachable host at exit
     try:
         return {**measure(cmd, {**child_env, "HF_DATASETS_CACHE": cache, "HF_HOME": cache}), "versions": info}
     except SystemExit as exc:  # a peer that cannot run here is a row saying why
@@ -320,18 +366,45 @@ def make_image_chats(path: Path, coco: Path, records: int, seed: int = 0) -> Non
                                              {"role": "assistant", "content": cap}], "images": [str(image)]}) + "\n")
 
 
-def save_tokenizer(tokdir: Path) -> None:
-    """packer's builtin qwen2-vl tokenizer (and Qwen2-VL's image processor) as a local dir the peers load."""
-    import torch
-    from transformers import Qwen2Config, Qwen2VLImageProcessor
-
+def save_processor(tokdir: Path) -> None:
+    """A full Qwen2-VL processor directory from packer's builtin qwen2-vl files (no hub): the tokenizer with its chat
+    template, ``preprocessor_config.json`` (the image processor at the released Qwen2-VL-7B-Instruct values,
+    packer's ``qwen2-vl`` profile's), ``video_preprocessor_config.json`` and ``processor_config.json``. The config
+    files are written as JSON, not by the classes' ``save_pretrained``: packer's venv has no torchvision, which
+    transformers' Qwen2-VL video processor (and its non-PIL image processor) import, and a peer's own transformers
+    then loads the directory with ``AutoProcessor.from_pretrained`` like a downloaded checkpoint."""
     from packer.encode.tokenizers import load_tokenizer
+    from packer.models.registry import get_profile
 
-    load_tokenizer("qwen2-vl").save_pretrained(tokdir)
-    Qwen2VLImageProcessor(max_pixels=200704).save_pretrained(tokdir)
-    from transformers import Qwen2ForCausalLM
+    tokenizer = load_tokenizer("qwen2-vl")
+    tokenizer.save_pretrained(tokdir)
+    prof = get_profile("qwen2-vl")
+    common = {"patch_size": prof.patch_size, "merge_size": prof.merge_size, "temporal_patch_size":
+              prof.temporal_patch_size, "image_mean": list(prof.image_mean), "image_std": list(prof.image_std),
+              "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+              "do_convert_rgb": True, "resample": 3, "processor_class": "Qwen2VLProcessor"}
+    image = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": prof.min_pixels,
+             "max_pixels": prof.max_pixels, "size": {"shortest_edge": prof.min_pixels, "longest_edge": prof.max_pixels},
+             **common}
+    vmin, vmax = prof.video_min_pixels or 128 * 28 * 28, prof.video_max_pixels or 768 * 28 * 28  # class defaults
+    video = {"video_processor_type": "Qwen2VLVideoProcessor", "min_pixels": vmin, "max_pixels": vmax,
+             "size": {"shortest_edge": vmin, "longest_edge": vmax}, **common}
+    for name, data in (("preprocessor_config.json", image), ("video_preprocessor_config.json", video),
+                       ("processor_config.json", {"processor_class": "Qwen2VLProcessor"})):
+        (tokdir / name).write_text(json.dumps(data, indent=2) + "\n")
+    if not (tokdir / "chat_template.jinja").exists():  # the processor's template: the tokenizer's (Qwen2-VL's own)
+        (tokdir / "chat_template.jinja").write_text(tokenizer.chat_template)
 
-    torch.manual_seed(0)  # a 1-layer width-8 Qwen2: the CLIs that load a model before preparing data get one
+
+def save_tokenizer(tokdir: Path) -> None:
+    """packer's builtin qwen2-vl tokenizer as a full Qwen2-VL processor dir (``save_processor``) plus a 1-layer
+    width-8 Qwen2: the CLIs that load a model before preparing data get one."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokdir.mkdir(parents=True, exist_ok=True)
+    save_processor(tokdir)
+    torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                  num_attention_heads=1, num_key_value_heads=1,
                                  tie_word_embeddings=True)).save_pretrained(tokdir)
@@ -348,7 +421,8 @@ def peer_row(name: str, r: dict, bound_of) -> str:
     bound = bound_of(r["tokens"], cap)
     return (f"{name:18s} {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s, peak RSS {r['rss_mib']:.0f} MiB; "
             f"{r.get('examples', 0):,} examples, {r['tokens']:,} tokens in {r['packs']:,} packs (lower bound {bound:,}: "
-            f"+{r['packs'] - bound}); isolated: {r.get('isolated')}; {r.get('versions', '')}")
+            f"+{r['packs'] - bound}); isolated: {r.get('isolated')}; load {r['load'][0]:.1f} -> {r['load'][1]:.1f}; "
+            f"{r.get('versions', '')}")
 
 
 def main() -> None:
@@ -364,7 +438,7 @@ def main() -> None:
                     help="where each peer's venv is created (reused when it exists)")
     ap.add_argument("--images", type=int, default=0, help="also an image set of this many image+caption chats")
     ap.add_argument("--image-sides", default="packer,llamafactory-neat", help="the sides run on the image set")
-    ap.add_argument("--trl-child", nargs=4, metavar=("CORPUS", "OUT", "MAX_LENGTH", "NUM_PROC"), help=argparse.SUPPRESS)
+    ap.add_argument("--trl-child", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--peer-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer_child:
@@ -378,8 +452,8 @@ def main() -> None:
         return
     sys.path.insert(0, str(REPO))
     if args.trl_child:
-        corpus, out, length, procs = args.trl_child
-        trl_child(corpus, out, int(length), int(procs))
+        corpus, out, length, procs, tokdir = args.trl_child
+        trl_child(corpus, out, int(length), int(procs), tokdir)
         return
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(REPO)}
@@ -435,6 +509,12 @@ def main() -> None:
                         t = json.loads((Path(tmp) / "img-packer" / "manifest.json").read_text())["totals"]
                         r.update(packs=t["packs"], tokens=t["tokens"], examples=t["examples"], isolated=True)
                     except SystemExit as exc:
+                        r = {"error": str(exc)[-1500:]}
+                elif name == "trl":
+                    try:
+                        r = trl_side(images, Path(tmp) / "img-trl", args.max_length, args.num_proc, env, tokdir)
+                        r["isolated"] = True
+                    except SystemExit as exc:  # TRL 1.16 refuses packing for vision datasets: the row says so
                         r = {"error": str(exc)[-1500:]}
                 else:
                     r = peer_side(name, images, Path(tmp) / f"img-{name}", args.max_length, args.num_proc, env,
