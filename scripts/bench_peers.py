@@ -17,8 +17,9 @@ tokenizer (Qwen2's vocabulary and ChatML template) and ``--num-proc`` processes:
 The other peers (``--peers packer,trl,llamafactory,llamafactory-neat,ms-swift,axolotl``), once each, every one in
 its own venv under ``--venvs`` that the script creates (``pip install <peer>``: they pin other transformers /
 datasets / torch than packer, so none installs beside packer's pins), driven by a child of this script under
-that venv's python with the same chats and packer's builtin tokenizer saved as a local dir (``save_pretrained``,
-plus a 1-layer width-8 Qwen2 for the CLIs that load a model; no hub here):
+that venv's python with the same chats and packer's builtin qwen2-vl files saved as a full Qwen2-VL processor dir
+(``save_processor``: tokenizer, chat template, image / video processor and processor configs), plus a 1-layer
+width-8 Qwen2 for the CLIs that load a model; no hub here:
 
 - LLaMA-Factory: ``get_dataset(stage="sft")`` with ``packing`` (greedy knapsack per ``datasets.map`` batch, every
   pack padded to ``cutoff_len + 1``; examples see each other) and with ``neat_packing`` (attention mask numbered per
@@ -26,7 +27,9 @@ plus a 1-layer width-8 Qwen2 for the CLIs that load a model; no hub here):
 - ms-swift: ``swift sft --packing true --max_steps 1``; axolotl: ``axolotl preprocess`` with ``sample_packing``.
 
 A peer that cannot install or run here is a row with its error. ``--images N`` adds an image set (N COCO
-image + caption chats) for ``--image-sides``.
+image + caption chats) for ``--image-sides`` (packer ``--profile qwen2-vl``; TRL with the Qwen2-VL processor;
+LLaMA-Factory's ``qwen2_vl`` template; ms-swift's; axolotl's ``processor_type: AutoProcessor`` with
+``sample_packing`` kept on).
 
 Printed per side, median of ``--repeats`` runs: wall, CPU (the whole process tree: ``RUSAGE_CHILDREN`` after the
 child exits, which counts every waited-for descendant), peak RSS (the sum of the tree's VmRSS, sampled every
