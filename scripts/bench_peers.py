@@ -132,13 +132,14 @@ def packer_side(corpus: Path, out: Path, max_length: int, num_proc: int, env: di
 def qwen2vl_processor(tokdir: str):
     """The processor of ``save_processor``'s directory: ``AutoProcessor.from_pretrained``; where torchvision is
     missing (packer's venv), transformers' Qwen2-VL video processor cannot load, so the same ``Qwen2VLProcessor``
-    from the directory's tokenizer, image processor and chat template with no video processor (images only)."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2VLProcessor
+    from the directory's tokenizer (the fast class: AutoTokenizer parses its 18 MB JSON once more in Python), image
+    processor and chat template with no video processor (images only)."""
+    import importlib.util
 
-    try:
+    from transformers import AutoImageProcessor, AutoProcessor, PreTrainedTokenizerFast, Qwen2VLProcessor
+
+    if importlib.util.find_spec("torchvision") is not None:
         return AutoProcessor.from_pretrained(tokdir)
-    except ImportError:
-        pass
 
     class ImagesOnly(Qwen2VLProcessor):
         def check_argument_for_proper_class(self, argument_name, argument):
@@ -147,7 +148,7 @@ def qwen2vl_processor(tokdir: str):
             return super().check_argument_for_proper_class(argument_name, argument)
 
     return ImagesOnly(image_processor=AutoImageProcessor.from_pretrained(tokdir),
-                      tokenizer=AutoTokenizer.from_pretrained(tokdir), video_processor=None,
+                      tokenizer=PreTrainedTokenizerFast.from_pretrained(tokdir), video_processor=None,
                       chat_template=(Path(tokdir) / "chat_template.jinja").read_text())
 
 
