@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.encode.encoder import Encoder
+from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError
 from packer.pipeline.build import build
 from packer.pipeline.repack import repack
@@ -123,8 +124,10 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
     monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError()))
     with pytest.raises(ConfigError, match="holds a different packer build; pass --overwrite"):
         build(cfg.replace(max_length=128), progress=False)  # as before: --overwrite says the old build may go
+    load_tokenizer.cache_clear()
     again = build(cfg.replace(max_length=128, algorithm="ffd", overwrite=True), progress=False)
     assert chunk.stat().st_mtime_ns == before
+    assert load_tokenizer.cache_info().misses == 0  # its files unchanged: the mark's record serves, none loaded
     monkeypatch.undo()
     fresh = build(cfg.replace(max_length=128, algorithm="ffd", output=str(tmp_path / "fresh")), progress=False)
     assert _sums(tmp_path / "out") == _sums(fresh.output)
@@ -132,3 +135,36 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
     # an encoding option changed: the cache goes, as before
     other = build(cfg.replace(max_length=128, overwrite=True, chat_template="{{ messages }}"), progress=False)
     assert chunk.stat().st_mtime_ns != before and other.stats["examples"] > 0
+
+
+
+def test_a_repack_loads_no_tokenizer_and_reads_one_columns_file(text_sources, tmp_path, monkeypatch):
+    """The encode mark records what a build needs of the tokenizer, and the encode stage keeps every chunk's plan
+    columns in one file: a repack whose tokenizer was removed since runs and equals a fresh build; it calls no
+    ``load_tokenizer`` and reads no chunk file's plan columns (only the ids of the rows it rejects)."""
+    from packer.encode.tokenizers import ensure_builtin
+    from packer.pipeline.cache import EncodeCache
+    from packer.pipeline.columns import ColumnsFile
+
+    tok = tmp_path / "tok"
+    shutil.copytree(ensure_builtin("qwen2-vl"), tok)
+    cfg = _text_config(text_sources, tmp_path / "out", tokenizer=str(tok))
+    build(cfg, progress=False)
+    encode = tmp_path / "out" / ".packer" / "encode"
+    mark = json.loads((encode / "fingerprint.json").read_text())
+    assert mark["columns_bytes"] == (encode / ColumnsFile.NAME).stat().st_size > 0
+    assert mark["tokenizer"]["source"] and mark["tokenizer"]["token_ids"] == {"image": None, "video": None,
+                                                                              "audio": None}
+    fresh = build(cfg.replace(output=str(tmp_path / "fresh"), max_length=128, seed=5), progress=False)
+    tok.rename(tmp_path / "gone")
+    load_tokenizer.cache_clear()
+    read, columns = EncodeCache.read, []
+    monkeypatch.setattr(EncodeCache, "read", lambda self, i, cols=(): columns.append(cols) or read(self, i, cols))
+    result = repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=128, seed=5)
+    assert load_tokenizer.cache_info().hits + load_tokenizer.cache_info().misses == 0
+    assert set(columns) == {("example_id",)}  # the ids of the rows over --max-length 128, for their rejects
+    assert _sums(tmp_path / "new") == _sums(fresh.output) and result.stats == fresh.stats
+    assert result.manifest["tokenizer"] == fresh.manifest["tokenizer"]
+    # a rebuild in place checks the tokenizer's files: gone, it is loaded, and that fails
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        build(cfg.replace(max_length=200, overwrite=True), progress=False)
