@@ -80,6 +80,12 @@ def main() -> None:
         repack_args = ["--max-length", "4096", "--seed", "1", "-q", *n]
         if args.before:
             code = checkout(args.before, root / "before")
+            # untimed: a build and a repack of a small corpus compile the fresh checkout's numba kernels
+            # (cached beside its sources), which this checkout has cached already
+            make_corpus(root / "warm.jsonl", args.coco, 2000)
+            timed(["build", str(root / "warm.jsonl"), "-o", str(root / "warm"), "--max-length", "8192", *BUILD, *n],
+                  code)
+            timed(["repack", str(root / "warm"), "-o", str(root / "warm-repack"), *repack_args], code)
             full = timed(["build", *full_args, "-o", str(root / "full-before")], code)
             show(f"{args.before}: full build (8192)", full)
             rep = timed(["repack", str(root / "full-before"), "-o", str(root / "repack-before"), *repack_args], code)
