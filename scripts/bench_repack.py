@@ -2,10 +2,12 @@
 bench_build.py's corpus (COCO-caption text, ~30% of records with a real COCO image, 10% caption trees).
 
 Three commands, each in a fresh process, timed in wall and CPU seconds of its whole process tree (workers
-included): the full build (--max-length 8192), its repack to --max-length 4096 --seed 1, and a fresh build with
-those options, whose shards the repack's must equal byte for byte.
+included; the repack's also split into its main process and its workers, which write the shards): the full
+build (--max-length 8192), its repack to --max-length 4096 --seed 1, and a fresh build with those options, whose
+shards the repack's must equal byte for byte. ``--before REV``: first the full build and the repack with the
+packer of git revision REV (``git archive``, on PYTHONPATH), so a change is measured before/after in one run.
 
-    python scripts/bench_repack.py --records 200000 --num-proc 2
+    python scripts/bench_repack.py --records 200000 --num-proc 2 [--before main]
 """
 
 from __future__ import annotations
@@ -25,17 +27,36 @@ from bench_build import REPO, _tree_usage, make_corpus  # noqa: E402
 BUILD = ["--profile", "qwen2-vl", "--max-pixels", str(256 * 28 * 28), "-q"]
 
 
-def timed(args: list[str]) -> dict[str, float]:
-    """``packer ARGS`` in a fresh process: wall seconds, CPU seconds of its process tree, peak RSS (MiB)."""
+def timed(args: list[str], code: Path | None = None) -> dict[str, float]:
+    """``packer ARGS`` in a fresh process (the packer package under ``code``, else this checkout's): wall
+    seconds, CPU seconds of its process tree and of its main process alone, peak RSS (MiB)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = str(code if code is not None else REPO)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "packer.cli", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.Popen([sys.executable, "-m", "packer.cli", *args], env=env, cwd=code or REPO)
     peak, cpu = 0, {}
     while proc.poll() is None:
         peak = max(peak, _tree_usage(proc.pid, cpu))
         time.sleep(0.1)
     if proc.returncode:
         raise SystemExit(f"packer {' '.join(args)} failed with exit code {proc.returncode}")
-    return {"wall": time.perf_counter() - t0, "cpu": sum(c for _, c in cpu.values()), "rss_mib": peak / 2**20}
+    return {"wall": time.perf_counter() - t0, "cpu": sum(c for _, c in cpu.values()), "rss_mib": peak / 2**20,
+            "main": cpu.get(proc.pid, ("", 0.0))[1]}
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The packer package of git revision ``rev`` under ``into`` (``git archive``: no checkout of this tree)."""
+    into.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "packer"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def show(name: str, r: dict[str, float], full: dict[str, float] | None = None) -> None:
+    share = f"  = {r['cpu'] / full['cpu']:.1%} of the full build's CPU, {r['wall'] / full['wall']:.1%} of its wall" \
+        if full else ""
+    print(f"{name:34s} wall {r['wall']:7.1f} s  CPU {r['cpu']:7.1f} s (main {r['main']:5.1f}, workers "
+          f"{r['cpu'] - r['main']:5.1f})  peak RSS {r['rss_mib']:6.0f} MiB{share}", flush=True)
 
 
 def sums(out: Path) -> list[str]:
@@ -46,6 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--num-proc", type=int, default=2)
+    ap.add_argument("--before", help="a git revision: its full build and repack first, for a before/after")
     ap.add_argument("--coco", type=Path,
                     default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")) / "data" / "coco-mini")
     args = ap.parse_args()
@@ -54,18 +76,32 @@ def main() -> None:
         corpus = root / "corpus.jsonl"
         make_corpus(corpus, args.coco, args.records)
         n = ["--num-proc", str(args.num_proc)]
-        full = timed(["build", str(corpus), "-o", str(root / "full"), "--max-length", "8192", *BUILD, *n])
-        rep = timed(["repack", str(root / "full"), "-o", str(root / "repack"), "--max-length", "4096", "--seed", "1",
-                     "-q", *n])
+        full_args = [str(corpus), "--max-length", "8192", *BUILD, *n]
+        repack_args = ["--max-length", "4096", "--seed", "1", "-q", *n]
+        if args.before:
+            code = checkout(args.before, root / "before")
+            # untimed: a build and a repack of a small corpus compile the fresh checkout's numba kernels
+            # (cached beside its sources), which this checkout has cached already
+            make_corpus(root / "warm.jsonl", args.coco, 2000)
+            timed(["build", str(root / "warm.jsonl"), "-o", str(root / "warm"), "--max-length", "8192", *BUILD, *n],
+                  code)
+            timed(["repack", str(root / "warm"), "-o", str(root / "warm-repack"), *repack_args], code)
+            full = timed(["build", *full_args, "-o", str(root / "full-before")], code)
+            show(f"{args.before}: full build (8192)", full)
+            rep = timed(["repack", str(root / "full-before"), "-o", str(root / "repack-before"), *repack_args], code)
+            show(f"{args.before}: repack -> 4096, seed 1", rep, full)
+        full = timed(["build", *full_args, "-o", str(root / "full")])
+        show("full build (8192)", full)
+        rep = timed(["repack", str(root / "full"), "-o", str(root / "repack"), *repack_args])
+        show("repack -> 4096, seed 1", rep, full)
         fresh = timed(["build", str(corpus), "-o", str(root / "fresh"), "--max-length", "4096", "--seed", "1", *BUILD,
                        *n])
+        show("fresh build (4096, seed 1)", fresh)
         same = sums(root / "repack") == sums(root / "fresh")
-        for name, r in (("full build (8192)", full), ("repack -> 4096, seed 1", rep), ("fresh build (4096, seed 1)", fresh)):
-            print(f"{name:28s} wall {r['wall']:7.1f} s  CPU {r['cpu']:7.1f} s  peak RSS {r['rss_mib']:6.0f} MiB")
-        print(f"repack / full build: wall {rep['wall'] / full['wall']:.1%}, CPU {rep['cpu'] / full['cpu']:.1%}; "
-              f"repack / fresh build: wall {rep['wall'] / fresh['wall']:.1%}, CPU {rep['cpu'] / fresh['cpu']:.1%}; "
-              f"repacked shards {'==' if same else '!='} fresh build's ({len(sums(root / 'fresh'))} shards)")
-
+        before = "" if not args.before else \
+            f"; {args.before}'s repack {'==' if sums(root / 'repack-before') == sums(root / 'fresh') else '!='} it"
+        print(f"repack / fresh build: CPU {rep['cpu'] / fresh['cpu']:.1%}; repacked shards {'==' if same else '!='} "
+              f"fresh build's ({len(sums(root / 'fresh'))} shards){before}")
 
 if __name__ == "__main__":
     main()

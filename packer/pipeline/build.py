@@ -25,7 +25,8 @@ import os
 import re
 import shutil
 import threading
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
-from packer.pipeline.columns import ColumnsBuilder, read_chunk
+from packer.pipeline.columns import ColumnsBuilder, ColumnsFile, chunk_table, read_chunk
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
@@ -52,8 +53,10 @@ from packer.pipeline.output import (
     encode_fingerprint,
     prepare_output,
     read_encode_mark,
+    recorded_tokenizer,
     remove_stale_shards,
     reusable,
+    tokenizer_record,
     write_encode_mark,
     write_rejects,
 )
@@ -92,13 +95,16 @@ class BuildResult:
 
 
 def build(
-    config: BuildConfig, *, progress: bool = True, executor: Executor | None = None, hooks: Hooks | None = None
+    config: BuildConfig, *, progress: bool = True, executor: Executor | None = None, hooks: Hooks | None = None,
+    trust_cache: bool = False,
 ) -> BuildResult:
     """Run the whole pipeline for ``config`` and return the manifest and stats.
 
     ``executor`` runs the encode and write tasks: an ``Executor`` (executor.py; default:
     ``make_executor(config)``), started here and closed when the build ends; ``hooks`` is called
     at the named points of ``faults.POINTS`` (default: no-ops; tests inject faults there).
+    ``trust_cache``: an encode cache whose every chunk is committed is taken with the tokenizer its mark records,
+    its files unchecked (``packer repack``, ``output.recorded_tokenizer``).
     """
     executor = executor if executor is not None else make_executor(config)
     if not isinstance(executor, Executor):
@@ -106,12 +112,12 @@ def build(
                         f"and write), not {type(executor).__qualname__}")
     hooks = hooks if hooks is not None else Hooks()
     with executor:  # start() now, close() when the build ends, also on an error
-        return _build(config, executor=executor, hooks=hooks, progress=progress)
+        return _build(config, executor=executor, hooks=hooks, progress=progress, trust_cache=trust_cache)
 
 
-def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool) -> BuildResult:
+def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool,
+           trust_cache: bool = False) -> BuildResult:
     """``build`` once its executor is started."""
-    from packer.encode.tokenizers import fingerprint as tokenizer_fingerprint
     from packer.encode.tokenizers import load_tokenizer
     from packer.formats.read import expand_inputs
     from packer.report.stats import compute_stats, format_stats
@@ -127,18 +133,24 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it);
     # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir
     scanned = None if streamed or prior is not None else executor.submit(scan_chunks, config, progress=progress)
+    known = None  # the tokenizer as the prior cache's mark records it (``output.recorded_tokenizer``)
     if prior is None:
         encoder: Encoder | None = make_encoder(config, max_length=encode_ceiling(config))
         executor.preload(encoder)
-        tokenizer, template, profile = encoder.tokenizer, encoder.template, encoder.profile
-    else:  # a reused cache needs no encoder (its tables take seconds to build): made below if it is needed
-        encoder, tokenizer = None, load_tokenizer(config.tokenizer_name())
-        template = chat_template_source(config)
-        template = template if template is not None else getattr(tokenizer, "chat_template", None)  # as Encoder's
+        tokenizer, profile = encoder.tokenizer, encoder.profile
+    else:  # a reused cache needs no encoder (its tables take seconds to build), and no tokenizer where its mark
+        # records it (the transformers import and the load: seconds, a repack's largest fixed cost): made below
+        # if the cache cannot serve after all
+        encoder = None
+        known = recorded_tokenizer(prior, config.tokenizer_name(), trust=trust_cache)
+        tokenizer = None if known is not None else load_tokenizer(config.tokenizer_name())
         profile = get_profile(config.profile, **config.profile_overrides())
     preloaded = encoder is not None
-    tokenizer_fp = tokenizer_fingerprint(tokenizer)
-    template_sha256 = hashlib.sha256(str(template or "").encode()).hexdigest()  # the template used
+    record = known if tokenizer is None else tokenizer_record(tokenizer, profile, config.tokenizer_name())
+    tokenizer_fp = record["fingerprint"]
+    template = chat_template_source(config)  # the template used: the config's, else the tokenizer's (as Encoder's)
+    template_sha256 = (hashlib.sha256(template.encode()).hexdigest() if template is not None
+                       else record["chat_template_sha256"])
     if scanned is not None:
         chunks = scanned()
         files = sorted({c.path for c in chunks})
@@ -159,6 +171,12 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     if complete:  # nothing to encode: every chunk of these inputs is in the cache
         files = mark["chunked"]
     else:
+        if tokenizer is None:  # the recorded one, to encode with: the very tokenizer, or an error
+            tokenizer = load_tokenizer(config.tokenizer_name())
+            record = tokenizer_record(tokenizer, profile, config.tokenizer_name())
+            if record["fingerprint"] != tokenizer_fp:
+                raise ConfigError(f"{out}: the tokenizer {config.tokenizer_name()!r} changed since its encode cache "
+                                  "was made, and the cache cannot serve this build: run `packer build`")
         ceiling = mark["keeps_up_to"] or config.max_length  # the cache keeps more than max_length: so does
         if encoder is None or encoder.max_length != ceiling:  # what is encoded into it
             encoder = make_encoder(config, tokenizer=tokenizer, max_length=ceiling)
@@ -183,15 +201,19 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     warm.start()
     if complete:
         sources = mark.get("sources") or _chunk_sources(cache, config)
-        totals, built = _cached(cache, ChunkCounts(*mark["totals"]), sources, config=config, progress=progress)
+        totals, built = _cached(cache, ChunkCounts(*mark["totals"]), sources, config=config, progress=progress,
+                                columns_size=mark.get("columns_bytes"))
     else:
+        kept = ColumnsFile(cache.root) if isinstance(cache.root, Path) else None
         totals, built = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
-                                progress=progress)
+                                progress=progress, kept=kept)
         sources = [c.source for c in chunks]
         write_encode_mark(work, {**mark, "chunks": len(chunks), "inputs": inputs, "files": fingerprinted,
                                  "chunked": files, "totals": [totals.records, totals.encoded, totals.rejected],
-                                 "sources": sources})
-        # ^ a rebuild with other packing options needs no scan, no encoder and no count
+                                 "sources": sources, "tokenizer": record,
+                                 "columns_bytes": kept.commit() if kept is not None else None})
+        # ^ a rebuild with other packing options needs no scan, no encoder, no tokenizer, no count, and reads
+        # one columns file
     columns = built.finish(sources)
     budget_rejected = columns.rejects
     rejected = totals.rejected + len(budget_rejected)
@@ -243,7 +265,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
                trl_exact=_all_rows_linear_text(plan, profile))
     hooks.at("manifest")
     manifest = manifest_dict(
-        config=config, fingerprint=fingerprint, tokenizer=tokenizer, profile=profile, tokenizer_fp=tokenizer_fp,
+        config=config, fingerprint=fingerprint, token_ids=record["token_ids"], tokenizer_fp=tokenizer_fp,
         chat_template_sha256=template_sha256, inputs=files, input_records=totals.records, rejected=len(rejects),
         plan=plan, stats=stats, shards=shard_entries,
     )
@@ -294,14 +316,12 @@ def make_executor(config: BuildConfig) -> Executor:
 
 
 def manifest_dict(
-    *, config: BuildConfig, fingerprint: str, tokenizer: Any, profile: Any, tokenizer_fp: str, chat_template_sha256: str,
-    inputs: list[str], input_records: int, rejected: int, plan: Plan, stats: dict[str, Any],
-    shards: list[dict[str, Any]],
+    *, config: BuildConfig, fingerprint: str, token_ids: dict[str, int | None], tokenizer_fp: str,
+    chat_template_sha256: str, inputs: list[str], input_records: int, rejected: int, plan: Plan,
+    stats: dict[str, Any], shards: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it (``tokenizer`` and
-    ``profile``: the build's, an Encoder's)."""
-    image_token_id = tokenizer.convert_tokens_to_ids(profile.image_token) if profile.image_token else None
-    video_token_id = tokenizer.convert_tokens_to_ids(profile.video_token) if profile.video_token else None
+    """The manifest of a finished build (docs/format.md), as ``manifest.json`` holds it (``token_ids``: the
+    profile's image, video and audio tokens' ids in the build's tokenizer, ``output.tokenizer_record``'s)."""
     return Manifest(
         schema_version=SCHEMA_VERSION,
         packer_version=__version__,
@@ -312,9 +332,9 @@ def manifest_dict(
         chat_template_sha256=chat_template_sha256,
         inputs=tuple(inputs),
         base_dir=os.getcwd(),  # relative input paths (and example ids) resolve here (packer verify --input)
-        image_token_id=image_token_id,
-        video_token_id=video_token_id,
-        audio_token_id=tokenizer.convert_tokens_to_ids(profile.audio_token) if profile.audio_token else None,
+        image_token_id=token_ids["image"],
+        video_token_id=token_ids["video"],
+        audio_token_id=token_ids["audio"],
         totals=Totals(
             input_records=input_records,
             rejected=rejected,
@@ -331,35 +351,54 @@ def manifest_dict(
 
 def _encode(
     executor: Executor, chunks: list[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
-    progress: bool,
+    progress: bool, kept: ColumnsFile | None = None,
 ) -> tuple[ChunkCounts, ColumnsBuilder]:
     """Run the encode tasks; return the totals over all chunks and each chunk's compact columns
     (``columns.read_chunk``), read as it lands: this process is idle while the workers encode, so the plan
-    does not wait on a pass over every chunk file."""
+    does not wait on a pass over every chunk file. ``kept``: where each chunk's ``chunk_table`` is also
+    written (committed by the caller once the mark can name it)."""
     records = encoded = rejected = 0
     parts = ColumnsBuilder(sum(c.num_lines for c in chunks))  # rows <= lines but for split texts
     # counted in input lines (what users know their files by), advanced a chunk at a time
     with progress_bar(total=sum(c.num_lines for c in chunks), enabled=progress, desc="encode", unit="line",
                       unit_scale=True) as bar, \
-            closing(executor.encode(chunks, encoder=encoder, cache=cache, config=config, hooks=hooks)) as results:
+            closing(executor.encode(chunks, encoder=encoder, cache=cache, config=config, hooks=hooks)) as results, \
+            _discarded_on_error(kept):
         for done, counts in enumerate(results, start=1):
             records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
             chunk = chunks[done - 1]
-            parts.add(read_chunk(cache, chunk.index, config, chunk.source))
+            table = chunk_table(cache, chunk.index)
+            if kept is not None:
+                kept.write(table)
+            parts.add(read_chunk(cache, chunk.index, config, chunk.source, table))
             bar.update(chunks[done - 1].num_lines)
             bar.set_postfix(examples=encoded, rejects=rejected, refresh=False)
             hooks.at("encode", done)
     return ChunkCounts(records=records, encoded=encoded, rejected=rejected), parts
 
 
+@contextmanager
+def _discarded_on_error(kept: ColumnsFile | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        if kept is not None:
+            kept.discard()
+        raise
+
+
 def _cached(cache: EncodeCache, totals: ChunkCounts, sources: list[str], *, config: BuildConfig,
-            progress: bool) -> tuple[ChunkCounts, ColumnsBuilder]:
+            progress: bool, columns_size: int | None = None) -> tuple[ChunkCounts, ColumnsBuilder]:
     """``_encode``'s result for a cache whose every chunk is committed (a repack, a rebuild with other packing
     options): ``totals`` as the encode mark holds them, each chunk's compact columns read here as ``_encode``
-    reads them (``columns.read_chunk``; ``sources``: each chunk's); no task runs."""
+    reads them (``columns.read_chunk``; ``sources``: each chunk's) from the cache's ``ColumnsFile`` of
+    ``columns_size`` bytes (the mark's), else from every chunk's file (a cache older than that file); no task
+    runs."""
     parts = ColumnsBuilder(totals.encoded)
+    kept = ColumnsFile(cache.root) if isinstance(cache.root, Path) and columns_size else None
+    table = kept.reader(cache.num_chunks, columns_size) if kept is not None else None
     for i in progress_bar(range(cache.num_chunks), enabled=progress, desc="cached", unit="chunk"):
-        parts.add(read_chunk(cache, i, config, sources[i]))
+        parts.add(read_chunk(cache, i, config, sources[i], None if table is None else table(i)))
     if parts.n != totals.encoded:
         raise ShardError(f"{cache.root} holds {parts.n} examples, its mark "
                          f"{totals.encoded}: the encode cache is corrupt; delete {cache.root} and rerun")

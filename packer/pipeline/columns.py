@@ -14,16 +14,25 @@ to int64 / Python objects cost 8-70 B per column per example (1,155 B per exampl
 
 Example: ``cols = Columns.gather([read_chunk(cache, i, config) for i in range(n)], sources)``, then
 ``cols.tokens`` is what the planner reads.
+
+What ``read_chunk`` reads of a chunk (``chunk_table``: a few numbers per row, whatever the build's options) is
+also kept in one file, ``OUT/.packer/encode/columns.arrow`` (``ColumnsFile``), written as the encode stage reads
+each chunk: a build that reuses the whole cache (``packer repack``, a rebuild with other packing options, a
+resume past the encode stage) reads that file, not every chunk's.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from packer.core.ids import id_location
 from packer.core.media import BUDGETS, MEDIA
@@ -34,6 +43,7 @@ COUNT_COLUMNS = tuple(dict.fromkeys(c for m in MEDIA for c in (m.token_column, m
 """Each medium's token and count columns (``num_vision_tokens``, ``num_images``, ...): kept where non-zero."""
 
 _READ = ("num_tokens", "num_loss_tokens", "loss_weight", "loss_weights", "node_offsets", *COUNT_COLUMNS)
+PLAIN = "plain"  # chunk_table's column: no per-node loss weights, one node (what read_chunk's linear needs of the lists)
 
 
 def length_dtype(max_length: int) -> type:
@@ -54,9 +64,10 @@ class ChunkColumns:
     rejects: list[dict[str, Any]]  # their rejects (``overlong``)
 
 
-def read_chunk(cache: Any, i: int, config: Any, source: str) -> ChunkColumns:
-    """Chunk ``i``'s compact columns, its budget rejects included; the chunk's file is closed on return."""
-    table = cache.read(i, _READ)
+def read_chunk(cache: Any, i: int, config: Any, source: str, table: pa.Table | None = None) -> ChunkColumns:
+    """Chunk ``i``'s compact columns, its budget rejects included; the chunk's file is closed on return.
+    ``table``: its ``chunk_table`` already (``ColumnsFile``), else read from the chunk's file."""
+    table = chunk_table(cache, i) if table is None else table
     dtype = length_dtype(config.max_length)
     tokens = _narrow(table.column("num_tokens"), dtype)
     loss_tokens = _narrow(table.column("num_loss_tokens"), dtype)
@@ -71,8 +82,7 @@ def read_chunk(cache: Any, i: int, config: Any, source: str) -> ChunkColumns:
     for name in COUNT_COLUMNS:
         if name in counts:
             linear &= counts[name] == 0
-    linear &= table.column("loss_weights").is_null().to_numpy(zero_copy_only=False)
-    linear &= pc.list_value_length(table.column("node_offsets")).to_numpy(zero_copy_only=False) == 1
+    linear &= table.column(PLAIN).to_numpy(zero_copy_only=False)
     limits = np.array([np.iinfo(np.int64).max if v is None else v for v in limits_of(config)], dtype=np.int64)
     costs = np.stack([counts[b.column].astype(np.int64) if b.column in counts else np.zeros(len(tokens), np.int64)
                       for b in BUDGETS], axis=1) if counts else np.zeros((len(tokens), len(BUDGETS)), np.int64)
@@ -88,6 +98,15 @@ def read_chunk(cache: Any, i: int, config: Any, source: str) -> ChunkColumns:
                         else budget_message(config, costs[r].tolist())})
     return ChunkColumns(tokens=tokens, loss_tokens=loss_tokens, counts=counts, loss_weight=loss_weight,
                         linear=None if linear.all() else linear, over=over, rejects=rejects)
+
+
+def chunk_table(cache: Any, i: int) -> pa.Table:
+    """What ``read_chunk`` reads of chunk ``i``, whatever the build's options: the length, weight and count
+    columns as the cache holds them, and ``PLAIN`` in place of the two list columns."""
+    table = cache.read(i, _READ)
+    plain = (table.column("loss_weights").is_null().to_numpy(zero_copy_only=False)
+             & (pc.list_value_length(table.column("node_offsets")).to_numpy(zero_copy_only=False) == 1))
+    return table.drop_columns(["loss_weights", "node_offsets"]).append_column(PLAIN, pa.array(plain, pa.bool_()))
 
 
 def _narrow(column: pa.ChunkedArray, dtype: type) -> np.ndarray:
@@ -204,3 +223,59 @@ class ColumnsBuilder:
             linear=None if self.linear is None else self.linear[:n],
             over=np.concatenate(self.over) if self.over else np.zeros(0, dtype=np.int64),
             rejects=sorted(self.rejects, key=lambda r: (r["path"], r["line"])))
+
+
+class ColumnsFile:
+    """``OUT/.packer/encode/columns.arrow``: every chunk's ``chunk_table`` as one record batch, in chunk order
+    (~14 bytes per example on disk, against the chunk files' kilobytes): one file to open where a build that
+    reuses a whole cache would otherwise open every chunk's (docs/benchmarks.md, "Repack").
+
+    ``write`` fills ``columns.arrow.tmp-PID`` and ``commit`` renames it into place; an interrupted build leaves
+    only the temp file (``output.remove_stale_temp_files`` removes it). A local cache only: on an object store
+    the chunks are read as before."""
+
+    NAME = "columns.arrow"
+
+    def __init__(self, root: Path):
+        self.path = root / self.NAME
+        self._tmp = root / f"{self.NAME}.tmp-{os.getpid()}"
+        self._sink: Any = None
+        self._writer: Any = None
+
+    def write(self, table: pa.Table) -> None:
+        """Append one chunk's ``chunk_table`` (a batch even for a chunk of no row: batch i is chunk i)."""
+        if self._writer is None:
+            self.path.unlink(missing_ok=True)  # an older cache's: never read beside the new chunks
+            self._sink = pa.OSFile(str(self._tmp), "wb")
+            # lz4: 14 B per example on disk instead of 41 (the count columns are mostly zeros), and faster to
+            # read than the raw file (docs/benchmarks.md, "Repack")
+            self._writer = ipc.new_file(self._sink, table.schema, options=ipc.IpcWriteOptions(compression="lz4"))
+        self._writer.write_batch(pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns],
+                                                            schema=table.schema))
+
+    def commit(self) -> int:
+        """Rename the file into place (after the last chunk's ``write``); its size in bytes."""
+        if self._writer is None:
+            return 0
+        self._writer.close()
+        self._sink.close()
+        os.replace(self._tmp, self.path)
+        self._writer = None
+        return self.path.stat().st_size
+
+    def discard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._tmp.unlink(missing_ok=True)
+            self._writer = None
+
+    def reader(self, num_chunks: int, size: int) -> Callable[[int], pa.Table] | None:
+        """A function of i -> chunk i's ``chunk_table`` (memory-mapped); None where the file is not the one the
+        encode mark names (``size`` bytes, ``num_chunks`` batches): missing, or of another cache."""
+        if not self.path.is_file() or self.path.stat().st_size != size:
+            return None
+        reader = ipc.open_file(pa.memory_map(str(self.path)))
+        if reader.num_record_batches != num_chunks:
+            return None
+        return lambda i: pa.Table.from_batches([reader.get_batch(i)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,46 @@ def encode_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_
     cfg = {k: v for k, v in config.to_dict().items() if k not in RUN_FIELDS + packing}
     cfg["sources"] = [{k: v for k, v in s.items() if k != "weight"} for s in cfg["sources"]]
     return _digest("encode", cfg, tokenizer_fp=tokenizer_fp, chat_template_sha256=chat_template_sha256, files=files)
+
+
+def tokenizer_record(tokenizer: Any, profile: Any, name: str) -> dict[str, Any]:
+    """What a build needs of its tokenizer besides encoding, kept in the encode mark so that a build reusing the
+    whole cache loads none (``recorded_tokenizer``): its fingerprint, its own chat template's sha256, the
+    profile's media token ids (the manifest's), and the files it was loaded from (``tokenizer_source``)."""
+    from packer.encode.tokenizers import fingerprint
+
+    tokens = {"image": profile.image_token, "video": profile.video_token, "audio": profile.audio_token}
+    return {"fingerprint": fingerprint(tokenizer),
+            "chat_template_sha256": hashlib.sha256(str(getattr(tokenizer, "chat_template", None) or "").encode())
+            .hexdigest(),
+            "token_ids": {k: tokenizer.convert_tokens_to_ids(t) if t else None for k, t in tokens.items()},
+            "source": tokenizer_source(name)}
+
+
+def recorded_tokenizer(mark: dict[str, Any], name: str, *, trust: bool = False) -> dict[str, Any] | None:
+    """The encode mark's ``tokenizer_record`` where it still holds: ``trust`` (``packer repack``: its examples
+    are the cache's, whatever the tokenizer is now), or the tokenizer ``name`` is loaded from the very files,
+    unchanged (names, sizes, mtimes: as the input files are fingerprinted); None: load it and fingerprint it."""
+    record = mark.get("tokenizer")
+    if not isinstance(record, dict):
+        return None  # a mark older than the record
+    if trust or (record.get("source") is not None and record["source"] == tokenizer_source(name)):
+        return record
+    return None
+
+
+def tokenizer_source(name: str) -> list[list[Any]] | None:
+    """(path, size, mtime) of each file of the directory the tokenizer ``name`` loads from: a builtin's
+    versioned directory (encode/tokenizers.py), a local directory; None for a hub name or a missing one."""
+    from packer.encode.tokenizers import builtin_path, builtin_tokenizers
+
+    path = builtin_path(name) if name in builtin_tokenizers() else Path(name)
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+        stats = [(os.path.abspath(p), p.stat()) for p in files]
+    except OSError:
+        return None
+    return [[f, st.st_size, st.st_mtime_ns] for f, st in stats] or None
 
 
 def read_encode_mark(work: Path | ObjectPath) -> dict[str, Any] | None:

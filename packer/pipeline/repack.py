@@ -72,7 +72,7 @@ def repack(source: str | Path, output: str | Path, *, weights: dict[str, float] 
         raise ConfigError(f"{src}'s encode cache keeps examples of up to {kept} tokens, not --keep-up-to "
                           f"{config.keep_up_to}: run `packer build` with it")
     _prepare(src, out, overwrite=bool(changes.get("overwrite")))
-    return build(config, progress=progress)
+    return build(config, progress=progress, trust_cache=True)  # its examples are src's: no tokenizer loaded
 
 
 def _prepare(src: Path, out: Path, *, overwrite: bool) -> None:

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.encode.encoder import Encoder
+from packer.encode.tokenizers import ensure_builtin, load_tokenizer
 from packer.errors import ConfigError
 from packer.pipeline.build import build
 from packer.pipeline.repack import repack
@@ -101,19 +102,43 @@ def _text_config(files: list[Path], out: Path, weights: tuple[float, float] = (1
                                   "rows_per_shard": 16, **kw})
 
 
-def test_repack_with_other_weights_on_the_cli(text_sources, tmp_path, monkeypatch):
-    build(_text_config(text_sources, tmp_path / "out"), progress=False)
-    fresh = build(_text_config(text_sources, tmp_path / "fresh", (0.5, 2.5), max_length=200, seed=7), progress=False)
+def test_repack_with_other_weights_on_the_cli_loads_no_tokenizer(text_sources, tmp_path, monkeypatch):
+    """Also: the encode mark records what a build needs of the tokenizer and the encode stage keeps every chunk's
+    plan columns in one file, so a repack whose tokenizer directory was removed since runs: it calls no
+    ``load_tokenizer`` and reads no chunk file's plan columns (only the ids of the rows it rejects)."""
+    from packer.pipeline.cache import EncodeCache
+    from packer.pipeline.columns import ColumnsFile
+
+    tok = tmp_path / "tok"
+    shutil.copytree(ensure_builtin("qwen2-vl"), tok)
+    cfg = _text_config(text_sources, tmp_path / "out", tokenizer=str(tok))
+    build(cfg, progress=False)
+    mark = json.loads((tmp_path / "out" / ".packer" / "encode" / "fingerprint.json").read_text())
+    assert mark["columns_bytes"] == (tmp_path / "out" / ".packer" / "encode" / ColumnsFile.NAME).stat().st_size > 0
+    assert mark["tokenizer"]["source"] and mark["tokenizer"]["token_ids"] == {"image": None, "video": None,
+                                                                              "audio": None}
+    fresh = build(_text_config(text_sources, tmp_path / "fresh", (0.5, 2.5), max_length=200, seed=7,
+                               tokenizer=str(tok)), progress=False)
+    tok.rename(tmp_path / "gone")
+    load_tokenizer.cache_clear()
+    read, columns = EncodeCache.read, []
+    monkeypatch.setattr(EncodeCache, "read", lambda self, i, cols=(): columns.append(cols) or read(self, i, cols))
     monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError()))
     run = CliRunner().invoke(cli, ["repack", str(tmp_path / "out"), "-o", str(tmp_path / "new"), "--max-length",
                                    "200", "--seed", "7", "--weight", "web=0.5", "--weight", "books=2.5", "-q"])
     assert run.exit_code == 0, run.output
     assert _sums(tmp_path / "new") == _sums(fresh.output) and len(_sums(fresh.output)) > 1
+    assert load_tokenizer.cache_info().hits + load_tokenizer.cache_info().misses == 0
+    assert set(columns) == {("example_id",)}  # the ids of the rows over --max-length 200, for their rejects
+    manifest = json.loads((tmp_path / "new" / "manifest.json").read_text())
+    assert manifest["tokenizer"] == fresh.manifest["tokenizer"]
     again = CliRunner().invoke(cli, ["repack", str(tmp_path / "out"), "-o", str(tmp_path / "new"), "-q"])
     assert again.exit_code == 1 and "is not empty; pass --overwrite" in again.stderr
     bad = CliRunner().invoke(cli, ["repack", str(tmp_path / "out"), "-o", str(tmp_path / "b"), "--weight", "x=1"])
     assert bad.exit_code == 1 and "--weight names no source" in bad.stderr
-
+    # a rebuild in place checks the tokenizer's files: gone, it is loaded, and that fails
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        build(cfg.replace(max_length=128, overwrite=True), progress=False)
 
 def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tmp_path, monkeypatch):
     cfg = _text_config(text_sources, tmp_path / "out")
@@ -123,8 +148,11 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
     monkeypatch.setattr(Encoder, "encode_batch", lambda self, ex: (_ for _ in ()).throw(AssertionError()))
     with pytest.raises(ConfigError, match="holds a different packer build; pass --overwrite"):
         build(cfg.replace(max_length=128), progress=False)  # as before: --overwrite says the old build may go
+    (chunk.parent / "columns.arrow").unlink()  # as a cache made before that file: every chunk's columns read
+    load_tokenizer.cache_clear()
     again = build(cfg.replace(max_length=128, algorithm="ffd", overwrite=True), progress=False)
     assert chunk.stat().st_mtime_ns == before
+    assert load_tokenizer.cache_info().misses == 0  # its files unchanged: the mark's record serves, none loaded
     monkeypatch.undo()
     fresh = build(cfg.replace(max_length=128, algorithm="ffd", output=str(tmp_path / "fresh")), progress=False)
     assert _sums(tmp_path / "out") == _sums(fresh.output)
@@ -132,3 +160,5 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
     # an encoding option changed: the cache goes, as before
     other = build(cfg.replace(max_length=128, overwrite=True, chat_template="{{ messages }}"), progress=False)
     assert chunk.stat().st_mtime_ns != before and other.stats["examples"] > 0
+
+
