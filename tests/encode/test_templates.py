@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.core.types import ImageRef, Message
+from packer.core.types import ImageRef, Message, VideoRef
 from packer.encode.encoder import Encoder
 from packer.encode.templates import CLOSE, OPEN, ChatTemplate
 from packer.errors import ConfigError, RecordError
@@ -54,6 +54,40 @@ def test_chatml_renderer_equals_jinja(qwen, convs):
     else:
         assert fast == want
     assert locate(template, conv) == want
+
+
+_FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-vl",  # tokenizer: its profile
+                  "llava-onevision": "llava-onevision", "internvl3": "internvl"}
+
+
+@pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
+def fast_builtin(request) -> ChatTemplate:
+    from packer.encode.tokenizers import load_tokenizer
+
+    name = request.param
+    template = Encoder(load_tokenizer(name), get_profile(_FAST_BUILTINS[name]))._chat
+    assert template._fast is not None, f"{name}'s registered template must take the fast path"
+    return template
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(text, text, st.just(None), st.just(1)), min_size=0, max_size=3)),
+                      min_size=1, max_size=5))
+def test_every_registered_chatml_renderer_equals_jinja(fast_builtin, convs):
+    """Each builtin's registered renderer (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's, InternVL3's) gives Jinja's text and spans where
+    it answers, and ``locate`` gives Jinja's (or its error) always: None parts are images, 1 a video; a tool turn
+    (Qwen2.5, Qwen3-VL write it inside a user turn) and Qwen2.5's parts go to Jinja."""
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in convs]
+    fast = fast_builtin._fast.locate(conv)
+    want = locate(jinja(fast_builtin), conv)
+    if fast is not None:
+        assert fast == want
+    if all(m.role != "tool" and all(isinstance(p, str) and OPEN not in p and CLOSE not in p for p in m.parts)
+           and len(m.parts) == 1 for m in conv):
+        assert fast is not None  # plain text turns are the fast path's
+    assert locate(fast_builtin, conv) == want
 
 
 def test_chatml_renderer_leaves_tool_calls_to_jinja(qwen):
