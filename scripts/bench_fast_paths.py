@@ -183,8 +183,11 @@ def general_path(name: str) -> Iterator[None]:
 
 
 def encoder_fast(name: str) -> set[str]:
-    """The encoder fast paths a variant keeps: all but ``name``."""
-    return set(ENCODER_PATHS) - {name}
+    """The encoder fast paths a variant keeps: all but ``name`` (``fastokens`` too, which only ``byte-lengths``
+    off takes with it: its boundaries need byte lengths)."""
+    from packer.encode.encoder import FAST_PATHS
+
+    return set(FAST_PATHS) - {name}
 
 
 def _apply_in_build() -> None:
