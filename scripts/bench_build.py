@@ -14,6 +14,11 @@ process tree's (a local Ray's processes included).
     python scripts/bench_build.py --ray-tasks 20000   # what one Ray task costs the driver
     python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
     python scripts/bench_build.py --records 50000 --profile qwen3-vl   # another family's template and tokenizer
+    python scripts/bench_build.py --records 50000 --base ../before --rounds 3   # before / after, alternated
+
+``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
+for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
+medians of CPU-s, shards identical; the ratios below are printed for both.
 
 ``--array-parse N``: only time reading an N-record pretty-printed array of bench records, ``files.records``
 (the stdlib's ``raw_decode``) against ijson's C backend + ``json.dumps`` (the library tried first; needs ijson).
@@ -298,9 +303,12 @@ def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
 
 
 def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
-                 profile: str = "qwen2-vl") -> dict[str, float]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), executor,
-           profile]
+                 profile: str = "qwen2-vl", script: Path | None = None) -> dict[str, float]:
+    """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process."""
+    script = script or Path(__file__).resolve()
+    cmd = [sys.executable, str(script), "--child", str(path), str(out), str(num_proc), executor]
+    if "PROFILE" in script.read_text() or profile != "qwen2-vl":  # an older tree's child takes no profile
+        cmd.append(profile)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, text=True)
     peak, cpu = 0, {}
@@ -319,6 +327,37 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
             "shards": [s["sha256"] for s in manifest["shards"]]}
 
 
+def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
+    """``--base``: this tree's build and ``base``'s alternated; each one's median-CPU run, by name."""
+    import shutil
+    import statistics
+
+    scripts = {"base": base.resolve() / "scripts" / "bench_build.py", "this": Path(__file__).resolve()}
+    warm = tmp / "warm.jsonl"
+    make_corpus(warm, args.coco, 3000)
+    for name, script in scripts.items():  # numba compiles into each tree's cache once
+        packer_build(warm, tmp / f"warm-{name}", args.num_proc, profile=args.profile, script=script)
+    runs: dict[str, list[dict]] = {name: [] for name in scripts}
+    for r in range(args.rounds):
+        for name in (list(scripts) if r % 2 == 0 else list(scripts)[::-1]):
+            out = tmp / f"ab-{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            load = os.getloadavg()[0]
+            b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name])
+            runs[name].append(b)
+            print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall, peak RSS "
+                  f"{b['peak_rss_mib']:.0f} MiB, load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
+    assert all(b["shards"] == runs["base"][0]["shards"] for bs in runs.values() for b in bs), "the shards differ"
+    out = {}
+    for name, bs in runs.items():
+        cpu = statistics.median(b["cpu_seconds"] for b in bs)
+        out[name] = min(bs, key=lambda b: abs(b["cpu_seconds"] - cpu))
+        each = ", ".join(f"{b['cpu_seconds']:.1f}" for b in bs)
+        print(f"  {name}: median {cpu:.2f} CPU-s ({each}), wall "
+              f"{min(b['seconds'] for b in bs):.1f}-{max(b['seconds'] for b in bs):.1f} s; shards identical")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, nargs="+", default=[50_000, 200_000])
@@ -332,6 +371,8 @@ def main() -> None:
     ap.add_argument("--scan-only", action="store_true", help="only time the scan of each --input-format")
     ap.add_argument("--input-format", nargs="+", choices=["jsonl", "array", "zst", "gz"], default=["jsonl"],
                     help="build the same records from each file kind too (formats/files.py), first executor only")
+    ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
+    ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
                     "template; the baseline's too)")
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
@@ -359,7 +400,9 @@ def main() -> None:
             make_corpus(corpus, args.coco, n)
             print(f"\n{n:,} records ({corpus.stat().st_size / 2**20:.0f} MiB JSONL)")
             builds = {}
-            for executor in args.executor:
+            if args.base:
+                builds = against(args.base, corpus, args, Path(tmp))
+            for executor in ([] if args.base else args.executor):
                 b = builds[executor] = packer_build(corpus, Path(tmp) / f"out-{n}-{executor}", args.num_proc, executor,
                                                     args.profile)
                 split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
