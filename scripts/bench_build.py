@@ -13,6 +13,12 @@ process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --num-proc 2 --executor local ray --rss-only
     python scripts/bench_build.py --ray-tasks 20000   # what one Ray task costs the driver
     python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
+    python scripts/bench_build.py --records 50000 --profile qwen3-vl   # another family's template and tokenizer
+    python scripts/bench_build.py --records 50000 --base ../before --rounds 3   # before / after, alternated
+
+``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
+for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
+medians of CPU-s, shards identical; the ratios below are printed for both.
 
 ``--array-parse N``: only time reading an N-record pretty-printed array of bench records, ``files.records``
 (the stdlib's ``raw_decode``) against ijson's C backend + ``json.dumps`` (the library tried first; needs ijson).
@@ -76,12 +82,14 @@ def make_corpus(path: Path, coco: Path, records: int, seed: int = 0) -> None:
 _TOK = None
 
 
-def _init() -> None:
+def _init(profile: str = "qwen2-vl") -> None:
+    """Load the tokenizer of ``profile`` (its default one) for the baseline."""
     global _TOK
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from packer.encode.tokenizers import load_tokenizer
+    from packer.models import get_profile
 
-    _TOK = load_tokenizer("qwen2-vl")
+    _TOK = load_tokenizer(get_profile(profile).default_tokenizer)
 
 
 def _render_and_encode(lines: list[str]) -> int:
@@ -166,10 +174,10 @@ def scan_only(coco: Path, records: int, formats: list[str]) -> None:
                   f"{time.perf_counter() - t0:.2f} s, {time.process_time() - c0:.2f} CPU-s")
 
 
-def tokenizer_alone(path: Path, num_proc: int) -> dict[str, float]:
+def tokenizer_alone(path: Path, num_proc: int, profile: str = "qwen2-vl") -> dict[str, float]:
     lines = path.read_text().splitlines()
     chunks = [lines[i : i + 512] for i in range(0, len(lines), 512)]
-    with mp.get_context("spawn").Pool(num_proc, initializer=_init) as pool:
+    with mp.get_context("spawn").Pool(num_proc, initializer=_init, initargs=(profile,)) as pool:
         pool.map(_render_and_encode, chunks[:num_proc])  # warm: tokenizer loaded in every worker
         t0 = time.perf_counter()
         tokens = sum(pool.imap(_render_and_encode, chunks))
@@ -234,7 +242,7 @@ def _now() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def _child(path: str, out: str, num_proc: int, executor: str) -> None:
+def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qwen2-vl") -> None:
     """One build in this process; print its stage times (s) as JSON."""
     from packer.config import BuildConfig
     from packer.pipeline.build import build, make_executor
@@ -244,7 +252,7 @@ def _child(path: str, out: str, num_proc: int, executor: str) -> None:
         import ray
 
         ray.init(num_cpus=num_proc, include_dashboard=False)  # a local cluster of N CPUs, as --num-proc N
-    config = BuildConfig.from_inputs([path], out, profile="qwen2-vl", max_length=8192, max_pixels=256 * 28 * 28,
+    config = BuildConfig.from_inputs([path], out, profile=profile, max_length=8192, max_pixels=256 * 28 * 28,
                                      num_proc=num_proc, executor=executor, overwrite=True)
     inner = make_executor(config)
     marks["scan"] = _now()
@@ -294,8 +302,13 @@ def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local") -> dict[str, float]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), executor]
+def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
+                 profile: str = "qwen2-vl", script: Path | None = None) -> dict[str, float]:
+    """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process."""
+    script = script or Path(__file__).resolve()
+    cmd = [sys.executable, str(script), "--child", str(path), str(out), str(num_proc), executor]
+    if "PROFILE" in script.read_text() or profile != "qwen2-vl":  # an older tree's child takes no profile
+        cmd.append(profile)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, text=True)
     peak, cpu = 0, {}
@@ -314,6 +327,37 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local") 
             "shards": [s["sha256"] for s in manifest["shards"]]}
 
 
+def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
+    """``--base``: this tree's build and ``base``'s alternated; each one's median-CPU run, by name."""
+    import shutil
+    import statistics
+
+    scripts = {"base": base.resolve() / "scripts" / "bench_build.py", "this": Path(__file__).resolve()}
+    warm = tmp / "warm.jsonl"
+    make_corpus(warm, args.coco, 3000)
+    for name, script in scripts.items():  # numba compiles into each tree's cache once
+        packer_build(warm, tmp / f"warm-{name}", args.num_proc, profile=args.profile, script=script)
+    runs: dict[str, list[dict]] = {name: [] for name in scripts}
+    for r in range(args.rounds):
+        for name in (list(scripts) if r % 2 == 0 else list(scripts)[::-1]):
+            out = tmp / f"ab-{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            load = os.getloadavg()[0]
+            b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name])
+            runs[name].append(b)
+            print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall, peak RSS "
+                  f"{b['peak_rss_mib']:.0f} MiB, load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
+    assert all(b["shards"] == runs["base"][0]["shards"] for bs in runs.values() for b in bs), "the shards differ"
+    out = {}
+    for name, bs in runs.items():
+        cpu = statistics.median(b["cpu_seconds"] for b in bs)
+        out[name] = min(bs, key=lambda b: abs(b["cpu_seconds"] - cpu))
+        each = ", ".join(f"{b['cpu_seconds']:.1f}" for b in bs)
+        print(f"  {name}: median {cpu:.2f} CPU-s ({each}), wall "
+              f"{min(b['seconds'] for b in bs):.1f}-{max(b['seconds'] for b in bs):.1f} s; shards identical")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, nargs="+", default=[50_000, 200_000])
@@ -327,11 +371,16 @@ def main() -> None:
     ap.add_argument("--scan-only", action="store_true", help="only time the scan of each --input-format")
     ap.add_argument("--input-format", nargs="+", choices=["jsonl", "array", "zst", "gz"], default=["jsonl"],
                     help="build the same records from each file kind too (formats/files.py), first executor only")
-    ap.add_argument("--child", nargs=4, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR"), help=argparse.SUPPRESS)
+    ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
+    ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
+    ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
+                    "template; the baseline's too)")
+    ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     if args.child:
-        _child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
+        _child(args.child[0], args.child[1], int(args.child[2]), args.child[3], args.child[4])
         return
     if args.scan_only:
         for n in args.records:
@@ -351,8 +400,11 @@ def main() -> None:
             make_corpus(corpus, args.coco, n)
             print(f"\n{n:,} records ({corpus.stat().st_size / 2**20:.0f} MiB JSONL)")
             builds = {}
-            for executor in args.executor:
-                b = builds[executor] = packer_build(corpus, Path(tmp) / f"out-{n}-{executor}", args.num_proc, executor)
+            if args.base:
+                builds = against(args.base, corpus, args, Path(tmp))
+            for executor in ([] if args.base else args.executor):
+                b = builds[executor] = packer_build(corpus, Path(tmp) / f"out-{n}-{executor}", args.num_proc, executor,
+                                                    args.profile)
                 split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
                 print(f"  packer build --executor {executor} --num-proc {args.num_proc}: {b['seconds']:.1f} s, "
                       f"{b['cpu_seconds']:.1f} CPU-s "
@@ -366,7 +418,7 @@ def main() -> None:
                 if fmt == "jsonl":
                     continue
                 path = convert(corpus, fmt)
-                b = packer_build(path, Path(tmp) / f"out-{n}-{fmt}", args.num_proc, args.executor[0])
+                b = packer_build(path, Path(tmp) / f"out-{n}-{fmt}", args.num_proc, args.executor[0], args.profile)
                 base = builds[args.executor[0]]
                 split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
                 print(f"  {path.name} ({path.stat().st_size / 2**20:.0f} MiB): {b['seconds']:.1f} s, "
@@ -384,7 +436,7 @@ def main() -> None:
                       f"{local['seconds'] / warm:.1%} without starting Ray (target >= 80%); per CPU-second "
                       f"{local['cpu_seconds'] / ray['cpu_seconds']:.1%}; shards identical")
             if not args.rss_only:
-                a = tokenizer_alone(corpus, args.num_proc)
+                a = tokenizer_alone(corpus, args.num_proc, args.profile)
                 print(f"  tokenizer alone ({args.num_proc} processes): {a['seconds']:.1f} s, {a['tokens']:,} tokens, "
                       f"{a['tokens_per_s'] / 1e3:.0f}k tokens/s")
                 for executor, b in builds.items():
@@ -392,7 +444,7 @@ def main() -> None:
                           f"{b['text_tokens_per_s'] / a['tokens_per_s']:.1%} (target >= 150%: issue 25; 85% before it)")
                 import bench_ceiling  # scripts/bench_ceiling.py: parse, tokenize, write alone, CPU-s per core
 
-                c = bench_ceiling.ceiling(corpus, num_proc=args.num_proc, repeats=1)
+                c = bench_ceiling.ceiling(corpus, profile=args.profile, num_proc=args.num_proc, repeats=1)
                 print(f"  ceiling on {args.num_proc} cores (orjson + fastokens + Parquet write, CPU-s): "
                       f"{c['ceiling_tokens_per_s'] / 1e6:.2f} Mtok/s; HF tokenizer alone on the rendered texts: "
                       f"{c['hf_alone_tokens_per_s'] / 1e6:.2f} Mtok/s")

@@ -10,6 +10,7 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
 
     python scripts/bench_chunk.py               # ~1 min
     python scripts/bench_chunk.py --repeats 9
+    python scripts/bench_chunk.py --by-kind     # the build's finish per record kind (text-only, image, tree)
 """
 
 from __future__ import annotations
@@ -69,6 +70,29 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
     return t
 
 
+def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[float, int]]:
+    """CPU seconds of ``Encoder._finish`` per record kind (a linear text-only conversation, one with media, a
+    tree) and the records of each: where the finish phase goes (docs/benchmarks-log.md, "Issue 33, session 4")."""
+    out = {"text-only": [0.0, 0], "media": [0.0, 0], "tree": [0.0, 0]}
+    for chunk in chunks:
+        parsed = list(stages._chunk_records(chunk, config, base_dir))
+        staged, texts = [], []
+        for example in parsed:
+            one = stage(example, encoder._chat, encoder.profile)
+            one.first = len(texts)
+            texts.extend(one.texts)
+            staged.append(one)
+        tokens = batch_tokens(encoder.context, staged, texts, encoder._tokenize(texts))
+        for example, one in zip(parsed, staged, strict=True):
+            kind = "tree" if len(one.nodes) > 1 else "media" if any(
+                not isinstance(p, str) for m in example.root.messages for p in m.parts) else "text-only"
+            t = time.process_time()
+            encoder._finish(example, one, tokens)
+            out[kind][0] += time.process_time() - t
+            out[kind][1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def timed_mrope():
     """Wrap ``shared.mrope.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
     returns the timings list, one CPU-time per call, and the function that undoes the wrap."""
@@ -113,6 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--by-kind", action="store_true", help="only the finish per record kind, best of --repeats")
     args = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,6 +152,14 @@ def main() -> None:
         cache = EncodeCache(Path(tmp) / "cache", len(chunks))
         cache.root.mkdir()
         lines = corpus.read_text().splitlines()
+        if args.by_kind:
+            finish_by_kind(chunks, config, encoder, tmp)  # warms the caches (image sizes, BPE)
+            rounds = [finish_by_kind(chunks, config, encoder, tmp) for _ in range(args.repeats)]
+            for kind in rounds[0]:
+                cpu, n = min(r[kind] for r in rounds)
+                print(f"finish, {kind}: {cpu:.3f} s CPU for {n:,} records ({1e6 * cpu / max(n, 1):.1f} us each, best of "
+                      f"{args.repeats})")
+            return
         bench_build._init()
         best: dict[str, dict[str, float]] = {}
         mrope, unwrap = timed_mrope()

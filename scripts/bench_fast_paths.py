@@ -9,6 +9,7 @@ bench_build's corpus (``bench_build.make_corpus``: qwen2-vl, packs of 8,192 toke
     python scripts/bench_fast_paths.py --stage --subset images --records 15000 --only mrope-scalars
     python scripts/bench_fast_paths.py --rounds 3               # whole builds (bench_build's child), --num-proc 2
     python scripts/bench_fast_paths.py --planner                # the planner's own benchmark (1M lengths)
+    python scripts/bench_fast_paths.py --rounds 3 --profile qwen3-vl --only python-template   # another template
 
 ``--stage`` is the instrument to trust on a shared machine: every chunk of the corpus is encoded
 (``stages.encode_chunk``, its cache commit included, as a pool worker runs it: the encoder pickled and loaded,
@@ -144,7 +145,7 @@ def _general_layout_check() -> list[tuple[Any, str, Any]]:
 
 
 GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] = {
-    "python-template": ("encode/templates.py: Qwen2-VL's ChatML in pure Python, not Jinja", None),
+    "python-template": ("encode/templates.py: the builtins' ChatML (Qwen2-VL, Qwen2.5, Qwen3-VL) in pure Python, not Jinja", None),
     "byte-lengths": ("encode/labels.py + draft.py: the loss rule for the batch from token byte lengths, not "
                      "per text from character offsets", None),
     "mrope-scalars": ("models/shared/mrope.py mrope_position_ids on Python scalars", _general_mrope),
@@ -182,8 +183,11 @@ def general_path(name: str) -> Iterator[None]:
 
 
 def encoder_fast(name: str) -> set[str]:
-    """The encoder fast paths a variant keeps: all but ``name``."""
-    return set(ENCODER_PATHS) - {name}
+    """The encoder fast paths a variant keeps: all but ``name`` (``fastokens`` too, which only ``byte-lengths``
+    off takes with it: its boundaries need byte lengths)."""
+    from packer.encode.encoder import FAST_PATHS
+
+    return set(FAST_PATHS) - {name}
 
 
 def _apply_in_build() -> None:
@@ -212,7 +216,8 @@ if os.environ.get(_ENV):
 # ------------------------------------------------------------------------------------------ whole builds
 
 
-def _build(corpus: Path, out: Path, variant: str, num_proc: int, marks: Path) -> dict[str, Any]:
+def _build(corpus: Path, out: Path, variant: str, num_proc: int, marks: Path,
+           profile: str = "qwen2-vl") -> dict[str, Any]:
     """One bench_build build in a fresh process into an empty ``out`` (a finished build's encode cache would
     let the next one skip its encode): wall, CPU of the process tree, shard hashes, load."""
     shutil.rmtree(out, ignore_errors=True)
@@ -221,7 +226,7 @@ def _build(corpus: Path, out: Path, variant: str, num_proc: int, marks: Path) ->
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(corpus), str(out),
-                           str(num_proc)], env=env, stdout=subprocess.PIPE, text=True)
+                           str(num_proc), profile], env=env, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
@@ -238,7 +243,8 @@ def whole_builds(args: argparse.Namespace, variants: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         bench_build.make_corpus(corpus, args.coco, args.records)
-        print(f"{args.records:,} records ({corpus.stat().st_size / 2**20:.0f} MiB), --num-proc {args.num_proc}, "
+        print(f"{args.records:,} records ({corpus.stat().st_size / 2**20:.0f} MiB), --profile {args.profile}, "
+              f"--num-proc {args.num_proc}, "
               f"{args.rounds} rounds; uptime: {_uptime()}", flush=True)
         for r in range(args.rounds):
             order = variants[:]
@@ -247,7 +253,7 @@ def whole_builds(args: argparse.Namespace, variants: list[str]) -> None:
             for variant in ["all-on", *order[:half], "all-on", *order[half:]]:
                 marks = Path(tmp) / f"marks-{variant}-{r}-{len(runs[variant])}"
                 marks.mkdir()
-                b = _build(corpus, Path(tmp) / "out", variant, args.num_proc, marks)
+                b = _build(corpus, Path(tmp) / "out", variant, args.num_proc, marks, args.profile)
                 taken = sorted(p.name for p in marks.iterdir())
                 if variant != "all-on" and not taken:
                     raise SystemExit(f"{variant}: no process took its general path")
@@ -332,7 +338,7 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
         os.environ[_MARKS_ENV] = tmp
         corpus = Path(tmp) / "corpus.jsonl"
         make_corpus(corpus, args.coco, args.records, args.subset)
-        config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile="qwen2-vl",
+        config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile=args.profile,
                                          max_length=8192, max_pixels=256 * 28 * 28)
         made = stages.make_encoder(config)
         # what a worker holds: one per variant, its counts its own; "all-on again", a second all-on, is the control
@@ -439,10 +445,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9, help="--planner: best of")
     ap.add_argument("--list", action="store_true", help="print the fast paths and exit")
     ap.add_argument("--coco", type=Path, default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")) / "data" / "coco-mini")
-    ap.add_argument("--child", nargs=3, metavar=("CORPUS", "OUT", "NUM_PROC"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default="qwen2-vl", help="the builds' profile (its tokenizer and template)")
+    ap.add_argument("--child", nargs=4, metavar=("CORPUS", "OUT", "NUM_PROC", "PROFILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:  # the general path (if any) was applied when this script was imported
-        bench_build._child(args.child[0], args.child[1], int(args.child[2]), "local")
+        bench_build._child(args.child[0], args.child[1], int(args.child[2]), "local", args.child[3])
         return
     if args.list:
         for name, (what, _) in GENERAL.items():

@@ -14,7 +14,8 @@ default) takes them where they apply, ``fast=False`` never does, ``fast={"byte-l
 (``FAST_PATHS``); tests/encode/test_encoder.py compares them on random records, and ``Encoder.path_counts()``
 says which path each step took (a test proves the general one ran):
 
-- ``python-template``: the ChatML template in pure Python (templates.py), where Jinja is the general path;
+- ``python-template``: a registered ChatML template (the builtins' Qwen2-VL, Qwen2.5, Qwen3-VL, LLaVA-OneVision,
+  InternVL3) in pure Python (templates.py), where Jinja is the general path;
 - ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
   character offsets per text are the general path;
 - ``fastokens``: the batch's ids, flat, from fastokens on the tokenizer's own tokenizer.json (fastokens_bpe.py),

@@ -12,9 +12,11 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 ``conv[:k+1]`` (else ``template_error``, "not prefix-stable"), and an assistant's content starts where
 ``add_generation_prompt=True`` ends (its end is then unknown: see labels.py).
 
-Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's) is rendered in pure Python with its content spans,
-because the sandboxed Jinja render checks every attribute access; it is used only if it reproduces Jinja on
-the probes, and tests/encode/test_templates.py compares both on random conversations.
+Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's,
+InternVL3's; a user's file with the same template string too) is rendered in pure Python with its content spans,
+because the sandboxed Jinja render checks every attribute access (Qwen3-VL's calls a macro per message); it is used only if it reproduces Jinja on the probes, it leaves to Jinja what it does not write as plain
+ChatML (tool calls, a role or part its template writes otherwise), and tests/encode/test_templates.py compares
+both on random conversations for every registered template.
 """
 
 from __future__ import annotations
@@ -317,8 +319,11 @@ class ChatTemplate:
             ],
         ]
         for conv in probe_conversations(images=True) + extra:
+            got = fast.locate(conv)
+            if got is None and all(len(m.parts) == 1 and type(m.parts[0]) is str for m in conv):
+                return None  # the text-only probes must be the fast path's: else it earns nothing
             try:
-                if fast.locate(conv) != self.locate(conv):  # self._fast is not set yet: this is Jinja
+                if got is not None and got != self.locate(conv):  # self._fast is not set yet: this is Jinja
                     return None
             except RecordError:
                 return None
@@ -332,24 +337,30 @@ class _ChatML:
     Jinja on the probe conversations (``ChatTemplate._checked``).
     """
 
-    def __init__(self, *, default_system: str, image: str, video: str):
+    def __init__(self, *, default_system: str, image: str | None, video: str | None,
+                 roles: tuple[str, ...] | None = None):
         self.default_system = default_system  # emitted before a first message that is not a system message
-        self.image = image  # what one image part renders to
+        self.image = image  # what one image part renders to (None: Jinja renders a message with one)
         self.video = video  # and one video part
+        self.roles = None if roles is None else frozenset(roles)  # the roles written as plain turns (None: all)
 
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
-        """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character or a message calls
-        tools (Jinja decides)."""
-        pieces: list[str] = [self.default_system] if conv and conv[0].role != "system" else []
+        """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character, a message calls
+        tools or has a role or part this template does not write as plain ChatML (Jinja decides)."""
+        if not conv:
+            return None
+        pieces: list[str] = [self.default_system] if conv[0].role != "system" and self.default_system else []
         pos = len(pieces[0]) if pieces else 0
         starts, ends = [], []
+        roles = self.roles
         for m in conv:
-            if m.tool_calls:
+            if m.tool_calls or (roles is not None and m.role not in roles):
                 return None
             parts = m.parts
             if len(parts) == 1 and type(parts[0]) is str:  # the common text-only message: no join
                 content = parts[0]
-            elif any(isinstance(p, AudioRef) for p in parts):
+            elif any(isinstance(p, AudioRef) for p in parts) or (
+                    self.image is None and any(not isinstance(p, str) for p in parts)):
                 return None  # the builtin ChatML renderers write no audio: Jinja decides
             else:
                 content = "".join(
@@ -377,4 +388,4 @@ def _fast_template(source: str | None) -> _ChatML | None:
     spec = fast_renderer(source)
     if spec is None:
         return None
-    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video)
+    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video, roles=spec.roles)

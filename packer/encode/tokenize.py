@@ -123,10 +123,10 @@ class ByteOffsets:
             return None
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         width = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)  # UTF-8 bytes
-        char_byte = np.concatenate([[0], np.cumsum(width)]).tolist()  # byte offset of each character
-        if self._base[k + 1] - base != char_byte[-1]:
+        char_byte = np.concatenate([[0], np.cumsum(width)])  # byte offset of each character (no list per char)
+        if self._base[k + 1] - base != int(char_byte[-1]):
             return None
-        return [base + char_byte[c if c < size else size] for c in chars]
+        return (base + char_byte[np.minimum(chars, size)]).tolist()
 
     def token_at(self, byte: np.ndarray, *, end: np.ndarray) -> np.ndarray:
         """The first token that ends after each ``byte`` (a global token index), at most ``end`` (its text's

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.core.types import ImageRef, Message
+from packer.core.types import ImageRef, Message, VideoRef
 from packer.encode.encoder import Encoder
 from packer.encode.templates import CLOSE, OPEN, ChatTemplate
 from packer.errors import ConfigError, RecordError
@@ -53,6 +53,41 @@ def test_chatml_renderer_equals_jinja(qwen, convs):
         assert fast is None  # a marker character in the content: Jinja (and its marker check) decides
     else:
         assert fast == want
+    assert locate(template, conv) == want
+
+
+_FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-vl",  # tokenizer: its profile
+                  "llava-onevision": "llava-onevision", "internvl3": "internvl"}
+
+
+@pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
+def fast_builtin(request) -> Encoder:
+    """An Encoder of each builtin whose template registers a renderer, with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer(request.param), get_profile(_FAST_BUILTINS[request.param]))
+    assert encoder._chat._fast is not None, f"{request.param}'s registered template must take the fast path"
+    return encoder
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(text, text, st.just(None), st.just(1)), min_size=0, max_size=3)),
+                      min_size=1, max_size=5))
+def test_every_registered_chatml_renderer_equals_jinja(fast_builtin, convs):
+    """Each builtin's registered renderer (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's, InternVL3's) gives Jinja's text and spans where
+    it answers, and ``locate`` gives Jinja's (or its error) always: None parts are images, 1 a video; a tool turn
+    (Qwen2.5, Qwen3-VL write it inside a user turn) and Qwen2.5's parts go to Jinja."""
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in convs]
+    template = fast_builtin._chat
+    fast = template._fast.locate(conv)
+    want = locate(jinja(template), conv)
+    if fast is not None:
+        assert fast == want
+    if all(m.role != "tool" and all(isinstance(p, str) and OPEN not in p and CLOSE not in p for p in m.parts)
+           and len(m.parts) == 1 for m in conv):
+        assert fast is not None  # plain text turns are the fast path's
     assert locate(template, conv) == want
 
 
@@ -149,3 +184,26 @@ def test_a_template_that_reads_only_parts_gets_text_as_a_part():
     with pytest.raises(ConfigError, match="renders no message text"):
         ChatTemplate("{% for m in messages %}<|im_start|>{{ m['role'] }}<|im_end|>{% endfor %}", special_tokens={},
                      images=False)
+
+
+def test_registered_renderers_encode_as_jinja(fast_builtin, img):
+    """Through the Encoder: the builtin's records (an image turn, a caption tree, a tool turn, a later system
+    turn) encode byte-identically with the pure-Python renderer and with Jinja alone (``fast=False``)."""
+    from tests.encode.helpers import assert_same, general, one_by_one, parse_all
+
+    encoder = fast_builtin.replace()  # path counts of its own
+    image = [{"type": "image", "image": img.name}, {"type": "text", "text": "What is it?"}]
+    records = [
+        {"messages": [msg("user", "Hi <b>"), msg("assistant", " Hello\n"), msg("system", "Be brief."),
+                      msg("user", "and?"), msg("assistant", "Yes.")]},
+        {"messages": [msg("user", "Weather?"), msg("assistant", "Calling."), msg("tool", '{"t": 20}'),
+                      msg("assistant", "20 degrees.")]},
+        {"messages": [msg("system", "S"), msg("user", "Q")],
+         "branches": [[msg("assistant", "A1")], [msg("assistant", "A2 longer")]]},
+        {"messages": [msg("user", image), msg("assistant", "A cat.")]},
+    ]
+    examples = parse_all(records, img.parent)
+    got, want = one_by_one(encoder, examples), one_by_one(general(encoder), examples)
+    for a, b in zip(got, want, strict=True):
+        assert_same(a, b)
+    assert encoder.path_counts()["render:python"] >= 3

@@ -10,7 +10,7 @@ video is not packed for InternVL yet.
 from __future__ import annotations
 
 from packer.models.shared.qwen_vocab import QWEN2_VL_SPECIAL_TOKENS, QWEN25_EXTRA_TOKENS
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, ChatMLRenderer, TokenizerSpec
 
 # InternVL's tokens, appended after Qwen2.5's 22 in this order (151665-151673), then <video> (see above).
 INTERNVL_SPECIAL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>")
@@ -38,5 +38,6 @@ TOKENIZERS = (
         eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=(*QWEN2_VL_SPECIAL_TOKENS, *INTERNVL_SPECIAL_TOKENS, "<video>"),
         extra_special_tokens=tuple(INTERNVL_EXTRA_SPECIAL.items()), chat_template=INTERNVL_CHAT_TEMPLATE,
+        fast_renderer=ChatMLRenderer(default_system="", image="<IMG_CONTEXT>\n", video="<video>\n"),
     ),
 )

@@ -7,7 +7,7 @@ from the hub's).
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, ChatMLRenderer, TokenizerSpec
 
 # LLaVA-OneVision's added tokens after the Qwen2 ranks, ids 151643-151647 (llava-hf's OneVision tokenizers).
 LLAVA_ONEVISION_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
@@ -31,5 +31,6 @@ TOKENIZERS = (
         eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=LLAVA_ONEVISION_SPECIAL_TOKENS,
         extra_special_tokens=(("image_token", "<image>"), ("video_token", "<video>")), model_max_length=131072,
         chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE,
+        fast_renderer=ChatMLRenderer(default_system="", image="<image>\n", video="<video>\n"),
     ),
 )

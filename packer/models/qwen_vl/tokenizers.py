@@ -130,13 +130,22 @@ def _qwen(name: str, extra: tuple[str, ...], template: str, **kw) -> TokenizerSp
     )
 
 
+_QWEN3_VL = ChatMLRenderer(default_system="", image="<|vision_start|><|image_pad|><|vision_end|>",
+                           video="<|vision_start|><|video_pad|><|vision_end|>", roles=("system", "user", "assistant"))
+
 TOKENIZERS = (
     _qwen("qwen2-vl", (), QWEN2_VL_CHAT_TEMPLATE, fast_renderer=ChatMLRenderer(
         default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
         image="<|vision_start|><|image_pad|><|vision_end|>",
         video="<|vision_start|><|video_pad|><|vision_end|>",
     )),
-    _qwen("qwen2.5", QWEN25_EXTRA_TOKENS, QWEN25_CHAT_TEMPLATE),
-    _qwen("qwen3-vl", QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, QWEN3_VL_CHAT_TEMPLATE),
-    _qwen("qwen3.5-standin", QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, QWEN3_VL_CHAT_TEMPLATE),
+    # Qwen2.5 and Qwen3-VL write a tool turn otherwise (inside a user turn) and Qwen2.5 no parts: Jinja's
+    _qwen("qwen2.5", QWEN25_EXTRA_TOKENS, QWEN25_CHAT_TEMPLATE, fast_renderer=ChatMLRenderer(
+        default_system="<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                       "<|im_end|>\n",
+        image=None, video=None, roles=("system", "user", "assistant"),
+    )),
+    _qwen("qwen3-vl", QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, QWEN3_VL_CHAT_TEMPLATE, fast_renderer=_QWEN3_VL),
+    _qwen("qwen3.5-standin", QWEN25_EXTRA_TOKENS + QWEN3_EXTRA_TOKENS, QWEN3_VL_CHAT_TEMPLATE,
+          fast_renderer=_QWEN3_VL),
 )

@@ -87,11 +87,14 @@ class AddedTokens:
 @dataclass(frozen=True)
 class ChatMLRenderer:
     """A template that ``packer.encode.templates`` may render in pure Python (it checks that on probes):
-    ChatML with this default system turn and these renderings of an image and a video part."""
+    ChatML with this default system turn and these renderings of an image and a video part (None: a message
+    with one is left to Jinja, as a template that renders no parts); ``roles``: the roles it writes as plain
+    ``<|im_start|>ROLE\n...<|im_end|>\n`` turns (None: every role; another role, Qwen2.5's tool turn, is Jinja's)."""
 
     default_system: str
-    image: str
-    video: str
+    image: str | None
+    video: str | None
+    roles: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
