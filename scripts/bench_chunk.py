@@ -40,6 +40,17 @@ from packer.pipeline.faults import Hooks  # noqa: E402
 from packer.shards.assemble import encoded_table  # noqa: E402
 
 
+def staged_texts(parsed, encoder) -> tuple[list, list[str]]:
+    """The encoder's render phase over a chunk's records: each record staged, and every text to tokenize."""
+    staged, texts = [], []
+    for example in parsed:
+        one = stage(example, encoder._chat, encoder.profile)
+        one.first = len(texts)
+        texts.extend(one.texts)
+        staged.append(one)
+    return staged, texts
+
+
 def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> dict[str, float]:
     """CPU seconds of each phase of ``stages.encode_chunk`` over ``chunks``, its cache commit included."""
     t = dict.fromkeys(("parse", "render", "tokenizer", "finish", "commit"), 0.0)
@@ -47,12 +58,7 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
         t0 = time.process_time()
         parsed = list(stages._chunk_records(chunk, config, base_dir))
         t1 = time.process_time()
-        staged, texts = [], []
-        for example in parsed:
-            one = stage(example, encoder._chat, encoder.profile)
-            one.first = len(texts)
-            texts.extend(one.texts)
-            staged.append(one)
+        staged, texts = staged_texts(parsed, encoder)
         t2 = time.process_time()
         encodings = encoder._tokenize(texts)
         t3 = time.process_time()
@@ -76,12 +82,7 @@ def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[fl
     out = {"text-only": [0.0, 0], "media": [0.0, 0], "tree": [0.0, 0]}
     for chunk in chunks:
         parsed = list(stages._chunk_records(chunk, config, base_dir))
-        staged, texts = [], []
-        for example in parsed:
-            one = stage(example, encoder._chat, encoder.profile)
-            one.first = len(texts)
-            texts.extend(one.texts)
-            staged.append(one)
+        staged, texts = staged_texts(parsed, encoder)
         tokens = batch_tokens(encoder.context, staged, texts, encoder._tokenize(texts))
         for example, one in zip(parsed, staged, strict=True):
             kind = "tree" if len(one.nodes) > 1 else "media" if any(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import types
 from pathlib import Path
@@ -16,6 +17,17 @@ from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage
 from packer.shards.assemble import assemble_packs, encoded_table
 from packer.shards.io import write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA_VERSION, Manifest, ShardEntry, Totals
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str) -> types.ModuleType:
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # packer.core.tree's docstring row: example 0 = prefix P (node 0) with branches a (1) and b (2); example 1 = Q.
 GOLDEN_LAYOUT = dict(num_tokens=10, cu_seqlens=[0, 8, 10], node_offsets=[0, 3, 5, 8], node_parents=[-1, 0, 0, -1])

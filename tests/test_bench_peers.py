@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,19 +10,11 @@ from transformers import Qwen2VLProcessor
 
 from packer.encode.tokenizers import load_tokenizer
 from packer.models.registry import get_profile
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_script
 
 
 def test_processor_dir_loads_back_and_counts_as_packer(tmp_path: Path) -> None:
-    bench = _script("bench_peers")
+    bench = load_script("bench_peers")
     bench.save_processor(tmp_path)
     assert json.loads((tmp_path / "processor_config.json").read_text()) == {"processor_class": "Qwen2VLProcessor"}
     video = json.loads((tmp_path / "video_preprocessor_config.json").read_text())

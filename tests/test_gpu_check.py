@@ -3,7 +3,6 @@ on CPU, importing nothing beyond the CUDA node's image and the wheels ``make gpu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,14 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -53,7 +48,7 @@ def test_dry_run_checks_the_kernels_on_cpu_as_the_node_would_import_them():
 
 def test_the_node_guard_refuses_what_the_image_lacks():
     """--simulate-node: a package outside the image (and outside its packages' own needs) cannot be imported."""
-    guard = _script("gpu_check").NodeImage({"numpy"})
+    guard = load_script("gpu_check").NodeImage({"numpy"})
     assert guard.find_spec("numpy", None) is None  # allowed: the normal finders take it
     with pytest.raises(ModuleNotFoundError, match="not on the simulated node"):
         guard.find_spec("zstandard", None)
@@ -61,7 +56,7 @@ def test_the_node_guard_refuses_what_the_image_lacks():
 
 
 def test_the_wheels_are_pinned_and_none_is_on_the_node_already():
-    wheels = _script("gpu_wheels").WHEELS
+    wheels = load_script("gpu_wheels").WHEELS
     node = {ln.strip().lower() for ln in (REPO / "scripts" / "gpu_node_packages.txt").read_text().splitlines()
             if ln.strip() and not ln.startswith("#")}
     assert "fla-core==0.6.0" in wheels and all("==" in w for w in wheels)
@@ -77,7 +72,7 @@ def test_gpu_check_is_in_the_makefile():
 
 def test_a_stage_the_budget_left_out_fails_the_check():
     """A stage not started before the deadline proved nothing: the summary says so and is not ok."""
-    gpu_check = _script("gpu_check")
+    gpu_check = load_script("gpu_check")
     summary: dict = {}
     skipped: list[str] = []
     gpu_check._stage(summary, "train_step", lambda: {"ok": True}, deadline=0.0, skipped=skipped)
