@@ -333,7 +333,9 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left
     out) from the
     compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit, ``refine`` included (4
-    bytes per example), ``packing.plan`` where budgets, balancing or copies need per-example state."""
+    bytes per example), ``packing.bulk_budgets.plan_budgeted`` with budgets or ``max_examples_per_pack`` (the
+    same plan as ``packing.plan``'s, ~4 bytes per example), ``packing.plan`` where balancing, copies or
+    another algorithm need per-example state."""
     from packer.packing.mixing import sample_sources, separate_copies
 
     n = columns.num_rows
@@ -370,6 +372,16 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         from packer.packing.bulk import plan_bulk
 
         packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
+        return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
+                    columns=columns)
+    if config.algorithm == "bfd" and not config.balance_vision and copies is None:
+        # Budgets and max_examples_per_pack, ``refine`` included: plan()'s plan from plan_budgeted, reading the
+        # compact count columns through ``index`` (~4 bytes per example instead of plan()'s ~40-80).
+        from packer.packing.bulk_budgets import plan_budgeted
+
+        packs = plan_budgeted(lengths, config.max_length, costs=[columns.count(BUDGETS[j].column) for j in used],
+                              limits=[limits[j] for j in used], names=[FLAGS[j] for j in used], index=index,
+                              max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
                     columns=columns)
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
@@ -424,7 +436,17 @@ def warm_planner(config: BuildConfig) -> None:
         _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
-        plan_bulk(one.astype(length_dtype(config.max_length)), config.max_length)  # the kernels for the build's dtype
+        dtype = length_dtype(config.max_length)
+        plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
+        used = _used(config)
+        if used or config.max_examples_per_pack is not None:
+            from packer.packing.bulk_budgets import plan_budgeted
+
+            limits = limits_of(config)
+            for index in (None, np.zeros(1, dtype=np.int32)):  # every row planned, or some left out
+                plan_budgeted(one.astype(dtype), config.max_length, costs=[np.zeros(1, dtype)] * len(used),
+                              limits=[limits[j] or 1 for j in used], index=index,
+                              max_examples=config.max_examples_per_pack, refine=config.refine)
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 
