@@ -17,9 +17,9 @@ straight-line fit) and the time per record.
 (``PACKER_SHARED``'s coco-mini, reused: the header probe is per record), built with ``--profile qwen2-vl``.
 
 ``--driver-only --budgets``: 30% of the examples carry one image of 64-1280 vision tokens (their lengths
-that plus 3-42 text tokens), every 4th chunk is a second source of weight 2 (up-sampled: each of its
-examples planned twice), planned with ``max_vision_tokens`` 2048, ``max_images`` 4 and
-``max_examples_per_pack`` 32 (``refine`` on, the default).
+that plus 3-42 text tokens), planned with ``max_vision_tokens`` 2048, ``max_images`` 4 and
+``max_examples_per_pack`` 32 (``refine`` on, the default); then the same where every 4th chunk is a second
+source of weight 2 (up-sampled: each of its examples planned twice).
 
 The records are kept in ``--dir`` (default a temp dir) between runs of the same size.
 """
@@ -141,7 +141,7 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
     print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls}))
 
 
-def _driver_only(n: int, refine: bool, budgets: bool = False) -> None:
+def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = False) -> None:
     """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
     compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
     saved (``plan.npz``), cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
@@ -156,7 +156,8 @@ def _driver_only(n: int, refine: bool, budgets: bool = False) -> None:
 
     if budgets:
         config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
-                                                    {"name": "b", "paths": ["b.jsonl"], "weight": 2.0}]},
+                                                    {"name": "b", "paths": ["b.jsonl"],
+                                                     "weight": 2.0 if copies else 1.0}]},
                                        output="out", profile="qwen2-vl", refine=refine, max_vision_tokens=2048,
                                        max_images=4, max_examples_per_pack=32)
     else:
@@ -190,7 +191,7 @@ def _driver_only(n: int, refine: bool, budgets: bool = False) -> None:
                           capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
                           sources=plan.planned(columns.source_codes(names)) if budgets else None,
                           source_names=names, input_records=n)  # one source: build passes None
-    print(json.dumps({"refine": refine, "budgets": budgets, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
+    print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
                       "peak_above_base_mib": (status("VmHWM") - base) / 2**20,
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
 
@@ -248,13 +249,13 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["--driver-only"]:
         budgets = sys.argv[2:3] == ["--budgets"]
-        for refine in ("1",) if budgets else ("1", "0"):
+        modes = (("1", "1", "0"), ("1", "1", "1")) if budgets else (("1", "0", "0"), ("0", "0", "0"))
+        for mode in modes:  # (refine, budgets, copies)
             for size in sys.argv[2 + budgets:]:  # each in a fresh process
-                subprocess.run([sys.executable, __file__, "--driver-only-child", size, refine, str(int(budgets))],
-                               check=True)
+                subprocess.run([sys.executable, __file__, "--driver-only-child", size, *mode], check=True)
         return
     if sys.argv[1:2] == ["--driver-only-child"]:
-        _driver_only(int(float(sys.argv[2])), sys.argv[3] == "1", sys.argv[4:5] == ["1"])
+        _driver_only(int(float(sys.argv[2])), *(flag == "1" for flag in sys.argv[3:6]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6])

@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from packer.errors import ConfigError
-from packer.packing.bulk import PackOrder, _raise_misfit, write_order
+from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
 from packer.packing.kernels import class_column, ix_find, ix_insert, ix_remove
 
 # The decreasing order is made this many examples at a time at least (n // 16 from 16M): one scan each.
@@ -78,7 +78,8 @@ def plan_budgeted(
         return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
     if n > 2**31 - 1:
         raise ConfigError(f"plan_budgeted plans at most 2**31 - 1 examples, got {n}")
-    if int(lens.min()) < 1 or int(lens.max()) > capacity:
+    counts = np.zeros(capacity + 1, dtype=np.int64)
+    if _count(lens, capacity, counts) >= 0:  # not np.bincount: it casts the lengths to int64 (8 bytes each)
         _raise_misfit(lens, capacity)
     names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
     rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
@@ -105,39 +106,24 @@ def plan_budgeted(
     cls, classes = class_column(np.where(budgets == _UNBOUNDED32, np.int64(1) << 60, budgets), budgets.shape[0])
 
     slot = np.empty(n, dtype=np.int32)
-    counts = np.bincount(lens, minlength=capacity + 1).astype(np.int64)
     block = max(BLOCK_MIN, n // 16)
     num_packs, rem, rem2, order_ix = _bfd_budgeted(lens, rows, cols, len(kept), counts, capacity, budgets, cls,
                                                    classes, block, slot)
+    del order_ix
     sizes = budgets[0] - rem2[:num_packs, 0].astype(np.int64)  # examples per pack, opening order
     target = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
-    if not refine or num_packs <= target:
-        del order_ix, rem, rem2
-        where = write_order(num_packs, seed, np.int32)
-        bounds = _bounds(sizes, where)
-        _group(slot, where, bounds[:-1].copy(), np.zeros(n // 64 + 1, dtype=np.uint64))
-        _sort_segments(slot, bounds)
-        return PackOrder(order=slot, bounds=bounds)
-
-    # refine: members per opening pack, longest first (refine_packs' lexsort((index, -lens, assign)))
-    ptr = np.zeros(num_packs + 1, dtype=np.int64)
-    np.cumsum(sizes, out=ptr[1:])
-    _group(slot, np.arange(num_packs, dtype=np.int32), ptr[:-1].astype(np.int32),
-           np.zeros(n // 64 + 1, dtype=np.uint64))
-    _sort_members(slot, ptr, lens)
-    loads = capacity - rem[:num_packs].astype(np.int64)
-    candidates = np.argsort(loads, kind="stable").astype(np.int64)  # least filled first, ties by pack
-    del loads, order_ix
-    alive, move_first, move_to = _refine_members(slot, ptr, lens, rows, cols, len(kept), rem, rem2, num_packs,
-                                                 capacity, budgets, cls, classes, candidates, target, 256)
-    del rem, rem2, candidates
-    kept_packs = int(alive.sum())
+    alive = np.ones(num_packs, dtype=np.bool_)
+    if refine and num_packs > target:
+        loads = capacity - rem[:num_packs].astype(np.int64)
+        candidates = np.argsort(loads, kind="stable").astype(np.int64)  # least filled first, ties by pack
+        del loads
+        _refine_slots(slot, lens, rows, cols, len(kept), rem, rem2, num_packs, capacity, budgets, cls, classes,
+                      candidates, target, 256, sizes, alive)
+    del rem, rem2
     where = np.full(num_packs, -1, dtype=np.int32)
-    where[alive] = write_order(kept_packs, seed, np.int32)
-    final = np.zeros(kept_packs + 1, dtype=np.int64)
-    _final_sizes(ptr, alive, move_first, move_to, where, final)
-    bounds = np.cumsum(final).astype(np.int32)
-    _regroup(slot, ptr, alive, move_first, move_to, where, bounds[:-1].copy(), np.zeros(n // 64 + 1, np.uint64))
+    where[alive] = write_order(int(alive.sum()), seed, np.int32)  # plan()'s shuffle of the packs left
+    bounds = _bounds(sizes[alive], where[alive])
+    _group(slot, where, bounds[:-1].copy(), np.zeros(n // 64 + 1, dtype=np.uint64))
     _sort_segments(slot, bounds)
     return PackOrder(order=slot, bounds=bounds)
 
@@ -243,7 +229,13 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
     rem, rem2 = ix[4], ix[5]
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
-    buf = np.empty(min(block, n), dtype=np.int32)
+    m = min(block, n)
+    buf = np.empty(m, dtype=np.int32)
+    # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
+    # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
+    bsize = np.empty(m, dtype=lens.dtype)
+    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0].dtype)
+    bpack = np.empty(m, dtype=np.int32)
     num_packs = 0
     s = capacity
     while s >= 1 and counts[s] == 0:
@@ -254,8 +246,13 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
         taken, s, left, i0 = _next_block(lens, counts, capacity, s, left, i0, buf)
         for k in range(taken):
             i = buf[k]
-            size = np.int64(lens[i])
-            _needs(i, lens, rows, cols, ncols, need)
+            bsize[k] = lens[i]
+            for c in range(ncols):
+                bneed[k, c] = cols[c][rows[i]] if rows.shape[0] else cols[c][i]
+        for k in range(taken):
+            size = np.int64(bsize[k])
+            for c in range(ncols):
+                need[1 + c] = bneed[k, c]
             b = ix_find(ix, size, need)
             if b < 0:
                 b = num_packs
@@ -268,36 +265,55 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
             rem[b] -= size
             for d in range(dims):
                 rem2[b, d] -= need[d]
-            slot[i] = b
+            bpack[k] = b
             if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
                 ix_insert(ix, b)
+        for k in range(taken):
+            slot[buf[k]] = bpack[k]
     return num_packs, rem, rem2, ix
 
 
 @njit(cache=True)
 def _group(slot, where, cursor, seen):
-    """In place: ``slot`` (pack of each example) becomes the examples grouped by pack, pack b's at
-    cursor[where[b]]... (cursor: each group's first position, advanced). Follows permutation cycles: the
-    pack of the example whose slot is about to be written is read first (``seen`` marks slots read)."""
+    """In place: ``slot`` (pack of each example) becomes the examples grouped by pack, pack b's from
+    cursor[where[b]] on (cursor: each group's first position, advanced). Follows permutation cycles: the pack
+    of the example whose slot is about to be written is read first (``seen`` marks the slots read). 16 chains
+    run interleaved: one chain's steps wait on each other's memory reads, independent chains' do not (one
+    chain alone measured ~2x slower). A chain reaching a slot another chain has read writes it and ends."""
     n = slot.shape[0]
-    for i in range(n):
-        if seen[i >> 6] & (np.uint64(1) << np.uint64(i & 63)):
-            continue
-        seen[i >> 6] |= np.uint64(1) << np.uint64(i & 63)
-        cur = i
-        pack = slot[i]
-        while True:
-            g = where[pack]
+    lanes = 16
+    cur = np.zeros(lanes, dtype=np.int64)
+    pack = np.zeros(lanes, dtype=np.int64)
+    live = np.zeros(lanes, dtype=np.bool_)
+    start = 0
+    running = 0
+    while True:
+        for lane in range(lanes):
+            if not live[lane]:
+                while start < n and seen[start >> 6] & (np.uint64(1) << np.uint64(start & 63)):
+                    start += 1
+                if start == n:
+                    continue
+                seen[start >> 6] |= np.uint64(1) << np.uint64(start & 63)
+                cur[lane] = start
+                pack[lane] = slot[start]
+                live[lane] = True
+                running += 1
+            g = where[pack[lane]]
             d = cursor[g]
             cursor[g] = d + 1
             bit = np.uint64(1) << np.uint64(d & 63)
             if seen[d >> 6] & bit:
-                slot[d] = cur
-                break
+                slot[d] = cur[lane]
+                live[lane] = False
+                running -= 1
+                continue
             seen[d >> 6] |= bit
-            pack = slot[d]
-            slot[d] = cur
-            cur = d
+            pack[lane] = slot[d]
+            slot[d] = cur[lane]
+            cur[lane] = d
+        if running == 0 and start == n:
+            return
 
 
 @njit(cache=True)
@@ -318,27 +334,51 @@ def _sort_segments(order, bounds):
 
 
 @njit(cache=True)
-def _sort_members(members, ptr, lens):
-    """Each pack's members by decreasing length, ties by increasing index (``refine_packs``' order)."""
-    for p in range(ptr.shape[0] - 1):
-        lo, hi = ptr[p], ptr[p + 1]
-        for k in range(lo + 1, hi):
-            x = members[k]
+def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
+    """Members of the untouched packs ``candidates[c0:c1]``, pack by pack, each pack's by decreasing length,
+    ties by increasing index (``refine_packs``' order). One scan of ``slot``. Returns (members, ptr, pos):
+    candidate ``c``'s members are members[ptr[pos[p]]:ptr[pos[p] + 1]] for p = candidates[c]."""
+    pos = np.full(num_packs, -1, dtype=np.int64)
+    k = 0
+    for c in range(c0, c1):
+        if not touched[candidates[c]]:
+            pos[candidates[c]] = k
+            k += 1
+    ptr = np.zeros(k + 1, dtype=np.int64)
+    for i in range(slot.shape[0]):
+        w = pos[slot[i]]
+        if w >= 0:
+            ptr[w + 1] += 1
+    for w in range(k):
+        ptr[w + 1] += ptr[w]
+    fill = ptr[:-1].copy()
+    members = np.empty(ptr[k], dtype=np.int64)
+    for i in range(slot.shape[0]):
+        w = pos[slot[i]]
+        if w >= 0:
+            members[fill[w]] = i
+            fill[w] += 1
+    for w in range(k):  # stable insertion sort on decreasing length: indices are ascending already
+        for m in range(ptr[w] + 1, ptr[w + 1]):
+            x = members[m]
             sx = lens[x]
-            j = k - 1
-            while j >= lo and (lens[members[j]] < sx or (lens[members[j]] == sx and members[j] > x)):
+            j = m - 1
+            while j >= ptr[w] and lens[members[j]] < sx:
                 members[j + 1] = members[j]
                 j -= 1
             members[j + 1] = x
+    return members, ptr, pos
 
 
 @njit(cache=True)
-def _refine_members(members, ptr, lens, rows, cols, ncols, rem, rem2, num_packs, capacity, budgets, cls, classes,
-                    candidates, target, patience):
-    """``balance._refine`` on member lists: a fresh keyed index of every open pack (inserted in pack order,
-    as ``_refine`` inserts them), candidates least filled first, each member moved to its best fit, kept
-    only if the whole pack empties. Returns (alive, move_first, move_to): member ``ptr[p] + j`` of an
-    emptied pack p went to pack ``move_to[move_first[p] + j]``."""
+def _refine_slots(slot, lens, rows, cols, ncols, rem, rem2, num_packs, capacity, budgets, cls, classes,
+                  candidates, target, patience, sizes, alive):
+    """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
+    inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
+    only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
+    A kept move is written into ``slot`` (and ``sizes``, ``alive``). The candidates' members are collected
+    a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
+    untouched packs' members are still their own, so no per-pack member list of every pack is held."""
     dims = budgets.shape[0]
     ix = _ix_new32(capacity + 1, num_packs, dims, cls, classes)
     key, left = ix[4], ix[5]
@@ -347,7 +387,6 @@ def _refine_members(members, ptr, lens, rows, cols, ncols, rem, rem2, num_packs,
         for d in range(dims):
             left[b, d] = rem2[b, d]
     inside = np.zeros(num_packs, dtype=np.bool_)
-    alive = np.ones(num_packs, dtype=np.bool_)
     touched = np.zeros(num_packs, dtype=np.bool_)
     for b in range(num_packs):
         if key[b] > 0 and left[b, 0] > 0:
@@ -355,113 +394,68 @@ def _refine_members(members, ptr, lens, rows, cols, ncols, rem, rem2, num_packs,
             inside[b] = True
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
-    move_first = np.full(num_packs, -1, dtype=np.int64)
-    move_to = np.empty(1024, dtype=np.int32)
-    moved = 0
-    scratch = np.empty(1024, dtype=np.int32)
+    scratch = np.empty(1024, dtype=np.int64)
     packs = num_packs
     failures = 0
-    for c in range(candidates.shape[0]):
-        if packs <= target or failures >= patience:
-            break
-        p = candidates[c]
-        if touched[p]:
-            continue
-        if inside[p]:
-            ix_remove(ix, p)
-            inside[p] = False
-        nmoved = 0
-        ok = True
-        if ptr[p + 1] - ptr[p] > scratch.shape[0]:
-            scratch = np.empty(ptr[p + 1] - ptr[p], dtype=np.int32)
-        for k in range(ptr[p], ptr[p + 1]):
-            i = members[k]
-            _needs(i, lens, rows, cols, ncols, need)
-            b = ix_find(ix, np.int64(lens[i]), need)
-            if b < 0:
-                ok = False
+    c0 = 0
+    window = 4096
+    while c0 < candidates.shape[0] and packs > target and failures < patience:
+        c1 = min(c0 + window, candidates.shape[0])
+        members, ptr, pos = _window_members(slot, lens, candidates, c0, c1, touched, num_packs)
+        for c in range(c0, c1):
+            if packs <= target or failures >= patience:
                 break
-            ix_remove(ix, b)
-            key[b] -= lens[i]
-            for d in range(dims):
-                left[b, d] -= need[d]
-            inside[b] = key[b] > 0 and left[b, 0] > 0
-            if inside[b]:
-                ix_insert(ix, b)
-            scratch[nmoved] = b
-            nmoved += 1
-        if ok:
-            if moved + nmoved > move_to.shape[0]:
-                grown = np.empty(2 * (moved + nmoved), dtype=np.int32)
-                grown[:moved] = move_to[:moved]
-                move_to = grown
-            move_first[p] = moved
-            for m in range(nmoved):
-                move_to[moved + m] = scratch[m]
-                touched[scratch[m]] = True
-            moved += nmoved
-            alive[p] = False
-            packs -= 1
-            failures = 0
-            continue
-        for m in range(nmoved - 1, -1, -1):  # undo, newest first
-            i = members[ptr[p] + m]
-            b = scratch[m]
-            if inside[b]:
+            p = candidates[c]
+            if touched[p]:
+                continue
+            if inside[p]:
+                ix_remove(ix, p)
+                inside[p] = False
+            lo, hi = ptr[pos[p]], ptr[pos[p] + 1]
+            if hi - lo > scratch.shape[0]:
+                scratch = np.empty(hi - lo, dtype=np.int64)
+            nmoved = 0
+            ok = True
+            for k in range(lo, hi):
+                i = members[k]
+                _needs(i, lens, rows, cols, ncols, need)
+                b = ix_find(ix, np.int64(lens[i]), need)
+                if b < 0:
+                    ok = False
+                    break
                 ix_remove(ix, b)
-            _needs(i, lens, rows, cols, ncols, need)
-            key[b] += lens[i]
-            for d in range(dims):
-                left[b, d] += need[d]
-            inside[b] = True
-            ix_insert(ix, b)
-        if key[p] > 0 and left[p, 0] > 0:
-            ix_insert(ix, p)
-            inside[p] = True
-        failures += 1
-    return alive, move_first, move_to[:moved].copy()
-
-
-@njit(cache=True, inline="always")
-def _final_pack(k, ptr, alive, move_first, move_to):
-    """The pack member slot ``k`` ends in: its own, or where refine moved it."""
-    p = np.searchsorted(ptr, k, side="right") - 1
-    if alive[p]:
-        return p
-    return move_to[move_first[p] + k - ptr[p]]
-
-
-@njit(cache=True)
-def _final_sizes(ptr, alive, move_first, move_to, where, sizes):
-    """sizes[where[b] + 1] = examples that end in pack b."""
-    for p in range(ptr.shape[0] - 1):
-        if alive[p]:
-            sizes[where[p] + 1] += ptr[p + 1] - ptr[p]
-        else:
-            for j in range(ptr[p + 1] - ptr[p]):
-                sizes[where[move_to[move_first[p] + j]] + 1] += 1
-
-
-@njit(cache=True)
-def _regroup(members, ptr, alive, move_first, move_to, where, cursor, seen):
-    """``_group`` for member lists: slot k's example goes to its final pack's group in write order."""
-    n = members.shape[0]
-    for i in range(n):
-        if seen[i >> 6] & (np.uint64(1) << np.uint64(i & 63)):
-            continue
-        seen[i >> 6] |= np.uint64(1) << np.uint64(i & 63)
-        cur = members[i]
-        g = where[_final_pack(i, ptr, alive, move_first, move_to)]
-        while True:
-            d = cursor[g]
-            cursor[g] = d + 1
-            bit = np.uint64(1) << np.uint64(d & 63)
-            if seen[d >> 6] & bit:
-                members[d] = cur
-                break
-            seen[d >> 6] |= bit
-            nxt_g = where[_final_pack(d, ptr, alive, move_first, move_to)]
-            nxt_cur = members[d]
-            members[d] = cur
-            cur = nxt_cur
-            g = nxt_g
+                key[b] -= lens[i]
+                for d in range(dims):
+                    left[b, d] -= need[d]
+                inside[b] = key[b] > 0 and left[b, 0] > 0
+                if inside[b]:
+                    ix_insert(ix, b)
+                scratch[nmoved] = b
+                nmoved += 1
+            if ok:
+                for m in range(nmoved):
+                    slot[members[lo + m]] = scratch[m]
+                    sizes[scratch[m]] += 1
+                    touched[scratch[m]] = True
+                sizes[p] = 0
+                alive[p] = False
+                packs -= 1
+                failures = 0
+                continue
+            for m in range(nmoved - 1, -1, -1):  # undo, newest first
+                i = members[lo + m]
+                b = scratch[m]
+                if inside[b]:
+                    ix_remove(ix, b)
+                _needs(i, lens, rows, cols, ncols, need)
+                key[b] += lens[i]
+                for d in range(dims):
+                    left[b, d] += need[d]
+                inside[b] = True
+                ix_insert(ix, b)
+            if key[p] > 0 and left[p, 0] > 0:
+                ix_insert(ix, p)
+                inside[p] = True
+            failures += 1
+        c0 = c1
+        window *= 2
