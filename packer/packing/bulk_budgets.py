@@ -459,3 +459,173 @@ def _refine_slots(slot, lens, rows, cols, ncols, rem, rem2, num_packs, capacity,
             failures += 1
         c0 = c1
         window *= 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Up-sampled copies kept apart: mixing.separate_copies on a PackOrder
+# ----------------------------------------------------------------------------------------------------------
+
+
+def separate_copies_bulk(
+    packs: PackOrder,
+    index: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    capacity: int,
+    seed: int,
+    costs: Sequence[np.ndarray | None] = (),
+    limits: Sequence[int] = (),
+    max_tries: int = 4096,
+) -> PackOrder:
+    """``mixing.separate_copies`` on a ``PackOrder``: the same swaps, so the same packs, holding per planned
+    example the pack of each (in place of ``packs.order``, which is consumed) and the candidates'
+    permutation (int32): 8 bytes, where separate_copies' Python rows and dicts take ~400.
+
+    ``index``: (n,) the cache row of each planned example, nondecreasing (``sample_sources``: copies of one
+    example together); ``lengths``: (n,) their tokens; ``costs``: one column per bounded budget read as
+    ``costs[j][index[i]]`` (None: every row costs 0), ``limits`` their limits.
+    """
+    order, bounds = packs.order, packs.bounds
+    n = order.shape[0]
+    num_packs = bounds.shape[0] - 1
+    if n == 0:
+        return packs
+    seen = np.zeros(n // 64 + 1, dtype=np.uint64)
+    _ungroup(order, bounds, seen)  # order[i] := pack of planned example i
+    pack_of = order
+    rows = np.ascontiguousarray(index)
+    dup = _duplicates(rows, pack_of)
+    if len(dup):
+        kept = [np.ascontiguousarray(c) for c in costs if c is not None]
+        caps = np.array([capacity] + [int(v) for c, v in zip(costs, limits, strict=True) if c is not None], np.int64)
+        wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
+        cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+        lens = np.ascontiguousarray(lengths)
+        load = _loads(pack_of, lens, rows, cols, len(kept), num_packs)
+        candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
+        _swap(dup, pack_of, rows, lens, cols, len(kept), load, caps, candidates, min(max_tries, n))
+        del candidates, load
+    del dup
+    seen[:] = 0
+    _group(pack_of, np.arange(num_packs, dtype=np.int32), bounds[:-1].copy(), seen)  # swaps keep every size
+    _sort_segments(pack_of, bounds)
+    return PackOrder(order=pack_of, bounds=bounds)
+
+
+@njit(cache=True)
+def _ungroup(order, bounds, seen):
+    """In place: order[k] (the example in slot k) becomes order[i] = the pack of example i (``_group``
+    undone: the cycles followed the other way; a slot's pack by binary search in ``bounds``)."""
+    n = order.shape[0]
+    for k0 in range(n):
+        if seen[k0 >> 6] & (np.uint64(1) << np.uint64(k0 & 63)):
+            continue
+        seen[k0 >> 6] |= np.uint64(1) << np.uint64(k0 & 63)
+        e = np.int64(order[k0])
+        pack = np.searchsorted(bounds, k0, side="right") - 1
+        while True:
+            bit = np.uint64(1) << np.uint64(e & 63)
+            if seen[e >> 6] & bit:
+                order[e] = pack
+                break
+            seen[e >> 6] |= bit
+            nxt_e = np.int64(order[e])
+            nxt_pack = np.searchsorted(bounds, e, side="right") - 1
+            order[e] = pack
+            e = nxt_e
+            pack = nxt_pack
+
+
+@njit(cache=True)
+def _duplicates(rows, pack_of):
+    """separate_copies' ``dup``: the planned examples whose example already has a copy in their pack, in the
+    order of (example, pack, position) (rows is nondecreasing: an example's copies are consecutive)."""
+    n = rows.shape[0]
+    out = np.empty(1024, dtype=np.int64)
+    k = 0
+    g0 = 0
+    while g0 < n:
+        g1 = g0 + 1
+        while g1 < n and rows[g1] == rows[g0]:
+            g1 += 1
+        if g1 - g0 > 1:
+            group = np.arange(g0, g1)
+            for a in range(1, group.shape[0]):  # by (pack, position): insertion sort, positions ascending
+                x = group[a]
+                j = a - 1
+                while j >= 0 and pack_of[group[j]] > pack_of[x]:
+                    group[j + 1] = group[j]
+                    j -= 1
+                group[j + 1] = x
+            for a in range(1, group.shape[0]):
+                if pack_of[group[a]] == pack_of[group[a - 1]]:
+                    if k == out.shape[0]:
+                        grown = np.empty(2 * k, dtype=np.int64)
+                        grown[:k] = out
+                        out = grown
+                    out[k] = group[a]
+                    k += 1
+        g0 = g1
+    return out[:k].copy()
+
+
+@njit(cache=True)
+def _loads(pack_of, lens, rows, cols, ncols, num_packs):
+    """(1 + ncols, P) tokens and each budget's total per pack."""
+    load = np.zeros((1 + ncols, num_packs), dtype=np.int64)
+    for i in range(pack_of.shape[0]):
+        p = pack_of[i]
+        load[0, p] += lens[i]
+        for c in range(ncols):
+            load[1 + c, p] += cols[c][rows[i]]
+    return load
+
+
+@njit(cache=True, inline="always")
+def _holds(pack, e, rows, pack_of):
+    """Does ``pack`` hold a copy of example ``e`` (a planned example with rows == e)?"""
+    k = np.searchsorted(rows, e)
+    while k < rows.shape[0] and rows[k] == e:
+        if pack_of[k] == pack:
+            return True
+        k += 1
+    return False
+
+
+@njit(cache=True)
+def _swap(dup, pack_of, rows, lens, cols, ncols, load, caps, candidates, tries):
+    """separate_copies' loop: each duplicate p swaps packs with the next candidate q whose pack holds no copy
+    of p's example (and p's none of q's) where tokens and every budget still fit."""
+    n = pack_of.shape[0]
+    dims = 1 + ncols
+    delta = np.zeros(dims, dtype=np.int64)
+    cursor = 0
+    for t in range(dup.shape[0]):
+        p = dup[t]
+        a = pack_of[p]
+        ea = rows[p]
+        for _ in range(tries):
+            q = candidates[cursor]
+            cursor += 1
+            if cursor == n:
+                cursor = 0
+            b = pack_of[q]
+            eb = rows[q]
+            if a == b or _holds(a, eb, rows, pack_of) or _holds(b, ea, rows, pack_of):
+                continue
+            delta[0] = np.int64(lens[q]) - np.int64(lens[p])
+            for c in range(ncols):
+                delta[1 + c] = np.int64(cols[c][rows[q]]) - np.int64(cols[c][rows[p]])
+            fits = True
+            for c in range(dims):
+                if load[c, a] + delta[c] > caps[c] or load[c, b] - delta[c] > caps[c]:
+                    fits = False
+                    break
+            if not fits:
+                continue
+            for c in range(dims):
+                load[c, a] += delta[c]
+                load[c, b] -= delta[c]
+            pack_of[p] = b
+            pack_of[q] = a
+            break

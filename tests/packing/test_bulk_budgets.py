@@ -145,3 +145,37 @@ def test_build_plans_budgets_in_bulk(refine):
     want = _plan(config, lens[rows].astype(np.int64), np.stack([vision[rows], images[rows]], 1).astype(np.int64))
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(got.pack_sizes, np.bincount(want))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_copies_apart_as_separate_copies(seed):
+    """separate_copies_bulk makes mixing.separate_copies' swaps: the same packs after up-sampling (weights 2
+    and 2.5), with budgets (plan_budgeted) and tokens-only (plan_bulk), refine on and off."""
+    from packer.packing.bulk import plan_bulk
+    from packer.packing.bulk_budgets import separate_copies_bulk
+    from packer.packing.mixing import sample_sources, separate_copies
+
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.choice([16, 64, 512]))
+    lens, vision, images = mixed(seed, int(rng.integers(1, 3000)), capacity)
+    index, _ = sample_sources(rng.integers(0, 3, size=len(lens)), [(0, 1.0), (1, 2.0), (2, 2.5)], seed=seed)
+    index = index.astype(np.int32)
+    planned, refine = lens[index], seed % 3 == 0
+    if seed % 2:
+        ids = plan(planned, capacity, refine=refine, seed=seed)
+        want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), capacity=capacity, seed=seed)
+        got = separate_copies_bulk(plan_bulk(planned, capacity, seed=seed, refine=refine), index, planned,
+                                   capacity=capacity, seed=seed)
+    else:
+        limits = [int(max(vision.max(), 1)) * 2, 3]
+        costs = np.stack([vision[index], images[index]], 1).astype(np.int64)
+        ids = plan(planned, capacity, costs=costs, limits=limits, names=NAMES, refine=refine, seed=seed)
+        want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), costs=costs, limits=limits,
+                               capacity=capacity, seed=seed)
+        packs = plan_budgeted(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
+                              refine=refine, seed=seed)
+        got = separate_copies_bulk(packs, index, planned, capacity=capacity, seed=seed, costs=[vision, images],
+                                   limits=limits)
+    assert (want != ids).any()  # swaps happened
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(np.diff(got.bounds), np.bincount(want))
