@@ -40,8 +40,6 @@ from packer.packing.kernels import class_column, ix_find, ix_insert, ix_remove
 
 # The decreasing order is made this many examples at a time at least (n // 16 from 16M): one scan each.
 BLOCK_MIN = 1 << 20
-# "No examples-per-pack limit" in int32 pack state: above any pack's examples (<= capacity < 2**31).
-_UNBOUNDED32 = np.int64(2**31 - 1)
 
 
 def plan_budgeted(
@@ -101,43 +99,77 @@ def plan_budgeted(
         kept_limits.append(int(limit))
     wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
     cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
-    budgets = np.array([_UNBOUNDED32 if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
-    # plan()'s class column is chosen on its int64 stand-in for "unbounded" (1 << 60), never a class: the same
-    cls, classes = class_column(np.where(budgets == _UNBOUNDED32, np.int64(1) << 60, budgets), budgets.shape[0])
+    # Examples per pack never exceed the capacity (each has a token), so capacity + 1 stands in for "no limit"
+    # as plan()'s 1 << 60 does: it never binds. Pack state (tokens and budgets left) in uint16 where every
+    # value fits, else int32. plan()'s class column is chosen on its own stand-in (never a class): the same.
+    unbounded = capacity + 1
+    budgets = np.array([unbounded if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
+    cls, classes = class_column(np.where(budgets == unbounded, np.int64(1) << 60, budgets) if max_examples is None
+                                else budgets, budgets.shape[0])
+    state = np.zeros(1, dtype=np.uint16 if int(budgets.max()) < 2**16 else np.int32)
 
     slot = np.empty(n, dtype=np.int32)
     block = max(BLOCK_MIN, n // 16)
-    num_packs, rem, rem2, order_ix = _bfd_budgeted(lens, rows, cols, len(kept), counts, capacity, budgets, cls,
-                                                   classes, block, slot)
-    del order_ix
-    sizes = budgets[0] - rem2[:num_packs, 0].astype(np.int64)  # examples per pack, opening order
+    num_packs, ix = _bfd_budgeted(lens, rows, cols, len(kept), counts, capacity, budgets, cls, classes, block,
+                                  slot, state)
+    sizes = _sizes(ix[5], budgets[0], num_packs)  # examples per pack, opening order
     target = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
     alive = np.ones(num_packs, dtype=np.bool_)
     if refine and num_packs > target:
-        loads = capacity - rem[:num_packs].astype(np.int64)
-        candidates = np.argsort(loads, kind="stable").astype(np.int64)  # least filled first, ties by pack
-        del loads
-        _refine_slots(slot, lens, rows, cols, len(kept), rem, rem2, num_packs, capacity, budgets, cls, classes,
-                      candidates, target, 256, sizes, alive)
-    del rem, rem2
+        candidates = _least_filled(ix[4], num_packs, capacity)
+        _refine_slots(slot, lens, rows, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, sizes,
+                      alive)
+        del candidates
+    del ix
     where = np.full(num_packs, -1, dtype=np.int32)
     where[alive] = write_order(int(alive.sum()), seed, np.int32)  # plan()'s shuffle of the packs left
-    bounds = _bounds(sizes[alive], where[alive])
+    bounds = np.zeros(int(alive.sum()) + 1, dtype=np.int32)
+    _bounds(sizes, where, bounds)
+    del sizes
     _group(slot, where, bounds[:-1].copy(), np.zeros(n // 64 + 1, dtype=np.uint64))
     _sort_segments(slot, bounds)
     return PackOrder(order=slot, bounds=bounds)
 
 
-def _bounds(sizes: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """(P + 1,) int32 boundaries of the packs in write order (pack b is the where[b]-th)."""
-    ordered = np.zeros(where.shape[0] + 1, dtype=np.int64)
-    ordered[where.astype(np.int64) + 1] = sizes
-    return np.cumsum(ordered).astype(np.int32)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _sizes(left, limit, num_packs):
+    """(P,) int32 examples per pack: the examples budget ``limit`` less what is left of it."""
+    out = np.empty(num_packs, dtype=np.int32)
+    for b in range(num_packs):
+        out[b] = limit - left[b, 0]
+    return out
+
+
+@njit(cache=True)
+def _bounds(sizes, where, bounds):
+    """bounds (int32, P + 1): the boundaries of the live packs in write order (pack b is the where[b]-th)."""
+    for b in range(sizes.shape[0]):
+        if where[b] >= 0:
+            bounds[where[b] + 1] = sizes[b]
+    for p in range(1, bounds.shape[0]):
+        bounds[p] += bounds[p - 1]
+
+
+@njit(cache=True)
+def _least_filled(key, num_packs, capacity):
+    """Packs by tokens used, ascending, ties by pack (refine_packs' candidates: ``lexsort((packs, loads))``):
+    a counting sort on the tokens left, int32."""
+    counts = np.zeros(capacity + 2, dtype=np.int64)
+    for b in range(num_packs):
+        counts[capacity - key[b] + 1] += 1
+    for k in range(1, capacity + 2):
+        counts[k] += counts[k - 1]
+    out = np.empty(num_packs, dtype=np.int32)
+    for b in range(num_packs):
+        k = capacity - key[b]
+        out[counts[k]] = b
+        counts[k] += 1
+    return out
 
 
 @njit(cache=True)
@@ -151,9 +183,10 @@ def _first_over(lens, rows, col, limit, tokens):
 
 
 @njit(cache=True)
-def _ix_new32(universe, max_packs, dims, cls, classes):
-    """``kernels.ix_new`` with int32 pack state (key, links, budgets left): 4 bytes a field per pack. The
-    pages past the packs opened are never touched."""
+def _ix_new(universe, max_packs, dims, cls, classes, state):
+    """``kernels.ix_new`` with narrow pack state: links int32, tokens and budgets left of ``state``'s dtype
+    (uint16 where they fit): (2 + 2 x (1 + budgets)) x 2-4 bytes per pack. Pages past the packs opened are
+    never touched."""
     half = 1
     while half < universe:
         half *= 2
@@ -161,8 +194,8 @@ def _ix_new32(universe, max_packs, dims, cls, classes):
     head = np.full(universe, -1, dtype=np.int32)
     nxt = np.empty(max_packs, dtype=np.int32)
     prv = np.empty(max_packs, dtype=np.int32)
-    key = np.empty(max_packs, dtype=np.int32)
-    rem2 = np.empty((max_packs, dims), dtype=np.int32)
+    key = np.empty(max_packs, dtype=state.dtype)
+    rem2 = np.empty((max_packs, dims), dtype=state.dtype)
     scratch = np.empty((classes, dims), dtype=np.int64)
     meta = np.array([half, cls, classes], dtype=np.int64)
     return tree, head, nxt, prv, key, rem2, scratch, meta
@@ -220,12 +253,13 @@ def _next_block(lens, counts, capacity, s, left, i0, buf):
 
 
 @njit(cache=True)
-def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, classes, block, slot):
+def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, classes, block, slot, state):
     """``kernels.bfd_general`` over the examples in decreasing order (made a block at a time), with no packs
-    before: slot[i] = pack of example i (opening order). Returns (packs, remaining tokens, budgets left, ix)."""
+    before: slot[i] = pack of example i (opening order). Returns (packs, the keyed index: tokens left ix[4],
+    budgets left ix[5])."""
     n = lens.shape[0]
     dims = budgets.shape[0]
-    ix = _ix_new32(capacity + 1, n, dims, cls, classes)
+    ix = _ix_new(capacity + 1, n, dims, cls, classes, state)
     rem, rem2 = ix[4], ix[5]
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
@@ -270,7 +304,7 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
                 ix_insert(ix, b)
         for k in range(taken):
             slot[buf[k]] = bpack[k]
-    return num_packs, rem, rem2, ix
+    return num_packs, ix
 
 
 @njit(cache=True)
@@ -338,7 +372,7 @@ def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
     """Members of the untouched packs ``candidates[c0:c1]``, pack by pack, each pack's by decreasing length,
     ties by increasing index (``refine_packs``' order). One scan of ``slot``. Returns (members, ptr, pos):
     candidate ``c``'s members are members[ptr[pos[p]]:ptr[pos[p] + 1]] for p = candidates[c]."""
-    pos = np.full(num_packs, -1, dtype=np.int64)
+    pos = np.full(num_packs, -1, dtype=np.int32)
     k = 0
     for c in range(c0, c1):
         if not touched[candidates[c]]:
@@ -371,21 +405,19 @@ def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
 
 
 @njit(cache=True)
-def _refine_slots(slot, lens, rows, cols, ncols, rem, rem2, num_packs, capacity, budgets, cls, classes,
-                  candidates, target, patience, sizes, alive):
+def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candidates, target, patience, sizes,
+                  alive):
     """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
     inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
     only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
-    A kept move is written into ``slot`` (and ``sizes``, ``alive``). The candidates' members are collected
+    A kept move is written into ``slot`` (and ``sizes``, ``alive``). ``ix``: best fit's keyed index (its
+    tokens and budgets left), reused. The candidates' members are collected
     a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
     untouched packs' members are still their own, so no per-pack member list of every pack is held."""
     dims = budgets.shape[0]
-    ix = _ix_new32(capacity + 1, num_packs, dims, cls, classes)
-    key, left = ix[4], ix[5]
-    for b in range(num_packs):
-        key[b] = rem[b]
-        for d in range(dims):
-            left[b, d] = rem2[b, d]
+    tree, head, key, left = ix[0], ix[1], ix[4], ix[5]
+    tree[:] = -1  # best fit's index, emptied: every open pack goes in again in pack order, as _refine's does
+    head[:] = -1
     inside = np.zeros(num_packs, dtype=np.bool_)
     touched = np.zeros(num_packs, dtype=np.bool_)
     for b in range(num_packs):
