@@ -356,14 +356,18 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
             index = rows[index]
             del rows
         del codes
-    if len(columns.over):
+    if len(columns.over):  # one byte per row, not np.isin's sort or int64 rows
+        keep = np.ones(n, dtype=bool)
+        keep[columns.over] = False
         if index is None:
-            index, copies = np.arange(n), np.zeros(n, dtype=np.int64)
-        keep = ~np.isin(index, columns.over, assume_unique=False)
-        index, copies = index[keep], copies[keep]
+            index, copies = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)[keep], np.zeros(1, np.uint8)
+        else:
+            keep = keep[index]
+            index, copies = index[keep], copies[keep]
+        del keep
     if index is not None:
-        index = index.astype(np.int32 if n < 2**31 else np.int64)
-        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0)))) if copies.any() else None
+        index = index.astype(np.int32 if n < 2**31 else np.int64, copy=False)
+        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0))), copy=False) if copies.any() else None
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
