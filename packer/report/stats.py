@@ -57,6 +57,14 @@ def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray) -> np.n
     return out
 
 
+def _select_sum(values: np.ndarray, sel: Any) -> int:
+    """int(values[sel].sum()) of integer ``values`` without the selected copy (2 bytes per example of a source):
+    a masked reduction, the same integer."""
+    if isinstance(sel, slice):
+        return int(values[sel].sum(dtype=np.int64))
+    return int(np.add.reduce(values, where=sel, dtype=np.int64))
+
+
 def _summary(values: np.ndarray) -> dict[str, float]:
     if len(values) == 0:
         return {"min": 0, "mean": 0.0, "max": 0}
@@ -208,12 +216,14 @@ def compute_stats(
             with_sel = pack_examples.astype(np.float64) if everyone else per_pack(sel)
             in_pack = with_sel / np.maximum(pack_examples, 1)
             packs_with = int(np.count_nonzero(with_sel))
+            source_tokens = _select_sum(lengths, sel)
             per_source[name] = {
                 "examples": len(lengths) if everyone else int(sel.sum()),
-                "tokens": int(lengths[sel].sum()),
-                "loss_tokens": int(np.asarray(loss_tokens)[sel].sum()),
-                "token_share": float(lengths[sel].sum() / max(tokens, 1)),
-                "loss_token_share": (float(loss_mass[sel].sum(dtype=np.float64) / loss_mass.sum(dtype=np.float64))
+                "tokens": source_tokens,
+                "loss_tokens": _select_sum(np.asarray(loss_tokens), sel),
+                "token_share": float(source_tokens / max(tokens, 1)),
+                "loss_token_share": (float((_select_sum(loss_mass, sel) if loss_mass.dtype.kind in "iu" else
+                                            loss_mass[sel].sum(dtype=np.float64)) / loss_mass.sum(dtype=np.float64))
                                      if loss_mass.sum() else 0.0),
                 "packs": packs_with,
                 "pack_share": packs_with / num_packs if num_packs else 0.0,
