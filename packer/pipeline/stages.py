@@ -450,10 +450,10 @@ def warm_planner(config: BuildConfig) -> None:
             from packer.packing.bulk_budgets import plan_budgeted
 
             limits = limits_of(config)
-            for index in (None, np.zeros(1, dtype=np.int32)):  # every row planned, or some left out
-                plan_budgeted(one.astype(dtype), config.max_length, costs=[np.zeros(1, dtype)] * len(used),
-                              limits=[limits[j] or 1 for j in used], index=index,
-                              max_examples=config.max_examples_per_pack, refine=config.refine)
+            three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run
+            for index in (None, np.arange(3, dtype=np.int32)):  # every row planned, or some left out
+                plan_budgeted(three, 3, costs=[np.zeros(3, dtype)] * len(used), limits=[limits[j] or 1 for j in used],
+                              index=index, max_examples=config.max_examples_per_pack, refine=config.refine)
         if any(s.weight != 1.0 for s in config.sources):  # up-sampled copies: separate_copies_bulk's kernels
             from packer.packing.bulk_budgets import separate_copies_bulk
 
