@@ -440,7 +440,8 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
+        if config.algorithm != "bfd" or config.balance_vision:  # plan()'s per-example kernels: only there
+            _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
         dtype = length_dtype(config.max_length)
