@@ -218,8 +218,8 @@ def compute_stats(
             sel = slice(None) if everyone else sources == codes[name]  # a view, not a mask, for one source
             # The mixture inside packs: this source's share of each pack's examples, over packs.
             with_sel = pack_examples.astype(np.float64) if everyone else per_pack(sel)
-            in_pack = with_sel / np.maximum(pack_examples, 1)
             packs_with = int(np.count_nonzero(with_sel))
+            in_pack = np.divide(with_sel, np.maximum(pack_examples, 1), out=with_sel)  # in place: 8 B per pack
             source_tokens = _select_sum(lengths, sel)
             per_source[name] = {
                 "examples": len(lengths) if everyone else int(sel.sum()),
@@ -236,6 +236,7 @@ def compute_stats(
                 "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
                 "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
             }
+            del sel, with_sel, in_pack  # not held beside the next source's
         stats["sources"] = per_source
     return stats
 
