@@ -10,6 +10,7 @@ process tree's (a local Ray's processes included).
 
     python scripts/bench_build.py --records 200000 --num-proc 2
     python scripts/bench_build.py --records 50000 --rss-only
+    python scripts/bench_build.py --records 20000 --num-proc 2 --rss-only --budgets   # the budgeted planner
     python scripts/bench_build.py --records 50000 --num-proc 2 --executor local ray --rss-only
     python scripts/bench_build.py --ray-tasks 20000   # what one Ray task costs the driver
     python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
@@ -38,6 +39,7 @@ own CPU time (its threads included, its workers not: what it spends on the criti
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -252,8 +254,10 @@ def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qw
         import ray
 
         ray.init(num_cpus=num_proc, include_dashboard=False)  # a local cluster of N CPUs, as --num-proc N
+    budgets = {"max_vision_tokens": 4096, "max_images": 8, "max_examples_per_pack": 64} \
+        if os.environ.get("BENCH_BUILD_BUDGETS") == "1" else {}
     config = BuildConfig.from_inputs([path], out, profile=profile, max_length=8192, max_pixels=256 * 28 * 28,
-                                     num_proc=num_proc, executor=executor, overwrite=True)
+                                     num_proc=num_proc, executor=executor, overwrite=True, **budgets)
     inner = make_executor(config)
     marks["scan"] = _now()
     build(config, progress=False, executor=_timed(inner, marks))
@@ -371,6 +375,8 @@ def main() -> None:
     ap.add_argument("--scan-only", action="store_true", help="only time the scan of each --input-format")
     ap.add_argument("--input-format", nargs="+", choices=["jsonl", "array", "zst", "gz"], default=["jsonl"],
                     help="build the same records from each file kind too (formats/files.py), first executor only")
+    ap.add_argument("--budgets", action="store_true", help="build with --max-vision-tokens 4096 --max-images 8 "
+                    "--max-examples-per-pack 64 (the budgeted planner)")
     ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
     ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
@@ -379,6 +385,8 @@ def main() -> None:
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.budgets:
+        os.environ["BENCH_BUILD_BUDGETS"] = "1"  # read by each build's child process
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]), args.child[3], args.child[4])
         return
@@ -410,7 +418,8 @@ def main() -> None:
                       f"{b['cpu_seconds']:.1f} CPU-s "
                       f"({split}), {b['text_tokens']:,} text tokens ({b['tokens']:,} with vision), "
                       f"{b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, peak RSS {b['peak_rss_mib']:.0f} MiB, "
-                      f"{b['examples']:,} examples in {b['packs']:,} packs")
+                      f"{b['examples']:,} examples in {b['packs']:,} packs, shards' sha256 "
+                      f"{hashlib.sha256(''.join(b['shards']).encode()).hexdigest()[:12]}")
                 print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
                                                       if v >= 0.1))
                 print("    the build process's CPU-s by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in b["parent_cpu"].items()))

@@ -10,10 +10,16 @@ straight-line fit) and the time per record.
     nice -n 10 python scripts/bench_build_memory.py --sizes 1e6 5e6 2e7
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
     python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
+    python scripts/bench_build_memory.py --driver-only --budgets 1e6 5e6   # the same with budgets (below)
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
 (``PACKER_SHARED``'s coco-mini, reused: the header probe is per record), built with ``--profile qwen2-vl``.
+
+``--driver-only --budgets``: 30% of the examples carry one image of 64-1280 vision tokens (their lengths
+that plus 3-42 text tokens), planned with ``max_vision_tokens`` 2048, ``max_images`` 4 and
+``max_examples_per_pack`` 32 (``refine`` on, the default); then the same where every 4th chunk is a second
+source of weight 2 (up-sampled: each of its examples planned twice).
 
 The records are kept in ``--dir`` (default a temp dir) between runs of the same size.
 """
@@ -135,7 +141,7 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
     print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls}))
 
 
-def _driver_only(n: int, refine: bool) -> None:
+def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = False) -> None:
     """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
     compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
     saved (``plan.npz``), cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
@@ -148,7 +154,14 @@ def _driver_only(n: int, refine: bool) -> None:
     def status(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
 
-    config = BuildConfig.from_inputs(["tiny.jsonl"], "out", profile="text", refine=refine)
+    if budgets:
+        config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
+                                                    {"name": "b", "paths": ["b.jsonl"],
+                                                     "weight": 2.0 if copies else 1.0}]},
+                                       output="out", profile="qwen2-vl", refine=refine, max_vision_tokens=2048,
+                                       max_images=4, max_examples_per_pack=32)
+    else:
+        config = BuildConfig.from_inputs(["tiny.jsonl"], "out", profile="text", refine=refine)
     warm_planner(config)
     compute_stats(lengths=np.ones(4, np.uint16), vision=None, packs=(np.arange(4, dtype=np.int32),
                   np.array([0, 4], np.int32)), capacity=8, loss_tokens=np.ones(4, np.uint16))
@@ -160,18 +173,25 @@ def _driver_only(n: int, refine: bool) -> None:
     built = ColumnsBuilder(n)
     for a in range(0, n, CHUNK_LINES):
         tokens = rng.integers(3, 43, size=min(n, a + CHUNK_LINES) - a).astype(np.uint16)
-        built.add(ChunkColumns(tokens=tokens, loss_tokens=tokens - 2, counts={}, loss_weight=None, linear=None,
-                               over=np.zeros(0, np.int64), rejects=[]))
-    columns = built.finish([config.sources[0].name] * len(built.rows))
+        counts = {}
+        if budgets:
+            images = (rng.random(len(tokens)) < 0.3).astype(np.uint16)
+            vision = (images * rng.integers(64, 1281, size=len(tokens))).astype(np.uint16)
+            tokens = tokens + vision
+            counts = {"num_vision_tokens": vision, "num_images": images}
+        built.add(ChunkColumns(tokens=tokens, loss_tokens=tokens - vision - 2 if budgets else tokens - 2,
+                               counts=counts, loss_weight=None, linear=None, over=np.zeros(0, np.int64), rejects=[]))
+    names = [s.name for s in config.sources]
+    columns = built.finish([names[1] if budgets and c % 4 == 3 else names[0] for c in range(len(built.rows))])
     plan = plan_packs(columns, config)
     with tempfile.TemporaryDirectory() as work:
         _save_plan(Path(work), plan)  # as build writes it
     ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
-    names = [s.name for s in config.sources]
     stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
                           capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
-                          sources=None, source_names=names, input_records=n)  # one source, as build passes it
-    print(json.dumps({"refine": refine, "examples": n, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
+                          sources=plan.planned(columns.source_codes(names)) if budgets else None,
+                          source_names=names, input_records=n)  # one source: build passes None
+    print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
                       "peak_above_base_mib": (status("VmHWM") - base) / 2**20,
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
 
@@ -228,12 +248,14 @@ def main() -> None:
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
         return
     if sys.argv[1:2] == ["--driver-only"]:
-        for refine in ("1", "0"):
-            for size in sys.argv[2:]:  # each in a fresh process
-                subprocess.run([sys.executable, __file__, "--driver-only-child", size, refine], check=True)
+        budgets = sys.argv[2:3] == ["--budgets"]
+        modes = (("1", "1", "0"), ("1", "1", "1")) if budgets else (("1", "0", "0"), ("0", "0", "0"))
+        for mode in modes:  # (refine, budgets, copies)
+            for size in sys.argv[2 + budgets:]:  # each in a fresh process
+                subprocess.run([sys.executable, __file__, "--driver-only-child", size, *mode], check=True)
         return
     if sys.argv[1:2] == ["--driver-only-child"]:
-        _driver_only(int(float(sys.argv[2])), sys.argv[3] == "1")
+        _driver_only(int(float(sys.argv[2])), *(flag == "1" for flag in sys.argv[3:6]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6])

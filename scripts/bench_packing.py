@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.packing import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
+from packer.packing.bulk_budgets import plan_budgeted
 from packer.packing.stream import pack_stream
 
 HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "data" / "length-histograms"
@@ -175,6 +176,7 @@ def bench_lognormal(n: int, repeats: int, small: tuple[int, ...]) -> None:
     capacity = 8192
     lengths = lognormal_lengths(n, capacity)
     as_list = lengths.tolist()
+    lengths16 = lengths.astype(np.uint16)  # as a build holds them
     lb, total = lower_bound(lengths, capacity), int(lengths.sum())
     print(f"\n### {n:,} lognormal lengths, capacity {capacity} (LB = {lb:,})\n")
     print(HEADER)
@@ -185,6 +187,12 @@ def bench_lognormal(n: int, repeats: int, small: tuple[int, ...]) -> None:
         ("packer bfd, budget path (max_examples=10^6, never binds)",
          lambda: packs_of(plan(lengths, capacity, max_examples=10**6)), repeats),
         ("packer bfd, max_examples=64", lambda: packs_of(plan(lengths, capacity, max_examples=64)), repeats),
+        ("packer bfd, max_examples=64, in bulk (plan_budgeted: the build's path)",
+         lambda: plan_budgeted(lengths16, capacity, max_examples=64).num_packs, repeats),
+        ("packer bfd + refine, max_examples=64", lambda: packs_of(plan(lengths, capacity, max_examples=64,
+                                                                       refine=True)), repeats),
+        ("packer bfd + refine, max_examples=64, in bulk",
+         lambda: plan_budgeted(lengths16, capacity, max_examples=64, refine=True).num_packs, repeats),
         ("packer ffd", lambda: packs_of(plan(lengths, capacity, algorithm="ffd")), repeats),
         ("packer next-fit", lambda: packs_of(plan(lengths, capacity, algorithm="next-fit")), repeats),
         ("lightbinpack obfd (C++, list in)", lambda: lightbinpack_obfd(as_list, capacity), repeats),
@@ -291,6 +299,20 @@ def bench_vision(n: int, repeats: int) -> None:
             load = pack_totals(vision, ids)
             print(f"| {label} | {balance} | {seconds:.3f} | {packs_of(ids):,} | {efficiency(tokens, ids, capacity):.3%} "
                   f"| {load.mean():.0f} | {load.std():.0f} | {load.min()} | {load.max()} |")  # fmt: skip
+    # the build's path for budgets (packing.bulk_budgets: plan()'s plan at ~4 B per example), beside plan()
+    tokens16, counts16 = tokens.astype(np.uint16), [vision.astype(np.uint16), images.astype(np.uint16)]
+    for refine in (False, True):
+        for path in ("plan()", "plan_budgeted (bulk)"):
+            def run(r=refine, p=path) -> np.ndarray:
+                if p == "plan()":
+                    return plan(tokens, capacity, refine=r, **dual)
+                return plan_budgeted(tokens16, capacity, costs=counts16, limits=[4096, 8], names=dual["names"],
+                                     refine=r).pack_ids()
+            seconds, ids = best_time(run, repeats)
+            load = pack_totals(vision, ids)
+            print(f"| vision 4096 + 8 images{' + refine' if refine else ''}, {path} | False | {seconds:.3f} "
+                  f"| {packs_of(ids):,} | {efficiency(tokens, ids, capacity):.3%} | {load.mean():.0f} "
+                  f"| {load.std():.0f} | {load.min()} | {load.max()} |")  # fmt: skip
 
 
 def bench_stream(n: int, pools: tuple[int, ...]) -> None:

@@ -116,7 +116,9 @@ def plan_bulk(lengths: np.ndarray, capacity: int, *, seed: int = 0, refine: bool
     Returns:
         ``PackOrder``: examples grouped by pack in write order, and the pack boundaries.
 
-    No vision, image or examples-per-pack budgets: those need per-example state and stay in ``plan``. Measured at 10M, 100M and 1B lengths: docs/benchmarks.md "Planner at 10M / 100M lengths".
+    Tokens only: with budgets or ``max_examples_per_pack``, ``packing.bulk_budgets.plan_budgeted`` makes
+    ``plan()``'s plan in the same layout. Measured at 10M, 100M and 1B lengths: docs/benchmarks.md "Planner at
+    10M / 100M lengths".
     """
     lens = np.asarray(lengths)
     if lens.ndim != 1:

@@ -19,28 +19,38 @@ def sample_sources(
     """(example index, copy number) of every planned example, in input order, copies of one example together.
 
     Args:
-        sources: (n,) source name of each example.
+        sources: (n,) source name (or code) of each example.
         weights: (name, weight) per source; the seeded draws run in this order.
         seed: the build's seed (its own stream, independent of the pack shuffle).
+
+    Returns ``index`` int32 (int64 from 2**31 examples) and ``copies`` of the narrowest unsigned dtype: each
+    example's copies counted first (one byte per example), then expanded, so the peak is ~the output, not
+    the int64 parts, their concatenation and a lexsort (~60 bytes per planned example before).
     """
     rng = np.random.default_rng([seed, 1])
-    index_parts, copy_parts = [], []
+    n = len(sources)
+    most = max((int(np.floor(w)) + (w > np.floor(w)) for _, w in weights), default=0)
+    counts = np.zeros(n, dtype=np.min_scalar_type(most))
     for name, weight in weights:
-        idx = np.flatnonzero(sources == name)
+        mask = sources == name
         whole, frac = int(np.floor(weight)), weight - np.floor(weight)
-        for k in range(whole):
-            index_parts.append(idx)
-            copy_parts.append(np.full(len(idx), k))
-        if frac > 0 and len(idx):
-            extra = np.sort(rng.choice(idx, size=int(round(frac * len(idx))), replace=False))
-            index_parts.append(extra)
-            copy_parts.append(np.full(len(extra), whole))
-    if not index_parts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    index = np.concatenate(index_parts).astype(np.int64)
-    copies = np.concatenate(copy_parts).astype(np.int64)
-    order = np.lexsort((copies, index))  # input order, copies of one example together
-    return index[order], copies[order]
+        if whole:
+            counts[mask] = whole
+        if frac > 0:
+            size = int(np.count_nonzero(mask))
+            if size:
+                # the draws of rng.choice(rows, ...) on the source's rows: they depend on the count, not the rows
+                drawn = rng.choice(size, size=int(round(frac * size)), replace=False)
+                counts[np.flatnonzero(mask)[drawn]] += 1
+        del mask
+    index = np.repeat(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), counts)
+    copies = np.zeros(index.shape[0], dtype=counts.dtype)
+    if most > 1:
+        starts = np.cumsum(counts, dtype=index.dtype)  # each example's copies end here...
+        starts -= counts  # ...and start here; copy k sits at starts + k
+        for k in range(1, most):
+            copies[starts[counts > k] + k] = k
+    return index, copies
 
 
 def separate_copies(

@@ -333,7 +333,10 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left
     out) from the
     compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit, ``refine`` included (4
-    bytes per example), ``packing.plan`` where budgets, balancing or copies need per-example state."""
+    bytes per example), ``packing.bulk_budgets.plan_budgeted`` with budgets or ``max_examples_per_pack`` and
+    ``separate_copies_bulk`` for up-sampled copies (the same plans as ``packing.plan`` and
+    ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or another
+    algorithm needs per-example state."""
     from packer.packing.mixing import sample_sources, separate_copies
 
     n = columns.num_rows
@@ -353,23 +356,39 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
             index = rows[index]
             del rows
         del codes
-    if len(columns.over):
+    if len(columns.over):  # one byte per row, not np.isin's sort or int64 rows
+        keep = np.ones(n, dtype=bool)
+        keep[columns.over] = False
         if index is None:
-            index, copies = np.arange(n), np.zeros(n, dtype=np.int64)
-        keep = ~np.isin(index, columns.over, assume_unique=False)
-        index, copies = index[keep], copies[keep]
+            index, copies = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)[keep], np.zeros(1, np.uint8)
+        else:
+            keep = keep[index]
+            index, copies = index[keep], copies[keep]
+        del keep
     if index is not None:
-        index = index.astype(np.int32 if n < 2**31 else np.int64)
-        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0)))) if copies.any() else None
+        index = index.astype(np.int32 if n < 2**31 else np.int64, copy=False)
+        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0))), copy=False) if copies.any() else None
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
-    if not used and config.algorithm == "bfd" and config.max_examples_per_pack is None and copies is None:
-        # Tokens-only best fit, ``refine`` included: plan()'s plan from plan_bulk, without plan()'s (n,) int64
-        # arrays (~44 bytes per example with refine) or pack ids + their argsort.
+    if config.algorithm == "bfd" and not config.balance_vision:
+        # plan()'s plan (and separate_copies' swaps) at bulk memory, pack ids included, without plan()'s (n,)
+        # int64 arrays (~44 bytes per example tokens-only with refine, ~110 with budgets, ~450 with copies: their
+        # Python rows) or pack ids + their argsort: plan_bulk tokens-only, plan_budgeted with budgets or
+        # max_examples_per_pack, reading the compact count columns through ``index``.
         from packer.packing.bulk import plan_bulk
+        from packer.packing.bulk_budgets import plan_budgeted, separate_copies_bulk
 
-        packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
+        cols = [columns.count(BUDGETS[j].column) for j in used]
+        if used or config.max_examples_per_pack is not None:
+            packs = plan_budgeted(lengths, config.max_length, costs=cols, limits=[limits[j] for j in used],
+                                  names=[FLAGS[j] for j in used], index=index,
+                                  max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
+        else:
+            packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
+        if copies is not None:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
+            packs = separate_copies_bulk(packs, index, lengths, capacity=config.max_length, seed=config.seed,
+                                         costs=cols, limits=[limits[j] for j in used])
         return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
                     columns=columns)
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
@@ -421,10 +440,27 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
+        if config.algorithm != "bfd" or config.balance_vision:  # plan()'s per-example kernels: only there
+            _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
-        plan_bulk(one.astype(length_dtype(config.max_length)), config.max_length)  # the kernels for the build's dtype
+        dtype = length_dtype(config.max_length)
+        plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
+        used = _used(config)
+        if used or config.max_examples_per_pack is not None:
+            from packer.packing.bulk_budgets import plan_budgeted
+
+            limits = limits_of(config)
+            three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run
+            for index in (None, np.arange(3, dtype=np.int32)):  # every row planned, or some left out
+                plan_budgeted(three, 3, costs=[np.zeros(3, dtype)] * len(used), limits=[limits[j] or 1 for j in used],
+                              index=index, max_examples=config.max_examples_per_pack, refine=config.refine)
+        if any(s.weight != 1.0 for s in config.sources):  # up-sampled copies: separate_copies_bulk's kernels
+            from packer.packing.bulk_budgets import separate_copies_bulk
+
+            two = plan_bulk(np.ones(2, dtype), config.max_length)
+            separate_copies_bulk(two, np.zeros(2, dtype=np.int32), np.ones(2, dtype), capacity=config.max_length,
+                                 seed=0, costs=[np.zeros(1, dtype)] * len(used), limits=[limits[j] or 1 for j in used])
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 

@@ -57,6 +57,14 @@ def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray) -> np.n
     return out
 
 
+def _select_sum(values: np.ndarray, sel: Any) -> int:
+    """int(values[sel].sum()) of integer ``values`` without the selected copy (2 bytes per example of a source):
+    a masked reduction, the same integer."""
+    if isinstance(sel, slice):
+        return int(values[sel].sum(dtype=np.int64))
+    return int(np.add.reduce(values, where=sel, dtype=np.int64))
+
+
 def _summary(values: np.ndarray) -> dict[str, float]:
     if len(values) == 0:
         return {"min": 0, "mean": 0.0, "max": 0}
@@ -112,7 +120,7 @@ def compute_stats(
     if packs is not None:
         order, bounds = packs
         num_packs = len(bounds) - 1
-        pack_examples = np.diff(np.asarray(bounds, dtype=np.int64))
+        pack_examples = np.diff(np.asarray(bounds))  # int32 from a build: 4 bytes per pack, not 8
 
         def per_pack(values: np.ndarray) -> np.ndarray:  # float64 sums in input order, as bincount's
             return _per_pack(np.asarray(values), order, bounds)
@@ -122,8 +130,12 @@ def compute_stats(
 
         def per_pack(values: np.ndarray) -> np.ndarray:
             return np.bincount(pack_ids, weights=values, minlength=num_packs)
-    pack_tokens = per_pack(lengths).astype(np.int64)
-    pack_vision = np.zeros(num_packs, dtype=np.int64) if vision is None else per_pack(vision).astype(np.int64)
+    # per-pack totals (<= capacity) as int32: a build of short examples has a pack per ~10 examples, and each
+    # int64 per-pack array cost ~1 byte per example at the driver's peak (the same summaries and histograms)
+    per_pack_dtype = np.int32 if capacity < 2**31 else np.int64
+    pack_tokens = per_pack(lengths).astype(per_pack_dtype)
+    pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
+                   else per_pack(vision).astype(per_pack_dtype))
     tokens = int(lengths.sum())
     lower_bound = -(-tokens // capacity)
     slots = num_packs * capacity
@@ -206,14 +218,16 @@ def compute_stats(
             sel = slice(None) if everyone else sources == codes[name]  # a view, not a mask, for one source
             # The mixture inside packs: this source's share of each pack's examples, over packs.
             with_sel = pack_examples.astype(np.float64) if everyone else per_pack(sel)
-            in_pack = with_sel / np.maximum(pack_examples, 1)
             packs_with = int(np.count_nonzero(with_sel))
+            in_pack = np.divide(with_sel, np.maximum(pack_examples, 1), out=with_sel)  # in place: 8 B per pack
+            source_tokens = _select_sum(lengths, sel)
             per_source[name] = {
                 "examples": len(lengths) if everyone else int(sel.sum()),
-                "tokens": int(lengths[sel].sum()),
-                "loss_tokens": int(np.asarray(loss_tokens)[sel].sum()),
-                "token_share": float(lengths[sel].sum() / max(tokens, 1)),
-                "loss_token_share": (float(loss_mass[sel].sum(dtype=np.float64) / loss_mass.sum(dtype=np.float64))
+                "tokens": source_tokens,
+                "loss_tokens": _select_sum(np.asarray(loss_tokens), sel),
+                "token_share": float(source_tokens / max(tokens, 1)),
+                "loss_token_share": (float((_select_sum(loss_mass, sel) if loss_mass.dtype.kind in "iu" else
+                                            loss_mass[sel].sum(dtype=np.float64)) / loss_mass.sum(dtype=np.float64))
                                      if loss_mass.sum() else 0.0),
                 "packs": packs_with,
                 "pack_share": packs_with / num_packs if num_packs else 0.0,
@@ -222,6 +236,7 @@ def compute_stats(
                 "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
                 "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
             }
+            del sel, with_sel, in_pack  # not held beside the next source's
         stats["sources"] = per_source
     return stats
 

@@ -97,6 +97,37 @@ def test_sample_sources_counts_copies_and_seed():
     assert set(other[names[other] == "b"].tolist()) != set(b.tolist())
 
 
+def _sample_sources_before(sources, weights, *, seed):
+    """sample_sources as it was (int64 parts per copy, concatenated, lexsorted): the oracle of the compact one."""
+    rng = np.random.default_rng([seed, 1])
+    index_parts, copy_parts = [], []
+    for name, weight in weights:
+        idx = np.flatnonzero(sources == name)
+        whole, frac = int(np.floor(weight)), weight - np.floor(weight)
+        for k in range(whole):
+            index_parts.append(idx)
+            copy_parts.append(np.full(len(idx), k))
+        if frac > 0 and len(idx):
+            extra = np.sort(rng.choice(idx, size=int(round(frac * len(idx))), replace=False))
+            index_parts.append(extra)
+            copy_parts.append(np.full(len(extra), whole))
+    index, copies = np.concatenate(index_parts), np.concatenate(copy_parts)
+    order = np.lexsort((copies, index))
+    return index[order], copies[order]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sample_sources_as_before(seed):
+    """The same examples, copies and draws as the int64 sampler it replaced (the build's plans unchanged)."""
+    rng = np.random.default_rng(seed)
+    sources = rng.integers(0, 4, size=int(rng.integers(1, 40_000))).astype(np.uint8)
+    weights = [(0, 1.0), (1, float(rng.choice([0.3, 2.0, 2.5]))), (2, float(rng.choice([0.5, 4.25]))), (3, 0.01)]
+    index, copies = sample_sources(sources, weights, seed=seed)
+    want_index, want_copies = _sample_sources_before(sources, weights, seed=seed)
+    assert index.dtype == np.int32 and copies.dtype == np.uint8
+    assert np.array_equal(index, want_index) and np.array_equal(copies, want_copies)
+
+
 def test_weights_give_the_counts_in_stats_and_shards(built):
     out, result = built
     assert {n: s["examples"] for n, s in result.stats["sources"].items()} == {"a": 120, "b": 30, "c": 90}

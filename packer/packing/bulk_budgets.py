@@ -1,0 +1,663 @@
+"""Best fit under per-pack budgets at bulk memory: ``plan()``'s budgeted plan in ~4 bytes per example.
+
+``plan(lengths, capacity, costs=..., limits=..., max_examples=..., refine=...)`` (algorithm ``bfd``) runs
+``kernels.bfd_general`` and, with ``refine``, ``balance.refine_packs``; between them and ``plan()``'s own
+copies it holds ~40-80 bytes per example (int64 lengths, the (n, 1 + b) ``needs`` matrix, the decreasing
+order, the sizes/wants copies, the assignment, the shuffled ids), and a build adds ``argsort(pack_ids)``.
+``plan_budgeted`` makes the same plan, pack ids and the writers' order included (tests/packing/
+test_bulk_budgets.py), reading the compact columns as given (uint16 lengths and counts; a cost column is
+read through ``index`` where the planned examples are a subset of the rows) and holding per example only:
+
+- the pack of each example (int32, 4 bytes), which becomes ``order`` in place (below);
+- the decreasing order in blocks of ``n // 16`` examples (one scan of the lengths per block, a counting sort
+  of the lengths in it) instead of the whole (n,) int64 order: 0.25 bytes;
+- one bit per example while the packs are grouped.
+
+Per pack: the keyed index of ``kernels`` (``ix_*``: remaining tokens, the budgets left, list links) in int32,
+~(3 + budgets) x 4 bytes.
+
+Grouping in place. The kernel writes each example's pack (opening order) into ``slot[i]``. Its packs are then
+grouped in write order in the same array: each pack's first slot is known from the pack sizes, and the
+examples are moved along permutation cycles (an example is read before its slot is overwritten; a bitmap
+marks the slots read), then each pack's slots are sorted by example index. ``refine`` first groups by
+opening pack, sorts each pack's members by decreasing length (``refine_packs``' member order), runs
+``balance._refine``'s moves over those lists (recording where each member of an emptied pack went), and then
+regroups the same array in write order.
+
+Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+from packer.errors import ConfigError
+from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
+from packer.packing.kernels import class_column, ix_find, ix_insert, ix_remove
+
+# The decreasing order is made this many examples at a time at least (n // 16 from 16M): one scan each.
+BLOCK_MIN = 1 << 20
+
+
+def plan_budgeted(
+    lengths: np.ndarray,
+    capacity: int,
+    *,
+    costs: Sequence[np.ndarray | None] = (),
+    limits: Sequence[int] = (),
+    names: Sequence[str] = (),
+    index: np.ndarray | None = None,
+    max_examples: int | None = None,
+    refine: bool = False,
+    seed: int = 0,
+) -> PackOrder:
+    """``plan(lengths, capacity, costs=..., limits=..., max_examples=..., refine=..., seed=...)``'s plan (``bfd``,
+    no ``balance``) as a ``PackOrder``.
+
+    Args:
+        lengths: (n,) tokens per planned example, each in [1, capacity]; any integer dtype, read as given.
+        costs: one (rows,) column per bounded budget (uint16: 2 bytes per row), None where every row costs 0;
+            read as ``costs[j][index[i]]`` for planned example i when ``index`` is given, else ``costs[j][i]``.
+        limits: (k,) each column's limit (an int: unbounded columns change no plan and are left out).
+        names: (k,) the knob of each limit (``max_vision_tokens``), named by errors as ``plan`` names them.
+        index: (n,) the row of each planned example in ``costs``' columns, or None (row i).
+        max_examples: at most this many examples per pack.
+        refine: then empty the least-filled packs into the others' free space (``balance.refine_packs``).
+        seed: the pack shuffle's seed (``plan``'s write order).
+    """
+    from packer.packing.budgets import counts_tokens, noun
+
+    lens = np.ascontiguousarray(lengths)
+    n = lens.shape[0]
+    if n == 0:
+        return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
+    if n > 2**31 - 1:
+        raise ConfigError(f"plan_budgeted plans at most 2**31 - 1 examples, got {n}")
+    counts = np.zeros(capacity + 1, dtype=np.int64)
+    if _count(lens, capacity, counts) >= 0:  # not np.bincount: it casts the lengths to int64 (8 bytes each)
+        _raise_misfit(lens, capacity)
+    names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
+    rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
+    kept, kept_limits = [], []
+    for col, limit, name in zip(costs, limits, names, strict=True):
+        if col is None:
+            continue  # costs nothing: never binds, and bfd_general's choices do not depend on it
+        col = np.ascontiguousarray(col)
+        bad = _first_over(lens, rows, col, int(limit), counts_tokens(name))
+        if bad >= 0:
+            planned = col if index is None else col[index]
+            if int(planned.max()) > limit:
+                i = int(np.argmax(planned))
+                raise ConfigError(f"example {i} has {int(planned[i])} {noun(name)} > {name} {limit}; raise "
+                                  f"'{name}' or drop/truncate the example")
+            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only {int(lens[bad])} tokens "
+                              "in all")
+        kept.append(col)
+        kept_limits.append(int(limit))
+    wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
+    cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+    # Examples per pack never exceed the capacity (each has a token), so capacity + 1 stands in for "no limit"
+    # as plan()'s 1 << 60 does: it never binds. Pack state (tokens and budgets left) in uint16 where every
+    # value fits, else int32. plan()'s class column is chosen on its own stand-in (never a class): the same.
+    unbounded = capacity + 1
+    budgets = np.array([unbounded if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
+    cls, classes = class_column(np.where(budgets == unbounded, np.int64(1) << 60, budgets) if max_examples is None
+                                else budgets, budgets.shape[0])
+    state = np.zeros(1, dtype=np.uint16 if int(budgets.max()) < 2**16 else np.int32)
+
+    slot = np.empty(n, dtype=np.int32)
+    block = max(BLOCK_MIN, n // 16)
+    num_packs, ix = _bfd_budgeted(lens, rows, cols, len(kept), counts, capacity, budgets, cls, classes, block,
+                                  slot, state)
+    sizes = _sizes(ix[5], budgets[0], num_packs)  # examples per pack, opening order
+    target = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
+    alive = np.ones(num_packs, dtype=np.bool_)
+    if refine and num_packs > target:
+        candidates = _least_filled(ix[4], num_packs, capacity)
+        _refine_slots(slot, lens, rows, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, sizes,
+                      alive)
+        del candidates
+    del ix
+    where = np.full(num_packs, -1, dtype=np.int32)
+    where[alive] = write_order(int(alive.sum()), seed, np.int32)  # plan()'s shuffle of the packs left
+    bounds = np.zeros(int(alive.sum()) + 1, dtype=np.int32)
+    _bounds(sizes, where, bounds)
+    del sizes
+    _group(slot, where, bounds[:-1].copy(), np.zeros(n // 64 + 1, dtype=np.uint64))
+    _sort_segments(slot, bounds)
+    return PackOrder(order=slot, bounds=bounds)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _sizes(left, limit, num_packs):
+    """(P,) int32 examples per pack: the examples budget ``limit`` less what is left of it."""
+    out = np.empty(num_packs, dtype=np.int32)
+    for b in range(num_packs):
+        out[b] = limit - left[b, 0]
+    return out
+
+
+@njit(cache=True)
+def _bounds(sizes, where, bounds):
+    """bounds (int32, P + 1): the boundaries of the live packs in write order (pack b is the where[b]-th)."""
+    for b in range(sizes.shape[0]):
+        if where[b] >= 0:
+            bounds[where[b] + 1] = sizes[b]
+    for p in range(1, bounds.shape[0]):
+        bounds[p] += bounds[p - 1]
+
+
+@njit(cache=True)
+def _least_filled(key, num_packs, capacity):
+    """Packs by tokens used, ascending, ties by pack (refine_packs' candidates: ``lexsort((packs, loads))``):
+    a counting sort on the tokens left, int32."""
+    counts = np.zeros(capacity + 2, dtype=np.int64)
+    for b in range(num_packs):
+        counts[capacity - key[b] + 1] += 1
+    for k in range(1, capacity + 2):
+        counts[k] += counts[k - 1]
+    out = np.empty(num_packs, dtype=np.int32)
+    for b in range(num_packs):
+        k = capacity - key[b]
+        out[counts[k]] = b
+        counts[k] += 1
+    return out
+
+
+@njit(cache=True)
+def _first_over(lens, rows, col, limit, tokens):
+    """The first planned example whose cost is over ``limit`` (or over its length, for a token budget), or -1."""
+    for i in range(lens.shape[0]):
+        c = np.int64(col[rows[i]] if rows.shape[0] else col[i])
+        if c > limit or (tokens and c > lens[i]):
+            return i
+    return -1
+
+
+@njit(cache=True)
+def _ix_new(universe, max_packs, dims, cls, classes, state):
+    """``kernels.ix_new`` with narrow pack state: links int32, tokens and budgets left of ``state``'s dtype
+    (uint16 where they fit): (2 + 2 x (1 + budgets)) x 2-4 bytes per pack. Pages past the packs opened are
+    never touched."""
+    half = 1
+    while half < universe:
+        half *= 2
+    tree = np.full((2 * half, classes, dims), -1, dtype=np.int64)
+    head = np.full(universe, -1, dtype=np.int32)
+    nxt = np.empty(max_packs, dtype=np.int32)
+    prv = np.empty(max_packs, dtype=np.int32)
+    key = np.empty(max_packs, dtype=state.dtype)
+    rem2 = np.empty((max_packs, dims), dtype=state.dtype)
+    scratch = np.empty((classes, dims), dtype=np.int64)
+    meta = np.array([half, cls, classes], dtype=np.int64)
+    return tree, head, nxt, prv, key, rem2, scratch, meta
+
+
+@njit(cache=True, inline="always")
+def _needs(i, lens, rows, cols, ncols, need):
+    for c in range(ncols):
+        need[1 + c] = cols[c][rows[i]] if rows.shape[0] else cols[c][i]
+
+
+@njit(cache=True)
+def _next_block(lens, counts, capacity, s, left, i0, buf):
+    """The next examples of the decreasing order (length desc, index asc) from (length s, index >= i0, ``left``
+    of length s still to come), at most ``buf.shape[0]``, into ``buf``. One scan of the lengths. Returns
+    (taken, s, left, i0) of the position after them."""
+    m = buf.shape[0]
+    n = lens.shape[0]
+    if left >= m:  # this length alone fills the block: its next m examples in index order
+        k = 0
+        i = i0
+        while k < m:
+            if lens[i] == s:
+                buf[k] = i
+                k += 1
+            i += 1
+        left -= m
+        i0 = i
+        if left > 0:
+            return m, s, left, i0
+        s -= 1
+        while s >= 1 and counts[s] == 0:
+            s -= 1
+        return m, s, counts[s] if s >= 1 else 0, 0
+    total = left
+    lo = s
+    while lo > 1 and total + counts[lo - 1] <= m:
+        lo -= 1
+        total += counts[lo]
+    offset = np.zeros(s + 1, dtype=np.int64)  # first position of each length lo..s in the block
+    pos = left
+    for x in range(s - 1, lo - 1, -1):
+        offset[x] = pos
+        pos += counts[x]
+    for i in range(n):
+        x = np.int64(lens[i])
+        if x < lo or x > s or (x == s and i < i0):
+            continue
+        buf[offset[x]] = i
+        offset[x] += 1
+    s = lo - 1
+    while s >= 1 and counts[s] == 0:
+        s -= 1
+    return total, s, counts[s] if s >= 1 else 0, 0
+
+
+@njit(cache=True)
+def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, classes, block, slot, state):
+    """``kernels.bfd_general`` over the examples in decreasing order (made a block at a time), with no packs
+    before: slot[i] = pack of example i (opening order). Returns (packs, the keyed index: tokens left ix[4],
+    budgets left ix[5])."""
+    n = lens.shape[0]
+    dims = budgets.shape[0]
+    ix = _ix_new(capacity + 1, n, dims, cls, classes, state)
+    rem, rem2 = ix[4], ix[5]
+    need = np.zeros(dims, dtype=np.int64)
+    need[0] = 1
+    m = min(block, n)
+    buf = np.empty(m, dtype=np.int32)
+    # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
+    # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
+    bsize = np.empty(m, dtype=lens.dtype)
+    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0].dtype)
+    bpack = np.empty(m, dtype=np.int32)
+    num_packs = 0
+    s = capacity
+    while s >= 1 and counts[s] == 0:
+        s -= 1
+    left = counts[s]
+    i0 = 0
+    while s >= 1:
+        taken, s, left, i0 = _next_block(lens, counts, capacity, s, left, i0, buf)
+        for k in range(taken):
+            i = buf[k]
+            bsize[k] = lens[i]
+            for c in range(ncols):
+                bneed[k, c] = cols[c][rows[i]] if rows.shape[0] else cols[c][i]
+        for k in range(taken):
+            size = np.int64(bsize[k])
+            for c in range(ncols):
+                need[1 + c] = bneed[k, c]
+            b = ix_find(ix, size, need)
+            if b < 0:
+                b = num_packs
+                num_packs += 1
+                rem[b] = capacity
+                for d in range(dims):
+                    rem2[b, d] = budgets[d]
+            else:
+                ix_remove(ix, b)
+            rem[b] -= size
+            for d in range(dims):
+                rem2[b, d] -= need[d]
+            bpack[k] = b
+            if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
+                ix_insert(ix, b)
+        for k in range(taken):
+            slot[buf[k]] = bpack[k]
+    return num_packs, ix
+
+
+@njit(cache=True)
+def _group(slot, where, cursor, seen):
+    """In place: ``slot`` (pack of each example) becomes the examples grouped by pack, pack b's from
+    cursor[where[b]] on (cursor: each group's first position, advanced). Follows permutation cycles: the pack
+    of the example whose slot is about to be written is read first (``seen`` marks the slots read). 16 chains
+    run interleaved: one chain's steps wait on each other's memory reads, independent chains' do not (one
+    chain alone measured ~2x slower). A chain reaching a slot another chain has read writes it and ends."""
+    n = slot.shape[0]
+    lanes = 16
+    cur = np.zeros(lanes, dtype=np.int64)
+    pack = np.zeros(lanes, dtype=np.int64)
+    live = np.zeros(lanes, dtype=np.bool_)
+    start = 0
+    running = 0
+    while True:
+        for lane in range(lanes):
+            if not live[lane]:
+                while start < n and seen[start >> 6] & (np.uint64(1) << np.uint64(start & 63)):
+                    start += 1
+                if start == n:
+                    continue
+                seen[start >> 6] |= np.uint64(1) << np.uint64(start & 63)
+                cur[lane] = start
+                pack[lane] = slot[start]
+                live[lane] = True
+                running += 1
+            g = where[pack[lane]]
+            d = cursor[g]
+            cursor[g] = d + 1
+            bit = np.uint64(1) << np.uint64(d & 63)
+            if seen[d >> 6] & bit:
+                slot[d] = cur[lane]
+                live[lane] = False
+                running -= 1
+                continue
+            seen[d >> 6] |= bit
+            pack[lane] = slot[d]
+            slot[d] = cur[lane]
+            cur[lane] = d
+        if running == 0 and start == n:
+            return
+
+
+@njit(cache=True)
+def _sort_segments(order, bounds):
+    """Each pack's examples in increasing index (insertion sort: packs hold few examples)."""
+    for p in range(bounds.shape[0] - 1):
+        lo, hi = bounds[p], bounds[p + 1]
+        if hi - lo > 64:
+            order[lo:hi] = np.sort(order[lo:hi])
+            continue
+        for k in range(lo + 1, hi):
+            x = order[k]
+            j = k - 1
+            while j >= lo and order[j] > x:
+                order[j + 1] = order[j]
+                j -= 1
+            order[j + 1] = x
+
+
+@njit(cache=True)
+def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
+    """Members of the untouched packs ``candidates[c0:c1]``, pack by pack, each pack's by decreasing length,
+    ties by increasing index (``refine_packs``' order). One scan of ``slot``. Returns (members, ptr, pos):
+    candidate ``c``'s members are members[ptr[pos[p]]:ptr[pos[p] + 1]] for p = candidates[c]."""
+    pos = np.full(num_packs, -1, dtype=np.int32)
+    k = 0
+    for c in range(c0, c1):
+        if not touched[candidates[c]]:
+            pos[candidates[c]] = k
+            k += 1
+    ptr = np.zeros(k + 1, dtype=np.int64)
+    for i in range(slot.shape[0]):
+        w = pos[slot[i]]
+        if w >= 0:
+            ptr[w + 1] += 1
+    for w in range(k):
+        ptr[w + 1] += ptr[w]
+    fill = ptr[:-1].copy()
+    members = np.empty(ptr[k], dtype=np.int64)
+    for i in range(slot.shape[0]):
+        w = pos[slot[i]]
+        if w >= 0:
+            members[fill[w]] = i
+            fill[w] += 1
+    for w in range(k):  # stable insertion sort on decreasing length: indices are ascending already
+        for m in range(ptr[w] + 1, ptr[w + 1]):
+            x = members[m]
+            sx = lens[x]
+            j = m - 1
+            while j >= ptr[w] and lens[members[j]] < sx:
+                members[j + 1] = members[j]
+                j -= 1
+            members[j + 1] = x
+    return members, ptr, pos
+
+
+@njit(cache=True)
+def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candidates, target, patience, sizes,
+                  alive):
+    """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
+    inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
+    only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
+    A kept move is written into ``slot`` (and ``sizes``, ``alive``). ``ix``: best fit's keyed index (its
+    tokens and budgets left), reused. The candidates' members are collected
+    a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
+    untouched packs' members are still their own, so no per-pack member list of every pack is held."""
+    dims = budgets.shape[0]
+    tree, head, key, left = ix[0], ix[1], ix[4], ix[5]
+    tree[:] = -1  # best fit's index, emptied: every open pack goes in again in pack order, as _refine's does
+    head[:] = -1
+    inside = np.zeros(num_packs, dtype=np.bool_)
+    touched = np.zeros(num_packs, dtype=np.bool_)
+    for b in range(num_packs):
+        if key[b] > 0 and left[b, 0] > 0:
+            ix_insert(ix, b)
+            inside[b] = True
+    need = np.zeros(dims, dtype=np.int64)
+    need[0] = 1
+    scratch = np.empty(1024, dtype=np.int64)
+    packs = num_packs
+    failures = 0
+    c0 = 0
+    window = 4096
+    while c0 < candidates.shape[0] and packs > target and failures < patience:
+        c1 = min(c0 + window, candidates.shape[0])
+        members, ptr, pos = _window_members(slot, lens, candidates, c0, c1, touched, num_packs)
+        for c in range(c0, c1):
+            if packs <= target or failures >= patience:
+                break
+            p = candidates[c]
+            if touched[p]:
+                continue
+            if inside[p]:
+                ix_remove(ix, p)
+                inside[p] = False
+            lo, hi = ptr[pos[p]], ptr[pos[p] + 1]
+            if hi - lo > scratch.shape[0]:
+                scratch = np.empty(hi - lo, dtype=np.int64)
+            nmoved = 0
+            ok = True
+            for k in range(lo, hi):
+                i = members[k]
+                _needs(i, lens, rows, cols, ncols, need)
+                b = ix_find(ix, np.int64(lens[i]), need)
+                if b < 0:
+                    ok = False
+                    break
+                ix_remove(ix, b)
+                key[b] -= lens[i]
+                for d in range(dims):
+                    left[b, d] -= need[d]
+                inside[b] = key[b] > 0 and left[b, 0] > 0
+                if inside[b]:
+                    ix_insert(ix, b)
+                scratch[nmoved] = b
+                nmoved += 1
+            if ok:
+                for m in range(nmoved):
+                    slot[members[lo + m]] = scratch[m]
+                    sizes[scratch[m]] += 1
+                    touched[scratch[m]] = True
+                sizes[p] = 0
+                alive[p] = False
+                packs -= 1
+                failures = 0
+                continue
+            for m in range(nmoved - 1, -1, -1):  # undo, newest first
+                i = members[lo + m]
+                b = scratch[m]
+                if inside[b]:
+                    ix_remove(ix, b)
+                _needs(i, lens, rows, cols, ncols, need)
+                key[b] += lens[i]
+                for d in range(dims):
+                    left[b, d] += need[d]
+                inside[b] = True
+                ix_insert(ix, b)
+            if key[p] > 0 and left[p, 0] > 0:
+                ix_insert(ix, p)
+                inside[p] = True
+            failures += 1
+        c0 = c1
+        window *= 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Up-sampled copies kept apart: mixing.separate_copies on a PackOrder
+# ----------------------------------------------------------------------------------------------------------
+
+
+def separate_copies_bulk(
+    packs: PackOrder,
+    index: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    capacity: int,
+    seed: int,
+    costs: Sequence[np.ndarray | None] = (),
+    limits: Sequence[int] = (),
+    max_tries: int = 4096,
+) -> PackOrder:
+    """``mixing.separate_copies`` on a ``PackOrder``: the same swaps, so the same packs, holding per planned
+    example the pack of each (in place of ``packs.order``, which is consumed) and the candidates'
+    permutation (int32): 8 bytes, where separate_copies' Python rows and dicts take ~400.
+
+    ``index``: (n,) the cache row of each planned example, nondecreasing (``sample_sources``: copies of one
+    example together); ``lengths``: (n,) their tokens; ``costs``: one column per bounded budget read as
+    ``costs[j][index[i]]`` (None: every row costs 0), ``limits`` their limits.
+    """
+    order, bounds = packs.order, packs.bounds
+    n = order.shape[0]
+    num_packs = bounds.shape[0] - 1
+    if n == 0:
+        return packs
+    seen = np.zeros(n // 64 + 1, dtype=np.uint64)
+    _ungroup(order, bounds, seen)  # order[i] := pack of planned example i
+    pack_of = order
+    rows = np.ascontiguousarray(index)
+    dup = _duplicates(rows, pack_of)
+    if len(dup):
+        kept = [np.ascontiguousarray(c) for c in costs if c is not None]
+        caps = np.array([capacity] + [int(v) for c, v in zip(costs, limits, strict=True) if c is not None], np.int64)
+        wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
+        cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+        lens = np.ascontiguousarray(lengths)
+        load = _loads(pack_of, lens, rows, cols, len(kept), num_packs)
+        candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
+        _swap(dup, pack_of, rows, lens, cols, len(kept), load, caps, candidates, min(max_tries, n))
+        del candidates, load
+    del dup
+    seen[:] = 0
+    _group(pack_of, np.arange(num_packs, dtype=np.int32), bounds[:-1].copy(), seen)  # swaps keep every size
+    _sort_segments(pack_of, bounds)
+    return PackOrder(order=pack_of, bounds=bounds)
+
+
+@njit(cache=True)
+def _ungroup(order, bounds, seen):
+    """In place: order[k] (the example in slot k) becomes order[i] = the pack of example i (``_group``
+    undone: the cycles followed the other way; a slot's pack by binary search in ``bounds``)."""
+    n = order.shape[0]
+    for k0 in range(n):
+        if seen[k0 >> 6] & (np.uint64(1) << np.uint64(k0 & 63)):
+            continue
+        seen[k0 >> 6] |= np.uint64(1) << np.uint64(k0 & 63)
+        e = np.int64(order[k0])
+        pack = np.searchsorted(bounds, k0, side="right") - 1
+        while True:
+            bit = np.uint64(1) << np.uint64(e & 63)
+            if seen[e >> 6] & bit:
+                order[e] = pack
+                break
+            seen[e >> 6] |= bit
+            nxt_e = np.int64(order[e])
+            nxt_pack = np.searchsorted(bounds, e, side="right") - 1
+            order[e] = pack
+            e = nxt_e
+            pack = nxt_pack
+
+
+@njit(cache=True)
+def _duplicates(rows, pack_of):
+    """separate_copies' ``dup``: the planned examples whose example already has a copy in their pack, in the
+    order of (example, pack, position) (rows is nondecreasing: an example's copies are consecutive)."""
+    n = rows.shape[0]
+    out = np.empty(1024, dtype=np.int64)
+    k = 0
+    g0 = 0
+    while g0 < n:
+        g1 = g0 + 1
+        while g1 < n and rows[g1] == rows[g0]:
+            g1 += 1
+        if g1 - g0 > 1:
+            group = np.arange(g0, g1)
+            for a in range(1, group.shape[0]):  # by (pack, position): insertion sort, positions ascending
+                x = group[a]
+                j = a - 1
+                while j >= 0 and pack_of[group[j]] > pack_of[x]:
+                    group[j + 1] = group[j]
+                    j -= 1
+                group[j + 1] = x
+            for a in range(1, group.shape[0]):
+                if pack_of[group[a]] == pack_of[group[a - 1]]:
+                    if k == out.shape[0]:
+                        grown = np.empty(2 * k, dtype=np.int64)
+                        grown[:k] = out
+                        out = grown
+                    out[k] = group[a]
+                    k += 1
+        g0 = g1
+    return out[:k].copy()
+
+
+@njit(cache=True)
+def _loads(pack_of, lens, rows, cols, ncols, num_packs):
+    """(1 + ncols, P) tokens and each budget's total per pack."""
+    load = np.zeros((1 + ncols, num_packs), dtype=np.int64)
+    for i in range(pack_of.shape[0]):
+        p = pack_of[i]
+        load[0, p] += lens[i]
+        for c in range(ncols):
+            load[1 + c, p] += cols[c][rows[i]]
+    return load
+
+
+@njit(cache=True, inline="always")
+def _holds(pack, e, rows, pack_of):
+    """Does ``pack`` hold a copy of example ``e`` (a planned example with rows == e)?"""
+    k = np.searchsorted(rows, e)
+    while k < rows.shape[0] and rows[k] == e:
+        if pack_of[k] == pack:
+            return True
+        k += 1
+    return False
+
+
+@njit(cache=True)
+def _swap(dup, pack_of, rows, lens, cols, ncols, load, caps, candidates, tries):
+    """separate_copies' loop: each duplicate p swaps packs with the next candidate q whose pack holds no copy
+    of p's example (and p's none of q's) where tokens and every budget still fit."""
+    n = pack_of.shape[0]
+    dims = 1 + ncols
+    delta = np.zeros(dims, dtype=np.int64)
+    cursor = 0
+    for t in range(dup.shape[0]):
+        p = dup[t]
+        a = pack_of[p]
+        ea = rows[p]
+        for _ in range(tries):
+            q = candidates[cursor]
+            cursor += 1
+            if cursor == n:
+                cursor = 0
+            b = pack_of[q]
+            eb = rows[q]
+            if a == b or _holds(a, eb, rows, pack_of) or _holds(b, ea, rows, pack_of):
+                continue
+            delta[0] = np.int64(lens[q]) - np.int64(lens[p])
+            for c in range(ncols):
+                delta[1 + c] = np.int64(cols[c][rows[q]]) - np.int64(cols[c][rows[p]])
+            fits = True
+            for c in range(dims):
+                if load[c, a] + delta[c] > caps[c] or load[c, b] - delta[c] > caps[c]:
+                    fits = False
+                    break
+            if not fits:
+                continue
+            for c in range(dims):
+                load[c, a] += delta[c]
+                load[c, b] -= delta[c]
+            pack_of[p] = b
+            pack_of[q] = a
+            break

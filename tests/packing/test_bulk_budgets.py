@@ -1,0 +1,181 @@
+"""Tests of the budgeted bulk planner: ``plan()``'s budgeted plan, pack ids and the writers' order included,
+and every budget held."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packer.errors import ConfigError
+from packer.packing import bulk_budgets
+from packer.packing.bulk_budgets import plan_budgeted
+from packer.packing.planner import plan
+
+NAMES = ["max_vision_tokens", "max_images"]
+
+
+def mixed(seed: int, n: int, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint16 lengths with 30% image examples: (lengths, vision tokens, images)."""
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.integers(1, capacity // 3 + 2, size=n), 1, capacity)
+    images = (rng.random(n) < 0.3).astype(np.uint16)
+    vision = (images * rng.integers(0, lens + 1)).astype(np.uint16)
+    return lens.astype(np.uint16), vision, images
+
+
+def check(lens, vision, images, capacity, limits, max_examples, refine, seed, index=None):
+    """plan_budgeted == plan() on the planned rows, as the build reads them (order grouped, bounds)."""
+    rows = np.arange(len(vision)) if index is None else index
+    want = plan(lens.astype(np.int64), capacity, costs=np.stack([vision[rows], images[rows]], 1).astype(np.int64),
+                limits=limits, names=NAMES, max_examples=max_examples, refine=refine, seed=seed)
+    got = plan_budgeted(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
+                        max_examples=max_examples, refine=refine, seed=seed)
+    assert got.order.dtype == np.int32 and got.bounds.dtype == np.int32
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(np.diff(got.bounds), np.bincount(want))
+    for p in range(got.num_packs):  # every budget held
+        members = got.pack(p)
+        assert lens[members].astype(np.int64).sum() <= capacity
+        assert vision[rows[members]].astype(np.int64).sum() <= limits[0]
+        assert images[rows[members]].astype(np.int64).sum() <= limits[1]
+        assert max_examples is None or len(members) <= max_examples
+    return got
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_same_plan_as_plan(seed):
+    """Vision tokens, images and examples per pack, refine on and off, binding budgets and loose ones."""
+    rng = np.random.default_rng(100 + seed)
+    capacity = int(rng.choice([16, 64, 512, 4096]))
+    lens, vision, images = mixed(seed, int(rng.integers(1, 4000)), capacity)
+    limits = [int(max(vision.max(), 1) * rng.choice([1, 2, 5])), int(rng.choice([1, 2, 4, 100]))]
+    check(lens, vision, images, capacity, limits, [None, 3, 8, 64][seed % 4], bool(seed % 2), seed)
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_rows_through_index_and_blocks(refine, monkeypatch):
+    """Costs read through ``index`` (rows left out of the plan), and the decreasing order made in blocks
+    smaller than one length's examples (several scans)."""
+    monkeypatch.setattr(bulk_budgets, "BLOCK_MIN", 37)
+    lens, vision, images = mixed(7, 3000, 256)
+    index = np.sort(np.random.default_rng(1).choice(3000, size=2000, replace=False)).astype(np.int32)
+    check(lens[index], vision, images, 256, [300, 3], 6, refine, 3, index=index)
+
+
+def test_refine_saves_packs():
+    """A case where refine empties packs: fewer packs than without it, still plan()'s."""
+    for seed in range(40):
+        lens, vision, images = mixed(seed, 2000, 64)
+        plain = check(lens, vision, images, 64, [40, 2], None, False, seed)
+        refined = check(lens, vision, images, 64, [40, 2], None, True, seed)
+        if refined.num_packs < plain.num_packs:
+            return
+    pytest.fail("refine saved no pack on any seed")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 120), st.data())
+def test_budgets_hold(capacity, data):
+    """Any lengths, counts and limits: plan()'s plan, every budget respected."""
+    n = data.draw(st.integers(1, 300))
+    lens = np.array(data.draw(st.lists(st.integers(1, capacity), min_size=n, max_size=n)), dtype=np.uint16)
+    images = np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=np.uint16)
+    vision = np.minimum(lens, images * data.draw(st.integers(0, capacity))).astype(np.uint16)
+    limits = [max(int(vision.max()), 1) + data.draw(st.integers(0, capacity)), max(int(images.max()), 1)]
+    check(lens, vision, images, capacity, limits, data.draw(st.sampled_from([None, 1, 2, 5])),
+          data.draw(st.booleans()), data.draw(st.integers(0, 3)))
+
+
+def test_deterministic_and_empty():
+    lens, vision, images = mixed(3, 500, 128)
+    a = plan_budgeted(lens, 128, costs=[vision, images], limits=[200, 2], names=NAMES, seed=5, refine=True)
+    b = plan_budgeted(lens, 128, costs=[vision, images], limits=[200, 2], names=NAMES, seed=5, refine=True)
+    assert np.array_equal(a.order, b.order) and np.array_equal(a.bounds, b.bounds)
+    empty = plan_budgeted(np.zeros(0, np.uint16), 128, costs=[vision[:0]], limits=[10], names=NAMES[:1])
+    assert empty.num_packs == 0 and empty.order.shape == (0,)
+
+
+def test_a_column_of_zeros_is_left_out():
+    """A budget set with no example costing any (None: the build's count column is all zero) changes nothing."""
+    lens, vision, images = mixed(4, 800, 128)
+    with_none = plan_budgeted(lens, 128, costs=[None, images], limits=[5, 2], names=NAMES, max_examples=7)
+    want = plan(lens, 128, costs=images[:, None].astype(np.int64), limits=[2], names=NAMES[1:], max_examples=7)
+    assert np.array_equal(with_none.pack_ids(), want)
+
+
+@pytest.mark.parametrize(("vision", "limit", "match"), [
+    ([5, 9, 3], 8, "example 1 has 9 vision tokens > max_vision_tokens 8; raise 'max_vision_tokens'"),
+    ([5, 7, 3], 8, "example 1 has 7 vision tokens but only 6 tokens in all"),
+])
+def test_errors_as_plan_words_them(vision, limit, match):
+    lens = np.array([6, 6, 6], dtype=np.uint16)
+    costs = np.array(vision, dtype=np.uint16)
+    with pytest.raises(ConfigError, match=match):
+        plan(lens, 16, costs=costs[:, None].astype(np.int64), limits=[limit], names=NAMES[:1])
+    with pytest.raises(ConfigError, match=match):
+        plan_budgeted(lens, 16, costs=[costs], limits=[limit], names=NAMES[:1])
+    with pytest.raises(ConfigError, match="example 0 has 17 tokens > capacity 16"):
+        plan_budgeted(np.array([17], np.uint16), 16, costs=[costs[:1]], limits=[limit], names=NAMES[:1])
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_build_plans_budgets_in_bulk(refine):
+    """``stages.plan_packs`` with budgets and max_examples_per_pack takes plan_budgeted, and its plan is the
+    per-example planner's (``stages._plan``) pack for pack, rows over a budget left out (the ``index`` path)."""
+    from packer.config import BuildConfig
+    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
+    from packer.pipeline.stages import _plan, plan_packs
+
+    config = BuildConfig.from_inputs(["x.jsonl"], "out", max_length=512, max_vision_tokens=600, max_images=2,
+                                     max_examples_per_pack=9, refine=refine, seed=4)
+    lens, vision, images = mixed(11, 5000, 512)
+    images[::97] = 3  # over max_images: the build's ``over`` rows, left out of the plan
+    built = ColumnsBuilder(5000)
+    for a in range(0, 5000, 1000):
+        part = slice(a, a + 1000)
+        built.add(ChunkColumns(tokens=lens[part], loss_tokens=lens[part], loss_weight=None, linear=None,
+                               counts={"num_vision_tokens": vision[part], "num_images": images[part]},
+                               over=np.flatnonzero(images[part] > 2).astype(np.int64), rejects=[]))
+    columns = built.finish([""] * 5)
+    got = plan_packs(columns, config)
+    rows = got.index
+    assert rows is not None and len(rows) == 5000 - len(range(0, 5000, 97))
+    want = _plan(config, lens[rows].astype(np.int64), np.stack([vision[rows], images[rows]], 1).astype(np.int64))
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(got.pack_sizes, np.bincount(want))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_copies_apart_as_separate_copies(seed):
+    """separate_copies_bulk makes mixing.separate_copies' swaps: the same packs after up-sampling (weights 2
+    and 2.5), with budgets (plan_budgeted) and tokens-only (plan_bulk), refine on and off."""
+    from packer.packing.bulk import plan_bulk
+    from packer.packing.bulk_budgets import separate_copies_bulk
+    from packer.packing.mixing import sample_sources, separate_copies
+
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.choice([16, 64, 512]))
+    lens, vision, images = mixed(seed, int(rng.integers(1, 3000)), capacity)
+    index, _ = sample_sources(rng.integers(0, 3, size=len(lens)), [(0, 1.0), (1, 2.0), (2, 2.5)], seed=seed)
+    index = index.astype(np.int32)
+    planned, refine = lens[index], seed % 3 == 0
+    if seed % 2:
+        ids = plan(planned, capacity, refine=refine, seed=seed)
+        want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), capacity=capacity, seed=seed)
+        got = separate_copies_bulk(plan_bulk(planned, capacity, seed=seed, refine=refine), index, planned,
+                                   capacity=capacity, seed=seed)
+    else:
+        limits = [int(max(vision.max(), 1)) * 2, 3]
+        costs = np.stack([vision[index], images[index]], 1).astype(np.int64)
+        ids = plan(planned, capacity, costs=costs, limits=limits, names=NAMES, refine=refine, seed=seed)
+        want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), costs=costs, limits=limits,
+                               capacity=capacity, seed=seed)
+        packs = plan_budgeted(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
+                              refine=refine, seed=seed)
+        got = separate_copies_bulk(packs, index, planned, capacity=capacity, seed=seed, costs=[vision, images],
+                                   limits=limits)
+    assert (want != ids).any()  # swaps happened
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(np.diff(got.bounds), np.bincount(want))
