@@ -51,7 +51,7 @@ def _small(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(stages, "EXCHANGE_MIN_FAN", 2)  # ~120 chunks, ~20 shards: a few chunks per map task
 
 
-def _config(corpus: tuple[Path, str], out: Path, **kw) -> BuildConfig:
+def _config(corpus: tuple[Path, str], out: Path | str, **kw) -> BuildConfig:
     root, tokenizer = corpus
     # two sources, one up-sampled: the map tasks take planned examples by ``plan.index``, copies included
     sources = (SourceConfig(name="a", paths=(str(root / "a.jsonl"),), weight=1.5),
@@ -129,3 +129,57 @@ def test_a_rerun_after_every_shard_is_written_runs_no_exchange(corpus, reference
     build(_config(corpus, out), progress=False, hooks=hooks)
     assert hooks.written == []
     assert _files(out) == reference
+
+
+@pytest.mark.slow  # ~30 s wall on a loaded 2-core box (11 CPU-s): moto answers each of ~500 requests slowly
+def test_the_exchange_on_an_object_store_writes_the_same_bytes(corpus, tmp_path, monkeypatch):
+    """Output on S3 (a moto server): map outputs are objects (written as a temp object, then copied into place),
+    read by the writers from this machine's copies, and deleted with their copies once the shards are written.
+    Bigger chunks and shards than above: every object costs a few requests."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    import logging
+
+    from packer.shards.store import mirror_dir, store_path
+    from tests.pipeline.s3_cluster import s3_server
+
+    monkeypatch.setattr(stages, "CHUNK_LINES", 32)  # 15 chunks
+    opts = dict(rows_per_shard=24)  # 5 shards: 4 map tasks
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stages, "EXCHANGE_MIN_SHARDS", 10**9)
+        build(_config(corpus, tmp_path / "ref", **opts), progress=False)
+    reference = {k: v for k, v in _files(tmp_path / "ref").items() if k != "manifest.json"}
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 2)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    with s3_server():
+        hooks = Record()
+        build(_config(corpus, "s3://packer/exchange-out", **opts), progress=False, hooks=hooks)
+        root = store_path("s3://packer/exchange-out")
+        files = {p.name: p.read_bytes() for p in root.glob("shard-*.parquet")}
+        files.update({n: (root / n).read_bytes() for n in ("stats.json", "rejects.jsonl")})
+        exchange = root / ".packer" / "exchange"
+        assert len(hooks.written) >= 3
+        assert not list(exchange.glob("*")) and not mirror_dir(exchange).exists()
+    assert files == reference
+
+
+def test_images_go_through_the_exchange_unchanged(coco_images, tmp_path, monkeypatch):
+    """qwen2-vl rows with COCO images, message trees and rejects (test_build's mixed records): the media lists and
+    mRoPE positions go through the map outputs (take_rows' per-file path) to the bytes of a build whose writers
+    read 512-line chunks."""
+    from tests.pipeline.test_build import _mixed_records, _write_jsonl
+
+    (tmp_path / "images").mkdir()
+    records = _mixed_records(tmp_path / "images", coco_images[:4])
+    for k in range(2):
+        _write_jsonl(tmp_path / f"{k}.jsonl", records[k:] + records[:k])
+    opts = dict(profile="qwen2-vl", max_length=1024, max_pixels=128 * 28 * 28, rows_per_shard=2, rows_per_row_group=2)
+    monkeypatch.chdir(tmp_path)
+    build(BuildConfig.from_inputs(["0.jsonl", "1.jsonl"], "ref", **opts), progress=False)
+    monkeypatch.setattr(stages, "CHUNK_LINES", 4)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 2)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 1)
+    hooks = Record()
+    build(BuildConfig.from_inputs(["0.jsonl", "1.jsonl"], "out", **opts), progress=False, hooks=hooks)
+    assert len(hooks.written) >= 2
+    assert _files(tmp_path / "out") == _files(tmp_path / "ref")
