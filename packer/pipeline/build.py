@@ -423,15 +423,18 @@ def _exchange(
     """Run the exchange's map tasks where the build has many shards (``stages.map_tasks``) and return the
     ranges with where their rows are in the map outputs; ``ranges`` as they are where it does not run, or
     where every shard is already written (a resumed build whose writers will only check their markers)."""
+    def shards(r: ShardRange) -> int:
+        return -(-len(r.pack_sizes) // config.rows_per_shard)
+
     markers = out / WORK_DIR / "shards"
-    if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists()
-           for s in range(ranges[-1].first + 1 if ranges else 0)):
+    total = ranges[-1].first + shards(ranges[-1]) if ranges else 0
+    if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists() for s in range(total)):
         return ranges
     found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard)
     if found is None:
         return ranges
     tasks, positions = found
-    counts = np.zeros((len(tasks), ranges[-1].first + 1), dtype=np.int64)  # (M, S) rows of shard s in map m
+    counts = np.zeros((len(tasks), total), dtype=np.int64)  # (M, S) rows of shard s in map m
     with progress_bar(total=len(tasks), enabled=progress, desc="exchange", unit="map") as bar, \
             closing(executor.exchange(tasks, cache=cache, config=config, hooks=hooks)) as results:
         for i, written in enumerate(results):
@@ -441,8 +444,9 @@ def _exchange(
     del tasks, positions  # the write positions (4 bytes per example): the writers need only the sections
     out_starts = np.concatenate([[0], np.cumsum(counts.sum(axis=1))])
     sections = np.cumsum(counts, axis=1) - counts  # where shard s's rows start in map output m
-    return [replace(r, exchange=Exchange(exchange_dir(cache), cache_starts, out_starts, np.ascontiguousarray(
-        sections[:, r.first : r.first + -(-len(r.pack_sizes) // config.rows_per_shard)].T))) for r in ranges]
+    return [replace(r, exchange=Exchange(exchange_dir(cache), cache_starts, out_starts,
+                                         np.ascontiguousarray(sections[:, r.first : r.first + shards(r)].T)))
+            for r in ranges]
 
 
 def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:
