@@ -3,9 +3,9 @@
 Writes N tiny text records (2-40 words each, ``{"text": ...}``), builds them with ``--profile text
 --num-proc 2`` in a fresh child process, and samples the RSS of every process of the build's tree (the
 driver and each worker) every 0.1 s. Prints per size: the largest process's peak RSS, the driver's peak in
-each stage (scan, encode, plan, write, finish; sampled by a thread in the driver), wall and CPU seconds
-(the whole tree), and, over all sizes, the slope of peak RSS against records (bytes per example: a
-straight-line fit) and the time per record.
+each stage (scan, encode, plan, exchange where it runs, write, finish; sampled by a thread in the driver),
+wall and CPU seconds (the whole tree), and, over all sizes, the slope of peak RSS against records (bytes per
+example: a straight-line fit) and the time per record.
 
     nice -n 10 python scripts/bench_build_memory.py --sizes 1e6 5e6 2e7
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
@@ -125,6 +125,10 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
             mark("encode")
             yield from inner.encode(chunks, **kw)
             mark("plan")
+
+        def exchange(self, tasks, **kw):
+            mark("exchange")
+            yield from inner.exchange(tasks, **kw)
 
         def write(self, ranges, **kw):
             mark("write")

@@ -10,7 +10,10 @@ Stages (``stages.py``) and what each leaves in ``OUT/.packer`` (the work area):
 3. plan    each chunk's lengths read as it lands into compact arrays (``columns.py``, ~4 bytes per example)
            -> ``packing.bulk.plan_bulk`` (or ``packing.plan`` for budgets) -> ``order`` / ``bounds``.
 4. write   shard ranges as executor tasks: rows gathered chunk file by chunk file, each shard written
-           atomically; a rerun skips shards whose marker (sha256) matches.
+           atomically; a rerun skips shards whose marker (sha256) matches. A build of many shards first
+           runs the exchange (``stages.map_tasks``): map tasks each read consecutive chunks once and write
+           their rows in write order (``exchange/map-NNNNNN.arrow``), and the writers read one section of
+           each map output instead of every chunk file; the map outputs are deleted once the shards are.
 5. finish  rejects.jsonl, stats.json, README.md (a dataset card: ``datasets.load_dataset(OUT)`` works),
            then manifest.json LAST.
 
@@ -27,7 +30,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +65,11 @@ from packer.pipeline.output import (
 )
 from packer.pipeline.stages import (
     Chunk,
+    Exchange,
     Plan,
     ShardRange,
+    exchange_dir,
+    map_tasks,
     plan_packs,
     progress_bar,
     scan_chunks,
@@ -71,7 +77,7 @@ from packer.pipeline.stages import (
     streamed_inputs,
     warm_planner,
 )
-from packer.shards.io import write_json_atomic, write_text_atomic
+from packer.shards.io import shard_name, write_json_atomic, write_text_atomic
 from packer.shards.schema import (
     MANIFEST,
     REJECTS,
@@ -83,7 +89,7 @@ from packer.shards.schema import (
     TokenizerRef,
     Totals,
 )
-from packer.shards.store import ObjectPath, mirror_dir, store_path, write_atomic
+from packer.shards.store import ObjectPath, mirror_dir, remove_tree, store_path, write_atomic
 
 
 @dataclass
@@ -238,12 +244,17 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     _save_plan(work, plan)
     hooks.at("plan")
 
-    shard_entries = _write(executor, shard_ranges(plan, rows_per_shard=config.rows_per_shard),
-                           cache=cache.indexed(columns.rows.tolist()), config=config, hooks=hooks,
-                           progress=progress)
+    indexed = cache.indexed(columns.rows.tolist())
+    ranges = _exchange(executor, plan, shard_ranges(plan, rows_per_shard=config.rows_per_shard), out=out,
+                       cache=indexed, config=config, hooks=hooks, progress=progress)
+    shard_entries = _write(executor, ranges, cache=indexed, config=config, hooks=hooks, progress=progress)
+    del ranges
     remove_stale_shards(out, {e["file"] for e in shard_entries})
+    if exchange_dir(cache).exists():  # the map outputs: a copy of the cache, needed by no later stage
+        remove_tree(exchange_dir(cache))
     if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
         shutil.rmtree(mirror_dir(cache.root), ignore_errors=True)
+        shutil.rmtree(mirror_dir(exchange_dir(cache)), ignore_errors=True)
 
     rejects = sorted(_encode_rejects(cache, config) + budget_rejected, key=lambda r: (r["path"], r["line"]))
     write_rejects(out / REJECTS, rejects)
@@ -442,6 +453,39 @@ def _write(
             entries.extend(written)
             bar.update(len(shards.pack_sizes))
     return entries
+
+
+def _exchange(
+    executor: Executor, plan: Plan, ranges: list[ShardRange], *, out: Path | ObjectPath, cache: EncodeCache,
+    config: BuildConfig, hooks: Hooks, progress: bool,
+) -> list[ShardRange]:
+    """Run the exchange's map tasks where the build has many shards (``stages.map_tasks``) and return the
+    ranges with where their rows are in the map outputs; ``ranges`` as they are where it does not run, or
+    where every shard is already written (a resumed build whose writers will only check their markers)."""
+    def shards(r: ShardRange) -> int:
+        return -(-len(r.pack_sizes) // config.rows_per_shard)
+
+    markers = out / WORK_DIR / "shards"
+    total = ranges[-1].first + shards(ranges[-1]) if ranges else 0
+    if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists() for s in range(total)):
+        return ranges
+    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard)
+    if found is None:
+        return ranges
+    tasks, positions = found
+    counts = np.zeros((len(tasks), total), dtype=np.int64)  # (M, S) rows of shard s in map m
+    with progress_bar(total=len(tasks), enabled=progress, desc="exchange", unit="map") as bar, \
+            closing(executor.exchange(tasks, cache=cache, config=config, hooks=hooks)) as results:
+        for i, written in enumerate(results):
+            counts[i] = written
+            bar.update(1)
+    cache_starts = cache.starts[[t.first_chunk for t in tasks] + [cache.num_chunks]]
+    del tasks, positions  # the write positions (4 bytes per example): the writers need only the sections
+    out_starts = np.concatenate([[0], np.cumsum(counts.sum(axis=1))])
+    sections = np.cumsum(counts, axis=1) - counts  # where shard s's rows start in map output m
+    return [replace(r, exchange=Exchange(exchange_dir(cache), cache_starts, out_starts,
+                                         np.ascontiguousarray(sections[:, r.first : r.first + shards(r)].T)))
+            for r in ranges]
 
 
 def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:

@@ -14,6 +14,7 @@ needs of each (ranged reads), the writers memory-map this machine's copy of each
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -131,6 +132,41 @@ class EncodeCache:
                     raise ShardError(f"{path}:{n} {e}: the encode cache is corrupt; delete {self.root} and rerun "
                                      "the same command") from None
         return out
+
+
+def write_ipc_atomic(path: Path | ObjectPath, table: pa.Table, metadata: dict[str, str]) -> None:
+    """``table`` (EXAMPLE_SCHEMA) as an Arrow IPC file at ``path``, ``metadata`` in its schema, written under
+    a temp name and moved into place (``store.write_atomic``'s rule): a local file streamed to disk (no copy
+    of the table in memory), an object from a buffer."""
+    table = table.replace_schema_metadata(metadata)
+    if isinstance(path, ObjectPath):
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        write_atomic(path, sink.getvalue().to_pybytes())
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def committed_ipc(path: Path | ObjectPath, metadata: dict[str, str]) -> bool:
+    """Is ``path`` a whole Arrow IPC file (``write_ipc_atomic``'s) whose schema holds ``metadata``? False
+    for a missing file, one of other metadata, or bytes that are not an IPC file."""
+    if not path.exists():
+        return False
+    try:
+        with _open_ipc(path, columns=()) as reader:
+            held = reader.schema.metadata or {}
+    except (pa.ArrowException, OSError):
+        return False
+    return all(held.get(k.encode()) == v.encode() for k, v in metadata.items())
 
 
 @contextmanager

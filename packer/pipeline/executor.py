@@ -13,24 +13,26 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from packer.config import BuildConfig
     from packer.encode.encoder import Encoder
     from packer.pipeline.cache import ChunkCounts, EncodeCache
     from packer.pipeline.faults import Hooks
-    from packer.pipeline.stages import Chunk, ShardRange
+    from packer.pipeline.stages import Chunk, MapTask, ShardRange
 
 T = TypeVar("T")
 E = TypeVar("E", bound="Executor")
 
 
 class Executor(ABC):
-    """Runs the two task stages of a build (``stages.encode_chunk``, ``stages.write_shard_range``); ``build``
-    does the rest (scan, plan, finish) in its own process.
+    """Runs the task stages of a build (``stages.encode_chunk``, ``stages.exchange_map`` where the build has
+    many shards, ``stages.write_shard_range``); ``build`` does the rest (scan, plan, finish) in its own process.
 
     ``build`` calls, in order: ``start()`` before it loads the tokenizer (``LocalExecutor`` spawns its workers
     then, so their start-up overlaps the load); ``submit(scan_chunks, ...)`` to scan the inputs during that
     load; ``preload(encoder)`` as soon as it has the encoder, before it fingerprints the tokenizer (workers
-    may load it meanwhile); ``encode`` then ``write``; and ``close()`` when it ends, also on an error. An
+    may load it meanwhile); ``encode``, then ``exchange`` (builds of many shards), then ``write``; and ``close()`` when it ends, also on an error. An
     executor is also a context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
 
     ``encode`` and ``write`` are generators: each runs its tasks wherever and in whatever order it likes and
@@ -61,6 +63,16 @@ class Executor(ABC):
         self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[ChunkCounts, None, None]:
         """Encode each chunk (``stages.encode_chunk``); yield each chunk's counts in chunk order."""
+
+    def exchange(
+        self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[np.ndarray, None, None]:
+        """Run each map task of the exchange (``stages.exchange_map``); yield its per-shard counts in task
+        order. By default in this process (an executor that runs tasks elsewhere overrides it)."""
+        from packer.pipeline.stages import exchange_map
+
+        for task in tasks:
+            yield exchange_map(task, cache=cache, hooks=hooks)
 
     @abstractmethod
     def write(

@@ -1,6 +1,6 @@
 """``LocalExecutor``: runs a build's tasks on this machine (an ``Executor``, ``pipeline/executor.py``).
 
-Encode tasks and shard ranges run in this process (``num_proc=1``) or in ONE spawn pool of ``num_proc``
+Encode tasks, the exchange's map tasks and shard ranges run in this process (``num_proc=1``) or in ONE spawn pool of ``num_proc``
 workers that serves both stages: ``start`` spawns it when the build begins, so the workers' interpreter
 start and imports overlap the parent's tokenizer load, and the write stage reuses the encode stage's
 workers instead of spawning its own. Resuming needs nothing here: the tasks skip what a previous run
@@ -20,10 +20,12 @@ from packer.config import BuildConfig
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
-from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
+from packer.pipeline.stages import Chunk, MapTask, ShardRange, encode_chunk, exchange_map, write_shard_range
 
 if TYPE_CHECKING:
     from multiprocessing.pool import Pool
+
+    import numpy as np
 
     from packer.encode.encoder import Encoder
 
@@ -134,6 +136,16 @@ class LocalExecutor(Executor):
             return
         yield from self._in_pool(_write_task, [(shards, cache, config, hooks) for shards in ranges])
 
+    def exchange(
+        self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[np.ndarray, None, None]:
+        """Run the exchange's map tasks here (``num_proc`` 1) or in the pool; yield their counts in order."""
+        if self.num_proc == 1:
+            for task in tasks:
+                yield exchange_map(task, cache=cache, hooks=hooks)
+            return
+        yield from self._in_pool(_exchange_task, [(task, cache, hooks) for task in tasks])
+
     def _in_pool(self, task: Callable[[Any], Any], args: list[Any]) -> Generator[Any, None, None]:
         """``task`` over ``args`` in the pool (started here if ``start`` was not called), results in order;
         the pool is terminated on an error, Ctrl-C or the caller closing the generator early."""
@@ -199,6 +211,12 @@ def _drop_encoder() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def _exchange_task(args: tuple[MapTask, EncodeCache, Hooks]) -> np.ndarray:
+    task, cache, hooks = args
+    _drop_encoder()
+    return exchange_map(task, cache=cache, hooks=hooks)
 
 
 def _write_task(args: tuple[ShardRange, EncodeCache, BuildConfig, Hooks]) -> list[dict[str, Any]]:

@@ -204,7 +204,7 @@ def remove_stale_temp_files(out: Path | ObjectPath) -> list[Path | ObjectPath]:
     them loses nothing. (Two builds writing one directory at once are not supported.)
     """
     stale = []
-    for d in (out, out / WORK_DIR, out / WORK_DIR / "encode", out / WORK_DIR / "shards", out / WORK_DIR / "inputs"):
+    for d in (out, out / WORK_DIR, *(out / WORK_DIR / sub for sub in ("encode", "shards", "inputs", "exchange"))):
         if d.is_dir():
             stale.extend(p for p in d.glob("*.tmp-*") if p.is_file())
     for p in stale:

@@ -2,8 +2,8 @@
 
     packer build 'data/*.jsonl' -o /shared/out --executor ray --ray-address ray://head:10001
 
-Each encode chunk and each shard range is one Ray task running the same stage function as the local
-executor (``stages.encode_chunk``, ``stages.write_shard_range``), so the bytes are the same. Plain tasks,
+Each encode chunk, each map task of the exchange and each shard range is one Ray task running the same stage
+function as the local executor (``stages.encode_chunk``, ``stages.exchange_map``, ``stages.write_shard_range``), so the bytes are the same. Plain tasks,
 not Ray Data: a build's tasks are already independent, idempotent and ordered by index, and what returns to
 the driver is a few counts per chunk and a manifest entry per shard; Ray Data's blocks, operators and
 streaming would add a data model (rows in the object store) that a build does not need and whose order it
@@ -32,9 +32,11 @@ from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.output import remove_stale_temp_files
-from packer.pipeline.stages import Chunk, ShardRange, encode_chunk, write_shard_range
+from packer.pipeline.stages import Chunk, MapTask, ShardRange, encode_chunk, exchange_map, write_shard_range
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from packer.encode.encoder import Encoder
 
 MAX_RETRIES = 3  # runs of a task whose worker process died, after the first (Ray's default, made explicit)
@@ -81,6 +83,16 @@ class RayExecutor(Executor):
         boxed = [ray.put(encoder)]  # in a list: Ray passes the reference, the worker fetches it once
         yield from self._ordered(lambda c: task.remote(c, boxed, cache, config, hooks, self.cwd), chunks)
         remove_stale_temp_files(_output(cache))  # of retried tasks: every task is done, none is a live write
+
+    def exchange(
+        self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[np.ndarray, None, None]:
+        """One task per map task of the exchange; yield each one's per-shard counts in task order."""
+        ray = _ray()
+        task = ray.remote(max_retries=MAX_RETRIES)(_exchange_task)
+        cache_ref = ray.put(cache)
+        yield from self._ordered(lambda t: task.remote(t, cache_ref, hooks, self.cwd), tasks)
+        remove_stale_temp_files(_output(cache))
 
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -146,6 +158,11 @@ def _encode_task(chunk: Chunk, boxed: list, cache: EncodeCache, config: BuildCon
         _ENCODER.clear()  # a worker serves one build at a time: drop an earlier build's encoder
         _ENCODER[key] = ray.get(boxed[0])
     return encode_chunk(chunk, encoder=_ENCODER[key], cache=cache, config=config, hooks=hooks)
+
+
+def _exchange_task(task: MapTask, cache: EncodeCache, hooks: Hooks, cwd: str) -> np.ndarray:
+    _enter(cwd)
+    return exchange_map(task, cache=cache, hooks=hooks)
 
 
 def _write_task(shards: ShardRange, cache: EncodeCache, config: BuildConfig, hooks: Hooks,

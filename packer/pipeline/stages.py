@@ -4,10 +4,12 @@
                        (a streamed file, formats/files.py: spilled as JSON-lines chunk files)
     encode_chunk       one chunk -> its rows and rejects in the encode cache             a task (any process)
     plan_packs         the compact length columns (columns.py) -> packs (order, bounds)   in the parent
+    exchange_map       consecutive chunks -> their planned rows in write order             a task (any process)
+                       (map_tasks: only for builds of many shards)
     write_shard_range  consecutive shards of the plan -> Parquet files + markers          a task (any process)
 
-The two task stages are idempotent: a committed chunk is not encoded again and a shard whose marker matches
-its file is not written again, so a resumed build, or an executor that retries a task, redoes only what is
+The task stages are idempotent: a committed chunk is not encoded again, a committed map output of the same
+positions is not written again, and a shard whose marker matches its file is not written again, so a resumed build, or an executor that retries a task, redoes only what is
 missing. Each task writes its own files atomically and returns what it did; the same tasks give the same
 bytes whatever runs them, in whatever order.
 """
@@ -30,10 +32,10 @@ from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, limits_of
-from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
-from packer.shards.assemble import assemble_packs, encoded_table
+from packer.shards.assemble import assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
@@ -465,6 +467,121 @@ def warm_planner(config: BuildConfig) -> None:
         return
 
 
+# ------------------------------------------------------------------------------------------ exchange
+EXCHANGE_MIN_SHARDS = 4  # fewer shards: each writer reads the chunk files itself (few visits in all)
+EXCHANGE_MIN_FAN = 4  # the exchange runs only where each map output stands for this many chunk files or more
+
+
+@dataclass(frozen=True)
+class MapTask:
+    """One map task of the exchange: the cache chunks ``first_chunk`` .. ``end_chunk - 1`` read once, their
+    planned examples written in write order (``exchange/map-NNNNNN.arrow``), so that each shard's rows are
+    one contiguous section of each map output."""
+
+    index: int
+    first_chunk: int
+    end_chunk: int  # exclusive
+    rows: np.ndarray | None  # (k,) cache row of each of its planned examples (input order); None: every row once
+    positions: np.ndarray  # (k,) write position of each (its place in ``Plan.order``)
+    shard_starts: np.ndarray  # (S + 1,) first write position of each shard, then the total
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Where a shard's rows are in the map outputs: what a writer needs instead of the chunk files."""
+
+    root: Any  # OUT/.packer/exchange (a Path or an ObjectPath)
+    cache_starts: np.ndarray  # (M + 1,) first cache row each map task reads, then the total
+    out_starts: np.ndarray  # (M + 1,) first row of each map output in their concatenation, then the total
+    sections: np.ndarray  # (shards of the range, M) where each shard's rows start in each map output
+
+    def take(self, sel: np.ndarray, j: int) -> pa.Table:
+        """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
+        from one contiguous section of each map output."""
+        m = np.searchsorted(self.cache_starts, sel, side="right") - 1  # (k,) map task of each row
+        by_map = np.argsort(m, kind="stable")  # the shard's rows map by map, each map's in write order
+        ms = m[by_map]
+        rank = np.arange(len(ms)) - np.searchsorted(ms, ms)  # k-th row of the shard from map m
+        where = np.empty(len(sel), dtype=np.int64)
+        where[by_map] = self.out_starts[ms] + self.sections[j][ms] + rank
+        files = [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
+        return take_rows(files, self.out_starts, where)
+
+
+def exchange_dir(cache: EncodeCache) -> Any:
+    """OUT/.packer/exchange, beside the encode cache: the map outputs, deleted once every shard is written."""
+    return cache.root.parent / "exchange"
+
+
+def map_file(root: Any, i: int) -> Any:
+    return root / f"map-{i:06d}.arrow"
+
+
+def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[list[MapTask], np.ndarray] | None:
+    """The exchange's map tasks for ``plan`` over a cache whose chunk ``c`` starts at row ``starts[c]``, and
+    the write position of each planned example (4 bytes per example, held while the map tasks run); None
+    where the writers should read the chunk files themselves (few shards, or few chunks per map output).
+
+    A map task reads consecutive chunks holding about one shard's examples (n / shards), so it holds no more
+    than a writer does, and the files a writer opens drop from the chunks (n / 512) to the map outputs
+    (about the number of shards)."""
+    n, shards = plan.num_examples, -(-len(plan.pack_sizes) // rows_per_shard)
+    num_chunks = len(starts) - 1
+    if shards < EXCHANGE_MIN_SHARDS or n == 0:
+        return None
+    target = max(1, -(-int(starts[-1]) // shards))  # cache rows per map task
+    edges = [0]
+    for c in range(1, num_chunks):
+        if starts[c] - starts[edges[-1]] >= target:
+            edges.append(c)
+    edges.append(num_chunks)
+    if (len(edges) - 1) * EXCHANGE_MIN_FAN > num_chunks:
+        return None
+    positions = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+    for a in range(0, n, 1 << 20):  # the inverse of ``order``, a block at a time (no (n,) arange)
+        b = min(n, a + (1 << 20))
+        positions[plan.order[a:b]] = np.arange(a, b, dtype=positions.dtype)
+    shard_starts = plan.bounds[np.minimum(np.arange(shards + 1) * rows_per_shard, len(plan.pack_sizes))].astype(np.int64)
+    tasks = []
+    for i, (c0, c1) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        r0, r1 = int(starts[c0]), int(starts[c1])
+        if plan.index is None:
+            lo, hi, rows = r0, r1, None
+        else:  # ``index`` is sorted (input order): the planned examples of these chunks are one slice
+            lo, hi = (int(x) for x in np.searchsorted(plan.index, [r0, r1]))
+            rows = plan.index[lo:hi]
+        tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi], shard_starts))
+    return tasks, positions
+
+
+def exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> np.ndarray:
+    """Run one map task: write its planned examples in write order (atomically: a half-written output is
+    a temp file, never the map output), unless a committed output of the same positions is there; return
+    (S,) how many of them each shard holds. The output's metadata holds the sha256 of its positions, so an
+    output of another plan is never read as this one's."""
+    with stage(f"exchange (map {task.index}: chunks {task.first_chunk}..{task.end_chunk - 1})"):
+        return _exchange_map(task, cache=cache, hooks=hooks)
+
+
+def _exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> np.ndarray:
+    import hashlib
+
+    by_position = np.argsort(task.positions, kind="stable")
+    positions = task.positions[by_position].astype(np.int64)
+    counts = np.diff(np.searchsorted(positions, task.shard_starts))
+    key = hashlib.sha256(positions.tobytes()).hexdigest()
+    path = map_file(exchange_dir(cache), task.index)
+    if committed_ipc(path, {"positions_sha256": key}):
+        return counts
+    starts = cache.starts[task.first_chunk : task.end_chunk + 1]
+    rows = by_position if task.rows is None else task.rows[by_position] - starts[0]
+    table = take_rows([cache.arrow(c) for c in range(task.first_chunk, task.end_chunk)], starts - starts[0], rows)
+    del rows
+    write_ipc_atomic(path, table, {"positions_sha256": key})
+    hooks.at("exchange", task.index)
+    return counts
+
+
 # --------------------------------------------------------------------------------------------- write
 @dataclass(frozen=True)
 class ShardRange:
@@ -474,6 +591,7 @@ class ShardRange:
     pack_sizes: np.ndarray  # (P,) examples per pack, the range's packs in write order
     examples: np.ndarray  # (sum(pack_sizes),) cache row of each example, pack by pack
     copies: np.ndarray | None  # (sum(pack_sizes),) copy number of each; None: no copy
+    exchange: Exchange | None = None  # where the rows are in the exchange's map outputs; None: the cache's chunks
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
@@ -519,7 +637,8 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         entry = json.loads(marker.read_text())
         if sha256_file(path) == entry["sha256"]:
             return entry
-    rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]])
+    sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
+    rows = cache.take(sel) if shards.exchange is None else shards.exchange.take(sel, j)
     dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
     if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
         ids = rows.column("example_id").to_pylist()

@@ -202,6 +202,34 @@ def test_a_killed_driver_resumes_by_rerunning_the_command(cluster, corpus, refer
     assert {p.name: p.stat().st_mtime_ns for p in (out / ".packer" / "encode").glob("*.arrow")} == encoded
 
 
+class TouchOnExchange(Hooks):
+    """Leaves ``dir/N`` for each map output a Ray worker commits (``exchange:N``)."""
+
+    def __init__(self, dir: Path):
+        self.dir = dir
+
+    def at(self, point: str, n: int = 0, **state: Any) -> None:
+        if point == "exchange":
+            (self.dir / str(n)).touch()
+
+
+@pytest.mark.slow
+def test_ray_runs_the_exchange_to_the_local_builds_bytes(cluster, corpus, reference, tmp_path, monkeypatch):
+    """Chunks of 4 lines and the exchange on for 2+ shards: Ray tasks run the map tasks (images in the rows:
+    the media columns go through the map outputs), and the bytes are the local build's (512-line chunks, no
+    exchange)."""
+    from packer.pipeline import stages
+
+    monkeypatch.chdir(corpus)
+    monkeypatch.setattr(stages, "CHUNK_LINES", 4)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 2)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 1)
+    (tmp_path / "maps").mkdir()
+    build(_config(corpus, tmp_path / "out", executor="ray"), progress=False, hooks=TouchOnExchange(tmp_path / "maps"))
+    assert len(list((tmp_path / "maps").iterdir())) >= 2
+    assert _digests(tmp_path / "out") == reference
+
+
 @pytest.mark.slow
 def test_strict_raises_the_record_error_itself(cluster, corpus, tmp_path, monkeypatch):
     monkeypatch.chdir(corpus)
