@@ -186,8 +186,11 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
     columns = built.finish([names[1] if budgets and c % 4 == 3 else names[0] for c in range(len(built.rows))])
     phases: dict[str, float] = {"columns": (status("VmHWM") - base) / 2**20}
 
+    ends: dict[str, float] = {}
+
     def phase(name: str) -> None:  # this phase's peak above the base, then VmHWM := VmRSS for the next
         phases[name] = (status("VmHWM") - base) / 2**20
+        ends[name] = (status("VmRSS") - base) / 2**20
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
 
@@ -196,15 +199,15 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
     phase("plan")
     with tempfile.TemporaryDirectory() as work:
         _save_plan(Path(work), plan)  # as build writes it
-    ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
+    shards = len(shard_ranges(plan, rows_per_shard=config.rows_per_shard))  # build's write stage drops them
     phase("save")
     stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
                           capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
                           sources=plan.planned(columns.source_codes(names)) if budgets else None,
                           source_names=names, input_records=n)  # one source: build passes None
     phase("stats")
-    print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
-                      "peak_above_base_mib": max(phases.values()), "phase_peaks_mib": phases,
+    print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": shards, "base_mib": base / 2**20,
+                      "peak_above_base_mib": max(phases.values()), "phase_peaks_mib": phases, "phase_ends_mib": ends,
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
 
 

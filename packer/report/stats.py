@@ -104,6 +104,15 @@ def _std_in_place(values: np.ndarray) -> float:
     return float(np.sqrt(np.add.reduce(values) / values.shape[0]))
 
 
+def _present(sources: np.ndarray) -> list[Any]:
+    """``np.unique(sources).tolist()`` a block at a time: np.unique sorts a copy and marks it (2 bytes per
+    example)."""
+    present: set[Any] = set()
+    for a in range(0, len(sources), _BLOCK):
+        present.update(np.unique(sources[a : a + _BLOCK]).tolist())
+    return sorted(present)
+
+
 def _hist_blocks(pack_tokens: np.ndarray, capacity: int) -> dict[str, list]:
     """``_hist(pack_tokens / capacity, 0.0, 1.0)`` a block of packs at a time (a fixed range: the same edges, and
     counts add up), not a float64 copy of every pack's fill."""
@@ -183,6 +192,8 @@ def compute_stats(
     # int64 per-pack array cost ~1 byte per example at the driver's peak (the same summaries and histograms)
     per_pack_dtype = np.int32 if capacity < 2**31 else np.int64
     pack_tokens = per_pack(lengths, per_pack_dtype).astype(per_pack_dtype, copy=False)
+    tokens_per_pack, hist_fill = _summary(pack_tokens), _hist_blocks(pack_tokens, capacity)
+    del pack_tokens  # not held beside the vision tokens' per-pack arrays
     pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
                    else per_pack(vision, per_pack_dtype).astype(per_pack_dtype, copy=False))
     tokens = int(lengths.sum())
@@ -202,10 +213,12 @@ def compute_stats(
         "lower_bound_packs": int(lower_bound),
         "packs_over_lower_bound": int(num_packs - lower_bound),
         "examples_per_pack": _summary(pack_examples),
-        "tokens_per_pack": _summary(pack_tokens),
-        "vision_tokens_per_pack": {**_summary(pack_vision), "std": float(pack_vision.std()) if num_packs else 0.0},
+        "tokens_per_pack": tokens_per_pack,
+        # the std of a float64 copy, in place: numpy's own float64 deviations would be one more (the same bits)
+        "vision_tokens_per_pack": {**_summary(pack_vision),
+                                   "std": _std_in_place(pack_vision.astype(np.float64)) if num_packs else 0.0},
         "example_length": _summary(lengths),
-        "hist_fill": _hist_blocks(pack_tokens, capacity),
+        "hist_fill": hist_fill,
         "hist_examples_per_pack": _hist(pack_examples, 0.5, float(pack_examples.max(initial=1)) + 0.5,
                                          bins=int(pack_examples.max(initial=1))),
         "hist_vision_per_pack": _hist(pack_vision, 0.0, float(pack_vision.max(initial=1))),
@@ -257,11 +270,11 @@ def compute_stats(
     if source_names is not None and sources is None:  # every example is source_names[0]'s (no array)
         codes: dict[str, Any] = {source_names[0]: None} if len(source_names) == 1 and len(lengths) else {}
     elif source_names is not None:
-        codes = {source_names[c]: c for c in np.unique(sources).tolist()}
+        codes = {source_names[c]: c for c in _present(sources)}
     else:
         codes = {} if sources is None else {name: name for name in set(sources.tolist())}
     if len(lengths) and any(codes):
-        del pack_tokens, pack_vision  # in the stats already: not held beside the per-source pass
+        del pack_vision  # in the stats already: not held beside the per-source pass
         per_source: dict[str, dict[str, Any]] = {}
         denominator = pack_examples if pack_examples.min(initial=1) >= 1 else np.maximum(pack_examples, 1)
         for name in sorted(codes):
