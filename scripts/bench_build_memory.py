@@ -148,7 +148,8 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
 def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = False) -> None:
     """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
     compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
-    saved (``plan.npz``), cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM)."""
+    saved (``plan.npz``), cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM),
+    overall and per phase (columns gathered, plan, save + shard ranges, stats)."""
     from packer.config import BuildConfig
     from packer.pipeline.build import _save_plan
     from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
@@ -187,16 +188,30 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
                                counts=counts, loss_weight=None, linear=None, over=np.zeros(0, np.int64), rejects=[]))
     names = [s.name for s in config.sources]
     columns = built.finish([names[1] if budgets and c % 4 == 3 else names[0] for c in range(len(built.rows))])
+    phases: dict[str, float] = {"columns": (status("VmHWM") - base) / 2**20}
+
+    ends: dict[str, float] = {}
+
+    def phase(name: str) -> None:  # this phase's peak above the base, then VmHWM := VmRSS for the next
+        phases[name] = (status("VmHWM") - base) / 2**20
+        ends[name] = (status("VmRSS") - base) / 2**20
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+    phase("columns")
     plan = plan_packs(columns, config)
+    phase("plan")
     with tempfile.TemporaryDirectory() as work:
         _save_plan(Path(work), plan)  # as build writes it
-    ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
+    shards = len(shard_ranges(plan, rows_per_shard=config.rows_per_shard))  # build's write stage drops them
+    phase("save")
     stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
                           capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
                           sources=plan.planned(columns.source_codes(names)) if budgets else None,
                           source_names=names, input_records=n)  # one source: build passes None
-    print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": len(ranges), "base_mib": base / 2**20,
-                      "peak_above_base_mib": (status("VmHWM") - base) / 2**20,
+    phase("stats")
+    print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": shards, "base_mib": base / 2**20,
+                      "peak_above_base_mib": max(phases.values()), "phase_peaks_mib": phases, "phase_ends_mib": ends,
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
 
 

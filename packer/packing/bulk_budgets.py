@@ -9,8 +9,8 @@ test_bulk_budgets.py), reading the compact columns as given (uint16 lengths and 
 read through ``index`` where the planned examples are a subset of the rows) and holding per example only:
 
 - the pack of each example (int32, 4 bytes), which becomes ``order`` in place (below);
-- the decreasing order in blocks of ``n // 16`` examples (one scan of the lengths per block, a counting sort
-  of the lengths in it) instead of the whole (n,) int64 order: 0.25 bytes;
+- the decreasing order in blocks of ``n // 64`` examples (one scan of the lengths per block, a counting sort
+  of the lengths in it) instead of the whole (n,) int64 order: ~0.2 bytes;
 - one bit per example while the packs are grouped.
 
 Per pack: the keyed index of ``kernels`` (``ix_*``: remaining tokens, the budgets left, list links) in int32,
@@ -38,8 +38,11 @@ from packer.errors import ConfigError
 from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
 from packer.packing.kernels import class_column, ix_find, ix_insert, ix_remove
 
-# The decreasing order is made this many examples at a time at least (n // 16 from 16M): one scan each.
-BLOCK_MIN = 1 << 20
+# The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
+# lengths each. Its buffers take 10 + 2 x budgets bytes per example of a block: n // 16 with at least 1M held
+# ~1-3 bytes per example at 5M-20M (docs/scale.md, "Budgets in bulk").
+BLOCK_MIN = 1 << 18
+BLOCKS = 64
 
 
 def plan_budgeted(
@@ -109,7 +112,7 @@ def plan_budgeted(
     state = np.zeros(1, dtype=np.uint16 if int(budgets.max()) < 2**16 else np.int32)
 
     slot = np.empty(n, dtype=np.int32)
-    block = max(BLOCK_MIN, n // 16)
+    block = max(BLOCK_MIN, n // BLOCKS)
     num_packs, ix = _bfd_budgeted(lens, rows, cols, len(kept), counts, capacity, budgets, cls, classes, block,
                                   slot, state)
     sizes = _sizes(ix[5], budgets[0], num_packs)  # examples per pack, opening order

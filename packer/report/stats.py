@@ -40,29 +40,87 @@ def padded_tokens_per_batch(lengths: np.ndarray, batch_size: int) -> int:
 _BLOCK = 1 << 18  # examples per block of ``_per_pack``: its float64 copy is 2 MB, not 8 bytes per example
 
 
-def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
     """(P,) float64 sum of ``values`` over each pack's examples ``order[bounds[p]:bounds[p + 1]]``, in order.
     Computed a block of whole packs at a time (reduceat casts its whole input to float64: 8 bytes per example at
-    once); each pack's sum is the same sequence of additions either way, so the same bits."""
+    once); each pack's sum is the same sequence of additions either way, so the same bits. ``dtype`` integer
+    (integer ``values`` only): the same sums summed as int64 and kept as ``dtype`` (no float64 per pack)."""
     num_packs = len(bounds) - 1
-    out = np.zeros(num_packs, dtype=np.float64)
+    if np.dtype(dtype).kind in "iu" and values.dtype.kind not in "iub":
+        dtype = np.float64
+    wide = np.int64 if np.dtype(dtype).kind in "iu" else np.float64
+    out = np.zeros(num_packs, dtype=dtype)
     p0 = 0
     while p0 < num_packs:
         b0 = int(bounds[p0])
         p1 = max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1)
         p1 = min(p1, num_packs)
         starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
-        out[p0:p1] = np.add.reduceat(values[order[b0 : int(bounds[p1])]], starts, dtype=np.float64)
+        out[p0:p1] = np.add.reduceat(values[order[b0 : int(bounds[p1])]], starts, dtype=wide)
         p0 = p1
     return out
 
 
-def _select_sum(values: np.ndarray, sel: Any) -> int:
-    """int(values[sel].sum()) of integer ``values`` without the selected copy (2 bytes per example of a source):
-    a masked reduction, the same integer."""
-    if isinstance(sel, slice):
-        return int(values[sel].sum(dtype=np.int64))
-    return int(np.add.reduce(values, where=sel, dtype=np.int64))
+def _everyone_mass(loss_mass: np.ndarray) -> Any:
+    """The loss mass of every example: an int for integer counts, a float64 sum for weights."""
+    return int(loss_mass.sum(dtype=np.int64)) if loss_mass.dtype.kind in "iu" else loss_mass.sum(dtype=np.float64)
+
+
+def _source_sums(sources: np.ndarray, code: Any, lengths: np.ndarray, loss_tokens: np.ndarray,
+                 loss_mass: np.ndarray | None) -> tuple[int, int, int, int]:
+    """(examples, tokens, loss tokens, integer loss mass) of the rows whose source is ``code``, a block of rows
+    at a time (a mask of ``_BLOCK`` rows, not of all n)."""
+    sums = [0, 0, 0, 0]
+    for a in range(0, len(sources), _BLOCK):
+        sel = sources[a : a + _BLOCK] == code
+        sums[0] += int(np.count_nonzero(sel))
+        for j, values in enumerate((lengths, loss_tokens, loss_mass), start=1):
+            if values is not None:
+                sums[j] += int(np.add.reduce(values[a : a + _BLOCK], where=sel, dtype=np.int64))
+    return sums[0], sums[1], sums[2], sums[3]
+
+
+def _source_per_pack(sources: np.ndarray, code: Any, order: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """(P,) float64 examples of source ``code`` in each pack (whole numbers), a block of whole packs at a time."""
+    num_packs = len(bounds) - 1
+    out = np.zeros(num_packs, dtype=np.float64)
+    p0 = 0
+    while p0 < num_packs:
+        b0 = int(bounds[p0])
+        p1 = min(max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1), num_packs)
+        starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
+        out[p0:p1] = np.add.reduceat(sources[order[b0 : int(bounds[p1])]] == code, starts, dtype=np.int32)
+        p0 = p1
+    return out
+
+
+def _std_in_place(values: np.ndarray) -> float:
+    """float(values.std()) computed as numpy's ``_var`` computes it (the same operations, so the same bits), with
+    the deviations written over ``values`` instead of a float64 copy of it."""
+    mean = np.add.reduce(values, keepdims=True)
+    np.true_divide(mean, values.shape[0], out=mean)
+    np.subtract(values, mean, out=values)
+    np.square(values, out=values)
+    return float(np.sqrt(np.add.reduce(values) / values.shape[0]))
+
+
+def _present(sources: np.ndarray) -> list[Any]:
+    """``np.unique(sources).tolist()`` a block at a time: np.unique sorts a copy and marks it (2 bytes per
+    example)."""
+    present: set[Any] = set()
+    for a in range(0, len(sources), _BLOCK):
+        present.update(np.unique(sources[a : a + _BLOCK]).tolist())
+    return sorted(present)
+
+
+def _hist_blocks(pack_tokens: np.ndarray, capacity: int) -> dict[str, list]:
+    """``_hist(pack_tokens / capacity, 0.0, 1.0)`` a block of packs at a time (a fixed range: the same edges, and
+    counts add up), not a float64 copy of every pack's fill."""
+    out = _hist(pack_tokens[:_BLOCK] / capacity, 0.0, 1.0)
+    for a in range(_BLOCK, len(pack_tokens), _BLOCK):
+        counts, _ = np.histogram(pack_tokens[a : a + _BLOCK] / capacity, bins=HIST_BINS, range=(0.0, 1.0))
+        out["counts"] = [int(c) + int(d) for c, d in zip(out["counts"], counts, strict=True)]
+    return out
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:
@@ -122,20 +180,22 @@ def compute_stats(
         num_packs = len(bounds) - 1
         pack_examples = np.diff(np.asarray(bounds))  # int32 from a build: 4 bytes per pack, not 8
 
-        def per_pack(values: np.ndarray) -> np.ndarray:  # float64 sums in input order, as bincount's
-            return _per_pack(np.asarray(values), order, bounds)
+        def per_pack(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:  # float64: as bincount's
+            return _per_pack(np.asarray(values), order, bounds, dtype)
     else:
         num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
         pack_examples = np.bincount(pack_ids, minlength=num_packs)
 
-        def per_pack(values: np.ndarray) -> np.ndarray:
+        def per_pack(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
             return np.bincount(pack_ids, weights=values, minlength=num_packs)
     # per-pack totals (<= capacity) as int32: a build of short examples has a pack per ~10 examples, and each
     # int64 per-pack array cost ~1 byte per example at the driver's peak (the same summaries and histograms)
     per_pack_dtype = np.int32 if capacity < 2**31 else np.int64
-    pack_tokens = per_pack(lengths).astype(per_pack_dtype)
+    pack_tokens = per_pack(lengths, per_pack_dtype).astype(per_pack_dtype, copy=False)
+    tokens_per_pack, hist_fill = _summary(pack_tokens), _hist_blocks(pack_tokens, capacity)
+    del pack_tokens  # not held beside the vision tokens' per-pack arrays
     pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
-                   else per_pack(vision).astype(per_pack_dtype))
+                   else per_pack(vision, per_pack_dtype).astype(per_pack_dtype, copy=False))
     tokens = int(lengths.sum())
     lower_bound = -(-tokens // capacity)
     slots = num_packs * capacity
@@ -153,10 +213,12 @@ def compute_stats(
         "lower_bound_packs": int(lower_bound),
         "packs_over_lower_bound": int(num_packs - lower_bound),
         "examples_per_pack": _summary(pack_examples),
-        "tokens_per_pack": _summary(pack_tokens),
-        "vision_tokens_per_pack": {**_summary(pack_vision), "std": float(pack_vision.std()) if num_packs else 0.0},
+        "tokens_per_pack": tokens_per_pack,
+        # the std of a float64 copy, in place: numpy's own float64 deviations would be one more (the same bits)
+        "vision_tokens_per_pack": {**_summary(pack_vision),
+                                   "std": _std_in_place(pack_vision.astype(np.float64)) if num_packs else 0.0},
         "example_length": _summary(lengths),
-        "hist_fill": _hist(pack_tokens / capacity, 0.0, 1.0),
+        "hist_fill": hist_fill,
         "hist_examples_per_pack": _hist(pack_examples, 0.5, float(pack_examples.max(initial=1)) + 0.5,
                                          bins=int(pack_examples.max(initial=1))),
         "hist_vision_per_pack": _hist(pack_vision, 0.0, float(pack_vision.max(initial=1))),
@@ -208,35 +270,47 @@ def compute_stats(
     if source_names is not None and sources is None:  # every example is source_names[0]'s (no array)
         codes: dict[str, Any] = {source_names[0]: None} if len(source_names) == 1 and len(lengths) else {}
     elif source_names is not None:
-        codes = {source_names[c]: c for c in np.unique(sources).tolist()}
+        codes = {source_names[c]: c for c in _present(sources)}
     else:
         codes = {} if sources is None else {name: name for name in set(sources.tolist())}
     if len(lengths) and any(codes):
+        del pack_vision  # in the stats already: not held beside the per-source pass
         per_source: dict[str, dict[str, Any]] = {}
+        denominator = pack_examples if pack_examples.min(initial=1) >= 1 else np.maximum(pack_examples, 1)
         for name in sorted(codes):
             everyone = codes[name] is None or len(codes) == 1
-            sel = slice(None) if everyone else sources == codes[name]  # a view, not a mask, for one source
-            # The mixture inside packs: this source's share of each pack's examples, over packs.
-            with_sel = pack_examples.astype(np.float64) if everyone else per_pack(sel)
-            packs_with = int(np.count_nonzero(with_sel))
-            in_pack = np.divide(with_sel, np.maximum(pack_examples, 1), out=with_sel)  # in place: 8 B per pack
-            source_tokens = _select_sum(lengths, sel)
+            # The rows' sums and the per-pack counts a block at a time: no (n,) mask of the source (1 byte per
+            # example) nor float64 per-pack sums beside the shares; integer sums, so the same numbers.
+            if everyone:
+                examples, source_tokens, source_loss = (len(lengths), int(lengths.sum(dtype=np.int64)),
+                                                        int(np.asarray(loss_tokens).sum(dtype=np.int64)))
+                in_pack = pack_examples.astype(np.float64)
+            else:
+                integer_mass = loss_mass.dtype.kind in "iu"
+                examples, source_tokens, source_loss, source_mass = _source_sums(
+                    sources, codes[name], lengths, np.asarray(loss_tokens), loss_mass if integer_mass else None)
+                if not integer_mass:  # a float sum's bits depend on its order: the selected copy, as ever
+                    source_mass = loss_mass[sources == codes[name]].sum(dtype=np.float64)
+                in_pack = (_source_per_pack(sources, codes[name], order, bounds) if packs is not None
+                           else np.bincount(pack_ids[sources == codes[name]], minlength=num_packs).astype(np.float64))
+            packs_with = int(np.count_nonzero(in_pack))
+            np.divide(in_pack, denominator, out=in_pack)  # this source's share of each pack's examples
+            mean = float(in_pack.mean()) if num_packs else 0.0
             per_source[name] = {
-                "examples": len(lengths) if everyone else int(sel.sum()),
+                "examples": examples,
                 "tokens": source_tokens,
-                "loss_tokens": _select_sum(np.asarray(loss_tokens), sel),
+                "loss_tokens": source_loss,
                 "token_share": float(source_tokens / max(tokens, 1)),
-                "loss_token_share": (float((_select_sum(loss_mass, sel) if loss_mass.dtype.kind in "iu" else
-                                            loss_mass[sel].sum(dtype=np.float64)) / loss_mass.sum(dtype=np.float64))
-                                     if loss_mass.sum() else 0.0),
+                "loss_token_share": (float((_everyone_mass(loss_mass) if everyone else source_mass)
+                                           / loss_mass.sum(dtype=np.float64)) if loss_mass.sum() else 0.0),
                 "packs": packs_with,
                 "pack_share": packs_with / num_packs if num_packs else 0.0,
                 "rejected": sum(1 for r in rejects if r.get("source") == name),
-                "share": 1.0 if everyone else float(sel.mean()),
-                "pack_share_mean": float(in_pack.mean()) if num_packs else 0.0,
-                "pack_share_std": float(in_pack.std()) if num_packs else 0.0,
+                "share": 1.0 if everyone else float(np.float64(examples) / np.float64(len(lengths))),
+                "pack_share_mean": mean,
+                "pack_share_std": _std_in_place(in_pack) if num_packs else 0.0,
             }
-            del sel, with_sel, in_pack  # not held beside the next source's
+            del in_pack  # not held beside the next source's
         stats["sources"] = per_source
     return stats
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from packer.packing.bulk import plan_bulk
+from packer.report import stats
 from packer.report.stats import compute_stats
 
 
-def test_pack_order_and_narrow_arrays_give_the_same_stats():
+@pytest.mark.parametrize("block", [None, 97])  # 97: the per-pack, per-source and fill passes over many blocks
+def test_pack_order_and_narrow_arrays_give_the_same_stats(block, monkeypatch):
+    if block is not None:
+        monkeypatch.setattr(stats, "_BLOCK", block)
     rng = np.random.default_rng(3)
     n = 5000
     lengths = rng.integers(1, 300, size=n).astype(np.uint16)
