@@ -197,16 +197,18 @@ def _only_empty_work_dir(out: Path | ObjectPath, work: Path | ObjectPath) -> boo
             and all(".tmp-" in p.name for p in work.iterdir()))
 
 
-def remove_stale_temp_files(out: Path | ObjectPath) -> list[Path | ObjectPath]:
+def remove_stale_temp_files(out: Path | ObjectPath, *, keep_own: bool = False) -> list[Path | ObjectPath]:
     """Delete the ``*.tmp-PID`` files an interrupted run of this build left (half-written shards, chunks, JSON).
 
     Every writer writes ``NAME.tmp-PID`` and renames it; a temp name is never a finished file, so removing
-    them loses nothing. (Two builds writing one directory at once are not supported.)
+    them loses nothing. (Two builds writing one directory at once are not supported.) ``keep_own``: spare this
+    process's, for a cleanup in the middle of a build whose driver is writing one (``columns.ColumnsFile``).
     """
     stale = []
+    own = f".tmp-{os.getpid()}"
     for d in (out, out / WORK_DIR, *(out / WORK_DIR / sub for sub in ("encode", "shards", "inputs", "exchange"))):
         if d.is_dir():
-            stale.extend(p for p in d.glob("*.tmp-*") if p.is_file())
+            stale.extend(p for p in d.glob("*.tmp-*") if p.is_file() and not (keep_own and p.name.endswith(own)))
     for p in stale:
         p.unlink(missing_ok=True)
     return stale

@@ -82,7 +82,8 @@ class RayExecutor(Executor):
         task = ray.remote(max_retries=MAX_RETRIES)(_encode_task)
         boxed = [ray.put(encoder)]  # in a list: Ray passes the reference, the worker fetches it once
         yield from self._ordered(lambda c: task.remote(c, boxed, cache, config, hooks, self.cwd), chunks)
-        remove_stale_temp_files(_output(cache))  # of retried tasks: every task is done, none is a live write
+        remove_stale_temp_files(_output(cache), keep_own=True)  # of retried tasks: none is a live write (the
+        # driver's own, ColumnsFile's, is)
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -92,7 +93,7 @@ class RayExecutor(Executor):
         task = ray.remote(max_retries=MAX_RETRIES)(_exchange_task)
         cache_ref = ray.put(cache)
         yield from self._ordered(lambda t: task.remote(t, cache_ref, hooks, self.cwd), tasks)
-        remove_stale_temp_files(_output(cache))
+        remove_stale_temp_files(_output(cache), keep_own=True)
 
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -104,7 +105,7 @@ class RayExecutor(Executor):
         # it from its node's object store without a copy
         cache_ref = ray.put(cache)
         yield from self._ordered(lambda r: task.remote(r, cache_ref, config, hooks, self.cwd), ranges)
-        remove_stale_temp_files(_output(cache))
+        remove_stale_temp_files(_output(cache), keep_own=True)
 
     def _ordered(self, submit: Callable[[Any], Any], items: Iterable[Any]) -> Generator[Any, None, None]:
         """Submit a task per item, at most ``window`` ahead of the one awaited; yield results in item order.

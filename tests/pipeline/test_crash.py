@@ -105,16 +105,16 @@ def test_killed_at_every_stage_then_rerun_is_byte_identical(corpus, tiny_tokeniz
     # 1. inside chunk 2: chunks 0, 1 committed; chunk 2's rejects written, its .arrow (the commit) not
     assert run_build(args, "encode-partial:2").returncode == -signal.SIGKILL
     _assert_unfinished(out)
-    assert sorted(p.name for p in encode.glob("*.arrow")) == ["chunk-000000.arrow", "chunk-000001.arrow"]
+    assert sorted(p.name for p in encode.glob("chunk-*.arrow")) == ["chunk-000000.arrow", "chunk-000001.arrow"]
     assert (encode / "chunk-000002.rejects.jsonl").exists()
-    done = _stamps(encode.glob("*.arrow"))
+    done = _stamps(encode.glob("chunk-*.arrow"))
 
     # 2. in the middle of writing shard 2: a half-written temp file, no shard-00002.parquet; chunks 0, 1 reused
     assert run_build(args, "shard-partial:2").returncode == -signal.SIGKILL
     _assert_unfinished(out)
     assert list(out.glob("shard-00002.parquet.tmp-*")) and not (out / "shard-00002.parquet").exists()
-    assert {k: v for k, v in _stamps(encode.glob("*.arrow")).items() if k in done} == done
-    assert len(list(encode.glob("*.arrow"))) == NUM_LINES // CHUNK_LINES + 1
+    assert {k: v for k, v in _stamps(encode.glob("chunk-*.arrow")).items() if k in done} == done
+    assert len(list(encode.glob("chunk-*.arrow"))) == NUM_LINES // CHUNK_LINES + 1
     written = _stamps(out.glob("shard-*.parquet"))
     assert sorted(written) == ["shard-00000.parquet", "shard-00001.parquet"]
 

@@ -194,12 +194,12 @@ def test_a_killed_driver_resumes_by_rerunning_the_command(cluster, corpus, refer
                              capture_output=True, text=True, timeout=300)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert not (out / "manifest.json").exists() and (out / "shard-00001.parquet").exists()
-    encoded = {p.name: p.stat().st_mtime_ns for p in (out / ".packer" / "encode").glob("*.arrow")}
+    encoded = {p.name: p.stat().st_mtime_ns for p in (out / ".packer" / "encode").glob("chunk-*.arrow")}
     assert len(encoded) == len(FILES)
 
     build(_config(corpus, out, executor="ray", ray_address=cluster), progress=False)
     assert _digests(out) == reference
-    assert {p.name: p.stat().st_mtime_ns for p in (out / ".packer" / "encode").glob("*.arrow")} == encoded
+    assert {p.name: p.stat().st_mtime_ns for p in (out / ".packer" / "encode").glob("chunk-*.arrow")} == encoded
 
 
 class TouchOnExchange(Hooks):
