@@ -37,22 +37,16 @@ from typing import Any
 from packer.core.types import Example, Node
 from packer.formats.common import (
     Ctx,
-    audio_pool,
+    bind_media,
     chat_messages,
     check_pool_used,
-    image_pool,
     record_tools,
     tree_branches,
-    use_audio_in_video,
-    video_pool,
 )
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
-    ctx.pool = image_pool(obj, ctx)
-    ctx.audio_pool = audio_pool(obj, ctx)
-    use_audio_in_video(obj, ctx)
-    ctx.video_pool = video_pool(obj, ctx)
+    bind_media(obj, ctx)
     items = obj["messages"]
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"'messages' must be a list, got {type(items).__name__}")

@@ -580,6 +580,16 @@ def audio_pool(obj: dict[str, Any], ctx: Ctx) -> list[AudioRef] | None:
     return [audio_ref(v, ctx) for v in value]
 
 
+def bind_media(obj: dict[str, Any], ctx: Ctx) -> None:
+    """The record's top-level image, audio and video pools (and ``use_audio_in_video``) bound to ``ctx``: every
+    kind whose messages take ``<image>`` / ``<video>`` / ``<audio>`` placeholders calls this one, so no kind
+    leaves a pool unread (a placeholder whose pool was never bound would stay literal text)."""
+    ctx.pool = image_pool(obj, ctx)
+    ctx.audio_pool = audio_pool(obj, ctx)
+    use_audio_in_video(obj, ctx)
+    ctx.video_pool = video_pool(obj, ctx)
+
+
 def use_audio_in_video(obj: dict[str, Any], ctx: Ctx) -> None:
     """The record's ``use_audio_in_video`` (qwen-omni-utils' name) overrides the build's default."""
     value = obj.get("use_audio_in_video")

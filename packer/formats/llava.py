@@ -21,22 +21,16 @@ from packer.formats.common import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
     Ctx,
-    audio_pool,
+    bind_media,
     canonical_role,
     check_pool_used,
     content_parts,
-    image_pool,
     loss_flag,
-    use_audio_in_video,
-    video_pool,
 )
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
-    ctx.pool = image_pool(obj, ctx)
-    ctx.audio_pool = audio_pool(obj, ctx)
-    use_audio_in_video(obj, ctx)
-    ctx.video_pool = video_pool(obj, ctx)
+    bind_media(obj, ctx)
     turns = obj["conversations"]
     if not isinstance(turns, list):
         raise ctx.error("wrong_type", f"'conversations' must be a list, got {type(turns).__name__}")

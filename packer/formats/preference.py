@@ -10,7 +10,7 @@ Explicit prompt, or implicit (the prompt is the longest common message prefix of
 The prompt (its images included) is encoded and computed once; each answer is a branch continuing from it.
 The node order is the contract the DPO loss reads (``packer.train.loss.sequence_logps``: leaves come in
 (chosen, rejected) pairs); no column says it. Messages take the chat kind's fields (parts, images,
-``tool_calls``, ``loss``; the prompt's turns carry no loss unless they say ``"loss": true``); a top-level ``images`` / ``tools`` applies to both branches. Why a tree: the
+``tool_calls``, ``loss``; the prompt's turns carry no loss unless they say ``"loss": true``); a top-level ``images`` / ``videos`` / ``audios`` / ``tools`` applies to both branches. Why a tree: the
 prompt of a padded (prompt+chosen, prompt+rejected) pair is computed twice; here once (docs/benchmarks.md).
 """
 
@@ -21,12 +21,10 @@ from typing import Any
 from packer.core.types import Example, Node
 from packer.formats.common import (
     Ctx,
-    audio_pool,
+    bind_media,
     chat_messages,
     check_pool_used,
-    image_pool,
     record_tools,
-    use_audio_in_video,
 )
 
 
@@ -49,9 +47,7 @@ def split_prompt(chosen: list, rejected: list) -> int:
 
 
 def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
-    ctx.pool = image_pool(obj, ctx)
-    ctx.audio_pool = audio_pool(obj, ctx)
-    use_audio_in_video(obj, ctx)
+    bind_media(obj, ctx)
     chosen, rejected = _messages(obj, "chosen", ctx), _messages(obj, "rejected", ctx)
     if "prompt" in obj:
         prompt = _messages(obj, "prompt", ctx)

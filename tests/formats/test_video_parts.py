@@ -89,3 +89,17 @@ def test_rejects(root, content, top, reason, match):
     with pytest.raises(RecordError, match=match) as e:
         parse({"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "x"}], **top}, root)
     assert e.value.reason == reason and e.value.line == 3
+
+
+def test_preference_pairs_bind_the_video_and_audio_pools(root):
+    """Every kind that takes placeholders binds every pool: a pair's top-level ``videos`` used to be dropped and
+    its ``<video>`` kept as literal text."""
+    ex = parse({"videos": ["clip.mp4"], "prompt": [{"role": "user", "content": "<video>What happens?"}],
+                "chosen": [{"role": "assistant", "content": "A."}], "rejected": [{"role": "assistant", "content": "B."}]},
+               root)
+    assert ex.kind == "preference" and ex.videos == [VideoRef(path=str(root / "clip.mp4"))]
+    assert [p for m in ex.root.messages for p in m.parts] == [VideoRef(path=str(root / "clip.mp4")), "What happens?"]
+    with pytest.raises(RecordError, match="video_count_mismatch|lists 1 videos"):
+        parse({"videos": ["clip.mp4"], "prompt": [{"role": "user", "content": "What happens?"}],
+               "chosen": [{"role": "assistant", "content": "A."}], "rejected": [{"role": "assistant", "content": "B."}]},
+              root)
