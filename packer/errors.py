@@ -15,6 +15,7 @@ REJECT_REASONS: dict[str, str] = {
     "unknown_role": "a message role is not one of system/user/assistant/tool (or human/gpt)",
     "empty_messages": "the record has no messages, or a message has no content",
     "empty_branch": "a tree branch has no messages",
+    "conflicting_system": "the record has a top-level system prompt and a different system message of its own",
     "missing_image": "an image file named by the record does not exist",
     "bad_image": "an image file cannot be read as an image (corrupt, truncated, not an image)",
     "missing_video": "a video file named by the record does not exist",

@@ -42,6 +42,7 @@ from packer.formats.common import (
     check_pool_used,
     record_tools,
     tree_branches,
+    with_record_system,
 )
 
 
@@ -61,7 +62,7 @@ def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
             ),
         )
     root = Node(
-        messages=chat_messages(items, ctx, "messages"),
+        messages=with_record_system(chat_messages(items, ctx, "messages"), obj, ctx),
         children=tree_branches(obj.get("branches"), ctx, "record"),
     )
     check_pool_used(ctx)

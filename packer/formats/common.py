@@ -370,8 +370,16 @@ def content_parts(content: Any, ctx: Ctx, where: str) -> list[Part]:
 def loss_flag(msg: dict[str, Any], ctx: Ctx, where: str) -> bool | float | None:
     """A message's ``loss``: true or false, or a weight (a finite number >= 0) its loss tokens carry, as ms-swift's
     ``loss_scale`` and LLaMA-Factory's ``loss_weights``; a weight of 0 is ``false``. LLaMA-Factory v1's
-    per-message ``loss_weight`` is the same weight (1.0: the turn carries loss, weighing 1)."""
+    per-message ``loss_weight`` is the same weight (1.0: the turn carries loss, weighing 1); OpenAI's ``weight``
+    (0 or 1) is ``false`` / ``true``."""
     loss = msg.get("loss")
+    if loss is None and msg.get("loss_weight") is None and msg.get("weight") is not None:
+        # OpenAI's fine-tuning format: an assistant message's ``weight`` is 0 (not trained on) or 1.
+        weight = msg["weight"]
+        if isinstance(weight, bool) or weight not in (0, 1):
+            raise ctx.error("wrong_type", f"{where} 'weight' (OpenAI's fine-tuning format) must be 0 or 1, got "
+                                          f"{weight!r:.80}; a loss weight is 'loss' (a number >= 0)")
+        return weight == 1
     if loss is None and msg.get("loss_weight") is not None:
         loss = msg["loss_weight"]
         if isinstance(loss, (int, float)) and not isinstance(loss, bool) and loss == 1:
@@ -578,6 +586,24 @@ def audio_pool(obj: dict[str, Any], ctx: Ctx) -> list[AudioRef] | None:
     if not isinstance(value, list):
         raise ctx.error("wrong_type", f"'{key}' must be a path or a list of clips, got {type(value).__name__}")
     return [audio_ref(v, ctx) for v in value]
+
+
+def with_record_system(messages: list[Message], obj: dict[str, Any], ctx: Ctx) -> list[Message]:
+    """``messages`` with the record's top-level ``system`` (or ``system_prompt``) string as its first message, as
+    ms-swift's MessagesPreprocessor does; a conversation that starts with a different system message of its own
+    is refused rather than one of the two silently dropped."""
+    key = "system" if "system" in obj else "system_prompt" if "system_prompt" in obj else None
+    if key is None or obj[key] is None or obj[key] == "":
+        return messages
+    system = obj[key]
+    if not isinstance(system, str):
+        raise ctx.error("wrong_type", f"'{key}' (the system prompt) must be a string, got {type(system).__name__}")
+    if messages and messages[0].role == "system":
+        if messages[0].parts != [system]:
+            raise ctx.error("conflicting_system", f"the record has a top-level '{key}' and a different system "
+                                                  "message of its own first; keep one")
+        return messages
+    return [Message(role="system", parts=[system]), *messages]
 
 
 def bind_media(obj: dict[str, Any], ctx: Ctx) -> None:

@@ -26,6 +26,8 @@ from packer.formats.common import (
     check_pool_used,
     content_parts,
     loss_flag,
+    record_tools,
+    with_record_system,
 )
 
 
@@ -70,4 +72,4 @@ def parse(obj: dict[str, Any], ctx: Ctx) -> Example:
         ctx.video_pool = []
     messages = [Message(role=role, parts=content_parts(value, ctx, w), loss=loss) for role, value, loss, w in rows]
     check_pool_used(ctx)
-    return ctx.example(Node(messages=messages), "llava")
+    return ctx.example(Node(messages=with_record_system(messages, obj, ctx)), "llava", tools=record_tools(obj, ctx))

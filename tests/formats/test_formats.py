@@ -421,3 +421,41 @@ def test_a_new_kind_is_one_parser_and_one_registry_line(tmp_path: Path, monkeypa
     assert (ex.kind, ex.example_id, ex.source_name) == ("messages", "in.jsonl:7", "s")
     with pytest.raises(RecordError, match=r"none of 'messages', 'conversations', 'text', 'chosen', 'prompt' \(keys: x\)"):
         parse({"x": 1}, tmp_path)
+
+
+def _fields(ex):
+    return [(m.role, m.parts, m.loss) for node, _ in ex.root.walk() for m in node.messages], ex.tools
+
+
+@pytest.mark.parametrize("key", ["system", "system_prompt"])
+def test_a_top_level_system_prompt_is_the_first_message(tmp_path: Path, key: str):
+    """ms-swift's rule (MessagesPreprocessor): the record's ``system`` goes first, in both conversation shapes;
+    it used to be dropped without a word."""
+    chat = {key: "Be brief.", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
+    sharegpt = {key: "Be brief.", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}
+    want = [("system", ["Be brief."], None), ("user", ["Hi"], None), ("assistant", ["Yo"], None)]
+    for rec in (chat, sharegpt):
+        assert _fields(parse_record(rec, path="in.jsonl", line=1, base_dir=str(tmp_path)))[0] == want
+    same = {key: "Be brief.", "messages": [{"role": "system", "content": "Be brief."}, *chat["messages"]]}
+    assert _fields(parse_record(same, path="in.jsonl", line=1, base_dir=str(tmp_path)))[0] == want
+    other = {key: "Be brief.", "messages": [{"role": "system", "content": "Be kind."}, *chat["messages"]]}
+    with pytest.raises(RecordError, match=r"in.jsonl:4: conflicting_system: .*'" + key):
+        parse_record(other, path="in.jsonl", line=4, base_dir=str(tmp_path))
+    with pytest.raises(RecordError, match="wrong_type: .*must be a string, got list"):
+        parse_record({**chat, key: ["x"]}, path="in.jsonl", line=1, base_dir=str(tmp_path))
+
+
+def test_sharegpt_tools_and_openai_weights(tmp_path: Path):
+    """A ``conversations`` record's ``tools`` reach the template; OpenAI's per-message ``weight`` 0/1 is the
+    message's loss flag, any other value refused."""
+    ex = parse_record({"tools": '[{"name": "f"}]', "conversations": [{"from": "human", "value": "Hi"},
+                                                                      {"from": "gpt", "value": "Yo"}]},
+                      path="in.jsonl", line=1, base_dir=str(tmp_path))
+    assert ex.tools == [{"type": "function", "function": {"name": "f"}}]
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 0},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d", "weight": 1}]
+    ex = parse_record({"messages": msgs}, path="in.jsonl", line=1, base_dir=str(tmp_path))
+    assert [m.loss for m in ex.root.messages] == [None, False, None, True]
+    with pytest.raises(RecordError, match=r"messages\[1\] 'weight' .* must be 0 or 1, got 0.5"):
+        parse_record({"messages": [msgs[0], {**msgs[1], "weight": 0.5}]}, path="in.jsonl", line=1,
+                     base_dir=str(tmp_path))
