@@ -80,7 +80,15 @@ def parse_record(
         return parse_record(SHAPES[shape](obj, ctx), path=path, line=line, base_dir=base_dir, image_root=image_root,
                             source_name=source_name, audio_in_video=audio_in_video)
     fields = ", ".join(f"'{f}'" for f in KINDS)
-    raise ctx.error("unknown_format", f"the record has none of {fields} (keys: {keys})")
+    hint = ""
+    if "prompt" in obj and "completion" in obj:
+        # TRL's prompt-completion shape: its loss is whatever follows the prompt's rendering, template by template;
+        # refused with the way to write it rather than read approximately.
+        hint = ("; TRL's prompt-completion format is not read: write it as 'messages' (the prompt's turns, then the "
+                "completion's assistant turns)")
+    elif "instruction" in obj:
+        hint = "; an alpaca record is read through its LLaMA-Factory dataset_info.json (--dataset-info)"
+    raise ctx.error("unknown_format", f"the record has none of {fields} (keys: {keys}){hint}")
 
 
 def rename_fields(obj: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
