@@ -517,8 +517,9 @@ def separate_copies_bulk(
     permutation (int32): 8 bytes, where separate_copies' Python rows and dicts take ~400.
 
     ``index``: (n,) the cache row of each planned example, nondecreasing (``sample_sources``: copies of one
-    example together); ``lengths``: (n,) their tokens; ``costs``: one column per bounded budget read as
-    ``costs[j][index[i]]`` (None: every row costs 0), ``limits`` their limits.
+    example together); ``lengths``: (rows,) the tokens of each cache row, and ``costs`` one column per bounded
+    budget, both read through ``index`` (``lengths[index[i]]``: no planned copy of them; None: every row costs
+    0), ``limits`` their limits.
     """
     order, bounds = packs.order, packs.bounds
     n = order.shape[0]
@@ -536,7 +537,10 @@ def separate_copies_bulk(
         wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
         cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
         lens = np.ascontiguousarray(lengths)
-        load = _loads(pack_of, lens, rows, cols, len(kept), num_packs)
+        # per-pack loads stay within their caps (the plan keeps every budget): int32 where the caps fit
+        wide_load = np.int32 if int(caps.max()) < 2**31 else np.int64
+        load = np.zeros((1 + len(kept), num_packs), dtype=wide_load)
+        _loads(pack_of, lens, rows, cols, len(kept), load)
         candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
         _swap(dup, pack_of, rows, lens, cols, len(kept), load, caps, candidates, min(max_tries, n))
         del candidates, load
@@ -576,7 +580,7 @@ def _duplicates(rows, pack_of):
     """separate_copies' ``dup``: the planned examples whose example already has a copy in their pack, in the
     order of (example, pack, position) (rows is nondecreasing: an example's copies are consecutive)."""
     n = rows.shape[0]
-    out = np.empty(1024, dtype=np.int64)
+    out = np.empty(1024, dtype=rows.dtype)  # int32 below 2**31 planned examples
     k = 0
     g0 = 0
     while g0 < n:
@@ -595,7 +599,7 @@ def _duplicates(rows, pack_of):
             for a in range(1, group.shape[0]):
                 if pack_of[group[a]] == pack_of[group[a - 1]]:
                     if k == out.shape[0]:
-                        grown = np.empty(2 * k, dtype=np.int64)
+                        grown = np.empty(2 * k, dtype=rows.dtype)
                         grown[:k] = out
                         out = grown
                     out[k] = group[a]
@@ -605,15 +609,13 @@ def _duplicates(rows, pack_of):
 
 
 @njit(cache=True)
-def _loads(pack_of, lens, rows, cols, ncols, num_packs):
-    """(1 + ncols, P) tokens and each budget's total per pack."""
-    load = np.zeros((1 + ncols, num_packs), dtype=np.int64)
+def _loads(pack_of, lens, rows, cols, ncols, load):
+    """``load`` (1 + ncols, P) := tokens and each budget's total per pack (``lens`` per row, like ``cols``)."""
     for i in range(pack_of.shape[0]):
         p = pack_of[i]
-        load[0, p] += lens[i]
+        load[0, p] += lens[rows[i]]
         for c in range(ncols):
             load[1 + c, p] += cols[c][rows[i]]
-    return load
 
 
 @njit(cache=True, inline="always")
@@ -648,7 +650,7 @@ def _swap(dup, pack_of, rows, lens, cols, ncols, load, caps, candidates, tries):
             eb = rows[q]
             if a == b or _holds(a, eb, rows, pack_of) or _holds(b, ea, rows, pack_of):
                 continue
-            delta[0] = np.int64(lens[q]) - np.int64(lens[p])
+            delta[0] = np.int64(lens[eb]) - np.int64(lens[ea])
             for c in range(ncols):
                 delta[1 + c] = np.int64(cols[c][rows[q]]) - np.int64(cols[c][rows[p]])
             fits = True

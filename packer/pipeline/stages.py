@@ -32,6 +32,7 @@ from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, limits_of
+from packer.packing.mixing import Sampled
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
@@ -299,13 +300,12 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
 class Plan:
     """Which cached example goes in which pack, as ``packing.bulk.PackOrder`` holds it: the planned examples
     (an up-sampled example once per copy, in input order) grouped pack by pack in write order. 4 bytes per
-    example (``order``) above the lengths, not pack ids + their argsort (issue 32)."""
+    example (``order``) above the lengths, not pack ids + their argsort (issue 32); a sampled build adds one
+    byte per cache row (``sampled``: each row's copies), not a row and a copy number per planned example."""
 
-    index: np.ndarray | None  # (n,) cache row of each planned example; None: every cache row once, in order
-    copies: np.ndarray | None  # (n,) copy number (0 the original, k its k-th copy); None: no copy
+    sampled: Sampled | None  # each cache row's copies in the plan; None: every cache row once, in order
     order: np.ndarray  # (n,) planned examples, pack 0's first; inside a pack in increasing index
     bounds: np.ndarray  # (P + 1,) pack p holds order[bounds[p]:bounds[p + 1]]
-    lengths: np.ndarray  # (n,) tokens (columns.length_dtype)
     columns: Columns  # the cache's compact columns (stats, card)
 
     @property
@@ -318,8 +318,20 @@ class Plan:
         return np.diff(self.bounds.astype(np.int64))
 
     def planned(self, values: np.ndarray | None) -> np.ndarray | None:
-        """(n,) ``values`` (one per cache row) of each planned example."""
-        return values if values is None or self.index is None else values[self.index]
+        """(n,) ``values`` (one per cache row) of each planned example (a copy where sources were sampled)."""
+        return values if values is None or self.sampled is None else self.sampled.planned(values)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(n,) tokens (columns.length_dtype) of each planned example."""
+        return self.planned(self.columns.tokens)
+
+    def rows(self, planned: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(cache row, copy number or None: no copy) of each of the ``planned`` examples."""
+        if self.sampled is None:
+            return planned, None
+        rows, copies = self.sampled.locate(planned)
+        return rows, copies if copies.any() else None
 
     def cost(self, j: int) -> np.ndarray | None:
         """(n,) budget ``j``'s count (``BUDGETS`` order) per planned example; None where every one is 0."""
@@ -339,37 +351,36 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     ``separate_copies_bulk`` for up-sampled copies (the same plans as ``packing.plan`` and
     ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or another
     algorithm needs per-example state."""
-    from packer.packing.mixing import sample_sources, separate_copies
+    from packer.packing.mixing import sample_counts, separate_copies
 
     n = columns.num_rows
     names = [s.name for s in config.sources]
     weights = [(names.index(s.name), s.weight) for s in config.sources]
-    index = copies = None
+    counts = None  # (n,) copies of each row planned, where sources are sampled or rows left out
     # a cache kept up to more (--keep-up-to, a repack) is sampled as the cache of this max_length would be:
     # over the rows that fit only (those longer are rejects, ``columns.read_chunk``)
     fits = None if columns.tokens.max(initial=0) <= config.max_length else columns.tokens <= config.max_length
     if any(w != 1.0 for _, w in weights):
         codes = columns.source_codes(names)
         if fits is None:
-            index, copies = sample_sources(codes, weights, seed=config.seed)
+            counts = sample_counts(codes, weights, seed=config.seed)
         else:
-            rows = np.flatnonzero(fits)
-            index, copies = sample_sources(codes[rows], weights, seed=config.seed)
-            index = rows[index]
-            del rows
+            counts = np.zeros(n, dtype=np.uint8)
+            drawn = sample_counts(codes[fits], weights, seed=config.seed)
+            counts = counts.astype(drawn.dtype, copy=False)
+            counts[fits] = drawn
+            del drawn
         del codes
     if len(columns.over):  # one byte per row, not np.isin's sort or int64 rows
-        keep = np.ones(n, dtype=bool)
-        keep[columns.over] = False
-        if index is None:
-            index, copies = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)[keep], np.zeros(1, np.uint8)
-        else:
-            keep = keep[index]
-            index, copies = index[keep], copies[keep]
-        del keep
-    if index is not None:
-        index = index.astype(np.int32 if n < 2**31 else np.int64, copy=False)
-        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0))), copy=False) if copies.any() else None
+        if counts is None:
+            counts = np.ones(n, dtype=np.uint8)
+        counts[columns.over] = 0
+    sampled = None if counts is None else Sampled.of(counts)
+    copies = sampled is not None and int(counts.max(initial=0)) > 1
+    del counts
+    # the row of each planned example, for the planners' kernels (they read the rows' columns through it);
+    # dropped with the plan made
+    index = None if sampled is None else sampled.index()
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
@@ -388,25 +399,25 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
                                   max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         else:
             packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
-        if copies is not None:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
-            packs = separate_copies_bulk(packs, index, lengths, capacity=config.max_length, seed=config.seed,
+        del lengths  # separate_copies_bulk reads the rows' tokens through ``index``
+        if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
+            packs = separate_copies_bulk(packs, index, columns.tokens, capacity=config.max_length, seed=config.seed,
                                          costs=cols, limits=[limits[j] for j in used])
-        return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
-                    columns=columns)
+        return Plan(sampled=sampled, order=packs.order, bounds=packs.bounds, columns=columns)
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
     for c, j in enumerate(used):
         values = columns.count(BUDGETS[j].column)
         if values is not None:
             costs[:, c] = values if index is None else values[index]
     pack_ids = _plan(config, lengths.astype(np.int64), costs)
-    if copies is not None:  # the same swaps: separate_copies checks only the bounded budgets, all among ``used``
+    if copies:  # the same swaps: separate_copies checks only the bounded budgets, all among ``used``
         pack_ids = separate_copies(index, pack_ids, lengths.astype(np.int64), costs=costs,
                                    limits=[limits[j] for j in used], capacity=config.max_length, seed=config.seed)
-    del costs
+    del costs, index, lengths
     order = np.argsort(pack_ids, kind="stable").astype(np.int32 if len(pack_ids) < 2**31 else np.int64)
     sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(order.dtype)
-    return Plan(index=index, copies=copies, order=order, bounds=bounds, lengths=lengths, columns=columns)
+    return Plan(sampled=sampled, order=order, bounds=bounds, columns=columns)
 
 
 def _used(config: BuildConfig) -> list[int]:
@@ -461,7 +472,7 @@ def warm_planner(config: BuildConfig) -> None:
             from packer.packing.bulk_budgets import separate_copies_bulk
 
             two = plan_bulk(np.ones(2, dtype), config.max_length)
-            separate_copies_bulk(two, np.zeros(2, dtype=np.int32), np.ones(2, dtype), capacity=config.max_length,
+            separate_copies_bulk(two, np.zeros(2, dtype=np.int32), np.ones(1, dtype), capacity=config.max_length,
                                  seed=0, costs=[np.zeros(1, dtype)] * len(used), limits=[limits[j] or 1 for j in used])
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
@@ -545,11 +556,11 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[l
     tasks = []
     for i, (c0, c1) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         r0, r1 = int(starts[c0]), int(starts[c1])
-        if plan.index is None:
+        if plan.sampled is None:
             lo, hi, rows = r0, r1, None
-        else:  # ``index`` is sorted (input order): the planned examples of these chunks are one slice
-            lo, hi = (int(x) for x in np.searchsorted(plan.index, [r0, r1]))
-            rows = plan.index[lo:hi]
+        else:  # planned examples are in input order: those of these chunks are one slice
+            lo, hi = plan.sampled.first(r0), plan.sampled.first(r1)
+            rows = r0 + plan.sampled.index_part(r0, r1)
         tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi], shard_starts))
     return tasks, positions
 
@@ -601,10 +612,8 @@ def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
     ranges = []
     for s, p0 in enumerate(range(0, len(pack_sizes), rows_per_shard)):
         p1 = min(len(pack_sizes), p0 + rows_per_shard)
-        sel = plan.order[plan.bounds[p0] : plan.bounds[p1]]
-        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1],
-                                 examples=sel if plan.index is None else plan.index[sel],
-                                 copies=None if plan.copies is None else plan.copies[sel]))
+        examples, copies = plan.rows(plan.order[plan.bounds[p0] : plan.bounds[p1]])
+        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1], examples=examples, copies=copies))
     return ranges
 
 

@@ -140,8 +140,9 @@ def test_build_plans_budgets_in_bulk(refine):
                                over=np.flatnonzero(images[part] > 2).astype(np.int64), rejects=[]))
     columns = built.finish([""] * 5)
     got = plan_packs(columns, config)
-    rows = got.index
-    assert rows is not None and len(rows) == 5000 - len(range(0, 5000, 97))
+    rows = got.sampled.index()
+    assert len(rows) == 5000 - len(range(0, 5000, 97))
+    assert np.array_equal(rows, np.setdiff1d(np.arange(5000), np.arange(0, 5000, 97)))
     want = _plan(config, lens[rows].astype(np.int64), np.stack([vision[rows], images[rows]], 1).astype(np.int64))
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(got.pack_sizes, np.bincount(want))
@@ -164,7 +165,7 @@ def test_copies_apart_as_separate_copies(seed):
     if seed % 2:
         ids = plan(planned, capacity, refine=refine, seed=seed)
         want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), capacity=capacity, seed=seed)
-        got = separate_copies_bulk(plan_bulk(planned, capacity, seed=seed, refine=refine), index, planned,
+        got = separate_copies_bulk(plan_bulk(planned, capacity, seed=seed, refine=refine), index, lens,
                                    capacity=capacity, seed=seed)
     else:
         limits = [int(max(vision.max(), 1)) * 2, 3]
@@ -174,7 +175,7 @@ def test_copies_apart_as_separate_copies(seed):
                                capacity=capacity, seed=seed)
         packs = plan_budgeted(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
                               refine=refine, seed=seed)
-        got = separate_copies_bulk(packs, index, planned, capacity=capacity, seed=seed, costs=[vision, images],
+        got = separate_copies_bulk(packs, index, lens, capacity=capacity, seed=seed, costs=[vision, images],
                                    limits=limits)
     assert (want != ids).any()  # swaps happened
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
