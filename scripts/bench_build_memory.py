@@ -11,6 +11,7 @@ example: a straight-line fit) and the time per record.
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
     python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
     python scripts/bench_build_memory.py --driver-only --budgets 1e6 5e6   # the same with budgets (below)
+    nice -n 10 python scripts/bench_build_memory.py --driver-only --copies 1e6 5e6 2e7   # budgets + copies only
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
@@ -267,8 +268,10 @@ def main() -> None:
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
         return
     if sys.argv[1:2] == ["--driver-only"]:
-        budgets = sys.argv[2:3] == ["--budgets"]
+        budgets = sys.argv[2:3] in (["--budgets"], ["--copies"])
         modes = (("1", "1", "0"), ("1", "1", "1")) if budgets else (("1", "0", "0"), ("0", "0", "0"))
+        if sys.argv[2:3] == ["--copies"]:
+            modes = modes[1:]  # the budgets + copies rows only
         for mode in modes:  # (refine, budgets, copies)
             for size in sys.argv[2 + budgets:]:  # each in a fresh process
                 subprocess.run([sys.executable, __file__, "--driver-only-child", size, *mode], check=True)

@@ -384,25 +384,30 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
-    if config.algorithm == "bfd" and not config.balance_vision:
+    bulk_next_fit = config.algorithm == "next-fit" and not config.balance_vision and not config.refine
+    if (config.algorithm == "bfd" or bulk_next_fit) and not config.balance_vision:
         # plan()'s plan (and separate_copies' swaps) at bulk memory, pack ids included, without plan()'s (n,)
         # int64 arrays (~44 bytes per example tokens-only with refine, ~110 with budgets, ~450 with copies: their
         # Python rows) or pack ids + their argsort: plan_bulk tokens-only, plan_budgeted with budgets or
         # max_examples_per_pack, reading the compact count columns through ``index``.
         from packer.packing.bulk import plan_bulk
-        from packer.packing.bulk_budgets import plan_budgeted, separate_copies_bulk
+        from packer.packing.bulk_budgets import plan_budgeted, plan_next_fit, separate_copies_bulk
 
         cols = [columns.count(BUDGETS[j].column) for j in used]
-        if used or config.max_examples_per_pack is not None:
+        if bulk_next_fit:  # plan(algorithm="next-fit")'s runs; with refine it takes plan() (refine_packs)
+            packs = plan_next_fit(lengths, config.max_length, costs=cols, limits=[limits[j] for j in used],
+                                  names=[FLAGS[j] for j in used], index=index,
+                                  max_examples=config.max_examples_per_pack, seed=config.seed)
+        elif used or config.max_examples_per_pack is not None:
             packs = plan_budgeted(lengths, config.max_length, costs=cols, limits=[limits[j] for j in used],
                                   names=[FLAGS[j] for j in used], index=index,
                                   max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         else:
             packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
-        del lengths  # separate_copies_bulk reads the rows' tokens through ``index``
+        del lengths, index  # separate_copies_bulk reads the rows' columns through ``sampled``'s counts
         if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
-            packs = separate_copies_bulk(packs, index, columns.tokens, capacity=config.max_length, seed=config.seed,
-                                         costs=cols, limits=[limits[j] for j in used])
+            packs = separate_copies_bulk(packs, sampled, columns.tokens, capacity=config.max_length,
+                                         seed=config.seed, costs=cols, limits=[limits[j] for j in used])
         return Plan(sampled=sampled, order=packs.order, bounds=packs.bounds, columns=columns)
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
     for c, j in enumerate(used):
@@ -453,17 +458,25 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        if config.algorithm != "bfd" or config.balance_vision:  # plan()'s per-example kernels: only there
+        if config.algorithm not in ("bfd", "next-fit") or config.balance_vision or (
+                config.algorithm == "next-fit" and config.refine):  # plan()'s per-example kernels: only there
             _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
         dtype = length_dtype(config.max_length)
         plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
         used = _used(config)
+        limits = limits_of(config)
+        if config.algorithm == "next-fit":  # plan_next_fit's kernels (every row planned, or some left out)
+            from packer.packing.bulk_budgets import plan_next_fit
+
+            for index in (None, np.arange(3, dtype=np.int32)):
+                plan_next_fit(np.full(3, 2, dtype=dtype), 3, costs=[np.zeros(3, dtype)] * len(used),
+                              limits=[limits[j] or 1 for j in used], index=index,
+                              max_examples=config.max_examples_per_pack)
         if used or config.max_examples_per_pack is not None:
             from packer.packing.bulk_budgets import plan_budgeted
 
-            limits = limits_of(config)
             three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run
             for index in (None, np.arange(3, dtype=np.int32)):  # every row planned, or some left out
                 plan_budgeted(three, 3, costs=[np.zeros(3, dtype)] * len(used), limits=[limits[j] or 1 for j in used],
@@ -472,7 +485,7 @@ def warm_planner(config: BuildConfig) -> None:
             from packer.packing.bulk_budgets import separate_copies_bulk
 
             two = plan_bulk(np.ones(2, dtype), config.max_length)
-            separate_copies_bulk(two, np.zeros(2, dtype=np.int32), np.ones(1, dtype), capacity=config.max_length,
+            separate_copies_bulk(two, Sampled.of(np.full(1, 2, np.uint8)), np.ones(1, dtype), capacity=config.max_length,
                                  seed=0, costs=[np.zeros(1, dtype)] * len(used), limits=[limits[j] or 1 for j in used])
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
