@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +32,6 @@ from packer.core.media import BUDGETS
 from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, limits_of
-from packer.packing.mixing import Sampled
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
@@ -40,6 +39,9 @@ from packer.shards.assemble import assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
+
+if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan only (not in workers)
+    from packer.packing.mixing import Sampled
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
 
@@ -351,7 +353,7 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     ``separate_copies_bulk`` for up-sampled copies (the same plans as ``packing.plan`` and
     ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or another
     algorithm needs per-example state."""
-    from packer.packing.mixing import sample_counts, separate_copies
+    from packer.packing.mixing import Sampled, sample_counts, separate_copies
 
     n = columns.num_rows
     names = [s.name for s in config.sources]
@@ -483,6 +485,7 @@ def warm_planner(config: BuildConfig) -> None:
                               index=index, max_examples=config.max_examples_per_pack, refine=config.refine)
         if any(s.weight != 1.0 for s in config.sources):  # up-sampled copies: separate_copies_bulk's kernels
             from packer.packing.bulk_budgets import separate_copies_bulk
+            from packer.packing.mixing import Sampled
 
             two = plan_bulk(np.ones(2, dtype), config.max_length)
             separate_copies_bulk(two, Sampled.of(np.full(1, 2, np.uint8)), np.ones(1, dtype), capacity=config.max_length,
