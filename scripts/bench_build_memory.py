@@ -12,6 +12,7 @@ example: a straight-line fit) and the time per record.
     python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
     python scripts/bench_build_memory.py --driver-only --budgets 1e6 5e6   # the same with budgets (below)
     nice -n 10 python scripts/bench_build_memory.py --driver-only --copies 1e6 5e6 2e7   # budgets + copies only
+    BENCH_CALL_PEAKS=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # + each planner call's
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
@@ -200,6 +201,20 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
             f.write("5")
 
     phase("columns")
+    if os.environ.get("BENCH_CALL_PEAKS"):  # each planner call's own peak above the base (VmHWM reset around it)
+        import packer.packing.bulk_budgets as bulk_budgets
+
+        def peaks_of(name: str) -> None:
+            call = getattr(bulk_budgets, name)
+
+            def wrapped(*args, **kw):
+                phase("before " + name)
+                out = call(*args, **kw)
+                phase(name)
+                return out
+            setattr(bulk_budgets, name, wrapped)
+        for name in ("plan_budgeted", "separate_copies_bulk"):
+            peaks_of(name)
     plan = plan_packs(columns, config)
     phase("plan")
     with tempfile.TemporaryDirectory() as work:
