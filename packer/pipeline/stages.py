@@ -396,17 +396,23 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         from packer.packing.bulk_budgets import plan_budgeted, plan_next_fit, separate_copies_bulk
 
         cols = [columns.count(BUDGETS[j].column) for j in used]
+        planned = cols
+        if index is not None and sum(c.dtype.itemsize for c in cols if c is not None) < index.dtype.itemsize:
+            # the planned costs take fewer bytes than the rows (one uint16 budget, or none: tokens only or
+            # max_examples_per_pack): the planners read them, not ``index`` (the same values, the same plan)
+            planned = [None if c is None else c[index] for c in cols]
+            index = None
         if bulk_next_fit:  # plan(algorithm="next-fit")'s runs; with refine it takes plan() (refine_packs)
-            packs = plan_next_fit(lengths, config.max_length, costs=cols, limits=[limits[j] for j in used],
+            packs = plan_next_fit(lengths, config.max_length, costs=planned, limits=[limits[j] for j in used],
                                   names=[FLAGS[j] for j in used], index=index,
                                   max_examples=config.max_examples_per_pack, seed=config.seed)
         elif used or config.max_examples_per_pack is not None:
-            packs = plan_budgeted(lengths, config.max_length, costs=cols, limits=[limits[j] for j in used],
+            packs = plan_budgeted(lengths, config.max_length, costs=planned, limits=[limits[j] for j in used],
                                   names=[FLAGS[j] for j in used], index=index,
                                   max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         else:
             packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
-        del lengths, index  # separate_copies_bulk reads the rows' columns through ``sampled``'s counts
+        del lengths, index, planned  # separate_copies_bulk reads the rows' columns through ``sampled``'s counts
         if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
             packs = separate_copies_bulk(packs, sampled, columns.tokens, capacity=config.max_length,
                                          seed=config.seed, costs=cols, limits=[limits[j] for j in used])

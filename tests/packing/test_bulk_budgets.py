@@ -221,36 +221,43 @@ def test_next_fit_errors_as_plan_words_them():
         plan_next_fit(np.array([17], np.uint16), 16)
 
 
-@pytest.mark.parametrize("weight", [1.0, 2.0])
-def test_build_plans_next_fit_in_bulk(weight):
-    """``stages.plan_packs`` with ``algorithm: next-fit`` (refine off) takes plan_next_fit: the per-example
-    path's plan (``stages._plan``, then ``separate_copies`` where a source is up-sampled), rows over a budget
-    left out."""
+@pytest.mark.parametrize(("algorithm", "budgets", "weight"), [
+    ("next-fit", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 1.0),
+    ("next-fit", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 2.0),
+    ("bfd", {"max_vision_tokens": 600}, 2.0),  # one budget: the planners read its planned column, no index
+    ("bfd", {}, 2.5),  # tokens only (plan_bulk) with copies
+])
+def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
+    """``stages.plan_packs`` in bulk (plan_next_fit with ``algorithm: next-fit`` and refine off, plan_budgeted,
+    plan_bulk) is the per-example path's plan (``stages._plan``, then ``separate_copies`` where a source is
+    up-sampled), rows over a budget left out."""
     from packer.config import BuildConfig
     from packer.packing.mixing import separate_copies
     from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
-    from packer.pipeline.stages import _plan, plan_packs
+    from packer.pipeline.stages import _plan, _used, plan_packs
 
     config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
                                                 {"name": "b", "paths": ["b.jsonl"], "weight": weight}]},
-                                   output="out", algorithm="next-fit", refine=False, max_length=512,
-                                   max_vision_tokens=600, max_images=2, max_examples_per_pack=9, seed=4)
+                                   output="out", algorithm=algorithm, refine=algorithm == "bfd", max_length=512,
+                                   seed=4, **budgets)
     lens, vision, images = mixed(12, 5000, 512)
-    images[::97] = 3  # over max_images: left out of the plan
+    images[::97] = 3  # over max_images where it is set: left out of the plan
     built = ColumnsBuilder(5000)
     for a in range(0, 5000, 1000):
         part = slice(a, a + 1000)
+        over = np.flatnonzero(images[part] > 2) if "max_images" in budgets else np.zeros(0)
         built.add(ChunkColumns(tokens=lens[part], loss_tokens=lens[part], loss_weight=None, linear=None,
                                counts={"num_vision_tokens": vision[part], "num_images": images[part]},
-                               over=np.flatnonzero(images[part] > 2).astype(np.int64), rejects=[]))
+                               over=over.astype(np.int64), rejects=[]))
     columns = built.finish(["a", "b", "a", "b", "a"])
     got = plan_packs(columns, config)
     rows = got.sampled.index()
-    costs = np.stack([vision[rows], images[rows]], 1).astype(np.int64)
+    costs = np.stack([vision[rows], images[rows]], 1)[:, :len(_used(config))].astype(np.int64)
     want = _plan(config, lens[rows].astype(np.int64), costs)
     if weight != 1.0:
         assert len(rows) > 5000  # copies planned
         want = separate_copies(rows.astype(np.int64), want, lens[rows].astype(np.int64), costs=costs,
-                               limits=[600, 2], capacity=512, seed=4)
+                               limits=[budgets[k] for k in ("max_vision_tokens", "max_images") if k in budgets],
+                               capacity=512, seed=4)
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(got.pack_sizes, np.bincount(want))
