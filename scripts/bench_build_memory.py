@@ -13,6 +13,7 @@ example: a straight-line fit) and the time per record.
     python scripts/bench_build_memory.py --driver-only --budgets 1e6 5e6   # the same with budgets (below)
     nice -n 10 python scripts/bench_build_memory.py --driver-only --copies 1e6 5e6 2e7   # budgets + copies only
     BENCH_CALL_PEAKS=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # + each planner call's
+    BENCH_ONE_BUDGET=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # max_vision_tokens only
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
@@ -166,7 +167,8 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
                                                     {"name": "b", "paths": ["b.jsonl"],
                                                      "weight": 2.0 if copies else 1.0}]},
                                        output="out", profile="qwen2-vl", refine=refine, max_vision_tokens=2048,
-                                       max_images=4, max_examples_per_pack=32)
+                                       **({} if os.environ.get("BENCH_ONE_BUDGET") else
+                                          {"max_images": 4, "max_examples_per_pack": 32}))
     else:
         config = BuildConfig.from_inputs(["tiny.jsonl"], "out", profile="text", refine=refine)
     warm_planner(config)
