@@ -11,6 +11,9 @@ example: a straight-line fit) and the time per record.
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
     python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
     python scripts/bench_build_memory.py --driver-only --budgets 1e6 5e6   # the same with budgets (below)
+    nice -n 10 python scripts/bench_build_memory.py --driver-only --copies 1e6 5e6 2e7   # budgets + copies only
+    BENCH_CALL_PEAKS=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # + each planner call's
+    BENCH_ONE_BUDGET=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # max_vision_tokens only
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
@@ -164,7 +167,8 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
                                                     {"name": "b", "paths": ["b.jsonl"],
                                                      "weight": 2.0 if copies else 1.0}]},
                                        output="out", profile="qwen2-vl", refine=refine, max_vision_tokens=2048,
-                                       max_images=4, max_examples_per_pack=32)
+                                       **({} if os.environ.get("BENCH_ONE_BUDGET") else
+                                          {"max_images": 4, "max_examples_per_pack": 32}))
     else:
         config = BuildConfig.from_inputs(["tiny.jsonl"], "out", profile="text", refine=refine)
     warm_planner(config)
@@ -199,6 +203,20 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
             f.write("5")
 
     phase("columns")
+    if os.environ.get("BENCH_CALL_PEAKS"):  # each planner call's own peak above the base (VmHWM reset around it)
+        import packer.packing.bulk_budgets as bulk_budgets
+
+        def peaks_of(name: str) -> None:
+            call = getattr(bulk_budgets, name)
+
+            def wrapped(*args, **kw):
+                phase("before " + name)
+                out = call(*args, **kw)
+                phase(name)
+                return out
+            setattr(bulk_budgets, name, wrapped)
+        for name in ("plan_budgeted", "separate_copies_bulk"):
+            peaks_of(name)
     plan = plan_packs(columns, config)
     phase("plan")
     with tempfile.TemporaryDirectory() as work:
@@ -267,8 +285,10 @@ def main() -> None:
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
         return
     if sys.argv[1:2] == ["--driver-only"]:
-        budgets = sys.argv[2:3] == ["--budgets"]
+        budgets = sys.argv[2:3] in (["--budgets"], ["--copies"])
         modes = (("1", "1", "0"), ("1", "1", "1")) if budgets else (("1", "0", "0"), ("0", "0", "0"))
+        if sys.argv[2:3] == ["--copies"]:
+            modes = modes[1:]  # the budgets + copies rows only
         for mode in modes:  # (refine, budgets, copies)
             for size in sys.argv[2 + budgets:]:  # each in a fresh process
                 subprocess.run([sys.executable, __file__, "--driver-only-child", size, *mode], check=True)

@@ -37,6 +37,7 @@ from numba import njit
 from packer.errors import ConfigError
 from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
 from packer.packing.kernels import class_column, ix_find, ix_insert, ix_remove
+from packer.packing.mixing import MARK, Sampled
 
 # The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
 # lengths each. Its buffers take 10 + 2 x budgets bytes per example of a block: n // 16 with at least 1M held
@@ -503,7 +504,7 @@ def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candida
 
 def separate_copies_bulk(
     packs: PackOrder,
-    index: np.ndarray,
+    sampled: Sampled,
     lengths: np.ndarray,
     *,
     capacity: int,
@@ -516,9 +517,11 @@ def separate_copies_bulk(
     example the pack of each (in place of ``packs.order``, which is consumed) and the candidates'
     permutation (int32): 8 bytes, where separate_copies' Python rows and dicts take ~400.
 
-    ``index``: (n,) the cache row of each planned example, nondecreasing (``sample_sources``: copies of one
-    example together); ``lengths``: (n,) their tokens; ``costs``: one column per bounded budget read as
-    ``costs[j][index[i]]`` (None: every row costs 0), ``limits`` their limits.
+    ``sampled``: each cache row's copies (``mixing.Sampled``; planned example i is the i-th of
+    ``np.repeat(rows, counts)``: separate_copies' ``index``, never made); ``lengths``: (rows,) the tokens of
+    each cache row and ``costs`` one column per bounded budget (None: every row costs 0), both per row,
+    ``limits`` their limits. A planned example's row is located from the counts (``Sampled.locate``'s search)
+    where a swap tries it.
     """
     order, bounds = packs.order, packs.bounds
     n = order.shape[0]
@@ -528,17 +531,20 @@ def separate_copies_bulk(
     seen = np.zeros(n // 64 + 1, dtype=np.uint64)
     _ungroup(order, bounds, seen)  # order[i] := pack of planned example i
     pack_of = order
-    rows = np.ascontiguousarray(index)
-    dup = _duplicates(rows, pack_of)
+    counts, marks = sampled.counts, sampled.marks
+    dup = _duplicates(counts, pack_of)
     if len(dup):
         kept = [np.ascontiguousarray(c) for c in costs if c is not None]
         caps = np.array([capacity] + [int(v) for c, v in zip(costs, limits, strict=True) if c is not None], np.int64)
         wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
         cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
         lens = np.ascontiguousarray(lengths)
-        load = _loads(pack_of, lens, rows, cols, len(kept), num_packs)
+        # per-pack loads stay within their caps (the plan keeps every budget): int32 where the caps fit
+        wide_load = np.int32 if int(caps.max()) < 2**31 else np.int64
+        load = np.zeros((1 + len(kept), num_packs), dtype=wide_load)
+        _loads(pack_of, lens, counts, cols, len(kept), load)
         candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
-        _swap(dup, pack_of, rows, lens, cols, len(kept), load, caps, candidates, min(max_tries, n))
+        _swap(dup, pack_of, counts, marks, lens, cols, len(kept), load, caps, candidates, min(max_tries, n))
         del candidates, load
     del dup
     seen[:] = 0
@@ -572,17 +578,14 @@ def _ungroup(order, bounds, seen):
 
 
 @njit(cache=True)
-def _duplicates(rows, pack_of):
+def _duplicates(counts, pack_of):
     """separate_copies' ``dup``: the planned examples whose example already has a copy in their pack, in the
-    order of (example, pack, position) (rows is nondecreasing: an example's copies are consecutive)."""
-    n = rows.shape[0]
-    out = np.empty(1024, dtype=np.int64)
+    order of (example, pack, position) (an example's copies are consecutive: ``counts[r]`` from its first)."""
+    out = np.empty(1024, dtype=pack_of.dtype)  # order's dtype holds every planned example
     k = 0
     g0 = 0
-    while g0 < n:
-        g1 = g0 + 1
-        while g1 < n and rows[g1] == rows[g0]:
-            g1 += 1
+    for r in range(counts.shape[0]):
+        g1 = g0 + np.int64(counts[r])
         if g1 - g0 > 1:
             group = np.arange(g0, g1)
             for a in range(1, group.shape[0]):  # by (pack, position): insertion sort, positions ascending
@@ -595,7 +598,7 @@ def _duplicates(rows, pack_of):
             for a in range(1, group.shape[0]):
                 if pack_of[group[a]] == pack_of[group[a - 1]]:
                     if k == out.shape[0]:
-                        grown = np.empty(2 * k, dtype=np.int64)
+                        grown = np.empty(2 * k, dtype=out.dtype)
                         grown[:k] = out
                         out = grown
                     out[k] = group[a]
@@ -605,30 +608,45 @@ def _duplicates(rows, pack_of):
 
 
 @njit(cache=True)
-def _loads(pack_of, lens, rows, cols, ncols, num_packs):
-    """(1 + ncols, P) tokens and each budget's total per pack."""
-    load = np.zeros((1 + ncols, num_packs), dtype=np.int64)
-    for i in range(pack_of.shape[0]):
-        p = pack_of[i]
-        load[0, p] += lens[i]
-        for c in range(ncols):
-            load[1 + c, p] += cols[c][rows[i]]
-    return load
+def _loads(pack_of, lens, counts, cols, ncols, load):
+    """``load`` (1 + ncols, P) := tokens and each budget's total per pack (``lens`` per row, like ``cols``)."""
+    i = 0
+    for r in range(counts.shape[0]):
+        for _ in range(counts[r]):
+            p = pack_of[i]
+            load[0, p] += lens[r]
+            for c in range(ncols):
+                load[1 + c, p] += cols[c][r]
+            i += 1
 
 
 @njit(cache=True, inline="always")
-def _holds(pack, e, rows, pack_of):
-    """Does ``pack`` hold a copy of example ``e`` (a planned example with rows == e)?"""
-    k = np.searchsorted(rows, e)
-    while k < rows.shape[0] and rows[k] == e:
-        if pack_of[k] == pack:
+def _row_of(i, counts, marks):
+    """The row of planned example i (``mixing.Sampled.locate`` for one)."""
+    b = np.searchsorted(marks, i, side="right") - 1
+    r = b * MARK
+    pos = marks[b]
+    while pos + counts[r] <= i:
+        pos += counts[r]
+        r += 1
+    return r
+
+
+@njit(cache=True, inline="always")
+def _holds(pack, e, counts, marks, pack_of):
+    """Does ``pack`` hold a copy of example (row) ``e``?"""
+    b = e // MARK
+    k = marks[b]
+    for r in range(b * MARK, e):
+        k += counts[r]
+    for c in range(counts[e]):
+        if pack_of[k + c] == pack:
             return True
-        k += 1
     return False
 
 
 @njit(cache=True)
-def _swap(dup, pack_of, rows, lens, cols, ncols, load, caps, candidates, tries):
+def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates, tries):
     """separate_copies' loop: each duplicate p swaps packs with the next candidate q whose pack holds no copy
     of p's example (and p's none of q's) where tokens and every budget still fit."""
     n = pack_of.shape[0]
@@ -638,19 +656,19 @@ def _swap(dup, pack_of, rows, lens, cols, ncols, load, caps, candidates, tries):
     for t in range(dup.shape[0]):
         p = dup[t]
         a = pack_of[p]
-        ea = rows[p]
+        ea = _row_of(np.int64(p), counts, marks)
         for _ in range(tries):
             q = candidates[cursor]
             cursor += 1
             if cursor == n:
                 cursor = 0
             b = pack_of[q]
-            eb = rows[q]
-            if a == b or _holds(a, eb, rows, pack_of) or _holds(b, ea, rows, pack_of):
+            eb = _row_of(np.int64(q), counts, marks)
+            if a == b or _holds(a, eb, counts, marks, pack_of) or _holds(b, ea, counts, marks, pack_of):
                 continue
-            delta[0] = np.int64(lens[q]) - np.int64(lens[p])
+            delta[0] = np.int64(lens[eb]) - np.int64(lens[ea])
             for c in range(ncols):
-                delta[1 + c] = np.int64(cols[c][rows[q]]) - np.int64(cols[c][rows[p]])
+                delta[1 + c] = np.int64(cols[c][eb]) - np.int64(cols[c][ea])
             fits = True
             for c in range(dims):
                 if load[c, a] + delta[c] > caps[c] or load[c, b] - delta[c] > caps[c]:
@@ -664,3 +682,107 @@ def _swap(dup, pack_of, rows, lens, cols, ncols, load, caps, candidates, tries):
             pack_of[p] = b
             pack_of[q] = a
             break
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Next fit at bulk memory: plan(algorithm="next-fit")'s plan as a PackOrder
+# ----------------------------------------------------------------------------------------------------------
+
+
+def plan_next_fit(
+    lengths: np.ndarray,
+    capacity: int,
+    *,
+    costs: Sequence[np.ndarray | None] = (),
+    limits: Sequence[int] = (),
+    names: Sequence[str] = (),
+    index: np.ndarray | None = None,
+    max_examples: int | None = None,
+    seed: int = 0,
+) -> PackOrder:
+    """``plan(lengths, capacity, algorithm="next-fit", costs=..., limits=..., max_examples=..., seed=...)``'s plan
+    (no ``refine``, no ``balance``) as a ``PackOrder``: ``kernels.next_fit``'s packs (runs of consecutive
+    examples) and ``plan``'s seeded write order, holding ``order`` (int32) and three int32 per pack, where
+    ``plan`` holds int64 lengths, the (n, 1 + b) ``needs`` and the assignment (~40 bytes per example).
+    ``costs``/``limits``/``names``/``index`` as ``plan_budgeted`` takes them."""
+    from packer.packing.budgets import counts_tokens, noun
+
+    lens = np.ascontiguousarray(lengths)
+    n = lens.shape[0]
+    if n == 0:
+        return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
+    counts = np.zeros(capacity + 1, dtype=np.int64)
+    if _count(lens, capacity, counts) >= 0:
+        _raise_misfit(lens, capacity)
+    del counts
+    names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
+    rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
+    kept, kept_limits = [], []
+    for col, limit, name in zip(costs, limits, names, strict=True):  # plan()'s checks, as plan_budgeted's
+        if col is None:
+            continue
+        col = np.ascontiguousarray(col)
+        bad = _first_over(lens, rows, col, int(limit), counts_tokens(name))
+        if bad >= 0:
+            planned = col if index is None else col[index]
+            if int(planned.max()) > limit:
+                i = int(np.argmax(planned))
+                raise ConfigError(f"example {i} has {int(planned[i])} {noun(name)} > {name} {limit}; raise "
+                                  f"'{name}' or drop/truncate the example")
+            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only {int(lens[bad])} tokens "
+                              "in all")
+        kept.append(col)
+        kept_limits.append(int(limit))
+    wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
+    cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+    budgets = np.array([np.int64(1) << 60 if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
+    dtype = np.int32 if n < 2**31 else np.int64
+    num_packs = _next_fit(lens, rows, cols, len(kept), capacity, budgets, np.zeros(0, dtype=dtype))
+    starts = np.empty(num_packs + 1, dtype=dtype)  # the first example of each pack, opening order
+    _next_fit(lens, rows, cols, len(kept), capacity, budgets, starts)
+    starts[num_packs] = n
+    where = write_order(num_packs, seed, dtype)  # pack b is written as pack where[b] (plan()'s shuffle)
+    bounds = np.zeros(num_packs + 1, dtype=dtype)
+    bounds[where + 1] = np.diff(starts)
+    np.cumsum(bounds, out=bounds)
+    order = np.empty(n, dtype=dtype)
+    _runs(starts, where, bounds, order)
+    return PackOrder(order=order, bounds=bounds)
+
+
+@njit(cache=True)
+def _next_fit(lens, rows, cols, ncols, capacity, budgets, starts):
+    """``kernels.next_fit`` over the compact columns (read through ``rows`` where it is not empty): the
+    number of packs; the first example of each written to ``starts`` where it has room."""
+    used = np.zeros(1 + ncols, dtype=np.int64)
+    tokens = np.int64(0)
+    b = -1
+    for i in range(lens.shape[0]):
+        r = i if rows.shape[0] == 0 else rows[i]
+        fits = b >= 0 and tokens + lens[i] <= capacity and used[0] + 1 <= budgets[0]
+        if fits:
+            for c in range(ncols):
+                if used[1 + c] + cols[c][r] > budgets[1 + c]:
+                    fits = False
+                    break
+        if not fits:
+            b += 1
+            tokens = 0
+            used[:] = 0
+            if b < starts.shape[0]:
+                starts[b] = i
+        tokens += lens[i]
+        used[0] += 1
+        for c in range(ncols):
+            used[1 + c] += cols[c][r]
+    return b + 1
+
+
+@njit(cache=True)
+def _runs(starts, where, bounds, order):
+    """order := each pack's run of examples at its write position."""
+    for b in range(where.shape[0]):
+        k = bounds[where[b]]
+        for i in range(starts[b], starts[b + 1]):
+            order[k] = i
+            k += 1

@@ -489,12 +489,14 @@ def _exchange(
 
 
 def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:
-    """``plan.npz``: the plan as the writers read it (``order``, ``bounds``, and ``index`` / ``copies`` where
-    sources were sampled), for inspection; nothing reads it back. Written from a buffer, not a copy of it."""
+    """``plan.npz``: the plan as the writers read it (``order``, ``bounds``, and ``counts``, each cache row's
+    copies, where sources were sampled or rows left out), for inspection; nothing reads it back. Written from a
+    buffer, not a copy of it."""
     import io
 
     arrays = {"order": plan.order, "bounds": plan.bounds}
-    arrays.update({k: v for k, v in (("index", plan.index), ("copies", plan.copies)) if v is not None})
+    if plan.sampled is not None:
+        arrays["counts"] = plan.sampled.counts
     if isinstance(work, ObjectPath):
         buf = io.BytesIO()
         np.savez(buf, **arrays)
@@ -555,7 +557,7 @@ def _image_units(cache: Any, plan: Plan, profile: Any) -> tuple[str, np.ndarray,
     if units is None:
         return None
     name, per_image = units
-    index = np.arange(len(images)) if plan.index is None else plan.index
+    index = np.arange(len(images)) if plan.sampled is None else plan.sampled.index()
     counts = pc.list_value_length(images).to_numpy(zero_copy_only=False).astype(np.int64)  # (E,) images each
     starts = np.concatenate([[0], np.cumsum(counts)])
     per_example = np.add.reduceat(np.append(per_image, 0), starts[:-1])  # (E,); 0 where an example has none

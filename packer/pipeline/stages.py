@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +39,9 @@ from packer.shards.assemble import assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
+
+if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan only (not in workers)
+    from packer.packing.mixing import Sampled
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
 
@@ -299,13 +302,12 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
 class Plan:
     """Which cached example goes in which pack, as ``packing.bulk.PackOrder`` holds it: the planned examples
     (an up-sampled example once per copy, in input order) grouped pack by pack in write order. 4 bytes per
-    example (``order``) above the lengths, not pack ids + their argsort (issue 32)."""
+    example (``order``) above the lengths, not pack ids + their argsort (issue 32); a sampled build adds one
+    byte per cache row (``sampled``: each row's copies), not a row and a copy number per planned example."""
 
-    index: np.ndarray | None  # (n,) cache row of each planned example; None: every cache row once, in order
-    copies: np.ndarray | None  # (n,) copy number (0 the original, k its k-th copy); None: no copy
+    sampled: Sampled | None  # each cache row's copies in the plan; None: every cache row once, in order
     order: np.ndarray  # (n,) planned examples, pack 0's first; inside a pack in increasing index
     bounds: np.ndarray  # (P + 1,) pack p holds order[bounds[p]:bounds[p + 1]]
-    lengths: np.ndarray  # (n,) tokens (columns.length_dtype)
     columns: Columns  # the cache's compact columns (stats, card)
 
     @property
@@ -318,8 +320,20 @@ class Plan:
         return np.diff(self.bounds.astype(np.int64))
 
     def planned(self, values: np.ndarray | None) -> np.ndarray | None:
-        """(n,) ``values`` (one per cache row) of each planned example."""
-        return values if values is None or self.index is None else values[self.index]
+        """(n,) ``values`` (one per cache row) of each planned example (a copy where sources were sampled)."""
+        return values if values is None or self.sampled is None else self.sampled.planned(values)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(n,) tokens (columns.length_dtype) of each planned example."""
+        return self.planned(self.columns.tokens)
+
+    def rows(self, planned: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(cache row, copy number or None: no copy) of each of the ``planned`` examples."""
+        if self.sampled is None:
+            return planned, None
+        rows, copies = self.sampled.locate(planned)
+        return rows, copies if copies.any() else None
 
     def cost(self, j: int) -> np.ndarray | None:
         """(n,) budget ``j``'s count (``BUDGETS`` order) per planned example; None where every one is 0."""
@@ -339,74 +353,84 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     ``separate_copies_bulk`` for up-sampled copies (the same plans as ``packing.plan`` and
     ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or another
     algorithm needs per-example state."""
-    from packer.packing.mixing import sample_sources, separate_copies
+    from packer.packing.mixing import Sampled, sample_counts, separate_copies
 
     n = columns.num_rows
     names = [s.name for s in config.sources]
     weights = [(names.index(s.name), s.weight) for s in config.sources]
-    index = copies = None
+    counts = None  # (n,) copies of each row planned, where sources are sampled or rows left out
     # a cache kept up to more (--keep-up-to, a repack) is sampled as the cache of this max_length would be:
     # over the rows that fit only (those longer are rejects, ``columns.read_chunk``)
     fits = None if columns.tokens.max(initial=0) <= config.max_length else columns.tokens <= config.max_length
     if any(w != 1.0 for _, w in weights):
         codes = columns.source_codes(names)
         if fits is None:
-            index, copies = sample_sources(codes, weights, seed=config.seed)
+            counts = sample_counts(codes, weights, seed=config.seed)
         else:
-            rows = np.flatnonzero(fits)
-            index, copies = sample_sources(codes[rows], weights, seed=config.seed)
-            index = rows[index]
-            del rows
+            counts = np.zeros(n, dtype=np.uint8)
+            drawn = sample_counts(codes[fits], weights, seed=config.seed)
+            counts = counts.astype(drawn.dtype, copy=False)
+            counts[fits] = drawn
+            del drawn
         del codes
     if len(columns.over):  # one byte per row, not np.isin's sort or int64 rows
-        keep = np.ones(n, dtype=bool)
-        keep[columns.over] = False
-        if index is None:
-            index, copies = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)[keep], np.zeros(1, np.uint8)
-        else:
-            keep = keep[index]
-            index, copies = index[keep], copies[keep]
-        del keep
-    if index is not None:
-        index = index.astype(np.int32 if n < 2**31 else np.int64, copy=False)
-        copies = copies.astype(np.min_scalar_type(int(copies.max(initial=0))), copy=False) if copies.any() else None
+        if counts is None:
+            counts = np.ones(n, dtype=np.uint8)
+        counts[columns.over] = 0
+    sampled = None if counts is None else Sampled.of(counts)
+    copies = sampled is not None and int(counts.max(initial=0)) > 1
+    del counts
+    # the row of each planned example, for the planners' kernels (they read the rows' columns through it);
+    # dropped with the plan made
+    index = None if sampled is None else sampled.index()
     lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
-    if config.algorithm == "bfd" and not config.balance_vision:
+    bulk_next_fit = config.algorithm == "next-fit" and not config.balance_vision and not config.refine
+    if (config.algorithm == "bfd" or bulk_next_fit) and not config.balance_vision:
         # plan()'s plan (and separate_copies' swaps) at bulk memory, pack ids included, without plan()'s (n,)
         # int64 arrays (~44 bytes per example tokens-only with refine, ~110 with budgets, ~450 with copies: their
         # Python rows) or pack ids + their argsort: plan_bulk tokens-only, plan_budgeted with budgets or
         # max_examples_per_pack, reading the compact count columns through ``index``.
         from packer.packing.bulk import plan_bulk
-        from packer.packing.bulk_budgets import plan_budgeted, separate_copies_bulk
+        from packer.packing.bulk_budgets import plan_budgeted, plan_next_fit, separate_copies_bulk
 
         cols = [columns.count(BUDGETS[j].column) for j in used]
-        if used or config.max_examples_per_pack is not None:
-            packs = plan_budgeted(lengths, config.max_length, costs=cols, limits=[limits[j] for j in used],
+        planned = cols
+        if index is not None and sum(c.dtype.itemsize for c in cols if c is not None) < index.dtype.itemsize:
+            # the planned costs take fewer bytes than the rows (one uint16 budget, or none: tokens only or
+            # max_examples_per_pack): the planners read them, not ``index`` (the same values, the same plan)
+            planned = [None if c is None else c[index] for c in cols]
+            index = None
+        if bulk_next_fit:  # plan(algorithm="next-fit")'s runs; with refine it takes plan() (refine_packs)
+            packs = plan_next_fit(lengths, config.max_length, costs=planned, limits=[limits[j] for j in used],
+                                  names=[FLAGS[j] for j in used], index=index,
+                                  max_examples=config.max_examples_per_pack, seed=config.seed)
+        elif used or config.max_examples_per_pack is not None:
+            packs = plan_budgeted(lengths, config.max_length, costs=planned, limits=[limits[j] for j in used],
                                   names=[FLAGS[j] for j in used], index=index,
                                   max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         else:
             packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
-        if copies is not None:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
-            packs = separate_copies_bulk(packs, index, lengths, capacity=config.max_length, seed=config.seed,
-                                         costs=cols, limits=[limits[j] for j in used])
-        return Plan(index=index, copies=copies, order=packs.order, bounds=packs.bounds, lengths=lengths,
-                    columns=columns)
+        del lengths, index, planned  # separate_copies_bulk reads the rows' columns through ``sampled``'s counts
+        if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
+            packs = separate_copies_bulk(packs, sampled, columns.tokens, capacity=config.max_length,
+                                         seed=config.seed, costs=cols, limits=[limits[j] for j in used])
+        return Plan(sampled=sampled, order=packs.order, bounds=packs.bounds, columns=columns)
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
     for c, j in enumerate(used):
         values = columns.count(BUDGETS[j].column)
         if values is not None:
             costs[:, c] = values if index is None else values[index]
     pack_ids = _plan(config, lengths.astype(np.int64), costs)
-    if copies is not None:  # the same swaps: separate_copies checks only the bounded budgets, all among ``used``
+    if copies:  # the same swaps: separate_copies checks only the bounded budgets, all among ``used``
         pack_ids = separate_copies(index, pack_ids, lengths.astype(np.int64), costs=costs,
                                    limits=[limits[j] for j in used], capacity=config.max_length, seed=config.seed)
-    del costs
+    del costs, index, lengths
     order = np.argsort(pack_ids, kind="stable").astype(np.int32 if len(pack_ids) < 2**31 else np.int64)
     sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(order.dtype)
-    return Plan(index=index, copies=copies, order=order, bounds=bounds, lengths=lengths, columns=columns)
+    return Plan(sampled=sampled, order=order, bounds=bounds, columns=columns)
 
 
 def _used(config: BuildConfig) -> list[int]:
@@ -442,26 +466,35 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        if config.algorithm != "bfd" or config.balance_vision:  # plan()'s per-example kernels: only there
+        if config.algorithm not in ("bfd", "next-fit") or config.balance_vision or (
+                config.algorithm == "next-fit" and config.refine):  # plan()'s per-example kernels: only there
             _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
         dtype = length_dtype(config.max_length)
         plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
         used = _used(config)
+        limits = limits_of(config)
+        if config.algorithm == "next-fit":  # plan_next_fit's kernels (every row planned, or some left out)
+            from packer.packing.bulk_budgets import plan_next_fit
+
+            for index in (None, np.arange(3, dtype=np.int32)):
+                plan_next_fit(np.full(3, 2, dtype=dtype), 3, costs=[np.zeros(3, dtype)] * len(used),
+                              limits=[limits[j] or 1 for j in used], index=index,
+                              max_examples=config.max_examples_per_pack)
         if used or config.max_examples_per_pack is not None:
             from packer.packing.bulk_budgets import plan_budgeted
 
-            limits = limits_of(config)
             three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run
             for index in (None, np.arange(3, dtype=np.int32)):  # every row planned, or some left out
                 plan_budgeted(three, 3, costs=[np.zeros(3, dtype)] * len(used), limits=[limits[j] or 1 for j in used],
                               index=index, max_examples=config.max_examples_per_pack, refine=config.refine)
         if any(s.weight != 1.0 for s in config.sources):  # up-sampled copies: separate_copies_bulk's kernels
             from packer.packing.bulk_budgets import separate_copies_bulk
+            from packer.packing.mixing import Sampled
 
             two = plan_bulk(np.ones(2, dtype), config.max_length)
-            separate_copies_bulk(two, np.zeros(2, dtype=np.int32), np.ones(2, dtype), capacity=config.max_length,
+            separate_copies_bulk(two, Sampled.of(np.full(1, 2, np.uint8)), np.ones(1, dtype), capacity=config.max_length,
                                  seed=0, costs=[np.zeros(1, dtype)] * len(used), limits=[limits[j] or 1 for j in used])
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
@@ -545,11 +578,11 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[l
     tasks = []
     for i, (c0, c1) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         r0, r1 = int(starts[c0]), int(starts[c1])
-        if plan.index is None:
+        if plan.sampled is None:
             lo, hi, rows = r0, r1, None
-        else:  # ``index`` is sorted (input order): the planned examples of these chunks are one slice
-            lo, hi = (int(x) for x in np.searchsorted(plan.index, [r0, r1]))
-            rows = plan.index[lo:hi]
+        else:  # planned examples are in input order: those of these chunks are one slice
+            lo, hi = plan.sampled.first(r0), plan.sampled.first(r1)
+            rows = r0 + plan.sampled.index_part(r0, r1)
         tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi], shard_starts))
     return tasks, positions
 
@@ -601,10 +634,8 @@ def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
     ranges = []
     for s, p0 in enumerate(range(0, len(pack_sizes), rows_per_shard)):
         p1 = min(len(pack_sizes), p0 + rows_per_shard)
-        sel = plan.order[plan.bounds[p0] : plan.bounds[p1]]
-        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1],
-                                 examples=sel if plan.index is None else plan.index[sel],
-                                 copies=None if plan.copies is None else plan.copies[sel]))
+        examples, copies = plan.rows(plan.order[plan.bounds[p0] : plan.bounds[p1]])
+        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1], examples=examples, copies=copies))
     return ranges
 
 

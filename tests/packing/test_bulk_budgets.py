@@ -140,8 +140,9 @@ def test_build_plans_budgets_in_bulk(refine):
                                over=np.flatnonzero(images[part] > 2).astype(np.int64), rejects=[]))
     columns = built.finish([""] * 5)
     got = plan_packs(columns, config)
-    rows = got.index
-    assert rows is not None and len(rows) == 5000 - len(range(0, 5000, 97))
+    rows = got.sampled.index()
+    assert len(rows) == 5000 - len(range(0, 5000, 97))
+    assert np.array_equal(rows, np.setdiff1d(np.arange(5000), np.arange(0, 5000, 97)))
     want = _plan(config, lens[rows].astype(np.int64), np.stack([vision[rows], images[rows]], 1).astype(np.int64))
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(got.pack_sizes, np.bincount(want))
@@ -153,18 +154,19 @@ def test_copies_apart_as_separate_copies(seed):
     and 2.5), with budgets (plan_budgeted) and tokens-only (plan_bulk), refine on and off."""
     from packer.packing.bulk import plan_bulk
     from packer.packing.bulk_budgets import separate_copies_bulk
-    from packer.packing.mixing import sample_sources, separate_copies
+    from packer.packing.mixing import Sampled, sample_sources, separate_copies
 
     rng = np.random.default_rng(seed)
     capacity = int(rng.choice([16, 64, 512]))
     lens, vision, images = mixed(seed, int(rng.integers(1, 3000)), capacity)
     index, _ = sample_sources(rng.integers(0, 3, size=len(lens)), [(0, 1.0), (1, 2.0), (2, 2.5)], seed=seed)
     index = index.astype(np.int32)
+    sampled = Sampled.of(np.bincount(index, minlength=len(lens)).astype(np.uint8))
     planned, refine = lens[index], seed % 3 == 0
     if seed % 2:
         ids = plan(planned, capacity, refine=refine, seed=seed)
         want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), capacity=capacity, seed=seed)
-        got = separate_copies_bulk(plan_bulk(planned, capacity, seed=seed, refine=refine), index, planned,
+        got = separate_copies_bulk(plan_bulk(planned, capacity, seed=seed, refine=refine), sampled, lens,
                                    capacity=capacity, seed=seed)
     else:
         limits = [int(max(vision.max(), 1)) * 2, 3]
@@ -174,8 +176,88 @@ def test_copies_apart_as_separate_copies(seed):
                                capacity=capacity, seed=seed)
         packs = plan_budgeted(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
                               refine=refine, seed=seed)
-        got = separate_copies_bulk(packs, index, planned, capacity=capacity, seed=seed, costs=[vision, images],
+        got = separate_copies_bulk(packs, sampled, lens, capacity=capacity, seed=seed, costs=[vision, images],
                                    limits=limits)
     assert (want != ids).any()  # swaps happened
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(np.diff(got.bounds), np.bincount(want))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_next_fit_is_plans_next_fit(seed):
+    """plan_next_fit == plan(algorithm="next-fit") pack for pack and in write order: tokens only, with
+    budgets (binding and loose), max_examples, costs read through ``index``; every pack a run of examples."""
+    from packer.packing.bulk_budgets import plan_next_fit
+
+    rng = np.random.default_rng(300 + seed)
+    capacity = int(rng.choice([16, 64, 512]))
+    lens, vision, images = mixed(seed, int(rng.integers(1, 3000)), capacity)
+    max_examples = [None, 3, 8][seed % 3]
+    index = np.sort(rng.choice(len(lens), size=len(lens) // 2 + 1)).astype(np.int32) if seed % 4 == 2 else None
+    rows = np.arange(len(lens)) if index is None else index
+    planned = lens[rows]
+    if seed % 2:
+        want = plan(planned, capacity, algorithm="next-fit", max_examples=max_examples, seed=seed)
+        got = plan_next_fit(planned, capacity, max_examples=max_examples, seed=seed)
+    else:
+        limits = [int(max(vision.max(), 1) * rng.choice([1, 2])), int(rng.choice([1, 2, 100]))]
+        want = plan(planned, capacity, algorithm="next-fit", costs=np.stack([vision[rows], images[rows]], 1),
+                    limits=limits, names=NAMES, max_examples=max_examples, seed=seed)
+        got = plan_next_fit(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
+                            max_examples=max_examples, seed=seed)
+    assert got.order.dtype == np.int32 and got.bounds.dtype == np.int32
+    assert np.array_equal(got.pack_ids(), want)
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert all(np.all(np.diff(got.pack(p)) == 1) for p in range(got.num_packs))
+
+
+def test_next_fit_errors_as_plan_words_them():
+    from packer.packing.bulk_budgets import plan_next_fit
+
+    lens, vision = np.array([6, 6, 6], dtype=np.uint16), np.array([5, 9, 3], dtype=np.uint16)
+    with pytest.raises(ConfigError, match="example 1 has 9 vision tokens > max_vision_tokens 8"):
+        plan_next_fit(lens, 16, costs=[vision], limits=[8], names=NAMES[:1])
+    with pytest.raises(ConfigError, match="example 0 has 17 tokens > capacity 16"):
+        plan_next_fit(np.array([17], np.uint16), 16)
+
+
+@pytest.mark.parametrize(("algorithm", "budgets", "weight"), [
+    ("next-fit", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 1.0),
+    ("next-fit", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 2.0),
+    ("bfd", {"max_vision_tokens": 600}, 2.0),  # one budget: the planners read its planned column, no index
+    ("bfd", {}, 2.5),  # tokens only (plan_bulk) with copies
+])
+def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
+    """``stages.plan_packs`` in bulk (plan_next_fit with ``algorithm: next-fit`` and refine off, plan_budgeted,
+    plan_bulk) is the per-example path's plan (``stages._plan``, then ``separate_copies`` where a source is
+    up-sampled), rows over a budget left out."""
+    from packer.config import BuildConfig
+    from packer.packing.mixing import separate_copies
+    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
+    from packer.pipeline.stages import _plan, _used, plan_packs
+
+    config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
+                                                {"name": "b", "paths": ["b.jsonl"], "weight": weight}]},
+                                   output="out", algorithm=algorithm, refine=algorithm == "bfd", max_length=512,
+                                   seed=4, **budgets)
+    lens, vision, images = mixed(12, 5000, 512)
+    images[::97] = 3  # over max_images where it is set: left out of the plan
+    built = ColumnsBuilder(5000)
+    for a in range(0, 5000, 1000):
+        part = slice(a, a + 1000)
+        over = np.flatnonzero(images[part] > 2) if "max_images" in budgets else np.zeros(0)
+        built.add(ChunkColumns(tokens=lens[part], loss_tokens=lens[part], loss_weight=None, linear=None,
+                               counts={"num_vision_tokens": vision[part], "num_images": images[part]},
+                               over=over.astype(np.int64), rejects=[]))
+    columns = built.finish(["a", "b", "a", "b", "a"])
+    got = plan_packs(columns, config)
+    rows = got.sampled.index()
+    costs = np.stack([vision[rows], images[rows]], 1)[:, :len(_used(config))].astype(np.int64)
+    want = _plan(config, lens[rows].astype(np.int64), costs)
+    if weight != 1.0:
+        assert len(rows) > 5000  # copies planned
+        want = separate_copies(rows.astype(np.int64), want, lens[rows].astype(np.int64), costs=costs,
+                               limits=[budgets[k] for k in ("max_vision_tokens", "max_images") if k in budgets],
+                               capacity=512, seed=4)
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(got.pack_sizes, np.bincount(want))

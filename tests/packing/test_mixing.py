@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from packer.cli import cli
 from packer.config import BuildConfig
 from packer.errors import ConfigError
-from packer.packing.mixing import sample_sources
+from packer.packing.mixing import MARK, Sampled, sample_counts, sample_sources
 from packer.pipeline.build import build
 from packer.shards.io import open_shards
 
@@ -126,6 +126,39 @@ def test_sample_sources_as_before(seed):
     want_index, want_copies = _sample_sources_before(sources, weights, seed=seed)
     assert index.dtype == np.int32 and copies.dtype == np.uint8
     assert np.array_equal(index, want_index) and np.array_equal(copies, want_copies)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=4 * MARK + 7), st.data())
+def test_sampled_is_the_index_and_copies_it_replaces(counts, data):
+    """``Sampled`` (a repeat count per row) gives what the (n,) ``index`` / ``copies`` of ``sample_sources``
+    held: the planned values, each planned example's row and copy number (any order), each row's first
+    planned example, the rows of a slice of rows; runs of empty rows across marks included."""
+    counts = np.array(counts, dtype=np.uint8)
+    sampled = Sampled.of(counts)
+    index = np.repeat(np.arange(len(counts)), counts)
+    copies = np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts)
+    assert sampled.num_planned == len(index)
+    assert np.array_equal(sampled.index(), index) and sampled.index().dtype == np.int32
+    values = np.arange(len(counts), dtype=np.uint16) * 3 + 1
+    assert np.array_equal(sampled.planned(values), values[index]) and sampled.planned(values).dtype == np.uint16
+    picked = np.array(data.draw(st.lists(st.integers(0, max(len(index) - 1, 0)), max_size=50 if len(index) else 0)),
+                      dtype=np.int32)
+    rows, numbers = sampled.locate(picked)
+    assert np.array_equal(rows, index[picked]) and np.array_equal(numbers, copies[picked])
+    r0 = data.draw(st.integers(0, len(counts)))
+    r1 = data.draw(st.integers(r0, len(counts)))
+    assert sampled.first(r0) == int(np.searchsorted(index, r0))
+    assert np.array_equal(r0 + sampled.index_part(r0, r1), index[sampled.first(r0):sampled.first(r1)])
+
+
+def test_sample_counts_are_sample_sources_index():
+    sources = np.random.default_rng(3).integers(0, 3, size=5000)
+    weights = [(0, 2.5), (1, 0.3), (2, 1.0)]
+    index, copies = sample_sources(sources, weights, seed=3)
+    sampled = Sampled.of(sample_counts(sources, weights, seed=3))
+    assert np.array_equal(sampled.index(), index)
+    assert np.array_equal(sampled.locate(np.arange(len(index)))[1], copies)
 
 
 def test_weights_give_the_counts_in_stats_and_shards(built):
