@@ -27,6 +27,11 @@ medians of CPU-s, shards identical; the ratios below are printed for both.
 ``--scan-only``: only time the scan (``stages.scan_chunks``: byte ranges for JSONL, the spill for the others)
 of each ``--input-format``, in this process (wall and CPU seconds).
 
+``--breakdown``: every CPU-second of each build's process tree by process and phase (no profiler: ``time.thread_time``
+around the build process's named steps, exclusive of the steps they call, and ``time.process_time`` around each pool
+worker's start, tasks and first use of the encoder, the rest of each process from /proc as "other"); the stages'
+functions are wrapped in the build's process only (``_BREAKDOWN_STEPS``), the bytes written are the same.
+
 ``--input-format``: the same records also as a pretty-printed JSON array (``array``), ``.jsonl.zst`` (``zst``)
 or ``.jsonl.gz`` (``gz``), each built with the first executor and compared with the JSONL build.
 
@@ -218,6 +223,8 @@ def _timed(inner, marks: dict[str, float]):
             inner.start()
 
         def submit(self, fn, /, *args, **kwargs):
+            if os.environ.get("BENCH_BUILD_BREAKDOWN") and getattr(inner, "num_proc", 1) > 1:
+                return inner.submit(_bd_call, fn, *args, **kwargs)
             return inner.submit(fn, *args, **kwargs)
 
         def preload(self, encoder):
@@ -244,10 +251,154 @@ def _now() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+# --breakdown: the build process's steps timed (module, attribute, label); a step's CPU excludes the steps it calls
+_BREAKDOWN_STEPS = [
+    ("packer.encode.tokenizers", "load_tokenizer", "tokenizer load (transformers import + HF tokenizer)"),
+    ("packer.pipeline.build", "make_encoder", "make_encoder (tables, fastokens probe ids)"),
+    ("packer.pipeline.build", "tokenizer_record", "tokenizer fingerprint"),
+    ("packer.pipeline.build", "build_fingerprint", "fingerprints + output dir"),
+    ("packer.pipeline.build", "encode_fingerprint", "fingerprints + output dir"),
+    ("packer.pipeline.build", "prepare_output", "fingerprints + output dir"),
+    ("packer.pipeline.build", "_encode", "encode stage: results in (read_chunk per chunk, columns file)"),
+    ("packer.pipeline.build", "warm_planner", "warm planner (a thread: numba kernels, imports)"),
+    ("packer.pipeline.columns.ColumnsBuilder", "finish", "columns finish"),
+    ("packer.pipeline.build", "plan_packs", "plan"),
+    ("packer.pipeline.build", "_save_plan", "plan saved"),
+    ("packer.pipeline.cache.EncodeCache", "indexed", "cache index"),
+    ("packer.pipeline.build", "_exchange", "exchange + write stage (driver side)"),
+    ("packer.pipeline.build", "_write", "exchange + write stage (driver side)"),
+    ("packer.pipeline.build", "remove_stale_shards", "exchange + write stage (driver side)"),
+    ("packer.pipeline.build", "_encode_rejects", "rejects"),
+    ("packer.pipeline.build", "write_rejects", "rejects"),
+    ("packer.report.stats", "compute_stats", "stats"),
+    ("packer.report.stats", "format_stats", "card"),
+    ("packer.pipeline.build", "write_card", "card"),
+    ("packer.pipeline.build", "manifest_dict", "manifest"),
+    ("packer.pipeline.local", "_forked_with", "fork the pool (the workers' encoder, fastokens' native tokenizer)"),
+    ("packer.pipeline.local.LocalExecutor", "close", "pool stop"),
+]
+_STEP_CPU: dict[str, float] = {}  # label -> CPU-s, this process (the build's, or a pool worker's)
+_STACK = __import__("threading").local()
+
+
+def _exclusive(label: str, fn, clock=time.thread_time):
+    """``fn`` that adds its CPU (``clock``), less that of the wrapped steps it calls, to ``_STEP_CPU[label]``."""
+    import functools
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        stack = _STACK.__dict__.setdefault("frames", [])
+        stack.append(0.0)  # the CPU of wrapped steps called from this one
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = clock() - t0
+            inner = stack.pop()
+            _STEP_CPU[label] = _STEP_CPU.get(label, 0.0) + spent - inner
+            if stack:
+                stack[-1] += spent
+    return timed
+
+
+def _wrap_steps() -> None:
+    import importlib
+
+    for where, name, label in _BREAKDOWN_STEPS:
+        parts = where.split(".")
+        owner = None
+        for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes (a class)
+            try:
+                owner = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                owner = getattr(owner, attr)
+            break
+        setattr(owner, name, _exclusive(label, getattr(owner, name)))
+    import packer.pipeline.local as local
+
+    # the pool's worker functions: this script's, which time the real ones in the worker (spawn pickles them by
+    # reference: the worker imports this file as __mp_main__)
+    for name in ("_worker_init", "_preload", "_encode_task", "_exchange_task", "_write_task"):
+        _REAL[name] = getattr(local, name)
+        setattr(local, name, globals()["_bd" + name])
+
+
+_REAL: dict = {}  # the pool's functions wrapped by _wrap_steps: a forked worker inherits the wrapped ones
+
+
+def _real(name: str):
+    import packer.pipeline.local as local
+
+    return _REAL.get(name) or getattr(local, name)
+
+
+def _bd_save() -> None:
+    """This worker's CPU by phase so far, into ``$BENCH_BUILD_BREAKDOWN/worker-PID.json`` (after every task)."""
+    d = Path(os.environ["BENCH_BUILD_BREAKDOWN"])
+    tmp = d / f".worker-{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({**_STEP_CPU, "_total": time.process_time()}))
+    tmp.replace(d / f"worker-{os.getpid()}.json")
+
+
+def _bd_timed(label: str, fn, *args, **kwargs):
+    try:
+        return _exclusive(label, fn, time.process_time)(*args, **kwargs)
+    finally:
+        _bd_save()
+
+
+def _bd_worker_init() -> None:
+    _STEP_CPU.clear()  # a forked worker starts with its parent's
+    _STACK.__dict__.pop("frames", None)
+    _STEP_CPU["interpreter start + this script as __mp_main__ (spawn; 0 forked)"] = time.process_time()
+    _bd_timed("imports (_worker_init)", _real("_worker_init"))
+
+
+def _bd_call(fn, *args, **kwargs):
+    return _bd_timed("scan (submitted to a worker)", fn, *args, **kwargs)
+
+
+def _bd_preload(path: str) -> None:
+    _bd_timed("unpickle the encoder (preload)", _real("_preload"), path)
+
+
+def _bd_encode_task(args):
+    import packer.pipeline.local as local
+
+    encoder = _bd_timed("unpickle the encoder (preload)", local._encoder, args[-1])
+    if encoder._fastokens is not None:  # built on the first chunk anyway: timed apart, then cached
+        _bd_timed("fastokens start (native tokenizer + probe)", encoder._fastokens.native)
+    return _bd_timed("encode chunks", _real("_encode_task"), args)
+
+
+def _bd_exchange_task(args):
+    import packer.pipeline.local as local
+
+    _bd_timed("drop the encoder", local._drop_encoder)
+    return _bd_timed("exchange map tasks", _real("_exchange_task"), args)
+
+
+def _bd_write_task(args):
+    import packer.pipeline.local as local
+
+    _bd_timed("drop the encoder", local._drop_encoder)
+    return _bd_timed("write shard ranges", _real("_write_task"), args)
+
+
 def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qwen2-vl") -> None:
     """One build in this process; print its stage times (s) as JSON."""
+    breakdown = bool(os.environ.get("BENCH_BUILD_BREAKDOWN"))
+    if breakdown:
+        _STEP_CPU["interpreter start + this script's imports"] = time.process_time()
+        t0 = time.process_time()
     from packer.config import BuildConfig
     from packer.pipeline.build import build, make_executor
+
+    if breakdown:
+        _STEP_CPU["packer imports (build, config)"] = time.process_time() - t0
+        _wrap_steps()
 
     marks = {"start": _now()}
     if executor == "ray":
@@ -263,6 +414,8 @@ def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qw
     build(config, progress=False, executor=_timed(inner, marks))
     marks["end"] = _now()
     names = list(marks)
+    if breakdown:
+        print(json.dumps({**_STEP_CPU, "_total": time.process_time()}))
     print(json.dumps([{a: marks[b][k] - marks[a][k] for a, b in zip(names, names[1:], strict=False)} for k in (0, 1)]))
 
 
@@ -307,14 +460,21 @@ def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
 
 
 def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
-                 profile: str = "qwen2-vl", script: Path | None = None) -> dict[str, float]:
-    """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process."""
+                 profile: str = "qwen2-vl", script: Path | None = None,
+                 breakdown: Path | None = None) -> dict[str, float]:
+    """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process;
+    ``breakdown``: a new directory for the CPU by process and phase (``--breakdown``, this tree's script only)."""
     script = script or Path(__file__).resolve()
     cmd = [sys.executable, str(script), "--child", str(path), str(out), str(num_proc), executor]
     if "PROFILE" in script.read_text() or profile != "qwen2-vl":  # an older tree's child takes no profile
         cmd.append(profile)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("BENCH_BUILD_BREAKDOWN", None)
+    if breakdown is not None:
+        breakdown.mkdir(parents=True)
+        env["BENCH_BUILD_BREAKDOWN"] = str(breakdown)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peak, cpu = 0, {}
     while proc.poll() is None:
         peak = max(peak, _tree_usage(proc.pid, cpu))
@@ -322,13 +482,46 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
     dt = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")
-    stages, parent_cpu = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    lines = proc.stdout.read().strip().splitlines()
+    stages, parent_cpu = json.loads(lines[-1])
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["totals"]
-    return {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
-            "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
-            "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu), "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
-            "shards": [s["sha256"] for s in manifest["shards"]]}
+    result = {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
+              "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
+              "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu),
+              "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
+              "shards": [s["sha256"] for s in manifest["shards"]]}
+    if breakdown is not None:
+        result["breakdown"] = _breakdown(proc.pid, json.loads(lines[-2]), breakdown, cpu)
+    return result
+
+
+def _breakdown(child: int, steps: dict[str, float], where: Path,
+               cpu: dict[int, tuple[str, float]]) -> list[tuple[str, str, float]]:
+    """(process, phase, CPU-s) rows: the build process's steps, the pool workers' phases summed over workers,
+    each process's rest ("other": /proc's total less what its own clock accounted for; /proc is read every 0.2 s,
+    so the last moments of a process may be missing) and any other process (the resource tracker)."""
+    rows: list[tuple[str, str, float]] = []
+
+    def add(process: str, phases: dict[str, float], total: float) -> None:
+        accounted = phases.pop("_total")
+        for phase, c in sorted(phases.items(), key=lambda kv: -kv[1]):
+            rows.append((process, phase, c))
+        rows.append((process, "other (the rest of its own clock)", accounted - sum(phases.values())))
+        rows.append((process, "after its last mark (exit; /proc)", total - accounted))
+
+    add("build process", dict(steps), cpu[child][1])
+    workers = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in where.glob("worker-*.json")}
+    summed: dict[str, float] = {}
+    for phases in workers.values():
+        for k, v in phases.items():
+            summed[k] = summed.get(k, 0.0) + v
+    if workers:
+        add(f"pool workers (x{len(workers)})", summed, sum(cpu[p][1] for p in workers if p in cpu))
+    for pid, (name, c) in cpu.items():
+        if pid != child and pid not in workers:
+            rows.append((f"{name} (pid {pid})", "all", c))
+    return rows
 
 
 def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
@@ -362,6 +555,16 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
     return out
 
 
+def print_breakdown(b: dict) -> None:
+    """``--breakdown``'s table (markdown): every CPU-second of the build's process tree, by process and phase."""
+    total = b["cpu_seconds"]
+    print("\n| process | phase | CPU-s | share |\n| --- | --- | --- | --- |")
+    for process, phase, c in b["breakdown"]:
+        if abs(c) >= 0.005:
+            print(f"| {process} | {phase} | {c:.2f} | {c / total:.1%} |")
+    print(f"| all | the process tree (/proc) | {total:.2f} | 100% |\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, nargs="+", default=[50_000, 200_000])
@@ -377,6 +580,8 @@ def main() -> None:
                     help="build the same records from each file kind too (formats/files.py), first executor only")
     ap.add_argument("--budgets", action="store_true", help="build with --max-vision-tokens 4096 --max-images 8 "
                     "--max-examples-per-pack 64 (the budgeted planner)")
+    ap.add_argument("--breakdown", action="store_true", help="the CPU of each build's process tree by process and "
+                    "phase (a table); with --base, of this tree's last build")
     ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
     ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
@@ -412,7 +617,8 @@ def main() -> None:
                 builds = against(args.base, corpus, args, Path(tmp))
             for executor in ([] if args.base else args.executor):
                 b = builds[executor] = packer_build(corpus, Path(tmp) / f"out-{n}-{executor}", args.num_proc, executor,
-                                                    args.profile)
+                                                    args.profile, breakdown=Path(tmp) / f"breakdown-{n}-{executor}"
+                                                    if args.breakdown and executor == "local" else None)
                 split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
                 print(f"  packer build --executor {executor} --num-proc {args.num_proc}: {b['seconds']:.1f} s, "
                       f"{b['cpu_seconds']:.1f} CPU-s "
@@ -423,6 +629,8 @@ def main() -> None:
                 print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
                                                       if v >= 0.1))
                 print("    the build process's CPU-s by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in b["parent_cpu"].items()))
+                if "breakdown" in b:
+                    print_breakdown(b)
             for fmt in args.input_format:
                 if fmt == "jsonl":
                     continue
