@@ -192,16 +192,22 @@ def tokenizer_alone(path: Path, num_proc: int, profile: str = "qwen2-vl") -> dic
     return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt}
 
 
-def _tree_usage(pid: int, cpu: dict[int, tuple[str, float]]) -> int:
+def _tree_usage(pid: int, cpu: dict[int, tuple[str, float]], pss: list[int] | None = None) -> int:
     """Resident memory of a process and all its descendants, in bytes (from /proc); records each one's name
-    and CPU seconds so far (user + system) in ``cpu``, by pid."""
+    and CPU seconds so far (user + system) in ``cpu``, by pid; ``pss``: its one item set to the tree's
+    proportional set size (a page shared by k processes counted 1/k in each: a forked pool's shared pages once)."""
     total, stack = 0, [pid]
+    if pss is not None:
+        pss[:] = [0]
     tick = os.sysconf("SC_CLK_TCK")
     while stack:
         p = stack.pop()
         try:
             with open(f"/proc/{p}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+            if pss is not None:
+                with open(f"/proc/{p}/smaps_rollup") as f:
+                    pss[0] += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             cpu[p] = (cpu[p][0] if p in cpu else _process_name(p), (int(fields[11]) + int(fields[12])) / tick)
@@ -475,9 +481,10 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
         env["BENCH_BUILD_BREAKDOWN"] = str(breakdown)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    peak, cpu = 0, {}
+    peak, peak_pss, pss, cpu = 0, 0, [0], {}
     while proc.poll() is None:
-        peak = max(peak, _tree_usage(proc.pid, cpu))
+        peak = max(peak, _tree_usage(proc.pid, cpu, pss))
+        peak_pss = max(peak_pss, pss[0])
         time.sleep(0.2)
     dt = time.perf_counter() - t0
     if proc.returncode:
@@ -488,7 +495,7 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
     t = manifest["totals"]
     result = {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
               "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
-              "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu),
+              "peak_pss_mib": peak_pss / 2**20, "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu),
               "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
               "shards": [s["sha256"] for s in manifest["shards"]]}
     if breakdown is not None:
@@ -543,7 +550,7 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
             b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name])
             runs[name].append(b)
             print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall, peak RSS "
-                  f"{b['peak_rss_mib']:.0f} MiB, load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
+                  f"{b['peak_rss_mib']:.0f} MiB (PSS {b['peak_pss_mib']:.0f}), load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
     assert all(b["shards"] == runs["base"][0]["shards"] for bs in runs.values() for b in bs), "the shards differ"
     out = {}
     for name, bs in runs.items():
@@ -623,7 +630,7 @@ def main() -> None:
                 print(f"  packer build --executor {executor} --num-proc {args.num_proc}: {b['seconds']:.1f} s, "
                       f"{b['cpu_seconds']:.1f} CPU-s "
                       f"({split}), {b['text_tokens']:,} text tokens ({b['tokens']:,} with vision), "
-                      f"{b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, peak RSS {b['peak_rss_mib']:.0f} MiB, "
+                      f"{b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, peak RSS {b['peak_rss_mib']:.0f} MiB (PSS {b['peak_pss_mib']:.0f}), "
                       f"{b['examples']:,} examples in {b['packs']:,} packs, shards' sha256 "
                       f"{hashlib.sha256(''.join(b['shards']).encode()).hexdigest()[:12]}")
                 print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
