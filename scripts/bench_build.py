@@ -5,8 +5,8 @@ The corpus is synthetic but realistic: English text assembled from COCO captions
 sees real words), lognormal conversation lengths, 1-4 turns, ~30% of records with a real COCO image,
 ~10% caption trees. The baseline renders the same records with the chat template and batch-encodes them
 with the tokenizer in N processes (what any pipeline must do at minimum). Text tokens are compared
-(vision tokens are the build's extra output, not tokenizer work). Peak RSS and CPU seconds are the whole
-process tree's (a local Ray's processes included).
+(vision tokens are the build's extra output, not tokenizer work). Peak RSS (and PSS: shared pages once) and
+CPU seconds are the whole process tree's (a local Ray's processes included).
 
     python scripts/bench_build.py --records 200000 --num-proc 2
     python scripts/bench_build.py --records 50000 --rss-only
@@ -16,6 +16,7 @@ process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
     python scripts/bench_build.py --records 50000 --profile qwen3-vl   # another family's template and tokenizer
     python scripts/bench_build.py --records 50000 --base ../before --rounds 3   # before / after, alternated
+    python scripts/bench_build.py --records 50000 --rss-only --breakdown   # CPU by process and phase
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);

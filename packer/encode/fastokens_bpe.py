@@ -3,9 +3,10 @@ encode from the same tokenizer.json), batch in, flat ids + offsets out (no Pytho
 
 ``FastokensBPE.of(backend)`` gives one only where packer can check it is exact, else None (the HF tokenizer then
 encodes, as before); the last check runs where the engine is first used, in each process (building
-the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: the build's parent, which only pickles the encoder,
-never pays it; a worker compares with the HF ids of the probe the parent computed, and builds the HF tokenizer
-only for a text it must encode), and a failed one leaves every text to the HF tokenizer:
+the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: a build's parent pays it once where it forks its
+workers, ``prepare``, else each worker on its first batch; a worker compares with the HF ids of the probe the
+parent computed, and builds the HF tokenizer only for a text it must encode), and a failed one leaves every text
+to the HF tokenizer:
 
 - (the Encoder's condition) the pipeline is one whose boundaries come from token byte lengths
   (``tokenize.token_byte_lengths``: byte-level BPE, no normalizer or NFC, no prefix space or offset trimming):
