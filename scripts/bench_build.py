@@ -5,8 +5,8 @@ The corpus is synthetic but realistic: English text assembled from COCO captions
 sees real words), lognormal conversation lengths, 1-4 turns, ~30% of records with a real COCO image,
 ~10% caption trees. The baseline renders the same records with the chat template and batch-encodes them
 with the tokenizer in N processes (what any pipeline must do at minimum). Text tokens are compared
-(vision tokens are the build's extra output, not tokenizer work). Peak RSS and CPU seconds are the whole
-process tree's (a local Ray's processes included).
+(vision tokens are the build's extra output, not tokenizer work). Peak RSS (and PSS: shared pages once) and
+CPU seconds are the whole process tree's (a local Ray's processes included).
 
     python scripts/bench_build.py --records 200000 --num-proc 2
     python scripts/bench_build.py --records 50000 --rss-only
@@ -16,6 +16,7 @@ process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 200000 --rss-only --input-format jsonl array zst   # issue 30
     python scripts/bench_build.py --records 50000 --profile qwen3-vl   # another family's template and tokenizer
     python scripts/bench_build.py --records 50000 --base ../before --rounds 3   # before / after, alternated
+    python scripts/bench_build.py --records 50000 --rss-only --breakdown   # CPU by process and phase
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
@@ -26,6 +27,11 @@ medians of CPU-s, shards identical; the ratios below are printed for both.
 
 ``--scan-only``: only time the scan (``stages.scan_chunks``: byte ranges for JSONL, the spill for the others)
 of each ``--input-format``, in this process (wall and CPU seconds).
+
+``--breakdown``: every CPU-second of each build's process tree by process and phase (no profiler: ``time.thread_time``
+around the build process's named steps, exclusive of the steps they call, and ``time.process_time`` around each pool
+worker's start, tasks and first use of the encoder, the rest of each process from /proc as "other"); the stages'
+functions are wrapped in the build's process only (``_BREAKDOWN_STEPS``), the bytes written are the same.
 
 ``--input-format``: the same records also as a pretty-printed JSON array (``array``), ``.jsonl.zst`` (``zst``)
 or ``.jsonl.gz`` (``gz``), each built with the first executor and compared with the JSONL build.
@@ -187,16 +193,22 @@ def tokenizer_alone(path: Path, num_proc: int, profile: str = "qwen2-vl") -> dic
     return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt}
 
 
-def _tree_usage(pid: int, cpu: dict[int, tuple[str, float]]) -> int:
+def _tree_usage(pid: int, cpu: dict[int, tuple[str, float]], pss: list[int] | None = None) -> int:
     """Resident memory of a process and all its descendants, in bytes (from /proc); records each one's name
-    and CPU seconds so far (user + system) in ``cpu``, by pid."""
+    and CPU seconds so far (user + system) in ``cpu``, by pid; ``pss``: its one item set to the tree's
+    proportional set size (a page shared by k processes counted 1/k in each: a forked pool's shared pages once)."""
     total, stack = 0, [pid]
+    if pss is not None:
+        pss[:] = [0]
     tick = os.sysconf("SC_CLK_TCK")
     while stack:
         p = stack.pop()
         try:
             with open(f"/proc/{p}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+            if pss is not None:
+                with open(f"/proc/{p}/smaps_rollup") as f:
+                    pss[0] += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             cpu[p] = (cpu[p][0] if p in cpu else _process_name(p), (int(fields[11]) + int(fields[12])) / tick)
@@ -218,6 +230,8 @@ def _timed(inner, marks: dict[str, float]):
             inner.start()
 
         def submit(self, fn, /, *args, **kwargs):
+            if os.environ.get("BENCH_BUILD_BREAKDOWN") and getattr(inner, "num_proc", 1) > 1:
+                return inner.submit(_bd_call, fn, *args, **kwargs)
             return inner.submit(fn, *args, **kwargs)
 
         def preload(self, encoder):
@@ -244,10 +258,154 @@ def _now() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+# --breakdown: the build process's steps timed (module, attribute, label); a step's CPU excludes the steps it calls
+_BREAKDOWN_STEPS = [
+    ("packer.encode.tokenizers", "load_tokenizer", "tokenizer load (transformers import + HF tokenizer)"),
+    ("packer.pipeline.build", "make_encoder", "make_encoder (tables, fastokens probe ids)"),
+    ("packer.pipeline.build", "tokenizer_record", "tokenizer fingerprint"),
+    ("packer.pipeline.build", "build_fingerprint", "fingerprints + output dir"),
+    ("packer.pipeline.build", "encode_fingerprint", "fingerprints + output dir"),
+    ("packer.pipeline.build", "prepare_output", "fingerprints + output dir"),
+    ("packer.pipeline.build", "_encode", "encode stage: results in (read_chunk per chunk, columns file)"),
+    ("packer.pipeline.build", "warm_planner", "warm planner (a thread: numba kernels, imports)"),
+    ("packer.pipeline.columns.ColumnsBuilder", "finish", "columns finish"),
+    ("packer.pipeline.build", "plan_packs", "plan"),
+    ("packer.pipeline.build", "_save_plan", "plan saved"),
+    ("packer.pipeline.cache.EncodeCache", "indexed", "cache index"),
+    ("packer.pipeline.build", "_exchange", "exchange + write stage (driver side)"),
+    ("packer.pipeline.build", "_write", "exchange + write stage (driver side)"),
+    ("packer.pipeline.build", "remove_stale_shards", "exchange + write stage (driver side)"),
+    ("packer.pipeline.build", "_encode_rejects", "rejects"),
+    ("packer.pipeline.build", "write_rejects", "rejects"),
+    ("packer.report.stats", "compute_stats", "stats"),
+    ("packer.report.stats", "format_stats", "card"),
+    ("packer.pipeline.build", "write_card", "card"),
+    ("packer.pipeline.build", "manifest_dict", "manifest"),
+    ("packer.pipeline.local", "_forked_with", "fork the pool (the workers' encoder, fastokens' native tokenizer)"),
+    ("packer.pipeline.local.LocalExecutor", "close", "pool stop"),
+]
+_STEP_CPU: dict[str, float] = {}  # label -> CPU-s, this process (the build's, or a pool worker's)
+_STACK = __import__("threading").local()
+
+
+def _exclusive(label: str, fn, clock=time.thread_time):
+    """``fn`` that adds its CPU (``clock``), less that of the wrapped steps it calls, to ``_STEP_CPU[label]``."""
+    import functools
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        stack = _STACK.__dict__.setdefault("frames", [])
+        stack.append(0.0)  # the CPU of wrapped steps called from this one
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = clock() - t0
+            inner = stack.pop()
+            _STEP_CPU[label] = _STEP_CPU.get(label, 0.0) + spent - inner
+            if stack:
+                stack[-1] += spent
+    return timed
+
+
+def _wrap_steps() -> None:
+    import importlib
+
+    for where, name, label in _BREAKDOWN_STEPS:
+        parts = where.split(".")
+        owner = None
+        for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes (a class)
+            try:
+                owner = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                owner = getattr(owner, attr)
+            break
+        setattr(owner, name, _exclusive(label, getattr(owner, name)))
+    import packer.pipeline.local as local
+
+    # the pool's worker functions: this script's, which time the real ones in the worker (spawn pickles them by
+    # reference: the worker imports this file as __mp_main__)
+    for name in ("_worker_init", "_preload", "_encode_task", "_exchange_task", "_write_task"):
+        _REAL[name] = getattr(local, name)
+        setattr(local, name, globals()["_bd" + name])
+
+
+_REAL: dict = {}  # the pool's functions wrapped by _wrap_steps: a forked worker inherits the wrapped ones
+
+
+def _real(name: str):
+    import packer.pipeline.local as local
+
+    return _REAL.get(name) or getattr(local, name)
+
+
+def _bd_save() -> None:
+    """This worker's CPU by phase so far, into ``$BENCH_BUILD_BREAKDOWN/worker-PID.json`` (after every task)."""
+    d = Path(os.environ["BENCH_BUILD_BREAKDOWN"])
+    tmp = d / f".worker-{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({**_STEP_CPU, "_total": time.process_time()}))
+    tmp.replace(d / f"worker-{os.getpid()}.json")
+
+
+def _bd_timed(label: str, fn, *args, **kwargs):
+    try:
+        return _exclusive(label, fn, time.process_time)(*args, **kwargs)
+    finally:
+        _bd_save()
+
+
+def _bd_worker_init() -> None:
+    _STEP_CPU.clear()  # a forked worker starts with its parent's
+    _STACK.__dict__.pop("frames", None)
+    _STEP_CPU["interpreter start + this script as __mp_main__ (spawn; 0 forked)"] = time.process_time()
+    _bd_timed("imports (_worker_init)", _real("_worker_init"))
+
+
+def _bd_call(fn, *args, **kwargs):
+    return _bd_timed("scan (submitted to a worker)", fn, *args, **kwargs)
+
+
+def _bd_preload(path: str) -> None:
+    _bd_timed("unpickle the encoder (preload)", _real("_preload"), path)
+
+
+def _bd_encode_task(args):
+    import packer.pipeline.local as local
+
+    encoder = _bd_timed("unpickle the encoder (preload)", local._encoder, args[-1])
+    if encoder._fastokens is not None:  # built on the first chunk anyway: timed apart, then cached
+        _bd_timed("fastokens start (native tokenizer + probe)", encoder._fastokens.native)
+    return _bd_timed("encode chunks", _real("_encode_task"), args)
+
+
+def _bd_exchange_task(args):
+    import packer.pipeline.local as local
+
+    _bd_timed("drop the encoder", local._drop_encoder)
+    return _bd_timed("exchange map tasks", _real("_exchange_task"), args)
+
+
+def _bd_write_task(args):
+    import packer.pipeline.local as local
+
+    _bd_timed("drop the encoder", local._drop_encoder)
+    return _bd_timed("write shard ranges", _real("_write_task"), args)
+
+
 def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qwen2-vl") -> None:
     """One build in this process; print its stage times (s) as JSON."""
+    breakdown = bool(os.environ.get("BENCH_BUILD_BREAKDOWN"))
+    if breakdown:
+        _STEP_CPU["interpreter start + this script's imports"] = time.process_time()
+        t0 = time.process_time()
     from packer.config import BuildConfig
     from packer.pipeline.build import build, make_executor
+
+    if breakdown:
+        _STEP_CPU["packer imports (build, config)"] = time.process_time() - t0
+        _wrap_steps()
 
     marks = {"start": _now()}
     if executor == "ray":
@@ -263,6 +421,8 @@ def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qw
     build(config, progress=False, executor=_timed(inner, marks))
     marks["end"] = _now()
     names = list(marks)
+    if breakdown:
+        print(json.dumps({**_STEP_CPU, "_total": time.process_time()}))
     print(json.dumps([{a: marks[b][k] - marks[a][k] for a, b in zip(names, names[1:], strict=False)} for k in (0, 1)]))
 
 
@@ -307,28 +467,69 @@ def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
 
 
 def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
-                 profile: str = "qwen2-vl", script: Path | None = None) -> dict[str, float]:
-    """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process."""
+                 profile: str = "qwen2-vl", script: Path | None = None,
+                 breakdown: Path | None = None) -> dict[str, float]:
+    """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process;
+    ``breakdown``: a new directory for the CPU by process and phase (``--breakdown``, this tree's script only)."""
     script = script or Path(__file__).resolve()
     cmd = [sys.executable, str(script), "--child", str(path), str(out), str(num_proc), executor]
     if "PROFILE" in script.read_text() or profile != "qwen2-vl":  # an older tree's child takes no profile
         cmd.append(profile)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("BENCH_BUILD_BREAKDOWN", None)
+    if breakdown is not None:
+        breakdown.mkdir(parents=True)
+        env["BENCH_BUILD_BREAKDOWN"] = str(breakdown)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, text=True)
-    peak, cpu = 0, {}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    peak, peak_pss, pss, cpu = 0, 0, [0], {}
     while proc.poll() is None:
-        peak = max(peak, _tree_usage(proc.pid, cpu))
+        peak = max(peak, _tree_usage(proc.pid, cpu, pss))
+        peak_pss = max(peak_pss, pss[0])
         time.sleep(0.2)
     dt = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")
-    stages, parent_cpu = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    lines = proc.stdout.read().strip().splitlines()
+    stages, parent_cpu = json.loads(lines[-1])
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["totals"]
-    return {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
-            "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
-            "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu), "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
-            "shards": [s["sha256"] for s in manifest["shards"]]}
+    result = {"seconds": dt, "text_tokens": t["tokens"] - t["vision_tokens"], "tokens": t["tokens"],
+              "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
+              "peak_pss_mib": peak_pss / 2**20, "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu),
+              "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
+              "shards": [s["sha256"] for s in manifest["shards"]]}
+    if breakdown is not None:
+        result["breakdown"] = _breakdown(proc.pid, json.loads(lines[-2]), breakdown, cpu)
+    return result
+
+
+def _breakdown(child: int, steps: dict[str, float], where: Path,
+               cpu: dict[int, tuple[str, float]]) -> list[tuple[str, str, float]]:
+    """(process, phase, CPU-s) rows: the build process's steps, the pool workers' phases summed over workers,
+    each process's rest ("other": /proc's total less what its own clock accounted for; /proc is read every 0.2 s,
+    so the last moments of a process may be missing) and any other process (the resource tracker)."""
+    rows: list[tuple[str, str, float]] = []
+
+    def add(process: str, phases: dict[str, float], total: float) -> None:
+        accounted = phases.pop("_total")
+        for phase, c in sorted(phases.items(), key=lambda kv: -kv[1]):
+            rows.append((process, phase, c))
+        rows.append((process, "other (the rest of its own clock)", accounted - sum(phases.values())))
+        rows.append((process, "after its last mark (exit; /proc)", total - accounted))
+
+    add("build process", dict(steps), cpu[child][1])
+    workers = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in where.glob("worker-*.json")}
+    summed: dict[str, float] = {}
+    for phases in workers.values():
+        for k, v in phases.items():
+            summed[k] = summed.get(k, 0.0) + v
+    if workers:
+        add(f"pool workers (x{len(workers)})", summed, sum(cpu[p][1] for p in workers if p in cpu))
+    for pid, (name, c) in cpu.items():
+        if pid != child and pid not in workers:
+            rows.append((f"{name} (pid {pid})", "all", c))
+    return rows
 
 
 def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
@@ -350,7 +551,7 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
             b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name])
             runs[name].append(b)
             print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall, peak RSS "
-                  f"{b['peak_rss_mib']:.0f} MiB, load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
+                  f"{b['peak_rss_mib']:.0f} MiB (PSS {b['peak_pss_mib']:.0f}), load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
     assert all(b["shards"] == runs["base"][0]["shards"] for bs in runs.values() for b in bs), "the shards differ"
     out = {}
     for name, bs in runs.items():
@@ -360,6 +561,16 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
         print(f"  {name}: median {cpu:.2f} CPU-s ({each}), wall "
               f"{min(b['seconds'] for b in bs):.1f}-{max(b['seconds'] for b in bs):.1f} s; shards identical")
     return out
+
+
+def print_breakdown(b: dict) -> None:
+    """``--breakdown``'s table (markdown): every CPU-second of the build's process tree, by process and phase."""
+    total = b["cpu_seconds"]
+    print("\n| process | phase | CPU-s | share |\n| --- | --- | --- | --- |")
+    for process, phase, c in b["breakdown"]:
+        if abs(c) >= 0.005:
+            print(f"| {process} | {phase} | {c:.2f} | {c / total:.1%} |")
+    print(f"| all | the process tree (/proc) | {total:.2f} | 100% |\n")
 
 
 def main() -> None:
@@ -377,6 +588,8 @@ def main() -> None:
                     help="build the same records from each file kind too (formats/files.py), first executor only")
     ap.add_argument("--budgets", action="store_true", help="build with --max-vision-tokens 4096 --max-images 8 "
                     "--max-examples-per-pack 64 (the budgeted planner)")
+    ap.add_argument("--breakdown", action="store_true", help="the CPU of each build's process tree by process and "
+                    "phase (a table); with --base, of this tree's last build")
     ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
     ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
@@ -412,17 +625,20 @@ def main() -> None:
                 builds = against(args.base, corpus, args, Path(tmp))
             for executor in ([] if args.base else args.executor):
                 b = builds[executor] = packer_build(corpus, Path(tmp) / f"out-{n}-{executor}", args.num_proc, executor,
-                                                    args.profile)
+                                                    args.profile, breakdown=Path(tmp) / f"breakdown-{n}-{executor}"
+                                                    if args.breakdown and executor == "local" else None)
                 split = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
                 print(f"  packer build --executor {executor} --num-proc {args.num_proc}: {b['seconds']:.1f} s, "
                       f"{b['cpu_seconds']:.1f} CPU-s "
                       f"({split}), {b['text_tokens']:,} text tokens ({b['tokens']:,} with vision), "
-                      f"{b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, peak RSS {b['peak_rss_mib']:.0f} MiB, "
+                      f"{b['text_tokens_per_s'] / 1e3:.0f}k text tokens/s, peak RSS {b['peak_rss_mib']:.0f} MiB (PSS {b['peak_pss_mib']:.0f}), "
                       f"{b['examples']:,} examples in {b['packs']:,} packs, shards' sha256 "
                       f"{hashlib.sha256(''.join(b['shards']).encode()).hexdigest()[:12]}")
                 print("    CPU-s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in b["cpu_by_process"].items()
                                                       if v >= 0.1))
                 print("    the build process's CPU-s by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in b["parent_cpu"].items()))
+                if "breakdown" in b:
+                    print_breakdown(b)
             for fmt in args.input_format:
                 if fmt == "jsonl":
                     continue

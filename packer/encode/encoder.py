@@ -150,6 +150,12 @@ class Encoder:
                        fast=self.fast_paths)
         return Encoder(self.tokenizer, self.profile, **(options | changes))
 
+    def prepare_fork(self) -> None:
+        """Build now what a process builds on its first batch and can share with processes forked from it:
+        fastokens' native tokenizer (``FastokensBPE.prepare``: nothing is encoded, no thread started)."""
+        if self._fastokens is not None:
+            self._fastokens.prepare()
+
     def __getstate__(self) -> dict:
         """What a worker process needs: the Rust tokenizer, the template source and the tables built from the
         tokenizer; not the transformers tokenizer around it, so unpickling imports no transformers (which

@@ -3,9 +3,10 @@ encode from the same tokenizer.json), batch in, flat ids + offsets out (no Pytho
 
 ``FastokensBPE.of(backend)`` gives one only where packer can check it is exact, else None (the HF tokenizer then
 encodes, as before); the last check runs where the engine is first used, in each process (building
-the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: the build's parent, which only pickles the encoder,
-never pays it; a worker compares with the HF ids of the probe the parent computed, and builds the HF tokenizer
-only for a text it must encode), and a failed one leaves every text to the HF tokenizer:
+the native tokenizer costs ~1.8 CPU-s for a 151k vocabulary: a build's parent pays it once where it forks its
+workers, ``prepare``, else each worker on its first batch; a worker compares with the HF ids of the probe the
+parent computed, and builds the HF tokenizer only for a text it must encode), and a failed one leaves every text
+to the HF tokenizer:
 
 - (the Encoder's condition) the pipeline is one whose boundaries come from token byte lengths
   (``tokenize.token_byte_lengths``: byte-level BPE, no normalizer or NFC, no prefix space or offset trimming):
@@ -35,6 +36,9 @@ _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # tokenizers.Tokenizer (or an unpickled source) -> fastokens.Tokenizer from its tokenizer.json, or None where the probe failed; built once
 # per process (never pickled)
 _NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the same keys -> a fastokens.Tokenizer built by ``prepare`` and not yet probed (nor used: no rayon thread yet)
+_UNPROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENCODED = False  # has fastokens encoded in this process (its rayon pool started: ``fork_safe``)?
 
 _PROBE = [
     "cafe\u0301 na\u0308ive \u1100\u1161\u11a8 \uac00",  # decomposed accents and jamo: NFC rewrites them
@@ -92,11 +96,29 @@ class FastokensBPE:
     def native(self) -> Any:
         """The fastokens.Tokenizer, or None where it failed the probe (built and probed on first use in each
         process)."""
-        # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source
-        key = vars(self.source).get("backend", self.source)
+        key = self._key()
         if key not in _NATIVE:
-            _NATIVE[key] = _checked_native(self.source.json(), self.want)
+            _NATIVE[key] = _checked_native(self.source.json(), self.want, _UNPROBED.pop(key, None))
         return _NATIVE[key]
+
+    def prepare(self) -> None:
+        """Build the native tokenizer now, without encoding anything (no probe: that runs on first use), so
+        that processes forked from this one inherit it instead of each building it (~1.6 CPU-s for a 151k
+        vocabulary): building it starts no thread, so it is fork-safe where an encode is not (``fork_safe``).
+        Where fastokens cannot load the file, ``native`` says so on first use, as without this."""
+        key = self._key()
+        if key in _NATIVE or key in _UNPROBED:
+            return
+        import fastokens
+
+        try:
+            _UNPROBED[key] = fastokens.Tokenizer.from_json_str(self.source.json())
+        except Exception:  # noqa: BLE001  # left to ``native``, which warns and takes the HF tokenizer
+            pass
+
+    def _key(self) -> Any:
+        # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source
+        return vars(self.source).get("backend", self.source)
 
     def encode(self, texts: list[str]) -> tuple[Flat, list[int]]:
         """The ids of every text (no special tokens added), flat, and the texts it left to the HF tokenizer (not
@@ -117,7 +139,16 @@ class _Source:
         return self.backend.to_str()
 
 
+def fork_safe() -> bool:
+    """Has no fastokens encode run in this process? Then its rayon thread pool does not exist yet and a forked
+    child starts its own. rayon has no fork handler: a child forked after an encode would wait on threads it
+    does not have (pipeline/local.py forks its workers only while this holds)."""
+    return not _ENCODED
+
+
 def _encode(native: Any, texts: list[str]) -> tuple[Flat, list[int]]:
+    global _ENCODED
+    _ENCODED = True
     left: list[int] = []
     try:
         ids, offsets = native.encode_batch_flat(texts, add_special_tokens=False)
@@ -147,13 +178,13 @@ def _eligible(backend: Any) -> bool:
                    for t in backend.get_added_tokens_decoder().values())
 
 
-def _checked_native(json: str, want: list[list[int]]) -> Any:
-    """fastokens' tokenizer of this tokenizer.json where its ids of the probe are ``want`` (the HF tokenizer's),
-    else None."""
+def _checked_native(json: str, want: list[list[int]], native: Any = None) -> Any:
+    """fastokens' tokenizer of this tokenizer.json (``native``: built already, from it) where its ids of the
+    probe are ``want`` (the HF tokenizer's), else None."""
     import fastokens
 
     try:
-        native = fastokens.Tokenizer.from_json_str(json)
+        native = native if native is not None else fastokens.Tokenizer.from_json_str(json)
         flat, _ = _encode(native, _PROBE)
     except Exception as e:  # a pipeline fastokens cannot load: the HF tokenizer  # noqa: BLE001
         return _slower(f"fastokens cannot load it ({type(e).__name__}: {e})")

@@ -1,17 +1,23 @@
 """``LocalExecutor``: runs a build's tasks on this machine (an ``Executor``, ``pipeline/executor.py``).
 
-Encode tasks, the exchange's map tasks and shard ranges run in this process (``num_proc=1``) or in ONE spawn pool of ``num_proc``
-workers that serves both stages: ``start`` spawns it when the build begins, so the workers' interpreter
-start and imports overlap the parent's tokenizer load, and the write stage reuses the encode stage's
-workers instead of spawning its own. Resuming needs nothing here: the tasks skip what a previous run
-committed (encode-cache chunks, shard markers).
+Encode tasks, the exchange's map tasks and shard ranges run in this process (``num_proc=1``) or in ONE pool of ``num_proc``
+workers that serves both stages (the write stage reuses the encode stage's workers instead of starting its own).
+On Linux the pool is forked once the encoder exists (``preload``), from this process with the encoder and
+fastokens' native tokenizer built once: the workers start with everything they need, instead of each importing
+packer and building the native tokenizer (~2 CPU-s per worker for a 151k vocabulary; docs/benchmarks.md, "Build
+throughput"). Fork is taken only where it is safe (``_forkable``): no other Python thread, no fastokens encode
+has run here (rayon's pool has no fork handler); else, and elsewhere than Linux, the pool is spawned when the
+build begins (``start``), so the workers' interpreter start and imports overlap the parent's tokenizer load.
+Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,34 +49,48 @@ class LocalExecutor(Executor):
         self._preloaded: tuple[Encoder, Path] | None = None  # the encoder ``preload`` shipped, and its file
 
     def start(self) -> None:
-        """Spawn the pool now (``build`` calls this before it loads the tokenizer); a no-op for one process."""
-        if self.num_proc > 1 and self._pool is None:
-            import multiprocessing as mp
+        """Spawn the pool now (``build`` calls this before it loads the tokenizer), unless it will be forked
+        once the encoder exists (``preload``; Linux, ``_forkable``); a no-op for one process."""
+        if self.num_proc > 1 and self._pool is None and not _forkable():
+            self._pool = _new_pool(self.num_proc, "spawn")
 
-            # spawn, not fork: the parent may hold tokenizer threads and locks that fork would copy mid-state.
-            self._pool = mp.get_context("spawn").Pool(self.num_proc, initializer=_worker_init)
+    def _ensure_pool(self) -> Pool:
+        """The pool: spawned by ``start``, else forked now (without an encoder to inherit: tasks load it)."""
+        if self._pool is None:
+            self._pool = _new_pool(self.num_proc, "fork" if _forkable() else "spawn")
+        return self._pool
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Callable[[], T]:
         """Start ``fn(*args, **kwargs)`` on a worker now; return a function that waits for its result (or
         raises its error). ``build`` scans the inputs this way while it loads the tokenizer, on a core that
-        would idle; for one process ``fn`` runs when its result is asked for."""
+        would idle; for one process ``fn`` runs when its result is asked for, and so does it while a forked
+        pool waits for the encoder (on the pool if it exists by then, else here)."""
         if self.num_proc == 1:
             return super().submit(fn, *args, **kwargs)
         self.start()
+        if self._pool is None:
+            return lambda: (self._pool.apply_async(fn, args, kwargs).get() if self._pool is not None
+                            else fn(*args, **kwargs))
         return self._pool.apply_async(fn, args, kwargs).get
 
     def preload(self, encoder: Encoder) -> None:
-        """Have every worker load ``encoder`` now (``build`` calls this as soon as it has made it): each
-        unpickles it while this process fingerprints the tokenizer and prepares the output, not after the
-        first tasks arrive. ``encode`` with the same encoder reuses its file; a no-op for one process."""
+        """Have every worker hold ``encoder`` now (``build`` calls this as soon as it has made it): a forked
+        pool is forked now from a copy made here (the very state a worker unpickles, its native tokenizer
+        built once); a spawned pool's workers each unpickle it while this process fingerprints the tokenizer
+        and prepares the output, not after the first tasks arrive. ``encode`` with the same encoder reuses
+        its file; a no-op for one process."""
         if self.num_proc == 1:
             return
         self.start()
         self._drop_preloaded()
         blob = self._encoder_file(encoder, Path(tempfile.gettempdir()))
         self._preloaded = (encoder, blob)
+        if self._pool is None and _forkable():
+            self._pool = _forked_with(encoder, str(blob), self.num_proc)
+            return
+        pool = self._ensure_pool()
         for _ in range(self.num_proc):  # one each while they idle (a worker that takes two loads once)
-            self._pool.apply_async(_preload, (str(blob),))
+            pool.apply_async(_preload, (str(blob),))
 
     def close(self) -> None:
         """Stop the pool's workers (``build`` calls this when it ends, also on an error); ``start`` again
@@ -150,11 +170,49 @@ class LocalExecutor(Executor):
         """``task`` over ``args`` in the pool (started here if ``start`` was not called), results in order;
         the pool is terminated on an error, Ctrl-C or the caller closing the generator early."""
         try:
-            self.start()
-            yield from self._pool.imap(task, args, chunksize=1)
+            yield from self._ensure_pool().imap(task, args, chunksize=1)
         except BaseException:
             self.close()
             raise
+
+
+def _forkable() -> bool:
+    """May the pool be forked from this process? Linux only (macOS's system libraries are not fork-safe), no
+    other Python thread (its locks would be copied mid-state), and no fastokens encode run here yet
+    (``fastokens_bpe.fork_safe``). The native threads a build's process holds at that point (OpenBLAS's,
+    jemalloc's) have fork handlers; the HF tokenizer runs without its thread pool (TOKENIZERS_PARALLELISM)."""
+    import multiprocessing as mp
+
+    from packer.encode.fastokens_bpe import fork_safe
+
+    return (sys.platform == "linux" and "fork" in mp.get_all_start_methods() and threading.active_count() == 1
+            and fork_safe())
+
+
+def _new_pool(num_proc: int, method: str) -> Pool:
+    import multiprocessing as mp
+
+    return mp.get_context(method).Pool(num_proc, initializer=_worker_init)
+
+
+def _forked_with(encoder: Encoder, path: str, num_proc: int) -> Pool:
+    """A pool forked from this process holding a copy of ``encoder`` as a worker loads it from ``path`` (the
+    pickle's round trip: the same state, no transformers tokenizer), its native tokenizer built here once. This
+    process drops its copy once the workers exist; a worker the pool starts later loads ``path`` itself."""
+    import gc
+    import pickle
+
+    _worker_imports()
+    worker = pickle.loads(Path(path).read_bytes())
+    worker.prepare_fork()
+    _WORKER.update(encoder=worker, encoder_file=path)
+    gc.freeze()  # the inherited objects stay out of the workers' collections (as ``_encoder`` does)
+    try:
+        return _new_pool(num_proc, "fork")
+    finally:
+        gc.unfreeze()
+        _WORKER.clear()
+        del worker
 
 
 def _worker_init() -> None:
@@ -162,9 +220,13 @@ def _worker_init() -> None:
     # Ctrl-C reaches the whole process group: the parent alone handles it (terminates the pool, exit 130),
     # so workers do not print a KeyboardInterrupt traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_imports()
+
+
+def _worker_imports() -> None:
     # What the first encode task would import (the encoder's and the parsers' modules; pandas, which
     # pyarrow imports at its first conversion from Python objects): imported here, while the parent
-    # still loads the tokenizer, not on the critical path.
+    # still loads the tokenizer, not on the critical path (a forked pool: in the parent, once).
     import pyarrow as pa
 
     import packer.encode.encoder  # noqa: F401

@@ -6,6 +6,9 @@ tests/pipeline/test_build.py::test_one_pool_encodes_and_writes)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +88,46 @@ def test_a_preloaded_encoder_file_is_removed_by_close(tmp_path):
     assert blob.exists()
     executor.close()  # a build that fails before encoding (a bad input, Ctrl-C) leaves no 8 MB file behind
     assert not blob.exists()
+
+
+_FORKED = """
+import json, os, sys
+import packer.pipeline.local as local
+from packer.config import BuildConfig
+from packer.encode import fastokens_bpe
+from packer.pipeline.build import build
+from packer.pipeline.stages import make_encoder
+
+corpus, out = sys.argv[1], sys.argv[2]
+opts = dict(profile="qwen2-vl", max_length=512, rows_per_shard=8)
+# building fastokens' native tokenizer (what the parent does before it forks) starts no thread and encodes nothing
+threads = len(os.listdir("/proc/self/task"))
+encoder = make_encoder(BuildConfig.from_inputs([corpus], out + "-x", **opts))
+encoder.prepare_fork()
+assert len(os.listdir("/proc/self/task")) == threads and fastokens_bpe.fork_safe()
+methods = []
+new_pool = local._new_pool
+local._new_pool = lambda n, method: methods.append(method) or new_pool(n, method)
+two = build(BuildConfig.from_inputs([corpus], out + "-two", num_proc=2, **opts), progress=False)
+assert methods == ["fork"], methods  # one pool, forked once the encoder existed
+one = build(BuildConfig.from_inputs([corpus], out + "-one", **opts), progress=False)  # encodes here
+assert not fastokens_bpe.fork_safe() and not local._forkable()  # rayon's pool runs here now: spawn from now on
+print(json.dumps([[s["sha256"] for s in r.manifest["shards"]] for r in (two, one)]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool is forked on Linux only")
+def test_a_forked_pool_writes_what_one_process_writes(tmp_path):
+    """On Linux a fresh process forks its pool once the encoder exists (local.py), the workers inheriting the
+    encoder and fastokens' native tokenizer (built with no thread started, so rayon's pool starts in each
+    child): the shards equal a one-process build's; once fastokens has encoded in the process, no fork."""
+    lines = [{"messages": [{"role": "user", "content": f"Count to {i}."},
+                           {"role": "assistant", "content": " ".join(map(str, range(i % 40 + 1)))}]}
+             for i in range(CHUNK_LINES + 100)]  # two encode chunks: the pool encodes
+    corpus = tmp_path / "count.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = subprocess.run([sys.executable, "-c", _FORKED, str(corpus), str(tmp_path / "out")], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    two, one = json.loads(run.stdout.strip().splitlines()[-1])
+    assert two == one and len(one) > 1
