@@ -8,7 +8,13 @@ shards the repack's must equal byte for byte. ``--before REV``: first the full b
 packer of git revision REV (``git archive``, on PYTHONPATH), so a change is measured before/after in one run.
 
     python scripts/bench_repack.py --records 200000 --num-proc 2 [--before main]
+    python scripts/bench_repack.py --records 200000 --num-proc 2 --before a2e2c77 --in-place
     python scripts/bench_repack.py --records 50000 --profile-write [--keep DIR]
+
+``--in-place``: also, last, the full build's OUT rebuilt with only packing options changed (``packer build ...
+--max-length 4096 --seed 1 --overwrite`` on it: it reuses the encode cache), with each tree (REV's first), timed
+as the repack and compared with the fresh build. The full build's ``encode/columns.arrow`` (the plan columns a
+repack reads) is printed with its size per example.
 
 ``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
 writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
@@ -142,6 +148,8 @@ def main() -> None:
     ap.add_argument("--before", help="a git revision: its full build and repack first, for a before/after")
     ap.add_argument("--coco", type=Path,
                     default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")) / "data" / "coco-mini")
+    ap.add_argument("--in-place", action="store_true",
+                    help="also rebuild each full build's OUT with only packing options changed (--overwrite)")
     ap.add_argument("--profile-write", action="store_true",
                     help="only the repack, in this process: CPU per phase of its write stage")
     ap.add_argument("--keep", type=Path, help="with --profile-write: make the full build here once, reuse it")
@@ -166,6 +174,7 @@ def main() -> None:
         make_corpus(corpus, args.coco, args.records)
         full_args = [str(corpus), "--max-length", "8192", *BUILD, *n]
         repack_args += n
+        code = full_before = None
         if args.before:
             code = checkout(args.before, root / "before")
             # untimed: a build and a repack of a small corpus compile the fresh checkout's numba kernels
@@ -174,12 +183,17 @@ def main() -> None:
             timed(["build", str(root / "warm.jsonl"), "-o", str(root / "warm"), "--max-length", "8192", *BUILD, *n],
                   code)
             timed(["repack", str(root / "warm"), "-o", str(root / "warm-repack"), *repack_args], code)
-            full = timed(["build", *full_args, "-o", str(root / "full-before")], code)
-            show(f"{args.before}: full build (8192)", full)
+            full_before = timed(["build", *full_args, "-o", str(root / "full-before")], code)
+            show(f"{args.before}: full build (8192)", full_before)
             rep = timed(["repack", str(root / "full-before"), "-o", str(root / "repack-before"), *repack_args], code)
-            show(f"{args.before}: repack -> 4096, seed 1", rep, full)
+            show(f"{args.before}: repack -> 4096, seed 1", rep, full_before)
         full = timed(["build", *full_args, "-o", str(root / "full")])
         show("full build (8192)", full)
+        kept = root / "full" / ".packer" / "encode" / "columns.arrow"
+        if kept.exists():
+            rows = json.loads((root / "full" / "stats.json").read_text())["examples"]
+            print(f"encode/columns.arrow: {kept.stat().st_size:,} bytes ({kept.stat().st_size / rows:.1f} B per "
+                  f"example, {rows:,} examples)")
         rep = timed(["repack", str(root / "full"), "-o", str(root / "repack"), *repack_args])
         show("repack -> 4096, seed 1", rep, full)
         fresh = timed(["build", str(corpus), "-o", str(root / "fresh"), "--max-length", "4096", "--seed", "1", *BUILD,
@@ -190,6 +204,15 @@ def main() -> None:
             f"; {args.before}'s repack {'==' if sums(root / 'repack-before') == sums(root / 'fresh') else '!='} it"
         print(f"repack / fresh build: CPU {rep['cpu'] / fresh['cpu']:.1%}; repacked shards {'==' if same else '!='} "
               f"fresh build's ({len(sums(root / 'fresh'))} shards){before}")
+        if args.in_place:  # OUT rebuilt with the repack's options: the encode cache reused in place
+            rebuild = [str(corpus), "--max-length", "4096", "--seed", "1", "--overwrite", *BUILD, *n]
+            for name, tree, out in ((args.before, code, "full-before"), ("this tree", None, "full")):
+                if name is None:
+                    continue
+                base = full_before if tree is not None else full
+                r = timed(["build", *rebuild, "-o", str(root / out)], tree)
+                show(f"{name}: rebuild in place -> 4096, seed 1", r, base)
+                print(f"  its shards {'==' if sums(root / out) == sums(root / 'fresh') else '!='} the fresh build's")
 
 if __name__ == "__main__":
     main()
