@@ -33,9 +33,9 @@ T = TypeVar("T")
 POOL_MIN_EXAMPLES = 250_000
 """A write (or exchange) stage whose pool is not running yet (a repack, a rebuild that reuses its encode cache)
 starts one only for at least this many planned examples per worker; fewer are written in this process. A
-worker's start (interpreter, imports, numba's kernels) is ~1.5 CPU-s, and at 200k bench records (~200k
-examples, ~8 CPU-s of write) two workers took 12-13 CPU-s and no less wall than this process alone took in
-~8 (docs/benchmarks.md, "Repack")."""
+worker's start (interpreter, imports, numba's kernels) is ~1 CPU-s, and at 200k bench records (200k examples)
+two workers took ~14 CPU-s and no less wall for a write this process does in ~10 (docs/benchmarks.md,
+"Repack"): each worker's share must be several times its start."""
 _WORKER: dict[str, Any] = {}  # a pool worker's encoder and the file it came from (encode_file), set by _encoder
 
 
