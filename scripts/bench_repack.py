@@ -8,6 +8,20 @@ shards the repack's must equal byte for byte. ``--before REV``: first the full b
 packer of git revision REV (``git archive``, on PYTHONPATH), so a change is measured before/after in one run.
 
     python scripts/bench_repack.py --records 200000 --num-proc 2 [--before main]
+    python scripts/bench_repack.py --records 200000 --num-proc 2 --before a2e2c77 --in-place
+    python scripts/bench_repack.py --records 50000 --profile-write [--keep DIR]
+
+``--in-place``: also, last, the full build's OUT rebuilt with only packing options changed (``packer build ...
+--max-length 4096 --seed 1 --overwrite`` on it: it reuses the encode cache), with each tree (REV's first), timed
+as the repack and compared with the fresh build. The full build's ``encode/columns.arrow`` (the plan columns a
+repack reads) is printed with its size per example.
+
+``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
+writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
+process-time clock: the exchange's map tasks (their chunk-file reads, their IPC writes), the writers'
+gathers (map-output or chunk-file reads and copies), pack assembly, the Parquet encode (``pq.write_table``),
+the shard checksum, and what a pool worker pays to start (its interpreter, imports and initializer, timed
+apart). ``--keep DIR``: the full build is made there once and reused by later runs (a fast loop).
 """
 
 from __future__ import annotations
@@ -52,6 +66,70 @@ def checkout(rev: str, into: Path) -> Path:
     return into
 
 
+def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bool = True,
+                  top: int = 0) -> None:
+    """The repack of ``full`` into ``out`` in this process under cProfile (process-time clock): CPU seconds
+    per phase of its write stage (``--profile-write``), then a pool worker's start, timed in a fresh one."""
+    import cProfile
+    import pstats
+    import shutil
+
+    from packer.cli import cli
+    from packer.pipeline import stages
+
+    shutil.rmtree(out, ignore_errors=True)
+    if not exchange:  # every build size's writers read the chunk files themselves
+        stages.EXCHANGE_MIN_SHARDS = 1 << 62
+    prof = cProfile.Profile(time.process_time)
+    t0 = time.process_time()
+    prof.enable()
+    try:
+        cli(["repack", str(full), "-o", str(out), *repack_args, "--num-proc", "1"], standalone_mode=False)
+    except SystemExit as e:
+        if e.code:
+            raise
+    prof.disable()
+    total = time.process_time() - t0
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+
+    def cum(name: str, file: str = "", caller: str = "") -> float:
+        found = 0.0
+        for (f, _, fn), (_, _, _, ct, callers) in stats.items():
+            if fn != name or file not in f:
+                continue
+            if not caller:
+                found += ct
+            else:
+                found += sum(edge[3] for (cf, _, cfn), edge in callers.items() if cfn == caller)
+        return found
+
+    rows = [
+        ("exchange: map tasks (all)", cum("_exchange_map", "stages.py")),
+        ("  their reads + copies (take_rows)", cum("take_rows", "assemble.py", "_exchange_map")),
+        ("  their IPC writes (write_ipc_atomic)", cum("write_ipc_atomic", "cache.py", "_exchange_map")),
+        ("write: shards (all)", cum("_write_shard", "stages.py")),
+        ("  gather from map outputs (Exchange.take)", cum("take", "stages.py", "_write_shard")),
+        ("  gather from chunk files (EncodeCache.take)", cum("take", "cache.py", "_write_shard")),
+        ("  pack assembly (assemble_packs)", cum("assemble_packs", "assemble.py", "_write_shard")),
+        ("  Parquet encode (pq.write_table)", cum("write_table", "parquet", "write_shard")),
+        ("  shard checksum (sha256_file)", cum("sha256_file", "io.py", "write_shard")),
+        ("  marker json", cum("write_json_atomic", "io.py", "_write_shard")),
+        ("take_rows: file opens (read)", cum("read", "assemble.py", "take_rows")),
+        ("take_rows: copy_ranges", cum("copy_ranges", "gather.py")),
+        ("plan (plan_packs)", cum("plan_packs", "stages.py")),
+        ("the whole repack (process time)", total),
+    ]
+    for name, v in rows:
+        print(f"{name:46s} {v:7.2f} CPU-s", flush=True)
+    if top:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    code = ("import time; t = time.process_time(); from packer.pipeline.local import _worker_init; "
+            "import packer.pipeline.stages; _worker_init(); print(time.process_time() - t)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    start = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    print(f"{'a pool worker: imports + initializer':46s} {float(start.stdout):7.2f} CPU-s (once per worker)")
+
+
 def show(name: str, r: dict[str, float], full: dict[str, float] | None = None) -> None:
     share = f"  = {r['cpu'] / full['cpu']:.1%} of the full build's CPU, {r['wall'] / full['wall']:.1%} of its wall" \
         if full else ""
@@ -70,14 +148,33 @@ def main() -> None:
     ap.add_argument("--before", help="a git revision: its full build and repack first, for a before/after")
     ap.add_argument("--coco", type=Path,
                     default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared")) / "data" / "coco-mini")
+    ap.add_argument("--in-place", action="store_true",
+                    help="also rebuild each full build's OUT with only packing options changed (--overwrite)")
+    ap.add_argument("--profile-write", action="store_true",
+                    help="only the repack, in this process: CPU per phase of its write stage")
+    ap.add_argument("--keep", type=Path, help="with --profile-write: make the full build here once, reuse it")
+    ap.add_argument("--no-exchange", action="store_true",
+                    help="with --profile-write: no exchange whatever the build's size (what it saves or costs)")
+    ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         corpus = root / "corpus.jsonl"
-        make_corpus(corpus, args.coco, args.records)
         n = ["--num-proc", str(args.num_proc)]
+        repack_args = ["--max-length", "4096", "--seed", "1", "-q"]
+        if args.profile_write:
+            base = args.keep or root
+            full = base / f"full-{args.records}"
+            if not (full / "manifest.json").exists():
+                make_corpus(base / f"corpus-{args.records}.jsonl", args.coco, args.records)
+                show("full build (8192)", timed(["build", str(base / f"corpus-{args.records}.jsonl"), "-o", str(full),
+                                                 "--max-length", "8192", "--overwrite", *BUILD, *n]))
+            profile_write(full, root / "repack", repack_args, exchange=not args.no_exchange, top=args.top)
+            return
+        make_corpus(corpus, args.coco, args.records)
         full_args = [str(corpus), "--max-length", "8192", *BUILD, *n]
-        repack_args = ["--max-length", "4096", "--seed", "1", "-q", *n]
+        repack_args += n
+        code = full_before = None
         if args.before:
             code = checkout(args.before, root / "before")
             # untimed: a build and a repack of a small corpus compile the fresh checkout's numba kernels
@@ -86,12 +183,17 @@ def main() -> None:
             timed(["build", str(root / "warm.jsonl"), "-o", str(root / "warm"), "--max-length", "8192", *BUILD, *n],
                   code)
             timed(["repack", str(root / "warm"), "-o", str(root / "warm-repack"), *repack_args], code)
-            full = timed(["build", *full_args, "-o", str(root / "full-before")], code)
-            show(f"{args.before}: full build (8192)", full)
+            full_before = timed(["build", *full_args, "-o", str(root / "full-before")], code)
+            show(f"{args.before}: full build (8192)", full_before)
             rep = timed(["repack", str(root / "full-before"), "-o", str(root / "repack-before"), *repack_args], code)
-            show(f"{args.before}: repack -> 4096, seed 1", rep, full)
+            show(f"{args.before}: repack -> 4096, seed 1", rep, full_before)
         full = timed(["build", *full_args, "-o", str(root / "full")])
         show("full build (8192)", full)
+        kept = root / "full" / ".packer" / "encode" / "columns.arrow"
+        if kept.exists():
+            rows = json.loads((root / "full" / "stats.json").read_text())["examples"]
+            print(f"encode/columns.arrow: {kept.stat().st_size:,} bytes ({kept.stat().st_size / rows:.1f} B per "
+                  f"example, {rows:,} examples)")
         rep = timed(["repack", str(root / "full"), "-o", str(root / "repack"), *repack_args])
         show("repack -> 4096, seed 1", rep, full)
         fresh = timed(["build", str(corpus), "-o", str(root / "fresh"), "--max-length", "4096", "--seed", "1", *BUILD,
@@ -102,6 +204,15 @@ def main() -> None:
             f"; {args.before}'s repack {'==' if sums(root / 'repack-before') == sums(root / 'fresh') else '!='} it"
         print(f"repack / fresh build: CPU {rep['cpu'] / fresh['cpu']:.1%}; repacked shards {'==' if same else '!='} "
               f"fresh build's ({len(sums(root / 'fresh'))} shards){before}")
+        if args.in_place:  # OUT rebuilt with the repack's options: the encode cache reused in place
+            rebuild = [str(corpus), "--max-length", "4096", "--seed", "1", "--overwrite", *BUILD, *n]
+            for name, tree, out in ((args.before, code, "full-before"), ("this tree", None, "full")):
+                if name is None:
+                    continue
+                base = full_before if tree is not None else full
+                r = timed(["build", *rebuild, "-o", str(root / out)], tree)
+                show(f"{name}: rebuild in place -> 4096, seed 1", r, base)
+                print(f"  its shards {'==' if sums(root / out) == sums(root / 'fresh') else '!='} the fresh build's")
 
 if __name__ == "__main__":
     main()

@@ -117,8 +117,10 @@ def build(
         raise TypeError(f"executor must be a packer.pipeline.executor.Executor (subclass it and define encode "
                         f"and write), not {type(executor).__qualname__}")
     hooks = hooks if hooks is not None else Hooks()
-    with executor:  # start() now, close() when the build ends, also on an error
+    try:  # _build starts it (now, or for a reused cache at its first stage); closed when the build ends
         return _build(config, executor=executor, hooks=hooks, progress=progress, trust_cache=trust_cache)
+    finally:
+        executor.close()
 
 
 def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: bool,
@@ -135,6 +137,10 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # this build may reuse it (the check below, once the tokenizer is loaded); else the scan runs after all
     prior = read_encode_mark(out / WORK_DIR)
     prior = prior if prior is not None and prior.get("chunks") is not None and prior.get("inputs") == inputs else None
+    if prior is None:  # workers to encode: started before the tokenizer loads. A reused cache (a repack, a
+        # rebuild with other packing options) encodes nothing: the executor starts at its first stage, where
+        # LocalExecutor may find the write too small to pay for a pool (``local.POOL_MIN_EXAMPLES``)
+        executor.start()
     streamed = streamed_inputs(config)
     # the scan runs on a worker while this process loads the tokenizer (Executor's default: here, after it);
     # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir

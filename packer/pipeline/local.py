@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from packer.encode.encoder import Encoder
 
 T = TypeVar("T")
+POOL_MIN_EXAMPLES = 250_000
+"""A write (or exchange) stage whose pool is not running yet (a repack, a rebuild that reuses its encode cache)
+starts one only for at least this many planned examples per worker; fewer are written in this process. A
+worker's start (interpreter, imports, numba's kernels) is ~1 CPU-s, and at 200k bench records (200k examples)
+two workers took ~14 CPU-s and no less wall for a write this process does in ~10 (docs/benchmarks.md,
+"Repack"): each worker's share must be several times its start."""
 _WORKER: dict[str, Any] = {}  # a pool worker's encoder and the file it came from (encode_file), set by _encoder
 
 
@@ -149,7 +155,7 @@ class LocalExecutor(Executor):
         gather's copies), so the stage runs ``num_proc`` times as fast; the bytes are the same because each
         shard is a pure function of its range.
         """
-        if self.num_proc == 1 or len(ranges) <= 1:
+        if self.num_proc == 1 or len(ranges) <= 1 or not self._pays(sum(len(r.examples) for r in ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
@@ -160,11 +166,16 @@ class LocalExecutor(Executor):
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[np.ndarray, None, None]:
         """Run the exchange's map tasks here (``num_proc`` 1) or in the pool; yield their counts in order."""
-        if self.num_proc == 1:
+        if self.num_proc == 1 or not self._pays(sum(len(t.positions) for t in tasks)):
             for task in tasks:
                 yield exchange_map(task, cache=cache, hooks=hooks)
             return
         yield from self._in_pool(_exchange_task, [(task, cache, hooks) for task in tasks])
+
+    def _pays(self, examples: int) -> bool:
+        """Does a stage of ``examples`` planned examples run in the pool: always once it runs (the encode
+        stage started it), else only where each worker gets ``POOL_MIN_EXAMPLES`` or more."""
+        return self._pool is not None or examples >= POOL_MIN_EXAMPLES * self.num_proc
 
     def _in_pool(self, task: Callable[[Any], Any], args: list[Any]) -> Generator[Any, None, None]:
         """``task`` over ``args`` in the pool (started here if ``start`` was not called), results in order;

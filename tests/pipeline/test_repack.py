@@ -162,3 +162,24 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
     assert chunk.stat().st_mtime_ns != before and other.stats["examples"] > 0
 
 
+
+
+def test_a_small_repack_writes_in_its_own_process_and_a_large_one_in_a_pool(images_corpus, tmp_path, monkeypatch):
+    """A repack encodes nothing, so no pool is started for it up front: below ``POOL_MIN_EXAMPLES`` per worker
+    its exchange and write run in this process (no worker spawned), above it in a pool; both the bytes of a
+    fresh build."""
+    import multiprocessing.pool
+
+    from packer.pipeline import local
+
+    build(_image_config(images_corpus, tmp_path / "out", keep_up_to=2048), progress=False)
+    fresh = build(_image_config(images_corpus, tmp_path / "fresh", max_length=512, seed=2, num_proc=2), progress=False)
+    spawned = []
+    real = multiprocessing.pool.Pool.__init__
+    monkeypatch.setattr(multiprocessing.pool.Pool, "__init__",
+                        lambda self, *a, **kw: (spawned.append(a), real(self, *a, **kw))[1])
+    repack(tmp_path / "out", tmp_path / "small", progress=False, max_length=512, seed=2, num_proc=2)
+    assert spawned == [] and _sums(tmp_path / "small") == _sums(fresh.output) and len(_sums(fresh.output)) > 1
+    monkeypatch.setattr(local, "POOL_MIN_EXAMPLES", 1)
+    repack(tmp_path / "out", tmp_path / "large", progress=False, max_length=512, seed=2, num_proc=2)
+    assert len(spawned) == 1 and _sums(tmp_path / "large") == _sums(fresh.output)

@@ -152,3 +152,22 @@ def test_assemble_refuses_mrope_of_another_length():
         "mrope_position_ids"), bad)
     with pytest.raises(ShardError, match="mRoPE values"):
         assemble_packs(table, np.array([len(examples)]))
+
+
+def test_take_rows_of_text_files_before_media_files_and_of_a_file_of_many_batches(tmp_path):
+    """The media lists taken while each file is open (pass 1): rows of files without any medium that come
+    before the first file with one stand as empty lists; a file of several record batches (no single batch
+    to view: the Arrow table path) gives the same rows."""
+    rng = np.random.default_rng(7)
+    text = [random_example(rng, i, images=False, mrope=True) for i in range(40)]
+    media = [random_example(rng, 40 + i, images=True, mrope=True) for i in range(40)]
+    table = encoded_table(text + media)
+    assert table.column("num_images").to_numpy().sum() > 0
+    files = [tmp_path / "text.arrow", tmp_path / "media.arrow"]
+    with ipc.new_file(str(files[0]), EXAMPLE_SCHEMA) as writer:
+        writer.write_table(table.slice(0, 40))
+    with ipc.new_file(str(files[1]), EXAMPLE_SCHEMA) as writer:
+        writer.write_table(table.slice(40, 40), max_chunksize=7)  # six record batches
+    starts = np.array([0, 40, 80])
+    for sel in (rng.permutation(80), np.arange(40)[::-1], np.concatenate([np.arange(30, 50), [5]])):
+        assert take_rows(files, starts, sel).equals(table.take(pa.array(sel)))
