@@ -16,6 +16,7 @@ import pyarrow.ipc as ipc
 
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, EncodedImage, EncodedVideo
 from packer.errors import ShardError
+from packer.shards.mrope import sparse_columns
 from packer.shards.schema import (
     AUDIO_TYPE,
     EXAMPLE_SCHEMA,
@@ -368,9 +369,14 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         item_off, values = _list_parts(examples.column(name))
         cols[name] = _regroup(values, item_off, pack_bounds)
 
+    # cu_seqlens per pack: example start offsets within the row, then the row length.
+    row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
+
+    # mRoPE: the examples' dense positions, back to back as the rows hold them, stored sparse (schema v6)
     mrope = examples.column("mrope_position_ids")
+    dense = None
     if mrope.null_count == n:
-        cols["mrope_position_ids"] = pa.nulls(len(pack_sizes), F32_LIST)
+        pass
     elif mrope.null_count:
         raise ShardError("some examples have mRoPE positions and others do not")
     else:
@@ -379,10 +385,10 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         if not np.array_equal(have, 3 * lengths):
             i = int(np.flatnonzero(have != 3 * lengths)[0])
             raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 3 per token)")
-        cols["mrope_position_ids"] = _regroup(values, item_off, pack_bounds)
-
-    # cu_seqlens per pack: example start offsets within the row, then the row length.
-    row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
+        dense = values.to_numpy(zero_copy_only=False)
+    row_tokens = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
+    np.cumsum(row_lengths, out=row_tokens[1:])
+    cols.update(sparse_columns(dense, row_tokens))
     cu_values = np.empty(n + len(pack_sizes), dtype=np.int32)
     cu_offsets = pack_bounds + np.arange(len(pack_bounds))  # each pack gets E+1 entries
     ends = cu_offsets[1:] - 1
@@ -392,7 +398,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cu_values[ends] = row_lengths
     cols["cu_seqlens"] = pa.ListArray.from_arrays(pa.array(cu_offsets, pa.int32()), pa.array(cu_values))
     cols["seq_lengths"] = _seq_lengths(examples, lengths, pack_bounds, pack_of_example,
-                                       mrope=cols["mrope_position_ids"].null_count != len(pack_sizes))
+                                       mrope=dense is not None)
 
     # Nodes: shift starts by the example's start in the row, parents by the nodes before it in the row.
     node_off, node_vals = _list_parts(examples.column("node_offsets"))

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -23,6 +22,7 @@ from packer.cli import cli
 from packer.config import BuildConfig
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
+from packer.shards.io import read_shard
 from packer.shards.schema import SCHEMA
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -75,7 +75,7 @@ def _examples(out: Path, key=_row_number) -> dict:
     """key(example id) -> (input_ids, labels, position_ids, image bytes) read back from the shards."""
     found = {}
     for shard in sorted(out.glob("shard-*.parquet")):
-        for row in pq.read_table(shard).to_pylist():
+        for row in read_shard(shard).to_pylist():
             cu = row["cu_seqlens"]
             for k, ex in enumerate(row["example_ids"]):
                 a, b = cu[k], cu[k + 1]
