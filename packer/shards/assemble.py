@@ -24,6 +24,7 @@ from packer.shards.schema import (
     I32_LIST,
     IMAGE_TYPE,
     MAX_EXACT_POSITION,
+    ROW_SCHEMA,
     SCHEMA,
     VIDEO_TYPE,
 )
@@ -348,11 +349,13 @@ def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
 
 
-def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
-    """Build shard rows from examples already ordered pack by pack.
+def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: bool = False) -> pa.Table:
+    """Build shard rows (``SCHEMA``: what a shard stores) from examples already ordered pack by pack.
 
     ``examples`` follows EXAMPLE_SCHEMA, ``pack_sizes[p]`` is how many consecutive examples form pack p.
     Example-relative offsets (node starts, parents, image offsets) are shifted to row-relative ones.
+    ``dense_mrope``: the rows as readers get them instead (``ROW_SCHEMA``, the dense mRoPE column), for the online
+    packer, whose rows go to the collator without a shard.
     """
     n = examples.num_rows
     pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes, dtype=np.int64)])  # (P+1,) in examples
@@ -386,9 +389,13 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
             i = int(np.flatnonzero(have != 3 * lengths)[0])
             raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 3 per token)")
         dense = values.to_numpy(zero_copy_only=False)
-    row_tokens = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
-    np.cumsum(row_lengths, out=row_tokens[1:])
-    cols.update(sparse_columns(dense, row_tokens))
+    if dense_mrope:
+        cols["mrope_position_ids"] = (pa.nulls(len(pack_sizes), F32_LIST) if dense is None
+                                      else _regroup(values, item_off, pack_bounds))
+    else:
+        row_tokens = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=row_tokens[1:])
+        cols.update(sparse_columns(dense, row_tokens))
     cu_values = np.empty(n + len(pack_sizes), dtype=np.int32)
     cu_offsets = pack_bounds + np.arange(len(pack_bounds))  # each pack gets E+1 entries
     ends = cu_offsets[1:] - 1
@@ -437,7 +444,8 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
     cols["num_video_tokens"] = per_pack("num_video_tokens")
     cols["num_audio_tokens"] = per_pack("num_audio_tokens")
-    return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+    schema = ROW_SCHEMA if dense_mrope else SCHEMA
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
 def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarray, pack_of_example: np.ndarray, *,
