@@ -33,52 +33,31 @@ def sparse(values: np.ndarray, row_tokens: np.ndarray) -> tuple[tuple[np.ndarray
     """Dense token-major positions (3·T float32 of consecutive rows; ``row_tokens``: (R+1,) each row's first
     token, ending at T) as ((offsets, values) of ``mrope_runs``, of ``mrope_bases``, of ``mrope_rest``), per row.
 
-    Runs are the stretches of at least two tokens with t = h = w, each the one before + 1, that ``dense``'s rule
-    gives back with identical bits; a stretch it would not (a fractional base where float32 rounds otherwise) is
-    cut where it differs, so the rule never changes a stored bit."""
-    m = np.asarray(values, dtype=np.float32).reshape(-1, 3)
-    n = m.shape[0]
-    a = m[:, 0]
-    bits = m.view(np.uint32)
-    eq = (bits[:, 0] == bits[:, 1]) & (bits[:, 0] == bits[:, 2])
-    row_start = np.zeros(n, dtype=bool)
-    row_start[row_tokens[:-1][row_tokens[:-1] < n]] = True
-    step = np.zeros(n, dtype=bool)
-    step[1:] = a[1:] == a[:-1] + np.float32(1)
-    step &= ~row_start
-    while True:
-        cont = np.zeros(n, dtype=bool)
-        cont[1:] = eq[1:] & eq[:-1] & step[1:]
-        first = eq & ~cont
-        rid = np.cumsum(first) - 1  # the run of every eq token
-        starts = np.flatnonzero(first)
-        idx = np.flatnonzero(eq)
-        k = idx - starts[rid[idx]]
-        recon = (a[starts].astype(np.float64)[rid[idx]] + k).astype(np.float32)
-        bad = recon.view(np.uint32) != bits[idx, 0]
-        if not bad.any():
-            break
-        eq[idx[bad]] = False  # held in mrope_rest; the tokens after it start a run of their own
-    lengths = np.bincount(rid[idx], minlength=len(starts))
-    keep = lengths >= 2  # a one-token run costs what its (t, h, w) does
-    starts, lengths = starts[keep], lengths[keep]
-    in_run = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(in_run, starts, 1)
-    np.add.at(in_run, starts + lengths, -1)
-    in_run = np.cumsum(in_run[:-1]) > 0
+    Runs are the stretches of at least two tokens with t = h = w that ``dense``'s rule gives back with identical
+    bits (a stretch is cut where float32 would round otherwise), found in one compiled pass
+    (``mrope_runs.split_runs``)."""
+    from packer.shards.mrope_runs import split_runs  # numba: the writer's import only
+
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    row_tokens = np.asarray(row_tokens, dtype=np.int64)
+    n = values.shape[0] // 3
     R = len(row_tokens) - 1
-    row = np.searchsorted(row_tokens, starts, side="right") - 1
-    runs_per_row = np.bincount(row, minlength=R)
+    starts = np.empty(n // 2 + 1, dtype=np.int32)
+    lengths = np.empty(n // 2 + 1, dtype=np.int32)
+    rest = np.empty(3 * n, dtype=np.float32)
+    runs_per_row = np.empty(R, dtype=np.int64)
+    rest_per_row = np.empty(R, dtype=np.int64)
+    S, Q = split_runs(values, row_tokens, starts, lengths, rest, runs_per_row, rest_per_row)
     run_off = np.zeros(R + 1, dtype=np.int64)
     np.cumsum(runs_per_row, out=run_off[1:])
-    pairs = np.empty((len(starts), 2), dtype=np.int32)
-    pairs[:, 0] = starts - row_tokens[row]
-    pairs[:, 1] = lengths
-    covered = np.bincount(row, weights=lengths, minlength=R).astype(np.int64)
     rest_off = np.zeros(R + 1, dtype=np.int64)
-    np.cumsum(3 * (np.diff(row_tokens) - covered), out=rest_off[1:])
-    rest = m[~in_run].reshape(-1)
-    return (2 * run_off, pairs.reshape(-1)), (run_off, a[starts].copy()), (rest_off, rest)
+    np.cumsum(rest_per_row, out=rest_off[1:])
+    pairs = np.empty((S, 2), dtype=np.int32)
+    pairs[:, 0] = starts[:S]
+    pairs[:, 1] = lengths[:S]
+    row = np.repeat(np.arange(R), runs_per_row)
+    bases = values[3 * (row_tokens[row] + starts[:S])]
+    return (2 * run_off, pairs.reshape(-1)), (run_off, bases), (rest_off, rest[:Q])
 
 
 def dense(runs: tuple[np.ndarray, np.ndarray], bases: tuple[np.ndarray, np.ndarray],
