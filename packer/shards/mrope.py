@@ -7,11 +7,11 @@ A row's dense mRoPE positions (3·T float32, token-major: what v5 stored and eve
     mrope_rest   list<float32>  3·(T − Σ length): (t, h, w) of every token outside the runs, in token order
 
 Token ``start + k`` of a run has the position ``float32(float64(base) + k)`` on all three rows (t = h = w: a
-text stretch counting up by one); a row's T is Σ length + len(rest) / 3. The writer (``sparse``: one numba pass,
-``mrope_runs.py``) puts in runs only what this rule gives back bit for bit, so the stored positions are exact for any family, fractional ones
-(``Positions.fractional``) included; images, video and audio runs (t, h, w differing) go to ``mrope_rest``.
-``dense`` is the reader's side: ``packer.shards.io``'s shard files call it on every table they read, so a v6
-row reads as the same arrays a v5 row holds (docs/format.md, "mRoPE positions, v6").
+text stretch counting up by one); a row's T is Σ length + len(rest) / 3. The writer (``sparse``: one numba
+pass, ``mrope_runs.py``) puts in runs only what this rule gives back bit for bit, so the stored positions are
+exact for any family, fractional ones (``Positions.fractional``) included; images, video and audio runs (t, h, w
+differing) go to ``mrope_rest``. ``dense`` is the reader's side: ``packer.shards.io``'s shard files call it on
+every table they read, so a v6 row reads as the same arrays a v5 row holds (docs/format.md, "mRoPE positions").
 """
 
 from __future__ import annotations
