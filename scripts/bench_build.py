@@ -20,7 +20,8 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
-medians of CPU-s, shards identical; the ratios below are printed for both.
+medians of CPU-s, shards identical (``--schema-change``: a base of an older shard schema, the rows this tree's
+reader reads from both identical); the ratios below are printed for both.
 
 ``--array-parse N``: only time reading an N-record pretty-printed array of bench records, ``files.records``
 (the stdlib's ``raw_decode``) against ijson's C backend + ``json.dumps`` (the library tried first; needs ijson).
@@ -498,7 +499,7 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
               "text_tokens_per_s": (t["tokens"] - t["vision_tokens"]) / dt, "peak_rss_mib": peak / 2**20,
               "peak_pss_mib": peak_pss / 2**20, "cpu_seconds": sum(c for _, c in cpu.values()), "cpu_by_process": _by_name(cpu),
               "examples": t["examples"], "packs": t["packs"], "stages": stages, "parent_cpu": parent_cpu,
-              "shards": [s["sha256"] for s in manifest["shards"]]}
+              "shards": [s["sha256"] for s in manifest["shards"]], "shard_bytes": sum(s["bytes"] for s in manifest["shards"])}
     if breakdown is not None:
         result["breakdown"] = _breakdown(proc.pid, json.loads(lines[-2]), breakdown, cpu)
     return result
@@ -552,14 +553,27 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
             runs[name].append(b)
             print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall, peak RSS "
                   f"{b['peak_rss_mib']:.0f} MiB (PSS {b['peak_pss_mib']:.0f}), load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
-    assert all(b["shards"] == runs["base"][0]["shards"] for bs in runs.values() for b in bs), "the shards differ"
+    if args.schema_change:  # other bytes by design: the rows as this tree's reader reads them must be equal
+        from packer.shards.io import open_shards, read_shard
+
+        a, b = (open_shards(tmp / f"ab-{name}") for name in scripts)
+        assert [e.file for e in a.shards] == [e.file for e in b.shards], "other shard files"
+        for i in range(len(a.shards)):
+            ta, tb = read_shard(a.shard_path(i)), read_shard(b.shard_path(i))
+            assert ta.cast(tb.schema).equals(tb), f"{a.shards[i].file}: the rows read differ"
+        same = "rows read identical (the schema changed the bytes)"
+    else:
+        assert all(b["shards"] == runs["base"][0]["shards"] for bs in runs.values() for b in bs), "the shards differ"
+        same = "shards identical"
     out = {}
     for name, bs in runs.items():
         cpu = statistics.median(b["cpu_seconds"] for b in bs)
         out[name] = min(bs, key=lambda b: abs(b["cpu_seconds"] - cpu))
         each = ", ".join(f"{b['cpu_seconds']:.1f}" for b in bs)
+        writes = ", ".join(f"{b['stages'].get('write', 0):.2f}" for b in bs)
         print(f"  {name}: median {cpu:.2f} CPU-s ({each}), wall "
-              f"{min(b['seconds'] for b in bs):.1f}-{max(b['seconds'] for b in bs):.1f} s; shards identical")
+              f"{min(b['seconds'] for b in bs):.1f}-{max(b['seconds'] for b in bs):.1f} s, write stage wall "
+              f"{writes} s, shards {bs[0]['shard_bytes'] / 2**20:.2f} MiB; {same}")
     return out
 
 
@@ -592,6 +606,8 @@ def main() -> None:
                     "phase (a table); with --base, of this tree's last build")
     ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
     ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
+    ap.add_argument("--schema-change", action="store_true", help="--base of an older shard schema: compare the rows "
+                    "this tree's reader reads from both instead of the bytes")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
                     "template; the baseline's too)")
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),

@@ -10,6 +10,11 @@ ones) and turned into ``pixel_values_videos`` per worker, with the time split be
     python scripts/bench_reader.py --rows 2000 --row-tokens 8192
     python scripts/bench_reader.py --image-data demo_out/caption_trees
     python scripts/bench_reader.py --rows 0 --videos 8 --video-seconds 10
+    python scripts/bench_reader.py --rows 1000 --mrope     # qwen2-vl rows: the same rows as v5 and v6 shards
+
+``--mrope``: the text rows with qwen2-vl's mRoPE positions (t = h = w, and a vision-like stretch of 64-1024
+tokens with h, w apart in ~30% of the examples: a patch grid's positions, no pixels), written once as schema v5
+(the dense column) and once as v6 (sparse, densified on read), the two read alternately ``--repeat`` times each.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from packer.config import BuildConfig  # noqa: E402
 from packer.core.types import IGNORE_INDEX, Encoded  # noqa: E402
 from packer.shards.assemble import assemble_packs, encoded_table  # noqa: E402
 from packer.shards.io import write_json_atomic, write_shard  # noqa: E402
-from packer.shards.schema import SCHEMA_VERSION, Manifest, ShardEntry  # noqa: E402
+from packer.shards.mrope import to_dense  # noqa: E402
+from packer.shards.schema import SCHEMA_VERSION, SCHEMAS, Manifest, ShardEntry  # noqa: E402
 from packer.train.data.collate import collate  # noqa: E402
 from packer.train.data.dataset import PackedDataset  # noqa: E402
 
@@ -48,8 +54,27 @@ def caption_token_pool(coco: Path) -> np.ndarray:
     return np.concatenate([np.asarray(per_caption[i], dtype=np.int32) for i in order])
 
 
-def write_text_shards(root: Path, pool: np.ndarray, rows: int, row_tokens: int, seed: int = 0) -> int:
-    """Rows of ~row_tokens tokens made of lognormal-length examples cut from the token pool."""
+def _mrope(length: int, rng: np.random.Generator) -> np.ndarray:
+    """(3, length) qwen2-vl-like positions: t = h = w counting up, and in ~30% of examples a stretch of 64-1024
+    tokens laid out as a patch grid (t fixed, h and w apart), after which the text continues from its max + 1."""
+    pos = np.repeat(np.arange(length, dtype=np.int32)[None], 3, axis=0)
+    if length > 80 and rng.random() < 0.3:
+        n = int(min(length - 16, rng.integers(64, 1025)))
+        w = 16
+        a = int(rng.integers(1, length - n))
+        k = np.arange(n)
+        pos[0, a:a + n] = a
+        pos[1, a:a + n] = a + k // w
+        pos[2, a:a + n] = a + k % w
+        top = int(pos[:, a:a + n].max()) + 1
+        pos[:, a + n:] = top + np.arange(length - a - n)
+    return pos
+
+
+def write_text_shards(root: Path, pool: np.ndarray, rows: int, row_tokens: int, seed: int = 0, *,
+                      mrope: bool = False, version: int = SCHEMA_VERSION) -> int:
+    """Rows of ~row_tokens tokens made of lognormal-length examples cut from the token pool; ``mrope``: with
+    qwen2-vl-like positions (``_mrope``), written as schema ``version`` (5: the dense column, 6: sparse)."""
     rng = np.random.default_rng(seed)
     examples, sizes, total = [], [], 0
     for _ in range(rows):
@@ -63,7 +88,7 @@ def write_text_shards(root: Path, pool: np.ndarray, rows: int, row_tokens: int, 
             examples.append(Encoded(example_id=f"synthetic:{len(examples) + 1}", input_ids=ids, labels=labels,
                                     position_ids=np.arange(length, dtype=np.int32),
                                     node_offsets=np.zeros(1, np.int32), node_parents=np.full(1, -1, np.int32),
-                                    images=[]))
+                                    images=[], mrope_position_ids=_mrope(length, rng) if mrope else None))
             left -= length
             n += 1
             total += length
@@ -73,18 +98,22 @@ def write_text_shards(root: Path, pool: np.ndarray, rows: int, row_tokens: int, 
     for s, p0 in enumerate(range(0, rows, per_shard)):
         n_ex = sum(sizes[p0 : p0 + per_shard])
         packed = assemble_packs(encoded_table(examples[start : start + n_ex]), np.array(sizes[p0 : p0 + per_shard]))
+        if version == 5:  # the same rows as v5 stored them: the dense mRoPE column
+            packed = to_dense(packed)
+            packed = packed.from_arrays(packed.columns, schema=SCHEMAS[5])
         entries.append(write_shard(packed, root / f"shard-{s:05d}.parquet", rows_per_row_group=64))
         start += n_ex
     write_json_atomic(root / "stats.json", {})
-    manifest = Manifest(schema_version=SCHEMA_VERSION, profile="text", shards=tuple(ShardEntry(**e) for e in entries),
-                        config=BuildConfig.from_inputs(["synthetic.jsonl"], str(root), profile="text"))
+    profile = "qwen2-vl" if mrope else "text"
+    manifest = Manifest(schema_version=version, profile=profile, shards=tuple(ShardEntry(**e) for e in entries),
+                        config=BuildConfig.from_inputs(["synthetic.jsonl"], str(root), profile=profile))
     write_json_atomic(root / "manifest.json", manifest.to_dict())
     return total
 
 
 def time_reader(path: Path, *, load_images: bool, limit: int | None = None) -> dict[str, float]:
     ds = PackedDataset(path, shuffle=True, seed=0, load_images=load_images)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens = rows = images = 0
     for row in ds:
         batch = collate([row])
@@ -94,7 +123,8 @@ def time_reader(path: Path, *, load_images: bool, limit: int | None = None) -> d
         if limit and rows >= limit:
             break
     dt = time.perf_counter() - t0
-    return {"rows": rows, "tokens": tokens, "images": images, "seconds": dt,
+    cpu = time.process_time() - c0
+    return {"rows": rows, "tokens": tokens, "images": images, "seconds": dt, "tokens_per_cpu_s": tokens / cpu,
             "tokens_per_s": tokens / dt, "rows_per_s": rows / dt, "images_per_s": images / dt}
 
 
@@ -209,6 +239,7 @@ def main() -> None:
     ap.add_argument("--videos", type=int, default=0, help="video clips to write, build and read (0: none)")
     ap.add_argument("--video-seconds", type=float, default=10.0)
     ap.add_argument("--video-profiles", nargs="+", default=["qwen2-vl", "qwen3-vl"])
+    ap.add_argument("--mrope", action="store_true", help="the text rows with mRoPE positions, as v5 and v6 shards")
     ap.add_argument("--codec-threads", action="store_true",
                     help="with --videos: decode_frames with and without PyAV's codec threads, interleaved")
     args = ap.parse_args()
@@ -232,6 +263,24 @@ def main() -> None:
                       f"({r['videos']} clips of {args.video_seconds:g} s, {r['frames']} frames, {r['patches']} patches); "
                       f"decoding alone {r['decode_frames_per_s']:.1f} frames/s, {100 * r['decode_share']:.0f}% of the time")
     if args.rows <= 0:
+        return
+    if args.mrope:
+        pool = caption_token_pool(args.coco)
+        with tempfile.TemporaryDirectory() as tmp:
+            roots = {v: Path(tmp) / f"v{v}" for v in (5, 6)}
+            for v, root in roots.items():
+                total = write_text_shards(root, pool, args.rows, args.row_tokens, mrope=True, version=v)
+            runs: dict[int, list[dict]] = {5: [], 6: []}
+            for _ in range(args.repeat):  # alternated: the box's load falls on both alike
+                for v, root in roots.items():
+                    runs[v].append(time_reader(root, load_images=False))
+            for v, root in roots.items():
+                size = sum(f.stat().st_size for f in root.glob("*.parquet"))
+                best = max(runs[v], key=lambda r: r["tokens_per_cpu_s"])
+                print(f"mrope rows, schema v{v}: {args.rows} rows, {total:,} tokens, {size / 2**20:.1f} MiB; "
+                      f"{best['tokens_per_cpu_s'] / 1e6:.2f}M tokens per CPU-s ({best['tokens_per_s'] / 1e6:.2f}M/s "
+                      f"wall), {best['rows_per_s']:,.0f} rows/s per worker (best of {args.repeat}; each: "
+                      + ", ".join(f"{r['tokens_per_cpu_s'] / 1e6:.2f}" for r in runs[v]) + ")")
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "text"

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packer.config import BuildConfig
 from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage
 from packer.shards.assemble import assemble_packs, encoded_table
-from packer.shards.io import write_json_atomic, write_shard
+from packer.shards.io import read_shard, write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA_VERSION, Manifest, ShardEntry, Totals
 
 REPO = Path(__file__).resolve().parents[1]
@@ -408,18 +409,22 @@ def rewrite_shard(out: Path, change, *, shard: int = 0) -> None:
     in place), its manifest entry's checksum and size updated: a corrupted build for verify to find."""
     import json
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from packer.shards.schema import SCHEMA
-
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["shards"][shard]
-    rows = pq.read_table(out / entry["file"]).to_pylist()
+    rows = read_shard(out / entry["file"]).to_pylist()
     change(rows)
-    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
+    new = write_shard(stored_table(rows), out / entry["file"], rows_per_row_group=2)
     manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
+
+
+def stored_table(rows: list[dict]) -> pa.Table:
+    """Rows as readers see them (``ROW_SCHEMA``: the dense mRoPE column, what ``read_shard`` gives) as the table a
+    shard of this schema version stores (v6: the mRoPE column sparse)."""
+    from packer.shards.mrope import to_sparse
+    from packer.shards.schema import ROW_SCHEMA
+
+    return to_sparse(pa.Table.from_pylist(rows, schema=ROW_SCHEMA))
 
 
 def assert_verify_finds(built_out: Path, tmp_path: Path, change, want: set[str]) -> None:

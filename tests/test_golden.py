@@ -23,7 +23,12 @@ issue 23): `mrope_position_ids` became list<float32> (whole numbers here: qwen2-
 struct gained `padded_samples` (no clip here), and the schema metadata says version 5; with the mRoPE column cast
 back to int32 and padded_samples dropped, every row group reads back equal to the v4 shards of main at 7c3163e
 (which reproduced the digests recorded before; compared table by table), and rejects.jsonl and stats.json are
-unchanged.
+unchanged. Re-recorded a sixth time, the shards only, for shard schema v6 (issue 33's write floor): the
+`mrope_position_ids` column is stored as `mrope_runs`, `mrope_bases` and `mrope_rest` (packer/shards/mrope.py;
+all three null in llava's rows, which have no mRoPE) and the schema metadata says version 6; every row group read
+back through `packer.shards.io.parquet_file` (the dense column rebuilt) equals the v5 shards of main at a2e2c77
+(which reproduced the digests recorded before; compared row group by row group, cast to the same schema), and
+rejects.jsonl and stats.json are unchanged. tests/report/test_verify.py keeps a v5-written build as a read test.
 
 The corpus holds text, chats (string and multi-part content), LLaVA conversations, message trees (nested),
 real COCO images (by relative path and inline as data URLs), a weighted two-source mixture and one line of each
@@ -58,8 +63,8 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
          "--max-length", "1024", "--max-vision-tokens", "900", "--image-root", ".", "--num-proc", "2",
          "--rows-per-shard", "4", "--rows-per-row-group", "2", "--seed", "7"],
         {
-            "shard-00000.parquet": "0570bd2565391fed2fedb4e89015cbbeb7479072f2328afe5e9274bd70679c2e",
-            "shard-00001.parquet": "a6af54d6cd8005603c21d5c683fae08ada22ae872e350fe91c5b7c442518f123",
+            "shard-00000.parquet": "55d0596115083abd3e908f135dd7f3f037f06cfb32060c5633e7e948f933e43e",
+            "shard-00001.parquet": "2fb5787ab4c2f481e70edc144f49f80653768b94f7ae696629554e4ee67fe2df",
             "rejects.jsonl": "a72ab3151e78102393cd7ca72ed2f7e8f734f2406821129018b90ed2109167e6",
             "stats.json": "aacfd06a4a5e59acd6614bcf565d672d4bf146232010bed76c889eeb4f8ca7f5",
         },
@@ -68,7 +73,7 @@ BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
         ["chats.jsonl", "--profile", "llava", "--tokenizer", "qwen2-vl", "--max-length", "2048", "--image-root", ".",
          "--overlong", "truncate"],
         {
-            "shard-00000.parquet": "827778b5cb8a1f5976a66c2c7709a90c14af666af79eb9ce074bed7abe432288",
+            "shard-00000.parquet": "23c5afaffd66769ab192cc671bb8c73f9f5b98eac5030fb8c69a638e127b3ac3",
             "rejects.jsonl": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
             "stats.json": "2c59b1d0ddcb8a8bc68a2cb761fbc59e04edcfd16b92bcb063cc1e52ec7e5bfb",
         },

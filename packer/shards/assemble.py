@@ -16,6 +16,7 @@ import pyarrow.ipc as ipc
 
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, EncodedImage, EncodedVideo
 from packer.errors import ShardError
+from packer.shards.mrope import sparse_columns
 from packer.shards.schema import (
     AUDIO_TYPE,
     EXAMPLE_SCHEMA,
@@ -23,6 +24,7 @@ from packer.shards.schema import (
     I32_LIST,
     IMAGE_TYPE,
     MAX_EXACT_POSITION,
+    ROW_SCHEMA,
     SCHEMA,
     VIDEO_TYPE,
 )
@@ -418,11 +420,13 @@ def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
 
 
-def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
-    """Build shard rows from examples already ordered pack by pack.
+def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: bool = False) -> pa.Table:
+    """Build shard rows (``SCHEMA``: what a shard stores) from examples already ordered pack by pack.
 
     ``examples`` follows EXAMPLE_SCHEMA, ``pack_sizes[p]`` is how many consecutive examples form pack p.
     Example-relative offsets (node starts, parents, image offsets) are shifted to row-relative ones.
+    ``dense_mrope``: the rows as readers get them instead (``ROW_SCHEMA``, the dense mRoPE column), for the online
+    packer, whose rows go to the collator without a shard.
     """
     n = examples.num_rows
     pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes, dtype=np.int64)])  # (P+1,) in examples
@@ -439,9 +443,14 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         item_off, values = _list_parts(examples.column(name))
         cols[name] = _regroup(values, item_off, pack_bounds)
 
+    # cu_seqlens per pack: example start offsets within the row, then the row length.
+    row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
+
+    # mRoPE: the examples' dense positions, back to back as the rows hold them, stored sparse (schema v6)
     mrope = examples.column("mrope_position_ids")
+    dense = None
     if mrope.null_count == n:
-        cols["mrope_position_ids"] = pa.nulls(len(pack_sizes), F32_LIST)
+        pass
     elif mrope.null_count:
         raise ShardError("some examples have mRoPE positions and others do not")
     else:
@@ -450,10 +459,14 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
         if not np.array_equal(have, 3 * lengths):
             i = int(np.flatnonzero(have != 3 * lengths)[0])
             raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 3 per token)")
-        cols["mrope_position_ids"] = _regroup(values, item_off, pack_bounds)
-
-    # cu_seqlens per pack: example start offsets within the row, then the row length.
-    row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
+        dense = values.to_numpy(zero_copy_only=False)
+    if dense_mrope:
+        cols["mrope_position_ids"] = (pa.nulls(len(pack_sizes), F32_LIST) if dense is None
+                                      else _regroup(values, item_off, pack_bounds))
+    else:
+        row_tokens = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=row_tokens[1:])
+        cols.update(sparse_columns(dense, row_tokens))
     cu_values = np.empty(n + len(pack_sizes), dtype=np.int32)
     cu_offsets = pack_bounds + np.arange(len(pack_bounds))  # each pack gets E+1 entries
     ends = cu_offsets[1:] - 1
@@ -463,7 +476,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cu_values[ends] = row_lengths
     cols["cu_seqlens"] = pa.ListArray.from_arrays(pa.array(cu_offsets, pa.int32()), pa.array(cu_values))
     cols["seq_lengths"] = _seq_lengths(examples, lengths, pack_bounds, pack_of_example,
-                                       mrope=cols["mrope_position_ids"].null_count != len(pack_sizes))
+                                       mrope=dense is not None)
 
     # Nodes: shift starts by the example's start in the row, parents by the nodes before it in the row.
     node_off, node_vals = _list_parts(examples.column("node_offsets"))
@@ -502,7 +515,8 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray) -> pa.Table:
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
     cols["num_video_tokens"] = per_pack("num_video_tokens")
     cols["num_audio_tokens"] = per_pack("num_audio_tokens")
-    return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+    schema = ROW_SCHEMA if dense_mrope else SCHEMA
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
 def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarray, pack_of_example: np.ndarray, *,

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from packer.config import BuildConfig
 from packer.errors import ShardError
+from packer.shards import mrope
 from packer.shards.schema import MANIFEST, Manifest, ShardEntry
 from packer.shards.store import ObjectPath, open_input, store_path, write_atomic
 
@@ -84,7 +85,7 @@ class ShardSet:
     def shard_path(self, i: int) -> Path | ObjectPath:
         return self.root / self.shards[i].file
 
-    def parquet(self, i: int) -> pq.ParquetFile:
+    def parquet(self, i: int) -> ShardFile:
         """Shard ``i`` opened for reading (footer read; row groups on demand)."""
         return parquet_file(self.shard_path(i))
 
@@ -93,9 +94,63 @@ class ShardSet:
         return self.manifest.config
 
 
-def parquet_file(path: Path | ObjectPath) -> pq.ParquetFile:
-    """A shard opened for reading, local or on an object store."""
-    return pq.ParquetFile(open_input(path))
+class ShardFile:
+    """A shard opened for reading: ``pyarrow.parquet.ParquetFile``'s reads, each table (or batch) passed through
+    ``mrope.to_dense``, so every reader gets v5's dense ``mrope_position_ids`` from a v6 shard (the one place the
+    sparse columns are read). Asking for ``mrope_position_ids`` reads v6's three columns in its place;
+    ``schema_arrow`` and ``metadata`` are the file's own (what ``packer verify`` checks)."""
+
+    def __init__(self, source: Any) -> None:
+        self._file = pq.ParquetFile(source)
+        self._sparse = mrope.RUNS in self._file.schema_arrow.names
+
+    @property
+    def schema_arrow(self) -> pa.Schema:
+        return self._file.schema_arrow
+
+    @property
+    def metadata(self) -> Any:
+        return self._file.metadata
+
+    @property
+    def num_row_groups(self) -> int:
+        return self._file.num_row_groups
+
+    def _columns(self, columns: list[str] | None) -> list[str] | None:
+        if columns is None or not self._sparse or mrope.DENSE not in columns:
+            return columns
+        return [s for c in columns for s in (mrope.SPARSE_COLUMNS if c == mrope.DENSE else (c,))]
+
+    def read(self, columns: list[str] | None = None, **kwargs: Any) -> pa.Table:
+        return mrope.to_dense(self._file.read(columns=self._columns(columns), **kwargs))
+
+    def read_row_group(self, i: int, columns: list[str] | None = None, **kwargs: Any) -> pa.Table:
+        return mrope.to_dense(self._file.read_row_group(i, columns=self._columns(columns), **kwargs))
+
+    def iter_batches(self, batch_size: int = 65536, columns: list[str] | None = None, **kwargs: Any):
+        for batch in self._file.iter_batches(batch_size=batch_size, columns=self._columns(columns), **kwargs):
+            yield from mrope.to_dense(pa.Table.from_batches([batch])).to_batches() if self._sparse else (batch,)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> ShardFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parquet_file(path: Path | ObjectPath) -> ShardFile:
+    """A shard opened for reading, local or on an object store; its rows as every schema version from v5 reads
+    (``ShardFile``)."""
+    return ShardFile(open_input(path))
+
+
+def read_shard(path: str | Path | ObjectPath, columns: list[str] | None = None) -> pa.Table:
+    """A whole shard file as readers see it (``ShardFile.read``): a v6 shard's mRoPE positions dense."""
+    with parquet_file(store_path(path)) as f:
+        return f.read(columns=columns)
 
 
 def open_shards(path: str | Path | ObjectPath, *, storage_options: dict[str, Any] | None = None) -> ShardSet:

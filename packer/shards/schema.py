@@ -16,9 +16,10 @@ import pyarrow as pa
 from packer.config import BuildConfig
 from packer.errors import ConfigError, ShardError
 
-SCHEMA_VERSION = 5  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column);
+SCHEMA_VERSION = 6  # 2: the videos and num_video_tokens columns; 3: seq_lengths (TRL's padding-free column);
 # 4: loss_weights (per-token loss weights), the audios and num_audio_tokens columns; 5: mrope_position_ids float32
-# (Qwen3-Omni's fractional video time positions), the audio struct's padded_samples
+# (Qwen3-Omni's fractional video time positions), the audio struct's padded_samples; 6: mrope_position_ids stored
+# sparse (mrope_runs, mrope_bases, mrope_rest: packer.shards.mrope), read back dense
 
 MAX_EXACT_POSITION = 1 << 24
 """float32 holds every integer of magnitude below this: the largest mRoPE position stored exactly."""
@@ -100,8 +101,9 @@ AUDIO_TYPE = pa.struct(
 )
 
 
-# One explicit schema: never inferred from the first row.
-SCHEMA = pa.schema(
+# The rows every reader gets (v5's layout, the dense mRoPE column): what ``packer.shards.io``'s shard files return
+# for a shard of any version from v5 on, and what a v5 shard holds. One explicit schema: never inferred.
+ROW_SCHEMA = pa.schema(
     [
         ("input_ids", I32_LIST),
         ("labels", I32_LIST),  # unshifted; -100 where no loss
@@ -124,6 +126,18 @@ SCHEMA = pa.schema(
         ("num_video_tokens", pa.int32()),
         ("num_audio_tokens", pa.int32()),
     ],
+    metadata={"packer.schema_version": "5"},
+)
+
+
+# What a v6 shard holds: ROW_SCHEMA with the dense mRoPE column stored as three sparse ones (packer.shards.mrope:
+# text stretches as runs counting up from a base, every other token's (t, h, w) as they are), null without mRoPE.
+SCHEMA = pa.schema(
+    [g for f in ROW_SCHEMA for g in (
+        [pa.field("mrope_runs", I32_LIST),  # 2*S: (start, length) of each run, row-relative
+         pa.field("mrope_bases", F32_LIST),  # S: each run's first position (t = h = w, + 1 per token)
+         pa.field("mrope_rest", F32_LIST)]  # 3*(T - run tokens): the other tokens' (t, h, w), token-major
+        if f.name == "mrope_position_ids" else [f])],
     metadata={"packer.schema_version": str(SCHEMA_VERSION)},
 )
 
@@ -135,20 +149,22 @@ _V4 = {"loss_weights", "audios", "num_audio_tokens"}
 _AUDIO_TYPE_V4 = pa.struct([f for f in AUDIO_TYPE if f.name != "padded_samples"])
 _SCHEMA_V4 = pa.schema(
     [pa.field("mrope_position_ids", I32_LIST) if f.name == "mrope_position_ids"
-     else pa.field("audios", pa.list_(_AUDIO_TYPE_V4)) if f.name == "audios" else f for f in SCHEMA],
+     else pa.field("audios", pa.list_(_AUDIO_TYPE_V4)) if f.name == "audios" else f for f in ROW_SCHEMA],
     metadata={"packer.schema_version": "4"},
 )
 
 
 # Shard schemas this packer reads, by version: v2 lacks seq_lengths, v2 and v3 the v4 columns (readers that need
 # them say so; a row without ``loss_weights`` weighs every token 1, one without ``audios`` has no audio); v2-v4
-# store mRoPE positions as int32 and no ``padded_samples`` (readers take either dtype; a missing field is null).
+# store mRoPE positions as int32 and no ``padded_samples`` (readers take either dtype; a missing field is null);
+# v6 stores v5's mRoPE column sparse, and the shard files read it back dense (``packer.shards.mrope``).
 SCHEMAS: dict[int, pa.Schema] = {
     2: pa.schema([f for f in _SCHEMA_V4 if f.name not in _V4 | {"seq_lengths"}],
                  metadata={"packer.schema_version": "2"}),
     3: pa.schema([f for f in _SCHEMA_V4 if f.name not in _V4], metadata={"packer.schema_version": "3"}),
     4: _SCHEMA_V4,
-    5: SCHEMA,
+    5: ROW_SCHEMA,
+    6: SCHEMA,
 }
 
 

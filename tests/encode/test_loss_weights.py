@@ -15,7 +15,7 @@ import pytest
 
 from packer.core.types import IGNORE_INDEX
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
+from packer.shards.io import read_shard, write_json_atomic, write_shard
 from packer.shards.schema import SCHEMAS
 from packer.train.collate import collate
 from packer.train.dataset import PackedDataset
@@ -38,7 +38,7 @@ BAD = [
 
 
 def _rows(out: Path) -> list[dict]:
-    return [r for f in sorted(out.glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    return [r for f in sorted(out.glob("shard-*.parquet")) for r in read_shard(f).to_pylist()]
 
 
 def _examples(out: Path) -> dict[str, dict]:
@@ -132,7 +132,7 @@ def test_readers_take_weights_and_v3_shards(weighted, tmp_path):
     shutil.copytree(weighted, out)
     manifest = json.loads((out / "manifest.json").read_text())
     for s, entry in enumerate(manifest["shards"]):
-        rows_v3 = pq.read_table(out / entry["file"]).drop_columns(["loss_weights"]).to_pylist()
+        rows_v3 = read_shard(out / entry["file"]).drop_columns(["loss_weights"]).to_pylist()
         for r in rows_v3:  # v3 gave every linear text row its seq_lengths (v4 leaves weighted rows without)
             linear = len(r["node_offsets"]) == len(r["cu_seqlens"]) - 1
             r["seq_lengths"] = np.diff(r["cu_seqlens"]).tolist() if linear else None
@@ -151,7 +151,7 @@ def test_verify_catches_bad_loss_weights(weighted, tmp_path, fault):
     shutil.copytree(weighted, out)
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["shards"][0]
-    rows = pq.read_table(out / entry["file"]).to_pylist()
+    rows = read_shard(out / entry["file"]).to_pylist()
     row = next(r for r in rows if r["loss_weights"] is not None)
     k = int(np.flatnonzero(np.array(row["labels"]) != IGNORE_INDEX)[0])
     if fault == "negative":

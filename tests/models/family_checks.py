@@ -11,16 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from PIL import Image
 
 from packer.config import BuildConfig
 from packer.pipeline.build import build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
+from packer.shards.io import read_shard, write_json_atomic, write_shard
 from packer.train.dataset import PackedDataset
-from tests.helpers import leaf_chains, record_paths
+from tests.helpers import leaf_chains, record_paths, stored_table
 
 
 def png(w: int, h: int, seed: int = 0) -> bytes:
@@ -128,12 +125,12 @@ def rewrite_first(out: Path, pick: Callable[[dict], dict | None], change: Callab
     record the shard's new checksum: a corrupted build for verify to find."""
     manifest = json.loads((out / "manifest.json").read_text())
     for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
+        rows = read_shard(out / entry["file"]).to_pylist()
         for row in rows:
             item = pick(row)
             if item is not None:
                 change(row, item)
-                new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
+                new = write_shard(stored_table(rows), out / entry["file"], rows_per_row_group=2)
                 manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
                 write_json_atomic(out / "manifest.json", manifest)
                 return

@@ -24,8 +24,6 @@ from pathlib import Path
 
 import av
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import Glm46VImageProcessorPil
@@ -44,9 +42,9 @@ from packer.models.glm46v.resize import smart_resize
 from packer.models.glm46v.tokenizers import GLM_FIRST_ID, GLM_TOKENS, STANDIN_FIRST_ID
 from packer.models.glm46v.video import pyav_duration, sample_frames
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
+from packer.shards.io import read_shard, write_json_atomic, write_shard
 from packer.train.collate import collate
+from tests.helpers import stored_table
 from tests.media.make_videos import write_clip
 from tests.models import released
 from tests.models.family_checks import build_records, chat_paths, each_path, image_records, png, write_images
@@ -533,7 +531,7 @@ def test_verify_catches_faults(built, tmp_path, fault) -> None:
     shutil.copytree(built["out"], out)
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["shards"][0]
-    rows = pq.read_table(out / entry["file"]).to_pylist()
+    rows = read_shard(out / entry["file"]).to_pylist()
     row = next(r for r in rows if r["images"])
     im = row["images"][0]
     if fault == "grid":  # the same count, another layout: only the positions can tell
@@ -542,7 +540,7 @@ def test_verify_catches_faults(built, tmp_path, fault) -> None:
         row["mrope_position_ids"][3 * (im["offset"] + 1) + 2] += 1  # token-major (T * 3): one token's w position
     else:
         row["input_ids"][0] = row["input_ids"][im["offset"]]
-    new = write_shard(pa.Table.from_pylist(rows, schema=SCHEMA), out / entry["file"], rows_per_row_group=2)
+    new = write_shard(stored_table(rows), out / entry["file"], rows_per_row_group=2)
     manifest["shards"][0] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
     report = verify_build(out)

@@ -35,6 +35,7 @@ from packer.models.qwen_omni.rope3 import (
     mel_frames,
     omni3_position_ids,
 )
+from packer.shards.io import read_shard
 from tests import helpers as th
 from tests.models import released
 
@@ -379,7 +380,6 @@ def test_build_verifies(omni3_build) -> None:
     """Every record packed; verify finds each video with sound as its frames' and its sound's runs in the
     processor's order, each clip's frames under its padded length, and the float32 positions; the shards keep
     each clip's padded length and the fractional positions."""
-    import pyarrow.parquet as pq
 
     from packer.report.verify import verify_build
 
@@ -388,7 +388,7 @@ def test_build_verifies(omni3_build) -> None:
     assert totals["rejected"] == 0 and totals["examples"] == 6
     report = verify_build(out, inputs=[str(omni3_build["data"])])
     assert report.ok, report.lines()
-    table = pq.read_table(sorted(out.glob("*.parquet"))[0])
+    table = read_shard(sorted(out.glob("*.parquet"))[0])
     clips = [a for row in table.column("audios").to_pylist() for a in row]
     assert all(a["padded_samples"] >= a["num_samples"] for a in clips)
     assert any(a["padded_samples"] > a["num_samples"] for a in clips)

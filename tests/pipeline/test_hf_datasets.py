@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -23,6 +22,8 @@ from packer.cli import cli
 from packer.config import BuildConfig
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
+from packer.shards.io import read_shard
+from packer.shards.mrope import dense_row
 from packer.shards.schema import SCHEMA
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -75,7 +76,7 @@ def _examples(out: Path, key=_row_number) -> dict:
     """key(example id) -> (input_ids, labels, position_ids, image bytes) read back from the shards."""
     found = {}
     for shard in sorted(out.glob("shard-*.parquet")):
-        for row in pq.read_table(shard).to_pylist():
+        for row in read_shard(shard).to_pylist():
             cu = row["cu_seqlens"]
             for k, ex in enumerate(row["example_ids"]):
                 a, b = cu[k], cu[k + 1]
@@ -143,7 +144,8 @@ def test_load_dataset_reads_the_output_as_packed_dataset_does(parquet_build, tmp
     for got, want in zip(train, rows, strict=True):
         for name in ("input_ids", "labels", "position_ids", "cu_seqlens", "node_offsets", "node_parents"):
             np.testing.assert_array_equal(np.asarray(got[name]), want[name], err_msg=name)
-        np.testing.assert_array_equal(np.asarray(got["mrope_position_ids"]).reshape(-1, 3).T, want["mrope_position_ids"])
+        dense = dense_row(got["mrope_runs"], got["mrope_bases"], got["mrope_rest"])  # v6: stored sparse
+        np.testing.assert_array_equal(dense.reshape(-1, 3).T, want["mrope_position_ids"])
         assert got["example_ids"] == want["example_ids"] and got["images"] == want["images"]
     card = (out / "README.md").read_text()
     assert "profile `qwen2-vl`" in card and "max_length 768" in card and "packing efficiency" in card

@@ -24,7 +24,7 @@ from packer.pipeline.build import build
 from packer.report.plots import plot_stats
 from packer.report.stats import format_stats
 from packer.report.verify import verify_build
-from packer.shards.io import open_shards
+from packer.shards.io import open_shards, read_shard
 from tests.media.audio_clips import signal, write_clip
 from tests.models import toy_family
 from tests.report.test_verify import _manifest, _mutate, _rewrite
@@ -179,7 +179,7 @@ class _PaddedToy(toy_family.profile.ToyProfile):
 def _pad_every_clip(out: Path, padded) -> None:
     """Set every stored clip's padded_samples to ``padded(clip)``, shard by shard."""
     for s, entry in enumerate(_manifest(out)["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
+        rows = read_shard(out / entry["file"]).to_pylist()
         for r in rows:
             for a in r["audios"]:
                 a["padded_samples"] = padded(a)

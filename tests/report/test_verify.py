@@ -20,9 +20,8 @@ from packer.core.types import IGNORE_INDEX
 from packer.errors import ShardError
 from packer.pipeline.build import build
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
-from packer.shards.schema import SCHEMA
-from tests.helpers import random_example, write_shardset
+from packer.shards.io import read_shard, write_json_atomic, write_shard
+from tests.helpers import random_example, stored_table, write_shardset
 
 U = lambda c: {"role": "user", "content": c}  # noqa: E731
 A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
@@ -77,16 +76,26 @@ def _rows(out: Path) -> list[tuple[int, int, dict]]:
     """(shard, row, row dict) of every row."""
     found = []
     for s, entry in enumerate(_manifest(out)["shards"]):
-        for r, row in enumerate(pq.read_table(out / entry["file"]).to_pylist()):
+        for r, row in enumerate(read_shard(out / entry["file"]).to_pylist()):
             found.append((s, r, row))
     return found
 
 
-def _rewrite(out: Path, shard: int, rows: list[dict], schema: pa.Schema = SCHEMA) -> None:
+def _rewrite(out: Path, shard: int, rows: list[dict], schema: pa.Schema | None = None) -> None:
     """Write a shard's rows back and record its new checksum (so only the content check can object)."""
     manifest = _manifest(out)
     entry = manifest["shards"][shard]
-    new = write_shard(pa.Table.from_pylist(rows, schema=schema), out / entry["file"], rows_per_row_group=2)
+    table = stored_table(rows) if schema is None else pa.Table.from_pylist(rows, schema=schema)
+    new = write_shard(table, out / entry["file"], rows_per_row_group=2)
+    manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
+    write_json_atomic(out / "manifest.json", manifest)
+
+
+def _rewrite_table(out: Path, shard: int, table: pa.Table) -> None:
+    """Write a stored (raw) table as a shard and record its new checksum."""
+    manifest = _manifest(out)
+    entry = manifest["shards"][shard]
+    new = write_shard(table, out / entry["file"], rows_per_row_group=2)
     manifest["shards"][shard] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
 
@@ -95,7 +104,7 @@ def _mutate(out: Path, where: Callable[[dict], bool], change: Callable[[dict], N
     """Apply ``change`` to the first row satisfying ``where``; return (shard file, row)."""
     for s, r, row in _rows(out):
         if where(row):
-            rows = pq.read_table(out / _manifest(out)["shards"][s]["file"]).to_pylist()
+            rows = read_shard(out / _manifest(out)["shards"][s]["file"]).to_pylist()
             change(rows[r])
             _rewrite(out, s, rows)
             return _manifest(out)["shards"][s]["file"], r
@@ -216,7 +225,7 @@ def test_a_v4_build_still_verifies_and_reads(copy):
     v5 = [collate([r])["position_ids"] for r in PackedDataset(out, shuffle=False, load_images=False)]
     manifest = _manifest(out)
     for s, entry in enumerate(manifest["shards"]):
-        table = pq.read_table(out / entry["file"])
+        table = read_shard(out / entry["file"])
         _rewrite(out, s, pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in SCHEMAS[4]],
                                               schema=SCHEMAS[4]).to_pylist(), schema=SCHEMAS[4])
     write_json_atomic(out / "manifest.json", {**_manifest(out), "schema_version": 4})
@@ -226,6 +235,50 @@ def test_a_v4_build_still_verifies_and_reads(copy):
     v4 = [collate([r])["position_ids"] for r in PackedDataset(out, shuffle=False, load_images=False)]
     assert all(a.dtype == b.dtype == torch.int64 and torch.equal(a, b) for a, b in zip(v4, v5, strict=True))
     assert all(p.dim() == 3 for p in v4)
+
+
+def test_a_v5_build_reads_as_the_same_tensors_and_verifies(copy):
+    """A build written as v5 (the dense mRoPE column, metadata 5) from the same rows as this v6 build: verify
+    accepts both, and the reader's tensors (every key collate gives, images decoded) are identical."""
+    import torch
+
+    from packer.shards.schema import SCHEMAS
+    from packer.train.collate import collate
+    from packer.train.dataset import PackedDataset
+
+    out, data = copy
+    assert verify_build(out, inputs=[str(data)]).ok
+    v6 = [collate([r]) for r in PackedDataset(out, shuffle=False)]
+    manifest = _manifest(out)
+    for s, entry in enumerate(manifest["shards"]):
+        _rewrite(out, s, read_shard(out / entry["file"]).to_pylist(), schema=SCHEMAS[5])
+    write_json_atomic(out / "manifest.json", {**_manifest(out), "schema_version": 5})
+    first = pq.ParquetFile(out / manifest["shards"][0]["file"]).schema_arrow
+    assert first.metadata[b"packer.schema_version"] == b"5" and "mrope_runs" not in first.names
+    report = verify_build(out, inputs=[str(data)])
+    assert report.ok, report.lines()
+    v5 = [collate([r]) for r in PackedDataset(out, shuffle=False)]
+    assert len(v5) == len(v6) and any(b["position_ids"].dim() == 3 for b in v6)
+    for a, b in zip(v5, v6, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], torch.Tensor):
+                assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+            else:
+                assert a[k] == b[k], k
+
+
+def test_a_damaged_sparse_mrope_column_is_a_violation(copy):
+    """v6's runs overlapping: verify names the file and row group (the reader refuses it), it does not crash."""
+    out, _ = copy
+    file = _manifest(out)["shards"][0]["file"]
+    table = pq.read_table(out / file)
+    runs = table.column("mrope_runs").to_pylist()
+    runs[0] = [0, 5, 2, 5] + runs[0][4:]  # the second run starts inside the first
+    table = table.set_column(table.column_names.index("mrope_runs"), "mrope_runs", pa.array(runs, pa.list_(pa.int32())))
+    _rewrite_table(out, 0, table)
+    report = verify_build(out)
+    assert not report.ok and any("mrope_runs" in v.what and v.file == file for v in report.violations), report.lines()
 
 
 def test_a_real_build_verifies(built):
@@ -246,7 +299,7 @@ def test_duplicate_example_id_across_rows(copy):
     rows = _rows(out)
     first = rows[0][2]["example_ids"][0]
     s, r, _ = rows[-1]
-    shard_rows = pq.read_table(out / _manifest(out)["shards"][s]["file"]).to_pylist()
+    shard_rows = read_shard(out / _manifest(out)["shards"][s]["file"]).to_pylist()
     shard_rows[r]["example_ids"][0] = first
     _rewrite(out, s, shard_rows)
     what = [v.what for v in verify_build(out).violations]
@@ -292,7 +345,7 @@ def test_each_broken_file_invariant_is_reported(copy, name):
         manifest["shards"][0]["rows"] += 1
         text = "rows, the manifest says"
     elif name == "schema":
-        table = pq.read_table(first).drop_columns(["example_sources"])
+        table = read_shard(first).drop_columns(["example_sources"])
         entry = write_shard(table, first, rows_per_row_group=2)
         manifest["shards"][0].update(sha256=entry["sha256"], bytes=entry["bytes"])
         text = "schema differs from packer.shards.schema"
@@ -323,7 +376,7 @@ def test_every_input_record_accounted_for(copy, tmp_path):
     dropped = rejects.pop()
     (out / "rejects.jsonl").write_text("".join(json.dumps({**r, "path": str(grown)}) + "\n" for r in rejects))
     for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
+        rows = read_shard(out / entry["file"]).to_pylist()
         for row in rows:
             row["example_ids"] = [e.replace(str(data), str(grown)) for e in row["example_ids"]]
         _rewrite(out, s, rows)
@@ -365,7 +418,7 @@ def test_listing_is_capped_but_every_violation_counted(copy):
     out, _ = copy
     manifest = _manifest(out)
     for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
+        rows = read_shard(out / entry["file"]).to_pylist()
         for row in rows:
             row["num_tokens"] += 1
         _rewrite(out, s, rows)
@@ -390,7 +443,7 @@ def test_weighted_mixture_copies_are_accounted_for(tmp_path):
     assert report.ok, report.lines()
     # a copy suffix out of sequence
     s, r, row = next((s, r, row) for s, r, row in _rows(out) if any("#1" in e for e in row["example_ids"]))
-    rows = pq.read_table(out / _manifest(out)["shards"][s]["file"]).to_pylist()
+    rows = read_shard(out / _manifest(out)["shards"][s]["file"]).to_pylist()
     k = next(i for i, e in enumerate(row["example_ids"]) if e.endswith("#1"))
     bumped = rows[r]["example_ids"][k] = rows[r]["example_ids"][k][:-2] + "#7"
     _rewrite(out, s, rows)

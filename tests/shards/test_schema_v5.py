@@ -19,11 +19,13 @@ from packer.models.qwen_vl import QwenVLProfile
 from packer.models.registry import _PROFILES, register_profile
 from packer.models.shared.mrope import MRoPE
 from packer.shards.assemble import assemble_packs, encoded_table, mrope_values, take_rows
-from packer.shards.io import write_json_atomic
+from packer.shards.io import read_shard, write_json_atomic
+from packer.shards.mrope import to_dense
 from packer.shards.schema import (
     AUDIO_TYPE,
     EXAMPLE_SCHEMA,
     MAX_EXACT_POSITION,
+    ROW_SCHEMA,
     SCHEMA,
     SCHEMA_VERSION,
     SCHEMAS,
@@ -70,13 +72,13 @@ def _examples(n: int, *, seed: int = 0, fraction: bool = False) -> list:
 
 
 def test_v5_differs_from_v4_in_the_mrope_dtype_and_padded_samples_only():
-    assert SCHEMA_VERSION == 5 and set(SCHEMAS) == {2, 3, 4, 5} and SCHEMAS[5] is SCHEMA
+    assert SCHEMA_VERSION == 6 and set(SCHEMAS) == {2, 3, 4, 5, 6} and SCHEMAS[5] is ROW_SCHEMA
     v4 = SCHEMAS[4]
-    assert v4.metadata == {b"packer.schema_version": b"4"} and SCHEMA.metadata == {b"packer.schema_version": b"5"}
-    assert v4.names == SCHEMA.names
-    changed = [f.name for f in SCHEMA if not f.equals(v4.field(f.name))]
+    assert v4.metadata == {b"packer.schema_version": b"4"} and ROW_SCHEMA.metadata == {b"packer.schema_version": b"5"}
+    assert v4.names == ROW_SCHEMA.names
+    changed = [f.name for f in ROW_SCHEMA if not f.equals(v4.field(f.name))]
     assert changed == ["mrope_position_ids", "audios"]
-    assert SCHEMA.field("mrope_position_ids").type == pa.list_(pa.float32())
+    assert ROW_SCHEMA.field("mrope_position_ids").type == pa.list_(pa.float32())
     assert EXAMPLE_SCHEMA.field("mrope_position_ids").type == pa.list_(pa.float32())
     for version in (2, 3, 4):  # older shards: int32 positions, no padded_samples
         assert SCHEMAS[version].field("mrope_position_ids").type == pa.list_(pa.int32())
@@ -116,7 +118,7 @@ def test_int_and_float_positions_pack_exactly(fraction, tmp_path):
         assert np.array_equal(np.asarray(taken.column("mrope_position_ids")[k].values), want)
     packed = assemble_packs(taken, np.array([2, 1]))
     assert packed.schema.equals(SCHEMA)
-    row = _row(_decode_block(packed), 0)
+    row = _row(_decode_block(to_dense(packed)), 0)  # as the shard file reads it back
     assert row["mrope_position_ids"].dtype == np.float32
     want = np.concatenate([examples[3].mrope_position_ids, examples[0].mrope_position_ids], axis=1)
     assert np.array_equal(row["mrope_position_ids"], want)
@@ -172,7 +174,7 @@ def test_hf_datasets_rows_keep_their_positions(fractional, tmp_path):
     examples = _examples(3, seed=5, fraction=True)
     root = write_shardset(tmp_path / "out", examples, [3], profile=fractional.name)
     (shard,) = sorted(root.glob("shard-*.parquet"))
-    plain = pq.read_table(shard).to_pylist()  # what a datasets row holds: lists of Python numbers
+    plain = pq.read_table(shard).to_pylist()  # what a datasets row holds: the stored (v6: sparse) lists
     collator = PackedCollator(root)
     row = collator.row(plain[0])
     want = np.concatenate([e.mrope_position_ids for e in examples], axis=1)
@@ -189,7 +191,7 @@ def test_a_v4_shard_with_int32_positions_still_reads(tmp_path):
     root = write_shardset(tmp_path / "out", examples, [2, 3], profile="qwen2-vl")
     v5 = collate(_rows(root))
     for shard in root.glob("shard-*.parquet"):  # as v4 wrote it: int32 positions, v4 audio struct and metadata
-        table = pq.read_table(shard)
+        table = read_shard(shard)
         old = pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in SCHEMAS[4]], schema=SCHEMAS[4])
         pq.write_table(old, shard, row_group_size=2)
     manifest = json.loads((root / "manifest.json").read_text())
@@ -199,6 +201,6 @@ def test_a_v4_shard_with_int32_positions_still_reads(tmp_path):
     assert rows[0]["mrope_position_ids"].dtype == np.int32
     v4 = collate(rows)
     assert v4["position_ids"].dtype == torch.int64 and torch.equal(v4["position_ids"], v5["position_ids"])
-    plain = pq.read_table(shard).to_pylist()
+    plain = read_shard(shard).to_pylist()
     assert torch.equal(collate([PackedCollator(root).row(plain[-1])])["position_ids"],
                        collate(rows[-1:])["position_ids"])

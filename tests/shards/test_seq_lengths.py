@@ -18,9 +18,10 @@ from packer.config import BuildConfig
 from packer.pipeline.build import build
 from packer.pipeline.card import CARD, card_text
 from packer.report.verify import verify_build
-from packer.shards.io import write_json_atomic, write_shard
+from packer.shards.io import read_shard, write_json_atomic, write_shard
 from packer.shards.schema import SCHEMA, SCHEMAS
 from packer.train.dataset import PackedDataset
+from tests.helpers import stored_table
 
 pytestmark = pytest.mark.slow  # two real builds (~2 s on a busy 2-core box)
 
@@ -45,7 +46,7 @@ def builds(tmp_path_factory) -> dict[str, Path]:
 
 
 def _rows(out: Path) -> list[dict]:
-    return [r for f in sorted(out.glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    return [r for f in sorted(out.glob("shard-*.parquet")) for r in read_shard(f).to_pylist()]
 
 
 def test_seq_lengths_where_trl_is_exact(builds):
@@ -61,13 +62,14 @@ def test_seq_lengths_where_trl_is_exact(builds):
         assert verify_build(out).ok
 
 
-def _rewrite_rows(out: Path, change, schema: pa.Schema = SCHEMA) -> None:
+def _rewrite_rows(out: Path, change, schema: pa.Schema | None = None) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     for s, entry in enumerate(manifest["shards"]):
-        rows = pq.read_table(out / entry["file"]).to_pylist()
+        rows = read_shard(out / entry["file"]).to_pylist()
         for row in rows:
             change(row)
-        new = write_shard(pa.Table.from_pylist(rows, schema=schema), out / entry["file"], rows_per_row_group=1)
+        table = stored_table(rows) if schema is None else pa.Table.from_pylist(rows, schema=schema)
+        new = write_shard(table, out / entry["file"], rows_per_row_group=1)
         manifest["shards"][s] = {**entry, "sha256": new["sha256"], "bytes": new["bytes"]}
     write_json_atomic(out / "manifest.json", manifest)
 

@@ -1,4 +1,4 @@
-"""Schema versions, decoded once: a row group of any version (v2-v5) becomes the same ``Rows`` of flat numpy
+"""Schema versions, decoded once: a row group of any version (v2-v6) becomes the same ``Rows`` of flat numpy
 arrays, so no check asks which version it reads.
 
     v2   the videos and num_video_tokens columns (the oldest version verify reads)
@@ -7,6 +7,10 @@ arrays, so no check asks which version it reads.
                                        before: no loss weights (None), no audio (empty clip lists, 0 tokens)
     v5   + audios.padded_samples, mrope float32
                                        before: padded_samples -1 (the clip's alone), mRoPE read as stored
+    v6   mrope stored sparse (mrope_runs, mrope_bases, mrope_rest)
+                                       the shard file (``packer.shards.io.ShardFile``) reads it back dense, so
+                                       the row group decoded here has v5's column; a damaged encoding is that
+                                       row group's "unreadable" violation, naming the row
 """
 
 from __future__ import annotations

@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.core.types import IGNORE_INDEX
 from packer.shards.assemble import _list_parts, list_column
-from packer.shards.io import ShardSet, open_shards
+from packer.shards.io import ShardFile, ShardSet, open_shards
 from packer.shards.schema import Manifest
 from packer.train.data.rank_shares import CostWeights, deal, pad_order, read_row_stats
 from packer.train.data.resume import STATE_VERSION, EpochProgress, check_state
@@ -227,7 +226,7 @@ class PackedDataset(IterableDataset):
         # and its rows copied out; otherwise a chunk is a run of rows of one row group (views, no copy).
         keys = positions // self.balance_window if self.balance else blocks
         cuts = np.flatnonzero(np.diff(keys)) + 1
-        files: dict[int, pq.ParquetFile] = {}
+        files: dict[int, ShardFile] = {}
         count = state.counts[worker]
         for chunk in np.split(np.arange(len(order)), cuts):
             for k, row in zip(chunk.tolist(), self._read_chunk(files, order[chunk], blocks[chunk]), strict=True):
@@ -244,7 +243,7 @@ class PackedDataset(IterableDataset):
                                  "num_workers": num_workers, "count": count}
                 yield row
 
-    def _read_chunk(self, files: dict[int, pq.ParquetFile], order: np.ndarray, blocks: np.ndarray) -> list[dict]:
+    def _read_chunk(self, files: dict[int, ShardFile], order: np.ndarray, blocks: np.ndarray) -> list[dict]:
         """The rows ``order`` (global indices; row groups ``blocks``), decoding each row group once."""
         out: list[dict[str, Any] | None] = [None] * len(order)
         distinct = np.unique(blocks)

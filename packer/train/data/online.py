@@ -354,7 +354,8 @@ class OnlinePackedDataset(IterableDataset):
 
     def _assemble(self, examples: list[Encoded]) -> dict[str, Any]:
         """One pack -> a row exactly as ``PackedDataset`` yields it (same assembly, same decoding)."""
-        table = assemble_packs(encoded_table(examples), np.array([len(examples)], dtype=np.int64))
+        table = assemble_packs(encoded_table(examples), np.array([len(examples)], dtype=np.int64),
+                               dense_mrope=True)
         row = _row(_decode_block(table), 0)
         row["is_filler"] = False  # ranks are evened out per batch (train/join.py), not per row
         row.update(self._row_context)

@@ -33,6 +33,7 @@ import numpy as np
 from transformers import Trainer
 
 from packer.errors import ConfigError, ShardError
+from packer.shards.mrope import dense_row
 from packer.train.attention.hf import model_inputs, use_packed_attention
 from packer.train.data.collate import collate, steps_per_epoch
 from packer.train.data.dataset import PackedDataset
@@ -99,6 +100,8 @@ class PackedCollator:
             return dict(r)  # PackedDataset's row
         row: dict[str, Any] = {k: np.asarray(r[k], dtype=np.int32) for k in _INT_COLUMNS}
         mrope = r.get("mrope_position_ids")
+        if mrope is None and r.get("mrope_runs") is not None:  # a v6 row as ``datasets`` reads it: stored sparse
+            mrope = dense_row(r["mrope_runs"], r["mrope_bases"], r["mrope_rest"])
         if mrope is not None:
             # as stored (float32 since schema v5, int32 before): never cast to int here (collate checks and casts)
             row["mrope_position_ids"] = np.asarray(mrope).reshape(-1, 3).T  # (3, T)
