@@ -59,15 +59,17 @@ from packer.errors import ConfigError
 from packer.packing.kernels import (
     _DEBRUIJN,
     _DEBRUIJN_TABLE,
+    WIDE,
     _bits_clear,
-    _bits_set,
     _bits_succ,
     _bitset_levels,
+    _grow,
+    _push,
+    bfd_runs,
     class_column,
-    ix_find,
-    ix_insert,
     ix_new,
-    ix_remove,
+    ix_open_all,
+    try_empty,
 )
 
 # int32 indices and pack ids while they fit: 4 bytes per example instead of 8.
@@ -250,22 +252,6 @@ def _count(lens, capacity, counts):
             return i
         counts[s] += 1
     return -1
-
-
-@njit(cache=True)
-def _grow(a, size):
-    """``a`` copied into an array 1.5x larger (numba cannot resize in place)."""
-    b = np.empty(size + size // 2, dtype=a.dtype)
-    b[: a.shape[0]] = a
-    return b
-
-
-@njit(cache=True, inline="always")
-def _push(b, r, head, nxt, bits, offs):
-    if head[r] < 0:
-        _bits_set(bits, offs, r)
-    nxt[b] = head[r]
-    head[r] = b
 
 
 @njit(cache=True)
@@ -458,11 +444,11 @@ def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int
     """plan(lens, capacity, refine=True, seed=seed) as a ``PackOrder``, or None where plain BFD already reaches
     the lower bound (refine keeps that plan: ``plan_bulk``'s own path makes it)."""
     bound = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
-    plain = _bfd_runs(counts, capacity, 0)
+    plain = bfd_runs(counts, capacity, 0)
     if plain[3] <= bound:
         return None
     complete_min = max(1, int(np.percentile(lens, 2)))  # planner._completion_threshold, on the lengths as given
-    other = _bfd_runs(counts, capacity, complete_min)
+    other = bfd_runs(counts, capacity, complete_min)
     run_s, run_b, run_q, num_packs = other if other[3] < plain[3] else plain
     del plain, other
     # each pack's runs, longest first, ties in slot order (refine_packs' members: by -length, then index)
@@ -475,7 +461,7 @@ def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int
     del loads, by_len
     budgets = np.array([_UNBOUNDED], dtype=np.int64)
     cls, classes = class_column(budgets, 1)
-    ix = ix_new(capacity + 1, num_packs, 1, cls, classes)
+    ix = ix_new(capacity + 1, num_packs, 1, cls, classes, WIDE)
     alive, move_first, move_to = _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budgets,
                                               bound, 256)
     del ix, runs, ptr, candidates
@@ -495,99 +481,6 @@ def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int
 
 
 @njit(cache=True)
-def _record(run_s, run_b, run_q, r, s, b, q):
-    """Append q examples of length s in pack b (merged into the last run when it is the same length and pack)."""
-    if r > 0 and run_s[r - 1] == s and run_b[r - 1] == b:
-        run_q[r - 1] += q
-        return run_s, run_b, run_q, r
-    if r == run_s.shape[0]:
-        run_s, run_b, run_q = _grow(run_s, r), _grow(run_b, r), _grow(run_q, r)
-    run_s[r] = s
-    run_b[r] = b
-    run_q[r] = q
-    return run_s, run_b, run_q, r + 1
-
-
-@njit(cache=True)
-def _bfd_runs(counts, capacity, complete_min):
-    """``kernels.bfd_fast`` (exact completion when ``complete_min > 0``) over length classes: the same packs,
-    chosen in the same sequence, as runs (run_s, run_b, run_q, num_packs) in the order bfd_fast hands out the
-    slots. A pack found open takes min(left, r // s) at once (it stays the tightest fit, ``_bfd_classes``);
-    a new pack takes one, then ``_complete``'s fill, one example at a time."""
-    table = _DEBRUIJN_TABLE
-    offs, nwords = _bitset_levels(capacity + 1)
-    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)
-    head = np.full(capacity + 1, -1, dtype=np.int64)
-    nxt = np.empty(1024, dtype=np.int64)
-    left_count = counts.copy()
-    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
-    if complete_min > 0:
-        for s in range(1, capacity + 1):
-            if left_count[s] > 0:
-                _bits_set(avail, offs, capacity - s)
-    size = 1024
-    run_s = np.empty(size, dtype=np.int32)
-    run_b = np.empty(size, dtype=np.int32)
-    run_q = np.empty(size, dtype=np.int32)
-    r = 0
-    num_packs = 0
-    for s in range(capacity, 0, -1):
-        while left_count[s] > 0:
-            g = _bits_succ(bits, offs, nwords, s, table)
-            if g < 0:
-                b = num_packs
-                num_packs += 1
-                if b == nxt.shape[0]:
-                    nxt = _grow(nxt, b)
-                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, 1)
-                left_count[s] -= 1
-                if left_count[s] == 0 and complete_min > 0:
-                    _bits_clear(avail, offs, capacity - s)
-                left = capacity - s
-                while complete_min > 0 and left > 0:  # kernels._complete, recording runs
-                    key = _bits_succ(avail, offs, nwords, capacity - left, table)
-                    if key < 0:
-                        break
-                    x = capacity - key
-                    if x == left or left - x >= complete_min:
-                        run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, x, b, 1)
-                        left_count[x] -= 1
-                        if left_count[x] == 0:
-                            _bits_clear(avail, offs, capacity - x)
-                        left -= x
-                        continue
-                    u = min(x, left - complete_min)
-                    for _ in range(64):
-                        v = left - u
-                        if u < v:
-                            break
-                        if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
-                            for y in (u, v):
-                                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, y, b, 1)
-                                left_count[y] -= 1
-                                if left_count[y] == 0:
-                                    _bits_clear(avail, offs, capacity - y)
-                            left = 0
-                            break
-                        u -= 1
-                    break
-            else:
-                b = head[g]
-                head[g] = nxt[b]
-                if head[g] < 0:
-                    _bits_clear(bits, offs, g)
-                q = min(left_count[s], g // s)
-                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, q)
-                left_count[s] -= q
-                if left_count[s] == 0 and complete_min > 0:
-                    _bits_clear(avail, offs, capacity - s)
-                left = g - q * s
-            if left > 0:
-                _push(b, left, head, nxt, bits, offs)
-    return run_s[:r].copy(), run_b[:r].copy(), run_q[:r].copy(), num_packs
-
-
-@njit(cache=True)
 def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budgets, target, patience):
     """``balance._refine`` over runs: try the candidates, move each member (longest first) to the best-fitting
     other pack, keep the moves only if the whole pack empties. Returns (alive, move_first, move_to): a moved
@@ -603,16 +496,13 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
     inside = np.zeros(num_packs, dtype=np.bool_)
     alive = np.ones(num_packs, dtype=np.bool_)
     touched = np.zeros(num_packs, dtype=np.bool_)
-    for b in range(num_packs):
-        if rem[b] > 0 and rem2[b, 0] > 0:
-            ix_insert(ix, b)
-            inside[b] = True
-    need = np.ones(1, dtype=np.int64)
+    ix_open_all(ix, num_packs, inside)
     move_first = np.full(run_s.shape[0], -1, dtype=np.int64)
     move_to = np.empty(1024, dtype=np.int64)
     moved = 0  # kept moves in move_to
-    scratch_to = np.empty(1024, dtype=np.int64)  # this candidate's moves: where each member went, its length
-    scratch_s = np.empty(1024, dtype=np.int64)
+    sizes = np.empty(1024, dtype=np.int64)  # this candidate's members, one per example
+    wants = np.ones((1024, 1), dtype=np.int64)  # each takes one example slot
+    dest = np.empty(1024, dtype=np.int64)
     packs = num_packs
     failures = 0
     for c in range(candidates.shape[0]):
@@ -621,61 +511,32 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
         p = candidates[c]
         if touched[p]:
             continue
-        if inside[p]:
-            ix_remove(ix, p)
-            inside[p] = False
-        nmoved = 0
-        ok = True
-        for k in range(ptr[p], ptr[p + 1]):
-            rr = runs[k]
-            s = np.int64(run_s[rr])
-            for _ in range(run_q[rr]):
-                b = ix_find(ix, s, need)
-                if b < 0:
-                    ok = False
-                    break
-                ix_remove(ix, b)
-                rem[b] -= s
-                rem2[b, 0] -= 1
-                inside[b] = rem[b] > 0 and rem2[b, 0] > 0
-                if inside[b]:
-                    ix_insert(ix, b)
-                if nmoved == scratch_to.shape[0]:
-                    scratch_to = _grow(scratch_to, nmoved)
-                    scratch_s = _grow(scratch_s, nmoved)
-                scratch_to[nmoved] = b
-                scratch_s[nmoved] = s
-                nmoved += 1
-            if not ok:
-                break
-        if ok:
-            m = 0
-            for k in range(ptr[p], ptr[p + 1]):
-                rr = runs[k]
-                move_first[rr] = moved
-                for _ in range(run_q[rr]):
-                    if moved == move_to.shape[0]:
-                        move_to = _grow(move_to, moved)
-                    move_to[moved] = scratch_to[m]
-                    touched[scratch_to[m]] = True
-                    moved += 1
-                    m += 1
-            alive[p] = False
-            packs -= 1
-            failures = 0
+        k = 0
+        for j in range(ptr[p], ptr[p + 1]):
+            k += run_q[runs[j]]
+        if k > sizes.shape[0]:
+            sizes, dest, wants = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64), np.ones((k, 1), np.int64)
+        k = 0
+        for j in range(ptr[p], ptr[p + 1]):
+            sizes[k:k + run_q[runs[j]]] = run_s[runs[j]]
+            k += run_q[runs[j]]
+        if not try_empty(ix, inside, p, sizes, wants, k, dest):
+            failures += 1
             continue
-        for m in range(nmoved - 1, -1, -1):  # undo, newest first
-            b = scratch_to[m]
-            if inside[b]:
-                ix_remove(ix, b)
-            rem[b] += scratch_s[m]
-            rem2[b, 0] += 1
-            inside[b] = True
-            ix_insert(ix, b)
-        if rem[p] > 0 and rem2[p, 0] > 0:
-            ix_insert(ix, p)
-            inside[p] = True
-        failures += 1
+        m = 0
+        for j in range(ptr[p], ptr[p + 1]):
+            rr = runs[j]
+            move_first[rr] = moved
+            for _ in range(run_q[rr]):
+                if moved == move_to.shape[0]:
+                    move_to = _grow(move_to, moved)
+                move_to[moved] = dest[m]
+                touched[dest[m]] = True
+                moved += 1
+                m += 1
+        alive[p] = False
+        packs -= 1
+        failures = 0
     return alive, move_first, move_to[:moved].copy()
 
 

@@ -118,64 +118,26 @@ def _bits_clear(bits, offs, x):
 def bfd_fast(lens: np.ndarray, capacity: int, complete_min: int) -> tuple[np.ndarray, int]:
     """Best-fit decreasing on tokens alone. Returns (pack per example in opening order, number of packs).
 
-    Open packs with remaining capacity r > 0 live in a LIFO list ``head[r]``/``nxt``; a bitset marks the
-    non-empty lists, so best fit is the successor query "smallest r >= s". Examples of one length are
-    interchangeable, so the loop runs over length counts and never touches example indices (random access
-    into 1M-entry arrays cost more than the packing itself); a second, sequential pass hands the k-th pack
-    chosen for length s to the k-th example of length s.
-
-    ``complete_min > 0`` turns on exact completion (used by ``refine``): a pack that has to be opened is
-    filled at once with the longest remaining examples, never leaving a gap below ``complete_min`` (few
-    examples are that short, so such a gap usually stays empty) but closing it with an exact pair instead.
-    Plain BFD stacks identical lengths (6 x 84 = 504 of 512) and strands such gaps by the hundred thousand
-    on the Wikipedia histogram.
+    ``bfd_runs`` over the length counts; the k-th slot it hands out for length s goes to the k-th example of
+    length s in index order.
     """
     n = lens.shape[0]
-    table = _DEBRUIJN_TABLE
     counts = np.zeros(capacity + 1, dtype=np.int64)
     for i in range(n):
         counts[lens[i]] += 1
+    run_s, run_b, run_q, num_packs = bfd_runs(counts, capacity, complete_min)
     start = np.empty(capacity + 1, dtype=np.int64)  # slot of length s's next choice in `chosen`
     pos = 0
     for s in range(capacity, 0, -1):
         start[s] = pos
         pos += counts[s]
     slot = start.copy()
-    offs, nwords = _bitset_levels(capacity + 1)
-    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)  # gaps r with an open pack
-    head = np.full(capacity + 1, -1, dtype=np.int64)
-    nxt = np.empty(n, dtype=np.int64)  # at most one pack per example
     chosen = np.empty(n, dtype=np.int64)  # the pack of each slot, slots grouped by decreasing length
-    left_count = counts.copy()  # examples of each length not placed yet
-    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
-    if complete_min > 0:
-        for s in range(1, capacity + 1):
-            if left_count[s] > 0:
-                _bits_set(avail, offs, capacity - s)
-    num_packs = 0
-    for s in range(capacity, 0, -1):
-        while left_count[s] > 0:
-            r = _bits_succ(bits, offs, nwords, s, table)
-            if r < 0:
-                b = num_packs
-                num_packs += 1
-                left = capacity - s
-            else:
-                b = head[r]
-                head[r] = nxt[b]
-                if head[r] < 0:
-                    _bits_clear(bits, offs, r)
-                left = r - s
-            _take(s, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
-            if r < 0 and complete_min > 0:
-                left = _complete(
-                    b, left, left_count, chosen, slot, avail, offs, nwords, capacity, complete_min
-                )
-            if left > 0:  # a full pack leaves the index for good
-                if head[left] < 0:
-                    _bits_set(bits, offs, left)
-                nxt[b] = head[left]
-                head[left] = b
+    for r in range(run_s.shape[0]):
+        s = run_s[r]
+        for _ in range(run_q[r]):
+            chosen[slot[s]] = run_b[r]
+            slot[s] += 1
     assign = np.empty(n, dtype=np.int64)
     for i in range(n):  # ties: examples of one length take that length's packs in index order
         s = lens[i]
@@ -184,42 +146,123 @@ def bfd_fast(lens: np.ndarray, capacity: int, complete_min: int) -> tuple[np.nda
     return assign, num_packs
 
 
-@njit(cache=True, inline="always")
-def _take(s, b, left_count, chosen, slot, avail, offs, capacity, complete_min):
-    """Record one example of length s in pack b."""
-    chosen[slot[s]] = b
-    slot[s] += 1
-    left_count[s] -= 1
-    if left_count[s] == 0 and complete_min > 0:
-        _bits_clear(avail, offs, capacity - s)
+@njit(cache=True)
+def bfd_runs(counts, capacity, complete_min):
+    """Best-fit decreasing on tokens alone over length classes: runs (run_s, run_b, run_q, num_packs), q examples
+    of length s in pack b, in the order the slots are handed out (packs numbered in opening order).
+
+    Open packs with remaining capacity r > 0 live in a LIFO list ``head[r]``/``nxt``; a bitset marks the
+    non-empty lists, so best fit is the successor query "smallest r >= s". Examples of one length are
+    interchangeable, so the loop runs over length counts and never touches example indices. A pack found open
+    takes min(left, r // s) at once (it stays the tightest fit); a new pack takes one.
+
+    ``complete_min > 0`` turns on exact completion (used by ``refine``): a pack that has to be opened is
+    filled at once with the longest remaining examples, never leaving a gap below ``complete_min`` (few
+    examples are that short, so such a gap usually stays empty) but closing it with an exact pair instead.
+    Plain BFD stacks identical lengths (6 x 84 = 504 of 512) and strands such gaps by the hundred thousand
+    on the Wikipedia histogram.
+    """
+    table = _DEBRUIJN_TABLE
+    offs, nwords = _bitset_levels(capacity + 1)
+    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    nxt = np.empty(1024, dtype=np.int64)
+    left_count = counts.copy()
+    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
+    if complete_min > 0:
+        for s in range(1, capacity + 1):
+            if left_count[s] > 0:
+                _bits_set(avail, offs, capacity - s)
+    size = 1024
+    run_s = np.empty(size, dtype=np.int32)
+    run_b = np.empty(size, dtype=np.int32)
+    run_q = np.empty(size, dtype=np.int32)
+    r = 0
+    num_packs = 0
+    for s in range(capacity, 0, -1):
+        while left_count[s] > 0:
+            g = _bits_succ(bits, offs, nwords, s, table)
+            if g < 0:
+                b = num_packs
+                num_packs += 1
+                if b == nxt.shape[0]:
+                    nxt = _grow(nxt, b)
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, 1)
+                left_count[s] -= 1
+                if left_count[s] == 0 and complete_min > 0:
+                    _bits_clear(avail, offs, capacity - s)
+                left = capacity - s
+                while complete_min > 0 and left > 0:  # exact completion
+                    key = _bits_succ(avail, offs, nwords, capacity - left, table)
+                    if key < 0:
+                        break
+                    x = capacity - key
+                    if x == left or left - x >= complete_min:
+                        run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, x, b, 1)
+                        left_count[x] -= 1
+                        if left_count[x] == 0:
+                            _bits_clear(avail, offs, capacity - x)
+                        left -= x
+                        continue
+                    u = min(x, left - complete_min)
+                    for _ in range(64):
+                        v = left - u
+                        if u < v:
+                            break
+                        if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
+                            for y in (u, v):
+                                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, y, b, 1)
+                                left_count[y] -= 1
+                                if left_count[y] == 0:
+                                    _bits_clear(avail, offs, capacity - y)
+                            left = 0
+                            break
+                        u -= 1
+                    break
+            else:
+                b = head[g]
+                head[g] = nxt[b]
+                if head[g] < 0:
+                    _bits_clear(bits, offs, g)
+                q = min(left_count[s], g // s)
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, q)
+                left_count[s] -= q
+                if left_count[s] == 0 and complete_min > 0:
+                    _bits_clear(avail, offs, capacity - s)
+                left = g - q * s
+            if left > 0:
+                _push(b, left, head, nxt, bits, offs)
+    return run_s[:r].copy(), run_b[:r].copy(), run_q[:r].copy(), num_packs
 
 
 @njit(cache=True)
-def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, complete_min):
-    """Fill a fresh pack's gap ``left`` with the longest available examples; returns the gap left over."""
-    table = _DEBRUIJN_TABLE
-    while left > 0:
-        key = _bits_succ(avail, offs, nwords, capacity - left, table)
-        if key < 0:
-            return left
-        x = capacity - key  # the longest available example that fits
-        if x == left or left - x >= complete_min:
-            _take(x, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
-            left -= x
-            continue
-        # x would strand a gap below complete_min: close the pack with a pair u + v == left instead
-        u = min(x, left - complete_min)
-        for _ in range(64):  # a bounded search; failing it leaves the gap to best fit
-            v = left - u
-            if u < v:
-                break
-            if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
-                _take(u, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
-                _take(v, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
-                return 0
-            u -= 1
-        return left
-    return 0
+def _record(run_s, run_b, run_q, r, s, b, q):
+    """Append q examples of length s in pack b (merged into the last run when it is the same length and pack)."""
+    if r > 0 and run_s[r - 1] == s and run_b[r - 1] == b:
+        run_q[r - 1] += q
+        return run_s, run_b, run_q, r
+    if r == run_s.shape[0]:
+        run_s, run_b, run_q = _grow(run_s, r), _grow(run_b, r), _grow(run_q, r)
+    run_s[r] = s
+    run_b[r] = b
+    run_q[r] = q
+    return run_s, run_b, run_q, r + 1
+
+
+@njit(cache=True)
+def _grow(a, size):
+    """``a`` copied into an array 1.5x larger (numba cannot resize in place)."""
+    b = np.empty(size + size // 2, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True, inline="always")
+def _push(b, r, head, nxt, bits, offs):
+    if head[r] < 0:
+        _bits_set(bits, offs, r)
+    nxt[b] = head[r]
+    head[r] = b
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -242,20 +285,27 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 
 
 @njit(cache=True)
-def ix_new(universe, max_packs, dims, cls, classes):
-    """(tree, head, nxt, prv, key, rem2, scratch, meta); meta = [half, class column or -1, classes]."""
+def ix_new(universe, max_packs, dims, cls, classes, state):
+    """(tree, head, nxt, prv, key, rem2, scratch, meta); meta = [half, class column or -1, classes].
+
+    Links int32; the key and the budgets left (``rem2``) of ``state``'s dtype: int64 for ``plan()``'s
+    kernels, uint16 where every value fits for the bulk planner (numba compiles one version per dtype).
+    Pages past the packs opened are never touched."""
     half = 1
     while half < universe:
         half *= 2
     tree = np.full((2 * half, classes, dims), -1, dtype=np.int64)
-    head = np.full(universe, -1, dtype=np.int64)
-    nxt = np.empty(max_packs, dtype=np.int64)
-    prv = np.empty(max_packs, dtype=np.int64)
-    key = np.empty(max_packs, dtype=np.int64)
-    rem2 = np.empty((max_packs, dims), dtype=np.int64)
+    head = np.full(universe, -1, dtype=np.int32)
+    nxt = np.empty(max_packs, dtype=np.int32)
+    prv = np.empty(max_packs, dtype=np.int32)
+    key = np.empty(max_packs, dtype=state.dtype)
+    rem2 = np.empty((max_packs, dims), dtype=state.dtype)
     scratch = np.empty((classes, dims), dtype=np.int64)
     meta = np.array([half, cls, classes], dtype=np.int64)
     return tree, head, nxt, prv, key, rem2, scratch, meta
+
+
+WIDE = np.zeros(1, dtype=np.int64)  # ``ix_new``'s state for int64 keys and budgets
 
 
 @njit(cache=True, inline="always")
@@ -362,6 +412,62 @@ def ix_find(ix, lo, need):
         node += 1
 
 
+# ----------------------------------------------------------------------------------------------------------
+# refine's move: one home for balance.refine_packs, bulk's refine over runs and plan_budgeted's
+# ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def ix_open_all(ix, num_packs, inside):
+    """Insert every pack with tokens and example slots left, in pack order (``inside`` marks them)."""
+    key, rem2 = ix[4], ix[5]
+    for b in range(num_packs):
+        if key[b] > 0 and rem2[b, 0] > 0:
+            ix_insert(ix, b)
+            inside[b] = True
+
+
+@njit(cache=True)
+def try_empty(ix, inside, p, sizes, wants, k, dest):
+    """Take pack ``p`` out of the index and move its k members (tokens ``sizes[:k]``, budgets ``wants[:k]``, in
+    that order) each to its best fit among the others. True if every one fits (``dest[:k]``: where each went);
+    else every move is undone, newest first, ``p`` goes back in, and False."""
+    key, rem2 = ix[4], ix[5]
+    dims = rem2.shape[1]
+    if inside[p]:
+        ix_remove(ix, p)
+        inside[p] = False
+    nmoved = 0
+    while nmoved < k:
+        b = ix_find(ix, sizes[nmoved], wants[nmoved])
+        if b < 0:
+            break
+        ix_remove(ix, b)
+        key[b] -= sizes[nmoved]
+        for d in range(dims):
+            rem2[b, d] -= wants[nmoved, d]
+        inside[b] = key[b] > 0 and rem2[b, 0] > 0
+        if inside[b]:
+            ix_insert(ix, b)
+        dest[nmoved] = b
+        nmoved += 1
+    if nmoved == k:
+        return True
+    for m in range(nmoved - 1, -1, -1):
+        b = dest[m]
+        if inside[b]:
+            ix_remove(ix, b)
+        key[b] += sizes[m]
+        for d in range(dims):
+            rem2[b, d] += wants[m, d]
+        inside[b] = True
+        ix_insert(ix, b)
+    if key[p] > 0 and rem2[p, 0] > 0:
+        ix_insert(ix, p)
+        inside[p] = True
+    return False
+
+
 def class_column(budgets: np.ndarray, cols: int) -> tuple[int, int]:
     """(column, classes) of the class dimension: the last budget column that is a small count (images come
     last, examples first), or (-1, 1) when there is nothing to split on."""
@@ -391,7 +497,7 @@ def bfd_general(order, lens, needs, capacity, budgets, cls, classes, init_rem, i
         sizes[k] = lens[order[k]]
         wants[k] = needs[order[k]]
     npre = init_rem.shape[0]
-    ix = ix_new(capacity + 1, npre + m, dims, cls, classes)
+    ix = ix_new(capacity + 1, npre + m, dims, cls, classes, WIDE)
     rem, rem2 = ix[4], ix[5]  # the key is the remaining token count
     chosen = np.empty(m, dtype=np.int64)
     for b in range(npre):
