@@ -36,7 +36,7 @@ from numba import njit
 
 from packer.errors import ConfigError
 from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
-from packer.packing.kernels import class_column, ix_find, ix_insert, ix_new, ix_open_all, ix_remove, try_empty
+from packer.packing.kernels import class_column, ix_new, ix_open_all, ix_place, try_empty
 
 # The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
 # lengths each. Its buffers take 10 + 2 x budgets bytes per example of a block: n // 16 with at least 1M held
@@ -244,7 +244,6 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
     n = lens.shape[0]
     dims = budgets.shape[0]
     ix = ix_new(capacity + 1, n, dims, cls, classes, state)
-    rem, rem2 = ix[4], ix[5]
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
     m = min(block, n)
@@ -271,21 +270,7 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
             size = np.int64(bsize[k])
             for c in range(ncols):
                 need[1 + c] = bneed[k, c]
-            b = ix_find(ix, size, need)
-            if b < 0:
-                b = num_packs
-                num_packs += 1
-                rem[b] = capacity
-                for d in range(dims):
-                    rem2[b, d] = budgets[d]
-            else:
-                ix_remove(ix, b)
-            rem[b] -= size
-            for d in range(dims):
-                rem2[b, d] -= need[d]
-            bpack[k] = b
-            if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
-                ix_insert(ix, b)
+            bpack[k], num_packs = ix_place(ix, size, need, num_packs, capacity, budgets)
         for k in range(taken):
             slot[buf[k]] = bpack[k]
     return num_packs, ix
