@@ -115,35 +115,118 @@ def _bits_clear(bits, offs, x):
 
 
 @njit(cache=True)
+def _available(counts, offs, words, capacity, complete_min):
+    """Exact completion's bitset of the lengths s with examples left, at key capacity - s (empty without it)."""
+    avail = np.zeros(words, dtype=np.int64)
+    if complete_min > 0:
+        for s in range(1, capacity + 1):
+            if counts[s] > 0:
+                _bits_set(avail, offs, capacity - s)
+    return avail
+
+
+@njit(cache=True)
 def bfd_fast(lens: np.ndarray, capacity: int, complete_min: int) -> tuple[np.ndarray, int]:
     """Best-fit decreasing on tokens alone. Returns (pack per example in opening order, number of packs).
 
-    ``bfd_runs`` over the length counts; the k-th slot it hands out for length s goes to the k-th example of
-    length s in index order.
+    Open packs with remaining capacity r > 0 live in a LIFO list ``head[r]``/``nxt``; a bitset marks the
+    non-empty lists, so best fit is the successor query "smallest r >= s". Examples of one length are
+    interchangeable, so the loop runs over length counts and never touches example indices (random access
+    into 1M-entry arrays cost more than the packing itself); a second, sequential pass hands the k-th pack
+    chosen for length s to the k-th example of length s.
+
+    ``complete_min > 0`` turns on exact completion (used by ``refine``): a pack that has to be opened is
+    filled at once with the longest remaining examples, never leaving a gap below ``complete_min`` (few
+    examples are that short, so such a gap usually stays empty) but closing it with an exact pair instead.
+    Plain BFD stacks identical lengths (6 x 84 = 504 of 512) and strands such gaps by the hundred thousand
+    on the Wikipedia histogram.
     """
     n = lens.shape[0]
+    table = _DEBRUIJN_TABLE
     counts = np.zeros(capacity + 1, dtype=np.int64)
     for i in range(n):
         counts[lens[i]] += 1
-    run_s, run_b, run_q, num_packs = bfd_runs(counts, capacity, complete_min)
     start = np.empty(capacity + 1, dtype=np.int64)  # slot of length s's next choice in `chosen`
     pos = 0
     for s in range(capacity, 0, -1):
         start[s] = pos
         pos += counts[s]
     slot = start.copy()
+    offs, nwords = _bitset_levels(capacity + 1)
+    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)  # gaps r with an open pack
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    nxt = np.empty(n, dtype=np.int64)  # at most one pack per example
     chosen = np.empty(n, dtype=np.int64)  # the pack of each slot, slots grouped by decreasing length
-    for r in range(run_s.shape[0]):
-        s = run_s[r]
-        for _ in range(run_q[r]):
-            chosen[slot[s]] = run_b[r]
-            slot[s] += 1
+    left_count = counts.copy()  # examples of each length not placed yet
+    avail = _available(left_count, offs, bits.shape[0], capacity, complete_min)
+    num_packs = 0
+    for s in range(capacity, 0, -1):
+        while left_count[s] > 0:
+            r = _bits_succ(bits, offs, nwords, s, table)
+            if r < 0:
+                b = num_packs
+                num_packs += 1
+                left = capacity - s
+            else:
+                b = head[r]
+                head[r] = nxt[b]
+                if head[r] < 0:
+                    _bits_clear(bits, offs, r)
+                left = r - s
+            _take(s, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+            if r < 0 and complete_min > 0:
+                left = _complete(
+                    b, left, left_count, chosen, slot, avail, offs, nwords, capacity, complete_min
+                )
+            if left > 0:  # a full pack leaves the index for good
+                if head[left] < 0:
+                    _bits_set(bits, offs, left)
+                nxt[b] = head[left]
+                head[left] = b
     assign = np.empty(n, dtype=np.int64)
     for i in range(n):  # ties: examples of one length take that length's packs in index order
         s = lens[i]
         assign[i] = chosen[start[s]]
         start[s] += 1
     return assign, num_packs
+
+
+@njit(cache=True, inline="always")
+def _take(s, b, left_count, chosen, slot, avail, offs, capacity, complete_min):
+    """Record one example of length s in pack b."""
+    chosen[slot[s]] = b
+    slot[s] += 1
+    left_count[s] -= 1
+    if left_count[s] == 0 and complete_min > 0:
+        _bits_clear(avail, offs, capacity - s)
+
+
+@njit(cache=True)
+def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, complete_min):
+    """Fill a fresh pack's gap ``left`` with the longest available examples; returns the gap left over."""
+    table = _DEBRUIJN_TABLE
+    while left > 0:
+        key = _bits_succ(avail, offs, nwords, capacity - left, table)
+        if key < 0:
+            return left
+        x = capacity - key  # the longest available example that fits
+        if x == left or left - x >= complete_min:
+            _take(x, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+            left -= x
+            continue
+        # x would strand a gap below complete_min: close the pack with a pair u + v == left instead
+        u = min(x, left - complete_min)
+        for _ in range(64):  # a bounded search; failing it leaves the gap to best fit
+            v = left - u
+            if u < v:
+                break
+            if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
+                _take(u, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+                _take(v, b, left_count, chosen, slot, avail, offs, capacity, complete_min)
+                return 0
+            u -= 1
+        return left
+    return 0
 
 
 @njit(cache=True)
@@ -168,11 +251,7 @@ def bfd_runs(counts, capacity, complete_min):
     head = np.full(capacity + 1, -1, dtype=np.int64)
     nxt = np.empty(1024, dtype=np.int64)
     left_count = counts.copy()
-    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
-    if complete_min > 0:
-        for s in range(1, capacity + 1):
-            if left_count[s] > 0:
-                _bits_set(avail, offs, capacity - s)
+    avail = _available(left_count, offs, bits.shape[0], capacity, complete_min)
     size = 1024
     run_s = np.empty(size, dtype=np.int32)
     run_b = np.empty(size, dtype=np.int32)
