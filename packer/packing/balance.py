@@ -19,7 +19,8 @@ from packer.packing.kernels import (
     ix_remove,
     no_packs,
     order_decreasing,
-    try_empty,
+    refine_next,
+    refine_try,
 )
 
 # ----------------------------------------------------------------------------------------------------------
@@ -199,27 +200,18 @@ def _refine(
     sizes = np.empty(most, dtype=np.int64)
     wants = np.empty((most, dims), dtype=np.int64)
     dest = np.empty(most, dtype=np.int64)
-    packs = num_packs
-    failures = 0
-    for c in range(candidates.shape[0]):
-        if packs <= target or failures >= patience:
-            break
+    progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
+    c = refine_next(candidates, 0, touched, progress)
+    while c >= 0:
         p = candidates[c]
-        if touched[p]:
-            continue
         k = ptr[p + 1] - ptr[p]
         for m in range(k):
             sizes[m] = lens[members[ptr[p] + m]]
             wants[m] = needs[members[ptr[p] + m]]
-        if not try_empty(ix, inside, p, sizes, wants, k, dest):
-            failures += 1
-            continue
-        for m in range(k):
-            assign[members[ptr[p] + m]] = dest[m]
-            touched[dest[m]] = True
-        alive[p] = False
-        packs -= 1
-        failures = 0
+        if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
+            for m in range(k):
+                assign[members[ptr[p] + m]] = dest[m]
+        c = refine_next(candidates, c + 1, touched, progress)
     return assign, alive
 
 

@@ -69,7 +69,8 @@ from packer.packing.kernels import (
     class_column,
     ix_new,
     ix_open_all,
-    try_empty,
+    refine_next,
+    refine_try,
 )
 
 # int32 indices and pack ids while they fit: 4 bytes per example instead of 8.
@@ -503,14 +504,10 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
     sizes = np.empty(1024, dtype=np.int64)  # this candidate's members, one per example
     wants = np.ones((1024, 1), dtype=np.int64)  # each takes one example slot
     dest = np.empty(1024, dtype=np.int64)
-    packs = num_packs
-    failures = 0
-    for c in range(candidates.shape[0]):
-        if packs <= target or failures >= patience:
-            break
+    progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
+    c = refine_next(candidates, 0, touched, progress)
+    while c >= 0:
         p = candidates[c]
-        if touched[p]:
-            continue
         k = 0
         for j in range(ptr[p], ptr[p + 1]):
             k += run_q[runs[j]]
@@ -520,23 +517,18 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
         for j in range(ptr[p], ptr[p + 1]):
             sizes[k:k + run_q[runs[j]]] = run_s[runs[j]]
             k += run_q[runs[j]]
-        if not try_empty(ix, inside, p, sizes, wants, k, dest):
-            failures += 1
-            continue
-        m = 0
-        for j in range(ptr[p], ptr[p + 1]):
-            rr = runs[j]
-            move_first[rr] = moved
-            for _ in range(run_q[rr]):
-                if moved == move_to.shape[0]:
-                    move_to = _grow(move_to, moved)
-                move_to[moved] = dest[m]
-                touched[dest[m]] = True
-                moved += 1
-                m += 1
-        alive[p] = False
-        packs -= 1
-        failures = 0
+        if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
+            m = 0
+            for j in range(ptr[p], ptr[p + 1]):
+                rr = runs[j]
+                move_first[rr] = moved
+                for _ in range(run_q[rr]):
+                    if moved == move_to.shape[0]:
+                        move_to = _grow(move_to, moved)
+                    move_to[moved] = dest[m]
+                    moved += 1
+                    m += 1
+        c = refine_next(candidates, c + 1, touched, progress)
     return alive, move_first, move_to[:moved].copy()
 
 

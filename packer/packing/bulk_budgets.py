@@ -36,7 +36,7 @@ from numba import njit
 
 from packer.errors import ConfigError
 from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
-from packer.packing.kernels import class_column, ix_new, ix_open_all, ix_place, try_empty
+from packer.packing.kernels import class_column, ix_new, ix_open_all, ix_place, refine_next, refine_try
 
 # The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
 # lengths each. Its buffers take 10 + 2 x budgets bytes per example of a block: n // 16 with at least 1M held
@@ -393,19 +393,15 @@ def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candida
     sizes = np.empty(1024, dtype=np.int64)  # the candidate's members' tokens and budgets
     wants = np.zeros((1024, dims), dtype=np.int64)
     dest = np.empty(1024, dtype=np.int64)
-    packs = num_packs
-    failures = 0
+    progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
     c0 = 0
     window = 4096
-    while c0 < candidates.shape[0] and packs > target and failures < patience:
+    while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
         members, ptr, pos = _window_members(slot, lens, candidates, c0, c1, touched, num_packs)
-        for c in range(c0, c1):
-            if packs <= target or failures >= patience:
-                break
+        c = refine_next(candidates[:c1], c0, touched, progress)
+        while c >= 0:
             p = candidates[c]
-            if touched[p]:
-                continue
             lo, hi = ptr[pos[p]], ptr[pos[p] + 1]
             if hi - lo > sizes.shape[0]:
                 sizes, dest, wants = np.empty(hi - lo, np.int64), np.empty(hi - lo, np.int64), np.zeros((hi - lo, dims),
@@ -415,17 +411,12 @@ def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candida
                 sizes[m] = lens[i]
                 wants[m, 0] = 1
                 _needs(i, lens, rows, cols, ncols, wants[m])
-            if not try_empty(ix, inside, p, sizes, wants, hi - lo, dest):
-                failures += 1
-                continue
-            for m in range(hi - lo):
-                slot[members[lo + m]] = dest[m]
-                pack_sizes[dest[m]] += 1
-                touched[dest[m]] = True
-            pack_sizes[p] = 0
-            alive[p] = False
-            packs -= 1
-            failures = 0
+            if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, hi - lo, dest):
+                for m in range(hi - lo):
+                    slot[members[lo + m]] = dest[m]
+                    pack_sizes[dest[m]] += 1
+                pack_sizes[p] = 0
+            c = refine_next(candidates[:c1], c + 1, touched, progress)
         c0 = c1
         window *= 2
 

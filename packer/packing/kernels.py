@@ -507,10 +507,24 @@ def ix_open_all(ix, num_packs, inside):
 
 
 @njit(cache=True)
-def try_empty(ix, inside, p, sizes, wants, k, dest):
-    """Take pack ``p`` out of the index and move its k members (tokens ``sizes[:k]``, budgets ``wants[:k]``, in
-    that order) each to its best fit among the others. True if every one fits (``dest[:k]``: where each went);
-    else every move is undone, newest first, ``p`` goes back in, and False."""
+def refine_next(candidates, c, touched, progress):
+    """The first position >= c of ``candidates`` whose pack refine tries (none received a move: their member
+    lists are stale), or -1 once refine stops: ``progress`` = [packs, failures in a row, target, patience]."""
+    while c < candidates.shape[0]:
+        if progress[0] <= progress[2] or progress[1] >= progress[3]:
+            return -1
+        if not touched[candidates[c]]:
+            return c
+        c += 1
+    return -1
+
+
+@njit(cache=True)
+def refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
+    """refine's move: take pack ``p`` out of the index and move its k members (tokens ``sizes[:k]``, budgets
+    ``wants[:k]``, in that order) each to its best fit among the others. True if every one fits (``dest[:k]``:
+    where each went, those packs touched, p dead); else every move is undone, newest first, and p goes back
+    in. ``progress`` (``refine_next``) counts either way."""
     key, rem2 = ix[4], ix[5]
     dims = rem2.shape[1]
     if inside[p]:
@@ -531,6 +545,11 @@ def try_empty(ix, inside, p, sizes, wants, k, dest):
         dest[nmoved] = b
         nmoved += 1
     if nmoved == k:
+        for m in range(k):
+            touched[dest[m]] = True
+        alive[p] = False
+        progress[0] -= 1
+        progress[1] = 0
         return True
     for m in range(nmoved - 1, -1, -1):
         b = dest[m]
@@ -544,6 +563,7 @@ def try_empty(ix, inside, p, sizes, wants, k, dest):
     if key[p] > 0 and rem2[p, 0] > 0:
         ix_insert(ix, p)
         inside[p] = True
+    progress[1] += 1
     return False
 
 
