@@ -21,7 +21,7 @@ grouped in write order in the same array: each pack's first slot is known from t
 examples are moved along permutation cycles (an example is read before its slot is overwritten; a bitmap
 marks the slots read), then each pack's slots are sorted by example index. ``refine`` first groups by
 opening pack, sorts each pack's members by decreasing length (``refine_packs``' member order), runs
-``balance._refine``'s moves over those lists (recording where each member of an emptied pack went), and then
+refine's moves (``kernels.refine_next``/``refine_try``, as ``balance._refine``) over those lists (recording where each member of an emptied pack went), and then
 regroups the same array in write order.
 
 Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md.
