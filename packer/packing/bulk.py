@@ -60,12 +60,11 @@ from packer.packing.kernels import (
     _DEBRUIJN,
     _DEBRUIJN_TABLE,
     WIDE,
+    _available,
     _bits_clear,
+    _bits_set,
     _bits_succ,
     _bitset_levels,
-    _grow,
-    _push,
-    bfd_runs,
     class_column,
     ix_new,
     ix_open_all,
@@ -253,6 +252,22 @@ def _count(lens, capacity, counts):
             return i
         counts[s] += 1
     return -1
+
+
+@njit(cache=True)
+def _grow(a, size):
+    """``a`` copied into an array 1.5x larger (numba cannot resize in place)."""
+    b = np.empty(size + size // 2, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True, inline="always")
+def _push(b, r, head, nxt, bits, offs):
+    if head[r] < 0:
+        _bits_set(bits, offs, r)
+    nxt[b] = head[r]
+    head[r] = b
 
 
 @njit(cache=True)
@@ -445,11 +460,11 @@ def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int
     """plan(lens, capacity, refine=True, seed=seed) as a ``PackOrder``, or None where plain BFD already reaches
     the lower bound (refine keeps that plan: ``plan_bulk``'s own path makes it)."""
     bound = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
-    plain = bfd_runs(counts, capacity, 0)
+    plain = _bfd_runs(counts, capacity, 0)
     if plain[3] <= bound:
         return None
     complete_min = max(1, int(np.percentile(lens, 2)))  # planner._completion_threshold, on the lengths as given
-    other = bfd_runs(counts, capacity, complete_min)
+    other = _bfd_runs(counts, capacity, complete_min)
     run_s, run_b, run_q, num_packs = other if other[3] < plain[3] else plain
     del plain, other
     # each pack's runs, longest first, ties in slot order (refine_packs' members: by -length, then index)
@@ -479,6 +494,95 @@ def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int
     order = np.empty(lens.shape[0], dtype=index)
     _fill_runs(lens, run_b, run_q, slot_runs, first, alive, move_first, move_to, where, starts, order)
     return PackOrder(order=order, bounds=bounds)
+
+
+@njit(cache=True)
+def _record(run_s, run_b, run_q, r, s, b, q):
+    """Append q examples of length s in pack b (merged into the last run when it is the same length and pack)."""
+    if r > 0 and run_s[r - 1] == s and run_b[r - 1] == b:
+        run_q[r - 1] += q
+        return run_s, run_b, run_q, r
+    if r == run_s.shape[0]:
+        run_s, run_b, run_q = _grow(run_s, r), _grow(run_b, r), _grow(run_q, r)
+    run_s[r] = s
+    run_b[r] = b
+    run_q[r] = q
+    return run_s, run_b, run_q, r + 1
+
+
+@njit(cache=True)
+def _bfd_runs(counts, capacity, complete_min):
+    """``kernels.bfd_fast`` (exact completion when ``complete_min > 0``) over length classes: the same packs,
+    chosen in the same sequence, as runs (run_s, run_b, run_q, num_packs) in the order bfd_fast hands out the
+    slots. A pack found open takes min(left, r // s) at once (it stays the tightest fit, ``_bfd_classes``);
+    a new pack takes one, then ``_complete``'s fill, one example at a time."""
+    table = _DEBRUIJN_TABLE
+    offs, nwords = _bitset_levels(capacity + 1)
+    bits = np.zeros(offs[-1] + nwords[-1], dtype=np.int64)
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    nxt = np.empty(1024, dtype=np.int64)
+    left_count = counts.copy()
+    avail = _available(left_count, offs, bits.shape[0], capacity, complete_min)
+    size = 1024
+    run_s = np.empty(size, dtype=np.int32)
+    run_b = np.empty(size, dtype=np.int32)
+    run_q = np.empty(size, dtype=np.int32)
+    r = 0
+    num_packs = 0
+    for s in range(capacity, 0, -1):
+        while left_count[s] > 0:
+            g = _bits_succ(bits, offs, nwords, s, table)
+            if g < 0:
+                b = num_packs
+                num_packs += 1
+                if b == nxt.shape[0]:
+                    nxt = _grow(nxt, b)
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, 1)
+                left_count[s] -= 1
+                if left_count[s] == 0 and complete_min > 0:
+                    _bits_clear(avail, offs, capacity - s)
+                left = capacity - s
+                while complete_min > 0 and left > 0:  # kernels._complete, recording runs
+                    key = _bits_succ(avail, offs, nwords, capacity - left, table)
+                    if key < 0:
+                        break
+                    x = capacity - key
+                    if x == left or left - x >= complete_min:
+                        run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, x, b, 1)
+                        left_count[x] -= 1
+                        if left_count[x] == 0:
+                            _bits_clear(avail, offs, capacity - x)
+                        left -= x
+                        continue
+                    u = min(x, left - complete_min)
+                    for _ in range(64):
+                        v = left - u
+                        if u < v:
+                            break
+                        if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
+                            for y in (u, v):
+                                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, y, b, 1)
+                                left_count[y] -= 1
+                                if left_count[y] == 0:
+                                    _bits_clear(avail, offs, capacity - y)
+                            left = 0
+                            break
+                        u -= 1
+                    break
+            else:
+                b = head[g]
+                head[g] = nxt[b]
+                if head[g] < 0:
+                    _bits_clear(bits, offs, g)
+                q = min(left_count[s], g // s)
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, q)
+                left_count[s] -= q
+                if left_count[s] == 0 and complete_min > 0:
+                    _bits_clear(avail, offs, capacity - s)
+                left = g - q * s
+            if left > 0:
+                _push(b, left, head, nxt, bits, offs)
+    return run_s[:r].copy(), run_b[:r].copy(), run_q[:r].copy(), num_packs
 
 
 @njit(cache=True)
