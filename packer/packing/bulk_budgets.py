@@ -17,12 +17,12 @@ Per pack: the keyed index of ``kernels`` (``ix_*``: remaining tokens, the budget
 ~(3 + budgets) x 4 bytes.
 
 Grouping in place. The kernel writes each example's pack (opening order) into ``slot[i]``. Its packs are then
-grouped in write order in the same array: each pack's first slot is known from the pack sizes, and the
-examples are moved along permutation cycles (an example is read before its slot is overwritten; a bitmap
-marks the slots read), then each pack's slots are sorted by example index. ``refine`` first groups by
-opening pack, sorts each pack's members by decreasing length (``refine_packs``' member order), runs
-refine's moves (``kernels.refine_next``/``refine_try``, as ``balance._refine``) over those lists (recording where each member of an emptied pack went), and then
-regroups the same array in write order.
+grouped in write order in the same array: each pack's first slot is known from the pack sizes, and the examples
+are moved along permutation cycles (an example is read before its slot is overwritten; a bitmap marks the slots
+read), then each pack's slots are sorted by example index. ``refine`` first groups by opening pack, sorts each
+pack's members by decreasing length (``refine_packs``' member order), runs refine's moves
+(``kernels.refine_next``/``refine_try``, as ``balance._refine``) over those lists (recording where each member of
+an emptied pack went), and then regroups the same array in write order.
 
 Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md.
 """
@@ -35,8 +35,9 @@ import numpy as np
 from numba import njit
 
 from packer.errors import ConfigError
+from packer.packing import kernels
 from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
-from packer.packing.kernels import class_column, ix_new, ix_open_all, ix_place, refine_next, refine_try
+from packer.packing.kernels import class_column, ix_new, ix_open_all, refine_next, refine_try
 
 # The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
 # lengths each. Its buffers take 10 + 2 x budgets bytes per example of a block: n // 16 with at least 1M held
@@ -244,6 +245,7 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
     n = lens.shape[0]
     dims = budgets.shape[0]
     ix = ix_new(capacity + 1, n, dims, cls, classes, state)
+    rem, rem2 = ix[4], ix[5]
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
     m = min(block, n)
@@ -270,7 +272,21 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
             size = np.int64(bsize[k])
             for c in range(ncols):
                 need[1 + c] = bneed[k, c]
-            bpack[k], num_packs = ix_place(ix, size, need, num_packs, capacity, budgets)
+            b = kernels.ix_find(ix, size, need)
+            if b < 0:
+                b = num_packs
+                num_packs += 1
+                rem[b] = capacity
+                for d in range(dims):
+                    rem2[b, d] = budgets[d]
+            else:
+                kernels.ix_remove(ix, b)
+            rem[b] -= size
+            for d in range(dims):
+                rem2[b, d] -= need[d]
+            bpack[k] = b
+            if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
+                kernels.ix_insert(ix, b)
         for k in range(taken):
             slot[buf[k]] = bpack[k]
     return num_packs, ix

@@ -452,29 +452,6 @@ def refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
     return False
 
 
-@njit(cache=True, inline="always")
-def ix_place(ix, size, need, num_packs, capacity, budgets):
-    """Best fit of one example (``size`` tokens, ``need`` of every budget): the fitting pack with the least
-    tokens left, else a new one. Returns (its pack, packs). A pack out of tokens or example slots leaves the
-    index for good."""
-    rem, rem2 = ix[4], ix[5]
-    b = ix_find(ix, size, need)
-    if b < 0:
-        b = num_packs
-        num_packs += 1
-        rem[b] = capacity
-        for d in range(rem2.shape[1]):
-            rem2[b, d] = budgets[d]
-    else:
-        ix_remove(ix, b)
-    rem[b] -= size
-    for d in range(rem2.shape[1]):
-        rem2[b, d] -= need[d]
-    if rem[b] > 0 and rem2[b, 0] > 0:
-        ix_insert(ix, b)
-    return b, num_packs
-
-
 def class_column(budgets: np.ndarray, cols: int) -> tuple[int, int]:
     """(column, classes) of the class dimension: the last budget column that is a small count (images come
     last, examples first), or (-1, 1) when there is nothing to split on."""
@@ -516,7 +493,20 @@ def bfd_general(order, lens, needs, capacity, budgets, cls, classes, init_rem, i
     for k in range(m):
         s = sizes[k]
         need = wants[k]
-        chosen[k], num_packs = ix_place(ix, s, need, num_packs, capacity, budgets)
+        b = ix_find(ix, s, need)
+        if b < 0:
+            b = num_packs
+            num_packs += 1
+            rem[b] = capacity
+            rem2[b] = budgets
+        else:
+            ix_remove(ix, b)
+        rem[b] -= s
+        for d in range(dims):
+            rem2[b, d] -= need[d]
+        chosen[k] = b
+        if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
+            ix_insert(ix, b)
     assign = np.full(n, -1, dtype=np.int64)
     for k in range(m):
         assign[order[k]] = chosen[k]
