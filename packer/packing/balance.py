@@ -9,14 +9,18 @@ import numpy as np
 from numba import njit
 
 from packer.packing.kernels import (
+    WIDE,
     bfd_general,
     class_column,
     ix_find,
     ix_insert,
     ix_new,
+    ix_open_all,
     ix_remove,
     no_packs,
     order_decreasing,
+    refine_next,
+    refine_try,
 )
 
 # ----------------------------------------------------------------------------------------------------------
@@ -34,7 +38,7 @@ def _least_loaded(order, lens, vis, needs, capacity, budgets, cls, classes, num_
     m = order.shape[0]
     dims = needs.shape[1]
     maxp = num_packs + m
-    ix = ix_new(capacity + 1, maxp, dims + 1, cls, classes)
+    ix = ix_new(capacity + 1, maxp, dims + 1, cls, classes, WIDE)
     load, rem2 = ix[4], ix[5]
     need = np.empty(dims + 1, dtype=np.int64)
     for b in range(num_packs):
@@ -177,7 +181,7 @@ def _refine(
     pack; keep the moves only if the whole pack empties. Stops after ``patience`` failures in a row or once
     ``target`` packs remain. Returns (assign, alive mask)."""
     dims = needs.shape[1]
-    ix = ix_new(capacity + 1, num_packs, dims, cls, classes)
+    ix = ix_new(capacity + 1, num_packs, dims, cls, classes, WIDE)
     rem, rem2 = ix[4], ix[5]
     rem[:num_packs] = capacity
     for b in range(num_packs):
@@ -189,63 +193,25 @@ def _refine(
     inside = np.zeros(num_packs, dtype=np.bool_)
     alive = np.ones(num_packs, dtype=np.bool_)
     touched = np.zeros(num_packs, dtype=np.bool_)  # received examples: its member list is stale, skip it
-    for b in range(num_packs):
-        if rem[b] > 0 and rem2[b, 0] > 0:
-            ix_insert(ix, b)
-            inside[b] = True
-    moved_item = np.empty(members.shape[0], dtype=np.int64)
-    moved_to = np.empty(members.shape[0], dtype=np.int64)
-    packs = num_packs
-    failures = 0
-    for c in range(candidates.shape[0]):
-        if packs <= target or failures >= patience:
-            break
+    ix_open_all(ix, num_packs, inside)
+    most = 1
+    for p in range(num_packs):
+        most = max(most, ptr[p + 1] - ptr[p])
+    sizes = np.empty(most, dtype=np.int64)
+    wants = np.empty((most, dims), dtype=np.int64)
+    dest = np.empty(most, dtype=np.int64)
+    progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
+    c = refine_next(candidates, 0, touched, progress)
+    while c >= 0:
         p = candidates[c]
-        if touched[p]:
-            continue
-        if inside[p]:
-            ix_remove(ix, p)
-            inside[p] = False
-        nmoved = 0
-        ok = True
-        for k in range(ptr[p], ptr[p + 1]):
-            i = members[k]
-            b = ix_find(ix, lens[i], needs[i])
-            if b < 0:
-                ok = False
-                break
-            ix_remove(ix, b)
-            rem[b] -= lens[i]
-            for d in range(dims):
-                rem2[b, d] -= needs[i, d]
-            inside[b] = rem[b] > 0 and rem2[b, 0] > 0
-            if inside[b]:
-                ix_insert(ix, b)
-            moved_item[nmoved] = i
-            moved_to[nmoved] = b
-            nmoved += 1
-        if ok:
-            for m in range(nmoved):
-                assign[moved_item[m]] = moved_to[m]
-                touched[moved_to[m]] = True
-            alive[p] = False
-            packs -= 1
-            failures = 0
-            continue
-        for m in range(nmoved - 1, -1, -1):  # undo, newest first
-            i = moved_item[m]
-            b = moved_to[m]
-            if inside[b]:
-                ix_remove(ix, b)
-            rem[b] += lens[i]
-            for d in range(dims):
-                rem2[b, d] += needs[i, d]
-            inside[b] = True
-            ix_insert(ix, b)
-        if rem[p] > 0 and rem2[p, 0] > 0:
-            ix_insert(ix, p)
-            inside[p] = True
-        failures += 1
+        k = ptr[p + 1] - ptr[p]
+        for m in range(k):
+            sizes[m] = lens[members[ptr[p] + m]]
+            wants[m] = needs[members[ptr[p] + m]]
+        if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
+            for m in range(k):
+                assign[members[ptr[p] + m]] = dest[m]
+        c = refine_next(candidates, c + 1, touched, progress)
     return assign, alive
 
 

@@ -59,15 +59,17 @@ from packer.errors import ConfigError
 from packer.packing.kernels import (
     _DEBRUIJN,
     _DEBRUIJN_TABLE,
+    WIDE,
+    _available,
     _bits_clear,
     _bits_set,
     _bits_succ,
     _bitset_levels,
     class_column,
-    ix_find,
-    ix_insert,
     ix_new,
-    ix_remove,
+    ix_open_all,
+    refine_next,
+    refine_try,
 )
 
 # int32 indices and pack ids while they fit: 4 bytes per example instead of 8.
@@ -475,7 +477,7 @@ def _plan_refined(lens: np.ndarray, counts: np.ndarray, capacity: int, seed: int
     del loads, by_len
     budgets = np.array([_UNBOUNDED], dtype=np.int64)
     cls, classes = class_column(budgets, 1)
-    ix = ix_new(capacity + 1, num_packs, 1, cls, classes)
+    ix = ix_new(capacity + 1, num_packs, 1, cls, classes, WIDE)
     alive, move_first, move_to = _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budgets,
                                               bound, 256)
     del ix, runs, ptr, candidates
@@ -520,11 +522,7 @@ def _bfd_runs(counts, capacity, complete_min):
     head = np.full(capacity + 1, -1, dtype=np.int64)
     nxt = np.empty(1024, dtype=np.int64)
     left_count = counts.copy()
-    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
-    if complete_min > 0:
-        for s in range(1, capacity + 1):
-            if left_count[s] > 0:
-                _bits_set(avail, offs, capacity - s)
+    avail = _available(left_count, offs, bits.shape[0], capacity, complete_min)
     size = 1024
     run_s = np.empty(size, dtype=np.int32)
     run_b = np.empty(size, dtype=np.int32)
@@ -603,79 +601,38 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
     inside = np.zeros(num_packs, dtype=np.bool_)
     alive = np.ones(num_packs, dtype=np.bool_)
     touched = np.zeros(num_packs, dtype=np.bool_)
-    for b in range(num_packs):
-        if rem[b] > 0 and rem2[b, 0] > 0:
-            ix_insert(ix, b)
-            inside[b] = True
-    need = np.ones(1, dtype=np.int64)
+    ix_open_all(ix, num_packs, inside)
     move_first = np.full(run_s.shape[0], -1, dtype=np.int64)
     move_to = np.empty(1024, dtype=np.int64)
     moved = 0  # kept moves in move_to
-    scratch_to = np.empty(1024, dtype=np.int64)  # this candidate's moves: where each member went, its length
-    scratch_s = np.empty(1024, dtype=np.int64)
-    packs = num_packs
-    failures = 0
-    for c in range(candidates.shape[0]):
-        if packs <= target or failures >= patience:
-            break
+    sizes = np.empty(1024, dtype=np.int64)  # this candidate's members, one per example
+    wants = np.ones((1024, 1), dtype=np.int64)  # each takes one example slot
+    dest = np.empty(1024, dtype=np.int64)
+    progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
+    c = refine_next(candidates, 0, touched, progress)
+    while c >= 0:
         p = candidates[c]
-        if touched[p]:
-            continue
-        if inside[p]:
-            ix_remove(ix, p)
-            inside[p] = False
-        nmoved = 0
-        ok = True
-        for k in range(ptr[p], ptr[p + 1]):
-            rr = runs[k]
-            s = np.int64(run_s[rr])
-            for _ in range(run_q[rr]):
-                b = ix_find(ix, s, need)
-                if b < 0:
-                    ok = False
-                    break
-                ix_remove(ix, b)
-                rem[b] -= s
-                rem2[b, 0] -= 1
-                inside[b] = rem[b] > 0 and rem2[b, 0] > 0
-                if inside[b]:
-                    ix_insert(ix, b)
-                if nmoved == scratch_to.shape[0]:
-                    scratch_to = _grow(scratch_to, nmoved)
-                    scratch_s = _grow(scratch_s, nmoved)
-                scratch_to[nmoved] = b
-                scratch_s[nmoved] = s
-                nmoved += 1
-            if not ok:
-                break
-        if ok:
+        k = 0
+        for j in range(ptr[p], ptr[p + 1]):
+            k += run_q[runs[j]]
+        if k > sizes.shape[0]:
+            sizes, dest, wants = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64), np.ones((k, 1), np.int64)
+        k = 0
+        for j in range(ptr[p], ptr[p + 1]):
+            sizes[k:k + run_q[runs[j]]] = run_s[runs[j]]
+            k += run_q[runs[j]]
+        if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
             m = 0
-            for k in range(ptr[p], ptr[p + 1]):
-                rr = runs[k]
+            for j in range(ptr[p], ptr[p + 1]):
+                rr = runs[j]
                 move_first[rr] = moved
                 for _ in range(run_q[rr]):
                     if moved == move_to.shape[0]:
                         move_to = _grow(move_to, moved)
-                    move_to[moved] = scratch_to[m]
-                    touched[scratch_to[m]] = True
+                    move_to[moved] = dest[m]
                     moved += 1
                     m += 1
-            alive[p] = False
-            packs -= 1
-            failures = 0
-            continue
-        for m in range(nmoved - 1, -1, -1):  # undo, newest first
-            b = scratch_to[m]
-            if inside[b]:
-                ix_remove(ix, b)
-            rem[b] += scratch_s[m]
-            rem2[b, 0] += 1
-            inside[b] = True
-            ix_insert(ix, b)
-        if rem[p] > 0 and rem2[p, 0] > 0:
-            ix_insert(ix, p)
-            inside[p] = True
-        failures += 1
+        c = refine_next(candidates, c + 1, touched, progress)
     return alive, move_first, move_to[:moved].copy()
 
 

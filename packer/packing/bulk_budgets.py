@@ -17,12 +17,12 @@ Per pack: the keyed index of ``kernels`` (``ix_*``: remaining tokens, the budget
 ~(3 + budgets) x 4 bytes.
 
 Grouping in place. The kernel writes each example's pack (opening order) into ``slot[i]``. Its packs are then
-grouped in write order in the same array: each pack's first slot is known from the pack sizes, and the
-examples are moved along permutation cycles (an example is read before its slot is overwritten; a bitmap
-marks the slots read), then each pack's slots are sorted by example index. ``refine`` first groups by
-opening pack, sorts each pack's members by decreasing length (``refine_packs``' member order), runs
-``balance._refine``'s moves over those lists (recording where each member of an emptied pack went), and then
-regroups the same array in write order.
+grouped in write order in the same array: each pack's first slot is known from the pack sizes, and the examples
+are moved along permutation cycles (an example is read before its slot is overwritten; a bitmap marks the slots
+read), then each pack's slots are sorted by example index. ``refine`` first groups by opening pack, sorts each
+pack's members by decreasing length (``refine_packs``' member order), runs refine's moves
+(``kernels.refine_next``/``refine_try``, as ``balance._refine``) over those lists (recording where each member of
+an emptied pack went), and then regroups the same array in write order.
 
 Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md.
 """
@@ -35,8 +35,9 @@ import numpy as np
 from numba import njit
 
 from packer.errors import ConfigError
+from packer.packing import kernels
 from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
-from packer.packing.kernels import class_column, ix_find, ix_insert, ix_remove
+from packer.packing.kernels import class_column, ix_new, ix_open_all, refine_next, refine_try
 from packer.packing.mixing import MARK, Sampled
 
 # The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
@@ -186,25 +187,6 @@ def _first_over(lens, rows, col, limit, tokens):
     return -1
 
 
-@njit(cache=True)
-def _ix_new(universe, max_packs, dims, cls, classes, state):
-    """``kernels.ix_new`` with narrow pack state: links int32, tokens and budgets left of ``state``'s dtype
-    (uint16 where they fit): (2 + 2 x (1 + budgets)) x 2-4 bytes per pack. Pages past the packs opened are
-    never touched."""
-    half = 1
-    while half < universe:
-        half *= 2
-    tree = np.full((2 * half, classes, dims), -1, dtype=np.int64)
-    head = np.full(universe, -1, dtype=np.int32)
-    nxt = np.empty(max_packs, dtype=np.int32)
-    prv = np.empty(max_packs, dtype=np.int32)
-    key = np.empty(max_packs, dtype=state.dtype)
-    rem2 = np.empty((max_packs, dims), dtype=state.dtype)
-    scratch = np.empty((classes, dims), dtype=np.int64)
-    meta = np.array([half, cls, classes], dtype=np.int64)
-    return tree, head, nxt, prv, key, rem2, scratch, meta
-
-
 @njit(cache=True, inline="always")
 def _needs(i, lens, rows, cols, ncols, need):
     for c in range(ncols):
@@ -263,7 +245,7 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
     budgets left ix[5])."""
     n = lens.shape[0]
     dims = budgets.shape[0]
-    ix = _ix_new(capacity + 1, n, dims, cls, classes, state)
+    ix = ix_new(capacity + 1, n, dims, cls, classes, state)
     rem, rem2 = ix[4], ix[5]
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
@@ -291,7 +273,7 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
             size = np.int64(bsize[k])
             for c in range(ncols):
                 need[1 + c] = bneed[k, c]
-            b = ix_find(ix, size, need)
+            b = kernels.ix_find(ix, size, need)
             if b < 0:
                 b = num_packs
                 num_packs += 1
@@ -299,13 +281,13 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
                 for d in range(dims):
                     rem2[b, d] = budgets[d]
             else:
-                ix_remove(ix, b)
+                kernels.ix_remove(ix, b)
             rem[b] -= size
             for d in range(dims):
                 rem2[b, d] -= need[d]
             bpack[k] = b
             if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
-                ix_insert(ix, b)
+                kernels.ix_insert(ix, b)
         for k in range(taken):
             slot[buf[k]] = bpack[k]
     return num_packs, ix
@@ -409,90 +391,49 @@ def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
 
 
 @njit(cache=True)
-def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candidates, target, patience, sizes,
-                  alive):
+def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candidates, target, patience,
+                  pack_sizes, alive):
     """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
     inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
     only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
-    A kept move is written into ``slot`` (and ``sizes``, ``alive``). ``ix``: best fit's keyed index (its
+    A kept move is written into ``slot`` (and ``pack_sizes``, ``alive``). ``ix``: best fit's keyed index (its
     tokens and budgets left), reused. The candidates' members are collected
     a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
     untouched packs' members are still their own, so no per-pack member list of every pack is held."""
     dims = budgets.shape[0]
-    tree, head, key, left = ix[0], ix[1], ix[4], ix[5]
+    tree, head = ix[0], ix[1]
     tree[:] = -1  # best fit's index, emptied: every open pack goes in again in pack order, as _refine's does
     head[:] = -1
     inside = np.zeros(num_packs, dtype=np.bool_)
     touched = np.zeros(num_packs, dtype=np.bool_)
-    for b in range(num_packs):
-        if key[b] > 0 and left[b, 0] > 0:
-            ix_insert(ix, b)
-            inside[b] = True
-    need = np.zeros(dims, dtype=np.int64)
-    need[0] = 1
-    scratch = np.empty(1024, dtype=np.int64)
-    packs = num_packs
-    failures = 0
+    ix_open_all(ix, num_packs, inside)
+    sizes = np.empty(1024, dtype=np.int64)  # the candidate's members' tokens and budgets
+    wants = np.zeros((1024, dims), dtype=np.int64)
+    dest = np.empty(1024, dtype=np.int64)
+    progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
     c0 = 0
     window = 4096
-    while c0 < candidates.shape[0] and packs > target and failures < patience:
+    while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
         members, ptr, pos = _window_members(slot, lens, candidates, c0, c1, touched, num_packs)
-        for c in range(c0, c1):
-            if packs <= target or failures >= patience:
-                break
+        c = refine_next(candidates[:c1], c0, touched, progress)
+        while c >= 0:
             p = candidates[c]
-            if touched[p]:
-                continue
-            if inside[p]:
-                ix_remove(ix, p)
-                inside[p] = False
             lo, hi = ptr[pos[p]], ptr[pos[p] + 1]
-            if hi - lo > scratch.shape[0]:
-                scratch = np.empty(hi - lo, dtype=np.int64)
-            nmoved = 0
-            ok = True
-            for k in range(lo, hi):
-                i = members[k]
-                _needs(i, lens, rows, cols, ncols, need)
-                b = ix_find(ix, np.int64(lens[i]), need)
-                if b < 0:
-                    ok = False
-                    break
-                ix_remove(ix, b)
-                key[b] -= lens[i]
-                for d in range(dims):
-                    left[b, d] -= need[d]
-                inside[b] = key[b] > 0 and left[b, 0] > 0
-                if inside[b]:
-                    ix_insert(ix, b)
-                scratch[nmoved] = b
-                nmoved += 1
-            if ok:
-                for m in range(nmoved):
-                    slot[members[lo + m]] = scratch[m]
-                    sizes[scratch[m]] += 1
-                    touched[scratch[m]] = True
-                sizes[p] = 0
-                alive[p] = False
-                packs -= 1
-                failures = 0
-                continue
-            for m in range(nmoved - 1, -1, -1):  # undo, newest first
+            if hi - lo > sizes.shape[0]:
+                sizes, dest, wants = np.empty(hi - lo, np.int64), np.empty(hi - lo, np.int64), np.zeros((hi - lo, dims),
+                                                                                                         np.int64)
+            for m in range(hi - lo):
                 i = members[lo + m]
-                b = scratch[m]
-                if inside[b]:
-                    ix_remove(ix, b)
-                _needs(i, lens, rows, cols, ncols, need)
-                key[b] += lens[i]
-                for d in range(dims):
-                    left[b, d] += need[d]
-                inside[b] = True
-                ix_insert(ix, b)
-            if key[p] > 0 and left[p, 0] > 0:
-                ix_insert(ix, p)
-                inside[p] = True
-            failures += 1
+                sizes[m] = lens[i]
+                wants[m, 0] = 1
+                _needs(i, lens, rows, cols, ncols, wants[m])
+            if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, hi - lo, dest):
+                for m in range(hi - lo):
+                    slot[members[lo + m]] = dest[m]
+                    pack_sizes[dest[m]] += 1
+                pack_sizes[p] = 0
+            c = refine_next(candidates[:c1], c + 1, touched, progress)
         c0 = c1
         window *= 2
 

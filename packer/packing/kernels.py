@@ -115,6 +115,17 @@ def _bits_clear(bits, offs, x):
 
 
 @njit(cache=True)
+def _available(counts, offs, words, capacity, complete_min):
+    """Exact completion's bitset of the lengths s with examples left, at key capacity - s (empty without it)."""
+    avail = np.zeros(words, dtype=np.int64)
+    if complete_min > 0:
+        for s in range(1, capacity + 1):
+            if counts[s] > 0:
+                _bits_set(avail, offs, capacity - s)
+    return avail
+
+
+@njit(cache=True)
 def bfd_fast(lens: np.ndarray, capacity: int, complete_min: int) -> tuple[np.ndarray, int]:
     """Best-fit decreasing on tokens alone. Returns (pack per example in opening order, number of packs).
 
@@ -147,11 +158,7 @@ def bfd_fast(lens: np.ndarray, capacity: int, complete_min: int) -> tuple[np.nda
     nxt = np.empty(n, dtype=np.int64)  # at most one pack per example
     chosen = np.empty(n, dtype=np.int64)  # the pack of each slot, slots grouped by decreasing length
     left_count = counts.copy()  # examples of each length not placed yet
-    avail = np.zeros(bits.shape[0], dtype=np.int64)  # lengths s still available, stored at key capacity - s
-    if complete_min > 0:
-        for s in range(1, capacity + 1):
-            if left_count[s] > 0:
-                _bits_set(avail, offs, capacity - s)
+    avail = _available(left_count, offs, bits.shape[0], capacity, complete_min)
     num_packs = 0
     for s in range(capacity, 0, -1):
         while left_count[s] > 0:
@@ -242,20 +249,27 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 
 
 @njit(cache=True)
-def ix_new(universe, max_packs, dims, cls, classes):
-    """(tree, head, nxt, prv, key, rem2, scratch, meta); meta = [half, class column or -1, classes]."""
+def ix_new(universe, max_packs, dims, cls, classes, state):
+    """(tree, head, nxt, prv, key, rem2, scratch, meta); meta = [half, class column or -1, classes].
+
+    Links int32; the key and the budgets left (``rem2``) of ``state``'s dtype: int64 for ``plan()``'s
+    kernels, uint16 where every value fits for the bulk planner (numba compiles one version per dtype).
+    Pages past the packs opened are never touched."""
     half = 1
     while half < universe:
         half *= 2
     tree = np.full((2 * half, classes, dims), -1, dtype=np.int64)
-    head = np.full(universe, -1, dtype=np.int64)
-    nxt = np.empty(max_packs, dtype=np.int64)
-    prv = np.empty(max_packs, dtype=np.int64)
-    key = np.empty(max_packs, dtype=np.int64)
-    rem2 = np.empty((max_packs, dims), dtype=np.int64)
+    head = np.full(universe, -1, dtype=np.int32)
+    nxt = np.empty(max_packs, dtype=np.int32)
+    prv = np.empty(max_packs, dtype=np.int32)
+    key = np.empty(max_packs, dtype=state.dtype)
+    rem2 = np.empty((max_packs, dims), dtype=state.dtype)
     scratch = np.empty((classes, dims), dtype=np.int64)
     meta = np.array([half, cls, classes], dtype=np.int64)
     return tree, head, nxt, prv, key, rem2, scratch, meta
+
+
+WIDE = np.zeros(1, dtype=np.int64)  # ``ix_new``'s state for int64 keys and budgets
 
 
 @njit(cache=True, inline="always")
@@ -362,6 +376,82 @@ def ix_find(ix, lo, need):
         node += 1
 
 
+# ----------------------------------------------------------------------------------------------------------
+# refine's move: one home for balance.refine_packs, bulk's refine over runs and plan_budgeted's
+# ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def ix_open_all(ix, num_packs, inside):
+    """Insert every pack with tokens and example slots left, in pack order (``inside`` marks them)."""
+    key, rem2 = ix[4], ix[5]
+    for b in range(num_packs):
+        if key[b] > 0 and rem2[b, 0] > 0:
+            ix_insert(ix, b)
+            inside[b] = True
+
+
+@njit(cache=True)
+def refine_next(candidates, c, touched, progress):
+    """The first position >= c of ``candidates`` whose pack refine tries (none received a move: their member
+    lists are stale), or -1 once refine stops: ``progress`` = [packs, failures in a row, target, patience]."""
+    while c < candidates.shape[0]:
+        if progress[0] <= progress[2] or progress[1] >= progress[3]:
+            return -1
+        if not touched[candidates[c]]:
+            return c
+        c += 1
+    return -1
+
+
+@njit(cache=True)
+def refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
+    """refine's move: take pack ``p`` out of the index and move its k members (tokens ``sizes[:k]``, budgets
+    ``wants[:k]``, in that order) each to its best fit among the others. True if every one fits (``dest[:k]``:
+    where each went, those packs touched, p dead); else every move is undone, newest first, and p goes back
+    in. ``progress`` (``refine_next``) counts either way."""
+    key, rem2 = ix[4], ix[5]
+    dims = rem2.shape[1]
+    if inside[p]:
+        ix_remove(ix, p)
+        inside[p] = False
+    nmoved = 0
+    while nmoved < k:
+        b = ix_find(ix, sizes[nmoved], wants[nmoved])
+        if b < 0:
+            break
+        ix_remove(ix, b)
+        key[b] -= sizes[nmoved]
+        for d in range(dims):
+            rem2[b, d] -= wants[nmoved, d]
+        inside[b] = key[b] > 0 and rem2[b, 0] > 0
+        if inside[b]:
+            ix_insert(ix, b)
+        dest[nmoved] = b
+        nmoved += 1
+    if nmoved == k:
+        for m in range(k):
+            touched[dest[m]] = True
+        alive[p] = False
+        progress[0] -= 1
+        progress[1] = 0
+        return True
+    for m in range(nmoved - 1, -1, -1):
+        b = dest[m]
+        if inside[b]:
+            ix_remove(ix, b)
+        key[b] += sizes[m]
+        for d in range(dims):
+            rem2[b, d] += wants[m, d]
+        inside[b] = True
+        ix_insert(ix, b)
+    if key[p] > 0 and rem2[p, 0] > 0:
+        ix_insert(ix, p)
+        inside[p] = True
+    progress[1] += 1
+    return False
+
+
 def class_column(budgets: np.ndarray, cols: int) -> tuple[int, int]:
     """(column, classes) of the class dimension: the last budget column that is a small count (images come
     last, examples first), or (-1, 1) when there is nothing to split on."""
@@ -391,7 +481,7 @@ def bfd_general(order, lens, needs, capacity, budgets, cls, classes, init_rem, i
         sizes[k] = lens[order[k]]
         wants[k] = needs[order[k]]
     npre = init_rem.shape[0]
-    ix = ix_new(capacity + 1, npre + m, dims, cls, classes)
+    ix = ix_new(capacity + 1, npre + m, dims, cls, classes, WIDE)
     rem, rem2 = ix[4], ix[5]  # the key is the remaining token count
     chosen = np.empty(m, dtype=np.int64)
     for b in range(npre):

@@ -1,0 +1,196 @@
+"""Time per example of the budgeted bulk planner (``plan_budgeted``) as n grows, this tree against others.
+
+The mix of ``bench_build_memory.py --driver-only --budgets``: lengths of 3-42 text tokens, 30% of the
+examples with one image of 64-1280 vision tokens added, capacity 4096 (qwen2-vl's max length),
+``max_vision_tokens`` 2048, ``max_images`` 4, ``max_examples_per_pack`` 32, ``refine`` on. Each (tree, size)
+runs in a fresh child process that draws the columns (seed 0), compiles the kernels on a slice, then times
+one ``plan_budgeted`` call (CPU: ``process_time``). Trees alternate per size, so a before/after pair runs
+back to back; the plans' sha256 (order and bounds) must match across trees.
+
+    nice -n 10 python scripts/bench_budgets_scale.py --sizes 5e6 1e7 2e7 --before /tmp/base
+    python scripts/bench_budgets_scale.py --sizes 1e6                       # this tree alone (~20 s)
+
+``--before DIR``: a checkout (e.g. ``git archive a2e2c77 packer | tar -x -C DIR``) run with PYTHONPATH=DIR.
+
+``--walk``: where the time goes, this tree only. Best fit over the same examples (plan()'s order) with a
+copy of ``kernels.ix_find`` that counts, per example with an image and per text example: tree nodes
+visited, buckets searched, packs looked at in a bucket's list before the one that fits (the walk), and
+buckets found empty of fits.
+
+    nice -n 10 python scripts/bench_budgets_scale.py --walk --sizes 1e6 5e6 1e7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+_PROBE = r"""
+import hashlib, json, sys, time
+import numpy as np
+from packer.packing.bulk_budgets import plan_budgeted
+
+def columns(n):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, 43, size=n).astype(np.uint16)
+    images = (rng.random(n) < 0.3).astype(np.uint16)
+    vision = (images * rng.integers(64, 1281, size=n)).astype(np.uint16)
+    return tokens + vision, vision, images
+
+def run(lens, vision, images):
+    return plan_budgeted(lens, 4096, costs=[vision, images], limits=[2048, 4],
+                         names=["max_vision_tokens", "max_images"], max_examples=32, refine=True)
+
+run(*columns(20_000))  # compile
+n = int(sys.argv[1])
+cols = columns(n)
+t0 = time.process_time()
+packs = run(*cols)
+cpu = time.process_time() - t0
+digest = hashlib.sha256(packs.order.tobytes() + packs.bounds.tobytes()).hexdigest()[:16]
+print(json.dumps({"n": n, "packs": int(packs.bounds.shape[0] - 1), "cpu_s": cpu, "sha": digest}))
+"""
+
+
+_WALK = r"""
+import json, sys
+import numpy as np
+from numba import njit
+from packer.packing.kernels import WIDE, _ix_class, _ix_pull, class_column, ix_insert, ix_new, ix_remove
+
+@njit
+def find(ix, lo, need, cnt):  # kernels.ix_find, counting
+    tree, head, nxt, _, _, rem2, exact, meta = ix
+    half = meta[0]
+    dims = rem2.shape[1]
+    k = _ix_class(meta, need)
+    node = half + lo
+    while True:
+        cnt[0] += 1
+        fits = True
+        for d in range(dims):
+            if tree[node, k, d] < need[d]:
+                fits = False
+                break
+        if fits:
+            if node < half:
+                node = 2 * node
+                continue
+            cnt[1] += 1
+            b = head[node - half]
+            exact[:] = -1
+            while b >= 0:
+                ok = True
+                for d in range(dims):
+                    if rem2[b, d] < need[d]:
+                        ok = False
+                        break
+                if ok:
+                    return b
+                cnt[2] += 1
+                for j in range(_ix_class(meta, rem2[b]) + 1):
+                    for d in range(dims):
+                        exact[j, d] = max(exact[j, d], rem2[b, d])
+                b = nxt[b]
+            cnt[3] += 1
+            tree[node] = exact
+            _ix_pull(tree, node)
+        while node & 1:
+            node >>= 1
+        if node == 0:
+            return -1
+        node += 1
+
+@njit
+def bfd(order, lens, vision, images, capacity, budgets, cls, classes, cnt):
+    dims = budgets.shape[0]
+    ix = ix_new(capacity + 1, lens.shape[0], dims, cls, classes, WIDE)
+    rem, rem2 = ix[4], ix[5]
+    need = np.ones(dims, np.int64)
+    packs = 0
+    for i in order:
+        need[1] = vision[i]
+        need[2] = images[i]
+        b = find(ix, np.int64(lens[i]), need, cnt[images[i]])
+        if b < 0:
+            b = packs
+            packs += 1
+            rem[b] = capacity
+            rem2[b] = budgets
+        else:
+            ix_remove(ix, b)
+        rem[b] -= lens[i]
+        for d in range(dims):
+            rem2[b, d] -= need[d]
+        if rem[b] > 0 and rem2[b, 0] > 0:
+            ix_insert(ix, b)
+    return packs
+
+n = int(sys.argv[1])
+rng = np.random.default_rng(0)
+tokens = rng.integers(3, 43, size=n).astype(np.int64)
+images = (rng.random(n) < 0.3).astype(np.int64)
+vision = images * rng.integers(64, 1281, size=n)
+lens = tokens + vision
+order = np.lexsort((np.arange(n), -lens))
+budgets = np.array([32, 2048, 4], np.int64)
+cls, classes = class_column(budgets, 3)
+cnt = np.zeros((2, 4), np.int64)
+packs = bfd(order, lens, vision, images, 4096, budgets, cls, classes, cnt)
+with_image = int(images.sum())
+print(json.dumps({"n": n, "packs": packs, "image": (cnt[1] / with_image).tolist(),
+                  "text": (cnt[0] / (n - with_image)).tolist()}))
+"""
+
+
+def walk(n: int) -> None:
+    out = subprocess.run([sys.executable, "-c", _WALK, str(n)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    for kind in ("image", "text"):
+        nodes, buckets, walked, empty = r[kind]
+        print(f"| {r['n']:,} | {kind} | {nodes:.1f} | {buckets:.2f} | {walked:.1f} | {empty:.3f} |", flush=True)
+
+
+def probe(tree: Path, n: int) -> dict:
+    """One fresh process on ``tree``'s packer: the plan's CPU seconds (the columns are drawn before)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(n)], env=env, capture_output=True, text=True,
+                         check=True, cwd=tree)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", type=float, default=[5e6, 1e7, 2e7])
+    parser.add_argument("--before", type=Path, action="append", default=[], help="another tree (repeatable)")
+    parser.add_argument("--walk", action="store_true", help="count the search's steps instead (this tree)")
+    args = parser.parse_args()
+    if args.walk:
+        print("| examples | per example with | tree nodes | buckets searched | packs walked past | buckets with no fit |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: |")
+        for size in args.sizes:
+            walk(int(size))
+        return
+    trees = [*args.before, REPO]
+    print("| tree | examples | packs | plan CPU-s | us per example | plan sha256 |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    for size in args.sizes:
+        shas = set()
+        for tree in trees:
+            r = probe(tree, int(size))
+            shas.add(r["sha"])
+            print(f"| {tree} | {r['n']:,} | {r['packs']:,} | {r['cpu_s']:.2f} | {1e6 * r['cpu_s'] / r['n']:.2f} "
+                  f"| {r['sha']} |", flush=True)
+        if len(shas) > 1:
+            print(f"PLANS DIFFER at {int(size):,}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
