@@ -47,6 +47,36 @@ BLOCK_MIN = 1 << 18
 BLOCKS = 64
 
 
+def _checked_costs(
+    lens: np.ndarray, costs: Sequence[np.ndarray | None], limits: Sequence[int], names: Sequence[str],
+    index: np.ndarray | None,
+) -> tuple[np.ndarray, list[np.ndarray], list[int], tuple[np.ndarray, ...]]:
+    """``plan``'s checks of the budget columns (an example over a limit, or with more of a budget than tokens, is
+    a ConfigError naming it), then (rows, the columns that bind, their limits, those columns in one dtype)."""
+    from packer.packing.budgets import counts_tokens, noun
+
+    names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
+    rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
+    kept, kept_limits = [], []
+    for col, limit, name in zip(costs, limits, names, strict=True):
+        if col is None:
+            continue  # costs nothing: never binds, and bfd_general's choices do not depend on it
+        col = np.ascontiguousarray(col)
+        bad = _first_over(lens, rows, col, int(limit), counts_tokens(name))
+        if bad >= 0:
+            planned = col if index is None else col[index]
+            if int(planned.max()) > limit:
+                i = int(np.argmax(planned))
+                raise ConfigError(f"example {i} has {int(planned[i])} {noun(name)} > {name} {limit}; raise "
+                                  f"'{name}' or drop/truncate the example")
+            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only {int(lens[bad])} tokens "
+                              "in all")
+        kept.append(col)
+        kept_limits.append(int(limit))
+    wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
+    return rows, kept, kept_limits, tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+
+
 def plan_budgeted(
     lengths: np.ndarray,
     capacity: int,
@@ -73,8 +103,6 @@ def plan_budgeted(
         refine: then empty the least-filled packs into the others' free space (``balance.refine_packs``).
         seed: the pack shuffle's seed (``plan``'s write order).
     """
-    from packer.packing.budgets import counts_tokens, noun
-
     lens = np.ascontiguousarray(lengths)
     n = lens.shape[0]
     if n == 0:
@@ -84,26 +112,7 @@ def plan_budgeted(
     counts = np.zeros(capacity + 1, dtype=np.int64)
     if _count(lens, capacity, counts) >= 0:  # not np.bincount: it casts the lengths to int64 (8 bytes each)
         _raise_misfit(lens, capacity)
-    names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
-    rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
-    kept, kept_limits = [], []
-    for col, limit, name in zip(costs, limits, names, strict=True):
-        if col is None:
-            continue  # costs nothing: never binds, and bfd_general's choices do not depend on it
-        col = np.ascontiguousarray(col)
-        bad = _first_over(lens, rows, col, int(limit), counts_tokens(name))
-        if bad >= 0:
-            planned = col if index is None else col[index]
-            if int(planned.max()) > limit:
-                i = int(np.argmax(planned))
-                raise ConfigError(f"example {i} has {int(planned[i])} {noun(name)} > {name} {limit}; raise "
-                                  f"'{name}' or drop/truncate the example")
-            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only {int(lens[bad])} tokens "
-                              "in all")
-        kept.append(col)
-        kept_limits.append(int(limit))
-    wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
-    cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+    rows, kept, kept_limits, cols = _checked_costs(lens, costs, limits, names, index)
     # Examples per pack never exceed the capacity (each has a token), so capacity + 1 stands in for "no limit"
     # as plan()'s 1 << 60 does: it never binds. Pack state (tokens and budgets left) in uint16 where every
     # value fits, else int32. plan()'s class column is chosen on its own stand-in (never a class): the same.
@@ -646,8 +655,6 @@ def plan_next_fit(
     examples) and ``plan``'s seeded write order, holding ``order`` (int32) and three int32 per pack, where
     ``plan`` holds int64 lengths, the (n, 1 + b) ``needs`` and the assignment (~40 bytes per example).
     ``costs``/``limits``/``names``/``index`` as ``plan_budgeted`` takes them."""
-    from packer.packing.budgets import counts_tokens, noun
-
     lens = np.ascontiguousarray(lengths)
     n = lens.shape[0]
     if n == 0:
@@ -656,26 +663,7 @@ def plan_next_fit(
     if _count(lens, capacity, counts) >= 0:
         _raise_misfit(lens, capacity)
     del counts
-    names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
-    rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
-    kept, kept_limits = [], []
-    for col, limit, name in zip(costs, limits, names, strict=True):  # plan()'s checks, as plan_budgeted's
-        if col is None:
-            continue
-        col = np.ascontiguousarray(col)
-        bad = _first_over(lens, rows, col, int(limit), counts_tokens(name))
-        if bad >= 0:
-            planned = col if index is None else col[index]
-            if int(planned.max()) > limit:
-                i = int(np.argmax(planned))
-                raise ConfigError(f"example {i} has {int(planned[i])} {noun(name)} > {name} {limit}; raise "
-                                  f"'{name}' or drop/truncate the example")
-            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only {int(lens[bad])} tokens "
-                              "in all")
-        kept.append(col)
-        kept_limits.append(int(limit))
-    wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
-    cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+    rows, kept, kept_limits, cols = _checked_costs(lens, costs, limits, names, index)
     budgets = np.array([np.int64(1) << 60 if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
     dtype = np.int32 if n < 2**31 else np.int64
     num_packs = _next_fit(lens, rows, cols, len(kept), capacity, budgets, np.zeros(0, dtype=dtype))
