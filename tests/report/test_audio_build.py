@@ -25,6 +25,7 @@ from packer.report.plots import plot_stats
 from packer.report.stats import format_stats
 from packer.report.verify import verify_build
 from packer.shards.io import open_shards, read_shard
+from packer.shards.schema import SCHEMA_VERSION
 from tests.media.audio_clips import signal, write_clip
 from tests.models import toy_family
 from tests.report.test_verify import _manifest, _mutate, _rewrite
@@ -106,7 +107,7 @@ def _rows(out: Path) -> list[dict]:
 def test_the_build_stores_every_clip_as_counted(built, corpus):
     rows = _rows(built)
     manifest = _manifest(built)
-    assert manifest["schema_version"] == 5 and manifest["audio_token_id"] == 151650  # <|quad_start|>
+    assert manifest["schema_version"] == SCHEMA_VERSION and manifest["audio_token_id"] == 151650  # <|quad_start|>
     loaded = {name: decode_audio(str(corpus / "clips" / name), target_sr=16000).shape[0] for name in CLIPS}
     window = decode_audio(str(corpus / "clips" / "c.flac"), target_sr=16000, start=0.5, end=1.75).shape[0]
     seen = 0

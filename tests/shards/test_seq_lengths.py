@@ -110,6 +110,7 @@ def test_verify_catches_wrong_seq_lengths(builds, tmp_path, fault, check):
 def test_a_v2_build_is_still_read_and_verified(builds, tmp_path):
     """A build written before v3: no seq_lengths column, schema metadata and manifest say 2."""
     import datasets
+    import yaml
 
     from packer.pipeline.card import features
 
@@ -118,9 +119,10 @@ def test_a_v2_build_is_still_read_and_verified(builds, tmp_path):
     _rewrite_rows(out, lambda row: (row.pop("seq_lengths"), row.pop("loss_weights")), schema=SCHEMAS[2])
     manifest = json.loads((out / "manifest.json").read_text())
     write_json_atomic(out / "manifest.json", {**manifest, "schema_version": 2})
-    card = (out / CARD).read_text()
-    v2_features = "\n".join(f for f in card.split("\n") if "seq_lengths" not in f and "loss_weights" not in f)
-    (out / CARD).write_text(v2_features)
+    _, front, rest = (out / CARD).read_text().split("---\n", 2)
+    meta = yaml.safe_load(front)
+    meta["dataset_info"]["features"] = features(SCHEMAS[2])  # what a v2 build's card listed
+    (out / CARD).write_text("---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n" + rest)
     assert pq.ParquetFile(next(out.glob("shard-*.parquet"))).schema_arrow.metadata[b"packer.schema_version"] == b"2"
     report = verify_build(out)
     assert report.ok, report.lines()

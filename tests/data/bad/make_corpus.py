@@ -148,6 +148,8 @@ def _records(data_url: str) -> list[tuple[bytes | str | dict | None, str, str]]:
          "audio data URL, bad base64"),
         ({"messages": [U([{"type": "audio", "audio": "audio.m4a"}, {"type": "text", "text": "Said?"}]), A("x")]},
          "unsupported_medium", "a clip for a profile without audio (qwen2-vl)"),
+        ({"system": "Be brief.", "messages": [{"role": "system", "content": "Be kind."}, U("x"), A("y")]},
+         "conflicting_system", "a top-level system prompt beside another of its own"),
         ({"messages": [{"role": "robot", "content": "x"}, A("y")]}, "unknown_role", "last line, no newline (nonl)"),
     ]
 
