@@ -17,7 +17,7 @@ weight, what the token-mean loss divides by.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,14 +41,7 @@ def padded_tokens_per_batch(lengths: np.ndarray, batch_size: int) -> int:
 _BLOCK = 1 << 18  # examples per block of ``_per_pack``: its float64 copy is 2 MB, not 8 bytes per example
 
 
-def _rows(order: np.ndarray, sampled: Any) -> np.ndarray:
-    """The values' positions of the planned examples ``order`` (a block of it): themselves, or their cache rows
-    where ``sampled`` (``packing.mixing.Sampled``) holds the values per row."""
-    return order if sampled is None else sampled.locate(order)[0]
-
-
-def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray, dtype: Any = np.float64,
-              sampled: Any = None) -> np.ndarray:
+def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
     """(P,) float64 sum of ``values`` over each pack's examples ``order[bounds[p]:bounds[p + 1]]``, in order.
     Computed a block of whole packs at a time (reduceat casts its whole input to float64: 8 bytes per example at
     once); each pack's sum is the same sequence of additions either way, so the same bits. ``dtype`` integer
@@ -64,7 +57,7 @@ def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray, dtype: 
         p1 = max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1)
         p1 = min(p1, num_packs)
         starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
-        out[p0:p1] = np.add.reduceat(values[_rows(order[b0 : int(bounds[p1])], sampled)], starts, dtype=wide)
+        out[p0:p1] = np.add.reduceat(values[order[b0 : int(bounds[p1])]], starts, dtype=wide)
         p0 = p1
     return out
 
@@ -90,8 +83,26 @@ def _source_sums(sources: np.ndarray, code: Any, lengths: np.ndarray, loss_token
     return sums[0], sums[1], sums[2], sums[3]
 
 
-def _source_per_pack(sources: np.ndarray, code: Any, order: np.ndarray, bounds: np.ndarray,
-                     sampled: Any = None) -> np.ndarray:
+def _per_pack_located(columns: list[Callable[[np.ndarray], np.ndarray]], order: np.ndarray, bounds: np.ndarray,
+                      dtype: Any, sampled: Any) -> list[np.ndarray]:
+    """``_per_pack`` (integer sums) of several per-row columns in one pass over the packs: each block's rows
+    located once (``Sampled.locate``: a search in its marks and up to 64 steps per planned example, the
+    cost of a pass), then each column's values at those rows (``columns``: rows -> values) summed per pack."""
+    num_packs = len(bounds) - 1
+    outs = [np.zeros(num_packs, dtype=dtype) for _ in columns]
+    p0 = 0
+    while p0 < num_packs:
+        b0 = int(bounds[p0])
+        p1 = min(max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1), num_packs)
+        starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
+        rows = sampled.locate(order[b0 : int(bounds[p1])])[0]
+        for out, column in zip(outs, columns, strict=True):
+            out[p0:p1] = np.add.reduceat(column(rows), starts, dtype=np.int64)
+        p0 = p1
+    return outs
+
+
+def _source_per_pack(sources: np.ndarray, code: Any, order: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """(P,) float64 examples of source ``code`` in each pack (whole numbers), a block of whole packs at a time."""
     num_packs = len(bounds) - 1
     out = np.zeros(num_packs, dtype=np.float64)
@@ -100,8 +111,7 @@ def _source_per_pack(sources: np.ndarray, code: Any, order: np.ndarray, bounds: 
         b0 = int(bounds[p0])
         p1 = min(max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1), num_packs)
         starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
-        out[p0:p1] = np.add.reduceat(sources[_rows(order[b0 : int(bounds[p1])], sampled)] == code, starts,
-                                     dtype=np.int32)
+        out[p0:p1] = np.add.reduceat(sources[order[b0 : int(bounds[p1])]] == code, starts, dtype=np.int32)
         p0 = p1
     return out
 
@@ -259,26 +269,30 @@ def compute_stats(
 
         def per_pack(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:  # float64: as bincount's
             return _per_pack(np.asarray(values), order, bounds, dtype)
-
-        def per_pack_rows(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:  # per-row values
-            return _per_pack(np.asarray(values), order, bounds, dtype, sampled)
     else:
         num_packs = int(pack_ids.max()) + 1 if len(pack_ids) else 0
         pack_examples = np.bincount(pack_ids, minlength=num_packs)
 
         def per_pack(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
             return np.bincount(pack_ids, weights=values, minlength=num_packs)
-        per_pack_rows = per_pack
         if sampled is not None:
             raise ValueError("compute_stats: sampled needs packs=(order, bounds), not pack_ids")
     # per-pack totals (<= capacity) as int32: a build of short examples has a pack per ~10 examples, and each
     # int64 per-pack array cost ~1 byte per example at the driver's peak (the same summaries and histograms)
     per_pack_dtype = np.int32 if capacity < 2**31 else np.int64
-    pack_tokens = per_pack_rows(lengths, per_pack_dtype).astype(per_pack_dtype, copy=False)
+    if sampled is not None:  # tokens and vision tokens per pack in one pass: each planned example located once
+        located = _per_pack_located([lambda rows: lengths[rows]] + ([] if vision is None else [lambda rows: vision[rows]]),
+                                    order, bounds, per_pack_dtype, sampled)
+        pack_tokens = located.pop(0)
+    else:
+        pack_tokens = per_pack(lengths, per_pack_dtype).astype(per_pack_dtype, copy=False)
     tokens_per_pack, hist_fill = _summary(pack_tokens), _hist_blocks(pack_tokens, capacity)
     del pack_tokens  # not held beside the vision tokens' per-pack arrays
-    pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
-                   else per_pack_rows(vision, per_pack_dtype).astype(per_pack_dtype, copy=False))
+    if sampled is not None:
+        pack_vision = located.pop() if located else np.zeros(num_packs, dtype=per_pack_dtype)
+    else:
+        pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
+                       else per_pack(vision, per_pack_dtype).astype(per_pack_dtype, copy=False))
     tokens = _total(lengths, counts)
     lower_bound = -(-tokens // capacity)
     slots = num_packs * capacity
@@ -366,7 +380,9 @@ def compute_stats(
         # every example's loss mass and its float64 total (integer counts per row: the weighted integer sum)
         everyone_mass = _everyone_mass(loss_mass) if counts is None else stats["loss_tokens"]
         mass_total = loss_mass.sum(dtype=np.float64) if counts is None else np.float64(stats["loss_tokens"])
-        for name in sorted(codes):
+        ordered = sorted(codes)
+        pending: dict[str, np.ndarray] = {}  # sampled: per-pack counts of up to 4 sources located in one pass
+        for k, name in enumerate(ordered):
             everyone = codes[name] is None or len(codes) == 1
             # The rows' sums and the per-pack counts a block at a time: no (n,) mask of the source (1 byte per
             # example) nor float64 per-pack sums beside the shares; integer sums, so the same numbers.
@@ -379,8 +395,16 @@ def compute_stats(
                     sources, codes[name], lengths, np.asarray(loss_tokens), loss_mass if integer_mass else None, counts)
                 if not integer_mass:  # a float sum's bits depend on its order: the selected copy, as ever
                     source_mass = loss_mass[sources == codes[name]].sum(dtype=np.float64)
-                in_pack = (_source_per_pack(sources, codes[name], order, bounds, sampled) if packs is not None
-                           else np.bincount(pack_ids[sources == codes[name]], minlength=num_packs).astype(np.float64))
+                if sampled is not None:
+                    if name not in pending:  # int32 per pack each (examples per pack <= capacity)
+                        group = ordered[k : k + 4]
+                        pending = dict(zip(group, _per_pack_located(
+                            [lambda rows, c=codes[g]: sources[rows] == c for g in group], order, bounds, np.int32,
+                            sampled), strict=True))
+                    in_pack = pending.pop(name).astype(np.float64)
+                else:
+                    in_pack = (_source_per_pack(sources, codes[name], order, bounds) if packs is not None
+                               else np.bincount(pack_ids[sources == codes[name]], minlength=num_packs).astype(np.float64))
             packs_with = int(np.count_nonzero(in_pack))
             np.divide(in_pack, denominator, out=in_pack)  # this source's share of each pack's examples
             mean = float(in_pack.mean()) if num_packs else 0.0
