@@ -56,7 +56,7 @@ def test_one_source_needs_no_array():
 def test_rows_weighted_by_copies_give_the_planned_stats(block, monkeypatch):
     """A build with up-sampled copies passes its per-row columns and ``Sampled`` (issue 32): the very stats of
     the planned arrays (``Sampled.planned``), rows left out (0 copies) and rows copied up to 3 times, one
-    source and three, with loss weights (made per planned example, as before) and without."""
+    source, three and six, with loss weights (made per planned example, as before) and without."""
     from packer.packing.mixing import Sampled
 
     if block is not None:
@@ -73,7 +73,9 @@ def test_rows_weighted_by_copies_give_the_planned_stats(block, monkeypatch):
     codes = rng.integers(0, 3, size=rows).astype(np.uint8)
     for names, sources, vis, weight in ((["chat"], None, None, None),
                                         (["chat", "code", "web"], codes, vision, None),
-                                        (["chat", "code", "web"], codes, vision, loss * rng.random(rows))):
+                                        (["chat", "code", "web"], codes, vision, loss * rng.random(rows)),
+                                        ([f"s{k}" for k in range(6)], codes * 2 + (lengths % 2).astype(np.uint8),
+                                         vision, None)):  # 6 sources: two passes of up to 4
         common = dict(packs=(packs.order, packs.bounds), capacity=512, source_names=names, input_records=rows)
         planned = compute_stats(lengths=sampled.planned(lengths), vision=None if vis is None else sampled.planned(vis),
                                 loss_tokens=sampled.planned(loss),
@@ -82,4 +84,5 @@ def test_rows_weighted_by_copies_give_the_planned_stats(block, monkeypatch):
         weighted = compute_stats(lengths=lengths, vision=vis, loss_tokens=loss, loss_weight=weight, sources=sources,
                                  sampled=sampled, **common)
         assert json.dumps(weighted, sort_keys=True) == json.dumps(planned, sort_keys=True)
-    assert weighted["examples"] == int(counts.sum()) and set(weighted["sources"]) == set(names)
+        assert set(weighted["sources"]) == set(names)
+    assert weighted["examples"] == int(counts.sum())
