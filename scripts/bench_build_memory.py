@@ -223,10 +223,8 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
         _save_plan(Path(work), plan)  # as build writes it
     shards = len(shard_ranges(plan, rows_per_shard=config.rows_per_shard))  # build's write stage drops them
     phase("save")
-    stats = compute_stats(lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds),
-                          capacity=config.max_length, loss_tokens=plan.planned(columns.loss_tokens),
-                          sources=plan.planned(columns.source_codes(names)) if budgets else None,
-                          source_names=names, input_records=n)  # one source: build passes None
+    stats = compute_stats(**plan.stats_columns(names), packs=(plan.order, plan.bounds),  # as build passes them
+                          capacity=config.max_length, input_records=n)
     phase("stats")
     print(json.dumps({"refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": shards, "base_mib": base / 2**20,
                       "peak_above_base_mib": max(phases.values()), "phase_peaks_mib": phases, "phase_ends_mib": ends,

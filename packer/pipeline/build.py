@@ -267,10 +267,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     hooks.at("rejects")
     names = [s.name for s in config.sources]
     stats = compute_stats(
-        lengths=plan.lengths, vision=plan.vision, packs=(plan.order, plan.bounds), capacity=config.max_length,
-        loss_tokens=plan.planned(columns.loss_tokens), loss_weight=plan.planned(columns.loss_weight),
-        sources=plan.planned(columns.source_codes(names)) if len(set(columns.sources)) > 1 else None,
-        source_names=names if len(set(columns.sources)) > 1 else columns.sources[:1], input_records=totals.records,
+        **plan.stats_columns(names), packs=(plan.order, plan.bounds), capacity=config.max_length,
+        input_records=totals.records,
         rejects=rejects, image_units=_image_units(cache, plan, profile),
         video=plan.planned(columns.count("num_video_tokens")), videos=_budgeted_counts(plan, config, "video"),
         **_audio_stats(cache, plan),
@@ -358,9 +356,9 @@ def manifest_dict(
             rejects_by_reason=stats["rejects_by_reason"],
             examples=plan.num_examples,
             packs=int(len(plan.pack_sizes)),
-            tokens=int(plan.lengths.sum()),
+            tokens=stats["tokens"],  # the planned examples' sums, as the stats made them (no per-example copy)
             loss_tokens=stats["loss_tokens"],
-            vision_tokens=0 if plan.vision is None else int(plan.vision.sum()),
+            vision_tokens=stats["vision_tokens"],
         ),
         shards=tuple(ShardEntry(**entry) for entry in shards),
     ).to_dict()

@@ -344,6 +344,17 @@ class Plan:
         """(n,) vision tokens, None where there are none."""
         return self.cost(VISION)
 
+    def stats_columns(self, names: list[str]) -> dict[str, Any]:
+        """``compute_stats``' lengths, vision, loss tokens and weights, sources (codes into ``names``, None for
+        one source) per cache row, with ``sampled``: the stats weight each row by its copies, so no column is
+        made per planned example (issue 32: 8.75 bytes per cache row at 1.25 copies)."""
+        columns = self.columns
+        many = len(set(columns.sources)) > 1
+        return {"lengths": columns.tokens, "vision": columns.count(BUDGETS[VISION].column),
+                "loss_tokens": columns.loss_tokens, "loss_weight": columns.loss_weight,
+                "sources": columns.source_codes(names) if many else None,
+                "source_names": names if many else columns.sources[:1], "sampled": self.sampled}
+
 
 def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left

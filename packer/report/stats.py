@@ -17,6 +17,7 @@ weight, what the token-mean loss divides by.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -67,17 +68,38 @@ def _everyone_mass(loss_mass: np.ndarray) -> Any:
 
 
 def _source_sums(sources: np.ndarray, code: Any, lengths: np.ndarray, loss_tokens: np.ndarray,
-                 loss_mass: np.ndarray | None) -> tuple[int, int, int, int]:
+                 loss_mass: np.ndarray | None, counts: np.ndarray | None = None) -> tuple[int, int, int, int]:
     """(examples, tokens, loss tokens, integer loss mass) of the rows whose source is ``code``, a block of rows
-    at a time (a mask of ``_BLOCK`` rows, not of all n)."""
+    at a time (a mask of ``_BLOCK`` rows, not of all n); ``counts``: each row's copies (weights)."""
     sums = [0, 0, 0, 0]
     for a in range(0, len(sources), _BLOCK):
         sel = sources[a : a + _BLOCK] == code
-        sums[0] += int(np.count_nonzero(sel))
+        weight = None if counts is None else counts[a : a + _BLOCK].astype(np.int64)
+        sums[0] += int(np.count_nonzero(sel)) if weight is None else int(np.add.reduce(weight, where=sel))
         for j, values in enumerate((lengths, loss_tokens, loss_mass), start=1):
             if values is not None:
-                sums[j] += int(np.add.reduce(values[a : a + _BLOCK], where=sel, dtype=np.int64))
+                block = values[a : a + _BLOCK] if weight is None else values[a : a + _BLOCK] * weight
+                sums[j] += int(np.add.reduce(block, where=sel, dtype=np.int64))
     return sums[0], sums[1], sums[2], sums[3]
+
+
+def _per_pack_located(columns: list[Callable[[np.ndarray], np.ndarray]], order: np.ndarray, bounds: np.ndarray,
+                      dtype: Any, sampled: Any) -> list[np.ndarray]:
+    """``_per_pack`` (integer sums) of several per-row columns in one pass over the packs: each block's rows
+    located once (``Sampled.locate``: a search in its marks and up to 64 steps per planned example, the
+    cost of a pass), then each column's values at those rows (``columns``: rows -> values) summed per pack."""
+    num_packs = len(bounds) - 1
+    outs = [np.zeros(num_packs, dtype=dtype) for _ in columns]
+    p0 = 0
+    while p0 < num_packs:
+        b0 = int(bounds[p0])
+        p1 = min(max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1), num_packs)
+        starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
+        rows = sampled.locate(order[b0 : int(bounds[p1])])[0]
+        for out, column in zip(outs, columns, strict=True):
+            out[p0:p1] = np.add.reduceat(column(rows), starts, dtype=np.int64)
+        p0 = p1
+    return outs
 
 
 def _source_per_pack(sources: np.ndarray, code: Any, order: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -104,13 +126,65 @@ def _std_in_place(values: np.ndarray) -> float:
     return float(np.sqrt(np.add.reduce(values) / values.shape[0]))
 
 
-def _present(sources: np.ndarray) -> list[Any]:
+def _present(sources: np.ndarray, counts: np.ndarray | None = None) -> list[Any]:
     """``np.unique(sources).tolist()`` a block at a time: np.unique sorts a copy and marks it (2 bytes per
-    example)."""
+    example); ``counts``: only the rows with a copy."""
     present: set[Any] = set()
     for a in range(0, len(sources), _BLOCK):
-        present.update(np.unique(sources[a : a + _BLOCK]).tolist())
+        block = sources[a : a + _BLOCK]
+        present.update(np.unique(block if counts is None else block[counts[a : a + _BLOCK] > 0]).tolist())
     return sorted(present)
+
+
+def _planned_blocks(values: np.ndarray, counts: np.ndarray | None) -> Iterator[np.ndarray]:
+    """The planned examples' ``values`` in input order, ``_BLOCK`` rows at a time (each row ``counts`` times)."""
+    for a in range(0, len(values), _BLOCK):
+        yield values[a : a + _BLOCK] if counts is None else np.repeat(values[a : a + _BLOCK], counts[a : a + _BLOCK])
+
+
+def _total(values: np.ndarray, counts: np.ndarray | None) -> int:
+    """The integer sum of ``values`` over the planned examples (``int(values.sum())``: integer sums, any order)."""
+    if counts is None:
+        return int(np.asarray(values).sum())
+    return sum(int(np.dot(values[a : a + _BLOCK].astype(np.int64), counts[a : a + _BLOCK].astype(np.int64)))
+               for a in range(0, len(values), _BLOCK))
+
+
+def _summary_rows(values: np.ndarray, counts: np.ndarray, n: int) -> dict[str, float]:
+    """``_summary`` of the planned examples' integer ``values``: the min and max of the rows with a copy, the
+    mean as numpy's (a float64 sum of whole numbers below 2**53 is exact: the integer total over n)."""
+    if n == 0:
+        return {"min": 0, "mean": 0.0, "max": 0}
+    lo, hi = None, None
+    for a in range(0, len(values), _BLOCK):
+        block = values[a : a + _BLOCK][counts[a : a + _BLOCK] > 0]
+        if len(block):
+            lo = int(block.min()) if lo is None else min(lo, int(block.min()))
+            hi = int(block.max()) if hi is None else max(hi, int(block.max()))
+    return {"min": lo, "mean": float(np.float64(_total(values, counts)) / n), "max": hi}
+
+
+def _hist_rows(values: np.ndarray, counts: np.ndarray, lo: float, hi: float) -> dict[str, list]:
+    """``_hist`` of the planned examples' ``values`` (each row ``counts`` times) over a fixed range: each row's
+    bin is its value's, weighted by its copies, a block of rows at a time."""
+    out = _hist(values[:0], lo, hi)
+    for a in range(0, len(values), _BLOCK):
+        block, _ = np.histogram(values[a : a + _BLOCK], bins=HIST_BINS, range=(lo, hi if hi > lo else lo + 1),
+                                weights=counts[a : a + _BLOCK].astype(np.int64))
+        out["counts"] = [int(c) + int(d) for c, d in zip(out["counts"], block, strict=True)]
+    return out
+
+
+def _padded_rows(values: np.ndarray, counts: np.ndarray, batch_size: int) -> int:
+    """``padded_tokens_per_batch`` of the planned examples, made a block of rows at a time (a batch that
+    straddles two blocks carried over)."""
+    total, carry = 0, values[:0]
+    for block in _planned_blocks(values, counts):
+        block = np.concatenate([carry, block]) if len(carry) else block
+        full = len(block) // batch_size * batch_size
+        total += padded_tokens_per_batch(block[:full], batch_size)
+        carry = block[full:]
+    return total + padded_tokens_per_batch(carry, batch_size)
 
 
 def _hist_blocks(pack_tokens: np.ndarray, capacity: int) -> dict[str, list]:
@@ -153,6 +227,7 @@ def compute_stats(
     audio: np.ndarray | None = None,
     audio_seconds: np.ndarray | None = None,
     audios: np.ndarray | None = None,
+    sampled: Any = None,
 ) -> dict[str, Any]:
     """Statistics of one plan; every array is per packed example, in input order.
 
@@ -172,9 +247,21 @@ def compute_stats(
     holds examples ``order[bounds[p]:bounds[p + 1]]``, 4 bytes per example, what a build passes). ``vision``
     None: no vision token. ``source_names``: ``sources`` are indices into it (one byte per example), not names;
     with ``sources`` None, one name: every example is that source's.
+
+    ``sampled`` (``packing.mixing.Sampled``, with ``packs``): ``lengths``, ``vision``, ``loss_tokens``,
+    ``loss_weight`` and ``sources`` are per cache row, each planned ``sampled.counts`` times (what a build with
+    up-sampled copies holds: no per-planned-example copy of them, issue 32); the same stats as their
+    ``sampled.planned`` arrays. The other arrays stay per planned example.
     """
     rejects = rejects or []
+    if sampled is not None and loss_weight is not None:  # a float sum's bits depend on its order: as planned
+        lengths, vision, loss_tokens, loss_weight, sources = (
+            None if v is None else sampled.planned(np.asarray(v))
+            for v in (lengths, vision, loss_tokens, loss_weight, sources))
+        sampled = None
+    counts = None if sampled is None else sampled.counts  # (rows,) copies per row, or None: one each
     lengths = np.asarray(lengths)  # any integer dtype: a build passes uint16 (2 bytes per example)
+    n = len(lengths) if sampled is None else sampled.num_planned  # planned examples
     if packs is not None:
         order, bounds = packs
         num_packs = len(bounds) - 1
@@ -188,15 +275,25 @@ def compute_stats(
 
         def per_pack(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
             return np.bincount(pack_ids, weights=values, minlength=num_packs)
+        if sampled is not None:
+            raise ValueError("compute_stats: sampled needs packs=(order, bounds), not pack_ids")
     # per-pack totals (<= capacity) as int32: a build of short examples has a pack per ~10 examples, and each
     # int64 per-pack array cost ~1 byte per example at the driver's peak (the same summaries and histograms)
     per_pack_dtype = np.int32 if capacity < 2**31 else np.int64
-    pack_tokens = per_pack(lengths, per_pack_dtype).astype(per_pack_dtype, copy=False)
+    if sampled is not None:  # tokens and vision tokens per pack in one pass: each planned example located once
+        located = _per_pack_located([lambda rows: lengths[rows]] + ([] if vision is None else [lambda rows: vision[rows]]),
+                                    order, bounds, per_pack_dtype, sampled)
+        pack_tokens = located.pop(0)
+    else:
+        pack_tokens = per_pack(lengths, per_pack_dtype).astype(per_pack_dtype, copy=False)
     tokens_per_pack, hist_fill = _summary(pack_tokens), _hist_blocks(pack_tokens, capacity)
     del pack_tokens  # not held beside the vision tokens' per-pack arrays
-    pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
-                   else per_pack(vision, per_pack_dtype).astype(per_pack_dtype, copy=False))
-    tokens = int(lengths.sum())
+    if sampled is not None:
+        pack_vision = located.pop() if located else np.zeros(num_packs, dtype=per_pack_dtype)
+    else:
+        pack_vision = (np.zeros(num_packs, dtype=per_pack_dtype) if vision is None
+                       else per_pack(vision, per_pack_dtype).astype(per_pack_dtype, copy=False))
+    tokens = _total(lengths, counts)
     lower_bound = -(-tokens // capacity)
     slots = num_packs * capacity
     stats: dict[str, Any] = {
@@ -204,11 +301,11 @@ def compute_stats(
         "input_records": int(input_records),
         "rejected": len(rejects),
         "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
-        "examples": int(len(lengths)),
+        "examples": int(n),
         "packs": num_packs,
         "tokens": tokens,
-        "loss_tokens": int(np.asarray(loss_tokens).sum()),
-        "vision_tokens": 0 if vision is None else int(np.asarray(vision).sum()),
+        "loss_tokens": _total(np.asarray(loss_tokens), counts),
+        "vision_tokens": 0 if vision is None else _total(np.asarray(vision), counts),
         "efficiency": tokens / slots if slots else 0.0,
         "lower_bound_packs": int(lower_bound),
         "packs_over_lower_bound": int(num_packs - lower_bound),
@@ -217,17 +314,19 @@ def compute_stats(
         # the std of a float64 copy, in place: numpy's own float64 deviations would be one more (the same bits)
         "vision_tokens_per_pack": {**_summary(pack_vision),
                                    "std": _std_in_place(pack_vision.astype(np.float64)) if num_packs else 0.0},
-        "example_length": _summary(lengths),
+        "example_length": _summary(lengths) if counts is None else _summary_rows(lengths, counts, n),
         "hist_fill": hist_fill,
         "hist_examples_per_pack": _hist(pack_examples, 0.5, float(pack_examples.max(initial=1)) + 0.5,
                                          bins=int(pack_examples.max(initial=1))),
         "hist_vision_per_pack": _hist(pack_vision, 0.0, float(pack_vision.max(initial=1))),
-        "hist_example_length": _hist(lengths, 0.0, float(capacity)),
+        "hist_example_length": (_hist(lengths, 0.0, float(capacity)) if counts is None
+                                else _hist_rows(lengths, counts, 0.0, float(capacity))),
         "padding": {
             "packed_slots": slots,
-            "fixed_length_slots": int(len(lengths)) * capacity,
+            "fixed_length_slots": int(n) * capacity,
             **{
-                f"naive_batch{b}_slots": padded_tokens_per_batch(lengths, b)
+                f"naive_batch{b}_slots": (padded_tokens_per_batch(lengths, b) if counts is None
+                                          else _padded_rows(lengths, counts, b))
                 for b in NAIVE_BATCH_SIZES
             },
         },
@@ -268,31 +367,44 @@ def compute_stats(
         stats["audio_clips_per_pack"] = _summary(audio_pp["clips"].astype(np.int64))
         stats["hist_audio_per_pack"] = _hist(tokens_pp, 0.0, float(tokens_pp.max(initial=1)))
     if source_names is not None and sources is None:  # every example is source_names[0]'s (no array)
-        codes: dict[str, Any] = {source_names[0]: None} if len(source_names) == 1 and len(lengths) else {}
+        codes: dict[str, Any] = {source_names[0]: None} if len(source_names) == 1 and n else {}
     elif source_names is not None:
-        codes = {source_names[c]: c for c in _present(sources)}
+        codes = {source_names[c]: c for c in _present(sources, counts)}
     else:
-        codes = {} if sources is None else {name: name for name in set(sources.tolist())}
-    if len(lengths) and any(codes):
+        codes = {} if sources is None else {name: name for name in set(sources[counts > 0].tolist()
+                                                                          if counts is not None else sources.tolist())}
+    if n and any(codes):
         del pack_vision  # in the stats already: not held beside the per-source pass
         per_source: dict[str, dict[str, Any]] = {}
         denominator = pack_examples if pack_examples.min(initial=1) >= 1 else np.maximum(pack_examples, 1)
-        for name in sorted(codes):
+        # every example's loss mass and its float64 total (integer counts per row: the weighted integer sum)
+        everyone_mass = _everyone_mass(loss_mass) if counts is None else stats["loss_tokens"]
+        mass_total = loss_mass.sum(dtype=np.float64) if counts is None else np.float64(stats["loss_tokens"])
+        ordered = sorted(codes)
+        pending: dict[str, np.ndarray] = {}  # sampled: per-pack counts of up to 4 sources located in one pass
+        for k, name in enumerate(ordered):
             everyone = codes[name] is None or len(codes) == 1
             # The rows' sums and the per-pack counts a block at a time: no (n,) mask of the source (1 byte per
             # example) nor float64 per-pack sums beside the shares; integer sums, so the same numbers.
             if everyone:
-                examples, source_tokens, source_loss = (len(lengths), int(lengths.sum(dtype=np.int64)),
-                                                        int(np.asarray(loss_tokens).sum(dtype=np.int64)))
+                examples, source_tokens, source_loss = (n, tokens, stats["loss_tokens"])
                 in_pack = pack_examples.astype(np.float64)
             else:
                 integer_mass = loss_mass.dtype.kind in "iu"
                 examples, source_tokens, source_loss, source_mass = _source_sums(
-                    sources, codes[name], lengths, np.asarray(loss_tokens), loss_mass if integer_mass else None)
+                    sources, codes[name], lengths, np.asarray(loss_tokens), loss_mass if integer_mass else None, counts)
                 if not integer_mass:  # a float sum's bits depend on its order: the selected copy, as ever
                     source_mass = loss_mass[sources == codes[name]].sum(dtype=np.float64)
-                in_pack = (_source_per_pack(sources, codes[name], order, bounds) if packs is not None
-                           else np.bincount(pack_ids[sources == codes[name]], minlength=num_packs).astype(np.float64))
+                if sampled is not None:
+                    if name not in pending:  # int32 per pack each (examples per pack <= capacity)
+                        group = ordered[k : k + 4]
+                        pending = dict(zip(group, _per_pack_located(
+                            [lambda rows, c=codes[g]: sources[rows] == c for g in group], order, bounds, np.int32,
+                            sampled), strict=True))
+                    in_pack = pending.pop(name).astype(np.float64)
+                else:
+                    in_pack = (_source_per_pack(sources, codes[name], order, bounds) if packs is not None
+                               else np.bincount(pack_ids[sources == codes[name]], minlength=num_packs).astype(np.float64))
             packs_with = int(np.count_nonzero(in_pack))
             np.divide(in_pack, denominator, out=in_pack)  # this source's share of each pack's examples
             mean = float(in_pack.mean()) if num_packs else 0.0
@@ -301,12 +413,12 @@ def compute_stats(
                 "tokens": source_tokens,
                 "loss_tokens": source_loss,
                 "token_share": float(source_tokens / max(tokens, 1)),
-                "loss_token_share": (float((_everyone_mass(loss_mass) if everyone else source_mass)
-                                           / loss_mass.sum(dtype=np.float64)) if loss_mass.sum() else 0.0),
+                "loss_token_share": (float((everyone_mass if everyone else source_mass) / mass_total)
+                                     if mass_total else 0.0),
                 "packs": packs_with,
                 "pack_share": packs_with / num_packs if num_packs else 0.0,
                 "rejected": sum(1 for r in rejects if r.get("source") == name),
-                "share": 1.0 if everyone else float(np.float64(examples) / np.float64(len(lengths))),
+                "share": 1.0 if everyone else float(np.float64(examples) / np.float64(n)),
                 "pack_share_mean": mean,
                 "pack_share_std": _std_in_place(in_pack) if num_packs else 0.0,
             }

@@ -50,3 +50,39 @@ def test_one_source_needs_no_array():
                            loss_tokens=lengths, sources=None, source_names=["chat"])
     assert json.dumps(narrow, sort_keys=True) == json.dumps(wide, sort_keys=True)
     assert narrow["sources"]["chat"]["share"] == 1.0
+
+
+@pytest.mark.parametrize("block", [None, 7, 64])  # 7, 64: blocks of rows and of packs across the MARK steps
+def test_rows_weighted_by_copies_give_the_planned_stats(block, monkeypatch):
+    """A build with up-sampled copies passes its per-row columns and ``Sampled`` (issue 32): the very stats of
+    the planned arrays (``Sampled.planned``), rows left out (0 copies) and rows copied up to 3 times, one
+    source, three and six, with loss weights (made per planned example, as before) and without."""
+    from packer.packing.mixing import Sampled
+
+    if block is not None:
+        monkeypatch.setattr(stats, "_BLOCK", block)
+    rng = np.random.default_rng(5)
+    rows = 3000
+    counts = rng.integers(0, 4, size=rows).astype(np.uint8)
+    counts[:200] = 0  # a run of rows left out across marks
+    sampled = Sampled.of(counts)
+    lengths = rng.integers(1, 300, size=rows).astype(np.uint16)
+    packs = plan_bulk(sampled.planned(lengths), 512, seed=7)
+    loss = (lengths // 2).astype(np.uint16)
+    vision = np.where(rng.random(rows) < 0.2, lengths // 3, 0).astype(np.uint16)
+    codes = rng.integers(0, 3, size=rows).astype(np.uint8)
+    for names, sources, vis, weight in ((["chat"], None, None, None),
+                                        (["chat", "code", "web"], codes, vision, None),
+                                        (["chat", "code", "web"], codes, vision, loss * rng.random(rows)),
+                                        ([f"s{k}" for k in range(6)], codes * 2 + (lengths % 2).astype(np.uint8),
+                                         vision, None)):  # 6 sources: two passes of up to 4
+        common = dict(packs=(packs.order, packs.bounds), capacity=512, source_names=names, input_records=rows)
+        planned = compute_stats(lengths=sampled.planned(lengths), vision=None if vis is None else sampled.planned(vis),
+                                loss_tokens=sampled.planned(loss),
+                                loss_weight=None if weight is None else sampled.planned(weight),
+                                sources=None if sources is None else sampled.planned(sources), **common)
+        weighted = compute_stats(lengths=lengths, vision=vis, loss_tokens=loss, loss_weight=weight, sources=sources,
+                                 sampled=sampled, **common)
+        assert json.dumps(weighted, sort_keys=True) == json.dumps(planned, sort_keys=True)
+        assert set(weighted["sources"]) == set(names)
+    assert weighted["examples"] == int(counts.sum())
