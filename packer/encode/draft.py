@@ -175,6 +175,10 @@ def _path_starts(stage: Staged, tokens: Tokens) -> list[int]:
 
 def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef | AudioRef]]]:
     """A tree's ids, labels, node offsets and each node's media, from its paths' tokens."""
+    if len(stage.nodes) == 1:  # a linear conversation: its one path's tokens, copied (the batch's stay)
+        ids, labels = tokens.text(stage.first)
+        refs = [p for m in stage.nodes[0].messages for p in m.parts if not isinstance(p, str)]
+        return ids.copy(), labels.copy(), np.zeros(1, dtype=np.int32), [refs]
     texts = stage.texts
     node_ids, node_labels, refs, path_ids = [], [], [], []
     for i, (node, parent) in enumerate(zip(stage.nodes, stage.parents, strict=True)):
