@@ -49,7 +49,6 @@ class Tokens:
     labels: np.ndarray  # (T,) int32
     starts: list[int]  # (texts + 1,)
     weights: np.ndarray | None = None  # (T,) float32 loss weight of each token; None: every weight is 1
-    media: np.ndarray | None = None  # (T + 1,) media tokens (image, video, audio ids) before each token; None: all 0
 
     def text(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Text k's ids and labels (views: the batch's texts do not overlap)."""
@@ -103,14 +102,7 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
         if token_weights is None:
             token_weights = np.ones(ids.shape[0], dtype=np.float32)
         token_weights[_labels(ctx, ids, starts, texts, only, encodings, count=False) != IGNORE_INDEX] = w
-    media_ids = [t for t in (ctx.image_token_id, ctx.video_token_id, ctx.audio_token_id) if t is not None]
-    media = None
-    if media_ids:  # one pass over the batch, so that a text without media tokens skips check_media_tokens
-        mask = np.isin(ids, media_ids)
-        if mask.any():
-            media = np.zeros(ids.shape[0] + 1, dtype=np.int64)
-            np.cumsum(mask, out=media[1:])
-    return Tokens(ids, labels, starts, token_weights, media)
+    return Tokens(ids, labels, starts, token_weights)
 
 
 def _labels(ctx: EncodeContext, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],
@@ -153,9 +145,7 @@ def text_draft(ctx: EncodeContext, tokens: Tokens, k: int) -> Draft:
 def tree_draft(ctx: EncodeContext, stage: Staged, tokens: Tokens) -> Draft:
     """Nodes are path deltas: node n's tokens are its path's minus its parent's path's."""
     ids, labels, node_offsets, refs = join_nodes(stage, tokens)
-    if any(refs) or (tokens.media is not None and tokens.media[tokens.starts[stage.first + len(stage.nodes)]]
-                     != tokens.media[tokens.starts[stage.first]]):
-        check_media_tokens(ctx, ids, node_offsets, refs)  # else: no media named, no media token, nothing to count
+    check_media_tokens(ctx, ids, node_offsets, refs)
     node_parents = np.array(stage.parents, dtype=np.int32)
     weights = None
     if tokens.weights is not None:  # each node's weights are its path's past its parent's path, as its labels
@@ -175,10 +165,6 @@ def _path_starts(stage: Staged, tokens: Tokens) -> list[int]:
 
 def join_nodes(stage: Staged, tokens: Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[ImageRef | VideoRef | AudioRef]]]:
     """A tree's ids, labels, node offsets and each node's media, from its paths' tokens."""
-    if len(stage.nodes) == 1:  # a linear conversation: its one path's tokens, copied (the batch's stay)
-        ids, labels = tokens.text(stage.first)
-        refs = [p for m in stage.nodes[0].messages for p in m.parts if not isinstance(p, str)]
-        return ids.copy(), labels.copy(), np.zeros(1, dtype=np.int32), [refs]
     texts = stage.texts
     node_ids, node_labels, refs, path_ids = [], [], [], []
     for i, (node, parent) in enumerate(zip(stage.nodes, stage.parents, strict=True)):

@@ -438,19 +438,7 @@ def chat_messages(items: Any, ctx: Ctx, where: str) -> list[Message]:
     have no content."""
     if not isinstance(items, list):
         raise ctx.error("wrong_type", f"{where} must be a list of messages, got {type(items).__name__}")
-    if ctx.pool is not None or ctx.video_pool is not None or ctx.audio_pool is not None:
-        return [chat_message(msg, ctx, f"{where}[{i}]") for i, msg in enumerate(items)]
-    out = []
-    for i, msg in enumerate(items):
-        # The common message, {"role": ..., "content": "a non-empty string"} and nothing else, is what
-        # chat_message makes of it without its checks and its ``where`` string (issue 33: parse per record).
-        if type(msg) is dict and len(msg) == 2 and type(content := msg.get("content")) is str and content:
-            role = msg.get("role")
-            if type(role) is str and (role := ROLES.get(role)) is not None:
-                out.append(Message(role=role, parts=[content]))
-                continue
-        out.append(chat_message(msg, ctx, f"{where}[{i}]"))
-    return out
+    return [chat_message(msg, ctx, f"{where}[{i}]") for i, msg in enumerate(items)]
 
 
 def chat_message(msg: Any, ctx: Ctx, where: str) -> Message:
