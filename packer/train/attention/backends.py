@@ -27,7 +27,9 @@ For transformers, ``packer.train.attention.hf`` registers these backends in ``At
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import math
 import warnings
 
@@ -129,17 +131,35 @@ def _varlen(q, k, v, layout: PackedLayout, scale: float, dropout: float, window:
     if layout.span_plan(q.device) is not None:
         return _two_calls(q, k, v, layout, scale, dropout, "varlen", window, chunk)
     args, dtype = _varlen_args(q, k, v, layout, chunk)
+    gqa = {}
+    if q.shape[1] != k.shape[1]:
+        if _takes_enable_gqa(varlen_attn):
+            gqa = {"enable_gqa": True}
+        else:  # torch < 2.13 has no enable_gqa: query head h reads kv head h // (Hq / Hkv), as GQA defines it
+            group = q.shape[1] // k.shape[1]
+            args = (args[0], args[1].repeat_interleave(group, dim=1), args[2].repeat_interleave(group, dim=1),
+                    *args[3:])
     # window_size=(-1, 0) is how varlen_attn spells causal; PyTorch's flash kernel aligns it bottom-right.
-    out = varlen_attn(
-        *args,
-        scale=scale,
-        window_size=(-1 if window is None else window - 1, 0),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )  # (T, H, D)
+    out = varlen_attn(*args, scale=scale, window_size=(-1 if window is None else window - 1, 0), **gqa)  # (T, H, D)
     return out.to(dtype)
 
 
+@functools.cache
+def _takes_enable_gqa(fn) -> bool:
+    return "enable_gqa" in inspect.signature(fn).parameters
+
+
 _COMPILED_FLEX = None
+
+
+def flex_padding(num_tokens: int, num_nodes: int) -> tuple[int, int]:
+    """The static shape a CUDA flex call runs at: tokens and tree nodes rounded up to powers of two.
+
+    ``torch.compile(flex_attention, dynamic=True)`` fails to lower on CUDA (pytorch/pytorch#147756: inductor's
+    NoValidChoicesError, seen on an H200 with torch 2.11), so flex is compiled with static shapes; rounding them
+    up bounds the recompiles to a few per run, and the block mask skips the padding's blocks.
+    """
+    return max(128, 1 << (num_tokens - 1).bit_length()), max(16, 1 << num_nodes.bit_length())
 
 
 def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,
@@ -149,24 +169,41 @@ def _flex(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: i
     global _COMPILED_FLEX
     if dropout:
         raise ConfigError("backend 'flex' has no attention dropout; set attention_dropout=0 or use 'sdpa'")
+    gqa = q.shape[1] != k.shape[1]
+    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, H, T, D)
     if q.device.type == "cpu":
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             raise ConfigError(
                 "backend 'flex' cannot train on CPU: torch 2.13's flex_attention has no CPU backward. "
                 "Use backend='sdpa' or 'sdpa_varlen' on CPU (flex works on CPU under torch.no_grad)"
             )
-        q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses requires_grad leaves even under no_grad
-    fn = flex_attention
-    if q.device.type == "cuda":  # the fused kernel; eager flex materializes the full score matrix
-        if _COMPILED_FLEX is None:
-            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
-        fn = _COMPILED_FLEX
-    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, H, T, D)
-    with warnings.catch_warnings():
-        # On CPU the unfused path is deliberate (inductor's CPU flex kernel has no backward either).
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out = fn(qh, kh, vh, block_mask=layout.block_mask(q.device, window, chunk), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)  # (T, H, D)
+        qh, kh, vh = qh.detach(), kh.detach(), vh.detach()  # torch refuses requires_grad leaves even under no_grad
+        with warnings.catch_warnings():
+            # On CPU the unfused path is deliberate (inductor's CPU flex kernel has no backward either).
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out = flex_attention(qh, kh, vh, block_mask=layout.block_mask(q.device, window, chunk), scale=scale,
+                                 enable_gqa=gqa)
+        return out[0].transpose(0, 1)  # (T, H, D)
+    if _COMPILED_FLEX is None:  # the fused kernel; eager flex materializes the full score matrix
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    qh, kh, vh, pad, scale = flex_static_inputs(qh, kh, vh, layout, scale)
+    out = _COMPILED_FLEX(qh, kh, vh, block_mask=layout.block_mask(q.device, window, chunk, pad), scale=scale,
+                         enable_gqa=gqa)
+    return out[0, :, : layout.num_tokens, : q.shape[-1]].transpose(0, 1)  # (T, H, D)
+
+
+def flex_static_inputs(qh, kh, vh, layout: PackedLayout, scale: float | None):
+    """(1, H, T, D) inputs at the static shape CUDA flex runs (``flex_padding``), and the scale to pass.
+
+    Rows are zero-padded to P tokens (the padded mask isolates them). Head dims under 16 are zero-padded to 16,
+    the smallest inductor's flex kernel takes ("NYI: embedding dimension ... at least 16"; tiny test models
+    have 8): zeros add nothing to q.k, v's extra columns come out zero and are cut, and the scale stays
+    1/sqrt(D) of the real D.
+    """
+    d = qh.shape[-1]
+    pad = flex_padding(layout.num_tokens, layout.num_nodes)
+    grow = (0, max(0, 16 - d), 0, pad[0] - layout.num_tokens)
+    return *(F.pad(x, grow) for x in (qh, kh, vh)), pad, (1 / math.sqrt(d) if scale is None else scale)
 
 
 def _sdpa(q, k, v, layout: PackedLayout, scale: float, dropout: float, window: int | None,

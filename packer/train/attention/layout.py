@@ -310,33 +310,52 @@ class PackedLayout:
 
         return self._cached(("dense_mask", str(torch.device(device))), build)
 
-    def mask_mod(self, device: torch.device | str, window: int | None = None, chunk: int | None = None):
-        """The flex_attention ``mask_mod(b, h, q_idx, kv_idx)`` of this layout, over tensors on ``device``."""
+    def mask_mod(self, device: torch.device | str, window: int | None = None, chunk: int | None = None,
+                 pad: tuple[int, int] | None = None):
+        """The flex_attention ``mask_mod(b, h, q_idx, kv_idx)`` of this layout, over tensors on ``device``.
+
+        ``pad=(P, NP)``: the mask of the row padded to P tokens with NP >= N + 1 nodes, its padding tokens one
+        extra node (NP - 1) that sees only itself: no real token sees padding, and padding sees no real token.
+        """
         dev = torch.device(device)
         _check_local(window, chunk)
+        tokens, nodes = pad if pad is not None else (self.num_tokens, self.num_nodes)
+        if tokens < self.num_tokens or nodes < self.num_nodes + (pad is not None):
+            raise ValueError(f"pad {pad} is smaller than the row ({self.num_tokens} tokens, {self.num_nodes} nodes)")
+
+        def per_token(x: torch.Tensor, fill: int) -> torch.Tensor:
+            return torch.cat([x, x.new_full((tokens - x.numel(),), fill)]).to(dev)
+
         if chunk is not None:
-            inner, cid = self.mask_mod(dev), torch.div(self.path_positions().to(dev), chunk, rounding_mode="floor")
+            inner = self.mask_mod(dev, pad=pad)
+            cid = per_token(torch.div(self.path_positions(), chunk, rounding_mode="floor"), 0)
 
             def mask_mod_chunk(b, h, q_idx, kv_idx):
                 return inner(b, h, q_idx, kv_idx) & (cid[kv_idx] == cid[q_idx])
 
             return mask_mod_chunk
         if window is not None:
-            inner, pos = self.mask_mod(dev), self.path_positions().to(dev)
+            inner, pos = self.mask_mod(dev, pad=pad), per_token(self.path_positions(), 0)
 
             def mask_mod_window(b, h, q_idx, kv_idx):
                 return inner(b, h, q_idx, kv_idx) & (pos[kv_idx] > pos[q_idx] - window)
 
             return mask_mod_window
-        node = self.token_nodes().to(dev)
-        anc = self.ancestors().to(dev)
+        node = per_token(self.token_nodes(), nodes - 1)
+        anc = self.ancestors()
+        if pad is not None:
+            grown = torch.zeros(nodes, nodes, dtype=anc.dtype)
+            grown[: anc.shape[0], : anc.shape[1]] = anc
+            grown[nodes - 1, nodes - 1] = True
+            anc = grown
+        anc = anc.to(dev)
         if self.bidirectional_spans is None:
 
             def mask_mod(b, h, q_idx, kv_idx):
                 return (kv_idx <= q_idx) & anc[node[q_idx], node[kv_idx]]
 
             return mask_mod
-        span = self.span_ids().to(dev)
+        span = per_token(self.span_ids(), -1)
 
         def mask_mod_bidirectional(b, h, q_idx, kv_idx):
             tree_mask = (kv_idx <= q_idx) & anc[node[q_idx], node[kv_idx]]
@@ -344,19 +363,22 @@ class PackedLayout:
 
         return mask_mod_bidirectional
 
-    def block_mask(self, device: torch.device | str, window: int | None = None, chunk: int | None = None):
-        """The flex_attention BlockMask, built once per device, window and chunk (compiled on CUDA: no T x T tensor)."""
+    def block_mask(self, device: torch.device | str, window: int | None = None, chunk: int | None = None,
+                   pad: tuple[int, int] | None = None):
+        """The flex_attention BlockMask, built once per device, window, chunk and ``pad`` (see ``mask_mod``);
+        compiled on CUDA: no T x T tensor."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         dev = torch.device(device)
+        length = self.num_tokens if pad is None else pad[0]
         return self._cached(
-            ("block_mask", str(dev), window, chunk),
+            ("block_mask", str(dev), window, chunk, pad),
             lambda: create_block_mask(
-                self.mask_mod(dev, window, chunk),
+                self.mask_mod(dev, window, chunk, pad),
                 B=None,
                 H=None,
-                Q_LEN=self.num_tokens,
-                KV_LEN=self.num_tokens,
+                Q_LEN=length,
+                KV_LEN=length,
                 device=dev,
                 _compile=dev.type == "cuda",
             ),

@@ -109,24 +109,66 @@ class ReferenceKernel:
 
 
 class TorchVarlenKernel:
-    """``torch.nn.attention.varlen``'s custom ops (PyTorch's flash kernel); CUDA, fp16/bf16, no dropout."""
+    """``torch.nn.attention.varlen``'s custom ops (PyTorch's flash kernel); CUDA, fp16/bf16, no dropout.
+
+    The ops are private and their schemas change between releases (torch 2.13 added ``enable_gqa``): arguments go
+    by the installed schema's names, a sliding window the installed op cannot take is refused, and GQA without
+    ``enable_gqa`` runs on kv heads repeated to the query heads, their gradients summed back per group.
+    """
 
     name = "varlen"
+
+    @staticmethod
+    def _call(op, names: dict[str, Any]):
+        schema = op.default._schema
+        taken = {a.name for a in schema.arguments}
+        missing = [a.name for a in schema.arguments if a.name not in names and not a.has_default_value()]
+        if missing:
+            raise ConfigError(f"this torch's {schema.name} needs {missing}, which packer does not know; "
+                              "use backend 'flash' or 'sdpa'")
+        return op(**{k: v for k, v in names.items() if k in taken})
+
+    @staticmethod
+    def _check_window(op, window) -> None:
+        if tuple(window) not in ((-1, 0), (-1, -1)) and "window_size" not in {
+                a.name for a in op.default._schema.arguments}:
+            raise ConfigError("this torch's varlen_attn takes no window_size: a sliding-window layer needs "
+                              "torch >= 2.11 with it, or backend 'flash' / 'sdpa'")
+
+    @staticmethod
+    def _native_gqa() -> bool:
+        op = torch.ops.torch_attn._varlen_attn
+        return "enable_gqa" in {a.name for a in op.default._schema.arguments}
 
     def forward(self, q, k, v, plan, *, scale, window):
         import torch.nn.attention.varlen  # noqa: F401  (registers torch.ops.torch_attn)
 
-        out, lse, rng_state = torch.ops.torch_attn._varlen_attn(
-            q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k,
-            tuple(window) == (-1, 0), scale, list(window), q.shape[1] != k.shape[1], None, None, None,
-        )  # (Tq, H, D), (H, Tq) fp32
+        op = torch.ops.torch_attn._varlen_attn
+        self._check_window(op, window)
+        gqa = q.shape[1] != k.shape[1]
+        if gqa and not self._native_gqa():
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        out, lse, rng_state = self._call(op, dict(
+            query=q, key=k, value=v, cu_seq_q=plan.cu_seqlens_q, cu_seq_k=plan.cu_seqlens_k,
+            max_q=plan.max_seqlen_q, max_k=plan.max_seqlen_k, is_causal=tuple(window) == (-1, 0), scale=scale,
+            window_size=list(window), enable_gqa=gqa,
+        ))  # (Tq, H, D), (H, Tq) fp32
         return out, lse, rng_state
 
     def backward(self, dout, q, k, v, out, lse, plan, *, scale, window, state):
-        return torch.ops.torch_attn._varlen_attn_backward(
-            dout.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), plan.cu_seqlens_q, plan.cu_seqlens_k,
-            plan.max_seqlen_q, plan.max_seqlen_k, tuple(window) == (-1, 0), state, scale, list(window),
-        )
+        op = torch.ops.torch_attn._varlen_attn_backward
+        group = q.shape[1] // k.shape[1]
+        if group > 1 and not self._native_gqa():
+            k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
+        dq, dk, dv = self._call(op, dict(
+            grad_out=dout.contiguous(), query=q, key=k, value=v, out=out.contiguous(), lse=lse.contiguous(),
+            cu_seq_q=plan.cu_seqlens_q, cu_seq_k=plan.cu_seqlens_k, max_q=plan.max_seqlen_q,
+            max_k=plan.max_seqlen_k, is_causal=tuple(window) == (-1, 0), rng_state=state, scale=scale,
+            window_size=list(window),
+        ))
+        if dk.shape[1] != q.shape[1] // group:  # kv heads were repeated: each kv head's gradient is its group's sum
+            dk, dv = (x.unflatten(1, (-1, group)).sum(2) for x in (dk, dv))
+        return dq, dk, dv
 
 
 def _pad8(*xs: torch.Tensor) -> list[torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -49,6 +50,46 @@ def test_flex_forward_matches_reference_on_cpu(bidirectional):
     diff = (got - ref).abs().max()
     print(f"flex vs sdpa max abs diff: {diff:.2e}")
     assert diff < 1e-5
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kind", ["tree", "spans", "window", "chunk"])
+def test_padded_flex_mask_is_the_row_mask_and_isolates_the_padding(seed, kind):
+    """CUDA flex runs at static padded shapes (``flex_padding``): inside the row the padded mask is the row's
+    dense mask, no real token sees padding, padding sees no real token; eager flex on the padded row (CPU) gives
+    the unpadded output."""
+    from torch.nn.attention.flex_attention import create_mask, flex_attention
+
+    from packer.train.attention.backends import flex_padding, flex_static_inputs
+
+    rng = random.Random(300 + seed)
+    args = random_layout(rng, examples=5, max_len=40, max_nodes=6)
+    spans = random_spans(rng, args) if kind == "spans" else None
+    layout = PackedLayout.from_tensors(**args, bidirectional_spans=spans)
+    window, chunk = {"window": (5, None), "chunk": (None, 7)}.get(kind, (None, None))
+    T = layout.num_tokens
+    pad = flex_padding(T, layout.num_nodes)
+    assert pad[0] >= T and pad[0] & (pad[0] - 1) == 0 and pad[1] > layout.num_nodes
+    full = create_mask(layout.mask_mod("cpu", window, chunk, pad), None, None, pad[0], pad[0], device="cpu")[0, 0]
+    assert torch.equal(full[:T, :T], layout.dense_mask("cpu", window, chunk))
+    assert not full[:T, T:].any() and not full[T:, :T].any()
+    assert full[T:, T:].diagonal().all()  # every padding row sees a key: no NaN in the padded output
+    q, k, v = _qkv(T, dtype=torch.float32)  # head dim 8: padded to 16 as on CUDA
+    qh, kh, vh, pad2, scale = flex_static_inputs(*(x.transpose(0, 1)[None] for x in (q, k, v)), layout, None)
+    assert pad2 == pad and qh.shape[-1] == 16 and scale == pytest.approx(8**-0.5)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = flex_attention(qh, kh, vh, block_mask=layout.block_mask("cpu", window, chunk, pad), scale=scale,
+                             enable_gqa=True)
+        ref = packed_attention(q, k, v, layout, backend="sdpa", window=window, chunk=chunk)
+    assert not got[0, :, :, 8:].any()
+    torch.testing.assert_close(got[0, :, :T, :8].transpose(0, 1), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_flex_mask_refuses_a_pad_smaller_than_the_row():
+    layout = PackedLayout.from_tensors(**GOLDEN_LAYOUT)
+    with pytest.raises(ValueError, match="smaller than the row"):
+        layout.mask_mod("cpu", pad=(layout.num_tokens, layout.num_nodes))
 
 
 def test_flex_cannot_train_on_cpu():
