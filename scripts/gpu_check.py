@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared"))
                         / "data", help="length-histograms/ and coco-mini/ (make gpu-wheels copies them to .gpu/data)")
     parser.add_argument("--out", type=Path, help="also write the summary to OUT/gpu_check.json")
-    parser.add_argument("--budget", type=float, default=420, help="seconds; a stage not started by then is not run, and the check is not ok")
+    parser.add_argument("--budget", type=float, default=480, help="seconds; a stage not started by then is not run, and the check is not ok")
     parser.add_argument("--seeds", type=int, default=3, help="random packed rows per kernel check")
     parser.add_argument("--skip-bench", action="store_true", help="no training-step figure")
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu after the checks")
