@@ -236,8 +236,8 @@ def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[s
 def gpu_test_files() -> list[str]:
     """The test files that hold ``@pytest.mark.gpu`` tests: only these are collected on the node, so a test module
     that imports what the node lacks (moto, ray, trl...) cannot stop the GPU tests from running."""
-    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
-                  if "pytest.mark.gpu" in p.read_text())
+    marker = re.compile(r"^\s*@pytest\.mark\.gpu\b", re.M)
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if marker.search(p.read_text()))
 
 
 def gpu_tests(timeout: float, data: Path | None) -> dict:

@@ -44,6 +44,17 @@ def test_dry_run_checks_the_kernels_on_cpu_as_the_node_would_import_them():
     assert {g["kernel"] for g in (summary["gated_delta"]["independent"], summary["gated_delta"]["branched"])} == {"torch"}
     assert any(s.startswith("kernels.varlen") for s in summary["skipped"])
     assert any(s.startswith("gated_delta.fla") for s in summary["skipped"])
+    # the GPU test files import with the node's packages only (on the node a module that did not stopped them all)
+    assert summary["gpu_tests"]["ok"] and "tests/train/attention/test_backends.py" in summary["gpu_tests"]["files"]
+
+
+def test_the_gpu_tests_are_collected_from_their_files_only():
+    """Each file that holds a ``pytest.mark.gpu`` test, and no other: the node lacks what other test modules import."""
+    files = load_script("gpu_check").gpu_test_files()
+    marked = {str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
+              if any(line.strip().startswith("@pytest.mark.gpu") for line in p.read_text().splitlines())}
+    assert set(files) == marked and "tests/train/test_equivalence.py" in files
+    assert "tests/test_gpu_check.py" not in files  # its skipif mentions CUDA, not the marker
 
 
 def test_the_node_guard_refuses_what_the_image_lacks():
