@@ -258,7 +258,7 @@ def _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, rows):
                 j = i0 - p if i0 > p else 0
                 while j < c and k < m:
                     buf[k] = p + j
-                    rows[k] = r
+                    rows[k] = r  # (written each row once too: this branch is a small share of the scans)
                     k += 1
                     j += 1
                 if k == m:
@@ -286,9 +286,20 @@ def _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, rows):
     for x in range(s - 1, lo - 1, -1):
         offset[x] = pos
         pos += counts[x]
+    if every:  # each row once: the row is the planned example (the scan without the copies' bookkeeping)
+        for r in range(lens.shape[0]):
+            x = np.int64(lens[r])
+            if x < lo or x > s or (x == s and r < i0):
+                continue
+            buf[offset[x]] = r  # ``rows`` is not read: the row is the planned example
+            offset[x] += 1
+        s = lo - 1
+        while s >= 1 and counts[s] == 0:
+            s -= 1
+        return total, s, counts[s] if s >= 1 else 0, 0, 0, 0
     p = np.int64(0)
     for r in range(lens.shape[0]):
-        c = np.int64(1) if every else np.int64(copies[r])
+        c = np.int64(copies[r])
         x = np.int64(lens[r])
         if x < lo or x > s:
             p += c
@@ -333,8 +344,9 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
     r0, p0, i0 = 0, 0, 0
     while s >= 1:
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
+        every = copies.shape[0] == 0
         for k in range(taken):
-            r = brow[k]
+            r = np.int64(buf[k]) if every else brow[k]
             bsize[k] = lens[r]
             for c in range(ncols):
                 bneed[k, c] = cols[c][r]
