@@ -568,8 +568,9 @@ def separate_copies_bulk(
         wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
         cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
         lens = np.ascontiguousarray(lengths)
-        # per-pack loads stay within their caps (the plan keeps every budget): int32 where the caps fit
-        wide_load = np.int32 if int(caps.max()) < 2**31 else np.int64
+        # per-pack loads stay within their caps (the plan keeps every budget): uint16 or int32 where they fit
+        top = int(caps.max())
+        wide_load = np.uint16 if top < 2**16 else np.int32 if top < 2**31 else np.int64
         load = np.zeros((1 + len(kept), num_packs), dtype=wide_load)
         _loads(pack_of, lens, counts, cols, len(kept), load)
         candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
