@@ -5,8 +5,10 @@
 copies it holds ~40-80 bytes per example (int64 lengths, the (n, 1 + b) ``needs`` matrix, the decreasing
 order, the sizes/wants copies, the assignment, the shuffled ids), and a build adds ``argsort(pack_ids)``.
 ``plan_budgeted`` makes the same plan, pack ids and the writers' order included (tests/packing/
-test_bulk_budgets.py), reading the compact columns as given (uint16 lengths and counts; a cost column is
-read through ``index`` where the planned examples are a subset of the rows) and holding per example only:
+test_bulk_budgets.py), reading the compact columns as given, one value per cache row (uint16 lengths and
+counts), and the planned examples as each row's copies (``counts``, ``mixing.Sampled``'s byte per row: a row
+left out or up-sampled makes no (n,) row index or planned lengths; the kernels walk the rows with their
+copies, and each block of the decreasing order carries its rows), holding per planned example only:
 
 - the pack of each example (int32, 4 bytes), which becomes ``order`` in place (below);
 - the decreasing order in blocks of ``n // 64`` examples (one scan of the lengths per block, a counting sort
@@ -36,7 +38,7 @@ from numba import njit
 
 from packer.errors import ConfigError
 from packer.packing import kernels
-from packer.packing.bulk import PackOrder, _count, _raise_misfit, write_order
+from packer.packing.bulk import PackOrder, _raise_misfit, write_order
 from packer.packing.kernels import class_column, ix_new, ix_open_all, refine_next, refine_try
 from packer.packing.mixing import MARK, Sampled
 
@@ -47,34 +49,52 @@ BLOCK_MIN = 1 << 18
 BLOCKS = 64
 
 
-def _checked_costs(
-    lens: np.ndarray, costs: Sequence[np.ndarray | None], limits: Sequence[int], names: Sequence[str],
-    index: np.ndarray | None,
-) -> tuple[np.ndarray, list[np.ndarray], list[int], tuple[np.ndarray, ...]]:
-    """``plan``'s checks of the budget columns (an example over a limit, or with more of a budget than tokens, is
-    a ConfigError naming it), then (rows, the columns that bind, their limits, those columns in one dtype)."""
+def _copies(counts: np.ndarray | None) -> np.ndarray:
+    """The kernels' ``copies``: ``counts`` as given, or an empty array for "every row once"."""
+    return np.zeros(0, dtype=np.uint8) if counts is None else np.ascontiguousarray(counts)
+
+
+def _planned(values: np.ndarray, copies: np.ndarray) -> np.ndarray:
+    """(n,) ``values`` (one per row) of each planned example (``copies`` empty: every row once). Errors only."""
+    return values if copies.shape[0] == 0 else np.repeat(values, copies)
+
+
+def _checked(
+    lens: np.ndarray, capacity: int, copies: np.ndarray, costs: Sequence[np.ndarray | None], limits: Sequence[int],
+    names: Sequence[str],
+) -> tuple[int, np.ndarray, list[np.ndarray], list[int], tuple[np.ndarray, ...]]:
+    """``plan``'s checks of the planned examples (a length outside [1, capacity], an example over a limit, or
+    with more of a budget than tokens, is a ConfigError naming it, as ``plan`` names it), then (planned
+    examples, the histogram of their lengths, the columns that bind, their limits, those columns in one
+    dtype)."""
     from packer.packing.budgets import counts_tokens, noun
 
+    if copies.shape[0] and copies.shape[0] != lens.shape[0]:
+        raise ValueError(f"counts has {copies.shape[0]} rows, lengths {lens.shape[0]}")
+    hist = np.zeros(capacity + 1, dtype=np.int64)
+    n, bad = _count_rows(lens, copies, capacity, hist)  # not np.bincount: it casts the lengths to int64
+    if bad >= 0:
+        _raise_misfit(_planned(lens, copies), capacity)
     names = list(names) if names else [f"costs[:, {j}]" for j in range(len(limits))]
-    rows = np.zeros(0, dtype=np.int32) if index is None else np.ascontiguousarray(index)
     kept, kept_limits = [], []
     for col, limit, name in zip(costs, limits, names, strict=True):
         if col is None:
             continue  # costs nothing: never binds, and bfd_general's choices do not depend on it
         col = np.ascontiguousarray(col)
-        bad = _first_over(lens, rows, col, int(limit), counts_tokens(name))
+        bad = _first_over(lens, copies, col, int(limit), counts_tokens(name))
         if bad >= 0:
-            planned = col if index is None else col[index]
+            planned = _planned(col, copies)
             if int(planned.max()) > limit:
                 i = int(np.argmax(planned))
                 raise ConfigError(f"example {i} has {int(planned[i])} {noun(name)} > {name} {limit}; raise "
                                   f"'{name}' or drop/truncate the example")
-            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only {int(lens[bad])} tokens "
-                              "in all")
+            raise ConfigError(f"example {bad} has {int(planned[bad])} {noun(name)} but only "
+                              f"{int(_planned(lens, copies)[bad])} tokens in all")
         kept.append(col)
         kept_limits.append(int(limit))
     wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
-    return rows, kept, kept_limits, tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+    cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+    return n, hist, kept, kept_limits, cols
 
 
 def plan_budgeted(
@@ -84,35 +104,35 @@ def plan_budgeted(
     costs: Sequence[np.ndarray | None] = (),
     limits: Sequence[int] = (),
     names: Sequence[str] = (),
-    index: np.ndarray | None = None,
+    counts: np.ndarray | None = None,
     max_examples: int | None = None,
     refine: bool = False,
     seed: int = 0,
 ) -> PackOrder:
     """``plan(lengths, capacity, costs=..., limits=..., max_examples=..., refine=..., seed=...)``'s plan (``bfd``,
-    no ``balance``) as a ``PackOrder``.
+    no ``balance``) as a ``PackOrder``, over the planned examples ``counts`` makes of the rows.
 
     Args:
-        lengths: (n,) tokens per planned example, each in [1, capacity]; any integer dtype, read as given.
-        costs: one (rows,) column per bounded budget (uint16: 2 bytes per row), None where every row costs 0;
-            read as ``costs[j][index[i]]`` for planned example i when ``index`` is given, else ``costs[j][i]``.
+        lengths: (rows,) tokens per row, each planned one in [1, capacity]; any integer dtype, read as given.
+        costs: one (rows,) column per bounded budget (uint16: 2 bytes per row), None where every row costs 0.
         limits: (k,) each column's limit (an int: unbounded columns change no plan and are left out).
         names: (k,) the knob of each limit (``max_vision_tokens``), named by errors as ``plan`` names them.
-        index: (n,) the row of each planned example in ``costs``' columns, or None (row i).
+        counts: (rows,) copies of each row in the plan (``mixing.Sampled.counts``; 0: left out): planned
+            example i is the i-th of ``np.repeat(np.arange(rows), counts)``, never made (the kernels walk the
+            counts). None: every row once.
         max_examples: at most this many examples per pack.
         refine: then empty the least-filled packs into the others' free space (``balance.refine_packs``).
         seed: the pack shuffle's seed (``plan``'s write order).
     """
     lens = np.ascontiguousarray(lengths)
-    n = lens.shape[0]
+    copies = _copies(counts)
+    if lens.shape[0] >= 2**32:  # refine's member lists pack (planned example, row) into one int64
+        raise ConfigError(f"plan_budgeted reads at most 2**32 - 1 rows, got {lens.shape[0]}")
+    n, hist, kept, kept_limits, cols = _checked(lens, capacity, copies, costs, limits, names)
     if n == 0:
         return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
     if n > 2**31 - 1:
         raise ConfigError(f"plan_budgeted plans at most 2**31 - 1 examples, got {n}")
-    counts = np.zeros(capacity + 1, dtype=np.int64)
-    if _count(lens, capacity, counts) >= 0:  # not np.bincount: it casts the lengths to int64 (8 bytes each)
-        _raise_misfit(lens, capacity)
-    rows, kept, kept_limits, cols = _checked_costs(lens, costs, limits, names, index)
     # Examples per pack never exceed the capacity (each has a token), so capacity + 1 stands in for "no limit"
     # as plan()'s 1 << 60 does: it never binds. Pack state (tokens and budgets left) in uint16 where every
     # value fits, else int32. plan()'s class column is chosen on its own stand-in (never a class): the same.
@@ -124,14 +144,14 @@ def plan_budgeted(
 
     slot = np.empty(n, dtype=np.int32)
     block = max(BLOCK_MIN, n // BLOCKS)
-    num_packs, ix = _bfd_budgeted(lens, rows, cols, len(kept), counts, capacity, budgets, cls, classes, block,
+    num_packs, ix = _bfd_budgeted(lens, copies, cols, len(kept), hist, capacity, budgets, cls, classes, block,
                                   slot, state)
     sizes = _sizes(ix[5], budgets[0], num_packs)  # examples per pack, opening order
-    target = -(-int((counts * np.arange(capacity + 1)).sum()) // capacity)
+    target = -(-int((hist * np.arange(capacity + 1)).sum()) // capacity)
     alive = np.ones(num_packs, dtype=np.bool_)
     if refine and num_packs > target:
         candidates = _least_filled(ix[4], num_packs, capacity)
-        _refine_slots(slot, lens, rows, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, sizes,
+        _refine_slots(slot, lens, copies, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, sizes,
                       alive)
         del candidates
     del ix
@@ -187,44 +207,75 @@ def _least_filled(key, num_packs, capacity):
 
 
 @njit(cache=True)
-def _first_over(lens, rows, col, limit, tokens):
-    """The first planned example whose cost is over ``limit`` (or over its length, for a token budget), or -1."""
-    for i in range(lens.shape[0]):
-        c = np.int64(col[rows[i]] if rows.shape[0] else col[i])
-        if c > limit or (tokens and c > lens[i]):
-            return i
-    return -1
-
-
-@njit(cache=True, inline="always")
-def _needs(i, lens, rows, cols, ncols, need):
-    for c in range(ncols):
-        need[1 + c] = cols[c][rows[i]] if rows.shape[0] else cols[c][i]
+def _count_rows(lens, copies, capacity, hist):
+    """hist[s] += the planned examples of length s; returns (planned examples, the first planned example
+    whose length is outside [1, capacity], else -1). Rows with no copy are not read as lengths."""
+    every = copies.shape[0] == 0
+    i = np.int64(0)
+    for r in range(lens.shape[0]):
+        c = np.int64(1) if every else np.int64(copies[r])
+        if c == 0:
+            continue
+        s = np.int64(lens[r])
+        if s < 1 or s > capacity:
+            return i, i
+        hist[s] += c
+        i += c
+    return i, np.int64(-1)
 
 
 @njit(cache=True)
-def _next_block(lens, counts, capacity, s, left, i0, buf):
-    """The next examples of the decreasing order (length desc, index asc) from (length s, index >= i0, ``left``
-    of length s still to come), at most ``buf.shape[0]``, into ``buf``. One scan of the lengths. Returns
-    (taken, s, left, i0) of the position after them."""
+def _first_over(lens, copies, col, limit, tokens):
+    """The first planned example whose cost is over ``limit`` (or over its length, for a token budget), or -1."""
+    every = copies.shape[0] == 0
+    i = np.int64(0)
+    for r in range(lens.shape[0]):
+        c = np.int64(1) if every else np.int64(copies[r])
+        if c == 0:
+            continue
+        x = np.int64(col[r])
+        if x > limit or (tokens and x > lens[r]):
+            return i
+        i += c
+    return -1
+
+
+@njit(cache=True)
+def _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, rows):
+    """The next planned examples of the decreasing order (length desc, index asc) from (length s, index >= i0,
+    ``left`` of length s still to come), at most ``buf.shape[0]``, into ``buf`` (planned example) and ``rows``
+    (its row). One scan of the rows, each planned ``copies[r]`` times (empty: once), from row r0 (whose first
+    planned example is p0) when the block is of length s alone. Returns (taken, s, left, r0, p0, i0) of the
+    position after them."""
     m = buf.shape[0]
-    n = lens.shape[0]
+    every = copies.shape[0] == 0
     if left >= m:  # this length alone fills the block: its next m examples in index order
         k = 0
-        i = i0
-        while k < m:
-            if lens[i] == s:
-                buf[k] = i
-                k += 1
-            i += 1
+        r, p = r0, p0
+        while True:
+            c = np.int64(1) if every else np.int64(copies[r])
+            if lens[r] == s and c > 0:
+                j = i0 - p if i0 > p else 0
+                while j < c and k < m:
+                    buf[k] = p + j
+                    rows[k] = r  # (written each row once too: this branch is a small share of the scans)
+                    k += 1
+                    j += 1
+                if k == m:
+                    if j < c:  # the next one is a later copy of this row
+                        r0, p0, i0 = r, p, p + j
+                    else:
+                        r0, p0, i0 = r + 1, p + c, p + c
+                    break
+            p += c
+            r += 1
         left -= m
-        i0 = i
         if left > 0:
-            return m, s, left, i0
+            return m, s, left, r0, p0, i0
         s -= 1
         while s >= 1 and counts[s] == 0:
             s -= 1
-        return m, s, counts[s] if s >= 1 else 0, 0
+        return m, s, counts[s] if s >= 1 else 0, 0, 0, 0
     total = left
     lo = s
     while lo > 1 and total + counts[lo - 1] <= m:
@@ -235,24 +286,43 @@ def _next_block(lens, counts, capacity, s, left, i0, buf):
     for x in range(s - 1, lo - 1, -1):
         offset[x] = pos
         pos += counts[x]
-    for i in range(n):
-        x = np.int64(lens[i])
-        if x < lo or x > s or (x == s and i < i0):
+    if every:  # each row once: the row is the planned example (the scan without the copies' bookkeeping)
+        for r in range(lens.shape[0]):
+            x = np.int64(lens[r])
+            if x < lo or x > s or (x == s and r < i0):
+                continue
+            buf[offset[x]] = r  # ``rows`` is not read: the row is the planned example
+            offset[x] += 1
+        s = lo - 1
+        while s >= 1 and counts[s] == 0:
+            s -= 1
+        return total, s, counts[s] if s >= 1 else 0, 0, 0, 0
+    p = np.int64(0)
+    for r in range(lens.shape[0]):
+        c = np.int64(copies[r])
+        x = np.int64(lens[r])
+        if x < lo or x > s:
+            p += c
             continue
-        buf[offset[x]] = i
-        offset[x] += 1
+        j = i0 - p if x == s and i0 > p else 0
+        while j < c:
+            buf[offset[x]] = p + j
+            rows[offset[x]] = r
+            offset[x] += 1
+            j += 1
+        p += c
     s = lo - 1
     while s >= 1 and counts[s] == 0:
         s -= 1
-    return total, s, counts[s] if s >= 1 else 0, 0
+    return total, s, counts[s] if s >= 1 else 0, 0, 0, 0
 
 
 @njit(cache=True)
-def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, classes, block, slot, state):
-    """``kernels.bfd_general`` over the examples in decreasing order (made a block at a time), with no packs
-    before: slot[i] = pack of example i (opening order). Returns (packs, the keyed index: tokens left ix[4],
-    budgets left ix[5])."""
-    n = lens.shape[0]
+def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, classes, block, slot, state):
+    """``kernels.bfd_general`` over the planned examples in decreasing order (made a block at a time), with no
+    packs before: slot[i] = pack of planned example i (opening order). Returns (packs, the keyed index: tokens
+    left ix[4], budgets left ix[5])."""
+    n = slot.shape[0]
     dims = budgets.shape[0]
     ix = ix_new(capacity + 1, n, dims, cls, classes, state)
     rem, rem2 = ix[4], ix[5]
@@ -260,6 +330,7 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
     need[0] = 1
     m = min(block, n)
     buf = np.empty(m, dtype=np.int32)
+    brow = np.empty(m, dtype=np.int64)  # the row of each (a row, not a planned example, indexes the columns)
     # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
     # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
     bsize = np.empty(m, dtype=lens.dtype)
@@ -270,14 +341,15 @@ def _bfd_budgeted(lens, rows, cols, ncols, counts, capacity, budgets, cls, class
     while s >= 1 and counts[s] == 0:
         s -= 1
     left = counts[s]
-    i0 = 0
+    r0, p0, i0 = 0, 0, 0
     while s >= 1:
-        taken, s, left, i0 = _next_block(lens, counts, capacity, s, left, i0, buf)
+        taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
+        every = copies.shape[0] == 0
         for k in range(taken):
-            i = buf[k]
-            bsize[k] = lens[i]
+            r = np.int64(buf[k]) if every else brow[k]
+            bsize[k] = lens[r]
             for c in range(ncols):
-                bneed[k, c] = cols[c][rows[i]] if rows.shape[0] else cols[c][i]
+                bneed[k, c] = cols[c][r]
         for k in range(taken):
             size = np.int64(bsize[k])
             for c in range(ncols):
@@ -363,10 +435,11 @@ def _sort_segments(order, bounds):
 
 
 @njit(cache=True)
-def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
+def _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs):
     """Members of the untouched packs ``candidates[c0:c1]``, pack by pack, each pack's by decreasing length,
-    ties by increasing index (``refine_packs``' order). One scan of ``slot``. Returns (members, ptr, pos):
-    candidate ``c``'s members are members[ptr[pos[p]]:ptr[pos[p] + 1]] for p = candidates[c]."""
+    ties by increasing index (``refine_packs``' order). One scan of ``slot`` (with the rows, through
+    ``copies``). Returns (members, ptr, pos): candidate ``c``'s members are members[ptr[pos[p]]:ptr[pos[p] + 1]]
+    for p = candidates[c], each a planned example i and its row r as ``i << 32 | r``."""
     pos = np.full(num_packs, -1, dtype=np.int32)
     k = 0
     for c in range(c0, c1):
@@ -378,21 +451,26 @@ def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
         w = pos[slot[i]]
         if w >= 0:
             ptr[w + 1] += 1
+    every = copies.shape[0] == 0
     for w in range(k):
         ptr[w + 1] += ptr[w]
     fill = ptr[:-1].copy()
     members = np.empty(ptr[k], dtype=np.int64)
-    for i in range(slot.shape[0]):
-        w = pos[slot[i]]
-        if w >= 0:
-            members[fill[w]] = i
-            fill[w] += 1
+    i = np.int64(0)
+    for r in range(lens.shape[0]):
+        for _ in range(1 if every else copies[r]):
+            w = pos[slot[i]]
+            if w >= 0:
+                members[fill[w]] = (i << 32) | r
+                fill[w] += 1
+            i += 1
+    low = np.int64(0xFFFFFFFF)
     for w in range(k):  # stable insertion sort on decreasing length: indices are ascending already
         for m in range(ptr[w] + 1, ptr[w + 1]):
             x = members[m]
-            sx = lens[x]
+            sx = lens[x & low]
             j = m - 1
-            while j >= ptr[w] and lens[members[j]] < sx:
+            while j >= ptr[w] and lens[members[j] & low] < sx:
                 members[j + 1] = members[j]
                 j -= 1
             members[j + 1] = x
@@ -400,7 +478,7 @@ def _window_members(slot, lens, candidates, c0, c1, touched, num_packs):
 
 
 @njit(cache=True)
-def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candidates, target, patience,
+def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, patience,
                   pack_sizes, alive):
     """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
     inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
@@ -424,7 +502,7 @@ def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candida
     window = 4096
     while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
-        members, ptr, pos = _window_members(slot, lens, candidates, c0, c1, touched, num_packs)
+        members, ptr, pos = _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs)
         c = refine_next(candidates[:c1], c0, touched, progress)
         while c >= 0:
             p = candidates[c]
@@ -433,13 +511,14 @@ def _refine_slots(slot, lens, rows, cols, ncols, ix, num_packs, budgets, candida
                 sizes, dest, wants = np.empty(hi - lo, np.int64), np.empty(hi - lo, np.int64), np.zeros((hi - lo, dims),
                                                                                                          np.int64)
             for m in range(hi - lo):
-                i = members[lo + m]
-                sizes[m] = lens[i]
+                r = members[lo + m] & np.int64(0xFFFFFFFF)
+                sizes[m] = lens[r]
                 wants[m, 0] = 1
-                _needs(i, lens, rows, cols, ncols, wants[m])
+                for j in range(ncols):  # not c: the candidate
+                    wants[m, 1 + j] = cols[j][r]
             if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, hi - lo, dest):
                 for m in range(hi - lo):
-                    slot[members[lo + m]] = dest[m]
+                    slot[members[lo + m] >> 32] = dest[m]
                     pack_sizes[dest[m]] += 1
                 pack_sizes[p] = 0
             c = refine_next(candidates[:c1], c + 1, touched, progress)
@@ -489,8 +568,9 @@ def separate_copies_bulk(
         wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
         cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
         lens = np.ascontiguousarray(lengths)
-        # per-pack loads stay within their caps (the plan keeps every budget): int32 where the caps fit
-        wide_load = np.int32 if int(caps.max()) < 2**31 else np.int64
+        # per-pack loads stay within their caps (the plan keeps every budget): uint16 or int32 where they fit
+        top = int(caps.max())
+        wide_load = np.uint16 if top < 2**16 else np.int32 if top < 2**31 else np.int64
         load = np.zeros((1 + len(kept), num_packs), dtype=wide_load)
         _loads(pack_of, lens, counts, cols, len(kept), load)
         candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
@@ -646,7 +726,7 @@ def plan_next_fit(
     costs: Sequence[np.ndarray | None] = (),
     limits: Sequence[int] = (),
     names: Sequence[str] = (),
-    index: np.ndarray | None = None,
+    counts: np.ndarray | None = None,
     max_examples: int | None = None,
     seed: int = 0,
 ) -> PackOrder:
@@ -654,21 +734,17 @@ def plan_next_fit(
     (no ``refine``, no ``balance``) as a ``PackOrder``: ``kernels.next_fit``'s packs (runs of consecutive
     examples) and ``plan``'s seeded write order, holding ``order`` (int32) and three int32 per pack, where
     ``plan`` holds int64 lengths, the (n, 1 + b) ``needs`` and the assignment (~40 bytes per example).
-    ``costs``/``limits``/``names``/``index`` as ``plan_budgeted`` takes them."""
+    ``lengths``/``costs``/``limits``/``names``/``counts`` (per row) as ``plan_budgeted`` takes them."""
     lens = np.ascontiguousarray(lengths)
-    n = lens.shape[0]
+    copies = _copies(counts)
+    n, _, kept, kept_limits, cols = _checked(lens, capacity, copies, costs, limits, names)
     if n == 0:
         return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
-    counts = np.zeros(capacity + 1, dtype=np.int64)
-    if _count(lens, capacity, counts) >= 0:
-        _raise_misfit(lens, capacity)
-    del counts
-    rows, kept, kept_limits, cols = _checked_costs(lens, costs, limits, names, index)
     budgets = np.array([np.int64(1) << 60 if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
     dtype = np.int32 if n < 2**31 else np.int64
-    num_packs = _next_fit(lens, rows, cols, len(kept), capacity, budgets, np.zeros(0, dtype=dtype))
+    num_packs = _next_fit(lens, copies, cols, len(kept), capacity, budgets, np.zeros(0, dtype=dtype))
     starts = np.empty(num_packs + 1, dtype=dtype)  # the first example of each pack, opening order
-    _next_fit(lens, rows, cols, len(kept), capacity, budgets, starts)
+    _next_fit(lens, copies, cols, len(kept), capacity, budgets, starts)
     starts[num_packs] = n
     where = write_order(num_packs, seed, dtype)  # pack b is written as pack where[b] (plan()'s shuffle)
     bounds = np.zeros(num_packs + 1, dtype=dtype)
@@ -680,30 +756,33 @@ def plan_next_fit(
 
 
 @njit(cache=True)
-def _next_fit(lens, rows, cols, ncols, capacity, budgets, starts):
-    """``kernels.next_fit`` over the compact columns (read through ``rows`` where it is not empty): the
-    number of packs; the first example of each written to ``starts`` where it has room."""
+def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts):
+    """``kernels.next_fit`` over the compact columns, each row planned ``copies[r]`` times (empty: once): the
+    number of packs; the first planned example of each written to ``starts`` where it has room."""
     used = np.zeros(1 + ncols, dtype=np.int64)
     tokens = np.int64(0)
     b = -1
-    for i in range(lens.shape[0]):
-        r = i if rows.shape[0] == 0 else rows[i]
-        fits = b >= 0 and tokens + lens[i] <= capacity and used[0] + 1 <= budgets[0]
-        if fits:
+    every = copies.shape[0] == 0
+    i = np.int64(0)
+    for r in range(lens.shape[0]):
+        for _ in range(1 if every else copies[r]):
+            fits = b >= 0 and tokens + lens[r] <= capacity and used[0] + 1 <= budgets[0]
+            if fits:
+                for c in range(ncols):
+                    if used[1 + c] + cols[c][r] > budgets[1 + c]:
+                        fits = False
+                        break
+            if not fits:
+                b += 1
+                tokens = 0
+                used[:] = 0
+                if b < starts.shape[0]:
+                    starts[b] = i
+            tokens += lens[r]
+            used[0] += 1
             for c in range(ncols):
-                if used[1 + c] + cols[c][r] > budgets[1 + c]:
-                    fits = False
-                    break
-        if not fits:
-            b += 1
-            tokens = 0
-            used[:] = 0
-            if b < starts.shape[0]:
-                starts[b] = i
-        tokens += lens[i]
-        used[0] += 1
-        for c in range(ncols):
-            used[1 + c] += cols[c][r]
+                used[1 + c] += cols[c][r]
+            i += 1
     return b + 1
 
 

@@ -391,43 +391,38 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     sampled = None if counts is None else Sampled.of(counts)
     copies = sampled is not None and int(counts.max(initial=0)) > 1
     del counts
-    # the row of each planned example, for the planners' kernels (they read the rows' columns through it);
-    # dropped with the plan made
-    index = None if sampled is None else sampled.index()
-    lengths = columns.tokens if index is None else columns.tokens[index]
     limits = limits_of(config)
     used = _used(config)
     bulk_next_fit = config.algorithm == "next-fit" and not config.balance_vision and not config.refine
     if (config.algorithm == "bfd" or bulk_next_fit) and not config.balance_vision:
         # plan()'s plan (and separate_copies' swaps) at bulk memory, pack ids included, without plan()'s (n,)
         # int64 arrays (~44 bytes per example tokens-only with refine, ~110 with budgets, ~450 with copies: their
-        # Python rows) or pack ids + their argsort: plan_bulk tokens-only, plan_budgeted with budgets or
-        # max_examples_per_pack, reading the compact count columns through ``index``.
+        # Python rows) or pack ids + their argsort: plan_bulk tokens-only (over the planned lengths),
+        # plan_next_fit and plan_budgeted with budgets or max_examples_per_pack, reading the rows' columns
+        # through ``sampled``'s counts (no per-planned-example array but the plan itself).
         from packer.packing.bulk import plan_bulk
         from packer.packing.bulk_budgets import plan_budgeted, plan_next_fit, separate_copies_bulk
 
         cols = [columns.count(BUDGETS[j].column) for j in used]
-        planned = cols
-        if index is not None and sum(c.dtype.itemsize for c in cols if c is not None) < index.dtype.itemsize:
-            # the planned costs take fewer bytes than the rows (one uint16 budget, or none: tokens only or
-            # max_examples_per_pack): the planners read them, not ``index`` (the same values, the same plan)
-            planned = [None if c is None else c[index] for c in cols]
-            index = None
+        counts = None if sampled is None else sampled.counts
         if bulk_next_fit:  # plan(algorithm="next-fit")'s runs; with refine it takes plan() (refine_packs)
-            packs = plan_next_fit(lengths, config.max_length, costs=planned, limits=[limits[j] for j in used],
-                                  names=[FLAGS[j] for j in used], index=index,
+            packs = plan_next_fit(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
+                                  names=[FLAGS[j] for j in used], counts=counts,
                                   max_examples=config.max_examples_per_pack, seed=config.seed)
         elif used or config.max_examples_per_pack is not None:
-            packs = plan_budgeted(lengths, config.max_length, costs=planned, limits=[limits[j] for j in used],
-                                  names=[FLAGS[j] for j in used], index=index,
+            packs = plan_budgeted(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
+                                  names=[FLAGS[j] for j in used], counts=counts,
                                   max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         else:
+            lengths = columns.tokens if sampled is None else sampled.planned(columns.tokens)
             packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
-        del lengths, index, planned  # separate_copies_bulk reads the rows' columns through ``sampled``'s counts
+            del lengths
         if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
             packs = separate_copies_bulk(packs, sampled, columns.tokens, capacity=config.max_length,
                                          seed=config.seed, costs=cols, limits=[limits[j] for j in used])
         return Plan(sampled=sampled, order=packs.order, bounds=packs.bounds, columns=columns)
+    index = None if sampled is None else sampled.index()  # the row of each planned example
+    lengths = columns.tokens if index is None else columns.tokens[index]
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
     for c, j in enumerate(used):
         values = columns.count(BUDGETS[j].column)
@@ -489,17 +484,17 @@ def warm_planner(config: BuildConfig) -> None:
         if config.algorithm == "next-fit":  # plan_next_fit's kernels (every row planned, or some left out)
             from packer.packing.bulk_budgets import plan_next_fit
 
-            for index in (None, np.arange(3, dtype=np.int32)):
+            for counts in (None, np.ones(3, dtype=np.uint8)):
                 plan_next_fit(np.full(3, 2, dtype=dtype), 3, costs=[np.zeros(3, dtype)] * len(used),
-                              limits=[limits[j] or 1 for j in used], index=index,
+                              limits=[limits[j] or 1 for j in used], counts=counts,
                               max_examples=config.max_examples_per_pack)
         if used or config.max_examples_per_pack is not None:
             from packer.packing.bulk_budgets import plan_budgeted
 
             three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run
-            for index in (None, np.arange(3, dtype=np.int32)):  # every row planned, or some left out
+            for counts in (None, np.ones(3, dtype=np.uint8)):  # every row planned once, or through counts
                 plan_budgeted(three, 3, costs=[np.zeros(3, dtype)] * len(used), limits=[limits[j] or 1 for j in used],
-                              index=index, max_examples=config.max_examples_per_pack, refine=config.refine)
+                              counts=counts, max_examples=config.max_examples_per_pack, refine=config.refine)
         if any(s.weight != 1.0 for s in config.sources):  # up-sampled copies: separate_copies_bulk's kernels
             from packer.packing.bulk_budgets import separate_copies_bulk
             from packer.packing.mixing import Sampled

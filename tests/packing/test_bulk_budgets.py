@@ -25,19 +25,21 @@ def mixed(seed: int, n: int, capacity: int) -> tuple[np.ndarray, np.ndarray, np.
     return lens.astype(np.uint16), vision, images
 
 
-def check(lens, vision, images, capacity, limits, max_examples, refine, seed, index=None):
-    """plan_budgeted == plan() on the planned rows, as the build reads them (order grouped, bounds)."""
-    rows = np.arange(len(vision)) if index is None else index
-    want = plan(lens.astype(np.int64), capacity, costs=np.stack([vision[rows], images[rows]], 1).astype(np.int64),
+def check(lens, vision, images, capacity, limits, max_examples, refine, seed, counts=None):
+    """plan_budgeted == plan() on the planned examples (row r ``counts[r]`` times, in row order), as the build
+    reads them (order grouped, bounds)."""
+    rows = np.arange(len(vision)) if counts is None else np.repeat(np.arange(len(vision)), counts)
+    want = plan(lens[rows].astype(np.int64), capacity,
+                costs=np.stack([vision[rows], images[rows]], 1).astype(np.int64),
                 limits=limits, names=NAMES, max_examples=max_examples, refine=refine, seed=seed)
-    got = plan_budgeted(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
+    got = plan_budgeted(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
                         max_examples=max_examples, refine=refine, seed=seed)
     assert got.order.dtype == np.int32 and got.bounds.dtype == np.int32
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
-    assert np.array_equal(np.diff(got.bounds), np.bincount(want))
+    assert np.array_equal(np.diff(got.bounds), np.bincount(want, minlength=got.num_packs))
     for p in range(got.num_packs):  # every budget held
         members = got.pack(p)
-        assert lens[members].astype(np.int64).sum() <= capacity
+        assert lens[rows[members]].astype(np.int64).sum() <= capacity
         assert vision[rows[members]].astype(np.int64).sum() <= limits[0]
         assert images[rows[members]].astype(np.int64).sum() <= limits[1]
         assert max_examples is None or len(members) <= max_examples
@@ -55,13 +57,47 @@ def test_same_plan_as_plan(seed):
 
 
 @pytest.mark.parametrize("refine", [False, True])
-def test_rows_through_index_and_blocks(refine, monkeypatch):
-    """Costs read through ``index`` (rows left out of the plan), and the decreasing order made in blocks
-    smaller than one length's examples (several scans)."""
+def test_rows_through_counts_and_blocks(refine, monkeypatch):
+    """Rows left out of the plan and rows planned up to 3 times (``counts``), and the decreasing order made in
+    blocks smaller than one length's examples (several scans, a block ending inside a row's copies)."""
     monkeypatch.setattr(bulk_budgets, "BLOCK_MIN", 37)
     lens, vision, images = mixed(7, 3000, 256)
-    index = np.sort(np.random.default_rng(1).choice(3000, size=2000, replace=False)).astype(np.int32)
-    check(lens[index], vision, images, 256, [300, 3], 6, refine, 3, index=index)
+    kept = np.zeros(3000, np.uint8)
+    kept[np.random.default_rng(1).choice(3000, size=2000, replace=False)] = 1
+    check(lens, vision, images, 256, [300, 3], 6, refine, 3, counts=kept)
+    check(lens, vision, images, 256, [300, 3], 6, refine, 3,
+          counts=np.random.default_rng(2).integers(0, 4, size=3000).astype(np.uint8))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 64), st.data())
+def test_counts_plan_the_repeated_rows(capacity, data):
+    """Any rows and copies (runs of rows left out, rows planned up to 5 times, few lengths so that blocks of a
+    few examples end inside a row's copies): plan_budgeted and plan_next_fit through ``counts`` make the plan
+    of the repeated rows given as rows (``np.repeat``), which plan() makes too."""
+    from unittest import mock
+
+    from packer.packing.bulk_budgets import plan_next_fit
+
+    n = data.draw(st.integers(1, 200))
+    lens = np.array(data.draw(st.lists(st.integers(1, min(capacity, 8)), min_size=n, max_size=n)), np.uint16)
+    images = np.array(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), np.uint16)
+    vision = np.minimum(lens, images * data.draw(st.integers(0, capacity))).astype(np.uint16)
+    counts = np.array(data.draw(st.lists(st.sampled_from([0, 0, 1, 1, 2, 5]), min_size=n, max_size=n)), np.uint8)
+    limits = [max(int(vision.max()), 1) + data.draw(st.integers(0, capacity)), 2]
+    max_examples = data.draw(st.sampled_from([None, 1, 3]))
+    refine, seed = data.draw(st.booleans()), data.draw(st.integers(0, 3))
+    rows = np.repeat(np.arange(n), counts)
+    with mock.patch.object(bulk_budgets, "BLOCK_MIN", data.draw(st.integers(1, 9))):
+        got = check(lens, vision, images, capacity, limits, max_examples, refine, seed, counts=counts)
+        as_rows = plan_budgeted(lens[rows], capacity, costs=[vision[rows], images[rows]], limits=limits,
+                                names=NAMES, max_examples=max_examples, refine=refine, seed=seed)
+    assert np.array_equal(got.order, as_rows.order) and np.array_equal(got.bounds, as_rows.bounds)
+    got = plan_next_fit(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
+                        max_examples=max_examples, seed=seed)
+    want = plan_next_fit(lens[rows], capacity, costs=[vision[rows], images[rows]], limits=limits, names=NAMES,
+                         max_examples=max_examples, seed=seed)
+    assert np.array_equal(got.order, want.order) and np.array_equal(got.bounds, want.bounds)
 
 
 def test_refine_saves_packs():
@@ -174,8 +210,8 @@ def test_copies_apart_as_separate_copies(seed):
         ids = plan(planned, capacity, costs=costs, limits=limits, names=NAMES, refine=refine, seed=seed)
         want = separate_copies(index.astype(np.int64), ids, planned.astype(np.int64), costs=costs, limits=limits,
                                capacity=capacity, seed=seed)
-        packs = plan_budgeted(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
-                              refine=refine, seed=seed)
+        packs = plan_budgeted(lens, capacity, costs=[vision, images], limits=limits, names=NAMES,
+                              counts=sampled.counts, refine=refine, seed=seed)
         got = separate_copies_bulk(packs, sampled, lens, capacity=capacity, seed=seed, costs=[vision, images],
                                    limits=limits)
     assert (want != ids).any()  # swaps happened
@@ -193,8 +229,9 @@ def test_next_fit_is_plans_next_fit(seed):
     capacity = int(rng.choice([16, 64, 512]))
     lens, vision, images = mixed(seed, int(rng.integers(1, 3000)), capacity)
     max_examples = [None, 3, 8][seed % 3]
-    index = np.sort(rng.choice(len(lens), size=len(lens) // 2 + 1)).astype(np.int32) if seed % 4 == 2 else None
-    rows = np.arange(len(lens)) if index is None else index
+    index = np.sort(rng.choice(len(lens), size=len(lens) // 2 + 1)) if seed % 4 == 2 else None
+    rows = np.arange(len(lens)) if index is None else index  # rows left out and rows planned more than once
+    counts = None if index is None else np.bincount(index, minlength=len(lens)).astype(np.uint8)
     planned = lens[rows]
     if seed % 2:
         want = plan(planned, capacity, algorithm="next-fit", max_examples=max_examples, seed=seed)
@@ -203,7 +240,7 @@ def test_next_fit_is_plans_next_fit(seed):
         limits = [int(max(vision.max(), 1) * rng.choice([1, 2])), int(rng.choice([1, 2, 100]))]
         want = plan(planned, capacity, algorithm="next-fit", costs=np.stack([vision[rows], images[rows]], 1),
                     limits=limits, names=NAMES, max_examples=max_examples, seed=seed)
-        got = plan_next_fit(planned, capacity, costs=[vision, images], limits=limits, names=NAMES, index=index,
+        got = plan_next_fit(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
                             max_examples=max_examples, seed=seed)
     assert got.order.dtype == np.int32 and got.bounds.dtype == np.int32
     assert np.array_equal(got.pack_ids(), want)
