@@ -472,6 +472,10 @@ def main() -> None:
         print(f"{args.records:,} chats ({corpus.stat().st_size / 2**20:.1f} MiB JSONL), max_length {args.max_length}, "
               f"{args.num_proc} processes, {args.repeats} runs each (interleaved), load {os.getloadavg()[0]:.1f}")
         runs: dict[str, list[dict]] = {s: [] for s in ("packer", "trl") if s in sides}
+        if "packer" in sides:  # numba compiles the kernels of this length's dtype into the checkout's cache once
+            warm = Path(tmp) / "warm.jsonl"  # (~11 CPU-s): a first build in a fresh checkout would time them
+            make_chats(warm, args.coco, 2000)
+            packer_side(warm, Path(tmp) / "warm", args.max_length, args.num_proc, env)
         for i in range(args.repeats):
             for side, fn in (("packer", packer_side), ("trl", trl_side)):
                 if side not in runs:
