@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef
 from packer.encode.context import EncodeContext
 from packer.encode.draft import Tokens
@@ -81,121 +82,179 @@ class BatchFinish:
 
     def finish(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
                max_length: int | None) -> list[Encoded | None]:
-        """Each example's Encoded, or None where it takes the general path (``Encoder._finish``)."""
+        """Each example's Encoded, or None where it takes the general path (``Encoder._finish``).
+
+        A record is its nodes' segments of the batch's texts (node i: its path's tokens past its parent's path,
+        as ``draft.join_nodes``), gathered back to back; everything after is one pass over that layout."""
         ctx = self.ctx
         out: list[Encoded | None] = [None] * len(examples)
         if tokens.weights is not None:  # per-token loss weights: the general path
             return out
-        # per eligible record: its index, text, and images (ref, run) in order
-        chosen: list[int] = []
-        texts: list[int] = []
-        images: list[list[tuple[ImageRef, MediaRun]]] = []
+        starts = tokens.starts
+        chosen: list[int] = []  # per record: its example, first node, images (ref, run) in token order
+        first_node: list[int] = [0]
+        images: list[tuple[ImageRef, MediaRun]] = []
+        seg_text: list[int] = []  # per node: its path's text, tokens skipped (its parent's path), images named
+        seg_skip: list[int] = []
+        seg_want: list[int] = []
+        parents: list[int] = []  # per node, the node index in this batch's forest (-1 for a root)
+        prefix: list[tuple[int, int]] = []  # (node's text, parent's text) of every child, to compare as tokens
         for i, (example, s) in enumerate(zip(examples, staged, strict=True)):
-            if example.kind == "text" or len(s.nodes) != 1:
+            if example.kind == "text" or not s.nodes:
                 continue
-            refs = [p for m in s.nodes[0].messages for p in m.parts if not isinstance(p, str)]
             mine: list[tuple[ImageRef, MediaRun]] = []
-            if refs:
-                if self.ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
-                    continue
-                try:
-                    runs = [self._run(r) for r in refs]
-                except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
-                    continue
-                if any(r is None for r in runs):
-                    continue
-                mine = list(zip(refs, runs, strict=True))  # type: ignore[arg-type]
-            chosen.append(i)
-            texts.append(s.first)
-            images.append(mine)
+            wants: list[int] = []
+            fine = True
+            for node in s.nodes:
+                refs = [p for m in node.messages for p in m.parts if not isinstance(p, str)]
+                if refs:
+                    if ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
+                        fine = False
+                        break
+                    try:
+                        runs = [self._run(r) for r in refs]
+                    except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
+                        fine = False
+                        break
+                    if any(r is None for r in runs):
+                        fine = False
+                        break
+                    mine += zip(refs, runs, strict=True)  # type: ignore[arg-type]
+                wants.append(len(refs))
+            if not fine:
+                continue
+            base = first_node[-1]
+            for n, parent in enumerate(s.parents):
+                k = s.first + n
+                seg_text.append(k)
+                if parent < 0:
+                    seg_skip.append(0)
+                    parents.append(-1)
+                else:
+                    if not s.texts[n].startswith(s.texts[parent]):
+                        break  # the general path's template_error
+                    seg_skip.append(starts[s.first + parent + 1] - starts[s.first + parent])
+                    parents.append(base + parent)
+                    prefix.append((k, s.first + parent))
+            else:
+                chosen.append(i)
+                first_node.append(base + len(s.nodes))
+                images += mine
+                seg_want += wants
+                continue
+            del seg_text[base:], seg_skip[base:], parents[base:]  # undo this record's nodes
+            prefix = [(k, q) for k, q in prefix if k < s.first]
         if not chosen:
             return out
-        starts = np.asarray(tokens.starts, dtype=np.int64)
-        ids = tokens.ids
-        n_texts = starts.shape[0] - 1
-        k = np.asarray(texts, dtype=np.int64)
-        lo, hi = starts[k], starts[k + 1]
-        # every placeholder (image, video or audio token) of the batch, by text
-        pos = np.flatnonzero(ctx.is_placeholder[ids])
-        text_of = np.searchsorted(starts, pos, side="right") - 1
-        is_image = ids[pos] == ctx.image_token_id if ctx.image_token_id is not None else np.zeros(pos.shape[0], bool)
-        per_text = np.bincount(text_of, minlength=n_texts)
-        images_per_text = np.bincount(text_of[is_image], minlength=n_texts)
-        want = np.array([len(im) for im in images], dtype=np.int64)
-        # every placeholder an image named, none adjacent to another (one mRoPE run), the text not empty
-        adjacent = np.zeros(n_texts, dtype=bool)
-        if pos.shape[0] > 1:
-            touch = (pos[1:] == pos[:-1] + 1) & (text_of[1:] == text_of[:-1])
-            adjacent[text_of[1:][touch]] = True
-        ok = (per_text[k] == want) & (images_per_text[k] == want) & ~adjacent[k] & (hi > lo)
-        # the runs: each placeholder of an eligible text repeated its run's num_tokens times
-        spans = np.array([run.num_tokens for im in images for _, run in im], dtype=np.int64)
-        mine = np.isin(text_of, k[ok]) if pos.shape[0] else np.zeros(0, dtype=bool)
-        # the placeholders of eligible texts, in order, are those images in order (counts checked above)
-        img_ok = np.repeat(ok, want)
-        repeats = np.ones(ids.shape[0], dtype=np.int64)
-        placed = pos[mine]
+        ids, batch_starts = tokens.ids, np.asarray(starts, dtype=np.int64)
+        n_rec = len(chosen)
+        rec_nodes = np.asarray(first_node, dtype=np.int64)  # (R + 1,) each record's first node
+        k = np.asarray(seg_text, dtype=np.int64)
+        lo = batch_starts[k] + np.asarray(seg_skip, dtype=np.int64)
+        seg_len = batch_starts[k + 1] - lo
+        ok = np.ones(n_rec, dtype=bool)
+        node_rec = np.repeat(np.arange(n_rec), np.diff(rec_nodes))  # (N,) record of each node
+        ok[node_rec[seg_len <= 0]] = False  # a node with no tokens (a child's: template_error)
+        if prefix:  # each child's path starts with its parent's path, token for token
+            pk, pq = np.asarray(prefix, dtype=np.int64).T
+            plen = batch_starts[pq + 1] - batch_starts[pq]
+            at = np.repeat(np.cumsum(plen) - plen, plen)
+            idx = np.arange(int(plen.sum())) - at
+            diff = ids[np.repeat(batch_starts[pk], plen) + idx] != ids[np.repeat(batch_starts[pq], plen) + idx]
+            bad = np.zeros(len(prefix), dtype=bool)
+            np.logical_or.at(bad, np.repeat(np.arange(len(prefix)), plen), diff)
+            node_of_text = np.full(batch_starts.shape[0], -1, dtype=np.int64)
+            node_of_text[k] = np.arange(k.shape[0])
+            ok[node_rec[node_of_text[pk[bad]]]] = False
+        if not ok.all():  # those records leave the forest: every node left holds tokens
+            keep = ok[node_rec]
+            renumber = np.cumsum(keep) - 1
+            forest = np.asarray(parents, dtype=np.int64)[keep]
+            parents = np.where(forest >= 0, renumber[np.maximum(forest, 0)], -1).tolist()
+            k, lo, seg_len = k[keep], lo[keep], seg_len[keep]
+            rec_images = np.add.reduceat(np.asarray(seg_want, dtype=np.int64), rec_nodes[:-1])
+            images = [im for im, x in zip(images, np.repeat(ok, rec_images).tolist(), strict=True) if x]
+            seg_want = [w for w, x in zip(seg_want, keep.tolist(), strict=True) if x]
+            counts = np.diff(rec_nodes)[ok]
+            rec_nodes = np.zeros(int(ok.sum()) + 1, dtype=np.int64)
+            np.cumsum(counts, out=rec_nodes[1:])
+            chosen = [c for c, x in zip(chosen, ok.tolist(), strict=True) if x]
+            n_rec = len(chosen)
+            node_rec = np.repeat(np.arange(n_rec), counts)
+            ok = np.ones(n_rec, dtype=bool)
+        # the records' nodes back to back (the draft's layout), then every placeholder of it
+        seg_off = np.zeros(k.shape[0] + 1, dtype=np.int64)
+        np.cumsum(seg_len, out=seg_off[1:])
+        gather = np.repeat(lo - seg_off[:-1], seg_len) + np.arange(int(seg_off[-1]))
+        g_ids, g_labels = ids[gather], tokens.labels[gather]
+        pos = np.flatnonzero(ctx.is_placeholder[g_ids])
+        node_of = np.searchsorted(seg_off, pos, side="right") - 1
+        want = np.asarray(seg_want, dtype=np.int64)
+        is_image = g_ids[pos] == ctx.image_token_id if ctx.image_token_id is not None else np.zeros(pos.shape[0], bool)
+        found = np.bincount(node_of, minlength=k.shape[0])
+        found_images = np.bincount(node_of[is_image], minlength=k.shape[0])
+        ok[node_rec[(found != want) | (found_images != want)]] = False  # media-count errors: the general path's
+        touch = pos[1:] == pos[:-1] + 1  # two placeholders side by side: one run of image tokens (mRoPE's error)
+        ok[node_rec[node_of[1:][touch]]] = False
+        # the runs: each placeholder of a record still eligible repeated its run's num_tokens times
+        rec_images = np.add.reduceat(want, rec_nodes[:-1])
+        img_ok = np.repeat(ok, rec_images)
+        rec_of_pos = node_rec[node_of]
+        placed = pos[ok[rec_of_pos]]
+        spans = np.array([run.num_tokens for _, run in images], dtype=np.int64)
+        repeats = np.ones(gather.shape[0], dtype=np.int64)
         repeats[placed] = spans[img_ok]
-        labels = tokens.labels.copy()
-        labels[placed] = IGNORE_INDEX
-        new_ids = np.repeat(ids, repeats)
-        new_labels = np.repeat(labels, repeats)
-        ends = np.cumsum(repeats)  # token t's run ends at ends[t] in the new layout
-        new_starts = ends - repeats  # token t's first position in the new layout
-        a = new_starts[lo]
-        b = np.where(hi > lo, ends[np.maximum(hi - 1, lo)], a)
-        length = b - a
-        new_labels[a[ok]] = IGNORE_INDEX  # nothing predicts an example's first token
+        g_labels[placed] = IGNORE_INDEX
+        new_ids, new_labels = np.repeat(g_ids, repeats), np.repeat(g_labels, repeats)
+        moved = np.zeros(gather.shape[0] + 1, dtype=np.int64)  # the draft's token x -> its first in the new layout
+        np.cumsum(repeats, out=moved[1:])
+        node_start = moved[seg_off]  # (N + 1,)
+        rec_start = node_start[rec_nodes]  # (R + 1,)
+        length = np.diff(rec_start)
+        new_labels[rec_start[:-1][ok]] = IGNORE_INDEX  # nothing predicts an example's first token
         loss = np.zeros(new_labels.shape[0] + 1, dtype=np.int64)
         np.cumsum(new_labels != IGNORE_INDEX, out=loss[1:])
-        ok &= loss[b] - loss[a] > 0  # no loss token: the general path raises it
+        ok &= loss[rec_start[1:]] - loss[rec_start[:-1]] > 0  # no loss token: the general path raises it
         if max_length is not None:
             ok &= length <= max_length
         if not ok.any():
             return out
-        # positions over the eligible records only, as one forest of roots
-        sel = np.flatnonzero(ok)
-        rec_a, rec_len = a[sel], length[sel]
-        rec_off = np.zeros(sel.shape[0] + 1, dtype=np.int64)
-        np.cumsum(rec_len, out=rec_off[1:])
-        total = int(rec_off[-1])
-        gather = np.repeat(rec_a - rec_off[:-1], rec_len) + np.arange(total)  # new layout index of each token
-        out_ids = new_ids[gather]
-        out_labels = new_labels[gather]
-        positions = (np.arange(total) - np.repeat(rec_off[:-1], rec_len)).astype(np.int32)
-        # each image's offset in its record
-        img_first = np.zeros(len(images) + 1, dtype=np.int64)
-        np.cumsum(want, out=img_first[1:])
-        img_sel = np.flatnonzero(np.repeat(ok, want))  # the images of the records finished here
-        img_pos = pos[mine]  # placeholders of texts that passed the first checks, in order
-        img_index = np.flatnonzero(img_ok)  # their image numbers
-        where = np.full(img_first[-1], -1, dtype=np.int64)
-        where[img_index] = new_starts[img_pos]
-        rec_of_img = np.repeat(np.arange(len(images)), want)
-        offsets = where - a[rec_of_img]  # offset inside its record (valid for eligible records)
+        # positions of the whole forest: each root restarts at 0 (a record that left is computed and dropped)
+        total = int(rec_start[-1])
+        forest_parents = np.asarray(parents, dtype=np.int64)
+        positions = tree_position_ids(total, node_start[:-1], forest_parents)
+        img_first = np.zeros(n_rec + 1, dtype=np.int64)
+        np.cumsum(rec_images, out=img_first[1:])
+        where = np.zeros(spans.shape[0], dtype=np.int64)
+        where[np.flatnonzero(img_ok)] = moved[placed]  # each image's first token, in the new layout
+        offsets = where - np.repeat(rec_start[:-1], rec_images)  # inside its record
         mrope = None
         if self.mrope is not None:
-            grids = np.array([run.grid for im in images for _, run in im], dtype=np.int64).reshape(-1, 3)[img_sel]
-            flat_off = offsets[img_sel] + np.repeat(rec_off[:-1], want[sel])
-            mrope = expected_mrope(total, rec_off[:-1], np.full(sel.shape[0], -1, dtype=np.int64), flat_off,
-                                   grids, spatial_merge_size=self.mrope.merge_size).astype(np.int32)
+            use = np.repeat(ok, rec_images)
+            grids = np.array([run.grid for _, run in images], dtype=np.int64).reshape(-1, 3)[use]
+            mrope = expected_mrope(total, node_start[:-1], forest_parents, where[use], grids,
+                                   spatial_merge_size=self.mrope.merge_size).astype(np.int32)
         offsets_list = offsets.tolist()
-        ctx.paths["finish:batch"] += int(sel.shape[0])
-        for j, r in enumerate(sel.tolist()):
-            example = examples[chosen[r]]
-            x, y = int(rec_off[j]), int(rec_off[j + 1])
+        sel = np.flatnonzero(ok).tolist()
+        ctx.paths["finish:batch"] += len(sel)
+        bounds = rec_start.tolist()
+        for r in sel:
+            example, s = examples[chosen[r]], staged[chosen[r]]
+            x, y = bounds[r], bounds[r + 1]
             first = int(img_first[r])
+            one = len(s.nodes) == 1
             out[chosen[r]] = Encoded(
                 example_id=example.example_id,
-                input_ids=out_ids[x:y],
-                labels=out_labels[x:y],
+                input_ids=new_ids[x:y],
+                labels=new_labels[x:y],
                 position_ids=positions[x:y],
-                node_offsets=np.zeros(1, dtype=np.int32),
-                node_parents=np.full(1, -1, dtype=np.int32),
+                node_offsets=np.zeros(1, dtype=np.int32) if one else
+                (node_start[rec_nodes[r] : rec_nodes[r + 1]] - x).astype(np.int32),
+                node_parents=np.full(1, -1, dtype=np.int32) if one else np.array(s.parents, dtype=np.int32),
                 images=[EncodedImage(source=ref.path if ref.data is None else "", data=ref.data,
                                      grid_thw=tuple(int(v) for v in run.grid), offset=int(offsets_list[first + q]),
                                      num_tokens=int(run.num_tokens))
-                        for q, (ref, run) in enumerate(images[r])],
+                        for q, (ref, run) in enumerate(images[first : int(img_first[r + 1])])],
                 mrope_position_ids=None if mrope is None else mrope[:, x:y],
                 source_name=example.source_name,
             )

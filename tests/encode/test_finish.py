@@ -47,8 +47,8 @@ def test_batch_finish_equals_per_record(encoders, image_root, records, name):
 
 
 def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, image_root, tmp_path):
-    """Linear chats with images or none go by batch; a tree, a text record, loss weights, no loss token, an
-    overlong record, a literal image token and an unreadable image go to the general path, in the same batch."""
+    """Chats and trees with images or none go by batch; a text record, loss weights, no loss token, an overlong
+    record, a literal image token and an unreadable image go to the general path, in the same batch."""
     image = {"type": "image", "image": "img/a.jpg"}
     (tmp_path / "bad.jpg").write_bytes(b"not an image")
     chat = {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]},
@@ -60,6 +60,8 @@ def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, ima
                       {"role": "assistant", "content": "Yes."}]},
         {"messages": [{"role": "user", "content": "Hi"}],
          "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]},
+        {"messages": [{"role": "user", "content": "Hi"}], "branches": [  # an image in a branch
+            [{"role": "user", "content": [image]}, {"role": "assistant", "content": "One."}]]},
         {"text": "plain text"},
         {"messages": [{"role": "user", "content": "only a question"}]},  # no_loss_tokens
         {"messages": [{"role": "user", "content": "<|image_pad|> literal"}, {"role": "assistant", "content": "No."}]},
@@ -70,8 +72,8 @@ def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, ima
     ]
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
     assert len(examples) == len(records)
-    assert check_batch(encoders["qwen2-vl"], examples) == 5  # the chats (two images too) and the long one
-    assert check_batch(encoders["qwen2-vl-drop"], examples) < 5  # over --max-length 90: the general path's
+    assert check_batch(encoders["qwen2-vl"], examples) == 7  # the chats (two images too), the trees, the long one
+    assert check_batch(encoders["qwen2-vl-drop"], examples) < 7  # over --max-length 90: the general path's
     weighted = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A.", "loss": 0.5}]},
                 chat]
     assert check_batch(encoders["qwen2-vl"], [p for p in parse_all(weighted, image_root)]) == 0  # weights: general
