@@ -158,10 +158,12 @@ class BatchFinish:
         if prefix:  # each child's path starts with its parent's path, token for token
             pk, pq = np.asarray(prefix, dtype=np.int64).T
             plen = batch_starts[pq + 1] - batch_starts[pq]
+            short = batch_starts[pk + 1] - batch_starts[pk] < plen  # fewer tokens than its parent's path
+            plen = np.where(short, 0, plen)
             at = np.repeat(np.cumsum(plen) - plen, plen)
             idx = np.arange(int(plen.sum())) - at
             diff = ids[np.repeat(batch_starts[pk], plen) + idx] != ids[np.repeat(batch_starts[pq], plen) + idx]
-            bad = np.zeros(len(prefix), dtype=bool)
+            bad = short.copy()
             np.logical_or.at(bad, np.repeat(np.arange(len(prefix)), plen), diff)
             node_of_text = np.full(batch_starts.shape[0], -1, dtype=np.int64)
             node_of_text[k] = np.arange(k.shape[0])
@@ -182,6 +184,8 @@ class BatchFinish:
             n_rec = len(chosen)
             node_rec = np.repeat(np.arange(n_rec), counts)
             ok = np.ones(n_rec, dtype=bool)
+            if not chosen:
+                return out
         # the records' nodes back to back (the draft's layout), then every placeholder of it
         seg_off = np.zeros(k.shape[0] + 1, dtype=np.int64)
         np.cumsum(seg_len, out=seg_off[1:])
