@@ -23,9 +23,9 @@ says which path each step took (a test proves the general one ran):
   tokens' boundaries come from their byte lengths). A text it leaves (not valid Unicode) goes to the HF tokenizer.
   (It replaced issue 25's ``tiktoken`` engine, removed in issue 33: every vocabulary tiktoken was exact on,
   fastokens is too, at ~10x its speed.)
-- ``batch-finish``: the batch's common records (a linear conversation with plain images or none) finished
-  together as columns (finish.py), where ``_finish`` per record is the general path; anything it cannot prove
-  identical goes there.
+- ``batch-finish``: the batch's common records (a conversation or tree whose images are the placeholder
+  repeated, or none) finished together as columns (finish.py), where ``_finish`` per record is the general
+  path; anything it cannot prove identical goes there.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 

@@ -1,23 +1,28 @@
 """The ``batch-finish`` fast path: the common records of a batch finished together, as columns.
 
-A linear conversation (one node) whose media are images its family lays out as the placeholder repeated (no
+A conversation, linear or a tree, whose media are images its family lays out as the placeholder repeated (no
 blocks, no run ids, no lead), with no per-token loss weight, that fits ``max_length`` and carries loss: its
-draft (``draft.tree_draft``), media runs (``media.expand``) and positions (``Encoder._encoded``: 1-D and
-``positions.extra``) are one pass over the batch's flat ids, not a dozen numpy calls per record:
+draft (``draft.tree_draft``: nodes as path deltas), media runs (``media.expand``) and positions
+(``Encoder._encoded``: 1-D and ``positions.extra``) are one pass over the batch's flat ids, not a dozen numpy
+calls per record:
 
-    placeholders  one ``is_placeholder`` lookup over the batch; each record's count checked in one bincount
-    runs          one ``np.repeat`` of the batch's ids and labels (each image's placeholder -> its run)
-    positions     ``arange`` less each record's start; mRoPE by ``expected_mrope`` over the records as a forest
+    nodes         each node's segment of its path's tokens (past its parent's path), gathered back to back;
+                  every child's path compared with its parent's in one token compare
+    placeholders  one ``is_placeholder`` lookup over that layout; each node's count checked in one bincount
+    runs          one ``np.repeat`` of the ids and labels (each image's placeholder -> its run)
+    positions     ``tree_position_ids`` and mRoPE (``expected_mrope``) over the records as one forest
 
-What stays per record is what is one per record: the check that it is eligible, each image's plan (its size,
-cached per file), its ``EncodedImage`` and the ``Encoded`` around views of the batch's arrays.
+No step needs a loop, so no compiled kernel: numpy over the whole batch. What stays per record is what is one
+per record: the check that it is eligible, each image's plan (its size, cached per file), its ``EncodedImage``
+and the ``Encoded`` around views of the batch's arrays.
 
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
-a tree, a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL,
-Molmo), a family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE, adjacent image
-placeholders (one run of image tokens for two images: mRoPE's error), loss weights, an example over
-``max_length``, one with no loss token and every media-count error (the general path raises them, located).
-tests/encode/test_finish.py compares the two on random records; docs/benchmarks.md, "Fast paths", its gain.
+a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
+family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (exactly those classes), adjacent
+image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
+tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
+every media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two
+on random batches; docs/benchmarks.md, "Fast paths", its gain.
 """
 
 from __future__ import annotations
@@ -91,9 +96,9 @@ class BatchFinish:
         if tokens.weights is not None:  # per-token loss weights: the general path
             return out
         starts = tokens.starts
-        chosen: list[int] = []  # per record: its example, first node, images (ref, run) in token order
+        chosen: list[int] = []  # per record taken: its example's index, its first node (then one past the last)
         first_node: list[int] = [0]
-        images: list[tuple[ImageRef, MediaRun]] = []
+        images: list[tuple[ImageRef, MediaRun]] = []  # every record's images (ref, run), in token order
         seg_text: list[int] = []  # per node: its path's text, tokens skipped (its parent's path), images named
         seg_skip: list[int] = []
         seg_want: list[int] = []
