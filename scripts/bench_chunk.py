@@ -63,11 +63,9 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
         t2 = time.process_time()
         encodings = encoder._tokenize(texts)
         t3 = time.process_time()
-        done, tokens = [], batch_tokens(encoder.context, staged, texts, encodings)
-        for example, staged_one in zip(parsed, staged, strict=True):
-            one = encoder._finish(example, staged_one, tokens)
+        done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings))
+        for one in done:
             one.source_name = chunk.source
-            done.append(one)
         table = encoded_table(done)
         t4 = time.process_time()
         cache.commit(chunk.index, table, [], hooks=Hooks())
@@ -78,7 +76,8 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
 
 
 def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[float, int]]:
-    """CPU seconds of ``Encoder._finish`` per record kind (a linear text-only conversation, one with media, a
+    """CPU seconds of ``Encoder._finish`` (the general path, one record at a time: ``batch-finish`` does the
+    common kinds by batch) per record kind (a linear text-only conversation, one with media, a
     tree) and the records of each: where the finish phase goes (docs/benchmarks-log.md, "Issue 33, session 4")."""
     out = {"text-only": [0.0, 0], "media": [0.0, 0], "tree": [0.0, 0]}
     for chunk in chunks:

@@ -23,6 +23,9 @@ says which path each step took (a test proves the general one ran):
   tokens' boundaries come from their byte lengths). A text it leaves (not valid Unicode) goes to the HF tokenizer.
   (It replaced issue 25's ``tiktoken`` engine, removed in issue 33: every vocabulary tiktoken was exact on,
   fastokens is too, at ~10x its speed.)
+- ``batch-finish``: the batch's common records (a conversation or tree whose images are the placeholder
+  repeated, or none) finished together as columns (finish.py), where ``_finish`` per record is the general
+  path; anything it cannot prove identical goes there.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -45,12 +48,13 @@ from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
 from packer.encode.context import EncodeContext, RunIds, TokenizerView
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
 from packer.encode.fastokens_bpe import FastokensBPE, Flat
+from packer.encode.finish import BatchFinish
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 
-FAST_PATHS = ("python-template", "byte-lengths", "fastokens")
+FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "batch-finish")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 
@@ -131,6 +135,7 @@ class Encoder:
         )
         """What the stages (draft.py, media.py, lengths.py) read from this encoder and its tokenizer."""
         self.paths = self.context.paths  # steps by the path they took (see the module docstring)
+        self._batch_finish = BatchFinish.of(self.context) if "batch-finish" in self.fast_paths else None
 
     @property
     def template(self) -> str | None:
@@ -139,8 +144,8 @@ class Encoder:
 
     def path_counts(self) -> Counter[str]:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
-        "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:hf", per text) and labels
-        ("labels:byte-lengths", "labels:offsets")."""
+        "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:hf", per text), labels
+        ("labels:byte-lengths", "labels:offsets") and the records ``batch-finish`` finished ("finish:batch")."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
     def replace(self, **changes: Any) -> Encoder:
@@ -202,10 +207,26 @@ class Encoder:
             staged.append(s)
         encodings = self._tokenize(texts)
         tokens = batch_tokens(self.context, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
+        return self.finish_batch(examples, staged, tokens)
+
+    def finish_batch(self, examples: Sequence[Example], staged: Sequence[Staged | RecordError],
+                     tokens: Tokens) -> list[Encoded | list[Encoded] | RecordError]:
+        """``encode_batch`` after its tokenizer call: each staged example's Encoded (``batch-finish`` for the
+        batch's common records, ``_finish`` for the rest) or its RecordError."""
+        good = [k for k, s in enumerate(staged) if not isinstance(s, RecordError)]
+        done: list[Encoded | None] = [None] * len(examples)
+        if self._batch_finish is not None and good:
+            finished = self._batch_finish.finish([examples[k] for k in good], [staged[k] for k in good], tokens,
+                                                 self.max_length)
+            for k, one in zip(good, finished, strict=True):
+                done[k] = one
         out: list[Encoded | RecordError] = []
-        for example, s in zip(examples, staged, strict=True):
+        for example, s, one in zip(examples, staged, done, strict=True):
             if isinstance(s, RecordError):
                 out.append(s)
+                continue
+            if one is not None:
+                out.append(one)
                 continue
             try:
                 out.append(self._finish(example, s, tokens))

@@ -599,11 +599,12 @@ def test_fast_false_runs_only_the_general_paths(tok, image_root):
     for got, w in zip(slow.encode_batch(examples), want, strict=True):
         assert_same(got, w)
     taken, general_taken = fast.path_counts(), slow.path_counts()
-    fast_keys = {"render:python", "labels:byte-lengths", "tokens:fastokens"}
+    fast_keys = {"render:python", "labels:byte-lengths", "tokens:fastokens", "finish:batch"}
     assert all(taken[k] > 0 for k in fast_keys), taken
     assert not any(general_taken[k] for k in fast_keys), general_taken
     assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "tokens:hf")), general_taken
-    keys = {"python-template": "render:python", "byte-lengths": "labels:byte-lengths", "fastokens": "tokens:fastokens"}
+    keys = {"python-template": "render:python", "byte-lengths": "labels:byte-lengths", "fastokens": "tokens:fastokens",
+            "batch-finish": "finish:batch"}
     assert set(keys) == set(FAST_PATHS)
     for name in keys:
         names = {name, "byte-lengths"} if name == "fastokens" else {name}  # an engine's boundaries: byte lengths

@@ -1,0 +1,270 @@
+"""The ``batch-finish`` fast path: the common records of a batch finished together, as columns.
+
+A conversation, linear or a tree, whose media are images its family lays out as the placeholder repeated (no
+blocks, no run ids, no lead), with no per-token loss weight, that fits ``max_length`` and carries loss: its
+draft (``draft.tree_draft``: nodes as path deltas), media runs (``media.expand``) and positions
+(``Encoder._encoded``: 1-D and ``positions.extra``) are one pass over the batch's flat ids, not a dozen numpy
+calls per record:
+
+    nodes         each node's segment of its path's tokens (past its parent's path), gathered back to back;
+                  every child's path compared with its parent's in one token compare
+    placeholders  one ``is_placeholder`` lookup over that layout; each node's count checked in one bincount
+    runs          one ``np.repeat`` of the ids and labels (each image's placeholder -> its run)
+    positions     ``tree_position_ids`` and mRoPE (``expected_mrope``) over the records as one forest
+
+No step needs a loop, so no compiled kernel: numpy over the whole batch. What stays per record is what is one
+per record: the check that it is eligible, each image's plan (its size, cached per file), its ``EncodedImage``
+and the ``Encoded`` around views of the batch's arrays.
+
+Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
+a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
+family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (exactly those classes), adjacent
+image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
+tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
+every media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two
+on random batches; docs/benchmarks.md, "Fast paths", its gain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from packer.core.tree import tree_position_ids
+from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef
+from packer.encode.context import EncodeContext
+from packer.encode.draft import Tokens
+from packer.encode.render import Staged
+from packer.models.base import ModelProfile
+from packer.models.rules import MediaRun, Positions
+from packer.models.shared.mrope import MRoPE, expected_mrope
+
+
+class BatchFinish:
+    """``finish`` a batch's eligible records; built once per Encoder (None where its profile has no such path:
+    ``BatchFinish.of``)."""
+
+    def __init__(self, ctx: EncodeContext, mrope: MRoPE | None):
+        self.ctx = ctx
+        self.mrope = mrope
+        self._runs: dict[tuple[int, int], MediaRun | None] = {}  # image size -> its run, None: not a plain run
+
+    @classmethod
+    def of(cls, ctx: EncodeContext) -> BatchFinish | None:
+        """The batch finish for this encoder's profile, or None: a family with its own ``media_runs`` or
+        positions other than flat / Qwen2-VL's mRoPE (exactly those classes: a subclass may differ)."""
+        profile = ctx.profile
+        if type(profile).media_runs is not ModelProfile.media_runs:
+            return None
+        positions = type(profile.positions)
+        if positions is Positions:
+            return cls(ctx, None)
+        if positions is MRoPE and ctx.image_token_id is not None:
+            return cls(ctx, profile.positions)
+        return None
+
+    def _run(self, ref: ImageRef) -> MediaRun | None:
+        """The image's run where it is the placeholder repeated (``num_tokens`` >= 1, no blocks, names, text or
+        lead) and, with mRoPE, its grid's merged tokens; else None."""
+        rule = self.ctx.profile.image
+        size = rule.plan(ref)
+        if size in self._runs:
+            return self._runs[size]
+        run: MediaRun | None = rule.run(size)
+        if (rule.blocks(size) is not None or run.tokens is not None or run.text is not None or run.lead
+                or run.inside or run.num_tokens < 1):
+            run = None
+        elif self.mrope is not None:
+            t, h, w = (int(x) for x in run.grid)
+            m = self.mrope.merge_size
+            if t * (h // m) * (w // m) != run.num_tokens:
+                run = None
+        if len(self._runs) >= 4096:  # a dataset has few sizes; bound the cache all the same
+            self._runs.clear()
+        self._runs[size] = run
+        return run
+
+    def finish(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
+               max_length: int | None) -> list[Encoded | None]:
+        """Each example's Encoded, or None where it takes the general path (``Encoder._finish``).
+
+        A record is its nodes' segments of the batch's texts (node i: its path's tokens past its parent's path,
+        as ``draft.join_nodes``), gathered back to back; everything after is one pass over that layout."""
+        ctx = self.ctx
+        out: list[Encoded | None] = [None] * len(examples)
+        if tokens.weights is not None:  # per-token loss weights: the general path
+            return out
+        starts = tokens.starts
+        chosen: list[int] = []  # per record taken: its example's index, its first node (then one past the last)
+        first_node: list[int] = [0]
+        images: list[tuple[ImageRef, MediaRun]] = []  # every record's images (ref, run), in token order
+        seg_text: list[int] = []  # per node: its path's text, tokens skipped (its parent's path), images named
+        seg_skip: list[int] = []
+        seg_want: list[int] = []
+        parents: list[int] = []  # per node, the node index in this batch's forest (-1 for a root)
+        prefix: list[tuple[int, int]] = []  # (node's text, parent's text) of every child, to compare as tokens
+        for i, (example, s) in enumerate(zip(examples, staged, strict=True)):
+            if example.kind == "text" or not s.nodes:
+                continue
+            mine: list[tuple[ImageRef, MediaRun]] = []
+            wants: list[int] = []
+            fine = True
+            for node in s.nodes:
+                refs = [p for m in node.messages for p in m.parts if not isinstance(p, str)]
+                if refs:
+                    if ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
+                        fine = False
+                        break
+                    try:
+                        runs = [self._run(r) for r in refs]
+                    except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
+                        fine = False
+                        break
+                    if any(r is None for r in runs):
+                        fine = False
+                        break
+                    mine += zip(refs, runs, strict=True)  # type: ignore[arg-type]
+                wants.append(len(refs))
+            if not fine:
+                continue
+            base = first_node[-1]
+            for n, parent in enumerate(s.parents):
+                k = s.first + n
+                seg_text.append(k)
+                if parent < 0:
+                    seg_skip.append(0)
+                    parents.append(-1)
+                else:
+                    if not s.texts[n].startswith(s.texts[parent]):
+                        break  # the general path's template_error
+                    seg_skip.append(starts[s.first + parent + 1] - starts[s.first + parent])
+                    parents.append(base + parent)
+                    prefix.append((k, s.first + parent))
+            else:
+                chosen.append(i)
+                first_node.append(base + len(s.nodes))
+                images += mine
+                seg_want += wants
+                continue
+            del seg_text[base:], seg_skip[base:], parents[base:]  # undo this record's nodes
+            prefix = [(k, q) for k, q in prefix if k < s.first]
+        if not chosen:
+            return out
+        ids, batch_starts = tokens.ids, np.asarray(starts, dtype=np.int64)
+        n_rec = len(chosen)
+        rec_nodes = np.asarray(first_node, dtype=np.int64)  # (R + 1,) each record's first node
+        k = np.asarray(seg_text, dtype=np.int64)
+        lo = batch_starts[k] + np.asarray(seg_skip, dtype=np.int64)
+        seg_len = batch_starts[k + 1] - lo
+        ok = np.ones(n_rec, dtype=bool)
+        node_rec = np.repeat(np.arange(n_rec), np.diff(rec_nodes))  # (N,) record of each node
+        ok[node_rec[seg_len <= 0]] = False  # a node with no tokens (a child's: template_error)
+        if prefix:  # each child's path starts with its parent's path, token for token
+            pk, pq = np.asarray(prefix, dtype=np.int64).T
+            plen = batch_starts[pq + 1] - batch_starts[pq]
+            short = batch_starts[pk + 1] - batch_starts[pk] < plen  # fewer tokens than its parent's path
+            plen = np.where(short, 0, plen)
+            at = np.repeat(np.cumsum(plen) - plen, plen)
+            idx = np.arange(int(plen.sum())) - at
+            diff = ids[np.repeat(batch_starts[pk], plen) + idx] != ids[np.repeat(batch_starts[pq], plen) + idx]
+            bad = short.copy()
+            np.logical_or.at(bad, np.repeat(np.arange(len(prefix)), plen), diff)
+            node_of_text = np.full(batch_starts.shape[0], -1, dtype=np.int64)
+            node_of_text[k] = np.arange(k.shape[0])
+            ok[node_rec[node_of_text[pk[bad]]]] = False
+        if not ok.all():  # those records leave the forest: every node left holds tokens
+            keep = ok[node_rec]
+            renumber = np.cumsum(keep) - 1
+            forest = np.asarray(parents, dtype=np.int64)[keep]
+            parents = np.where(forest >= 0, renumber[np.maximum(forest, 0)], -1).tolist()
+            k, lo, seg_len = k[keep], lo[keep], seg_len[keep]
+            rec_images = np.add.reduceat(np.asarray(seg_want, dtype=np.int64), rec_nodes[:-1])
+            images = [im for im, x in zip(images, np.repeat(ok, rec_images).tolist(), strict=True) if x]
+            seg_want = [w for w, x in zip(seg_want, keep.tolist(), strict=True) if x]
+            counts = np.diff(rec_nodes)[ok]
+            rec_nodes = np.zeros(int(ok.sum()) + 1, dtype=np.int64)
+            np.cumsum(counts, out=rec_nodes[1:])
+            chosen = [c for c, x in zip(chosen, ok.tolist(), strict=True) if x]
+            n_rec = len(chosen)
+            node_rec = np.repeat(np.arange(n_rec), counts)
+            ok = np.ones(n_rec, dtype=bool)
+            if not chosen:
+                return out
+        # the records' nodes back to back (the draft's layout), then every placeholder of it
+        seg_off = np.zeros(k.shape[0] + 1, dtype=np.int64)
+        np.cumsum(seg_len, out=seg_off[1:])
+        gather = np.repeat(lo - seg_off[:-1], seg_len) + np.arange(int(seg_off[-1]))
+        g_ids, g_labels = ids[gather], tokens.labels[gather]
+        pos = np.flatnonzero(ctx.is_placeholder[g_ids])
+        node_of = np.searchsorted(seg_off, pos, side="right") - 1
+        want = np.asarray(seg_want, dtype=np.int64)
+        is_image = g_ids[pos] == ctx.image_token_id if ctx.image_token_id is not None else np.zeros(pos.shape[0], bool)
+        found = np.bincount(node_of, minlength=k.shape[0])
+        found_images = np.bincount(node_of[is_image], minlength=k.shape[0])
+        ok[node_rec[(found != want) | (found_images != want)]] = False  # media-count errors: the general path's
+        touch = pos[1:] == pos[:-1] + 1  # two placeholders side by side: one run of image tokens (mRoPE's error)
+        ok[node_rec[node_of[1:][touch]]] = False
+        # the runs: each placeholder of a record still eligible repeated its run's num_tokens times
+        rec_images = np.add.reduceat(want, rec_nodes[:-1])
+        img_ok = np.repeat(ok, rec_images)
+        rec_of_pos = node_rec[node_of]
+        placed = pos[ok[rec_of_pos]]
+        spans = np.array([run.num_tokens for _, run in images], dtype=np.int64)
+        repeats = np.ones(gather.shape[0], dtype=np.int64)
+        repeats[placed] = spans[img_ok]
+        g_labels[placed] = IGNORE_INDEX
+        new_ids, new_labels = np.repeat(g_ids, repeats), np.repeat(g_labels, repeats)
+        moved = np.zeros(gather.shape[0] + 1, dtype=np.int64)  # the draft's token x -> its first in the new layout
+        np.cumsum(repeats, out=moved[1:])
+        node_start = moved[seg_off]  # (N + 1,)
+        rec_start = node_start[rec_nodes]  # (R + 1,)
+        length = np.diff(rec_start)
+        new_labels[rec_start[:-1][ok]] = IGNORE_INDEX  # nothing predicts an example's first token
+        loss = np.zeros(new_labels.shape[0] + 1, dtype=np.int64)
+        np.cumsum(new_labels != IGNORE_INDEX, out=loss[1:])
+        ok &= loss[rec_start[1:]] - loss[rec_start[:-1]] > 0  # no loss token: the general path raises it
+        if max_length is not None:
+            ok &= length <= max_length
+        if not ok.any():
+            return out
+        # positions of the whole forest: each root restarts at 0 (a record that left is computed and dropped)
+        total = int(rec_start[-1])
+        forest_parents = np.asarray(parents, dtype=np.int64)
+        positions = tree_position_ids(total, node_start[:-1], forest_parents)
+        img_first = np.zeros(n_rec + 1, dtype=np.int64)
+        np.cumsum(rec_images, out=img_first[1:])
+        where = np.zeros(spans.shape[0], dtype=np.int64)
+        where[np.flatnonzero(img_ok)] = moved[placed]  # each image's first token, in the new layout
+        offsets = where - np.repeat(rec_start[:-1], rec_images)  # inside its record
+        mrope = None
+        if self.mrope is not None:
+            use = np.repeat(ok, rec_images)
+            grids = np.array([run.grid for _, run in images], dtype=np.int64).reshape(-1, 3)[use]
+            mrope = expected_mrope(total, node_start[:-1], forest_parents, where[use], grids,
+                                   spatial_merge_size=self.mrope.merge_size).astype(np.int32)
+        offsets_list = offsets.tolist()
+        sel = np.flatnonzero(ok).tolist()
+        ctx.paths["finish:batch"] += len(sel)
+        bounds = rec_start.tolist()
+        for r in sel:
+            example, s = examples[chosen[r]], staged[chosen[r]]
+            x, y = bounds[r], bounds[r + 1]
+            first = int(img_first[r])
+            one = len(s.nodes) == 1
+            out[chosen[r]] = Encoded(
+                example_id=example.example_id,
+                input_ids=new_ids[x:y],
+                labels=new_labels[x:y],
+                position_ids=positions[x:y],
+                node_offsets=np.zeros(1, dtype=np.int32) if one else
+                (node_start[rec_nodes[r] : rec_nodes[r + 1]] - x).astype(np.int32),
+                node_parents=np.full(1, -1, dtype=np.int32) if one else np.array(s.parents, dtype=np.int32),
+                images=[EncodedImage(source=ref.path if ref.data is None else "", data=ref.data,
+                                     grid_thw=tuple(int(v) for v in run.grid), offset=int(offsets_list[first + q]),
+                                     num_tokens=int(run.num_tokens))
+                        for q, (ref, run) in enumerate(images[first : int(img_first[r + 1])])],
+                mrope_position_ids=None if mrope is None else mrope[:, x:y],
+                source_name=example.source_name,
+            )
+        return out

@@ -1,0 +1,88 @@
+"""The ``batch-finish`` fast path (packer/encode/finish.py) against ``Encoder._finish`` one record at a time, its
+general path: byte-identical Encoded examples, the same located errors and the same chunk table, on random
+batches (every record kind, images, trees, loss weights, overlong, no loss) and on the cases it must leave to
+the general path."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packer.core.types import Example
+from packer.encode.encoder import FAST_PATHS, Encoder
+from packer.encode.finish import BatchFinish
+from packer.models import get_profile
+from packer.shards.assemble import encoded_table
+from tests.encode.helpers import assert_same, parse_all
+from tests.encode.test_encoder import record
+
+
+def without(encoder: Encoder) -> Encoder:
+    """The same encoder with every fast path but ``batch-finish``."""
+    return encoder.replace(fast=set(FAST_PATHS) - {"batch-finish"})
+
+
+def check_batch(encoder: Encoder, examples: list[Example]) -> int:
+    """Both paths on one batch: each record and the batch's table equal; returns the records batch-finish took."""
+    reference = without(encoder)
+    before = encoder.path_counts()["finish:batch"]
+    got, want = encoder.encode_batch(examples), reference.encode_batch(examples)
+    for a, b in zip(got, want, strict=True):
+        assert_same(a, b)
+    ok = [e for e in got if not isinstance(e, Exception) and not isinstance(e, list)]
+    ok_want = [e for e in want if not isinstance(e, Exception) and not isinstance(e, list)]
+    assert encoded_table(ok).equals(encoded_table(ok_want))
+    assert reference.path_counts()["finish:batch"] == 0
+    return encoder.path_counts()["finish:batch"] - before
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(records=st.lists(record(), min_size=1, max_size=12),
+       name=st.sampled_from(["qwen2-vl", "qwen2-vl", "qwen2-vl-truncate", "qwen2-vl-drop", "llava", "text"]))
+def test_batch_finish_equals_per_record(encoders, image_root, records, name):
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    check_batch(encoders[name], examples)
+
+
+def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, image_root, tmp_path):
+    """Chats and trees with images or none go by batch; a text record, loss weights, no loss token, an overlong
+    record, a literal image token and an unreadable image go to the general path, in the same batch."""
+    image = {"type": "image", "image": "img/a.jpg"}
+    (tmp_path / "bad.jpg").write_bytes(b"not an image")
+    chat = {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]},
+                         {"role": "assistant", "content": "A cat."}]}
+    records = [
+        chat,
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]},
+        {"messages": [{"role": "user", "content": [image, image, {"type": "text", "text": "Two?"}]},
+                      {"role": "assistant", "content": "Yes."}]},
+        {"messages": [{"role": "user", "content": "Hi"}],
+         "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]},
+        {"messages": [{"role": "user", "content": "Hi"}], "branches": [  # an image in a branch
+            [{"role": "user", "content": [image]}, {"role": "assistant", "content": "One."}]]},
+        {"text": "plain text"},
+        {"messages": [{"role": "user", "content": "only a question"}]},  # no_loss_tokens
+        {"messages": [{"role": "user", "content": "<|image_pad|> literal"}, {"role": "assistant", "content": "No."}]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": str(tmp_path / "bad.jpg")}]},
+                      {"role": "assistant", "content": "?"}]},
+        {"messages": [{"role": "user", "content": "x " * 200}, {"role": "assistant", "content": "long"}]},
+        chat,
+    ]
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    assert len(examples) == len(records)
+    assert check_batch(encoders["qwen2-vl"], examples) == 7  # the chats (two images too), the trees, the long one
+    assert check_batch(encoders["qwen2-vl-drop"], examples) < 7  # over --max-length 90: the general path's
+    weighted = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A.", "loss": 0.5}]},
+                chat]
+    assert check_batch(encoders["qwen2-vl"], [p for p in parse_all(weighted, image_root)]) == 0  # weights: general
+
+
+@pytest.mark.parametrize(("name", "taken"), [("qwen2-vl", True), ("llava", True), ("text", True),
+                                             ("qwen3-vl", False)])
+def test_batch_finish_only_for_the_rules_it_knows(tok, name, taken):
+    """Flat positions or Qwen2-VL's own mRoPE with the default media runs: a subclass (Qwen3-VL's per-frame
+    mRoPE) or a family's own layout is the general path's."""
+    encoder = Encoder(tok, get_profile(name))
+    assert (BatchFinish.of(encoder.context) is not None) == taken
