@@ -118,7 +118,9 @@ class EncodeCache:
         """``open().take(sel)``, reading only the rows ``sel`` names, one chunk file at a time."""
         if self.starts is None:
             raise ValueError("EncodeCache.take needs indexed(): the chunk starts are not read yet")
-        return take_rows([self.arrow(i) for i in range(self.num_chunks)], self.starts, sel)
+        files = [self.arrow(i) for i in range(self.num_chunks)] if isinstance(self.root, ObjectPath) else \
+            [os.path.join(self.root, f"chunk-{i:06d}.arrow") for i in range(self.num_chunks)]  # no Path per file
+        return take_rows(files, self.starts, sel, remember=True)
 
     def rejects(self) -> list[dict[str, Any]]:
         """Every chunk's rejects, in chunk order; ShardError for a line that is not a reject (a corrupt cache)."""

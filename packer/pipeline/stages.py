@@ -35,7 +35,7 @@ from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
-from packer.shards.assemble import assemble_packs, encoded_table, take_rows
+from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
@@ -514,6 +514,11 @@ def warm_planner(config: BuildConfig) -> None:
 # ------------------------------------------------------------------------------------------ exchange
 EXCHANGE_MIN_SHARDS = 4  # fewer shards: each writer reads the chunk files itself (few visits in all)
 EXCHANGE_MIN_FAN = 4  # the exchange runs only where each map output stands for this many chunk files or more
+EXCHANGE_MIN_VISITS = 16_384
+"""Where one process writes every shard, the exchange runs only where shards x chunk files reach this: below it
+the writers read the chunk files themselves, each file's layout remembered after its first visit
+(``take_rows(remember=True)``, ~0.2 ms a visit), and that costs less than writing and reading every planned row
+once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; docs/benchmarks.md, "Repack")."""
 
 
 @dataclass(frozen=True)
@@ -549,7 +554,7 @@ class Exchange:
         where = np.empty(len(sel), dtype=np.int64)
         where[by_map] = self.out_starts[ms] + self.sections[j][ms] + rank
         files = [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
-        return take_rows(files, self.out_starts, where)
+        return take_rows(files, self.out_starts, where, remember=True)
 
 
 def exchange_dir(cache: EncodeCache) -> Any:
@@ -561,10 +566,13 @@ def map_file(root: Any, i: int) -> Any:
     return root / f"map-{i:06d}.arrow"
 
 
-def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[list[MapTask], np.ndarray] | None:
+def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
+              one_process: bool = False) -> tuple[list[MapTask], np.ndarray] | None:
     """The exchange's map tasks for ``plan`` over a cache whose chunk ``c`` starts at row ``starts[c]``, and
     the write position of each planned example (4 bytes per example, held while the map tasks run); None
-    where the writers should read the chunk files themselves (few shards, or few chunks per map output).
+    where the writers should read the chunk files themselves (few shards, few chunks per map output, or, where
+    ``one_process`` writes every shard, fewer than ``EXCHANGE_MIN_VISITS`` shards x chunk files whose layouts
+    it can remember).
 
     A map task reads consecutive chunks holding about one shard's examples (n / shards), so it holds no more
     than a writer does, and the files a writer opens drop from the chunks (n / 512) to the map outputs
@@ -572,6 +580,8 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[l
     n, shards = plan.num_examples, -(-len(plan.pack_sizes) // rows_per_shard)
     num_chunks = len(starts) - 1
     if shards < EXCHANGE_MIN_SHARDS or n == 0:
+        return None
+    if one_process and shards * num_chunks < EXCHANGE_MIN_VISITS and num_chunks <= LAYOUTS_MAX:
         return None
     target = max(1, -(-int(starts[-1]) // shards))  # cache rows per map task
     edges = [0]
