@@ -227,13 +227,14 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     an object store are read from this machine's copy (``store.local_file``).
 
     ``remember``: the caller will take rows of these files again in this process (a writer's next shards):
-    where each buffer of a file lies is kept (``_Layout``, a few KB a file), and a later visit maps the file
-    and views its columns with numpy, no Arrow reader (~1.4 ms -> ~0.2 ms a visit: docs/benchmarks.md,
-    "Repack").
+    where each buffer of a file lies is kept (``_Layout``, ~8 KB a file; not past ``LAYOUTS_MAX`` files), and a
+    later visit maps the file and views its columns with numpy, no Arrow reader (~1.4 ms -> ~0.2 ms a visit:
+    docs/benchmarks.md, "Repack").
     """
     from packer.shards.gather import copy_ranges
 
     n = sel.shape[0]
+    remember = remember and len(files) <= LAYOUTS_MAX
     chunk = np.searchsorted(starts, sel, side="right") - 1  # (n,) file of each selected example
     order = np.argsort(chunk, kind="stable")  # selected examples grouped by file
     bounds = np.searchsorted(chunk[order], np.arange(starts.shape[0]))
@@ -412,7 +413,9 @@ class _Layout:
 _LAYOUTS: dict[tuple[str, int, int, int], _Layout] = {}
 """The files ``take_rows(remember=True)`` visited in this process, by (path, inode, mtime, size): a file
 written again under the same name is another key."""
-LAYOUTS_MAX = 4096  # ~3 KB each: past this many files the oldest is dropped
+LAYOUTS_MAX = 1024
+"""At most this many layouts (~8 KB each: <= ~8.5 MB a process, whatever the corpus); a take over more files
+remembers none (past it the exchange runs: ``stages.map_tasks``), another cache's drop the oldest."""
 
 
 def _file_key(path: str) -> tuple[str, int, int, int]:
