@@ -544,7 +544,7 @@ class Exchange:
     out_starts: np.ndarray  # (M + 1,) first row of each map output in their concatenation, then the total
     sections: np.ndarray  # (shards of the range, M) where each shard's rows start in each map output
 
-    def take(self, sel: np.ndarray, j: int) -> pa.Table:
+    def take(self, sel: np.ndarray, j: int, *, remember: bool = False) -> pa.Table:
         """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
         from one contiguous section of each map output."""
         m = np.searchsorted(self.cache_starts, sel, side="right") - 1  # (k,) map task of each row
@@ -554,7 +554,7 @@ class Exchange:
         where = np.empty(len(sel), dtype=np.int64)
         where[by_map] = self.out_starts[ms] + self.sections[j][ms] + rank
         files = [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
-        return take_rows(files, self.out_starts, where, remember=True)
+        return take_rows(files, self.out_starts, where, remember=remember)
 
 
 def exchange_dir(cache: EncodeCache) -> Any:
@@ -646,6 +646,7 @@ class ShardRange:
     examples: np.ndarray  # (sum(pack_sizes),) cache row of each example, pack by pack
     copies: np.ndarray | None  # (sum(pack_sizes),) copy number of each; None: no copy
     exchange: Exchange | None = None  # where the rows are in the exchange's map outputs; None: the cache's chunks
+    remember: bool = False  # this process writes the other ranges too: take_rows keeps each file's layout
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
@@ -690,7 +691,8 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         if sha256_file(path) == entry["sha256"]:
             return entry
     sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
-    rows = cache.take(sel) if shards.exchange is None else shards.exchange.take(sel, j)
+    rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
+        shards.exchange.take(sel, j, remember=shards.remember)
     dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
     if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
         ids = rows.column("example_id").to_pylist()
