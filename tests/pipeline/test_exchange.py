@@ -16,6 +16,7 @@ from packer.pipeline import stages
 from packer.pipeline.build import build
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
+from packer.shards import assemble
 from tests.pipeline.crash_setup import word_records, word_tokenizer
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -108,9 +109,11 @@ def test_one_process_of_few_shards_x_chunks_reads_the_chunk_files(corpus, refere
     writers (its own processes) still get the exchange."""
     _small(monkeypatch)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 10**6)
+    monkeypatch.setattr(assemble, "_LAYOUTS", {})
     hooks = Record()
     build(_config(corpus, tmp_path / "out"), progress=False, hooks=hooks)
     assert hooks.written == []
+    assert len(assemble._LAYOUTS) > 10  # every chunk file's layout, kept from each file's first visit
     assert _files(tmp_path / "out") == reference
     assert LocalExecutor(1).writes_here(10**9, 10) and not LocalExecutor(2).writes_here(10**9, 10)
     assert LocalExecutor(2).writes_here(10, 10)  # too few examples to pay for a pool: written here
