@@ -198,6 +198,9 @@ def _offsets_and_values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=True)
 
 
+_I32 = np.dtype(np.int32)
+
+
 def _values_dtype(t: pa.DataType) -> np.dtype:
     return np.dtype(np.uint8) if pa.types.is_string(t) else np.dtype(t.value_type.to_pandas_dtype())
 
@@ -292,11 +295,11 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             for name, span in layout.fixed.items():
                 values[name][to] = _view(mapped, span, values[name].dtype)[rows]
             for name, span in layout.flat.items():
-                offsets = _view(mapped, span[:2], np.dtype(np.int32))
+                offsets = _view(mapped, span[:2], _I32)
                 lengths[name][to] = offsets[rows + 1] - offsets[rows]
             for name, spec in layout.media.items():
                 if spec.items:
-                    offsets = _view(mapped, spec.buffers[1], np.dtype(np.int32))
+                    offsets = _view(mapped, spec.buffers[1], _I32)
                     items[name] += int((offsets[rows + 1] - offsets[rows]).sum())
                 if items[name] or nulls[name]:
                     add_media(name, _rebuilt(buffer, spec).take(pa.array(rows)) if spec.items
@@ -355,8 +358,9 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     # per file through pyarrow the partly null columns, which numpy cannot copy flat
     dense = [name for name in flat if nulls[name] == 0]
     out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
+    dtypes = {name: _values_dtype(types[name]) for name in dense}  # once, not once a visit
     for name in dense:
-        values[name] = np.empty(int(out_offsets[name][-1]), dtype=_values_dtype(types[name]))
+        values[name] = np.empty(int(out_offsets[name][-1]), dtype=dtypes[name])
     parts = _Parts() if slow else None
     for c in used:
         if slow or any(name not in spans[c] for name in dense):
@@ -368,7 +372,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         else:  # the file mapped and viewed where pass 1 found its columns: no Arrow reader
             mapped = _mapped(paths[c])[0]
             columns_of = None
-            views = {name: _views(mapped, spans[c][name], _values_dtype(types[name])) for name in dense}
+            views = {name: _views(mapped, spans[c][name], dtypes[name]) for name in dense}
             del mapped
         for name in dense:
             offsets, src = views[name]
