@@ -9,7 +9,7 @@ packer of git revision REV (``git archive``, on PYTHONPATH), so a change is meas
 
     python scripts/bench_repack.py --records 200000 --num-proc 2 [--before main]
     python scripts/bench_repack.py --records 200000 --num-proc 2 --before a2e2c77 --in-place
-    python scripts/bench_repack.py --records 50000 --profile-write [--keep DIR]
+    python scripts/bench_repack.py --records 50000 --profile-write [--keep DIR] [--no-exchange | --exchange]
 
 ``--in-place``: also, last, the full build's OUT rebuilt with only packing options changed (``packer build ...
 --max-length 4096 --seed 1 --overwrite`` on it: it reuses the encode cache), with each tree (REV's first), timed
@@ -21,7 +21,9 @@ writers run here, as a pool worker runs them), CPU seconds per phase of the writ
 process-time clock: the exchange's map tasks (their chunk-file reads, their IPC writes), the writers'
 gathers (map-output or chunk-file reads and copies), pack assembly, the Parquet encode (``pq.write_table``),
 the shard checksum, and what a pool worker pays to start (its interpreter, imports and initializer, timed
-apart). ``--keep DIR``: the full build is made there once and reused by later runs (a fast loop).
+apart). ``--keep DIR``: the full build is made there once and reused by later runs (a fast loop). The exchange
+runs as the build decides (``stages.map_tasks``: in one process, only past ``EXCHANGE_MIN_VISITS`` shards x chunk
+files); ``--no-exchange`` never, ``--exchange`` wherever it has enough shards and chunks.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def checkout(rev: str, into: Path) -> Path:
     return into
 
 
-def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bool = True,
+def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bool | None = None,
                   top: int = 0) -> None:
     """The repack of ``full`` into ``out`` in this process under cProfile (process-time clock): CPU seconds
     per phase of its write stage (``--profile-write``), then a pool worker's start, timed in a fresh one."""
@@ -78,8 +80,10 @@ def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bo
     from packer.pipeline import stages
 
     shutil.rmtree(out, ignore_errors=True)
-    if not exchange:  # every build size's writers read the chunk files themselves
+    if exchange is False:  # every build size's writers read the chunk files themselves
         stages.EXCHANGE_MIN_SHARDS = 1 << 62
+    elif exchange:  # the exchange also where this one process writes every shard
+        stages.EXCHANGE_MIN_VISITS = 0
     prof = cProfile.Profile(time.process_time)
     t0 = time.process_time()
     prof.enable()
@@ -155,6 +159,8 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="with --profile-write: make the full build here once, reuse it")
     ap.add_argument("--no-exchange", action="store_true",
                     help="with --profile-write: no exchange whatever the build's size (what it saves or costs)")
+    ap.add_argument("--exchange", action="store_true",
+                    help="with --profile-write: the exchange even where one process writes few shards x chunks")
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +175,8 @@ def main() -> None:
                 make_corpus(base / f"corpus-{args.records}.jsonl", args.coco, args.records)
                 show("full build (8192)", timed(["build", str(base / f"corpus-{args.records}.jsonl"), "-o", str(full),
                                                  "--max-length", "8192", "--overwrite", *BUILD, *n]))
-            profile_write(full, root / "repack", repack_args, exchange=not args.no_exchange, top=args.top)
+            profile_write(full, root / "repack", repack_args, top=args.top,
+                          exchange=False if args.no_exchange else True if args.exchange else None)
             return
         make_corpus(corpus, args.coco, args.records)
         full_args = [str(corpus), "--max-length", "8192", *BUILD, *n]

@@ -473,7 +473,10 @@ def _exchange(
     total = ranges[-1].first + shards(ranges[-1]) if ranges else 0
     if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists() for s in range(total)):
         return ranges
-    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard)
+    here = executor.writes_here(plan.num_examples, len(ranges))
+    if here and len(ranges) > 1:  # this process visits each file once per shard: its layout is kept
+        ranges = [replace(r, remember=True) for r in ranges]
+    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here)
     if found is None:
         return ranges
     tasks, positions = found

@@ -114,11 +114,14 @@ class EncodeCache:
             raise ValueError(f"indexed: {len(rows)} row counts for {self.num_chunks} chunks")
         return replace(self, starts=np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]))
 
-    def take(self, sel: np.ndarray) -> pa.Table:
-        """``open().take(sel)``, reading only the rows ``sel`` names, one chunk file at a time."""
+    def take(self, sel: np.ndarray, *, remember: bool = False) -> pa.Table:
+        """``open().take(sel)``, reading only the rows ``sel`` names, one chunk file at a time (``remember``:
+        ``take_rows``')."""
         if self.starts is None:
             raise ValueError("EncodeCache.take needs indexed(): the chunk starts are not read yet")
-        return take_rows([self.arrow(i) for i in range(self.num_chunks)], self.starts, sel)
+        files = [self.arrow(i) for i in range(self.num_chunks)] if isinstance(self.root, ObjectPath) else \
+            [os.path.join(self.root, f"chunk-{i:06d}.arrow") for i in range(self.num_chunks)]  # no Path per file
+        return take_rows(files, self.starts, sel, remember=remember)
 
     def rejects(self) -> list[dict[str, Any]]:
         """Every chunk's rejects, in chunk order; ShardError for a line that is not a reject (a corrupt cache)."""

@@ -75,6 +75,11 @@ class Executor(ABC):
         for task in tasks:
             yield exchange_map(task, cache=cache, hooks=hooks)
 
+    def writes_here(self, examples: int, ranges: int) -> bool:
+        """Will ``write`` run ``ranges`` shard ranges of ``examples`` planned examples in this process? Then
+        the exchange may not pay (``stages.map_tasks``). By default no: an executor that writes here says so."""
+        return False
+
     @abstractmethod
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks

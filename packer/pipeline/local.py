@@ -155,12 +155,15 @@ class LocalExecutor(Executor):
         gather's copies), so the stage runs ``num_proc`` times as fast; the bytes are the same because each
         shard is a pure function of its range.
         """
-        if self.num_proc == 1 or len(ranges) <= 1 or not self._pays(sum(len(r.examples) for r in ranges)):
+        if self.writes_here(sum(len(r.examples) for r in ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
         yield from self._in_pool(_write_task, [(shards, cache, config, hooks) for shards in ranges])
+
+    def writes_here(self, examples: int, ranges: int) -> bool:
+        return self.num_proc == 1 or ranges <= 1 or not self._pays(examples)
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks

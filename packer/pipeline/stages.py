@@ -35,7 +35,7 @@ from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
-from packer.shards.assemble import assemble_packs, encoded_table, take_rows
+from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
@@ -509,6 +509,11 @@ def warm_planner(config: BuildConfig) -> None:
 # ------------------------------------------------------------------------------------------ exchange
 EXCHANGE_MIN_SHARDS = 4  # fewer shards: each writer reads the chunk files itself (few visits in all)
 EXCHANGE_MIN_FAN = 4  # the exchange runs only where each map output stands for this many chunk files or more
+EXCHANGE_MIN_VISITS = 16_384
+"""Where one process writes every shard, the exchange runs only where shards x chunk files reach this: below it
+the writers read the chunk files themselves, each file's layout remembered after its first visit
+(``take_rows(remember=True)``, ~0.2 ms a visit), and that costs less than writing and reading every planned row
+once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; docs/benchmarks.md, "Repack")."""
 
 
 @dataclass(frozen=True)
@@ -534,7 +539,7 @@ class Exchange:
     out_starts: np.ndarray  # (M + 1,) first row of each map output in their concatenation, then the total
     sections: np.ndarray  # (shards of the range, M) where each shard's rows start in each map output
 
-    def take(self, sel: np.ndarray, j: int) -> pa.Table:
+    def take(self, sel: np.ndarray, j: int, *, remember: bool = False) -> pa.Table:
         """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
         from one contiguous section of each map output."""
         m = np.searchsorted(self.cache_starts, sel, side="right") - 1  # (k,) map task of each row
@@ -544,7 +549,7 @@ class Exchange:
         where = np.empty(len(sel), dtype=np.int64)
         where[by_map] = self.out_starts[ms] + self.sections[j][ms] + rank
         files = [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
-        return take_rows(files, self.out_starts, where)
+        return take_rows(files, self.out_starts, where, remember=remember)
 
 
 def exchange_dir(cache: EncodeCache) -> Any:
@@ -556,10 +561,13 @@ def map_file(root: Any, i: int) -> Any:
     return root / f"map-{i:06d}.arrow"
 
 
-def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[list[MapTask], np.ndarray] | None:
+def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
+              one_process: bool = False) -> tuple[list[MapTask], np.ndarray] | None:
     """The exchange's map tasks for ``plan`` over a cache whose chunk ``c`` starts at row ``starts[c]``, and
     the write position of each planned example (4 bytes per example, held while the map tasks run); None
-    where the writers should read the chunk files themselves (few shards, or few chunks per map output).
+    where the writers should read the chunk files themselves (few shards, few chunks per map output, or, where
+    ``one_process`` writes every shard, fewer than ``EXCHANGE_MIN_VISITS`` shards x chunk files whose layouts
+    it can remember).
 
     A map task reads consecutive chunks holding about one shard's examples (n / shards), so it holds no more
     than a writer does, and the files a writer opens drop from the chunks (n / 512) to the map outputs
@@ -567,6 +575,8 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int) -> tuple[l
     n, shards = plan.num_examples, -(-len(plan.pack_sizes) // rows_per_shard)
     num_chunks = len(starts) - 1
     if shards < EXCHANGE_MIN_SHARDS or n == 0:
+        return None
+    if one_process and shards * num_chunks < EXCHANGE_MIN_VISITS and num_chunks <= LAYOUTS_MAX:
         return None
     target = max(1, -(-int(starts[-1]) // shards))  # cache rows per map task
     edges = [0]
@@ -631,6 +641,7 @@ class ShardRange:
     examples: np.ndarray  # (sum(pack_sizes),) cache row of each example, pack by pack
     copies: np.ndarray | None  # (sum(pack_sizes),) copy number of each; None: no copy
     exchange: Exchange | None = None  # where the rows are in the exchange's map outputs; None: the cache's chunks
+    remember: bool = False  # this process writes the other ranges too: take_rows keeps each file's layout
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
@@ -675,7 +686,8 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         if sha256_file(path) == entry["sha256"]:
             return entry
     sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
-    rows = cache.take(sel) if shards.exchange is None else shards.exchange.take(sel, j)
+    rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
+        shards.exchange.take(sel, j, remember=shards.remember)
     dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
     if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
         ids = rows.column("example_id").to_pylist()

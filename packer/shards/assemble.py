@@ -6,7 +6,10 @@ objects.
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +198,9 @@ def _offsets_and_values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=True)
 
 
+_I32 = np.dtype(np.int32)
+
+
 def _values_dtype(t: pa.DataType) -> np.dtype:
     return np.dtype(np.uint8) if pa.types.is_string(t) else np.dtype(t.value_type.to_pandas_dtype())
 
@@ -207,7 +213,8 @@ def _from_offsets(t: pa.DataType, offsets: np.ndarray, values: np.ndarray) -> pa
     return pa.ListArray.from_arrays(pa.array(off32), pa.array(values))
 
 
-def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel: np.ndarray) -> pa.Table:
+def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel: np.ndarray, *,
+              remember: bool = False) -> pa.Table:
     """``take(sel)`` on the EXAMPLE_SCHEMA Arrow IPC ``files`` (the encode cache's chunks) read as one table,
     reading from each file only the rows ``sel`` names. ``starts``: (len(files) + 1,) the index of each
     file's first row in that table, then its length.
@@ -221,17 +228,25 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     table kept per file cost ~46 KB each (docs/scale.md). Only columns that numpy cannot copy flat (media
     lists with items in the rows taken, a column null in some of them) take pyarrow's per-file path. Files on
     an object store are read from this machine's copy (``store.local_file``).
+
+    ``remember``: the caller will take rows of these files again in this process (a writer's next shards):
+    where each buffer of a file lies is kept (``_Layout``, ~8 KB a file; not past ``LAYOUTS_MAX`` files), and a
+    later visit maps the file and views its columns with numpy, no Arrow reader (~1.4 ms -> ~0.2 ms a visit:
+    docs/benchmarks.md, "Repack").
     """
     from packer.shards.gather import copy_ranges
 
     n = sel.shape[0]
+    remember = remember and len(files) <= LAYOUTS_MAX
     chunk = np.searchsorted(starts, sel, side="right") - 1  # (n,) file of each selected example
     order = np.argsort(chunk, kind="stable")  # selected examples grouped by file
     bounds = np.searchsorted(chunk[order], np.arange(starts.shape[0]))
     used = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
     local = {c: sel[order[bounds[c] : bounds[c + 1]]] - starts[c] for c in used}  # rows to read, per file
     dest = {c: order[bounds[c] : bounds[c + 1]] for c in used}  # where they go in the output
-    paths = {c: str(local_file(store_path(files[c]))) for c in used}  # resolved once, not once per pass
+    # resolved once, not once per pass; a local ``str`` as it is (a shard visits hundreds of files)
+    paths = {c: files[c] if isinstance(files[c], str) and "://" not in files[c]
+             else str(local_file(store_path(files[c]))) for c in used}
     types = {f.name: f.type for f in EXAMPLE_SCHEMA}
     flat = [name for name, t in types.items() if _flat(t)]
     media = [name for name, t in types.items() if pa.types.is_list(t) and not _flat(t)]
@@ -257,11 +272,43 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     nulls, items = dict.fromkeys(types, 0), dict.fromkeys(media, 0)
     spans: dict[int, dict[str, tuple[int, int, int, int]]] = {}  # file -> column -> its offsets' and values'
     # the media lists of the rows taken, through pyarrow while the file is open: from the first file whose
-    # rows hold an item (or a null), the rows before it as empty lists (``without``)
-    media_parts, without = _Parts(), 0
+    # rows hold an item (or a null), the rows before it as empty lists (``without``); each column apart, so a
+    # column with no item yet (videos, audios of an image corpus) takes nothing
+    media_parts = {name: _Parts() for name in media}
+    without = dict.fromkeys(media, 0)
+
+    def add_media(name: str, taken: pa.Array) -> None:
+        """The rows of one visit of media column ``name``, once the column has had an item."""
+        if without[name]:
+            media_parts[name].add(_empty_lists(without[name], [name], types))
+            without[name] = 0
+        media_parts[name].add(pa.table({name: taken}))
     for c in used:
-        columns_of, base, size = read(c)
         rows, to = local[c], dest[c]
+        key = _file_key(paths[c]) if remember else None
+        layout = None if key is None else _LAYOUTS.get(key)
+        if layout is not None:  # a file seen before: mapped and viewed, no Arrow reader
+            mapped, buffer = _mapped(paths[c])
+            spans[c] = layout.flat
+            for name in layout.null:
+                nulls[name] += rows.shape[0]
+            for name, span in layout.fixed.items():
+                values[name][to] = _view(mapped, span, values[name].dtype)[rows]
+            for name, span in layout.flat.items():
+                offsets = _view(mapped, span[:2], _I32)
+                lengths[name][to] = offsets[rows + 1] - offsets[rows]
+            for name, spec in layout.media.items():
+                if spec.items:
+                    offsets = _view(mapped, spec.buffers[1], _I32)
+                    items[name] += int((offsets[rows + 1] - offsets[rows]).sum())
+                if items[name] or nulls[name]:
+                    add_media(name, _rebuilt(buffer, spec).take(pa.array(rows)) if spec.items
+                              else _empty_lists(rows.shape[0], [name], types).column(0))
+                else:
+                    without[name] += rows.shape[0]
+            mapped = buffer = offsets = None  # unmapped here
+            continue
+        columns_of, base, size = read(c)
         spans[c] = {}
         for name in types:
             arr = columns_of[name]
@@ -279,14 +326,13 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             span = (*_span(offsets, base, size), *_span(src, base, size))
             if arr.null_count == 0 and offsets.dtype == np.int32 and -1 not in span:
                 spans[c][name] = span
-        if any(items[name] or nulls[name] for name in media):
-            if without:
-                media_parts.add(_empty_lists(without, media, types))
-                without = 0
-            media_parts.add(pa.Table.from_arrays([columns_of[name] for name in media], names=media).take(
-                pa.array(rows)))
-        else:
-            without += len(rows)
+        for name in media:
+            if items[name] or nulls[name]:
+                add_media(name, columns_of[name].take(pa.array(rows)))
+            else:
+                without[name] += rows.shape[0]
+        if key is not None:
+            _remember(key, columns_of, spans[c], base, size, fixed=fixed, media=media)
         del columns_of  # unmapped here: only one file is mapped at a time
     columns: dict[str, Any] = {name: pa.array(values.pop(name), types[name]) for name in fixed}
     for name in media:  # no image, video or clip in the rows taken (every text row): empty lists
@@ -299,21 +345,22 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             or (name in fixed and nulls[name])]
     inverse = None
     if any(name in items for name in slow):  # the media lists of pass 1, back in ``sel`` order
-        if without:
-            media_parts.add(_empty_lists(without, media, types))
         inverse = np.empty_like(order)
         inverse[order] = np.arange(n)  # back from file order to ``sel`` order
-        taken = media_parts.table().take(pa.array(inverse))
-        columns.update((name, taken.column(name)) for name in slow if name in items)
-        del taken
-    del media_parts
+        for name in slow:
+            if name in items:
+                if without[name]:
+                    media_parts[name].add(_empty_lists(without[name], [name], types))
+                columns[name] = media_parts[name].table().column(0).take(pa.array(inverse))
+    media_parts.clear()
     slow = [name for name in slow if name not in items]
     # pass 2: the flat columns' values, one range per row (``gather.copy_ranges``), into one array per column;
     # per file through pyarrow the partly null columns, which numpy cannot copy flat
     dense = [name for name in flat if nulls[name] == 0]
     out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
+    dtypes = {name: _values_dtype(types[name]) for name in dense}  # once, not once a visit
     for name in dense:
-        values[name] = np.empty(int(out_offsets[name][-1]), dtype=_values_dtype(types[name]))
+        values[name] = np.empty(int(out_offsets[name][-1]), dtype=dtypes[name])
     parts = _Parts() if slow else None
     for c in used:
         if slow or any(name not in spans[c] for name in dense):
@@ -323,10 +370,9 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
                     pa.array(local[c])))
             views = {name: _offsets_and_values(columns_of[name]) for name in dense}
         else:  # the file mapped and viewed where pass 1 found its columns: no Arrow reader
-            with pa.memory_map(paths[c]) as src:
-                mapped = np.frombuffer(src.read_buffer(), dtype=np.uint8)
+            mapped = _mapped(paths[c])[0]
             columns_of = None
-            views = {name: _views(mapped, spans[c][name], _values_dtype(types[name])) for name in dense}
+            views = {name: _views(mapped, spans[c][name], dtypes[name]) for name in dense}
             del mapped
         for name in dense:
             offsets, src = views[name]
@@ -341,6 +387,135 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         columns.update(zip(slow, parts.table().take(pa.array(inverse)).columns, strict=True))
         del parts
     return pa.Table.from_arrays([columns[name] for name in types], schema=EXAMPLE_SCHEMA)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Where one Arrow array's buffers lie in its mapped file (``(byte offset, bytes)`` each, None for an absent
+    validity bitmap), its length and null count, its children's specs: enough to build it again zero-copy
+    from another mapping of the same file (``_rebuilt``)."""
+
+    type: pa.DataType
+    length: int
+    null_count: int
+    buffers: tuple[tuple[int, int] | None, ...]
+    children: tuple[_Spec, ...]
+    items: int = 0  # a list column's items (its values' length): none, and a take is empty lists
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a visit of a file needs of it, learnt from its first (Arrow) visit: where each column's buffers lie
+    in the file. Only for a file whose columns are each null in no row or in every row (``null``)."""
+
+    fixed: dict[str, tuple[int, int]]  # fixed-width column -> its values' (byte offset, elements)
+    flat: dict[str, tuple[int, int, int, int]]  # string/list column -> its offsets' and values' spans
+    media: dict[str, _Spec]  # media list column -> its spec
+    null: tuple[str, ...]  # columns null in every row
+
+
+_LAYOUTS: dict[tuple[str, int, int, int], _Layout] = {}
+"""The files ``take_rows(remember=True)`` visited in this process, by (path, inode, mtime, size): a file
+written again under the same name is another key."""
+LAYOUTS_MAX = 1024
+"""At most this many layouts (~8 KB each: <= ~8.5 MB a process, whatever the corpus); a take over more files
+remembers none (past it the exchange runs: ``stages.map_tasks``), another cache's drop the oldest."""
+
+
+def _file_key(path: str) -> tuple[str, int, int, int]:
+    st = os.stat(path)
+    return path, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _mapped(path: str) -> tuple[np.ndarray, pa.Buffer]:
+    """The file mapped (read-only): a numpy byte view and an Arrow buffer of it, both zero-copy; unmapped when
+    both (and every array viewing them) are gone. ~10 us, against ~60 for ``pa.memory_map``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mm, dtype=np.uint8), pa.py_buffer(mm)
+
+
+def _view(mapped: np.ndarray, span: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    at, count = span
+    return mapped[at : at + dtype.itemsize * count].view(dtype)
+
+
+def _spec(arr: pa.Array, base: int, size: int, buffers: list[pa.Buffer | None] | None = None) -> _Spec | None:
+    """``arr``'s spec in the file mapped at ``base`` (``size`` bytes); None where a buffer is not in the
+    mapping or an array is a slice (an offset). ``buffers``: what is left of the root's ``buffers()``
+    (every buffer of the tree, depth first), consumed here."""
+    if arr.offset:
+        return None
+    t = arr.type
+    if buffers is None and pa.types.is_list(t) and not arr.null_count and not len(arr.values):  # a take: empty lists
+        return _Spec(t, len(arr), 0, (), ())
+    if buffers is None:
+        buffers = arr.buffers()[::-1]  # popped from the end
+    spans: list[tuple[int, int] | None] = []
+    for _ in range(arr.type.num_buffers):
+        buf = buffers.pop()
+        if buf is None or buf.size == 0:
+            spans.append(None if buf is None else (0, 0))
+            continue
+        at = buf.address - base
+        if not (0 <= at and at + buf.size <= size):
+            return None
+        spans.append((at, buf.size))
+    kids = [arr.values] if pa.types.is_list(t) else [arr.field(i) for i in range(t.num_fields)] \
+        if pa.types.is_struct(t) else []
+    children = []
+    for k in kids:
+        child = _spec(k, base, size, buffers)
+        if child is None:
+            return None
+        children.append(child)
+    return _Spec(t, len(arr), arr.null_count, tuple(spans), tuple(children),
+                 items=len(kids[0]) if pa.types.is_list(t) else 0)
+
+
+def _rebuilt(buffer: pa.Buffer, spec: _Spec) -> pa.Array:
+    """The array ``spec`` describes, on ``buffer`` (the file mapped again): zero-copy."""
+    buffers = [None if b is None else buffer.slice(b[0], b[1]) for b in spec.buffers]
+    return pa.Array.from_buffers(spec.type, spec.length, buffers, spec.null_count,
+                                 children=[_rebuilt(buffer, c) for c in spec.children] or None)
+
+
+def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], flat: dict[str, tuple[int, int, int, int]],
+              base: int, size: int, *, fixed: list[str], media: list[str]) -> None:
+    """Keep file ``key``'s layout (its first visit's Arrow columns, ``flat``: the spans pass 1 found), where
+    every column is found in the mapping and null in no row or in every row; else the file stays on the Arrow
+    path."""
+    null = tuple(name for name, arr in columns_of.items() if arr.null_count and arr.null_count == len(arr))
+    if any(0 < arr.null_count < len(arr) for arr in columns_of.values()):
+        return
+    spans = {}
+    for name in fixed:
+        if name in null:
+            continue
+        arr = columns_of[name]
+        buf = arr.buffers()[1]
+        at = buf.address - base if buf is not None else -1
+        if arr.offset or not pa.types.is_primitive(arr.type) or pa.types.is_boolean(arr.type) or not (
+                0 <= at and at + buf.size <= size):
+            return
+        spans[name] = (at, len(arr))
+    specs = {}
+    for name in media:
+        if name in null:
+            return
+        spec = _spec(columns_of[name], base, size)
+        if spec is None:
+            return
+        specs[name] = spec
+    wanted = [name for name in columns_of if name not in null and name not in spans and name not in specs]
+    if any(name not in flat for name in wanted):
+        return
+    if len(_LAYOUTS) >= LAYOUTS_MAX:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    _LAYOUTS[key] = _Layout(fixed=spans, flat={name: flat[name] for name in wanted}, media=specs, null=null)
 
 
 def _empty_lists(n: int, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:

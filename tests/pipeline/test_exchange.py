@@ -16,6 +16,7 @@ from packer.pipeline import stages
 from packer.pipeline.build import build
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
+from packer.shards import assemble
 from tests.pipeline.crash_setup import word_records, word_tokenizer
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -49,6 +50,7 @@ def corpus(tmp_path_factory) -> tuple[Path, str]:
 def _small(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(stages, "CHUNK_LINES", 4)
     mp.setattr(stages, "EXCHANGE_MIN_FAN", 2)  # ~120 chunks, ~20 shards: a few chunks per map task
+    mp.setattr(stages, "EXCHANGE_MIN_VISITS", 0)  # the exchange also where one process writes every shard
 
 
 def _config(corpus: tuple[Path, str], out: Path | str, **kw) -> BuildConfig:
@@ -101,6 +103,22 @@ def test_the_exchange_in_a_pool_writes_the_same_bytes(corpus, reference, tmp_pat
     assert _files(out) == reference
 
 
+def test_one_process_of_few_shards_x_chunks_reads_the_chunk_files(corpus, reference, tmp_path, monkeypatch):
+    """Where this process writes every shard and shards x chunk files stay below ``EXCHANGE_MIN_VISITS``, no map
+    output is written: the writers read the chunk files, each file's layout remembered, the same bytes. A pool's
+    writers (its own processes) still get the exchange."""
+    _small(monkeypatch)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 10**6)
+    monkeypatch.setattr(assemble, "_LAYOUTS", {})
+    hooks = Record()
+    build(_config(corpus, tmp_path / "out"), progress=False, hooks=hooks)
+    assert hooks.written == []
+    assert len(assemble._LAYOUTS) > 10  # every chunk file's layout, kept from each file's first visit
+    assert _files(tmp_path / "out") == reference
+    assert LocalExecutor(1).writes_here(10**9, 10) and not LocalExecutor(2).writes_here(10**9, 10)
+    assert LocalExecutor(2).writes_here(10, 10)  # too few examples to pay for a pool: written here
+
+
 def test_an_interrupted_exchange_resumes(corpus, reference, tmp_path, monkeypatch):
     _small(monkeypatch)
     out = tmp_path / "out"
@@ -150,6 +168,7 @@ def test_the_exchange_on_an_object_store_writes_the_same_bytes(corpus, tmp_path,
         build(_config(corpus, tmp_path / "ref", **opts), progress=False)
     reference = {k: v for k, v in _files(tmp_path / "ref").items() if k != "manifest.json"}
     monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 2)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 0)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     with s3_server():
         hooks = Record()
@@ -179,6 +198,7 @@ def test_images_go_through_the_exchange_unchanged(coco_images, tmp_path, monkeyp
     monkeypatch.setattr(stages, "CHUNK_LINES", 4)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 2)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 1)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 0)
     hooks = Record()
     build(BuildConfig.from_inputs(["0.jsonl", "1.jsonl"], "out", **opts), progress=False, hooks=hooks)
     assert len(hooks.written) >= 2

@@ -134,7 +134,8 @@ def test_take_rows_equals_arrow_take_over_many_files(tmp_path, seed, kind):
             writer.write_table(table.slice(starts[c], starts[c + 1] - starts[c]))
     for size in (1, 37, 300):
         sel = rng.choice(300, size=size, replace=False)
-        assert take_rows(files, starts, sel).equals(table.take(pa.array(sel))), (size, kind)
+        for remember in (False, True, True):  # the second remembered take views each file from its layout
+            assert take_rows(files, starts, sel, remember=remember).equals(table.take(pa.array(sel))), (size, kind)
 
 
 def test_encoded_table_of_nothing_is_the_empty_schema():
@@ -170,4 +171,26 @@ def test_take_rows_of_text_files_before_media_files_and_of_a_file_of_many_batche
         writer.write_table(table.slice(40, 40), max_chunksize=7)  # six record batches
     starts = np.array([0, 40, 80])
     for sel in (rng.permutation(80), np.arange(40)[::-1], np.concatenate([np.arange(30, 50), [5]])):
-        assert take_rows(files, starts, sel).equals(table.take(pa.array(sel)))
+        for remember in (False, True, True):
+            assert take_rows(files, starts, sel, remember=remember).equals(table.take(pa.array(sel)))
+
+
+def test_take_rows_remembers_a_file_by_its_bytes_not_its_name(tmp_path):
+    """A remembered layout is keyed by the file's inode, mtime and size: a chunk file written again under the
+    same name (another build's cache, a map output of another plan) is read again, never through the old
+    file's layout; rows with images and videos (nulls inside their structs) through the remembered media
+    specs equal pyarrow's take."""
+    rng = np.random.default_rng(3)
+    first = encoded_table([e for seed in range(6) for e in _examples(seed, "mixed")])
+    second = encoded_table([random_example(rng, 30 + i, images=i % 2 == 0, mrope=True) for i in range(45)])
+    assert first.column("num_videos").to_numpy().sum() > 0
+    path = tmp_path / "chunk-0.arrow"
+    for table in (first, second):
+        tmp = tmp_path / "tmp.arrow"
+        with ipc.new_file(str(tmp), EXAMPLE_SCHEMA) as writer:
+            writer.write_table(table)
+        tmp.replace(path)  # a new inode under the old name, as write_atomic does
+        sel = rng.permutation(table.num_rows)[: table.num_rows // 2]
+        for _ in range(3):
+            assert take_rows([path], np.array([0, table.num_rows]), sel, remember=True).equals(
+                table.take(pa.array(sel)))
