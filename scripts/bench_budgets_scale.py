@@ -14,8 +14,9 @@ back to back; the plans' sha256 (order and bounds) must match across trees.
 
 ``--walk``: where the time goes, this tree only. Best fit over the same examples (plan()'s order) with a
 copy of ``kernels.ix_find`` that counts, per example with an image and per text example: tree nodes
-visited, buckets searched, treap nodes looked at in a bucket before the pack that fits (until 5387c68 a
-bucket was a list, and this counted the packs walked past), and buckets found empty of fits.
+visited, buckets searched, treap nodes looked at in a bucket before the pack that fits when its newest
+pack does not (until 5387c68 a bucket was a list, and this counted the packs walked past), buckets found
+empty of fits, and the packs read to tighten their bounds.
 
     nice -n 10 python scripts/bench_budgets_scale.py --walk --sizes 1e6 5e6 1e7
 """
@@ -129,8 +130,10 @@ def find(ix, lo, need, cnt):  # kernels.ix_find, counting
                 node = 2 * node
                 continue
             cnt[1] += 1
-            root = head[node - half]
-            b = newest(root, links, rem2, smax, need, cnt)
+            root = head[node - half, 0]
+            b = head[node - half, 1]
+            if b < 0 or not _tp_fits(rem2, b, need):
+                b = newest(root, links, rem2, smax, need, cnt)
             if b >= 0:
                 return b
             cnt[3] += 1

@@ -248,8 +248,8 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 # cost a scan of the bucket); a search that finds nothing in a bucket tightens that leaf to the exact
 # values, so a stale bound costs at most one wasted scan.
 #
-# Within a key the packs form a treap in insertion order (in order: oldest to newest; head[r] its root, -1
-# when empty) whose priorities are a hash of the pack id (nothing stored) and whose nodes hold their
+# Within a key the packs form a treap in insertion order (in order: oldest to newest; head[r] = its root and
+# its newest pack, -1 when empty) whose priorities are a hash of the pack id (nothing stored) and whose nodes hold their
 # subtree's largest budgets left (``smax``). The newest pack that fits is a descent, newest side first,
 # past every subtree with a budget too small: O(log) where a LIFO list walked past each newer pack that did
 # not fit (with budgets that bind, a walk that grew with n: docs/scale.md, "Time"). Insertion is at the
@@ -269,7 +269,7 @@ def ix_new(universe, max_packs, dims, cls, classes, state):
     while half < universe:
         half *= 2
     tree = np.full((2 * half, classes, dims), -1, dtype=np.int64)
-    head = np.full(universe, -1, dtype=np.int32)
+    head = np.full((universe, 2), -1, dtype=np.int32)
     links = np.empty((max_packs, 3), dtype=np.int32)
     key = np.empty(max_packs, dtype=state.dtype)
     rem2 = np.empty((max_packs, dims), dtype=state.dtype)
@@ -347,7 +347,7 @@ def _tp_fix(links, rem2, smax, x):
 def _tp_hang(head, links, r, up, left, x):
     """Make x (or nothing, -1) the left or right child of ``up``, or the root of key r when up < 0."""
     if up < 0:
-        head[r] = x
+        head[r, 0] = x
     elif left:
         links[up, 0] = x
     else:
@@ -364,7 +364,7 @@ def ix_insert(ix, b):
     for d in range(dims):
         smax[b, d] = rem2[b, d]
     pr = _tp_prio(b)
-    x = head[r]
+    x = head[r, 0]
     up = -1
     while x >= 0 and _tp_prio(x) > pr:  # down the right spine: b becomes the newest of x's subtree
         for d in range(dims):
@@ -380,6 +380,7 @@ def ix_insert(ix, b):
             if smax[b, d] < smax[x, d]:
                 smax[b, d] = smax[x, d]
     _tp_hang(head, links, r, up, False, b)
+    head[r, 1] = b
     top = _ix_class(meta, rem2[b])
     node = meta[0] + r
     while node >= 1:  # raise the bounds on the path; stop where they already cover b
@@ -399,6 +400,14 @@ def ix_remove(ix, b):
     tree, head, links, smax, key, rem2, _, meta = ix
     r = key[b]
     up = links[b, 2]
+    if head[r, 1] == b:  # the newest goes (it has no newer side): the next newest is the newest of its older
+        x = links[b, 0]  # side, else its parent
+        if x >= 0:
+            while links[x, 1] >= 0:
+                x = links[x, 1]
+        else:
+            x = up
+        head[r, 1] = x
     low, left = up, up >= 0 and links[up, 0] == b  # where the next node of the zip hangs
     a, c = links[b, 0], links[b, 1]
     while a >= 0 and c >= 0:  # zip a's right spine (older) and c's left spine (newer) by priority
@@ -415,7 +424,7 @@ def ix_remove(ix, b):
         x = links[x, 2]
     while x >= 0 and _tp_fix(links, rem2, smax, x):  # above: only while the maxima change
         x = links[x, 2]
-    if head[r] < 0:  # an empty bucket is cheap to make exact
+    if head[r, 0] < 0:  # an empty bucket is cheap to make exact
         node = meta[0] + r
         tree[node] = -1
         _ix_pull(tree, node)
@@ -497,8 +506,10 @@ def ix_find(ix, lo, need):
             if node < half:
                 node = 2 * node  # descend, left (smaller keys) first
                 continue
-            root = head[node - half]
-            b = _tp_newest(root, links, rem2, smax, need)
+            root = head[node - half, 0]
+            b = head[node - half, 1]  # the key's newest pack: the one that fits, most often (a text example's)
+            if b < 0 or not _tp_fits(rem2, b, need):
+                b = _tp_newest(root, links, rem2, smax, need)
             if b >= 0:
                 return b
             if root >= 0:
