@@ -249,11 +249,12 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 # values, so a stale bound costs at most one wasted scan.
 #
 # Within a key the packs form a treap in insertion order (in order: oldest to newest; head[r] = its root and
-# its newest pack, -1 when empty) whose priorities are a hash of the pack id (nothing stored) and whose nodes hold their
-# subtree's largest budgets left (``smax``). The newest pack that fits is a descent, newest side first,
-# past every subtree with a budget too small: O(log) where a LIFO list walked past each newer pack that did
-# not fit (with budgets that bind, a walk that grew with n: docs/scale.md, "Time"). Insertion is at the
-# newest end (down the right spine, no rotations); removal zips the pack's two subtrees together.
+# its newest pack, -1 when empty) whose priorities are a hash of the pack id (nothing stored) and whose
+# nodes hold their subtree's largest budgets left (``smax``). The newest pack is tried first (it fits most
+# often: the lists' O(1)); else the newest that fits is a descent, newest side first, past every subtree
+# with a budget too small: O(log) where a LIFO list walked past each newer pack that did not fit (with
+# budgets that bind, a walk that grew with n: docs/scale.md, "Time"). Insertion is at the newest end (down
+# the right spine, no rotations); removal zips the pack's two subtrees together.
 
 
 @njit(cache=True)
