@@ -261,10 +261,11 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 def ix_new(universe, max_packs, dims, cls, classes, state):
     """(tree, head, links, smax, key, rem2, scratch, meta); meta = [half, class column or -1, classes].
 
-    ``links[b]`` = pack b's treap children (older, newer) and parent, int32 (one row: one cache line, and
-    one array less to pass: each array of the tuple costs every call, measured); the key, the budgets left
-    (``rem2``) and their subtree maxima (``smax``) of ``state``'s dtype: int64 for ``plan()``'s kernels, uint16 where every value fits for the
-    bulk planner (numba compiles one version per dtype). Setting every ``head`` to -1 empties the index.
+    ``head[r]`` = key r's treap root and newest pack; ``links[b]`` = pack b's treap children (older, newer)
+    and parent, int32 (one row: one cache line, and one array less that every call passes). The key, the
+    budgets left (``rem2``) and their subtree maxima (``smax``) of ``state``'s dtype: int64 for ``plan()``'s
+    kernels, uint16 where every value fits for the bulk planner (numba compiles one version per dtype).
+    Setting every ``head`` to -1 empties the index.
     Pages past the packs opened are never touched."""
     half = 1
     while half < universe:
