@@ -14,8 +14,9 @@ back to back; the plans' sha256 (order and bounds) must match across trees.
 
 ``--walk``: where the time goes, this tree only. Best fit over the same examples (plan()'s order) with a
 copy of ``kernels.ix_find`` that counts, per example with an image and per text example: tree nodes
-visited, buckets searched, packs looked at in a bucket's list before the one that fits (the walk), and
-buckets found empty of fits.
+visited, buckets searched, treap nodes looked at in a bucket before the pack that fits when its newest
+pack does not (until 5387c68 a bucket was a list, and this counted the packs walked past), buckets found
+empty of fits, and the packs read to tighten their bounds.
 
     nice -n 10 python scripts/bench_budgets_scale.py --walk --sizes 1e6 5e6 1e7
 """
@@ -62,11 +63,57 @@ _WALK = r"""
 import json, sys
 import numpy as np
 from numba import njit
-from packer.packing.kernels import WIDE, _ix_class, _ix_pull, class_column, ix_insert, ix_new, ix_remove
+from packer.packing.kernels import (WIDE, _ix_class, _ix_pull, _tp_exact, _tp_fits, class_column, ix_insert, ix_new,
+                                    ix_remove)
+
+@njit
+def newest(root, links, rem2, smax, need, cnt):  # kernels._tp_newest, counting
+    if root < 0 or not _tp_fits(smax, root, need):
+        return -1
+    x = root
+    while True:
+        cnt[2] += 1
+        c = links[x, 1]
+        if c >= 0 and _tp_fits(smax, c, need):
+            x = c
+            continue
+        if _tp_fits(rem2, x, need):
+            return x
+        c = links[x, 0]
+        if c >= 0 and _tp_fits(smax, c, need):
+            x = c
+            continue
+        while True:
+            cnt[2] += 1
+            if x == root:
+                return -1
+            p = links[x, 2]
+            if links[p, 1] == x:
+                if _tp_fits(rem2, p, need):
+                    return p
+                c = links[p, 0]
+                if c >= 0 and _tp_fits(smax, c, need):
+                    x = c
+                    break
+            x = p
+
+@njit
+def size(root, links):  # packs in the treap at root
+    if root < 0:
+        return 0
+    stack = [root]
+    k = 0
+    while len(stack):
+        x = stack.pop()
+        k += 1
+        for c in (links[x, 0], links[x, 1]):
+            if c >= 0:
+                stack.append(c)
+    return k
 
 @njit
 def find(ix, lo, need, cnt):  # kernels.ix_find, counting
-    tree, head, nxt, _, _, rem2, exact, meta = ix
+    tree, head, links, smax, _, rem2, exact, meta = ix
     half = meta[0]
     dims = rem2.shape[1]
     k = _ix_class(meta, need)
@@ -83,22 +130,18 @@ def find(ix, lo, need, cnt):  # kernels.ix_find, counting
                 node = 2 * node
                 continue
             cnt[1] += 1
-            b = head[node - half]
-            exact[:] = -1
-            while b >= 0:
-                ok = True
-                for d in range(dims):
-                    if rem2[b, d] < need[d]:
-                        ok = False
-                        break
-                if ok:
-                    return b
-                cnt[2] += 1
-                for j in range(_ix_class(meta, rem2[b]) + 1):
-                    for d in range(dims):
-                        exact[j, d] = max(exact[j, d], rem2[b, d])
-                b = nxt[b]
+            root = head[node - half, 0]
+            b = head[node - half, 1]
+            if b < 0 or not _tp_fits(rem2, b, need):
+                b = newest(root, links, rem2, smax, need, cnt)
+            if b >= 0:
+                return b
             cnt[3] += 1
+            cnt[4] += size(root, links)
+            if root >= 0:
+                _tp_exact(exact, root, links, rem2, meta)
+            else:
+                exact[:] = -1
             tree[node] = exact
             _ix_pull(tree, node)
         while node & 1:
@@ -141,7 +184,7 @@ lens = tokens + vision
 order = np.lexsort((np.arange(n), -lens))
 budgets = np.array([32, 2048, 4], np.int64)
 cls, classes = class_column(budgets, 3)
-cnt = np.zeros((2, 4), np.int64)
+cnt = np.zeros((2, 5), np.int64)
 packs = bfd(order, lens, vision, images, 4096, budgets, cls, classes, cnt)
 with_image = int(images.sum())
 print(json.dumps({"n": n, "packs": packs, "image": (cnt[1] / with_image).tolist(),
@@ -154,8 +197,9 @@ def walk(n: int) -> None:
                          capture_output=True, text=True, check=True, cwd=REPO)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     for kind in ("image", "text"):
-        nodes, buckets, walked, empty = r[kind]
-        print(f"| {r['n']:,} | {kind} | {nodes:.1f} | {buckets:.2f} | {walked:.1f} | {empty:.3f} |", flush=True)
+        nodes, buckets, walked, empty, scanned = r[kind]
+        print(f"| {r['n']:,} | {kind} | {nodes:.1f} | {buckets:.2f} | {walked:.1f} | {empty:.3f} | {scanned:.1f} |",
+              flush=True)
 
 
 def probe(tree: Path, n: int) -> dict:
@@ -173,8 +217,9 @@ def main() -> None:
     parser.add_argument("--walk", action="store_true", help="count the search's steps instead (this tree)")
     args = parser.parse_args()
     if args.walk:
-        print("| examples | per example with | tree nodes | buckets searched | packs walked past | buckets with no fit |")
-        print("| ---: | --- | ---: | ---: | ---: | ---: |")
+        print("| examples | per example with | tree nodes | buckets searched | treap nodes looked at | buckets with no fit "
+              "| packs read to tighten |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
         for size in args.sizes:
             walk(int(size))
         return

@@ -15,8 +15,8 @@ copies, and each block of the decreasing order carries its rows), holding per pl
   of the lengths in it) instead of the whole (n,) int64 order: ~0.2 bytes;
 - one bit per example while the packs are grouped.
 
-Per pack: the keyed index of ``kernels`` (``ix_*``: remaining tokens, the budgets left, list links) in int32,
-~(3 + budgets) x 4 bytes.
+Per pack: the keyed index of ``kernels`` (``ix_*``: remaining tokens, the budgets left and their subtree maxima,
+three treap links) in int32, ~(4 + 2 x budgets) x 4 bytes.
 
 Grouping in place. The kernel writes each example's pack (opening order) into ``slot[i]``. Its packs are then
 grouped in write order in the same array: each pack's first slot is known from the pack sizes, and the examples

@@ -233,10 +233,11 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 # Keyed pack index with secondary budgets (constrained BFD, balance, refine)
 # ----------------------------------------------------------------------------------------------------------
 #
-# Packs are bucketed by an integer key in 0..U-1 (remaining tokens for best fit, vision load for balancing)
-# in doubly linked lists head/nxt/prv. A segment tree over the keys (leaf of key r = tree[half + r]) stores
-# upper bounds of the packs' remaining budgets, so a depth-first search finds the smallest key >= lo that
-# holds a pack where every budget fits.
+# Packs are bucketed by an integer key in 0..U-1 (remaining tokens for best fit, vision load for balancing).
+# ``ix_find``'s rule: the smallest key >= lo that holds a pack where every budget fits; within that key, the
+# pack inserted last (a pack that changed is removed and inserted again, so it counts as new). A segment
+# tree over the keys (leaf of key r = tree[half + r]) stores upper bounds of the packs' remaining budgets, so
+# a depth-first search finds the key.
 #
 # Per-budget maxima alone can lie: a bucket may hold one pack with vision room but no image slot and another
 # with the reverse; the search then scans it for nothing, again and again (measured: 60 bucket scans and
@@ -246,27 +247,38 @@ def _complete(b, left, left_count, chosen, slot, avail, offs, nwords, capacity, 
 # for two budgets. Bounds are raised exactly on insert and left stale on removal (recomputing them would
 # cost a scan of the bucket); a search that finds nothing in a bucket tightens that leaf to the exact
 # values, so a stale bound costs at most one wasted scan.
+#
+# Within a key the packs form a treap in insertion order (in order: oldest to newest; head[r] = its root and
+# its newest pack, -1 when empty) whose priorities are a hash of the pack id (nothing stored) and whose
+# nodes hold their subtree's largest budgets left (``smax``). The newest pack is tried first (it fits most
+# often: the lists' O(1)); else the newest that fits is a descent, newest side first, past every subtree
+# with a budget too small: O(log) where a LIFO list walked past each newer pack that did not fit (with
+# budgets that bind, a walk that grew with n: docs/scale.md, "Time"). Insertion is at the newest end (down
+# the right spine, no rotations); removal zips the pack's two subtrees together.
 
 
 @njit(cache=True)
 def ix_new(universe, max_packs, dims, cls, classes, state):
-    """(tree, head, nxt, prv, key, rem2, scratch, meta); meta = [half, class column or -1, classes].
+    """(tree, head, links, smax, key, rem2, scratch, meta); meta = [half, class column or -1, classes].
 
-    Links int32; the key and the budgets left (``rem2``) of ``state``'s dtype: int64 for ``plan()``'s
+    ``head[r]`` = key r's treap root and newest pack; ``links[b]`` = pack b's treap children (older, newer)
+    and parent, int32 (one row: one cache line, and one array less that every call passes). The key, the
+    budgets left (``rem2``) and their subtree maxima (``smax``) of ``state``'s dtype: int64 for ``plan()``'s
     kernels, uint16 where every value fits for the bulk planner (numba compiles one version per dtype).
+    Setting every ``head`` to -1 empties the index.
     Pages past the packs opened are never touched."""
     half = 1
     while half < universe:
         half *= 2
     tree = np.full((2 * half, classes, dims), -1, dtype=np.int64)
-    head = np.full(universe, -1, dtype=np.int32)
-    nxt = np.empty(max_packs, dtype=np.int32)
-    prv = np.empty(max_packs, dtype=np.int32)
+    head = np.full((universe, 2), -1, dtype=np.int32)
+    links = np.empty((max_packs, 3), dtype=np.int32)
     key = np.empty(max_packs, dtype=state.dtype)
     rem2 = np.empty((max_packs, dims), dtype=state.dtype)
     scratch = np.empty((classes, dims), dtype=np.int64)
     meta = np.array([half, cls, classes], dtype=np.int64)
-    return tree, head, nxt, prv, key, rem2, scratch, meta
+    smax = np.empty((max_packs, dims), dtype=state.dtype)
+    return tree, head, links, smax, key, rem2, scratch, meta
 
 
 WIDE = np.zeros(1, dtype=np.int64)  # ``ix_new``'s state for int64 keys and budgets
@@ -296,21 +308,87 @@ def _ix_pull(tree, node):
         node >>= 1
 
 
+@njit(cache=True, inline="always")
+def _tp_prio(b):
+    """The treap priority of pack b: murmur3's finalizer of b times a golden-ratio constant, a bijection on
+    32 bits (so no two packs tie)."""
+    x = (np.int64(b) * np.int64(0x9E3779B1)) & 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * np.int64(0x85EBCA6B)) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * np.int64(0xC2B2AE35)) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@njit(cache=True, inline="always")
+def _tp_fits(rows, x, need):
+    for d in range(need.shape[0]):
+        if rows[x, d] < need[d]:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _tp_fix(links, rem2, smax, x):
+    """smax[x] from x's budgets and its children's maxima; True if it changed."""
+    changed = False
+    a, c = links[x, 0], links[x, 1]
+    for d in range(rem2.shape[1]):
+        v = rem2[x, d]
+        if a >= 0 and smax[a, d] > v:
+            v = smax[a, d]
+        if c >= 0 and smax[c, d] > v:
+            v = smax[c, d]
+        if smax[x, d] != v:
+            smax[x, d] = v
+            changed = True
+    return changed
+
+
+@njit(cache=True, inline="always")
+def _tp_hang(head, links, r, up, left, x):
+    """Make x (or nothing, -1) the left or right child of ``up``, or the root of key r when up < 0."""
+    if up < 0:
+        head[r, 0] = x
+    elif left:
+        links[up, 0] = x
+    else:
+        links[up, 1] = x
+    if x >= 0:
+        links[x, 2] = up
+
+
 @njit(cache=True)
 def ix_insert(ix, b):
-    tree, head, nxt, prv, key, rem2, _, meta = ix
+    tree, head, links, smax, key, rem2, _, meta = ix
     r = key[b]
-    prv[b] = -1
-    nxt[b] = head[r]
-    if head[r] >= 0:
-        prv[head[r]] = b
-    head[r] = b
+    dims = rem2.shape[1]
+    for d in range(dims):
+        smax[b, d] = rem2[b, d]
+    pr = _tp_prio(b)
+    x = head[r, 0]
+    up = -1
+    while x >= 0 and _tp_prio(x) > pr:  # down the right spine: b becomes the newest of x's subtree
+        for d in range(dims):
+            if smax[x, d] < rem2[b, d]:
+                smax[x, d] = rem2[b, d]
+        up = x
+        x = links[x, 1]
+    links[b, 0] = x  # the rest of the spine is older than b and of lower priority: b's left subtree
+    links[b, 1] = -1
+    if x >= 0:
+        links[x, 2] = b
+        for d in range(dims):
+            if smax[b, d] < smax[x, d]:
+                smax[b, d] = smax[x, d]
+    _tp_hang(head, links, r, up, False, b)
+    head[r, 1] = b
     top = _ix_class(meta, rem2[b])
     node = meta[0] + r
     while node >= 1:  # raise the bounds on the path; stop where they already cover b
         raised = False
         for j in range(top + 1):
-            for d in range(rem2.shape[1]):
+            for d in range(dims):
                 if tree[node, j, d] < rem2[b, d]:
                     tree[node, j, d] = rem2[b, d]
                     raised = True
@@ -321,24 +399,101 @@ def ix_insert(ix, b):
 
 @njit(cache=True)
 def ix_remove(ix, b):
-    tree, head, nxt, prv, key, _, _, meta = ix
+    tree, head, links, smax, key, rem2, _, meta = ix
     r = key[b]
-    if prv[b] >= 0:
-        nxt[prv[b]] = nxt[b]
-    else:
-        head[r] = nxt[b]
-    if nxt[b] >= 0:
-        prv[nxt[b]] = prv[b]
-    if head[r] < 0:  # an empty bucket is cheap to make exact
+    up = links[b, 2]
+    if head[r, 1] == b:  # the newest goes (it has no newer side): the next newest is the newest of its older
+        x = links[b, 0]  # side, else its parent
+        if x >= 0:
+            while links[x, 1] >= 0:
+                x = links[x, 1]
+        else:
+            x = up
+        head[r, 1] = x
+    low, left = up, up >= 0 and links[up, 0] == b  # where the next node of the zip hangs
+    a, c = links[b, 0], links[b, 1]
+    while a >= 0 and c >= 0:  # zip a's right spine (older) and c's left spine (newer) by priority
+        if _tp_prio(a) > _tp_prio(c):
+            x, a, next_left = a, links[a, 1], False
+        else:
+            x, c, next_left = c, links[c, 0], True
+        _tp_hang(head, links, r, low, left, x)
+        low, left = x, next_left
+    _tp_hang(head, links, r, low, left, a if a >= 0 else c)
+    x = low
+    while x != up:  # the zipped nodes have new children
+        _tp_fix(links, rem2, smax, x)
+        x = links[x, 2]
+    while x >= 0 and _tp_fix(links, rem2, smax, x):  # above: only while the maxima change
+        x = links[x, 2]
+    if head[r, 0] < 0:  # an empty bucket is cheap to make exact
         node = meta[0] + r
         tree[node] = -1
         _ix_pull(tree, node)
 
 
 @njit(cache=True)
+def _tp_newest(root, links, rem2, smax, need):
+    """The newest pack of the treap at ``root`` where every budget fits ``need``, or -1."""
+    if root < 0 or not _tp_fits(smax, root, need):
+        return -1
+    x = root
+    while True:  # x's subtree may hold a fit: its newer side first, then x, then its older side
+        c = links[x, 1]
+        if c >= 0 and _tp_fits(smax, c, need):
+            x = c
+            continue
+        if _tp_fits(rem2, x, need):
+            return x
+        c = links[x, 0]
+        if c >= 0 and _tp_fits(smax, c, need):
+            x = c
+            continue
+        # no fit below x after all (its maxima came from different packs): back up to the nearest ancestor
+        # reached from its newer side; it and its older side are still to look at
+        while True:
+            if x == root:
+                return -1
+            p = links[x, 2]
+            if links[p, 1] == x:
+                if _tp_fits(rem2, p, need):
+                    return p
+                c = links[p, 0]
+                if c >= 0 and _tp_fits(smax, c, need):
+                    x = c
+                    break
+            x = p
+
+
+@njit(cache=True)
+def _tp_exact(exact, root, links, rem2, meta):
+    """exact[j, d] = the largest budget d left among the packs of the treap at ``root`` with at least j of the
+    class budget left (-1 where none): an in-order walk by parent links."""
+    exact[:] = -1
+    x = root
+    while links[x, 0] >= 0:
+        x = links[x, 0]
+    while x >= 0:
+        for j in range(_ix_class(meta, rem2[x]) + 1):
+            for d in range(rem2.shape[1]):
+                exact[j, d] = max(exact[j, d], rem2[x, d])
+        if links[x, 1] >= 0:
+            x = links[x, 1]
+            while links[x, 0] >= 0:
+                x = links[x, 0]
+        else:
+            p = links[x, 2]
+            while p >= 0 and links[p, 1] == x:
+                x = p
+                p = links[x, 2]
+            x = p
+
+
+@njit(cache=True)
 def ix_find(ix, lo, need):
-    """The pack with the smallest key >= lo where every budget fits ``need``, or -1."""
-    tree, head, nxt, _, _, rem2, exact, meta = ix
+    """The pack with the smallest key >= lo where every budget fits ``need`` (the newest such pack of that
+    key), or -1."""
+    tree, head, links, smax, _, rem2, exact, meta = ix
     half = meta[0]
     dims = rem2.shape[1]
     k = _ix_class(meta, need)
@@ -353,20 +508,16 @@ def ix_find(ix, lo, need):
             if node < half:
                 node = 2 * node  # descend, left (smaller keys) first
                 continue
-            b = head[node - half]
-            exact[:] = -1
-            while b >= 0:
-                ok = True
-                for d in range(dims):
-                    if rem2[b, d] < need[d]:
-                        ok = False
-                        break
-                if ok:
-                    return b
-                for j in range(_ix_class(meta, rem2[b]) + 1):
-                    for d in range(dims):
-                        exact[j, d] = max(exact[j, d], rem2[b, d])
-                b = nxt[b]
+            root = head[node - half, 0]
+            b = head[node - half, 1]  # the key's newest pack: the one that fits, most often (a text example's)
+            if b < 0 or not _tp_fits(rem2, b, need):
+                b = _tp_newest(root, links, rem2, smax, need)
+            if b >= 0:
+                return b
+            if root >= 0:
+                _tp_exact(exact, root, links, rem2, meta)
+            else:
+                exact[:] = -1
             tree[node] = exact  # nothing fits here: the bucket's bounds become exact
             _ix_pull(tree, node)
         while node & 1:  # next subtree to the right: climb while we are a right child
