@@ -10,6 +10,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from packer.packing.kernel_cache import drop_stale_kernels
+
+drop_stale_kernels()  # before any kernel of the package loads from numba's cache (kernel_cache says why)
+
 # ----------------------------------------------------------------------------------------------------------
 # Counting sort and a 64-ary bitset
 # ----------------------------------------------------------------------------------------------------------
