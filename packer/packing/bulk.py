@@ -225,7 +225,7 @@ class ShuffledPrefix:
     pass. Per block of ``c`` positions: a bitmap of n bits (which positions are traced) and a hash table of
     ~2c slots; each block costs one pass over the n swaps' draws."""
 
-    RAW = 1 << 18  # 64-bit outputs per saved state: 2 MB of draws, ~2**19 swaps
+    RAW = 1 << 18  # 64-bit outputs per saved state: 2 MB of draws, ~360k swaps
 
     def __init__(self, n: int, seed: int | list[int]) -> None:
         self.n, self.seed = n, seed

@@ -674,11 +674,13 @@ def _holds(pack, e, counts, marks, pack_of):
     return False
 
 
-def _swaps(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, seed, tries) -> None:
+def _swaps(dup: np.ndarray, pack_of: np.ndarray, counts: np.ndarray, marks: np.ndarray, lens: np.ndarray,
+           cols: tuple[np.ndarray, ...], ncols: int, load: np.ndarray, caps: np.ndarray, seed: int,
+           tries: int) -> None:
     """``_swap`` over the candidates ``np.random.default_rng([seed, 2]).permutation(n)`` read from its start,
     a block at a time (``bulk.ShuffledPrefix``: the swaps read a prefix, 0.32 of it at 1M, where the array
     took int32 per planned example). Past half the permutation (a build whose duplicates find few partners)
-    the whole array is made once, so the blocks' replays cost at most ~10 passes over the draws."""
+    the whole array is made once, so the blocks' replays cost at most 8-13 passes over the draws."""
     n = pack_of.shape[0]
     shuffled = ShuffledPrefix(n, [seed, 2])
     block = max(16, shuffled.block_size)
