@@ -221,7 +221,7 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
     phase("plan")
     with tempfile.TemporaryDirectory() as work:
         _save_plan(Path(work), plan)  # as build writes it
-    shards = len(shard_ranges(plan, rows_per_shard=config.rows_per_shard))  # build's write stage drops them
+    shards = sum(1 for _ in shard_ranges(plan, rows_per_shard=config.rows_per_shard))  # one at a time, as sent
     phase("save")
     stats = compute_stats(**plan.stats_columns(names), packs=(plan.order, plan.bounds),  # as build passes them
                           capacity=config.max_length, input_records=n)

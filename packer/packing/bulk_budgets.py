@@ -38,7 +38,7 @@ from numba import njit
 
 from packer.errors import ConfigError
 from packer.packing import kernels
-from packer.packing.bulk import PackOrder, _raise_misfit, write_order
+from packer.packing.bulk import PackOrder, ShuffledPrefix, _raise_misfit, write_order
 from packer.packing.kernels import class_column, ix_new, ix_open_all, refine_next, refine_try
 from packer.packing.mixing import MARK, Sampled
 
@@ -543,8 +543,8 @@ def separate_copies_bulk(
     max_tries: int = 4096,
 ) -> PackOrder:
     """``mixing.separate_copies`` on a ``PackOrder``: the same swaps, so the same packs, holding per planned
-    example the pack of each (in place of ``packs.order``, which is consumed) and the candidates'
-    permutation (int32): 8 bytes, where separate_copies' Python rows and dicts take ~400.
+    example the pack of each (in place of ``packs.order``, which is consumed), and the candidates'
+    permutation a block at a time (``_swaps``): ~5 bytes, where separate_copies' Python rows and dicts take ~400.
 
     ``sampled``: each cache row's copies (``mixing.Sampled``; planned example i is the i-th of
     ``np.repeat(rows, counts)``: separate_copies' ``index``, never made); ``lengths``: (rows,) the tokens of
@@ -573,9 +573,8 @@ def separate_copies_bulk(
         wide_load = np.uint16 if top < 2**16 else np.int32 if top < 2**31 else np.int64
         load = np.zeros((1 + len(kept), num_packs), dtype=wide_load)
         _loads(pack_of, lens, counts, cols, len(kept), load)
-        candidates = write_order(n, [seed, 2], np.int32)  # np.random.default_rng([seed, 2]).permutation(n)
-        _swap(dup, pack_of, counts, marks, lens, cols, len(kept), load, caps, candidates, min(max_tries, n))
-        del candidates, load
+        _swaps(dup, pack_of, counts, marks, lens, cols, len(kept), load, caps, seed, min(max_tries, n))
+        del load
     del dup
     seen[:] = 0
     _group(pack_of, np.arange(num_packs, dtype=np.int32), bounds[:-1].copy(), seen)  # swaps keep every size
@@ -675,23 +674,47 @@ def _holds(pack, e, counts, marks, pack_of):
     return False
 
 
-@njit(cache=True)
-def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates, tries):
-    """separate_copies' loop: each duplicate p swaps packs with the next candidate q whose pack holds no copy
-    of p's example (and p's none of q's) where tokens and every budget still fit."""
+def _swaps(dup: np.ndarray, pack_of: np.ndarray, counts: np.ndarray, marks: np.ndarray, lens: np.ndarray,
+           cols: tuple[np.ndarray, ...], ncols: int, load: np.ndarray, caps: np.ndarray, seed: int,
+           tries: int) -> None:
+    """``_swap`` over the candidates ``np.random.default_rng([seed, 2]).permutation(n)`` read from its start,
+    a block at a time (``bulk.ShuffledPrefix``: the swaps read a prefix, 0.32 of it at 1M, where the array
+    took int32 per planned example). Past half the permutation (a build whose duplicates find few partners)
+    the whole array is made once, so the blocks' replays cost at most 8-13 passes over the draws."""
     n = pack_of.shape[0]
+    shuffled = ShuffledPrefix(n, [seed, 2])
+    block = max(16, shuffled.block_size)
+    whole = None
+    t, tried, c0, read = 0, 0, 0, 0
+    while t < dup.shape[0]:
+        if whole is None and read >= n // 2:
+            whole = write_order(n, [seed, 2], np.int32)
+        c1 = n if whole is not None else min(n, c0 + block)
+        candidates = whole[c0:] if whole is not None else shuffled.block(c0, c1)
+        t, tried = _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates, tries, t, tried)
+        read += c1 - c0
+        c0 = 0 if c1 == n else c1
+
+
+@njit(cache=True)
+def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates, tries, t, tried):
+    """separate_copies' loop: each duplicate p swaps packs with the next candidate q whose pack holds no copy
+    of p's example (and p's none of q's) where tokens and every budget still fit. From duplicate ``t``, of
+    which ``tried`` candidates were read; returns (t, tried) where ``candidates`` (the next block of the
+    permutation) runs out, (len(dup), 0) when done."""
     dims = 1 + ncols
     delta = np.zeros(dims, dtype=np.int64)
-    cursor = 0
-    for t in range(dup.shape[0]):
+    k = 0
+    while t < dup.shape[0]:
         p = dup[t]
         a = pack_of[p]
         ea = _row_of(np.int64(p), counts, marks)
-        for _ in range(tries):
-            q = candidates[cursor]
-            cursor += 1
-            if cursor == n:
-                cursor = 0
+        while tried < tries:
+            if k == candidates.shape[0]:
+                return t, tried
+            q = candidates[k]
+            k += 1
+            tried += 1
             b = pack_of[q]
             eb = _row_of(np.int64(q), counts, marks)
             if a == b or _holds(a, eb, counts, marks, pack_of) or _holds(b, ea, counts, marks, pack_of):
@@ -712,6 +735,9 @@ def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates
             pack_of[p] = b
             pack_of[q] = a
             break
+        t += 1
+        tried = 0
+    return t, tried
 
 
 # ----------------------------------------------------------------------------------------------------------

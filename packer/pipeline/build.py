@@ -65,9 +65,8 @@ from packer.pipeline.output import (
 )
 from packer.pipeline.stages import (
     Chunk,
-    Exchange,
     Plan,
-    ShardRange,
+    ShardRanges,
     exchange_dir,
     map_tasks,
     plan_packs,
@@ -445,37 +444,36 @@ def _encode_rejects(cache: EncodeCache, config: BuildConfig) -> list[dict[str, A
 
 
 def _write(
-    executor: Executor, ranges: list[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
+    executor: Executor, ranges: ShardRanges, *, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
     progress: bool,
 ) -> list[dict[str, Any]]:
-    """Run the write tasks; return every shard's manifest entry, in shard order."""
+    """Run the write tasks; return every shard's manifest entry, in shard order. Each range is made as its
+    task is sent (``ShardRanges``), never all at once."""
     entries = []
-    with progress_bar(total=sum(len(r.pack_sizes) for r in ranges), enabled=progress, desc="write",
-                      unit="pack") as bar, \
+    with progress_bar(total=len(ranges.plan.bounds) - 1, enabled=progress, desc="write", unit="pack") as bar, \
             closing(executor.write(ranges, cache=cache, config=config, hooks=hooks)) as results:
-        for shards, written in zip(ranges, results, strict=True):
+        for s, written in enumerate(results):
             entries.extend(written)
-            bar.update(len(shards.pack_sizes))
+            bar.update(ranges.num_packs(s))
+    if len(entries) != len(ranges):
+        raise RuntimeError(f"the write stage returned {len(entries)} shards of {len(ranges)}")
     return entries
 
 
 def _exchange(
-    executor: Executor, plan: Plan, ranges: list[ShardRange], *, out: Path | ObjectPath, cache: EncodeCache,
+    executor: Executor, plan: Plan, ranges: ShardRanges, *, out: Path | ObjectPath, cache: EncodeCache,
     config: BuildConfig, hooks: Hooks, progress: bool,
-) -> list[ShardRange]:
+) -> ShardRanges:
     """Run the exchange's map tasks where the build has many shards (``stages.map_tasks``) and return the
     ranges with where their rows are in the map outputs; ``ranges`` as they are where it does not run, or
     where every shard is already written (a resumed build whose writers will only check their markers)."""
-    def shards(r: ShardRange) -> int:
-        return -(-len(r.pack_sizes) // config.rows_per_shard)
-
     markers = out / WORK_DIR / "shards"
-    total = ranges[-1].first + shards(ranges[-1]) if ranges else 0
+    total = len(ranges)  # one range per shard
     if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists() for s in range(total)):
         return ranges
     here = executor.writes_here(plan.num_examples, len(ranges))
     if here and len(ranges) > 1:  # this process visits each file once per shard: its layout is kept
-        ranges = [replace(r, remember=True) for r in ranges]
+        ranges = replace(ranges, remember=True)
     found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here)
     if found is None:
         return ranges
@@ -490,9 +488,7 @@ def _exchange(
     del tasks, positions  # the write positions (4 bytes per example): the writers need only the sections
     out_starts = np.concatenate([[0], np.cumsum(counts.sum(axis=1))])
     sections = np.cumsum(counts, axis=1) - counts  # where shard s's rows start in map output m
-    return [replace(r, exchange=Exchange(exchange_dir(cache), cache_starts, out_starts,
-                                         np.ascontiguousarray(sections[:, r.first : r.first + shards(r)].T)))
-            for r in ranges]
+    return replace(ranges, exchange=(exchange_dir(cache), cache_starts, out_starts, sections))
 
 
 def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:

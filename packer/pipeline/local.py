@@ -18,7 +18,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,7 +26,15 @@ from packer.config import BuildConfig
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
-from packer.pipeline.stages import Chunk, MapTask, ShardRange, encode_chunk, exchange_map, write_shard_range
+from packer.pipeline.stages import (
+    Chunk,
+    MapTask,
+    ShardRange,
+    encode_chunk,
+    exchange_map,
+    planned_examples,
+    write_shard_range,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.pool import Pool
@@ -155,12 +163,13 @@ class LocalExecutor(Executor):
         gather's copies), so the stage runs ``num_proc`` times as fast; the bytes are the same because each
         shard is a pure function of its range.
         """
-        if self.writes_here(sum(len(r.examples) for r in ranges), len(ranges)):
+        if self.writes_here(planned_examples(ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
-        yield from self._in_pool(_write_task, [(shards, cache, config, hooks) for shards in ranges])
+        # a generator: each range is made as the pool's feeder sends it (``stages.ShardRanges``), not all at once
+        yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))
 
     def writes_here(self, examples: int, ranges: int) -> bool:
         return self.num_proc == 1 or ranges <= 1 or not self._pays(examples)
@@ -180,7 +189,7 @@ class LocalExecutor(Executor):
         stage started it), else only where each worker gets ``POOL_MIN_EXAMPLES`` or more."""
         return self._pool is not None or examples >= POOL_MIN_EXAMPLES * self.num_proc
 
-    def _in_pool(self, task: Callable[[Any], Any], args: list[Any]) -> Generator[Any, None, None]:
+    def _in_pool(self, task: Callable[[Any], Any], args: Iterable[Any]) -> Generator[Any, None, None]:
         """``task`` over ``args`` in the pool (started here if ``start`` was not called), results in order;
         the pool is terminated on an error, Ctrl-C or the caller closing the generator early."""
         try:

@@ -17,7 +17,7 @@ bytes whatever runs them, in whatever order.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -644,16 +644,55 @@ class ShardRange:
     remember: bool = False  # this process writes the other ranges too: take_rows keeps each file's layout
 
 
-def shard_ranges(plan: Plan, *, rows_per_shard: int) -> list[ShardRange]:
-    """One range per shard (progress and resume are per shard); ``write_shard_range`` takes longer ones too.
-    Without sampling a range's examples are a view of ``plan.order`` (no copy per example)."""
-    pack_sizes = plan.pack_sizes
-    ranges = []
-    for s, p0 in enumerate(range(0, len(pack_sizes), rows_per_shard)):
-        p1 = min(len(pack_sizes), p0 + rows_per_shard)
-        examples, copies = plan.rows(plan.order[plan.bounds[p0] : plan.bounds[p1]])
-        ranges.append(ShardRange(first=s, pack_sizes=pack_sizes[p0:p1], examples=examples, copies=copies))
-    return ranges
+@dataclass(frozen=True)
+class ShardRanges(Sequence[ShardRange]):
+    """A plan's shard ranges, one per shard (progress and resume are per shard), each made when it is read:
+    as its write task is sent, so the driver never holds every shard's rows and copy numbers at once (issue
+    32: int32 + uint8 per planned example with up-sampled copies). Without sampling a range's examples are a
+    view of ``plan.order``. ``write_shard_range`` takes longer ranges too."""
+
+    plan: Plan
+    rows_per_shard: int
+    remember: bool = False  # every range is written by one process: take_rows keeps each file's layout
+    exchange: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None = None  # root, cache and output starts,
+    # (M, S) where shard s's rows start in map output m: each range's ``Exchange``; None: the cache's chunks
+
+    def __len__(self) -> int:
+        return -(-(len(self.plan.bounds) - 1) // self.rows_per_shard)
+
+    @property
+    def num_examples(self) -> int:
+        return self.plan.num_examples
+
+    def num_packs(self, s: int) -> int:
+        """Packs in range ``s`` (without making it)."""
+        return min(len(self.plan.bounds) - 1, (s + 1) * self.rows_per_shard) - s * self.rows_per_shard
+
+    def __getitem__(self, s: int) -> ShardRange:  # type: ignore[override]
+        n = len(self)
+        if not -n <= s < n:
+            raise IndexError(s)
+        s %= n
+        plan, p0 = self.plan, s * self.rows_per_shard
+        p1 = p0 + self.num_packs(s)
+        bounds = plan.bounds[p0 : p1 + 1].astype(np.int64)
+        examples, copies = plan.rows(plan.order[bounds[0] : bounds[-1]])
+        found = None
+        if self.exchange is not None:
+            root, cache_starts, out_starts, sections = self.exchange
+            found = Exchange(root, cache_starts, out_starts, np.ascontiguousarray(sections[:, s : s + 1].T))
+        return ShardRange(first=s, pack_sizes=np.diff(bounds), examples=examples, copies=copies, exchange=found,
+                          remember=self.remember)
+
+
+def shard_ranges(plan: Plan, *, rows_per_shard: int) -> ShardRanges:
+    """The plan's shard ranges (``ShardRanges``: each made when it is read)."""
+    return ShardRanges(plan, rows_per_shard)
+
+
+def planned_examples(ranges: Sequence[ShardRange]) -> int:
+    """The planned examples ``ranges`` write, without making a ``ShardRanges``' ranges."""
+    return ranges.num_examples if isinstance(ranges, ShardRanges) else sum(len(r.examples) for r in ranges)
 
 
 def write_shard_range(

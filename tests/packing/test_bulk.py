@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from packer.errors import ConfigError
 from packer.packing import bulk
-from packer.packing.bulk import PackOrder, plan_bulk, write_order
+from packer.packing.bulk import PackOrder, ShuffledPrefix, plan_bulk, write_order
 from packer.packing.planner import plan
 
 SETTINGS = settings(
@@ -213,3 +213,19 @@ def test_refine_in_bulk_is_plans_refine(seed):
     got = plan_bulk(lens, capacity, seed=seed, refine=True)
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(np.diff(got.bounds), np.bincount(want))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 1000, 70_001, 1 << 20])
+@pytest.mark.parametrize("seed", [0, [7, 2]])
+def test_a_shuffled_prefix_is_the_permutations_blocks(n, seed):
+    """Blocks of ``write_order`` replayed backwards (the swaps' draws regenerated from saved states, 1 << 20
+    spanning several of them) are its slices: from the start, inside, at the end, all of it."""
+    want = write_order(n, seed)
+    shuffled = ShuffledPrefix(n, seed)
+    size = shuffled.block_size
+    for c0 in range(0, n, max(1, n // 5)):  # blocks from across the permutation, every one of block_size
+        c1 = min(n, c0 + size)
+        assert np.array_equal(shuffled.block(c0, c1), want[c0:c1])
+    for c0, c1 in ((0, n), (n - 1, n), (n // 2, n // 2 + 1)):
+        assert np.array_equal(shuffled.block(c0, c1), want[c0:c1])
+    assert not shuffled.bitmap.any()  # each block clears what it traced
