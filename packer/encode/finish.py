@@ -13,8 +13,10 @@ calls per record:
     positions     ``tree_position_ids`` and mRoPE (``expected_mrope``) over the records as one forest
 
 No step needs a loop, so no compiled kernel: numpy over the whole batch. What stays per record is what is one
-per record: the check that it is eligible, each image's plan (its size, cached per file), its ``EncodedImage``
-and the ``Encoded`` around views of the batch's arrays.
+per record: the check that it is eligible and each image's plan (its size, cached per file). The records stay
+columns (``Rows``: the batch's flat arrays, a ``Row`` per record naming its index): a build's chunk table
+(``shards.assemble.encoded_table``) gathers each column from them in one step, and an ``Encoded`` (views of
+those arrays) is made only where a caller asks for one (``Encoder.encode_batch`` without ``rows``).
 
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
 a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
