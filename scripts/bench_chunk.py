@@ -63,7 +63,8 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
         t2 = time.process_time()
         encodings = encoder._tokenize(texts)
         t3 = time.process_time()
-        done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings))
+        done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings),
+                                    rows=True)
         for one in done:
             one.source_name = chunk.source
         table = encoded_table(done)

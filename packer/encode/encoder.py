@@ -48,7 +48,7 @@ from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
 from packer.encode.context import EncodeContext, RunIds, TokenizerView
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
 from packer.encode.fastokens_bpe import FastokensBPE, Flat
-from packer.encode.finish import BatchFinish
+from packer.encode.finish import BatchFinish, Row
 from packer.encode.render import Staged, stage
 from packer.encode.templates import ChatTemplate
 from packer.errors import ConfigError, RecordError
@@ -187,9 +187,11 @@ class Encoder:
             raise result
         return result
 
-    def encode_batch(self, examples: Sequence[Example]) -> list[Encoded | list[Encoded] | RecordError]:
+    def encode_batch(self, examples: Sequence[Example], *, rows: bool = False
+                     ) -> list[Encoded | Row | list[Encoded] | RecordError]:
         """``encode`` for many examples with ONE tokenizer call: each example's Encoded (a split text: the
-        list of its chunks) or its RecordError.
+        list of its chunks) or its RecordError. ``rows``: a record ``batch-finish`` took stays a ``Row`` of
+        its batch's columns (what ``shards.assemble.encoded_table`` reads without an Encoded per record).
 
         Errors are returned (located at ``path:line``), not raised, so one bad record does not cost the others
         their shared tokenizer call. The results equal ``encode`` one example at a time.
@@ -207,20 +209,21 @@ class Encoder:
             staged.append(s)
         encodings = self._tokenize(texts)
         tokens = batch_tokens(self.context, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
-        return self.finish_batch(examples, staged, tokens)
+        return self.finish_batch(examples, staged, tokens, rows=rows)
 
     def finish_batch(self, examples: Sequence[Example], staged: Sequence[Staged | RecordError],
-                     tokens: Tokens) -> list[Encoded | list[Encoded] | RecordError]:
+                     tokens: Tokens, *, rows: bool = False) -> list[Encoded | Row | list[Encoded] | RecordError]:
         """``encode_batch`` after its tokenizer call: each staged example's Encoded (``batch-finish`` for the
-        batch's common records, ``_finish`` for the rest) or its RecordError."""
+        batch's common records, ``_finish`` for the rest; with ``rows`` the former stay Rows) or its
+        RecordError."""
         good = [k for k, s in enumerate(staged) if not isinstance(s, RecordError)]
-        done: list[Encoded | None] = [None] * len(examples)
+        done: list[Encoded | Row | None] = [None] * len(examples)
         if self._batch_finish is not None and good:
-            finished = self._batch_finish.finish([examples[k] for k in good], [staged[k] for k in good], tokens,
-                                                 self.max_length)
+            finished = self._batch_finish.rows([examples[k] for k in good], [staged[k] for k in good], tokens,
+                                               self.max_length)
             for k, one in zip(good, finished, strict=True):
-                done[k] = one
-        out: list[Encoded | RecordError] = []
+                done[k] = one if rows or one is None else one.encoded()
+        out: list[Encoded | Row | RecordError] = []
         for example, s, one in zip(examples, staged, done, strict=True):
             if isinstance(s, RecordError):
                 out.append(s)

@@ -13,8 +13,10 @@ calls per record:
     positions     ``tree_position_ids`` and mRoPE (``expected_mrope``) over the records as one forest
 
 No step needs a loop, so no compiled kernel: numpy over the whole batch. What stays per record is what is one
-per record: the check that it is eligible, each image's plan (its size, cached per file), its ``EncodedImage``
-and the ``Encoded`` around views of the batch's arrays.
+per record: the check that it is eligible and each image's plan (its size, cached per file). The records stay
+columns (``Rows``: the batch's flat arrays, a ``Row`` per record naming its index): a build's chunk table
+(``shards.assemble.encoded_table``) gathers each column from them in one step, and an ``Encoded`` (views of
+those arrays) is made only where a caller asks for one (``Encoder.encode_batch`` without ``rows``).
 
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
 a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
@@ -87,12 +89,17 @@ class BatchFinish:
 
     def finish(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
                max_length: int | None) -> list[Encoded | None]:
-        """Each example's Encoded, or None where it takes the general path (``Encoder._finish``).
+        """Each example's Encoded, or None where it takes the general path (``Encoder._finish``)."""
+        return [None if row is None else row.encoded() for row in self.rows(examples, staged, tokens, max_length)]
+
+    def rows(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
+             max_length: int | None) -> list[Row | None]:
+        """Each example's Row (its columns in the batch's ``Rows``), or None where it takes the general path.
 
         A record is its nodes' segments of the batch's texts (node i: its path's tokens past its parent's path,
         as ``draft.join_nodes``), gathered back to back; everything after is one pass over that layout."""
         ctx = self.ctx
-        out: list[Encoded | None] = [None] * len(examples)
+        out: list[Row | None] = [None] * len(examples)
         if tokens.weights is not None:  # per-token loss weights: the general path
             return out
         starts = tokens.starts
@@ -237,34 +244,109 @@ class BatchFinish:
         where = np.zeros(spans.shape[0], dtype=np.int64)
         where[np.flatnonzero(img_ok)] = moved[placed]  # each image's first token, in the new layout
         offsets = where - np.repeat(rec_start[:-1], rec_images)  # inside its record
+        grids = np.array([run.grid for _, run in images], dtype=np.int64).reshape(-1, 3)
         mrope = None
         if self.mrope is not None:
             use = np.repeat(ok, rec_images)
-            grids = np.array([run.grid for _, run in images], dtype=np.int64).reshape(-1, 3)[use]
-            mrope = expected_mrope(total, node_start[:-1], forest_parents, where[use], grids,
+            mrope = expected_mrope(total, node_start[:-1], forest_parents, where[use], grids[use],
                                    spatial_merge_size=self.mrope.merge_size).astype(np.int32)
-        offsets_list = offsets.tolist()
-        sel = np.flatnonzero(ok).tolist()
-        ctx.paths["finish:batch"] += len(sel)
-        bounds = rec_start.tolist()
-        for r in sel:
-            example, s = examples[chosen[r]], staged[chosen[r]]
-            x, y = bounds[r], bounds[r + 1]
-            first = int(img_first[r])
-            one = len(s.nodes) == 1
-            out[chosen[r]] = Encoded(
-                example_id=example.example_id,
-                input_ids=new_ids[x:y],
-                labels=new_labels[x:y],
-                position_ids=positions[x:y],
-                node_offsets=np.zeros(1, dtype=np.int32) if one else
-                (node_start[rec_nodes[r] : rec_nodes[r + 1]] - x).astype(np.int32),
-                node_parents=np.full(1, -1, dtype=np.int32) if one else np.array(s.parents, dtype=np.int32),
-                images=[EncodedImage(source=ref.path if ref.data is None else "", data=ref.data,
-                                     grid_thw=tuple(int(v) for v in run.grid), offset=int(offsets_list[first + q]),
-                                     num_tokens=int(run.num_tokens))
-                        for q, (ref, run) in enumerate(images[first : int(img_first[r + 1])])],
-                mrope_position_ids=None if mrope is None else mrope[:, x:y],
-                source_name=example.source_name,
-            )
+        sel = np.flatnonzero(ok)
+        ctx.paths["finish:batch"] += int(sel.shape[0])
+        block = Rows(ids=new_ids, labels=new_labels, positions=positions, mrope=mrope, bounds=rec_start,
+                     node_start=node_start, rec_nodes=rec_nodes, parents=forest_parents, images=images,
+                     img_first=img_first, img_offsets=offsets, img_tokens=spans, img_grids=grids)
+        for r in sel.tolist():
+            example = examples[chosen[r]]
+            out[chosen[r]] = Row(block, r, example.example_id, example.source_name)
         return out
+
+
+class Rows:
+    """A batch's finished records as flat columns (what ``BatchFinish.rows`` computed): each record ``r`` its
+    tokens ``bounds[r]:bounds[r + 1]``, its nodes ``rec_nodes[r]:rec_nodes[r + 1]`` (starts ``node_start``,
+    forest ``parents``), its images ``img_first[r]:img_first[r + 1]``. Records that left the batch path stay in
+    it, unread. ``shards.assemble.encoded_table`` gathers its rows' columns straight from these arrays."""
+
+    __slots__ = ("ids", "labels", "positions", "mrope", "bounds", "node_start", "rec_nodes", "parents", "images",
+                 "img_first", "img_offsets", "img_tokens", "img_grids")
+
+    def __init__(self, *, ids: np.ndarray, labels: np.ndarray, positions: np.ndarray, mrope: np.ndarray | None,
+                 bounds: np.ndarray, node_start: np.ndarray, rec_nodes: np.ndarray, parents: np.ndarray,
+                 images: list[tuple[ImageRef, MediaRun]], img_first: np.ndarray, img_offsets: np.ndarray,
+                 img_tokens: np.ndarray, img_grids: np.ndarray):
+        self.ids, self.labels, self.positions, self.mrope = ids, labels, positions, mrope
+        self.bounds, self.node_start, self.rec_nodes, self.parents = bounds, node_start, rec_nodes, parents
+        self.images, self.img_first, self.img_offsets, self.img_tokens = images, img_first, img_offsets, img_tokens
+        self.img_grids = img_grids  # (M, 3) each image's grid
+
+    def columns(self, rs: np.ndarray) -> dict[str, np.ndarray]:
+        """Records ``rs``' columns back to back: ``lengths``, ``input_ids``, ``labels``, ``position_ids``,
+        ``mrope`` ((3, T) or None), ``node_counts``, ``node_offsets``, ``node_parents`` (int32, each inside its
+        record), ``image_counts`` and ``images``: the gathered image indices (into ``self.images``)."""
+        x, y = self.bounds[rs], self.bounds[rs + 1]
+        nf, nl = self.rec_nodes[rs], self.rec_nodes[rs + 1]
+        if rs.shape[0] and (np.diff(rs) == 1).all():  # consecutive records (the common case): views
+            tokens: np.ndarray | slice = slice(int(x[0]), int(y[-1]))
+            nodes: np.ndarray | slice = slice(int(nf[0]), int(nl[-1]))
+            images = np.arange(self.img_first[rs[0]], self.img_first[rs[-1] + 1], dtype=np.int64)
+        else:
+            tokens, nodes = _ranges(x, y), _ranges(nf, nl)
+            images = _ranges(self.img_first[rs], self.img_first[rs + 1])
+        node_counts = nl - nf
+        parents = self.parents[nodes]
+        return {
+            "lengths": y - x,
+            "input_ids": self.ids[tokens],
+            "labels": self.labels[tokens],
+            "position_ids": self.positions[tokens],
+            "mrope": None if self.mrope is None else self.mrope[:, tokens],
+            "node_counts": node_counts,
+            "node_offsets": (self.node_start[nodes] - np.repeat(x, node_counts)).astype(np.int32),
+            "node_parents": np.where(parents >= 0, parents - np.repeat(nf, node_counts), -1).astype(np.int32),
+            "image_counts": self.img_first[rs + 1] - self.img_first[rs],
+            "images": images,
+        }
+
+    def encoded(self, r: int, example_id: str, source_name: str) -> Encoded:
+        """Record ``r`` as an Encoded (views of the batch's arrays): what ``encode_batch`` returns."""
+        x, y = int(self.bounds[r]), int(self.bounds[r + 1])
+        nf, nl = int(self.rec_nodes[r]), int(self.rec_nodes[r + 1])
+        first, last = int(self.img_first[r]), int(self.img_first[r + 1])
+        one = nl - nf == 1
+        return Encoded(
+            example_id=example_id,
+            input_ids=self.ids[x:y],
+            labels=self.labels[x:y],
+            position_ids=self.positions[x:y],
+            node_offsets=np.zeros(1, dtype=np.int32) if one else (self.node_start[nf:nl] - x).astype(np.int32),
+            node_parents=np.full(1, -1, dtype=np.int32) if one else
+            np.where(self.parents[nf:nl] >= 0, self.parents[nf:nl] - nf, -1).astype(np.int32),
+            images=[EncodedImage(source=ref.path if ref.data is None else "", data=ref.data,
+                                 grid_thw=tuple(int(v) for v in run.grid), offset=int(self.img_offsets[first + q]),
+                                 num_tokens=int(run.num_tokens))
+                    for q, (ref, run) in enumerate(self.images[first:last])],
+            mrope_position_ids=None if self.mrope is None else self.mrope[:, x:y],
+            source_name=source_name,
+        )
+
+
+class Row:
+    """One record finished by ``batch-finish``, not yet an Encoded: its batch's ``Rows`` and its index there
+    (``Encoder.encode_batch(rows=True)``; ``encoded_table`` reads it as columns, ``encoded()`` makes the
+    Encoded)."""
+
+    __slots__ = ("block", "r", "example_id", "source_name")
+
+    def __init__(self, block: Rows, r: int, example_id: str, source_name: str):
+        self.block, self.r, self.example_id, self.source_name = block, r, example_id, source_name
+
+    def encoded(self) -> Encoded:
+        return self.block.encoded(self.r, self.example_id, self.source_name)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The indices ``lo[i]:hi[i]`` of every i, back to back (int64)."""
+    counts = hi - lo
+    starts = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    return np.repeat(lo - starts, counts) + np.arange(int(counts.sum()), dtype=np.int64)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,50 +33,150 @@ from packer.shards.schema import (
 )
 from packer.shards.store import ObjectPath, local_file, store_path
 
+if TYPE_CHECKING:
+    from packer.encode.finish import Row
 
-def encoded_table(encoded: Sequence[Encoded]) -> pa.Table:
+
+def encoded_table(encoded: Sequence[Encoded | Row]) -> pa.Table:
     """``encoded`` as an EXAMPLE_SCHEMA table, column by column: each token column one concatenation + offsets,
     the counts from whole-chunk reductions, only the media structs converted from Python (a few per chunk).
     Equal, value and buffer, to ``pa.Table.from_pylist`` of ``encoded_record`` per example (the reference,
-    tests/shards/test_encoded_table.py), at ~1/4 of its CPU (docs/benchmarks.md, "Fast paths")."""
+    tests/shards/test_encoded_table.py), at ~1/4 of its CPU (docs/benchmarks.md, "Fast paths").
+
+    A ``Row`` (``Encoder.encode_batch(rows=True)``: a record ``batch-finish`` took) is read as columns: a run
+    of rows of one batch gives each column one gather from the batch's flat arrays (``Rows.columns``), no
+    Encoded and no array per record; Encodeds between them are read one by one, in record order."""
     if not encoded:
         return EXAMPLE_SCHEMA.empty_table()
     n = len(encoded)
-    lengths = np.fromiter((e.input_ids.shape[0] for e in encoded), dtype=np.int64, count=n)
+    lengths_p: list[np.ndarray] = []
+    ids_p: list[np.ndarray] = []
+    labels_p: list[np.ndarray] = []
+    pos_p: list[np.ndarray] = []
+    mrope_p: list[np.ndarray | None] = []  # per run of rows or per Encoded: (3, T), or None
+    mrope_n: list[int] = []  # rows each part covers
+    node_n: list[np.ndarray] = []
+    node_off_p: list[np.ndarray] = []
+    node_par_p: list[np.ndarray] = []
+    weights: list[np.ndarray | None] = []
+    img_n: list[np.ndarray] = []
+    sources: list[str] = []
+    data: list[bytes | None] = []
+    img_int: list[np.ndarray] = []  # (M, 5) grid_t, grid_h, grid_w, offset, num_tokens
+    vision = np.zeros(n, dtype=np.int64)
+    videos: list[list[dict[str, Any]]] = []
+    audios: list[list[dict[str, Any]]] = []
+    n_video = np.zeros(n, dtype=np.int64)
+    n_audio = np.zeros(n, dtype=np.int64)
+    video_tok = np.zeros(n, dtype=np.int64)
+    audio_tok = np.zeros(n, dtype=np.int64)
+    k = 0
+    while k < n:
+        e = encoded[k]
+        if isinstance(e, Encoded):
+            lengths_p.append(np.array([e.input_ids.shape[0]], dtype=np.int64))
+            ids_p.append(e.input_ids)
+            labels_p.append(e.labels)
+            pos_p.append(e.position_ids)
+            mrope_p.append(None if e.mrope_position_ids is None else np.asarray(e.mrope_position_ids))
+            mrope_n.append(1)
+            node_n.append(np.array([e.node_offsets.shape[0]], dtype=np.int64))
+            node_off_p.append(e.node_offsets)
+            node_par_p.append(e.node_parents)
+            weights.append(e.loss_weights)
+            img_n.append(np.array([len(e.images)], dtype=np.int64))
+            for im in e.images:
+                sources.append(im.source)
+                data.append(im.data)
+            img_int.append(np.array([(*im.grid_thw, im.offset, im.num_tokens) for im in e.images],
+                                    dtype=np.int64).reshape(-1, 5))
+            vision[k] = e.num_vision_tokens
+            videos.append([_video_record(v) for v in e.videos])
+            audios.append([_audio_record(a) for a in e.audios])
+            n_video[k], n_audio[k] = len(e.videos), len(e.audios)
+            video_tok[k], audio_tok[k] = e.num_video_tokens, e.num_audio_tokens
+            k += 1
+            continue
+        block, j = e.block, k  # a run of rows of one batch
+        while j < n and not isinstance(encoded[j], Encoded) and encoded[j].block is block:
+            j += 1
+        cols = block.columns(np.fromiter((encoded[q].r for q in range(k, j)), dtype=np.int64, count=j - k))
+        lengths_p.append(cols["lengths"])
+        ids_p.append(cols["input_ids"])
+        labels_p.append(cols["labels"])
+        pos_p.append(cols["position_ids"])
+        mrope_p.append(cols["mrope"])
+        mrope_n.append(j - k)
+        node_n.append(cols["node_counts"])
+        node_off_p.append(cols["node_offsets"])
+        node_par_p.append(cols["node_parents"])
+        weights += [None] * (j - k)
+        img_n.append(cols["image_counts"])
+        picked = cols["images"]
+        for q in picked.tolist():
+            ref = block.images[q][0]
+            sources.append(ref.path if ref.data is None else "")
+            data.append(ref.data)
+        tokens = block.img_tokens[picked]
+        img_int.append(np.concatenate([block.img_grids[picked], block.img_offsets[picked, None], tokens[:, None]],
+                                      axis=1))
+        sums = np.zeros(picked.shape[0] + 1, dtype=np.int64)
+        np.cumsum(tokens, out=sums[1:])
+        ends = np.cumsum(cols["image_counts"])
+        vision[k:j] = sums[ends] - sums[ends - cols["image_counts"]]
+        videos += [[] for _ in range(j - k)]
+        audios += [[] for _ in range(j - k)]
+        k = j
+    lengths = np.concatenate(lengths_p)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    labels = np.concatenate([e.labels for e in encoded])
+    labels = np.concatenate(labels_p)
     loss = np.zeros(labels.shape[0] + 1, dtype=np.int64)
     np.cumsum(labels != IGNORE_INDEX, out=loss[1:])
     num_loss = loss[offsets[1:]] - loss[offsets[:-1]]
     loss_weight = num_loss.astype(np.float64)
-    for k, e in enumerate(encoded):  # as ``Encoded.weighted_loss_tokens`` sums it (pairwise, float64)
-        if e.loss_weights is not None:
-            loss_weight[k] = e.weighted_loss_tokens
+    for q, e in enumerate(encoded):  # as ``Encoded.weighted_loss_tokens`` sums it (pairwise, float64)
+        if weights[q] is not None:
+            loss_weight[q] = e.weighted_loss_tokens
+    nodes = np.concatenate(node_n)
+    node_offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(nodes, out=node_offsets[1:])
+    counts = np.concatenate(img_n)
     columns = {
         "example_id": pa.array([e.example_id for e in encoded], pa.string()),
         "source_name": pa.array([e.source_name for e in encoded], pa.string()),
-        "input_ids": _list(offsets, [e.input_ids for e in encoded], np.int32),
+        "input_ids": _list(offsets, ids_p, np.int32),
         "labels": pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels.astype(np.int32, copy=False))),
-        "loss_weights": _optional_list([e.loss_weights for e in encoded], lengths, np.float32),
-        "position_ids": _list(offsets, [e.position_ids for e in encoded], np.int32),
-        "mrope_position_ids": _mrope_column(encoded, lengths),
-        "node_offsets": _list(None, [e.node_offsets for e in encoded], np.int32),
-        "node_parents": _list(None, [e.node_parents for e in encoded], np.int32),
-        "images": pa.array([[_image_record(im) for im in e.images] for e in encoded], pa.list_(IMAGE_TYPE)),
-        "videos": pa.array([[_video_record(v) for v in e.videos] for e in encoded], pa.list_(VIDEO_TYPE)),
-        "audios": pa.array([[_audio_record(a) for a in e.audios] for e in encoded], pa.list_(AUDIO_TYPE)),
+        "loss_weights": _optional_list(weights, lengths, np.float32),
+        "position_ids": _list(offsets, pos_p, np.int32),
+        "mrope_position_ids": _mrope_column(encoded, lengths, mrope_p, mrope_n),
+        "node_offsets": _list(node_offsets, node_off_p, np.int32),
+        "node_parents": _list(node_offsets, node_par_p, np.int32),
+        "images": _images(counts, sources, data, np.concatenate(img_int)),
+        "videos": pa.array(videos, pa.list_(VIDEO_TYPE)),
+        "audios": pa.array(audios, pa.list_(AUDIO_TYPE)),
         "num_tokens": pa.array(lengths.astype(np.int32)),
         "num_loss_tokens": pa.array(num_loss.astype(np.int32)),
         "loss_weight": pa.array(loss_weight),
-        "num_vision_tokens": pa.array([e.num_vision_tokens for e in encoded], pa.int32()),
-        "num_video_tokens": pa.array([e.num_video_tokens for e in encoded], pa.int32()),
-        "num_audio_tokens": pa.array([e.num_audio_tokens for e in encoded], pa.int32()),
-        "num_images": pa.array([len(e.images) for e in encoded], pa.int32()),
-        "num_videos": pa.array([len(e.videos) for e in encoded], pa.int32()),
-        "num_audios": pa.array([len(e.audios) for e in encoded], pa.int32()),
+        "num_vision_tokens": pa.array(vision.astype(np.int32)),
+        "num_video_tokens": pa.array(video_tok.astype(np.int32)),
+        "num_audio_tokens": pa.array(audio_tok.astype(np.int32)),
+        "num_images": pa.array(counts.astype(np.int32)),
+        "num_videos": pa.array(n_video.astype(np.int32)),
+        "num_audios": pa.array(n_audio.astype(np.int32)),
     }
     return pa.Table.from_arrays([columns[f.name] for f in EXAMPLE_SCHEMA], schema=EXAMPLE_SCHEMA)
+
+
+def _images(counts: np.ndarray, sources: list[str], data: list[bytes | None], ints: np.ndarray) -> pa.ListArray:
+    """The ``images`` column: ``counts[i]`` images in row i; ``ints`` (M, 5) grid_t, grid_h, grid_w, offset,
+    num_tokens of each."""
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    ints = ints.astype(np.int32)
+    fields = [pa.array(sources, pa.string()), pa.array(data, pa.binary())]
+    fields += [pa.array(np.ascontiguousarray(ints[:, c])) for c in range(5)]
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(fields, fields=list(IMAGE_TYPE)))
 
 
 def _list(offsets: np.ndarray | None, parts: list[np.ndarray], dtype: type) -> pa.ListArray:
@@ -103,21 +203,24 @@ def _optional_list(parts: list[np.ndarray | None], lengths: np.ndarray, dtype: t
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(dtype, copy=False)), mask=mask)
 
 
-def _mrope_column(encoded: Sequence[Encoded], lengths: np.ndarray) -> pa.ListArray:
-    """The ``mrope_position_ids`` column: ``mrope_values`` of every example (3 * L each), or null."""
-    parts = [None if e.mrope_position_ids is None else np.asarray(e.mrope_position_ids) for e in encoded]
+def _mrope_column(encoded: Sequence[Encoded | Row], lengths: np.ndarray, parts: list[np.ndarray | None],
+                 rows: list[int]) -> pa.ListArray:
+    """The ``mrope_position_ids`` column: ``mrope_values`` of every example (3 * L each), or null. ``parts``:
+    (3, T) of ``rows[i]`` examples side by side (a run of Rows, or one Encoded), or None."""
     present = [p for p in parts if p is not None]
     if not present:
-        return pa.nulls(len(parts), F32_LIST)
+        return pa.nulls(len(encoded), F32_LIST)
+    null = np.repeat([p is None for p in parts], rows)
     ints = [p for p in present if p.dtype.kind in "iu"]
     if all(p.dtype.kind in "iu" or p.dtype == np.float32 for p in present) and max(
             (int(np.abs(p).max(initial=0)) for p in ints), default=0) < MAX_EXACT_POSITION:
         # (3, T) of every example side by side, then token-major (t, h, w per token) in one transpose
         values = np.ascontiguousarray(np.concatenate(present, axis=1).T, dtype=np.float32).reshape(-1)
-        return _optional_list(parts, 3 * lengths, np.float32, values)
+        return _optional_list([None if x else values for x in null.tolist()], 3 * lengths, np.float32, values)
     # what float32 may not hold exactly: each example checked alone (ShardError naming the first)
+    enc = [e if isinstance(e, Encoded) else e.encoded() for e in encoded]
     return _optional_list([None if e.mrope_position_ids is None else mrope_values(e.mrope_position_ids, e.example_id)
-                           for e in encoded], 3 * lengths, np.float32)
+                           for e in enc], 3 * lengths, np.float32)
 
 
 def encoded_record(enc: Encoded) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from packer.models import get_profile
 from packer.shards.assemble import encoded_table
 from tests.encode.helpers import assert_same, parse_all
 from tests.encode.test_encoder import record
+from tests.shards.test_encoded_table import _ipc
 
 
 def without(encoder: Encoder) -> Encoder:
@@ -28,13 +29,22 @@ def check_batch(encoder: Encoder, examples: list[Example]) -> int:
     reference = without(encoder)
     before = encoder.path_counts()["finish:batch"]
     got, want = encoder.encode_batch(examples), reference.encode_batch(examples)
+    taken = encoder.path_counts()["finish:batch"] - before
     for a, b in zip(got, want, strict=True):
         assert_same(a, b)
     ok = [e for e in got if not isinstance(e, Exception) and not isinstance(e, list)]
     ok_want = [e for e in want if not isinstance(e, Exception) and not isinstance(e, list)]
     assert encoded_table(ok).equals(encoded_table(ok_want))
+    # the table read from batch-finish's Rows (no Encoded) between the general path's Encodeds, in record
+    # order, every other row and backwards (not consecutive): the same IPC bytes as the reference's
+    rows = [x for e in encoder.encode_batch(examples, rows=True) if not isinstance(e, Exception)
+            for x in (e if isinstance(e, list) else [e])]
+    flat = [x for e in want if not isinstance(e, Exception) for x in (e if isinstance(e, list) else [e])]
+    assert len(rows) == len(flat)
+    for pick in (slice(None), slice(None, None, 2), slice(None, None, -1)):
+        assert _ipc(encoded_table(rows[pick])) == _ipc(encoded_table(flat[pick]))
     assert reference.path_counts()["finish:batch"] == 0
-    return encoder.path_counts()["finish:batch"] - before
+    return taken
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
