@@ -234,7 +234,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     later visit maps the file and views its columns with numpy, no Arrow reader (~1.4 ms -> ~0.2 ms a visit:
     docs/benchmarks.md, "Repack").
     """
-    from packer.shards.gather import copy_columns, copy_ranges, gather_fixed, gather_lengths
+    from packer.shards.gather import copy_ranges
 
     n = sel.shape[0]
     remember = remember and len(files) <= LAYOUTS_MAX
@@ -267,11 +267,8 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     # pass 1: each flat column's lengths, each media list's items, the fixed-width columns, the nulls; and
     # where each flat column's offsets and values lie in the file, so that pass 2 maps the file and views
     # them with numpy instead of opening it with Arrow again (~0.2 ms a file, a shard visits hundreds)
-    length_rows = np.empty((len(flat), n), dtype=np.int64)
-    lengths = {name: length_rows[i] for i, name in enumerate(flat)}
-    fixed_bytes = np.empty((len(fixed), 8 * n), dtype=np.uint8)  # 8: the widest fixed column (float64)
-    values = {name: fixed_bytes[i, : n * _dtype(types[name]).itemsize].view(_dtype(types[name]))
-              for i, name in enumerate(fixed)}
+    lengths = {name: np.empty(n, dtype=np.int64) for name in flat}
+    values = {name: np.empty(n, dtype=types[name].to_pandas_dtype()) for name in fixed}
     nulls, items = dict.fromkeys(types, 0), dict.fromkeys(media, 0)
     spans: dict[int, dict[str, tuple[int, int, int, int]]] = {}  # file -> column -> its offsets' and values'
     # the media lists of the rows taken, through pyarrow while the file is open: from the first file whose
@@ -295,8 +292,11 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             spans[c] = layout.flat
             for name in layout.null:
                 nulls[name] += rows.shape[0]
-            gather_fixed(mapped, *layout.fixed_at, rows, to, fixed_bytes)
-            gather_lengths(_int32s(mapped), *layout.flat_at, rows, to, length_rows)
+            for name, span in layout.fixed.items():
+                values[name][to] = _view(mapped, span, values[name].dtype)[rows]
+            for name, span in layout.flat.items():
+                offsets = _view(mapped, span[:2], _I32)
+                lengths[name][to] = offsets[rows + 1] - offsets[rows]
             for name, spec in layout.media.items():
                 if spec.items:
                     offsets = _view(mapped, spec.buffers[1], _I32)
@@ -332,7 +332,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             else:
                 without[name] += rows.shape[0]
         if key is not None:
-            _remember(key, columns_of, spans[c], base, size, fixed=fixed, flat=flat, media=media)
+            _remember(key, columns_of, spans[c], base, size, fixed=fixed, media=media)
         del columns_of  # unmapped here: only one file is mapped at a time
     columns: dict[str, Any] = {name: pa.array(values.pop(name), types[name]) for name in fixed}
     for name in media:  # no image, video or clip in the rows taken (every text row): empty lists
@@ -357,22 +357,10 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     # pass 2: the flat columns' values, one range per row (``gather.copy_ranges``), into one array per column;
     # per file through pyarrow the partly null columns, which numpy cannot copy flat
     dense = [name for name in flat if nulls[name] == 0]
-    offset_rows = np.zeros((len(dense), n + 1), dtype=np.int64)
-    out_offsets = {name: offset_rows[i] for i, name in enumerate(dense)}
-    for name in dense:
-        np.cumsum(lengths.pop(name), out=out_offsets[name][1:])
-    del length_rows
+    out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
     dtypes = {name: _values_dtype(types[name]) for name in dense}  # once, not once a visit
-    fused = all(dtypes[name].itemsize in (1, 4) for name in dense)
-    out_at, at = np.zeros(len(dense), dtype=np.int64), 0
-    for i, name in enumerate(dense):
-        out_at[i] = at // dtypes[name].itemsize
-        at += -(-int(out_offsets[name][-1]) * dtypes[name].itemsize // 64) * 64
-    out = np.empty(at, dtype=np.uint8)
-    for i, name in enumerate(dense):
-        start = int(out_at[i]) * dtypes[name].itemsize
-        values[name] = out[start : start + int(out_offsets[name][-1]) * dtypes[name].itemsize].view(dtypes[name])
-    sizes = np.array([dtypes[name].itemsize for name in dense], dtype=np.int64)
+    for name in dense:
+        values[name] = np.empty(int(out_offsets[name][-1]), dtype=dtypes[name])
     parts = _Parts() if slow else None
     for c in used:
         if slow or any(name not in spans[c] for name in dense):
@@ -384,14 +372,6 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         else:  # the file mapped and viewed where pass 1 found its columns: no Arrow reader
             mapped = _mapped(paths[c])[0]
             columns_of = None
-            where = [spans[c][name] for name in dense]
-            if fused and all(w[0] % 4 == 0 and w[2] % s == 0 for w, s in zip(where, sizes.tolist(), strict=True)):
-                copy_columns(mapped, _int32s(mapped), np.array([w[0] // 4 for w in where], dtype=np.int64),
-                             np.array([w[2] for w in where], dtype=np.int64) // sizes, sizes,
-                             np.arange(len(dense), dtype=np.int64), local[c], out, _int32s(out), out_at,
-                             offset_rows, dest[c])
-                del mapped
-                continue
             views = {name: _views(mapped, spans[c][name], dtypes[name]) for name in dense}
             del mapped
         for name in dense:
@@ -400,7 +380,6 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         del columns_of, views  # unmapped here
     for name in dense:
         columns[name] = _from_offsets(types[name], out_offsets.pop(name), values.pop(name))
-    del out, offset_rows
     if parts is not None:
         if inverse is None:
             inverse = np.empty_like(order)
@@ -431,8 +410,6 @@ class _Layout:
 
     fixed: dict[str, tuple[int, int]]  # fixed-width column -> its values' (byte offset, elements)
     flat: dict[str, tuple[int, int, int, int]]  # string/list column -> its offsets' and values' spans
-    fixed_at: tuple[np.ndarray, np.ndarray, np.ndarray]  # ``gather_fixed``'s: byte offsets, widths, columns
-    flat_at: tuple[np.ndarray, np.ndarray]  # ``gather_lengths``': int32 index of each offsets, columns
     media: dict[str, _Spec]  # media list column -> its spec
     null: tuple[str, ...]  # columns null in every row
 
@@ -506,8 +483,8 @@ def _rebuilt(buffer: pa.Buffer, spec: _Spec) -> pa.Array:
                                  children=[_rebuilt(buffer, c) for c in spec.children] or None)
 
 
-def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], spans_of: dict[str, tuple[int, int, int, int]],
-              base: int, size: int, *, fixed: list[str], flat: list[str], media: list[str]) -> None:
+def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], flat: dict[str, tuple[int, int, int, int]],
+              base: int, size: int, *, fixed: list[str], media: list[str]) -> None:
     """Keep file ``key``'s layout (its first visit's Arrow columns, ``flat``: the spans pass 1 found), where
     every column is found in the mapping and null in no row or in every row; else the file stays on the Arrow
     path."""
@@ -534,25 +511,11 @@ def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], s
             return
         specs[name] = spec
     wanted = [name for name in columns_of if name not in null and name not in spans and name not in specs]
-    if any(name not in spans_of or spans_of[name][0] % 4 for name in wanted):
+    if any(name not in flat for name in wanted):
         return
     if len(_LAYOUTS) >= LAYOUTS_MAX:
         del _LAYOUTS[next(iter(_LAYOUTS))]
-    i64 = np.int64
-    fixed_at = (np.array([at for at, _ in spans.values()], i64),
-                np.array([_dtype(columns_of[name].type).itemsize for name in spans], i64),
-                np.array([fixed.index(name) for name in spans], i64))
-    flat_at = (np.array([spans_of[name][0] // 4 for name in wanted], i64), np.array([flat.index(name) for name in wanted], i64))
-    _LAYOUTS[key] = _Layout(fixed=spans, flat={name: spans_of[name] for name in wanted}, fixed_at=fixed_at,
-                            flat_at=flat_at, media=specs, null=null)
-
-
-def _dtype(t: pa.DataType) -> np.dtype:
-    return np.dtype(t.to_pandas_dtype())
-
-
-def _int32s(mapped: np.ndarray) -> np.ndarray:
-    return mapped[: mapped.shape[0] // 4 * 4].view(np.int32)
+    _LAYOUTS[key] = _Layout(fixed=spans, flat={name: flat[name] for name in wanted}, media=specs, null=null)
 
 
 def _empty_lists(n: int, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
