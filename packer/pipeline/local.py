@@ -229,8 +229,18 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int) -> Pool:
         del worker
 
 
+def without_numba_extensions() -> None:
+    """Have numba skip the ``numba_extensions`` entry points of the installed packages in this process (the
+    CLI's own, or a pool worker). numba loads them all at its first compile or cached-kernel load, and packer's
+    kernels use none: awkward's, where it is installed, imports all of awkward."""
+    import numba.core.entrypoints
+
+    numba.core.entrypoints._already_initialized = True
+
+
 def _worker_init() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    without_numba_extensions()
     # Ctrl-C reaches the whole process group: the parent alone handles it (terminates the pool, exit 130),
     # so workers do not print a KeyboardInterrupt traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
