@@ -144,7 +144,7 @@ def test_the_local_executor_as_a_context_manager():
 
 
 def test_without_numba_extensions_skips_installed_entry_points():
-    """The CLI's repack and the pool workers load packer's kernels without the installed packages' numba
+    """The CLI's repack loads packer's kernels without the installed packages' numba
     extensions (awkward's imports all of awkward, ~0.3 CPU-s a process): a kernel still runs, and where awkward
     is installed it stays unimported."""
     import subprocess
