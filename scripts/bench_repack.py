@@ -16,6 +16,13 @@ packer of git revision REV (``git archive``, on PYTHONPATH), so a change is meas
 as the repack and compared with the fresh build. The full build's ``encode/columns.arrow`` (the plan columns a
 repack reads) is printed with its size per example.
 
+``--ab REV [REV2] --pairs N`` (with ``--keep DIR``): only repacks of one full build (made there once), N
+alternated pairs of REV's packer and this checkout's (or REV2's), each in a fresh process; CPU seconds of each
+run and the pairs' mean and median difference: a change of a few percent, on a loaded box whose single runs vary
+by ~10%, measured in minutes instead of three full builds.
+
+    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6
+
 ``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
 writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
 process-time clock: the exchange's map tasks (their chunk-file reads, their IPC writes), the writers'
@@ -145,6 +152,38 @@ def sums(out: Path) -> list[str]:
     return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
 
 
+def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
+    """``--ab``: alternated repacks of the kept full build with two trees, CPU seconds per pair."""
+    import statistics
+
+    if args.keep is None:
+        raise SystemExit("--ab needs --keep DIR (the full build it repacks, made there once)")
+    full = args.keep / f"full-{args.records}"
+    if not (full / "manifest.json").exists():
+        make_corpus(args.keep / f"corpus-{args.records}.jsonl", args.coco, args.records)
+        timed(["build", str(args.keep / f"corpus-{args.records}.jsonl"), "-o", str(full), "--max-length", "8192",
+               "--overwrite", *BUILD, "--num-proc", str(args.num_proc)])
+    names = [args.ab[0], args.ab[1] if len(args.ab) > 1 else "this tree"]
+    trees = [checkout(rev, root / f"tree-{i}") for i, rev in enumerate(args.ab)] + [None] * (2 - len(args.ab))
+    out = [root / "repack-a", root / "repack-b"]
+    for tree, o in zip(trees, out, strict=True):  # untimed: each tree's numba kernels compiled and cached
+        timed(["repack", str(full), "-o", str(o), *repack_args], tree)
+    if sums(out[0]) != sums(out[1]):
+        raise SystemExit(f"{names[0]}'s and {names[1]}'s repacked shards differ")
+    cpu: list[list[float]] = [[], []]
+    for k in range(args.pairs):
+        for i in (0, 1) if k % 2 == 0 else (1, 0):
+            import shutil
+
+            shutil.rmtree(out[i])
+            cpu[i].append(timed(["repack", str(full), "-o", str(out[i]), *repack_args], trees[i])["cpu"])
+        print(f"pair {k + 1}: {names[0]} {cpu[0][-1]:5.2f}  {names[1]} {cpu[1][-1]:5.2f} CPU-s", flush=True)
+    diff = [b - a for a, b in zip(*cpu, strict=True)]
+    print(f"mean {names[0]} {statistics.mean(cpu[0]):.2f}, {names[1]} {statistics.mean(cpu[1]):.2f} CPU-s; "
+          f"{names[1]} - {names[0]}: mean {statistics.mean(diff):+.2f} ({statistics.mean(diff) / statistics.mean(cpu[0]):+.1%}), "
+          f"median {statistics.median(diff):+.2f}, {sum(d < 0 for d in diff)}/{len(diff)} pairs lower; shards equal")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
@@ -161,6 +200,9 @@ def main() -> None:
                     help="with --profile-write: no exchange whatever the build's size (what it saves or costs)")
     ap.add_argument("--exchange", action="store_true",
                     help="with --profile-write: the exchange even where one process writes few shards x chunks")
+    ap.add_argument("--ab", nargs="+", metavar="REV", help="with --keep: alternated repacks of REV vs this tree "
+                    "(or vs a second REV)")
+    ap.add_argument("--pairs", type=int, default=6, help="with --ab: how many alternated pairs")
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,6 +210,9 @@ def main() -> None:
         corpus = root / "corpus.jsonl"
         n = ["--num-proc", str(args.num_proc)]
         repack_args = ["--max-length", "4096", "--seed", "1", "-q"]
+        if args.ab:
+            ab(args, root, repack_args + n)
+            return
         if args.profile_write:
             base = args.keep or root
             full = base / f"full-{args.records}"
