@@ -293,10 +293,8 @@ def repack(directory: str, weights: tuple[str, ...], quiet: bool, **options: Any
       packer repack out/ -o out-16k/ --max-length 16384
       packer repack out/ -o out-b/ --max-vision-tokens 4096 --seed 1 --weight chat=2
     """
-    from packer.pipeline.local import without_numba_extensions
     from packer.pipeline.repack import repack as run_repack
 
-    without_numba_extensions()
     overrides = config_overrides(options)
     output = overrides.pop("output", None)
     if not output:

@@ -238,17 +238,6 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int) -> Pool:
         del worker
 
 
-def without_numba_extensions() -> None:
-    """Have numba skip the ``numba_extensions`` entry points of the installed packages in this process (the
-    CLI's repack: it imports numba anyway, for the plan). numba loads them all at its first compile or cached
-    kernel load, and packer's kernels use none: awkward's, where it is installed, imports all of awkward. Not in
-    a pool worker's start: it would import numba in every worker, also those that only encode (a 50k build's
-    peak RSS +100 MiB, docs/benchmarks.md, "Repack")."""
-    import numba.core.entrypoints
-
-    numba.core.entrypoints._already_initialized = True
-
-
 def _worker_init() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Ctrl-C reaches the whole process group: the parent alone handles it (terminates the pool, exit 130),

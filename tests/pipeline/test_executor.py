@@ -141,26 +141,3 @@ def test_the_local_executor_as_a_context_manager():
     with LocalExecutor(2) as executor:
         assert executor._pool is not None  # started: the workers are spawned
     assert executor._pool is None
-
-
-def test_without_numba_extensions_skips_installed_entry_points():
-    """The CLI's repack loads packer's kernels without the installed packages' numba
-    extensions (awkward's imports all of awkward, ~0.3 CPU-s a process): a kernel still runs, and where awkward
-    is installed it stays unimported."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import sys
-        import numpy as np
-        from packer.pipeline.local import without_numba_extensions
-        without_numba_extensions()
-        from packer.shards.gather import copy_ranges
-        out = np.zeros(3, np.int32)
-        copy_ranges(np.arange(5, dtype=np.int32), np.array([0, 2, 5], np.int32), np.array([1], np.int64), out,
-                    np.array([0, 3], np.int64), np.array([0], np.int64))
-        print(out.tolist(), "awkward" in sys.modules)
-    """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["[2,", "3,", "4]", "False"]
