@@ -208,7 +208,13 @@ def loop(args: argparse.Namespace, out: Path) -> None:
             "fsdp": args.wrap == "fsdp2", "sharded_grads": grads.sharded}))
         torch.save(grads.grads, out / "grads.pt")
     dist.barrier()
-    dist.destroy_process_group()
+    # No teardown: torch 2.13's ~ProcessGroupGloo (run when the DDP reducer drops the group) joins gloo's loop
+    # thread while holding the GIL, and that thread may still need the GIL to free the barrier's work: a rank hung
+    # there at exit about one run in two (py-spy: Reducer dealloc -> ~ProcessGroupGloo -> thread::join; runLoop ->
+    # ~AsyncBarrierWork -> decref_pyobject). Everything is written; leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
