@@ -43,7 +43,12 @@ from packer.core.types import IGNORE_INDEX  # noqa: E402
 from packer.encode.tokenizers import load_tokenizer  # noqa: E402
 from packer.models import get_profile  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
-from packer.train.attention.hf import model_inputs, use_packed_attention  # noqa: E402
+from packer.train.attention.hf import (  # noqa: E402
+    LAYOUT_KWARG,
+    attn_implementations,
+    model_inputs,
+    use_packed_attention,
+)
 from packer.train.data.collate import collate  # noqa: E402
 from packer.train.data.dataset import PackedDataset  # noqa: E402
 from packer.train.trainers.loss import packed_cross_entropy  # noqa: E402
@@ -124,13 +129,33 @@ def padded_step(model, batch: dict, image_token_id: int | None) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def packed_step(model, batch: dict, backend: str) -> None:
-    """Forward + backward of one packed row with packer attention and the exact packed loss."""
-    use_packed_attention(model, backend)
-    logits = model(**model_inputs(batch)).logits  # (1, T, V): all positions, as the padded run
-    out = packed_cross_entropy(logits, batch["labels"], batch, reduction="sum")
+def packed_step(model, item: tuple[dict, torch.Tensor]) -> None:
+    """Forward + backward of one packed row with packer attention and the exact packed loss.
+
+    ``item`` is what ``collator_side`` made off the clock: the model's inputs on the device (the layout built
+    on the host, as ``PackedCollator`` builds it in a DataLoader worker) and the row's labels on the CPU.
+    """
+    inputs, labels = item
+    logits = model(**inputs).logits  # (1, T, V): all positions, as the padded run
+    out = packed_cross_entropy(logits, labels, inputs[LAYOUT_KWARG], reduction="sum")
     (out.loss / out.count).backward()
     model.zero_grad(set_to_none=True)
+
+
+def packed_run(model, backend: str, batches: list[dict], device: str, dtype: torch.dtype):
+    """(step, batches, prepare) for ``time_passes``: the model switched to ``backend`` at each step (the padded
+    run shares the model), and each pass's rows made fresh by the collator's side, so no device copy of a
+    layout carries over from one pass to the next (a trainer sees each row once an epoch)."""
+    switch = attn_implementations(model, use_packed_attention(model, backend))
+
+    def step(item: tuple[dict, torch.Tensor]) -> None:
+        model.set_attn_implementation(switch)
+        packed_step(model, item)
+
+    def prepare(rows: list[dict]) -> list[tuple[dict, torch.Tensor]]:
+        return [(to_device([model_inputs(b)], device, dtype)[0], b["labels"]) for b in rows]
+
+    return step, batches, prepare
 
 
 def to_device(batches: list[dict], device: str, dtype: torch.dtype) -> list[dict]:
@@ -148,26 +173,62 @@ def _sync() -> None:
 
 
 def time_passes(runs: list, repeats: int) -> list[float]:
-    """Seconds of each run (a step function and its batches), best of ``repeats`` interleaved passes.
+    """Seconds of each run (a step function, its batches and optionally a ``prepare`` of them), best of
+    ``repeats`` interleaved passes.
 
     One untimed warm-up step each first; passes alternate between the runs so that a busy machine's load
-    drift hits both alike, and the minimum drops passes slowed down by other processes.
+    drift hits both alike, and the minimum drops passes slowed down by other processes. ``prepare`` runs off
+    the clock before each pass: what a DataLoader worker does.
     """
-    for step, batches in runs:
-        step(batches[0])
+    runs = [(r[0], r[1], r[2] if len(r) > 2 else None) for r in runs]
+    for step, batches, prepare in runs:
+        step((prepare(batches[:1]) if prepare else batches)[0])
     best = [float("inf")] * len(runs)
     for _ in range(repeats):
-        for i, (step, batches) in enumerate(runs):
+        for i, (step, batches, prepare) in enumerate(runs):
+            items = prepare(batches) if prepare else batches
             _sync()
             t0 = time.perf_counter()
-            for batch in batches:
-                step(batch)
+            for item in items:
+                step(item)
             _sync()  # CUDA kernels run asynchronously: time them to completion
             best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
-def run_text(args, tmp: Path) -> dict:
+def profile_runs(runs: list[tuple], out: Path, steps: int = 4) -> dict:
+    """torch.profiler over ``steps`` steps of each named run: a chrome trace (with Python stacks) and a table of
+    the ops by self CPU time per run under ``out``; returns each run's host (CPU) and device ms per step.
+
+    A step whose host time exceeds its device time is host-bound: the GPU waits on Python and kernel launches.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    summary = {}
+    for name, step, batches, *prepare in runs:
+        chosen = prepare[0](batches[:steps]) if prepare else batches[:steps]
+        step(chosen[0])  # warm
+        _sync()
+        with profile(activities=activities, with_stack=True) as prof:
+            t0 = time.perf_counter()
+            for batch in chosen:
+                step(batch)
+            _sync()
+            wall = time.perf_counter() - t0
+        prof.export_chrome_trace(str(out / f"{name}.trace.json"))
+        events = prof.key_averages()
+        table = events.table(sort_by="self_cpu_time_total", row_limit=60)
+        (out / f"{name}.ops.txt").write_text(table)
+        device = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
+        summary[name] = {"steps": len(chosen), "wall_ms_per_step": 1e3 * wall / len(chosen),
+                         "device_ms_per_step": device / 1e3 / len(chosen),
+                         "ops_per_step": sum(e.count for e in events) / len(chosen)}
+    return summary
+
+
+def run_text(args, tmp: Path, kv_heads: int | None = None) -> dict:
     words = " ".join(c for _, caps in _captions(args.coco, 79) for c in caps).split()
     recs = text_records(args.histogram, args.text_examples, words, args.seed)
     data = _write_jsonl(tmp / "text.jsonl", recs)
@@ -182,18 +243,20 @@ def run_text(args, tmp: Path) -> dict:
     padded = padded_batches(examples, max(1, round(args.capacity / mean)), args.seed)
     model = tiny_model("text", model_class="LlamaForCausalLM", token_ids=ids, vocab_size=vocab, hidden=args.hidden,
                        layers=args.layers,
-                       heads=args.heads, kv_heads=args.heads // 2).to(args.device, args.dtype)
-    padded, packed = to_device(padded, args.device, args.dtype), to_device(packed, args.device, args.dtype)
-    t_pad, t_pack = time_passes(
-        [(lambda b: padded_step(model, b, None), padded), (lambda b: packed_step(model, b, args.backend), packed)],
-        args.repeats,
-    )
+                       heads=args.heads, kv_heads=kv_heads or args.heads // 2).to(args.device, args.dtype)
+    padded = to_device(padded, args.device, args.dtype)
+    packed_side = packed_run(model, args.backend, packed, args.device, args.dtype)
+    t_pad, t_pack = time_passes([(lambda b: padded_step(model, b, None), padded), packed_side], args.repeats)
     tok_pad = sum(int(b["attention_mask"].sum()) for b in padded)
     tok_pack = sum(int(b["input_ids"].numel()) for b in packed)
     slots = sum(int(b["input_ids"].numel()) for b in padded)
-    return {"examples": len(examples), "mean_len": mean, "batch": padded[0]["input_ids"].shape[0],
-            "rows": len(packed), "pad_fraction": 1 - tok_pad / slots,
-            "a_tok_s": tok_pad / t_pad, "b_tok_s": tok_pack / t_pack}
+    result = {"examples": len(examples), "mean_len": mean, "batch": padded[0]["input_ids"].shape[0],
+              "rows": len(packed), "pad_fraction": 1 - tok_pad / slots,
+              "a_tok_s": tok_pad / t_pad, "b_tok_s": tok_pack / t_pack}
+    if getattr(args, "profile", None):
+        result["profile"] = profile_runs([("text_padded", lambda b: padded_step(model, b, None), padded),
+                                          ("text_packed", *packed_side)], Path(args.profile))
+    return result
 
 
 def run_captions(args, tmp: Path) -> dict:
@@ -227,11 +290,11 @@ def run_captions(args, tmp: Path) -> dict:
     model = tiny_model(profile, token_ids=ids, vocab_size=vocab, hidden=args.hidden, layers=args.layers,
                        heads=args.heads, kv_heads=args.heads // 2, vision_depth=args.vision_depth,
                        vision_dim=args.vision_dim).to(args.device, args.dtype)
-    tree_tokens = sum(_path_tokens(b) for b in tree_rows)  # on the CPU copies, before they move
-    padded, tree_rows = to_device(padded, args.device, args.dtype), to_device(tree_rows, args.device, args.dtype)
+    tree_tokens = sum(_path_tokens(b) for b in tree_rows)
+    padded = to_device(padded, args.device, args.dtype)
     t_pad, t_tree = time_passes(
         [(lambda b: padded_step(model, b, ids[profile.image_token]), padded),
-         (lambda b: packed_step(model, b, args.backend), tree_rows)],
+         packed_run(model, args.backend, tree_rows, args.device, args.dtype)],
         args.repeats,
     )
     # useful tokens: the per-caption sequences (a tree row covers all of its root-to-leaf paths)
@@ -275,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared machine)")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per run; the best one counts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="also profile a few text steps of each side: chrome traces and op tables here")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="model and pixel dtype (bfloat16 on CUDA for flash-attn)")

@@ -208,7 +208,8 @@ def check_gated_delta(device: str, skipped: list[str]) -> dict:
     return out
 
 
-def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[str]) -> dict:
+def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[str],
+               profile: Path | None = None) -> dict:
     """bench_train_step's padded-vs-packed figures: real tokens/s per side and their ratio."""
     import bench_train_step as bts
     import torch
@@ -219,7 +220,7 @@ def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[s
         else dict(hidden=64, layers=1, heads=2, text_examples=12, images=2, repeats=1, capacity=1024)
     args = argparse.Namespace(coco=coco, histogram=hist, max_pixels=200704, vision_depth=2, vision_dim=64,
                               backend=backend, threads=torch.get_num_threads(), seed=0, device=device,
-                              dtype=torch.bfloat16 if device == "cuda" else torch.float32, **size)
+                              dtype=torch.bfloat16 if device == "cuda" else torch.float32, profile=profile, **size)
     out = {"backend": backend, "model": {k: size[k] for k in ("hidden", "layers", "heads", "capacity")}}
     with tempfile.TemporaryDirectory() as tmp:
         text = bts.run_text(args, Path(tmp))
@@ -229,6 +230,14 @@ def train_step(device: str, data: Path, backend: str, big: bool, skipped: list[s
             out["captions"] = {**caps, "ratio_trees_over_padded": caps["d_tok_s"] / caps["c_tok_s"]}
         else:
             skipped.append(f"train_step.captions: no COCO images under {coco}")
+    if big:  # GPU-bound shapes: a Llama-3.2-1B-like stack (its MLP 2x hidden, not 4x), text rows of 8,192
+        args1b = argparse.Namespace(**{**vars(args), "hidden": 2048, "layers": 16, "heads": 32, "capacity": 8192,
+                                       "text_examples": 512, "profile": None})
+        with tempfile.TemporaryDirectory() as tmp:
+            text = bts.run_text(args1b, Path(tmp), kv_heads=8)
+        out["llama_1b_shaped"] = {"model": {"hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8,
+                                            "capacity": 8192},
+                                  "text": {**text, "ratio_packed_over_padded": text["b_tok_s"] / text["a_tok_s"]}}
     out["ok"] = True
     return out
 
@@ -309,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="random packed rows per kernel check")
     parser.add_argument("--skip-bench", action="store_true", help="no training-step figure")
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu after the checks")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated stages to run (kernels, gated_delta, train_step, gpu_tests); default all")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile a few text training steps of each side into OUT/profile (traces, op tables)")
     parser.add_argument("--simulate-node", type=Path,
                         help="a package list (one name a line): refuse imports of anything else (dry-run proof)")
     args = parser.parse_args(argv)
@@ -344,18 +357,23 @@ def main(argv: list[str] | None = None) -> int:
             summary[name] = md.version(name)
         except md.PackageNotFoundError:
             summary[name] = None
-    _stage(summary, "kernels", lambda: check_kernels(device, args.seeds, skipped), deadline, skipped)
-    _stage(summary, "gated_delta", lambda: check_gated_delta(device, skipped), deadline, skipped)
-    if not args.skip_bench:
+    only = set(args.only.split(",")) if args.only else None
+    wanted = lambda stage: only is None or stage in only  # noqa: E731
+    if wanted("kernels"):
+        _stage(summary, "kernels", lambda: check_kernels(device, args.seeds, skipped), deadline, skipped)
+    if wanted("gated_delta"):
+        _stage(summary, "gated_delta", lambda: check_gated_delta(device, skipped), deadline, skipped)
+    profile = (args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))) / "profile" if args.profile else None
+    if not args.skip_bench and wanted("train_step"):
         from packer.train.attention.backends import flash_available, varlen_available
 
         backend = ("flash" if flash_available() else "varlen" if varlen_available() else "flex") if cuda \
             else "sdpa_varlen"
-        _stage(summary, "train_step", lambda: train_step(device, args.data, backend, cuda, skipped), deadline,
-               skipped)
-    if cuda and not args.skip_tests:  # last: the kernels and the figure above come first in the budget
+        _stage(summary, "train_step", lambda: train_step(device, args.data, backend, cuda, skipped, profile),
+               deadline, skipped)
+    if wanted("gpu_tests") and cuda and not args.skip_tests:  # last: the kernels and figure come first in the budget
         _stage(summary, "gpu_tests", lambda: gpu_tests(deadline - time.monotonic(), args.data), deadline, skipped)
-    elif not cuda:
+    elif wanted("gpu_tests") and not cuda:
         skipped.append("gpu_tests: pytest -m gpu needs CUDA (their CPU twins run in the normal suite); "
                        "the files were collected instead")
         _stage(summary, "gpu_tests", collect_gpu_tests, deadline, skipped)
@@ -365,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["seconds"] = round(time.monotonic() - start, 1)
     summary["ok"] = all(_all_ok(summary.get(k, {})) for k in ("wheels", "kernels", "gated_delta", "train_step",
                                                               "gpu_tests"))
+    if only is not None:
+        summary["only"] = sorted(only)
     line = json.dumps(summary, default=str)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -239,7 +239,7 @@ class PackedLayout:
     def to_device(self, name: str, device: torch.device | str) -> torch.Tensor:
         """``self.<name>`` on ``device`` (copied once per device)."""
         device = torch.device(device)
-        return self._cached((name, str(device)), lambda: getattr(self, name).to(device))
+        return self._cached((name, str(device)), lambda: copy_to(getattr(self, name), device))
 
     # ---- derived structure (CPU, cached): packer.core.tree on the layout's arrays
 
@@ -299,8 +299,8 @@ class PackedLayout:
 
         def build() -> torch.Tensor:
             dev = torch.device(device)
-            node = self.token_nodes().to(dev)  # (T,)
-            anc = self.ancestors().to(dev)  # (N, N)
+            node = copy_to(self.token_nodes(), dev)  # (T,)
+            anc = copy_to(self.ancestors(), dev)  # (N, N)
             t = torch.arange(self.num_tokens, device=dev)
             mask = anc[node[:, None], node[None, :]] & (t[None, :] <= t[:, None])  # (T, T)
             if self.bidirectional_spans is not None:
@@ -404,11 +404,11 @@ class PackedLayout:
                 k_index = torch.from_numpy(np.repeat(offsets[m], span) + within)  # (Tk,)
                 cu_k = np.concatenate([[0], np.cumsum(k_lens)])
             return VarlenPlan(
-                cu_seqlens_q=torch.from_numpy(cu_q).to(device=dev, dtype=torch.int32),
-                cu_seqlens_k=torch.from_numpy(cu_k).to(device=dev, dtype=torch.int32),
+                cu_seqlens_q=copy_to(torch.from_numpy(cu_q), dev, torch.int32),
+                cu_seqlens_k=copy_to(torch.from_numpy(cu_k), dev, torch.int32),
                 max_seqlen_q=int(q_lens.max()),
                 max_seqlen_k=int(k_lens.max()),
-                k_index=None if k_index is None else k_index.to(dev),
+                k_index=None if k_index is None else copy_to(k_index, dev),
                 bounds_q=cu_q.tolist(),
                 bounds_k=cu_k.tolist(),
             )
@@ -448,11 +448,11 @@ class PackedLayout:
             cu_k = np.concatenate([[0], np.cumsum(klen)])
             dev = torch.device(device)
             return VarlenPlan(
-                cu_seqlens_q=torch.from_numpy(cu_q).to(device=dev, dtype=torch.int32),
-                cu_seqlens_k=torch.from_numpy(cu_k).to(device=dev, dtype=torch.int32),
+                cu_seqlens_q=copy_to(torch.from_numpy(cu_q), dev, torch.int32),
+                cu_seqlens_k=copy_to(torch.from_numpy(cu_k), dev, torch.int32),
                 max_seqlen_q=int((qb - qa).max()),
                 max_seqlen_k=int(klen.max()),
-                k_index=torch.from_numpy(keys.astype(np.int64)).to(dev),
+                k_index=copy_to(torch.from_numpy(keys.astype(np.int64)), dev),
                 bounds_q=cu_q.tolist(),
                 bounds_k=cu_k.tolist(),
             )
@@ -493,14 +493,14 @@ class PackedLayout:
             cu = np.concatenate([[0], np.cumsum(seg)])
             dev = torch.device(device)
             return VarlenPlan(
-                cu_seqlens_q=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
-                cu_seqlens_k=torch.from_numpy(cu).to(device=dev, dtype=torch.int32),
+                cu_seqlens_q=copy_to(torch.from_numpy(cu), dev, torch.int32),
+                cu_seqlens_k=copy_to(torch.from_numpy(cu), dev, torch.int32),
                 max_seqlen_q=int(seg.max()),
                 max_seqlen_k=int(seg.max()),
-                k_index=torch.from_numpy(k_index).to(dev),
+                k_index=copy_to(torch.from_numpy(k_index), dev),
                 bounds_q=cu.tolist(),
                 bounds_k=cu.tolist(),
-                q_index=torch.from_numpy(q_index).to(dev),
+                q_index=copy_to(torch.from_numpy(q_index), dev),
             )
 
         return self._cached(("span_plan", str(torch.device(device))), build)
@@ -555,6 +555,21 @@ def _same_chunk(pos: torch.Tensor, chunk: int) -> torch.Tensor:
 def _in_window(pos: torch.Tensor, window: int) -> torch.Tensor:
     """(T, T) bool: pos(j) > pos(i) - window; it bounds the past only, as transformers' sliding_window_overlay."""
     return pos[None, :] > pos[:, None] - window
+
+
+def copy_to(x: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x.to(device, dtype)``; a CPU tensor bound for CUDA goes through pinned memory without blocking.
+
+    A plain host-to-device copy from pageable memory waits for the whole stream: once per layout array, that
+    stalls a host-bound training step behind the GPU's queue every forward. The caching host allocator keeps the
+    pinned block until its copy has run.
+    """
+    device = torch.device(device)
+    if dtype is not None and x.dtype != dtype:
+        x = x.to(dtype)
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def _numpy(x: Any) -> np.ndarray:

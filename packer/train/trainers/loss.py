@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from packer.core.types import IGNORE_INDEX
 from packer.errors import ConfigError, ShardError
-from packer.train.attention.layout import PackedLayout
+from packer.train.attention.layout import PackedLayout, copy_to
 from packer.train.keys import WEIGHTS_KWARG
 from packer.train.options import Prefix, Reduction, Weighting, check, choices
 
@@ -76,9 +76,12 @@ class LossTargets:
 
 
 def loss_targets(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout,
-                 loss_weights: torch.Tensor | None = None) -> LossTargets:
+                 loss_weights: torch.Tensor | None = None, *, device: torch.device | str | None = None) -> LossTargets:
     """Select the loss tokens of a row (labels != -100), their predecessors and weights (``loss_weights``, else
-    the batch's ``loss_weights`` when ``meta`` is a batch)."""
+    the batch's ``loss_weights`` when ``meta`` is a batch), on ``device`` (default: the labels').
+
+    Labels on the CPU (the collator's copy) keep the selection off the GPU's stream: it is computed on the host
+    and copied without a stream sync, where labels on the GPU cost one sync (``nonzero``) per row."""
     labels = labels.reshape(-1)
     if loss_weights is None and isinstance(meta, Mapping):
         loss_weights = meta.get("loss_weights")
@@ -94,20 +97,22 @@ def loss_targets(labels: torch.Tensor, meta: Mapping[str, Any] | PackedLayout,
             "an example's first label must be -100"
         )
     examples = torch.searchsorted(layout.cu_seqlens.long(), positions, right=True) - 1  # (L,)
-    dev = labels.device
+    dev = labels.device if device is None else torch.device(device)
+    here = positions.to(labels.device)  # a no-op for CPU labels
     weights = None
     if loss_weights is not None:
         loss_weights = loss_weights.reshape(-1)
         if loss_weights.numel() != labels.numel():
             raise ShardError(f"loss_weights have {loss_weights.numel()} entries for {labels.numel()} labels")
-        weights = loss_weights.to(dev)[positions.to(dev)].float()
+        weights = loss_weights.to(labels.device)[here].float()
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise ShardError("loss_weights must be finite and >= 0 on every loss token")
+        weights = copy_to(weights, dev)
     return LossTargets(
-        positions=positions.to(dev),
-        predecessors=pred.to(dev),
-        targets=labels[positions.to(dev)].long(),
-        examples=examples.to(dev),
+        positions=copy_to(positions, dev),
+        predecessors=copy_to(pred, dev),
+        targets=copy_to(labels[here].long(), dev),
+        examples=copy_to(examples, dev),
         num_examples=layout.num_examples,
         weights=weights,
     )
@@ -136,7 +141,7 @@ def token_coefficients(sel: LossTargets, layout: PackedLayout, *, weighting: Wei
     is_leaf[parents[parents >= 0]] = False
     leaves = is_leaf.nonzero().reshape(-1)  # (B,)
     starts = layout.node_offsets.long()
-    leaf_example = (torch.searchsorted(layout.cu_seqlens.long(), starts[leaves], right=True) - 1).to(dev)  # (B,)
+    leaf_example = copy_to(torch.searchsorted(layout.cu_seqlens.long(), starts[leaves], right=True) - 1, dev)  # (B,)
     branches = torch.bincount(leaf_example, minlength=E).double()  # (E,) B_e
     if prefix == "once":
         unit_w = torch.zeros(E, dtype=torch.float64, device=dev).index_add(0, sel.examples, w)  # (E,) W_e
@@ -145,9 +150,9 @@ def token_coefficients(sel: LossTargets, layout: PackedLayout, *, weighting: Wei
         unit_c = torch.where(unit_w > 0, unit_c, torch.zeros_like(unit_c))  # (E,) an example without loss is none
         coef = w * unit_c[sel.examples]
     else:  # every root-to-leaf path a unit: a token counts in each path through its node
-        node_of = (torch.searchsorted(starts.to(sel.positions.device), sel.positions, right=True) - 1).to(dev)  # (L,)
+        node_of = torch.searchsorted(copy_to(starts, dev), sel.positions, right=True) - 1  # (L,)
         node_w = torch.zeros(N, dtype=torch.float64, device=dev).index_add(0, node_of, w)  # (N,)
-        on_path = layout.ancestors()[leaves].to(dev).double()  # (B, N) ancestor-or-self of each leaf
+        on_path = copy_to(layout.ancestors()[leaves], dev).double()  # (B, N) ancestor-or-self of each leaf
         path_w = on_path @ node_w  # (B,) W_p
         path_c = {"token": torch.ones_like(path_w), "example": 1 / path_w, "sqrt": path_w.rsqrt(),
                   "branches": branches[leaf_example].rsqrt()}[weighting]
@@ -264,13 +269,15 @@ def packed_cross_entropy(
     """
     check("reduction", reduction, Reduction)
     _check(weighting, prefix)
-    sel = loss_targets(labels, meta, loss_weights)
-    layout = _layout(meta, labels.numel())
+    if loss_weights is None and isinstance(meta, Mapping):
+        loss_weights = meta.get("loss_weights")
+    layout = _layout(meta, labels.numel())  # once: a batch's boundaries are checked and turned into a layout here
+    sel = loss_targets(labels, layout, loss_weights, device=logits.device)
     picked = _predecessor_logits(logits, sel, logits_index)  # (L, V)
     token_loss = F.cross_entropy(picked, sel.targets, reduction="none")  # (L,)
     with torch.no_grad():
         num_correct = (picked.argmax(-1) == sel.targets).sum()
-    num_tokens = torch.tensor(sel.targets.numel(), device=token_loss.device)
+    num_tokens = torch.full((), sel.targets.numel(), device=token_loss.device)  # a fill, not a host copy
     coef, count = token_coefficients(sel, layout, weighting=weighting, prefix=prefix)
     if sel.weights is None and (weighting, prefix) in (("token", "once"), ("example", "once")):
         count = count.round().long()  # a count of tokens or examples: an integer, as transformers' own

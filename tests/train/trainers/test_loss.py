@@ -138,3 +138,36 @@ def test_linear_pack_equals_transformers_loss_with_shift_labels():
     hf = ForCausalLMLoss(logits, labels=None, vocab_size=11, shift_labels=shift)
     ours = packed_cross_entropy(logits, labels, meta, reduction="mean")
     torch.testing.assert_close(hf, ours.loss)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("weighting", "prefix"), [("token", "once"), ("example", "once"), ("sqrt", "path")])
+def test_cpu_labels_with_cuda_logits_equal_cuda_labels(weighting, prefix):
+    """The collator's CPU labels select the loss tokens on the host (no stream sync): the same loss, count and
+    gradient as labels on the GPU, for a tree layout and every normalization path."""
+    torch.manual_seed(0)
+    logits = torch.randn(1, 10, 11, device="cuda", requires_grad=True)
+    labels = _labels(10, [1, 3, 5, 6, 9])
+    weights = torch.rand(1, 10) + 0.5
+    layout = PackedLayout.from_tensors(10, GOLDEN_LAYOUT["cu_seqlens"], GOLDEN_LAYOUT["node_offsets"],
+                                       GOLDEN_LAYOUT["node_parents"])
+    got = packed_cross_entropy(logits, labels, layout, weighting=weighting, prefix=prefix, loss_weights=weights)
+    ref = packed_cross_entropy(logits, labels.cuda(), layout, weighting=weighting, prefix=prefix,
+                               loss_weights=weights.cuda())
+    assert got.loss.device.type == "cuda" and got.count.device.type == "cuda"
+    torch.testing.assert_close(got.loss, ref.loss, rtol=0, atol=0)
+    torch.testing.assert_close(got.count, ref.count, rtol=0, atol=0)
+    g = torch.autograd.grad(got.loss, logits)[0]
+    torch.testing.assert_close(g, torch.autograd.grad(ref.loss, logits)[0], rtol=0, atol=0)
+
+
+def test_loss_targets_go_to_the_device_asked():
+    """``loss_targets(device=)`` puts the selection where the logits are, whatever device the labels are on."""
+    from packer.train.trainers.loss import loss_targets
+
+    labels = _labels(10, [1, 3, 5, 6, 9])
+    sel = loss_targets(labels, _meta(GOLDEN_LAYOUT), device="meta")
+    assert {t.device.type for t in (sel.positions, sel.predecessors, sel.targets, sel.examples)} == {"meta"}
+    cpu = loss_targets(labels, _meta(GOLDEN_LAYOUT))
+    assert cpu.predecessors.tolist() == [0, 2, 2, 5, 8] and cpu.targets.tolist() == labels[0, [1, 3, 5, 6, 9]].tolist()
