@@ -331,7 +331,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
     need[0] = 1
     m = min(block, n)
     buf = np.empty(m, dtype=np.int32)
-    brow = np.empty(m, dtype=np.int64)  # the row of each (a row, not a planned example, indexes the columns)
+    brow = np.empty(m, dtype=np.uint32)  # the row of each (a row, not a planned example, indexes the columns; < 2**32)
     # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
     # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
     bsize = np.empty(m, dtype=lens.dtype)
@@ -347,7 +347,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
         every = copies.shape[0] == 0
         for k in range(taken):
-            r = np.int64(buf[k]) if every else brow[k]
+            r = np.int64(buf[k]) if every else np.int64(brow[k])
             bsize[k] = lens[r]
             for c in range(ncols):
                 bneed[k, c] = cols[c][r]
@@ -569,6 +569,7 @@ def separate_copies_bulk(
         return packs
     seen = np.zeros(n // 64 + 1, dtype=np.uint64)
     _ungroup(order, bounds, seen)  # order[i] := pack of planned example i
+    del seen  # not held under the swaps (n / 8 bytes)
     pack_of = order
     counts, marks = sampled.counts, sampled.marks
     dup = _duplicates(counts, pack_of)
@@ -586,7 +587,7 @@ def separate_copies_bulk(
         _swaps(dup, pack_of, counts, marks, lens, cols, len(kept), load, caps, seed, min(max_tries, n))
         del load
     del dup
-    seen[:] = 0
+    seen = np.zeros(n // 64 + 1, dtype=np.uint64)
     _group(pack_of, np.arange(num_packs, dtype=np.int32), bounds[:-1].copy(), seen)  # swaps keep every size
     _sort_segments(pack_of, bounds)
     return PackOrder(order=pack_of, bounds=bounds)
