@@ -146,14 +146,15 @@ def plan_budgeted(
     block = max(BLOCK_MIN, n // BLOCKS)
     num_packs, ix = _bfd_budgeted(lens, copies, cols, len(kept), hist, capacity, budgets, cls, classes, block,
                                   slot, state)
-    sizes = _sizes(ix[5], budgets[0], num_packs)  # examples per pack, opening order
     target = -(-int((hist * np.arange(capacity + 1)).sum()) // capacity)
     alive = np.ones(num_packs, dtype=np.bool_)
     if refine and num_packs > target:
         candidates = _least_filled(ix[4], num_packs, capacity)
-        _refine_slots(slot, lens, copies, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, sizes,
-                      alive)
+        _refine_slots(slot, lens, copies, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, alive)
         del candidates
+    # examples per pack (opening order) from the examples budget left, which refine's moves keep: made once
+    # refine's per-pack arrays are gone, not held beside them (4 bytes per pack off the peak, issue 32)
+    sizes = _sizes(ix[5], budgets[0], num_packs)
     del ix
     where = np.full(num_packs, -1, dtype=np.int32)
     where[alive] = write_order(int(alive.sum()), seed, np.int32)  # plan()'s shuffle of the packs left
@@ -330,7 +331,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
     need[0] = 1
     m = min(block, n)
     buf = np.empty(m, dtype=np.int32)
-    brow = np.empty(m, dtype=np.int64)  # the row of each (a row, not a planned example, indexes the columns)
+    brow = np.empty(m, dtype=np.uint32)  # the row of each (a row, not a planned example, indexes the columns; < 2**32)
     # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
     # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
     bsize = np.empty(m, dtype=lens.dtype)
@@ -346,7 +347,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
         every = copies.shape[0] == 0
         for k in range(taken):
-            r = np.int64(buf[k]) if every else brow[k]
+            r = np.int64(buf[k]) if every else np.int64(brow[k])
             bsize[k] = lens[r]
             for c in range(ncols):
                 bneed[k, c] = cols[c][r]
@@ -438,19 +439,29 @@ def _sort_segments(order, bounds):
 def _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs):
     """Members of the untouched packs ``candidates[c0:c1]``, pack by pack, each pack's by decreasing length,
     ties by increasing index (``refine_packs``' order). One scan of ``slot`` (with the rows, through
-    ``copies``). Returns (members, ptr, pos): candidate ``c``'s members are members[ptr[pos[p]]:ptr[pos[p] + 1]]
-    for p = candidates[c], each a planned example i and its row r as ``i << 32 | r``."""
-    pos = np.full(num_packs, -1, dtype=np.int32)
+    ``copies``). Returns (members, ptr, window): the window's packs ascending, and pack ``window[w]``'s members
+    members[ptr[w]:ptr[w + 1]] (``_window_slot``), each a planned example i and its row r as ``i << 32 | r``.
+    A bit per pack marks the window, its packs found by a search in ``window`` (an int32 per pack measured 10
+    MiB of the planner's peak at 20M, issue 32)."""
+    inside = np.zeros(num_packs // 64 + 1, dtype=np.uint64)
     k = 0
     for c in range(c0, c1):
         if not touched[candidates[c]]:
-            pos[candidates[c]] = k
             k += 1
+    window = np.empty(k, dtype=np.int32)
+    k = 0
+    for c in range(c0, c1):
+        p = candidates[c]
+        if not touched[p]:
+            window[k] = p
+            inside[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
+            k += 1
+    window.sort()
     ptr = np.zeros(k + 1, dtype=np.int64)
     for i in range(slot.shape[0]):
-        w = pos[slot[i]]
-        if w >= 0:
-            ptr[w + 1] += 1
+        p = slot[i]
+        if inside[p >> 6] & (np.uint64(1) << np.uint64(p & 63)):
+            ptr[np.searchsorted(window, p) + 1] += 1
     every = copies.shape[0] == 0
     for w in range(k):
         ptr[w + 1] += ptr[w]
@@ -459,8 +470,9 @@ def _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs):
     i = np.int64(0)
     for r in range(lens.shape[0]):
         for _ in range(1 if every else copies[r]):
-            w = pos[slot[i]]
-            if w >= 0:
+            p = slot[i]
+            if inside[p >> 6] & (np.uint64(1) << np.uint64(p & 63)):
+                w = np.searchsorted(window, p)
                 members[fill[w]] = (i << 32) | r
                 fill[w] += 1
             i += 1
@@ -474,16 +486,15 @@ def _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs):
                 members[j + 1] = members[j]
                 j -= 1
             members[j + 1] = x
-    return members, ptr, pos
+    return members, ptr, window
 
 
 @njit(cache=True)
-def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, patience,
-                  pack_sizes, alive):
+def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, patience, alive):
     """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
     inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
     only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
-    A kept move is written into ``slot`` (and ``pack_sizes``, ``alive``). ``ix``: best fit's keyed index (its
+    A kept move is written into ``slot`` (and ``alive``; the examples budget left in ``ix`` counts the moves). ``ix``: best fit's keyed index (its
     tokens and budgets left), reused. The candidates' members are collected
     a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
     untouched packs' members are still their own, so no per-pack member list of every pack is held."""
@@ -502,11 +513,12 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
     window = 4096
     while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
-        members, ptr, pos = _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs)
+        members, ptr, held = _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs)
         c = refine_next(candidates[:c1], c0, touched, progress)
         while c >= 0:
             p = candidates[c]
-            lo, hi = ptr[pos[p]], ptr[pos[p] + 1]
+            w = np.searchsorted(held, p)
+            lo, hi = ptr[w], ptr[w + 1]
             if hi - lo > sizes.shape[0]:
                 sizes, dest, wants = np.empty(hi - lo, np.int64), np.empty(hi - lo, np.int64), np.zeros((hi - lo, dims),
                                                                                                          np.int64)
@@ -519,8 +531,6 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
             if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, hi - lo, dest):
                 for m in range(hi - lo):
                     slot[members[lo + m] >> 32] = dest[m]
-                    pack_sizes[dest[m]] += 1
-                pack_sizes[p] = 0
             c = refine_next(candidates[:c1], c + 1, touched, progress)
         c0 = c1
         window *= 2
@@ -559,6 +569,7 @@ def separate_copies_bulk(
         return packs
     seen = np.zeros(n // 64 + 1, dtype=np.uint64)
     _ungroup(order, bounds, seen)  # order[i] := pack of planned example i
+    del seen  # not held under the swaps (n / 8 bytes)
     pack_of = order
     counts, marks = sampled.counts, sampled.marks
     dup = _duplicates(counts, pack_of)
@@ -576,7 +587,7 @@ def separate_copies_bulk(
         _swaps(dup, pack_of, counts, marks, lens, cols, len(kept), load, caps, seed, min(max_tries, n))
         del load
     del dup
-    seen[:] = 0
+    seen = np.zeros(n // 64 + 1, dtype=np.uint64)
     _group(pack_of, np.arange(num_packs, dtype=np.int32), bounds[:-1].copy(), seen)  # swaps keep every size
     _sort_segments(pack_of, bounds)
     return PackOrder(order=pack_of, bounds=bounds)

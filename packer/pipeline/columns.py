@@ -121,7 +121,7 @@ class Columns:
     rows: np.ndarray  # (C,) rows per chunk
     sources: list[str]  # (C,) each chunk's source
     tokens: np.ndarray
-    loss_tokens: np.ndarray
+    loss_tokens: np.ndarray | None  # None once ``stages.plan_packs`` summed it (``Plan.loss``)
     counts: dict[str, np.ndarray]  # COUNT_COLUMNS with a non-zero value anywhere
     loss_weight: np.ndarray | None
     linear: np.ndarray | None  # bool per row; None: every row linear text
@@ -210,11 +210,12 @@ class ColumnsBuilder:
         self.n = end
 
     def finish(self, sources: list[str]) -> Columns:
-        """The columns of every chunk added, in order; ``sources``: each chunk's source."""
+        """The columns of every chunk added, in order; ``sources``: each chunk's source. The builder is spent:
+        it lets its arrays go, so a column the ``Columns`` drops (``loss_tokens``) is freed."""
         n = self.n
         dtype = self.tokens.dtype if self.tokens is not None else np.uint16
         empty = np.zeros(0, dtype=dtype)
-        return Columns(
+        columns = Columns(
             rows=np.array(self.rows, dtype=np.int64), sources=sources,
             tokens=empty if self.tokens is None else self.tokens[:n],
             loss_tokens=empty if self.loss_tokens is None else self.loss_tokens[:n],
@@ -223,6 +224,9 @@ class ColumnsBuilder:
             linear=None if self.linear is None else self.linear[:n],
             over=np.concatenate(self.over) if self.over else np.zeros(0, dtype=np.int64),
             rejects=sorted(self.rejects, key=lambda r: (r["path"], r["line"])))
+        self.tokens = self.loss_tokens = self.loss_weight = self.linear = None
+        self.counts = {}
+        return columns
 
 
 class ColumnsFile:

@@ -35,6 +35,7 @@ from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
+from packer.report.stats import LossSums
 from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
@@ -309,6 +310,7 @@ class Plan:
     order: np.ndarray  # (n,) planned examples, pack 0's first; inside a pack in increasing index
     bounds: np.ndarray  # (P + 1,) pack p holds order[bounds[p]:bounds[p + 1]]
     columns: Columns  # the cache's compact columns (stats, card)
+    loss: LossSums | None = None  # the loss tokens' sums, where plan_packs let their column go
 
     @property
     def num_examples(self) -> int:
@@ -351,7 +353,8 @@ class Plan:
         columns = self.columns
         many = len(set(columns.sources)) > 1
         return {"lengths": columns.tokens, "vision": columns.count(BUDGETS[VISION].column),
-                "loss_tokens": columns.loss_tokens, "loss_weight": columns.loss_weight,
+                "loss_tokens": columns.loss_tokens if self.loss is None else self.loss,
+                "loss_weight": columns.loss_weight,
                 "sources": columns.source_codes(names) if many else None,
                 "source_names": names if many else columns.sources[:1], "sampled": self.sampled}
 
@@ -391,6 +394,13 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     sampled = None if counts is None else Sampled.of(counts)
     copies = sampled is not None and int(counts.max(initial=0)) > 1
     del counts
+    loss = None
+    if columns.loss_weight is None and columns.loss_tokens is not None:
+        # the stats read the loss tokens only as sums (per source, weighted by the copies): made now, and the
+        # column let go before the planner runs (2 bytes per cache row off the driver's peak, issue 32)
+        loss = LossSums.of(columns.loss_tokens, None if sampled is None else sampled.counts, columns.rows.tolist(),
+                           [names.index(s) if s in names else -1 for s in columns.sources])
+        columns.loss_tokens = None
     limits = limits_of(config)
     used = _used(config)
     bulk_next_fit = config.algorithm == "next-fit" and not config.balance_vision and not config.refine
@@ -420,7 +430,7 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
             packs = separate_copies_bulk(packs, sampled, columns.tokens, capacity=config.max_length,
                                          seed=config.seed, costs=cols, limits=[limits[j] for j in used])
-        return Plan(sampled=sampled, order=packs.order, bounds=packs.bounds, columns=columns)
+        return Plan(sampled=sampled, order=packs.order, bounds=packs.bounds, columns=columns, loss=loss)
     index = None if sampled is None else sampled.index()  # the row of each planned example
     lengths = columns.tokens if index is None else columns.tokens[index]
     costs = np.zeros((len(lengths), len(used)), dtype=np.int64)  # (n, b) the per-example planner's input
@@ -436,7 +446,7 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     order = np.argsort(pack_ids, kind="stable").astype(np.int32 if len(pack_ids) < 2**31 else np.int64)
     sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(order.dtype)
-    return Plan(sampled=sampled, order=order, bounds=bounds, columns=columns)
+    return Plan(sampled=sampled, order=order, bounds=bounds, columns=columns, loss=loss)
 
 
 def _used(config: BuildConfig) -> list[int]:

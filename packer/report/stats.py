@@ -17,7 +17,8 @@ weight, what the token-mean loss divides by.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,38 @@ def padded_tokens_per_batch(lengths: np.ndarray, batch_size: int) -> int:
     if full < n:
         total += (n - full) * int(np.max(lengths[full:]))
     return total
+
+
+@dataclass(frozen=True)
+class LossSums:
+    """The loss tokens of the planned examples as ``compute_stats`` reads them, as sums: in all and per source
+    code (``of``). A build makes them once its sampling is drawn and lets the per-row column go before the
+    planner runs (2 bytes per cache row off the driver's peak, issue 32); the same stats as the column (integer
+    sums, any order)."""
+
+    total: int
+    by_source: dict[int, int]  # source code (index into the build's source names) -> its loss tokens
+
+    @classmethod
+    def of(cls, loss_tokens: np.ndarray, counts: np.ndarray | None, rows: Sequence[int],
+           codes: Sequence[int]) -> LossSums:
+        """``loss_tokens`` (one per cache row) each planned ``counts`` times (None: once); ``rows`` and ``codes``:
+        each chunk's rows and source code, in row order (a chunk's rows are one source's)."""
+        spans: list[list[int]] = []  # [code, first row, end] per run of chunks of one source
+        a = 0
+        for k, code in zip(rows, codes, strict=True):
+            if spans and spans[-1][0] == code:
+                spans[-1][2] += k
+            else:
+                spans.append([code, a, a + k])
+            a += k
+        by_source: dict[int, int] = {}
+        for code, a0, a1 in spans:
+            for b in range(a0, a1, _BLOCK):
+                part = loss_tokens[b : min(a1, b + _BLOCK)].astype(np.int64)
+                s = int(part.sum()) if counts is None else int(np.dot(part, counts[b : b + len(part)].astype(np.int64)))
+                by_source[code] = by_source.get(code, 0) + s
+        return cls(total=sum(by_source.values()), by_source=by_source)
 
 
 _BLOCK = 1 << 18  # examples per block of ``_per_pack``: its float64 copy is 2 MB, not 8 bytes per example
@@ -57,9 +90,24 @@ def _per_pack(values: np.ndarray, order: np.ndarray, bounds: np.ndarray, dtype: 
         p1 = max(p0 + 1, int(np.searchsorted(bounds, b0 + _BLOCK, side="right")) - 1)
         p1 = min(p1, num_packs)
         starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
-        out[p0:p1] = np.add.reduceat(values[order[b0 : int(bounds[p1])]], starts, dtype=wide)
+        out[p0:p1] = _fitting(np.add.reduceat(values[order[b0 : int(bounds[p1])]], starts, dtype=wide), out.dtype)
         p0 = p1
     return out
+
+
+def _narrowest(values: np.ndarray) -> np.ndarray:
+    """Non-negative integer ``values`` in the narrowest unsigned dtype that holds their maximum (a copy)."""
+    top = int(values.max(initial=0))
+    return values.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.uint32 if top < 2**32
+                         else np.uint64)
+
+
+def _fitting(sums: np.ndarray, dtype: Any) -> np.ndarray:
+    """``sums`` (int64 or float64) to be stored as ``dtype``: a ValueError where an integer dtype cannot hold one
+    (a pack over the capacity), never a wrapped value."""
+    if np.dtype(dtype).kind in "iu" and len(sums) and int(sums.max()) > np.iinfo(dtype).max:
+        raise ValueError(f"compute_stats: a pack holds {int(sums.max())}, over its per-pack dtype {np.dtype(dtype)}")
+    return sums
 
 
 def _everyone_mass(loss_mass: np.ndarray) -> Any:
@@ -67,7 +115,7 @@ def _everyone_mass(loss_mass: np.ndarray) -> Any:
     return int(loss_mass.sum(dtype=np.int64)) if loss_mass.dtype.kind in "iu" else loss_mass.sum(dtype=np.float64)
 
 
-def _source_sums(sources: np.ndarray, code: Any, lengths: np.ndarray, loss_tokens: np.ndarray,
+def _source_sums(sources: np.ndarray, code: Any, lengths: np.ndarray, loss_tokens: np.ndarray | None,
                  loss_mass: np.ndarray | None, counts: np.ndarray | None = None) -> tuple[int, int, int, int]:
     """(examples, tokens, loss tokens, integer loss mass) of the rows whose source is ``code``, a block of rows
     at a time (a mask of ``_BLOCK`` rows, not of all n); ``counts``: each row's copies (weights)."""
@@ -97,7 +145,7 @@ def _per_pack_located(columns: list[Callable[[np.ndarray], np.ndarray]], order: 
         starts = np.asarray(bounds[p0:p1], dtype=np.int64) - b0
         rows = sampled.locate(order[b0 : int(bounds[p1])])[0]
         for out, column in zip(outs, columns, strict=True):
-            out[p0:p1] = np.add.reduceat(column(rows), starts, dtype=np.int64)
+            out[p0:p1] = _fitting(np.add.reduceat(column(rows), starts, dtype=np.int64), dtype)
         p0 = p1
     return outs
 
@@ -215,7 +263,7 @@ def compute_stats(
     pack_ids: np.ndarray | None = None,
     capacity: int,
     packs: tuple[np.ndarray, np.ndarray] | None = None,
-    loss_tokens: np.ndarray,
+    loss_tokens: np.ndarray | LossSums,
     loss_weight: np.ndarray | None = None,
     sources: np.ndarray | None = None,
     source_names: list[str] | None = None,
@@ -252,8 +300,14 @@ def compute_stats(
     ``loss_weight`` and ``sources`` are per cache row, each planned ``sampled.counts`` times (what a build with
     up-sampled copies holds: no per-planned-example copy of them, issue 32); the same stats as their
     ``sampled.planned`` arrays. The other arrays stay per planned example.
+
+    ``loss_tokens`` as ``LossSums`` (no loss weights; ``sources`` as codes into ``source_names``): the same stats
+    from the sums a build made before its plan.
     """
     rejects = rejects or []
+    sums = loss_tokens if isinstance(loss_tokens, LossSums) else None
+    if sums is not None and loss_weight is not None:
+        raise ValueError("compute_stats: LossSums stand for unweighted loss tokens only")
     if sampled is not None and loss_weight is not None:  # a float sum's bits depend on its order: as planned
         lengths, vision, loss_tokens, loss_weight, sources = (
             None if v is None else sampled.planned(np.asarray(v))
@@ -265,7 +319,9 @@ def compute_stats(
     if packs is not None:
         order, bounds = packs
         num_packs = len(bounds) - 1
-        pack_examples = np.diff(np.asarray(bounds))  # int32 from a build: 4 bytes per pack, not 8
+        # examples per pack in the narrowest unsigned dtype that holds the largest (1 byte per pack in a build
+        # of short examples, not int32's 4: the same summaries, histograms and shares, issue 32)
+        pack_examples = _narrowest(np.diff(np.asarray(bounds)))
 
         def per_pack(values: np.ndarray, dtype: Any = np.float64) -> np.ndarray:  # float64: as bincount's
             return _per_pack(np.asarray(values), order, bounds, dtype)
@@ -277,9 +333,10 @@ def compute_stats(
             return np.bincount(pack_ids, weights=values, minlength=num_packs)
         if sampled is not None:
             raise ValueError("compute_stats: sampled needs packs=(order, bounds), not pack_ids")
-    # per-pack totals (<= capacity) as int32: a build of short examples has a pack per ~10 examples, and each
-    # int64 per-pack array cost ~1 byte per example at the driver's peak (the same summaries and histograms)
-    per_pack_dtype = np.int32 if capacity < 2**31 else np.int64
+    # per-pack totals (<= capacity) as uint16 where the capacity fits, else int32: a build of short examples has
+    # a pack per ~10 examples, and each int64 per-pack array cost ~1 byte per example at the driver's peak (the
+    # same summaries and histograms; a pack over the capacity is an error, not a wrapped sum)
+    per_pack_dtype = np.uint16 if capacity < 2**16 else np.int32 if capacity < 2**31 else np.int64
     if sampled is not None:  # tokens and vision tokens per pack in one pass: each planned example located once
         located = _per_pack_located([lambda rows: lengths[rows]] + ([] if vision is None else [lambda rows: vision[rows]]),
                                     order, bounds, per_pack_dtype, sampled)
@@ -304,7 +361,7 @@ def compute_stats(
         "examples": int(n),
         "packs": num_packs,
         "tokens": tokens,
-        "loss_tokens": _total(np.asarray(loss_tokens), counts),
+        "loss_tokens": sums.total if sums is not None else _total(np.asarray(loss_tokens), counts),
         "vision_tokens": 0 if vision is None else _total(np.asarray(vision), counts),
         "efficiency": tokens / slots if slots else 0.0,
         "lower_bound_packs": int(lower_bound),
@@ -333,7 +390,7 @@ def compute_stats(
     }
     weighted = (loss_weight is not None and len(loss_weight)
                 and not np.array_equal(np.asarray(loss_weight, dtype=np.float64), np.asarray(loss_tokens, np.float64)))
-    loss_mass = np.asarray(loss_weight if weighted else loss_tokens)  # (n,) what the loss counts
+    loss_mass = None if sums is not None else np.asarray(loss_weight if weighted else loss_tokens)  # (n,) what the loss counts
     if weighted:
         stats["weighted_loss_tokens"] = float(loss_mass.sum())
     if image_units is not None:
@@ -378,8 +435,10 @@ def compute_stats(
         per_source: dict[str, dict[str, Any]] = {}
         denominator = pack_examples if pack_examples.min(initial=1) >= 1 else np.maximum(pack_examples, 1)
         # every example's loss mass and its float64 total (integer counts per row: the weighted integer sum)
-        everyone_mass = _everyone_mass(loss_mass) if counts is None else stats["loss_tokens"]
-        mass_total = loss_mass.sum(dtype=np.float64) if counts is None else np.float64(stats["loss_tokens"])
+        # (a float64 sum of whole numbers below 2**53 is exact: the integer total, as LossSums hold it)
+        exact = counts is not None or sums is not None
+        everyone_mass = stats["loss_tokens"] if exact else _everyone_mass(loss_mass)
+        mass_total = np.float64(stats["loss_tokens"]) if exact else loss_mass.sum(dtype=np.float64)
         ordered = sorted(codes)
         pending: dict[str, np.ndarray] = {}  # sampled: per-pack counts of up to 4 sources located in one pass
         for k, name in enumerate(ordered):
@@ -389,18 +448,22 @@ def compute_stats(
             if everyone:
                 examples, source_tokens, source_loss = (n, tokens, stats["loss_tokens"])
                 in_pack = pack_examples.astype(np.float64)
+            elif sums is not None:
+                examples, source_tokens, _, _ = _source_sums(sources, codes[name], lengths, None, None, counts)
+                source_loss = source_mass = sums.by_source.get(codes[name], 0)
             else:
                 integer_mass = loss_mass.dtype.kind in "iu"
                 examples, source_tokens, source_loss, source_mass = _source_sums(
                     sources, codes[name], lengths, np.asarray(loss_tokens), loss_mass if integer_mass else None, counts)
-                if not integer_mass:  # a float sum's bits depend on its order: the selected copy, as ever
+            if not everyone:
+                if sums is None and not integer_mass:  # a float sum's bits depend on its order: the selected copy, as ever
                     source_mass = loss_mass[sources == codes[name]].sum(dtype=np.float64)
                 if sampled is not None:
-                    if name not in pending:  # int32 per pack each (examples per pack <= capacity)
+                    if name not in pending:  # pack_examples' dtype per pack each (a source's share of a pack)
                         group = ordered[k : k + 4]
                         pending = dict(zip(group, _per_pack_located(
-                            [lambda rows, c=codes[g]: sources[rows] == c for g in group], order, bounds, np.int32,
-                            sampled), strict=True))
+                            [lambda rows, c=codes[g]: sources[rows] == c for g in group], order, bounds,
+                            pack_examples.dtype, sampled), strict=True))
                     in_pack = pending.pop(name).astype(np.float64)
                 else:
                     in_pack = (_source_per_pack(sources, codes[name], order, bounds) if packs is not None

@@ -86,3 +86,36 @@ def test_rows_weighted_by_copies_give_the_planned_stats(block, monkeypatch):
         assert json.dumps(weighted, sort_keys=True) == json.dumps(planned, sort_keys=True)
         assert set(weighted["sources"]) == set(names)
     assert weighted["examples"] == int(counts.sum())
+
+
+@pytest.mark.parametrize("block", [None, 7])
+def test_loss_sums_give_the_loss_column_stats(block, monkeypatch):
+    """``LossSums`` (what a build sums before its plan, letting the column go): the very stats of the loss-token
+    column, rows copied 0-3 times or once each, one source and three, chunks of one source each (runs of
+    chunks of the same source merged)."""
+    from packer.packing.mixing import Sampled
+    from packer.report.stats import LossSums
+
+    if block is not None:
+        monkeypatch.setattr(stats, "_BLOCK", block)
+    rng = np.random.default_rng(8)
+    chunk_rows = rng.integers(1, 60, size=80)
+    chunk_codes = rng.integers(0, 3, size=80)
+    chunk_codes[10:14] = 1  # a run of one source's chunks
+    rows = int(chunk_rows.sum())
+    codes = np.repeat(chunk_codes, chunk_rows).astype(np.uint8)
+    lengths = rng.integers(1, 300, size=rows).astype(np.uint16)
+    loss = (lengths // 3).astype(np.uint16)
+    for counts in (rng.integers(0, 4, size=rows).astype(np.uint8), None):
+        sampled = None if counts is None else Sampled.of(counts)
+        packs = plan_bulk(lengths if sampled is None else sampled.planned(lengths), 512, seed=2)
+        for names, sources in ((["chat"], None), (["chat", "code", "web"], codes)):
+            common = dict(lengths=lengths, vision=None, packs=(packs.order, packs.bounds), capacity=512,
+                          sources=sources, source_names=names, sampled=sampled)
+            sums = LossSums.of(loss, counts, chunk_rows.tolist(), (chunk_codes if sources is not None
+                                                                    else np.zeros(80, int)).tolist())
+            want = compute_stats(loss_tokens=loss, **common)
+            assert json.dumps(compute_stats(loss_tokens=sums, **common), sort_keys=True) == json.dumps(want, sort_keys=True)
+            assert sums.total == want["loss_tokens"]
+    with pytest.raises(ValueError, match="unweighted"):
+        compute_stats(loss_tokens=sums, loss_weight=loss * 0.5, **common)
