@@ -23,6 +23,9 @@ by ~10%, measured in minutes instead of three full builds.
 
     python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6
 
+``--own-builds``: each tree repacks a full build it made itself (DIR/full-N-0, DIR/full-N-1, each timed once):
+for a change of the encode cache's format, which the other tree's cache would not serve.
+
 ``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
 writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
 process-time clock: the exchange's map tasks (their chunk-file reads, their IPC writes), the writers'
@@ -158,15 +161,20 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
 
     if args.keep is None:
         raise SystemExit("--ab needs --keep DIR (the full build it repacks, made there once)")
-    full = args.keep / f"full-{args.records}"
-    if not (full / "manifest.json").exists():
-        make_corpus(args.keep / f"corpus-{args.records}.jsonl", args.coco, args.records)
-        timed(["build", str(args.keep / f"corpus-{args.records}.jsonl"), "-o", str(full), "--max-length", "8192",
-               "--overwrite", *BUILD, "--num-proc", str(args.num_proc)])
+    corpus = args.keep / f"corpus-{args.records}.jsonl"
+    if not corpus.exists():
+        make_corpus(corpus, args.coco, args.records)
     names = [args.ab[0], args.ab[1] if len(args.ab) > 1 else "this tree"]
     trees = [checkout(rev, root / f"tree-{i}") for i, rev in enumerate(args.ab)] + [None] * (2 - len(args.ab))
+    # --own-builds: each tree repacks a full build of its own (a change of the encode cache's format)
+    fulls = [args.keep / (f"full-{args.records}" + (f"-{i}" if args.own_builds else "")) for i in (0, 1)]
+    for i, full in enumerate(fulls):
+        if not (full / "manifest.json").exists():
+            r = timed(["build", str(corpus), "-o", str(full), "--max-length", "8192", "--overwrite", *BUILD,
+                       "--num-proc", str(args.num_proc)], trees[i] if args.own_builds else None)
+            show(f"{names[i] if args.own_builds else 'both'}: full build (8192)", r)
     out = [root / "repack-a", root / "repack-b"]
-    for tree, o in zip(trees, out, strict=True):  # untimed: each tree's numba kernels compiled and cached
+    for tree, o, full in zip(trees, out, fulls, strict=True):  # untimed: each tree's kernels compiled and cached
         timed(["repack", str(full), "-o", str(o), *repack_args], tree)
     if sums(out[0]) != sums(out[1]):
         raise SystemExit(f"{names[0]}'s and {names[1]}'s repacked shards differ")
@@ -176,7 +184,7 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
             import shutil
 
             shutil.rmtree(out[i])
-            cpu[i].append(timed(["repack", str(full), "-o", str(out[i]), *repack_args], trees[i])["cpu"])
+            cpu[i].append(timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i])["cpu"])
         print(f"pair {k + 1}: {names[0]} {cpu[0][-1]:5.2f}  {names[1]} {cpu[1][-1]:5.2f} CPU-s", flush=True)
     diff = [b - a for a, b in zip(*cpu, strict=True)]
     print(f"mean {names[0]} {statistics.mean(cpu[0]):.2f}, {names[1]} {statistics.mean(cpu[1]):.2f} CPU-s; "
@@ -203,6 +211,8 @@ def main() -> None:
     ap.add_argument("--ab", nargs="+", metavar="REV", help="with --keep: alternated repacks of REV vs this tree "
                     "(or vs a second REV)")
     ap.add_argument("--pairs", type=int, default=6, help="with --ab: how many alternated pairs")
+    ap.add_argument("--own-builds", action="store_true", help="with --ab: each tree repacks a full build it made "
+                    "itself (kept as DIR/full-N-0, -1): a change of the encode cache's format")
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
