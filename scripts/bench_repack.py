@@ -155,6 +155,13 @@ def sums(out: Path) -> list[str]:
     return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
 
 
+def cache_size(full: Path) -> str:
+    """The encode cache's chunk files of the build ``full``: bytes in all, per example."""
+    size = sum(p.stat().st_size for p in (full / ".packer" / "encode").glob("chunk-*.arrow"))
+    rows = json.loads((full / "stats.json").read_text())["examples"]
+    return f"encode cache {size:,} bytes in its chunk files ({size / rows:,.0f} B per example, {rows:,} examples)"
+
+
 def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     """``--ab``: alternated repacks of the kept full build with two trees, CPU seconds per pair."""
     import statistics
@@ -173,6 +180,8 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
             r = timed(["build", str(corpus), "-o", str(full), "--max-length", "8192", "--overwrite", *BUILD,
                        "--num-proc", str(args.num_proc)], trees[i] if args.own_builds else None)
             show(f"{names[i] if args.own_builds else 'both'}: full build (8192)", r)
+    for name, full in zip(names, fulls, strict=True):
+        print(f"{name}: {cache_size(full)}", flush=True)
     out = [root / "repack-a", root / "repack-b"]
     for tree, o, full in zip(trees, out, fulls, strict=True):  # untimed: each tree's kernels compiled and cached
         timed(["repack", str(full), "-o", str(o), *repack_args], tree)
@@ -251,6 +260,7 @@ def main() -> None:
             show(f"{args.before}: repack -> 4096, seed 1", rep, full_before)
         full = timed(["build", *full_args, "-o", str(root / "full")])
         show("full build (8192)", full)
+        print(cache_size(root / "full"))
         kept = root / "full" / ".packer" / "encode" / "columns.arrow"
         if kept.exists():
             rows = json.loads((root / "full" / "stats.json").read_text())["examples"]
