@@ -87,7 +87,7 @@ def row_columns(ex_tokens: np.ndarray, runs: tuple[np.ndarray, np.ndarray], base
     """The v6 columns of packed rows from their examples' (``example_columns``, each (offsets, values) of the
     examples in pack order; ``pack_bounds``: (P+1,) each pack's first example), equal to ``sparse_columns`` of the
     rows' dense positions (``mrope_runs.merge_runs``). ShardError naming the example whose columns do not
-    cover its tokens."""
+    describe its tokens (counts, runs out of order)."""
     from packer.shards.mrope_runs import merge_runs  # numba: the writer's import only
 
     ex_tokens = np.asarray(ex_tokens, np.int64)
@@ -105,7 +105,8 @@ def row_columns(ex_tokens: np.ndarray, runs: tuple[np.ndarray, np.ndarray], base
                            np.asarray(pack_bounds, np.int64), out_pairs, out_bases, out_rest, runs_per_row,
                            rest_per_row, np.empty(3 * widest, dtype=np.float32))
     if bad >= 0:
-        raise ShardError(f"example {bad} has mRoPE runs and values for other than its {ex_tokens[bad]} tokens")
+        raise ShardError(f"example {bad} has mRoPE runs and values that do not describe its {ex_tokens[bad]} tokens "
+                         "(a damaged encode cache chunk)")
     run_off = np.zeros(P + 1, dtype=np.int32)
     np.cumsum(runs_per_row, out=run_off[1:])
     rest_off = np.zeros(P + 1, dtype=np.int32)

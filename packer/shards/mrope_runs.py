@@ -68,14 +68,19 @@ def merge_runs(ex_tokens: np.ndarray, run_off: np.ndarray, pairs: np.ndarray, ba
     run of ``split_runs`` would cross from one example into the next (its last run, or its last token, continued
     by the next one's first: never for positions that start each example at 0). A row where one would (or
     where an example has no token) is decoded into ``scratch`` and split again. Returns (runs, rest values, -1),
-    or (0, 0, e) for an example ``e`` whose runs and rest do not cover its tokens."""
+    or (0, 0, e) for an example ``e`` whose runs and rest do not describe its tokens (checked before anything is
+    read through them)."""
     s = 0
     q = 0
     for e in range(ex_tokens.shape[0]):  # the cache's own consistency: a damaged chunk is never packed
         covered = (rest_off[e + 1] - rest_off[e]) // 3
+        end = 0
         for k in range(run_off[e], run_off[e + 1]):
+            if pairs[2 * k] < end or pairs[2 * k + 1] < 1:  # runs increasing, not overlapping, not empty
+                return 0, 0, e
+            end = pairs[2 * k] + pairs[2 * k + 1]
             covered += pairs[2 * k + 1]
-        if covered != ex_tokens[e] or (rest_off[e + 1] - rest_off[e]) % 3 != 0:
+        if covered != ex_tokens[e] or end > ex_tokens[e] or (rest_off[e + 1] - rest_off[e]) % 3 != 0:
             return 0, 0, e
     for p in range(pack_bounds.shape[0] - 1):
         e0 = pack_bounds[p]

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from packer.errors import ShardError
 from packer.shards.mrope import SPARSE_COLUMNS, example_columns, row_columns, sparse_columns
 
 
@@ -84,3 +85,16 @@ def test_a_run_crossing_examples_is_split_as_the_row():
     got, want = _merged_and_reference(lone, [2])
     _same(got, want)
     assert got["mrope_runs"].values.to_pylist() == [1, 3]
+
+
+@pytest.mark.parametrize("pairs", [[2, 2, 0, 2], [0, 2, 1, 2], [0, 5], [0, 0]])
+def test_columns_that_do_not_describe_the_tokens_are_refused(pairs):
+    """Runs out of order, overlapping, past the example's end or empty: a ShardError naming the example, before
+    anything is read through them."""
+    ex_tokens = np.array([3, 4], np.int64)
+    runs = (np.array([0, 0, len(pairs)]), np.array(pairs, np.int32))
+    bases = (np.array([0, 0, len(pairs) // 2]), np.zeros(len(pairs) // 2, np.float32))
+    rest_n = 3 * (4 - sum(pairs[1::2]))
+    rest = (np.array([0, 9, 9 + max(rest_n, 0)]), np.zeros(9 + max(rest_n, 0), np.float32))
+    with pytest.raises(ShardError, match="example 1 has mRoPE runs"):
+        row_columns(ex_tokens, runs, bases, rest, np.array([0, 2]))
