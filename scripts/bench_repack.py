@@ -9,6 +9,7 @@ packer of git revision REV (``git archive``, on PYTHONPATH), so a change is meas
 
     python scripts/bench_repack.py --records 200000 --num-proc 2 [--before main]
     python scripts/bench_repack.py --records 200000 --num-proc 2 --before a2e2c77 --in-place
+    python scripts/bench_repack.py --records 200000 --num-proc 2 --before 59a178f --warm-records 200000
     python scripts/bench_repack.py --records 50000 --profile-write [--keep DIR] [--no-exchange | --exchange]
 
 ``--in-place``: also, last, the full build's OUT rebuilt with only packing options changed (``packer build ...
@@ -222,6 +223,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=6, help="with --ab: how many alternated pairs")
     ap.add_argument("--own-builds", action="store_true", help="with --ab: each tree repacks a full build it made "
                     "itself (kept as DIR/full-N-0, -1): a change of the encode cache's format")
+    ap.add_argument("--warm-records", type=int, default=2000,
+                    help="with --before: the untimed build that compiles REV's numba kernels first, of this many "
+                         "records (a small one leaves some of a large build's kernels to compile in its timed build)")
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,7 +254,7 @@ def main() -> None:
             code = checkout(args.before, root / "before")
             # untimed: a build and a repack of a small corpus compile the fresh checkout's numba kernels
             # (cached beside its sources), which this checkout has cached already
-            make_corpus(root / "warm.jsonl", args.coco, 2000)
+            make_corpus(root / "warm.jsonl", args.coco, args.warm_records)
             timed(["build", str(root / "warm.jsonl"), "-o", str(root / "warm"), "--max-length", "8192", *BUILD, *n],
                   code)
             timed(["repack", str(root / "warm"), "-o", str(root / "warm-repack"), *repack_args], code)
