@@ -9,6 +9,7 @@ packer of git revision REV (``git archive``, on PYTHONPATH), so a change is meas
 
     python scripts/bench_repack.py --records 200000 --num-proc 2 [--before main]
     python scripts/bench_repack.py --records 200000 --num-proc 2 --before a2e2c77 --in-place
+    python scripts/bench_repack.py --records 200000 --num-proc 2 --before 59a178f --warm-records 200000
     python scripts/bench_repack.py --records 50000 --profile-write [--keep DIR] [--no-exchange | --exchange]
 
 ``--in-place``: also, last, the full build's OUT rebuilt with only packing options changed (``packer build ...
@@ -22,6 +23,9 @@ run and the pairs' mean and median difference: a change of a few percent, on a l
 by ~10%, measured in minutes instead of three full builds.
 
     python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6
+
+``--own-builds``: each tree repacks a full build it made itself (DIR/full-N-0, DIR/full-N-1, each timed once):
+for a change of the encode cache's format, which the other tree's cache would not serve.
 
 ``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
 writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
@@ -152,21 +156,35 @@ def sums(out: Path) -> list[str]:
     return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
 
 
+def cache_size(full: Path) -> str:
+    """The encode cache's chunk files of the build ``full``: bytes in all, per example."""
+    size = sum(p.stat().st_size for p in (full / ".packer" / "encode").glob("chunk-*.arrow"))
+    rows = json.loads((full / "stats.json").read_text())["examples"]
+    return f"encode cache {size:,} bytes in its chunk files ({size / rows:,.0f} B per example, {rows:,} examples)"
+
+
 def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     """``--ab``: alternated repacks of the kept full build with two trees, CPU seconds per pair."""
     import statistics
 
     if args.keep is None:
         raise SystemExit("--ab needs --keep DIR (the full build it repacks, made there once)")
-    full = args.keep / f"full-{args.records}"
-    if not (full / "manifest.json").exists():
-        make_corpus(args.keep / f"corpus-{args.records}.jsonl", args.coco, args.records)
-        timed(["build", str(args.keep / f"corpus-{args.records}.jsonl"), "-o", str(full), "--max-length", "8192",
-               "--overwrite", *BUILD, "--num-proc", str(args.num_proc)])
+    corpus = args.keep / f"corpus-{args.records}.jsonl"
+    if not corpus.exists():
+        make_corpus(corpus, args.coco, args.records)
     names = [args.ab[0], args.ab[1] if len(args.ab) > 1 else "this tree"]
     trees = [checkout(rev, root / f"tree-{i}") for i, rev in enumerate(args.ab)] + [None] * (2 - len(args.ab))
+    # --own-builds: each tree repacks a full build of its own (a change of the encode cache's format)
+    fulls = [args.keep / (f"full-{args.records}" + (f"-{i}" if args.own_builds else "")) for i in (0, 1)]
+    for i, full in enumerate(fulls):
+        if not (full / "manifest.json").exists():
+            r = timed(["build", str(corpus), "-o", str(full), "--max-length", "8192", "--overwrite", *BUILD,
+                       "--num-proc", str(args.num_proc)], trees[i] if args.own_builds else None)
+            show(f"{names[i] if args.own_builds else 'both'}: full build (8192)", r)
+    for name, full in zip(names, fulls, strict=True):
+        print(f"{name}: {cache_size(full)}", flush=True)
     out = [root / "repack-a", root / "repack-b"]
-    for tree, o in zip(trees, out, strict=True):  # untimed: each tree's numba kernels compiled and cached
+    for tree, o, full in zip(trees, out, fulls, strict=True):  # untimed: each tree's kernels compiled and cached
         timed(["repack", str(full), "-o", str(o), *repack_args], tree)
     if sums(out[0]) != sums(out[1]):
         raise SystemExit(f"{names[0]}'s and {names[1]}'s repacked shards differ")
@@ -176,7 +194,7 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
             import shutil
 
             shutil.rmtree(out[i])
-            cpu[i].append(timed(["repack", str(full), "-o", str(out[i]), *repack_args], trees[i])["cpu"])
+            cpu[i].append(timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i])["cpu"])
         print(f"pair {k + 1}: {names[0]} {cpu[0][-1]:5.2f}  {names[1]} {cpu[1][-1]:5.2f} CPU-s", flush=True)
     diff = [b - a for a, b in zip(*cpu, strict=True)]
     print(f"mean {names[0]} {statistics.mean(cpu[0]):.2f}, {names[1]} {statistics.mean(cpu[1]):.2f} CPU-s; "
@@ -203,6 +221,11 @@ def main() -> None:
     ap.add_argument("--ab", nargs="+", metavar="REV", help="with --keep: alternated repacks of REV vs this tree "
                     "(or vs a second REV)")
     ap.add_argument("--pairs", type=int, default=6, help="with --ab: how many alternated pairs")
+    ap.add_argument("--own-builds", action="store_true", help="with --ab: each tree repacks a full build it made "
+                    "itself (kept as DIR/full-N-0, -1): a change of the encode cache's format")
+    ap.add_argument("--warm-records", type=int, default=2000,
+                    help="with --before: the untimed build that compiles REV's numba kernels first, of this many "
+                         "records (a small one leaves some of a large build's kernels to compile in its timed build)")
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -231,7 +254,7 @@ def main() -> None:
             code = checkout(args.before, root / "before")
             # untimed: a build and a repack of a small corpus compile the fresh checkout's numba kernels
             # (cached beside its sources), which this checkout has cached already
-            make_corpus(root / "warm.jsonl", args.coco, 2000)
+            make_corpus(root / "warm.jsonl", args.coco, args.warm_records)
             timed(["build", str(root / "warm.jsonl"), "-o", str(root / "warm"), "--max-length", "8192", *BUILD, *n],
                   code)
             timed(["repack", str(root / "warm"), "-o", str(root / "warm-repack"), *repack_args], code)
@@ -241,6 +264,7 @@ def main() -> None:
             show(f"{args.before}: repack -> 4096, seed 1", rep, full_before)
         full = timed(["build", *full_args, "-o", str(root / "full")])
         show("full build (8192)", full)
+        print(cache_size(root / "full"))
         kept = root / "full" / ".packer" / "encode" / "columns.arrow"
         if kept.exists():
             rows = json.loads((root / "full" / "stats.json").read_text())["examples"]

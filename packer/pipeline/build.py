@@ -44,7 +44,7 @@ from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RejectRateError, ShardError
 from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
-from packer.pipeline.cache import ChunkCounts, EncodeCache
+from packer.pipeline.cache import CACHE_FORMAT, ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
 from packer.pipeline.columns import ColumnsBuilder, ColumnsFile, chunk_table, read_chunk
 from packer.pipeline.executor import Executor
@@ -174,7 +174,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     work = prepare_output(out, fingerprint, overwrite=config.overwrite, encoding=encoding)
     mark = read_encode_mark(work)
     if not reusable(mark, *encoding):  # a new cache (or one older than its mark, of this very build)
-        mark = {"fingerprint": encoding[0], "keeps_up_to": encoding[1]}
+        mark = {"fingerprint": encoding[0], "keeps_up_to": encoding[1], "format": CACHE_FORMAT}
         write_encode_mark(work, mark)
     cache = EncodeCache(work / "encode", mark.get("chunks") or 0)
     complete = (prior is not None and mark.get("inputs") == inputs and mark.get("totals") is not None

@@ -34,6 +34,11 @@ from packer.shards.io import write_text_atomic
 from packer.shards.schema import EXAMPLE_SCHEMA
 from packer.shards.store import ObjectPath, write_atomic
 
+CACHE_FORMAT = 2
+"""The chunk files' layout (``EXAMPLE_SCHEMA``): 2 stores mRoPE positions as the shards do (runs, bases, rest per
+example), 1 (no ``format`` in the encode mark) stored them dense. In every encode fingerprint, so a build never
+reuses another format's cache (it encodes again); ``packer repack`` refuses one, saying to rebuild."""
+
 PLAN_COLUMNS = ("example_id", "source_name", "num_tokens", "num_loss_tokens", "loss_weight",
                 *dict.fromkeys(c for m in MEDIA for c in (m.token_column, m.own_tokens_column) if c),
                 *(m.count_column for m in MEDIA))

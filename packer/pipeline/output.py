@@ -16,6 +16,7 @@ from packer.config import BuildConfig
 from packer.core.location import absolute, file_version
 from packer.errors import ConfigError
 from packer.packing.budgets import FLAGS
+from packer.pipeline.cache import CACHE_FORMAT
 from packer.pipeline.card import CARD
 from packer.pipeline.stages import CHUNK_LINES
 from packer.shards.io import write_text_atomic
@@ -33,12 +34,13 @@ def build_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_s
 
 
 def _digest(key: str, cfg: dict[str, Any], *, tokenizer_fp: str, chat_template_sha256: str, files: list[str]) -> str:
-    """sha256 of ``cfg`` (under ``key``), the schema, packer's version, the chunking, the chat template, the
+    """sha256 of ``cfg`` (under ``key``), the schema, packer's version, the chunking, the encode cache's format
+    (``cache.CACHE_FORMAT``), the chat template, the
     tokenizer and the input files (names, sizes, and an object's ETag where a file's mtime)."""
     h = hashlib.sha256()
     # CHUNK_LINES: the encode cache is indexed by chunk, so a cache of another chunking must not be reused.
     h.update(json.dumps({key: cfg, "schema": SCHEMA_VERSION, "packer": __version__, "chunk_lines": CHUNK_LINES,
-                         "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
+                         "cache": CACHE_FORMAT, "chat_template_sha256": chat_template_sha256}, sort_keys=True).encode())
     h.update(tokenizer_fp.encode())
     for f in files:
         size, version = file_version(f)

@@ -18,6 +18,7 @@ from typing import Any
 from packer.config import BuildConfig
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildResult, build
+from packer.pipeline.cache import CACHE_FORMAT
 from packer.pipeline.output import KEPT, PACKING_FIELDS, RUN_FIELDS, encode_ceiling, read_encode_mark
 from packer.shards.schema import MANIFEST, WORK_DIR
 
@@ -58,6 +59,10 @@ def repack(source: str | Path, output: str | Path, *, weights: dict[str, float] 
     if mark is None or mark.get("chunks") is None:
         raise ConfigError(f"{src}/{WORK_DIR}/encode holds no complete encode cache of this packer (built before "
                           "repack existed, or removed): rebuild it with `packer build`")
+    if mark.get("format", 1) != CACHE_FORMAT:
+        raise ConfigError(f"{src}/{WORK_DIR}/encode is an encode cache of format {mark.get('format', 1)}, this packer "
+                          f"reads format {CACHE_FORMAT} (mRoPE positions stored as the shards store them): rebuild "
+                          "it with its `packer build` command (it encodes again), then repack")
     kept = mark.get("keeps_up_to")
     if kept is None and config.max_length != manifest["config"]["max_length"]:
         raise ConfigError(f"{src} was built with --overlong {config.overlong} --long-docs {config.long_docs}: its "

@@ -19,7 +19,8 @@ import pyarrow.ipc as ipc
 
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, EncodedImage, EncodedVideo
 from packer.errors import ShardError
-from packer.shards.mrope import sparse_columns
+from packer.shards.mrope import SPARSE_COLUMNS, example_columns, row_columns
+from packer.shards.mrope import dense as dense_positions
 from packer.shards.schema import (
     AUDIO_TYPE,
     EXAMPLE_SCHEMA,
@@ -149,7 +150,7 @@ def encoded_table(encoded: Sequence[Encoded | Row]) -> pa.Table:
         "labels": pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels.astype(np.int32, copy=False))),
         "loss_weights": _optional_list(weights, lengths, np.float32),
         "position_ids": _list(offsets, pos_p, np.int32),
-        "mrope_position_ids": _mrope_column(encoded, lengths, mrope_p, mrope_n),
+        **_mrope_columns(encoded, lengths, mrope_p, mrope_n),
         "node_offsets": _list(node_offsets, node_off_p, np.int32),
         "node_parents": _list(node_offsets, node_par_p, np.int32),
         "images": _images(counts, sources, data, np.concatenate(img_int)),
@@ -203,30 +204,32 @@ def _optional_list(parts: list[np.ndarray | None], lengths: np.ndarray, dtype: t
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(dtype, copy=False)), mask=mask)
 
 
-def _mrope_column(encoded: Sequence[Encoded | Row], lengths: np.ndarray, parts: list[np.ndarray | None],
-                 rows: list[int]) -> pa.ListArray:
-    """The ``mrope_position_ids`` column: ``mrope_values`` of every example (3 * L each), or null. ``parts``:
-    (3, T) of ``rows[i]`` examples side by side (a run of Rows, or one Encoded), or None."""
+def _mrope_columns(encoded: Sequence[Encoded | Row], lengths: np.ndarray, parts: list[np.ndarray | None],
+                   rows: list[int]) -> dict[str, pa.Array]:
+    """The mRoPE columns (``mrope.example_columns``) of ``mrope_values`` of every example (3 * L each), or null.
+    ``parts``: (3, T) of ``rows[i]`` examples side by side (a run of Rows, or one Encoded), or None."""
     present = [p for p in parts if p is not None]
     if not present:
-        return pa.nulls(len(encoded), F32_LIST)
+        return example_columns(None, lengths)
     null = np.repeat([p is None for p in parts], rows)
     ints = [p for p in present if p.dtype.kind in "iu"]
     if all(p.dtype.kind in "iu" or p.dtype == np.float32 for p in present) and max(
             (int(np.abs(p).max(initial=0)) for p in ints), default=0) < MAX_EXACT_POSITION:
         # (3, T) of every example side by side, then token-major (t, h, w per token) in one transpose
         values = np.ascontiguousarray(np.concatenate(present, axis=1).T, dtype=np.float32).reshape(-1)
-        return _optional_list([None if x else values for x in null.tolist()], 3 * lengths, np.float32, values)
-    # what float32 may not hold exactly: each example checked alone (ShardError naming the first)
-    enc = [e if isinstance(e, Encoded) else e.encoded() for e in encoded]
-    return _optional_list([None if e.mrope_position_ids is None else mrope_values(e.mrope_position_ids, e.example_id)
-                           for e in enc], 3 * lengths, np.float32)
+    else:  # what float32 may not hold exactly: each example checked alone (ShardError naming the first)
+        enc = [e if isinstance(e, Encoded) else e.encoded() for e in encoded]
+        values = np.concatenate([mrope_values(e.mrope_position_ids, e.example_id) for e in enc
+                                 if e.mrope_position_ids is not None])
+    return example_columns(values, lengths, null if null.any() else None)
 
 
 def encoded_record(enc: Encoded) -> dict[str, Any]:
-    """One ``Encoded`` example as a dict of EXAMPLE_SCHEMA columns (what ``encoded_table`` must equal, row by row); ``mrope_position_ids`` token-major (t, h, w
-    per token) float32, or None."""
+    """One ``Encoded`` example as a dict of EXAMPLE_SCHEMA columns (what ``encoded_table`` must equal, row by row); the mRoPE
+    columns those of its token-major (t, h, w per token) float32 positions (``mrope.example_columns``), or None."""
     mrope = None if enc.mrope_position_ids is None else mrope_values(enc.mrope_position_ids, enc.example_id)
+    sparse = {name: None if mrope is None else col[0].as_py() for name, col in example_columns(
+        mrope, np.array([enc.num_tokens])).items()}
     return {
         "example_id": enc.example_id,
         "source_name": enc.source_name,
@@ -234,7 +237,7 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "labels": enc.labels,
         "loss_weights": enc.loss_weights,
         "position_ids": enc.position_ids,
-        "mrope_position_ids": mrope,
+        **sparse,
         "node_offsets": enc.node_offsets,
         "node_parents": enc.node_parents,
         "images": [_image_record(im) for im in enc.images],
@@ -693,6 +696,12 @@ def _list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Arra
     return offsets - offsets[0], values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
+def _list_numpy(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from 0 as int64, values) of a list column as numpy."""
+    off, values = _list_parts(column)
+    return off, values.to_numpy(zero_copy_only=False)
+
+
 def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray) -> pa.Array:
     """Concatenate consecutive examples' lists into one list per pack (zero-copy on the values)."""
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
@@ -724,27 +733,27 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
     # cu_seqlens per pack: example start offsets within the row, then the row length.
     row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
 
-    # mRoPE: the examples' dense positions, back to back as the rows hold them, stored sparse (schema v6)
-    mrope = examples.column("mrope_position_ids")
-    dense = None
-    if mrope.null_count == n:
-        pass
-    elif mrope.null_count:
+    # mRoPE: each example's sparse columns (the cache's), merged into the rows' (schema v6) without the dense
+    # positions; dense for the online packer only
+    parts = {c: examples.column(c) for c in SPARSE_COLUMNS}
+    null = parts["mrope_runs"].null_count
+    mrope = null < n
+    if null and mrope:
         raise ShardError("some examples have mRoPE positions and others do not")
+    if not mrope:
+        cols.update({c: pa.nulls(len(pack_sizes), parts[c].type) for c in SPARSE_COLUMNS} if not dense_mrope
+                    else {"mrope_position_ids": pa.nulls(len(pack_sizes), F32_LIST)})
     else:
-        item_off, values = _list_parts(mrope)
-        have = np.diff(item_off)
-        if not np.array_equal(have, 3 * lengths):
-            i = int(np.flatnonzero(have != 3 * lengths)[0])
-            raise ShardError(f"example {i} has {have[i]} mRoPE values for {lengths[i]} tokens (want 3 per token)")
-        dense = values.to_numpy(zero_copy_only=False)
-    if dense_mrope:
-        cols["mrope_position_ids"] = (pa.nulls(len(pack_sizes), F32_LIST) if dense is None
-                                      else _regroup(values, item_off, pack_bounds))
-    else:
-        row_tokens = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
-        np.cumsum(row_lengths, out=row_tokens[1:])
-        cols.update(sparse_columns(dense, row_tokens))
+        runs, bases, rest = (_list_numpy(parts[c]) for c in SPARSE_COLUMNS)
+        if dense_mrope:
+            item_off, values = dense_positions(runs, bases, rest)
+            if not np.array_equal(np.diff(item_off), 3 * lengths):
+                i = int(np.flatnonzero(np.diff(item_off) != 3 * lengths)[0])
+                raise ShardError(f"example {i} has {np.diff(item_off)[i]} mRoPE values for {lengths[i]} tokens "
+                                 "(want 3 per token)")
+            cols["mrope_position_ids"] = _regroup(pa.array(values, pa.float32()), item_off, pack_bounds)
+        else:
+            cols.update(row_columns(lengths, runs, bases, rest, pack_bounds))
     cu_values = np.empty(n + len(pack_sizes), dtype=np.int32)
     cu_offsets = pack_bounds + np.arange(len(pack_bounds))  # each pack gets E+1 entries
     ends = cu_offsets[1:] - 1
@@ -753,8 +762,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
     cu_values[mask] = ex_start_in_row
     cu_values[ends] = row_lengths
     cols["cu_seqlens"] = pa.ListArray.from_arrays(pa.array(cu_offsets, pa.int32()), pa.array(cu_values))
-    cols["seq_lengths"] = _seq_lengths(examples, lengths, pack_bounds, pack_of_example,
-                                       mrope=dense is not None)
+    cols["seq_lengths"] = _seq_lengths(examples, lengths, pack_bounds, pack_of_example, mrope=mrope)
 
     # Nodes: shift starts by the example's start in the row, parents by the nodes before it in the row.
     node_off, node_vals = _list_parts(examples.column("node_offsets"))

@@ -12,6 +12,8 @@ pass, ``mrope_runs.py``) puts in runs only what this rule gives back bit for bit
 exact for any family, fractional ones (``Positions.fractional``) included; images, video and audio runs (t, h, w
 differing) go to ``mrope_rest``. ``dense`` is the reader's side: ``packer.shards.io``'s shard files call it on
 every table they read, so a v6 row reads as the same arrays a v5 row holds (docs/format.md, "mRoPE positions").
+The encode cache holds each example's columns by the same rule (``example_columns``), which the write merges into
+its rows' (``row_columns``) without the dense positions: a text stretch is three numbers there, not three a token.
 """
 
 from __future__ import annotations
@@ -58,6 +60,60 @@ def sparse(values: np.ndarray, row_tokens: np.ndarray) -> tuple[tuple[np.ndarray
     row = np.repeat(np.arange(R), runs_per_row)
     bases = values[3 * (row_tokens[row] + starts[:S])]
     return (2 * run_off, pairs.reshape(-1)), (run_off, bases), (rest_off, rest[:Q])
+
+
+def example_columns(values: np.ndarray | None, lengths: np.ndarray, null: np.ndarray | None = None
+                    ) -> dict[str, pa.Array]:
+    """The encode cache's mRoPE columns (``EXAMPLE_SCHEMA``): each example's dense positions (``values``: 3·L
+    float32 of every example with mRoPE, back to back; ``lengths``: (n,) each example's tokens; ``null``: (n,)
+    the examples without, None: none) stored as a shard row stores them, example-relative: the write packs
+    them into rows (``row_columns``) without the dense positions or a pass over them. None: no mRoPE at all."""
+    n = len(lengths)
+    if values is None:
+        return sparse_columns(None, np.zeros(n + 1, np.int64))
+    have = np.asarray(lengths, np.int64) if null is None else np.where(null, 0, lengths)
+    row_tokens = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(have, out=row_tokens[1:])
+    if len(values) != 3 * row_tokens[-1]:  # the compiled pass reads 3 values per token, unchecked
+        raise ShardError(f"{len(values)} mRoPE values for {row_tokens[-1]} tokens (want 3 per token)")
+    parts = sparse(values, row_tokens)
+    mask = None if null is None or not null.any() else pa.array(null)
+    return {c: pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), pa.array(v), mask=mask)
+            for c, (off, v) in zip(SPARSE_COLUMNS, parts, strict=True)}
+
+
+def row_columns(ex_tokens: np.ndarray, runs: tuple[np.ndarray, np.ndarray], bases: tuple[np.ndarray, np.ndarray],
+                rest: tuple[np.ndarray, np.ndarray], pack_bounds: np.ndarray) -> dict[str, pa.Array]:
+    """The v6 columns of packed rows from their examples' (``example_columns``, each (offsets, values) of the
+    examples in pack order; ``pack_bounds``: (P+1,) each pack's first example), equal to ``sparse_columns`` of the
+    rows' dense positions (``mrope_runs.merge_runs``). ShardError naming the example whose columns do not
+    describe its tokens (counts, runs out of order)."""
+    from packer.shards.mrope_runs import merge_runs  # numba: the writer's import only
+
+    ex_tokens = np.asarray(ex_tokens, np.int64)
+    T = int(ex_tokens.sum())
+    P = len(pack_bounds) - 1
+    base_off = np.asarray(bases[0], np.int64)
+    out_pairs = np.empty(2 * (T // 2 + P + 1), dtype=np.int32)  # at most one run per two tokens of a row
+    out_bases = np.empty(T // 2 + P + 1, dtype=np.float32)
+    out_rest = np.empty(3 * T, dtype=np.float32)  # untouched pages are never committed
+    runs_per_row = np.empty(P, dtype=np.int64)
+    rest_per_row = np.empty(P, dtype=np.int64)
+    widest = int(np.max(np.add.reduceat(ex_tokens, pack_bounds[:-1]), initial=0)) if P and len(ex_tokens) else 0
+    S, Q, bad = merge_runs(ex_tokens, base_off, np.asarray(runs[1], np.int32), np.asarray(bases[1], np.float32),
+                           np.asarray(rest[0], np.int64), np.asarray(rest[1], np.float32),
+                           np.asarray(pack_bounds, np.int64), out_pairs, out_bases, out_rest, runs_per_row,
+                           rest_per_row, np.empty(3 * widest, dtype=np.float32))
+    if bad >= 0:
+        raise ShardError(f"example {bad} has mRoPE runs and values that do not describe its {ex_tokens[bad]} tokens "
+                         "(a damaged encode cache chunk)")
+    run_off = np.zeros(P + 1, dtype=np.int32)
+    np.cumsum(runs_per_row, out=run_off[1:])
+    rest_off = np.zeros(P + 1, dtype=np.int32)
+    np.cumsum(rest_per_row, out=rest_off[1:])
+    return {RUNS: pa.ListArray.from_arrays(pa.array(2 * run_off), pa.array(out_pairs[: 2 * S])),
+            BASES: pa.ListArray.from_arrays(pa.array(run_off), pa.array(out_bases[:S])),
+            REST: pa.ListArray.from_arrays(pa.array(rest_off), pa.array(out_rest[:Q]))}
 
 
 def dense(runs: tuple[np.ndarray, np.ndarray], bases: tuple[np.ndarray, np.ndarray],

@@ -177,7 +177,11 @@ EXAMPLE_SCHEMA = pa.schema(
         ("labels", I32_LIST),
         ("loss_weights", F32_LIST),  # L, or null (every loss weight 1)
         ("position_ids", I32_LIST),
-        ("mrope_position_ids", F32_LIST),  # 3*L token-major, or null
+        # mRoPE as a shard row stores it (SCHEMA's three columns, example-relative), or null: the write packs
+        # them into rows without making them dense (packer.shards.mrope.row_columns); cache format 2
+        ("mrope_runs", I32_LIST),
+        ("mrope_bases", F32_LIST),
+        ("mrope_rest", F32_LIST),
         ("node_offsets", I32_LIST),
         ("node_parents", I32_LIST),
         ("images", pa.list_(IMAGE_TYPE)),

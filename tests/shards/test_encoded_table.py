@@ -12,6 +12,7 @@ from packer.core.types import Encoded, EncodedVideo
 from packer.errors import ShardError
 from packer.models import get_profile
 from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, take_rows
+from packer.shards.mrope import dense_row
 from packer.shards.schema import EXAMPLE_SCHEMA
 from tests.helpers import random_example
 
@@ -56,8 +57,11 @@ def test_encoded_table_holds_the_examples(seed, mrope):
     for e, row in zip(examples, table.to_pylist(), strict=True):
         for name in ("input_ids", "labels", "position_ids", "node_offsets", "node_parents"):
             assert row[name] == getattr(e, name).tolist(), name
-        want = None if e.mrope_position_ids is None else np.asarray(e.mrope_position_ids).T.reshape(-1).tolist()
-        assert row["mrope_position_ids"] == want
+        if e.mrope_position_ids is None:
+            assert row["mrope_runs"] is row["mrope_bases"] is row["mrope_rest"] is None
+        else:  # stored as a shard row stores them (example-relative): the rule gives back every value
+            got = dense_row(row["mrope_runs"], row["mrope_bases"], row["mrope_rest"])
+            assert got.tolist() == np.asarray(e.mrope_position_ids).T.reshape(-1).tolist()
         assert (row["num_tokens"], row["num_loss_tokens"], row["num_vision_tokens"], row["num_video_tokens"]) == (
             e.num_tokens, e.num_loss_tokens, e.num_vision_tokens, e.num_video_tokens)
         assert [im["offset"] for im in row["images"]] == [im.offset for im in e.images]
@@ -143,16 +147,17 @@ def test_encoded_table_of_nothing_is_the_empty_schema():
 
 
 def test_assemble_refuses_mrope_of_another_length():
+    """An example whose cached mRoPE columns cover other than its tokens (a damaged chunk) is never packed."""
     examples = _examples(1, "mixed")
     table = encoded_table(examples)
-    column = table.column("mrope_position_ids").chunk(0)
+    column = table.column("mrope_rest").chunk(0)
     offsets = column.offsets.to_numpy().copy()
-    offsets[1:] += 1  # the first example gets one value too many
+    offsets[1:] += 3  # the first example gets one token's (t, h, w) too many
     bad = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), np.float32)))
-    table = table.set_column(EXAMPLE_SCHEMA.get_field_index("mrope_position_ids"), EXAMPLE_SCHEMA.field(
-        "mrope_position_ids"), bad)
-    with pytest.raises(ShardError, match="mRoPE values"):
-        assemble_packs(table, np.array([len(examples)]))
+    table = table.set_column(EXAMPLE_SCHEMA.get_field_index("mrope_rest"), EXAMPLE_SCHEMA.field("mrope_rest"), bad)
+    for dense_mrope in (False, True):
+        with pytest.raises(ShardError, match="example 0 has .*mRoPE"):
+            assemble_packs(table, np.array([len(examples)]), dense_mrope=dense_mrope)
 
 
 def test_take_rows_of_text_files_before_media_files_and_of_a_file_of_many_batches(tmp_path):

@@ -20,7 +20,7 @@ from packer.models.registry import _PROFILES, register_profile
 from packer.models.shared.mrope import MRoPE
 from packer.shards.assemble import assemble_packs, encoded_table, mrope_values, take_rows
 from packer.shards.io import read_shard, write_json_atomic
-from packer.shards.mrope import to_dense
+from packer.shards.mrope import dense_row, to_dense
 from packer.shards.schema import (
     AUDIO_TYPE,
     EXAMPLE_SCHEMA,
@@ -79,7 +79,9 @@ def test_v5_differs_from_v4_in_the_mrope_dtype_and_padded_samples_only():
     changed = [f.name for f in ROW_SCHEMA if not f.equals(v4.field(f.name))]
     assert changed == ["mrope_position_ids", "audios"]
     assert ROW_SCHEMA.field("mrope_position_ids").type == pa.list_(pa.float32())
-    assert EXAMPLE_SCHEMA.field("mrope_position_ids").type == pa.list_(pa.float32())
+    # the encode cache (format 2) stores mRoPE as v6 shards do, example-relative
+    assert [EXAMPLE_SCHEMA.field(c).type for c in ("mrope_runs", "mrope_bases", "mrope_rest")] == [
+        SCHEMA.field(c).type for c in ("mrope_runs", "mrope_bases", "mrope_rest")]
     for version in (2, 3, 4):  # older shards: int32 positions, no padded_samples
         assert SCHEMAS[version].field("mrope_position_ids").type == pa.list_(pa.int32())
     v4_audio = v4.field("audios").type.value_type
@@ -115,7 +117,8 @@ def test_int_and_float_positions_pack_exactly(fraction, tmp_path):
     taken = take_rows([path], np.array([0, 5]), np.array([3, 0, 4]))  # the dense numpy copy path
     for k, i in enumerate((3, 0, 4)):
         want = examples[i].mrope_position_ids.T.reshape(-1)
-        assert np.array_equal(np.asarray(taken.column("mrope_position_ids")[k].values), want)
+        row = taken.slice(k, 1).to_pylist()[0]  # the cache's sparse columns (format 2) give back every value
+        assert np.array_equal(dense_row(row["mrope_runs"], row["mrope_bases"], row["mrope_rest"]), want)
     packed = assemble_packs(taken, np.array([2, 1]))
     assert packed.schema.equals(SCHEMA)
     row = _row(_decode_block(to_dense(packed)), 0)  # as the shard file reads it back
