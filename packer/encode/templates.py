@@ -28,6 +28,7 @@ from typing import Any
 from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
+from packer.models.shared.tokenizer import GemmaRenderer
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -144,8 +145,11 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._parts = self._content_as_parts()  # text-only content given as a list of parts, not a string
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
-        self._fast: _ChatML | None = None  # set only after the Jinja path has checked it on the probes
-        self._fast = None if self._verify or not fast else self._checked(_fast_template(source))
+        self._fast: _ChatML | _Gemma | None = None  # set only after the Jinja path has checked it on the probes
+        renderer = _fast_template(source, special_tokens) if fast else None
+        if self._verify and isinstance(renderer, _ChatML):
+            renderer = None  # ChatML's renderer gives marker spans only (Gemma's gives the checked path's answers)
+        self._fast = self._checked(renderer)
         self.paths.clear()  # the probes' renderings are not the data's
 
     def __getstate__(self) -> dict:
@@ -303,7 +307,7 @@ class ChatTemplate:
                 return False
         return True
 
-    def _checked(self, fast: _ChatML | None) -> _ChatML | None:
+    def _checked(self, fast: _ChatML | _Gemma | None) -> _ChatML | _Gemma | None:
         """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
         if fast is None:
             return None
@@ -382,10 +386,98 @@ class _ChatML:
         return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
 
 
-def _fast_template(source: str | None) -> _ChatML | None:
+class _Gemma:
+    """Pure-Python rendering of Gemma 3's template: Jinja's text and ``ChatTemplate.locate``'s spans.
+
+    The template trims every text, so its markers are checked on each conversation (``_verify``): where a
+    content's trimmed ends touch its markers the marked text differs from the clean one and ``locate`` takes
+    the prefix fallback (content end None, an assistant's start after the generation prompt). This renderer
+    gives either answer, whichever Jinja's ``locate`` would (``ChatTemplate._checked``, and the fuzz in
+    tests/encode/test_templates.py).
+    """
+
+    def __init__(self, *, bos: str, image: str):
+        self.bos = bos
+        self.image = image
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides (module docstring of the class)."""
+        system = None
+        turns = conv
+        if conv and conv[0].role == "system":
+            if not all(type(p) is str for p in conv[0].parts):
+                return None
+            system = "".join(conv[0].parts)  # type: ignore[arg-type]
+            turns = conv[1:]
+        if not turns:
+            return None
+        image = self.image
+        pieces = [self.bos]
+        pos = len(self.bos)
+        starts: list[int] = []  # content spans as the markers give them
+        ends: list[int] = []
+        bounds: list[int] = [pos] if system is not None else []  # each message's rendering's end (prefixes)
+        heads: list[int] = []  # where each turn's rendering starts
+        exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
+        for i, m in enumerate(turns):
+            if m.tool_calls or m.role != ("user" if i % 2 == 0 else "assistant"):
+                return None
+            header = "<start_of_turn>user\n" if i % 2 == 0 else "<start_of_turn>model\n"
+            heads.append(pos)
+            pieces.append(header)
+            pos += len(header)
+            if i == 0 and system is not None:
+                starts.append(pos)
+                pos += len(system)
+                ends.append(pos)
+                pieces.append(system + "\n\n")
+                pos += 2
+            parts = m.parts
+            if all(type(p) is str for p in parts):
+                content = "".join(parts)  # type: ignore[arg-type]
+                trimmed = content.strip()
+                exact = exact and trimmed == content
+            elif any(type(p) is not str and type(p) is not ImageRef for p in parts):
+                return None
+            else:
+                out = [p.strip() if type(p) is str else image for p in parts]  # type: ignore[union-attr]
+                first, last = parts[0], parts[-1]
+                # a marker glued to the first (last) text keeps what trim would take from that end
+                exact = exact and (type(first) is not str or first.rstrip() == first.strip()) and (
+                    type(last) is not str or last.lstrip() == last.strip())
+                trimmed = "".join(out)
+            starts.append(pos)
+            pos += len(trimmed)
+            ends.append(pos)
+            pos += 14  # len("<end_of_turn>\n")
+            pieces += (trimmed, "<end_of_turn>\n")
+            bounds.append(pos)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        # the prefix fallback: message k from the end of messages[:k]'s rendering (a model turn: past its header)
+        spans: list[Span] = []
+        if system is not None:
+            spans.append((0, None, bounds[0]))
+        for i in range(len(turns)):
+            k = len(spans)
+            before = bounds[k - 1] if k else 0
+            start = before + len("<start_of_turn>model\n") if i % 2 else before
+            spans.append((start, None, bounds[k]))
+        return text, spans
+
+
+def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | None:
     """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
     (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
     spec = fast_renderer(source)
     if spec is None:
         return None
+    if isinstance(spec, GemmaRenderer):
+        bos = special_tokens.get("bos_token")
+        return None if not isinstance(bos, str) else _Gemma(bos=bos, image=spec.image)
     return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video, roles=spec.roles)

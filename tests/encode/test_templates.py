@@ -209,3 +209,48 @@ def test_registered_renderers_encode_as_jinja(fast_builtin, img):
     for a, b in zip(got, want, strict=True):
         assert_same(a, b)
     assert encoder.path_counts()["render:python"] >= 3
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Encoder:
+    """Gemma 3's builtin (its template trims every text) with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer("gemma3"), get_profile("gemma3"))
+    assert encoder._chat._verify and encoder._chat._fast is not None, "gemma3's renderer must pass the probes"
+    return encoder
+
+
+_PADDED = st.sampled_from(["a", " a", "a ", "\nb c\n", "  ", "", "x\ty", "\u00a0z", "<think>t</think>\n\nq"])
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(system=st.one_of(st.none(), _PADDED), turns=st.lists(
+    st.lists(st.one_of(_PADDED, st.just(None)), min_size=1, max_size=3), min_size=1, max_size=4))
+def test_gemma_renderer_equals_jinja(gemma, system, turns):
+    """Gemma 3's renderer on alternating user / model turns (a leading system text or not; texts padded or not,
+    so that either the marker spans or the prefix fallback is Jinja's answer; None parts are images) gives what
+    ``locate`` gives through Jinja, text and spans."""
+    image = ImageRef(path="x.jpg")
+    conv = [Message("system", [system])] if system is not None else []
+    conv += [Message("user" if i % 2 == 0 else "assistant", [image if p is None else p for p in ps])
+             for i, ps in enumerate(turns)]
+    fast = gemma._chat._fast.locate(conv)
+    assert fast is not None
+    assert fast == locate(jinja(gemma._chat), conv)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(_PADDED, st.just(None), st.just(1)), min_size=0, max_size=3)),
+                      min_size=0, max_size=5))
+def test_gemma_renderer_leaves_the_rest_to_jinja(gemma, convs):
+    """Any conversation (roles out of turn, a later system turn, videos, no turn at all): the renderer answers
+    Jinja's or None, and ``locate`` gives Jinja's answer (or its error) always."""
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in convs]
+    want = locate(jinja(gemma._chat), conv)
+    fast = gemma._chat._fast.locate(conv)
+    if fast is not None:
+        assert fast == want
+    assert locate(gemma._chat, conv) == want

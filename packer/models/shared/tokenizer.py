@@ -98,6 +98,16 @@ class ChatMLRenderer:
 
 
 @dataclass(frozen=True)
+class GemmaRenderer:
+    """Gemma 3's template in pure Python (``packer.encode.templates._Gemma``, checked on probes as ChatML's):
+    ``bos_token``, then user / model turns strictly alternating, a first system message's text before the first
+    user turn's, every text trimmed, ``image`` for an image part. Anything else (another role, a video, a
+    system message of parts or later on) is Jinja's."""
+
+    image: str
+
+
+@dataclass(frozen=True)
 class TokenizerSpec:
     """One builtin tokenizer (``--tokenizer NAME``): ranks + added tokens + roles + chat template."""
 
