@@ -14,8 +14,8 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 
 Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's,
 InternVL3's, Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's; a user's file with the same template string too), and
-Gemma 3's (``_Gemma``: it trims, so it gives the checked path's answer, markers or prefixes), is rendered in pure
-Python with its content spans,
+Gemma 3's (``_Gemma``: it trims, so it gives the checked path's answer, markers or prefixes) and Mistral 3's
+(``_Mistral``), is rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access (Qwen3-VL's calls a macro per message); it is used only if it reproduces Jinja on the probes, it leaves to Jinja what it does not write as plain
 ChatML (tool calls, a role or part its template writes otherwise), and tests/encode/test_templates.py compares
 both on random conversations for every registered template.
@@ -30,7 +30,7 @@ from typing import Any
 from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
-from packer.models.shared.tokenizer import GemmaRenderer
+from packer.models.shared.tokenizer import GemmaRenderer, MistralRenderer
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -147,7 +147,7 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._parts = self._content_as_parts()  # text-only content given as a list of parts, not a string
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
-        self._fast: _ChatML | _Gemma | None = None  # set only after the Jinja path has checked it on the probes
+        self._fast: _ChatML | _Gemma | _Mistral | None = None  # set only after the Jinja path has checked it on the probes
         renderer = _fast_template(source, special_tokens) if fast else None
         if self._verify and isinstance(renderer, _ChatML):
             renderer = None  # ChatML's renderer gives marker spans only (Gemma's gives the checked path's answers)
@@ -309,7 +309,7 @@ class ChatTemplate:
                 return False
         return True
 
-    def _checked(self, fast: _ChatML | _Gemma | None) -> _ChatML | _Gemma | None:
+    def _checked(self, fast: _ChatML | _Gemma | _Mistral | None) -> _ChatML | _Gemma | _Mistral | None:
         """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
         if fast is None:
             return None
@@ -473,12 +473,63 @@ class _Gemma:
         return text, spans
 
 
-def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | None:
+class _Mistral:
+    """Pure-Python rendering of Mistral 3's template: Jinja's text and the content spans (its markers are
+    transparent: no trim). System texts, user turns of text and images, assistant texts; None otherwise."""
+
+    def __init__(self, *, bos: str, eos: str, image: str):
+        self.bos, self.eos, self.image = bos, eos, image
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.bos]
+        pos = len(self.bos)
+        starts, ends = [], []
+        for m in conv:
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            text_only = all(type(p) is str for p in parts)
+            if m.role == "user":
+                if not text_only and any(type(p) is not str and type(p) is not ImageRef for p in parts):
+                    return None
+                head, tail = "[INST]", "[/INST]"
+                content = "".join([p if type(p) is str else self.image for p in parts])  # type: ignore[misc]
+            elif m.role == "system" and text_only:
+                head, tail = "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"
+                content = "".join(parts)  # type: ignore[arg-type]
+            elif m.role == "assistant" and text_only:
+                head, tail = "", self.eos
+                content = "".join(parts)  # type: ignore[arg-type]
+            else:
+                return None
+            pos += len(head)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            pos += len(tail)
+            pieces += (head, content, tail)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+
+
+def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | _Mistral | None:
     """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
     (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
     spec = fast_renderer(source)
     if spec is None:
         return None
+    if isinstance(spec, MistralRenderer):
+        bos, eos = special_tokens.get("bos_token"), special_tokens.get("eos_token")
+        if not (isinstance(bos, str) and isinstance(eos, str)):
+            return None
+        return _Mistral(bos=bos, eos=eos, image=spec.image)
     if isinstance(spec, GemmaRenderer):
         bos = special_tokens.get("bos_token")
         return None if not isinstance(bos, str) else _Gemma(bos=bos, image=spec.image)

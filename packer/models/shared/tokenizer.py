@@ -108,6 +108,16 @@ class GemmaRenderer:
 
 
 @dataclass(frozen=True)
+class MistralRenderer:
+    """Mistral 3's template in pure Python (``packer.encode.templates._Mistral``, checked on probes as ChatML's):
+    ``bos_token``, system texts as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``, user turns as ``[INST]...[/INST]`` with
+    ``image`` for an image part, assistant texts followed by ``eos_token``. Anything else (a tool turn, a video,
+    an assistant's or later system's parts) is Jinja's."""
+
+    image: str
+
+
+@dataclass(frozen=True)
 class TokenizerSpec:
     """One builtin tokenizer (``--tokenizer NAME``): ranks + added tokens + roles + chat template."""
 
