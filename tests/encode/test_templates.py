@@ -254,3 +254,30 @@ def test_gemma_renderer_leaves_the_rest_to_jinja(gemma, convs):
     if fast is not None:
         assert fast == want
     assert locate(gemma._chat, conv) == want
+
+
+def test_gemma_encodes_as_jinja(gemma, img):
+    """Through the Encoder: Gemma 3's records (padded texts, a system text, an image turn, a caption tree, a turn
+    out of order) encode byte-identically with ``_Gemma`` and with Jinja alone (``fast=False``), pan-and-scan's
+    blocks included."""
+    from tests.encode.helpers import assert_same, general, one_by_one, parse_all
+
+    encoder = gemma.replace()  # path counts of its own
+    pan = Encoder(gemma.tokenizer, get_profile("gemma3", do_pan_and_scan=True, pan_and_scan_min_crop_size=64,
+                                               pan_and_scan_min_ratio_to_activate=1.2))
+    image = [{"type": "image", "image": img.name}, {"type": "text", "text": " What is it? "}]
+    records = [
+        {"messages": [msg("system", " Be brief. "), msg("user", "Hi <b>"), msg("assistant", " Hello\n"),
+                      msg("user", "and?"), msg("assistant", "Yes.")]},
+        {"messages": [msg("user", image), msg("assistant", "A cat.")]},
+        {"messages": [msg("system", "S"), msg("user", "Q")],
+         "branches": [[msg("assistant", "A1")], [msg("assistant", "  A2 longer")]]},
+        {"messages": [msg("user", "Q"), msg("user", "again")]},  # not alternating: Jinja's error
+    ]
+    examples = parse_all(records, img.parent)
+    for enc in (encoder, pan):
+        got, want = one_by_one(enc, examples), one_by_one(general(enc), examples)
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)
+        assert len(got[1].images) == (1 if enc is encoder else 3)  # pan-and-scan: the whole image and 2 crops
+    assert encoder.path_counts()["render:python"] >= 3
