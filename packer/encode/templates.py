@@ -344,7 +344,8 @@ class _ChatML:
     """
 
     def __init__(self, *, default_system: str, image: str | None, video: str | None,
-                 roles: tuple[str, ...] | None = None):
+                 roles: tuple[str, ...] | None = None, prefix: str = ""):
+        self.prefix = prefix  # emitted first (Molmo2's bos_token)
         self.default_system = default_system  # emitted before a first message that is not a system message
         self.image = image  # what one image part renders to (None: Jinja renders a message with one)
         self.video = video  # and one video part
@@ -355,8 +356,10 @@ class _ChatML:
         tools or has a role or part this template does not write as plain ChatML (Jinja decides)."""
         if not conv:
             return None
-        pieces: list[str] = [self.default_system] if conv[0].role != "system" and self.default_system else []
-        pos = len(pieces[0]) if pieces else 0
+        pieces: list[str] = [self.prefix]
+        if conv[0].role != "system" and self.default_system:
+            pieces.append(self.default_system)
+        pos = sum(map(len, pieces))
         starts, ends = [], []
         roles = self.roles
         for m in conv:
@@ -533,4 +536,8 @@ def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatM
     if isinstance(spec, GemmaRenderer):
         bos = special_tokens.get("bos_token")
         return None if not isinstance(bos, str) else _Gemma(bos=bos, image=spec.image)
-    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video, roles=spec.roles)
+    prefix = special_tokens.get("bos_token") if spec.bos else ""
+    if not isinstance(prefix, str):
+        return None
+    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video, roles=spec.roles,
+                   prefix=prefix)

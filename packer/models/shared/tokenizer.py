@@ -95,6 +95,8 @@ class ChatMLRenderer:
     image: str | None
     video: str | None
     roles: tuple[str, ...] | None = None
+    bos: bool = False
+    """The template writes ``bos_token`` first (Molmo2's)."""
 
 
 @dataclass(frozen=True)
