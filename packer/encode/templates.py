@@ -13,7 +13,7 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 ``add_generation_prompt=True`` ends (its end is then unknown: see labels.py).
 
 Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's,
-InternVL3's, Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's; a user's file with the same template string too), and
+InternVL3's, Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's; a user's file with the same template string too), and
 Gemma 3's (``_Gemma``: it trims, so it gives the checked path's answer, markers or prefixes) and Mistral 3's
 (``_Mistral``), is rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access (Qwen3-VL's calls a macro per message); it is used only if it reproduces Jinja on the probes, it leaves to Jinja what it does not write as plain
