@@ -14,8 +14,8 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 
 Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's,
 InternVL3's, Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's; a user's file with the same template string too), and
-Gemma 3's (``_Gemma``: it trims, so it gives the checked path's answer, markers or prefixes) and Mistral 3's
-(``_Mistral``), is rendered in pure Python with its content spans,
+Gemma 3's and SmolVLM's (``_Gemma``, ``_SmolVLM``: their markers are checked, so they give the checked path's
+answer, markers or prefixes) and Mistral 3's (``_Mistral``), is rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access (Qwen3-VL's calls a macro per message); it is used only if it reproduces Jinja on the probes, it leaves to Jinja what it does not write as plain
 ChatML (tool calls, a role or part its template writes otherwise), and tests/encode/test_templates.py compares
 both on random conversations for every registered template.
@@ -30,7 +30,7 @@ from typing import Any
 from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
-from packer.models.shared.tokenizer import GemmaRenderer, MistralRenderer
+from packer.models.shared.tokenizer import GemmaRenderer, MistralRenderer, SmolVLMRenderer
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -147,7 +147,7 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._parts = self._content_as_parts()  # text-only content given as a list of parts, not a string
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
-        self._fast: _ChatML | _Gemma | _Mistral | None = None  # set only after the Jinja path has checked it on the probes
+        self._fast: _ChatML | _Gemma | _Mistral | _SmolVLM | None = None  # set only after the Jinja path has checked it on the probes
         renderer = _fast_template(source, special_tokens) if fast else None
         if self._verify and isinstance(renderer, _ChatML):
             renderer = None  # ChatML's renderer gives marker spans only (Gemma's gives the checked path's answers)
@@ -309,7 +309,8 @@ class ChatTemplate:
                 return False
         return True
 
-    def _checked(self, fast: _ChatML | _Gemma | _Mistral | None) -> _ChatML | _Gemma | _Mistral | None:
+    def _checked(self, fast: _ChatML | _Gemma | _Mistral | _SmolVLM | None
+                 ) -> _ChatML | _Gemma | _Mistral | _SmolVLM | None:
         """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
         if fast is None:
             return None
@@ -522,12 +523,73 @@ class _Mistral:
         return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
 
 
-def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | _Mistral | None:
+class _SmolVLM:
+    """Pure-Python rendering of SmolVLM's template: Jinja's text and ``ChatTemplate.locate``'s spans. The template
+    writes ``Role:`` before a content that starts with an image and ``Role: `` otherwise, so a marker put before
+    that image changes the text and Jinja's path takes the prefix fallback for the conversation: this renderer
+    gives that answer there (content end None, an assistant's start after ``Assistant:``), the marker spans
+    elsewhere."""
+
+    HEAD = "<|im_start|>"
+    END = "<end_of_utterance>\n"
+
+    def __init__(self, *, image: str, video: str):
+        self.image, self.video = image, video
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.HEAD]
+        pos = len(self.HEAD)
+        starts, ends, bounds = [], [], []
+        exact = True
+        for m in conv:
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            role = m.role.capitalize()
+            if all(type(p) is str for p in parts):
+                head, content = role + ": ", "".join(parts)  # type: ignore[arg-type]
+            elif any(type(p) is not str and type(p) is not ImageRef and type(p) is not VideoRef for p in parts):
+                return None
+            else:
+                image_first = type(parts[0]) is ImageRef
+                exact = exact and not image_first  # the marker before the image turns ":" into ": "
+                head = role + (":" if image_first else ": ")
+                content = "".join([p if type(p) is str else self.image if type(p) is ImageRef else self.video
+                                   for p in parts])  # type: ignore[misc]
+            pos += len(head)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            pos += len(self.END)
+            bounds.append(pos)
+            pieces += (head, content, self.END)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
+        for k, m in enumerate(conv):
+            before = bounds[k - 1] if k else 0
+            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: the template's head)
+                before = (bounds[k - 1] if k else len(self.HEAD)) + len("Assistant:")
+            spans.append((before, None, bounds[k]))
+        return text, spans
+
+
+def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | _Mistral | _SmolVLM | None:
     """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
     (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
     spec = fast_renderer(source)
     if spec is None:
         return None
+    if isinstance(spec, SmolVLMRenderer):
+        return _SmolVLM(image=spec.image, video=spec.video)
     if isinstance(spec, MistralRenderer):
         bos, eos = special_tokens.get("bos_token"), special_tokens.get("eos_token")
         if not (isinstance(bos, str) and isinstance(eos, str)):

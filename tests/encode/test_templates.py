@@ -59,7 +59,7 @@ def test_chatml_renderer_equals_jinja(qwen, convs):
 _FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-vl",  # tokenizer: its profile
                   "llava-onevision": "llava-onevision", "internvl3": "internvl", "qwen2.5-omni": "qwen2.5-omni",
                   "qwen3-omni": "qwen3-omni", "qwen2-audio": "qwen2-audio", "mistral3": "mistral3",
-                  "molmo2": "molmo2"}
+                  "molmo2": "molmo2", "smolvlm": "smolvlm"}
 
 
 @pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
@@ -78,7 +78,7 @@ def fast_builtin(request) -> Encoder:
                       min_size=1, max_size=5))
 def test_every_registered_chatml_renderer_equals_jinja(fast_builtin, convs):
     """Each builtin's registered renderer (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's, InternVL3's,
-    Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's after its bos; Mistral 3's, not ChatML) gives Jinja's text and spans where
+    Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's after its bos; Mistral 3's and SmolVLM's, not ChatML) gives Jinja's text and spans where
     it answers, and ``locate`` gives Jinja's (or its error) always: None parts are images, 1 a video; a tool turn
     (Qwen2.5, Qwen3-VL write it inside a user turn) and Qwen2.5's parts go to Jinja."""
     parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}

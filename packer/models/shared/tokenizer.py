@@ -110,6 +110,16 @@ class GemmaRenderer:
 
 
 @dataclass(frozen=True)
+class SmolVLMRenderer:
+    """SmolVLM's template in pure Python (``packer.encode.templates._SmolVLM``, checked on probes as ChatML's):
+    ``<|im_start|>``, then ``Role: content<end_of_utterance>\n`` per message (``Role:`` alone before an image
+    first), ``image`` / ``video`` for its parts. A tool call or an audio part is Jinja's."""
+
+    image: str
+    video: str
+
+
+@dataclass(frozen=True)
 class MistralRenderer:
     """Mistral 3's template in pure Python (``packer.encode.templates._Mistral``, checked on probes as ChatML's):
     ``bos_token``, system texts as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``, user turns as ``[INST]...[/INST]`` with
