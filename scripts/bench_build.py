@@ -88,6 +88,10 @@ def make_corpus(path: Path, coco: Path, records: int, seed: int = 0) -> None:
             f.write(json.dumps(rec) + "\n")
 
 
+# the profiles that take --max-pixels (the build's is 256 * 28 * 28 there)
+PIXEL_PROFILES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "qwen3.5-moe", "glm-4.6v", "qwen2.5-omni",
+                  "qwen3-omni")
+
 _TOK = None
 
 
@@ -415,7 +419,9 @@ def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qw
         ray.init(num_cpus=num_proc, include_dashboard=False)  # a local cluster of N CPUs, as --num-proc N
     budgets = {"max_vision_tokens": 4096, "max_images": 8, "max_examples_per_pack": 64} \
         if os.environ.get("BENCH_BUILD_BUDGETS") == "1" else {}
-    config = BuildConfig.from_inputs([path], out, profile=profile, max_length=8192, max_pixels=256 * 28 * 28,
+    if profile in PIXEL_PROFILES:  # Qwen's resize bound; another family (gemma3) has its own image size
+        budgets["max_pixels"] = 256 * 28 * 28
+    config = BuildConfig.from_inputs([path], out, profile=profile, max_length=8192,
                                      num_proc=num_proc, executor=executor, overwrite=True, **budgets)
     inner = make_executor(config)
     marks["scan"] = _now()

@@ -15,7 +15,8 @@ default) takes them where they apply, ``fast=False`` never does, ``fast={"byte-l
 says which path each step took (a test proves the general one ran):
 
 - ``python-template``: a registered ChatML template (the builtins' Qwen2-VL, Qwen2.5, Qwen3-VL, LLaVA-OneVision,
-  InternVL3) in pure Python (templates.py), where Jinja is the general path;
+  InternVL3, Qwen2.5-Omni, Qwen3-Omni, Qwen2-Audio, Molmo2) or Gemma 3's, Mistral 3's or SmolVLM's in pure Python (templates.py), where Jinja is the
+  general path;
 - ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
   character offsets per text are the general path;
 - ``fastokens``: the batch's ids, flat, from fastokens on the tokenizer's own tokenizer.json (fastokens_bpe.py),

@@ -13,7 +13,9 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 ``add_generation_prompt=True`` ends (its end is then unknown: see labels.py).
 
 Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's,
-InternVL3's; a user's file with the same template string too) is rendered in pure Python with its content spans,
+InternVL3's, Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's; a user's file with the same template string too), and
+Gemma 3's and SmolVLM's (``_Gemma``, ``_SmolVLM``: their markers are checked, so they give the checked path's
+answer, markers or prefixes) and Mistral 3's (``_Mistral``), is rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access (Qwen3-VL's calls a macro per message); it is used only if it reproduces Jinja on the probes, it leaves to Jinja what it does not write as plain
 ChatML (tool calls, a role or part its template writes otherwise), and tests/encode/test_templates.py compares
 both on random conversations for every registered template.
@@ -28,6 +30,7 @@ from typing import Any
 from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
+from packer.models.shared.tokenizer import GemmaRenderer, MistralRenderer, SmolVLMRenderer
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -144,8 +147,11 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._parts = self._content_as_parts()  # text-only content given as a list of parts, not a string
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
-        self._fast: _ChatML | None = None  # set only after the Jinja path has checked it on the probes
-        self._fast = None if self._verify or not fast else self._checked(_fast_template(source))
+        self._fast: _ChatML | _Gemma | _Mistral | _SmolVLM | None = None  # set only after the Jinja path has checked it on the probes
+        renderer = _fast_template(source, special_tokens) if fast else None
+        if self._verify and isinstance(renderer, _ChatML):
+            renderer = None  # ChatML's renderer gives marker spans only (Gemma's gives the checked path's answers)
+        self._fast = self._checked(renderer)
         self.paths.clear()  # the probes' renderings are not the data's
 
     def __getstate__(self) -> dict:
@@ -303,7 +309,8 @@ class ChatTemplate:
                 return False
         return True
 
-    def _checked(self, fast: _ChatML | None) -> _ChatML | None:
+    def _checked(self, fast: _ChatML | _Gemma | _Mistral | _SmolVLM | None
+                 ) -> _ChatML | _Gemma | _Mistral | _SmolVLM | None:
         """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
         if fast is None:
             return None
@@ -338,7 +345,8 @@ class _ChatML:
     """
 
     def __init__(self, *, default_system: str, image: str | None, video: str | None,
-                 roles: tuple[str, ...] | None = None):
+                 roles: tuple[str, ...] | None = None, prefix: str = ""):
+        self.prefix = prefix  # emitted first (Molmo2's bos_token)
         self.default_system = default_system  # emitted before a first message that is not a system message
         self.image = image  # what one image part renders to (None: Jinja renders a message with one)
         self.video = video  # and one video part
@@ -349,8 +357,10 @@ class _ChatML:
         tools or has a role or part this template does not write as plain ChatML (Jinja decides)."""
         if not conv:
             return None
-        pieces: list[str] = [self.default_system] if conv[0].role != "system" and self.default_system else []
-        pos = len(pieces[0]) if pieces else 0
+        pieces: list[str] = [self.prefix]
+        if conv[0].role != "system" and self.default_system:
+            pieces.append(self.default_system)
+        pos = sum(map(len, pieces))
         starts, ends = [], []
         roles = self.roles
         for m in conv:
@@ -382,10 +392,214 @@ class _ChatML:
         return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
 
 
-def _fast_template(source: str | None) -> _ChatML | None:
+class _Gemma:
+    """Pure-Python rendering of Gemma 3's template: Jinja's text and ``ChatTemplate.locate``'s spans.
+
+    The template trims every text, so its markers are checked on each conversation (``_verify``): where a
+    content's trimmed ends touch its markers the marked text differs from the clean one and ``locate`` takes
+    the prefix fallback (content end None, an assistant's start after the generation prompt). This renderer
+    gives either answer, whichever Jinja's ``locate`` would (``ChatTemplate._checked``, and the fuzz in
+    tests/encode/test_templates.py).
+    """
+
+    def __init__(self, *, bos: str, image: str):
+        self.bos = bos
+        self.image = image
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides (module docstring of the class)."""
+        system = None
+        turns = conv
+        if conv and conv[0].role == "system":
+            if not all(type(p) is str for p in conv[0].parts):
+                return None
+            system = "".join(conv[0].parts)  # type: ignore[arg-type]
+            turns = conv[1:]
+        if not turns:
+            return None
+        image = self.image
+        pieces = [self.bos]
+        pos = len(self.bos)
+        starts: list[int] = []  # content spans as the markers give them
+        ends: list[int] = []
+        bounds: list[int] = [pos] if system is not None else []  # each message's rendering's end (prefixes)
+        heads: list[int] = []  # where each turn's rendering starts
+        exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
+        for i, m in enumerate(turns):
+            if m.tool_calls or m.role != ("user" if i % 2 == 0 else "assistant"):
+                return None
+            header = "<start_of_turn>user\n" if i % 2 == 0 else "<start_of_turn>model\n"
+            heads.append(pos)
+            pieces.append(header)
+            pos += len(header)
+            if i == 0 and system is not None:
+                starts.append(pos)
+                pos += len(system)
+                ends.append(pos)
+                pieces.append(system + "\n\n")
+                pos += 2
+            parts = m.parts
+            if all(type(p) is str for p in parts):
+                content = "".join(parts)  # type: ignore[arg-type]
+                trimmed = content.strip()
+                exact = exact and trimmed == content
+            elif any(type(p) is not str and type(p) is not ImageRef for p in parts):
+                return None
+            else:
+                out = [p.strip() if type(p) is str else image for p in parts]  # type: ignore[union-attr]
+                first, last = parts[0], parts[-1]
+                # a marker glued to the first (last) text keeps what trim would take from that end
+                exact = exact and (type(first) is not str or first.rstrip() == first.strip()) and (
+                    type(last) is not str or last.lstrip() == last.strip())
+                trimmed = "".join(out)
+            starts.append(pos)
+            pos += len(trimmed)
+            ends.append(pos)
+            pos += 14  # len("<end_of_turn>\n")
+            pieces += (trimmed, "<end_of_turn>\n")
+            bounds.append(pos)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        # the prefix fallback: message k from the end of messages[:k]'s rendering (a model turn: past its header)
+        spans: list[Span] = []
+        if system is not None:
+            spans.append((0, None, bounds[0]))
+        for i in range(len(turns)):
+            k = len(spans)
+            before = bounds[k - 1] if k else 0
+            start = before + len("<start_of_turn>model\n") if i % 2 else before
+            spans.append((start, None, bounds[k]))
+        return text, spans
+
+
+class _Mistral:
+    """Pure-Python rendering of Mistral 3's template: Jinja's text and the content spans (its markers are
+    transparent: no trim). System texts, user turns of text and images, assistant texts; None otherwise."""
+
+    def __init__(self, *, bos: str, eos: str, image: str):
+        self.bos, self.eos, self.image = bos, eos, image
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.bos]
+        pos = len(self.bos)
+        starts, ends = [], []
+        for m in conv:
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            text_only = all(type(p) is str for p in parts)
+            if m.role == "user":
+                if not text_only and any(type(p) is not str and type(p) is not ImageRef for p in parts):
+                    return None
+                head, tail = "[INST]", "[/INST]"
+                content = "".join([p if type(p) is str else self.image for p in parts])  # type: ignore[misc]
+            elif m.role == "system" and text_only:
+                head, tail = "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"
+                content = "".join(parts)  # type: ignore[arg-type]
+            elif m.role == "assistant" and text_only:
+                head, tail = "", self.eos
+                content = "".join(parts)  # type: ignore[arg-type]
+            else:
+                return None
+            pos += len(head)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            pos += len(tail)
+            pieces += (head, content, tail)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+
+
+class _SmolVLM:
+    """Pure-Python rendering of SmolVLM's template: Jinja's text and ``ChatTemplate.locate``'s spans. The template
+    writes ``Role:`` before a content that starts with an image and ``Role: `` otherwise, so a marker put before
+    that image changes the text and Jinja's path takes the prefix fallback for the conversation: this renderer
+    gives that answer there (content end None, an assistant's start after ``Assistant:``), the marker spans
+    elsewhere."""
+
+    HEAD = "<|im_start|>"
+    END = "<end_of_utterance>\n"
+
+    def __init__(self, *, image: str, video: str):
+        self.image, self.video = image, video
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.HEAD]
+        pos = len(self.HEAD)
+        starts, ends, bounds = [], [], []
+        exact = True
+        for m in conv:
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            role = m.role.capitalize()
+            if all(type(p) is str for p in parts):
+                head, content = role + ": ", "".join(parts)  # type: ignore[arg-type]
+            elif any(type(p) is not str and type(p) is not ImageRef and type(p) is not VideoRef for p in parts):
+                return None
+            else:
+                image_first = type(parts[0]) is ImageRef
+                exact = exact and not image_first  # the marker before the image turns ":" into ": "
+                head = role + (":" if image_first else ": ")
+                content = "".join([p if type(p) is str else self.image if type(p) is ImageRef else self.video
+                                   for p in parts])  # type: ignore[misc]
+            pos += len(head)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            pos += len(self.END)
+            bounds.append(pos)
+            pieces += (head, content, self.END)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
+        for k, m in enumerate(conv):
+            before = bounds[k - 1] if k else 0
+            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: the template's head)
+                before = (bounds[k - 1] if k else len(self.HEAD)) + len("Assistant:")
+            spans.append((before, None, bounds[k]))
+        return text, spans
+
+
+def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | _Mistral | _SmolVLM | None:
     """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
     (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
     spec = fast_renderer(source)
     if spec is None:
         return None
-    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video, roles=spec.roles)
+    if isinstance(spec, SmolVLMRenderer):
+        return _SmolVLM(image=spec.image, video=spec.video)
+    if isinstance(spec, MistralRenderer):
+        bos, eos = special_tokens.get("bos_token"), special_tokens.get("eos_token")
+        if not (isinstance(bos, str) and isinstance(eos, str)):
+            return None
+        return _Mistral(bos=bos, eos=eos, image=spec.image)
+    if isinstance(spec, GemmaRenderer):
+        bos = special_tokens.get("bos_token")
+        return None if not isinstance(bos, str) else _Gemma(bos=bos, image=spec.image)
+    prefix = special_tokens.get("bos_token") if spec.bos else ""
+    if not isinstance(prefix, str):
+        return None
+    return _ChatML(default_system=spec.default_system, image=spec.image, video=spec.video, roles=spec.roles,
+                   prefix=prefix)

@@ -16,6 +16,9 @@ in ``KINDS``; another tool's shape of an existing kind is a function ``obj -> pa
 ``SHAPES`` (The Cauldron, LLaMA-Factory v1's DPO samples), and a LLaMA-Factory dataset is read through its
 ``dataset_info.json`` spec (``llamafactory.py``). Reading files (bytes -> records, blank lines, bad UTF-8) is ``read.py``.
 
+A JSONL line of the common shape (a chat of ``{role, content}`` messages with text / image parts, a tree of such
+branches, a text record) takes ``plain.py``'s fast path to the same Example, ``parse_record`` the rest.
+
 Cost: ``read.read_jsonl`` parses ~50k two-turn image records/s on one core (one ``stat`` per image included);
 the tokenizer, not this, bounds a build.
 """

@@ -4,6 +4,7 @@ files, ``.txt`` and webdataset tars by ``files.py``)."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -11,10 +12,12 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from packer.core.location import absolute
 from packer.core.types import Example
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
 from packer.formats.files import REJECT_KEY
+from packer.formats.plain import parse_plain
 
 try:  # JSONL lines at ~2x json's speed (docs/benchmarks.md, "Fast paths"); json alone where it is missing
     import orjson
@@ -31,6 +34,13 @@ def _long_number(raw: bytes) -> bool:
     """Whether ``raw`` holds a run of 19+ digits; the regex only where 19 digits are there at all (the count
     costs a tenth of the regex's scan)."""
     return len(raw) - len(raw.translate(None, _DIGITS)) >= 19 and _LONG_NUMBER.search(raw) is not None
+
+@functools.lru_cache(maxsize=16)
+def _root_dir(image_root: str | None, base_dir: str) -> str:
+    """``Ctx.root_dir`` of a record (what ``parse_record`` makes of it), once per directory: a chunk's lines all
+    name the same one."""
+    return absolute(image_root if image_root is not None else base_dir)
+
 
 def parse_line(
     raw: bytes,
@@ -60,6 +70,11 @@ def parse_line(
         except orjson.JSONDecodeError:
             pass
         else:
+            if dataset is None and not columns:  # the common record's fast path (formats/plain.py)
+                plain = parse_plain(obj, path=path, line=line, root_dir=_root_dir(image_root, base_dir),
+                                    source_name=source_name)
+                if plain is not None:
+                    return plain
             return parse_record(
                 obj, path=path, line=line, base_dir=base_dir, image_root=image_root, source_name=source_name,
                 columns=columns, audio_in_video=audio_in_video, dataset=dataset,

@@ -57,7 +57,9 @@ def test_chatml_renderer_equals_jinja(qwen, convs):
 
 
 _FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-vl",  # tokenizer: its profile
-                  "llava-onevision": "llava-onevision", "internvl3": "internvl"}
+                  "llava-onevision": "llava-onevision", "internvl3": "internvl", "qwen2.5-omni": "qwen2.5-omni",
+                  "qwen3-omni": "qwen3-omni", "qwen2-audio": "qwen2-audio", "mistral3": "mistral3",
+                  "molmo2": "molmo2", "smolvlm": "smolvlm"}
 
 
 @pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
@@ -75,7 +77,8 @@ def fast_builtin(request) -> Encoder:
                                 st.lists(st.one_of(text, text, st.just(None), st.just(1)), min_size=0, max_size=3)),
                       min_size=1, max_size=5))
 def test_every_registered_chatml_renderer_equals_jinja(fast_builtin, convs):
-    """Each builtin's registered renderer (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's, InternVL3's) gives Jinja's text and spans where
+    """Each builtin's registered renderer (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's, InternVL3's,
+    Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's after its bos; Mistral 3's and SmolVLM's, not ChatML) gives Jinja's text and spans where
     it answers, and ``locate`` gives Jinja's (or its error) always: None parts are images, 1 a video; a tool turn
     (Qwen2.5, Qwen3-VL write it inside a user turn) and Qwen2.5's parts go to Jinja."""
     parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
@@ -206,4 +209,76 @@ def test_registered_renderers_encode_as_jinja(fast_builtin, img):
     got, want = one_by_one(encoder, examples), one_by_one(general(encoder), examples)
     for a, b in zip(got, want, strict=True):
         assert_same(a, b)
+    assert encoder.path_counts()["render:python"] >= 3
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Encoder:
+    """Gemma 3's builtin (its template trims every text) with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer("gemma3"), get_profile("gemma3"))
+    assert encoder._chat._verify and encoder._chat._fast is not None, "gemma3's renderer must pass the probes"
+    return encoder
+
+
+_PADDED = st.sampled_from(["a", " a", "a ", "\nb c\n", "  ", "", "x\ty", "\u00a0z", "<think>t</think>\n\nq"])
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(system=st.one_of(st.none(), _PADDED), turns=st.lists(
+    st.lists(st.one_of(_PADDED, st.just(None)), min_size=1, max_size=3), min_size=1, max_size=4))
+def test_gemma_renderer_equals_jinja(gemma, system, turns):
+    """Gemma 3's renderer on alternating user / model turns (a leading system text or not; texts padded or not,
+    so that either the marker spans or the prefix fallback is Jinja's answer; None parts are images) gives what
+    ``locate`` gives through Jinja, text and spans."""
+    image = ImageRef(path="x.jpg")
+    conv = [Message("system", [system])] if system is not None else []
+    conv += [Message("user" if i % 2 == 0 else "assistant", [image if p is None else p for p in ps])
+             for i, ps in enumerate(turns)]
+    fast = gemma._chat._fast.locate(conv)
+    assert fast is not None
+    assert fast == locate(jinja(gemma._chat), conv)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(_PADDED, st.just(None), st.just(1)), min_size=0, max_size=3)),
+                      min_size=0, max_size=5))
+def test_gemma_renderer_leaves_the_rest_to_jinja(gemma, convs):
+    """Any conversation (roles out of turn, a later system turn, videos, no turn at all): the renderer answers
+    Jinja's or None, and ``locate`` gives Jinja's answer (or its error) always."""
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in convs]
+    want = locate(jinja(gemma._chat), conv)
+    fast = gemma._chat._fast.locate(conv)
+    if fast is not None:
+        assert fast == want
+    assert locate(gemma._chat, conv) == want
+
+
+def test_gemma_encodes_as_jinja(gemma, img):
+    """Through the Encoder: Gemma 3's records (padded texts, a system text, an image turn, a caption tree, a turn
+    out of order) encode byte-identically with ``_Gemma`` and with Jinja alone (``fast=False``), pan-and-scan's
+    blocks included."""
+    from tests.encode.helpers import assert_same, general, one_by_one, parse_all
+
+    encoder = gemma.replace()  # path counts of its own
+    pan = Encoder(gemma.tokenizer, get_profile("gemma3", do_pan_and_scan=True, pan_and_scan_min_crop_size=64,
+                                               pan_and_scan_min_ratio_to_activate=1.2))
+    image = [{"type": "image", "image": img.name}, {"type": "text", "text": " What is it? "}]
+    records = [
+        {"messages": [msg("system", " Be brief. "), msg("user", "Hi <b>"), msg("assistant", " Hello\n"),
+                      msg("user", "and?"), msg("assistant", "Yes.")]},
+        {"messages": [msg("user", image), msg("assistant", "A cat.")]},
+        {"messages": [msg("system", "S"), msg("user", "Q")],
+         "branches": [[msg("assistant", "A1")], [msg("assistant", "  A2 longer")]]},
+        {"messages": [msg("user", "Q"), msg("user", "again")]},  # not alternating: Jinja's error
+    ]
+    examples = parse_all(records, img.parent)
+    for enc in (encoder, pan):
+        got, want = one_by_one(enc, examples), one_by_one(general(enc), examples)
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)
+        assert len(got[1].images) == (1 if enc is encoder else 3)  # pan-and-scan: the whole image and 2 crops
     assert encoder.path_counts()["render:python"] >= 3

@@ -7,7 +7,7 @@ read) is.
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, GemmaRenderer, TokenizerSpec
 
 # Gemma 3's special tokens, appended after the Qwen2 ranks (151643-151650): a stand-in, not Gemma's ids.
 # No <unk>: the Qwen2 ranks hold that string as an ordinary token (128244), and byte-level BPE never needs one.
@@ -70,5 +70,7 @@ TOKENIZERS = (
         extra_special_tokens=(("boi_token", "<start_of_image>"), ("eoi_token", "<end_of_image>"),
                               ("image_token", "<image_soft_token>")),
         model_max_length=131072, chat_template=GEMMA3_CHAT_TEMPLATE,
+        # alternating user / model turns in pure Python (encode/templates.py; anything else is Jinja's)
+        fast_renderer=GemmaRenderer(image="\n\n<start_of_image><image_soft_token><end_of_image>\n\n"),
     ),
 )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packer.errors import ConfigError
-from packer.models.shared.tokenizer import TokenizerSpec, save_tokenizer
+from packer.models.shared.tokenizer import MistralRenderer, TokenizerSpec, save_tokenizer
 
 TEKKEN_PACKAGE = "mistral_common"
 TEKKEN_FILE = "data/tekken_240911.json"
@@ -143,6 +143,7 @@ class TekkenTokenizerSpec(TokenizerSpec):
 TOKENIZERS = (
     TekkenTokenizerSpec(
         name="mistral3", ranks="tekken_240911", added=(), chat_template=MISTRAL3_CHAT_TEMPLATE,
+        fast_renderer=MistralRenderer(image="[IMG]"),  # system / user / assistant turns in pure Python
         bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=131072,
     ),
 )

@@ -9,7 +9,7 @@ the real Molmo2 processor's; the ids of its tokens are not the checkpoints'.
 from __future__ import annotations
 
 from packer.models.shared.qwen_vocab import QWEN2_VL_SPECIAL_TOKENS, QWEN3_EXTRA_TOKENS, QWEN25_EXTRA_TOKENS
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, ChatMLRenderer, TokenizerSpec
 
 # Molmo2's image/video tokens (Molmo2Processor.image_token_ids, its <|image|> / <|video|> placeholders), in
 # the order Molmo2Config's default ids imply: <im_start>, <im_end>, <im_patch> first, <low_res_im_start> 4th
@@ -50,5 +50,7 @@ TOKENIZERS = (
                AddedTokens(MOLMO2_TOKENS)),
         eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token="<|endoftext|>",
         additional_special_tokens=QWEN2_VL_SPECIAL_TOKENS + MOLMO2_TOKENS, chat_template=MOLMO2_CHAT_TEMPLATE,
+        # ChatML after bos_token: text, image and video turns in pure Python (encode/templates.py)
+        fast_renderer=ChatMLRenderer(default_system="", image="<|image|>", video="<|video|>", bos=True),
     ),
 )

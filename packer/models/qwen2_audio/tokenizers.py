@@ -18,7 +18,7 @@ audio part -> ``Audio N: <|audio_bos|><|AUDIO|><|audio_eos|>\\n``.
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, ChatMLRenderer, TokenizerSpec
 
 # Appended in this order so each gets its real id, 151643 .. 151648.
 QWEN2_AUDIO_SPECIAL_TOKENS = (
@@ -64,5 +64,9 @@ TOKENIZERS = (
         extra_special_tokens=(("audio_token", "<|AUDIO|>"), ("audio_bos_token", "<|audio_bos|>"),
                               ("audio_eos_token", "<|audio_eos|>")),
         chat_template=QWEN2_AUDIO_CHAT_TEMPLATE,
+        # ChatML: a text turn in pure Python (encode/templates.py; a turn with audio is Jinja's)
+        fast_renderer=ChatMLRenderer(
+            default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", image=None, video=None,
+        ),
     ),
 )

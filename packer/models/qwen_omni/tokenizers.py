@@ -33,7 +33,7 @@ from packer.models.shared.qwen_vocab import (
     QWEN3_VL_CHAT_TEMPLATE,
     QWEN25_EXTRA_TOKENS,
 )
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, ChatMLRenderer, TokenizerSpec
 
 # Appended in this order so each gets its real id, 151643 .. 151656.
 QWEN25_OMNI_SPECIAL_TOKENS = (
@@ -112,6 +112,11 @@ TOKENIZERS = (
             ("audio_bos_token", "<|audio_bos|>"), ("audio_eos_token", "<|audio_eos|>"),
         ),
         chat_template=QWEN25_OMNI_CHAT_TEMPLATE,
+        # ChatML: text, image and video turns in pure Python (encode/templates.py; an audio part is Jinja's)
+        fast_renderer=ChatMLRenderer(
+            default_system="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
+            image="<|vision_bos|><|IMAGE|><|vision_eos|>", video="<|vision_bos|><|VIDEO|><|vision_eos|>",
+        ),
     ),
     TokenizerSpec(
         name="qwen3-omni", ranks="qwen2",
@@ -126,5 +131,10 @@ TOKENIZERS = (
             ("audio_bos_token", "<|audio_start|>"), ("audio_eos_token", "<|audio_end|>"),
         ),
         chat_template=QWEN3_OMNI_CHAT_TEMPLATE,
+        # Qwen3-VL's ChatML (its tool turn inside a user turn, an audio part: Jinja's)
+        fast_renderer=ChatMLRenderer(
+            default_system="", image="<|vision_start|><|image_pad|><|vision_end|>",
+            video="<|vision_start|><|video_pad|><|vision_end|>", roles=("system", "user", "assistant"),
+        ),
     ),
 )

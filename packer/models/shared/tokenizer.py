@@ -95,6 +95,38 @@ class ChatMLRenderer:
     image: str | None
     video: str | None
     roles: tuple[str, ...] | None = None
+    bos: bool = False
+    """The template writes ``bos_token`` first (Molmo2's)."""
+
+
+@dataclass(frozen=True)
+class GemmaRenderer:
+    """Gemma 3's template in pure Python (``packer.encode.templates._Gemma``, checked on probes as ChatML's):
+    ``bos_token``, then user / model turns strictly alternating, a first system message's text before the first
+    user turn's, every text trimmed, ``image`` for an image part. Anything else (another role, a video, a
+    system message of parts or later on) is Jinja's."""
+
+    image: str
+
+
+@dataclass(frozen=True)
+class SmolVLMRenderer:
+    """SmolVLM's template in pure Python (``packer.encode.templates._SmolVLM``, checked on probes as ChatML's):
+    ``<|im_start|>``, then ``Role: content<end_of_utterance>\n`` per message (``Role:`` alone before an image
+    first), ``image`` / ``video`` for its parts. A tool call or an audio part is Jinja's."""
+
+    image: str
+    video: str
+
+
+@dataclass(frozen=True)
+class MistralRenderer:
+    """Mistral 3's template in pure Python (``packer.encode.templates._Mistral``, checked on probes as ChatML's):
+    ``bos_token``, system texts as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``, user turns as ``[INST]...[/INST]`` with
+    ``image`` for an image part, assistant texts followed by ``eos_token``. Anything else (a tool turn, a video,
+    an assistant's or later system's parts) is Jinja's."""
+
+    image: str
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ not SmolLM2's. For real training pass a local copy of the checkpoint's tokenizer
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, SmolVLMRenderer, TokenizerSpec
 
 QWEN2_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """Qwen2's first added tokens, at their Qwen2 ids 151643-151645."""
@@ -54,5 +54,6 @@ TOKENIZERS = (
         eos_token="<end_of_utterance>", pad_token="<|im_end|>",
         additional_special_tokens=(*QWEN2_TOKENS, *SMOLVLM_TOKENS),
         extra_special_tokens=tuple(SMOLVLM_EXTRA_SPECIAL.items()), chat_template=SMOLVLM_CHAT_TEMPLATE,
+        fast_renderer=SmolVLMRenderer(image="<image>", video="<video>"),  # every turn in pure Python
     ),
 )

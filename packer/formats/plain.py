@@ -1,0 +1,102 @@
+"""The common record's fast path: a chat (a linear conversation or a message tree) or a text record in its
+plainest shape, made into its Example without the general parser's per-field checks (``parse_record`` is
+the reference: the same Example, or None and the general path decides, errors included).
+
+Plain means: the record's keys are among ``messages`` / ``branches`` / ``id`` (a chat) or ``text`` / ``id``;
+every message is exactly ``{"role", "content"}`` with a known role and a non-empty string or a list of
+``{"type": "text", "text"}`` / ``{"type": "image", "image": path}`` parts; every branch a non-empty list of
+such messages. No pools, no tools, no loss flags, no system field: nothing in it takes a default another field
+sets. Anything else, and any record whose image the general path would reject, is ``parse_record``'s
+(tests/formats/test_plain.py compares the two on random records). Its measured gain: docs/benchmarks.md,
+"Fast paths".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packer.core.types import Example, Message, Node, Part
+from packer.errors import RecordError
+from packer.formats.common import ROLES, Ctx, image_ref
+
+_CHAT_KEYS = frozenset(("messages", "branches", "id"))
+_TEXT_KEYS = frozenset(("text", "id"))
+
+
+def parse_plain(obj: Any, *, path: str, line: int, root_dir: str, source_name: str = "") -> Example | None:
+    """``parse_record(obj, ...)`` for a plain record (module docstring), else None. ``root_dir``: the absolute
+    directory relative image paths resolve against (``Ctx.root_dir``)."""
+    if type(obj) is not dict:
+        return None
+    rid = obj.get("id")
+    if rid is not None and not isinstance(rid, (str, int)):
+        return None
+    if "messages" in obj and obj.keys() <= _CHAT_KEYS:
+        where = (path, line, root_dir, source_name)
+        try:
+            messages = _messages(obj["messages"], where)
+            if messages is None:
+                return None
+            children: list[Node] = []
+            branches = obj.get("branches")
+            if branches is not None:
+                if type(branches) is not list:
+                    return None
+                for branch in branches:
+                    one = _messages(branch, where)
+                    if one is None:
+                        return None
+                    children.append(Node(one, []))
+        except RecordError:  # an image the general path rejects: it says so, in its own order
+            return None
+        return Example(Node(messages, children), "messages", path, line, source_name)
+    if "text" in obj and obj.keys() <= _TEXT_KEYS:
+        text = obj["text"]
+        if type(text) is not str or not text:
+            return None
+        return Example(Node([], []), "text", path, line, source_name, text=text)
+    return None
+
+
+def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | None:
+    """A non-empty list of plain messages, or None. ``where``: ``Ctx``'s arguments, for an image's path."""
+    if type(items) is not list or not items:
+        return None
+    out = []
+    for msg in items:
+        # two keys, both these: exactly {"role", "content"} (a dict's keys() view costs more than the lookups)
+        if type(msg) is not dict or len(msg) != 2:
+            return None
+        role, content = msg.get("role"), msg.get("content")
+        role = ROLES.get(role) if type(role) is str else None
+        if role is None or "content" not in msg:
+            return None
+        if type(content) is str:
+            if not content:
+                return None
+            out.append(Message(role, [content]))
+            continue
+        if type(content) is not list:
+            return None
+        parts: list[Part] = []
+        for part in content:
+            if type(part) is not dict or len(part) != 2:
+                return None
+            kind = part.get("type")
+            if kind == "text":
+                text = part.get("text")
+                if type(text) is not str:
+                    return None
+                if text:
+                    parts.append(text)
+            elif kind == "image":
+                source = part.get("image")
+                if type(source) is not str:
+                    return None
+                parts.append(image_ref(source, Ctx(*where)))
+            else:
+                return None
+        if not parts:
+            return None
+        out.append(Message(role, parts))
+    return out
