@@ -183,13 +183,23 @@ def plan_first_fit(
     if isinstance(got, PackOrder):
         return got
     lens, copies, n, hist, ncols, cols, budgets, cls, classes, state = got
+    # The tree is sized once for the packs no plan goes below (tokens, each budget, examples per pack) with 1/8
+    # to spare, so it rarely doubles (a doubling holds the old tree and the new one at once).
+    bound = max(-(-int((hist * np.arange(capacity + 1)).sum()) // capacity), -(-n // int(budgets[0])),
+                *[-(-_planned_sum(col, copies) // int(limit)) for col, limit in zip(cols[:ncols], budgets[1:], strict=True)])
+    half = 1024
+    while half <= bound + bound // 8:
+        half *= 2
     slot = np.empty(n, dtype=np.int32)
     block = max(BLOCK_MIN, n // BLOCKS)
-    num_packs, tree, half = _ffd_budgeted(lens, copies, cols, ncols, hist, capacity, budgets, block, slot, state)
-    ix = ix_new(capacity + 1, num_packs, budgets.shape[0], cls, classes, state)
-    ix[4][:] = tree[half:half + num_packs, 0]  # each pack's tokens left, then its budgets left
-    ix[5][:] = tree[half:half + num_packs, 1:]
+    num_packs, tree, half = _ffd_budgeted(lens, copies, cols, ncols, hist, capacity, budgets, block, slot, state,
+                                          half)
+    leaves = tree[half:half + num_packs].copy()  # each pack's tokens left, then its budgets left
     del tree
+    ix = ix_new(capacity + 1, num_packs, budgets.shape[0], cls, classes, state)
+    ix[4][:] = leaves[:, 0]
+    ix[5][:] = leaves[:, 1:]
+    del leaves
     packed = [num_packs, ix]
     del ix
     return _finish(slot, packed, lens, copies, cols, ncols, hist, capacity, budgets, refine, seed)
@@ -452,14 +462,23 @@ def _ff_tree(half, budgets, capacity, old, old_half):
 
 
 @njit(cache=True)
-def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, slot, state):
+def _planned_sum(col, copies):
+    """The sum of ``col`` over the planned examples (each row ``copies[r]`` times; empty: once)."""
+    total = 0
+    every = copies.shape[0] == 0
+    for r in range(col.shape[0]):
+        total += np.int64(col[r]) * (1 if every else np.int64(copies[r]))
+    return total
+
+
+@njit(cache=True)
+def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, slot, state, half):
     """``kernels.ffd`` over the planned examples in decreasing order (made a block at a time): slot[i] = pack
-    of planned example i (opening order = leftmost first). The tree holds the packs opened so far and at
-    least one empty one (doubled when they run out), so its leftmost fit is ``kernels.ffd``'s over n empty
-    packs. Returns (packs, the tree, its leaves' offset)."""
+    of planned example i (opening order = leftmost first). The tree holds ``half`` packs, those opened so far
+    and at least one empty one (doubled when they run out), so its leftmost fit is ``kernels.ffd``'s over n
+    empty packs. Returns (packs, the tree, its leaves' offset)."""
     n = slot.shape[0]
     dims = 1 + budgets.shape[0]  # tokens, examples, the bound columns
-    half = 1024
     tree = _ff_tree(half, budgets, capacity, np.zeros((0, dims), dtype=state.dtype), 0)
     need = np.zeros(dims, dtype=np.int64)
     need[1] = 1

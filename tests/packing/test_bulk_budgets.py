@@ -279,6 +279,19 @@ def test_first_fit_is_plans_ffd(seed):
     assert np.array_equal(np.diff(got.bounds), np.bincount(want, minlength=got.num_packs))
 
 
+def test_first_fit_tree_doubles():
+    """Packs far above the bound the tree is sized for (every example just over half the capacity: one per
+    pack, twice the token bound): the tree doubles while planning, still plan(algorithm="ffd")'s plan."""
+    from packer.packing.bulk_budgets import plan_first_fit
+
+    lens = np.full(3000, 33, dtype=np.uint16)
+    lens[::7] = 20
+    want = plan(lens, 64, algorithm="ffd", refine=True, seed=1)
+    got = plan_first_fit(lens, 64, refine=True, seed=1)
+    assert got.num_packs > 2048  # the tree was sized for 2048 packs
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+
+
 def test_first_fit_in_blocks(monkeypatch):
     """The decreasing order made in blocks smaller than one length's examples (a block ending inside a row's
     copies), with budgets and refine: still plan(algorithm="ffd")'s plan."""
