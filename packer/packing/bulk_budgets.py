@@ -26,7 +26,11 @@ pack's members by decreasing length (``refine_packs``' member order), runs refin
 (``kernels.refine_next``/``refine_try``, as ``balance._refine``) over those lists (recording where each member of
 an emptied pack went), and then regroups the same array in write order.
 
-Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md.
+First fit and next fit (``plan_first_fit``, ``plan_next_fit``) write the same ``slot`` and pack state and end in
+the same refine and grouping (``_finish``): ``plan(algorithm="ffd" | "next-fit", refine=...)``'s plans.
+
+Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md ("Budgets
+in bulk", "ffd and next-fit with refine in bulk").
 """
 
 from __future__ import annotations
