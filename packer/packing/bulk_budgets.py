@@ -51,6 +51,9 @@ from packer.packing.mixing import MARK, Sampled
 # ~1-3 bytes per example at 5M-20M (docs/scale.md, "Budgets in bulk").
 BLOCK_MIN = 1 << 18
 BLOCKS = 64
+# refine collects the members of at most this many candidate packs at a time (int64 each, ~5 MB at 10 examples
+# per pack); each window is one scan of the slots.
+WINDOW_MAX = 1 << 16
 
 
 def _copies(counts: np.ndarray | None) -> np.ndarray:
@@ -224,7 +227,7 @@ def _finish(slot: np.ndarray, packed: list, lens: np.ndarray, copies: np.ndarray
     if refine and num_packs > target:
         candidates = _least_filled(ix[4], num_packs, capacity)
         _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, 256, sizes,
-                      alive)
+                      alive, WINDOW_MAX)
         del candidates
     del ix
     where = np.full(num_packs, -1, dtype=np.int32)
@@ -649,13 +652,15 @@ def _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs):
 
 @njit(cache=True)
 def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, patience,
-                  pack_sizes, alive):
+                  pack_sizes, alive, window_max):
     """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
     inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
     only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
     A kept move is written into ``slot`` (and ``pack_sizes``, ``alive``). ``ix``: best fit's keyed index (its
     tokens and budgets left), reused. The candidates' members are collected
-    a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
+    a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many up to
+    ``window_max``: a refine that runs through most packs, as after next fit, held int64 per member of half
+    the packs in its last window): the
     untouched packs' members are still their own, so no per-pack member list of every pack is held."""
     dims = budgets.shape[0]
     tree, head = ix[0], ix[1]
@@ -669,7 +674,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
     dest = np.empty(1024, dtype=np.int64)
     progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
     c0 = 0
-    window = 4096
+    window = min(4096, window_max)
     while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
         members, ptr, pos = _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs)
@@ -693,7 +698,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
                 pack_sizes[p] = 0
             c = refine_next(candidates[:c1], c + 1, touched, progress)
         c0 = c1
-        window *= 2
+        window = min(2 * window, window_max)
 
 
 # ----------------------------------------------------------------------------------------------------------

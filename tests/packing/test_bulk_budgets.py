@@ -292,6 +292,22 @@ def test_first_fit_tree_doubles():
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
 
 
+def test_refine_in_small_windows(monkeypatch):
+    """refine collecting the candidates' members a few packs at a time (``WINDOW_MAX``): the same plans."""
+    from packer.packing.bulk_budgets import plan_next_fit
+
+    lens, vision, images = mixed(5, 3000, 256)
+    kw = {"costs": [vision, images], "limits": [300, 3], "names": NAMES, "max_examples": 6, "refine": True, "seed": 2}
+    wide = plan_next_fit(lens, 256, **kw), plan_budgeted(lens, 256, **kw)
+    monkeypatch.setattr(bulk_budgets, "WINDOW_MAX", 5)
+    narrow = plan_next_fit(lens, 256, **kw), plan_budgeted(lens, 256, **kw)
+    for a, b in zip(wide, narrow, strict=True):
+        assert np.array_equal(a.order, b.order) and np.array_equal(a.bounds, b.bounds)
+    want = plan(lens, 256, algorithm="next-fit", costs=np.stack([vision, images], 1), limits=[300, 3], names=NAMES,
+                max_examples=6, refine=True, seed=2)
+    assert np.array_equal(narrow[0].order, np.argsort(want, kind="stable"))
+
+
 def test_first_fit_in_blocks(monkeypatch):
     """The decreasing order made in blocks smaller than one length's examples (a block ending inside a row's
     copies), with budgets and refine: still plan(algorithm="ffd")'s plan."""
