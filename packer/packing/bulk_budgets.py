@@ -162,7 +162,8 @@ def _prepared(lengths: np.ndarray, capacity: int, counts: np.ndarray | None, cos
     budgets = np.array([unbounded if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
     cls, classes = class_column(np.where(budgets == unbounded, np.int64(1) << 60, budgets) if max_examples is None
                                 else budgets, budgets.shape[0])
-    state = np.zeros(1, dtype=np.uint16 if int(budgets.max()) < 2**16 else np.int32)
+    # the state holds the tokens left too: the capacity bounds them (with max_examples set, budgets may not)
+    state = np.zeros(1, dtype=np.uint16 if max(int(budgets.max()), capacity) < 2**16 else np.int32)
     return lens, copies, n, hist, len(kept), cols, budgets, cls, classes, state
 
 

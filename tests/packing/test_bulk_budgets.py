@@ -308,6 +308,18 @@ def test_refine_in_small_windows(monkeypatch):
     assert np.array_equal(narrow[0].order, np.argsort(want, kind="stable"))
 
 
+def test_capacity_over_uint16():
+    """max_length >= 65,536 with only max_examples as a budget: the pack state holds the tokens left in int32
+    (uint16 overflowed: more packs than plan()'s), the same plans for best, first and next fit."""
+    from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit
+
+    lens = np.random.default_rng(0).integers(1, 70000, size=600).astype(np.uint32)
+    for algorithm, planner in (("bfd", plan_budgeted), ("ffd", plan_first_fit), ("next-fit", plan_next_fit)):
+        want = plan(lens, 100000, algorithm=algorithm, max_examples=4, refine=True, seed=1)
+        got = planner(lens, 100000, max_examples=4, refine=True, seed=1)
+        assert np.array_equal(got.order, np.argsort(want, kind="stable")), algorithm
+
+
 def test_first_fit_in_blocks(monkeypatch):
     """The decreasing order made in blocks smaller than one length's examples (a block ending inside a row's
     copies), with budgets and refine: still plan(algorithm="ffd")'s plan."""
