@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.packing import efficiency, lower_bound, lower_bound_l2, pack_totals, plan
-from packer.packing.bulk_budgets import plan_budgeted
+from packer.packing.bulk_budgets import plan_budgeted, plan_first_fit, plan_next_fit
 from packer.packing.stream import pack_stream
 
 HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "data" / "length-histograms"
@@ -194,7 +194,15 @@ def bench_lognormal(n: int, repeats: int, small: tuple[int, ...]) -> None:
         ("packer bfd + refine, max_examples=64, in bulk",
          lambda: plan_budgeted(lengths16, capacity, max_examples=64, refine=True).num_packs, repeats),
         ("packer ffd", lambda: packs_of(plan(lengths, capacity, algorithm="ffd")), repeats),
+        ("packer ffd, in bulk (plan_first_fit: the build's path)",
+         lambda: plan_first_fit(lengths16, capacity).num_packs, repeats),
+        ("packer ffd + refine", lambda: packs_of(plan(lengths, capacity, algorithm="ffd", refine=True)), repeats),
+        ("packer ffd + refine, in bulk", lambda: plan_first_fit(lengths16, capacity, refine=True).num_packs, repeats),
         ("packer next-fit", lambda: packs_of(plan(lengths, capacity, algorithm="next-fit")), repeats),
+        ("packer next-fit + refine",
+         lambda: packs_of(plan(lengths, capacity, algorithm="next-fit", refine=True)), repeats),
+        ("packer next-fit + refine, in bulk (plan_next_fit)",
+         lambda: plan_next_fit(lengths16, capacity, refine=True).num_packs, repeats),
         ("lightbinpack obfd (C++, list in)", lambda: lightbinpack_obfd(as_list, capacity), repeats),
         ("packer bfd per 1000 rows", lambda: chunked(lambda c: packs_of(plan(c, capacity)), lengths, 1000), 1),
         ("TRL-style Python BFD per 1000 rows",

@@ -26,7 +26,11 @@ pack's members by decreasing length (``refine_packs``' member order), runs refin
 (``kernels.refine_next``/``refine_try``, as ``balance._refine``) over those lists (recording where each member of
 an emptied pack went), and then regroups the same array in write order.
 
-Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md.
+First fit and next fit (``plan_first_fit``, ``plan_next_fit``) write the same ``slot`` and pack state and end in
+the same refine and grouping (``_finish``): ``plan(algorithm="ffd" | "next-fit", refine=...)``'s plans.
+
+Quality and speed against ``plan()``: docs/benchmarks.md ("Budgets in bulk"); memory: docs/scale.md ("Budgets
+in bulk", "ffd and next-fit with refine in bulk").
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ from packer.packing.mixing import MARK, Sampled
 # ~1-3 bytes per example at 5M-20M (docs/scale.md, "Budgets in bulk").
 BLOCK_MIN = 1 << 18
 BLOCKS = 64
+# refine collects the members of at most this many candidate packs at a time (int64 each, ~5 MB at 10 examples
+# per pack); each window is one scan of the slots.
+WINDOW_MAX = 1 << 16
 
 
 def _copies(counts: np.ndarray | None) -> np.ndarray:
@@ -124,15 +131,30 @@ def plan_budgeted(
         refine: then empty the least-filled packs into the others' free space (``balance.refine_packs``).
         seed: the pack shuffle's seed (``plan``'s write order).
     """
+    got = _prepared(lengths, capacity, counts, costs, limits, names, max_examples, "plan_budgeted")
+    if isinstance(got, PackOrder):
+        return got
+    lens, copies, n, hist, ncols, cols, budgets, cls, classes, state = got
+    slot = np.empty(n, dtype=np.int32)
+    block = max(BLOCK_MIN, n // BLOCKS)
+    packed = list(_bfd_budgeted(lens, copies, cols, ncols, hist, capacity, budgets, cls, classes, block, slot, state))
+    return _finish(slot, packed, lens, copies, cols, ncols, hist, capacity, budgets, refine, seed)
+
+
+def _prepared(lengths: np.ndarray, capacity: int, counts: np.ndarray | None, costs: Sequence[np.ndarray | None],
+              limits: Sequence[int], names: Sequence[str], max_examples: int | None, who: str) -> tuple | PackOrder:
+    """The checked inputs of a planner that ends in ``_finish`` (an empty ``PackOrder`` where nothing is
+    planned): (lengths, copies, planned examples, their length histogram, bound columns, those columns,
+    budgets with the examples first, the keyed index's class column and classes, its state dtype)."""
     lens = np.ascontiguousarray(lengths)
     copies = _copies(counts)
     if lens.shape[0] >= 2**32:  # refine's member lists pack (planned example, row) into one int64
-        raise ConfigError(f"plan_budgeted reads at most 2**32 - 1 rows, got {lens.shape[0]}")
+        raise ConfigError(f"{who} reads at most 2**32 - 1 rows, got {lens.shape[0]}")
     n, hist, kept, kept_limits, cols = _checked(lens, capacity, copies, costs, limits, names)
     if n == 0:
         return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
     if n > 2**31 - 1:
-        raise ConfigError(f"plan_budgeted plans at most 2**31 - 1 examples, got {n}")
+        raise ConfigError(f"{who} plans at most 2**31 - 1 examples, got {n}")
     # Examples per pack never exceed the capacity (each has a token), so capacity + 1 stands in for "no limit"
     # as plan()'s 1 << 60 does: it never binds. Pack state (tokens and budgets left) in uint16 where every
     # value fits, else int32. plan()'s class column is chosen on its own stand-in (never a class): the same.
@@ -140,17 +162,72 @@ def plan_budgeted(
     budgets = np.array([unbounded if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
     cls, classes = class_column(np.where(budgets == unbounded, np.int64(1) << 60, budgets) if max_examples is None
                                 else budgets, budgets.shape[0])
-    state = np.zeros(1, dtype=np.uint16 if int(budgets.max()) < 2**16 else np.int32)
+    # the state holds the tokens left too: the capacity bounds them (with max_examples set, budgets may not)
+    state = np.zeros(1, dtype=np.uint16 if max(int(budgets.max()), capacity) < 2**16 else np.int32)
+    return lens, copies, n, hist, len(kept), cols, budgets, cls, classes, state
 
+
+def plan_first_fit(
+    lengths: np.ndarray,
+    capacity: int,
+    *,
+    costs: Sequence[np.ndarray | None] = (),
+    limits: Sequence[int] = (),
+    names: Sequence[str] = (),
+    counts: np.ndarray | None = None,
+    max_examples: int | None = None,
+    refine: bool = False,
+    seed: int = 0,
+) -> PackOrder:
+    """``plan(lengths, capacity, algorithm="ffd", costs=..., limits=..., max_examples=..., refine=..., seed=...)``'s
+    plan (no ``balance``) as a ``PackOrder``; the arguments as ``plan_budgeted`` takes them.
+
+    ``kernels.ffd``'s max segment tree over packs, leftmost fit, over the decreasing order made a block at a
+    time (``_next_block``), holding the pack of each planned example (int32) and the tree in the pack state's
+    dtype (uint16 where every budget fits) over the packs opened so far (doubled as they fill: at most
+    4 x (2 + budgets) values per pack), where ``kernels.ffd`` holds an int64 tree over n packs and ``plan()``
+    its int64 lengths, ``needs`` and decreasing order (~100 bytes per example)."""
+    got = _prepared(lengths, capacity, counts, costs, limits, names, max_examples, "plan_first_fit")
+    if isinstance(got, PackOrder):
+        return got
+    lens, copies, n, hist, ncols, cols, budgets, cls, classes, state = got
+    # The tree is sized once for the packs no plan goes below (tokens, each budget, examples per pack) with 1/8
+    # to spare, so it rarely doubles (a doubling holds the old tree and the new one at once).
+    bound = max(-(-int((hist * np.arange(capacity + 1)).sum()) // capacity), -(-n // int(budgets[0])),
+                *[-(-_planned_sum(col, copies) // int(limit)) for col, limit in zip(cols[:ncols], budgets[1:], strict=True)])
+    half = 1024
+    while half <= bound + bound // 8:
+        half *= 2
     slot = np.empty(n, dtype=np.int32)
     block = max(BLOCK_MIN, n // BLOCKS)
-    num_packs, ix = _bfd_budgeted(lens, copies, cols, len(kept), hist, capacity, budgets, cls, classes, block,
-                                  slot, state)
+    num_packs, tree, half = _ffd_budgeted(lens, copies, cols, ncols, hist, capacity, budgets, block, slot, state,
+                                          half)
+    leaves = tree[half:half + num_packs].copy()  # each pack's tokens left, then its budgets left
+    del tree
+    ix = ix_new(capacity + 1, num_packs, budgets.shape[0], cls, classes, state)
+    ix[4][:] = leaves[:, 0]
+    ix[5][:] = leaves[:, 1:]
+    del leaves
+    packed = [num_packs, ix]
+    del ix
+    return _finish(slot, packed, lens, copies, cols, ncols, hist, capacity, budgets, refine, seed)
+
+
+def _finish(slot: np.ndarray, packed: list, lens: np.ndarray, copies: np.ndarray, cols: tuple[np.ndarray, ...],
+            ncols: int, hist: np.ndarray, capacity: int, budgets: np.ndarray, refine: bool, seed: int) -> PackOrder:
+    """``slot`` (pack of each planned example, opening order; consumed: it becomes ``order``) and ``packed``,
+    ``[packs, their keyed index]`` (tokens and budgets left; emptied here, so the index is freed before the
+    grouping), as ``plan()``'s ``PackOrder``: ``refine`` (``balance.refine_packs``' moves), then the surviving
+    packs in ``plan()``'s seeded write order, grouped in place. Best fit, first fit and next fit end here."""
+    num_packs, ix = packed
+    packed.clear()
+    n = slot.shape[0]
     target = -(-int((hist * np.arange(capacity + 1)).sum()) // capacity)
     alive = np.ones(num_packs, dtype=np.bool_)
     if refine and num_packs > target:
         candidates = _least_filled(ix[4], num_packs, capacity)
-        _refine_slots(slot, lens, copies, cols, len(kept), ix, num_packs, budgets, candidates, target, 256, alive)
+        _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, 256, alive,
+                      WINDOW_MAX)
         del candidates
     # examples per pack (opening order) from the examples budget left, which refine's moves keep: made once
     # refine's per-pack arrays are gone, not held beside them (4 bytes per pack off the peak, issue 32)
@@ -376,6 +453,104 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
 
 
 @njit(cache=True)
+def _ff_tree(half, budgets, capacity, old, old_half):
+    """A max tree over ``half`` packs (row 1 the root, leaves from ``half``; columns: tokens, then ``budgets``):
+    the leaves of ``old`` (over ``old_half`` packs) first, every other pack empty."""
+    dims = 1 + budgets.shape[0]
+    tree = np.empty((2 * half, dims), dtype=old.dtype)
+    for b in range(half):
+        if b < old_half:
+            tree[half + b] = old[old_half + b]
+        else:
+            tree[half + b, 0] = capacity
+            for d in range(1, dims):
+                tree[half + b, d] = budgets[d - 1]
+    for node in range(half - 1, 0, -1):
+        for d in range(dims):
+            tree[node, d] = max(tree[2 * node, d], tree[2 * node + 1, d])
+    return tree
+
+
+@njit(cache=True)
+def _planned_sum(col, copies):
+    """The sum of ``col`` over the planned examples (each row ``copies[r]`` times; empty: once)."""
+    total = 0
+    every = copies.shape[0] == 0
+    for r in range(col.shape[0]):
+        total += np.int64(col[r]) * (1 if every else np.int64(copies[r]))
+    return total
+
+
+@njit(cache=True)
+def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, slot, state, half):
+    """``kernels.ffd`` over the planned examples in decreasing order (made a block at a time): slot[i] = pack
+    of planned example i (opening order = leftmost first). The tree holds ``half`` packs, those opened so far
+    and at least one empty one (doubled when they run out), so its leftmost fit is ``kernels.ffd``'s over n
+    empty packs. Returns (packs, the tree, its leaves' offset)."""
+    n = slot.shape[0]
+    dims = 1 + budgets.shape[0]  # tokens, examples, the bound columns
+    tree = _ff_tree(half, budgets, capacity, np.zeros((0, dims), dtype=state.dtype), 0)
+    need = np.zeros(dims, dtype=np.int64)
+    need[1] = 1
+    m = min(block, n)
+    buf = np.empty(m, dtype=np.int32)
+    brow = np.empty(m, dtype=np.int64)
+    bsize = np.empty(m, dtype=lens.dtype)
+    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0].dtype)
+    bpack = np.empty(m, dtype=np.int32)
+    num_packs = 0
+    s = capacity
+    while s >= 1 and counts[s] == 0:
+        s -= 1
+    left = counts[s]
+    r0, p0, i0 = 0, 0, 0
+    every = copies.shape[0] == 0
+    while s >= 1:
+        taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
+        for k in range(taken):
+            r = np.int64(buf[k]) if every else brow[k]
+            bsize[k] = lens[r]
+            for c in range(ncols):
+                bneed[k, c] = cols[c][r]
+        for k in range(taken):
+            need[0] = bsize[k]
+            for c in range(ncols):
+                need[2 + c] = bneed[k, c]
+            node = 1
+            while True:  # depth-first, left first (kernels.ffd's descent)
+                fits = True
+                for d in range(dims):
+                    if tree[node, d] < need[d]:
+                        fits = False
+                        break
+                if fits:
+                    if node >= half:
+                        break
+                    node = 2 * node
+                    continue
+                while node & 1:
+                    node >>= 1
+                node += 1  # the root always fits (an empty pack), so this never climbs past it
+            b = node - half
+            for d in range(dims):
+                tree[node, d] -= need[d]
+            node >>= 1
+            while node >= 1:
+                for d in range(dims):
+                    tree[node, d] = max(tree[2 * node, d], tree[2 * node + 1, d])
+                node >>= 1
+            bpack[k] = b
+            if b == num_packs:
+                num_packs += 1
+                if num_packs == half:
+                    tree = _ff_tree(2 * half, budgets, capacity, tree, half)
+                    half *= 2
+        for k in range(taken):
+            slot[buf[k]] = bpack[k]
+    return num_packs, tree, half
+
+
+@njit(cache=True)
 def _group(slot, where, cursor, seen):
     """In place: ``slot`` (pack of each example) becomes the examples grouped by pack, pack b's from
     cursor[where[b]] on (cursor: each group's first position, advanced). Follows permutation cycles: the pack
@@ -490,13 +665,16 @@ def _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs):
 
 
 @njit(cache=True)
-def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, patience, alive):
+def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candidates, target, patience, alive,
+                  window_max):
     """``balance._refine``: a fresh keyed index of every open pack (inserted in pack order, as ``_refine``
     inserts them), candidates least filled first, each member (longest first) moved to its best fit, kept
     only if the whole pack empties; stops after ``patience`` failures in a row or at ``target`` packs.
     A kept move is written into ``slot`` (and ``alive``; the examples budget left in ``ix`` counts the moves). ``ix``: best fit's keyed index (its
     tokens and budgets left), reused. The candidates' members are collected
-    a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many): the
+    a window of candidates at a time (one scan of ``slot`` each; 4096 candidates, then twice as many up to
+    ``window_max``: a refine that runs through most packs, as after next fit, held int64 per member of half
+    the packs in its last window): the
     untouched packs' members are still their own, so no per-pack member list of every pack is held."""
     dims = budgets.shape[0]
     tree, head = ix[0], ix[1]
@@ -510,7 +688,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
     dest = np.empty(1024, dtype=np.int64)
     progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
     c0 = 0
-    window = 4096
+    window = min(4096, window_max)
     while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
         members, ptr, held = _window_members(slot, lens, copies, candidates, c0, c1, touched, num_packs)
@@ -533,7 +711,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
                     slot[members[lo + m] >> 32] = dest[m]
             c = refine_next(candidates[:c1], c + 1, touched, progress)
         c0 = c1
-        window *= 2
+        window = min(2 * window, window_max)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -765,13 +943,28 @@ def plan_next_fit(
     names: Sequence[str] = (),
     counts: np.ndarray | None = None,
     max_examples: int | None = None,
+    refine: bool = False,
     seed: int = 0,
 ) -> PackOrder:
-    """``plan(lengths, capacity, algorithm="next-fit", costs=..., limits=..., max_examples=..., seed=...)``'s plan
-    (no ``refine``, no ``balance``) as a ``PackOrder``: ``kernels.next_fit``'s packs (runs of consecutive
+    """``plan(lengths, capacity, algorithm="next-fit", costs=..., limits=..., max_examples=..., refine=...,
+    seed=...)``'s plan (no ``balance``) as a ``PackOrder``: ``kernels.next_fit``'s packs (runs of consecutive
     examples) and ``plan``'s seeded write order, holding ``order`` (int32) and three int32 per pack, where
     ``plan`` holds int64 lengths, the (n, 1 + b) ``needs`` and the assignment (~40 bytes per example).
-    ``lengths``/``costs``/``limits``/``names``/``counts`` (per row) as ``plan_budgeted`` takes them."""
+    ``lengths``/``costs``/``limits``/``names``/``counts`` (per row) as ``plan_budgeted`` takes them.
+    With ``refine``: the pack of each planned example (int32) and the packs' keyed index, then
+    ``plan_budgeted``'s refine and grouping (``_finish``: ``balance.refine_packs``' moves)."""
+    if refine:
+        got = _prepared(lengths, capacity, counts, costs, limits, names, max_examples, "plan_next_fit")
+        if isinstance(got, PackOrder):
+            return got
+        lens, copies, n, hist, ncols, cols, budgets, cls, classes, state = got
+        slot = np.empty(n, dtype=np.int32)
+        num_packs = _next_fit(lens, copies, cols, ncols, capacity, budgets, slot[:0], slot)
+        ix = ix_new(capacity + 1, num_packs, budgets.shape[0], cls, classes, state)
+        _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, ix[4], ix[5])
+        packed = [num_packs, ix]
+        del ix
+        return _finish(slot, packed, lens, copies, cols, ncols, hist, capacity, budgets, True, seed)
     lens = np.ascontiguousarray(lengths)
     copies = _copies(counts)
     n, _, kept, kept_limits, cols = _checked(lens, capacity, copies, costs, limits, names)
@@ -779,9 +972,10 @@ def plan_next_fit(
         return PackOrder(order=np.zeros(0, dtype=np.int32), bounds=np.zeros(1, dtype=np.int32))
     budgets = np.array([np.int64(1) << 60 if max_examples is None else max_examples, *kept_limits], dtype=np.int64)
     dtype = np.int32 if n < 2**31 else np.int64
-    num_packs = _next_fit(lens, copies, cols, len(kept), capacity, budgets, np.zeros(0, dtype=dtype))
+    none = np.zeros(0, dtype=dtype)
+    num_packs = _next_fit(lens, copies, cols, len(kept), capacity, budgets, none, none)
     starts = np.empty(num_packs + 1, dtype=dtype)  # the first example of each pack, opening order
-    _next_fit(lens, copies, cols, len(kept), capacity, budgets, starts)
+    _next_fit(lens, copies, cols, len(kept), capacity, budgets, starts, none)
     starts[num_packs] = n
     where = write_order(num_packs, seed, dtype)  # pack b is written as pack where[b] (plan()'s shuffle)
     bounds = np.zeros(num_packs + 1, dtype=dtype)
@@ -793,9 +987,10 @@ def plan_next_fit(
 
 
 @njit(cache=True)
-def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts):
+def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
     """``kernels.next_fit`` over the compact columns, each row planned ``copies[r]`` times (empty: once): the
-    number of packs; the first planned example of each written to ``starts`` where it has room."""
+    number of packs; the first planned example of each written to ``starts`` where it has room, the pack of
+    each to ``slot`` where it has room."""
     used = np.zeros(1 + ncols, dtype=np.int64)
     tokens = np.int64(0)
     b = -1
@@ -819,8 +1014,30 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts):
             used[0] += 1
             for c in range(ncols):
                 used[1 + c] += cols[c][r]
+            if i < slot.shape[0]:
+                slot[i] = b
             i += 1
     return b + 1
+
+
+@njit(cache=True)
+def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
+    """The keyed index's state of the packs ``slot`` makes: key[b] = tokens left, rem2[b] = budgets left
+    (examples first)."""
+    key[:] = capacity
+    for b in range(rem2.shape[0]):
+        for d in range(budgets.shape[0]):
+            rem2[b, d] = budgets[d]
+    every = copies.shape[0] == 0
+    i = np.int64(0)
+    for r in range(lens.shape[0]):
+        for _ in range(1 if every else copies[r]):
+            b = slot[i]
+            key[b] -= lens[r]
+            rem2[b, 0] -= 1
+            for c in range(ncols):
+                rem2[b, 1 + c] -= cols[c][r]
+            i += 1
 
 
 @njit(cache=True)

@@ -363,10 +363,11 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left
     out) from the
     compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit, ``refine`` included (4
-    bytes per example), ``packing.bulk_budgets.plan_budgeted`` with budgets or ``max_examples_per_pack`` and
+    bytes per example), ``packing.bulk_budgets.plan_budgeted`` with budgets or ``max_examples_per_pack``,
+    ``plan_first_fit`` / ``plan_next_fit`` for ``ffd`` / ``next-fit`` (refine included), and
     ``separate_copies_bulk`` for up-sampled copies (the same plans as ``packing.plan`` and
-    ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or another
-    algorithm needs per-example state."""
+    ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or ``binpacking``
+    needs per-example state."""
     from packer.packing.mixing import Sampled, sample_counts, separate_copies
 
     n = columns.num_rows
@@ -403,22 +404,27 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         columns.loss_tokens = None
     limits = limits_of(config)
     used = _used(config)
-    bulk_next_fit = config.algorithm == "next-fit" and not config.balance_vision and not config.refine
-    if (config.algorithm == "bfd" or bulk_next_fit) and not config.balance_vision:
+    if config.algorithm in BULK_ALGORITHMS and not config.balance_vision:
         # plan()'s plan (and separate_copies' swaps) at bulk memory, pack ids included, without plan()'s (n,)
         # int64 arrays (~44 bytes per example tokens-only with refine, ~110 with budgets, ~450 with copies: their
         # Python rows) or pack ids + their argsort: plan_bulk tokens-only (over the planned lengths),
-        # plan_next_fit and plan_budgeted with budgets or max_examples_per_pack, reading the rows' columns
-        # through ``sampled``'s counts (no per-planned-example array but the plan itself).
+        # plan_next_fit, plan_first_fit and plan_budgeted with budgets or max_examples_per_pack, reading the
+        # rows' columns through ``sampled``'s counts (no per-planned-example array but the plan itself).
         from packer.packing.bulk import plan_bulk
-        from packer.packing.bulk_budgets import plan_budgeted, plan_next_fit, separate_copies_bulk
+        from packer.packing.bulk_budgets import (
+            plan_budgeted,
+            plan_first_fit,
+            plan_next_fit,
+            separate_copies_bulk,
+        )
 
         cols = [columns.count(BUDGETS[j].column) for j in used]
         counts = None if sampled is None else sampled.counts
-        if bulk_next_fit:  # plan(algorithm="next-fit")'s runs; with refine it takes plan() (refine_packs)
-            packs = plan_next_fit(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
-                                  names=[FLAGS[j] for j in used], counts=counts,
-                                  max_examples=config.max_examples_per_pack, seed=config.seed)
+        if config.algorithm in ("next-fit", "ffd"):  # plan(algorithm=...)'s packs, refine included
+            planner = plan_next_fit if config.algorithm == "next-fit" else plan_first_fit
+            packs = planner(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
+                            names=[FLAGS[j] for j in used], counts=counts, max_examples=config.max_examples_per_pack,
+                            refine=config.refine, seed=config.seed)
         elif used or config.max_examples_per_pack is not None:
             packs = plan_budgeted(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
                                   names=[FLAGS[j] for j in used], counts=counts,
@@ -447,6 +453,11 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     sizes = np.bincount(pack_ids, minlength=int(pack_ids.max()) + 1 if len(pack_ids) else 0)
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(order.dtype)
     return Plan(sampled=sampled, order=order, bounds=bounds, columns=columns, loss=loss)
+
+
+BULK_ALGORITHMS = ("bfd", "ffd", "next-fit")
+"""The algorithms ``plan_packs`` plans at bulk memory (without ``balance_vision``); ``binpacking`` and
+balancing take ``packing.plan``."""
 
 
 def _used(config: BuildConfig) -> list[int]:
@@ -482,8 +493,7 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        if config.algorithm not in ("bfd", "next-fit") or config.balance_vision or (
-                config.algorithm == "next-fit" and config.refine):  # plan()'s per-example kernels: only there
+        if config.algorithm not in BULK_ALGORITHMS or config.balance_vision:  # plan()'s per-example kernels
             _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
@@ -491,14 +501,15 @@ def warm_planner(config: BuildConfig) -> None:
         plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
         used = _used(config)
         limits = limits_of(config)
-        if config.algorithm == "next-fit":  # plan_next_fit's kernels (every row planned, or some left out)
-            from packer.packing.bulk_budgets import plan_next_fit
+        if config.algorithm in ("next-fit", "ffd"):  # their bulk kernels (every row planned, or some left out)
+            from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit
 
-            for counts in (None, np.ones(3, dtype=np.uint8)):
-                plan_next_fit(np.full(3, 2, dtype=dtype), 3, costs=[np.zeros(3, dtype)] * len(used),
-                              limits=[limits[j] or 1 for j in used], counts=counts,
-                              max_examples=config.max_examples_per_pack)
-        if used or config.max_examples_per_pack is not None:
+            planner = plan_next_fit if config.algorithm == "next-fit" else plan_first_fit
+            for counts in (None, np.ones(3, dtype=np.uint8)):  # three packs of one: refine's kernels run
+                planner(np.full(3, 2, dtype=dtype), 3, costs=[np.zeros(3, dtype)] * len(used),
+                        limits=[limits[j] or 1 for j in used], counts=counts,
+                        max_examples=config.max_examples_per_pack, refine=config.refine)
+        elif used or config.max_examples_per_pack is not None:
             from packer.packing.bulk_budgets import plan_budgeted
 
             three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run

@@ -73,11 +73,12 @@ def test_rows_through_counts_and_blocks(refine, monkeypatch):
 @given(st.integers(2, 64), st.data())
 def test_counts_plan_the_repeated_rows(capacity, data):
     """Any rows and copies (runs of rows left out, rows planned up to 5 times, few lengths so that blocks of a
-    few examples end inside a row's copies): plan_budgeted and plan_next_fit through ``counts`` make the plan
+    few examples end inside a row's copies): plan_budgeted, plan_next_fit and plan_first_fit through ``counts``
+    make the plan
     of the repeated rows given as rows (``np.repeat``), which plan() makes too."""
     from unittest import mock
 
-    from packer.packing.bulk_budgets import plan_next_fit
+    from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit
 
     n = data.draw(st.integers(1, 200))
     lens = np.array(data.draw(st.lists(st.integers(1, min(capacity, 8)), min_size=n, max_size=n)), np.uint16)
@@ -93,11 +94,12 @@ def test_counts_plan_the_repeated_rows(capacity, data):
         as_rows = plan_budgeted(lens[rows], capacity, costs=[vision[rows], images[rows]], limits=limits,
                                 names=NAMES, max_examples=max_examples, refine=refine, seed=seed)
     assert np.array_equal(got.order, as_rows.order) and np.array_equal(got.bounds, as_rows.bounds)
-    got = plan_next_fit(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
-                        max_examples=max_examples, seed=seed)
-    want = plan_next_fit(lens[rows], capacity, costs=[vision[rows], images[rows]], limits=limits, names=NAMES,
-                         max_examples=max_examples, seed=seed)
-    assert np.array_equal(got.order, want.order) and np.array_equal(got.bounds, want.bounds)
+    for planner in (plan_next_fit, plan_first_fit):
+        got = planner(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
+                      max_examples=max_examples, refine=refine, seed=seed)
+        want = planner(lens[rows], capacity, costs=[vision[rows], images[rows]], limits=limits, names=NAMES,
+                       max_examples=max_examples, refine=refine, seed=seed)
+        assert np.array_equal(got.order, want.order) and np.array_equal(got.bounds, want.bounds)
 
 
 def test_refine_saves_packs():
@@ -176,7 +178,7 @@ def test_build_plans_budgets_in_bulk(refine):
                                over=np.flatnonzero(images[part] > 2).astype(np.int64), rejects=[]))
     columns = built.finish([""] * 5)
     got = plan_packs(columns, config)
-    rows = got.sampled.index()
+    rows = np.arange(5000) if got.sampled is None else got.sampled.index()  # None: every row once
     assert len(rows) == 5000 - len(range(0, 5000, 97))
     assert np.array_equal(rows, np.setdiff1d(np.arange(5000), np.arange(0, 5000, 97)))
     want = _plan(config, lens[rows].astype(np.int64), np.stack([vision[rows], images[rows]], 1).astype(np.int64))
@@ -233,19 +235,105 @@ def test_next_fit_is_plans_next_fit(seed):
     rows = np.arange(len(lens)) if index is None else index  # rows left out and rows planned more than once
     counts = None if index is None else np.bincount(index, minlength=len(lens)).astype(np.uint8)
     planned = lens[rows]
+    refine = seed >= 6  # refine empties packs: no longer runs of examples
     if seed % 2:
-        want = plan(planned, capacity, algorithm="next-fit", max_examples=max_examples, seed=seed)
-        got = plan_next_fit(planned, capacity, max_examples=max_examples, seed=seed)
+        want = plan(planned, capacity, algorithm="next-fit", max_examples=max_examples, refine=refine, seed=seed)
+        got = plan_next_fit(planned, capacity, max_examples=max_examples, refine=refine, seed=seed)
     else:
         limits = [int(max(vision.max(), 1) * rng.choice([1, 2])), int(rng.choice([1, 2, 100]))]
         want = plan(planned, capacity, algorithm="next-fit", costs=np.stack([vision[rows], images[rows]], 1),
-                    limits=limits, names=NAMES, max_examples=max_examples, seed=seed)
+                    limits=limits, names=NAMES, max_examples=max_examples, refine=refine, seed=seed)
         got = plan_next_fit(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
-                            max_examples=max_examples, seed=seed)
+                            max_examples=max_examples, refine=refine, seed=seed)
     assert got.order.dtype == np.int32 and got.bounds.dtype == np.int32
     assert np.array_equal(got.pack_ids(), want)
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
-    assert all(np.all(np.diff(got.pack(p)) == 1) for p in range(got.num_packs))
+    if not refine:
+        assert all(np.all(np.diff(got.pack(p)) == 1) for p in range(got.num_packs))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_first_fit_is_plans_ffd(seed):
+    """plan_first_fit == plan(algorithm="ffd") pack for pack and in write order: tokens only and with budgets
+    (binding and loose), max_examples, refine on and off, rows left out or planned more than once
+    (``counts``), more packs than the tree's first 1024 leaves (it doubles)."""
+    from packer.packing.bulk_budgets import plan_first_fit
+
+    rng = np.random.default_rng(400 + seed)
+    capacity = int(rng.choice([16, 64, 512, 4096]))
+    lens, vision, images = mixed(seed, int(rng.integers(1, 4000)), capacity)
+    counts = rng.choice([0, 1, 1, 2, 3], size=len(lens)).astype(np.uint8) if seed % 3 == 0 else None
+    rows = np.arange(len(lens)) if counts is None else np.repeat(np.arange(len(lens)), counts)
+    max_examples, refine = [None, 3, 8, 64][seed % 4], seed % 8 >= 4
+    if seed % 2:
+        want = plan(lens[rows], capacity, algorithm="ffd", max_examples=max_examples, refine=refine, seed=seed)
+        got = plan_first_fit(lens, capacity, counts=counts, max_examples=max_examples, refine=refine, seed=seed)
+    else:
+        limits = [int(max(vision.max(), 1) * rng.choice([1, 2, 5])), int(rng.choice([1, 2, 4, 100]))]
+        want = plan(lens[rows], capacity, algorithm="ffd", costs=np.stack([vision[rows], images[rows]], 1),
+                    limits=limits, names=NAMES, max_examples=max_examples, refine=refine, seed=seed)
+        got = plan_first_fit(lens, capacity, costs=[vision, images], limits=limits, names=NAMES, counts=counts,
+                             max_examples=max_examples, refine=refine, seed=seed)
+    assert got.order.dtype == np.int32 and got.bounds.dtype == np.int32
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+    assert np.array_equal(np.diff(got.bounds), np.bincount(want, minlength=got.num_packs))
+
+
+def test_first_fit_tree_doubles():
+    """Packs far above the bound the tree is sized for (every example just over half the capacity: one per
+    pack, twice the token bound): the tree doubles while planning, still plan(algorithm="ffd")'s plan."""
+    from packer.packing.bulk_budgets import plan_first_fit
+
+    lens = np.full(3000, 33, dtype=np.uint16)
+    lens[::7] = 20
+    want = plan(lens, 64, algorithm="ffd", refine=True, seed=1)
+    got = plan_first_fit(lens, 64, refine=True, seed=1)
+    assert got.num_packs > 2048  # the tree was sized for 2048 packs
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
+
+
+def test_refine_in_small_windows(monkeypatch):
+    """refine collecting the candidates' members a few packs at a time (``WINDOW_MAX``): the same plans."""
+    from packer.packing.bulk_budgets import plan_next_fit
+
+    lens, vision, images = mixed(5, 3000, 256)
+    kw = {"costs": [vision, images], "limits": [300, 3], "names": NAMES, "max_examples": 6, "refine": True, "seed": 2}
+    wide = plan_next_fit(lens, 256, **kw), plan_budgeted(lens, 256, **kw)
+    monkeypatch.setattr(bulk_budgets, "WINDOW_MAX", 5)
+    narrow = plan_next_fit(lens, 256, **kw), plan_budgeted(lens, 256, **kw)
+    for a, b in zip(wide, narrow, strict=True):
+        assert np.array_equal(a.order, b.order) and np.array_equal(a.bounds, b.bounds)
+    want = plan(lens, 256, algorithm="next-fit", costs=np.stack([vision, images], 1), limits=[300, 3], names=NAMES,
+                max_examples=6, refine=True, seed=2)
+    assert np.array_equal(narrow[0].order, np.argsort(want, kind="stable"))
+
+
+def test_capacity_over_uint16():
+    """max_length >= 65,536 with only max_examples as a budget: the pack state holds the tokens left in int32
+    (uint16 overflowed: more packs than plan()'s), the same plans for best, first and next fit."""
+    from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit
+
+    lens = np.random.default_rng(0).integers(1, 70000, size=600).astype(np.uint32)
+    for algorithm, planner in (("bfd", plan_budgeted), ("ffd", plan_first_fit), ("next-fit", plan_next_fit)):
+        want = plan(lens, 100000, algorithm=algorithm, max_examples=4, refine=True, seed=1)
+        got = planner(lens, 100000, max_examples=4, refine=True, seed=1)
+        assert np.array_equal(got.order, np.argsort(want, kind="stable")), algorithm
+
+
+def test_first_fit_in_blocks(monkeypatch):
+    """The decreasing order made in blocks smaller than one length's examples (a block ending inside a row's
+    copies), with budgets and refine: still plan(algorithm="ffd")'s plan."""
+    from packer.packing.bulk_budgets import plan_first_fit
+
+    monkeypatch.setattr(bulk_budgets, "BLOCK_MIN", 37)
+    lens, vision, images = mixed(7, 3000, 256)
+    counts = np.random.default_rng(2).integers(0, 4, size=3000).astype(np.uint8)
+    rows = np.repeat(np.arange(3000), counts)
+    want = plan(lens[rows], 256, algorithm="ffd", costs=np.stack([vision[rows], images[rows]], 1), limits=[300, 3],
+                names=NAMES, max_examples=6, refine=True, seed=3)
+    got = plan_first_fit(lens, 256, costs=[vision, images], limits=[300, 3], names=NAMES, counts=counts,
+                         max_examples=6, refine=True, seed=3)
+    assert np.array_equal(got.order, np.argsort(want, kind="stable"))
 
 
 def test_next_fit_errors_as_plan_words_them():
@@ -261,12 +349,14 @@ def test_next_fit_errors_as_plan_words_them():
 @pytest.mark.parametrize(("algorithm", "budgets", "weight"), [
     ("next-fit", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 1.0),
     ("next-fit", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 2.0),
+    ("ffd", {"max_vision_tokens": 600, "max_images": 2, "max_examples_per_pack": 9}, 2.0),
+    ("ffd", {}, 1.0),
     ("bfd", {"max_vision_tokens": 600}, 2.0),  # one budget: the planners read its planned column, no index
     ("bfd", {}, 2.5),  # tokens only (plan_bulk) with copies
 ])
 def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
-    """``stages.plan_packs`` in bulk (plan_next_fit with ``algorithm: next-fit`` and refine off, plan_budgeted,
-    plan_bulk) is the per-example path's plan (``stages._plan``, then ``separate_copies`` where a source is
+    """``stages.plan_packs`` in bulk (plan_next_fit with ``algorithm: next-fit``, refine off and on,
+    plan_first_fit with ``ffd``, plan_budgeted, plan_bulk) is the per-example path's plan (``stages._plan``, then ``separate_copies`` where a source is
     up-sampled), rows over a budget left out."""
     from packer.config import BuildConfig
     from packer.packing.mixing import separate_copies
@@ -275,7 +365,8 @@ def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
 
     config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
                                                 {"name": "b", "paths": ["b.jsonl"], "weight": weight}]},
-                                   output="out", algorithm=algorithm, refine=algorithm == "bfd", max_length=512,
+                                   output="out", algorithm=algorithm, refine=algorithm != "next-fit" or weight == 2.0,
+                                   max_length=512,
                                    seed=4, **budgets)
     lens, vision, images = mixed(12, 5000, 512)
     images[::97] = 3  # over max_images where it is set: left out of the plan
@@ -288,7 +379,7 @@ def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
                                over=over.astype(np.int64), rejects=[]))
     columns = built.finish(["a", "b", "a", "b", "a"])
     got = plan_packs(columns, config)
-    rows = got.sampled.index()
+    rows = np.arange(5000) if got.sampled is None else got.sampled.index()  # None: every row once
     costs = np.stack([vision[rows], images[rows]], 1)[:, :len(_used(config))].astype(np.int64)
     want = _plan(config, lens[rows].astype(np.int64), costs)
     if weight != 1.0:
