@@ -34,7 +34,6 @@ from packer.pipeline.stages import (
     exchange_map,
     planned_examples,
     write_shard_range,
-    write_shard_ranges_here,
 )
 
 if TYPE_CHECKING:
@@ -166,7 +165,8 @@ class LocalExecutor(Executor):
         """
         if self.writes_here(planned_examples(ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
-            yield from write_shard_ranges_here(ranges, cache=cache, config=config, hooks=hooks)
+            for shards in ranges:
+                yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
         # a generator: each range is made as the pool's feeder sends it (``stages.ShardRanges``), not all at once
         yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))

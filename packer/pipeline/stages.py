@@ -733,60 +733,10 @@ def write_shard_range(
     return entries
 
 
-TAKEN_TOGETHER = 2
-"""Shards whose rows one process takes from the chunk files in one ``take_rows`` (``write_shard_ranges_here``):
-one visit of each file for both, -18% of the gather at 200k; 4 took no less than 2 and holds twice the rows
-(docs/benchmarks.md, "Repack")."""
-
-
-def write_shard_ranges_here(
-    ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-) -> Iterator[list[dict[str, Any]]]:
-    """``write_shard_range`` of each range in turn, in this process (it writes every shard: ``remember``): the
-    rows of ``TAKEN_TOGETHER`` consecutive one-shard ranges read from the chunk files are taken at once, each
-    file visited once for them, then written shard by shard: the same bytes, each shard's marker as before."""
-    out = store_path(config.output, config.storage_options)
-    markers = out / WORK_DIR / "shards"
-    markers.mkdir(exist_ok=True)
-
-    def together(group: list[ShardRange]) -> Iterator[list[dict[str, Any]]]:
-        taken = cache.take(np.concatenate([g.examples for g in group]), remember=True)
-        at = 0
-        for g in group:
-            n = len(g.examples)
-            with stage(f"write (shard {g.first})"):
-                entry = _write_shard(g, 0, 0, np.concatenate([[0], np.cumsum(g.pack_sizes)]), out=out,
-                                     markers=markers, cache=cache, config=config, hooks=hooks,
-                                     rows=taken.slice(at, n))
-            at += n
-            yield [entry]
-
-    group: list[ShardRange] = []
-    for k in range(len(ranges)):
-        shards = ranges[k]
-        if shards.remember and shards.exchange is None and len(shards.pack_sizes) <= config.rows_per_shard \
-                and not _marked(out, markers, shards.first):
-            group.append(shards)
-            if len(group) == TAKEN_TOGETHER:
-                yield from together(group)
-                group = []
-            continue
-        if group:  # in range order: the ones before this first
-            yield from together(group)
-            group = []
-        yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
-    if group:
-        yield from together(group)
-
-
-def _marked(out: Any, markers: Any, s: int) -> bool:
-    return (markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists()
-
-
 def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *, out: Any, markers: Any,
-                 cache: EncodeCache, config: BuildConfig, hooks: Hooks, rows: pa.Table | None = None) -> dict[str, Any]:
+                 cache: EncodeCache, config: BuildConfig, hooks: Hooks) -> dict[str, Any]:
     """Shard ``shards.first + j`` (its packs start at ``p0`` of the range): kept if its marker matches its
-    file, else gathered (``rows``: already taken) and written, then its marker."""
+    file, else gathered and written, then its marker."""
     s = shards.first + j
     p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
     path = out / shard_name(s)
@@ -796,9 +746,8 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         if sha256_file(path) == entry["sha256"]:
             return entry
     sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
-    if rows is None:
-        rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
-            shards.exchange.take(sel, j, remember=shards.remember)
+    rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
+        shards.exchange.take(sel, j, remember=shards.remember)
     dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
     if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
         ids = rows.column("example_id").to_pylist()
