@@ -102,33 +102,28 @@ def _checked(
     return n, hist, kept, kept_limits, _columns(kept)
 
 
-BudgetColumns = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.ndarray]
+BudgetColumns = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.ndarray, int]
 
 
 def _columns(kept: Sequence[np.ndarray]) -> BudgetColumns:
-    """The kernels' budget columns as ``_cost`` reads them: (the wide ones in one dtype, the one-byte ones,
-    where each column is: k >= 0 the k-th wide one, -1 - k the k-th one-byte one). A count column whose
-    values fit a byte (``columns.read_chunk``'s images per example) stays uint8 beside uint16 token columns:
-    widened to their dtype, it cost a copy of 2 bytes per row under the planners (issue 32)."""
+    """The kernels' budget columns as ``_costs`` reads them: (the wide ones in one dtype, the one-byte ones,
+    the budget of each, wide ones first, the number of wide ones). A count column whose values fit a byte
+    (``columns.read_chunk``'s images per example) stays uint8 beside uint16 token columns: widened to their
+    dtype, it cost a copy of 2 bytes per row under the planners (issue 32). Each tuple is read in a loop of
+    its own: one index into a tuple of one dtype per cost, as the kernels read one tuple before."""
     others = [c.dtype for c in kept if c.dtype != np.uint8]
     wide = np.result_type(*others) if others else np.dtype(np.uint8)
-    wides: list[np.ndarray] = []
-    narrows: list[np.ndarray] = []
-    where = np.zeros(len(kept), dtype=np.int64)
-    for j, c in enumerate(kept):
-        if c.dtype == np.uint8 and wide != np.uint8:
-            where[j] = -1 - len(narrows)
-            narrows.append(c)
-        else:
-            where[j] = len(wides)
-            wides.append(c.astype(wide, copy=False))
-    return (tuple(wides) or (np.zeros(1, dtype=wide),), tuple(narrows) or (np.zeros(1, dtype=np.uint8),), where)
+    narrow = [j for j, c in enumerate(kept) if c.dtype == np.uint8 and wide != np.uint8]
+    wides = [j for j in range(len(kept)) if j not in narrow]
+    return (tuple(kept[j].astype(wide, copy=False) for j in wides) or (np.zeros(1, dtype=wide),),
+            tuple(kept[j] for j in narrow) or (np.zeros(1, dtype=np.uint8),),
+            np.array(wides + narrow, dtype=np.int64), len(wides))
 
 
 def _column(cols: BudgetColumns, j: int) -> np.ndarray:
     """Budget ``j``'s column of ``_columns``' triple."""
-    k = int(cols[2][j])
-    return cols[0][k] if k >= 0 else cols[1][-1 - k]
+    q = int(np.flatnonzero(cols[2] == j)[0])
+    return cols[0][q] if q < cols[3] else cols[1][q - cols[3]]
 
 
 def plan_budgeted(
@@ -453,8 +448,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
         for k in range(taken):
             r = np.int64(buf[k]) if every else np.int64(brow[k])
             bsize[k] = lens[r]
-            for c in range(ncols):
-                bneed[k, c] = _cost(cols, c, r)
+            _costs(cols, r, bneed[k])
         for k in range(taken):
             size = np.int64(bsize[k])
             for c in range(ncols):
@@ -499,12 +493,13 @@ def _ff_tree(half, budgets, capacity, old, old_half):
 
 
 @njit(cache=True, inline="always")
-def _cost(cols, c, r):
-    """Budget ``c``'s cost of row ``r`` (``_columns``' triple: a wide column or a one-byte one)."""
-    k = cols[2][c]
-    if k >= 0:
-        return np.int64(cols[0][k][r])
-    return np.int64(cols[1][-1 - k][r])
+def _costs(cols, r, out):
+    """``out[j]`` := budget j's cost of row ``r`` (``_columns``' columns), each tuple in its own loop."""
+    wides, narrows, pos, nw = cols
+    for q in range(nw):
+        out[pos[q]] = wides[q][r]
+    for q in range(pos.shape[0] - nw):
+        out[pos[nw + q]] = narrows[q][r]
 
 
 @njit(cache=True)
@@ -546,8 +541,7 @@ def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, s
         for k in range(taken):
             r = np.int64(buf[k]) if every else brow[k]
             bsize[k] = lens[r]
-            for c in range(ncols):
-                bneed[k, c] = _cost(cols, c, r)
+            _costs(cols, r, bneed[k])
         for k in range(taken):
             need[0] = bsize[k]
             for c in range(ncols):
@@ -740,8 +734,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
                 r = members[lo + m] & np.int64(0xFFFFFFFF)
                 sizes[m] = lens[r]
                 wants[m, 0] = 1
-                for j in range(ncols):  # not c: the candidate
-                    wants[m, 1 + j] = _cost(cols, j, r)
+                _costs(cols, r, wants[m, 1:])
             if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, hi - lo, dest):
                 for m in range(hi - lo):
                     slot[members[lo + m] >> 32] = dest[m]
@@ -863,13 +856,15 @@ def _duplicates(counts, pack_of):
 @njit(cache=True)
 def _loads(pack_of, lens, counts, cols, ncols, load):
     """``load`` (1 + ncols, P) := tokens and each budget's total per pack (``lens`` per row, like ``cols``)."""
+    row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     i = 0
     for r in range(counts.shape[0]):
         for _ in range(counts[r]):
             p = pack_of[i]
             load[0, p] += lens[r]
+            _costs(cols, r, row)
             for c in range(ncols):
-                load[1 + c, p] += _cost(cols, c, r)
+                load[1 + c, p] += row[c]
             i += 1
 
 
@@ -926,6 +921,8 @@ def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates
     of p's example (and p's none of q's) where tokens and every budget still fit. From duplicate ``t``, of
     which ``tried`` candidates were read; returns (t, tried) where ``candidates`` (the next block of the
     permutation) runs out, (len(dup), 0) when done."""
+    row_a = np.zeros(max(ncols, 1), dtype=np.int64)  # the two examples' costs (``_costs``)
+    row_b = np.zeros(max(ncols, 1), dtype=np.int64)
     dims = 1 + ncols
     delta = np.zeros(dims, dtype=np.int64)
     k = 0
@@ -944,8 +941,10 @@ def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates
             if a == b or _holds(a, eb, counts, marks, pack_of) or _holds(b, ea, counts, marks, pack_of):
                 continue
             delta[0] = np.int64(lens[eb]) - np.int64(lens[ea])
+            _costs(cols, eb, row_b)
+            _costs(cols, ea, row_a)
             for c in range(ncols):
-                delta[1 + c] = _cost(cols, c, eb) - _cost(cols, c, ea)
+                delta[1 + c] = row_b[c] - row_a[c]
             fits = True
             for c in range(dims):
                 if load[c, a] + delta[c] > caps[c] or load[c, b] - delta[c] > caps[c]:
@@ -1026,6 +1025,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
     """``kernels.next_fit`` over the compact columns, each row planned ``copies[r]`` times (empty: once): the
     number of packs; the first planned example of each written to ``starts`` where it has room, the pack of
     each to ``slot`` where it has room."""
+    row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     used = np.zeros(1 + ncols, dtype=np.int64)
     tokens = np.int64(0)
     b = -1
@@ -1034,9 +1034,10 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
     for r in range(lens.shape[0]):
         for _ in range(1 if every else copies[r]):
             fits = b >= 0 and tokens + lens[r] <= capacity and used[0] + 1 <= budgets[0]
+            _costs(cols, r, row)
             if fits:
                 for c in range(ncols):
-                    if used[1 + c] + _cost(cols, c, r) > budgets[1 + c]:
+                    if used[1 + c] + row[c] > budgets[1 + c]:
                         fits = False
                         break
             if not fits:
@@ -1048,7 +1049,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
             tokens += lens[r]
             used[0] += 1
             for c in range(ncols):
-                used[1 + c] += _cost(cols, c, r)
+                used[1 + c] += row[c]
             if i < slot.shape[0]:
                 slot[i] = b
             i += 1
@@ -1059,6 +1060,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
 def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
     """The keyed index's state of the packs ``slot`` makes: key[b] = tokens left, rem2[b] = budgets left
     (examples first)."""
+    row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     key[:] = capacity
     for b in range(rem2.shape[0]):
         for d in range(budgets.shape[0]):
@@ -1070,8 +1072,9 @@ def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
             b = slot[i]
             key[b] -= lens[r]
             rem2[b, 0] -= 1
+            _costs(cols, r, row)
             for c in range(ncols):
-                rem2[b, 1 + c] -= _cost(cols, c, r)
+                rem2[b, 1 + c] -= row[c]
             i += 1
 
 
