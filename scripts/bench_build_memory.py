@@ -186,7 +186,7 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
         tokens = rng.integers(3, 43, size=min(n, a + CHUNK_LINES) - a).astype(np.uint16)
         counts = {}
         if budgets:
-            images = (rng.random(len(tokens)) < 0.3).astype(np.uint16)
+            images = (rng.random(len(tokens)) < 0.3).astype(np.uint8)  # as read_chunk narrows an item count
             vision = (images * rng.integers(64, 1281, size=len(tokens))).astype(np.uint16)
             tokens = tokens + vision
             counts = {"num_vision_tokens": vision, "num_images": images}

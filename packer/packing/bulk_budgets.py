@@ -69,11 +69,11 @@ def _planned(values: np.ndarray, copies: np.ndarray) -> np.ndarray:
 def _checked(
     lens: np.ndarray, capacity: int, copies: np.ndarray, costs: Sequence[np.ndarray | None], limits: Sequence[int],
     names: Sequence[str],
-) -> tuple[int, np.ndarray, list[np.ndarray], list[int], tuple[np.ndarray, ...]]:
+) -> tuple[int, np.ndarray, list[np.ndarray], list[int], BudgetColumns]:
     """``plan``'s checks of the planned examples (a length outside [1, capacity], an example over a limit, or
     with more of a budget than tokens, is a ConfigError naming it, as ``plan`` names it), then (planned
-    examples, the histogram of their lengths, the columns that bind, their limits, those columns in one
-    dtype)."""
+    examples, the histogram of their lengths, the columns that bind, their limits, those columns as the
+    kernels read them: ``_columns``)."""
     from packer.packing.budgets import counts_tokens, noun
 
     if copies.shape[0] and copies.shape[0] != lens.shape[0]:
@@ -99,9 +99,31 @@ def _checked(
                               f"{int(_planned(lens, copies)[bad])} tokens in all")
         kept.append(col)
         kept_limits.append(int(limit))
-    wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
-    cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
-    return n, hist, kept, kept_limits, cols
+    return n, hist, kept, kept_limits, _columns(kept)
+
+
+BudgetColumns = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.ndarray, int]
+
+
+def _columns(kept: Sequence[np.ndarray]) -> BudgetColumns:
+    """The kernels' budget columns as ``_costs`` reads them: (the wide ones in one dtype, the one-byte ones,
+    the budget of each, wide ones first, the number of wide ones). A count column whose values fit a byte
+    (``columns.read_chunk``'s images per example) stays uint8 beside uint16 token columns: widened to their
+    dtype, it cost a copy of 2 bytes per row under the planners (issue 32). Each tuple is read in a loop of
+    its own: one index into a tuple of one dtype per cost, as the kernels read one tuple before."""
+    others = [c.dtype for c in kept if c.dtype != np.uint8]
+    wide = np.result_type(*others) if others else np.dtype(np.uint8)
+    narrow = [j for j, c in enumerate(kept) if c.dtype == np.uint8 and wide != np.uint8]
+    wides = [j for j in range(len(kept)) if j not in narrow]
+    return (tuple(kept[j].astype(wide, copy=False) for j in wides) or (np.zeros(1, dtype=wide),),
+            tuple(kept[j] for j in narrow) or (np.zeros(1, dtype=np.uint8),),
+            np.array(wides + narrow, dtype=np.int64), len(wides))
+
+
+def _column(cols: BudgetColumns, j: int) -> np.ndarray:
+    """Budget ``j``'s column of ``_columns``' triple."""
+    q = int(np.flatnonzero(cols[2] == j)[0])
+    return cols[0][q] if q < cols[3] else cols[1][q - cols[3]]
 
 
 def plan_budgeted(
@@ -194,7 +216,7 @@ def plan_first_fit(
     # The tree is sized once for the packs no plan goes below (tokens, each budget, examples per pack) with 1/8
     # to spare, so it rarely doubles (a doubling holds the old tree and the new one at once).
     bound = max(-(-int((hist * np.arange(capacity + 1)).sum()) // capacity), -(-n // int(budgets[0])),
-                *[-(-_planned_sum(col, copies) // int(limit)) for col, limit in zip(cols[:ncols], budgets[1:], strict=True)])
+                *[-(-_planned_sum(_column(cols, j), copies) // int(budgets[1 + j])) for j in range(ncols)])
     half = 1024
     while half <= bound + bound // 8:
         half *= 2
@@ -213,7 +235,7 @@ def plan_first_fit(
     return _finish(slot, packed, lens, copies, cols, ncols, hist, capacity, budgets, refine, seed)
 
 
-def _finish(slot: np.ndarray, packed: list, lens: np.ndarray, copies: np.ndarray, cols: tuple[np.ndarray, ...],
+def _finish(slot: np.ndarray, packed: list, lens: np.ndarray, copies: np.ndarray, cols: BudgetColumns,
             ncols: int, hist: np.ndarray, capacity: int, budgets: np.ndarray, refine: bool, seed: int) -> PackOrder:
     """``slot`` (pack of each planned example, opening order; consumed: it becomes ``order``) and ``packed``,
     ``[packs, their keyed index]`` (tokens and budgets left; emptied here, so the index is freed before the
@@ -412,7 +434,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
     # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
     # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
     bsize = np.empty(m, dtype=lens.dtype)
-    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0].dtype)
+    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0][0].dtype)
     bpack = np.empty(m, dtype=np.int32)
     num_packs = 0
     s = capacity
@@ -426,8 +448,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
         for k in range(taken):
             r = np.int64(buf[k]) if every else np.int64(brow[k])
             bsize[k] = lens[r]
-            for c in range(ncols):
-                bneed[k, c] = cols[c][r]
+            _costs(cols, r, bneed[k])
         for k in range(taken):
             size = np.int64(bsize[k])
             for c in range(ncols):
@@ -471,6 +492,16 @@ def _ff_tree(half, budgets, capacity, old, old_half):
     return tree
 
 
+@njit(cache=True, inline="always")
+def _costs(cols, r, out):
+    """``out[j]`` := budget j's cost of row ``r`` (``_columns``' columns), each tuple in its own loop."""
+    wides, narrows, pos, nw = cols
+    for q in range(nw):
+        out[pos[q]] = wides[q][r]
+    for q in range(pos.shape[0] - nw):
+        out[pos[nw + q]] = narrows[q][r]
+
+
 @njit(cache=True)
 def _planned_sum(col, copies):
     """The sum of ``col`` over the planned examples (each row ``copies[r]`` times; empty: once)."""
@@ -496,7 +527,7 @@ def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, s
     buf = np.empty(m, dtype=np.int32)
     brow = np.empty(m, dtype=np.int64)
     bsize = np.empty(m, dtype=lens.dtype)
-    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0].dtype)
+    bneed = np.empty((m, max(ncols, 1)), dtype=cols[0][0].dtype)
     bpack = np.empty(m, dtype=np.int32)
     num_packs = 0
     s = capacity
@@ -510,8 +541,7 @@ def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, s
         for k in range(taken):
             r = np.int64(buf[k]) if every else brow[k]
             bsize[k] = lens[r]
-            for c in range(ncols):
-                bneed[k, c] = cols[c][r]
+            _costs(cols, r, bneed[k])
         for k in range(taken):
             need[0] = bsize[k]
             for c in range(ncols):
@@ -704,8 +734,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
                 r = members[lo + m] & np.int64(0xFFFFFFFF)
                 sizes[m] = lens[r]
                 wants[m, 0] = 1
-                for j in range(ncols):  # not c: the candidate
-                    wants[m, 1 + j] = cols[j][r]
+                _costs(cols, r, wants[m, 1:])
             if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, hi - lo, dest):
                 for m in range(hi - lo):
                     slot[members[lo + m] >> 32] = dest[m]
@@ -754,8 +783,7 @@ def separate_copies_bulk(
     if len(dup):
         kept = [np.ascontiguousarray(c) for c in costs if c is not None]
         caps = np.array([capacity] + [int(v) for c, v in zip(costs, limits, strict=True) if c is not None], np.int64)
-        wide = np.result_type(*[c.dtype for c in kept]) if kept else np.dtype(np.uint16)
-        cols = tuple(c.astype(wide, copy=False) for c in kept) or (np.zeros(1, dtype=wide),)
+        cols = _columns(kept)
         lens = np.ascontiguousarray(lengths)
         # per-pack loads stay within their caps (the plan keeps every budget): uint16 or int32 where they fit
         top = int(caps.max())
@@ -828,13 +856,15 @@ def _duplicates(counts, pack_of):
 @njit(cache=True)
 def _loads(pack_of, lens, counts, cols, ncols, load):
     """``load`` (1 + ncols, P) := tokens and each budget's total per pack (``lens`` per row, like ``cols``)."""
+    row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     i = 0
     for r in range(counts.shape[0]):
         for _ in range(counts[r]):
             p = pack_of[i]
             load[0, p] += lens[r]
+            _costs(cols, r, row)
             for c in range(ncols):
-                load[1 + c, p] += cols[c][r]
+                load[1 + c, p] += row[c]
             i += 1
 
 
@@ -864,7 +894,7 @@ def _holds(pack, e, counts, marks, pack_of):
 
 
 def _swaps(dup: np.ndarray, pack_of: np.ndarray, counts: np.ndarray, marks: np.ndarray, lens: np.ndarray,
-           cols: tuple[np.ndarray, ...], ncols: int, load: np.ndarray, caps: np.ndarray, seed: int,
+           cols: BudgetColumns, ncols: int, load: np.ndarray, caps: np.ndarray, seed: int,
            tries: int) -> None:
     """``_swap`` over the candidates ``np.random.default_rng([seed, 2]).permutation(n)`` read from its start,
     a block at a time (``bulk.ShuffledPrefix``: the swaps read a prefix, 0.32 of it at 1M, where the array
@@ -891,6 +921,8 @@ def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates
     of p's example (and p's none of q's) where tokens and every budget still fit. From duplicate ``t``, of
     which ``tried`` candidates were read; returns (t, tried) where ``candidates`` (the next block of the
     permutation) runs out, (len(dup), 0) when done."""
+    row_a = np.zeros(max(ncols, 1), dtype=np.int64)  # the two examples' costs (``_costs``)
+    row_b = np.zeros(max(ncols, 1), dtype=np.int64)
     dims = 1 + ncols
     delta = np.zeros(dims, dtype=np.int64)
     k = 0
@@ -909,8 +941,10 @@ def _swap(dup, pack_of, counts, marks, lens, cols, ncols, load, caps, candidates
             if a == b or _holds(a, eb, counts, marks, pack_of) or _holds(b, ea, counts, marks, pack_of):
                 continue
             delta[0] = np.int64(lens[eb]) - np.int64(lens[ea])
+            _costs(cols, eb, row_b)
+            _costs(cols, ea, row_a)
             for c in range(ncols):
-                delta[1 + c] = np.int64(cols[c][eb]) - np.int64(cols[c][ea])
+                delta[1 + c] = row_b[c] - row_a[c]
             fits = True
             for c in range(dims):
                 if load[c, a] + delta[c] > caps[c] or load[c, b] - delta[c] > caps[c]:
@@ -991,6 +1025,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
     """``kernels.next_fit`` over the compact columns, each row planned ``copies[r]`` times (empty: once): the
     number of packs; the first planned example of each written to ``starts`` where it has room, the pack of
     each to ``slot`` where it has room."""
+    row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     used = np.zeros(1 + ncols, dtype=np.int64)
     tokens = np.int64(0)
     b = -1
@@ -999,9 +1034,10 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
     for r in range(lens.shape[0]):
         for _ in range(1 if every else copies[r]):
             fits = b >= 0 and tokens + lens[r] <= capacity and used[0] + 1 <= budgets[0]
+            _costs(cols, r, row)
             if fits:
                 for c in range(ncols):
-                    if used[1 + c] + cols[c][r] > budgets[1 + c]:
+                    if used[1 + c] + row[c] > budgets[1 + c]:
                         fits = False
                         break
             if not fits:
@@ -1013,7 +1049,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
             tokens += lens[r]
             used[0] += 1
             for c in range(ncols):
-                used[1 + c] += cols[c][r]
+                used[1 + c] += row[c]
             if i < slot.shape[0]:
                 slot[i] = b
             i += 1
@@ -1024,6 +1060,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
 def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
     """The keyed index's state of the packs ``slot`` makes: key[b] = tokens left, rem2[b] = budgets left
     (examples first)."""
+    row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     key[:] = capacity
     for b in range(rem2.shape[0]):
         for d in range(budgets.shape[0]):
@@ -1035,8 +1072,9 @@ def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
             b = slot[i]
             key[b] -= lens[r]
             rem2[b, 0] -= 1
+            _costs(cols, r, row)
             for c in range(ncols):
-                rem2[b, 1 + c] -= cols[c][r]
+                rem2[b, 1 + c] -= row[c]
             i += 1
 
 

@@ -7,6 +7,7 @@ to int64 / Python objects cost 8-70 B per column per example (1,155 B per exampl
 
     tokens, loss tokens     uint16 (max_length < 65,536; else uint32)                     2 + 2 B
     media counts            only the count columns (``MEDIA``) that hold a non-zero value  2 B each
+                            (an item count, ``num_images``..., 1 B where a chunk's fit)
     source                  one per chunk (every file belongs to one source)              0 B
     loss weight             float64, only in a build where a weight differs from its loss tokens
     linear text             one bool per row, only in a chunk where some row is not linear text
@@ -42,6 +43,9 @@ COUNT_COLUMNS = tuple(dict.fromkeys(c for m in MEDIA for c in (m.token_column, m
                                     if c))
 """Each medium's token and count columns (``num_vision_tokens``, ``num_images``, ...): kept where non-zero."""
 
+_ITEM_COUNTS = frozenset(m.count_column for m in MEDIA)
+"""The count columns of items (``num_images``, ...): uint8 where a chunk's fit (``read_chunk``)."""
+
 _READ = ("num_tokens", "num_loss_tokens", "loss_weight", "loss_weights", "node_offsets", *COUNT_COLUMNS)
 PLAIN = "plain"  # chunk_table's column: no per-node loss weights, one node (what read_chunk's linear needs of the lists)
 
@@ -75,7 +79,11 @@ def read_chunk(cache: Any, i: int, config: Any, source: str, table: pa.Table | N
     for name in COUNT_COLUMNS:
         values = table.column(name).to_numpy()
         if values.any():
-            counts[name] = values.astype(dtype if values.max() < np.iinfo(dtype).max else np.uint32)
+            top = values.max()
+            # a count (images per example) in one byte where the chunk's fit: the planners read it as it is
+            # (issue 32: 1 byte per row off the driver's peak in every phase after the encode)
+            counts[name] = values.astype(np.uint8 if name in _ITEM_COUNTS and top < 2**8
+                                         else dtype if top < np.iinfo(dtype).max else np.uint32)
     weight = table.column("loss_weight").to_numpy()
     loss_weight = weight.astype(np.float64) if (weight != loss_tokens).any() else None
     linear = weight == loss_tokens
@@ -191,8 +199,9 @@ class ColumnsBuilder:
         self.loss_tokens[start:end] = part.loss_tokens
         for name in set(self.counts) | set(part.counts):
             values = part.counts.get(name)
-            self.counts[name] = self._fit(self.counts.get(name), part.tokens.dtype if values is None else values.dtype,
-                                          fill=0)
+            # a chunk without the column keeps its dtype (a uint8 count stays one byte)
+            self.counts[name] = self._fit(self.counts.get(name), self.counts[name].dtype if values is None
+                                          else values.dtype, fill=0)
             self.counts[name][start:end] = 0 if values is None else values
         if part.loss_weight is not None or self.loss_weight is not None:
             if self.loss_weight is None:

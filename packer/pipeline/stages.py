@@ -501,12 +501,16 @@ def warm_planner(config: BuildConfig) -> None:
         plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
         used = _used(config)
         limits = limits_of(config)
+
+        def zeros(k: int) -> list[np.ndarray]:  # each budget's column in read_chunk's dtype (an item count: uint8)
+            return [np.zeros(k, dtype if BUDGETS[j].tokens else np.uint8) for j in used]
+
         if config.algorithm in ("next-fit", "ffd"):  # their bulk kernels (every row planned, or some left out)
             from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit
 
             planner = plan_next_fit if config.algorithm == "next-fit" else plan_first_fit
             for counts in (None, np.ones(3, dtype=np.uint8)):  # three packs of one: refine's kernels run
-                planner(np.full(3, 2, dtype=dtype), 3, costs=[np.zeros(3, dtype)] * len(used),
+                planner(np.full(3, 2, dtype=dtype), 3, costs=zeros(3),
                         limits=[limits[j] or 1 for j in used], counts=counts,
                         max_examples=config.max_examples_per_pack, refine=config.refine)
         elif used or config.max_examples_per_pack is not None:
@@ -514,7 +518,7 @@ def warm_planner(config: BuildConfig) -> None:
 
             three = np.full(3, 2, dtype=dtype)  # three examples of 2 in packs of 3: three packs, refine's kernels run
             for counts in (None, np.ones(3, dtype=np.uint8)):  # every row planned once, or through counts
-                plan_budgeted(three, 3, costs=[np.zeros(3, dtype)] * len(used), limits=[limits[j] or 1 for j in used],
+                plan_budgeted(three, 3, costs=zeros(3), limits=[limits[j] or 1 for j in used],
                               counts=counts, max_examples=config.max_examples_per_pack, refine=config.refine)
         if any(s.weight != 1.0 for s in config.sources):  # up-sampled copies: separate_copies_bulk's kernels
             from packer.packing.bulk_budgets import separate_copies_bulk
@@ -522,7 +526,7 @@ def warm_planner(config: BuildConfig) -> None:
 
             two = plan_bulk(np.ones(2, dtype), config.max_length)
             separate_copies_bulk(two, Sampled.of(np.full(1, 2, np.uint8)), np.ones(1, dtype), capacity=config.max_length,
-                                 seed=0, costs=[np.zeros(1, dtype)] * len(used), limits=[limits[j] or 1 for j in used])
+                                 seed=0, costs=zeros(1), limits=[limits[j] or 1 for j in used])
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
         return
 

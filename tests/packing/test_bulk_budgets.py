@@ -17,10 +17,11 @@ NAMES = ["max_vision_tokens", "max_images"]
 
 
 def mixed(seed: int, n: int, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """uint16 lengths with 30% image examples: (lengths, vision tokens, images)."""
+    """uint16 lengths with 30% image examples: (lengths, vision tokens, images; images in one byte, as
+    ``columns.read_chunk`` gives an item count: the kernels read columns of two widths)."""
     rng = np.random.default_rng(seed)
     lens = np.clip(rng.integers(1, capacity // 3 + 2, size=n), 1, capacity)
-    images = (rng.random(n) < 0.3).astype(np.uint16)
+    images = (rng.random(n) < 0.3).astype(np.uint8)
     vision = (images * rng.integers(0, lens + 1)).astype(np.uint16)
     return lens.astype(np.uint16), vision, images
 
@@ -389,3 +390,53 @@ def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
                                capacity=512, seed=4)
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(got.pack_sizes, np.bincount(want))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_byte_columns_plan_as_widened_ones(seed):
+    """Budget columns of two widths (uint8 counts anywhere among uint16 ones, ``_columns``) give the plans of
+    the same columns all uint16: best, first and next fit, refine on, and separate_copies_bulk's swaps."""
+    from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit, separate_copies_bulk
+    from packer.packing.mixing import Sampled
+
+    rng = np.random.default_rng(500 + seed)
+    lens, vision, images = mixed(seed, 2000, 512)
+    videos = (rng.random(len(lens)) < 0.2).astype(np.uint8) * rng.integers(1, 3, size=len(lens)).astype(np.uint8)
+    names = ["max_images", "max_vision_tokens", "max_videos"]
+    narrow = [images, vision, videos]
+    wide = [c.astype(np.uint16) for c in narrow]
+    limits = [2, int(vision.max()) * 2, 3]
+    counts = rng.choice([0, 1, 1, 2, 3], size=len(lens)).astype(np.uint8)
+    for planner in (plan_budgeted, plan_first_fit, plan_next_fit):
+        got, want = (planner(lens, 512, costs=cols, limits=limits, names=names, counts=counts, max_examples=8,
+                             refine=True, seed=seed) for cols in (narrow, wide))
+        assert np.array_equal(got.order, want.order) and np.array_equal(got.bounds, want.bounds)
+    sampled = Sampled.of(counts)
+    got, want = (separate_copies_bulk(plan_budgeted(lens, 512, costs=cols, limits=limits, names=names,
+                                                    counts=counts, seed=seed),
+                                      sampled, lens, capacity=512, seed=seed, costs=cols, limits=limits)
+                 for cols in (narrow, wide))
+    assert np.array_equal(got.order, want.order) and np.array_equal(got.bounds, want.bounds)
+
+
+def test_an_item_count_stays_one_byte_across_chunks():
+    """ColumnsBuilder keeps a uint8 count uint8 through a chunk without it, and widens it for a chunk whose
+    counts do not fit a byte."""
+    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
+
+    def chunk(images):
+        tokens = np.full(4, 300, np.uint16)
+        return ChunkColumns(tokens=tokens, loss_tokens=tokens, loss_weight=None, linear=None,
+                            counts={} if images is None else {"num_images": images}, over=np.zeros(0, np.int64),
+                            rejects=[])
+
+    built = ColumnsBuilder(4)
+    for part in (np.array([1, 0, 2, 0], np.uint8), None, np.array([0, 3, 0, 0], np.uint8)):
+        built.add(chunk(part))
+    images = built.finish([""] * 3).count("num_images")
+    assert images.dtype == np.uint8 and images.tolist() == [1, 0, 2, 0, 0, 0, 0, 0, 0, 3, 0, 0]
+    built = ColumnsBuilder(4)
+    for part in (np.array([1, 0, 2, 0], np.uint8), np.array([300, 0, 0, 0], np.uint16)):
+        built.add(chunk(part))
+    images = built.finish([""] * 2).count("num_images")
+    assert images.dtype == np.uint16 and images.tolist() == [1, 0, 2, 0, 300, 0, 0, 0]
