@@ -43,7 +43,7 @@ from numba import njit
 from packer.errors import ConfigError
 from packer.packing import kernels
 from packer.packing.bulk import PackOrder, ShuffledPrefix, _raise_misfit, write_order
-from packer.packing.kernels import class_column, ix_new, ix_open_all, refine_next, refine_try
+from packer.packing.kernels import class_column, ffd_take, ix_new, ix_open_all, refine_next, refine_try
 from packer.packing.mixing import MARK, Sampled
 
 # The decreasing order is made this many examples at a time at least (n // BLOCKS from 16M): one scan of the
@@ -546,29 +546,7 @@ def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, s
             need[0] = bsize[k]
             for c in range(ncols):
                 need[2 + c] = bneed[k, c]
-            node = 1
-            while True:  # depth-first, left first (kernels.ffd's descent)
-                fits = True
-                for d in range(dims):
-                    if tree[node, d] < need[d]:
-                        fits = False
-                        break
-                if fits:
-                    if node >= half:
-                        break
-                    node = 2 * node
-                    continue
-                while node & 1:
-                    node >>= 1
-                node += 1  # the root always fits (an empty pack), so this never climbs past it
-            b = node - half
-            for d in range(dims):
-                tree[node, d] -= need[d]
-            node >>= 1
-            while node >= 1:
-                for d in range(dims):
-                    tree[node, d] = max(tree[2 * node, d], tree[2 * node + 1, d])
-                node >>= 1
+            b = ffd_take(tree, need, half)  # kernels.ffd's leftmost fit
             bpack[k] = b
             if b == num_packs:
                 num_packs += 1

@@ -679,6 +679,38 @@ def no_packs(dims: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True)
+def ffd_take(tree, need, half):
+    """The first fit in a max segment tree over packs (leaves from ``half``; one row of maxima per node: tokens
+    left, then each budget left): the leftmost pack where every entry of ``need`` fits, taken (``need``
+    subtracted from its leaf, the maxima above refreshed). Returns the pack. The root must fit (an unused pack)."""
+    dims = need.shape[0]
+    node = 1
+    while True:  # depth-first, left first; maxima of different budgets may come from different packs
+        fits = True
+        for d in range(dims):
+            if tree[node, d] < need[d]:
+                fits = False
+                break
+        if fits:
+            if node >= half:
+                break
+            node = 2 * node
+            continue
+        while node & 1:
+            node >>= 1
+        node += 1  # the root always fits, so this never climbs past it
+    for d in range(dims):
+        tree[node, d] -= need[d]
+    b = node - half
+    node >>= 1
+    while node >= 1:
+        for d in range(dims):
+            tree[node, d] = max(tree[2 * node, d], tree[2 * node + 1, d])
+        node >>= 1
+    return b
+
+
+@njit(cache=True)
 def ffd(order, lens, needs, capacity, budgets):
     """First-fit decreasing: a max segment tree over packs 0..n-1, all initially empty; the leftmost pack
     where tokens and every budget fit is the first fit, so a fresh pack is simply the next unused leaf."""
@@ -701,29 +733,7 @@ def ffd(order, lens, needs, capacity, budgets):
         i = order[k]
         need[0] = lens[i]
         need[1:] = needs[i]
-        node = 1
-        while True:  # depth-first, left first; maxima of different budgets may come from different packs
-            fits = True
-            for d in range(dims):
-                if tree[node, d] < need[d]:
-                    fits = False
-                    break
-            if fits:
-                if node >= half:
-                    break
-                node = 2 * node
-                continue
-            while node & 1:
-                node >>= 1
-            node += 1  # the root always fits (an unused pack), so this never climbs past it
-        b = node - half
-        for d in range(dims):
-            tree[node, d] -= need[d]
-        node >>= 1
-        while node >= 1:
-            for d in range(dims):
-                tree[node, d] = max(tree[2 * node, d], tree[2 * node + 1, d])
-            node >>= 1
+        b = ffd_take(tree, need, half)
         assign[i] = b
         num_packs = max(num_packs, b + 1)
     return assign, num_packs
