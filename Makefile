@@ -44,8 +44,9 @@ demo: setup
 	$(VENV)/bin/packer stats $(DEMO)/spoken_qa --plot $(DEMO)/spoken_qa_stats.png
 	$(VENV)/bin/packer verify $(DEMO)/spoken_qa --input $(DEMO)/jsonl/coco_spoken_qa.jsonl
 
+# CI's command. It prints the 25 slowest tests, so a suite creeping toward CI's 30 minutes shows where.
 test: setup
-	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The edit loop: everything not marked `slow` (multi-process crash and Ray runs, real-model proofs, processor
 # sweeps over every COCO image), under a minute on 2 cores. CI and `make test` run the whole suite.
