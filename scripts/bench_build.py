@@ -250,6 +250,12 @@ def _timed(inner, marks: dict[str, float]):
         def close(self):
             inner.close()
 
+        def writes_here(self, examples, ranges):
+            return inner.writes_here(examples, ranges)
+
+        def exchange(self, tasks, **kw):  # the inner executor's (the pool's map tasks), not Executor's default
+            yield from inner.exchange(tasks, **kw)
+
         def encode(self, chunks, **kw):
             marks["encode"] = _now()
             yield from inner.encode(chunks, **kw)
