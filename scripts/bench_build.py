@@ -29,6 +29,11 @@ reader reads from both identical); the ratios below are printed for both.
 ``--scan-only``: only time the scan (``stages.scan_chunks``: byte ranges for JSONL, the spill for the others)
 of each ``--input-format``, in this process (wall and CPU seconds).
 
+``--breakdown`` also prints the wall's critical path: every thread of the build's tree sampled every 0.05 s (/proc),
+each interval charged ``max(its busiest thread's CPU, its CPU / N)`` (what N quiet cores would need: load stretches
+every thread alike), by the build process's step then; the idle core-seconds are the serial work. ``--base`` prints
+that estimate per build too, and "cores busy": CPU-s / (N x the estimate), which load changes least.
+
 ``--breakdown``: every CPU-second of each build's process tree by process and phase (no profiler: ``time.thread_time``
 around the build process's named steps, exclusive of the steps they call, and ``time.process_time`` around each pool
 worker's start, tasks and first use of the encoder, the rest of each process from /proc as "other"); the stages'
@@ -245,6 +250,12 @@ def _timed(inner, marks: dict[str, float]):
         def close(self):
             inner.close()
 
+        def writes_here(self, examples, ranges):
+            return inner.writes_here(examples, ranges)
+
+        def exchange(self, tasks, **kw):  # the inner executor's (the pool's map tasks), not Executor's default
+            yield from inner.exchange(tasks, **kw)
+
         def encode(self, chunks, **kw):
             marks["encode"] = _now()
             yield from inner.encode(chunks, **kw)
@@ -293,19 +304,24 @@ _STEP_CPU: dict[str, float] = {}  # label -> CPU-s, this process (the build's, o
 _STACK = __import__("threading").local()
 
 
+_SPANS: list[tuple[str, float, float]] = []  # --timeline: (label, wall start, wall end) of each step, this process
+
+
 def _exclusive(label: str, fn, clock=time.thread_time):
-    """``fn`` that adds its CPU (``clock``), less that of the wrapped steps it calls, to ``_STEP_CPU[label]``."""
+    """``fn`` that adds its CPU (``clock``), less that of the wrapped steps it calls, to ``_STEP_CPU[label]``
+    (and its wall span to ``_SPANS``)."""
     import functools
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
         stack = _STACK.__dict__.setdefault("frames", [])
         stack.append(0.0)  # the CPU of wrapped steps called from this one
-        t0 = clock()
+        t0, w0 = clock(), time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             spent = clock() - t0
+            _SPANS.append((label, w0, time.perf_counter()))
             inner = stack.pop()
             _STEP_CPU[label] = _STEP_CPU.get(label, 0.0) + spent - inner
             if stack:
@@ -429,6 +445,8 @@ def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qw
     marks["end"] = _now()
     names = list(marks)
     if breakdown:
+        spans = [(k, marks[k][0], marks[b][0]) for k, b in zip(names, names[1:], strict=False)] + _SPANS
+        (Path(os.environ["BENCH_BUILD_BREAKDOWN"]) / "spans.json").write_text(json.dumps(spans))
         print(json.dumps({**_STEP_CPU, "_total": time.process_time()}))
     print(json.dumps([{a: marks[b][k] - marks[a][k] for a, b in zip(names, names[1:], strict=False)} for k in (0, 1)]))
 
@@ -475,9 +493,11 @@ def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
 
 def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
                  profile: str = "qwen2-vl", script: Path | None = None,
-                 breakdown: Path | None = None) -> dict[str, float]:
+                 breakdown: Path | None = None, timeline: bool = False) -> dict[str, float]:
     """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process;
-    ``breakdown``: a new directory for the CPU by process and phase (``--breakdown``, this tree's script only)."""
+    ``breakdown``: a new directory for the CPU by process and phase (``--breakdown``, this tree's script only);
+    ``timeline`` (implied by ``breakdown``): every thread's CPU sampled, for ``_timeline``'s quiet-box wall."""
+    timeline = timeline or breakdown is not None
     script = script or Path(__file__).resolve()
     cmd = [sys.executable, str(script), "--child", str(path), str(out), str(num_proc), executor]
     if "PROFILE" in script.read_text() or profile != "qwen2-vl":  # an older tree's child takes no profile
@@ -490,10 +510,14 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peak, peak_pss, pss, cpu = 0, 0, [0], {}
+    samples: list[tuple[float, dict[str, float]]] = []  # --breakdown: (wall, CPU-s of every thread of the tree)
     while proc.poll() is None:
         peak = max(peak, _tree_usage(proc.pid, cpu, pss))
         peak_pss = max(peak_pss, pss[0])
-        time.sleep(0.2)
+        for _ in range(4 if timeline else 1):
+            if timeline:
+                samples.append((time.perf_counter(), _thread_cpu(proc.pid)))
+            time.sleep(0.05 if timeline else 0.2)
     dt = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"packer build failed with exit code {proc.returncode}")
@@ -508,7 +532,68 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
               "shards": [s["sha256"] for s in manifest["shards"]], "shard_bytes": sum(s["bytes"] for s in manifest["shards"])}
     if breakdown is not None:
         result["breakdown"] = _breakdown(proc.pid, json.loads(lines[-2]), breakdown, cpu)
+    if timeline:
+        spans = breakdown / "spans.json" if breakdown is not None else None
+        result["timeline"] = _timeline(samples, json.loads(spans.read_text()) if spans and spans.exists() else [])
     return result
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU-s so far of every thread of ``pid`` and its descendants, by ``pid/tid`` (from /proc)."""
+    out: dict[str, float] = {}
+    tick, stack = os.sysconf("SC_CLK_TCK"), [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[f"{p}/{task}"] = (int(fields[11]) + int(fields[12])) / tick
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _timeline(samples: list[tuple[float, dict[str, float]]], spans: list[tuple[str, float, float]],
+              cores: int = 2) -> dict[str, list[float]]:
+    """The build's wall critical path on a quiet box of ``cores`` cores, from the threads' CPU sampled every
+    0.05 s: each interval takes at least its busiest thread's CPU and its CPU spread over every core,
+    ``max(busiest, sum / cores)`` (load stretches every thread alike, so the estimate holds under load); its
+    idle core-seconds are ``cores * that - sum``. By the build process's innermost step (main thread) at the
+    interval's middle: [observed wall, CPU-s of the tree, estimated quiet wall, idle core-seconds]."""
+    rows: dict[str, list[float]] = {}
+    main = [s for s in spans if not s[0].startswith("warm planner")]
+    for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+        spent = [b[k] - a.get(k, 0.0) for k in b]
+        total, busiest = sum(spent), max(spent, default=0.0)
+        quiet = max(busiest, total / cores)
+        mid = (t0 + t1) / 2
+        inside = [s for s in main if s[1] <= mid < s[2]]
+        label = min(inside, key=lambda s: s[2] - s[1])[0] if inside else \
+            "(before the build's first mark / exit)" if main else "all"
+        row = rows.setdefault(label, [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate((t1 - t0, total, quiet, cores * quiet - total)):
+            row[i] += v
+    return rows
+
+
+def print_timeline(b: dict, cores: int = 2) -> None:
+    """``--breakdown``'s wall table: where a quiet box of ``cores`` cores would spend the build's wall, and
+    how many core-seconds idle there (serial work)."""
+    rows = b["timeline"]
+    quiet = sum(r[2] for r in rows.values())
+    print(f"\n| build process step (main thread) | wall here, s | CPU-s of the tree | quiet {cores}-core wall, s "
+          "(estimated) | idle core-s |\n| --- | --- | --- | --- | --- |")
+    for label, r in sorted(rows.items(), key=lambda kv: -kv[1][2]):
+        if r[0] >= 0.05:
+            print(f"| {label} | {r[0]:.2f} | {r[1]:.2f} | {r[2]:.2f} | {r[3]:.2f} |")
+    print(f"| all | {sum(r[0] for r in rows.values()):.2f} | {sum(r[1] for r in rows.values()):.2f} | {quiet:.2f} | "
+          f"{sum(r[3] for r in rows.values()):.2f} |")
+    cpu = sum(r[1] for r in rows.values())
+    print(f"  estimated quiet {cores}-core wall {quiet:.2f} s: {b['text_tokens'] / quiet / 1e6:.2f} Mtok/s (text tokens); "
+          f"the cores busy {cpu / cores / quiet:.1%} of it (CPU-s / ({cores} x that wall): the load-robust share)\n")
 
 
 def _breakdown(child: int, steps: dict[str, float], where: Path,
@@ -555,9 +640,12 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
             out = tmp / f"ab-{name}"
             shutil.rmtree(out, ignore_errors=True)
             load = os.getloadavg()[0]
-            b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name])
+            b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name], timeline=True)
             runs[name].append(b)
-            print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall, peak RSS "
+            b["quiet_wall"] = sum(v[2] for v in b["timeline"].values())
+            busy = sum(v[1] for v in b["timeline"].values()) / args.num_proc / b["quiet_wall"]
+            print(f"  round {r + 1} {name}: {b['cpu_seconds']:.1f} CPU-s, {b['seconds']:.1f} s wall "
+                  f"(quiet {args.num_proc}-core estimate {b['quiet_wall']:.2f} s, cores busy {busy:.1%}), peak RSS "
                   f"{b['peak_rss_mib']:.0f} MiB (PSS {b['peak_pss_mib']:.0f}), load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
     if args.schema_change:  # other bytes by design: the rows as this tree's reader reads them must be equal
         from packer.shards.io import open_shards, read_shard
@@ -577,6 +665,9 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
         out[name] = min(bs, key=lambda b: abs(b["cpu_seconds"] - cpu))
         each = ", ".join(f"{b['cpu_seconds']:.1f}" for b in bs)
         writes = ", ".join(f"{b['stages'].get('write', 0):.2f}" for b in bs)
+        quiet = ", ".join(f"{b['quiet_wall']:.2f}" for b in bs)
+        print(f"  {name}: median quiet {args.num_proc}-core wall estimate "
+              f"{statistics.median(b['quiet_wall'] for b in bs):.2f} s ({quiet})")
         print(f"  {name}: median {cpu:.2f} CPU-s ({each}), wall "
               f"{min(b['seconds'] for b in bs):.1f}-{max(b['seconds'] for b in bs):.1f} s, write stage wall "
               f"{writes} s, shards {bs[0]['shard_bytes'] / 2**20:.2f} MiB; {same}")
@@ -661,6 +752,7 @@ def main() -> None:
                 print("    the build process's CPU-s by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in b["parent_cpu"].items()))
                 if "breakdown" in b:
                     print_breakdown(b)
+                    print_timeline(b, args.num_proc)
             for fmt in args.input_format:
                 if fmt == "jsonl":
                     continue
