@@ -16,7 +16,6 @@ bytes whatever runs them, in whatever order.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,7 +45,6 @@ if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan
     from packer.packing.mixing import Sampled
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
-SHARD_PIECES = 4  # a shard's rows gathered in up to this many pieces, each written while the next is gathered
 
 
 def progress_bar(iterable=None, *, enabled: bool, **kw):
@@ -751,31 +749,17 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         entry = json.loads(marker.read_text())
         if sha256_file(path) == entry["sha256"]:
             return entry
-    group = config.rows_per_row_group
-    # the shard's packs in pieces of whole row groups, written by a thread while the next is gathered
-    # (io._write_pieces); one piece where there are fewer than two row groups a piece, or a map output's section
-    # to read (the exchange's take reads a shard's section at once)
-    step = max(group, -(-(p1 - p0) // SHARD_PIECES // group) * group) if shards.exchange is None else p1 - p0
-    starts = list(range(p0, p1, step)) if step < p1 - p0 else [p0]
-
-    def piece(a: int, b: int) -> pa.Table:
-        sel = shards.examples[pack_bounds[a] : pack_bounds[b]]
-        remember = shards.remember or len(starts) > 1  # a piece's files are visited again by the next piece
-        rows = cache.take(sel, remember=remember) if shards.exchange is None else \
-            shards.exchange.take(sel, j, remember=shards.remember)
-        dup = None if shards.copies is None else shards.copies[pack_bounds[a] : pack_bounds[b]]
-        if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
-            ids = rows.column("example_id").to_pylist()
-            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
-            rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id",
-                                   pa.array(ids, pa.string()))
-        return assemble_packs(rows, shards.pack_sizes[a:b])
-
-    first = piece(p0, min(p1, p0 + step))
-    hooks.at("shard-write", s, table=first, path=path)
-    rest = (piece(a, min(p1, a + step)) for a in starts[1:])
-    entry = write_shard(first if len(starts) == 1 else itertools.chain([first], rest), path,
-                        rows_per_row_group=group)
+    sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
+    rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
+        shards.exchange.take(sel, j, remember=shards.remember)
+    dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
+    if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
+        ids = rows.column("example_id").to_pylist()
+        ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
+        rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
+    packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
+    hooks.at("shard-write", s, table=packed, path=path)
+    entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
     hooks.at("shard", s)
     write_json_atomic(marker, entry)
     return entry

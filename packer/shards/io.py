@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,77 +32,29 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.parquet"
 
 
-_OPTIONS = dict(compression="zstd", use_dictionary=["example_sources"],
-                write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"])
-
-
-def write_shard(table: pa.Table | Iterator[pa.Table], path: str | Path | ObjectPath, *,
-                rows_per_row_group: int) -> dict[str, Any]:
+def write_shard(table: pa.Table, path: str | Path | ObjectPath, *, rows_per_row_group: int) -> dict[str, Any]:
     """Write one shard atomically (temp name, fsync, rename; on a store: temp object, copy); return its
-    manifest entry. ``table``: the shard's rows, or an iterator of pieces of them (``_write_pieces``)."""
+    manifest entry."""
+    options = dict(compression="zstd", row_group_size=rows_per_row_group, use_dictionary=["example_sources"],
+                   write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"])
     if isinstance(path, ObjectPath):
         sink = pa.BufferOutputStream()
-        rows = _write_pieces(table, sink, rows_per_row_group)
+        pq.write_table(table, sink, **options)
         data = sink.getvalue().to_pybytes()
         write_atomic(path, data)
-        return {"file": path.name, "rows": rows, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        return {"file": path.name, "rows": table.num_rows, "sha256": hashlib.sha256(data).hexdigest(),
+                "bytes": len(data)}
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        rows = _write_pieces(table, tmp, rows_per_row_group)
+        pq.write_table(table, tmp, **options)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return {"file": path.name, "rows": rows, "sha256": sha256_file(path), "bytes": path.stat().st_size}
-
-
-def _write_pieces(table: pa.Table | Iterator[pa.Table], where: Any, rows_per_row_group: int) -> int:
-    """``table`` as Parquet at ``where``; its row count. An iterator's pieces (each but the last a whole number
-    of row groups: the same row groups, so the same bytes as the whole table's) are written by a thread while
-    this one makes the next: Parquet's encoding and compression release the GIL, so the gather of piece k + 1
-    (``stages._write_shard``) runs beside the write of piece k on another core (docs/benchmarks.md, "Where a
-    build's wall goes")."""
-    if isinstance(table, pa.Table):
-        pq.write_table(table, where, row_group_size=rows_per_row_group, **_OPTIONS)
-        return table.num_rows
-    import queue
-    import threading
-
-    pieces: queue.Queue[pa.Table | None] = queue.Queue(maxsize=1)  # one piece waits: memory ~2 pieces
-    failed: list[BaseException] = []
-
-    def write() -> None:
-        writer = None
-        try:
-            while (piece := pieces.get()) is not None:
-                if not failed:
-                    writer = writer or pq.ParquetWriter(where, piece.schema, **_OPTIONS)
-                    writer.write_table(piece, row_group_size=rows_per_row_group)
-            if writer is not None:
-                writer.close()
-        except BaseException as e:  # noqa: BLE001  # raised in the caller's thread below
-            failed.append(e)
-            while pieces.get() is not None:  # drain: the producer never blocks on a dead writer
-                pass
-
-    thread = threading.Thread(target=write, name="shard-writer", daemon=True)
-    thread.start()
-    rows = 0
-    try:
-        for piece in table:
-            rows += piece.num_rows
-            pieces.put(piece)
-            if failed:
-                break
-    finally:
-        pieces.put(None)
-        thread.join()
-    if failed:
-        raise failed[0]
-    return rows
+    return {"file": path.name, "rows": table.num_rows, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
 def write_json_atomic(path: str | Path | ObjectPath, obj: Any) -> None:

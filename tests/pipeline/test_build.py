@@ -288,33 +288,3 @@ def test_one_pool_encodes_and_writes(tmp_path):
     assert not multiprocessing.active_children()
     assert not list((tmp_path / "two" / ".packer").rglob("encoder.pkl*"))
     assert not list(Path(tempfile.gettempdir()).glob(f"encoder.pkl.tmp-{os.getpid()}-*"))  # preload's file
-
-
-def test_shards_written_in_pieces_equal_whole_ones(built, corpus, tmp_path, monkeypatch):
-    """A shard gathered and written in pieces of whole row groups (a thread writes piece k while piece k + 1 is
-    gathered: stages._write_shard, io._write_pieces) has the bytes of one written whole; so has the writer fed
-    the pieces of any shard's table, and a failing piece leaves no file behind."""
-    import pyarrow.parquet as pq
-
-    import packer.pipeline.stages as stages
-    from packer.shards.io import write_shard
-
-    _, out, result = built
-    pieces = build(_config(corpus, tmp_path / "pieces", rows_per_row_group=1), progress=False)  # a piece a pack
-    monkeypatch.setattr(stages, "SHARD_PIECES", 1)
-    whole = build(_config(corpus, tmp_path / "whole", rows_per_row_group=1), progress=False)
-    assert whole.manifest["shards"][0]["rows"] > 1 and _shard_sums(whole) == _shard_sums(pieces)
-
-    table = pq.read_table(out / result.manifest["shards"][0]["file"])
-    one = write_shard(table, tmp_path / "one.parquet", rows_per_row_group=1)
-    pieces = write_shard(iter([table.slice(0, 1), table.slice(1)]), tmp_path / "pieces.parquet", rows_per_row_group=1)
-    assert (tmp_path / "one.parquet").read_bytes() == (tmp_path / "pieces.parquet").read_bytes()
-    assert pieces["rows"] == one["rows"] == table.num_rows
-
-    def failing():
-        yield table.slice(0, 1)
-        raise OSError("disk gone")
-
-    with pytest.raises(OSError, match="disk gone"):
-        write_shard(failing(), tmp_path / "failed.parquet", rows_per_row_group=1)
-    assert not list(tmp_path.glob("failed.parquet*"))
