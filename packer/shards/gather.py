@@ -11,14 +11,10 @@ from numba import njit
 def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.ndarray, out_offsets: np.ndarray,
                 dest: np.ndarray) -> None:
     """out[out_offsets[dest[k]]:...] = src[offsets[rows[k]]:offsets[rows[k] + 1]] for every k: one list (or
-    string) per row of a list column, ~10 ns per row against ~1 us for a Python slice assignment.
-
-    The indices are unsigned: a signed one makes numba check each access for a negative (wrap-around) index,
-    a branch per element that keeps the loop from being vectorized (~9x the time of a row's copy in cache,
-    docs/benchmarks.md, "Repack")."""
+    string) per row of a list column, ~10 ns per row against ~1 us for a Python slice assignment."""
     for k in range(rows.shape[0]):
-        a = np.uint64(offsets[rows[k]])
-        n = np.uint64(offsets[rows[k] + 1]) - a
-        d = np.uint64(out_offsets[dest[k]])
-        for j in range(n):
+        a = offsets[rows[k]]
+        b = offsets[rows[k] + 1]
+        d = out_offsets[dest[k]]
+        for j in range(b - a):
             out[d + j] = src[a + j]
