@@ -149,7 +149,7 @@ def encoded_table(encoded: Sequence[Encoded | Row]) -> pa.Table:
         "input_ids": _list(offsets, ids_p, np.int32),
         "labels": pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels.astype(np.int32, copy=False))),
         "loss_weights": _optional_list(weights, lengths, np.float32),
-        "position_ids": _positions_column(offsets, np.concatenate(pos_p).astype(np.int32, copy=False)),
+        "position_ids": _list(offsets, pos_p, np.int32),
         **_mrope_columns(encoded, lengths, mrope_p, mrope_n),
         "node_offsets": _list(node_offsets, node_off_p, np.int32),
         "node_parents": _list(node_offsets, node_par_p, np.int32),
@@ -178,25 +178,6 @@ def _images(counts: np.ndarray, sources: list[str], data: list[bytes | None], in
     fields = [pa.array(sources, pa.string()), pa.array(data, pa.binary())]
     fields += [pa.array(np.ascontiguousarray(ints[:, c])) for c in range(5)]
     return pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(fields, fields=list(IMAGE_TYPE)))
-
-
-def _positions_column(offsets: np.ndarray, positions: np.ndarray) -> pa.ListArray:
-    """The ``position_ids`` column (cache format 3): an empty list for an example whose positions count 0, 1, ...
-    (every linear example), its positions where they do not (a tree's branches): ~1/4 of a text token's bytes in
-    the cache, which every shard's gather copies (``assemble_packs`` counts them again, ``gather.count_positions``)."""
-    lengths = np.diff(offsets).astype(np.int64)
-    starts = np.repeat(offsets[:-1].astype(np.int64), lengths)
-    wrong = np.zeros(positions.shape[0] + 1, dtype=np.int64)
-    np.cumsum(positions != np.arange(positions.shape[0], dtype=np.int64) - starts, out=wrong[1:])
-    kept = wrong[offsets[1:]] > wrong[offsets[:-1]]  # examples whose positions do not count 0, 1, ...
-    stored = np.zeros(offsets.shape[0], dtype=np.int32)
-    np.cumsum(np.where(kept, lengths, 0), out=stored[1:])
-    return pa.ListArray.from_arrays(pa.array(stored), pa.array(positions[np.repeat(kept, lengths)]))
-
-
-def stored_positions(positions: np.ndarray) -> np.ndarray:
-    """One example's ``position_ids`` as the cache stores them (``_positions_column``): empty where they count 0, 1, ..."""
-    return positions[:0] if np.array_equal(positions, np.arange(positions.shape[0])) else positions
 
 
 def _list(offsets: np.ndarray | None, parts: list[np.ndarray], dtype: type) -> pa.ListArray:
@@ -255,7 +236,7 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
         "input_ids": enc.input_ids,
         "labels": enc.labels,
         "loss_weights": enc.loss_weights,
-        "position_ids": stored_positions(np.asarray(enc.position_ids)),
+        "position_ids": enc.position_ids,
         **sparse,
         "node_offsets": enc.node_offsets,
         "node_parents": enc.node_parents,
@@ -726,22 +707,6 @@ def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
 
 
-def _positions(examples: pa.Table, lengths: np.ndarray, tok_bounds: np.ndarray) -> np.ndarray:
-    """Every example's positions back to back (int32): 0, 1, ... where the cache stores none
-    (``_positions_column``), else its own; ShardError for an example whose stored positions are not one per token."""
-    from packer.shards.gather import count_positions
-
-    off, values = _list_numpy(examples.column("position_ids"))
-    held = np.diff(off)
-    wrong = np.flatnonzero((held != 0) & (held != lengths))
-    if len(wrong):
-        raise ShardError(f"example {int(wrong[0])} has {held[wrong[0]]} positions for {lengths[wrong[0]]} tokens: the "
-                         "encode cache is corrupt")
-    out = np.empty(int(tok_bounds[-1]), dtype=np.int32)
-    count_positions(lengths, off, values.astype(np.int32, copy=False), out)
-    return out
-
-
 def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: bool = False) -> pa.Table:
     """Build shard rows (``SCHEMA``: what a shard stores) from examples already ordered pack by pack.
 
@@ -761,10 +726,9 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
     ex_start_in_row = tok_bounds[:-1] - tok_bounds[pack_bounds[:-1]][pack_of_example]  # (n,)
 
     cols: dict[str, pa.Array] = {}
-    for name in ("input_ids", "labels"):
+    for name in ("input_ids", "labels", "position_ids"):
         item_off, values = _list_parts(examples.column(name))
         cols[name] = _regroup(values, item_off, pack_bounds)
-    cols["position_ids"] = _regroup(pa.array(_positions(examples, lengths, tok_bounds)), tok_bounds, pack_bounds)
 
     # cu_seqlens per pack: example start offsets within the row, then the row length.
     row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)

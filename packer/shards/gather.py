@@ -1,4 +1,4 @@
-"""The compiled loops of ``assemble.take_rows`` and ``assemble_packs`` (numba): imported by the write stage only, so ``import
+"""The compiled copy loop of ``assemble.take_rows`` (numba): imported by the write stage only, so ``import
 packer.shards`` (verify, the training loaders) does not pay numba's import."""
 
 from __future__ import annotations
@@ -18,20 +18,3 @@ def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.
         d = out_offsets[dest[k]]
         for j in range(b - a):
             out[d + j] = src[a + j]
-
-
-@njit(cache=True)
-def count_positions(lengths: np.ndarray, offsets: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
-    """Each example's positions into ``out``, back to back: 0 .. lengths[e] - 1 where it holds none (``offsets[e]
-    == offsets[e + 1]``, the cache's rule for positions that count), else ``values[offsets[e]:offsets[e + 1]]``."""
-    t = 0
-    for e in range(lengths.shape[0]):
-        a = offsets[e]
-        b = offsets[e + 1]
-        if a == b:
-            for j in range(lengths[e]):
-                out[t + j] = j
-        else:
-            for j in range(b - a):
-                out[t + j] = values[a + j]
-        t += lengths[e]

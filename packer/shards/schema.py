@@ -176,7 +176,7 @@ EXAMPLE_SCHEMA = pa.schema(
         ("input_ids", I32_LIST),
         ("labels", I32_LIST),
         ("loss_weights", F32_LIST),  # L, or null (every loss weight 1)
-        ("position_ids", I32_LIST),  # L, or empty where they count 0, 1, ... (cache format 3)
+        ("position_ids", I32_LIST),
         # mRoPE as a shard row stores it (SCHEMA's three columns, example-relative), or null: the write packs
         # them into rows without making them dense (packer.shards.mrope.row_columns); cache format 2
         ("mrope_runs", I32_LIST),

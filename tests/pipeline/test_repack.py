@@ -82,9 +82,9 @@ def test_repack_beyond_what_the_cache_kept_is_refused(images_corpus, tmp_path):
     # a cache of an older format (dense mRoPE positions, no ``format`` in its mark) is refused: rebuild it
     mark_path = tmp_path / "out" / ".packer" / "encode" / "fingerprint.json"
     mark = json.loads(mark_path.read_text())
-    assert mark["format"] == CACHE_FORMAT == 3
+    assert mark["format"] == CACHE_FORMAT == 2
     mark_path.write_text(json.dumps({k: v for k, v in mark.items() if k != "format"}))
-    with pytest.raises(ConfigError, match=r"an encode cache of format 1, this packer reads format 3 .*: rebuild it "
+    with pytest.raises(ConfigError, match=r"an encode cache of format 1, this packer reads format 2 .*: rebuild it "
                                           r"with its `packer build` command"):
         repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=512)
     assert not (tmp_path / "new").exists()

@@ -11,7 +11,7 @@ import pytest
 from packer.core.types import Encoded, EncodedVideo
 from packer.errors import ShardError
 from packer.models import get_profile
-from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, stored_positions, take_rows
+from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, take_rows
 from packer.shards.mrope import dense_row
 from packer.shards.schema import EXAMPLE_SCHEMA
 from tests.helpers import random_example
@@ -55,11 +55,8 @@ def test_encoded_table_holds_the_examples(seed, mrope):
     table = encoded_table(examples)
     assert table.schema == EXAMPLE_SCHEMA
     for e, row in zip(examples, table.to_pylist(), strict=True):
-        for name in ("input_ids", "labels", "node_offsets", "node_parents"):
+        for name in ("input_ids", "labels", "position_ids", "node_offsets", "node_parents"):
             assert row[name] == getattr(e, name).tolist(), name
-        # positions that count 0, 1, ... are not stored (cache format 3); others are, and count them again
-        assert row["position_ids"] == stored_positions(e.position_ids).tolist()
-        assert (row["position_ids"] == []) == (e.position_ids.tolist() == list(range(e.num_tokens)))
         if e.mrope_position_ids is None:
             assert row["mrope_runs"] is row["mrope_bases"] is row["mrope_rest"] is None
         else:  # stored as a shard row stores them (example-relative): the rule gives back every value
