@@ -178,9 +178,8 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
             got[name][i] += b[i] - a[i]
 
     start = (0.0, 0.0, 0)
-    t = usage()
     from packer.cli import cli
-    add("interpreter + import packer.cli", start, t)
+    add("interpreter, this script + packer.cli imports", start, usage())
     t0 = usage()
     import numba  # noqa: F401
     import pandas  # noqa: F401
@@ -244,8 +243,8 @@ def breakdown(args: argparse.Namespace, root: Path, repack_args: list[str]) -> N
         s = statistics.median(r[name][1] for r in runs)
         f = statistics.median(r[name][2] for r in runs)
         print(f"{name:40s} {u + s:6.2f} CPU-s (user {u:5.2f}, system {s:5.2f}; {f:9,.0f} minor faults)")
-    print(f"median of {len(runs)} fresh processes; the whole process: "
-          f"{', '.join(f'{r[names[-1]][0] + r[names[-1]][1]:.2f}' for r in runs)} CPU-s")
+    whole = [sum(r["the whole process"][:2]) for r in runs]
+    print(f"median of {len(runs)} fresh processes; the whole process: {', '.join(f'{w:.2f}' for w in whole)} CPU-s")
 
 
 def show(name: str, r: dict[str, float], full: dict[str, float] | None = None) -> None:
