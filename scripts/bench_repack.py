@@ -27,6 +27,14 @@ by ~10%, measured in minutes instead of three full builds.
 ``--own-builds``: each tree repacks a full build it made itself (DIR/full-N-0, DIR/full-N-1, each timed once):
 for a change of the encode cache's format, which the other tree's cache would not serve.
 
+``--breakdown`` (with ``--keep DIR``): repacks of the kept full build, each in a fresh process as ``packer repack``
+runs (no profiler: ``getrusage`` around each phase, user and system CPU apart, and the page faults), ``--pairs``
+of them: where a repack's CPU goes, the fixed costs (the interpreter and packer's imports; numba, pandas and
+``pyarrow.parquet``, imported up front here as the repack would on its way; the numba kernels' loads fall in the
+phases that first call them) against the per-row work (the gathers, pack assembly, the Parquet encode).
+
+    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --breakdown --pairs 3
+
 ``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
 writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
 process-time clock: the exchange's map tasks (their chunk-file reads, their IPC writes), the writers'
@@ -145,6 +153,100 @@ def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bo
     print(f"{'a pool worker: imports + initializer':46s} {float(start.stdout):7.2f} CPU-s (once per worker)")
 
 
+PHASES = (("cached columns (build._cached)", "packer.pipeline.build", "_cached"),
+          ("plan (stages.plan_packs)", "packer.pipeline.build", "plan_packs"),
+          ("gather (assemble.take_rows)", "packer.pipeline.cache", "take_rows"),
+          ("pack assembly (assemble_packs)", "packer.pipeline.stages", "assemble_packs"),
+          ("Parquet + checksum (io.write_shard)", "packer.pipeline.stages", "write_shard"))
+
+
+def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
+    """``--breakdown``'s fresh process: the repack of ``full`` into ``out``, CPU (user, system) and minor page faults
+    of each phase, as JSON on the last line of stdout."""
+    import importlib
+    import resource
+
+    def usage() -> tuple[float, float, int]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime, r.ru_stime, r.ru_minflt
+
+    got: dict[str, list[float]] = {}
+
+    def add(name: str, a: tuple[float, float, int], b: tuple[float, float, int]) -> None:
+        got.setdefault(name, [0.0, 0.0, 0])
+        for i in range(3):
+            got[name][i] += b[i] - a[i]
+
+    start = (0.0, 0.0, 0)
+    from packer.cli import cli
+    add("interpreter, this script + packer.cli imports", start, usage())
+    t0 = usage()
+    import numba  # noqa: F401
+    import pandas  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+    add("import numba, pandas, pyarrow.parquet", t0, usage())
+
+    def wrap(name: str, module: str, attr: str) -> None:
+        mod = importlib.import_module(module)
+        f = getattr(mod, attr)
+
+        def timed_phase(*a: object, **k: object) -> object:
+            u = usage()
+            try:
+                return f(*a, **k)
+            finally:
+                add(name, u, usage())
+        setattr(mod, attr, timed_phase)
+
+    for name, module, attr in PHASES:
+        wrap(name, module, attr)
+    t1 = usage()
+    try:
+        cli(["repack", str(full), "-o", str(out), *repack_args], standalone_mode=False)
+    except SystemExit as e:
+        if e.code:
+            raise
+    add("the repack (from its command)", t1, usage())
+    add("the whole process", start, usage())
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    got["pool workers, if any"] = [r.ru_utime, r.ru_stime, r.ru_minflt]
+    print(json.dumps(got))
+
+
+def breakdown(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
+    """``--breakdown``: ``--pairs`` repacks of the kept full build, each in a fresh process, CPU per phase."""
+    import shutil
+    import statistics
+
+    if args.keep is None:
+        raise SystemExit("--breakdown needs --keep DIR (the full build it repacks, made there once)")
+    corpus, full = args.keep / f"corpus-{args.records}.jsonl", args.keep / f"full-{args.records}"
+    if not (full / "manifest.json").exists():
+        if not corpus.exists():
+            make_corpus(corpus, args.coco, args.records)
+        show("full build (8192)", timed(["build", str(corpus), "-o", str(full), "--max-length", "8192", "--overwrite",
+                                         *BUILD, "--num-proc", str(args.num_proc)]))
+    print(cache_size(full), flush=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    runs = []
+    for k in range(args.pairs + 1):  # the first untimed: the kernels compiled and cached
+        shutil.rmtree(root / "repack", ignore_errors=True)
+        res = subprocess.run([sys.executable, __file__, "--breakdown-child", str(full), str(root / "repack"),
+                              *repack_args], env=env, cwd=REPO, capture_output=True, text=True)
+        if res.returncode:
+            raise SystemExit(f"the repack failed:\n{res.stderr}")
+        if k:
+            runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    names = list(runs[0])
+    for name in names:
+        u = statistics.median(r[name][0] for r in runs)
+        s = statistics.median(r[name][1] for r in runs)
+        f = statistics.median(r[name][2] for r in runs)
+        print(f"{name:40s} {u + s:6.2f} CPU-s (user {u:5.2f}, system {s:5.2f}; {f:9,.0f} minor faults)")
+    whole = [sum(r["the whole process"][:2]) for r in runs]
+    print(f"median of {len(runs)} fresh processes; the whole process: {', '.join(f'{w:.2f}' for w in whole)} CPU-s")
+
+
 def show(name: str, r: dict[str, float], full: dict[str, float] | None = None) -> None:
     share = f"  = {r['cpu'] / full['cpu']:.1%} of the full build's CPU, {r['wall'] / full['wall']:.1%} of its wall" \
         if full else ""
@@ -226,8 +328,14 @@ def main() -> None:
     ap.add_argument("--warm-records", type=int, default=2000,
                     help="with --before: the untimed build that compiles REV's numba kernels first, of this many "
                          "records (a small one leaves some of a large build's kernels to compile in its timed build)")
+    ap.add_argument("--breakdown", action="store_true", help="with --keep: CPU per phase of fresh repacks")
+    ap.add_argument("--breakdown-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
+    if args.breakdown_child:
+        full, out, *rest = args.breakdown_child
+        breakdown_child(Path(full), Path(out), rest)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         corpus = root / "corpus.jsonl"
@@ -235,6 +343,9 @@ def main() -> None:
         repack_args = ["--max-length", "4096", "--seed", "1", "-q"]
         if args.ab:
             ab(args, root, repack_args + n)
+            return
+        if args.breakdown:
+            breakdown(args, root, repack_args + n)
             return
         if args.profile_write:
             base = args.keep or root
