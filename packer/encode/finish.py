@@ -18,8 +18,12 @@ columns (``Rows``: the batch's flat arrays, a ``Row`` per record naming its inde
 (``shards.assemble.encoded_table``) gathers each column from them in one step, and an ``Encoded`` (views of
 those arrays) is made only where a caller asks for one (``Encoder.encode_batch`` without ``rows``).
 
+A ``text`` record is [bos] + its tokens + eos, positions 0..L-1: the batch's text records are one ``Rows`` of
+their own (``_text_rows``), with no forest to lay out.
+
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
-a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
+a ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
+or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
 family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (exactly those classes), adjacent
 image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
 tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
