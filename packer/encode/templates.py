@@ -34,6 +34,7 @@ from packer.models.registry import fast_renderer
 from packer.models.shared.tokenizer import (
     Gemma4Renderer,
     GemmaRenderer,
+    GlmRenderer,
     Llama4Renderer,
     MistralRenderer,
     SmolVLMRenderer,
@@ -334,12 +335,15 @@ class ChatTemplate:
         ]
         for conv in probe_conversations(images=True) + extra:
             got = fast.locate(conv)
-            if got is None and all(len(m.parts) == 1 and type(m.parts[0]) is str for m in conv):
-                return None  # the text-only probes must be the fast path's: else it earns nothing
             try:
-                if got is not None and got != self.locate(conv):  # self._fast is not set yet: this is Jinja
-                    return None
+                want = self.locate(conv)  # self._fast is not set yet: this is Jinja
             except RecordError:
+                if got is not None:  # Jinja refuses it: so must the fast path
+                    return None
+                continue
+            if got is None and all(len(m.parts) == 1 and type(m.parts[0]) is str for m in conv):
+                return None  # the text-only probes Jinja renders must be the fast path's: else it earns nothing
+            if got is not None and got != want:
                 return None
         return fast
 
@@ -719,7 +723,92 @@ class _Llama4:
         return text, spans
 
 
-_Fast = _ChatML | _Gemma | _Gemma4 | _Llama4 | _Mistral | _SmolVLM
+class _Glm:
+    """Pure-Python rendering of GLM-4.6V's template: Jinja's text and ``ChatTemplate.locate``'s spans. An assistant's
+    content is written stripped after an empty thinking block, so, as ``_Gemma``, it gives the marker spans where
+    stripping leaves every assistant content alone (and it is not empty) and the prefix fallback's elsewhere."""
+
+    PREFIX, USER, SYSTEM, ASSISTANT = "[gMASK]<sop>", "<|user|>\n", "<|system|>\n", "<|assistant|>"
+    THINK, GENERATION = "\n<think></think>", "<|assistant|>\n"  # an empty thinking block; the generation prompt
+
+    def __init__(self, *, image: str, video: str):
+        self.image, self.video = image, video
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.PREFIX]
+        pos = len(self.PREFIX)
+        starts, ends, bounds = [], [], []
+        exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
+        stable = True  # every prefix's rendering a prefix of the whole (else Jinja's fallback fails)
+        last_user = max((i for i, m in enumerate(conv) if m.role == "user"), default=-1)
+        for i, m in enumerate(conv):
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            if len(parts) == 1 and type(parts[0]) is str:
+                content = parts[0]
+            elif any(type(p) is not str and type(p) is not ImageRef and type(p) is not VideoRef for p in parts):
+                return None  # an audio part (the template writes none): Jinja
+            else:
+                content = "".join([p if type(p) is str else self.image if type(p) is ImageRef else self.video
+                                   for p in parts])  # type: ignore[misc]
+            if m.role == "assistant":
+                if "</think>" not in content:
+                    stripped = content.strip()
+                    exact = exact and stripped == content and content != ""
+                    head = self.ASSISTANT + self.THINK + ("\n" if stripped else "")
+                    content = stripped
+                else:  # the template's split: the thinking shown after the last user turn only, all stripped
+                    pre, post = content.split("</think>")[0], content.split("</think>")[-1]
+                    reasoning = pre.rstrip("\n").split("<think>")[-1].lstrip("\n")
+                    body = post.lstrip("\n").strip()
+                    shown = i > last_user and reasoning != ""
+                    stable = stable and (i > last_user or not reasoning.strip())
+                    # the marked content keeps its open marker only without a <think> before the split, and in
+                    # the thinking shown; trimming must leave both ends alone
+                    exact = (exact and "<think>" not in pre and i > last_user and pre.rstrip() == pre.strip()
+                             and body != "" and post.lstrip("\n").lstrip() == body)
+                    think = "\n<think>" + reasoning.strip() + "</think>" if shown else self.THINK
+                    if exact:  # the span starts inside the thinking block, where the open marker sits
+                        head = self.ASSISTANT + "\n<think>"
+                        content = think[len("\n<think>"):] + "\n" + body
+                    else:
+                        head = self.ASSISTANT + think + ("\n" if body else "")
+                        content = body
+            elif m.role == "user":
+                head = self.USER
+            elif m.role == "system":
+                head = self.SYSTEM
+            else:
+                return None  # a tool turn: Jinja
+            pos += len(head)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            bounds.append(pos)
+            pieces += (head, content)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        if not stable:
+            return None  # Jinja's prefix fallback fails (template_error): let it say so
+        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
+        for k, m in enumerate(conv):
+            before = bounds[k - 1] if k else 0
+            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: the prefix)
+                before = (bounds[k - 1] if k else len(self.PREFIX)) + len(self.GENERATION)
+            spans.append((before, None, bounds[k]))
+        return text, spans
+
+
+_Fast = _ChatML | _Gemma | _Gemma4 | _Glm | _Llama4 | _Mistral | _SmolVLM
 
 
 def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _Fast | None:
@@ -735,6 +824,8 @@ def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _Fast 
         if not (isinstance(bos, str) and isinstance(eos, str)):
             return None
         return _Mistral(bos=bos, eos=eos, image=spec.image)
+    if isinstance(spec, GlmRenderer):
+        return _Glm(image=spec.image, video=spec.video)
     if isinstance(spec, Llama4Renderer):
         bos = special_tokens.get("bos_token")
         return None if not isinstance(bos, str) else _Llama4(bos=bos, image=spec.image)

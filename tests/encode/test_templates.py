@@ -60,7 +60,7 @@ _FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-
                   "llava-onevision": "llava-onevision", "internvl3": "internvl", "qwen2.5-omni": "qwen2.5-omni",
                   "qwen3-omni": "qwen3-omni", "qwen2-audio": "qwen2-audio", "mistral3": "mistral3",
                   "molmo2": "molmo2", "smolvlm": "smolvlm", "gemma4": "gemma4",
-                  "llama4": "llama4"}
+                  "llama4": "llama4", "glm-4.6v": "glm-4.6v"}
 
 
 @pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
@@ -353,3 +353,40 @@ def test_llama4_renderer_equals_jinja(llama4, convs, calls):
     if not calls and all(m.role != "tool" and all(isinstance(p, str) for p in m.parts) for m in conv):
         assert fast is not None
     assert locate(llama4._chat, conv) == want
+
+
+_THINKING = st.sampled_from(["r</think>a", "r</think>\n\nb ", " r</think>b", "\n<think>r\n</think>\nb", "</think>",
+                             "</think>\n", "a</think>b</think>c", "<think>", "\n\n</think>x"])
+
+
+@pytest.fixture(scope="module")
+def glm() -> Encoder:
+    """GLM-4.6V's builtin (its template strips an assistant's text) with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v"))
+    assert encoder._chat._verify and encoder._chat._fast is not None, "glm-4.6v's renderer must pass the probes"
+    return encoder
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(_PADDED4, _THINKING, st.just(None), st.just(1), st.just(2)),
+                                         min_size=0, max_size=3)),
+                      min_size=1, max_size=5))
+def test_glm_renderer_equals_jinja(glm, convs):
+    """GLM-4.6V's renderer on any conversation (assistant texts padded, empty or not, so that either the marker
+    spans or the prefix fallback is Jinja's answer; thinking blocks; None parts images, 1 videos, 2 audio clips;
+    tool turns) gives what ``locate`` gives through Jinja, or None; every conversation of user / assistant / system
+    texts without a thinking block is its."""
+    from packer.core.types import AudioRef
+
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4"), 2: AudioRef(path="x.wav")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in convs]
+    want = locate(jinja(glm._chat), conv)
+    fast = glm._chat._fast.locate(conv)
+    if fast is not None:
+        assert fast == want
+    if all(m.role != "tool" and all(isinstance(p, str) and "think>" not in p for p in m.parts) for m in conv):
+        assert fast is not None
+    assert locate(glm._chat, conv) == want

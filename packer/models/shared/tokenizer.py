@@ -153,6 +153,17 @@ class Llama4Renderer:
 
 
 @dataclass(frozen=True)
+class GlmRenderer:
+    """GLM-4.6V's template in pure Python (``packer.encode.templates._Glm``, checked on probes as ChatML's):
+    ``[gMASK]<sop>``, ``<|system|>\n`` / ``<|user|>\n`` + content, ``<|assistant|>\n<think></think>`` + ``\n`` and
+    the content stripped (nothing where it strips to nothing), ``image`` / ``video`` for its parts. A tool turn or
+    call, an audio part or a thinking block in an assistant's text is Jinja's."""
+
+    image: str
+    video: str
+
+
+@dataclass(frozen=True)
 class TokenizerSpec:
     """One builtin tokenizer (``--tokenizer NAME``): ranks + added tokens + roles + chat template."""
 
