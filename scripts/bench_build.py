@@ -17,6 +17,7 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --profile qwen3-vl   # another family's template and tokenizer
     python scripts/bench_build.py --records 50000 --base ../before --rounds 3   # before / after, alternated
     python scripts/bench_build.py --records 50000 --rss-only --breakdown   # CPU by process and phase
+    python scripts/bench_build.py --records 200000 --shape text --profile text --rss-only   # tiny text records
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
@@ -67,7 +68,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 
-def make_corpus(path: Path, coco: Path, records: int, seed: int = 0) -> None:
+def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str = "chat") -> None:
+    """bench_build's chats (above), or with ``shape="text"`` bench_build_memory's tiny ``{"text": ...}`` records
+    (2-40 words each: issue 32's text corpus, built with ``--profile text``)."""
+    if shape == "text":
+        import bench_build_memory
+
+        bench_build_memory.make_records(path, records, seed)
+        return
     rng = np.random.default_rng(seed)
     caps = json.loads((coco / "annotations" / "captions_train2017.json").read_text())["annotations"]
     sentences = [c["caption"].strip().rstrip(".") + "." for c in caps]
@@ -631,7 +639,7 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
 
     scripts = {"base": base.resolve() / "scripts" / "bench_build.py", "this": Path(__file__).resolve()}
     warm = tmp / "warm.jsonl"
-    make_corpus(warm, args.coco, 3000)
+    make_corpus(warm, args.coco, 3000, shape=args.shape)
     for name, script in scripts.items():  # numba compiles into each tree's cache once
         packer_build(warm, tmp / f"warm-{name}", args.num_proc, profile=args.profile, script=script)
     runs: dict[str, list[dict]] = {name: [] for name in scripts}
@@ -707,6 +715,8 @@ def main() -> None:
                     "this tree's reader reads from both instead of the bytes")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
                     "template; the baseline's too)")
+    ap.add_argument("--shape", choices=("chat", "text"), default="chat", help="the corpus: bench_build's chats, or "
+                    "tiny text records (bench_build_memory's; build them with --profile text)")
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -731,7 +741,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.records:
             corpus = Path(tmp) / f"corpus-{n}.jsonl"
-            make_corpus(corpus, args.coco, n)
+            make_corpus(corpus, args.coco, n, shape=args.shape)
             print(f"\n{n:,} records ({corpus.stat().st_size / 2**20:.0f} MiB JSONL)")
             builds = {}
             if args.base:

@@ -15,8 +15,8 @@ default) takes them where they apply, ``fast=False`` never does, ``fast={"byte-l
 says which path each step took (a test proves the general one ran):
 
 - ``python-template``: a registered ChatML template (the builtins' Qwen2-VL, Qwen2.5, Qwen3-VL, LLaVA-OneVision,
-  InternVL3, Qwen2.5-Omni, Qwen3-Omni, Qwen2-Audio, Molmo2) or Gemma 3's, Mistral 3's or SmolVLM's in pure Python (templates.py), where Jinja is the
-  general path;
+  InternVL3, Qwen2.5-Omni, Qwen3-Omni, Qwen2-Audio, Molmo2) or Gemma 3's, the gemma4 stand-in's, Llama 4's, Mistral 3's
+  or SmolVLM's in pure Python (templates.py), where Jinja is the general path;
 - ``byte-lengths``: the loss rule for all texts at once from token byte lengths (labels.batch_loss_labels), where
   character offsets per text are the general path;
 - ``fastokens``: the batch's ids, flat, from fastokens on the tokenizer's own tokenizer.json (fastokens_bpe.py),
@@ -25,8 +25,8 @@ says which path each step took (a test proves the general one ran):
   (It replaced issue 25's ``tiktoken`` engine, removed in issue 33: every vocabulary tiktoken was exact on,
   fastokens is too, at ~10x its speed.)
 - ``batch-finish``: the batch's common records (a conversation or tree whose images are the placeholder
-  repeated, or none) finished together as columns (finish.py), where ``_finish`` per record is the general
-  path; anything it cannot prove identical goes there.
+  repeated, or none; a text record that fits) finished together as columns (finish.py), where ``_finish`` per
+  record is the general path; anything it cannot prove identical goes there.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 

@@ -18,8 +18,12 @@ columns (``Rows``: the batch's flat arrays, a ``Row`` per record naming its inde
 (``shards.assemble.encoded_table``) gathers each column from them in one step, and an ``Encoded`` (views of
 those arrays) is made only where a caller asks for one (``Encoder.encode_batch`` without ``rows``).
 
+A ``text`` record is [bos] + its tokens + eos, positions 0..L-1: the batch's text records are one ``Rows`` of
+their own (``_text_rows``), with no forest to lay out.
+
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
-a ``text`` record, videos or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
+a ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
+or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
 family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (exactly those classes), adjacent
 image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
 tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
@@ -39,7 +43,7 @@ from packer.encode.context import EncodeContext
 from packer.encode.draft import Tokens
 from packer.encode.render import Staged
 from packer.models.base import ModelProfile
-from packer.models.rules import MediaRun, Positions
+from packer.models.rules import MediaRun, Positions, flat_mrope
 from packer.models.shared.mrope import MRoPE, expected_mrope
 
 
@@ -100,6 +104,7 @@ class BatchFinish:
         as ``draft.join_nodes``), gathered back to back; everything after is one pass over that layout."""
         ctx = self.ctx
         out: list[Row | None] = [None] * len(examples)
+        self._text_rows(examples, staged, tokens, max_length, out)
         if tokens.weights is not None:  # per-token loss weights: the general path
             return out
         starts = tokens.starts
@@ -259,6 +264,60 @@ class BatchFinish:
             example = examples[chosen[r]]
             out[chosen[r]] = Row(block, r, example.example_id, example.source_name)
         return out
+
+
+    def _text_rows(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
+                   max_length: int | None, out: list[Row | None]) -> None:
+        """The batch's ``text`` records as one ``Rows`` of their own (into ``out``): each is ``text_draft``'s
+        [bos] + its text's tokens + eos, loss on every token but the first, positions 0..L-1 (mRoPE's three
+        rows equal to them). Left to the general path: a record holding a media token literally, one over
+        ``max_length`` (its length policy) and one of fewer than 2 tokens (no loss token)."""
+        ctx = self.ctx
+        chosen = [i for i, e in enumerate(examples) if e.kind == "text"]
+        if not chosen:
+            return
+        starts = np.asarray(tokens.starts, dtype=np.int64)
+        k = np.fromiter((staged[i].first for i in chosen), dtype=np.int64, count=len(chosen))
+        lo, body = starts[k], starts[k + 1] - starts[k]
+        bos, eos = ctx.tokens.bos_id, ctx.tokens.eos_id
+        head, tail = int(bos is not None), int(eos is not None)
+        length = body + head + tail
+        bounds = np.zeros(len(chosen) + 1, dtype=np.int64)
+        np.cumsum(length, out=bounds[1:])
+        total = int(bounds[-1])
+        first = bounds[:-1]
+        ids = np.empty(total, dtype=np.int32)
+        keep = np.ones(total, dtype=bool)  # body tokens
+        if head:
+            ids[first] = bos
+            keep[first] = False
+        if tail:
+            ids[bounds[1:] - 1] = eos
+            keep[bounds[1:] - 1] = False
+        at = np.flatnonzero(keep)
+        ids[at] = tokens.ids[at + np.repeat(lo - first - head, body)]
+        rec = np.repeat(np.arange(len(chosen)), length)
+        ok = length >= 2
+        if max_length is not None:
+            ok &= length <= max_length
+        ok[rec[ctx.is_placeholder[ids]]] = False  # a media token written literally: the general path raises it
+        if not ok.any():
+            return
+        labels = ids.copy()
+        labels[first] = IGNORE_INDEX  # nothing predicts an example's first token
+        positions = (np.arange(total, dtype=np.int64) - np.repeat(first, length)).astype(np.int32)
+        mrope = None if self.mrope is None else flat_mrope(positions)
+        empty = np.zeros(0, dtype=np.int64)
+        block = Rows(ids=ids, labels=labels, positions=positions, mrope=mrope, bounds=bounds, node_start=bounds,
+                     rec_nodes=np.arange(len(chosen) + 1, dtype=np.int64),
+                     parents=np.full(len(chosen), -1, dtype=np.int64), images=[],
+                     img_first=np.zeros(len(chosen) + 1, dtype=np.int64), img_offsets=empty, img_tokens=empty,
+                     img_grids=empty.reshape(0, 3))
+        sel = np.flatnonzero(ok).tolist()
+        ctx.paths["finish:batch"] += len(sel)
+        for r in sel:
+            example = examples[chosen[r]]
+            out[chosen[r]] = Row(block, r, example.example_id, example.source_name)
 
 
 class Rows:

@@ -14,8 +14,9 @@ the prefix fallback takes over: each prefix ``conv[:k]`` is rendered and must be
 
 Fast path: a ChatML template a builtin tokenizer registers (Qwen2-VL's, Qwen2.5's, Qwen3-VL's, LLaVA-OneVision's,
 InternVL3's, Qwen2.5-Omni's, Qwen3-Omni's, Qwen2-Audio's, Molmo2's; a user's file with the same template string too), and
-Gemma 3's and SmolVLM's (``_Gemma``, ``_SmolVLM``: their markers are checked, so they give the checked path's
-answer, markers or prefixes) and Mistral 3's (``_Mistral``), is rendered in pure Python with its content spans,
+Gemma 3's, the gemma4 stand-in's, Llama 4's and SmolVLM's (``_Gemma``, ``_Gemma4``, ``_Llama4``, ``_SmolVLM``: their
+markers are checked, so they give the checked path's answer, markers or prefixes) and Mistral 3's (``_Mistral``), is
+rendered in pure Python with its content spans,
 because the sandboxed Jinja render checks every attribute access (Qwen3-VL's calls a macro per message); it is used only if it reproduces Jinja on the probes, it leaves to Jinja what it does not write as plain
 ChatML (tool calls, a role or part its template writes otherwise), and tests/encode/test_templates.py compares
 both on random conversations for every registered template.
@@ -30,7 +31,14 @@ from typing import Any
 from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
-from packer.models.shared.tokenizer import GemmaRenderer, MistralRenderer, SmolVLMRenderer
+from packer.models.shared.tokenizer import (
+    Gemma4Renderer,
+    GemmaRenderer,
+    GlmRenderer,
+    Llama4Renderer,
+    MistralRenderer,
+    SmolVLMRenderer,
+)
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content boundaries in a rendering
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
@@ -147,7 +155,7 @@ class ChatTemplate:
                 raise ConfigError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
         self._parts = self._content_as_parts()  # text-only content given as a list of parts, not a string
         self._verify = not self._marker_transparent(images=images)  # True: check every marked rendering
-        self._fast: _ChatML | _Gemma | _Mistral | _SmolVLM | None = None  # set only after the Jinja path has checked it on the probes
+        self._fast: _Fast | None = None  # set only after the Jinja path has checked it on the probes
         renderer = _fast_template(source, special_tokens) if fast else None
         if self._verify and isinstance(renderer, _ChatML):
             renderer = None  # ChatML's renderer gives marker spans only (Gemma's gives the checked path's answers)
@@ -309,8 +317,8 @@ class ChatTemplate:
                 return False
         return True
 
-    def _checked(self, fast: _ChatML | _Gemma | _Mistral | _SmolVLM | None
-                 ) -> _ChatML | _Gemma | _Mistral | _SmolVLM | None:
+    def _checked(self, fast: _Fast | None
+                 ) -> _Fast | None:
         """``fast`` if it agrees with the Jinja rendering on every probe conversation, else None."""
         if fast is None:
             return None
@@ -327,12 +335,15 @@ class ChatTemplate:
         ]
         for conv in probe_conversations(images=True) + extra:
             got = fast.locate(conv)
-            if got is None and all(len(m.parts) == 1 and type(m.parts[0]) is str for m in conv):
-                return None  # the text-only probes must be the fast path's: else it earns nothing
             try:
-                if got is not None and got != self.locate(conv):  # self._fast is not set yet: this is Jinja
-                    return None
+                want = self.locate(conv)  # self._fast is not set yet: this is Jinja
             except RecordError:
+                if got is not None:  # Jinja refuses it: so must the fast path
+                    return None
+                continue
+            if got is None and all(len(m.parts) == 1 and type(m.parts[0]) is str for m in conv):
+                return None  # the text-only probes Jinja renders must be the fast path's: else it earns nothing
+            if got is not None and got != want:
                 return None
         return fast
 
@@ -582,7 +593,225 @@ class _SmolVLM:
         return text, spans
 
 
-def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatML | _Gemma | _Mistral | _SmolVLM | None:
+class _Gemma4:
+    """Pure-Python rendering of the gemma4 stand-in's template: Jinja's text and ``ChatTemplate.locate``'s spans.
+    It trims every text (a model turn's after dropping thinking channels: left to Jinja), so, as ``_Gemma``, it
+    gives the marker spans where trimming leaves each content's ends alone and the prefix fallback's elsewhere."""
+
+    TURN, END, MODEL = "<|turn>", "<turn|>\n", "<|turn>model\n"
+
+    def __init__(self, *, bos: str, image: str, video: str, audio: str):
+        self.bos = bos
+        self.parts = {ImageRef: image, VideoRef: video, AudioRef: audio}
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.bos]
+        pos = len(self.bos)
+        starts, ends, bounds = [], [], []
+        exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
+        for i, m in enumerate(conv):
+            if m.tool_calls or m.role not in ("user", "assistant", "system"):
+                return None
+            role = "model" if m.role == "assistant" else m.role
+            parts = m.parts
+            if all(type(p) is str for p in parts):
+                content = "".join(parts)  # type: ignore[arg-type]
+                if role == "model" and ("<|channel>" in content or "<channel|>" in content):
+                    return None
+                trimmed = content.strip()
+                exact = exact and trimmed == content
+            elif i == 0 and role == "system":
+                return None  # the template raises: a first system turn of parts
+            else:
+                shown = [p for p in parts if not (type(p) is AudioRef and p.video)]  # as hf_message gives them
+                out = []
+                for p in shown:
+                    if type(p) is str:
+                        if role == "model" and ("<|channel>" in p or "<channel|>" in p):
+                            return None
+                        out.append(p.strip())
+                    elif type(p) in self.parts:
+                        out.append(self.parts[type(p)])
+                    else:
+                        return None
+                if not shown:
+                    return None
+                first, last = shown[0], shown[-1]
+                # a marker glued to the first (last) text keeps what trim would take from that end
+                exact = exact and (type(first) is not str or first.rstrip() == first.strip()) and (
+                    type(last) is not str or last.lstrip() == last.strip())
+                trimmed = "".join(out)
+            header = self.TURN + role + "\n"
+            pos += len(header)
+            starts.append(pos)
+            pos += len(trimmed)
+            ends.append(pos)
+            pos += len(self.END)
+            bounds.append(pos)
+            pieces += (header, trimmed, self.END)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
+        for k, m in enumerate(conv):
+            before = bounds[k - 1] if k else 0
+            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: bos_token)
+                before = (bounds[k - 1] if k else len(self.bos)) + len(self.MODEL)
+            spans.append((before, None, bounds[k]))
+        return text, spans
+
+
+class _Llama4:
+    """Pure-Python rendering of Llama 4's template: Jinja's text and ``ChatTemplate.locate``'s spans. Only a first
+    system message's text is trimmed, so the marker spans are Jinja's answer unless trimming touches it, where
+    its prefix fallback's are (as ``_Gemma``)."""
+
+    HEAD, EOT, ASSISTANT = "<|header_start|>", "<|eot|>", "<|header_start|>assistant<|header_end|>\n\n"
+
+    def __init__(self, *, bos: str, image: str):
+        self.bos, self.image = bos, image
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.bos]
+        pos = len(self.bos)
+        starts, ends, bounds = [], [], []
+        exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
+        for i, m in enumerate(conv):
+            if m.tool_calls is not None or m.role not in ("user", "assistant", "system"):
+                return None  # a tool turn or call ("tool_calls" in message, even empty): Jinja
+            parts = m.parts
+            if all(type(p) is str for p in parts):
+                content = "".join(parts)  # type: ignore[arg-type]
+                if i == 0 and m.role == "system":
+                    trimmed = content.strip()
+                    exact = trimmed == content
+                    content = trimmed
+            elif (i == 0 and m.role == "system") or any(type(p) is not str and type(p) is not ImageRef
+                                                         for p in parts):
+                return None  # a first system turn of parts (its first part's text), a video or audio: Jinja
+            else:
+                content = "".join([p if type(p) is str else self.image for p in parts])  # type: ignore[misc]
+            header = f"{self.HEAD}{m.role}<|header_end|>\n\n"
+            pos += len(header)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            pos += len(self.EOT)
+            bounds.append(pos)
+            pieces += (header, content, self.EOT)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        spans: list[Span] = [(0, None, bounds[0])]  # the prefix fallback (a first system text it trimmed)
+        for k in range(1, len(conv)):
+            before = bounds[k - 1] + (len(self.ASSISTANT) if conv[k].role == "assistant" else 0)
+            spans.append((before, None, bounds[k]))
+        return text, spans
+
+
+class _Glm:
+    """Pure-Python rendering of GLM-4.6V's template: Jinja's text and ``ChatTemplate.locate``'s spans. An assistant's
+    content is written stripped after an empty thinking block, so, as ``_Gemma``, it gives the marker spans where
+    stripping leaves every assistant content alone (and it is not empty) and the prefix fallback's elsewhere."""
+
+    PREFIX, USER, SYSTEM, ASSISTANT = "[gMASK]<sop>", "<|user|>\n", "<|system|>\n", "<|assistant|>"
+    THINK, GENERATION = "\n<think></think>", "<|assistant|>\n"  # an empty thinking block; the generation prompt
+
+    def __init__(self, *, image: str, video: str):
+        self.image, self.video = image, video
+
+    def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
+        """``ChatTemplate.locate`` of ``conv``; None where Jinja decides."""
+        if not conv:
+            return None
+        pieces = [self.PREFIX]
+        pos = len(self.PREFIX)
+        starts, ends, bounds = [], [], []
+        exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
+        stable = True  # every prefix's rendering a prefix of the whole (else Jinja's fallback fails)
+        last_user = max((i for i, m in enumerate(conv) if m.role == "user"), default=-1)
+        for i, m in enumerate(conv):
+            if m.tool_calls:
+                return None
+            parts = m.parts
+            if len(parts) == 1 and type(parts[0]) is str:
+                content = parts[0]
+            elif any(type(p) is not str and type(p) is not ImageRef and type(p) is not VideoRef for p in parts):
+                return None  # an audio part (the template writes none): Jinja
+            else:
+                content = "".join([p if type(p) is str else self.image if type(p) is ImageRef else self.video
+                                   for p in parts])  # type: ignore[misc]
+            if m.role == "assistant":
+                if "</think>" not in content:
+                    stripped = content.strip()
+                    exact = exact and stripped == content and content != ""
+                    head = self.ASSISTANT + self.THINK + ("\n" if stripped else "")
+                    content = stripped
+                else:  # the template's split: the thinking shown after the last user turn only, all stripped
+                    pre, post = content.split("</think>")[0], content.split("</think>")[-1]
+                    reasoning = pre.rstrip("\n").split("<think>")[-1].lstrip("\n")
+                    body = post.lstrip("\n").strip()
+                    shown = i > last_user and reasoning != ""
+                    stable = stable and (i > last_user or not reasoning.strip())
+                    # the marked content keeps its open marker only without a <think> before the split, and in
+                    # the thinking shown; trimming must leave both ends alone
+                    exact = (exact and "<think>" not in pre and i > last_user and pre.rstrip() == pre.strip()
+                             and body != "" and post.lstrip("\n").lstrip() == body)
+                    think = "\n<think>" + reasoning.strip() + "</think>" if shown else self.THINK
+                    if exact:  # the span starts inside the thinking block, where the open marker sits
+                        head = self.ASSISTANT + "\n<think>"
+                        content = think[len("\n<think>"):] + "\n" + body
+                    else:
+                        head = self.ASSISTANT + think + ("\n" if body else "")
+                        content = body
+            elif m.role == "user":
+                head = self.USER
+            elif m.role == "system":
+                head = self.SYSTEM
+            else:
+                return None  # a tool turn: Jinja
+            pos += len(head)
+            starts.append(pos)
+            pos += len(content)
+            ends.append(pos)
+            bounds.append(pos)
+            pieces += (head, content)
+        text = "".join(pieces)
+        if (OPEN in text or CLOSE in text) and any(
+            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
+        ):
+            return None
+        if exact:
+            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        if not stable:
+            return None  # Jinja's prefix fallback fails (template_error): let it say so
+        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
+        for k, m in enumerate(conv):
+            before = bounds[k - 1] if k else 0
+            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: the prefix)
+                before = (bounds[k - 1] if k else len(self.PREFIX)) + len(self.GENERATION)
+            spans.append((before, None, bounds[k]))
+        return text, spans
+
+
+_Fast = _ChatML | _Gemma | _Gemma4 | _Glm | _Llama4 | _Mistral | _SmolVLM
+
+
+def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _Fast | None:
     """The pure-Python renderer a builtin tokenizer registers for exactly this template string, if any
     (``TokenizerSpec.fast_renderer``: Qwen2-VL's, which is also Qwen2-VL-*-Instruct's own chat_template.json)."""
     spec = fast_renderer(source)
@@ -595,6 +824,15 @@ def _fast_template(source: str | None, special_tokens: dict[str, str]) -> _ChatM
         if not (isinstance(bos, str) and isinstance(eos, str)):
             return None
         return _Mistral(bos=bos, eos=eos, image=spec.image)
+    if isinstance(spec, GlmRenderer):
+        return _Glm(image=spec.image, video=spec.video)
+    if isinstance(spec, Llama4Renderer):
+        bos = special_tokens.get("bos_token")
+        return None if not isinstance(bos, str) else _Llama4(bos=bos, image=spec.image)
+    if isinstance(spec, Gemma4Renderer):
+        bos = special_tokens.get("bos_token")
+        return None if not isinstance(bos, str) else _Gemma4(bos=bos, image=spec.image, video=spec.video,
+                                                             audio=spec.audio)
     if isinstance(spec, GemmaRenderer):
         bos = special_tokens.get("bos_token")
         return None if not isinstance(bos, str) else _Gemma(bos=bos, image=spec.image)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from packer.core.types import Example
 from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.finish import BatchFinish
+from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.shards.assemble import encoded_table
 from tests.encode.helpers import assert_same, parse_all
@@ -31,7 +32,12 @@ def check_batch(encoder: Encoder, examples: list[Example]) -> int:
     got, want = encoder.encode_batch(examples), reference.encode_batch(examples)
     taken = encoder.path_counts()["finish:batch"] - before
     for a, b in zip(got, want, strict=True):
-        assert_same(a, b)
+        if isinstance(b, list):  # a text split by long_docs="split": its chunks
+            assert isinstance(a, list) and len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                assert_same(x, y)
+        else:
+            assert_same(a, b)
     ok = [e for e in got if not isinstance(e, Exception) and not isinstance(e, list)]
     ok_want = [e for e in want if not isinstance(e, Exception) and not isinstance(e, list)]
     assert encoded_table(ok).equals(encoded_table(ok_want))
@@ -57,7 +63,7 @@ def test_batch_finish_equals_per_record(encoders, image_root, records, name):
 
 
 def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, image_root, tmp_path):
-    """Chats and trees with images or none go by batch; a text record, loss weights, no loss token, an overlong
+    """Chats, trees with images or none and text records go by batch; loss weights, no loss token, an overlong
     record, a literal image token and an unreadable image go to the general path, in the same batch."""
     image = {"type": "image", "image": "img/a.jpg"}
     (tmp_path / "bad.jpg").write_bytes(b"not an image")
@@ -82,11 +88,32 @@ def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, ima
     ]
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
     assert len(examples) == len(records)
-    assert check_batch(encoders["qwen2-vl"], examples) == 7  # the chats (two images too), the trees, the long one
-    assert check_batch(encoders["qwen2-vl-drop"], examples) < 7  # over --max-length 90: the general path's
+    # the chats (two images too), the trees, the text, the long one
+    assert check_batch(encoders["qwen2-vl"], examples) == 8
+    assert check_batch(encoders["qwen2-vl-drop"], examples) < 8  # over --max-length 90: the general path's
     weighted = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A.", "loss": 0.5}]},
                 chat]
     assert check_batch(encoders["qwen2-vl"], [p for p in parse_all(weighted, image_root)]) == 0  # weights: general
+    assert check_batch(encoders["qwen2-vl"], [p for p in parse_all([*weighted, {"text": "a"}], image_root)]) == 1
+
+
+@pytest.mark.parametrize("name", ["text", "qwen2-vl", "qwen2-vl-truncate", "qwen2-vl-drop", "llava", "split",
+                                  "gemma3"])
+def test_batch_finish_of_text_records(encoders, image_root, name):
+    """Text records by batch (bos + tokens + eos, mRoPE's flat rows) beside the ones it leaves: an empty text,
+    one holding a media token literally, and one over ``max_length`` (dropped, truncated or split)."""
+    if name == "split":
+        encoder = encoders["text"].replace(max_length=40, long_docs="split", long_docs_overlap=4)
+    elif name == "gemma3":  # a tokenizer with a bos token
+        encoder = Encoder(load_tokenizer("gemma3"), get_profile("text"), max_length=100, overlong="truncate")
+    else:
+        encoder = encoders[name]
+    records = [{"text": "plain text"}, {"text": ""}, {"text": "a <|image_pad|> b <image>"},
+               {"text": "word " * 300}, {"text": "Hello world. " * 3},
+               {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]},
+               {"text": "x"}]
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    assert check_batch(encoder, examples) >= 3
 
 
 @pytest.mark.parametrize(("name", "taken"), [("qwen2-vl", True), ("llava", True), ("text", True),

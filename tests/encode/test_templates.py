@@ -59,7 +59,8 @@ def test_chatml_renderer_equals_jinja(qwen, convs):
 _FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-vl",  # tokenizer: its profile
                   "llava-onevision": "llava-onevision", "internvl3": "internvl", "qwen2.5-omni": "qwen2.5-omni",
                   "qwen3-omni": "qwen3-omni", "qwen2-audio": "qwen2-audio", "mistral3": "mistral3",
-                  "molmo2": "molmo2", "smolvlm": "smolvlm"}
+                  "molmo2": "molmo2", "smolvlm": "smolvlm", "gemma4": "gemma4",
+                  "llama4": "llama4", "glm-4.6v": "glm-4.6v"}
 
 
 @pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
@@ -282,3 +283,110 @@ def test_gemma_encodes_as_jinja(gemma, img):
             assert_same(a, b)
         assert len(got[1].images) == (1 if enc is encoder else 3)  # pan-and-scan: the whole image and 2 crops
     assert encoder.path_counts()["render:python"] >= 3
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Encoder:
+    """The gemma4 stand-in (its template trims every text) with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer("gemma4"), get_profile("gemma4"))
+    assert encoder._chat._verify and encoder._chat._fast is not None, "gemma4's renderer must pass the probes"
+    return encoder
+
+
+_PADDED4 = st.sampled_from(["a", " a", "a ", "\nb c\n", "  ", "", "x\ty", "\u00a0z", "<think>t</think>\n\nq",
+                            "a<|channel>t<channel|>b"])
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(_PADDED4, st.just(None), st.just(1), st.just(2), st.just(3)),
+                                         min_size=0, max_size=3)),
+                      min_size=1, max_size=5))
+def test_gemma4_renderer_equals_jinja(gemma4, convs):
+    """The gemma4 stand-in's renderer on any conversation (padded texts, so that either the marker spans or the
+    prefix fallback is Jinja's answer; a first or later system turn; None parts images, 1 videos, 2 audio clips,
+    3 a video with its sound track; thinking channels in a model text, tool turns) gives what ``locate`` gives through
+    Jinja, text and spans, or None; every conversation of user / model / system texts without channels is its."""
+    from packer.core.types import AudioRef
+
+    parts = {None: [ImageRef(path="x.jpg")], 1: [VideoRef(path="x.mp4")], 2: [AudioRef(path="x.wav")],
+             3: [VideoRef(path="x.mp4"), AudioRef(path="x.mp4", video=True)]}
+    conv = [Message(role, [q for p in ps for q in ([p] if isinstance(p, str) else parts[p])]) for role, ps in convs]
+    want = locate(jinja(gemma4._chat), conv)
+    fast = gemma4._chat._fast.locate(conv)
+    if fast is not None:
+        assert fast == want
+    if conv and all(m.role != "tool" and all(isinstance(p, str) and "channel" not in p for p in m.parts)
+                    for m in conv):
+        assert fast is not None
+    assert locate(gemma4._chat, conv) == want
+
+
+@pytest.fixture(scope="module")
+def llama4() -> Encoder:
+    """Llama 4's builtin (its template trims a first system text) with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer("llama4"), get_profile("llama4"))
+    assert encoder._chat._verify and encoder._chat._fast is not None, "llama4's renderer must pass the probes"
+    return encoder
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(_PADDED4, st.just(None), st.just(1)), min_size=0, max_size=3)),
+                      min_size=1, max_size=5), calls=st.booleans())
+def test_llama4_renderer_equals_jinja(llama4, convs, calls):
+    """Llama 4's renderer on any conversation (a first system text padded or not, so that either the marker spans
+    or the prefix fallback is Jinja's answer; a later system turn; None parts images, 1 videos; tool turns, and
+    with ``calls`` an assistant's empty tool-call list) gives what ``locate`` gives through Jinja, or None; every
+    conversation of user / assistant / system texts is its."""
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps],
+                    tool_calls=[] if calls and role == "assistant" else None) for role, ps in convs]
+    want = locate(jinja(llama4._chat), conv)
+    fast = llama4._chat._fast.locate(conv)
+    if fast is not None:
+        assert fast == want
+    if not calls and all(m.role != "tool" and all(isinstance(p, str) for p in m.parts) for m in conv):
+        assert fast is not None
+    assert locate(llama4._chat, conv) == want
+
+
+_THINKING = st.sampled_from(["r</think>a", "r</think>\n\nb ", " r</think>b", "\n<think>r\n</think>\nb", "</think>",
+                             "</think>\n", "a</think>b</think>c", "<think>", "\n\n</think>x"])
+
+
+@pytest.fixture(scope="module")
+def glm() -> Encoder:
+    """GLM-4.6V's builtin (its template strips an assistant's text) with its family's profile."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v"))
+    assert encoder._chat._verify and encoder._chat._fast is not None, "glm-4.6v's renderer must pass the probes"
+    return encoder
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "user", "assistant", "tool"]),
+                                st.lists(st.one_of(_PADDED4, _THINKING, st.just(None), st.just(1), st.just(2)),
+                                         min_size=0, max_size=3)),
+                      min_size=1, max_size=5))
+def test_glm_renderer_equals_jinja(glm, convs):
+    """GLM-4.6V's renderer on any conversation (assistant texts padded, empty or not, so that either the marker
+    spans or the prefix fallback is Jinja's answer; thinking blocks; None parts images, 1 videos, 2 audio clips;
+    tool turns) gives what ``locate`` gives through Jinja, or None; every conversation of user / assistant / system
+    texts without a thinking block is its."""
+    from packer.core.types import AudioRef
+
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4"), 2: AudioRef(path="x.wav")}
+    conv = [Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in convs]
+    want = locate(jinja(glm._chat), conv)
+    fast = glm._chat._fast.locate(conv)
+    if fast is not None:
+        assert fast == want
+    if all(m.role != "tool" and all(isinstance(p, str) and "think>" not in p for p in m.parts) for m in conv):
+        assert fast is not None
+    assert locate(glm._chat, conv) == want

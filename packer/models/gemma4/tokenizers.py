@@ -24,7 +24,7 @@ pass a local copy of the checkpoint's tokenizer (``--tokenizer DIR``): it carrie
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, Gemma4Renderer, TokenizerSpec
 
 # Appended after the Qwen2 ranks in this order (151643 ...): the text tokens in the order of their real ids, then
 # the multimodal ones in theirs (<|image> 255999 < <|audio> 256000 < <|image|> < <|audio|> < <image|> < <audio|> <
@@ -111,5 +111,6 @@ TOKENIZERS = (
         name="gemma4", ranks="qwen2", added=(AddedTokens(GEMMA4_TOKENS),),
         eos_token="<eos>", pad_token="<pad>", bos_token="<bos>", additional_special_tokens=GEMMA4_TOKENS,
         extra_special_tokens=GEMMA4_NAMED_TOKENS, model_max_length=131072, chat_template=GEMMA4_CHAT_TEMPLATE,
+        fast_renderer=Gemma4Renderer(image="\n\n<|image|>\n\n", video="\n\n<|video|>\n\n", audio="<|audio|>"),
     ),
 )

@@ -26,7 +26,7 @@ checkpoint's tokenizer (``--tokenizer /path/to/GLM-4.6V``): it carries the same 
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, GlmRenderer, TokenizerSpec
 
 GLM_TOKENS = (
     "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
@@ -194,5 +194,7 @@ TOKENIZERS = (
         eos_token="<|endoftext|>", pad_token="<|endoftext|>", additional_special_tokens=GLM_TOKENS,
         extra_special_tokens=(("image_token", "<|image|>"), ("video_token", "<|video|>")),
         model_max_length=131072, chat_template=GLM_CHAT_TEMPLATE,
+        fast_renderer=GlmRenderer(image="<|begin_of_image|><|image|><|end_of_image|>",
+                                  video="<|begin_of_video|><|video|><|end_of_video|>"),
     ),
 )

@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from packer.models.shared.tokenizer import AddedTokens, TokenizerSpec
+from packer.models.shared.tokenizer import AddedTokens, Llama4Renderer, TokenizerSpec
 
 NUM_SPECIAL = 2048
 """``Tokenizer.num_reserved_special_tokens``: ids 200,000..202,047."""
@@ -206,5 +206,6 @@ TOKENIZERS = (
         name="llama4", ranks="llama4", added=(AddedTokens(LLAMA4_SPECIAL_TOKENS),),
         bos_token="<|begin_of_text|>", eos_token="<|eot|>", pad_token="<|finetune_right_pad|>",
         model_max_length=131072, chat_template=LLAMA4_CHAT_TEMPLATE,
+        fast_renderer=Llama4Renderer(image="<|image|>"),  # text turns and images in pure Python
     ),
 )

@@ -130,6 +130,40 @@ class MistralRenderer:
 
 
 @dataclass(frozen=True)
+class Gemma4Renderer:
+    """The gemma4 stand-in's template in pure Python (``packer.encode.templates._Gemma4``, checked on probes as
+    ChatML's): ``bos_token``, a first system message's text as its own turn, then ``<|turn>ROLE\n`` + content +
+    ``<turn|>\n`` per message ("model" for the assistant), every text trimmed, ``image`` / ``video`` / ``audio``
+    for its parts. A tool turn or call, a model text with thinking channels, or a first system message of parts is
+    Jinja's."""
+
+    image: str
+    video: str
+    audio: str
+
+
+@dataclass(frozen=True)
+class Llama4Renderer:
+    """Llama 4's template in pure Python (``packer.encode.templates._Llama4``, checked on probes as ChatML's):
+    ``bos_token``, a first system message's text trimmed in its own block, then
+    ``<|header_start|>ROLE<|header_end|>\n\n`` + content + ``<|eot|>`` per message, ``image`` for an image
+    part. A tool turn or call, a video or audio part, or a first system message of parts is Jinja's."""
+
+    image: str
+
+
+@dataclass(frozen=True)
+class GlmRenderer:
+    """GLM-4.6V's template in pure Python (``packer.encode.templates._Glm``, checked on probes as ChatML's):
+    ``[gMASK]<sop>``, ``<|system|>\n`` / ``<|user|>\n`` + content, ``<|assistant|>\n<think></think>`` + ``\n`` and
+    the content stripped (nothing where it strips to nothing), ``image`` / ``video`` for its parts. A tool turn or
+    call, an audio part or a thinking block in an assistant's text is Jinja's."""
+
+    image: str
+    video: str
+
+
+@dataclass(frozen=True)
 class TokenizerSpec:
     """One builtin tokenizer (``--tokenizer NAME``): ranks + added tokens + roles + chat template."""
 
