@@ -1,4 +1,5 @@
-"""``balance_vision`` at bulk memory: ``plan(..., balance=...)``'s plan as a ``PackOrder``, ~13 bytes per example.
+"""``balance_vision`` at bulk memory: ``plan(..., balance=...)``'s plan as a ``PackOrder`` (the driver: 15 bytes
+per example with budgets, against ~143 through ``plan()``; docs/scale.md).
 
 ``plan()`` balances with ``balance.balanced`` over (n,) int64 arrays (lengths, the ``needs`` matrix, the
 decreasing order, each candidate's assignment and its ``bincount``): ~100 bytes per example. ``plan_balanced``
