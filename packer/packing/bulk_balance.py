@@ -53,11 +53,13 @@ from packer.packing.bulk_budgets import (
     _planned_sum,
     _prepared,
     _refine_slots,
+    _row_of,
     plan_budgeted,
     plan_first_fit,
     plan_next_fit,
 )
 from packer.packing.kernels import class_column, ix_new
+from packer.packing.mixing import Sampled
 
 _UNBOUNDED = np.int64(1) << np.int64(60)  # plan()'s stand-in for "no examples-per-pack limit" (class column)
 
@@ -241,16 +243,18 @@ def _lpt(slot, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes,
     """``balance.balanced``'s LPT candidate into ``slot``: returns its packs."""
     m = _count_vision(vis, copies)
     ids = np.empty(m, dtype=np.int32)
-    rows = np.empty(m if copies.shape[0] else 0, dtype=np.uint32)
-    _by_vision(lens, vis, copies, capacity, ids, rows)
+    # with copies, each vision example's row is found from the counts (a search in an int64 per 64 rows and <= 64
+    # steps) where it is read, not held: 4 bytes per vision example less at the LPT's peak
+    marks = Sampled.of(copies).marks if copies.shape[0] else np.zeros(0, dtype=np.int64)
+    _by_vision(lens, vis, copies, marks, capacity, ids)
     dims = budgets.shape[0]
     wide = np.append(np.where(budgets == capacity + 1, _UNBOUNDED, budgets) if max_examples is None else budgets,
                      capacity)
     lcls, lclasses = class_column(wide, dims + 1)
     ix = ix_new(capacity + 1, base_packs + m, dims + 1, lcls, lclasses, state)
     slot[:] = -1
-    packs = _least_loaded(ix, ids, rows, lens, vis, cols, ncols, capacity, budgets, base_packs, slot)
-    del ids, rows
+    packs = _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, base_packs, slot)
+    del ids, marks
     key = ix[5][:packs, dims].copy()  # tokens left of each LPT pack
     rem2 = ix[5][:packs, :dims].copy()
     del ix
@@ -343,10 +347,10 @@ def _count_vision(vis, copies):
 
 
 @njit(cache=True)
-def _by_vision(lens, vis, copies, capacity, ids, rows):
+def _by_vision(lens, vis, copies, marks, capacity, ids):
     """The planned examples with vision tokens by decreasing vision tokens, then decreasing length, then
     index (``balance.balanced``'s LPT order): a counting sort on the vision tokens (index order kept), then
-    each run of one vision value sorted stably by decreasing length. ``rows`` (their rows) where copies."""
+    each run of one vision value sorted stably by decreasing length (a row from ``marks`` where copies)."""
     every = copies.shape[0] == 0
     start = np.zeros(capacity + 2, dtype=np.int64)
     for r in range(vis.shape[0]):
@@ -362,8 +366,6 @@ def _by_vision(lens, vis, copies, capacity, ids, rows):
             k = capacity - np.int64(vis[r])
             for j in range(c):
                 ids[pos[k]] = i + j
-                if not every:
-                    rows[pos[k]] = r
                 pos[k] += 1
         i += c
     for v in range(capacity + 1):
@@ -372,19 +374,15 @@ def _by_vision(lens, vis, copies, capacity, ids, rows):
             continue
         key = np.empty(b - a, dtype=np.int64)
         for k in range(a, b):
-            key[k - a] = -np.int64(lens[ids[k] if every else rows[k]])
+            key[k - a] = -np.int64(lens[ids[k] if every else _row_of(ids[k], copies, marks)])
         perm = np.argsort(key, kind="mergesort")
         tid = ids[a:b].copy()
         for k in range(b - a):
             ids[a + k] = tid[perm[k]]
-        if not every:
-            trow = rows[a:b].copy()
-            for k in range(b - a):
-                rows[a + k] = trow[perm[k]]
 
 
 @njit(cache=True)
-def _least_loaded(ix, ids, rows, lens, vis, cols, ncols, capacity, budgets, num_packs, slot):
+def _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, num_packs, slot):
     """``balance._least_loaded`` over the compact columns: each vision example (``ids`` in LPT order) to the
     feasible pack with the least vision load, out of ``num_packs`` empty packs first. Returns the packs; the
     tokens left are ``ix[5][:, dims]``, the budgets left ``ix[5][:, :dims]``."""
@@ -392,7 +390,7 @@ def _least_loaded(ix, ids, rows, lens, vis, cols, ncols, capacity, budgets, num_
     dims = budgets.shape[0]
     need = np.zeros(dims + 1, dtype=np.int64)
     row = np.zeros(max(ncols, 1), dtype=np.int64)
-    every = rows.shape[0] == 0
+    every = copies.shape[0] == 0
     for b in range(num_packs):
         load[b] = 0
         for d in range(dims):
@@ -400,7 +398,7 @@ def _least_loaded(ix, ids, rows, lens, vis, cols, ncols, capacity, budgets, num_
         rem2[b, dims] = capacity
         kernels.ix_insert(ix, b)
     for k in range(ids.shape[0]):
-        r = np.int64(ids[k]) if every else np.int64(rows[k])
+        r = np.int64(ids[k]) if every else np.int64(_row_of(ids[k], copies, marks))
         need[0] = 1
         _costs(cols, r, row)
         for c in range(ncols):
