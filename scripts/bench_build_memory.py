@@ -12,6 +12,8 @@ example: a straight-line fit) and the time per record.
     python scripts/bench_build_memory.py --driver-only 1e6 2e7 1e8   # the driver after the encode, alone
     python scripts/bench_build_memory.py --driver-only --budgets 1e6 5e6   # the same with budgets (below)
     python scripts/bench_build_memory.py --driver-only --algorithm ffd --budgets 1e6 5e6   # ffd / next-fit
+    python scripts/bench_build_memory.py --driver-only --algorithm ffd --budgets --no-copies 1e6   # no copies
+    python scripts/bench_build_memory.py --driver-only --budgets --no-copies --balance 1e6   # balance_vision
     nice -n 10 python scripts/bench_build_memory.py --driver-only --copies 1e6 5e6 2e7   # budgets + copies only
     BENCH_CALL_PEAKS=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # + each planner call's
     BENCH_ONE_BUDGET=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # max_vision_tokens only
@@ -149,7 +151,8 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
     print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls}))
 
 
-def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = False, algorithm: str = "bfd") -> None:
+def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = False, algorithm: str = "bfd",
+                 balance: bool = False) -> None:
     """The driver's part after the encode, alone, on n synthetic examples (no tokenizer, no workers): per-chunk
     compact columns as ``build`` reads them (lengths 3-42 tokens, the tiny records' spread), gathered, planned,
     saved (``plan.npz``), cut into shard ranges and summarized by ``compute_stats``. Prints the peak RSS above the imports (VmHWM),
@@ -168,7 +171,7 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
                                                     {"name": "b", "paths": ["b.jsonl"],
                                                      "weight": 2.0 if copies else 1.0}]},
                                        output="out", profile="qwen2-vl", refine=refine, max_vision_tokens=2048,
-                                       algorithm=algorithm,
+                                       algorithm=algorithm, balance_vision=balance,
                                        **({} if os.environ.get("BENCH_ONE_BUDGET") else
                                           {"max_images": 4, "max_examples_per_pack": 32}))
     else:
@@ -206,19 +209,23 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
 
     phase("columns")
     if os.environ.get("BENCH_CALL_PEAKS"):  # each planner call's own peak above the base (VmHWM reset around it)
-        import packer.packing.bulk_budgets as bulk_budgets
+        import importlib
+        import importlib.util
 
-        def peaks_of(name: str) -> None:
-            call = getattr(bulk_budgets, name)
+        def peaks_of(module: object, name: str) -> None:
+            call = getattr(module, name)
 
             def wrapped(*args, **kw):
                 phase("before " + name)
                 out = call(*args, **kw)
                 phase(name)
                 return out
-            setattr(bulk_budgets, name, wrapped)
+            setattr(module, name, wrapped)
+        bulk_budgets = importlib.import_module("packer.packing.bulk_budgets")
         for name in ("plan_budgeted", "separate_copies_bulk"):
-            peaks_of(name)
+            peaks_of(bulk_budgets, name)
+        if importlib.util.find_spec("packer.packing.bulk_balance"):  # a tree before it balanced with plan()
+            peaks_of(importlib.import_module("packer.packing.bulk_balance"), "plan_balanced")
     c1 = time.process_time()
     plan = plan_packs(columns, config)
     plan_cpu = time.process_time() - c1
@@ -230,7 +237,7 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
     stats = compute_stats(**plan.stats_columns(names), packs=(plan.order, plan.bounds),  # as build passes them
                           capacity=config.max_length, input_records=n)
     phase("stats")
-    print(json.dumps({"algorithm": algorithm, "refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": shards, "base_mib": base / 2**20,
+    print(json.dumps({"algorithm": algorithm, "balance_vision": balance, "refine": refine, "budgets": budgets, "copies": copies, "examples": n, "planned": plan.num_examples, "packs": stats["packs"], "shards": shards, "base_mib": base / 2**20,
                       "peak_above_base_mib": max(phases.values()), "phase_peaks_mib": phases, "phase_ends_mib": ends,
                       "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "plan_cpu_s": plan_cpu,
                       "plan_us_per_example": plan_cpu / max(plan.num_examples, 1) * 1e6}))
@@ -291,20 +298,25 @@ def main() -> None:
         ap = argparse.ArgumentParser(prog="bench_build_memory.py --driver-only")
         ap.add_argument("--budgets", action="store_true", help="refine on, then the same with copies")
         ap.add_argument("--copies", action="store_true", help="budgets + copies only")
+        ap.add_argument("--no-copies", action="store_true", help="budgets without copies only")
         ap.add_argument("--algorithm", choices=("bfd", "ffd", "next-fit"), default="bfd")
+        ap.add_argument("--balance", action="store_true", help="balance_vision on (with --budgets / --copies)")
         ap.add_argument("sizes", nargs="+")
         args = ap.parse_args(sys.argv[2:])
         budgets = args.budgets or args.copies
         modes = (("1", "1", "0"), ("1", "1", "1")) if budgets else (("1", "0", "0"), ("0", "0", "0"))
         if args.copies:
             modes = modes[1:]  # the budgets + copies rows only
+        elif args.no_copies:
+            modes = modes[:1]  # the budgets rows without copies only
         for mode in modes:  # (refine, budgets, copies)
             for size in args.sizes:  # each in a fresh process
-                subprocess.run([sys.executable, __file__, "--driver-only-child", size, *mode, args.algorithm],
-                               check=True)
+                subprocess.run([sys.executable, __file__, "--driver-only-child", size, *mode, args.algorithm,
+                                *(["1"] if args.balance else [])], check=True)
         return
     if sys.argv[1:2] == ["--driver-only-child"]:
-        _driver_only(int(float(sys.argv[2])), *(flag == "1" for flag in sys.argv[3:6]), *sys.argv[6:7])
+        _driver_only(int(float(sys.argv[2])), *(flag == "1" for flag in sys.argv[3:6]), *sys.argv[6:7],
+                     *(flag == "1" for flag in sys.argv[7:8]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e6])

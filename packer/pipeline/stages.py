@@ -365,9 +365,9 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     compact length columns alone: ``packing.bulk.plan_bulk`` for tokens-only best fit, ``refine`` included (4
     bytes per example), ``packing.bulk_budgets.plan_budgeted`` with budgets or ``max_examples_per_pack``,
     ``plan_first_fit`` / ``plan_next_fit`` for ``ffd`` / ``next-fit`` (refine included), and
-    ``separate_copies_bulk`` for up-sampled copies (the same plans as ``packing.plan`` and
-    ``mixing.separate_copies``, ~4-8 bytes per example), ``packing.plan`` where balancing or ``binpacking``
-    needs per-example state."""
+    ``packing.bulk_balance.plan_balanced`` with ``balance_vision``, and ``separate_copies_bulk`` for up-sampled
+    copies (the same plans as ``packing.plan`` and ``mixing.separate_copies``, ~4-8 bytes per example),
+    ``packing.plan`` for the ``binpacking`` reference only."""
     from packer.packing.mixing import Sampled, sample_counts, separate_copies
 
     n = columns.num_rows
@@ -404,7 +404,7 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
         columns.loss_tokens = None
     limits = limits_of(config)
     used = _used(config)
-    if config.algorithm in BULK_ALGORITHMS and not config.balance_vision:
+    if config.algorithm in BULK_ALGORITHMS:
         # plan()'s plan (and separate_copies' swaps) at bulk memory, pack ids included, without plan()'s (n,)
         # int64 arrays (~44 bytes per example tokens-only with refine, ~110 with budgets, ~450 with copies: their
         # Python rows) or pack ids + their argsort: plan_bulk tokens-only (over the planned lengths),
@@ -418,9 +418,19 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
             separate_copies_bulk,
         )
 
+        if config.balance_vision:  # the vision tokens balanced, bounded or not: the bounded budgets planned
+            used = [j for j in used if limits[j] is not None]
         cols = [columns.count(BUDGETS[j].column) for j in used]
         counts = None if sampled is None else sampled.counts
-        if config.algorithm in ("next-fit", "ffd"):  # plan(algorithm=...)'s packs, refine included
+        if config.balance_vision:  # plan(balance=...)'s plan: the bulk candidates of balance.balanced
+            from packer.packing.bulk_balance import plan_balanced
+
+            packs = plan_balanced(columns.tokens, config.max_length, vision=columns.count(BUDGETS[VISION].column),
+                                  costs=cols, limits=[limits[j] for j in used], names=[FLAGS[j] for j in used],
+                                  vision_at=used.index(VISION) if VISION in used else -1, counts=counts,
+                                  max_examples=config.max_examples_per_pack, algorithm=config.algorithm,
+                                  refine=config.refine, seed=config.seed)
+        elif config.algorithm in ("next-fit", "ffd"):  # plan(algorithm=...)'s packs, refine included
             planner = plan_next_fit if config.algorithm == "next-fit" else plan_first_fit
             packs = planner(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
                             names=[FLAGS[j] for j in used], counts=counts, max_examples=config.max_examples_per_pack,
@@ -456,8 +466,8 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
 
 
 BULK_ALGORITHMS = ("bfd", "ffd", "next-fit")
-"""The algorithms ``plan_packs`` plans at bulk memory (without ``balance_vision``); ``binpacking`` and
-balancing take ``packing.plan``."""
+"""The algorithms ``plan_packs`` plans at bulk memory (``balance_vision`` included); the ``binpacking`` reference
+takes ``packing.plan``."""
 
 
 def _used(config: BuildConfig) -> list[int]:
@@ -493,7 +503,7 @@ def warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
-        if config.algorithm not in BULK_ALGORITHMS or config.balance_vision:  # plan()'s per-example kernels
+        if config.algorithm not in BULK_ALGORITHMS:  # plan()'s per-example kernels
             _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
 
@@ -505,7 +515,17 @@ def warm_planner(config: BuildConfig) -> None:
         def zeros(k: int) -> list[np.ndarray]:  # each budget's column in read_chunk's dtype (an item count: uint8)
             return [np.zeros(k, dtype if BUDGETS[j].tokens else np.uint8) for j in used]
 
-        if config.algorithm in ("next-fit", "ffd"):  # their bulk kernels (every row planned, or some left out)
+        if config.balance_vision and config.algorithm in BULK_ALGORITHMS:  # plan_balanced's kernels
+            from packer.packing.bulk_balance import plan_balanced
+
+            bound = [j for j in used if limits[j] is not None]
+            for counts in (None, np.ones(3, dtype=np.uint8)):
+                plan_balanced(np.full(3, 2, dtype=dtype), 3, vision=np.array([1, 1, 0], dtype=dtype),
+                              costs=[np.zeros(3, dtype if BUDGETS[j].tokens else np.uint8) for j in bound],
+                              limits=[limits[j] for j in bound], vision_at=bound.index(VISION) if VISION in bound
+                              else -1, counts=counts, max_examples=config.max_examples_per_pack,
+                              algorithm=config.algorithm, refine=config.refine)
+        elif config.algorithm in ("next-fit", "ffd"):  # their bulk kernels (every row planned, or some left out)
             from packer.packing.bulk_budgets import plan_first_fit, plan_next_fit
 
             planner = plan_next_fit if config.algorithm == "next-fit" else plan_first_fit
