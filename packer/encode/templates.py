@@ -348,6 +348,31 @@ class ChatTemplate:
         return fast
 
 
+def _marked(text: str, conv: list[Message]) -> bool:
+    """Whether a text of ``conv`` holds a span marker (then Jinja's path decides). One look at the whole text
+    first: an ASCII text cannot hold one, so most records need no scan of their parts."""
+    return (OPEN in text or CLOSE in text) and any(
+        isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts)
+
+
+def _spans(conv: list[Message], text: str, starts: list[int], ends: list[int], bounds: list[int] | None = None,
+           *, head: int = 0, generation: int = 0) -> tuple[str, list[Span]] | None:
+    """A renderer's answer: None where a text holds a marker; else the marker spans, or with ``bounds`` (each
+    message's end) the prefix fallback's: message k from the end of ``conv[:k]``'s rendering, an assistant's
+    after the generation prompt (``generation`` characters, after the template's ``head`` for a first one)."""
+    if _marked(text, conv):
+        return None
+    if bounds is None:
+        return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+    spans: list[Span] = []
+    for k, m in enumerate(conv):
+        before = bounds[k - 1] if k else 0
+        if m.role == "assistant":
+            before = (bounds[k - 1] if k else head) + generation
+        spans.append((before, None, bounds[k]))
+    return text, spans
+
+
 class _ChatML:
     """Pure-Python rendering of one known ChatML template: Jinja's exact text and the content spans.
 
@@ -395,12 +420,7 @@ class _ChatML:
             pos += 11  # len("<|im_end|>\n")
             pieces += (header, content, "<|im_end|>\n")
         text = "".join(pieces)
-        # one look at the whole text (an ASCII text cannot hold a marker: no scan at all), then at the texts
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
-            return None
-        return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        return _spans(conv, text, starts, ends)
 
 
 class _Gemma:
@@ -470,9 +490,7 @@ class _Gemma:
             pieces += (trimmed, "<end_of_turn>\n")
             bounds.append(pos)
         text = "".join(pieces)
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
+        if _marked(text, conv):
             return None
         if exact:
             return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
@@ -527,11 +545,7 @@ class _Mistral:
             pos += len(tail)
             pieces += (head, content, tail)
         text = "".join(pieces)
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
-            return None
-        return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
+        return _spans(conv, text, starts, ends)
 
 
 class _SmolVLM:
@@ -578,19 +592,8 @@ class _SmolVLM:
             bounds.append(pos)
             pieces += (head, content, self.END)
         text = "".join(pieces)
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
-            return None
-        if exact:
-            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
-        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
-        for k, m in enumerate(conv):
-            before = bounds[k - 1] if k else 0
-            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: the template's head)
-                before = (bounds[k - 1] if k else len(self.HEAD)) + len("Assistant:")
-            spans.append((before, None, bounds[k]))
-        return text, spans
+        return _spans(conv, text, starts, ends, bounds if not exact else None,
+                      head=len(self.HEAD), generation=len("Assistant:"))
 
 
 class _Gemma4:
@@ -653,19 +656,8 @@ class _Gemma4:
             bounds.append(pos)
             pieces += (header, trimmed, self.END)
         text = "".join(pieces)
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
-            return None
-        if exact:
-            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
-        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
-        for k, m in enumerate(conv):
-            before = bounds[k - 1] if k else 0
-            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: bos_token)
-                before = (bounds[k - 1] if k else len(self.bos)) + len(self.MODEL)
-            spans.append((before, None, bounds[k]))
-        return text, spans
+        return _spans(conv, text, starts, ends, bounds if not exact else None,
+                      head=len(self.bos), generation=len(self.MODEL))
 
 
 class _Llama4:
@@ -710,9 +702,7 @@ class _Llama4:
             bounds.append(pos)
             pieces += (header, content, self.EOT)
         text = "".join(pieces)
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
+        if _marked(text, conv):
             return None
         if exact:
             return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
@@ -791,21 +781,10 @@ class _Glm:
             bounds.append(pos)
             pieces += (head, content)
         text = "".join(pieces)
-        if (OPEN in text or CLOSE in text) and any(
-            isinstance(p, str) and (OPEN in p or CLOSE in p) for m in conv for p in m.parts
-        ):
-            return None
-        if exact:
-            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
-        if not stable:
+        if not exact and not stable:
             return None  # Jinja's prefix fallback fails (template_error): let it say so
-        spans: list[Span] = []  # the prefix fallback: from the end of messages[:k]'s rendering
-        for k, m in enumerate(conv):
-            before = bounds[k - 1] if k else 0
-            if m.role == "assistant":  # after the generation prompt (messages[:0]'s: the prefix)
-                before = (bounds[k - 1] if k else len(self.PREFIX)) + len(self.GENERATION)
-            spans.append((before, None, bounds[k]))
-        return text, spans
+        return _spans(conv, text, starts, ends, bounds if not exact else None,
+                      head=len(self.PREFIX), generation=len(self.GENERATION))
 
 
 _Fast = _ChatML | _Gemma | _Gemma4 | _Glm | _Llama4 | _Mistral | _SmolVLM
