@@ -39,6 +39,7 @@ from packer.packing.bulk_budgets import (
     BLOCK_MIN,
     BLOCKS,
     WINDOW_MAX,
+    _best_fit,
     _bfd_budgeted,
     _column,
     _columns,
@@ -461,21 +462,7 @@ def _bfd_text(ix, init_key, init_rem2, lens, copies, cols, ncols, vis, counts, c
             _costs(cols, r, row)
             for c in range(ncols):
                 need[1 + c] = row[c]
-            b = kernels.ix_find(ix, size, need)
-            if b < 0:
-                b = num_packs
-                num_packs += 1
-                rem[b] = capacity
-                for d in range(dims):
-                    rem2[b, d] = budgets[d]
-            else:
-                kernels.ix_remove(ix, b)
-            rem[b] -= size
-            for d in range(dims):
-                rem2[b, d] -= need[d]
-            slot[buf[k]] = b
-            if rem[b] > 0 and rem2[b, 0] > 0:
-                kernels.ix_insert(ix, b)
+            slot[buf[k]], num_packs = _best_fit(ix, size, need, rem, rem2, budgets, dims, num_packs, capacity)
     return num_packs
 
 

@@ -417,6 +417,27 @@ def _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, rows):
     return total, s, counts[s] if s >= 1 else 0, 0, 0, 0
 
 
+@njit(cache=True, inline="always")
+def _best_fit(ix, size, need, rem, rem2, budgets, dims, num_packs, capacity):
+    """Best fit's step on the keyed index: the pack ``need`` (tokens ``size``) fits best, a new one where none
+    does, charged with it; (that pack, the packs now)."""
+    b = kernels.ix_find(ix, size, need)
+    if b < 0:
+        b = num_packs
+        num_packs += 1
+        rem[b] = capacity
+        for d in range(dims):
+            rem2[b, d] = budgets[d]
+    else:
+        kernels.ix_remove(ix, b)
+    rem[b] -= size
+    for d in range(dims):
+        rem2[b, d] -= need[d]
+    if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
+        kernels.ix_insert(ix, b)
+    return b, num_packs
+
+
 @njit(cache=True)
 def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, classes, block, slot, state):
     """``kernels.bfd_general`` over the planned examples in decreasing order (made a block at a time), with no
@@ -453,21 +474,7 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
             size = np.int64(bsize[k])
             for c in range(ncols):
                 need[1 + c] = bneed[k, c]
-            b = kernels.ix_find(ix, size, need)
-            if b < 0:
-                b = num_packs
-                num_packs += 1
-                rem[b] = capacity
-                for d in range(dims):
-                    rem2[b, d] = budgets[d]
-            else:
-                kernels.ix_remove(ix, b)
-            rem[b] -= size
-            for d in range(dims):
-                rem2[b, d] -= need[d]
-            bpack[k] = b
-            if rem[b] > 0 and rem2[b, 0] > 0:  # a pack out of tokens or example slots is closed for good
-                kernels.ix_insert(ix, b)
+            bpack[k], num_packs = _best_fit(ix, size, need, rem, rem2, budgets, dims, num_packs, capacity)
         for k in range(taken):
             slot[buf[k]] = bpack[k]
     return num_packs, ix
