@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from packer.packing import bulk_budgets
 from packer.packing.bulk_balance import plan_balanced
 from packer.packing.planner import plan
-from tests.packing.test_bulk_budgets import mixed
+from tests.packing.test_bulk_budgets import mixed, two_source_columns
 
 NAMES = ["max_vision_tokens", "max_images"]
 
@@ -102,23 +102,13 @@ def test_build_plans_balance_in_bulk(algorithm, budgets, weight):
     ``separate_copies`` where a source is up-sampled), rows over a budget left out."""
     from packer.config import BuildConfig
     from packer.packing.mixing import separate_copies
-    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
     from packer.pipeline.stages import _plan, plan_packs
 
     config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
                                                 {"name": "b", "paths": ["b.jsonl"], "weight": weight}]},
                                    output="out", algorithm=algorithm, balance_vision=True, max_length=512, seed=4,
                                    **budgets)
-    lens, vision, images = mixed(12, 5000, 512)
-    images[::97] = 3  # over max_images where it is set: left out of the plan
-    built = ColumnsBuilder(5000)
-    for a in range(0, 5000, 1000):
-        part = slice(a, a + 1000)
-        over = np.flatnonzero(images[part] > 2) if "max_images" in budgets else np.zeros(0)
-        built.add(ChunkColumns(tokens=lens[part], loss_tokens=lens[part], loss_weight=None, linear=None,
-                               counts={"num_vision_tokens": vision[part], "num_images": images[part]},
-                               over=over.astype(np.int64), rejects=[]))
-    columns = built.finish(["a", "b", "a", "b", "a"])
+    lens, vision, images, columns = two_source_columns(budgets)
     got = plan_packs(columns, config)
     rows = np.arange(5000) if got.sampled is None else got.sampled.index()
     costs = np.stack([vision[rows], images[rows]], 1)[:, :1 + ("max_images" in budgets)].astype(np.int64)

@@ -26,6 +26,23 @@ def mixed(seed: int, n: int, capacity: int) -> tuple[np.ndarray, np.ndarray, np.
     return lens.astype(np.uint16), vision, images
 
 
+def two_source_columns(budgets: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, object]:
+    """``mixed`` examples as a build's columns: 5 chunks of 1,000 from sources a, b, a, b, a; images over 2 (every
+    97th) marked over ``max_images`` where it is set, as the encode marks a row over a budget."""
+    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
+
+    lens, vision, images = mixed(12, 5000, 512)
+    images[::97] = 3
+    built = ColumnsBuilder(5000)
+    for a in range(0, 5000, 1000):
+        part = slice(a, a + 1000)
+        over = np.flatnonzero(images[part] > 2) if "max_images" in budgets else np.zeros(0)
+        built.add(ChunkColumns(tokens=lens[part], loss_tokens=lens[part], loss_weight=None, linear=None,
+                               counts={"num_vision_tokens": vision[part], "num_images": images[part]},
+                               over=over.astype(np.int64), rejects=[]))
+    return lens, vision, images, built.finish(["a", "b", "a", "b", "a"])
+
+
 def check(lens, vision, images, capacity, limits, max_examples, refine, seed, counts=None):
     """plan_budgeted == plan() on the planned examples (row r ``counts[r]`` times, in row order), as the build
     reads them (order grouped, bounds)."""
@@ -361,7 +378,6 @@ def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
     up-sampled), rows over a budget left out."""
     from packer.config import BuildConfig
     from packer.packing.mixing import separate_copies
-    from packer.pipeline.columns import ChunkColumns, ColumnsBuilder
     from packer.pipeline.stages import _plan, _used, plan_packs
 
     config = BuildConfig.from_dict({"sources": [{"name": "a", "paths": ["a.jsonl"]},
@@ -369,16 +385,7 @@ def test_build_plans_in_bulk_with_copies(algorithm, budgets, weight):
                                    output="out", algorithm=algorithm, refine=algorithm != "next-fit" or weight == 2.0,
                                    max_length=512,
                                    seed=4, **budgets)
-    lens, vision, images = mixed(12, 5000, 512)
-    images[::97] = 3  # over max_images where it is set: left out of the plan
-    built = ColumnsBuilder(5000)
-    for a in range(0, 5000, 1000):
-        part = slice(a, a + 1000)
-        over = np.flatnonzero(images[part] > 2) if "max_images" in budgets else np.zeros(0)
-        built.add(ChunkColumns(tokens=lens[part], loss_tokens=lens[part], loss_weight=None, linear=None,
-                               counts={"num_vision_tokens": vision[part], "num_images": images[part]},
-                               over=over.astype(np.int64), rejects=[]))
-    columns = built.finish(["a", "b", "a", "b", "a"])
+    lens, vision, images, columns = two_source_columns(budgets)
     got = plan_packs(columns, config)
     rows = np.arange(5000) if got.sampled is None else got.sampled.index()  # None: every row once
     costs = np.stack([vision[rows], images[rows]], 1)[:, :len(_used(config))].astype(np.int64)
