@@ -291,17 +291,22 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     if sums(out[0]) != sums(out[1]):
         raise SystemExit(f"{names[0]}'s and {names[1]}'s repacked shards differ")
     cpu: list[list[float]] = [[], []]
+    rss: list[list[float]] = [[], []]
     for k in range(args.pairs):
         for i in (0, 1) if k % 2 == 0 else (1, 0):
             import shutil
 
             shutil.rmtree(out[i])
-            cpu[i].append(timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i])["cpu"])
-        print(f"pair {k + 1}: {names[0]} {cpu[0][-1]:5.2f}  {names[1]} {cpu[1][-1]:5.2f} CPU-s", flush=True)
+            r = timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i])
+            cpu[i].append(r["cpu"])
+            rss[i].append(r["rss_mib"])
+        print(f"pair {k + 1}: {names[0]} {cpu[0][-1]:5.2f}  {names[1]} {cpu[1][-1]:5.2f} CPU-s (peak RSS "
+              f"{rss[0][-1]:.0f} / {rss[1][-1]:.0f} MiB)", flush=True)
     diff = [b - a for a, b in zip(*cpu, strict=True)]
     print(f"mean {names[0]} {statistics.mean(cpu[0]):.2f}, {names[1]} {statistics.mean(cpu[1]):.2f} CPU-s; "
           f"{names[1]} - {names[0]}: mean {statistics.mean(diff):+.2f} ({statistics.mean(diff) / statistics.mean(cpu[0]):+.1%}), "
-          f"median {statistics.median(diff):+.2f}, {sum(d < 0 for d in diff)}/{len(diff)} pairs lower; shards equal")
+          f"median {statistics.median(diff):+.2f}, {sum(d < 0 for d in diff)}/{len(diff)} pairs lower; shards equal; "
+          f"peak RSS {max(rss[0]):.0f} / {max(rss[1]):.0f} MiB")
 
 
 def main() -> None:
