@@ -199,25 +199,3 @@ def test_take_rows_remembers_a_file_by_its_bytes_not_its_name(tmp_path):
         for _ in range(3):
             assert take_rows([path], np.array([0, table.num_rows]), sel, remember=True).equals(
                 table.take(pa.array(sel)))
-
-
-def test_take_rows_reuses_a_previous_takes_memory_only_once_nothing_holds_it(tmp_path):
-    """A writer's next shard gathers into the memory of its previous one (``_scratch``: no fresh pages to fault
-    and zero), but never while a table made of it is alive: a held table keeps its rows, byte for byte."""
-    rng = np.random.default_rng(11)
-    table = encoded_table([random_example(rng, i, images=i % 3 == 0, mrope=True) for i in range(60)])
-    path = tmp_path / "chunk-0.arrow"
-    with ipc.new_file(str(path), EXAMPLE_SCHEMA) as writer:
-        writer.write_table(table)
-    starts = np.array([0, table.num_rows])
-    a, b = rng.permutation(60)[:30], rng.permutation(60)[:30]
-    held = take_rows([path], starts, a, remember=True)
-    address = held.column("input_ids").chunk(0).values.buffers()[1].address
-    other = take_rows([path], starts, b, remember=True)  # ``held`` still views its memory: fresh memory here
-    assert held.equals(table.take(pa.array(a))) and other.equals(table.take(pa.array(b)))
-    freed = other.column("input_ids").chunk(0).values.buffers()[1].address
-    assert freed != address
-    del other
-    again = take_rows([path], starts, a, remember=True)
-    assert again.equals(table.take(pa.array(a))) and held.equals(table.take(pa.array(a)))
-    assert again.column("input_ids").chunk(0).values.buffers()[1].address == freed  # the freed memory, reused
