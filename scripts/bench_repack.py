@@ -35,6 +35,14 @@ phases that first call them) against the per-row work (the gathers, pack assembl
 
     python scripts/bench_repack.py --records 200000 --keep /tmp/rp --breakdown --pairs 3
 
+``--perf`` (with ``--keep``): one repack of the kept full build under Linux ``perf record`` (user and kernel
+samples, no profiler in the process), its samples summed by kind: the kernel's page faults (of them the zeroing of
+fresh anonymous pages, ``clear_page_erms``, and the file mappings' faults), ``munmap``, the interpreter, zstd, libparquet, numba's compiled kernels (perf's ``[JIT]`` addresses), memcpy: what ``--breakdown``'s
+phases do not split (their system time). perf names a sample in a stripped library by the symbol before it, so
+the GC is timed by ``--breakdown`` (``gc.callbacks``), not here.
+
+    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --perf
+
 ``--profile-write``: only the repack, in this process with ``--num-proc 1`` (the write stage's map tasks and
 writers run here, as a pool worker runs them), CPU seconds per phase of the write stage from cProfile with a
 process-time clock: the exchange's map tasks (their chunk-file reads, their IPC writes), the writers'
@@ -178,6 +186,16 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
             got[name][i] += b[i] - a[i]
 
     start = (0.0, 0.0, 0)
+    import gc
+
+    collecting: list[tuple[float, float, int]] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:  # every collection, automatic or not, in any phase
+        if phase == "start":
+            collecting.append(usage())
+        elif collecting:
+            add("cyclic GC (counted in the rows below too)", collecting.pop(), usage())
+    gc.callbacks.append(on_gc)
     from packer.cli import cli
     add("interpreter, this script + packer.cli imports", start, usage())
     t0 = usage()
@@ -245,6 +263,61 @@ def breakdown(args: argparse.Namespace, root: Path, repack_args: list[str]) -> N
         print(f"{name:40s} {u + s:6.2f} CPU-s (user {u:5.2f}, system {s:5.2f}; {f:9,.0f} minor faults)")
     whole = [sum(r["the whole process"][:2]) for r in runs]
     print(f"median of {len(runs)} fresh processes; the whole process: {', '.join(f'{w:.2f}' for w in whole)} CPU-s")
+
+
+_PERF_KINDS: tuple[tuple[str, str, str], ...] = (  # (what, how perf report is read, the symbol or dso)
+    ("kernel: page faults, all", "children", "asm_exc_page_fault"),
+    ("... zeroing fresh anonymous pages", "self", "clear_page_erms"),
+    ("... file mappings' faults (filemap)", "children", "do_fault"),
+    ("kernel: munmap", "children", "__x64_sys_munmap"),
+    ("kernel: writes", "children", "ksys_write"),
+    ("kernel: everything", "dso", "[kernel.kallsyms]"),
+    ("the interpreter (libpython; its GC: --breakdown)", "dso", "libpython3"),
+    ("zstd (in libarrow)", "prefix", "ZSTD_ HUF_ FSE_ HIST_"),
+    ("libparquet", "dso", "libparquet"),
+    ("libarrow (zstd included)", "dso", "libarrow.so"),
+    ("numba's compiled kernels ([JIT])", "dso", "[JIT]"),
+    ("libc memcpy/memmove", "prefix", "__memmove __memcpy"),
+)
+
+
+def perf(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
+    """``--perf``: one fresh repack of the kept full build under ``perf record``, its samples by kind."""
+    import re
+    import shutil
+
+    if args.keep is None or shutil.which("perf") is None:
+        raise SystemExit("--perf needs --keep DIR and Linux perf on PATH")
+    full = args.keep / f"full-{args.records}"
+    if not (full / "manifest.json").exists():
+        raise SystemExit(f"--perf repacks {full}: make it first (--breakdown or --ab with the same --keep)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "packer.cli", "repack", str(full), "-o", str(root / "repack"), *repack_args]
+    subprocess.run(cmd, env=env, cwd=REPO, check=True)  # untimed: the kernels compiled and cached
+    shutil.rmtree(root / "repack")
+    data = root / "perf.data"
+    subprocess.run(["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), "--", *cmd], env=env, cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL)
+    line = re.compile(r"^\s*([0-9.]+)%\s+(?:([0-9.]+)%\s+)?(\S.*?)\s+\[([.k])\]\s+(\S+)")
+    rows = {}
+    for mode in ("self", "children"):
+        out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-g", "none", "--sort", "dso,sym",
+                              "--children" if mode == "children" else "--no-children"],
+                             capture_output=True, text=True, check=True).stdout
+        rows[mode] = [(float(m[1]), m[3], m[5]) for m in map(line.match, out.splitlines()) if m]
+    events = re.search(r"Event count \(approx\.\): ([0-9]+)", out)  # cpu-clock: nanoseconds
+    cpu = int(events[1]) / 1e9 if events else 0.0
+    print(f"one repack under perf record (999 Hz): {cpu:.2f} CPU-s sampled")
+    for what, how, names in _PERF_KINDS:
+        keys = names.split() if how in ("self", "prefix", "children") else [names]
+        if how == "dso":
+            pct = sum(p for p, dso, _ in rows["self"] if dso.startswith(names))
+        elif how == "prefix":
+            pct = sum(p for p, _, sym in rows["self"] if sym.startswith(tuple(keys)))
+        else:
+            pct = sum(p for p, _, sym in rows[how] if sym in keys) if how == "self" else \
+                max((p for p, _, sym in rows[how] if sym in keys), default=0.0)
+        print(f"{what:44s} {pct:5.1f}%  ~{pct / 100 * cpu:5.2f} CPU-s")
 
 
 def show(name: str, r: dict[str, float], full: dict[str, float] | None = None) -> None:
@@ -334,6 +407,7 @@ def main() -> None:
                     help="with --before: the untimed build that compiles REV's numba kernels first, of this many "
                          "records (a small one leaves some of a large build's kernels to compile in its timed build)")
     ap.add_argument("--breakdown", action="store_true", help="with --keep: CPU per phase of fresh repacks")
+    ap.add_argument("--perf", action="store_true", help="with --keep: one repack under perf record, by kind")
     ap.add_argument("--breakdown-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ap.add_argument("--top", type=int, default=0, help="with --profile-write: also the N functions of most own time")
     args = ap.parse_args()
@@ -351,6 +425,9 @@ def main() -> None:
             return
         if args.breakdown:
             breakdown(args, root, repack_args + n)
+            return
+        if args.perf:
+            perf(args, root, repack_args + n)
             return
         if args.profile_write:
             base = args.keep or root
