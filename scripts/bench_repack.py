@@ -28,10 +28,11 @@ by ~10%, measured in minutes instead of three full builds.
 for a change of the encode cache's format, which the other tree's cache would not serve.
 
 ``--breakdown`` (with ``--keep DIR``): repacks of the kept full build, each in a fresh process as ``packer repack``
-runs (no profiler: ``getrusage`` around each phase, user and system CPU apart, and the page faults), ``--pairs``
-of them: where a repack's CPU goes, the fixed costs (the interpreter and packer's imports; numba, pandas and
-``pyarrow.parquet``, imported up front here as the repack would on its way; the numba kernels' loads fall in the
-phases that first call them) against the per-row work (the gathers, pack assembly, the Parquet encode).
+runs (no profiler: ``getrusage`` of the calling thread around each phase, user and system CPU apart, and the page
+faults; the build's warm-planner thread, which loads numba's kernels while the main thread reads the cached columns,
+apart; the cyclic GC's collections by ``gc.callbacks``), ``--pairs`` of them: where a repack's CPU goes, the fixed
+costs (the interpreter and packer's imports; numba, pandas and ``pyarrow.parquet``, imported up front here as the
+repack would on its way) against the per-row work (the gathers, pack assembly, the Parquet encode).
 
     python scripts/bench_repack.py --records 200000 --keep /tmp/rp --breakdown --pairs 3
 
@@ -161,7 +162,8 @@ def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bo
     print(f"{'a pool worker: imports + initializer':46s} {float(start.stdout):7.2f} CPU-s (once per worker)")
 
 
-PHASES = (("cached columns (build._cached)", "packer.pipeline.build", "_cached"),
+PHASES = (("warm-planner thread (kernel loads)", "packer.pipeline.build", "warm_planner"),
+          ("cached columns (build._cached)", "packer.pipeline.build", "_cached"),
           ("plan (stages.plan_packs)", "packer.pipeline.build", "plan_packs"),
           ("gather (assemble.take_rows)", "packer.pipeline.cache", "take_rows"),
           ("pack assembly (assemble_packs)", "packer.pipeline.stages", "assemble_packs"),
@@ -174,8 +176,10 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
     import importlib
     import resource
 
-    def usage() -> tuple[float, float, int]:
-        r = resource.getrusage(resource.RUSAGE_SELF)
+    def usage(who: int = resource.RUSAGE_THREAD) -> tuple[float, float, int]:
+        """The calling thread's CPU (a phase's own: the build loads numba's kernels in a thread meanwhile), or
+        the process's (``RUSAGE_SELF``)."""
+        r = resource.getrusage(who)
         return r.ru_utime, r.ru_stime, r.ru_minflt
 
     got: dict[str, list[float]] = {}
@@ -197,7 +201,7 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
             add("cyclic GC (counted in the rows below too)", collecting.pop(), usage())
     gc.callbacks.append(on_gc)
     from packer.cli import cli
-    add("interpreter, this script + packer.cli imports", start, usage())
+    add("interpreter, this script + packer.cli imports", start, usage(resource.RUSAGE_SELF))
     t0 = usage()
     import numba  # noqa: F401
     import pandas  # noqa: F401
@@ -224,8 +228,8 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
     except SystemExit as e:
         if e.code:
             raise
-    add("the repack (from its command)", t1, usage())
-    add("the whole process", start, usage())
+    add("the repack's main thread (its command)", t1, usage())
+    add("the whole process", start, usage(resource.RUSAGE_SELF))
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     got["pool workers, if any"] = [r.ru_utime, r.ru_stime, r.ru_minflt]
     print(json.dumps(got))
