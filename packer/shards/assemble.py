@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,8 +338,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     ``remember``: the caller will take rows of these files again in this process (a writer's next shards):
     where each buffer of a file lies is kept (``_Layout``, ~8 KB a file; not past ``LAYOUTS_MAX`` files), and a
     later visit maps the file and views its columns with numpy, no Arrow reader (~1.4 ms -> ~0.2 ms a visit:
-    docs/benchmarks.md, "Repack"); and the flat columns' values go to the memory of its previous take where
-    nothing holds that any more (``_scratch``).
+    docs/benchmarks.md, "Repack").
     """
     from packer.shards.gather import copy_ranges
 
@@ -468,8 +466,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
     dtypes = {name: _values_dtype(types[name]) for name in dense}  # once, not once a visit
     for name in dense:
-        count = int(out_offsets[name][-1])
-        values[name] = _scratch(name, count, dtypes[name]) if remember else np.empty(count, dtype=dtypes[name])
+        values[name] = np.empty(int(out_offsets[name][-1]), dtype=dtypes[name])
     parts = _Parts() if slow else None
     for c in used:
         if slow or any(name not in spans[c] for name in dense):
@@ -529,26 +526,6 @@ written again under the same name is another key."""
 LAYOUTS_MAX = 1024
 """At most this many layouts (~8 KB each: <= ~8.5 MB a process, whatever the corpus); a take over more files
 remembers none (past it the exchange runs: ``stages.map_tasks``), another cache's drop the oldest."""
-
-
-_SCRATCH: dict[str, np.ndarray] = {}
-"""Per flat column, the bytes its values were last gathered into by ``take_rows(remember=True)`` (one writer's
-shards, one after another): the next shard's go there once nothing views them any more."""
-
-
-def _scratch(name: str, count: int, dtype: np.dtype) -> np.ndarray:
-    """``np.empty(count, dtype)`` for column ``name``'s gathered values, on the previous take's memory where the
-    table made of it is gone (no array, Arrow buffer or view refers to it: only ``_SCRATCH``, this frame and
-    ``getrefcount``'s argument do). Fresh memory costs the kernel a page fault and the zeroing of each page
-    when first written (~0.3-0.5 CPU-s of a 200k repack, ~1 GB of rows; docs/benchmarks.md, "Repack"); memory
-    used before costs neither. Peak memory is that of a fresh array: one shard's values per column, as before."""
-    nbytes = count * dtype.itemsize
-    buf = _SCRATCH.get(name)
-    if buf is None or buf.nbytes < nbytes or sys.getrefcount(buf) > 3:
-        _SCRATCH.pop(name, None)  # freed here unless a table still holds it
-        buf = np.empty(nbytes + nbytes // 8, np.uint8)  # room for a next shard a little larger (untouched: no RSS)
-        _SCRATCH[name] = buf
-    return buf[:nbytes].view(dtype)
 
 
 def _file_key(path: str) -> tuple[str, int, int, int]:
