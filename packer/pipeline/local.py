@@ -311,10 +311,11 @@ def _load_encoder(config: BuildConfig, max_length: int | None, blob: str, send: 
                                                          encoder.context.tokens.json()))
     except BaseException as e:  # noqa: BLE001  # raised in the build's process
         reply = ("error", e)
-    try:
-        send.send(reply)
-    except Exception as e:  # noqa: BLE001  # an exception that does not pickle: its text
-        send.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]} ({e})")))
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:  # noqa: BLE001  # an exception that does not pickle (or unpickle): its text
+            reply = ("error", RuntimeError(f"{type(e).__name__}: {e}"))
+    send.send(reply)
     send.close()
 
 
