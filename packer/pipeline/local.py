@@ -141,11 +141,12 @@ class LocalExecutor(Executor):
         try:
             native = build_native(text)
             kind, value = receive.recv()
-        except EOFError:
-            helper.join()
-            raise RuntimeError(f"the process loading the tokenizer exited with code {helper.exitcode}") from None
-        except BaseException:  # Ctrl-C: the helper goes too
+        except BaseException as e:  # Ctrl-C: the helper goes too
             helper.terminate()
+            helper.join()
+            blob.unlink(missing_ok=True)
+            if isinstance(e, EOFError):
+                raise RuntimeError(f"the process loading the tokenizer exited with code {helper.exitcode}") from None
             raise
         finally:
             receive.close()
