@@ -255,6 +255,9 @@ def _timed(inner, marks: dict[str, float]):
         def preload(self, encoder):
             inner.preload(encoder)
 
+        def load_encoder(self, config, **kw):  # the inner executor's (LocalExecutor overlaps it), not Executor's
+            return inner.load_encoder(config, **kw)
+
         def close(self):
             inner.close()
 
@@ -285,8 +288,13 @@ def _now() -> tuple[float, float]:
 # --breakdown: the build process's steps timed (module, attribute, label); a step's CPU excludes the steps it calls
 _BREAKDOWN_STEPS = [
     ("packer.encode.tokenizers", "load_tokenizer", "tokenizer load (transformers import + HF tokenizer)"),
+    ("packer.config", "make_encoder", "make_encoder (tables, fastokens probe ids)"),
     ("packer.pipeline.build", "make_encoder", "make_encoder (tables, fastokens probe ids)"),
+    ("packer.pipeline.output", "tokenizer_record", "tokenizer fingerprint"),
     ("packer.pipeline.build", "tokenizer_record", "tokenizer fingerprint"),
+    ("packer.encode.fastokens_bpe", "build_native", "fastokens' native build (the parent, for its forked workers)"),
+    ("packer.pipeline.local.LocalExecutor", "load_encoder",
+     "load_encoder's rest (pickle, the helper's wait; its tokenizer load: the helper process's row)"),
     ("packer.pipeline.build", "build_fingerprint", "fingerprints + output dir"),
     ("packer.pipeline.build", "encode_fingerprint", "fingerprints + output dir"),
     ("packer.pipeline.build", "prepare_output", "fingerprints + output dir"),
@@ -305,7 +313,7 @@ _BREAKDOWN_STEPS = [
     ("packer.report.stats", "format_stats", "card"),
     ("packer.pipeline.build", "write_card", "card"),
     ("packer.pipeline.build", "manifest_dict", "manifest"),
-    ("packer.pipeline.local", "_forked_with", "fork the pool (the workers' encoder, fastokens' native tokenizer)"),
+    ("packer.pipeline.local", "_forked_with", "fork the pool (the workers' encoder copy and imports)"),
     ("packer.pipeline.local.LocalExecutor", "close", "pool stop"),
 ]
 _STEP_CPU: dict[str, float] = {}  # label -> CPU-s, this process (the build's, or a pool worker's)

@@ -156,11 +156,16 @@ class Encoder:
                        fast=self.fast_paths)
         return Encoder(self.tokenizer, self.profile, **(options | changes))
 
-    def prepare_fork(self) -> None:
+    def prepare_fork(self, built: tuple[str, Any] | None = None) -> None:
         """Build now what a process builds on its first batch and can share with processes forked from it:
-        fastokens' native tokenizer (``FastokensBPE.prepare``: nothing is encoded, no thread started)."""
+        fastokens' native tokenizer (``FastokensBPE.prepare``: nothing is encoded, no thread started;
+        ``built``: one built already, from that tokenizer.json, taken where it is this encoder's)."""
         if self._fastokens is not None:
-            self._fastokens.prepare()
+            self._fastokens.prepare(built)
+
+    def engine_json(self) -> str | None:
+        """The tokenizer.json fastokens' native tokenizer is built from; None: this encoder has no fastokens."""
+        return self._fastokens.source.json() if self._fastokens is not None else None
 
     def __getstate__(self) -> dict:
         """What a worker process needs: the Rust tokenizer, the template source and the tables built from the

@@ -101,20 +101,19 @@ class FastokensBPE:
             _NATIVE[key] = _checked_native(self.source.json(), self.want, _UNPROBED.pop(key, None))
         return _NATIVE[key]
 
-    def prepare(self) -> None:
+    def prepare(self, built: tuple[str, Any] | None = None) -> None:
         """Build the native tokenizer now, without encoding anything (no probe: that runs on first use), so
         that processes forked from this one inherit it instead of each building it (~1.6 CPU-s for a 151k
         vocabulary): building it starts no thread, so it is fork-safe where an encode is not (``fork_safe``).
-        Where fastokens cannot load the file, ``native`` says so on first use, as without this."""
+        ``built``: (a tokenizer.json, ``build_native``'s tokenizer of it), taken where that string is this
+        engine's own. Where fastokens cannot load the file, ``native`` says so on first use, as without this."""
         key = self._key()
         if key in _NATIVE or key in _UNPROBED:
             return
-        import fastokens
-
-        try:
-            _UNPROBED[key] = fastokens.Tokenizer.from_json_str(self.source.json())
-        except Exception:  # noqa: BLE001  # left to ``native``, which warns and takes the HF tokenizer
-            pass
+        json = self.source.json()
+        native = built[1] if built is not None and built[0] == json else build_native(json)
+        if native is not None:
+            _UNPROBED[key] = native
 
     def _key(self) -> Any:
         # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source
@@ -137,6 +136,17 @@ class _Source:
 
     def json(self) -> str:
         return self.backend.to_str()
+
+
+def build_native(json: str) -> Any:
+    """fastokens' tokenizer of this tokenizer.json, built and not probed (``prepare``); None where fastokens
+    cannot load it (``native`` then says so on first use, and the HF tokenizer encodes)."""
+    import fastokens
+
+    try:
+        return fastokens.Tokenizer.from_json_str(json)
+    except Exception:  # noqa: BLE001  # left to ``native``, which warns and takes the HF tokenizer
+        return None
 
 
 def fork_safe() -> bool:

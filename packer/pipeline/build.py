@@ -145,10 +145,11 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # streamed inputs (formats/files.py) are spilled into the work dir, so their scan waits for that dir
     scanned = None if streamed or prior is not None else executor.submit(scan_chunks, config, progress=progress)
     known = None  # the tokenizer as the prior cache's mark records it (``output.recorded_tokenizer``)
+    record: dict[str, Any] | None = None
     if prior is None:
-        encoder: Encoder | None = make_encoder(config, max_length=encode_ceiling(config))
-        executor.preload(encoder)
-        tokenizer, profile = encoder.tokenizer, encoder.profile
+        encoder: Encoder | None
+        encoder, record = executor.load_encoder(config, max_length=encode_ceiling(config))
+        tokenizer, profile = encoder.tokenizer, encoder.profile  # tokenizer: None where the load ran elsewhere
     else:  # a reused cache needs no encoder (its tables take seconds to build), and no tokenizer where its mark
         # records it (the transformers import and the load: seconds, a repack's largest fixed cost): made below
         # if the cache cannot serve after all
@@ -157,7 +158,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         tokenizer = None if known is not None else load_tokenizer(config.tokenizer_name())
         profile = get_profile(config.profile, **config.profile_overrides())
     preloaded = encoder is not None
-    record = known if tokenizer is None else tokenizer_record(tokenizer, profile, config.tokenizer_name())
+    if record is None:
+        record = known if tokenizer is None else tokenizer_record(tokenizer, profile, config.tokenizer_name())
     tokenizer_fp = record["fingerprint"]
     template = chat_template_source(config)  # the template used: the config's, else the tokenizer's (as Encoder's)
     template_sha256 = (hashlib.sha256(template.encode()).hexdigest() if template is not None
@@ -182,14 +184,15 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     if complete:  # nothing to encode: every chunk of these inputs is in the cache
         files = mark["chunked"]
     else:
-        if tokenizer is None:  # the recorded one, to encode with: the very tokenizer, or an error
-            tokenizer = load_tokenizer(config.tokenizer_name())
+        ceiling = mark["keeps_up_to"] or config.max_length  # the cache keeps more than max_length: so does
+        # what is encoded into it; an encoder made elsewhere (``load_encoder``) came without its tokenizer
+        if tokenizer is None and (encoder is None or encoder.max_length != ceiling):
+            tokenizer = load_tokenizer(config.tokenizer_name())  # the recorded one: the very tokenizer, or an error
             record = tokenizer_record(tokenizer, profile, config.tokenizer_name())
             if record["fingerprint"] != tokenizer_fp:
                 raise ConfigError(f"{out}: the tokenizer {config.tokenizer_name()!r} changed since its encode cache "
                                   "was made, and the cache cannot serve this build: run `packer build`")
-        ceiling = mark["keeps_up_to"] or config.max_length  # the cache keeps more than max_length: so does
-        if encoder is None or encoder.max_length != ceiling:  # what is encoded into it
+        if encoder is None or encoder.max_length != ceiling:
             encoder = make_encoder(config, tokenizer=tokenizer, max_length=ceiling)
             preloaded = False
         if not preloaded:

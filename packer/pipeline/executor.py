@@ -32,7 +32,7 @@ class Executor(ABC):
     ``build`` calls, in order: ``start()`` before it loads the tokenizer (``LocalExecutor`` spawns its workers
     then, so their start-up overlaps the load; a build that reuses a complete encode cache does not call it,
     and an executor starts what its first stage needs); ``submit(scan_chunks, ...)`` to scan the inputs during that
-    load; ``preload(encoder)`` as soon as it has the encoder, before it fingerprints the tokenizer (workers
+    load; ``load_encoder`` (by default: makes the encoder, then ``preload(encoder)``) as soon as it has the encoder, before it fingerprints the tokenizer (workers
     may load it meanwhile); ``encode``, then ``exchange`` (builds of many shards), then ``write``; and ``close()`` when it ends, also on an error. An
     executor is also a context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
 
@@ -55,6 +55,17 @@ class Executor(ABC):
 
     def preload(self, encoder: Encoder) -> None:  # noqa: B027 (optional: a no-op unless overridden)
         """Ship ``encoder`` to the workers ahead of the first encode task; by default nothing."""
+
+    def load_encoder(self, config: BuildConfig, *, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:
+        """The build's encoder (``config.make_encoder``), preloaded (``preload``), and its tokenizer's
+        ``output.tokenizer_record``. ``LocalExecutor`` overlaps the load with fastokens' native build."""
+        from packer.config import make_encoder
+        from packer.pipeline.output import tokenizer_record
+
+        encoder = make_encoder(config, max_length=max_length)
+        self.preload(encoder)  # pickles it: its TokenizerView's to_str(), which the fingerprint reuses
+        return encoder, tokenizer_record(encoder.tokenizer, encoder.profile, config.tokenizer_name(),
+                                         encoder.context.tokens.json())
 
     def close(self) -> None:  # noqa: B027 (optional: a no-op unless overridden)
         """Stop what ``start`` (or a stage) started; by default nothing. Safe to call twice."""

@@ -8,6 +8,9 @@ packer and building the native tokenizer (~2 CPU-s per worker for a 151k vocabul
 throughput"). Fork is taken only where it is safe (``_forkable``): no other Python thread, no fastokens encode
 has run here (rayon's pool has no fork handler); else, and elsewhere than Linux, the pool is spawned when the
 build begins (``start``), so the workers' interpreter start and imports overlap the parent's tokenizer load.
+Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``_engine_file``),
+``load_encoder`` overlaps the two serial steps before the fork: a forked helper loads the tokenizer and makes the
+encoder while this process builds the native tokenizer (docs/benchmarks.md, "Where a build's wall goes").
 Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
 """
 
@@ -106,6 +109,57 @@ class LocalExecutor(Executor):
         for _ in range(self.num_proc):  # one each while they idle (a worker that takes two loads once)
             pool.apply_async(_preload, (str(blob),))
 
+    def load_encoder(self, config: BuildConfig, *, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:
+        """``Executor.load_encoder``, overlapped where the pool will be forked and fastokens' tokenizer.json
+        for this tokenizer is kept from an earlier build (``_engine_file``): a forked helper process loads the
+        tokenizer, makes and pickles the encoder and fingerprints it, while this process builds fastokens'
+        native tokenizer from the kept string (~1.8 CPU-s, holding the GIL: a thread could not overlap it);
+        the pool is then forked holding both. Nothing changes what a worker holds: the kept string is used
+        only where it equals the encoder's own (else it is built again here, as without this), and the
+        encoder is the helper's pickle, which a worker loads anyway. This process never imports transformers."""
+        if self.num_proc == 1 or self._pool is not None or not _forkable():
+            return super().load_encoder(config, max_length=max_length)
+        kept = _engine_file(config.tokenizer_name())
+        text = _read_text(kept) if kept is not None else None
+        if text is None:  # the first build of this tokenizer: the serial way, keeping the string for the next
+            encoder, record = super().load_encoder(config, max_length=max_length)
+            _keep_engine(kept, encoder.engine_json(), None)
+            return encoder, record
+        import multiprocessing as mp
+        import pickle
+
+        from packer.encode.fastokens_bpe import build_native
+
+        self._drop_preloaded()
+        blob = self._encoder_path(Path(tempfile.gettempdir()))
+        ctx = mp.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        helper = ctx.Process(target=_load_encoder, args=(config, max_length, str(blob), send), daemon=True,
+                             name="packer-load-encoder")
+        helper.start()
+        send.close()
+        try:
+            native = build_native(text)
+            kind, value = receive.recv()
+        except BaseException as e:  # Ctrl-C: the helper goes too
+            helper.terminate()
+            helper.join()
+            blob.unlink(missing_ok=True)
+            if isinstance(e, EOFError):
+                raise RuntimeError(f"the process loading the tokenizer exited with code {helper.exitcode}") from None
+            raise
+        finally:
+            receive.close()
+            helper.join()
+        if kind == "error":
+            blob.unlink(missing_ok=True)
+            raise value
+        encoder = pickle.loads(blob.read_bytes())
+        self._preloaded = (encoder, blob)
+        _keep_engine(kept, encoder.engine_json(), text)
+        self._pool = _forked_with(encoder, str(blob), self.num_proc, built=(text, native))
+        return encoder, value
+
     def close(self) -> None:
         """Stop the pool's workers (``build`` calls this when it ends, also on an error); ``start`` again
         makes a new pool."""
@@ -121,14 +175,18 @@ class LocalExecutor(Executor):
             self._preloaded = None
 
     def _encoder_file(self, encoder: Encoder, here: Path) -> Path:
-        """``encoder`` pickled into a new file in ``here``, named uniquely per call (a reused executor never
-        keeps an older encoder)."""
+        """``encoder`` pickled into a new file in ``here`` (``_encoder_path``)."""
         import pickle
 
-        self._encodes += 1
-        blob = here / f"encoder.pkl.tmp-{os.getpid()}-{id(self):x}-{self._encodes}"
+        blob = self._encoder_path(here)
         blob.write_bytes(pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL))
         return blob
+
+    def _encoder_path(self, here: Path) -> Path:
+        """A new encoder file's name in ``here``, unique per call (a reused executor never keeps an older
+        encoder)."""
+        self._encodes += 1
+        return here / f"encoder.pkl.tmp-{os.getpid()}-{id(self):x}-{self._encodes}"
 
     def encode(
         self, chunks: Sequence[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -218,16 +276,17 @@ def _new_pool(num_proc: int, method: str) -> Pool:
     return mp.get_context(method).Pool(num_proc, initializer=_worker_init)
 
 
-def _forked_with(encoder: Encoder, path: str, num_proc: int) -> Pool:
+def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, Any] | None = None) -> Pool:
     """A pool forked from this process holding a copy of ``encoder`` as a worker loads it from ``path`` (the
-    pickle's round trip: the same state, no transformers tokenizer), its native tokenizer built here once. This
-    process drops its copy once the workers exist; a worker the pool starts later loads ``path`` itself."""
+    pickle's round trip: the same state, no transformers tokenizer), its native tokenizer built here once
+    (``built``: already, from that tokenizer.json; ``Encoder.prepare_fork``). This process drops its copy once
+    the workers exist; a worker the pool starts later loads ``path`` itself."""
     import gc
     import pickle
 
     _worker_imports()
     worker = pickle.loads(Path(path).read_bytes())
-    worker.prepare_fork()
+    worker.prepare_fork(built)
     _WORKER.update(encoder=worker, encoder_file=path)
     gc.freeze()  # the inherited objects stay out of the workers' collections (as ``_encoder`` does)
     try:
@@ -236,6 +295,63 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int) -> Pool:
         gc.unfreeze()
         _WORKER.clear()
         del worker
+
+
+def _load_encoder(config: BuildConfig, max_length: int | None, blob: str, send: Any) -> None:
+    """``LocalExecutor.load_encoder``'s helper process: the encoder pickled into ``blob``; sends ("ok", its
+    tokenizer_record) or ("error", the exception)."""
+    import pickle
+
+    from packer.config import make_encoder
+    from packer.pipeline.output import tokenizer_record
+
+    try:
+        encoder = make_encoder(config, max_length=max_length)
+        Path(blob).write_bytes(pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL))
+        reply: tuple[str, Any] = ("ok", tokenizer_record(encoder.tokenizer, encoder.profile, config.tokenizer_name(),
+                                                         encoder.context.tokens.json()))
+    except BaseException as e:  # noqa: BLE001  # raised in the build's process
+        reply = ("error", e)
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:  # noqa: BLE001  # an exception that does not pickle (or unpickle): its text
+            reply = ("error", RuntimeError(f"{type(e).__name__}: {e}"))
+    send.send(reply)
+    send.close()
+
+
+def _engine_file(name: str) -> Path | None:
+    """Where fastokens' tokenizer.json for the tokenizer ``name`` is kept between builds (``load_encoder``):
+    a local tokenizer (a builtin, a directory), one file per tokenizer; None for a hub name."""
+    import hashlib
+
+    from packer.encode.tokenizers import builtin_path, builtin_tokenizers, cache_dir
+
+    path = builtin_path(name) if name in builtin_tokenizers() else Path(name)
+    if not path.is_dir():
+        return None
+    return cache_dir() / "engines" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] + ".json")
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _keep_engine(path: Path | None, json: str | None, kept: str | None) -> None:
+    """Keep ``json`` (an encoder's ``engine_json``) at ``path`` for the next build, unless kept already; a
+    cache that cannot be written is skipped (the next build is serial, as without it)."""
+    if path is None or json is None or json == kept:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json, encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _worker_init() -> None:

@@ -78,14 +78,15 @@ def encode_fingerprint(config: BuildConfig, *, tokenizer_fp: str, chat_template_
     return _digest("encode", cfg, tokenizer_fp=tokenizer_fp, chat_template_sha256=chat_template_sha256, files=files)
 
 
-def tokenizer_record(tokenizer: Any, profile: Any, name: str) -> dict[str, Any]:
+def tokenizer_record(tokenizer: Any, profile: Any, name: str, json: str | None = None) -> dict[str, Any]:
     """What a build needs of its tokenizer besides encoding, kept in the encode mark so that a build reusing the
     whole cache loads none (``recorded_tokenizer``): its fingerprint, its own chat template's sha256, the
-    profile's media token ids (the manifest's), and the files it was loaded from (``tokenizer_source``)."""
+    profile's media token ids (the manifest's), and the files it was loaded from (``tokenizer_source``).
+    ``json``: its Rust tokenizer's ``to_str()`` where made already (``tokenizers.fingerprint``)."""
     from packer.encode.tokenizers import fingerprint
 
     tokens = {"image": profile.image_token, "video": profile.video_token, "audio": profile.audio_token}
-    return {"fingerprint": fingerprint(tokenizer),
+    return {"fingerprint": fingerprint(tokenizer, json),
             "chat_template_sha256": hashlib.sha256(str(getattr(tokenizer, "chat_template", None) or "").encode())
             .hexdigest(),
             "token_ids": {k: tokenizer.convert_tokens_to_ids(t) if t else None for k, t in tokens.items()},

@@ -92,6 +92,8 @@ def test_a_preloaded_encoder_file_is_removed_by_close(tmp_path):
 
 _FORKED = """
 import json, os, sys
+from pathlib import Path
+import tqdm
 import packer.pipeline.local as local
 from packer.config import BuildConfig
 from packer.encode import fastokens_bpe
@@ -108,11 +110,29 @@ assert len(os.listdir("/proc/self/task")) == threads and fastokens_bpe.fork_safe
 methods = []
 new_pool = local._new_pool
 local._new_pool = lambda n, method: methods.append(method) or new_pool(n, method)
+tqdm.tqdm.monitor_interval = 0  # no monitor thread left by the first build: the later ones fork too
+kept = Path(out + "-engine.json")  # fastokens' tokenizer.json kept between builds (local._engine_file)
+local._engine_file = lambda name: kept
 two = build(BuildConfig.from_inputs([corpus], out + "-two", num_proc=2, **opts), progress=False)
 assert methods == ["fork"], methods  # one pool, forked once the encoder existed
+assert kept.read_text() == encoder.engine_json()  # kept for the next build
+built = []
+build_native = fastokens_bpe.build_native
+fastokens_bpe.build_native = lambda json: built.append(json) or build_native(json)
+# the next build loads the tokenizer in a helper process while this one builds fastokens' native tokenizer from
+# the kept string, which the forked workers then hold (built once: the copy prepare_fork makes takes it)
+helped = build(BuildConfig.from_inputs([corpus], out + "-helped", num_proc=2, **opts), progress=False)
+assert methods == ["fork", "fork"] and built == [kept.read_text()], (methods, len(built))
+kept.write_text("{}")  # stale: not this tokenizer's, so built again, as without it, and replaced
+executor, built[:] = local.LocalExecutor(2), []
+loaded, record = executor.load_encoder(BuildConfig.from_inputs([corpus], out + "-x", **opts), max_length=512)
+executor.close()
+assert loaded.tokenizer is None and built == ["{}", encoder.engine_json()] and kept.read_text() == built[1]
+assert record["fingerprint"] == helped.manifest["tokenizer"]["fingerprint"] == two.manifest["tokenizer"]["fingerprint"]
+assert helped.manifest["fingerprint"] == two.manifest["fingerprint"]
 one = build(BuildConfig.from_inputs([corpus], out + "-one", **opts), progress=False)  # encodes here
 assert not fastokens_bpe.fork_safe() and not local._forkable()  # rayon's pool runs here now: spawn from now on
-print(json.dumps([[s["sha256"] for s in r.manifest["shards"]] for r in (two, one)]))
+print(json.dumps([[s["sha256"] for s in r.manifest["shards"]] for r in (two, helped, one)]))
 """
 
 
@@ -120,7 +140,9 @@ print(json.dumps([[s["sha256"] for s in r.manifest["shards"]] for r in (two, one
 def test_a_forked_pool_writes_what_one_process_writes(tmp_path):
     """On Linux a fresh process forks its pool once the encoder exists (local.py), the workers inheriting the
     encoder and fastokens' native tokenizer (built with no thread started, so rayon's pool starts in each
-    child): the shards equal a one-process build's; once fastokens has encoded in the process, no fork."""
+    child): the shards equal a one-process build's, also where the tokenizer loaded in a helper process while
+    the native tokenizer was built from the string an earlier build kept (``load_encoder``); once fastokens has
+    encoded in the process, no fork."""
     lines = [{"messages": [{"role": "user", "content": f"Count to {i}."},
                            {"role": "assistant", "content": " ".join(map(str, range(i % 40 + 1)))}]}
              for i in range(CHUNK_LINES + 100)]  # two encode chunks: the pool encodes
@@ -129,5 +151,5 @@ def test_a_forked_pool_writes_what_one_process_writes(tmp_path):
     run = subprocess.run([sys.executable, "-c", _FORKED, str(corpus), str(tmp_path / "out")], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
-    two, one = json.loads(run.stdout.strip().splitlines()[-1])
-    assert two == one and len(one) > 1
+    two, helped, one = json.loads(run.stdout.strip().splitlines()[-1])
+    assert two == helped == one and len(one) > 1
