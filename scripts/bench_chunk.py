@@ -56,24 +56,30 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
     """CPU seconds of each phase of ``stages.encode_chunk`` over ``chunks``, its cache commit included."""
     t = dict.fromkeys(("parse", "render", "tokenizer", "finish", "commit"), 0.0)
     for chunk in chunks:
-        t0 = time.process_time()
-        parsed = list(stages._chunk_records(chunk, config, base_dir))
-        t1 = time.process_time()
-        staged, texts = staged_texts(parsed, encoder)
-        t2 = time.process_time()
-        encodings = encoder._tokenize(texts)
-        t3 = time.process_time()
-        done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings),
-                                    rows=True)
-        for one in done:
-            one.source_name = chunk.source
-        table = encoded_table(done)
-        t4 = time.process_time()
-        cache.commit(chunk.index, table, [], hooks=Hooks())
-        t5 = time.process_time()
-        for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-            t[k] += dt
+        with stages.collector_paused():  # as ``stages.encode_chunk`` runs a chunk
+            chunk_phases(chunk, config, encoder, cache, base_dir, t)
     return t
+
+
+def chunk_phases(chunk, config, encoder, cache: EncodeCache, base_dir: str, t: dict[str, float]) -> None:
+    """``build_phases`` of one chunk, its CPU seconds added to ``t``."""
+    t0 = time.process_time()
+    parsed = list(stages._chunk_records(chunk, config, base_dir))
+    t1 = time.process_time()
+    staged, texts = staged_texts(parsed, encoder)
+    t2 = time.process_time()
+    encodings = encoder._tokenize(texts)
+    t3 = time.process_time()
+    done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings),
+                                rows=True)
+    for one in done:
+        one.source_name = chunk.source
+    table = encoded_table(done)
+    t4 = time.process_time()
+    cache.commit(chunk.index, table, [], hooks=Hooks())
+    t5 = time.process_time()
+    for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+        t[k] += dt
 
 
 def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[float, int]]:
