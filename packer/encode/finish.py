@@ -24,7 +24,7 @@ their own (``_text_rows``), with no forest to lay out.
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
 a ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
 or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
-family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (exactly those classes), adjacent
+family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (``BatchFinish.of``), adjacent
 image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
 tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
 every media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two
@@ -59,14 +59,16 @@ class BatchFinish:
     @classmethod
     def of(cls, ctx: EncodeContext) -> BatchFinish | None:
         """The batch finish for this encoder's profile, or None: a family with its own ``media_runs`` or
-        positions other than flat / Qwen2-VL's mRoPE (exactly those classes: a subclass may differ)."""
+        positions other than flat (exactly ``Positions``) or Qwen2-VL's mRoPE for images (an ``MRoPE`` whose
+        ``extra`` is MRoPE's: Qwen3-VL's subclass differs in its videos' spans only, and videos are the general
+        path's)."""
         profile = ctx.profile
         if type(profile).media_runs is not ModelProfile.media_runs:
             return None
         positions = type(profile.positions)
         if positions is Positions:
             return cls(ctx, None)
-        if positions is MRoPE and ctx.image_token_id is not None:
+        if issubclass(positions, MRoPE) and positions.extra is MRoPE.extra and ctx.image_token_id is not None:
             return cls(ctx, profile.positions)
         return None
 

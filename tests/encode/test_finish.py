@@ -56,7 +56,8 @@ def check_batch(encoder: Encoder, examples: list[Example]) -> int:
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(records=st.lists(record(), min_size=1, max_size=12),
-       name=st.sampled_from(["qwen2-vl", "qwen2-vl", "qwen2-vl-truncate", "qwen2-vl-drop", "llava", "text"]))
+       name=st.sampled_from(["qwen2-vl", "qwen2-vl", "qwen2-vl-truncate", "qwen2-vl-drop", "llava", "text",
+                             "qwen3-vl"]))
 def test_batch_finish_equals_per_record(encoders, image_root, records, name):
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
     check_batch(encoders[name], examples)
@@ -117,9 +118,9 @@ def test_batch_finish_of_text_records(encoders, image_root, name):
 
 
 @pytest.mark.parametrize(("name", "taken"), [("qwen2-vl", True), ("llava", True), ("text", True),
-                                             ("qwen3-vl", False)])
+                                             ("qwen3-vl", True), ("qwen2.5-vl", True)])
 def test_batch_finish_only_for_the_rules_it_knows(tok, name, taken):
-    """Flat positions or Qwen2-VL's own mRoPE with the default media runs: a subclass (Qwen3-VL's per-frame
-    mRoPE) or a family's own layout is the general path's."""
+    """Flat positions or Qwen2-VL's mRoPE for images (Qwen3-VL's subclass differs in videos only) with the
+    default media runs; other positions (Omni's) or a family's own layout is the general path's."""
     encoder = Encoder(tok, get_profile(name))
     assert (BatchFinish.of(encoder.context) is not None) == taken
