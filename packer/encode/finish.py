@@ -61,14 +61,16 @@ class BatchFinish:
         """The batch finish for this encoder's profile, or None: a family with its own ``media_runs`` or
         positions other than flat (exactly ``Positions``) or Qwen2-VL's mRoPE for images (an ``MRoPE`` whose
         ``extra`` is MRoPE's: Qwen3-VL's subclass differs in its videos' spans only, and videos are the general
-        path's)."""
+        path's), unless the profile says they answer as the defaults do for images (``images_as_default``)."""
         profile = ctx.profile
-        if type(profile).media_runs is not ModelProfile.media_runs:
+        same = profile.images_as_default
+        if type(profile).media_runs is not ModelProfile.media_runs and not same:
             return None
         positions = type(profile.positions)
         if positions is Positions:
             return cls(ctx, None)
-        if issubclass(positions, MRoPE) and positions.extra is MRoPE.extra and ctx.image_token_id is not None:
+        if (issubclass(positions, MRoPE) and (positions.extra is MRoPE.extra or same)
+                and ctx.image_token_id is not None):
             return cls(ctx, profile.positions)
         return None
 

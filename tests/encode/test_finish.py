@@ -63,6 +63,31 @@ def test_batch_finish_equals_per_record(encoders, image_root, records, name):
     check_batch(encoders[name], examples)
 
 
+@pytest.fixture(scope="module")
+def glm() -> Encoder:
+    return Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v", max_pixels=28 * 28 * 2 * 64))
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(records=st.lists(record(), min_size=1, max_size=12))
+def test_batch_finish_of_glm_equals_per_record(glm, image_root, records):
+    """GLM-4.6V's own media_runs and mRoPE answer as the defaults for images (``images_as_default``)."""
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    check_batch(glm, examples)
+
+
+def test_batch_finish_takes_glm_records(glm, image_root):
+    """A chat with an image, a tree and a text record of GLM-4.6V go by batch."""
+    image = {"type": "image", "image": "img/a.jpg"}
+    records = [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]},
+                             {"role": "assistant", "content": "A cat."}]},
+               {"messages": [{"role": "user", "content": "Hi"}],
+                "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]},
+               {"text": "plain text"}]
+    assert check_batch(glm, [p for p in parse_all(records, image_root)]) == 3
+
+
 def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, image_root, tmp_path):
     """Chats, trees with images or none and text records go by batch; loss weights, no loss token, an overlong
     record, a literal image token and an unreadable image go to the general path, in the same batch."""

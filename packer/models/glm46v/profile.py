@@ -129,6 +129,7 @@ class Glm46VProfile(ModelProfile):
     """Build videos (``False``: refuse each with ``VIDEOS_OFF``)."""
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
+    images_as_default: ClassVar[bool] = True  # media_runs and GlmMRoPE.extra differ from the defaults with videos only
     overridable: ClassVar[tuple[str, ...]] = (
         "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "videos", *ModelProfile.overridable,
     )
