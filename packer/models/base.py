@@ -3,7 +3,7 @@ One family is one package (``packer/models/<family>/``); its profile subclasses 
 and its reader and proof subclass ``Reader`` (reader.py) and ``Proof`` (proof.py).
 
     fields       name, default_tokenizer, image_token, video_token, audio_token, bidirectional_images
-    class vars   forward_keys, overridable, images_as_default
+    class vars   forward_keys, overridable
     rules        image (ImageRule | None), video (VideoRule | None), audio (AudioRule | None), positions (Positions)
     hooks        media_runs(media, node_parents)   what one example's placeholders become, the media together
                  reader() -> Reader                 rows -> the model's inputs (torch; reader.py)
@@ -65,10 +65,6 @@ class ModelProfile:
     """The collated batch keys the model's forward takes (``packer.train`` passes these and no others)."""
     overridable: ClassVar[tuple[str, ...]] = ("image_token", "bidirectional_images", "default_tokenizer")
     """Fields ``get_profile(name, **overrides)`` may change."""
-    images_as_default: ClassVar[bool] = False
-    """True where this family's own ``media_runs`` and ``positions.extra`` give the defaults' answers (this class's
-    ``media_runs``; Qwen2-VL's ``MRoPE``) for an example whose media are all images (GLM-4.6V: they differ with
-    videos only), so the encoder's batch finish (encode/finish.py) may lay out such examples itself."""
 
     # The rules: a family overrides these with (cached) properties built from its fields.
     image: ClassVar[ImageRule | None] = None

@@ -72,7 +72,7 @@ def glm() -> Encoder:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(records=st.lists(record(), min_size=1, max_size=12))
 def test_batch_finish_of_glm_equals_per_record(glm, image_root, records):
-    """GLM-4.6V's own media_runs and mRoPE answer as the defaults for images (``images_as_default``)."""
+    """GLM-4.6V's own media_runs (asked per record) and mRoPE (``images_as_qwen2``) by batch."""
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
     check_batch(glm, examples)
 
@@ -145,7 +145,7 @@ def test_batch_finish_of_text_records(encoders, image_root, name):
 @pytest.mark.parametrize(("name", "taken"), [("qwen2-vl", True), ("llava", True), ("text", True),
                                              ("qwen3-vl", True), ("qwen2.5-vl", True)])
 def test_batch_finish_only_for_the_rules_it_knows(tok, name, taken):
-    """Flat positions or Qwen2-VL's mRoPE for images (Qwen3-VL's subclass differs in videos only) with the
-    default media runs; other positions (Omni's) or a family's own layout is the general path's."""
+    """Flat positions or Qwen2-VL's mRoPE for images (Qwen3-VL's subclass differs in videos only); other
+    positions (Omni's) are the general path's."""
     encoder = Encoder(tok, get_profile(name))
     assert (BatchFinish.of(encoder.context) is not None) == taken

@@ -82,6 +82,8 @@ class GlmMRoPE(MRoPE):
     """``Glm46VModel.get_rope_index``: Qwen2-VL's rule over every run of ``<|image|>`` tokens, each image and each
     temporal patch of a video a (1, h, w) grid, in token order (verify's spans give videos so already)."""
 
+    images_as_qwen2 = True  # with no video, ``extra`` below is MRoPE's
+
     def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray,
               images: Sequence[tuple[int, int, int]], *, token_ids: Mapping[str, int | None],
               videos: Sequence[EncodedVideo] = (), audios: Sequence[EncodedAudio] = ()) -> np.ndarray:
@@ -129,7 +131,6 @@ class Glm46VProfile(ModelProfile):
     """Build videos (``False``: refuse each with ``VIDEOS_OFF``)."""
 
     forward_keys: ClassVar[tuple[str, ...]] = ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
-    images_as_default: ClassVar[bool] = True  # media_runs and GlmMRoPE.extra differ from the defaults with videos only
     overridable: ClassVar[tuple[str, ...]] = (
         "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "videos", *ModelProfile.overridable,
     )
