@@ -68,13 +68,20 @@ def glm() -> Encoder:
     return Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v", max_pixels=28 * 28 * 2 * 64))
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+@pytest.fixture(scope="module")
+def onevision() -> Encoder:
+    profile = get_profile("llava-onevision")
+    return Encoder(load_tokenizer(profile.default_tokenizer), profile)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
-@given(records=st.lists(record(), min_size=1, max_size=12))
-def test_batch_finish_of_glm_equals_per_record(glm, image_root, records):
-    """GLM-4.6V's own media_runs (asked per record) and mRoPE (``images_as_qwen2``) by batch."""
+@given(records=st.lists(record(), min_size=1, max_size=12), name=st.sampled_from(["glm", "onevision"]))
+def test_batch_finish_of_own_media_runs_equals_per_record(glm, onevision, image_root, records, name):
+    """A family's own media_runs, asked per record (GLM-4.6V's, with its mRoPE: ``images_as_qwen2``; LLaVA-OneVision's,
+    which tiles an image alone on its path: the general path's), by batch where its runs are the plain ones."""
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
-    check_batch(glm, examples)
+    check_batch(glm if name == "glm" else onevision, examples)
 
 
 def test_batch_finish_takes_glm_records(glm, image_root):
