@@ -277,11 +277,10 @@ def encode_chunk(
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic collector off for a chunk's encode (what ``encode_chunk`` runs under). A chunk's records,
-    messages and spans live until its table is written, so with the collector on every few hundred of them
-    made it walk them all again, and each full collection every object the worker holds unfrozen (~110k):
-    ~0.6 CPU-s per worker of a 50k build (docs/benchmarks.md, "Fast paths"). They hold no cycles: reference
-    counts free them when the chunk is done; the few a chunk may leave (a reject's traceback) wait for the
-    collector's next run after it."""
+    messages and spans live until its table is written, so with the collector on every few hundred new ones
+    made it walk them all again, and each full collection every object the worker holds unfrozen: a quarter of
+    a chunk's CPU (docs/benchmarks.md, "Fast paths"). They hold no cycles: reference counts free them when the
+    chunk is done; the few a chunk may leave (a reject's traceback) wait for the collector's next run after it."""
     was = gc.isenabled()
     gc.disable()
     try:
