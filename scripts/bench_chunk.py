@@ -11,6 +11,7 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py               # ~1 min
     python scripts/bench_chunk.py --repeats 9
     python scripts/bench_chunk.py --by-kind     # the build's finish per record kind (text-only, image, tree)
+    python scripts/bench_chunk.py --profile qwen3-vl   # another family (its default tokenizer and template)
 """
 
 from __future__ import annotations
@@ -56,24 +57,30 @@ def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> 
     """CPU seconds of each phase of ``stages.encode_chunk`` over ``chunks``, its cache commit included."""
     t = dict.fromkeys(("parse", "render", "tokenizer", "finish", "commit"), 0.0)
     for chunk in chunks:
-        t0 = time.process_time()
-        parsed = list(stages._chunk_records(chunk, config, base_dir))
-        t1 = time.process_time()
-        staged, texts = staged_texts(parsed, encoder)
-        t2 = time.process_time()
-        encodings = encoder._tokenize(texts)
-        t3 = time.process_time()
-        done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings),
-                                    rows=True)
-        for one in done:
-            one.source_name = chunk.source
-        table = encoded_table(done)
-        t4 = time.process_time()
-        cache.commit(chunk.index, table, [], hooks=Hooks())
-        t5 = time.process_time()
-        for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-            t[k] += dt
+        with stages.collector_paused():  # as ``stages.encode_chunk`` runs a chunk
+            chunk_phases(chunk, config, encoder, cache, base_dir, t)
     return t
+
+
+def chunk_phases(chunk, config, encoder, cache: EncodeCache, base_dir: str, t: dict[str, float]) -> None:
+    """``build_phases`` of one chunk, its CPU seconds added to ``t``."""
+    t0 = time.process_time()
+    parsed = list(stages._chunk_records(chunk, config, base_dir))
+    t1 = time.process_time()
+    staged, texts = staged_texts(parsed, encoder)
+    t2 = time.process_time()
+    encodings = encoder._tokenize(texts)
+    t3 = time.process_time()
+    done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings),
+                                rows=True)
+    for one in done:
+        one.source_name = chunk.source
+    table = encoded_table(done)
+    t4 = time.process_time()
+    cache.commit(chunk.index, table, [], hooks=Hooks())
+    t5 = time.process_time()
+    for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+        t[k] += dt
 
 
 def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[float, int]]:
@@ -140,13 +147,15 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--by-kind", action="store_true", help="only the finish per record kind, best of --repeats")
+    ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer)")
     args = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         bench_build.make_corpus(corpus, SHARED / "data" / "coco-mini", args.records)
-        config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile="qwen2-vl",
-                                         max_length=8192, max_pixels=256 * 28 * 28)
+        pixels = {"max_pixels": 256 * 28 * 28} if args.profile in bench_build.PIXEL_PROFILES else {}  # as bench_build
+        config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile=args.profile,
+                                         max_length=8192, **pixels)
         made = stages.make_encoder(config)
         encoder = pickle.loads(pickle.dumps(made))  # what a worker holds
         hf = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"fastokens"})))
@@ -165,7 +174,7 @@ def main() -> None:
                 print(f"finish, {kind}: {cpu:.3f} s CPU for {n:,} records ({1e6 * cpu / max(n, 1):.1f} us each, best of "
                       f"{args.repeats})")
             return
-        bench_build._init()
+        bench_build._init(args.profile)
         best: dict[str, dict[str, float]] = {}
         mrope, unwrap = timed_mrope()
         mrope_best = None  # (seconds, calls) of the round with the least mRoPE time

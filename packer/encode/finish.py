@@ -24,7 +24,8 @@ their own (``_text_rows``), with no forest to lay out.
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
 a ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
 or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
-family's own ``media_runs`` or positions other than flat or Qwen2-VL's mRoPE (exactly those classes), adjacent
+family's own ``media_runs`` where it gives other runs, positions other than flat or Qwen2-VL's mRoPE
+(``BatchFinish.of``), adjacent
 image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
 tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
 every media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two
@@ -43,7 +44,7 @@ from packer.encode.context import EncodeContext
 from packer.encode.draft import Tokens
 from packer.encode.render import Staged
 from packer.models.base import ModelProfile
-from packer.models.rules import MediaRun, Positions, flat_mrope
+from packer.models.rules import Media, MediaRun, Positions, flat_mrope
 from packer.models.shared.mrope import MRoPE, expected_mrope
 
 
@@ -55,19 +56,21 @@ class BatchFinish:
         self.ctx = ctx
         self.mrope = mrope
         self._runs: dict[tuple[int, int], MediaRun | None] = {}  # image size -> its run, None: not a plain run
+        # a family's own media_runs (the cross-medium hook) is asked per record with images, as the general path asks
+        self._own_runs = type(ctx.profile).media_runs is not ModelProfile.media_runs
 
     @classmethod
     def of(cls, ctx: EncodeContext) -> BatchFinish | None:
-        """The batch finish for this encoder's profile, or None: a family with its own ``media_runs`` or
-        positions other than flat / Qwen2-VL's mRoPE (exactly those classes: a subclass may differ)."""
-        profile = ctx.profile
-        if type(profile).media_runs is not ModelProfile.media_runs:
-            return None
-        positions = type(profile.positions)
-        if positions is Positions:
+        """The batch finish for this encoder's profile, or None: positions other than flat (exactly ``Positions``)
+        or Qwen2-VL's mRoPE for images (an ``MRoPE`` whose ``extra`` is MRoPE's, as Qwen3-VL's subclass, which
+        differs in its videos' spans only; or one that says its own gives MRoPE's answer for images,
+        ``images_as_qwen2``: GLM's). Videos are the general path's."""
+        positions = ctx.profile.positions
+        if type(positions) is Positions:
             return cls(ctx, None)
-        if positions is MRoPE and ctx.image_token_id is not None:
-            return cls(ctx, profile.positions)
+        if (isinstance(positions, MRoPE) and (type(positions).extra is MRoPE.extra or positions.images_as_qwen2)
+                and ctx.image_token_id is not None):
+            return cls(ctx, positions)
         return None
 
     def _run(self, ref: ImageRef) -> MediaRun | None:
@@ -90,6 +93,17 @@ class BatchFinish:
             self._runs.clear()
         self._runs[size] = run
         return run
+
+    def _same_runs(self, s: Staged, wants: list[int], mine: list[tuple[ImageRef, MediaRun]]) -> bool:
+        """Whether the family's own ``media_runs`` gives this record's images their plain runs (``mine``): where
+        it gives others, or raises, the record is the general path's."""
+        nodes = [n for n, w in enumerate(wants) for _ in range(w)]
+        try:
+            got = self.ctx.profile.media_runs([Media(r, n) for (r, _), n in zip(mine, nodes, strict=True)],
+                                              np.asarray(s.parents, dtype=np.int64))
+            return len(got) == len(mine) and all(a == b for a, (_, b) in zip(got, mine, strict=False))
+        except Exception:  # noqa: BLE001 - the general path raises it, located
+            return False
 
     def finish(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
                max_length: int | None) -> list[Encoded | None]:
@@ -138,7 +152,7 @@ class BatchFinish:
                         break
                     mine += zip(refs, runs, strict=True)  # type: ignore[arg-type]
                 wants.append(len(refs))
-            if not fine:
+            if not fine or (mine and self._own_runs and not self._same_runs(s, wants, mine)):
                 continue
             base = first_node[-1]
             for n, parent in enumerate(s.parents):

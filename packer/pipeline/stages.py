@@ -16,6 +16,7 @@ bytes whatever runs them, in whatever order.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -269,8 +270,24 @@ def encode_chunk(
     Under ``config.strict`` the chunk's first bad record raises its RecordError (it pickles, so it reaches
     the parent from a worker intact).
     """
-    with stage(f"encode (chunk {chunk.index}: {chunk.path} from line {chunk.first_line})"):
+    with stage(f"encode (chunk {chunk.index}: {chunk.path} from line {chunk.first_line})"), collector_paused():
         return _encode_chunk(chunk, encoder=encoder, cache=cache, config=config, hooks=hooks)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off for a chunk's encode (what ``encode_chunk`` runs under). A chunk's records,
+    messages and spans live until its table is written, so with the collector on every few hundred new ones
+    made it walk them all again, and each full collection every object the worker holds unfrozen: a quarter of
+    a chunk's CPU (docs/benchmarks.md, "Fast paths"). They hold no cycles: reference counts free them when the
+    chunk is done; the few a chunk may leave (a reject's traceback) wait for the collector's next run after it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config: BuildConfig,

@@ -37,6 +37,7 @@ def encoders(tok) -> dict[str, Encoder]:
         "qwen2-vl-drop": Encoder(tok, small, max_length=90),
         "llava": Encoder(tok, get_profile("llava")),
         "text": Encoder(tok, get_profile("text")),
+        "qwen3-vl": Encoder(tok, get_profile("qwen3-vl", max_pixels=65536)),  # MRoPE's subclass: per-frame videos
     }
 
 

@@ -56,10 +56,43 @@ def check_batch(encoder: Encoder, examples: list[Example]) -> int:
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(records=st.lists(record(), min_size=1, max_size=12),
-       name=st.sampled_from(["qwen2-vl", "qwen2-vl", "qwen2-vl-truncate", "qwen2-vl-drop", "llava", "text"]))
+       name=st.sampled_from(["qwen2-vl", "qwen2-vl", "qwen2-vl-truncate", "qwen2-vl-drop", "llava", "text",
+                             "qwen3-vl"]))
 def test_batch_finish_equals_per_record(encoders, image_root, records, name):
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
     check_batch(encoders[name], examples)
+
+
+@pytest.fixture(scope="module")
+def glm() -> Encoder:
+    return Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v", max_pixels=28 * 28 * 2 * 64))
+
+
+@pytest.fixture(scope="module")
+def onevision() -> Encoder:
+    profile = get_profile("llava-onevision")
+    return Encoder(load_tokenizer(profile.default_tokenizer), profile)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(records=st.lists(record(), min_size=1, max_size=12), name=st.sampled_from(["glm", "onevision"]))
+def test_batch_finish_of_own_media_runs_equals_per_record(glm, onevision, image_root, records, name):
+    """A family's own media_runs, asked per record (GLM-4.6V's, with its mRoPE: ``images_as_qwen2``; LLaVA-OneVision's,
+    which tiles an image alone on its path: the general path's), by batch where its runs are the plain ones."""
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    check_batch(glm if name == "glm" else onevision, examples)
+
+
+def test_batch_finish_takes_glm_records(glm, image_root):
+    """A chat with an image, a tree and a text record of GLM-4.6V go by batch."""
+    image = {"type": "image", "image": "img/a.jpg"}
+    records = [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]},
+                             {"role": "assistant", "content": "A cat."}]},
+               {"messages": [{"role": "user", "content": "Hi"}],
+                "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]},
+               {"text": "plain text"}]
+    assert check_batch(glm, [p for p in parse_all(records, image_root)]) == 3
 
 
 def test_batch_finish_takes_the_common_records_and_leaves_the_rest(encoders, image_root, tmp_path):
@@ -117,9 +150,9 @@ def test_batch_finish_of_text_records(encoders, image_root, name):
 
 
 @pytest.mark.parametrize(("name", "taken"), [("qwen2-vl", True), ("llava", True), ("text", True),
-                                             ("qwen3-vl", False)])
+                                             ("qwen3-vl", True), ("qwen2.5-vl", True)])
 def test_batch_finish_only_for_the_rules_it_knows(tok, name, taken):
-    """Flat positions or Qwen2-VL's own mRoPE with the default media runs: a subclass (Qwen3-VL's per-frame
-    mRoPE) or a family's own layout is the general path's."""
+    """Flat positions or Qwen2-VL's mRoPE for images (Qwen3-VL's subclass differs in videos only); other
+    positions (Omni's) are the general path's."""
     encoder = Encoder(tok, get_profile(name))
     assert (BatchFinish.of(encoder.context) is not None) == taken

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -186,6 +187,27 @@ def test_another_executor_writes_the_same_bytes(corpus, tmp_path):
                   executor=_ReversedExecutor())
     assert len(local.manifest["shards"]) > 1
     assert _shard_sums(other) == _shard_sums(local)
+
+
+class _CollectorSeen(Hooks):
+    """Records whether Python's cyclic collector was on when each chunk's rejects were written."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def at(self, point: str, n: int = 0, **state) -> None:
+        if point == "encode-partial":
+            self.seen.append(gc.isenabled())
+
+
+def test_chunks_encode_with_the_collector_paused(corpus, tmp_path):
+    """``stages.encode_chunk`` runs a chunk with the cyclic collector off and turns it back on after (on where it
+    was on: this in-process build's), the same bytes either way (the golden builds)."""
+    hooks = _CollectorSeen()
+    assert gc.isenabled()
+    build(_config(corpus, tmp_path / "out"), progress=False, hooks=hooks)
+    assert hooks.seen and not any(hooks.seen)
+    assert gc.isenabled()
 
 
 def test_existing_other_build_is_not_overwritten(built, corpus):

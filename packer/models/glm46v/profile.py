@@ -82,6 +82,8 @@ class GlmMRoPE(MRoPE):
     """``Glm46VModel.get_rope_index``: Qwen2-VL's rule over every run of ``<|image|>`` tokens, each image and each
     temporal patch of a video a (1, h, w) grid, in token order (verify's spans give videos so already)."""
 
+    images_as_qwen2 = True  # with no video, ``extra`` below is MRoPE's
+
     def extra(self, ids: np.ndarray, positions: np.ndarray, node_offsets: np.ndarray, node_parents: np.ndarray,
               images: Sequence[tuple[int, int, int]], *, token_ids: Mapping[str, int | None],
               videos: Sequence[EncodedVideo] = (), audios: Sequence[EncodedAudio] = ()) -> np.ndarray:

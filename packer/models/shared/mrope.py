@@ -239,6 +239,9 @@ class MRoPE(Positions):
     merge_size: int = 2
     tokens_per_second: int | None = None
     mrope = True
+    images_as_qwen2 = False
+    """True where a subclass's own ``extra`` gives this class's answer for an example whose media are all images
+    (GLM's differs with videos only): the encoder's batch finish (encode/finish.py) then lays such examples out."""
 
     def interval(self, second_per_grid_t: float) -> np.float32:
         if self.tokens_per_second is None:
