@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +50,17 @@ CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large
 
 
 def progress_bar(iterable=None, *, enabled: bool, **kw):
+    return _bar_class()(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+
+
+@lru_cache(maxsize=1)
+def _bar_class() -> type:
+    """tqdm's bar without its monitor thread: a bar, even a disabled one, starts a thread that lives until the
+    process exits, and a live thread makes the next build in this process spawn its workers instead of forking
+    them (``local._forkable``)."""
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+    return type("PackerBar", (tqdm,), {"monitor_interval": 0})
 
 
 @contextmanager

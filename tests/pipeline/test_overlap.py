@@ -93,7 +93,6 @@ def test_a_preloaded_encoder_file_is_removed_by_close(tmp_path):
 _FORKED = """
 import json, os, sys
 from pathlib import Path
-import tqdm
 import packer.pipeline.local as local
 from packer.config import BuildConfig
 from packer.encode import fastokens_bpe
@@ -110,7 +109,6 @@ assert len(os.listdir("/proc/self/task")) == threads and fastokens_bpe.fork_safe
 methods = []
 new_pool = local._new_pool
 local._new_pool = lambda n, method: methods.append(method) or new_pool(n, method)
-tqdm.tqdm.monitor_interval = 0  # no monitor thread left by the first build: the later ones fork too
 kept = Path(out + "-engine.json")  # fastokens' tokenizer.json kept between builds (local._engine_file)
 local._engine_file = lambda name: kept
 two = build(BuildConfig.from_inputs([corpus], out + "-two", num_proc=2, **opts), progress=False)
