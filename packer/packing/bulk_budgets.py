@@ -1044,7 +1044,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
 @njit(cache=True)
 def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
     """The keyed index's state of the packs ``slot`` makes: key[b] = tokens left, rem2[b] = budgets left
-    (examples first)."""
+    (examples first). An example with no pack yet (-1: the text around ``bulk_balance``'s LPT) is skipped."""
     row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     key[:] = capacity
     for b in range(rem2.shape[0]):
@@ -1055,6 +1055,9 @@ def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
     for r in range(lens.shape[0]):
         for _ in range(1 if every else copies[r]):
             b = slot[i]
+            if b < 0:
+                i += 1
+                continue
             key[b] -= lens[r]
             rem2[b, 0] -= 1
             _costs(cols, r, row)
