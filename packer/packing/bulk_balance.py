@@ -49,6 +49,7 @@ from packer.packing.bulk_budgets import (
     _least_filled,
     _next_block,
     _next_fit,
+    _order_start,
     _pack_state,
     _planned,
     _planned_sum,
@@ -468,15 +469,8 @@ def _bfd_text(ix, npre, lens, copies, cols, ncols, vis, counts, capacity, budget
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
     row = np.zeros(max(ncols, 1), dtype=np.int64)
-    m = min(block, n)
-    buf = np.empty(m, dtype=np.int32)
-    brow = np.empty(m, dtype=np.uint32)
+    buf, brow, s, left, r0, p0, i0 = _order_start(counts, capacity, block, n)
     every = copies.shape[0] == 0
-    s = capacity
-    while s >= 1 and counts[s] == 0:
-        s -= 1
-    left = counts[s]
-    r0, p0, i0 = 0, 0, 0
     while s >= 1:
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
         for k in range(taken):
