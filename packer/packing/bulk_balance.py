@@ -5,7 +5,8 @@ per example with budgets, against ~143 through ``plan()``; docs/scale.md).
 decreasing order, each candidate's assignment and its ``bincount``): ~100 bytes per example. ``plan_balanced``
 makes the same candidates, in the same sequence, with the same choice, from the compact columns (one value per
 cache row, each row planned ``counts[r]`` times, as ``bulk_budgets.plan_budgeted`` reads them), holding one
-int32 pack per planned example (the candidate being measured) and the vision examples' LPT order:
+int32 pack per planned example (the candidate being measured) beside a best fit's keyed index, and under LPT's
+index only the vision examples' LPT order and their packs (the slot array made again after it):
 
 - the base plan (``plan()``'s ``algorithm``, ``refine``'s exact completion included, before refine): its pack of
   each example in ``plan()``'s numbering (best fit's opening order; tokens-only from ``bulk._bfd_runs``' runs),
@@ -284,6 +285,7 @@ def _lpt(held, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes,
     pk = np.empty(m, dtype=np.int32)  # the pack of each vision example, in LPT order
     packs = _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, base_packs, pk)
     del ix, marks
+    _release_heap()  # LPT's index (arrays under glibc's raised mmap threshold) back before the slots are made
     slot = np.full(n, -1, dtype=np.int32)
     _scatter(slot, ids, pk)
     del ids, pk
