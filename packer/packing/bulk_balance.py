@@ -5,7 +5,8 @@ per example with budgets, against ~143 through ``plan()``; docs/scale.md).
 decreasing order, each candidate's assignment and its ``bincount``): ~100 bytes per example. ``plan_balanced``
 makes the same candidates, in the same sequence, with the same choice, from the compact columns (one value per
 cache row, each row planned ``counts[r]`` times, as ``bulk_budgets.plan_budgeted`` reads them), holding one
-int32 pack per planned example (the candidate being measured) and the vision examples' LPT order:
+int32 pack per planned example (the candidate being measured) beside a best fit's keyed index, and under LPT's
+index only the vision examples' LPT order and their packs (the slot array made again after it):
 
 - the base plan (``plan()``'s ``algorithm``, ``refine``'s exact completion included, before refine): its pack of
   each example in ``plan()``'s numbering (best fit's opening order; tokens-only from ``bulk._bfd_runs``' runs),
@@ -49,6 +50,7 @@ from packer.packing.bulk_budgets import (
     _least_filled,
     _next_block,
     _next_fit,
+    _order_start,
     _pack_state,
     _planned,
     _planned_sum,
@@ -100,6 +102,7 @@ def plan_balanced(
     if isinstance(got, PackOrder):
         return got
     lens, copies, n, hist, ncols, cols, budgets, cls, classes, state = got
+    _release_heap()  # the sampling's freed temporaries, kept by glibc's heap, back before the candidates
     kept = [np.ascontiguousarray(c) for c in costs if c is not None]
     kept_limits = [int(lim) for c, lim in zip(costs, limits, strict=True) if c is not None]
     if vision_at >= 0 and costs[vision_at] is None:
@@ -135,11 +138,14 @@ def plan_balanced(
         if packs <= allowed:
             consider(last, packs)
             break
-    # 3. LPT on vision, best fit of the text around it
-    packs = _lpt(slot, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes, state, vis, kept,
-                 kept_limits, vision_at, max_examples, base_packs, block)
+    # 3. LPT on vision, best fit of the text around it (``slot`` handed over: LPT holds no pack per example)
+    held = [slot]
+    del slot
+    slot, packs = _lpt(held, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes, state, vis, kept,
+                       kept_limits, vision_at, max_examples, base_packs, block)
     last = ("lpt",)
     consider(last, packs)
+    _release_heap()  # the candidates' freed temporaries back before the chosen plan is made again
     if best == ("base",):  # plan() keeps the base plan: the plain bulk planner's plan, refine included
         del slot
         return _plain(lengths, capacity, algorithm, constrained, args)
@@ -152,6 +158,18 @@ def plan_balanced(
     packed = [packs, ix]
     del ix
     return _finish(slot, packed, lens, copies, cols, ncols, hist, capacity, budgets, refine, seed)
+
+
+def _release_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere a no-op). glibc keeps
+    freed arrays below its mmap threshold, which rises to 32 MiB as large arrays are freed: at 20M rows the
+    candidates' per-pack temporaries stayed resident under the next plan's slot array (issue 32)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _plain(lengths: np.ndarray, capacity: int, algorithm: str, constrained: bool, args: dict) -> PackOrder:
@@ -229,19 +247,30 @@ def _base(slot, lens, copies, n, hist, ncols, cols, budgets, cls, classes, state
 
 
 def _std(slot: np.ndarray, vis: np.ndarray, copies: np.ndarray, packs: int) -> float:
-    """``np.bincount(assign, weights=vis).std()``: per-pack sums in float64 (exact integers), the same bits."""
+    """``np.bincount(assign, weights=vis).std()``: per-pack sums in float64 (exact integers), the same bits:
+    numpy's ``_var`` steps (pairwise sums, the mean, the squared deviations) in place in the sums, where
+    ``std()`` made one more float64 per pack (an array that glibc's heap kept after it, issue 32)."""
     sums = np.zeros(packs, dtype=np.float64)
     _vision_sums(slot, vis, copies, sums)
-    return float(sums.std())
+    mean = np.add.reduce(sums, keepdims=True)
+    np.true_divide(mean, packs, out=mean)
+    np.subtract(sums, mean, out=sums)
+    np.square(sums, out=sums)
+    return float(np.sqrt(np.add.reduce(sums) / packs))
 
 
 def _planned_max(col: np.ndarray, copies: np.ndarray) -> int:
     return int(col.max(initial=0)) if copies.shape[0] == 0 else int(_max_planned(col, copies))
 
 
-def _lpt(slot, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes, state, vis, kept, kept_limits,
-         vision_at, max_examples, base_packs, block) -> int:
-    """``balance.balanced``'s LPT candidate into ``slot``: returns its packs."""
+def _lpt(held, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes, state, vis, kept, kept_limits,
+         vision_at, max_examples, base_packs, block) -> tuple[np.ndarray, int]:
+    """``balance.balanced``'s LPT candidate: (the pack of each planned example, its packs). ``held`` holds the
+    previous candidate's ``slot`` and is emptied: LPT keeps its vision examples' packs in LPT order (int32
+    each, ~30% of the examples) beside its keyed index, and the slot array is made again once that index is
+    gone (the slot array under LPT's index was ``plan_balanced``'s peak with copies, issue 32)."""
+    n = held[0].shape[0]
+    held.clear()
     m = _count_vision(vis, copies)
     ids = np.empty(m, dtype=np.int32)
     # with copies, each vision example's row is found from the counts (a search in an int64 per 64 rows and <= 64
@@ -253,15 +282,18 @@ def _lpt(slot, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes,
                      capacity)
     lcls, lclasses = class_column(wide, dims + 1)
     ix = ix_new(capacity + 1, base_packs + m, dims + 1, lcls, lclasses, state)
-    slot[:] = -1
-    packs = _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, base_packs, slot)
-    del ids, marks
-    key = ix[5][:packs, dims].copy()  # tokens left of each LPT pack
-    rem2 = ix[5][:packs, :dims].copy()
+    pk = np.empty(m, dtype=np.int32)  # the pack of each vision example, in LPT order
+    packs = _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, base_packs, pk)
+    del ix, marks
+    _release_heap()  # LPT's index (arrays under glibc's raised mmap threshold) back before the slots are made
+    slot = np.full(n, -1, dtype=np.int32)
+    _scatter(slot, ids, pk)
+    del ids, pk
+    # the text's best fit from the LPT packs: their tokens and budgets left made again from ``slot``
+    ix = ix_new(capacity + 1, packs + n, dims, cls, classes, state)
+    _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, ix[4][:packs], ix[5][:packs])
+    packs = _bfd_text(ix, packs, lens, copies, cols, ncols, vis, hist, capacity, budgets, block, slot)
     del ix
-    ix = ix_new(capacity + 1, packs + slot.shape[0], dims, cls, classes, state)
-    packs = _bfd_text(ix, key, rem2, lens, copies, cols, ncols, vis, hist, capacity, budgets, block, slot)
-    del key, rem2, ix
     used = np.zeros(packs, dtype=np.bool_)
     _mark_used(slot, used)
     if not used.all():
@@ -288,7 +320,7 @@ def _lpt(slot, lens, copies, hist, capacity, cols, ncols, budgets, cls, classes,
             del candidates, ix
             _renumber(slot, (np.cumsum(alive) - 1).astype(np.int32))
             packs = int(alive.sum())
-    return packs
+    return slot, packs
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -383,10 +415,10 @@ def _by_vision(lens, vis, copies, marks, capacity, ids):
 
 
 @njit(cache=True)
-def _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, num_packs, slot):
+def _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budgets, num_packs, pk):
     """``balance._least_loaded`` over the compact columns: each vision example (``ids`` in LPT order) to the
-    feasible pack with the least vision load, out of ``num_packs`` empty packs first. Returns the packs; the
-    tokens left are ``ix[5][:, dims]``, the budgets left ``ix[5][:, :dims]``."""
+    feasible pack with the least vision load, out of ``num_packs`` empty packs first; pk[k] := the pack of
+    ``ids[k]``. Returns the packs."""
     load, rem2 = ix[4], ix[5]
     dims = budgets.shape[0]
     need = np.zeros(dims + 1, dtype=np.int64)
@@ -418,40 +450,29 @@ def _least_loaded(ix, ids, copies, marks, lens, vis, cols, ncols, capacity, budg
         load[b] += vis[r]
         for d in range(dims + 1):
             rem2[b, d] -= need[d]
-        slot[ids[k]] = b
+        pk[k] = b
         if rem2[b, dims] > 0 and rem2[b, 0] > 0:
             kernels.ix_insert(ix, b)
     return num_packs
 
 
 @njit(cache=True)
-def _bfd_text(ix, init_key, init_rem2, lens, copies, cols, ncols, vis, counts, capacity, budgets, block, slot):
-    """``bfd_general`` over the text examples (no vision tokens) in decreasing order, from the LPT packs
-    (``init_key`` tokens left, ``init_rem2`` budgets left; inserted in pack order where open), new packs
+def _bfd_text(ix, npre, lens, copies, cols, ncols, vis, counts, capacity, budgets, block, slot):
+    """``bfd_general`` over the text examples (no vision tokens) in decreasing order, from the ``npre`` LPT
+    packs (their tokens and budgets left in ``ix[4]``, ``ix[5]``; inserted in pack order where open), new packs
     after them. Returns the packs."""
     n = slot.shape[0]
     dims = budgets.shape[0]
     rem, rem2 = ix[4], ix[5]
-    npre = init_key.shape[0]
     for b in range(npre):
-        rem[b] = init_key[b]
-        for d in range(dims):
-            rem2[b, d] = init_rem2[b, d]
         if rem[b] > 0 and rem2[b, 0] > 0:
             kernels.ix_insert(ix, b)
     num_packs = npre
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
     row = np.zeros(max(ncols, 1), dtype=np.int64)
-    m = min(block, n)
-    buf = np.empty(m, dtype=np.int32)
-    brow = np.empty(m, dtype=np.uint32)
+    buf, brow, s, left, r0, p0, i0 = _order_start(counts, capacity, block, n)
     every = copies.shape[0] == 0
-    s = capacity
-    while s >= 1 and counts[s] == 0:
-        s -= 1
-    left = counts[s]
-    r0, p0, i0 = 0, 0, 0
     while s >= 1:
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
         for k in range(taken):
@@ -464,6 +485,12 @@ def _bfd_text(ix, init_key, init_rem2, lens, copies, cols, ncols, vis, counts, c
                 need[1 + c] = row[c]
             slot[buf[k]], num_packs = _best_fit(ix, size, need, rem, rem2, budgets, dims, num_packs, capacity)
     return num_packs
+
+
+@njit(cache=True)
+def _scatter(slot, ids, pk):
+    for k in range(ids.shape[0]):
+        slot[ids[k]] = pk[k]
 
 
 @njit(cache=True)

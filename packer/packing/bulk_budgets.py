@@ -340,6 +340,18 @@ def _first_over(lens, copies, col, limit, tokens):
     return -1
 
 
+@njit(cache=True, inline="always")
+def _order_start(counts, capacity, block, n):
+    """``_next_block``'s buffers, a block of planned examples and their rows (a row, not a planned example,
+    indexes the columns; < 2**32), and its first position (the longest length's first example):
+    (buf, rows, s, left, r0, p0, i0)."""
+    m = min(block, n)
+    s = capacity
+    while s >= 1 and counts[s] == 0:
+        s -= 1
+    return np.empty(m, dtype=np.int32), np.empty(m, dtype=np.uint32), s, counts[s], 0, 0, 0
+
+
 @njit(cache=True)
 def _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, rows):
     """The next planned examples of the decreasing order (length desc, index asc) from (length s, index >= i0,
@@ -449,20 +461,14 @@ def _bfd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, cls, cla
     rem, rem2 = ix[4], ix[5]
     need = np.zeros(dims, dtype=np.int64)
     need[0] = 1
-    m = min(block, n)
-    buf = np.empty(m, dtype=np.int32)
-    brow = np.empty(m, dtype=np.uint32)  # the row of each (a row, not a planned example, indexes the columns; < 2**32)
+    buf, brow, s, left, r0, p0, i0 = _order_start(counts, capacity, block, n)
+    m = buf.shape[0]
     # the block's sizes, costs and packs in processing order: gathered (and scattered) in loops of independent
     # loads, not looked up inside the dependent packing loop (kernels.bfd_general measured that 2.5x slower)
     bsize = np.empty(m, dtype=lens.dtype)
     bneed = np.empty((m, max(ncols, 1)), dtype=cols[0][0].dtype)
     bpack = np.empty(m, dtype=np.int32)
     num_packs = 0
-    s = capacity
-    while s >= 1 and counts[s] == 0:
-        s -= 1
-    left = counts[s]
-    r0, p0, i0 = 0, 0, 0
     while s >= 1:
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
         every = copies.shape[0] == 0
@@ -530,23 +536,17 @@ def _ffd_budgeted(lens, copies, cols, ncols, counts, capacity, budgets, block, s
     tree = _ff_tree(half, budgets, capacity, np.zeros((0, dims), dtype=state.dtype), 0)
     need = np.zeros(dims, dtype=np.int64)
     need[1] = 1
-    m = min(block, n)
-    buf = np.empty(m, dtype=np.int32)
-    brow = np.empty(m, dtype=np.int64)
+    buf, brow, s, left, r0, p0, i0 = _order_start(counts, capacity, block, n)
+    m = buf.shape[0]
     bsize = np.empty(m, dtype=lens.dtype)
     bneed = np.empty((m, max(ncols, 1)), dtype=cols[0][0].dtype)
     bpack = np.empty(m, dtype=np.int32)
     num_packs = 0
-    s = capacity
-    while s >= 1 and counts[s] == 0:
-        s -= 1
-    left = counts[s]
-    r0, p0, i0 = 0, 0, 0
     every = copies.shape[0] == 0
     while s >= 1:
         taken, s, left, r0, p0, i0 = _next_block(lens, copies, counts, s, left, r0, p0, i0, buf, brow)
         for k in range(taken):
-            r = np.int64(buf[k]) if every else brow[k]
+            r = np.int64(buf[k]) if every else np.int64(brow[k])
             bsize[k] = lens[r]
             _costs(cols, r, bneed[k])
         for k in range(taken):
@@ -1044,7 +1044,7 @@ def _next_fit(lens, copies, cols, ncols, capacity, budgets, starts, slot):
 @njit(cache=True)
 def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
     """The keyed index's state of the packs ``slot`` makes: key[b] = tokens left, rem2[b] = budgets left
-    (examples first)."""
+    (examples first). An example with no pack yet (-1: the text around ``bulk_balance``'s LPT) is skipped."""
     row = np.zeros(max(ncols, 1), dtype=np.int64)  # a row's costs (``_costs``)
     key[:] = capacity
     for b in range(rem2.shape[0]):
@@ -1055,6 +1055,9 @@ def _pack_state(slot, lens, copies, cols, ncols, capacity, budgets, key, rem2):
     for r in range(lens.shape[0]):
         for _ in range(1 if every else copies[r]):
             b = slot[i]
+            if b < 0:
+                i += 1
+                continue
             key[b] -= lens[r]
             rem2[b, 0] -= 1
             _costs(cols, r, row)

@@ -120,3 +120,17 @@ def test_build_plans_balance_in_bulk(algorithm, budgets, weight):
                                capacity=512, seed=4)
     assert np.array_equal(got.order, np.argsort(want, kind="stable"))
     assert np.array_equal(got.pack_sizes, np.bincount(want))
+
+
+def test_std_in_place_is_numpys_std():
+    """``_std``'s in-place steps give ``np.bincount(assign, weights=vis).std()``'s bits (the choice compares them)."""
+    from packer.packing.bulk_balance import _std
+
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        packs = int(rng.integers(1, 50_000))
+        n = int(rng.integers(1, 3 * packs + 2))
+        slot = rng.integers(0, packs, n).astype(np.int32)
+        vis = (rng.integers(0, 1300, n) * (rng.random(n) < rng.random())).astype(np.uint16)
+        want = float(np.bincount(slot, weights=vis, minlength=packs).std())
+        assert _std(slot, vis, np.zeros(0, np.uint8), packs) == want
