@@ -31,8 +31,8 @@ for a change of the encode cache's format, which the other tree's cache would no
 runs (no profiler: ``getrusage`` of the calling thread around each phase, user and system CPU apart, and the page
 faults; the build's warm-planner thread, which loads numba's kernels while the main thread reads the cached columns,
 apart; the cyclic GC's collections by ``gc.callbacks``), ``--pairs`` of them: where a repack's CPU goes, the fixed
-costs (the interpreter and packer's imports; numba and ``pyarrow.parquet``, imported up front here as the
-repack would on its way; not pandas, which a repack no longer loads) against the per-row work (the gathers, pack assembly, the Parquet encode).
+costs (the interpreter and packer's imports; numba, pandas and ``pyarrow.parquet``, imported up front here as the
+repack would on its way) against the per-row work (the gathers, pack assembly, the Parquet encode).
 
     python scripts/bench_repack.py --records 200000 --keep /tmp/rp --breakdown --pairs 3
 
@@ -204,8 +204,9 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
     add("interpreter, this script + packer.cli imports", start, usage(resource.RUSAGE_SELF))
     t0 = usage()
     import numba  # noqa: F401
+    import pandas  # noqa: F401
     import pyarrow.parquet  # noqa: F401
-    add("import numba, pyarrow.parquet", t0, usage())
+    add("import numba, pandas, pyarrow.parquet", t0, usage())
 
     def wrap(name: str, module: str, attr: str) -> None:
         mod = importlib.import_module(module)
