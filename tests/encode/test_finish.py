@@ -99,7 +99,7 @@ def named() -> dict[str, Encoder]:
     return out
 
 
-@settings(max_examples=10, deadline=None, derandomize=True, database=None,
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(records=st.lists(record(), min_size=1, max_size=12), name=st.sampled_from(NAMED))
 def test_batch_finish_of_named_runs_equals_per_record(named, image_root, records, name):
