@@ -1,8 +1,9 @@
 """The ``batch-finish`` fast path: the common records of a batch finished together, as columns.
 
 A conversation, linear or a tree, whose media are images its family lays out as the placeholder repeated (no
-blocks, no run ids, no lead), with no per-token loss weight, that fits ``max_length`` and carries loss: its
-draft (``draft.tree_draft``: nodes as path deltas), media runs (``media.expand``) and positions
+blocks, no text runs) or, with flat positions, as a run of named tokens (InternVL, Molmo2, Mistral 3: the
+run's ids written over the placeholder repeated, its entry ``lead`` tokens in), with no per-token loss weight,
+that fits ``max_length`` and carries loss: its draft (``draft.tree_draft``: nodes as path deltas), media runs (``media.expand``) and positions
 (``Encoder._encoded``: 1-D and ``positions.extra``) are one pass over the batch's flat ids, not a dozen numpy
 calls per record:
 
@@ -23,7 +24,7 @@ their own (``_text_rows``), with no forest to lay out.
 
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
 a ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
-or audio, image blocks (Gemma 3), a run of named tokens or text (InternVL, Molmo), a
+or audio, image blocks (Gemma 3's pan-and-scan), a run of text (SmolVLM), named tokens with mRoPE, a
 family's own ``media_runs`` where it gives other runs, positions other than flat or Qwen2-VL's mRoPE
 (``BatchFinish.of``), adjacent
 image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
@@ -74,16 +75,20 @@ class BatchFinish:
         return None
 
     def _run(self, ref: ImageRef) -> MediaRun | None:
-        """The image's run where it is the placeholder repeated (``num_tokens`` >= 1, no blocks, names, text or
-        lead) and, with mRoPE, its grid's merged tokens; else None."""
+        """The image's run where it is the placeholder repeated (``num_tokens`` >= 1, no blocks, text or lead)
+        and, with mRoPE, its grid's merged tokens, or, with flat positions, a run of named tokens (``tokens``,
+        its entry ``lead`` tokens in); else None."""
         rule = self.ctx.profile.image
         size = rule.plan(ref)
         if size in self._runs:
             return self._runs[size]
         run: MediaRun | None = rule.run(size)
-        if (rule.blocks(size) is not None or run.tokens is not None or run.text is not None or run.lead
-                or run.inside or run.num_tokens < 1):
+        named = run.tokens is not None
+        if (rule.blocks(size) is not None or run.text is not None or run.inside or run.num_tokens < 1
+                or (not named and run.lead) or (named and self.mrope is not None)):
             run = None
+        elif named:  # InternVL's <img>...</img>, Molmo's, Mistral 3's: its ids once per run (a ConfigError: general)
+            self.ctx.runs.ids(run, _NO_IDS, 0)
         elif self.mrope is not None:
             t, h, w = (int(x) for x in run.grid)
             m = self.mrope.merge_size
@@ -236,9 +241,12 @@ class BatchFinish:
         img_ok = np.repeat(ok, rec_images)
         rec_of_pos = node_rec[node_of]
         placed = pos[ok[rec_of_pos]]
-        spans = np.array([run.num_tokens for _, run in images], dtype=np.int64)
+        named = [None if run.tokens is None else ctx.runs.ids(run, _NO_IDS, 0) for _, run in images]
+        spans = np.array([run.num_tokens for _, run in images], dtype=np.int64)  # each entry's stored tokens
+        runs = np.array([run.num_tokens if x is None else x.shape[0] for (_, run), x in zip(images, named, strict=True)],
+                        dtype=np.int64)  # each run's tokens in the example
         repeats = np.ones(gather.shape[0], dtype=np.int64)
-        repeats[placed] = spans[img_ok]
+        repeats[placed] = runs[img_ok]
         g_labels[placed] = IGNORE_INDEX
         new_ids, new_labels = np.repeat(g_ids, repeats), np.repeat(g_labels, repeats)
         moved = np.zeros(gather.shape[0] + 1, dtype=np.int64)  # the draft's token x -> its first in the new layout
@@ -262,7 +270,12 @@ class BatchFinish:
         np.cumsum(rec_images, out=img_first[1:])
         where = np.zeros(spans.shape[0], dtype=np.int64)
         where[np.flatnonzero(img_ok)] = moved[placed]  # each image's first token, in the new layout
-        offsets = where - np.repeat(rec_start[:-1], rec_images)  # inside its record
+        lead = np.zeros(spans.shape[0], dtype=np.int64)
+        laid = [q for q, x in enumerate(named) if x is not None and img_ok[q]]
+        if laid:  # the named runs' own ids over their placeholder repeated, as ``media.expand`` writes them
+            lead[laid] = [images[q][1].lead for q in laid]
+            new_ids[_ranges(where[laid], where[laid] + runs[laid])] = np.concatenate([named[q] for q in laid])
+        offsets = where + lead - np.repeat(rec_start[:-1], rec_images)  # each entry inside its record
         grids = np.array([run.grid for _, run in images], dtype=np.int64).reshape(-1, 3)
         mrope = None
         if self.mrope is not None:
@@ -415,6 +428,9 @@ class Row:
 
     def encoded(self) -> Encoded:
         return self.block.encoded(self.r, self.example_id, self.source_name)
+
+
+_NO_IDS = np.zeros(0, dtype=np.int32)  # ``RunIds.ids``' example ids: a named run's ids do not depend on them
 
 
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -84,6 +84,42 @@ def test_batch_finish_of_own_media_runs_equals_per_record(glm, onevision, image_
     check_batch(glm if name == "glm" else onevision, examples)
 
 
+NAMED = ["internvl", "mistral3", "molmo2", "gemma4", "llama4"]
+
+
+@pytest.fixture(scope="module")
+def named() -> dict[str, Encoder]:
+    """Families whose image run is named tokens (``MediaRun.tokens``), flat positions: InternVL's <img>...</img>
+    and Gemma 4's (their entry one token in), Mistral 3's rows of [IMG] between [IMG_BREAK]s, Llama 4's tiles,
+    Molmo2's (its own media_runs)."""
+    out = {}
+    for name in NAMED:
+        profile = get_profile(name)
+        out[name] = Encoder(load_tokenizer(profile.default_tokenizer), profile)
+    return out
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(records=st.lists(record(), min_size=1, max_size=12), name=st.sampled_from(NAMED))
+def test_batch_finish_of_named_runs_equals_per_record(named, image_root, records, name):
+    """Named-token image runs by batch: the run's own ids over its placeholder repeated, the entry ``lead`` in."""
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    check_batch(named[name], examples)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_batch_finish_takes_named_runs(named, image_root, name):
+    """A chat with two images and a tree with one go by batch."""
+    image = {"type": "image", "image": "img/a.jpg"}
+    records = [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "and"},
+                                                          {"type": "image", "image": "img/c.png"}]},
+                             {"role": "assistant", "content": "Two."}]},
+               {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}],
+                "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]}]
+    assert check_batch(named[name], [p for p in parse_all(records, image_root)]) == 2
+
+
 def test_batch_finish_takes_glm_records(glm, image_root):
     """A chat with an image, a tree and a text record of GLM-4.6V go by batch."""
     image = {"type": "image", "image": "img/a.jpg"}
