@@ -1,11 +1,11 @@
 """The ``batch-finish`` fast path: the common records of a batch finished together, as columns.
 
 A conversation, linear or a tree, whose media are images its family lays out as the placeholder repeated (no
-blocks, no text runs) or, with flat positions, as a run of named tokens (InternVL, Molmo2, Mistral 3: the
-run's ids written over the placeholder repeated, its entry ``lead`` tokens in), with no per-token loss weight,
-that fits ``max_length`` and carries loss: its draft (``draft.tree_draft``: nodes as path deltas), media runs (``media.expand``) and positions
-(``Encoder._encoded``: 1-D and ``positions.extra``) are one pass over the batch's flat ids, not a dozen numpy
-calls per record:
+blocks, no text runs) or, with flat positions, as a run of named tokens (InternVL, Molmo2, Mistral 3: the run's
+ids written over the placeholder repeated, its entry ``lead`` tokens in), with no per-token loss weight, that fits
+``max_length`` and carries loss: its draft (``draft.tree_draft``: nodes as path deltas), media runs
+(``media.expand``) and positions (``Encoder._encoded``: 1-D and ``positions.extra``) are one pass over the batch's
+flat ids, not a dozen numpy calls per record:
 
     nodes         each node's segment of its path's tokens (past its parent's path), gathered back to back;
                   every child's path compared with its parent's in one token compare
@@ -22,15 +22,14 @@ those arrays) is made only where a caller asks for one (``Encoder.encode_batch``
 A ``text`` record is [bos] + its tokens + eos, positions 0..L-1: the batch's text records are one ``Rows`` of
 their own (``_text_rows``), with no forest to lay out.
 
-Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference:
-a ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
-or audio, image blocks (Gemma 3's pan-and-scan), a run of text (SmolVLM), named tokens with mRoPE, a
-family's own ``media_runs`` where it gives other runs, positions other than flat or Qwen2-VL's mRoPE
-(``BatchFinish.of``), adjacent
-image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
-tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and
-every media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two
-on random batches; docs/benchmarks.md, "Fast paths", its gain.
+Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference: a
+``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
+or audio, image blocks (Gemma 3's pan-and-scan), a run of text (SmolVLM), named tokens with mRoPE, a family's own
+``media_runs`` where it gives other runs, positions other than flat or Qwen2-VL's mRoPE (``BatchFinish.of``),
+adjacent image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
+tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and every
+media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two on random
+batches; docs/benchmarks.md, "Fast paths", its gain.
 """
 
 from __future__ import annotations

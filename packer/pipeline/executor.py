@@ -30,11 +30,12 @@ class Executor(ABC):
     many shards, ``stages.write_shard_range``); ``build`` does the rest (scan, plan, finish) in its own process.
 
     ``build`` calls, in order: ``start()`` before it loads the tokenizer (``LocalExecutor`` spawns its workers
-    then, so their start-up overlaps the load; a build that reuses a complete encode cache does not call it,
-    and an executor starts what its first stage needs); ``submit(scan_chunks, ...)`` to scan the inputs during that
-    load; ``load_encoder`` (by default: makes the encoder, then ``preload(encoder)``) as soon as it has the encoder, before it fingerprints the tokenizer (workers
-    may load it meanwhile); ``encode``, then ``exchange`` (builds of many shards), then ``write``; and ``close()`` when it ends, also on an error. An
-    executor is also a context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
+    then, so their start-up overlaps the load; a build that reuses a complete encode cache does not call it, and
+    an executor starts what its first stage needs); ``submit(scan_chunks, ...)`` to scan the inputs during that
+    load; ``load_encoder`` (by default: makes the encoder, then ``preload(encoder)``) as soon as it has the
+    encoder, before it fingerprints the tokenizer (workers may load it meanwhile); ``encode``, then ``exchange``
+    (builds of many shards), then ``write``; and ``close()`` when it ends, also on an error. An executor is also a
+    context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
 
     ``encode`` and ``write`` are generators: each runs its tasks wherever and in whatever order it likes and
     yields their results in task order, in the calling process; ``build`` closes it early on an error or
