@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from itertools import accumulate
 from typing import Any
 
 from packer.core.types import AudioRef, ImageRef, Message, VideoRef
@@ -373,6 +374,13 @@ def _spans(conv: list[Message], text: str, starts: list[int], ends: list[int], b
     return text, spans
 
 
+def _layout(pieces: list[str]) -> tuple[str, list[int], list[int], list[int]]:
+    """A renderer's text from its pieces (a head, then each turn's header, content and tail) and, per turn, where
+    its content starts and ends and where the turn ends (offsets summed in C, not per turn in Python)."""
+    at = list(accumulate(map(len, pieces)))
+    return "".join(pieces), at[1::3], at[2::3], at[3::3]
+
+
 class _ChatML:
     """Pure-Python rendering of one known ChatML template: Jinja's exact text and the content spans.
 
@@ -518,8 +526,6 @@ class _Mistral:
         if not conv:
             return None
         pieces = [self.bos]
-        pos = len(self.bos)
-        starts, ends = [], []
         for m in conv:
             if m.tool_calls:
                 return None
@@ -538,13 +544,8 @@ class _Mistral:
                 content = "".join(parts)  # type: ignore[arg-type]
             else:
                 return None
-            pos += len(head)
-            starts.append(pos)
-            pos += len(content)
-            ends.append(pos)
-            pos += len(tail)
             pieces += (head, content, tail)
-        text = "".join(pieces)
+        text, starts, ends, _ = _layout(pieces)
         return _spans(conv, text, starts, ends)
 
 
@@ -566,8 +567,6 @@ class _SmolVLM:
         if not conv:
             return None
         pieces = [self.HEAD]
-        pos = len(self.HEAD)
-        starts, ends, bounds = [], [], []
         exact = True
         for m in conv:
             if m.tool_calls:
@@ -584,14 +583,8 @@ class _SmolVLM:
                 head = role + (":" if image_first else ": ")
                 content = "".join([p if type(p) is str else self.image if type(p) is ImageRef else self.video
                                    for p in parts])  # type: ignore[misc]
-            pos += len(head)
-            starts.append(pos)
-            pos += len(content)
-            ends.append(pos)
-            pos += len(self.END)
-            bounds.append(pos)
             pieces += (head, content, self.END)
-        text = "".join(pieces)
+        text, starts, ends, bounds = _layout(pieces)
         return _spans(conv, text, starts, ends, bounds if not exact else None,
                       head=len(self.HEAD), generation=len("Assistant:"))
 
@@ -612,8 +605,6 @@ class _Gemma4:
         if not conv:
             return None
         pieces = [self.bos]
-        pos = len(self.bos)
-        starts, ends, bounds = [], [], []
         exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
         for i, m in enumerate(conv):
             if m.tool_calls or m.role not in ("user", "assistant", "system"):
@@ -647,15 +638,8 @@ class _Gemma4:
                 exact = exact and (type(first) is not str or first.rstrip() == first.strip()) and (
                     type(last) is not str or last.lstrip() == last.strip())
                 trimmed = "".join(out)
-            header = self.TURN + role + "\n"
-            pos += len(header)
-            starts.append(pos)
-            pos += len(trimmed)
-            ends.append(pos)
-            pos += len(self.END)
-            bounds.append(pos)
-            pieces += (header, trimmed, self.END)
-        text = "".join(pieces)
+            pieces += (self.TURN + role + "\n", trimmed, self.END)
+        text, starts, ends, bounds = _layout(pieces)
         return _spans(conv, text, starts, ends, bounds if not exact else None,
                       head=len(self.bos), generation=len(self.MODEL))
 
@@ -675,8 +659,6 @@ class _Llama4:
         if not conv:
             return None
         pieces = [self.bos]
-        pos = len(self.bos)
-        starts, ends, bounds = [], [], []
         exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
         for i, m in enumerate(conv):
             if m.tool_calls is not None or m.role not in ("user", "assistant", "system"):
@@ -693,24 +675,11 @@ class _Llama4:
                 return None  # a first system turn of parts (its first part's text), a video or audio: Jinja
             else:
                 content = "".join([p if type(p) is str else self.image for p in parts])  # type: ignore[misc]
-            header = f"{self.HEAD}{m.role}<|header_end|>\n\n"
-            pos += len(header)
-            starts.append(pos)
-            pos += len(content)
-            ends.append(pos)
-            pos += len(self.EOT)
-            bounds.append(pos)
-            pieces += (header, content, self.EOT)
-        text = "".join(pieces)
-        if _marked(text, conv):
-            return None
-        if exact:
-            return text, list(zip(starts, ends, [*starts[1:], len(text)], strict=True))
-        spans: list[Span] = [(0, None, bounds[0])]  # the prefix fallback (a first system text it trimmed)
-        for k in range(1, len(conv)):
-            before = bounds[k - 1] + (len(self.ASSISTANT) if conv[k].role == "assistant" else 0)
-            spans.append((before, None, bounds[k]))
-        return text, spans
+            pieces += (f"{self.HEAD}{m.role}<|header_end|>\n\n", content, self.EOT)
+        text, starts, ends, bounds = _layout(pieces)
+        # the prefix fallback only where a first system text was trimmed (so message 0 is no assistant)
+        return _spans(conv, text, starts, ends, bounds if not exact else None,
+                      generation=len(self.ASSISTANT))
 
 
 class _Glm:
@@ -729,8 +698,6 @@ class _Glm:
         if not conv:
             return None
         pieces = [self.PREFIX]
-        pos = len(self.PREFIX)
-        starts, ends, bounds = [], [], []
         exact = True  # the marked rendering equals the clean one: spans from markers, else from prefixes
         stable = True  # every prefix's rendering a prefix of the whole (else Jinja's fallback fails)
         last_user = max((i for i, m in enumerate(conv) if m.role == "user"), default=-1)
@@ -774,13 +741,8 @@ class _Glm:
                 head = self.SYSTEM
             else:
                 return None  # a tool turn: Jinja
-            pos += len(head)
-            starts.append(pos)
-            pos += len(content)
-            ends.append(pos)
-            bounds.append(pos)
-            pieces += (head, content)
-        text = "".join(pieces)
+            pieces += (head, content, "")
+        text, starts, ends, bounds = _layout(pieces)
         if not exact and not stable:
             return None  # Jinja's prefix fallback fails (template_error): let it say so
         return _spans(conv, text, starts, ends, bounds if not exact else None,
