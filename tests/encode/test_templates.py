@@ -213,14 +213,19 @@ def test_registered_renderers_encode_as_jinja(fast_builtin, img):
     assert encoder.path_counts()["render:python"] >= 3
 
 
+def _checked_renderer(tokenizer: str, profile: str) -> Encoder:
+    """The builtin ``tokenizer``'s Encoder with ``profile``, whose pure-Python renderer passed Jinja's probes."""
+    from packer.encode.tokenizers import load_tokenizer
+
+    encoder = Encoder(load_tokenizer(tokenizer), get_profile(profile))
+    assert encoder._chat._verify and encoder._chat._fast is not None, f"{tokenizer}'s renderer must pass the probes"
+    return encoder
+
+
 @pytest.fixture(scope="module")
 def gemma() -> Encoder:
     """Gemma 3's builtin (its template trims every text) with its family's profile."""
-    from packer.encode.tokenizers import load_tokenizer
-
-    encoder = Encoder(load_tokenizer("gemma3"), get_profile("gemma3"))
-    assert encoder._chat._verify and encoder._chat._fast is not None, "gemma3's renderer must pass the probes"
-    return encoder
+    return _checked_renderer("gemma3", "gemma3")
 
 
 _PADDED = st.sampled_from(["a", " a", "a ", "\nb c\n", "  ", "", "x\ty", "\u00a0z", "<think>t</think>\n\nq"])
@@ -288,11 +293,7 @@ def test_gemma_encodes_as_jinja(gemma, img):
 @pytest.fixture(scope="module")
 def gemma4() -> Encoder:
     """The gemma4 stand-in (its template trims every text) with its family's profile."""
-    from packer.encode.tokenizers import load_tokenizer
-
-    encoder = Encoder(load_tokenizer("gemma4"), get_profile("gemma4"))
-    assert encoder._chat._verify and encoder._chat._fast is not None, "gemma4's renderer must pass the probes"
-    return encoder
+    return _checked_renderer("gemma4", "gemma4")
 
 
 _PADDED4 = st.sampled_from(["a", " a", "a ", "\nb c\n", "  ", "", "x\ty", "\u00a0z", "<think>t</think>\n\nq",
@@ -327,11 +328,7 @@ def test_gemma4_renderer_equals_jinja(gemma4, convs):
 @pytest.fixture(scope="module")
 def llama4() -> Encoder:
     """Llama 4's builtin (its template trims a first system text) with its family's profile."""
-    from packer.encode.tokenizers import load_tokenizer
-
-    encoder = Encoder(load_tokenizer("llama4"), get_profile("llama4"))
-    assert encoder._chat._verify and encoder._chat._fast is not None, "llama4's renderer must pass the probes"
-    return encoder
+    return _checked_renderer("llama4", "llama4")
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
@@ -362,11 +359,7 @@ _THINKING = st.sampled_from(["r</think>a", "r</think>\n\nb ", " r</think>b", "\n
 @pytest.fixture(scope="module")
 def glm() -> Encoder:
     """GLM-4.6V's builtin (its template strips an assistant's text) with its family's profile."""
-    from packer.encode.tokenizers import load_tokenizer
-
-    encoder = Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v"))
-    assert encoder._chat._verify and encoder._chat._fast is not None, "glm-4.6v's renderer must pass the probes"
-    return encoder
+    return _checked_renderer("glm-4.6v", "glm-4.6v")
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
