@@ -55,7 +55,7 @@ class BatchFinish:
     def __init__(self, ctx: EncodeContext, mrope: MRoPE | None):
         self.ctx = ctx
         self.mrope = mrope
-        self._runs: dict[tuple[int, int], MediaRun | None] = {}  # image size -> its run, None: not a plain run
+        self._runs: dict[tuple[int, int], tuple[MediaRun, ...] | None] = {}  # image size -> its entries' runs
         # a family's own media_runs (the cross-medium hook) is asked per record with images, as the general path asks
         self._own_runs = type(ctx.profile).media_runs is not ModelProfile.media_runs
 
@@ -73,30 +73,57 @@ class BatchFinish:
             return cls(ctx, positions)
         return None
 
-    def _run(self, ref: ImageRef) -> MediaRun | None:
-        """The image's run where it is the placeholder repeated (``num_tokens`` >= 1, no blocks, text or lead)
-        and, with mRoPE, its grid's merged tokens, or, with flat positions, a run of named tokens (``tokens``,
-        its entry ``lead`` tokens in); else None."""
+    def _run(self, ref: ImageRef) -> tuple[MediaRun, ...] | None:
+        """The image's entries' runs (one, or one per block: ``_blocks``) where each is ``_plain``; else None."""
         rule = self.ctx.profile.image
         size = rule.plan(ref)
         if size in self._runs:
             return self._runs[size]
-        run: MediaRun | None = rule.run(size)
-        named = run.tokens is not None
-        if (rule.blocks(size) is not None or run.text is not None or run.inside or run.num_tokens < 1
-                or (not named and run.lead) or (named and self.mrope is not None)):
-            run = None
-        elif named:  # InternVL's <img>...</img>, Molmo's, Mistral 3's: its ids once per run (a ConfigError: general)
-            self.ctx.runs.ids(run, _NO_IDS, 0)
-        elif self.mrope is not None:
+        blocks = rule.blocks(size)
+        runs: tuple[MediaRun, ...] | None
+        if blocks is None:
+            one = self._plain(rule.run(size))
+            runs = None if one is None else (one,)
+        else:
+            runs = self._blocks(blocks.runs)
+        if len(self._runs) >= 4096:  # a dataset has few sizes; bound the cache all the same
+            self._runs.clear()
+        self._runs[size] = runs
+        return runs
+
+    def _plain(self, run: MediaRun) -> MediaRun | None:
+        """The run where it is the placeholder repeated (``num_tokens`` >= 1, no lead) and, with mRoPE, its
+        grid's merged tokens, or, with flat positions, laid out in tokens of its own (``_laid``); else None."""
+        laid = run.tokens is not None or run.text is not None
+        if run.inside or run.num_tokens < 1 or (not laid and run.lead) or (laid and self.mrope is not None):
+            return None
+        if laid:
+            return run if self._laid(run) else None
+        if self.mrope is not None:
             t, h, w = (int(x) for x in run.grid)
             m = self.mrope.merge_size
             if t * (h // m) * (w // m) != run.num_tokens:
-                run = None
-        if len(self._runs) >= 4096:  # a dataset has few sizes; bound the cache all the same
-            self._runs.clear()
-        self._runs[size] = run
+                return None
         return run
+
+    def _laid(self, run: MediaRun) -> bool:
+        """Whether the run's ids are the same wherever it lies: named tokens (InternVL's <img>...</img>,
+        Molmo's, Mistral 3's; its entry ``lead`` tokens in), or a text (SmolVLM's ``<fake_token_around_image>``
+        ... ``<row_1_col_1>`` ...) that begins and ends with a special token, so that ``RunIds.check_edges``
+        has nothing to check. A ConfigError (a token the tokenizer lacks) is the general path's to raise."""
+        ids = self.ctx.runs.ids(run, _NO_IDS, 0)  # cached per run; no edge checked with no ids around it
+        if run.tokens is not None:
+            return True
+        special = self.ctx.tokens.is_special
+        return ids is not None and ids.shape[0] > 0 and bool(special[ids[0]]) and bool(special[ids[-1]])
+
+    def _blocks(self, runs: tuple[MediaRun, ...]) -> tuple[MediaRun, ...] | None:
+        """An image the processor writes as blocks (Gemma 3's pan-and-scan: the render stage already wrote them,
+        one placeholder each), with flat positions and no family ``media_runs`` (asked of plain images only):
+        each block an entry of its own, where every block's run is ``_plain``."""
+        if self.mrope is not None or self._own_runs:
+            return None
+        return runs if all(self._plain(r) is not None for r in runs) else None
 
     def _same_runs(self, s: Staged, wants: list[int], mine: list[tuple[ImageRef, MediaRun]]) -> bool:
         """Whether the family's own ``media_runs`` gives this record's images their plain runs (``mine``): where
@@ -142,6 +169,7 @@ class BatchFinish:
             fine = True
             for node in s.nodes:
                 refs = [p for m in node.messages for p in m.parts if not isinstance(p, str)]
+                entries: list[tuple[ImageRef, MediaRun]] = []  # one per entry: per block of an image in blocks
                 if refs:
                     if ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
                         fine = False
@@ -154,8 +182,9 @@ class BatchFinish:
                     if any(r is None for r in runs):
                         fine = False
                         break
-                    mine += zip(refs, runs, strict=True)  # type: ignore[arg-type]
-                wants.append(len(refs))
+                    entries = [(r, run) for r, rs in zip(refs, runs, strict=True) for run in rs]  # type: ignore[union-attr]
+                    mine += entries
+                wants.append(len(entries))
             if not fine or (mine and self._own_runs and not self._same_runs(s, wants, mine)):
                 continue
             base = first_node[-1]
@@ -240,7 +269,8 @@ class BatchFinish:
         img_ok = np.repeat(ok, rec_images)
         rec_of_pos = node_rec[node_of]
         placed = pos[ok[rec_of_pos]]
-        named = [None if run.tokens is None else ctx.runs.ids(run, _NO_IDS, 0) for _, run in images]
+        named = [None if run.tokens is None and run.text is None else ctx.runs.ids(run, _NO_IDS, 0)
+                 for _, run in images]  # runs laid out in tokens of their own (``_laid``)
         spans = np.array([run.num_tokens for _, run in images], dtype=np.int64)  # each entry's stored tokens
         runs = np.array([run.num_tokens if x is None else x.shape[0] for (_, run), x in zip(images, named, strict=True)],
                         dtype=np.int64)  # each run's tokens in the example

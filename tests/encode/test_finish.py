@@ -120,6 +120,42 @@ def test_batch_finish_takes_named_runs(named, image_root, name):
     assert check_batch(named[name], [p for p in parse_all(records, image_root)]) == 2
 
 
+@pytest.fixture(scope="module")
+def blocks_and_text() -> dict[str, Encoder]:
+    """Gemma 3 with pan-and-scan (an elongated image written as blocks, one entry each: img/a.jpg, 640x427, is
+    the whole image and 2 crops; img/c.png, 100x60, too small to crop, one block) and SmolVLM (its run a text,
+    ``<fake_token_around_image>`` ... tokenized alone)."""
+    gemma3 = get_profile("gemma3", do_pan_and_scan=True)
+    smolvlm = get_profile("smolvlm")
+    return {"gemma3": Encoder(load_tokenizer(gemma3.default_tokenizer), gemma3),
+            "smolvlm": Encoder(load_tokenizer(smolvlm.default_tokenizer), smolvlm)}
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(records=st.lists(record(), min_size=1, max_size=12), name=st.sampled_from(["gemma3", "smolvlm"]))
+def test_batch_finish_of_blocks_and_text_runs_equals_per_record(blocks_and_text, image_root, records, name):
+    """Image blocks (each block's placeholder its own entry) and text runs (their ids over the placeholder
+    repeated, as named runs) by batch."""
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    check_batch(blocks_and_text[name], examples)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "smolvlm"])
+def test_batch_finish_takes_blocks_and_text_runs(blocks_and_text, image_root, name):
+    """A chat with an image in blocks beside one that is not, and a tree with one, go by batch."""
+    image = {"type": "image", "image": "img/a.jpg"}
+    records = [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "and"},
+                                                          {"type": "image", "image": "img/c.png"}]},
+                             {"role": "assistant", "content": "Two."}]},
+               {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}],
+                "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]}]
+    encoder = blocks_and_text[name]
+    assert check_batch(encoder, [p for p in parse_all(records, image_root)]) == 2
+    got = encoder.encode_batch([p for p in parse_all(records[:1], image_root)])[0]
+    assert len(got.images) == (4 if name == "gemma3" else 2)  # a.jpg: the whole image and 2 crops
+
+
 def test_batch_finish_takes_glm_records(glm, image_root):
     """A chat with an image, a tree and a text record of GLM-4.6V go by batch."""
     image = {"type": "image", "image": "img/a.jpg"}
