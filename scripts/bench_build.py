@@ -18,11 +18,17 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --base ../before --rounds 3   # before / after, alternated
     python scripts/bench_build.py --records 50000 --rss-only --breakdown   # CPU by process and phase
     python scripts/bench_build.py --records 200000 --shape text --profile text --rss-only   # tiny text records
+    python scripts/bench_build.py --records 50000 --profile gemma3 --profile-option do_pan_and_scan=true
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
 medians of CPU-s, shards identical (``--schema-change``: a base of an older shard schema, the rows this tree's
 reader reads from both identical); the ratios below are printed for both.
+
+``--profile-option KEY=VALUE`` (repeatable): the builds' ``profile_options``, as ``packer build``'s flag of that
+name reads them (Gemma 3's ``do_pan_and_scan=true``). Each build's child reads them from the environment
+(``BENCH_BUILD_PROFILE_OPTIONS``), so a ``--base`` tree older than this option needs this script copied over its
+own (``cp scripts/bench_build.py DIR/scripts/``: only the harness, its packer stays the base's).
 
 ``--array-parse N``: only time reading an N-record pretty-printed array of bench records, ``files.records``
 (the stdlib's ``raw_decode``) against ijson's C backend + ``json.dumps`` (the library tried first; needs ijson).
@@ -453,6 +459,8 @@ def _child(path: str, out: str, num_proc: int, executor: str, profile: str = "qw
         if os.environ.get("BENCH_BUILD_BUDGETS") == "1" else {}
     if profile in PIXEL_PROFILES:  # Qwen's resize bound; another family (gemma3) has its own image size
         budgets["max_pixels"] = 256 * 28 * 28
+    if os.environ.get("BENCH_BUILD_PROFILE_OPTIONS"):  # --profile-option
+        budgets["profile_options"] = json.loads(os.environ["BENCH_BUILD_PROFILE_OPTIONS"])
     config = BuildConfig.from_inputs([path], out, profile=profile, max_length=8192,
                                      num_proc=num_proc, executor=executor, overwrite=True, **budgets)
     inner = make_executor(config)
@@ -723,6 +731,8 @@ def main() -> None:
                     "this tree's reader reads from both instead of the bytes")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "
                     "template; the baseline's too)")
+    ap.add_argument("--profile-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a profile option for every build (repeatable; e.g. do_pan_and_scan=true for gemma3)")
     ap.add_argument("--shape", choices=("chat", "text"), default="chat", help="the corpus: bench_build's chats, or "
                     "tiny text records (bench_build_memory's; build them with --profile text)")
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
@@ -731,6 +741,10 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     if args.budgets:
         os.environ["BENCH_BUILD_BUDGETS"] = "1"  # read by each build's child process
+    if args.profile_option:  # read by each build's child process too
+        from packer.config import parse_profile_options
+
+        os.environ["BENCH_BUILD_PROFILE_OPTIONS"] = json.dumps(parse_profile_options(args.profile_option))
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]), args.child[3], args.child[4])
         return
