@@ -1,8 +1,10 @@
 """The ``batch-finish`` fast path: the common records of a batch finished together, as columns.
 
-A conversation, linear or a tree, whose media are images its family lays out as the placeholder repeated (no
-blocks, no text runs) or, with flat positions, as a run of named tokens (InternVL, Molmo2, Mistral 3: the run's
-ids written over the placeholder repeated, its entry ``lead`` tokens in), with no per-token loss weight, that fits
+A conversation, linear or a tree, whose media are images its family lays out as the placeholder repeated or,
+with flat positions, as a run laid out in tokens of its own (named tokens: InternVL, Molmo2, Mistral 3; or a
+text that begins and ends with a special token: SmolVLM; the run's ids written over the placeholder repeated, its
+entry ``lead`` tokens in), or, with flat positions, as blocks of such runs (Gemma 3's pan-and-scan: each block's
+placeholder an entry of its own), with no per-token loss weight, that fits
 ``max_length`` and carries loss: its draft (``draft.tree_draft``: nodes as path deltas), media runs
 (``media.expand``) and positions (``Encoder._encoded``: 1-D and ``positions.extra``) are one pass over the batch's
 flat ids, not a dozen numpy calls per record:
@@ -24,8 +26,9 @@ their own (``_text_rows``), with no forest to lay out.
 
 Anything it cannot prove identical goes to the general path (``Encoder._finish``), which is the reference: a
 ``text`` record over ``max_length`` (its length policy), holding a media token or of fewer than 2 tokens, videos
-or audio, image blocks (Gemma 3's pan-and-scan), a run of text (SmolVLM), named tokens with mRoPE, a family's own
-``media_runs`` where it gives other runs, positions other than flat or Qwen2-VL's mRoPE (``BatchFinish.of``),
+or audio, image blocks with mRoPE or beside a family's own ``media_runs``, a run of text whose ends are not special
+tokens (its edges are checked in place), named tokens or text with mRoPE, a family's own ``media_runs`` where it
+gives other runs, positions other than flat or Qwen2-VL's mRoPE (``BatchFinish.of``),
 adjacent image placeholders (one run of image tokens for two images: mRoPE's error), loss weights, a node with no
 tokens, a path that does not extend its parent's, an example over ``max_length``, one with no loss token and every
 media-count error (the general path raises them, located). tests/encode/test_finish.py compares the two on random
