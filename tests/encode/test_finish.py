@@ -108,15 +108,20 @@ def test_batch_finish_of_named_runs_equals_per_record(named, image_root, records
     check_batch(named[name], examples)
 
 
+def _two_image_chat_and_tree() -> list[dict]:
+    """A chat with two images (img/a.jpg, img/c.png) and a tree whose prompt holds img/a.jpg."""
+    image = {"type": "image", "image": "img/a.jpg"}
+    return [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "and"},
+                                                       {"type": "image", "image": "img/c.png"}]},
+                          {"role": "assistant", "content": "Two."}]},
+            {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}],
+             "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]}]
+
+
 @pytest.mark.parametrize("name", NAMED)
 def test_batch_finish_takes_named_runs(named, image_root, name):
     """A chat with two images and a tree with one go by batch."""
-    image = {"type": "image", "image": "img/a.jpg"}
-    records = [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "and"},
-                                                          {"type": "image", "image": "img/c.png"}]},
-                             {"role": "assistant", "content": "Two."}]},
-               {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}],
-                "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]}]
+    records = _two_image_chat_and_tree()
     assert check_batch(named[name], [p for p in parse_all(records, image_root)]) == 2
 
 
@@ -144,12 +149,7 @@ def test_batch_finish_of_blocks_and_text_runs_equals_per_record(blocks_and_text,
 @pytest.mark.parametrize("name", ["gemma3", "smolvlm"])
 def test_batch_finish_takes_blocks_and_text_runs(blocks_and_text, image_root, name):
     """A chat with an image in blocks beside one that is not, and a tree with one, go by batch."""
-    image = {"type": "image", "image": "img/a.jpg"}
-    records = [{"messages": [{"role": "user", "content": [image, {"type": "text", "text": "and"},
-                                                          {"type": "image", "image": "img/c.png"}]},
-                             {"role": "assistant", "content": "Two."}]},
-               {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}],
-                "branches": [[{"role": "assistant", "content": "One."}], [{"role": "assistant", "content": "Two."}]]}]
+    records = _two_image_chat_and_tree()
     encoder = blocks_and_text[name]
     assert check_batch(encoder, [p for p in parse_all(records, image_root)]) == 2
     got = encoder.encode_batch([p for p in parse_all(records[:1], image_root)])[0]
