@@ -22,7 +22,13 @@ alternated pairs of REV's packer and this checkout's (or REV2's), each in a fres
 run and the pairs' mean and median difference: a change of a few percent, on a loaded box whose single runs vary
 by ~10%, measured in minutes instead of three full builds.
 
-    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6
+    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6 [--full-runs 1]
+
+Every run also gets a **quiet-wall estimate**: every thread of its process tree sampled every 0.05 s (/proc), each
+interval charged ``max(its busiest thread's CPU, its CPU / --num-proc)`` (bench_build.py ``--breakdown``'s critical
+path: a loaded box stretches every thread alike, so it holds under load where the wall does not); ``--ab`` prints
+each pair's and the means of CPU, the estimate and the (loaded) wall. ``--full-runs K``: then K fresh full builds of
+the kept corpus (this tree), timed the same way: the repacks' CPU and quiet-wall estimate as a share of theirs.
 
 ``--own-builds``: each tree repacks a full build it made itself (DIR/full-N-0, DIR/full-N-1, each timed once):
 for a change of the encode cache's format, which the other tree's cache would not serve.
