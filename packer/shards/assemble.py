@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -467,8 +466,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
     dtypes = {name: _values_dtype(types[name]) for name in dense}  # once, not once a visit
     for name in dense:
-        count = int(out_offsets[name][-1])
-        values[name] = _scratch(name, count, dtypes[name]) if remember else np.empty(count, dtype=dtypes[name])
+        values[name] = np.empty(int(out_offsets[name][-1]), dtype=dtypes[name])
     parts = _Parts() if slow else None
     for c in used:
         if slow or any(name not in spans[c] for name in dense):
@@ -528,30 +526,6 @@ written again under the same name is another key."""
 LAYOUTS_MAX = 1024
 """At most this many layouts (~8 KB each: <= ~8.5 MB a process, whatever the corpus); a take over more files
 remembers none (past it the exchange runs: ``stages.map_tasks``), another cache's drop the oldest."""
-
-
-_SCRATCH: dict[str, list[np.ndarray]] = {}
-"""Per flat column, the (at most two) buffers ``take_rows(remember=True)`` gathered its values into: one writer's
-shards, one after another, while a thread writes the shard before (``stages.write_shard_ranges``)."""
-
-
-def _scratch(name: str, count: int, dtype: np.dtype) -> np.ndarray:
-    """``np.empty(count, dtype)`` for column ``name``'s gathered values, in the memory of an earlier take that
-    nothing refers to any more (no table, Arrow buffer or view: only ``_SCRATCH``). Fresh memory costs the kernel a
-    page fault and the zeroing of each page when first written; memory used before costs neither. At most two are
-    kept (the shard being written and the one gathered); a third in use at once is a fresh array."""
-    nbytes = count * dtype.itemsize
-    kept = _SCRATCH.setdefault(name, [])
-    for i in range(len(kept)):
-        if sys.getrefcount(kept[i]) == 2:  # the list's reference and the argument's: unused
-            if kept[i].nbytes >= nbytes:
-                return kept[i][:nbytes].view(dtype)
-            del kept[i]  # too small: freed, a larger one made below
-            break
-    if len(kept) >= 2:
-        return np.empty(count, dtype=dtype)
-    kept.append(np.empty(nbytes + nbytes // 8, np.uint8))  # room for a next shard a little larger (untouched: no RSS)
-    return kept[-1][:nbytes].view(dtype)
 
 
 def _file_key(path: str) -> tuple[str, int, int, int]:
