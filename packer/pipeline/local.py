@@ -37,7 +37,6 @@ from packer.pipeline.stages import (
     exchange_map,
     planned_examples,
     write_shard_range,
-    write_shard_ranges,
 )
 
 if TYPE_CHECKING:
@@ -224,8 +223,8 @@ class LocalExecutor(Executor):
         """
         if self.writes_here(planned_examples(ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
-            # a thread writes each shard while this one gathers the next: the write takes num_proc > 1 cores
-            yield from write_shard_ranges(ranges, cache=cache, config=config, hooks=hooks, overlap=self.num_proc > 1)
+            for shards in ranges:
+                yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
         # a generator: each range is made as the pool's feeder sends it (``stages.ShardRanges``), not all at once
         yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))

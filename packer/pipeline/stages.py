@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -771,90 +771,22 @@ def write_shard_range(
 ) -> list[dict[str, Any]]:
     """Gather and write the range's shards (``config.rows_per_shard`` packs each); return their manifest
     entries. A shard whose marker (``.packer/shards/NNNNN.json``, its sha256) matches its file is kept."""
-    out, markers = _shard_dirs(config)
-    pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
-    entries = []
-    for j, p0 in enumerate(range(0, len(shards.pack_sizes), config.rows_per_shard)):
-        s = shards.first + j
-        with stage(f"write (shard {s})"):
-            made = _shard_rows(shards, j, p0, pack_bounds, out=out, markers=markers, cache=cache, config=config)
-            entries.append(made if isinstance(made, dict) else
-                           _commit_shard(s, made, out=out, markers=markers, config=config, hooks=hooks))
-    return entries
-
-
-def write_shard_ranges(
-    ranges: Iterable[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks, overlap: bool = False
-) -> Iterator[list[dict[str, Any]]]:
-    """``write_shard_range`` of each range in this process, each range's entries yielded in order. ``overlap``:
-    one thread writes each shard (its Parquet encode, checksum and marker: pyarrow, zstd and hashlib release
-    the GIL) while this one gathers and assembles the next shard's rows, so a write of one process takes both
-    cores (a repack, a rebuild below ``local.POOL_MIN_EXAMPLES``: docs/benchmarks.md, "Repack"); the same
-    bytes, one more shard's packed rows held. An error of either thread is raised once the other's shard is
-    done (a shard is written whole or not at all: ``io.write_shard``), and the thread ends with the stage (a
-    pool forked later in this process is forked, not spawned: ``local._forkable``)."""
-    if not overlap:
-        for shards in ranges:
-            yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
-        return
-    from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor, wait
-
-    out, markers = _shard_dirs(config)
-    unfinished: deque[tuple[list[dict[str, Any]], list[int]]] = deque()  # per range: its entries, shards left
-    pending: tuple[Future[dict[str, Any]], tuple[list[dict[str, Any]], list[int]]] | None = None
-
-    def commit(s: int, packed: pa.Table) -> dict[str, Any]:
-        with stage(f"write (shard {s})"):
-            return _commit_shard(s, packed, out=out, markers=markers, config=config, hooks=hooks)
-
-    def settle(entry: dict[str, Any], of: tuple[list[dict[str, Any]], list[int]]) -> Iterator[list[dict[str, Any]]]:
-        of[0].append(entry)
-        of[1][0] -= 1
-        while unfinished and not unfinished[0][1][0]:
-            yield unfinished.popleft()[0]
-
-    writer = ThreadPoolExecutor(1, thread_name_prefix="packer-write")
-    try:
-        for shards in ranges:
-            pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
-            starts = range(0, len(shards.pack_sizes), config.rows_per_shard)
-            unfinished.append(this := ([], [len(starts)]))
-            for j, p0 in enumerate(starts):
-                s = shards.first + j
-                with stage(f"write (shard {s})"):  # while the writer writes the shard before
-                    made = _shard_rows(shards, j, p0, pack_bounds, out=out, markers=markers, cache=cache,
-                                       config=config)
-                done, pending = pending, None
-                entry = done[0].result() if done is not None else None  # the shard before: written
-                if not isinstance(made, dict):
-                    pending = writer.submit(commit, s, made), this
-                if done is not None:
-                    yield from settle(entry, done[1])
-                if isinstance(made, dict):  # kept: its file and marker were there
-                    yield from settle(made, this)
-                del made
-        if pending is not None:
-            done, pending = pending, None
-            yield from settle(done[0].result(), done[1])
-    finally:
-        if pending is not None:  # an error here, Ctrl-C, the caller closing early: its shard finishes
-            wait([pending[0]])
-        writer.shutdown(wait=True)
-
-
-def _shard_dirs(config: BuildConfig) -> tuple[Any, Any]:
-    """The build's output and its shard markers' directory (made here)."""
     out = store_path(config.output, config.storage_options)
     markers = out / WORK_DIR / "shards"
     markers.mkdir(exist_ok=True)
-    return out, markers
+    pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
+    entries = []
+    for j, p0 in enumerate(range(0, len(shards.pack_sizes), config.rows_per_shard)):
+        with stage(f"write (shard {shards.first + j})"):
+            entries.append(_write_shard(shards, j, p0, pack_bounds, out=out, markers=markers, cache=cache,
+                                        config=config, hooks=hooks))
+    return entries
 
 
-def _shard_rows(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *, out: Any, markers: Any,
-                cache: EncodeCache, config: BuildConfig) -> dict[str, Any] | pa.Table:
-    """Shard ``shards.first + j`` (its packs start at ``p0`` of the range): its manifest entry if its marker
-    matches its file (kept), else its packed rows, gathered."""
+def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *, out: Any, markers: Any,
+                 cache: EncodeCache, config: BuildConfig, hooks: Hooks) -> dict[str, Any]:
+    """Shard ``shards.first + j`` (its packs start at ``p0`` of the range): kept if its marker matches its
+    file, else gathered and written, then its marker."""
     s = shards.first + j
     p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
     path = out / shard_name(s)
@@ -871,15 +803,9 @@ def _shard_rows(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *,
         ids = rows.column("example_id").to_pylist()
         ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
         rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
-    return assemble_packs(rows, shards.pack_sizes[p0:p1])
-
-
-def _commit_shard(s: int, packed: pa.Table, *, out: Any, markers: Any, config: BuildConfig,
-                  hooks: Hooks) -> dict[str, Any]:
-    """Shard ``s`` written (atomically: ``io.write_shard``), then its marker; its manifest entry."""
-    path = out / shard_name(s)
+    packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
     hooks.at("shard-write", s, table=packed, path=path)
     entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
     hooks.at("shard", s)
-    write_json_atomic(markers / f"{s:05d}.json", entry)
+    write_json_atomic(marker, entry)
     return entry

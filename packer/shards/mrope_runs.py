@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def split_runs(values: np.ndarray, row_tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                rest: np.ndarray, runs_per_row: np.ndarray, rest_per_row: np.ndarray) -> tuple[int, int]:
     """One pass over dense token-major positions (3·T float32): each row's runs (t = h = w, and a run's token k is
@@ -50,13 +50,13 @@ def split_runs(values: np.ndarray, row_tokens: np.ndarray, starts: np.ndarray, l
     return s, q
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _starts_run(t: np.float32, h: np.float32, w: np.float32) -> bool:
     """Can a run start at a token (t, h, w)? ``split_runs``' rule: t = h = w, not -0.0 (NaN never equals)."""
     return t == h and t == w and not (t == 0 and np.signbit(t))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def merge_runs(ex_tokens: np.ndarray, run_off: np.ndarray, pairs: np.ndarray, bases: np.ndarray,
                rest_off: np.ndarray, rest: np.ndarray, pack_bounds: np.ndarray, out_pairs: np.ndarray,
                out_bases: np.ndarray, out_rest: np.ndarray, runs_per_row: np.ndarray, rest_per_row: np.ndarray,

@@ -17,7 +17,6 @@ from packer.encode.tokenizers import ensure_builtin, load_tokenizer
 from packer.errors import ConfigError
 from packer.pipeline.build import build
 from packer.pipeline.cache import CACHE_FORMAT
-from packer.pipeline.faults import Hooks
 from packer.pipeline.repack import repack
 from packer.report.verify import verify_build
 
@@ -193,65 +192,3 @@ def test_a_small_repack_writes_in_its_own_process_and_a_large_one_in_a_pool(imag
     monkeypatch.setattr(local, "POOL_MIN_EXAMPLES", 1)
     repack(tmp_path / "out", tmp_path / "large", progress=False, max_length=512, seed=2, num_proc=2)
     assert len(spawned) == 1 and _sums(tmp_path / "large") == _sums(fresh.output)
-
-
-class _FailAt(Hooks):
-    """Raises at ``shard-write`` of shard ``n``, in the writer thread that reached it."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def at(self, point: str, n: int = 0, **state) -> None:
-        if point == "shard-write" and n == self.n:
-            raise RuntimeError(f"injected at shard {n}")
-
-
-def test_a_write_in_threads_gives_the_serial_bytes_and_surfaces_a_writer_error(text_sources, tmp_path, monkeypatch):
-    """Below ``POOL_MIN_EXAMPLES`` a reusing build with ``num_proc`` > 1 gathers each shard while a thread writes
-    the one before (``stages.write_shard_ranges``): the bytes of a one-thread write; an error in the writer
-    thread (a hook's, a disk full halfway through a shard) is raised by the build, no thread outlives it, no
-    shard file or temp file is left of the failed shard, and the rerun resumes to the same bytes."""
-    import threading
-
-    import pyarrow.parquet as pq
-
-    from packer.pipeline import cache, stages
-
-    cfg = _text_config(text_sources, tmp_path / "out")
-    build(cfg, progress=False)
-    serial = repack(tmp_path / "out", tmp_path / "serial", progress=False, max_length=100, num_proc=1)
-    shards = len(serial.manifest["shards"])
-    assert shards >= 4
-    names, threads = {}, threading.active_count()
-    for module, name in ((cache, "take_rows"), (stages, "write_shard")):  # which thread gathers, which writes
-        monkeypatch.setattr(module, name, lambda *a, real=getattr(module, name), name=name, **kw: names.setdefault(
-            name, set()).add(threading.current_thread().name) or real(*a, **kw))
-    repack(tmp_path / "out", tmp_path / "threads", progress=False, max_length=100, num_proc=2)
-    assert _sums(tmp_path / "threads") == _sums(serial.output)
-    assert names["take_rows"] == {"MainThread"} and names["write_shard"] == {"packer-write_0"}
-    assert threading.active_count() == threads  # the writers joined: a later pool may fork
-
-    again = cfg.replace(max_length=100, num_proc=2, overwrite=True)  # OUT rebuilt in place: its cache reused
-    with pytest.raises(RuntimeError, match="injected at shard 1"):
-        build(again, progress=False, hooks=_FailAt(1))
-    out = tmp_path / "out"
-    assert not (out / "manifest.json").exists() and not (out / "shard-00001.parquet").exists()
-    assert threading.active_count() == threads
-    write, last = pq.write_table, f"shard-{shards - 1:05d}"
-
-    def disk_full(table, where, **kw):  # half of the last shard's bytes reach its temp file, then the disk is full
-        if last in str(where):
-            write(table, where, **kw)
-            Path(where).write_bytes(Path(where).read_bytes()[: Path(where).stat().st_size // 2])
-            raise OSError(28, "No space left on device")
-        return write(table, where, **kw)
-    monkeypatch.setattr(pq, "write_table", disk_full)
-    with pytest.raises(OSError, match="No space left"):
-        build(again, progress=False)
-    assert threading.active_count() == threads
-    assert not (out / "manifest.json").exists() and not (out / f"{last}.parquet").exists()
-    assert not list(out.glob("*.tmp-*"))
-    monkeypatch.undo()
-    build(again, progress=False)  # resumes: the shards written before the errors kept, the rest written
-    assert _sums(out) == _sums(serial.output)
-
