@@ -22,7 +22,13 @@ alternated pairs of REV's packer and this checkout's (or REV2's), each in a fres
 run and the pairs' mean and median difference: a change of a few percent, on a loaded box whose single runs vary
 by ~10%, measured in minutes instead of three full builds.
 
-    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6
+    python scripts/bench_repack.py --records 200000 --keep /tmp/rp --ab 6fd0468 --pairs 6 [--full-runs 1]
+
+Every run also gets a **quiet-wall estimate**: every thread of its process tree sampled every 0.05 s (/proc), each
+interval charged ``max(its busiest thread's CPU, its CPU / --num-proc)`` (bench_build.py ``--breakdown``'s critical
+path: a loaded box stretches every thread alike, so it holds under load where the wall does not); ``--ab`` prints
+each pair's and the means of CPU, the estimate and the (loaded) wall. ``--full-runs K``: then K fresh full builds of
+the kept corpus (this tree), timed the same way: the repacks' CPU and quiet-wall estimate as a share of theirs.
 
 ``--own-builds``: each tree repacks a full build it made itself (DIR/full-N-0, DIR/full-N-1, each timed once):
 for a change of the encode cache's format, which the other tree's cache would not serve.
@@ -66,26 +72,49 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import REPO, _tree_usage, make_corpus  # noqa: E402
+from bench_build import REPO, _thread_cpu, _timeline, _tree_usage, make_corpus  # noqa: E402
 
 BUILD = ["--profile", "qwen2-vl", "--max-pixels", str(256 * 28 * 28), "-q"]
 
 
-def timed(args: list[str], code: Path | None = None) -> dict[str, float]:
+def timed(args: list[str], code: Path | None = None, cores: int = 2) -> dict[str, float]:
     """``packer ARGS`` in a fresh process (the packer package under ``code``, else this checkout's): wall
-    seconds, CPU seconds of its process tree and of its main process alone, peak RSS (MiB)."""
+    seconds, CPU seconds of its process tree and of its main process alone, peak RSS (MiB), and ``quiet``: the
+    wall a quiet box of ``cores`` cores would take, from every thread's CPU sampled every 0.05 s (bench_build's
+    ``_timeline``: each interval ``max(its busiest thread's CPU, its CPU / cores)``; load stretches every thread
+    alike). Threads of one process that wait on each other's GIL idle unseen there: the estimate is a lower
+    bound for them, the observed wall at a low load the check (docs/benchmarks.md, "Repack")."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env["PYTHONPATH"] = str(code if code is not None else REPO)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "packer.cli", *args], env=env, cwd=code or REPO)
     peak, cpu = 0, {}
-    while proc.poll() is None:
+    samples: list[tuple[float, dict[str, float]]] = [(t0, {})]  # (wall, CPU-s of every thread of the tree)
+    done = None
+    while done is None:
         peak = max(peak, _tree_usage(proc.pid, cpu))
-        time.sleep(0.1)
+        for _ in range(2):
+            samples.append((time.perf_counter(), _thread_cpu(proc.pid)))
+            time.sleep(0.05)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                done = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+                break
+    wall = time.perf_counter() - t0
+    proc.returncode = done[0]
     if proc.returncode:
         raise SystemExit(f"packer {' '.join(args)} failed with exit code {proc.returncode}")
-    return {"wall": time.perf_counter() - t0, "cpu": sum(c for _, c in cpu.values()), "rss_mib": peak / 2**20,
-            "main": cpu.get(proc.pid, ("", 0.0))[1]}
+    # the tree's CPU from wait4 (the process and the workers it reaped, to its last instant); what it spent after
+    # the last sample (its exit) is one more interval, serial
+    total = max(done[1], sum(c for _, c in cpu.values()))
+    samples = samples[:1] + [s for s in samples[1:] if s[1]]  # not those taken as it exited
+    seen: dict[str, float] = {}  # every thread's CPU when last sampled, those that ended since too
+    for _, threads in samples:
+        seen.update(threads)
+    samples.append((time.perf_counter(), {**samples[-1][1], "exit": max(0.0, total - sum(seen.values()))}))
+    quiet = sum(v[2] for v in _timeline(samples, [], cores).values())
+    return {"wall": wall, "cpu": total, "rss_mib": peak / 2**20, "main": cpu.get(proc.pid, ("", 0.0))[1],
+            "quiet": quiet, "load": os.getloadavg()[0]}
 
 
 def checkout(rev: str, into: Path) -> Path:
@@ -325,10 +354,11 @@ def perf(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
 
 
 def show(name: str, r: dict[str, float], full: dict[str, float] | None = None) -> None:
-    share = f"  = {r['cpu'] / full['cpu']:.1%} of the full build's CPU, {r['wall'] / full['wall']:.1%} of its wall" \
-        if full else ""
-    print(f"{name:34s} wall {r['wall']:7.1f} s  CPU {r['cpu']:7.1f} s (main {r['main']:5.1f}, workers "
-          f"{r['cpu'] - r['main']:5.1f})  peak RSS {r['rss_mib']:6.0f} MiB{share}", flush=True)
+    share = f"  = {r['cpu'] / full['cpu']:.1%} of the full build's CPU, {r['quiet'] / full['quiet']:.1%} of its " \
+        f"quiet wall estimate ({r['wall'] / full['wall']:.1%} of its wall)" if full else ""
+    print(f"{name:34s} wall {r['wall']:7.1f} s (quiet estimate {r['quiet']:6.2f} s, load {r['load']:.1f})  CPU "
+          f"{r['cpu']:7.1f} s (main {r['main']:5.1f}, workers {r['cpu'] - r['main']:5.1f})  peak RSS "
+          f"{r['rss_mib']:6.0f} MiB{share}", flush=True)
 
 
 def sums(out: Path) -> list[str]:
@@ -367,23 +397,38 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
         timed(["repack", str(full), "-o", str(o), *repack_args], tree)
     if sums(out[0]) != sums(out[1]):
         raise SystemExit(f"{names[0]}'s and {names[1]}'s repacked shards differ")
-    cpu: list[list[float]] = [[], []]
-    rss: list[list[float]] = [[], []]
+    runs: list[list[dict[str, float]]] = [[], []]
     for k in range(args.pairs):
         for i in (0, 1) if k % 2 == 0 else (1, 0):
             import shutil
 
             shutil.rmtree(out[i])
-            r = timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i])
-            cpu[i].append(r["cpu"])
-            rss[i].append(r["rss_mib"])
-        print(f"pair {k + 1}: {names[0]} {cpu[0][-1]:5.2f}  {names[1]} {cpu[1][-1]:5.2f} CPU-s (peak RSS "
-              f"{rss[0][-1]:.0f} / {rss[1][-1]:.0f} MiB)", flush=True)
-    diff = [b - a for a, b in zip(*cpu, strict=True)]
-    print(f"mean {names[0]} {statistics.mean(cpu[0]):.2f}, {names[1]} {statistics.mean(cpu[1]):.2f} CPU-s; "
-          f"{names[1]} - {names[0]}: mean {statistics.mean(diff):+.2f} ({statistics.mean(diff) / statistics.mean(cpu[0]):+.1%}), "
-          f"median {statistics.median(diff):+.2f}, {sum(d < 0 for d in diff)}/{len(diff)} pairs lower; shards equal; "
-          f"peak RSS {max(rss[0]):.0f} / {max(rss[1]):.0f} MiB")
+            runs[i].append(timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i],
+                                 args.num_proc))
+        a, b = runs[0][-1], runs[1][-1]
+        print(f"pair {k + 1}: {names[0]} {a['cpu']:5.2f}  {names[1]} {b['cpu']:5.2f} CPU-s; quiet wall estimate "
+              f"{a['quiet']:5.2f} / {b['quiet']:5.2f} s (wall {a['wall']:5.2f} / {b['wall']:5.2f} s, load "
+              f"{a['load']:.1f} / {b['load']:.1f}); peak RSS {a['rss_mib']:.0f} / {b['rss_mib']:.0f} MiB", flush=True)
+    for key, what in (("cpu", "CPU-s"), ("quiet", "s quiet wall estimate"), ("wall", "s wall (loaded)")):
+        x, y = ([r[key] for r in rs] for rs in runs)
+        diff = [b - a for a, b in zip(x, y, strict=True)]
+        print(f"mean {names[0]} {statistics.mean(x):.2f}, {names[1]} {statistics.mean(y):.2f} {what}; "
+              f"{names[1]} - {names[0]}: mean {statistics.mean(diff):+.2f} ({statistics.mean(diff) / statistics.mean(x):+.1%}), "
+              f"median {statistics.median(diff):+.2f}, {sum(d < 0 for d in diff)}/{len(diff)} pairs lower")
+    print(f"shards equal; peak RSS {max(r['rss_mib'] for r in runs[0]):.0f} / "
+          f"{max(r['rss_mib'] for r in runs[1]):.0f} MiB", flush=True)
+    if args.full_runs:  # the ratio's denominator in the same run: fresh full builds of the kept corpus (this tree)
+        fulls_timed = []
+        for k in range(args.full_runs):
+            r = timed(["build", str(corpus), "-o", str(root / "full-timed"), "--max-length", "8192", "--overwrite",
+                       *BUILD, "--num-proc", str(args.num_proc)], None, args.num_proc)
+            show(f"full build (8192) {k + 1}", r)
+            fulls_timed.append(r)
+        full = {key: statistics.mean(r[key] for r in fulls_timed) for key in ("cpu", "quiet", "wall")}
+        for name, rs in zip(names, runs, strict=True):
+            cpu, quiet = statistics.mean(r["cpu"] for r in rs), statistics.mean(r["quiet"] for r in rs)
+            print(f"{name}: repack / full build (means): CPU {cpu:.2f} / {full['cpu']:.2f} = {cpu / full['cpu']:.1%}; "
+                  f"quiet wall estimate {quiet:.2f} / {full['quiet']:.2f} s = {quiet / full['quiet']:.1%}")
 
 
 def main() -> None:
@@ -405,6 +450,8 @@ def main() -> None:
     ap.add_argument("--ab", nargs="+", metavar="REV", help="with --keep: alternated repacks of REV vs this tree "
                     "(or vs a second REV)")
     ap.add_argument("--pairs", type=int, default=6, help="with --ab: how many alternated pairs")
+    ap.add_argument("--full-runs", type=int, default=0, help="with --ab: then this many fresh full builds of the kept "
+                    "corpus (this tree), timed: the repacks' CPU and quiet wall estimate as a share of theirs")
     ap.add_argument("--own-builds", action="store_true", help="with --ab: each tree repacks a full build it made "
                     "itself (kept as DIR/full-N-0, -1): a change of the encode cache's format")
     ap.add_argument("--warm-records", type=int, default=2000,
