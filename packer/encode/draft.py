@@ -30,7 +30,7 @@ from packer.core.types import (
     VideoRef,
 )
 from packer.encode.context import EncodeContext
-from packer.encode.labels import batch_loss_labels, loss_labels
+from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels, loss_weight
 from packer.encode.render import Staged
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
@@ -88,16 +88,16 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
     (``"loss": 0.5``) give the batch per-token weights: the rule run again on each weight's messages alone."""
     ids, starts = flat_ids(encodings)
     spans: list[list[Span]] = [[] for _ in texts]  # per text, its loss messages' spans
-    weights: list[list[float]] = [[] for _ in texts]  # their weights (where one is not 1)
-    weighted = any(stage.weights is not None for stage in staged)
-    for stage in staged:  # each node's loss spans and weights, as ``render.stage`` listed them (a text record: none)
-        spans[stage.first : stage.first + len(stage.loss)] = stage.loss
-        if weighted:
-            weights[stage.first : stage.first + len(stage.loss)] = (
-                stage.weights if stage.weights is not None else [[1.0] * len(one) for one in stage.loss])
+    weights: list[list[float]] = [[] for _ in texts]  # their weights
+    for stage in staged:
+        for i, node in enumerate(stage.nodes):  # a text record has none
+            own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
+            loss = [(s, m) for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+            spans[stage.first + i] = [s for s, _ in loss]
+            weights[stage.first + i] = [loss_weight(m) for _, m in loss]
     labels = _labels(ctx, ids, starts, texts, spans, encodings)
     token_weights = None
-    for w in sorted({w for ws in weights for w in ws} - {1.0}):  # (only a stage with ``weights`` lists any)
+    for w in sorted({w for ws in weights for w in ws} - {1.0}):
         only = [[s for s, x in zip(ss, ws, strict=True) if x == w] for ss, ws in zip(spans, weights, strict=True)]
         if token_weights is None:
             token_weights = np.ones(ids.shape[0], dtype=np.float32)

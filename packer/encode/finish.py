@@ -73,13 +73,12 @@ class BatchFinish:
             return cls(ctx, positions)
         return None
 
-    def _run(self, ref: ImageRef, size: tuple[int, int] | None = None) -> MediaRun | None:
+    def _run(self, ref: ImageRef) -> MediaRun | None:
         """The image's run where it is the placeholder repeated (``num_tokens`` >= 1, no blocks, text or lead)
         and, with mRoPE, its grid's merged tokens, or, with flat positions, a run of named tokens (``tokens``,
-        its entry ``lead`` tokens in); else None. ``size``: its plan where ``render.stage`` made it."""
+        its entry ``lead`` tokens in); else None."""
         rule = self.ctx.profile.image
-        if size is None:
-            size = rule.plan(ref)
+        size = rule.plan(ref)
         if size in self._runs:
             return self._runs[size]
         run: MediaRun | None = rule.run(size)
@@ -141,14 +140,14 @@ class BatchFinish:
             mine: list[tuple[ImageRef, MediaRun]] = []
             wants: list[int] = []
             fine = True
-            sizes = s.sizes
-            for refs in s.media:  # each node's media parts (``render.stage``'s per-node lists)
+            for node in s.nodes:
+                refs = [p for m in node.messages for p in m.parts if not isinstance(p, str)]
                 if refs:
                     if ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
                         fine = False
                         break
                     try:
-                        runs = [self._run(r, sizes.get(id(r))) for r in refs]
+                        runs = [self._run(r) for r in refs]
                     except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
                         fine = False
                         break

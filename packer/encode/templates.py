@@ -29,7 +29,7 @@ from collections import Counter
 from itertools import accumulate
 from typing import Any
 
-from packer.core.types import AudioRef, ImageRef, Message, Part, VideoRef
+from packer.core.types import AudioRef, ImageRef, Message, VideoRef
 from packer.errors import ConfigError, RecordError
 from packer.models.registry import fast_renderer
 from packer.models.shared.tokenizer import (
@@ -237,18 +237,6 @@ class ChatTemplate:
         self.paths["jinja+prefixes"] += 1
         return clean, self._locate_by_prefixes(conv, clean, tools)
 
-    def locate_node(self, conv: list[Message], own: int, *, tools: list[dict] | None = None
-                    ) -> tuple[tuple[str, list[Span]], list[Span] | None, list[Part] | None]:
-        """``locate`` of a tree node's path whose own messages start at ``own``, with those messages' loss spans
-        and media parts where the renderer made them in the same pass (``_ChatML.locate_node``), else None
-        for either (``render.stage`` lists them from the messages)."""
-        if self._fast is not None and not tools and type(self._fast) is _ChatML:
-            got = self._fast.locate_node(conv, own)
-            if got is not None:
-                self.paths["python"] += 1
-                return got
-        return self.locate(conv, tools=tools), None, None
-
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
         """Where message k's content starts in ``text``: the end of the generation prompt after ``conv[:k]``."""
         header = self.render(
@@ -411,14 +399,6 @@ class _ChatML:
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
         """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character, a message calls
         tools or has a role or part this template does not write as plain ChatML (Jinja decides)."""
-        got = self.locate_node(conv, len(conv))
-        return None if got is None else got[0]
-
-    def locate_node(self, conv: list[Message], own: int) -> tuple[tuple[str, list[Span]], list[Span] | None,
-                                                                    list[Part]] | None:
-        """``locate`` of ``conv``, a tree node's path whose own messages start at ``own``, with those messages'
-        loss spans (``labels.carries_loss``; None where one has a loss weight: the caller lists them) and media
-        parts, made in the same pass (``render.stage``'s per-node lists)."""
         if not conv:
             return None
         pieces: list[str] = [self.prefix]
@@ -427,9 +407,6 @@ class _ChatML:
         pos = sum(map(len, pieces))
         starts, ends = [], []
         roles = self.roles
-        loss: list[int] | None = []  # the own messages carrying loss, by index
-        media: list[Part] = []
-        k = 0
         for m in conv:
             if m.tool_calls or (roles is not None and m.role not in roles):
                 return None
@@ -443,18 +420,6 @@ class _ChatML:
                 content = "".join(
                     [p if isinstance(p, str) else self.video if isinstance(p, VideoRef) else self.image for p in parts]
                 )
-                if k >= own:
-                    media += [p for p in parts if not isinstance(p, str)]
-            if k >= own and loss is not None:
-                flag = m.loss
-                if flag is None:
-                    if m.role == "assistant":
-                        loss.append(k)
-                elif type(flag) is not bool and flag != 1:
-                    loss = None  # a loss weight: ``render.stage`` lists this node the general way
-                elif flag:
-                    loss.append(k)
-            k += 1
             header = f"<|im_start|>{m.role}\n"
             pos += len(header)
             starts.append(pos)
@@ -463,11 +428,7 @@ class _ChatML:
             pos += 11  # len("<|im_end|>\n")
             pieces += (header, content, "<|im_end|>\n")
         text = "".join(pieces)
-        located = _spans(conv, text, starts, ends)
-        if located is None:
-            return None
-        spans = located[1]
-        return located, None if loss is None else [spans[i] for i in loss], media
+        return _spans(conv, text, starts, ends)
 
 
 class _Gemma:
