@@ -75,7 +75,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str = "chat") -> None:
-    """bench_build's chats (above), or with ``shape="text"`` bench_build_memory's tiny ``{"text": ...}`` records
+    """bench_build's chats (above), with ``shape="text-chat"`` the same chats without their images (a text chat
+    build: ``--profile text``), or with ``shape="text"`` bench_build_memory's tiny ``{"text": ...}`` records
     (2-40 words each: issue 32's text corpus, built with ``--profile text``)."""
     if shape == "text":
         import bench_build_memory
@@ -97,7 +98,7 @@ def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str 
             msgs = []
             for t in range(turns):
                 q = text(int(rng.integers(1, 3)))
-                if t == 0 and rng.random() < 0.3:
+                if t == 0 and rng.random() < 0.3 and shape == "chat":
                     q = [{"type": "image", "image": images[int(rng.integers(len(images)))]}, {"type": "text", "text": q}]
                 msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": text(int(size))}]
             rec: dict = {"messages": msgs}
@@ -733,7 +734,8 @@ def main() -> None:
                     "template; the baseline's too)")
     ap.add_argument("--profile-option", action="append", default=[], metavar="KEY=VALUE",
                     help="a profile option for every build (repeatable; e.g. do_pan_and_scan=true for gemma3)")
-    ap.add_argument("--shape", choices=("chat", "text"), default="chat", help="the corpus: bench_build's chats, or "
+    ap.add_argument("--shape", choices=("chat", "text-chat", "text"), default="chat", help="the corpus: bench_build's "
+                    "chats, the same chats without images (text-chat), or "
                     "tiny text records (bench_build_memory's; build them with --profile text)")
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
                     help=argparse.SUPPRESS)

@@ -46,13 +46,16 @@ def _best(fn, repeats: int) -> float:
 
 def rendered_texts(lines: list[bytes], profile: str, tmp: str) -> tuple[list[list[str]], object]:
     """Each chunk's rendered texts (every root-to-node path, as the build renders them) and the encoder."""
+    import bench_build  # the profiles that take --max-pixels (a text profile takes none)
+
     from packer.config import BuildConfig
     from packer.encode.render import stage
     from packer.formats.read import parse_line
     from packer.pipeline import stages
 
+    pixels = {"max_pixels": 256 * 28 * 28} if profile in bench_build.PIXEL_PROFILES else {}
     config = BuildConfig.from_inputs([os.path.join(tmp, "c.jsonl")], os.path.join(tmp, "out"), profile=profile,
-                                     max_length=8192, max_pixels=256 * 28 * 28)
+                                     max_length=8192, **pixels)
     encoder = stages.make_encoder(config)
     chunks = []
     for i in range(0, len(lines), CHUNK):

@@ -1,8 +1,9 @@
 """One build worker's per-chunk work against the tokenizer-alone baseline's, in one process, interleaved.
 
 On bench_build's corpus (4,096 records = 8 encode chunks of 512 lines): the build's phases (parse the JSONL
-lines, render every root-to-node path, the tokenizer call, finish = labels, images, positions, and the
-chunk's Arrow table, then commit = that table's Arrow IPC file written into an encode cache), once with the
+lines, render every root-to-node path, the tokenizer call, labels = the loss rule over the batch's tokens,
+finish = nodes, images, positions, table = the chunk's Arrow table, then commit = that table's Arrow IPC file
+written into an encode cache), once with the
 encoder's fast paths (``build``: the tokenizer call by fastokens, packer/encode/fastokens_bpe.py) and once with the
 HF tokenizer doing the tokenizer call (``build-hf``: every fast path but ``fastokens``), and the baseline's (``apply_chat_template`` + one tokenizer call per chunk, as bench_build's ``tokenizer alone``). CPU time, best of ``--repeats`` rounds, the contenders alternating
 inside each round so that load on the shared cores hits both alike. Where the build's encode stage goes,
@@ -12,6 +13,7 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py --repeats 9
     python scripts/bench_chunk.py --by-kind     # the build's finish per record kind (text-only, image, tree)
     python scripts/bench_chunk.py --profile qwen3-vl   # another family (its default tokenizer and template)
+    python scripts/bench_chunk.py --profile text --shape text-chat   # text chats (no images)
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def staged_texts(parsed, encoder) -> tuple[list, list[str]]:
 
 def build_phases(chunks, config, encoder, cache: EncodeCache, base_dir: str) -> dict[str, float]:
     """CPU seconds of each phase of ``stages.encode_chunk`` over ``chunks``, its cache commit included."""
-    t = dict.fromkeys(("parse", "render", "tokenizer", "finish", "commit"), 0.0)
+    t = dict.fromkeys(("parse", "render", "tokenizer", "labels", "finish", "table", "commit"), 0.0)
     for chunk in chunks:
         with stages.collector_paused():  # as ``stages.encode_chunk`` runs a chunk
             chunk_phases(chunk, config, encoder, cache, base_dir, t)
@@ -71,16 +73,19 @@ def chunk_phases(chunk, config, encoder, cache: EncodeCache, base_dir: str, t: d
     t2 = time.process_time()
     encodings = encoder._tokenize(texts)
     t3 = time.process_time()
-    done = encoder.finish_batch(parsed, staged, batch_tokens(encoder.context, staged, texts, encodings),
-                                rows=True)
+    tokens = batch_tokens(encoder.context, staged, texts, encodings)
+    t4 = time.process_time()
+    done = encoder.finish_batch(parsed, staged, tokens, rows=True)
     for one in done:
         one.source_name = chunk.source
-    table = encoded_table(done)
-    t4 = time.process_time()
-    cache.commit(chunk.index, table, [], hooks=Hooks())
     t5 = time.process_time()
-    for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-        t[k] += dt
+    table = encoded_table(done)
+    t6 = time.process_time()
+    cache.commit(chunk.index, table, [], hooks=Hooks())
+    t7 = time.process_time()
+    marks = (t0, t1, t2, t3, t4, t5, t6, t7)
+    for k, a, b in zip(t, marks, marks[1:], strict=False):
+        t[k] += b - a
 
 
 def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[float, int]]:
@@ -148,11 +153,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--by-kind", action="store_true", help="only the finish per record kind, best of --repeats")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer)")
+    ap.add_argument("--shape", choices=("chat", "text-chat"), default="chat",
+                    help="bench_build's chats, or the same without images (a text chat build: --profile text)")
     args = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
-        bench_build.make_corpus(corpus, SHARED / "data" / "coco-mini", args.records)
+        bench_build.make_corpus(corpus, SHARED / "data" / "coco-mini", args.records, shape=args.shape)
         pixels = {"max_pixels": 256 * 28 * 28} if args.profile in bench_build.PIXEL_PROFILES else {}  # as bench_build
         config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile=args.profile,
                                          max_length=8192, **pixels)
