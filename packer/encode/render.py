@@ -9,7 +9,6 @@ BEFORE tokenizing, so the text around them tokenizes as the processor's does).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import islice
 
 import numpy as np
 
@@ -17,7 +16,6 @@ from packer.core.types import Example, ImageRef, Message, Node
 from packer.encode.templates import ChatTemplate, Span
 from packer.errors import RecordError
 from packer.models.base import ModelProfile, image_blocks
-from packer.models.rules import ImageRule
 
 
 @dataclass(slots=True)
@@ -54,17 +52,7 @@ def _rewrite_images(staged: Staged, paths: list[list[Message]], profile: ModelPr
     token = profile.image_token
     if token is None or not any(token in t for t in staged.texts):  # the common case: one look per text
         return
-    staged.sizes = sizes = {}
-    rule = profile.image
-    if rule is not None and type(rule).blocks is ImageRule.blocks:
-        # a rule that never writes blocks leaves the texts as they are: what ``rewrite_images`` would still do is
-        # plan each image its text has a placeholder for (raising a bad image's error), each image once
-        for text, path in zip(staged.texts, paths, strict=True):
-            n = text.count(token)  # rewrite_images' find loop plans the first n images of the path
-            for ref in islice((p for m in path for p in m.parts if isinstance(p, ImageRef)), n):
-                if id(ref) not in sizes:
-                    sizes[id(ref)] = rule.plan(ref)
-        return
+    staged.sizes = {}
     for k, path in enumerate(paths):
         text, spans = rewrite_images(staged.texts[k], staged.spans[k], path, profile, staged.sizes)
         if text is not staged.texts[k]:
