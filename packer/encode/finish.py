@@ -76,13 +76,10 @@ class BatchFinish:
             return cls(ctx, positions)
         return None
 
-    def _run(self, ref: ImageRef, sizes: dict[int, tuple[int, int]] | None) -> tuple[MediaRun, ...] | None:
-        """The image's entries' runs (one, or one per block: ``_blocks``) where each is ``_plain``; else None.
-        ``sizes``: the record's images as the render planned them (``Staged.sizes``)."""
+    def _run(self, ref: ImageRef) -> tuple[MediaRun, ...] | None:
+        """The image's entries' runs (one, or one per block: ``_blocks``) where each is ``_plain``; else None."""
         rule = self.ctx.profile.image
-        size = sizes.get(id(ref)) if sizes else None
-        if size is None:
-            size = rule.plan(ref)
+        size = rule.plan(ref)
         if size in self._runs:
             return self._runs[size]
         blocks = rule.blocks(size)
@@ -181,7 +178,7 @@ class BatchFinish:
                         fine = False
                         break
                     try:
-                        runs = [self._run(r, s.sizes) for r in refs]
+                        runs = [self._run(r) for r in refs]
                     except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
                         fine = False
                         break

@@ -27,9 +27,6 @@ class Staged:
     parents: list[int]  # parent index of each node (-1 for the root)
     spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
     first: int = 0  # index of texts[0] in the batch's tokenizer call
-    # each image's size (``rule.plan``) by ``id(ref)``, as the render planned it: the batch finish reads it
-    # instead of a second ``stat`` per image (None: no image planned)
-    sizes: dict[int, tuple[int, int]] | None = None
 
 
 def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged:
@@ -52,34 +49,22 @@ def _rewrite_images(staged: Staged, paths: list[list[Message]], profile: ModelPr
     token = profile.image_token
     if token is None or not any(token in t for t in staged.texts):  # the common case: one look per text
         return
-    staged.sizes = {}
     for k, path in enumerate(paths):
-        text, spans = rewrite_images(staged.texts[k], staged.spans[k], path, profile, staged.sizes)
+        text, spans = rewrite_images(staged.texts[k], staged.spans[k], path, profile)
         if text is not staged.texts[k]:
             staged.texts[k], staged.spans[k] = text, spans
 
 
-def rewrite_images(text: str, spans: list[Span], path: list[Message], profile: ModelProfile,
-                   sizes: dict[int, tuple[int, int]] | None = None) -> tuple[str, list[Span]]:
+def rewrite_images(text: str, spans: list[Span], path: list[Message], profile: ModelProfile) -> tuple[str, list[Span]]:
     """The rendering with each image the profile writes as blocks written as its processor writes it, and the
-    message spans moved to match (``text`` itself where no image is rewritten). ``sizes``: each image planned
-    so far by ``id(ref)``, filled in (a tree's paths share their root's images: planned once)."""
+    message spans moved to match (``text`` itself where no image is rewritten)."""
     token = profile.image_token
-    rule = profile.image
     pieces, shifts, at, start = [], [], 0, 0
     for ref in (p for m in path for p in m.parts if isinstance(p, ImageRef)):
         at = text.find(token, at)
         if at < 0:
             return text, spans  # fewer image tokens than images: the token check says so
-        if rule is None:
-            blocks = None
-        elif sizes is None:
-            blocks = image_blocks(profile, ref)
-        else:
-            size = sizes.get(id(ref))
-            if size is None:
-                size = sizes[id(ref)] = rule.plan(ref)
-            blocks = rule.blocks(size)
+        blocks = image_blocks(profile, ref)
         if blocks is not None:
             a = at - blocks.rendered.index(token)
             if text[a : a + len(blocks.rendered)] != blocks.rendered:

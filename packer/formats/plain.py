@@ -13,11 +13,9 @@ sets. Anything else, and any record whose image the general path would reject, i
 
 from __future__ import annotations
 
-import os
-from stat import S_ISREG
 from typing import Any
 
-from packer.core.types import Example, ImageRef, Message, Node, Part
+from packer.core.types import Example, Message, Node, Part
 from packer.errors import RecordError
 from packer.formats.common import ROLES, Ctx, image_ref
 
@@ -65,19 +63,18 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
     if type(items) is not list or not items:
         return None
     out = []
-    append = out.append
     for msg in items:
         # two keys, both these: exactly {"role", "content"} (a dict's keys() view costs more than the lookups)
-        if type(msg) is not dict or len(msg) != 2 or "content" not in msg:
+        if type(msg) is not dict or len(msg) != 2:
             return None
-        role = msg.get("role")
-        if type(role) is not str or (role := ROLES.get(role)) is None:
+        role, content = msg.get("role"), msg.get("content")
+        role = ROLES.get(role) if type(role) is str else None
+        if role is None or "content" not in msg:
             return None
-        content = msg["content"]
         if type(content) is str:
             if not content:
                 return None
-            append(Message(role, [content]))
+            out.append(Message(role, [content]))
             continue
         if type(content) is not list:
             return None
@@ -96,26 +93,10 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
                 source = part.get("image")
                 if type(source) is not str:
                     return None
-                parts.append(_image(source, where))
+                parts.append(image_ref(source, Ctx(*where)))
             else:
                 return None
         if not parts:
             return None
-        append(Message(role, parts))
+        out.append(Message(role, parts))
     return out
-
-
-def _image(source: str, where: tuple[str, int, str, str]) -> ImageRef:
-    """``image_ref(source, Ctx(*where))`` of a local path that names a file: one ``stat`` where the general path
-    makes two (``isdir``, then ``isfile``) and its URL checks; anything else (a URL, ``data:``, a directory, a
-    missing file, a root on a store) is ``image_ref``'s, which raises its own error."""
-    root = where[2]
-    if source and ":" not in source and root[:1] == "/":  # no scheme, and a local root (a store's has one)
-        path = source if source[0] == "/" else os.path.normpath(os.path.join(root, source))  # ``resolve``
-        try:
-            mode = os.stat(path).st_mode
-        except (OSError, ValueError):  # as ``os.path.isfile``
-            mode = 0
-        if S_ISREG(mode):
-            return ImageRef(path=path)
-    return image_ref(source, Ctx(*where))
