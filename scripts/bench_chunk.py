@@ -14,6 +14,7 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py --by-kind     # the build's finish per record kind (text-only, image, tree)
     python scripts/bench_chunk.py --profile qwen3-vl   # another family (its default tokenizer and template)
     python scripts/bench_chunk.py --profile text --shape text-chat   # text chats (no images)
+    python scripts/bench_chunk.py --parse       # the parse phase split: orjson alone, the Example objects alone
 """
 
 from __future__ import annotations
@@ -107,6 +108,34 @@ def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[fl
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def parse_split(chunks, config, base_dir: str, lines: list[bytes], repeats: int) -> None:
+    """The parse phase (``stages._chunk_records``) beside what it is made of: ``orjson.loads`` of every line
+    alone, and ``formats.plain.parse_plain`` alone on the loaded records (the Example objects); best of
+    ``repeats``, CPU seconds. What the rest of the parse could still give (docs/benchmarks.md, "Inside the chunk")."""
+    import orjson
+
+    from packer.formats.plain import parse_plain
+    from packer.formats.read import _root_dir
+
+    objs = [orjson.loads(line) for line in lines]
+    root = _root_dir(None, base_dir)
+    runs = {
+        "parse phase": lambda: [list(stages._chunk_records(c, config, base_dir)) for c in chunks],
+        "orjson alone": lambda: [orjson.loads(line) for line in lines],
+        "parse_plain alone": lambda: [parse_plain(o, path="p", line=i, root_dir=root) for i, o in enumerate(objs)],
+    }
+    best = dict.fromkeys(runs, float("inf"))
+    for r in range(repeats + 1):  # round 0 warms the caches (image stats)
+        for name, run in runs.items():
+            t = time.process_time()
+            run()
+            if r:
+                best[name] = min(best[name], time.process_time() - t)
+    messages = sum(len(o.get("messages", ())) + sum(len(b) for b in o.get("branches") or ()) for o in objs)
+    for name, cpu in best.items():
+        print(f"{name}: {cpu:.3f} s CPU per {len(lines):,} records ({messages:,} messages; best of {repeats})")
+
+
 def timed_mrope():
     """Wrap ``shared.mrope.mrope_position_ids`` (what the finish phase calls for an example with images or videos):
     returns the timings list, one CPU-time per call, and the function that undoes the wrap."""
@@ -153,6 +182,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--by-kind", action="store_true", help="only the finish per record kind, best of --repeats")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer)")
+    ap.add_argument("--parse", action="store_true", help="only the parse phase split, best of --repeats")
     ap.add_argument("--shape", choices=("chat", "text-chat"), default="chat",
                     help="bench_build's chats, or the same without images (a text chat build: --profile text)")
     args = ap.parse_args()
@@ -173,6 +203,9 @@ def main() -> None:
         cache = EncodeCache(Path(tmp) / "cache", len(chunks))
         cache.root.mkdir()
         lines = corpus.read_text().splitlines()
+        if args.parse:
+            parse_split(chunks, config, tmp, corpus.read_bytes().splitlines(), args.repeats)
+            return
         if args.by_kind:
             finish_by_kind(chunks, config, encoder, tmp)  # warms the caches (image sizes, BPE)
             rounds = [finish_by_kind(chunks, config, encoder, tmp) for _ in range(args.repeats)]

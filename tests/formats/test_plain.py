@@ -19,7 +19,10 @@ from tests.formats.conftest import IMG_A, IMG_B
 
 ROLE = st.sampled_from(["user", "assistant", "system", "tool", "human", "gpt", "bot", 3, None])
 TEXT = st.sampled_from(["hi", "", " a <image> b ", "\ue000x", "long " * 5])
-IMAGE = st.sampled_from(["a.jpg", "sub/b.jpg", "missing.jpg", "", "http://x/a.jpg", "sub", 5, None])
+# "ROOT/": the images directory's absolute path (``_rooted``): an absolute path is taken as it is, unnormalized
+IMAGE = st.sampled_from(["a.jpg", "sub/b.jpg", "missing.jpg", "", "http://x/a.jpg", "sub", 5, None, "./sub//b.jpg",
+                         "sub/../a.jpg", "a:b.jpg", "ROOT/a.jpg", "ROOT/sub/../a.jpg", "ROOT/sub", "ROOT/missing.jpg",
+                         "file://ROOT/a.jpg", "data:image/png;base64,", "a.jpg\x00"])
 PART = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(TEXT, st.just(7))}),
     st.fixed_dictionaries({"type": st.just("image"), "image": IMAGE}),
@@ -66,6 +69,15 @@ def images(tmp_path_factory) -> str:
     return str(root)
 
 
+def _rooted(obj, root: str):
+    """``obj`` with each string's ``ROOT/`` made the images directory's absolute path."""
+    if isinstance(obj, dict):
+        return {k: _rooted(v, root) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rooted(v, root) for v in obj]
+    return obj.replace("ROOT/", root + "/") if isinstance(obj, str) else obj
+
+
 def _general(obj, root):
     try:
         return parse_record(obj, path="f.jsonl", line=3, base_dir=root, source_name="src")
@@ -77,6 +89,7 @@ def _general(obj, root):
 @given(obj=RECORD)
 def test_plain_is_parse_record_or_none(obj, images):
     root = images
+    obj = _rooted(obj, root)
     fast = parse_plain(obj, path="f.jsonl", line=3, root_dir=root, source_name="src")
     if fast is not None:
         assert fast == _general(obj, root)
@@ -124,7 +137,7 @@ def test_parse_line_equals_the_general_path(obj, images):
     """End to end: ``parse_line`` (orjson, then the fast path) against json and ``parse_record`` alone."""
     import json
 
-    raw = json.dumps(obj).encode()
+    raw = json.dumps(_rooted(obj, images)).encode()
 
     def run():
         try:
