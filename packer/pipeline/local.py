@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 POOL_MIN_EXAMPLES = 250_000
-PARENT_WRITES_MAX = 2  # up to this many shards per worker, this process writes some too (``_write_beside``)
 """A write (or exchange) stage whose pool is not running yet (a repack, a rebuild that reuses its encode cache)
 starts one only for at least this many planned examples per worker; fewer are written in this process. A
 worker's start (interpreter, imports, numba's kernels) is ~1 CPU-s, and at 200k bench records (200k examples)
@@ -227,48 +226,11 @@ class LocalExecutor(Executor):
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
-        if len(ranges) <= PARENT_WRITES_MAX * self.num_proc:
-            yield from self._write_beside(ranges, cache=cache, config=config, hooks=hooks)
-            return
         # a generator: each range is made as the pool's feeder sends it (``stages.ShardRanges``), not all at once
         yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))
 
-    def _write_beside(
-        self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[list[dict[str, Any]], None, None]:
-        """The ranges in the pool and, while every worker is busy, in this process too (idle otherwise): a
-        few shards on ``num_proc`` workers leave workers waiting for the last (3 on 2: two shards' time, 1.5
-        with this process writing one)."""
-        pool = self._ensure_pool()
-        done: dict[int, list[dict[str, Any]]] = {}
-        running: dict[int, Any] = {}
-        sent = first = 0
-        try:
-            while first < len(ranges):
-                while len(running) < self.num_proc and sent < len(ranges):
-                    running[sent] = pool.apply_async(_write_task, ((ranges[sent], cache, config, hooks),))
-                    sent += 1
-                for s in [s for s, r in running.items() if r.ready()]:
-                    done[s] = running.pop(s).get()
-                if len(running) == self.num_proc and sent < len(ranges):
-                    done[sent] = write_shard_range(ranges[sent], cache=cache, config=config, hooks=hooks)
-                    sent += 1
-                elif len(running) == self.num_proc or sent == len(ranges):
-                    s = min(running, default=None)
-                    if s is not None:
-                        done[s] = running.pop(s).get()
-                while first in done:
-                    yield done.pop(first)
-                    first += 1
-        except BaseException:
-            self.close()
-            raise
-
     def writes_here(self, examples: int, ranges: int) -> bool:
         return self.num_proc == 1 or ranges <= 1 or not self._pays(examples)
-
-    def keeps_layouts(self) -> bool:
-        return True  # this process or the pool's: long-lived, each the writer of several shards
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
