@@ -4,9 +4,10 @@ Writes N tiny text records (2-40 words each, ``{"text": ...}``), builds them wit
 --num-proc 2`` in a fresh child process, and samples the RSS of every process of the build's tree (the
 driver and each worker) every 0.1 s. Prints per size: the largest process's peak RSS, the driver's peak in
 each stage (scan, encode, plan, exchange where it runs, write, finish: the driver's high-water mark, reset at
-each boundary),
-wall and CPU seconds (the whole tree), and, over all sizes, the slope of peak RSS against records (bytes per
-example: a straight-line fit) and the time per record.
+each boundary), the largest worker's RSS and USS in each of those stages (USS: its unique pages, read every
+1 s; a forked worker's RSS also counts the driver's pages it shares), wall and CPU seconds (the whole tree),
+and, over all sizes, the slope of peak RSS against records (bytes per example: a straight-line fit) and the
+time per record.
 
     nice -n 10 python scripts/bench_build_memory.py --sizes 1e6 5e6 2e7
     python scripts/bench_build_memory.py --sizes 1e5            # smoke run (~1 min)
@@ -145,7 +146,9 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
     t0 = time.perf_counter()
     build(config, progress=False, executor=timed)
     mark("end")
-    print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls}))
+    ends = {k: t0 + v for k, v in walls.items()}  # perf_counter is system-wide: the sampler maps its samples
+    print(json.dumps({"driver_peak_mib": {k: v / 2**20 for k, v in peaks.items()}, "stage_end_s": walls,
+                      "stage_end_abs": ends}))
 
 
 def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = False, algorithm: str = "bfd",
@@ -240,7 +243,10 @@ def _driver_only(n: int, refine: bool, budgets: bool = False, copies: bool = Fal
                       "plan_us_per_example": plan_cpu / max(plan.num_examples, 1) * 1e6}))
 
 
-def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float]) -> None:
+def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float],
+          samples: list[tuple[float, str, int, int]] | None = None, uss: bool = False) -> None:
+    """One sample of the build's process tree: peak RSS and CPU per process; with ``samples``, each worker's
+    RSS (and, with ``uss``, its unique set size: the pages no other process shares) with the time."""
     import psutil
 
     try:
@@ -258,6 +264,12 @@ def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float]) ->
             continue
         peaks[p.pid] = (name, max(peaks.get(p.pid, (name, 0))[1], rss))
         cpu[p.pid] = t.user + t.system
+        if samples is not None and name == "worker":
+            try:
+                u = p.memory_full_info().uss if uss else 0
+            except psutil.Error:
+                u = 0
+            samples.append((time.perf_counter(), name, rss, u))
 
 
 def run_build(path: Path, out: Path, num_proc: int, profile: str = "text") -> dict:
@@ -267,9 +279,13 @@ def run_build(path: Path, out: Path, num_proc: int, profile: str = "text") -> di
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peaks: dict[int, tuple[str, int]] = {}
     cpu: dict[int, float] = {}
-    progress, last = out.parent / f"progress-{out.name}.json", 0.0
+    samples: list[tuple[float, str, int, int]] = []
+    progress, last, tick = out.parent / f"progress-{out.name}.json", 0.0, 0
     while proc.poll() is None:
-        _tree(proc.pid, peaks, cpu)
+        # a forked worker's RSS counts the driver's pages it shares; its USS (read every 1 s: smaps costs more)
+        # is what it adds on its own
+        _tree(proc.pid, peaks, cpu, samples, uss=tick % 10 == 0)
+        tick += 1
         time.sleep(0.1)
         if time.perf_counter() - last > 10:  # the peaks so far, for a run stopped before it ends
             last = time.perf_counter()
@@ -282,9 +298,18 @@ def run_build(path: Path, out: Path, num_proc: int, profile: str = "text") -> di
     manifest = json.loads((out / "manifest.json").read_text())
     driver = max(v for n, v in peaks.values() if n == "driver")
     workers = [v for n, v in peaks.values() if n == "worker"]
+    by_stage: dict[str, list[float]] = {}
+    start = t0
+    for stage, end in child.get("stage_end_abs", {}).items():  # each stage's largest worker RSS and USS, MiB
+        inside = [(rss, u) for t, _, rss, u in samples if start <= t < end]
+        if inside:
+            by_stage[stage] = [max(r for r, _ in inside) / 2**20, max(u for _, u in inside) / 2**20]
+        start = end
     return {"examples": manifest["totals"]["examples"], "packs": manifest["totals"]["packs"], "wall_s": wall,
             "cpu_s": sum(cpu.values()), "peak_mib": max(driver, *workers) / 2**20, "driver_mib": driver / 2**20,
-            "worker_mib": max(workers, default=0) / 2**20, **child}
+            "worker_mib": max(workers, default=0) / 2**20,
+            "worker_uss_mib": max((u for *_, u in samples), default=0) / 2**20,
+            "worker_peak_mib_by_stage": by_stage, **child}
 
 
 def main() -> None:
@@ -337,8 +362,10 @@ def main() -> None:
         r = run_build(path, root / f"out-{n}", args.num_proc, profile)
         rows.append(r)
         stages = ", ".join(f"{k} {v:.0f}" for k, v in r["driver_peak_mib"].items())
+        wstages = ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}" for k, v in r["worker_peak_mib_by_stage"].items())
         print(f"{n:,} records: {r['examples']:,} examples, {r['packs']:,} packs; peak RSS {r['peak_mib']:.0f} MiB "
-              f"(driver {r['driver_mib']:.0f}, largest worker {r['worker_mib']:.0f}); driver by stage: {stages}; "
+              f"(driver {r['driver_mib']:.0f}, largest worker {r['worker_mib']:.0f}, its USS "
+              f"{r['worker_uss_mib']:.0f}); driver by stage: {stages}; largest worker RSS/USS by stage: {wstages}; "
               f"{r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} CPU-s ({r['cpu_s'] / n * 1e6:.1f} CPU-us/record)",
               flush=True)
         import shutil
@@ -346,7 +373,7 @@ def main() -> None:
         shutil.rmtree(root / f"out-{n}", ignore_errors=True)
     if len(rows) > 1:
         x = np.array([r["examples"] for r in rows], dtype=float)
-        for key in ("peak_mib", "driver_mib", "worker_mib"):
+        for key in ("peak_mib", "driver_mib", "worker_mib", "worker_uss_mib"):
             slope, icpt = np.polyfit(x, np.array([r[key] for r in rows]) * 2**20, 1)
             print(f"{key}: {slope:.1f} B per example + {icpt / 2**20:.0f} MiB")
     print(json.dumps(rows))
