@@ -138,10 +138,16 @@ class LocalExecutor(Executor):
                              name="packer-load-encoder")
         helper.start()
         send.close()
+        # numba's start and the writers' kernels, loaded while fastokens builds (it leaves the GIL free for
+        # most of that), so that the pool's workers inherit them (``gather.warm``); joined before the fork
+        warm = threading.Thread(target=_warm_kernels, name="packer-warm-kernels", daemon=True)
+        warm.start()
         try:
             native = build_native(text)
+            warm.join()
             kind, value = receive.recv()
         except BaseException as e:  # Ctrl-C: the helper goes too
+            warm.join()
             helper.terminate()
             helper.join()
             blob.unlink(missing_ok=True)
@@ -295,6 +301,16 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, A
         gc.unfreeze()
         _WORKER.clear()
         del worker
+
+
+def _warm_kernels() -> None:
+    """``gather.warm`` in ``load_encoder``'s thread: a warm-up only (the real call reports any problem)."""
+    try:
+        from packer.shards.gather import warm
+
+        warm()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _load_encoder(config: BuildConfig, max_length: int | None, blob: str, send: Any) -> None:

@@ -18,3 +18,21 @@ def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.
         d = out_offsets[dest[k]]
         for j in range(b - a):
             out[d + j] = src[a + j]
+
+
+def warm() -> None:
+    """numba started and ``copy_ranges`` loaded from its cache for the columns a writer copies (strings' bytes,
+    int32 and float32 lists; the offsets and values read-only, as mapped from a chunk file), and mRoPE's
+    ``split_runs`` (the encode's): ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so
+    the workers inherit them instead of each paying numba's start (~0.5 CPU-s) at their first mRoPE encode or
+    shard write (docs/benchmarks.md, "Where a build's CPU goes")."""
+    from packer.shards.mrope import sparse
+
+    offsets = np.zeros(2, np.int32)
+    offsets.flags.writeable = False
+    index = np.zeros(1, np.int64)
+    for dtype in (np.uint8, np.int32, np.float32):
+        src = np.zeros(1, dtype)
+        src.flags.writeable = False
+        copy_ranges(src, offsets, np.zeros(1, np.int64), np.zeros(1, dtype), np.array([0, 1], np.int64), index)
+    sparse(np.zeros(3, np.float32), np.array([0, 1], np.int64))
