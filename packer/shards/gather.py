@@ -21,18 +21,16 @@ def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.
 
 
 def warm() -> None:
-    """numba started and ``copy_ranges`` loaded from its cache for the columns a writer copies (strings' bytes,
-    int32 and float32 lists; the offsets and values read-only, as mapped from a chunk file), and mRoPE's
-    ``split_runs`` (the encode's): ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so
-    the workers inherit them instead of each paying numba's start (~0.5 CPU-s) at their first mRoPE encode or
-    shard write (docs/benchmarks.md, "Where a build's CPU goes")."""
-    from packer.shards.mrope import sparse
-
+    """numba started and ``copy_ranges`` loaded from its cache for the columns every shard write copies (the
+    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file):
+    ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so the workers inherit numba started
+    instead of each paying its start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode
+    (docs/benchmarks.md, "Where a 200k text-chat build's CPU goes"). Only signatures that any earlier build's write
+    compiled into the cache: a kernel of another signature loads in ~5 ms once numba runs, but would compile here."""
     offsets = np.zeros(2, np.int32)
     offsets.flags.writeable = False
     index = np.zeros(1, np.int64)
-    for dtype in (np.uint8, np.int32, np.float32):
+    for dtype in (np.uint8, np.int32):
         src = np.zeros(1, dtype)
         src.flags.writeable = False
         copy_ranges(src, offsets, np.zeros(1, np.int64), np.zeros(1, dtype), np.array([0, 1], np.int64), index)
-    sparse(np.zeros(3, np.float32), np.array([0, 1], np.int64))

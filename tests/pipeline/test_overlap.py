@@ -126,7 +126,7 @@ executor, built[:] = local.LocalExecutor(2), []
 loaded, record = executor.load_encoder(BuildConfig.from_inputs([corpus], out + "-x", **opts), max_length=512)
 # the writers' kernels loaded in a thread beside the native build (gather.warm), joined before the pool's fork
 from packer.shards import gather
-assert "packer-warm-kernels" not in [t.name for t in threading.enumerate()] and len(gather.copy_ranges.signatures) >= 3
+assert "packer-warm-kernels" not in [t.name for t in threading.enumerate()] and len(gather.copy_ranges.signatures) >= 2
 executor.close()
 assert loaded.tokenizer is None and built == ["{}", encoder.engine_json()] and kept.read_text() == built[1]
 assert record["fingerprint"] == helped.manifest["tokenizer"]["fingerprint"] == two.manifest["tokenizer"]["fingerprint"]
