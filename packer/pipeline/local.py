@@ -144,7 +144,7 @@ class LocalExecutor(Executor):
         send.close()
         # numba's start and the writers' kernels, loaded while fastokens builds (it leaves the GIL free for
         # most of that), so that the pool's workers inherit them (``gather.warm``); joined before the fork
-        warm = threading.Thread(target=_warm_kernels, name="packer-warm-kernels", daemon=True)
+        warm = threading.Thread(target=_warm_kernels, args=(config,), name="packer-warm-kernels", daemon=True)
         warm.start()
         try:
             native = build_native(text)
@@ -307,12 +307,13 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, A
         del worker
 
 
-def _warm_kernels() -> None:
+def _warm_kernels(config: BuildConfig) -> None:
     """``gather.warm`` in ``load_encoder``'s thread: a warm-up only (the real call reports any problem)."""
     try:
+        from packer.models import get_profile
         from packer.shards.gather import warm
 
-        warm()
+        warm(mrope=bool(get_profile(config.profile, **config.profile_overrides()).positions.mrope))
     except Exception:  # noqa: BLE001
         pass
 

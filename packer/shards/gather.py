@@ -20,17 +20,22 @@ def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.
             out[d + j] = src[a + j]
 
 
-def warm() -> None:
+def warm(mrope: bool = False) -> None:
     """numba started and ``copy_ranges`` loaded from its cache for the columns every shard write copies (the
-    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file):
-    ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so the workers inherit numba started
-    instead of each paying its start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode
-    (docs/benchmarks.md, "Where a 200k text-chat build's CPU goes"). Only signatures that any earlier build's write
-    compiled into the cache: a kernel of another signature loads in ~5 ms once numba runs, but would compile here."""
+    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file), and with ``mrope``
+    (a profile with mRoPE positions) the float32 lists and the encode's ``split_runs`` (``mrope.sparse``) too:
+    ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so the workers inherit them instead
+    of each paying numba's start (~0.5-0.7 CPU-s quiet; another kernel's first load ~0.1) at their first shard
+    write or mRoPE encode (docs/benchmarks.md, "Where a 200k text-chat build's CPU goes"). Only what an earlier
+    build of that kind compiled into the cache: a signature no build used would compile here."""
     offsets = np.zeros(2, np.int32)
     offsets.flags.writeable = False
     index = np.zeros(1, np.int64)
-    for dtype in (np.uint8, np.int32):
+    for dtype in (np.uint8, np.int32) + ((np.float32,) if mrope else ()):
         src = np.zeros(1, dtype)
         src.flags.writeable = False
         copy_ranges(src, offsets, np.zeros(1, np.int64), np.zeros(1, dtype), np.array([0, 1], np.int64), index)
+    if mrope:
+        from packer.shards.mrope import sparse
+
+        sparse(np.zeros(3, np.float32), np.array([0, 1], np.int64))
