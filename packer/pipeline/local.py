@@ -10,7 +10,8 @@ has run here (rayon's pool has no fork handler); else, and elsewhere than Linux,
 build begins (``start``), so the workers' interpreter start and imports overlap the parent's tokenizer load.
 Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``_engine_file``),
 ``load_encoder`` overlaps the two serial steps before the fork: a forked helper loads the tokenizer and makes the
-encoder while this process builds the native tokenizer (docs/benchmarks.md, "Where a build's wall goes").
+encoder while this process builds the native tokenizer, and starts numba in a thread beside it for the workers
+to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes").
 Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
 """
 
@@ -116,7 +117,10 @@ class LocalExecutor(Executor):
         native tokenizer from the kept string (~1.8 CPU-s, holding the GIL: a thread could not overlap it);
         the pool is then forked holding both. Nothing changes what a worker holds: the kept string is used
         only where it equals the encoder's own (else it is built again here, as without this), and the
-        encoder is the helper's pickle, which a worker loads anyway. This process never imports transformers."""
+        encoder is the helper's pickle, which a worker loads anyway. This process never imports transformers.
+        Beside the native build a thread starts numba and loads the writers' kernels (``gather.warm``; fastokens
+        leaves the GIL free for most of its build), joined before the fork: the workers inherit them instead of
+        each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode."""
         if self.num_proc == 1 or self._pool is not None or not _forkable():
             return super().load_encoder(config, max_length=max_length)
         kept = _engine_file(config.tokenizer_name())
@@ -138,10 +142,16 @@ class LocalExecutor(Executor):
                              name="packer-load-encoder")
         helper.start()
         send.close()
+        # numba's start and the writers' kernels, loaded while fastokens builds (it leaves the GIL free for
+        # most of that), so that the pool's workers inherit them (``gather.warm``); joined before the fork
+        warm = threading.Thread(target=_warm_kernels, args=(config,), name="packer-warm-kernels", daemon=True)
+        warm.start()
         try:
             native = build_native(text)
+            warm.join()
             kind, value = receive.recv()
         except BaseException as e:  # Ctrl-C: the helper goes too
+            warm.join()
             helper.terminate()
             helper.join()
             blob.unlink(missing_ok=True)
@@ -295,6 +305,17 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, A
         gc.unfreeze()
         _WORKER.clear()
         del worker
+
+
+def _warm_kernels(config: BuildConfig) -> None:
+    """``gather.warm`` in ``load_encoder``'s thread: a warm-up only (the real call reports any problem)."""
+    try:
+        from packer.models import get_profile
+        from packer.shards.gather import warm
+
+        warm(mrope=bool(get_profile(config.profile, **config.profile_overrides()).positions.mrope))
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _load_encoder(config: BuildConfig, max_length: int | None, blob: str, send: Any) -> None:

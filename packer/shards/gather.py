@@ -18,3 +18,24 @@ def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.
         d = out_offsets[dest[k]]
         for j in range(b - a):
             out[d + j] = src[a + j]
+
+
+def warm(mrope: bool = False) -> None:
+    """numba started and ``copy_ranges`` loaded from its cache for the columns every shard write copies (the
+    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file), and with ``mrope``
+    (a profile with mRoPE positions) the float32 lists and the encode's ``split_runs`` (``mrope.sparse``) too:
+    ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so the workers inherit them instead
+    of each paying numba's start (~0.5-0.7 CPU-s quiet; another kernel's first load ~0.1) at their first shard
+    write or mRoPE encode (docs/benchmarks.md, "Where a 200k text-chat build's CPU goes"). Only what an earlier
+    build of that kind compiled into the cache: a signature no build used would compile here."""
+    offsets = np.zeros(2, np.int32)
+    offsets.flags.writeable = False
+    index = np.zeros(1, np.int64)
+    for dtype in (np.uint8, np.int32) + ((np.float32,) if mrope else ()):
+        src = np.zeros(1, dtype)
+        src.flags.writeable = False
+        copy_ranges(src, offsets, np.zeros(1, np.int64), np.zeros(1, dtype), np.array([0, 1], np.int64), index)
+    if mrope:
+        from packer.shards.mrope import sparse
+
+        sparse(np.zeros(3, np.float32), np.array([0, 1], np.int64))

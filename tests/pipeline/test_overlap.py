@@ -91,7 +91,7 @@ def test_a_preloaded_encoder_file_is_removed_by_close(tmp_path):
 
 
 _FORKED = """
-import json, os, sys
+import json, os, sys, threading
 from pathlib import Path
 import packer.pipeline.local as local
 from packer.config import BuildConfig
@@ -124,6 +124,9 @@ assert methods == ["fork", "fork"] and built == [kept.read_text()], (methods, le
 kept.write_text("{}")  # stale: not this tokenizer's, so built again, as without it, and replaced
 executor, built[:] = local.LocalExecutor(2), []
 loaded, record = executor.load_encoder(BuildConfig.from_inputs([corpus], out + "-x", **opts), max_length=512)
+# the writers' kernels loaded in a thread beside the native build (gather.warm), joined before the pool's fork
+from packer.shards import gather
+assert "packer-warm-kernels" not in [t.name for t in threading.enumerate()] and len(gather.copy_ranges.signatures) >= 2
 executor.close()
 assert loaded.tokenizer is None and built == ["{}", encoder.engine_json()] and kept.read_text() == built[1]
 assert record["fingerprint"] == helped.manifest["tokenizer"]["fingerprint"] == two.manifest["tokenizer"]["fingerprint"]
