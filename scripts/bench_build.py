@@ -271,9 +271,6 @@ def _timed(inner, marks: dict[str, float]):
         def writes_here(self, examples, ranges):
             return inner.writes_here(examples, ranges)
 
-        def keeps_layouts(self):  # absent from an older --base tree's executors: theirs is Executor's default
-            return getattr(inner, "keeps_layouts", lambda: False)()
-
         def exchange(self, tasks, **kw):  # the inner executor's (the pool's map tasks), not Executor's default
             yield from inner.exchange(tasks, **kw)
 

@@ -474,11 +474,10 @@ def _exchange(
     total = len(ranges)  # one range per shard
     if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists() for s in range(total)):
         return ranges
-    # this process, or each pool worker, visits each file once per shard it writes: its layout is kept
-    kept = executor.writes_here(plan.num_examples, len(ranges)) or executor.keeps_layouts()
-    if kept and len(ranges) > 1:
+    here = executor.writes_here(plan.num_examples, len(ranges))
+    if here and len(ranges) > 1:  # this process visits each file once per shard: its layout is kept
         ranges = replace(ranges, remember=True)
-    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, remembered=kept)
+    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here)
     if found is None:
         return ranges
     tasks, positions = found

@@ -92,12 +92,6 @@ class Executor(ABC):
         the exchange may not pay (``stages.map_tasks``). By default no: an executor that writes here says so."""
         return False
 
-    def keeps_layouts(self) -> bool:
-        """Do the processes ``write`` runs in each write many shards over this machine's chunk files, keeping
-        each file's layout across their tasks (``take_rows(remember=True)``)? Then the exchange may not pay
-        (``stages.map_tasks``). By default no (tasks that may run anywhere, each in a fresh view of the files)."""
-        return False
-
     @abstractmethod
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks

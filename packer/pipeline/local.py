@@ -257,9 +257,6 @@ class LocalExecutor(Executor):
     def writes_here(self, examples: int, ranges: int) -> bool:
         return self.num_proc == 1 or ranges <= 1 or not self._pays(examples)
 
-    def keeps_layouts(self) -> bool:
-        return True  # this process or the pool's: long-lived, each the writer of several shards
-
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[np.ndarray, None, None]:

@@ -581,12 +581,10 @@ def warm_planner(config: BuildConfig) -> None:
 EXCHANGE_MIN_SHARDS = 4  # fewer shards: each writer reads the chunk files itself (few visits in all)
 EXCHANGE_MIN_FAN = 4  # the exchange runs only where each map output stands for this many chunk files or more
 EXCHANGE_MIN_VISITS = 16_384
-"""Where the writers keep each chunk file's layout across their shards (this process writes every shard, or a
-local pool's workers each write several: ``Executor.keeps_layouts``), the exchange runs only where shards x chunk
-files reach this: below it the writers read the chunk files themselves, each file's layout remembered after its
-first visit in that process (``take_rows(remember=True)``, ~0.2 ms a visit), and that costs less than writing and
-reading every planned row once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; a pooled 200k
-build's 4 shards: docs/benchmarks.md, "Repack", "Where a build's wall goes")."""
+"""Where one process writes every shard, the exchange runs only where shards x chunk files reach this: below it
+the writers read the chunk files themselves, each file's layout remembered after its first visit
+(``take_rows(remember=True)``, ~0.2 ms a visit), and that costs less than writing and reading every planned row
+once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; docs/benchmarks.md, "Repack")."""
 
 
 @dataclass(frozen=True)
@@ -635,12 +633,12 @@ def map_file(root: Any, i: int) -> Any:
 
 
 def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
-              remembered: bool = False) -> tuple[list[MapTask], np.ndarray] | None:
+              one_process: bool = False) -> tuple[list[MapTask], np.ndarray] | None:
     """The exchange's map tasks for ``plan`` over a cache whose chunk ``c`` starts at row ``starts[c]``, and
     the write position of each planned example (4 bytes per example, held while the map tasks run); None
     where the writers should read the chunk files themselves (few shards, few chunks per map output, or, where
-    the writers' processes keep the files' layouts across their shards (``remembered``), fewer than
-    ``EXCHANGE_MIN_VISITS`` shards x chunk files, and no more files than a process remembers).
+    ``one_process`` writes every shard, fewer than ``EXCHANGE_MIN_VISITS`` shards x chunk files whose layouts
+    it can remember).
 
     A map task reads consecutive chunks holding about one shard's examples (n / shards), so it holds no more
     than a writer does, and the files a writer opens drop from the chunks (n / 512) to the map outputs
@@ -649,7 +647,7 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
     num_chunks = len(starts) - 1
     if shards < EXCHANGE_MIN_SHARDS or n == 0:
         return None
-    if remembered and shards * num_chunks < EXCHANGE_MIN_VISITS and num_chunks <= LAYOUTS_MAX:
+    if one_process and shards * num_chunks < EXCHANGE_MIN_VISITS and num_chunks <= LAYOUTS_MAX:
         return None
     target = max(1, -(-int(starts[-1]) // shards))  # cache rows per map task
     edges = [0]

@@ -6,7 +6,6 @@ that read every chunk file, and an interrupted exchange resumes. Tiny chunks (``
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +105,8 @@ def test_the_exchange_in_a_pool_writes_the_same_bytes(corpus, reference, tmp_pat
 
 def test_one_process_of_few_shards_x_chunks_reads_the_chunk_files(corpus, reference, tmp_path, monkeypatch):
     """Where this process writes every shard and shards x chunk files stay below ``EXCHANGE_MIN_VISITS``, no map
-    output is written: the writers read the chunk files, each file's layout remembered, the same bytes."""
+    output is written: the writers read the chunk files, each file's layout remembered, the same bytes. A pool's
+    writers (its own processes) still get the exchange."""
     _small(monkeypatch)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 10**6)
     monkeypatch.setattr(assemble, "_LAYOUTS", {})
@@ -117,42 +117,6 @@ def test_one_process_of_few_shards_x_chunks_reads_the_chunk_files(corpus, refere
     assert _files(tmp_path / "out") == reference
     assert LocalExecutor(1).writes_here(10**9, 10) and not LocalExecutor(2).writes_here(10**9, 10)
     assert LocalExecutor(2).writes_here(10, 10)  # too few examples to pay for a pool: written here
-
-
-class Layouts(Hooks):
-    """After each shard, leaves ``dir/PID-S`` holding how many file layouts the writing process keeps."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def at(self, point: str, n: int = 0, **state) -> None:
-        if point == "shard":
-            (self.root / f"{os.getpid()}-{n}").write_text(str(len(assemble._LAYOUTS)))
-
-
-def test_a_pools_writers_of_few_shards_x_chunks_read_the_chunk_files(corpus, reference, tmp_path, monkeypatch):
-    """A local pool's workers each write several shards, so they too keep each chunk file's layout across their
-    write tasks: below ``EXCHANGE_MIN_VISITS`` no map task runs, and the bytes are the same."""
-    from packer.pipeline import build as build_module
-
-    _small(monkeypatch)
-    monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 10**6)
-    found = []
-
-    def map_tasks(*args, **kwargs):
-        found.append(stages.map_tasks(*args, **kwargs))
-        return found[-1]
-
-    monkeypatch.setattr(build_module, "map_tasks", map_tasks)
-    (tmp_path / "layouts").mkdir()
-    build(_config(corpus, tmp_path / "out", num_proc=2), progress=False, executor=LocalExecutor(2),
-          hooks=Layouts(tmp_path / "layouts"))
-    assert found == [None]  # the writers read the chunk files
-    assert _files(tmp_path / "out") == reference
-    kept = {p.name: int(p.read_text()) for p in (tmp_path / "layouts").iterdir()}
-    assert len(kept) == len(reference) - 3  # every shard written in a worker
-    assert os.getpid() not in {int(k.split("-")[0]) for k in kept}
-    assert max(kept.values()) > 10  # a worker's next shards find the layouts of its first
 
 
 def test_an_interrupted_exchange_resumes(corpus, reference, tmp_path, monkeypatch):
