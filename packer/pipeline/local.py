@@ -223,7 +223,7 @@ class LocalExecutor(Executor):
         """
         if self.writes_here(planned_examples(ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
-            if self.num_proc > 1 and len(ranges) > 1 and _forkable():
+            if self.num_proc > 1 and len(ranges) > 1 and _forkable(encodes=False):
                 yield from self._write_forked(ranges, cache=cache, config=config, hooks=hooks)
                 return
             for shards in ranges:
@@ -282,17 +282,19 @@ class LocalExecutor(Executor):
             raise
 
 
-def _forkable() -> bool:
+def _forkable(encodes: bool = True) -> bool:
     """May the pool be forked from this process? Linux only (macOS's system libraries are not fork-safe), no
-    other Python thread (its locks would be copied mid-state), and no fastokens encode run here yet
-    (``fastokens_bpe.fork_safe``). The native threads a build's process holds at that point (OpenBLAS's,
-    jemalloc's) have fork handlers; the HF tokenizer runs without its thread pool (TOKENIZERS_PARALLELISM)."""
+    other Python thread (its locks would be copied mid-state), and, for workers that will encode
+    (``encodes``), no fastokens encode run here yet (``fastokens_bpe.fork_safe``: a forked copy of rayon's pool
+    would hang their first encode; writers never tokenize). The native threads a build's process holds at that
+    point (OpenBLAS's, jemalloc's) have fork handlers; the HF tokenizer runs without its thread pool
+    (TOKENIZERS_PARALLELISM)."""
     import multiprocessing as mp
 
     from packer.encode.fastokens_bpe import fork_safe
 
     return (sys.platform == "linux" and "fork" in mp.get_all_start_methods() and threading.active_count() == 1
-            and fork_safe())
+            and (not encodes or fork_safe()))
 
 
 def _new_pool(num_proc: int, method: str, initializer: Callable[[], None] | None = None) -> Pool:
