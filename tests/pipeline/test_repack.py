@@ -229,3 +229,26 @@ def test_a_forked_writers_error_surfaces_and_the_rerun_resumes(images_corpus, tm
     build(new.replace(overwrite=False), progress=False)
     assert _sums(tmp_path / "out") == _sums(fresh.output)
     assert verify_build(tmp_path / "out").ok
+
+
+def test_a_repack_process_never_imports_pandas(text_sources, tmp_path):
+    """pyarrow imports pandas (~0.2 CPU-s, ~40 MiB) at its first conversion only to ask whether an object is a
+    pandas one; a repack reads only packer's files, so it tells pyarrow pandas is absent
+    (``stages.arrow_without_pandas``): its process (plan and write, below the pool's size) never loads it, and
+    pandas stays importable after it. (Its bytes are a fresh build's: the tests above.)"""
+    import subprocess
+    import sys
+
+    build(_text_config(text_sources, tmp_path / "out"), progress=False)
+    new = tmp_path / "new"
+    child = ("import sys; from packer.cli import cli\n"
+             "try:\n"
+             f"    cli(['repack', {str(tmp_path / 'out')!r}, '-o', {str(new)!r}, '--max-length', '200', '-q'])\n"
+             "except SystemExit as e:\n"
+             "    assert not e.code, e.code\n"
+             "print('pandas' in sys.modules)\n"
+             "import pyarrow.parquet as pq\n"
+             f"print(type(pq.read_table({str(new / 'shard-00000.parquet')!r}).to_pandas()).__name__)\n")
+    run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "DataFrame"]
