@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 POOL_MIN_EXAMPLES = 250_000
 """A write (or exchange) stage whose pool is not running yet (a repack, a rebuild that reuses its encode cache)
-starts one only for at least this many planned examples per worker; fewer are written in this process. A
+starts one only for at least this many planned examples per worker; fewer are written by workers forked from
+this process once it holds what they need (``LocalExecutor._write_forked``: no start), or in it. A
 worker's start (interpreter, imports, numba's kernels) is ~1 CPU-s, and at 200k bench records (200k examples)
 two workers took ~14 CPU-s and no less wall for a write this process does in ~10 (docs/benchmarks.md,
 "Repack"): each worker's share must be several times its start."""
