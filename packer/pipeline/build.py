@@ -67,6 +67,7 @@ from packer.pipeline.stages import (
     Chunk,
     Plan,
     ShardRanges,
+    arrow_without_pandas,
     exchange_dir,
     map_tasks,
     plan_packs,
@@ -183,6 +184,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
                 and all(cache.arrow(i).exists() for i in range(cache.num_chunks)))
     if complete:  # nothing to encode: every chunk of these inputs is in the cache
         files = mark["chunked"]
+        arrow_without_pandas()  # only packer's own files are read from here on, here and in the workers
     else:
         ceiling = mark["keeps_up_to"] or config.max_length  # the cache keeps more than max_length: so does
         # what is encoded into it; an encoder made elsewhere (``load_encoder``) came without its tokenizer

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 POOL_MIN_EXAMPLES = 250_000
 """A write (or exchange) stage whose pool is not running yet (a repack, a rebuild that reuses its encode cache)
-starts one only for at least this many planned examples per worker; fewer are written in this process. A
+starts one only for at least this many planned examples per worker; fewer are written by workers forked from
+this process once it holds what they need (``LocalExecutor._write_forked``: no start), or in it. A
 worker's start (interpreter, imports, numba's kernels) is ~1 CPU-s, and at 200k bench records (200k examples)
 two workers took ~14 CPU-s and no less wall for a write this process does in ~10 (docs/benchmarks.md,
 "Repack"): each worker's share must be several times its start."""
@@ -233,11 +234,36 @@ class LocalExecutor(Executor):
         """
         if self.writes_here(planned_examples(ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
+            if self.num_proc > 1 and len(ranges) > 1 and _forkable(encodes=False):
+                yield from self._write_forked(ranges, cache=cache, config=config, hooks=hooks)
+                return
             for shards in ranges:
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
         # a generator: each range is made as the pool's feeder sends it (``stages.ShardRanges``), not all at once
         yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))
+
+    def _write_forked(
+        self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
+    ) -> Generator[list[dict[str, Any]], None, None]:
+        """A write too small for a pool of fresh workers (a repack: ``writes_here``) on ``num_proc`` workers
+        forked from this process once it holds what a writer needs (``_warm_writer``: the write's numba kernels
+        loaded, every chunk file's layout learnt), so that no worker pays a start, an import or a kernel load,
+        nor a first visit of a chunk file; each worker takes the next shard as it finishes one (``imap``,
+        one shard a task), so both finish together. The same bytes: each shard is a pure function of its
+        range, whichever process writes it."""
+        import gc
+
+        _warm_writer(ranges, cache)
+        gc.freeze()  # the inherited objects stay out of the workers' collections (their pages not copied)
+        try:
+            self._pool = _new_pool(self.num_proc, "fork", initializer=_forked_writer_init)
+        finally:
+            gc.unfreeze()
+        try:
+            yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))
+        finally:
+            self.close()  # the workers' memory is free before this process computes the stats
 
     def writes_here(self, examples: int, ranges: int) -> bool:
         return self.num_proc == 1 or ranges <= 1 or not self._pays(examples)
@@ -267,23 +293,53 @@ class LocalExecutor(Executor):
             raise
 
 
-def _forkable() -> bool:
+def _forkable(encodes: bool = True) -> bool:
     """May the pool be forked from this process? Linux only (macOS's system libraries are not fork-safe), no
-    other Python thread (its locks would be copied mid-state), and no fastokens encode run here yet
-    (``fastokens_bpe.fork_safe``). The native threads a build's process holds at that point (OpenBLAS's,
-    jemalloc's) have fork handlers; the HF tokenizer runs without its thread pool (TOKENIZERS_PARALLELISM)."""
+    other Python thread (its locks would be copied mid-state), and, for workers that will encode
+    (``encodes``), no fastokens encode run here yet (``fastokens_bpe.fork_safe``: a forked copy of rayon's pool
+    would hang their first encode; writers never tokenize). The native threads a build's process holds at that
+    point (OpenBLAS's, jemalloc's) have fork handlers; the HF tokenizer runs without its thread pool
+    (TOKENIZERS_PARALLELISM)."""
     import multiprocessing as mp
 
     from packer.encode.fastokens_bpe import fork_safe
 
     return (sys.platform == "linux" and "fork" in mp.get_all_start_methods() and threading.active_count() == 1
-            and fork_safe())
+            and (not encodes or fork_safe()))
 
 
-def _new_pool(num_proc: int, method: str) -> Pool:
+def _new_pool(num_proc: int, method: str, initializer: Callable[[], None] | None = None) -> Pool:
     import multiprocessing as mp
 
-    return mp.get_context(method).Pool(num_proc, initializer=_worker_init)
+    return mp.get_context(method).Pool(num_proc, initializer=initializer or _worker_init)
+
+
+def _warm_writer(ranges: Sequence[ShardRange], cache: EncodeCache) -> None:
+    """What a writer of ``ranges`` needs, loaded in this process before it forks the writers
+    (``LocalExecutor._write_forked``): the write's numba kernels for these columns' dtypes (the gather's, the
+    mRoPE merge's), by taking and assembling a few rows as a shard's are, and, where the writers keep each
+    chunk file's layout (``ShardRange.remember``, no exchange), every chunk file's, by taking its first row: a
+    write in one process learns each once, and so, inherited, do the forked workers. Nothing is written."""
+    import numpy as np
+
+    from packer.shards.assemble import assemble_packs
+
+    try:
+        first = ranges[0]
+        if first.exchange is None and first.remember:  # one row of every chunk file that has one
+            sel = cache.starts[:-1][np.diff(cache.starts) > 0]
+            rows = cache.take(sel, remember=True)
+        else:
+            sel = first.examples[:1]
+            rows = cache.take(sel) if first.exchange is None else first.exchange.take(sel, 0)
+        assemble_packs(rows, np.ones(len(sel), dtype=np.int64))
+    except Exception:  # noqa: BLE001 - only a warm-up: the writers report any problem with the real rows
+        return
+
+
+def _forked_writer_init() -> None:
+    """A writer forked by ``_write_forked``: it holds everything already; only Ctrl-C is the parent's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, Any] | None = None) -> Pool:

@@ -518,10 +518,41 @@ def _plan(config: BuildConfig, lengths: np.ndarray, costs: np.ndarray) -> np.nda
     )
 
 
+class _NoPandas:
+    """A finder that answers "absent" for pandas (``arrow_without_pandas``)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas: not for pyarrow in this process (stages.arrow_without_pandas)")
+        return None
+
+
+def arrow_without_pandas() -> None:
+    """Tell pyarrow, before its first conversion, that pandas is absent from this process (and the workers it
+    forks later): pyarrow imports pandas (~0.2 CPU-s, ~40 MiB resident, docs/benchmarks.md) at its first
+    ``to_numpy`` or ``pa.array`` only to ask whether the object is a pandas one, and asks once per process.
+
+    Only for a build that reads nothing but packer's own files (a reused encode cache: ``packer repack``, a
+    rebuild with other packing options), whose shards are then the same bytes: without pandas pyarrow gives
+    nanosecond timestamps as ``datetime`` (or an error), not ``pandas.Timestamp``, which a user's Parquet rows
+    could hold. pandas stays importable: ``import pandas`` and pyarrow's ``to_pandas`` still load it."""
+    import sys
+
+    if "pandas" in sys.modules:  # loaded already: pyarrow uses it, at no further cost
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([0])  # pyarrow's one attempt at ``import pandas`` fails, and it does not retry
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def warm_planner(config: BuildConfig) -> None:
     """Load what ``plan_packs`` will need (numba and its cached kernels for ``config``'s options, pandas,
-    which pyarrow imports at its first ``to_numpy``) by planning one example; ``build`` runs this in a
-    thread while the workers encode, so those imports and kernel loads leave the plan's critical path.
+    which pyarrow imports at its first ``to_numpy`` unless ``arrow_without_pandas`` ran) by planning one
+    example; ``build`` runs this in a thread while the workers encode, so those imports and kernel loads leave
+    the plan's critical path.
 
     Example: ``warm_planner(config)`` then ``plan_packs(columns, config)``: the same plan,
     without the loads. Errors are left to the real plan, which raises them with the real data.

@@ -17,6 +17,7 @@ from packer.encode.tokenizers import ensure_builtin, load_tokenizer
 from packer.errors import ConfigError
 from packer.pipeline.build import build
 from packer.pipeline.cache import CACHE_FORMAT
+from packer.pipeline.faults import Hooks
 from packer.pipeline.repack import repack
 from packer.report.verify import verify_build
 
@@ -173,22 +174,81 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
 
 
 
-def test_a_small_repack_writes_in_its_own_process_and_a_large_one_in_a_pool(images_corpus, tmp_path, monkeypatch):
+def test_a_small_repack_forks_its_writers_and_a_large_one_starts_a_pool(images_corpus, tmp_path, monkeypatch):
     """A repack encodes nothing, so no pool is started for it up front: below ``POOL_MIN_EXAMPLES`` per worker
-    its exchange and write run in this process (no worker spawned), above it in a pool; both the bytes of a
-    fresh build."""
+    its write runs on workers forked from this process once it holds what a writer needs (``_write_forked``:
+    no worker start), in this process where it cannot fork (or writes with one), above it in a pool started for
+    it; every one the bytes of a fresh build."""
     import multiprocessing.pool
 
     from packer.pipeline import local
 
     build(_image_config(images_corpus, tmp_path / "out", keep_up_to=2048), progress=False)
     fresh = build(_image_config(images_corpus, tmp_path / "fresh", max_length=512, seed=2, num_proc=2), progress=False)
-    spawned = []
+    assert len(_sums(fresh.output)) > 1
+    started = []  # each pool's initializer
     real = multiprocessing.pool.Pool.__init__
     monkeypatch.setattr(multiprocessing.pool.Pool, "__init__",
-                        lambda self, *a, **kw: (spawned.append(a), real(self, *a, **kw))[1])
+                        lambda self, *a, **kw: (started.append(a[1]), real(self, *a, **kw))[1])
     repack(tmp_path / "out", tmp_path / "small", progress=False, max_length=512, seed=2, num_proc=2)
-    assert spawned == [] and _sums(tmp_path / "small") == _sums(fresh.output) and len(_sums(fresh.output)) > 1
+    assert started == [local._forked_writer_init] and _sums(tmp_path / "small") == _sums(fresh.output)
+    repack(tmp_path / "out", tmp_path / "one", progress=False, max_length=512, seed=2, num_proc=1)
+    monkeypatch.setattr(local, "_forkable", lambda **kw: False)
+    repack(tmp_path / "out", tmp_path / "here", progress=False, max_length=512, seed=2, num_proc=2)
+    assert len(started) == 1 and _sums(tmp_path / "one") == _sums(tmp_path / "here") == _sums(fresh.output)
     monkeypatch.setattr(local, "POOL_MIN_EXAMPLES", 1)
     repack(tmp_path / "out", tmp_path / "large", progress=False, max_length=512, seed=2, num_proc=2)
-    assert len(spawned) == 1 and _sums(tmp_path / "large") == _sums(fresh.output)
+    assert started[1:] == [local._worker_init] and _sums(tmp_path / "large") == _sums(fresh.output)
+
+
+class _FailAtShard(Hooks):
+    """Fails the write of shard ``n`` (in whichever process writes it)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def at(self, point: str, n: int = 0, **state) -> None:
+        if point == "shard-write" and n == self.n:
+            raise OSError(f"injected: shard {n}")
+
+
+def test_a_forked_writers_error_surfaces_and_the_rerun_resumes(images_corpus, tmp_path):
+    """A shard's error in a forked writer (``_write_forked``: OUT rebuilt with only packing options changed)
+    fails the build with that error and leaves no worker; the rerun keeps what was written and writes the
+    rest: the bytes of a fresh build."""
+    import multiprocessing
+
+    cfg = _image_config(images_corpus, tmp_path / "out", keep_up_to=2048)
+    build(cfg, progress=False)
+    fresh = build(_image_config(images_corpus, tmp_path / "fresh", max_length=512, seed=2), progress=False)
+    assert len(_sums(fresh.output)) > 2
+    new = cfg.replace(max_length=512, seed=2, num_proc=2, overwrite=True)
+    with pytest.raises(OSError, match="injected: shard 2"):
+        build(new, progress=False, hooks=_FailAtShard(2))
+    assert multiprocessing.active_children() == []
+    build(new.replace(overwrite=False), progress=False)
+    assert _sums(tmp_path / "out") == _sums(fresh.output)
+    assert verify_build(tmp_path / "out").ok
+
+
+def test_a_repack_process_never_imports_pandas(text_sources, tmp_path):
+    """pyarrow imports pandas (~0.2 CPU-s, ~40 MiB) at its first conversion only to ask whether an object is a
+    pandas one; a repack reads only packer's files, so it tells pyarrow pandas is absent
+    (``stages.arrow_without_pandas``): its process (plan and write, below the pool's size) never loads it, and
+    pandas stays importable after it. (Its bytes are a fresh build's: the tests above.)"""
+    import subprocess
+    import sys
+
+    build(_text_config(text_sources, tmp_path / "out"), progress=False)
+    new = tmp_path / "new"
+    child = ("import sys; from packer.cli import cli\n"
+             "try:\n"
+             f"    cli(['repack', {str(tmp_path / 'out')!r}, '-o', {str(new)!r}, '--max-length', '200', '-q'])\n"
+             "except SystemExit as e:\n"
+             "    assert not e.code, e.code\n"
+             "print('pandas' in sys.modules)\n"
+             "import pyarrow.parquet as pq\n"
+             f"print(type(pq.read_table({str(new / 'shard-00000.parquet')!r}).to_pandas()).__name__)\n")
+    run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "DataFrame"]
