@@ -4,7 +4,10 @@ reuse the encode cache, and write the bytes of a fresh build with the same optio
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,6 @@ from packer.encode.tokenizers import ensure_builtin, load_tokenizer
 from packer.errors import ConfigError
 from packer.pipeline.build import build
 from packer.pipeline.cache import CACHE_FORMAT
-from packer.pipeline.faults import Hooks
 from packer.pipeline.repack import repack
 from packer.report.verify import verify_build
 
@@ -174,61 +176,72 @@ def test_a_rebuild_in_place_with_other_packing_reuses_the_cache(text_sources, tm
 
 
 
-def test_a_small_repack_forks_its_writers_and_a_large_one_starts_a_pool(images_corpus, tmp_path, monkeypatch):
-    """A repack encodes nothing, so no pool is started for it up front: below ``POOL_MIN_EXAMPLES`` per worker
-    its write runs on workers forked from this process once it holds what a writer needs (``_write_forked``:
-    no worker start), in this process where it cannot fork (or writes with one), above it in a pool started for
-    it; every one the bytes of a fresh build."""
-    import multiprocessing.pool
+_FORKED_WRITERS = """
+import json, multiprocessing, multiprocessing.pool, sys
+from pathlib import Path
+from packer.config import BuildConfig
+from packer.pipeline import local
+from packer.pipeline.build import build
+from packer.pipeline.faults import Hooks
+from packer.pipeline.repack import repack
+from packer.report.verify import verify_build
 
-    from packer.pipeline import local
+corpus, tmp = sys.argv[1], Path(sys.argv[2])
+opts = dict(profile="qwen2-vl", max_length=1024, max_pixels=64 * 28 * 28, rows_per_shard=4, rows_per_row_group=2)
+cfg = lambda out, **kw: BuildConfig.from_inputs([corpus], str(tmp / out), **(opts | kw))
+sums = lambda out: [s["sha256"] for s in json.loads((tmp / out / "manifest.json").read_text())["shards"]]
 
-    build(_image_config(images_corpus, tmp_path / "out", keep_up_to=2048), progress=False)
-    fresh = build(_image_config(images_corpus, tmp_path / "fresh", max_length=512, seed=2, num_proc=2), progress=False)
-    assert len(_sums(fresh.output)) > 1
-    started = []  # each pool's initializer
-    real = multiprocessing.pool.Pool.__init__
-    monkeypatch.setattr(multiprocessing.pool.Pool, "__init__",
-                        lambda self, *a, **kw: (started.append(a[1]), real(self, *a, **kw))[1])
-    repack(tmp_path / "out", tmp_path / "small", progress=False, max_length=512, seed=2, num_proc=2)
-    assert started == [local._forked_writer_init] and _sums(tmp_path / "small") == _sums(fresh.output)
-    repack(tmp_path / "out", tmp_path / "one", progress=False, max_length=512, seed=2, num_proc=1)
-    monkeypatch.setattr(local, "_forkable", lambda **kw: False)
-    repack(tmp_path / "out", tmp_path / "here", progress=False, max_length=512, seed=2, num_proc=2)
-    assert len(started) == 1 and _sums(tmp_path / "one") == _sums(tmp_path / "here") == _sums(fresh.output)
-    monkeypatch.setattr(local, "POOL_MIN_EXAMPLES", 1)
-    repack(tmp_path / "out", tmp_path / "large", progress=False, max_length=512, seed=2, num_proc=2)
-    assert started[1:] == [local._worker_init] and _sums(tmp_path / "large") == _sums(fresh.output)
-
-
-class _FailAtShard(Hooks):
-    """Fails the write of shard ``n`` (in whichever process writes it)."""
-
-    def __init__(self, n: int):
+class FailAt(Hooks):  # fails the write of shard n, in whichever process writes it
+    def __init__(self, n):
         self.n = n
 
-    def at(self, point: str, n: int = 0, **state) -> None:
+    def at(self, point, n=0, **state):
         if point == "shard-write" and n == self.n:
             raise OSError(f"injected: shard {n}")
 
+build(cfg("out", keep_up_to=2048), progress=False)
+build(cfg("fresh", max_length=512, seed=2, num_proc=2), progress=False)
+assert len(sums("fresh")) > 2
+started = []  # each pool's initializer
+real = multiprocessing.pool.Pool.__init__
+multiprocessing.pool.Pool.__init__ = lambda self, *a, **kw: (started.append(a[1]), real(self, *a, **kw))[1]
+repack(tmp / "out", tmp / "small", progress=False, max_length=512, seed=2, num_proc=2)
+assert started == [local._forked_writer_init] and sums("small") == sums("fresh"), started
+repack(tmp / "out", tmp / "one", progress=False, max_length=512, seed=2, num_proc=1)
+forkable, local._forkable = local._forkable, lambda **kw: False
+repack(tmp / "out", tmp / "here", progress=False, max_length=512, seed=2, num_proc=2)
+assert len(started) == 1 and sums("one") == sums("here") == sums("fresh")
+local._forkable, min_examples, local.POOL_MIN_EXAMPLES = forkable, local.POOL_MIN_EXAMPLES, 1
+repack(tmp / "out", tmp / "large", progress=False, max_length=512, seed=2, num_proc=2)
+assert started[1:] == [local._worker_init] and sums("large") == sums("fresh"), started
+local.POOL_MIN_EXAMPLES = min_examples
+# a shard's error in a forked writer (OUT rebuilt with only packing options changed) fails the build with that
+# error and leaves no worker; the rerun keeps what was written and writes the rest
+new = cfg("out", keep_up_to=2048).replace(max_length=512, seed=2, num_proc=2, overwrite=True)
+try:
+    build(new, progress=False, hooks=FailAt(2))
+    raise AssertionError("no error")
+except OSError as e:
+    assert "injected: shard 2" in str(e), e
+assert multiprocessing.active_children() == [] and started[2:] == [local._forked_writer_init], started
+build(new.replace(overwrite=False), progress=False)
+assert sums("out") == sums("fresh") and verify_build(tmp / "out").ok
+print("ok")
+"""
 
-def test_a_forked_writers_error_surfaces_and_the_rerun_resumes(images_corpus, tmp_path):
-    """A shard's error in a forked writer (``_write_forked``: OUT rebuilt with only packing options changed)
-    fails the build with that error and leaves no worker; the rerun keeps what was written and writes the
-    rest: the bytes of a fresh build."""
-    import multiprocessing
 
-    cfg = _image_config(images_corpus, tmp_path / "out", keep_up_to=2048)
-    build(cfg, progress=False)
-    fresh = build(_image_config(images_corpus, tmp_path / "fresh", max_length=512, seed=2), progress=False)
-    assert len(_sums(fresh.output)) > 2
-    new = cfg.replace(max_length=512, seed=2, num_proc=2, overwrite=True)
-    with pytest.raises(OSError, match="injected: shard 2"):
-        build(new, progress=False, hooks=_FailAtShard(2))
-    assert multiprocessing.active_children() == []
-    build(new.replace(overwrite=False), progress=False)
-    assert _sums(tmp_path / "out") == _sums(fresh.output)
-    assert verify_build(tmp_path / "out").ok
+@pytest.mark.skipif(sys.platform != "linux", reason="the writers are forked on Linux only")
+def test_a_small_repack_forks_its_writers_and_a_large_one_starts_a_pool(images_corpus, tmp_path):
+    """A repack encodes nothing, so no pool is started for it up front: below ``POOL_MIN_EXAMPLES`` per worker
+    its write runs on workers forked from this process once it holds what a writer needs (``_write_forked``:
+    no worker start), in this process where it cannot fork (or writes with one), above it in a pool started for
+    it; every one the bytes of a fresh build. A shard's error in a forked writer fails the build with that
+    error and leaves no worker; the rerun resumes to the same bytes. In a fresh process: one with another
+    thread (pytest-xdist's) does not fork (``local._forkable``)."""
+    run = subprocess.run([sys.executable, "-c", _FORKED_WRITERS, str(images_corpus), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-1:] == ["ok"]
 
 
 def test_a_repack_process_never_imports_pandas(text_sources, tmp_path):
@@ -236,9 +249,6 @@ def test_a_repack_process_never_imports_pandas(text_sources, tmp_path):
     pandas one; a repack reads only packer's files, so it tells pyarrow pandas is absent
     (``stages.arrow_without_pandas``): its process (plan and write, below the pool's size) never loads it, and
     pandas stays importable after it. (Its bytes are a fresh build's: the tests above.)"""
-    import subprocess
-    import sys
-
     build(_text_config(text_sources, tmp_path / "out"), progress=False)
     new = tmp_path / "new"
     child = ("import sys; from packer.cli import cli\n"
