@@ -163,12 +163,15 @@ def assert_same_training(model_dir, tmp_path, kw, rtol=1e-5, grad_top=2e-5, grad
             torch.testing.assert_close(ge, we, rtol=rtol, atol=1e-5)
     assert logged_losses(got) == pytest.approx(logged_losses(want), rel=rtol, abs=1e-6)
     assert len(got_rec.grads) == len(want_rec.grads) == 3
-    for g, w in zip(got_rec.grads, want_rec.grads, strict=True):
+    for step, (g, w) in enumerate(zip(got_rec.grads, want_rec.grads, strict=True)):
         # fp32 round-off of two different reductions (TRL's chunked log-softmax and padded SDPA with the prompt
         # at left-padded positions, against packer's): within 2e-5 of the largest gradient, 1e-3 of each tensor's
+        # at the first step (the same weights; ~1e-6 measured). Each optimizer step carries that round-off into
+        # the weights (Adam scales a small gradient's difference up), so the later steps get 2.5x: CISPO's third
+        # step measured 2.3e-5 on an AMD EPYC box (its fp32 kernels sum in another order), under 2e-5 before.
         worst = assert_grads_close(g, w, rtol=grad_rtol)
         print("worst gradient difference / largest gradient:", worst)
-        assert worst < grad_top
+        assert worst < (grad_top if step == 0 else 2.5 * grad_top), step
 
 
 def test_a_completion_never_sees_a_sibling(model_dir, tmp_path):
