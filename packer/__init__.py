@@ -13,13 +13,7 @@ docs/architecture.md maps the packages (one per axis of growth) and what each ma
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
-
-try:
-    __version__ = version("packer")
-except PackageNotFoundError:  # running from a source tree without install
-    __version__ = "0.0.0+local"
 
 # name -> module that defines it; resolved on first attribute access (PEP 562)
 _API = {
@@ -55,7 +49,21 @@ if TYPE_CHECKING:
     from packer.train.trainers.loss import packed_cross_entropy
 
 
+def _version() -> str:
+    """The installed distribution's version (importlib.metadata, ~50 ms to import: read at first use, not by every
+    ``packer`` command)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("packer")
+    except PackageNotFoundError:  # running from a source tree without install
+        return "0.0.0+local"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = globals()[name] = _version()
+        return value
     if name not in _API:
         raise AttributeError(f"module 'packer' has no attribute {name!r}")
     value = getattr(importlib.import_module(_API[name]), name)
@@ -64,4 +72,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
+    return sorted({*globals(), *_API, "__version__"})

@@ -19,11 +19,10 @@ from typing import Any
 
 import click
 
-from packer import __version__
 from packer.config import BuildConfig
 from packer.core.media import BUDGETS
 from packer.errors import PackerError, RecordError, RejectRateError
-from packer.report.verify import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK
+from packer.report.verify.report import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK
 
 EXIT_ERROR, EXIT_BAD_RECORD, EXIT_REJECT_RATE, EXIT_VERIFY = 1, 2, 3, 4
 
@@ -47,6 +46,25 @@ directory_argument = click.argument("directory", type=BUILD_DIR)
 """A finished build's DIRECTORY (stats, inspect, verify)."""
 
 
+class LazyChoice(click.Choice):
+    """A ``click.Choice`` whose names a function gives at their first use (its command's --help, a value given), not
+    when the CLI is defined: ``--profile``'s names import every model family, which no other command needs."""
+
+    def __init__(self, names: Callable[[], Any]) -> None:
+        self._names, self._choices = names, None
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._choices is None:
+            self._choices = tuple(self._names())
+        return self._choices
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click.Choice.__init__'s (): the names come from the function
+        pass
+
+
 def _config_fields(config: type = BuildConfig) -> list[dataclasses.Field]:
     """The config's fields that are ``packer build`` options (those made with ``config.option``: a help)."""
     return [f for f in dataclasses.fields(config) if "help" in f.metadata]
@@ -66,7 +84,7 @@ def _field_option(f: dataclasses.Field, hint: Any, default_from: str | None = No
         decls = [f"{decls[0]}/--no-{decls[0][2:]}"]
     if "choices" in meta:
         choices = meta["choices"]
-        kw["type"] = click.Choice(choices() if callable(choices) else choices)
+        kw["type"] = LazyChoice(choices) if callable(choices) else click.Choice(choices)
     elif meta.get("path") == "dir":
         kw["type"] = click.Path(file_okay=False)
     elif kind in (int, float):
@@ -137,8 +155,18 @@ def handle_errors(func):
     return wrapper
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: click's own option's words, the version read only when asked (importlib.metadata)."""
+    if value and not ctx.resilient_parsing:
+        from packer import __version__
+
+        click.echo(f"packer, version {__version__}")
+        ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, "--version", prog_name="packer")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 def cli() -> None:
     """Pack multimodal training data offline into Parquet shards of packed sequences.
 

@@ -8,13 +8,16 @@ import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
-from packer.encode.encoder import Encoder
 from packer.errors import ConfigError
 from packer.models import get_profile, profile_names
+from packer.models.registry import _known as _profile_known
 from packer.packing import ALGORITHMS
+
+if TYPE_CHECKING:  # the encoder's modules load where an Encoder is made (make_encoder), not with every config
+    from packer.encode.encoder import Encoder
 
 EXECUTORS = ("local", "ray")  # packer/pipeline/build.py's make_executor runs each
 
@@ -247,7 +250,7 @@ class BuildConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
-        if self.profile not in profile_names():
+        if not _profile_known(self.profile):  # its family only; a name that is none lists them all
             raise ConfigError(f"unknown profile {self.profile!r}; known profiles: {', '.join(profile_names())}")
         for f in dataclasses.fields(self):  # algorithm, overlong, long_docs, executor: their option's choices
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
@@ -504,6 +507,7 @@ def make_encoder(config: BuildConfig, *, fast: bool | Iterable[str] = True, toke
     makes one and its executor ships it to the workers. ``fast``: ``Encoder``'s (False: the general path);
     ``tokenizer``: the one ``config`` names, loaded already; ``max_length``: the encoder's instead of
     ``config.max_length`` (a build whose encode cache keeps more: ``keep_up_to``)."""
+    from packer.encode.encoder import Encoder
     from packer.encode.tokenizers import load_tokenizer
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer_name())

@@ -4,6 +4,8 @@ the stats table / JSON / picture, and one-line errors with the documented exit c
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,42 @@ def test_top_level_help_lists_commands_and_exit_codes():
     assert res.exit_code == 0
     assert all(f"\n  {c} " in res.stdout for c in cli.commands)
     assert "Exit codes: 0 success; 1 a configuration" in res.stdout and "130 interrupted" in res.stdout
+
+
+_PROBE = """import json, sys
+from packer.cli import cli
+try:
+    cli(sys.argv[1:], standalone_mode=False)
+finally:
+    families = sorted({m.split('.')[2] for m in sys.modules if m.startswith('packer.models.')} - {'registry'})
+    heavy = [m for m in ('transformers', 'torch', 'pandas', 'numba', 'numpy', 'pyarrow.compute', 'PIL.Image',
+                         'importlib.metadata', 'packer.encode.encoder', 'packer.report.verify.build') if m in sys.modules]
+    print(json.dumps([families, heavy]), file=sys.stderr)
+"""
+
+
+def _imported(*args: str) -> tuple[list[str], list[str]]:
+    """What ``packer ARGS`` imported, in a fresh process: the model families (``packer/models/<family>`` and the
+    shared modules) and which of the heavy modules."""
+    res = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])
+    return tuple(json.loads(res.stderr.strip().splitlines()[-1]))
+
+
+def test_each_command_imports_what_it_uses(built):
+    """``packer --help``, ``--version`` and a command's --help import no model family, numpy, pyarrow.compute,
+    encoder or verify check (their choices and defaults are read lazily); ``build --help`` lists every profile
+    (``--profile``'s choices: every family); ``stats`` imports its build's family alone; none imports
+    transformers, torch, pandas or numba."""
+    _, out, _ = built
+    for args in (["--help"], ["verify", "--help"], ["repack", "--help"], ["stats", "--help"]):
+        assert _imported(*args) == ([], []), args
+    families, heavy = _imported("build", "--help")
+    assert set(profile_names()) and "qwen_omni" in families and not {"transformers", "torch", "pandas"} & set(heavy)
+    assert _imported("--version") == ([], ["importlib.metadata"])
+    families, heavy = _imported("stats", str(out))
+    assert families == ["base", "rules", "shared", "text"]  # the build's profile, text: its family, the shared modules
+    assert not {"transformers", "torch", "pandas", "numba", "packer.encode.encoder"} & set(heavy)
 
 
 def test_build_shows_progress_with_counts_and_rates_then_a_summary(built):

@@ -3,17 +3,20 @@
 A family is one package, ``packer/models/<family>/``, holding everything that family knows (its profiles, their
 resize and count rules, positions, media planning, the reader and the proof, its builtin tokenizers); its
 ``__init__`` exports ``PROFILES`` (and ``TOKENIZERS``). Adding one is its package plus its name in ``FAMILIES``
-below (docs/architecture.md, "Adding a model family"). Importing this package imports neither torch nor
-transformers: the CLI reads ``profile_names()`` for its choices.
+and its profiles' names in ``PROFILE_FAMILIES`` below (docs/architecture.md, "Adding a model family"). Importing
+this package imports no family (the registry imports one the first time one of its profiles is asked for:
+``get_profile``; ``profile_names()`` imports them all), nor torch nor transformers.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from packer.models.base import ModelProfile
 from packer.models.registry import (
     builtin_tokenizers,
+    defer_families,
     family_of,
     forward_keys,
     get_profile,
@@ -44,5 +47,40 @@ FAMILIES = (
     "qwen2_audio",
 )
 
-for _name in FAMILIES:
-    register_family(import_module(f"packer.models.{_name}"))
+PROFILE_FAMILIES = {
+    "qwen2-vl": "qwen_vl", "qwen2.5-vl": "qwen_vl", "qwen3-vl": "qwen_vl", "qwen3.5": "qwen_vl", "qwen3.5-moe": "qwen_vl",
+    "llava": "llava",
+    "llava-onevision": "llava_onevision",
+    "gemma3": "gemma3",
+    "text": "text",
+    "internvl": "internvl",
+    "molmo2": "molmo2",
+    "smolvlm": "smolvlm",
+    "mistral3": "mistral3",
+    "glm-4.6v": "glm46v",
+    "gemma4": "gemma4",
+    "llama4": "llama4",
+    "qwen2.5-omni": "qwen_omni", "qwen3-omni": "qwen_omni",
+    "qwen2-audio": "qwen2_audio",
+}
+"""Every builtin profile's name -> its family package, in ``FAMILIES`` order (each family's ``PROFILES`` order):
+naming a profile imports its family only (tests/models/test_registry.py checks this table against the families)."""
+
+
+def _import_family(name: str) -> ModuleType:
+    return import_module(f"packer.models.{name}")
+
+
+defer_families(FAMILIES, PROFILE_FAMILIES, _import_family)
+
+if TYPE_CHECKING:
+    from packer.models.base import ModelProfile
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ModelProfile":  # base imports PIL (packer.media.images): not for a command that reads no profile
+        from packer.models.base import ModelProfile
+
+        globals()[name] = ModelProfile
+        return ModelProfile
+    raise AttributeError(f"module 'packer.models' has no attribute {name!r}")

@@ -1,13 +1,18 @@
 """The registry: profiles by name (``--profile``) and builtin tokenizers by name (``--tokenizer``).
 
-A leaf below the families: ``packer.models`` registers each family package here (``register_family``), and a
-family's code may ask the registry (e.g. which profiles take videos) without importing the package that
-registers it. Nothing here imports torch or transformers.
+A leaf below the families: ``packer.models`` names each builtin family package and its profiles here
+(``defer_families``), and a family is imported the first time one of its profiles is asked for by name
+(``get_profile``): a command that uses one profile (``packer repack``, a build) imports one family, and a command
+that uses none (``packer --help``, ``stats``, ``verify``) none; whatever lists or searches every profile (``profile_names``,
+``forward_keys``, the builtin tokenizers, an error message naming the alternatives) imports them all first. A
+family's code may ask the registry (e.g. which profiles take videos) without importing the package that registers
+it. Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +24,62 @@ if TYPE_CHECKING:
 ModelProfile = Any  # packer.models.base.ModelProfile; not imported: base imports this module (no cycle)
 _PROFILES: dict[str, ModelProfile] = {}
 _TOKENIZERS: dict[str, TokenizerSpec] = {}
+_BUILTIN: dict[str, str] = {}
+"""Builtin profile name -> its family package under ``packer/models/`` (``packer.models.PROFILE_FAMILIES``), in the
+order ``profile_names`` lists them; not imported until asked for (``_load``)."""
+_FAMILIES: tuple[str, ...] = ()
+_IMPORT: Callable[[str], ModuleType] | None = None  # packer.models' importer of a family package by name
+_TOKENIZER_RANK: dict[str, int] = {}  # a builtin tokenizer -> its family's place in _FAMILIES (the listing order)
+
+
+def defer_families(families: tuple[str, ...], profiles: dict[str, str], load: Callable[[str], ModuleType]) -> None:
+    """Name the builtin family packages (``packer.models.FAMILIES``, in listing order), which of them holds each
+    builtin profile, and how to import one (``load``, packer.models': the registry imports no family itself): each
+    is imported and registered the first time it is needed (``_load``)."""
+    global _FAMILIES, _IMPORT
+    _FAMILIES, _IMPORT = tuple(families), load
+    _BUILTIN.update(profiles)
+
+
+def _load(family: str) -> None:
+    """Import builtin family ``family`` and register its profiles and tokenizers (again where a test swapped the
+    tables: what is there already stays)."""
+    package = _IMPORT(family)
+    for profile in getattr(package, "PROFILES", ()):
+        if _BUILTIN.get(profile.name) != family:
+            raise ConfigError(f"profile {profile.name!r} of family {family} is not in packer.models.PROFILE_FAMILIES "
+                              f"under {family!r}")
+        _PROFILES.setdefault(profile.name, profile)
+    for spec in getattr(package, "TOKENIZERS", ()):
+        _TOKENIZER_RANK[spec.name] = _FAMILIES.index(family)
+        _TOKENIZERS.setdefault(spec.name, spec)
+
+
+def _load_all() -> None:
+    """Every builtin family registered, and both tables in listing order: the builtins in ``FAMILIES`` order (as
+    an eager import of every family registered them), then what was registered by hand, in its order."""
+    missing = [name for name in _BUILTIN if name not in _PROFILES]
+    if not missing:
+        return
+    for family in dict.fromkeys(_BUILTIN[name] for name in missing):
+        _load(family)
+    rank = {name: i for i, name in enumerate(_BUILTIN)}
+    _reorder(_PROFILES, lambda name: rank.get(name, len(rank)))
+    _reorder(_TOKENIZERS, lambda name: _TOKENIZER_RANK.get(name, len(_FAMILIES)))
+
+
+def _reorder(table: dict[str, Any], key: Any) -> None:
+    """``table`` sorted in place by ``key`` of each name, ties in their insertion order (sorted is stable)."""
+    items = sorted(table.items(), key=lambda item: key(item[0]))
+    table.clear()
+    table.update(items)
+
+
+def _known(name: str) -> bool:
+    """Whether profile ``name`` is registered, importing its builtin family first where it is one."""
+    if name not in _PROFILES and name in _BUILTIN:
+        _load(_BUILTIN[name])
+    return name in _PROFILES
 
 
 def register_family(package: ModuleType) -> None:
@@ -35,7 +96,7 @@ def register_family(package: ModuleType) -> None:
 
 def register_profile(profile: ModelProfile) -> ModelProfile:
     """Make ``profile`` known by its name (to ``get_profile``, the CLI, the reader and verify)."""
-    if profile.name in _PROFILES:
+    if profile.name in _PROFILES or profile.name in _BUILTIN:
         raise ConfigError(f"profile {profile.name!r} is already registered")
     _PROFILES[profile.name] = profile
     return profile
@@ -43,6 +104,7 @@ def register_profile(profile: ModelProfile) -> ModelProfile:
 
 def register_tokenizer(spec: TokenizerSpec) -> TokenizerSpec:
     """Make a builtin tokenizer known by its name (``--tokenizer``, ``load_tokenizer``)."""
+    _load_all()  # a builtin family's tokenizer of the same name, not imported yet, would be shadowed
     if spec.name in _TOKENIZERS:
         raise ConfigError(f"builtin tokenizer {spec.name!r} is already registered")
     _TOKENIZERS[spec.name] = spec
@@ -50,16 +112,22 @@ def register_tokenizer(spec: TokenizerSpec) -> TokenizerSpec:
 
 
 def profile_names() -> tuple[str, ...]:
-    """Registered profile names, in registration order."""
+    """Registered profile names, in registration order (the builtins first, in ``FAMILIES`` order)."""
+    _load_all()
     return tuple(_PROFILES)
 
 
 def get_profile(name: str, **overrides: Any) -> ModelProfile:
-    """The named profile, with ``overrides`` (e.g. min_pixels/max_pixels) applied; None values are ignored."""
-    if name not in _PROFILES:
+    """The named profile, with ``overrides`` (e.g. min_pixels/max_pixels) applied; None values are ignored.
+    Imports the profile's own family only, unless an error must name the others."""
+    if not _known(name):
+        _load_all()
         raise ConfigError(f"unknown profile {name!r}; known profiles: {', '.join(_PROFILES)}")
     profile = _PROFILES[name]
     changes = {k: v for k, v in overrides.items() if v is not None}
+    if set(changes) <= set(profile.overridable):  # its own settings: nothing below can fail
+        return dataclasses.replace(profile, **changes) if changes else profile
+    _load_all()
     known = list(dict.fromkeys(k for p in _PROFILES.values() for k in p.overridable))
     unknown = sorted(set(changes) - set(known))
     if unknown:
@@ -80,6 +148,7 @@ def family_of(profile: Any) -> str:
 
 def forward_keys() -> tuple[str, ...]:
     """Every batch key some registered family's model forward takes (a batch holds only its own family's)."""
+    _load_all()
     return tuple(dict.fromkeys(k for p in _PROFILES.values() for k in p.forward_keys))
 
 
@@ -91,6 +160,7 @@ def profiles_with(what: str) -> tuple[str, ...]:
             return p.audio is not None and p.video is not None and p.audio.in_video
         return getattr(p, what) is not None
 
+    _load_all()
     return tuple(n for n, p in _PROFILES.items() if takes(p))
 
 
@@ -110,10 +180,12 @@ def no_medium(name: str, medium: str) -> RecordError | ConfigError:
 
 def builtin_tokenizers() -> tuple[str, ...]:
     """Names of the builtin tokenizers, in registration order."""
+    _load_all()
     return tuple(_TOKENIZERS)
 
 
 def tokenizer_spec(name: str) -> TokenizerSpec:
+    _load_all()
     if name not in _TOKENIZERS:
         raise ConfigError(f"unknown builtin tokenizer {name!r}; builtins: {', '.join(_TOKENIZERS)}")
     return _TOKENIZERS[name]
@@ -121,6 +193,7 @@ def tokenizer_spec(name: str) -> TokenizerSpec:
 
 def fast_renderer(template: str | None) -> Any:
     """The pure-Python renderer a builtin registers for exactly this chat template source, or None."""
+    _load_all()
     for spec in _TOKENIZERS.values():
         if spec.fast_renderer is not None and spec.chat_template == template:
             return spec.fast_renderer

@@ -38,9 +38,8 @@ from typing import Any
 import numpy as np
 
 from packer.errors import ConfigError
+from packer.packing import ALGORITHMS
 from packer.packing.budgets import check_costs, counts_tokens, from_named, noun
-
-ALGORITHMS = ("bfd", "ffd", "next-fit", "binpacking")
 
 # Stand-in budget for an unset constraint: larger than any real total, small enough that sums never overflow.
 _UNBOUNDED = np.int64(1) << np.int64(60)

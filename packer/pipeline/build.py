@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.compute as pc
@@ -40,7 +40,6 @@ import pyarrow.compute as pc
 from packer import __version__
 from packer.config import BuildConfig, chat_template_source, make_encoder
 from packer.core.media import medium
-from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RejectRateError, ShardError
 from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
@@ -90,6 +89,9 @@ from packer.shards.schema import (
     Totals,
 )
 from packer.shards.store import ObjectPath, mirror_dir, remove_tree, store_path, write_atomic
+
+if TYPE_CHECKING:  # the encoder's modules load where one is made (make_encoder): not in a repack, which encodes nothing
+    from packer.encode.encoder import Encoder
 
 
 @dataclass

@@ -31,7 +31,6 @@ import pyarrow as pa
 from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
 from packer.core.location import absolute, parent_of, read_range
 from packer.core.media import BUDGETS
-from packer.encode.encoder import Encoder
 from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
@@ -43,7 +42,9 @@ from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_s
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
 
-if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan only (not in workers)
+if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan only (not in workers); the encoder's
+    # modules where one is made (config.make_encoder): not in a repack, which encodes nothing
+    from packer.encode.encoder import Encoder
     from packer.packing.mixing import Sampled
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from packer.core.types import ImageRef
 from packer.errors import ConfigError
-from packer.models import forward_keys, get_profile, profile_names, register_profile
+from packer.models import builtin_tokenizers, forward_keys, get_profile, profile_names, register_profile
 from packer.models.base import Media
 from packer.models.text import TextProfile
 from tests.conftest import REPO
@@ -75,3 +76,38 @@ def test_import_needs_no_torch_or_transformers() -> None:
             "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _fresh(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def test_profile_families_name_every_family_profile() -> None:
+    """``PROFILE_FAMILIES`` (what lets a profile's name import its family alone) lists each family's ``PROFILES``,
+    in ``FAMILIES`` order: a family imported directly, in a fresh process, registers nothing else."""
+    code = ("import importlib, json\nfrom packer.models import FAMILIES, PROFILE_FAMILIES\n"
+            "pairs = [(p.name, f) for f in FAMILIES for p in importlib.import_module(f'packer.models.{f}').PROFILES]\n"
+            "print(json.dumps([pairs, list(PROFILE_FAMILIES.items())]))")
+    pairs, table = json.loads(_fresh(code))
+    assert table == pairs
+
+
+def test_a_profile_imports_its_own_family_only() -> None:
+    """``get_profile(name)`` and a config naming it import that family; listing (``profile_names``, the builtin
+    tokenizers) imports the rest, in the order an eager import of every family gave."""
+    code = ("import json, sys\nimport packer.models as m\nfrom packer.config import BuildConfig\n"
+            "fams = lambda: sorted({k.split('.')[2] for k in sys.modules if k.count('.') == 2 and "
+            "k.startswith('packer.models.') and k.split('.')[2] in m.FAMILIES})\n"
+            "before = fams()\nm.get_profile('text', image_token=None)\n"
+            "BuildConfig.from_inputs(['x.jsonl'], 'out', profile='text')\none = fams()\n"
+            "names, tokenizers = m.profile_names(), m.builtin_tokenizers()\n"
+            "print(json.dumps([before, one, fams(), names, tokenizers]))")
+    before, one, every, names, tokenizers = json.loads(_fresh(code))
+    assert before == [] and one == ["text"] and len(every) == len(_families())
+    assert tuple(names) == profile_names() and tuple(tokenizers) == builtin_tokenizers()
+
+
+def _families() -> tuple[str, ...]:
+    from packer.models import FAMILIES
+
+    return FAMILIES

@@ -48,10 +48,28 @@ Cost: one pass over the shards, each row group decoded once (docs/benchmarks.md,
 group plus the example ids (for the uniqueness check).
 """
 
-from packer.report.verify.accounting import input_lines
-from packer.report.verify.build import DEFAULT_TOKENIZER_CHECK, verify_build
-from packer.report.verify.decode import AUDIO_FIELDS
-from packer.report.verify.report import DEFAULT_LIMIT, VerifyReport, Violation
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from packer.report.verify.report import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK, VerifyReport, Violation
+
+# the checks (pyarrow.compute among their imports) load at first use: the CLI reads the defaults above only
+_LAZY = {"input_lines": "accounting", "verify_build": "build", "AUDIO_FIELDS": "decode"}
+
+if TYPE_CHECKING:
+    from packer.report.verify.accounting import input_lines
+    from packer.report.verify.build import verify_build
+    from packer.report.verify.decode import AUDIO_FIELDS
 
 __all__ = ["AUDIO_FIELDS", "DEFAULT_LIMIT", "DEFAULT_TOKENIZER_CHECK", "VerifyReport", "Violation", "input_lines",
            "verify_build"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'packer.report.verify' has no attribute {name!r}")
+    value = getattr(import_module(f"packer.report.verify.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

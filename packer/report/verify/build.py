@@ -23,10 +23,8 @@ from packer.report.tokenizer_check import RecordDigests
 from packer.report.verify.budgets import Promises, check_budgets, promises
 from packer.report.verify.decode import Rows, decode, schema_problem
 from packer.report.verify.family import uses_mrope
-from packer.report.verify.report import DEFAULT_LIMIT, RowCheck, VerifyReport
+from packer.report.verify.report import DEFAULT_LIMIT, DEFAULT_TOKENIZER_CHECK, RowCheck, VerifyReport
 from packer.shards.io import open_shards, parquet_file, sha256_file
-
-DEFAULT_TOKENIZER_CHECK = 64  # input records re-tokenized with the HF tokenizer by ``verify --input``
 
 
 def verify_build(path: str | Path, *, inputs: list[str] | None = None, limit: int = DEFAULT_LIMIT,

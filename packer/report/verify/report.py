@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads with the checks that call RowCheck; the CLI reads this module's defaults only
+    import numpy as np
 
 DEFAULT_LIMIT = 20  # violations listed per (file, check); the rest are counted in one summary line
+DEFAULT_TOKENIZER_CHECK = 64  # input records re-tokenized with the HF tokenizer by ``verify --input``
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class RowCheck:
     rows: np.ndarray  # (R,) row numbers in the file
 
     def __call__(self, bad: np.ndarray, name: str, describe: Callable[[int], str]) -> np.ndarray:
+        import numpy as np
+
         idx = np.flatnonzero(bad)
         self.report.rows_bad(self.file, self.rows[bad], name, lambda k: describe(int(idx[k])))
         return bad
