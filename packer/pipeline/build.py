@@ -48,7 +48,7 @@ from packer.pipeline.card import write_card
 from packer.pipeline.columns import ColumnsBuilder, ColumnsFile, chunk_table, read_chunk
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
-from packer.pipeline.local import LocalExecutor, learn_layouts
+from packer.pipeline.local import LocalExecutor
 from packer.pipeline.output import (
     build_fingerprint,
     encode_ceiling,
@@ -214,16 +214,9 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         cache = EncodeCache(work / "encode", len(chunks))
         cache.root.mkdir(exist_ok=True)
 
-    # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers;
-    # a reused cache's writers, here or forked from here, have every chunk file's layout and the write's kernels
-    # loaded in another, beside the cached columns and the plan (joined before the write)
+    # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
-    learn = None
-    if complete and isinstance(executor, LocalExecutor) and executor.learns_layouts(mark["totals"][1],
-                                                                                    cache.num_chunks):
-        learn = threading.Thread(target=learn_layouts, args=(cache,), name="warm-writer", daemon=True)
-        learn.start()
     if complete:
         sources = mark.get("sources") or _chunk_sources(cache, config)
         totals, built = _cached(cache, ChunkCounts(*mark["totals"]), sources, config=config, progress=progress,
@@ -264,8 +257,6 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     hooks.at("plan")
 
     indexed = cache.indexed(columns.rows.tolist())
-    if learn is not None:
-        learn.join()
     ranges = _exchange(executor, plan, shard_ranges(plan, rows_per_shard=config.rows_per_shard), out=out,
                        cache=indexed, config=config, hooks=hooks, progress=progress)
     shard_entries = _write(executor, ranges, cache=indexed, config=config, hooks=hooks, progress=progress)

@@ -265,15 +265,6 @@ class LocalExecutor(Executor):
         finally:
             self.close()  # the workers' memory is free before this process computes the stats
 
-    def learns_layouts(self, examples: int, num_chunks: int) -> bool:
-        """Will a write of at most ``examples`` planned examples from ``num_chunks`` chunk files run here or on
-        writers forked from here, each chunk file's layout remembered (``learn_layouts`` may run before the
-        plan): no pool to start for it, the files within ``LAYOUTS_MAX``. Where the plan then makes as many
-        shards as the exchange needs (``stages.map_tasks``) the layouts go unused."""
-        from packer.shards.assemble import LAYOUTS_MAX
-
-        return not self._pays(examples) and num_chunks <= LAYOUTS_MAX and self.num_proc > 1
-
     def writes_here(self, examples: int, ranges: int) -> bool:
         return self.num_proc == 1 or ranges <= 1 or not self._pays(examples)
 
@@ -333,30 +324,15 @@ def _warm_writer(ranges: Sequence[ShardRange], cache: EncodeCache) -> None:
 
     from packer.shards.assemble import assemble_packs
 
-    if ranges and ranges[0].exchange is None and ranges[0].remember:  # one row of every chunk file that has
-        learn_layouts(cache)  # one (a second time where build learnt them before the plan: ~10 us a file)
-        return
     try:
         first = ranges[0]
-        sel = first.examples[:1]
-        rows = cache.take(sel) if first.exchange is None else first.exchange.take(sel, 0)
+        if first.exchange is None and first.remember:  # one row of every chunk file that has one
+            sel = cache.starts[:-1][np.diff(cache.starts) > 0]
+            rows = cache.take(sel, remember=True)
+        else:
+            sel = first.examples[:1]
+            rows = cache.take(sel) if first.exchange is None else first.exchange.take(sel, 0)
         assemble_packs(rows, np.ones(len(sel), dtype=np.int64))
-    except Exception:  # noqa: BLE001 - only a warm-up: the writers report any problem with the real rows
-        return
-
-
-def learn_layouts(cache: EncodeCache) -> None:
-    """``_warm_writer``'s where the writers keep each chunk file's layout: one row of every chunk file that has
-    one taken (``take_rows(remember=True)``) and assembled as a shard's are (the gather's and the mRoPE merge's
-    kernels). ``build`` runs it in a thread beside the cached columns and the plan where a reused cache's write
-    will run here or on forked writers (``LocalExecutor.learns_layouts``); errors are left to the writers."""
-    import numpy as np
-
-    from packer.shards.assemble import assemble_packs
-
-    try:
-        sel = cache.starts[:-1][np.diff(cache.starts) > 0]
-        assemble_packs(cache.take(sel, remember=True), np.ones(len(sel), dtype=np.int64))
     except Exception:  # noqa: BLE001 - only a warm-up: the writers report any problem with the real rows
         return
 
