@@ -2,8 +2,8 @@
 
 A leaf below the families: ``packer.models`` names each builtin family package and its profiles here
 (``defer_families``), and a family is imported the first time one of its profiles is asked for by name
-(``get_profile``): a command that uses one profile (``packer repack``, a build) imports one family, and a command
-that uses none (``packer --help``, ``stats``, ``verify``) none; whatever lists or searches every profile (``profile_names``,
+(``get_profile``): a command that uses one profile (``packer repack``, ``stats``, a build) imports one family, and
+one that names none (``packer --help``, ``verify --help``) none; whatever lists or searches every profile (``profile_names``,
 ``forward_keys``, the builtin tokenizers, an error message naming the alternatives) imports them all first. A
 family's code may ask the registry (e.g. which profiles take videos) without importing the package that registers
 it. Nothing here imports torch or transformers.
@@ -12,6 +12,7 @@ it. Nothing here imports torch or transformers.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ order ``profile_names`` lists them; not imported until asked for (``_load``)."""
 _FAMILIES: tuple[str, ...] = ()
 _IMPORT: Callable[[str], ModuleType] | None = None  # packer.models' importer of a family package by name
 _TOKENIZER_RANK: dict[str, int] = {}  # a builtin tokenizer -> its family's place in _FAMILIES (the listing order)
+_LOADING = threading.RLock()  # one thread registers a family (and reorders the tables) at a time
 
 
 def defer_families(families: tuple[str, ...], profiles: dict[str, str], load: Callable[[str], ModuleType]) -> None:
@@ -44,7 +46,12 @@ def defer_families(families: tuple[str, ...], profiles: dict[str, str], load: Ca
 def _load(family: str) -> None:
     """Import builtin family ``family`` and register its profiles and tokenizers (again where a test swapped the
     tables: what is there already stays)."""
-    package = _IMPORT(family)
+    package = _IMPORT(family)  # outside the lock: the import system has its own
+    with _LOADING:
+        _register_builtin(family, package)
+
+
+def _register_builtin(family: str, package: ModuleType) -> None:
     for profile in getattr(package, "PROFILES", ()):
         if _BUILTIN.get(profile.name) != family:
             raise ConfigError(f"profile {profile.name!r} of family {family} is not in packer.models.PROFILE_FAMILIES "
@@ -58,14 +65,14 @@ def _load(family: str) -> None:
 def _load_all() -> None:
     """Every builtin family registered, and both tables in listing order: the builtins in ``FAMILIES`` order (as
     an eager import of every family registered them), then what was registered by hand, in its order."""
-    missing = [name for name in _BUILTIN if name not in _PROFILES]
-    if not missing:
+    if all(name in _PROFILES for name in _BUILTIN):
         return
-    for family in dict.fromkeys(_BUILTIN[name] for name in missing):
+    for family in dict.fromkeys(_BUILTIN[name] for name in _BUILTIN if name not in _PROFILES):
         _load(family)
-    rank = {name: i for i, name in enumerate(_BUILTIN)}
-    _reorder(_PROFILES, lambda name: rank.get(name, len(rank)))
-    _reorder(_TOKENIZERS, lambda name: _TOKENIZER_RANK.get(name, len(_FAMILIES)))
+    with _LOADING:
+        rank = {name: i for i, name in enumerate(_BUILTIN)}
+        _reorder(_PROFILES, lambda name: rank.get(name, len(rank)))
+        _reorder(_TOKENIZERS, lambda name: _TOKENIZER_RANK.get(name, len(_FAMILIES)))
 
 
 def _reorder(table: dict[str, Any], key: Any) -> None:
