@@ -141,7 +141,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     prior = prior if prior is not None and prior.get("chunks") is not None and prior.get("inputs") == inputs else None
     warm = None  # a reused cache's plan is its next work: numba's kernels load beside the checks below
     if prior is not None:
-        warm = threading.Thread(target=warm_planner, args=(config, False), name="warm-planner", daemon=True)
+        warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
         warm.start()
     if prior is None:  # workers to encode: started before the tokenizer loads. A reused cache (a repack, a
         # rebuild with other packing options) encodes nothing: the executor starts at its first stage, where

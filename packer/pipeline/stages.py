@@ -549,7 +549,7 @@ def arrow_without_pandas() -> None:
         sys.meta_path.remove(finder)
 
 
-def warm_planner(config: BuildConfig, arrow: bool = True) -> None:
+def warm_planner(config: BuildConfig) -> None:
     """Load what ``plan_packs`` will need (numba and its cached kernels for ``config``'s options, pandas,
     which pyarrow imports at its first ``to_numpy`` unless ``arrow_without_pandas`` ran) by planning one
     example; ``build`` runs this in a thread while the workers encode, so those imports and kernel loads leave
@@ -560,8 +560,7 @@ def warm_planner(config: BuildConfig, arrow: bool = True) -> None:
     """
     one = np.ones(1, dtype=np.int64)
     try:
-        if arrow:  # False: started before the build knows whether it reads anything but its own files
-            pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
+        pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
         if config.algorithm not in BULK_ALGORITHMS:  # plan()'s per-example kernels
             _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
         from packer.packing.bulk import plan_bulk
