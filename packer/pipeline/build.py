@@ -139,10 +139,6 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # this build may reuse it (the check below, once the tokenizer is loaded); else the scan runs after all
     prior = read_encode_mark(out / WORK_DIR)
     prior = prior if prior is not None and prior.get("chunks") is not None and prior.get("inputs") == inputs else None
-    warm = None  # a reused cache's plan is its next work: numba's kernels load beside the checks below
-    if prior is not None:
-        warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
-        warm.start()
     if prior is None:  # workers to encode: started before the tokenizer loads. A reused cache (a repack, a
         # rebuild with other packing options) encodes nothing: the executor starts at its first stage, where
         # LocalExecutor may find the write too small to pay for a pool (``local.POOL_MIN_EXAMPLES``)
@@ -219,9 +215,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
         cache.root.mkdir(exist_ok=True)
 
     # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
-    if warm is None:
-        warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
-        warm.start()
+    warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
+    warm.start()
     if complete:
         sources = mark.get("sources") or _chunk_sources(cache, config)
         totals, built = _cached(cache, ChunkCounts(*mark["totals"]), sources, config=config, progress=progress,
