@@ -2,8 +2,8 @@
 
 A family is one package, ``packer/models/<family>/``, holding everything that family knows (its profiles, their
 resize and count rules, positions, media planning, the reader and the proof, its builtin tokenizers); its
-``__init__`` exports ``PROFILES`` (and ``TOKENIZERS``). Adding one is its package plus its name in ``FAMILIES``
-and its profiles' names in ``PROFILE_FAMILIES`` below (docs/architecture.md, "Adding a model family"). Importing
+``__init__`` exports ``PROFILES`` (and ``TOKENIZERS``). Adding one is its package plus one line in ``FAMILIES``
+below (its name and its profiles' names) (docs/architecture.md, "Adding a model family"). Importing
 this package imports no family (the registry imports one the first time one of its profiles is asked for:
 ``get_profile``; ``profile_names()`` imports them all), nor torch nor transformers.
 """
@@ -29,49 +29,35 @@ from packer.models.registry import (
 __all__ = ["ModelProfile", "builtin_tokenizers", "family_of", "forward_keys", "get_profile", "profile_names", "register_family",
            "register_profile", "register_tokenizer", "FAMILIES"]
 
-# The family packages, in the order their profiles are listed (``--profile`` choices, docs/models/).
-FAMILIES = (
-    "qwen_vl",
-    "llava",
-    "llava_onevision",
-    "gemma3",
-    "text",
-    "internvl",
-    "molmo2",
-    "smolvlm",
-    "mistral3",
-    "glm46v",
-    "gemma4",
-    "llama4",
-    "qwen_omni",
-    "qwen2_audio",
-)
-
-PROFILE_FAMILIES = {
-    "qwen2-vl": "qwen_vl", "qwen2.5-vl": "qwen_vl", "qwen3-vl": "qwen_vl", "qwen3.5": "qwen_vl", "qwen3.5-moe": "qwen_vl",
-    "llava": "llava",
-    "llava-onevision": "llava_onevision",
-    "gemma3": "gemma3",
-    "text": "text",
-    "internvl": "internvl",
-    "molmo2": "molmo2",
-    "smolvlm": "smolvlm",
-    "mistral3": "mistral3",
-    "glm-4.6v": "glm46v",
-    "gemma4": "gemma4",
-    "llama4": "llama4",
-    "qwen2.5-omni": "qwen_omni", "qwen3-omni": "qwen_omni",
-    "qwen2-audio": "qwen2_audio",
+# The family packages, in the order their profiles are listed (``--profile`` choices, docs/models/), each with its
+# profiles' names in its ``PROFILES`` order: naming a profile imports its family alone (tests/models/test_registry.py
+# checks each line against the family's ``PROFILES``).
+FAMILIES = {
+    "qwen_vl": ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "qwen3.5-moe"),
+    "llava": ("llava",),
+    "llava_onevision": ("llava-onevision",),
+    "gemma3": ("gemma3",),
+    "text": ("text",),
+    "internvl": ("internvl",),
+    "molmo2": ("molmo2",),
+    "smolvlm": ("smolvlm",),
+    "mistral3": ("mistral3",),
+    "glm46v": ("glm-4.6v",),
+    "gemma4": ("gemma4",),
+    "llama4": ("llama4",),
+    "qwen_omni": ("qwen2.5-omni", "qwen3-omni"),
+    "qwen2_audio": ("qwen2-audio",),
 }
-"""Every builtin profile's name -> its family package, in ``FAMILIES`` order (each family's ``PROFILES`` order):
-naming a profile imports its family only (tests/models/test_registry.py checks this table against the families)."""
+
+PROFILE_FAMILIES = {profile: family for family, profiles in FAMILIES.items() for profile in profiles}
+"""Every builtin profile's name -> its family package, in ``FAMILIES`` order."""
 
 
 def _import_family(name: str) -> ModuleType:
     return import_module(f"packer.models.{name}")
 
 
-defer_families(FAMILIES, PROFILE_FAMILIES, _import_family)
+defer_families(tuple(FAMILIES), PROFILE_FAMILIES, _import_family)
 
 if TYPE_CHECKING:
     from packer.models.base import ModelProfile

@@ -54,7 +54,7 @@ def _load(family: str) -> None:
 def _register_builtin(family: str, package: ModuleType) -> None:
     for profile in getattr(package, "PROFILES", ()):
         if _BUILTIN.get(profile.name) != family:
-            raise ConfigError(f"profile {profile.name!r} of family {family} is not in packer.models.PROFILE_FAMILIES "
+            raise ConfigError(f"profile {profile.name!r} of family {family} is not in packer.models.FAMILIES "
                               f"under {family!r}")
         _PROFILES.setdefault(profile.name, profile)
     for spec in getattr(package, "TOKENIZERS", ()):

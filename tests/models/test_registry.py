@@ -83,8 +83,8 @@ def _fresh(code: str) -> str:
 
 
 def test_profile_families_name_every_family_profile() -> None:
-    """``PROFILE_FAMILIES`` (what lets a profile's name import its family alone) lists each family's ``PROFILES``,
-    in ``FAMILIES`` order: a family imported directly, in a fresh process, registers nothing else."""
+    """``FAMILIES``' line of each family (what lets a profile's name import its family alone) lists its
+    ``PROFILES``, in order: a family imported directly, in a fresh process, registers nothing else."""
     code = ("import importlib, json\nfrom packer.models import FAMILIES, PROFILE_FAMILIES\n"
             "pairs = [(p.name, f) for f in FAMILIES for p in importlib.import_module(f'packer.models.{f}').PROFILES]\n"
             "print(json.dumps([pairs, list(PROFILE_FAMILIES.items())]))")
