@@ -88,17 +88,22 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
     (``"loss": 0.5``) give the batch per-token weights: the rule run again on each weight's messages alone."""
     ids, starts = flat_ids(encodings)
     spans: list[list[Span]] = [[] for _ in texts]  # per text, its loss messages' spans
-    weights: list[list[float]] = [[] for _ in texts]  # their weights
+    weights: dict[int, list[float]] = {}  # their weights, for the texts with a message's own ``loss`` (else all 1)
     for stage in staged:
         for i, node in enumerate(stage.nodes):  # a text record has none
-            own = stage.spans[i][-len(node.messages) :]  # the node's own messages, the last on its path
-            loss = [(s, m) for s, m in zip(own, node.messages, strict=True) if carries_loss(m)]
+            msgs = node.messages
+            own = stage.spans[i][-len(msgs) :]  # the node's own messages, the last on its path
+            if all(m.loss is None for m in msgs):  # the common node: the assistant turns carry loss, weight 1
+                spans[stage.first + i] = [s for s, m in zip(own, msgs, strict=True) if m.role == "assistant"]
+                continue
+            loss = [(s, m) for s, m in zip(own, msgs, strict=True) if carries_loss(m)]
             spans[stage.first + i] = [s for s, _ in loss]
             weights[stage.first + i] = [loss_weight(m) for _, m in loss]
     labels = _labels(ctx, ids, starts, texts, spans, encodings)
     token_weights = None
-    for w in sorted({w for ws in weights for w in ws} - {1.0}):
-        only = [[s for s, x in zip(ss, ws, strict=True) if x == w] for ss, ws in zip(spans, weights, strict=True)]
+    for w in sorted({w for ws in weights.values() for w in ws} - {1.0}):
+        only = [[s for s, x in zip(ss, weights[k], strict=True) if x == w] if k in weights else []
+                for k, ss in enumerate(spans)]
         if token_weights is None:
             token_weights = np.ones(ids.shape[0], dtype=np.float32)
         token_weights[_labels(ctx, ids, starts, texts, only, encodings, count=False) != IGNORE_INDEX] = w

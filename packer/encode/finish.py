@@ -191,6 +191,15 @@ class BatchFinish:
             if not fine or (mine and self._own_runs and not self._same_runs(s, wants, mine)):
                 continue
             base = first_node[-1]
+            if len(s.nodes) == 1:  # a linear conversation: one root node, nothing to compare
+                seg_text.append(s.first)
+                seg_skip.append(0)
+                parents.append(-1)
+                chosen.append(i)
+                first_node.append(base + 1)
+                images += mine
+                seg_want += wants
+                continue
             for n, parent in enumerate(s.parents):
                 k = s.first + n
                 seg_text.append(k)

@@ -77,25 +77,49 @@ def batch_loss_labels(
     """
     labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32)
     rest: list[int] = []
-    # per loss message: bytes of content start, content end (the limit where unknown), limit; text end token
-    queries: list[int] = []
-    text_end: list[int] = []
-    known_end: list[bool] = []
-    for k, text_spans in enumerate(spans):
-        if not text_spans:
-            continue
-        chars = [c for cs, ce, limit in text_spans for c in (cs, limit if ce is None else ce, limit)]
-        found = offsets.bytes_of(k, texts[k], chars)
-        if found is None:
-            rest.append(k)
-            continue
-        queries += found
-        text_end += [starts[k + 1]] * len(text_spans)
-        known_end += [ce is not None for _, ce, _ in text_spans]
-    if not queries:
+    # per loss message: bytes of content start, content end (the limit where unknown), limit; text end token.
+    # The batch's spans flat, in one pass; an ASCII text whose tokens spell as many bytes as it has characters
+    # (``ByteOffsets.bytes_of``'s first case, most texts) has its bytes by numpy with the others; any other text
+    # with spans asks ``bytes_of`` alone (None: ``rest``). The rows' order does not matter: labels are their union
+    n_texts = len(texts)
+    counts = np.fromiter(map(len, spans), dtype=np.int64, count=n_texts)  # loss messages per text
+    if not counts.any():
         return labels, rest
-    q = np.array(queries, dtype=np.int64).reshape(-1, 3)  # (M, 3) bytes: content start, content end, limit
-    end = np.array(text_end, dtype=np.int64)
+    chars = np.array([c for ss in spans for cs, ce, limit in ss for c in (cs, limit if ce is None else ce, limit)],
+                     dtype=np.int64).reshape(-1, 3)  # (M, 3) characters: content start, content end, limit
+    known = np.array([ce is not None for ss in spans for _, ce, _ in ss], dtype=bool)
+    sizes = np.fromiter(map(len, texts), dtype=np.int64, count=n_texts)
+    tokens = np.asarray(starts, dtype=np.int64)
+    base = offsets.text_start  # (texts + 1,) byte where each text starts (and the last one ends)
+    plain = (np.fromiter(map(str.isascii, texts), dtype=bool, count=n_texts)
+             & (np.diff(base) == sizes) & (tokens[1:] > tokens[:-1]))
+    text_of = np.repeat(np.arange(n_texts), counts)  # (M,) each loss message's text
+    take = plain[text_of]
+    k = text_of[take]
+    q = base[k, None] + np.minimum(chars[take], sizes[k, None])
+    end = tokens[k + 1]
+    known_end = known[take]
+    others = np.flatnonzero(~plain & (counts > 0)).tolist()
+    if others:
+        queries: list[int] = []
+        text_end: list[int] = []
+        other_known: list[bool] = []
+        for j in others:
+            text_spans = spans[j]
+            found = offsets.bytes_of(j, texts[j], [c for cs, ce, limit in text_spans
+                                                   for c in (cs, limit if ce is None else ce, limit)])
+            if found is None:
+                rest.append(j)
+                continue
+            queries += found
+            text_end += [starts[j + 1]] * len(text_spans)
+            other_known += [ce is not None for _, ce, _ in text_spans]
+        if queries:
+            q = np.concatenate([q, np.array(queries, dtype=np.int64).reshape(-1, 3)])
+            end = np.concatenate([end, np.array(text_end, dtype=np.int64)])
+            known_end = np.concatenate([known_end, np.array(other_known, dtype=bool)])
+    if not q.shape[0]:
+        return labels, rest
     first, last, lim = (offsets.token_at(q[:, j], end=end) for j in range(3))
     last += (last < end) & offsets.starts_before(last, q[:, 1])  # the last content token straddles the end
     special = np.flatnonzero(is_special[ids])  # (S,) token index of each control token

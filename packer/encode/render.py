@@ -33,6 +33,13 @@ def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged
     """Render every root-to-node path of ``example`` (a ``text`` record is its own text)."""
     if example.kind == "text":
         return Staged(texts=[example.text or ""], nodes=[], parents=[], spans=[])
+    root = example.root
+    if not root.children:  # a linear conversation (most records): its one path, no walk
+        text, spans = chat.locate(root.messages, tools=example.tools)
+        out = Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans])
+        if profile.image_token is not None:
+            _rewrite_images(out, [root.messages], profile)
+        return out
     nodes, parents, paths = [], [], []
     for node, parent in example.root.walk():
         nodes.append(node)

@@ -106,7 +106,8 @@ class ByteOffsets:
         self._nfc = nfc  # the tokenizer normalizes to NFC: only a text already in NFC spells its bytes
         self.start = np.concatenate(([0], np.cumsum(byte_lengths[ids])))  # (T+1,) int64
         self._ends = self.start[1:]  # (T,) end byte of each token
-        self._base = self.start[starts].tolist()  # byte where each text starts (and the last one ends)
+        self.text_start = self.start[starts]  # (texts + 1,) byte where each text starts (and the last one ends)
+        self._base = self.text_start.tolist()
         self._empty = [a == b for a, b in pairwise(starts)]
 
     def bytes_of(self, k: int, text: str, chars: list[int]) -> list[int] | None:

@@ -42,6 +42,46 @@ def _root_dir(image_root: str | None, base_dir: str) -> str:
     return absolute(image_root if image_root is not None else base_dir)
 
 
+def parse_lines(
+    lines: Iterable[tuple[int, bytes]],
+    *,
+    path: str,
+    base_dir: str,
+    image_root: str | None = None,
+    source_name: str = "",
+    columns: dict[str, str] | None = None,
+    audio_in_video: bool = False,
+    dataset: dict[str, Any] | None = None,
+) -> Iterator[Example | RecordError]:
+    """``parse_line`` of each (line number, bytes) of a chunk, blank lines skipped, a RecordError yielded (located
+    at ``path:line``), in line order. The common line (a plain record, ``formats.plain``) is read in this loop
+    without ``parse_line``'s per-line call and lookups; any other line takes ``parse_line``'s own steps, or
+    ``parse_line`` itself where it starts differently (line 1's byte-order mark, a reject line, a long number,
+    JSON orjson refuses)."""
+    plain = orjson is not None and dataset is None and not columns
+    root = _root_dir(image_root, base_dir) if plain else ""
+    for line, raw in lines:
+        if not raw.strip():
+            continue  # blank lines are not records
+        try:
+            if plain and line != 1 and not raw.startswith(_REJECT_PREFIX) and not _long_number(raw):
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    pass  # parse_line reads it with json below, and says why
+                else:  # as parse_line does with orjson's value
+                    one = parse_plain(obj, path=path, line=line, root_dir=root, source_name=source_name)
+                    yield one if one is not None else parse_record(
+                        obj, path=path, line=line, base_dir=base_dir, image_root=image_root,
+                        source_name=source_name, columns=columns, audio_in_video=audio_in_video, dataset=dataset,
+                    )
+                    continue
+            yield parse_line(raw, path=path, line=line, base_dir=base_dir, image_root=image_root,
+                             source_name=source_name, columns=columns, audio_in_video=audio_in_video, dataset=dataset)
+        except RecordError as e:
+            yield e if e.path else e.located(path, line)
+
+
 def parse_line(
     raw: bytes,
     *,

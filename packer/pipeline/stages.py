@@ -240,7 +240,7 @@ def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, 
 def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator[Any]:
     """Each record of the chunk parsed: an Example or a RecordError, in line (row) order; blank lines skipped."""
     from packer.formats import parse_record
-    from packer.formats.read import parse_line
+    from packer.formats.read import parse_lines
     from packer.formats.tables import row_records
 
     options = config.record_options(chunk.source)  # a dataset_info source's mapping and media root
@@ -258,14 +258,8 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
             except RecordError as e:
                 yield e if e.path else e.located(chunk.path, row)
         return
-    for line_no, raw in _read_chunk_lines(chunk, config):
-        if not raw.strip():
-            continue  # blank lines are not records
-        try:
-            yield parse_line(raw, path=chunk.path, line=line_no, base_dir=base_dir, source_name=chunk.source,
-                             **options)
-        except RecordError as e:
-            yield e if e.path else e.located(chunk.path, line_no)
+    yield from parse_lines(_read_chunk_lines(chunk, config), path=chunk.path, base_dir=base_dir,
+                           source_name=chunk.source, **options)
 
 
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:

@@ -90,3 +90,31 @@ def test_orjson_random_records_equal_json(content, extra, ascii_only, tmp_path_f
     finally:
         mp.undo()
     assert fast == slow
+
+
+def _outcome(one):
+    return ("reject", one.reason, one.message, one.path, one.line) if isinstance(one, RecordError) else one
+
+
+@pytest.mark.parametrize("first", [1, 2])
+def test_parse_lines_equal_parse_line(first, tmp_path):
+    """``parse_lines`` (a chunk's loop, the plain record read in it) gives each line ``parse_line``'s record or
+    located reject, in order, blank lines skipped: on every line above, a byte-order mark, invalid UTF-8, a
+    reject line, a non-plain record and plain chats (line 1 among them where ``first`` is 1)."""
+    raws = [line.encode("utf-8", "surrogatepass") for line in LINES] + [
+        b"\xef\xbb\xbf" + CHAT.encode() % (b'"hi"', b""), b'{"a": "\xa0"}', b"", b"  \t",
+        json.dumps({read.REJECT_KEY: ["missing_image", "a member is missing"]}).encode(),
+        CHAT.encode() % (b'"hi"', b', "system": "be brief"'), b'{"text": "plain text"}',
+        b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "id": 3}']
+    raws = raws[-3:] + raws  # a plain chat first: line 1 where ``first`` is 1
+    numbered = list(enumerate(raws, start=first))
+    want = []
+    for line, raw in numbered:
+        if not raw.strip():
+            continue
+        try:
+            want.append(_outcome(read.parse_line(raw, path="f.jsonl", line=line, base_dir=str(tmp_path))))
+        except RecordError as e:
+            want.append(_outcome(e if e.path else e.located("f.jsonl", line)))
+    got = [_outcome(one) for one in read.parse_lines(numbered, path="f.jsonl", base_dir=str(tmp_path))]
+    assert got == want
