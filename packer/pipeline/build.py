@@ -251,7 +251,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
             + "".join(f"{n}; " for n in notes)
             + f"see {cache.root}/*.rejects.jsonl for the reasons, fix the input or the config"
         )
-    warm.join()
+    _join_warm(warm, progress=progress)
     plan = plan_packs(columns, config)
     _save_plan(work, plan)
     hooks.at("plan")
@@ -434,6 +434,22 @@ def _chunk_sources(cache: EncodeCache, config: BuildConfig) -> list[str]:
         names = cache.read(i, ("source_name",)).column("source_name")
         sources.append(names[0].as_py() if len(names) else config.sources[0].name)
     return sources
+
+
+WARM_NOTICE_S = 2.0
+"""How long the plan waits on the warm-planner thread before saying why: loading cached kernels takes ~1 s, and
+numba compiling them (a first build with this packer install or these options) ~1 min (docs/benchmarks.md, "A
+first build: numba compiles the kernels")."""
+
+
+def _join_warm(warm: threading.Thread, *, progress: bool) -> None:
+    """Wait for ``warm_planner``; past ``WARM_NOTICE_S`` a bar says that the wait is numba's kernels, not a hang."""
+    warm.join(WARM_NOTICE_S)
+    if warm.is_alive():
+        with progress_bar(total=1, enabled=progress, desc="kernels (numba compiles them once per install)",
+                          unit="wait") as bar:
+            warm.join()
+            bar.update(1)
 
 
 _OVERLONG = re.compile(r"([0-9]+) tokens > --max-length [0-9]+")  # Encoder._finish's message under overlong: drop

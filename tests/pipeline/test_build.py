@@ -310,3 +310,25 @@ def test_one_pool_encodes_and_writes(tmp_path):
     assert not multiprocessing.active_children()
     assert not list((tmp_path / "two" / ".packer").rglob("encoder.pkl*"))
     assert not list(Path(tempfile.gettempdir()).glob(f"encoder.pkl.tmp-{os.getpid()}-*"))  # preload's file
+
+
+
+def test_a_plan_that_waits_on_its_kernels_says_so(monkeypatch, capsys):
+    """Past ``WARM_NOTICE_S`` of waiting on the warm-planner thread (numba compiling the kernels on a first build:
+    ~1 min, docs/benchmarks.md) the plan shows a bar naming the wait; a thread done in time shows none, and
+    ``--quiet`` (no progress) never does. A thread sleeping stands in for the compile, which takes a minute."""
+    import threading
+    import time
+
+    from packer.pipeline import build as build_module
+
+    monkeypatch.setattr(build_module, "WARM_NOTICE_S", 0.05)
+    notice = "kernels (numba compiles them once per install)"
+    for progress, seconds, shown in ((True, 0.5, True), (False, 0.5, False), (True, 0.0, False)):
+        warm = threading.Thread(target=time.sleep, args=(seconds,))
+        warm.start()
+        if not seconds:
+            warm.join()
+        build_module._join_warm(warm, progress=progress)
+        assert not warm.is_alive()
+        assert (notice in capsys.readouterr().err) is shown, (progress, seconds)
