@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES
 from packer.errors import ConfigError
 from packer.models import get_profile, profile_names
-from packer.models.registry import _known as _profile_known
+from packer.models.registry import known_profile
 from packer.packing import ALGORITHMS
 
 if TYPE_CHECKING:  # the encoder's modules load where an Encoder is made (make_encoder), not with every config
@@ -250,7 +250,7 @@ class BuildConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer or unset, got {value}")
-        if not _profile_known(self.profile):  # its family only; a name that is none lists them all
+        if not known_profile(self.profile):  # its family only; a name that is none lists them all
             raise ConfigError(f"unknown profile {self.profile!r}; known profiles: {', '.join(profile_names())}")
         for f in dataclasses.fields(self):  # algorithm, overlong, long_docs, executor: their option's choices
             choices, value = f.metadata.get("choices"), getattr(self, f.name)

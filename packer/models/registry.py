@@ -82,7 +82,7 @@ def _reorder(table: dict[str, Any], key: Any) -> None:
     table.update(items)
 
 
-def _known(name: str) -> bool:
+def known_profile(name: str) -> bool:
     """Whether profile ``name`` is registered, importing its builtin family first where it is one."""
     if name not in _PROFILES and name in _BUILTIN:
         _load(_BUILTIN[name])
@@ -127,7 +127,7 @@ def profile_names() -> tuple[str, ...]:
 def get_profile(name: str, **overrides: Any) -> ModelProfile:
     """The named profile, with ``overrides`` (e.g. min_pixels/max_pixels) applied; None values are ignored.
     Imports the profile's own family only, unless an error must name the others."""
-    if not _known(name):
+    if not known_profile(name):
         _load_all()
         raise ConfigError(f"unknown profile {name!r}; known profiles: {', '.join(_PROFILES)}")
     profile = _PROFILES[name]
