@@ -58,6 +58,42 @@ two workers took ~14 CPU-s and no less wall for a write this process does in ~10
 _WORKER: dict[str, Any] = {}  # a pool worker's encoder and the file it came from (encode_file), set by _encoder
 
 
+ORPHAN_AGE_S = 3600.0
+"""An encoder file in the temp dir older than this whose process is gone is an orphan: its build was killed
+(SIGKILL, the OOM killer) before it could remove it. The age spares a live build of another PID namespace
+sharing the temp dir, whose workers load the file within seconds of its writing."""
+
+
+def remove_orphan_encoder_files(here: Path, *, max_age_s: float = ORPHAN_AGE_S) -> list[Path]:
+    """Delete the encoder files (``encoder.pkl.tmp-PID-...``, ~8 MB each) that killed builds left in ``here``:
+    the temp dir, which no later run of those builds cleans (a work dir's temp files go with
+    ``output.remove_stale_temp_files``). A file goes when its PID is no live process and it is older than
+    ``max_age_s``; returns what went."""
+    import time
+
+    gone = []
+    for p in here.glob("encoder.pkl.tmp-*"):
+        try:
+            pid = int(p.name.split("-")[1])
+            old = time.time() - p.stat().st_mtime > max_age_s
+        except (ValueError, IndexError, OSError):
+            continue
+        if old and pid != os.getpid() and not _alive(pid):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class LocalExecutor(Executor):
     """One machine: ``num_proc`` processes (1: this one) encode chunks, then write shard ranges."""
 
@@ -195,7 +231,9 @@ class LocalExecutor(Executor):
 
     def _encoder_path(self, here: Path) -> Path:
         """A new encoder file's name in ``here``, unique per call (a reused executor never keeps an older
-        encoder)."""
+        encoder). In the temp dir, the files of killed builds go first (``remove_orphan_encoder_files``)."""
+        if here == Path(tempfile.gettempdir()):
+            remove_orphan_encoder_files(here)
         self._encodes += 1
         return here / f"encoder.pkl.tmp-{os.getpid()}-{id(self):x}-{self._encodes}"
 

@@ -90,6 +90,48 @@ def test_a_preloaded_encoder_file_is_removed_by_close(tmp_path):
     assert not blob.exists()
 
 
+@pytest.mark.slow
+def test_encoder_files_of_killed_builds_leave_the_temp_dir(tmp_path, monkeypatch):
+    """A build killed with SIGKILL cannot remove its encoder file from the temp dir; the next build there does,
+    once the file is old and its process gone, and keeps every other file."""
+    import signal
+    import tempfile
+    import time
+
+    from packer.pipeline.local import ORPHAN_AGE_S
+    from packer.pipeline.stages import make_encoder
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    old = time.time() - ORPHAN_AGE_S - 60
+    files = {}
+    for name, pid, mtime in [("orphan", killed.pid, old), ("recent", killed.pid, None), ("live", alive.pid, old)]:
+        files[name] = temp / f"encoder.pkl.tmp-{pid}-7f00-{len(files) + 1}"
+        files[name].write_bytes(b"x")
+        if mtime is not None:
+            os.utime(files[name], (mtime, mtime))
+    (temp / "other.tmp-1").write_bytes(b"y")
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    config = BuildConfig.from_inputs([str(_corpus(tmp_path / "c.jsonl", 3))], str(tmp_path / "out"),
+                                     profile="qwen2-vl")
+    executor = LocalExecutor(2)
+    try:
+        executor.start()
+        executor.preload(make_encoder(config))
+        assert executor._preloaded[1].parent == temp
+        assert not files["orphan"].exists()
+        assert files["recent"].exists() and files["live"].exists() and (temp / "other.tmp-1").exists()
+    finally:
+        executor.close()
+        alive.kill()
+        alive.wait()
+    assert sorted(p.name for p in temp.iterdir()) == sorted([files["recent"].name, files["live"].name, "other.tmp-1"])
+
+
 _FORKED = """
 import json, os, sys, threading
 from pathlib import Path
