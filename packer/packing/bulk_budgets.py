@@ -40,7 +40,6 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from packer.core.media import BUDGETS
 from packer.errors import ConfigError
 from packer.packing import kernels
 from packer.packing.bulk import PackOrder, ShuffledPrefix, _raise_misfit, write_order
@@ -111,29 +110,14 @@ def _columns(kept: Sequence[np.ndarray]) -> BudgetColumns:
     the budget of each, wide ones first, the number of wide ones). A count column whose values fit a byte
     (``columns.read_chunk``'s images per example) stays uint8 beside uint16 token columns: widened to their
     dtype, it cost a copy of 2 bytes per row under the planners (issue 32). Each tuple is read in a loop of
-    its own: one index into a tuple of one dtype per cost, as the kernels read one tuple before.
-
-    Each tuple is padded to ``COLUMN_SLOTS`` arrays (one-element dummies, never read: ``_costs`` reads the
-    first ``nw`` and the rest of ``pos``) and the wide dtype is uint16 at least (uint8 columns all go to the
-    one-byte tuple, none is copied): the kernels' signature is then the same for one budget or four, for a
-    count column alone or beside token columns. numba compiles each kernel once per signature; the arity of a
-    tuple and its dtype are part of it (a first build, or a cold test suite, paid each mix again)."""
+    its own: one index into a tuple of one dtype per cost, as the kernels read one tuple before."""
     others = [c.dtype for c in kept if c.dtype != np.uint8]
-    wide = np.result_type(np.uint16, *others)
-    narrow = [j for j, c in enumerate(kept) if c.dtype == np.uint8]
+    wide = np.result_type(*others) if others else np.dtype(np.uint8)
+    narrow = [j for j, c in enumerate(kept) if c.dtype == np.uint8 and wide != np.uint8]
     wides = [j for j in range(len(kept)) if j not in narrow]
-    return (_padded([kept[j].astype(wide, copy=False) for j in wides], wide),
-            _padded([kept[j] for j in narrow], np.dtype(np.uint8)),
+    return (tuple(kept[j].astype(wide, copy=False) for j in wides) or (np.zeros(1, dtype=wide),),
+            tuple(kept[j] for j in narrow) or (np.zeros(1, dtype=np.uint8),),
             np.array(wides + narrow, dtype=np.int64), len(wides))
-
-
-COLUMN_SLOTS = len(BUDGETS)
-"""The arrays in each tuple of ``_columns``: every budget a build can bound (``core.media.BUDGETS``)."""
-
-
-def _padded(arrays: list[np.ndarray], dtype: np.dtype) -> tuple[np.ndarray, ...]:
-    """``arrays`` and one-element dummies of ``dtype``: ``COLUMN_SLOTS`` arrays (more only if given more)."""
-    return tuple(arrays) + tuple(np.zeros(1, dtype=dtype) for _ in range(COLUMN_SLOTS - len(arrays)))
 
 
 def _column(cols: BudgetColumns, j: int) -> np.ndarray:
