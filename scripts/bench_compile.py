@@ -108,7 +108,7 @@ def warm_plans(n: int, repeats: int = 3) -> dict[str, float]:
     cap = 8192
     lens = np.clip(np.rint(rng.lognormal(np.log(300), 1.0, n)), 1, cap).astype(np.uint16)
     images = (rng.random(n) < 0.3).astype(np.uint8)
-    vision = (images * rng.integers(0, lens.astype(np.int64) + 1)).astype(np.uint16)
+    vision = (images * rng.integers(0, np.minimum(lens, 1024).astype(np.int64) + 1)).astype(np.uint16)
     budget = {"costs": [vision, images], "limits": [2048, 4], "names": ["max_vision_tokens", "max_images"]}
     m = n // 4
     wide = np.stack([vision[:m], images[:m]], 1).astype(np.int64)
@@ -149,7 +149,7 @@ def _array_setslices() -> list[str]:
                 continue
             for cres in obj.overloads.values():
                 ann = getattr(cres, "type_annotation", None)
-                if ann is None:
+                if not hasattr(ann, "blocks"):  # loaded from the cache: no IR kept
                     continue
                 for block in ann.blocks.values():
                     for st in block.body:
