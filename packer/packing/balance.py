@@ -185,7 +185,8 @@ def _refine(
     rem, rem2 = ix[4], ix[5]
     rem[:num_packs] = capacity
     for b in range(num_packs):
-        rem2[b] = budgets
+        for d in range(dims):
+            rem2[b, d] = budgets[d]
     for i in range(lens.shape[0]):
         rem[assign[i]] -= lens[i]
         for d in range(dims):
@@ -201,13 +202,14 @@ def _refine(
     wants = np.empty((most, dims), dtype=np.int64)
     dest = np.empty(most, dtype=np.int64)
     progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
-    c = refine_next(candidates, 0, touched, progress)
+    c = refine_next(candidates, np.int64(0), touched, progress)
     while c >= 0:
         p = candidates[c]
         k = ptr[p + 1] - ptr[p]
         for m in range(k):
             sizes[m] = lens[members[ptr[p] + m]]
-            wants[m] = needs[members[ptr[p] + m]]
+            for d in range(dims):
+                wants[m, d] = needs[members[ptr[p] + m], d]
         if refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
             for m in range(k):
                 assign[members[ptr[p] + m]] = dest[m]

@@ -419,7 +419,8 @@ def _count(lens, capacity, counts):
 def _grow(a, size):
     """``a`` copied into an array 1.5x larger (numba cannot resize in place)."""
     b = np.empty(size + size // 2, dtype=a.dtype)
-    b[: a.shape[0]] = a
+    for i in range(a.shape[0]):  # not ``b[:n] = a``: that compiles numba's shape-error raise (see kernels.py)
+        b[i] = a[i]
     return b
 
 
@@ -462,8 +463,8 @@ def _bfd_classes(counts, capacity, nxt, visit_pack, visit_q):
             q = min(left, r // s)  # b stays the tightest fit while it has room for another s
             left -= q
             if v == visit_pack.shape[0]:
-                visit_pack = _grow(visit_pack, v)
-                visit_q = _grow(visit_q, v)
+                visit_pack = _grow(visit_pack, np.int64(v))  # int64: not a signature for a literal 0 too
+                visit_q = _grow(visit_q, np.int64(v))
             visit_pack[v] = b
             visit_q[v] = q
             v += 1
@@ -664,7 +665,7 @@ def _record(run_s, run_b, run_q, r, s, b, q):
         run_q[r - 1] += q
         return run_s, run_b, run_q, r
     if r == run_s.shape[0]:
-        run_s, run_b, run_q = _grow(run_s, r), _grow(run_b, r), _grow(run_q, r)
+        run_s, run_b, run_q = _grow(run_s, np.int64(r)), _grow(run_b, np.int64(r)), _grow(run_q, np.int64(r))
     run_s[r] = s
     run_b[r] = b
     run_q[r] = q
@@ -688,8 +689,8 @@ def _bfd_runs(counts, capacity, complete_min):
     run_s = np.empty(size, dtype=np.int32)
     run_b = np.empty(size, dtype=np.int32)
     run_q = np.empty(size, dtype=np.int32)
-    r = 0
-    num_packs = 0
+    r = np.int64(0)  # int64 from the start: _record and _grow compiled once, not for a literal 0 too
+    num_packs = np.int64(0)
     for s in range(capacity, 0, -1):
         while left_count[s] > 0:
             g = _bits_succ(bits, offs, nwords, s, table)
@@ -697,8 +698,8 @@ def _bfd_runs(counts, capacity, complete_min):
                 b = num_packs
                 num_packs += 1
                 if b == nxt.shape[0]:
-                    nxt = _grow(nxt, b)
-                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, 1)
+                    nxt = _grow(nxt, np.int64(b))
+                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, s, b, np.int64(1))
                 left_count[s] -= 1
                 if left_count[s] == 0 and complete_min > 0:
                     _bits_clear(avail, offs, capacity - s)
@@ -709,7 +710,7 @@ def _bfd_runs(counts, capacity, complete_min):
                         break
                     x = capacity - key
                     if x == left or left - x >= complete_min:
-                        run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, x, b, 1)
+                        run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, x, b, np.int64(1))
                         left_count[x] -= 1
                         if left_count[x] == 0:
                             _bits_clear(avail, offs, capacity - x)
@@ -722,7 +723,7 @@ def _bfd_runs(counts, capacity, complete_min):
                             break
                         if left_count[u] > 0 and left_count[v] > (1 if u == v else 0):
                             for y in (u, v):
-                                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, y, b, 1)
+                                run_s, run_b, run_q, r = _record(run_s, run_b, run_q, r, y, b, np.int64(1))
                                 left_count[y] -= 1
                                 if left_count[y] == 0:
                                     _bits_clear(avail, offs, capacity - y)
@@ -770,7 +771,7 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
     wants = np.ones((1024, 1), dtype=np.int64)  # each takes one example slot
     dest = np.empty(1024, dtype=np.int64)
     progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
-    c = refine_next(candidates, 0, touched, progress)
+    c = refine_next(candidates, np.int64(0), touched, progress)
     while c >= 0:
         p = candidates[c]
         k = 0
@@ -789,7 +790,7 @@ def _refine_runs(ix, run_s, run_b, run_q, runs, ptr, candidates, capacity, budge
                 move_first[rr] = moved
                 for _ in range(run_q[rr]):
                     if moved == move_to.shape[0]:
-                        move_to = _grow(move_to, moved)
+                        move_to = _grow(move_to, np.int64(moved))
                     move_to[moved] = dest[m]
                     moved += 1
                     m += 1

@@ -349,7 +349,8 @@ def _order_start(counts, capacity, block, n):
     s = capacity
     while s >= 1 and counts[s] == 0:
         s -= 1
-    return np.empty(m, dtype=np.int32), np.empty(m, dtype=np.uint32), s, counts[s], 0, 0, 0
+    zero = np.int64(0)  # int64, not literal 0s: _next_block compiled once, not for Literal[int](0) too
+    return np.empty(m, dtype=np.int32), np.empty(m, dtype=np.uint32), s, counts[s], zero, zero, zero
 
 
 @njit(cache=True)
@@ -494,7 +495,8 @@ def _ff_tree(half, budgets, capacity, old, old_half):
     tree = np.empty((2 * half, dims), dtype=old.dtype)
     for b in range(half):
         if b < old_half:
-            tree[half + b] = old[old_half + b]
+            for d in range(dims):
+                tree[half + b, d] = old[old_half + b, d]
         else:
             tree[half + b, 0] = capacity
             for d in range(1, dims):
@@ -614,7 +616,9 @@ def _sort_segments(order, bounds):
     for p in range(bounds.shape[0] - 1):
         lo, hi = bounds[p], bounds[p + 1]
         if hi - lo > 64:
-            order[lo:hi] = np.sort(order[lo:hi])
+            sorted_ = np.sort(order[lo:hi])
+            for k in range(hi - lo):
+                order[lo + k] = sorted_[k]
             continue
         for k in range(lo + 1, hi):
             x = order[k]
@@ -702,7 +706,7 @@ def _refine_slots(slot, lens, copies, cols, ncols, ix, num_packs, budgets, candi
     wants = np.zeros((1024, dims), dtype=np.int64)
     dest = np.empty(1024, dtype=np.int64)
     progress = np.array([num_packs, 0, target, patience], dtype=np.int64)
-    c0 = 0
+    c0 = np.int64(0)  # not a literal 0: _window_members and refine_next would compile for Literal[int](0) too
     window = min(4096, window_max)
     while refine_next(candidates, c0, touched, progress) >= 0:
         c1 = min(c0 + window, candidates.shape[0])
@@ -830,7 +834,8 @@ def _duplicates(counts, pack_of):
                 if pack_of[group[a]] == pack_of[group[a - 1]]:
                     if k == out.shape[0]:
                         grown = np.empty(2 * k, dtype=out.dtype)
-                        grown[:k] = out
+                        for q in range(k):
+                            grown[q] = out[q]
                         out = grown
                     out[k] = group[a]
                     k += 1

@@ -14,6 +14,12 @@ from packer.packing.kernel_cache import drop_stale_kernels
 
 drop_stale_kernels()  # before any kernel of the package loads from numba's cache (kernel_cache says why)
 
+# What a kernel costs to compile (a first build compiles every signature its options use: docs/benchmarks.md "A
+# first build"): the package's kernels copy an array into another's slice or row element by element, never
+# ``a[i:j] = b`` / ``rows[k] = other[r]`` (for those numba compiles its shape-mismatch raise, string formatting
+# included, seconds per dimension count), and hand a kernel they call int64 positions and counts, not a literal
+# ``0`` nor an int32 element (each is a signature of its own, the callee compiled again: ``np.int64(x)``).
+
 # ----------------------------------------------------------------------------------------------------------
 # Counting sort and a 64-ary bitset
 # ----------------------------------------------------------------------------------------------------------
@@ -522,7 +528,9 @@ def ix_find(ix, lo, need):
                 _tp_exact(exact, root, links, rem2, meta)
             else:
                 exact[:] = -1
-            tree[node] = exact  # nothing fits here: the bucket's bounds become exact
+            for c in range(exact.shape[0]):  # nothing fits here: the bucket's bounds become exact
+                for d in range(dims):
+                    tree[node, c, d] = exact[c, d]
             _ix_pull(tree, node)
         while node & 1:  # next subtree to the right: climb while we are a right child
             node >>= 1
@@ -567,6 +575,7 @@ def refine_try(ix, inside, touched, alive, progress, p, sizes, wants, k, dest):
     in. ``progress`` (``refine_next``) counts either way."""
     key, rem2 = ix[4], ix[5]
     dims = rem2.shape[1]
+    p = np.int64(p)  # an int32 candidate: ix_remove/ix_insert compiled for int64 packs only
     if inside[p]:
         ix_remove(ix, p)
         inside[p] = False
@@ -634,14 +643,16 @@ def bfd_general(order, lens, needs, capacity, budgets, cls, classes, init_rem, i
     wants = np.empty((m, dims), dtype=np.int64)
     for k in range(m):
         sizes[k] = lens[order[k]]
-        wants[k] = needs[order[k]]
+        for d in range(dims):
+            wants[k, d] = needs[order[k], d]
     npre = init_rem.shape[0]
     ix = ix_new(capacity + 1, npre + m, dims, cls, classes, WIDE)
     rem, rem2 = ix[4], ix[5]  # the key is the remaining token count
     chosen = np.empty(m, dtype=np.int64)
     for b in range(npre):
         rem[b] = init_rem[b]
-        rem2[b] = init_rem2[b]
+        for d in range(dims):
+            rem2[b, d] = init_rem2[b, d]
         if rem[b] > 0 and rem2[b, 0] > 0:
             ix_insert(ix, b)
     num_packs = npre
@@ -653,7 +664,8 @@ def bfd_general(order, lens, needs, capacity, budgets, cls, classes, init_rem, i
             b = num_packs
             num_packs += 1
             rem[b] = capacity
-            rem2[b] = budgets
+            for d in range(dims):
+                rem2[b, d] = budgets[d]
         else:
             ix_remove(ix, b)
         rem[b] -= s
@@ -723,7 +735,8 @@ def ffd(order, lens, needs, capacity, budgets):
     need = np.empty(dims, dtype=np.int64)
     for b in range(n):
         tree[half + b, 0] = capacity
-        tree[half + b, 1:] = budgets
+        for d in range(1, dims):
+            tree[half + b, d] = budgets[d - 1]
     for node in range(half - 1, 0, -1):
         for d in range(dims):
             tree[node, d] = max(tree[2 * node, d], tree[2 * node + 1, d])
@@ -732,7 +745,8 @@ def ffd(order, lens, needs, capacity, budgets):
     for k in range(n):
         i = order[k]
         need[0] = lens[i]
-        need[1:] = needs[i]
+        for d in range(1, dims):
+            need[d] = needs[i, d - 1]
         b = ffd_take(tree, need, half)
         assign[i] = b
         num_packs = max(num_packs, b + 1)

@@ -557,12 +557,14 @@ def warm_planner(config: BuildConfig) -> None:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()
         if config.algorithm not in BULK_ALGORITHMS:  # plan()'s per-example kernels
             _plan(config, one, np.zeros((1, len(_used(config))), dtype=np.int64))
-        from packer.packing.bulk import plan_bulk
+        from packer.packing.bulk import PackOrder, plan_bulk
 
         dtype = length_dtype(config.max_length)
-        plan_bulk(one.astype(dtype), config.max_length)  # the kernels for the build's dtype
         used = _used(config)
         limits = limits_of(config)
+        if (config.algorithm == "bfd" and not config.balance_vision and not used
+                and config.max_examples_per_pack is None):  # plan_packs' tokens-only plan_bulk, nothing else: its
+            plan_bulk(one.astype(dtype), config.max_length)  # kernels (~10 CPU-s to compile) for the build's dtype
 
         def zeros(k: int) -> list[np.ndarray]:  # each budget's column in read_chunk's dtype (an item count: uint8)
             return [np.zeros(k, dtype if BUDGETS[j].tokens else np.uint8) for j in used]
@@ -596,7 +598,7 @@ def warm_planner(config: BuildConfig) -> None:
             from packer.packing.bulk_budgets import separate_copies_bulk
             from packer.packing.mixing import Sampled
 
-            two = plan_bulk(np.ones(2, dtype), config.max_length)
+            two = PackOrder(order=np.arange(2, dtype=np.int32), bounds=np.array([0, 2], dtype=np.int32))  # 2 in 1
             separate_copies_bulk(two, Sampled.of(np.full(1, 2, np.uint8)), np.ones(1, dtype), capacity=config.max_length,
                                  seed=0, costs=zeros(1), limits=[limits[j] or 1 for j in used])
     except Exception:  # noqa: BLE001 - only a warm-up: plan_packs reports any problem with the real lengths
