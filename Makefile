@@ -49,7 +49,7 @@ test: setup
 	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The edit loop: everything not marked `slow` (multi-process crash and Ray runs, real-model proofs, processor
-# sweeps over every COCO image), under a minute on 2 cores. CI and `make test` run the whole suite.
+# sweeps over every COCO image): ~9 min on a slow 2-core box (README). CI and `make test` run the whole suite.
 test-fast: setup
 	HF_HUB_OFFLINE=1 PACKER_SHARED=$(SHARED) $(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
 
