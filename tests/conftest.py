@@ -50,8 +50,8 @@ def qwen_tokenizer():
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_intra_op_thread():
-    """Every test runs torch with one intra-op thread, as ``one_thread`` did for some modules only. CI runs two
-    xdist workers on two cores: a worker's torch left at its default (a thread per core) oversubscribes them, and
+    """Every test runs torch with one intra-op thread (tiny models: faster, immune to oversubscription). CI runs
+    two xdist workers on two cores: a worker's torch left at its default (a thread per core) oversubscribes them, and
     a tiny Llama's backward over 10 paths took 8.2 s against 0.5 s with one thread on a busy 2-core box (the
     one-process checks of test_normalizations / test_multiprocess spent most of their time there). The
     multi-rank workers and doc recipes the tests launch run one thread already (OMP_NUM_THREADS=1)."""
@@ -59,15 +59,3 @@ def _one_intra_op_thread():
 
     torch.set_num_threads(1)
     yield
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and immune to a busy machine's oversubscription (~25x). Every
-    test session runs so already (``_one_intra_op_thread``); a module that needs it says so here too."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

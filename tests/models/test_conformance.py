@@ -141,7 +141,6 @@ def test_rows_read_and_collate(family):
     assert int((batch["labels"] != IGNORE_INDEX).sum()) == batch["num_loss_tokens"] > 0
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_on_the_real_model(family):
     """The family's proof: per-token losses, total and every gradient of the packed forward (one batch of all
     rows) equal every root-to-leaf path alone; ``model(**collate(rows))`` equals the explicit inputs. The batch's

@@ -404,7 +404,6 @@ def test_verify_checks_every_frame(built, tmp_path, tok, fault) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_vision_bidirectional_checkpoints_cannot_be_packed_exactly(built, tok) -> None:
     """Why ``use_bidirectional_attention="vision"`` (31B, 26B-A4B) is refused: on a tiny model with it set, each path
     alone (the processor's ``mm_token_type_ids``: blocks on the sliding-window layers only) differs from the packed

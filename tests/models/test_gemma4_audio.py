@@ -297,7 +297,6 @@ def _tiny(tok):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_audio_tower_keeps_batched_clips_apart(tok) -> None:
     """Gemma4AudioModel encodes each clip of a batch as a row of its own: a clip's valid soft tokens from the
     extractor's batch of it with longer clips equal them from the clip alone, and changing another clip changes
@@ -323,7 +322,6 @@ def test_audio_tower_keeps_batched_clips_apart(tok) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_audio(built, tok) -> None:
     """Rows mixing audio clips, images, text and a tree with a clip in a branch: per-token losses, the total and
     every gradient of a tiny Gemma4ForConditionalGeneration equal each root-to-leaf path run alone as the

@@ -492,7 +492,6 @@ def test_reader_equals_the_processors(built_videos, processor) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_videos(built_videos, tokenizer) -> None:
     """The rows with videos (handed to the model as images) against every path alone with the processor's video
     inputs (pixel_values_videos, video_grid_thw, mm_token_type_ids 2): per-token losses, total, gradients."""

@@ -390,7 +390,6 @@ def tiny_rows(tmp_path_factory, coco_images):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_tiles_trees_and_chunks(tiny_rows) -> None:
     """``Llama4ForConditionalGeneration`` (a chunk of 16, shorter than every row; NoPE temperature at floor_scale
     8), rows of several examples with images of 1 to 7 tiles, two images in a tree's prefix, branches across chunk

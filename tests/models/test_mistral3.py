@@ -356,7 +356,6 @@ def _features(model, pixels: torch.Tensor, sizes: torch.Tensor) -> list[torch.Te
         return list(model.model.get_image_features(pixel_values=pixels, image_sizes=sizes).pooler_output)
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_pixtral_tower_keeps_images_apart(monkeypatch) -> None:
     """Several images in one call (as a packed batch gives them) == each image alone: the tower's block mask
     keeps them apart and its 2-D rope positions restart per image, on SDPA and under packer's backends (the
@@ -381,7 +380,6 @@ def test_pixtral_tower_keeps_images_apart(monkeypatch) -> None:
     assert _rel(_features(model, pixels, sizes), alone) > 1e-3
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_pixtral_tower_under_a_flash_named_backend() -> None:
     """transformers' Pixtral tower asks ``is_flash_attention_requested`` (any name holding "flash"): then it passes
     the images' ``cu_seq_lens_q/k`` instead of its block mask. Set on the tower's config directly (on CPU

@@ -266,7 +266,6 @@ def test_reader_equals_the_processor(built, processor) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(built, tok) -> None:
     """The built rows (audio clips of every codec, two clips in one turn, text, a tree with a clip on each level,
     a 30 s clip, a clip inline from Parquet) collated into one batch: per-token losses, the total and every gradient of a tiny
@@ -285,7 +284,6 @@ def test_packed_equals_unpacked(built, tok) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_check_equivalence_script_runs_audio(built, media, capsys) -> None:
     """``scripts/check_equivalence.py --model qwen2-audio`` on the records' JSONL: it builds, reads the clips'
     features and passes (exit 0) with the audio tower in the model."""

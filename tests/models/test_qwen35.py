@@ -270,7 +270,6 @@ def test_positions_equal_get_rope_index_on_every_path(rows) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_images_and_video_trees(rows) -> None:
     """A tiny ``Qwen3_5ForConditionalGeneration``: every row packed (the linear layers' state forked at each
     branch, the full layer's tree mask, the vision tower per image and clip) equals each path alone with the

@@ -333,7 +333,6 @@ def test_a_clip_two_branches_pad_apart_is_rejected(tok, media) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(tmp_path, encoded, tok) -> None:
     """Rows mixing clips padded together, images, videos with and without their sound, text and a tree, two
     and three examples a row, collated into one batch with float32 positions: per-token losses, the total and
@@ -414,7 +413,6 @@ def test_verify_finds_each_fault(omni3_build, tmp_path, fault) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_check_equivalence_runs_audio(omni3_build) -> None:
     """``scripts/check_equivalence.py --model qwen3-omni``: builds the records, reads their audio, and proves
     packed == unpacked on the real thinker."""

@@ -342,7 +342,6 @@ def test_reader_audio_equals_the_processor(tmp_path, omni_encoded, processor) ->
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_audio(tmp_path, omni_encoded, tok) -> None:
     """Rows mixing audio clips, images, videos with and without their sound, text and a tree, packed two
     examples a row and collated into one batch: per-token losses, the total and every gradient of a tiny
@@ -440,7 +439,6 @@ def test_verify_finds_each_fault(omni_build, tmp_path, fault) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_check_equivalence_runs_audio(omni_build) -> None:
     """``scripts/check_equivalence.py --model qwen2.5-omni`` on the records above: builds, reads the audio, and
     proves packed == unpacked on the real thinker."""

@@ -129,7 +129,6 @@ def test_real_clips_count_and_featurize_as_the_released_processor(tmp_path, seco
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_past_30_s(tmp_path) -> None:
     """Qwen2.5-Omni's proof with clips past 30 s (31.5 s: 787 tokens) and past 300 s (cut: 7500 tokens), two
     examples packed in one row: per-token losses and every gradient of a tiny thinker equal each example run alone,

@@ -56,7 +56,6 @@ def _rows(tmp_path, profile, tok, records, *, pack: list[int]):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_a_drifted_pixel_bound_fails_the_proof(tmp_path) -> None:
     """A Qwen2-VL profile whose max_pixels is not the released one counts a 300 x 200 image as 54 tokens; the released
     processor gives it 77, and the model refuses the packed batch. Given the same bound (a build's explicit

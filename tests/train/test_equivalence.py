@@ -39,7 +39,6 @@ CPU_BACKENDS = ["sdpa", "sdpa_varlen", "flex"]
 RAW_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"  # a branch starts on content
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> Path:

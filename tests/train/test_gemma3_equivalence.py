@@ -34,7 +34,6 @@ _spec = importlib.util.spec_from_file_location(
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 SOFT, BOI, EOI = 151650, 151648, 151649  # <image_soft_token>, <start_of_image>, <end_of_image> (stand-in ids)
 TINY = Gemma3Profile(name="gemma3-tiny", image_px=56, tokens_per_image=4)
 """56 px images: 4x4 patches pooled 2x2 -> 4 tokens; the same rule as 896 px -> 64x64 -> 256."""

@@ -29,7 +29,6 @@ _spec = importlib.util.spec_from_file_location(
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 TOKENS = {"<image>": 151646, "<video>": 151647}  # the builtin llava-onevision tokenizer's ids
 BACKENDS = ["sdpa", "sdpa_varlen", "flex"]
 

@@ -122,7 +122,6 @@ def _reference(model, batch: dict, refs: list[ImageRef], token_ids: dict[str, in
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(molmo2_rows) -> None:
     rows = molmo2_rows
     assert len(rows) >= 2 and any(len(r["images"]) >= 2 for r in rows)
@@ -143,7 +142,6 @@ def test_packed_equals_unpacked(molmo2_rows) -> None:
     assert report["sdpa"]["grad_missing"] == [] and report["sdpa"]["grad_params"] > 0
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_model_takes_the_collated_batch(molmo2_rows) -> None:
     """``model(**collate(rows))`` after ``use_packed_attention``: the same logits as ``model_inputs``, and
     the bidirectional block changes them (the spans reach the attention)."""

@@ -98,7 +98,6 @@ def _reference(model, batch: dict, videos: list[dict], images: list[ImageRef], t
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked(video_rows) -> None:
     rows = video_rows
     assert sum(len(r["videos"]) for r in rows) == 2 and any((r["node_parents"] >= 0).any() for r in rows)
@@ -126,7 +125,6 @@ def test_packed_equals_unpacked(video_rows) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_check_equivalence_runs_videos(video_rows) -> None:
     """scripts/check_equivalence.py's generic reference (the profile's image_inputs / reference_inputs hooks,
     videos as crops) agrees with the packed batch too: ``--model molmo2`` checks videos."""

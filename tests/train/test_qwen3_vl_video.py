@@ -181,7 +181,6 @@ def test_verify_accepts_the_build_and_catches_faults(clips, tmp_path) -> None:
         assert any(check in c for _, c in report.counts), (change.__name__, report.counts)
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_packed_equals_unpacked_with_video_trees(clips) -> None:
     batches, model, ctx = _tiny("qwen3-vl", [collate([r]) for r in clips["rows"]], load_tokenizer("qwen3-vl"))
     assert any("pixel_values_videos" in b and (b["node_parents"] >= 0).sum() >= 4 for b in batches)

@@ -27,7 +27,6 @@ _spec.loader.exec_module(ce)
 
 BACKENDS = ["sdpa", "sdpa_varlen"]
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 @pytest.fixture(scope="module")

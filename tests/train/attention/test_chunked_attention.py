@@ -194,7 +194,6 @@ def tree_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_llama4_text_packed_trees_equal_each_path_alone(tree_batch) -> None:
     """``Llama4ForCausalLM`` (chunk 8, floor_scale 8: both rules active along every row): per-token losses, total
     and every gradient equal each root-to-leaf path alone with transformers' own masks and positions."""
@@ -207,7 +206,6 @@ def test_llama4_text_packed_trees_equal_each_path_alone(tree_batch) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("broken", ["no chunks", "chunks along the row", "temperature along the row"])
 def test_without_packers_rules_the_packed_result_is_wrong(tree_batch, broken: str, monkeypatch) -> None:
     """Each rule catches a real error: chunked layers run as full causal, chunks counted by row offset (what a
@@ -229,7 +227,6 @@ def test_without_packers_rules_the_packed_result_is_wrong(tree_batch, broken: st
     assert got["loss_max_abs"] > (1e-2 if "chunk" in broken else 1e-4), report  # measured: 0.10, 0.11, 1.9e-4
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_plain_sequences_keep_their_local_layers() -> None:
     """One unpacked sequence through a packer backend (no boundaries, no attention_mask, no cache): chunked (Llama
     4) and sliding-window (Gemma 3) layers keep their pattern, as under transformers' own sdpa."""
@@ -251,7 +248,6 @@ def test_plain_sequences_keep_their_local_layers() -> None:
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.usefixtures("one_thread")
 def test_attention_chunk_reads_the_layer(tree_batch) -> None:
     """Which layers are chunked comes from the config's layer_types at the module's layer_idx."""
     model = _text_model(chunk_size=8)

@@ -26,7 +26,6 @@ _spec = importlib.util.spec_from_file_location("check_equivalence", REPO / "scri
 ce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ce)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Two examples, then a linear one: example 0 = node 0 (70 tokens) with branches 1 (5) and 2 (80), node 2 with a
 # nested branch 3 (3) and a sibling 4 (1 token); example 1 = node 5 (12); example 2 = node 6 (9).

@@ -23,8 +23,6 @@ from packer.train.data.dataset import PackedDataset
 from tests.helpers import GOLDEN_LAYOUT, random_example, random_layout, random_spans, write_shardset
 from tests.train.attention.test_layout import brute_force_mask
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _qkv(T: int, *, dtype=torch.float64, heads: int = 4, kv_heads: int = 2, dim: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)

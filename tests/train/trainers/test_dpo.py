@@ -53,7 +53,6 @@ RECORDS = [
 ]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 @pytest.fixture(scope="module")

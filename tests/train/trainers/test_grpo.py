@@ -35,7 +35,6 @@ from packer.models.llava.profile import LlavaProfile
 from packer.train.trainers.grpo import _REFUSED_MEDIA, PackedGRPOTrainer, group_trees, pack_trees, row_of
 from tests.train.trainer_helpers import VOCAB, StepRecorder, assert_grads_close, logged_losses, tiny_llama
 
-pytestmark = [pytest.mark.usefixtures("one_thread")]
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental feature" warning
 
 G = 4

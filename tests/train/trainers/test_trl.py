@@ -37,7 +37,7 @@ from tests.train.trainer_helpers import (
     trl_args,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow]
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
