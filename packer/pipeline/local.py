@@ -85,12 +85,13 @@ def remove_orphan_encoder_files(here: Path, *, max_age_s: float = ORPHAN_AGE_S) 
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` names a process (another user's counts: signalling it is refused, not failed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True
 
 

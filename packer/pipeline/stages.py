@@ -380,6 +380,13 @@ class Plan:
                 "source_names": names if many else columns.sources[:1], "sampled": self.sampled}
 
 
+def plans_tokens_only(config: BuildConfig) -> bool:
+    """Whether ``plan_packs`` plans with ``plan_bulk`` (tokens-only best fit): no budget, no ``balance_vision``,
+    no ``max_examples_per_pack``. ``warm_planner`` loads that planner's kernels only then."""
+    return (config.algorithm in BULK_ALGORITHMS and config.algorithm not in ("next-fit", "ffd")
+            and not config.balance_vision and not _used(config) and config.max_examples_per_pack is None)
+
+
 def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
     """Sample the sources by weight, then plan every kept example (the rows over a budget or ``max_length`` left
     out) from the
@@ -456,14 +463,14 @@ def plan_packs(columns: Columns, config: BuildConfig) -> Plan:
             packs = planner(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
                             names=[FLAGS[j] for j in used], counts=counts, max_examples=config.max_examples_per_pack,
                             refine=config.refine, seed=config.seed)
-        elif used or config.max_examples_per_pack is not None:
-            packs = plan_budgeted(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
-                                  names=[FLAGS[j] for j in used], counts=counts,
-                                  max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
-        else:
+        elif plans_tokens_only(config):
             lengths = columns.tokens if sampled is None else sampled.planned(columns.tokens)
             packs = plan_bulk(lengths, config.max_length, seed=config.seed, refine=config.refine)
             del lengths
+        else:
+            packs = plan_budgeted(columns.tokens, config.max_length, costs=cols, limits=[limits[j] for j in used],
+                                  names=[FLAGS[j] for j in used], counts=counts,
+                                  max_examples=config.max_examples_per_pack, refine=config.refine, seed=config.seed)
         if copies:  # copies apart, by separate_copies' swaps (the bounded budgets: all of ``used``)
             packs = separate_copies_bulk(packs, sampled, columns.tokens, capacity=config.max_length,
                                          seed=config.seed, costs=cols, limits=[limits[j] for j in used])
@@ -562,9 +569,8 @@ def warm_planner(config: BuildConfig) -> None:
         dtype = length_dtype(config.max_length)
         used = _used(config)
         limits = limits_of(config)
-        if (config.algorithm == "bfd" and not config.balance_vision and not used
-                and config.max_examples_per_pack is None):  # plan_packs' tokens-only plan_bulk, nothing else: its
-            plan_bulk(one.astype(dtype), config.max_length)  # kernels (~10 CPU-s to compile) for the build's dtype
+        if plans_tokens_only(config):  # plan_bulk's kernels (~10 CPU-s to compile) for the build's dtype
+            plan_bulk(one.astype(dtype), config.max_length)
 
         def zeros(k: int) -> list[np.ndarray]:  # each budget's column in read_chunk's dtype (an item count: uint8)
             return [np.zeros(k, dtype if BUDGETS[j].tokens else np.uint8) for j in used]
