@@ -248,9 +248,10 @@ def test_without_ray_the_error_names_the_extra(corpus, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_driver_without_the_clusters_token_is_refused_naming_it(cluster, corpus, tmp_path):
     """A second driver holding another token (a cluster with token auth, Ray's default) fails with exit 1 and
-    says where the token goes; nothing is written."""
+    says where the token goes; nothing is written. (``RAY_NUM_REDIS_GET_RETRIES=1``: Ray tries to reach the
+    GCS 20 times about a second apart (the same refusal each time) before it raises; one attempt is enough.)"""
     out = tmp_path / "out"
-    env = {**os.environ, "RAY_AUTH_TOKEN": "0" * 64, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "RAY_AUTH_TOKEN": "0" * 64, "PYTHONPATH": str(REPO), "RAY_NUM_REDIS_GET_RETRIES": "1"}
     run = subprocess.run([sys.executable, "-m", "packer.cli", "build", *FILES, "-o", str(out), "-q", "--executor",
                           "ray", "--ray-address", cluster, "--profile", "qwen2-vl"], cwd=corpus, env=env,
                          capture_output=True, text=True, timeout=300)
