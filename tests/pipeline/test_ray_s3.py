@@ -274,27 +274,38 @@ def test_a_worker_node_removed_mid_encode_and_mid_write_loses_and_doubles_nothin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["plan:0", "shard:1"])
 def test_a_driver_killed_after_the_plan_or_mid_write_resumes_by_rerunning_the_command(
-        cluster, corpus, reference, s3, tmp_path_factory, driver_cwd, point):
-    """``packer build`` on the cluster (a second driver, a subprocess) killed -9 once its plan is written, or
-    while its tasks on the worker nodes write shards (shard 1 published, its marker not); the same build run
-    again finishes it from what is committed on S3, reusing every encoded chunk."""
+        cluster, corpus, reference, s3, tmp_path_factory, driver_cwd):
+    """``packer build`` on the cluster (a second driver, a subprocess) killed -9 once its plan is written; the
+    same command run again resumes from what is committed on S3 and is killed -9 in turn while its tasks on the
+    worker nodes write shards (shard 1 published, its marker not); the same build run a third time finishes it.
+    Every encoded chunk is reused by both reruns. (One output for both kills: the rerun of the first is the
+    second's driver, so two launches and one finishing build check both points.)"""
     import signal
 
     from tests.pipeline.crash_setup import run_build
 
-    out = f"s3://packer/out/driver-killed-{point.split(':')[0]}"
+    out = "s3://packer/out/driver-killed"
     args = [*_urls(), "-o", out, "-q", "--executor", "ray", "--ray-address", cluster.address, "--profile",
             "qwen2-vl", "--max-length", "1024", "--max-pixels", str(OPTS["max_pixels"]), "--rows-per-shard", "2",
             "--rows-per-row-group", "2"]
-    crashed = run_build(args, point, env=s3[0])
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     root = store_path(out)
+
+    def chunks() -> dict[str, Any]:
+        return {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+
+    crashed = run_build(args, "plan:0", env=s3[0])
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert not (root / "manifest.json").exists()
-    encoded = {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")}
+    assert not list(root.glob("shard-*.parquet"))  # killed after the plan, before any shard
+    encoded = chunks()
     assert len(encoded) == len(FILES)
+
+    crashed = run_build(args, "shard:1", env=s3[0])  # the rerun resumes from the plan, then dies mid-write
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert not (root / "manifest.json").exists()
+    assert chunks() == encoded
 
     build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory))
     assert digests(out) == reference
-    assert {p.name: p.fs.info(p.key)["LastModified"] for p in (root / ".packer" / "encode").glob("chunk-*.arrow")} == encoded
+    assert chunks() == encoded
