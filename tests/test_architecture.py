@@ -8,6 +8,7 @@ import ast
 import json
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,15 @@ TRAIN_ALLOWED: dict[str, set[str]] = {
 }
 
 
+@cache  # read once per test process: the tests below walk every module's imports, each asking for the others
 def _modules() -> dict[str, Path]:
     return {".".join(p.relative_to(REPO).with_suffix("").parts): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per test process (nothing here changes a tree)."""
+    return ast.parse(path.read_text())
 
 
 def _import_nodes(tree: ast.AST, *, top_level_only: bool, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
@@ -74,7 +82,7 @@ def _import_nodes(tree: ast.AST, *, top_level_only: bool, type_checking: bool = 
 
 def _families() -> tuple[str, ...]:
     """``packer.models.FAMILIES``: the family packages the registry imports by name (import_module)."""
-    tree = ast.parse((PACKAGE / "models" / "__init__.py").read_text())
+    tree = _tree(PACKAGE / "models" / "__init__.py")
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FAMILIES" for t in node.targets):
             return tuple(ast.literal_eval(node.value))
@@ -85,7 +93,7 @@ def _imports(path: Path, module: str, *, top_level_only: bool, type_checking: bo
     """The packer modules ``module`` imports (absolute or relative), at its top level or anywhere (imports under
     ``if TYPE_CHECKING:`` never run and count only with ``type_checking``). ``packer.models`` imports its
     ``FAMILIES`` by name."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     found = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in _import_nodes(tree, top_level_only=top_level_only, type_checking=type_checking):
@@ -272,7 +280,7 @@ def test_verify_asks_the_family_in_one_module():
     for path in sorted((PACKAGE / "report" / "verify").glob("*.py")):
         if path.name == "family.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if (isinstance(node, ast.Attribute) and node.attr != "name"
                     and (getattr(node.value, "id", None) == "profile" or getattr(node.value, "attr", None) == "profile")):
                 asked.append(f"{path.name}:{node.lineno} profile.{node.attr}")

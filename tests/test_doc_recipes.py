@@ -2,13 +2,17 @@
 extracted from the page and run in a directory holding what the page says it holds (``my_model/``: a tiny Llama
 saved with the builtin tokenizer; ``my_shards/``, ``my_trees/``, ``my_pairs/``: real builds). A Python recipe with
 ``file=X`` is written to X and started by the recipe's ``run`` block (``torchrun``, ``accelerate launch``, 2
-processes on CPU); any other Python recipe runs as ``python recipe.py``. A recipe that drifts from the code fails
-here."""
+processes on CPU); any other Python recipe runs as ``python recipe.py`` would, as ``__main__`` of a process of its
+own in its directory, forked from one interpreter per test worker that imported torch, transformers, datasets and
+TRL once (``_RUNNER``: those imports are most of a recipe's seconds; the recipe's own code, its model, data and
+trainer start from nothing in each). A recipe that drifts from the code fails here."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -81,22 +85,90 @@ def _mixed_build(root: Path) -> None:
                                  "output": str(root / "my_mix"), "profile": "text", "max_length": 128}), progress=False)
 
 
+# The runner: imports what the Python recipes import, then for each request (a directory holding recipe.py) forks a
+# child that runs the file as ``python recipe.py`` would (``__main__``, its directory first on sys.path, its output
+# to stdout.txt / stderr.txt there, atexit handlers run) and answers with the child's exit status. Nothing of a
+# recipe outlives its child; the runner itself runs no recipe code. Fork is safe here: the imports start no thread
+# (OMP_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false) and nothing has run torch yet. The recipes' environment is the
+# runner's (``_env``; datasets read HF_DATASETS_CACHE at import: the runner's directory).
+_RUNNER = r"""
+import atexit, json, os, runpy, sys, traceback
+import datasets, torch, transformers, trl  # noqa: F401  # what the recipes import: once for all of them
+import trl.trainer  # noqa: F401
+import packer.train.trainers.trainer, packer.train.trainers.trl, packer.train.trl  # noqa: F401
+base_path = list(sys.path[1:])
+print("ready", flush=True)
+for line in sys.stdin:
+    run = json.loads(line)["dir"]
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.chdir(run)
+            for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
+                os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            sys.stdin = open(os.devnull)
+            sys.argv = ["recipe.py"]
+            sys.path[:] = [run, *base_path]
+            try:
+                runpy.run_path("recipe.py", run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+            atexit._run_exitfuncs()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "HF_DATASETS_CACHE": str(tmp / "hf-cache"), "TOKENIZERS_PARALLELISM": "false",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    """One runner per test worker (``_RUNNER``), started on the first Python recipe and stopped after the module."""
+    tmp = tmp_path_factory.mktemp("runner")
+    with open(tmp / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _RUNNER], cwd=tmp, env=_env(tmp), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    first = proc.stdout.readline()
+    assert first == "ready\n", first + (tmp / "stderr.txt").read_text()[-6000:]
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def _run_in(runner: subprocess.Popen, run: Path, timeout: float = 600) -> int:
+    runner.stdin.write(json.dumps({"dir": str(run)}) + "\n")
+    runner.stdin.flush()
+    ready, _, _ = select.select([runner.stdout], [], [], timeout)
+    assert ready, f"the recipe in {run} ran past {timeout} s"
+    return json.loads(runner.stdout.readline())["rc"]
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_recipe_runs_as_written(workdir, name, tmp_path):
+def test_recipe_runs_as_written(workdir, name, tmp_path, request):
     recipe = RECIPES[name]
     run = tmp_path / "run"
     run.mkdir()
     for item in workdir.iterdir():
         (run / item.name).symlink_to(item)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "TOKENIZERS_PARALLELISM": "false",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(REPO)}
     if recipe["file"]:
         (run / recipe["file"]).write_text(recipe["code"] + "\n")
-        cmd = ["bash", "-c", recipe["run"]]
+        result = subprocess.run(["bash", "-c", recipe["run"]], cwd=run, env=_env(tmp_path), capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     else:
         (run / "recipe.py").write_text(recipe["code"] + "\n")
-        cmd = [sys.executable, "recipe.py"]
-    result = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        rc = _run_in(request.getfixturevalue("runner"), run)
+        assert rc == 0, (run / "stdout.txt").read_text()[-3000:] + (run / "stderr.txt").read_text()[-6000:]
