@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -18,6 +19,20 @@ SYS_DEFAULT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 IMAGE_PAD = 151655
 VISION_START, VISION_END = 151652, 151653
 IMAGES = ("a.jpg", "b.jpg", "c.png")  # under the image_root fixture's img/
+
+_BUILTINS: dict[str, Any] = {}
+
+
+def builtin(name: str) -> Any:
+    """``load_tokenizer(name)``, kept for the whole test process (an xdist worker): the same object every time.
+    ``load_tokenizer`` keeps 8 and the files that sweep the ~17 builtins (fastokens, references, templates,
+    released constants) evicted each other's in turn; each eviction cost a reload (~0.9 CPU-s) and fastokens'
+    native tokenizer, which lives as long as its tokenizer (~2.9 CPU-s for a 151k vocabulary)."""
+    if name not in _BUILTINS:
+        from packer.encode.tokenizers import load_tokenizer
+
+        _BUILTINS[name] = load_tokenizer(name)
+    return _BUILTINS[name]
 
 # Content that templates and tokenizers treat specially: whitespace and newlines at the edges (merged into
 # neighbouring tokens), special-token text, Jinja syntax, multi-byte characters, and the marker characters.

@@ -13,11 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer.encode.encoder import Encoder
-from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.models.registry import tokenizer_spec
 from packer.models.shared.tokenizer import RANKS
-from tests.encode.helpers import example, msg
+from tests.encode.helpers import builtin, example, msg
 from tests.encode.reference_tokenizers import reference_tokenizer, referenced_builtins, vocab_merges
 
 NFC_EXAMPLE = "cafe\u0301 na\u0308ive"  # issue 25: decomposed accents, as macOS writes them
@@ -76,7 +75,7 @@ _REFERENCED = referenced_builtins()
 def test_builtin_pipeline_equals_reference(name):
     """Normalizer, pre-tokenizer and decoder as the reference's; every added token at the same id with the same
     flags; the bos added (or not) as the reference adds it."""
-    tok = load_tokenizer(name)
+    tok = builtin(name)
     ours, ref = json.loads(tok.backend_tokenizer.to_str()), json.loads(reference_tokenizer(name).to_str())
     for key in ("normalizer", "pre_tokenizer", "decoder"):
         assert ours[key] == ref[key], (name, key)
@@ -92,7 +91,7 @@ def test_builtin_pipeline_equals_reference(name):
 def test_builtin_ids_equal_reference_on_adversarial_text(name):
     """The ids of every builtin equal the reference's on adversarial text: NFD / NFKC forms, combining marks,
     Hangul jamo, emoji ZWJ sequences, RTL and control characters, long runs, digits, special-token look-alikes."""
-    backend, ref = load_tokenizer(name).backend_tokenizer, reference_tokenizer(name)
+    backend, ref = builtin(name).backend_tokenizer, reference_tokenizer(name)
 
     @settings(max_examples=25, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -133,7 +132,7 @@ def test_every_token_is_its_own_bpe(ranks):
         return
     assert unreached  # the flag is false for a reason
     for name in [n for n in _REFERENCED if tokenizer_spec(n).ranks == ranks]:
-        assert load_tokenizer(name).backend_tokenizer.model.ignore_merges
+        assert builtin(name).backend_tokenizer.model.ignore_merges
         assert reference_tokenizer(name).model.ignore_merges
 
 

@@ -325,9 +325,9 @@ def test_truncation_keeps_a_clips_padding_or_refuses(clips):
     """Qwen3-Omni pads an example's clips to its longest (padded_samples): a cut that drops the longest clip
     would leave a kept clip with another example's features and count, so it is untruncatable; a cut that keeps
     the longest clip keeps every kept clip exactly as a fresh encode of the kept part stores it."""
-    from packer.encode.tokenizers import load_tokenizer
+    from tests.encode.helpers import builtin
 
-    tok, profile = load_tokenizer("qwen3-omni"), get_profile("qwen3-omni")
+    tok, profile = builtin("qwen3-omni"), get_profile("qwen3-omni")
 
     def cut_before_clip(ex, k: int) -> Encoder:  # a max_length that ends inside clip k's run
         whole = Encoder(tok, profile).encode(ex)

@@ -25,7 +25,6 @@ from packer.core.types import IGNORE_INDEX, Example, ImageRef, Message, Node
 from packer.encode import OVERLONG_POLICIES
 from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.render import stage
-from packer.encode.tokenizers import load_tokenizer
 from packer.errors import ConfigError, RecordError
 from packer.models import get_profile
 from tests.encode.helpers import (
@@ -37,6 +36,7 @@ from tests.encode.helpers import (
     Seq,
     assert_encoded,
     assert_same,
+    builtin,
     example,
     general,
     msg,
@@ -421,7 +421,7 @@ def test_pickled_encoder_lays_out_runs_of_named_tokens(img, name):
     them up in a worker too, where the pickled Encoder holds the Rust tokenizer only (at 7d01253 that lookup
     went through the transformers tokenizer, None there: every --num-proc > 1 build of these families failed)."""
     profile = get_profile(name)
-    encoder = Encoder(load_tokenizer(profile.default_tokenizer), profile)
+    encoder = Encoder(builtin(profile.default_tokenizer), profile)
     ex = example({"messages": [msg("user", [{"type": "image", "image": str(img)}]), msg("assistant", "y")]})
     worker = pickle.loads(pickle.dumps(encoder))
     assert worker.tokenizer is None
@@ -494,7 +494,7 @@ def test_coco_script_video_trees(coco_dir: Path, tmp_path: Path, monkeypatch):
     records = [json.loads(line) for line in (out / "coco_video_trees.jsonl").read_text().splitlines()]
     assert [r["id"] for r in records] == ["coco-slideshow-0", "coco-slideshow-1"]
     profile = get_profile("qwen2.5-vl")
-    encoder = Encoder(load_tokenizer(profile.default_tokenizer), profile)
+    encoder = Encoder(builtin(profile.default_tokenizer), profile)
     monkeypatch.chdir(tmp_path)  # paths resolve against the JSONL's directory, not the working one
     for (_, ex), record in zip(read_jsonl(str(out / "coco_video_trees.jsonl")), records, strict=True):
         enc = encoder.encode(ex)
@@ -685,7 +685,7 @@ def test_encode_batch_videos_equal_general_path(image_root, tmp_path, name, opti
         {"messages": [ask(image)], "branches": [[{"role": "assistant", "content": "x <|video_pad|>"}], [answer]]},
         {"messages": [ask(image, video), answer]},
     ]
-    encoder = Encoder(load_tokenizer(get_profile(name).default_tokenizer), get_profile(name, **options))
+    encoder = Encoder(builtin(get_profile(name).default_tokenizer), get_profile(name, **options))
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
     batch = encoder.encode_batch(examples)
     assert sum(isinstance(b, RecordError) for b in batch) >= 2  # the literal tokens, at least

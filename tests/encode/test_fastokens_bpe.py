@@ -20,10 +20,9 @@ from packer.core.types import Example
 from packer.encode import fastokens_bpe
 from packer.encode.encoder import Encoder
 from packer.encode.fastokens_bpe import FastokensBPE
-from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.models.registry import builtin_tokenizers
-from tests.encode.helpers import assert_same, general, one_by_one, parse_all
+from tests.encode.helpers import assert_same, builtin, general, one_by_one, parse_all
 from tests.encode.reference_tokenizers import reference_tokenizer, referenced_builtins
 from tests.encode.test_builtin_tokenizers import NFC_EXAMPLE, adversarial
 
@@ -35,7 +34,7 @@ def _ids(engine: FastokensBPE, texts: list[str]) -> list[list[int] | None]:
 
 
 def _check(name: str, max_examples: int) -> None:
-    backend = load_tokenizer(name).backend_tokenizer
+    backend = builtin(name).backend_tokenizer
     engine = FastokensBPE.of(backend)
     assert engine is not None
     # mistral3 (tekken) has no reference in tests/encode/reference_tokenizers.py: its own tokenizer is the reference
@@ -113,7 +112,7 @@ def test_failed_probe_leaves_every_text_to_hf(image_root):
     """Where fastokens' ids differ from HF's on the probe (or it cannot load the file), the HF tokenizer encodes
     every text, with the same bytes out."""
     tok = _user_tokenizer()
-    tok.chat_template = load_tokenizer("qwen2.5").chat_template
+    tok.chat_template = builtin("qwen2.5").chat_template
     encoder = Encoder(tok, get_profile("text"))
     assert encoder._fastokens is not None
     fastokens_bpe._NATIVE[encoder._fastokens.backend] = None  # what a failed probe leaves
@@ -145,7 +144,7 @@ def test_byte_fallback_vocabulary_takes_the_hf_tokenizer(image_root):
     backend.train_from_iterator(["Hello there, how are you today? Fine thanks."] * 20,
                                 trainers.BpeTrainer(vocab_size=400, special_tokens=specials))
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    tok.chat_template = load_tokenizer("qwen2.5").chat_template  # ChatML
+    tok.chat_template = builtin("qwen2.5").chat_template  # ChatML
     encoder = Encoder(tok, get_profile("text"))
     records = [{"messages": [{"role": "user", "content": "Hi \u6771"}, {"role": "assistant", "content": "Hello there."}]}]
     examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
@@ -203,7 +202,7 @@ def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
         ("qwen2.5", get_profile("text"), tool_records),
         (get_profile("qwen2.5-vl").default_tokenizer, get_profile("qwen2.5-vl", max_pixels=128 * 32 * 32), video_records),
     ):
-        encoder = Encoder(load_tokenizer(tokenizer), profile)
+        encoder = Encoder(builtin(tokenizer), profile)
         examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
         for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
             assert_same(got, want)

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from packer.core.types import Example
 from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.finish import BatchFinish
-from packer.encode.tokenizers import load_tokenizer
 from packer.models import get_profile
 from packer.shards.assemble import encoded_table
-from tests.encode.helpers import assert_same, parse_all
+from tests.encode.helpers import assert_same, builtin, parse_all
 from tests.encode.test_encoder import record
 from tests.shards.test_encoded_table import _ipc
 
@@ -65,13 +64,13 @@ def test_batch_finish_equals_per_record(encoders, image_root, records, name):
 
 @pytest.fixture(scope="module")
 def glm() -> Encoder:
-    return Encoder(load_tokenizer("glm-4.6v"), get_profile("glm-4.6v", max_pixels=28 * 28 * 2 * 64))
+    return Encoder(builtin("glm-4.6v"), get_profile("glm-4.6v", max_pixels=28 * 28 * 2 * 64))
 
 
 @pytest.fixture(scope="module")
 def onevision() -> Encoder:
     profile = get_profile("llava-onevision")
-    return Encoder(load_tokenizer(profile.default_tokenizer), profile)
+    return Encoder(builtin(profile.default_tokenizer), profile)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, database=None,
@@ -95,7 +94,7 @@ def named() -> dict[str, Encoder]:
     out = {}
     for name in NAMED:
         profile = get_profile(name)
-        out[name] = Encoder(load_tokenizer(profile.default_tokenizer), profile)
+        out[name] = Encoder(builtin(profile.default_tokenizer), profile)
     return out
 
 
@@ -132,8 +131,8 @@ def blocks_and_text() -> dict[str, Encoder]:
     ``<fake_token_around_image>`` ... tokenized alone)."""
     gemma3 = get_profile("gemma3", do_pan_and_scan=True)
     smolvlm = get_profile("smolvlm")
-    return {"gemma3": Encoder(load_tokenizer(gemma3.default_tokenizer), gemma3),
-            "smolvlm": Encoder(load_tokenizer(smolvlm.default_tokenizer), smolvlm)}
+    return {"gemma3": Encoder(builtin(gemma3.default_tokenizer), gemma3),
+            "smolvlm": Encoder(builtin(smolvlm.default_tokenizer), smolvlm)}
 
 
 @settings(max_examples=10, deadline=None, derandomize=True, database=None,
@@ -210,7 +209,7 @@ def test_batch_finish_of_text_records(encoders, image_root, name):
     if name == "split":
         encoder = encoders["text"].replace(max_length=40, long_docs="split", long_docs_overlap=4)
     elif name == "gemma3":  # a tokenizer with a bos token
-        encoder = Encoder(load_tokenizer("gemma3"), get_profile("text"), max_length=100, overlong="truncate")
+        encoder = Encoder(builtin("gemma3"), get_profile("text"), max_length=100, overlong="truncate")
     else:
         encoder = encoders[name]
     records = [{"text": "plain text"}, {"text": ""}, {"text": "a <|image_pad|> b <image>"},

@@ -14,7 +14,7 @@ from packer.encode.encoder import Encoder
 from packer.encode.templates import CLOSE, OPEN, ChatTemplate
 from packer.errors import ConfigError, RecordError
 from packer.models import get_profile
-from tests.encode.helpers import Seq, assert_encoded, example, msg, text
+from tests.encode.helpers import Seq, assert_encoded, builtin, example, msg, text
 
 
 def chat(tok, source: str | None = None, *, images: bool = True) -> ChatTemplate:
@@ -66,9 +66,7 @@ _FAST_BUILTINS = {"qwen2-vl": "qwen2-vl", "qwen2.5": "text", "qwen3-vl": "qwen3-
 @pytest.fixture(scope="module", params=sorted(_FAST_BUILTINS))
 def fast_builtin(request) -> Encoder:
     """An Encoder of each builtin whose template registers a renderer, with its family's profile."""
-    from packer.encode.tokenizers import load_tokenizer
-
-    encoder = Encoder(load_tokenizer(request.param), get_profile(_FAST_BUILTINS[request.param]))
+    encoder = Encoder(builtin(request.param), get_profile(_FAST_BUILTINS[request.param]))
     assert encoder._chat._fast is not None, f"{request.param}'s registered template must take the fast path"
     return encoder
 
@@ -215,9 +213,7 @@ def test_registered_renderers_encode_as_jinja(fast_builtin, img):
 
 def _checked_renderer(tokenizer: str, profile: str) -> Encoder:
     """The builtin ``tokenizer``'s Encoder with ``profile``, whose pure-Python renderer passed Jinja's probes."""
-    from packer.encode.tokenizers import load_tokenizer
-
-    encoder = Encoder(load_tokenizer(tokenizer), get_profile(profile))
+    encoder = Encoder(builtin(tokenizer), get_profile(profile))
     assert encoder._chat._verify and encoder._chat._fast is not None, f"{tokenizer}'s renderer must pass the probes"
     return encoder
 

@@ -88,9 +88,9 @@ def test_tokenize_with_and_without_offsets(tok):
 @pytest.mark.slow
 def test_llama3_builtin_is_llama3s_tokenizer() -> None:
     """Meta's llama-models ships Llama-3's ranks; the ids are Llama-3's own (published examples below)."""
-    from packer.encode.tokenizers import load_tokenizer
+    from tests.encode.helpers import builtin
 
-    tok = load_tokenizer("llama3")
+    tok = builtin("llama3")
     assert tok("Hello world!", add_special_tokens=False).input_ids == [9906, 1917, 0]
     assert tok("Hello world!").input_ids == [128000, 9906, 1917, 0]  # as Llama 3's tokenizer.json: bos added
     assert (tok.bos_token_id, tok.eos_token_id, len(tok)) == (128000, 128009, 128256)

@@ -13,10 +13,10 @@ import pytest
 
 from packer.core.types import IGNORE_INDEX, Encoded
 from packer.encode.encoder import Encoder
-from packer.encode.tokenizers import load_tokenizer
 from packer.errors import RecordError
 from packer.formats import parse_record
 from packer.models import get_profile
+from tests.encode.helpers import builtin
 
 
 def fn(name: str, **props: str) -> dict:
@@ -79,7 +79,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def tok25():
-    return load_tokenizer("qwen2.5")
+    return builtin("qwen2.5")
 
 
 @pytest.fixture(scope="module")

@@ -43,14 +43,14 @@ def test_profile_defaults_equal_the_released_files(family, name, entry) -> None:
 def test_builtin_tokenizer_ids_equal_the_released_ones(family, name, entry) -> None:
     """A real builtin has the released ids; a stand-in has the released token names, each one token (its ids are
     its own: the family's page says so)."""
-    from packer.encode.tokenizers import load_tokenizer
+    from tests.encode.helpers import builtin
 
     profile = get_profile(name)
     spec = entry["files"]["tokenizer"]
     if profile.default_tokenizer is None:
         assert spec.get("status") == "none"
         return
-    tok = load_tokenizer(profile.default_tokenizer)
+    tok = builtin(profile.default_tokenizer)
     standin = spec.get("status") == "stand-in"
     for token, want in spec["values"].items():
         if token in ("eos_token", "pad_token", "bos_token"):
