@@ -10,6 +10,10 @@ them to ``--out``/record.json and grads.pt. The test recomputes every step from 
 
     torchrun --nproc_per_node 2 tests/train/trainers/multirank_worker.py --data OUT --out DIR [--loss model] [--grad-accum 2]
     torchrun --nproc_per_node 2 tests/train/trainers/multirank_worker.py --mode loop --wrap fsdp2 --data OUT --out DIR
+
+Several runs in one launch (two ranks' imports cost more than a tiny run): ``JOB --then JOB ...``, each JOB the
+arguments above with its own ``--out``, run one after the other in the same ranks (``trainer``/``trl`` jobs before
+``loop`` jobs, which reuse the process group the Trainer made).
 """
 
 from __future__ import annotations
@@ -71,6 +75,19 @@ class Grads(TrainerCallback):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    jobs, job = [], []
+    for a in [*argv, "--then"]:
+        if a == "--then":
+            jobs.append(job)
+            job = []
+        else:
+            job.append(a)
+    kept = [run(job) for job in jobs]  # every run's trainer and model live until the exit (see leave)
+    leave(kept)
+
+
+def run(argv: list[str]) -> object:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
@@ -137,15 +154,26 @@ def main(argv: list[str] | None = None) -> None:
             "wrapped": type(trainer.model_wrapped).__name__, "fsdp": trainer.is_fsdp_enabled,
             "sharded_grads": grads.sharded}))
         torch.save(grads.grads, out / "grads.pt")
-    if world > 1:  # leave together, skipping the interpreter's teardown: gloo's threads alive at exit aborted a
-        # rank once ("terminate called without an active exception"), and destroy_process_group once hung one
+    return trainer
+
+
+def leave(kept: list) -> None:
+    """Leave together, skipping the interpreter's teardown: gloo's threads alive at exit aborted a rank once
+    ("terminate called without an active exception"), destroy_process_group once hung one, and torch 2.13's
+    ~ProcessGroupGloo (run when the DDP reducer drops the group) joins gloo's loop thread while holding the GIL,
+    and that thread may still need the GIL to free the barrier's work: a rank hung there at exit about one run in
+    two (py-spy: Reducer dealloc -> ~ProcessGroupGloo -> thread::join; runLoop -> ~AsyncBarrierWork ->
+    decref_pyobject). Everything is written; leave at once, every run's model still held (``kept``)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
 
 
-def loop(args: argparse.Namespace, out: Path) -> None:
+def loop(args: argparse.Namespace, out: Path) -> object:
     """The same training as a plain loop: each rank reads ``PackedDataset(rank, world_size)``, accumulates
     ``--grad-accum`` micro-batches, divides packer's summed loss by the step's global loss-token count (all-reduced
     before any forward) times the world size (DDP and FSDP2 average gradients over ranks), one SGD step."""
@@ -156,7 +184,8 @@ def loop(args: argparse.Namespace, out: Path) -> None:
     from packer.train.trainers.loss import packed_cross_entropy
     from packer.train.trainers.trainer import PackedCollator
 
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # a loop after a trainer run in the same launch: the Trainer's group
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = tiny_llama(seed=0)
     use_packed_attention(model, "sdpa_varlen")
@@ -207,14 +236,8 @@ def loop(args: argparse.Namespace, out: Path) -> None:
             "world": world, "ranks": every, "losses": losses, "wrapped": type(wrapped).__name__,
             "fsdp": args.wrap == "fsdp2", "sharded_grads": grads.sharded}))
         torch.save(grads.grads, out / "grads.pt")
-    dist.barrier()
-    # No teardown: torch 2.13's ~ProcessGroupGloo (run when the DDP reducer drops the group) joins gloo's loop
-    # thread while holding the GIL, and that thread may still need the GIL to free the barrier's work: a rank hung
-    # there at exit about one run in two (py-spy: Reducer dealloc -> ~ProcessGroupGloo -> thread::join; runLoop ->
-    # ~AsyncBarrierWork -> decref_pyobject). Everything is written; leave at once.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    dist.barrier()  # rank 0 has written before any rank starts the next run
+    return wrapped
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from packer.core.types import IGNORE_INDEX
 from packer.pipeline.build import build
 from packer.train.data.dataset import PackedDataset
 from tests.train.trainer_helpers import assert_grads_close, tiny_llama, weighted_paths
-from tests.train.trainers.test_multiprocess import LR, launch
+from tests.train.trainers.test_multiprocess import LR, launch_jobs
 from tests.train.trainers.test_normalizations import records
 
 pytestmark = pytest.mark.slow
@@ -124,11 +124,21 @@ def check(record: dict, grads: list, data: Path, weighting: str, prefix: str) ->
     return {"steps": len(steps), "grad_max_rel": worst}
 
 
-@pytest.mark.parametrize("mode, weighting, prefix", [("trainer", "sqrt", "path"), ("trl", "example", "once"),
-                                                     ("trainer", "branches", "once")])
-def test_two_ranks_step_equals_the_definition(mixed, tmp_path, mode, weighting, prefix):
-    record, grads = launch("torchrun", tmp_path / "run", "--mode", mode, "--data", str(mixed), "--weighting",
-                           weighting, "--prefix", prefix, "--epochs", "1")
+RUNS = [("trainer", "sqrt", "path"), ("trl", "example", "once"), ("trainer", "branches", "once")]
+
+
+@pytest.fixture(scope="module")
+def runs(mixed, tmp_path_factory) -> dict[tuple[str, str, str], tuple[dict, list]]:
+    """Every run of RUNS in one torchrun launch (two ranks' imports cost more than these tiny runs)."""
+    root = tmp_path_factory.mktemp("runs")
+    jobs = [(root / "-".join(run), ("--mode", run[0], "--data", str(mixed), "--weighting", run[1], "--prefix", run[2],
+                                    "--epochs", "1")) for run in RUNS]
+    return dict(zip(RUNS, launch_jobs("torchrun", jobs), strict=True))
+
+
+@pytest.mark.parametrize("mode, weighting, prefix", RUNS)
+def test_two_ranks_step_equals_the_definition(mixed, runs, mode, weighting, prefix):
+    record, grads = runs[mode, weighting, prefix]
     assert record["world"] == 2 and len({r["global_step"] for r in record["ranks"]}) == 1
     summary = check(record, grads, mixed, weighting, prefix)
     assert summary["steps"] >= 2

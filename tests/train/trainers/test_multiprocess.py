@@ -8,6 +8,9 @@ FSDP2's reduce-scatter, gathered) equal the token mean over all the step's examp
 run alone with the model's default attention, followed by the same SGD update. Also: every rank took the same
 number of steps (no hang: a run that hangs fails the timeout), every real example was trained once per epoch, and a
 run resumed from a mid-epoch checkpoint logs the uninterrupted run's losses for every later step.
+
+The torchrun runs on the mixed build share one launch (``torchrun_runs``, the worker's ``--then``): two ranks'
+imports cost more than these tiny runs. The resume and ``accelerate launch`` make their own.
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ def _port() -> int:
 
 
 def launch(launcher: str, out: Path, *args: str) -> tuple[dict, list]:
+    (result,) = launch_jobs(launcher, [(out, args)])
+    return result
+
+
+def launch_jobs(launcher: str, jobs: list[tuple[Path, tuple[str, ...]]]) -> list[tuple[dict, list]]:
+    """One launch of 2 ranks running each job (its --out, its worker arguments) in turn (the worker's ``--then``):
+    each job's (record, grads)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_port())]
@@ -66,10 +76,13 @@ def launch(launcher: str, out: Path, *args: str) -> tuple[dict, list]:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(_port())]
-    run = subprocess.run([*cmd, str(WORKER), "--out", str(out), *args], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=TIMEOUT)
+    worker_args: list[str] = []
+    for out, args in jobs:
+        worker_args += [*(["--then"] if worker_args else []), "--out", str(out), *args]
+    run = subprocess.run([*cmd, str(WORKER), *worker_args], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    return json.loads((out / "record.json").read_text()), torch.load(out / "grads.pt")
+    return [(json.loads((out / "record.json").read_text()), torch.load(out / "grads.pt")) for out, _ in jobs]
 
 
 def _examples(data: Path) -> dict[str, list[dict]]:
@@ -133,13 +146,26 @@ def check_run(record: dict, grads: list, data: Path, *, epochs: int = 2) -> dict
     return {"steps": len(steps), "grad_max_rel": worst, "losses": [losses[s + 1] for s in sorted(steps)]}
 
 
-def test_torchrun_trainer_ddp_packer_loss_and_resume(builds, tmp_path):
+@pytest.fixture(scope="module")
+def torchrun_runs(builds, tmp_path_factory) -> dict[str, tuple[dict, list]]:
+    """The torchrun runs on the mixed build, one launch for all (each run's own --out; a test that needs one more
+    launch, the resume, makes it itself): PackedTrainer saving a checkpoint every 2 steps, TRL's SFTTrainer, and
+    the plain loop with DDP and with FSDP2."""
+    root = tmp_path_factory.mktemp("torchrun")
+    data = ("--data", str(builds["mixed"]))
+    jobs = {"full": ("--save-steps", "2"), "trl": ("--mode", "trl"), "ddp": ("--mode", "loop", "--wrap", "ddp"),
+            "fsdp2": ("--mode", "loop", "--wrap", "fsdp2")}
+    results = launch_jobs("torchrun", [(root / name, (*data, *args)) for name, args in jobs.items()])
+    return {name: (*result, root / name) for name, result in zip(jobs, results, strict=True)}
+
+
+def test_torchrun_trainer_ddp_packer_loss_and_resume(builds, torchrun_runs, tmp_path):
     """torchrun, 2 ranks, PackedTrainer with packer's loss on trees and linear rows, G = 2, two epochs; then the run
     resumed from its step-2 checkpoint (mid-epoch) logs the same losses for steps 3.. and ends at the same step."""
-    record, grads = launch("torchrun", tmp_path / "full", "--data", str(builds["mixed"]), "--save-steps", "2")
+    record, grads, full = torchrun_runs["full"]
     summary = check_run(record, grads, builds["mixed"])
     assert summary["steps"] == 6 and record["wrapped"] == "DistributedDataParallel"
-    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint-2"
+    checkpoint = full / "checkpoints" / "checkpoint-2"
     resumed, _ = launch("torchrun", tmp_path / "resumed", "--data", str(builds["mixed"]), "--resume", str(checkpoint))
     assert {r["global_step"] for r in resumed["ranks"]} == {6}
     after = {h["step"]: h["loss"] for h in resumed["losses"]}  # steps 1-2 come from the checkpoint's history
@@ -154,6 +180,24 @@ def test_torchrun_trainer_ddp_packer_loss_and_resume(builds, tmp_path):
     print(f"torchrun DDP packer loss: {summary}")
 
 
+def test_torchrun_trl_sft_trainer(builds, torchrun_runs):
+    """TRL's SFTTrainer (PackedSFTTrainer given the build's path) under torchrun, 2 ranks, G = 2, trees: each rank
+    reads its PackedDataset share; the same per-step equality."""
+    record, grads, _ = torchrun_runs["trl"]
+    summary = check_run(record, grads, builds["mixed"])
+    print(f"torchrun TRL PackedSFTTrainer: {summary}")
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_torchrun_plain_loop(builds, torchrun_runs, wrap):
+    """A plain PyTorch loop over PackedDataset under torchrun: DDP, and FSDP2 (torch's fully_shard runs on CPU over
+    gloo; accelerate has no FSDP on CPU, so the Trainer cannot shard there)."""
+    record, grads, _ = torchrun_runs[wrap]
+    summary = check_run(record, grads, builds["mixed"])
+    assert record["sharded_grads"] == (wrap == "fsdp2")
+    print(f"torchrun loop {wrap}: {summary}")
+
+
 def test_accelerate_launch_trainer_ddp_model_loss(builds, tmp_path):
     """accelerate launch, 2 ranks, the stock Trainer loss (the model's own, on shift_labels) on linear rows, G = 2:
     transformers' num_items_in_batch makes it the same step-wide token mean."""
@@ -161,22 +205,3 @@ def test_accelerate_launch_trainer_ddp_model_loss(builds, tmp_path):
     summary = check_run(record, grads, builds["linear"])
     assert record["wrapped"] == "DistributedDataParallel"
     print(f"accelerate launch DDP model loss: {summary}")
-
-
-def test_torchrun_trl_sft_trainer(builds, tmp_path):
-    """TRL's SFTTrainer (PackedSFTTrainer given the build's path) under torchrun, 2 ranks, G = 2, trees: each rank
-    reads its PackedDataset share; the same per-step equality."""
-    record, grads = launch("torchrun", tmp_path / "run", "--mode", "trl", "--data", str(builds["mixed"]))
-    summary = check_run(record, grads, builds["mixed"])
-    print(f"torchrun TRL PackedSFTTrainer: {summary}")
-
-
-@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
-def test_torchrun_plain_loop(builds, tmp_path, wrap):
-    """A plain PyTorch loop over PackedDataset under torchrun: DDP, and FSDP2 (torch's fully_shard runs on CPU over
-    gloo; accelerate has no FSDP on CPU, so the Trainer cannot shard there)."""
-    record, grads = launch("torchrun", tmp_path / "run", "--mode", "loop", "--wrap", wrap, "--data",
-                           str(builds["mixed"]))
-    summary = check_run(record, grads, builds["mixed"])
-    assert record["sharded_grads"] == (wrap == "fsdp2")
-    print(f"torchrun loop {wrap}: {summary}")

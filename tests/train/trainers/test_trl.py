@@ -126,6 +126,9 @@ def test_packed_sft_trainer_on_trees_with_accumulation(builds, tok, tmp_path):
     gradients equal TRL's SFT step on every root-to-leaf path unpacked (the token mean over all of them)."""
     out, ds = builds["trees"]
     steps = 2
+    # both runs read the same rows in the same order: one reference per step serves both
+    want = [unpacked_reference(tmp_path, tok, [e for i in (2 * step, 2 * step + 1) for e in path_examples(ds[i])])
+            for step in range(steps)]
     for train_dataset in (ds, out):  # load_dataset(OUT)["train"], or the path (PackedDataset: exact on W ranks)
         rec = StepRecorder()
         trainer = PackedSFTTrainer(tiny_llama(), args=config(tmp_path, max_steps=steps, per_device_train_batch_size=1,
@@ -136,8 +139,7 @@ def test_packed_sft_trainer_on_trees_with_accumulation(builds, tok, tmp_path):
         trainer.train()
         losses = logged_losses(trainer)
         for step in range(steps):
-            rows = [ds[i] for i in (2 * step, 2 * step + 1)]
-            want_loss, want_grads = unpacked_reference(tmp_path, tok, [e for r in rows for e in path_examples(r)])
+            want_loss, want_grads = want[step]
             assert losses[step] == pytest.approx(want_loss, rel=1e-6)
             worst = assert_grads_close(rec.grads[step], want_grads)
             print(f"PackedSFTTrainer trees step {step}: loss {losses[step]:.9f} vs {want_loss:.9f}, grad {worst:.1e}")
