@@ -3,7 +3,11 @@ tiny real models, and a callback that records what a real trainer's step did (lo
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,27 @@ def build_jsonl(root: Path, name: str, records: list[dict], **config: Any) -> Pa
     kw = {"profile": "text", "max_length": 160, "rows_per_shard": 4, **config}
     build(BuildConfig.from_inputs([str(data)], str(root / name), **kw), progress=False)
     return root / name
+
+
+def once_per_run(tmp_path_factory: Any, name: str, make: Callable[[Path], None]) -> Path:
+    """``make(root)`` once per pytest run, by whichever xdist worker asks first; every worker gets ``root``.
+
+    A module fixture runs once per xdist worker that collects one of its tests: two workers would each repeat
+    a torchrun launch (~25-45 s in CI). pytest-xdist's recipe for a fixture run once: a file lock in the run's
+    temp directory, which every worker's ``getbasetemp()`` sits in. A ``make`` that raises leaves no mark: the
+    next worker to ask runs it again (and fails the same way)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / name
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".made").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            make(root)
+            (root / ".made").touch()
+    return root
 
 
 def tiny_llama(vocab_size: int = VOCAB, seed: int = 0) -> LlamaForCausalLM:

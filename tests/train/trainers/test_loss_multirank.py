@@ -20,19 +20,18 @@ from packer.config import BuildConfig
 from packer.core.types import IGNORE_INDEX
 from packer.pipeline.build import build
 from packer.train.data.dataset import PackedDataset
-from tests.train.trainer_helpers import assert_grads_close, tiny_llama, weighted_paths
-from tests.train.trainers.test_multiprocess import LR, launch_jobs
+from tests.train.trainer_helpers import assert_grads_close, once_per_run, tiny_llama, weighted_paths
+from tests.train.trainers.test_multiprocess import LR, load_job, run_jobs
 from tests.train.trainers.test_normalizations import records
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory) -> Path:
-    """Two sources: weighted chats and trees (records() of test_normalizations), odd rows (a filler on 2 ranks)."""
+def _build(root: Path) -> None:
+    """Two sources: weighted chats and trees (records() of test_normalizations), odd rows (a filler on 2 ranks);
+    then every run of RUNS on it in one torchrun launch (two ranks' imports cost more than these tiny runs)."""
     import json
 
-    root = tmp_path_factory.mktemp("norm-multi")
     recs = records()
     (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[:10]))
     (root / "trees.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[10:]))
@@ -42,7 +41,20 @@ def mixed(tmp_path_factory) -> Path:
                                     "rows_per_shard": 4})
     build(config, progress=False)
     assert len(PackedDataset(root / "out")) % 2 == 1
-    return root / "out"
+    run_jobs("torchrun", [(root / "runs" / "-".join(run), ("--mode", run[0], "--data", str(root / "out"),
+                                                            "--weighting", run[1], "--prefix", run[2], "--epochs", "1"))
+                          for run in RUNS])
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    """``_build``'s directory, made once per pytest run whichever xdist worker comes first (``once_per_run``)."""
+    return once_per_run(tmp_path_factory, "norm-multi", _build)
+
+
+@pytest.fixture(scope="module")
+def mixed(shared) -> Path:
+    return shared / "out"
 
 
 def _examples(data: Path) -> dict[str, dict]:
@@ -128,12 +140,8 @@ RUNS = [("trainer", "sqrt", "path"), ("trl", "example", "once"), ("trainer", "br
 
 
 @pytest.fixture(scope="module")
-def runs(mixed, tmp_path_factory) -> dict[tuple[str, str, str], tuple[dict, list]]:
-    """Every run of RUNS in one torchrun launch (two ranks' imports cost more than these tiny runs)."""
-    root = tmp_path_factory.mktemp("runs")
-    jobs = [(root / "-".join(run), ("--mode", run[0], "--data", str(mixed), "--weighting", run[1], "--prefix", run[2],
-                                    "--epochs", "1")) for run in RUNS]
-    return dict(zip(RUNS, launch_jobs("torchrun", jobs), strict=True))
+def runs(shared) -> dict[tuple[str, str, str], tuple[dict, list]]:
+    return {run: load_job(shared / "runs" / "-".join(run)) for run in RUNS}
 
 
 @pytest.mark.parametrize("mode, weighting, prefix", RUNS)

@@ -9,8 +9,9 @@ run alone with the model's default attention, followed by the same SGD update. A
 number of steps (no hang: a run that hangs fails the timeout), every real example was trained once per epoch, and a
 run resumed from a mid-epoch checkpoint logs the uninterrupted run's losses for every later step.
 
-The torchrun runs on the mixed build share one launch (``torchrun_runs``, the worker's ``--then``): two ranks'
-imports cost more than these tiny runs. The resume and ``accelerate launch`` make their own.
+The torchrun runs on the mixed build share one launch (``_make``, the worker's ``--then``), made once per pytest run
+whichever xdist worker comes first (``once_per_run``): two ranks' imports cost more than these tiny runs. The resume
+and ``accelerate launch`` make their own.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.train.trainer_helpers import (
     assert_grads_close,
     build_jsonl,
     chats,
+    once_per_run,
     path_examples,
     tiny_llama,
     trees,
@@ -45,14 +47,30 @@ LR = 0.5  # multirank_worker.LR
 TIMEOUT = 420  # a rank left waiting at an all-reduce would hang: the run fails here instead
 
 
+JOBS = {"full": ("--save-steps", "2"), "trl": ("--mode", "trl"), "ddp": ("--mode", "loop", "--wrap", "ddp"),
+        "fsdp2": ("--mode", "loop", "--wrap", "fsdp2")}
+
+
+def _make(root: Path) -> None:
+    """The two builds, then the torchrun runs on the mixed one in one launch (each run's own --out; a test that
+    needs one more launch, the resume, makes it itself): PackedTrainer saving a checkpoint every 2 steps, TRL's
+    SFTTrainer, and the plain loop with DDP and with FSDP2."""
+    mixed = build_jsonl(root, "mixed", chats(17) + trees(5), max_length=128)  # 9 rows: a filler on W=2
+    linear = build_jsonl(root, "linear", chats(17), max_length=128)  # 7 rows
+    for path in (mixed, linear):
+        assert len(PackedDataset(path)) % 2 == 1, path.name
+    run_jobs("torchrun", [(root / "torchrun" / name, ("--data", str(mixed), *args)) for name, args in JOBS.items()])
+
+
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("multi")
-    out = {"mixed": build_jsonl(root, "mixed", chats(17) + trees(5), max_length=128),  # 9 rows: a filler on W=2
-           "linear": build_jsonl(root, "linear", chats(17), max_length=128)}  # 7 rows
-    for name, path in out.items():
-        assert len(PackedDataset(path)) % 2 == 1, name
-    return out
+def shared(tmp_path_factory) -> Path:
+    """``_make``'s directory, made once per pytest run whichever xdist worker comes first (``once_per_run``)."""
+    return once_per_run(tmp_path_factory, "multiprocess", _make)
+
+
+@pytest.fixture(scope="module")
+def builds(shared):
+    return {"mixed": shared / "mixed", "linear": shared / "linear"}
 
 
 def _port() -> int:
@@ -69,6 +87,12 @@ def launch(launcher: str, out: Path, *args: str) -> tuple[dict, list]:
 def launch_jobs(launcher: str, jobs: list[tuple[Path, tuple[str, ...]]]) -> list[tuple[dict, list]]:
     """One launch of 2 ranks running each job (its --out, its worker arguments) in turn (the worker's ``--then``):
     each job's (record, grads)."""
+    run_jobs(launcher, jobs)
+    return [load_job(out) for out, _ in jobs]
+
+
+def run_jobs(launcher: str, jobs: list[tuple[Path, tuple[str, ...]]]) -> None:
+    """``launch_jobs`` without reading what the jobs wrote (``load_job``)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_port())]
@@ -82,7 +106,11 @@ def launch_jobs(launcher: str, jobs: list[tuple[Path, tuple[str, ...]]]) -> list
     run = subprocess.run([*cmd, str(WORKER), *worker_args], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=TIMEOUT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    return [(json.loads((out / "record.json").read_text()), torch.load(out / "grads.pt")) for out, _ in jobs]
+
+
+def load_job(out: Path) -> tuple[dict, list]:
+    """What one job wrote: its record and its gradients."""
+    return json.loads((out / "record.json").read_text()), torch.load(out / "grads.pt")
 
 
 def _examples(data: Path) -> dict[str, list[dict]]:
@@ -147,16 +175,9 @@ def check_run(record: dict, grads: list, data: Path, *, epochs: int = 2) -> dict
 
 
 @pytest.fixture(scope="module")
-def torchrun_runs(builds, tmp_path_factory) -> dict[str, tuple[dict, list]]:
-    """The torchrun runs on the mixed build, one launch for all (each run's own --out; a test that needs one more
-    launch, the resume, makes it itself): PackedTrainer saving a checkpoint every 2 steps, TRL's SFTTrainer, and
-    the plain loop with DDP and with FSDP2."""
-    root = tmp_path_factory.mktemp("torchrun")
-    data = ("--data", str(builds["mixed"]))
-    jobs = {"full": ("--save-steps", "2"), "trl": ("--mode", "trl"), "ddp": ("--mode", "loop", "--wrap", "ddp"),
-            "fsdp2": ("--mode", "loop", "--wrap", "fsdp2")}
-    results = launch_jobs("torchrun", [(root / name, (*data, *args)) for name, args in jobs.items()])
-    return {name: (*result, root / name) for name, result in zip(jobs, results, strict=True)}
+def torchrun_runs(shared) -> dict[str, tuple[dict, list, Path]]:
+    """Each torchrun run of ``_make``: its record, gradients and directory."""
+    return {name: (*load_job(shared / "torchrun" / name), shared / "torchrun" / name) for name in JOBS}
 
 
 def test_torchrun_trainer_ddp_packer_loss_and_resume(builds, torchrun_runs, tmp_path):
