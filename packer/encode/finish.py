@@ -61,6 +61,9 @@ class BatchFinish:
         self._runs: dict[tuple[int, int], tuple[MediaRun, ...] | None] = {}  # image size -> its entries' runs
         # a family's own media_runs (the cross-medium hook) is asked per record with images, as the general path asks
         self._own_runs = type(ctx.profile).media_runs is not ModelProfile.media_runs
+        # whether the vocabulary holds any placeholder token (a text profile's does not): else no record's tokens
+        # are looked up for one
+        self._placeholders = bool(ctx.is_placeholder.any())
 
     @classmethod
     def of(cls, ctx: EncodeContext) -> BatchFinish | None:
@@ -267,7 +270,7 @@ class BatchFinish:
         np.cumsum(seg_len, out=seg_off[1:])
         gather = np.repeat(lo - seg_off[:-1], seg_len) + np.arange(int(seg_off[-1]))
         g_ids, g_labels = ids[gather], tokens.labels[gather]
-        pos = np.flatnonzero(ctx.is_placeholder[g_ids])
+        pos = np.flatnonzero(ctx.is_placeholder[g_ids]) if self._placeholders else np.zeros(0, dtype=np.int64)
         node_of = np.searchsorted(seg_off, pos, side="right") - 1
         want = np.asarray(seg_want, dtype=np.int64)
         is_image = g_ids[pos] == ctx.image_token_id if ctx.image_token_id is not None else np.zeros(pos.shape[0], bool)
@@ -286,19 +289,25 @@ class BatchFinish:
         spans = np.array([run.num_tokens for _, run in images], dtype=np.int64)  # each entry's stored tokens
         runs = np.array([run.num_tokens if x is None else x.shape[0] for (_, run), x in zip(images, named, strict=True)],
                         dtype=np.int64)  # each run's tokens in the example
-        repeats = np.ones(gather.shape[0], dtype=np.int64)
-        repeats[placed] = runs[img_ok]
-        g_labels[placed] = IGNORE_INDEX
-        new_ids, new_labels = np.repeat(g_ids, repeats), np.repeat(g_labels, repeats)
-        moved = np.zeros(gather.shape[0] + 1, dtype=np.int64)  # the draft's token x -> its first in the new layout
-        np.cumsum(repeats, out=moved[1:])
-        node_start = moved[seg_off]  # (N + 1,)
+        if placed.shape[0]:
+            repeats = np.ones(gather.shape[0], dtype=np.int64)
+            repeats[placed] = runs[img_ok]
+            g_labels[placed] = IGNORE_INDEX
+            new_ids, new_labels = np.repeat(g_ids, repeats), np.repeat(g_labels, repeats)
+            moved = np.zeros(gather.shape[0] + 1, dtype=np.int64)  # the draft's token x -> its first in the new layout
+            np.cumsum(repeats, out=moved[1:])
+            node_start = moved[seg_off]  # (N + 1,)
+        else:  # no image placed (text chats): the layout is the draft's, token for token
+            new_ids, new_labels = g_ids, g_labels
+            moved = None
+            node_start = seg_off
         rec_start = node_start[rec_nodes]  # (R + 1,)
         length = np.diff(rec_start)
         new_labels[rec_start[:-1][ok]] = IGNORE_INDEX  # nothing predicts an example's first token
-        loss = np.zeros(new_labels.shape[0] + 1, dtype=np.int64)
-        np.cumsum(new_labels != IGNORE_INDEX, out=loss[1:])
-        ok &= loss[rec_start[1:]] - loss[rec_start[:-1]] > 0  # no loss token: the general path raises it
+        # no loss token: the general path raises it (counted from where the loss tokens are: a (T,) cumsum of
+        # the mask costs ~10x the flatnonzero on this box)
+        loss = np.flatnonzero(new_labels != IGNORE_INDEX)
+        ok &= np.searchsorted(loss, rec_start[1:]) - np.searchsorted(loss, rec_start[:-1]) > 0
         if max_length is not None:
             ok &= length <= max_length
         if not ok.any():
@@ -310,7 +319,8 @@ class BatchFinish:
         img_first = np.zeros(n_rec + 1, dtype=np.int64)
         np.cumsum(rec_images, out=img_first[1:])
         where = np.zeros(spans.shape[0], dtype=np.int64)
-        where[np.flatnonzero(img_ok)] = moved[placed]  # each image's first token, in the new layout
+        if moved is not None:
+            where[np.flatnonzero(img_ok)] = moved[placed]  # each image's first token, in the new layout
         lead = np.zeros(spans.shape[0], dtype=np.int64)
         laid = [q for q, x in enumerate(named) if x is not None and img_ok[q]]
         if laid:  # the named runs' own ids over their placeholder repeated, as ``media.expand`` writes them
@@ -368,7 +378,8 @@ class BatchFinish:
         ok = length >= 2
         if max_length is not None:
             ok &= length <= max_length
-        ok[rec[ctx.is_placeholder[ids]]] = False  # a media token written literally: the general path raises it
+        if self._placeholders:  # a media token written literally: the general path raises it
+            ok[rec[ctx.is_placeholder[ids]]] = False
         if not ok.any():
             return
         labels = ids.copy()

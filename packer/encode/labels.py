@@ -19,6 +19,7 @@ also trains on its header.
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import chain
 
 import numpy as np
 
@@ -85,9 +86,12 @@ def batch_loss_labels(
     counts = np.fromiter(map(len, spans), dtype=np.int64, count=n_texts)  # loss messages per text
     if not counts.any():
         return labels, rest
-    chars = np.array([c for ss in spans for cs, ce, limit in ss for c in (cs, limit if ce is None else ce, limit)],
-                     dtype=np.int64).reshape(-1, 3)  # (M, 3) characters: content start, content end, limit
-    known = np.array([ce is not None for ss in spans for _, ce, _ in ss], dtype=bool)
+    # (M, 3) characters: content start, content end, limit, in one conversion (a content end None: nan, exact
+    # for every int below 2**53, then the limit)
+    chars = np.array(list(chain.from_iterable(spans)), dtype=np.float64).reshape(-1, 3)
+    known = ~np.isnan(chars[:, 1])
+    chars[:, 1] = np.where(known, chars[:, 1], chars[:, 2])
+    chars = chars.astype(np.int64)
     sizes = np.fromiter(map(len, texts), dtype=np.int64, count=n_texts)
     tokens = np.asarray(starts, dtype=np.int64)
     base = offsets.text_start  # (texts + 1,) byte where each text starts (and the last one ends)
@@ -122,14 +126,7 @@ def batch_loss_labels(
         return labels, rest
     first, last, lim = (offsets.token_at(q[:, j], end=end) for j in range(3))
     last += (last < end) & offsets.starts_before(last, q[:, 1])  # the last content token straddles the end
-    special = np.flatnonzero(is_special[ids])  # (S,) token index of each control token
-    padded = np.concatenate(([-1], special, [ids.shape[0]]))  # the [-1] and [T]: "none before", "none after"
-    after = padded[np.searchsorted(special, last, side="left") + 1]  # first special token at or after `last`
-    last = np.where(after < lim, after + 1, last)  # the end-of-turn token
-    before = padded[np.searchsorted(special, lim, side="left")]  # last special token before `lim`
-    last = np.where(known_end, last, np.where(before >= first, before + 1, lim))  # fallback: content end unknown
-    keep = first < last
-    edges = np.bincount(first[keep], minlength=ids.shape[0] + 1) - np.bincount(last[keep], minlength=ids.shape[0] + 1)
-    covered = np.cumsum(edges[:-1]) > 0  # (T,) inside some [first, last)
-    labels[covered] = ids[covered]
+    from packer.encode.kernels import fill_spans  # numba, imported only where labels come from byte lengths
+
+    fill_spans(labels, ids, is_special, first, last, lim, known_end)
     return labels, rest

@@ -104,7 +104,10 @@ class ByteOffsets:
 
     def __init__(self, ids: np.ndarray, starts: list[int], byte_lengths: np.ndarray, *, nfc: bool = False):
         self._nfc = nfc  # the tokenizer normalizes to NFC: only a text already in NFC spells its bytes
-        self.start = np.concatenate(([0], np.cumsum(byte_lengths[ids])))  # (T+1,) int64
+        # numba: imported where a batch is labeled by byte lengths
+        from packer.encode.kernels import byte_starts
+
+        self.start = byte_starts(ids, byte_lengths)  # (T+1,) int64, one pass (a gather and a cumsum in numpy)
         self._ends = self.start[1:]  # (T,) end byte of each token
         self.text_start = self.start[starts]  # (texts + 1,) byte where each text starts (and the last one ends)
         self._base = self.text_start.tolist()

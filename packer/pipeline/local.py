@@ -409,6 +409,10 @@ def _warm_kernels(config: BuildConfig) -> None:
         from packer.shards.gather import warm
 
         warm(mrope=bool(get_profile(config.profile, **config.profile_overrides()).positions.mrope))
+        # the labels' kernels too, for the workers to inherit
+        from packer.encode.kernels import warm as warm_encode
+
+        warm_encode()
     except Exception:  # noqa: BLE001
         pass
 
