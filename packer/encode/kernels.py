@@ -47,6 +47,13 @@ def fill_spans(labels: np.ndarray, ids: np.ndarray, is_special: np.ndarray, firs
             labels[t] = ids[t]
 
 
+def check_ids(ids: np.ndarray, size: int) -> None:
+    """Every id indexes a table of ``size`` entries: the kernels above read their tables unchecked (numpy's
+    gather would raise), so an id past the tokenizer's tables is refused here, never read as a stray byte."""
+    if ids.shape[0] and (int(ids.max()) >= size or int(ids.min()) < 0):
+        raise ValueError(f"token id outside the tokenizer's {size:,} ids (ids {int(ids.min())}..{int(ids.max())})")
+
+
 def warm() -> None:
     """Both kernels loaded (from numba's cache) for the build's dtypes: run before a pool forks, so that its
     workers inherit them instead of each loading them at its first chunk."""

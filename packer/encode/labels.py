@@ -126,7 +126,9 @@ def batch_loss_labels(
         return labels, rest
     first, last, lim = (offsets.token_at(q[:, j], end=end) for j in range(3))
     last += (last < end) & offsets.starts_before(last, q[:, 1])  # the last content token straddles the end
-    from packer.encode.kernels import fill_spans  # numba, imported only where labels come from byte lengths
+    # numba, imported only where labels come from byte lengths
+    from packer.encode.kernels import check_ids, fill_spans
 
+    check_ids(ids, is_special.shape[0])
     fill_spans(labels, ids, is_special, first, last, lim, known_end)
     return labels, rest

@@ -105,8 +105,9 @@ class ByteOffsets:
     def __init__(self, ids: np.ndarray, starts: list[int], byte_lengths: np.ndarray, *, nfc: bool = False):
         self._nfc = nfc  # the tokenizer normalizes to NFC: only a text already in NFC spells its bytes
         # numba: imported where a batch is labeled by byte lengths
-        from packer.encode.kernels import byte_starts
+        from packer.encode.kernels import byte_starts, check_ids
 
+        check_ids(ids, byte_lengths.shape[0])
         self.start = byte_starts(ids, byte_lengths)  # (T+1,) int64, one pass (a gather and a cumsum in numpy)
         self._ends = self.start[1:]  # (T,) end byte of each token
         self.text_start = self.start[starts]  # (texts + 1,) byte where each text starts (and the last one ends)
