@@ -169,6 +169,10 @@ class LocalExecutor(Executor):
         if hit is not None:
             loaded = self._load_kept(config, *hit)
             if loaded is not None:
+                try:  # used now: the last to go (``_prune_entries``)
+                    os.utime(entry[0])
+                except OSError:
+                    pass
                 return loaded
         kept = _engine_file(config.tokenizer_name())
         text = _read_text(kept) if kept is not None else None
@@ -516,6 +520,8 @@ def _keep_engine(path: Path | None, json: str | None, kept: str | None) -> None:
         pass
 
 
+ENTRIES_KEPT = 8
+"""Kept encoders (``_keep_entry``) beyond this many, the least recently used first, are removed (~9 MB each)."""
 ENTRY_MAGIC = b"packer-encoder-entry 1\n"
 """The first line of a kept encoder entry (``_keep_entry``): a change of the layout below changes it."""
 
@@ -626,6 +632,19 @@ def _keep_entry(path: Path, key: str, data: bytes, record: dict[str, Any]) -> No
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        return
+    _prune_entries(path.parent, ENTRIES_KEPT)
+
+
+def _prune_entries(here: Path, keep: int) -> None:
+    """Remove the entries in ``here`` past the ``keep`` last used (by mtime: ``load_encoder`` touches the one it
+    uses): each is ~9 MB, and a sweep over options keeps one per option."""
+    try:
+        entries = sorted(((p.stat().st_mtime_ns, p) for p in here.glob("*.encoder")), reverse=True)
+        for _, p in entries[keep:]:
+            p.unlink(missing_ok=True)
+    except OSError:  # one removed meanwhile (another build's prune): the next write prunes again
+        pass
 
 
 def _worker_init() -> None:

@@ -140,8 +140,20 @@ def test_a_kept_encoder_writes_what_a_made_one_writes(tmp_path):
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PACKER_CACHE": str(tmp_path / "cache")})
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    shards, taken, fingerprints = zip(*got["runs"])
+    shards, taken, fingerprints = zip(*got["runs"], strict=True)
     assert list(taken) == [["made"], ["kept"], ["made"], ["bad entry"], ["made"], ["kept"]]
     assert all(s == shards[0] for s in shards) and len(shards[0]) > 1
     assert len(set(fingerprints)) == 1
     assert got["in_out"] == []
+
+
+def test_entries_past_the_cap_go_least_recently_used_first(tmp_path):
+    t = 1_700_000_000 * 10**9
+    for i in range(local.ENTRIES_KEPT + 2):
+        local._keep_entry(tmp_path / f"{i}.encoder", "key", b"x", {})
+        os.utime(tmp_path / f"{i}.encoder", ns=(t + i, t + i))
+    assert sorted(int(p.stem) for p in tmp_path.glob("*.encoder")) == list(range(2, local.ENTRIES_KEPT + 2))
+    os.utime(tmp_path / "2.encoder", ns=(t + 100, t + 100))  # used (load_encoder touches the entry it takes)
+    local._keep_entry(tmp_path / "new.encoder", "key", b"x", {})
+    assert not (tmp_path / "3.encoder").exists() and (tmp_path / "2.encoder").exists()
+    assert len(list(tmp_path.glob("*.encoder"))) == local.ENTRIES_KEPT
