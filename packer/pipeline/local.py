@@ -532,8 +532,8 @@ def _encoder_entry(config: BuildConfig, max_length: int | None) -> tuple[Path, s
     files (path, size, mtime_ns: ``output.tokenizer_source``, as a rebuild trusts its encode mark), every
     BuildConfig field ``make_encoder`` reads (the profile and its options, the chat template's text, the length
     policy, ``max_length``), packer's own files (name, size, mtime_ns: its classes are what unpickles), the
-    installed distributions (name-version of every dist-info: transformers, tokenizers, fastokens, jinja2,
-    numpy...) and python's version. The file is named by the tokenizer and the options, so that a new source or
+    installed distributions (every dist-info's name-version and mtime: transformers, tokenizers, fastokens,
+    jinja2, numpy...) and python's version. The file is named by the tokenizer and the options, so that a new source or
     version replaces its entry rather than adding one. None for a hub tokenizer (nothing is kept for it)."""
     import hashlib
     import json
@@ -577,16 +577,17 @@ def _tree_stats(root: Path) -> list[list[Any]]:
     return sorted(out)
 
 
-def _installed() -> list[str]:
-    """The dist-info (egg-info) names of every directory on sys.path but the working directory: each installed
-    distribution's name and version, read without importlib.metadata (~0.1 s)."""
-    names: list[str] = []
+def _installed() -> list[list[Any]]:
+    """The dist-info (egg-info) directories of every directory on sys.path but the working directory, with their
+    mtime_ns: each installed distribution's name and version, and when it was installed (a reinstall of the same
+    version too), read without importlib.metadata (~0.1 s); ~1 ms for ~160 distributions."""
+    names: list[list[Any]] = []
     for d in sys.path:
         if not d or not os.path.isabs(d):
             continue
         try:
             with os.scandir(d) as it:
-                names += [e.name for e in it if e.name.endswith((".dist-info", ".egg-info"))]
+                names += [[e.name, e.stat().st_mtime_ns] for e in it if e.name.endswith((".dist-info", ".egg-info"))]
         except OSError:
             continue
     return sorted(names)
