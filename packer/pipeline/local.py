@@ -11,7 +11,9 @@ build begins (``start``), so the workers' interpreter start and imports overlap 
 Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``_engine_file``),
 ``load_encoder`` overlaps the two serial steps before the fork: a forked helper loads the tokenizer and makes the
 encoder while this process builds the native tokenizer, and starts numba in a thread beside it for the workers
-to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes").
+to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes"). Where an
+earlier build kept the helper's result for the same tokenizer files, options, packer source and installed versions
+(``_encoder_entry``: the pickled encoder and its tokenizer record), no helper runs: the pool is forked from it.
 Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
 """
 
@@ -158,7 +160,9 @@ class LocalExecutor(Executor):
         encoder is the helper's pickle, which a worker loads anyway. This process never imports transformers.
         Beside the native build a thread starts numba and loads the writers' kernels (``gather.warm``; fastokens
         leaves the GIL free for most of its build), joined before the fork: the workers inherit them instead of
-        each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode."""
+        each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode.
+        Before all that, an entry an earlier build kept under this build's key (``_encoder_entry``) replaces the
+        helper (``_load_kept``); each build that makes its encoder keeps one (``_keep_entry``), after the fork."""
         if self.num_proc == 1 or self._pool is not None or not _forkable():
             return super().load_encoder(config, max_length=max_length)
         try:
