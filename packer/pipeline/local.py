@@ -599,12 +599,18 @@ def _installed() -> list[list[Any]]:
 
 def _read_entry(path: Path, key: str) -> tuple[bytes, dict[str, Any]] | None:
     """The encoder's pickle and tokenizer record kept at ``path``, where it holds ``key`` and its bytes their
-    sha256; None for anything else (no file, another layout, another key, a damaged file)."""
+    sha256; None for anything else (no file, another layout, another key, a damaged file, a file of another user
+    or one that others may write)."""
     import hashlib
     import json
 
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            # a pickle runs code as it loads: only this user's own file, which no one else may write
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+            raw = f.read()
         if not raw.startswith(ENTRY_MAGIC):
             return None
         end = raw.index(b"\n", len(ENTRY_MAGIC))
@@ -628,7 +634,8 @@ def _keep_entry(path: Path, key: str, data: bytes, record: dict[str, Any]) -> No
     try:
         header = json.dumps({"key": key, "record": record, "sha256": hashlib.sha256(data).hexdigest()})
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        # this user's alone, whatever the umask (``_read_entry`` loads no file that others may write)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(ENTRY_MAGIC + header.encode() + b"\n")
             f.write(data)
         tmp.replace(path)

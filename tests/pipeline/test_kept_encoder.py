@@ -72,6 +72,10 @@ def test_an_entry_is_read_only_whole_and_under_its_key(tmp_path):
         path.write_bytes(damaged)
         assert local._read_entry(path, "key") is None
     assert local._read_entry(tmp_path / "none.encoder", "key") is None
+    path.write_bytes(raw)
+    assert local._read_entry(path, "key") is not None
+    path.chmod(0o666)  # a pickle that others may write is never loaded
+    assert local._read_entry(path, "key") is None
     assert not list(tmp_path.glob(".*.tmp"))  # written through a temp file, renamed
 
 
