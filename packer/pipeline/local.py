@@ -11,7 +11,9 @@ build begins (``start``), so the workers' interpreter start and imports overlap 
 Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``_engine_file``),
 ``load_encoder`` overlaps the two serial steps before the fork: a forked helper loads the tokenizer and makes the
 encoder while this process builds the native tokenizer, and starts numba in a thread beside it for the workers
-to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes").
+to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes"). Where an
+earlier build kept the helper's result for the same tokenizer files, options, packer source and installed versions
+(``_encoder_entry``: the pickled encoder and its tokenizer record), no helper runs: the pool is forked from it.
 Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
 """
 
@@ -158,14 +160,31 @@ class LocalExecutor(Executor):
         encoder is the helper's pickle, which a worker loads anyway. This process never imports transformers.
         Beside the native build a thread starts numba and loads the writers' kernels (``gather.warm``; fastokens
         leaves the GIL free for most of its build), joined before the fork: the workers inherit them instead of
-        each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode."""
+        each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode.
+        Before all that, an entry an earlier build kept under this build's key (``_encoder_entry``) replaces the
+        helper (``_load_kept``); each build that makes its encoder keeps one (``_keep_entry``), after the fork."""
         if self.num_proc == 1 or self._pool is not None or not _forkable():
             return super().load_encoder(config, max_length=max_length)
+        try:
+            entry = _encoder_entry(config, max_length)
+        except OSError:  # a tokenizer or packer file gone or unreadable meanwhile: nothing kept, nothing read
+            entry = None
+        hit = _read_entry(*entry) if entry is not None else None
+        if hit is not None:
+            loaded = self._load_kept(config, *hit)
+            if loaded is not None:
+                try:  # used now: the last to go (``_prune_entries``)
+                    os.utime(entry[0])
+                except OSError:
+                    pass
+                return loaded
         kept = _engine_file(config.tokenizer_name())
         text = _read_text(kept) if kept is not None else None
         if text is None:  # the first build of this tokenizer: the serial way, keeping the string for the next
             encoder, record = super().load_encoder(config, max_length=max_length)
             _keep_engine(kept, encoder.engine_json(), None)
+            if entry is not None and self._preloaded is not None:
+                _keep_entry(*entry, self._preloaded[1].read_bytes(), record)
             return encoder, record
         import multiprocessing as mp
         import pickle
@@ -202,11 +221,46 @@ class LocalExecutor(Executor):
         if kind == "error":
             blob.unlink(missing_ok=True)
             raise value
-        encoder = pickle.loads(blob.read_bytes())
+        data = blob.read_bytes()
+        encoder = pickle.loads(data)
         self._preloaded = (encoder, blob)
         _keep_engine(kept, encoder.engine_json(), text)
         self._pool = _forked_with(encoder, str(blob), self.num_proc, built=(text, native))
+        if entry is not None:  # after the fork: the workers encode while this process writes it
+            _keep_entry(*entry, data, value)
         return encoder, value
+
+    def _load_kept(self, config: BuildConfig, data: bytes, record: dict[str, Any]
+                   ) -> tuple[Encoder, dict[str, Any]] | None:
+        """``load_encoder`` from an entry an earlier build kept (``_encoder_entry``: the encoder's pickle, its
+        tokenizer record): no helper, no transformers; this process builds fastokens' native tokenizer from the
+        encoder's own tokenizer.json (the numba thread beside it, as with the helper) and forks the pool. None
+        where the pickle does not load (the caller then takes the helper's way, which replaces the entry)."""
+        import pickle
+
+        from packer.encode.encoder import Encoder
+        from packer.encode.fastokens_bpe import build_native
+
+        try:
+            encoder = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
+            return None
+        if not isinstance(encoder, Encoder):
+            return None
+        self._drop_preloaded()
+        blob = self._encoder_path(Path(tempfile.gettempdir()))
+        blob.write_bytes(data)
+        self._preloaded = (encoder, blob)
+        text = encoder.engine_json()
+        warm = threading.Thread(target=_warm_kernels, args=(config,), name="packer-warm-kernels", daemon=True)
+        warm.start()
+        try:
+            native = build_native(text) if text is not None else None
+        finally:
+            warm.join()
+        self._pool = _forked_with(encoder, str(blob), self.num_proc,
+                                  built=(text, native) if text is not None else None)
+        return encoder, record
 
     def close(self) -> None:
         """Stop the pool's workers (``build`` calls this when it ends, also on an error); ``start`` again
@@ -471,6 +525,141 @@ def _keep_engine(path: Path | None, json: str | None, kept: str | None) -> None:
         tmp.write_text(json, encoding="utf-8")
         tmp.replace(path)
     except OSError:
+        pass
+
+
+ENTRIES_KEPT = 8
+"""Kept encoders (``_keep_entry``) beyond this many, the least recently used first, are removed (~9 MB each)."""
+ENTRY_MAGIC = b"packer-encoder-entry 1\n"
+"""The first line of a kept encoder entry (``_keep_entry``): a change of the layout below changes it."""
+
+
+def _encoder_entry(config: BuildConfig, max_length: int | None) -> tuple[Path, str] | None:
+    """Where ``load_encoder`` keeps the encoder of ``config`` (and its tokenizer record) between builds, and the key
+    the entry must hold to be used: everything the pickled encoder and the record are made from. The tokenizer's
+    files (path, size, mtime_ns: ``output.tokenizer_source``, as a rebuild trusts its encode mark), every
+    BuildConfig field ``make_encoder`` reads (the profile and its options, the chat template's text, the length
+    policy, ``max_length``), packer's own files (name, size, mtime_ns: its classes are what unpickles), the
+    installed distributions (every dist-info's name-version and mtime: transformers, tokenizers, fastokens,
+    jinja2, numpy...) and python's version. The file is named by the tokenizer and the options, so that a new source or
+    version replaces its entry rather than adding one. None for a hub tokenizer (nothing is kept for it)."""
+    import hashlib
+    import json
+
+    import packer
+    from packer.config import chat_template_source
+    from packer.encode.tokenizers import cache_dir
+    from packer.pipeline.output import tokenizer_source
+
+    name = config.tokenizer_name()
+    source = tokenizer_source(name)
+    if source is None:
+        return None
+    template = chat_template_source(config)
+    options = {"tokenizer": os.path.dirname(source[0][0]), "profile": config.profile,
+               "profile_overrides": repr(sorted(config.profile_overrides().items())),
+               "chat_template": None if template is None else hashlib.sha256(template.encode()).hexdigest(),
+               "max_length": max_length or config.max_length, "overlong": config.overlong,
+               "long_docs": config.long_docs, "long_docs_overlap": config.long_docs_overlap}
+    named = json.dumps(options, sort_keys=True)
+    key = json.dumps({"options": options, "tokenizer_files": source,
+                      "packer": _tree_stats(Path(packer.__file__).parent), "installed": _installed(),
+                      "python": sys.version, "platform": sys.platform}, sort_keys=True)
+    file = cache_dir() / "engines" / (hashlib.sha256(named.encode()).hexdigest()[:16] + ".encoder")
+    return file, key
+
+
+def _tree_stats(root: Path) -> list[list[Any]]:
+    """(path, size, mtime_ns) of every file under ``root`` but __pycache__'s (~200 for packer: a few ms)."""
+    out: list[list[Any]] = []
+    stack = [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    if e.name != "__pycache__":
+                        stack.append(e.path)
+                elif e.is_file():
+                    st = e.stat()
+                    out.append([os.path.relpath(e.path, root), st.st_size, st.st_mtime_ns])
+    return sorted(out)
+
+
+def _installed() -> list[list[Any]]:
+    """The dist-info (egg-info) directories of every directory on sys.path but the working directory, with their
+    mtime_ns: each installed distribution's name and version, and when it was installed (a reinstall of the same
+    version too), read without importlib.metadata (~0.1 s); ~1 ms for ~160 distributions."""
+    names: list[list[Any]] = []
+    for d in sys.path:
+        if not d or not os.path.isabs(d):
+            continue
+        try:
+            with os.scandir(d) as it:
+                names += [[e.name, e.stat().st_mtime_ns] for e in it if e.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            continue
+    return sorted(names)
+
+
+def _read_entry(path: Path, key: str) -> tuple[bytes, dict[str, Any]] | None:
+    """The encoder's pickle and tokenizer record kept at ``path``, where it holds ``key`` and its bytes their
+    sha256; None for anything else (no file, another layout, another key, a damaged file, a file of another user
+    or one that others may write)."""
+    import hashlib
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            # a pickle runs code as it loads: only this user's own file, which no one else may write
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+            raw = f.read()
+        if not raw.startswith(ENTRY_MAGIC):
+            return None
+        end = raw.index(b"\n", len(ENTRY_MAGIC))
+        header = json.loads(raw[len(ENTRY_MAGIC):end])
+        data = raw[end + 1:]
+        if (not isinstance(header, dict) or header.get("key") != key or not isinstance(header.get("record"), dict)
+                or header.get("sha256") != hashlib.sha256(data).hexdigest()):
+            return None
+    except (OSError, ValueError):
+        return None
+    return data, header["record"]
+
+
+def _keep_entry(path: Path, key: str, data: bytes, record: dict[str, Any]) -> None:
+    """Keep the encoder's pickle ``data`` and its tokenizer ``record`` at ``path`` under ``key`` for the next build
+    (``_read_entry``); written whole or not at all, and skipped where the cache cannot be written."""
+    import hashlib
+    import json
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        header = json.dumps({"key": key, "record": record, "sha256": hashlib.sha256(data).hexdigest()})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # this user's alone, whatever the umask (``_read_entry`` loads no file that others may write)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(ENTRY_MAGIC + header.encode() + b"\n")
+            f.write(data)
+        tmp.replace(path)
+    except (OSError, TypeError, ValueError):
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return
+    _prune_entries(path.parent, ENTRIES_KEPT)
+
+
+def _prune_entries(here: Path, keep: int) -> None:
+    """Remove the entries in ``here`` past the ``keep`` last used (by mtime: ``load_encoder`` touches the one it
+    uses): each is ~9 MB, and a sweep over options keeps one per option."""
+    try:
+        entries = sorted(((p.stat().st_mtime_ns, p) for p in here.glob("*.encoder")), reverse=True)
+        for _, p in entries[keep:]:
+            p.unlink(missing_ok=True)
+    except OSError:  # one removed meanwhile (another build's prune): the next write prunes again
         pass
 
 

@@ -153,6 +153,7 @@ new_pool = local._new_pool
 local._new_pool = lambda n, method: methods.append(method) or new_pool(n, method)
 kept = Path(out + "-engine.json")  # fastokens' tokenizer.json kept between builds (local._engine_file)
 local._engine_file = lambda name: kept
+local._encoder_entry = lambda config, max_length: None  # no kept encoder (test_kept_encoder.py): the helper's way
 two = build(BuildConfig.from_inputs([corpus], out + "-two", num_proc=2, **opts), progress=False)
 assert methods == ["fork"], methods  # one pool, forked once the encoder existed
 assert kept.read_text() == encoder.engine_json()  # kept for the next build
