@@ -161,3 +161,27 @@ def test_entries_past_the_cap_go_least_recently_used_first(tmp_path):
     local._keep_entry(tmp_path / "new.encoder", "key", b"x", {})
     assert not (tmp_path / "3.encoder").exists() and (tmp_path / "2.encoder").exists()
     assert len(list(tmp_path.glob("*.encoder"))) == local.ENTRIES_KEPT
+
+
+def test_the_key_covers_every_field_make_encoder_reads():
+    """The key names the options ``make_encoder`` reads by hand (``_encoder_entry``): a field read there and missing
+    from the key would hand a later build an encoder made with another value. Any new read fails here first."""
+    import ast
+    import inspect
+    import textwrap
+
+    from packer import config as config_module
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(config_module.make_encoder)))
+    reads = {n.attr for n in ast.walk(tree)
+             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "config"}
+    passed = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+              and any(isinstance(a, ast.Name) and a.id == "config" for a in n.args)}
+    keyed = {"tokenizer_name", "profile", "profile_overrides", "max_length", "overlong", "long_docs",
+             "long_docs_overlap"}
+    assert reads == keyed, f"make_encoder reads {sorted(reads - keyed)}: add them to local._encoder_entry's key"
+    assert passed == {"chat_template_source"}, f"make_encoder passes the config to {sorted(passed)}: key what they read"
+    key_source = inspect.getsource(local._encoder_entry)
+    for name in keyed - {"tokenizer_name"}:
+        assert f"config.{name}" in key_source, name
+    assert "chat_template_source(config)" in key_source and "tokenizer_source(name)" in key_source
