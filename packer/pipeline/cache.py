@@ -29,7 +29,7 @@ import pyarrow.ipc as ipc
 from packer.core.media import MEDIA
 from packer.errors import REJECT_REASONS, ShardError
 from packer.pipeline.faults import Hooks
-from packer.shards.assemble import take_rows
+from packer.shards.assemble import learn_layouts, take_rows
 from packer.shards.io import write_text_atomic
 from packer.shards.schema import EXAMPLE_SCHEMA
 from packer.shards.store import ObjectPath, write_atomic
@@ -124,9 +124,16 @@ class EncodeCache:
         ``take_rows``')."""
         if self.starts is None:
             raise ValueError("EncodeCache.take needs indexed(): the chunk starts are not read yet")
-        files = [self.arrow(i) for i in range(self.num_chunks)] if isinstance(self.root, ObjectPath) else \
+        return take_rows(self._files(), self.starts, sel, remember=remember)
+
+    def learn_layouts(self) -> int:
+        """Every local chunk file's layout remembered in this process, as ``take(..., remember=True)`` would
+        learn it at a file's first visit, no row taken (``assemble.learn_layouts``); how many it learnt."""
+        return 0 if isinstance(self.root, ObjectPath) else learn_layouts(self._files())
+
+    def _files(self) -> list[str | ObjectPath]:
+        return [self.arrow(i) for i in range(self.num_chunks)] if isinstance(self.root, ObjectPath) else \
             [os.path.join(self.root, f"chunk-{i:06d}.arrow") for i in range(self.num_chunks)]  # no Path per file
-        return take_rows(files, self.starts, sel, remember=remember)
 
     def rejects(self) -> list[dict[str, Any]]:
         """Every chunk's rejects, in chunk order; ShardError for a line that is not a reject (a corrupt cache)."""

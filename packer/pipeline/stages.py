@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -529,6 +530,40 @@ class _NoPandas:
         return None
 
 
+class _NoScipyLinalg:
+    """A finder that answers "absent" for ``scipy.linalg`` to one thread's imports (``numba_without_scipy``)."""
+
+    def __init__(self, thread: int):
+        self.thread = thread
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if (name == "scipy.linalg" or name.startswith("scipy.linalg.")) and threading.get_ident() == self.thread:
+            raise ImportError("scipy.linalg: not for numba's start in this thread (stages.numba_without_scipy)")
+        return None
+
+
+@contextmanager
+def numba_without_scipy() -> Iterator[None]:
+    """numba's CPU target, where it starts inside this block (a process's first kernel load or compile), started
+    without ``scipy.linalg``: numba imports it there (~0.25 of the ~0.75 CPU-s that start costs on the bench box,
+    numpy.f2py included: docs/benchmarks.md, "Repack") only to decide, once per process, whether ``np.correlate``
+    and ``np.convolve`` of floats call BLAS (``numba.np.arraymath._HAVE_BLAS``); no packer kernel uses them.
+    What else numba does with BLAS (``np.dot``, ``np.linalg`` in a kernel) imports scipy when that kernel is
+    compiled, as before. Only the calling thread's imports are refused, only while numba has not started; a
+    process that holds scipy.linalg already is left alone."""
+    import sys
+
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        yield
+        return
+    finder = _NoScipyLinalg(threading.get_ident())
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def arrow_without_pandas() -> None:
     """Tell pyarrow, before its first conversion, that pandas is absent from this process (and the workers it
     forks later): pyarrow imports pandas (~0.2 CPU-s, ~40 MiB resident, docs/benchmarks.md) at its first
@@ -559,6 +594,11 @@ def warm_planner(config: BuildConfig) -> None:
     Example: ``warm_planner(config)`` then ``plan_packs(columns, config)``: the same plan,
     without the loads. Errors are left to the real plan, which raises them with the real data.
     """
+    with numba_without_scipy():
+        _warm_planner(config)
+
+
+def _warm_planner(config: BuildConfig) -> None:
     one = np.ones(1, dtype=np.int64)
     try:
         pa.chunked_array([pa.array([1], pa.int64())]).to_numpy()

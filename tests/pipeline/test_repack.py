@@ -244,11 +244,13 @@ def test_a_small_repack_forks_its_writers_and_a_large_one_starts_a_pool(images_c
     assert run.stdout.split()[-1:] == ["ok"]
 
 
-def test_a_repack_process_never_imports_pandas(text_sources, tmp_path):
+def test_a_repack_process_never_imports_pandas_nor_scipy_linalg(text_sources, tmp_path):
     """pyarrow imports pandas (~0.2 CPU-s, ~40 MiB) at its first conversion only to ask whether an object is a
     pandas one; a repack reads only packer's files, so it tells pyarrow pandas is absent
     (``stages.arrow_without_pandas``): its process (plan and write, below the pool's size) never loads it, and
-    pandas stays importable after it. (Its bytes are a fresh build's: the tests above.)"""
+    pandas stays importable after it. numba's start imports scipy.linalg (~0.25 CPU-s) only for a BLAS choice no
+    packer kernel has (``stages.numba_without_scipy``): the repack's process never loads it either, and it
+    stays importable. (Its bytes are a fresh build's: the tests above.)"""
     build(_text_config(text_sources, tmp_path / "out"), progress=False)
     new = tmp_path / "new"
     child = ("import sys; from packer.cli import cli\n"
@@ -256,9 +258,11 @@ def test_a_repack_process_never_imports_pandas(text_sources, tmp_path):
              f"    cli(['repack', {str(tmp_path / 'out')!r}, '-o', {str(new)!r}, '--max-length', '200', '-q'])\n"
              "except SystemExit as e:\n"
              "    assert not e.code, e.code\n"
-             "print('pandas' in sys.modules)\n"
+             "print('pandas' in sys.modules, 'numba.np.arraymath' in sys.modules, 'scipy.linalg' in sys.modules)\n"
              "import pyarrow.parquet as pq\n"
-             f"print(type(pq.read_table({str(new / 'shard-00000.parquet')!r}).to_pandas()).__name__)\n")
+             f"print(type(pq.read_table({str(new / 'shard-00000.parquet')!r}).to_pandas()).__name__)\n"
+             "import scipy.linalg\n"
+             "print(scipy.linalg.norm([3.0, 4.0]))\n")
     run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["False", "DataFrame"]
+    assert run.stdout.split() == ["False", "True", "False", "DataFrame", "5.0"]

@@ -11,7 +11,8 @@ import pytest
 from packer.core.types import Encoded, EncodedVideo
 from packer.errors import ShardError
 from packer.models import get_profile
-from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, take_rows
+from packer.shards import assemble
+from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, learn_layouts, take_rows
 from packer.shards.mrope import dense_row
 from packer.shards.schema import EXAMPLE_SCHEMA
 from tests.helpers import random_example
@@ -199,3 +200,40 @@ def test_take_rows_remembers_a_file_by_its_bytes_not_its_name(tmp_path):
         for _ in range(3):
             assert take_rows([path], np.array([0, table.num_rows]), sel, remember=True).equals(
                 table.take(pa.array(sel)))
+
+
+@pytest.mark.parametrize("kind", ["text", "weighted", "media", "mrope"])
+def test_learnt_layouts_are_what_a_first_remembered_take_keeps(tmp_path, kind):
+    """``learn_layouts`` (a repack's process before it forks its writers) keeps each chunk file's layout exactly
+    as a first ``take_rows(remember=True)`` visit would: the same ``_Layout`` per file, none for a file a take
+    would not remember either (loss weights null in some rows only) nor for one of several record batches; the
+    takes that follow view the files through them and equal pyarrow's take."""
+    rng = np.random.default_rng(11)
+    examples = [random_example(rng, i, images=kind == "media", mrope=kind == "mrope") for i in range(120)]
+    for i, e in enumerate(examples):
+        e.source_name = ["", "web"][i % 2]
+        if kind == "weighted" and i % 4 == 0:
+            e.loss_weights = np.full(e.num_tokens, 0.5, np.float32)
+    table = encoded_table(examples)
+    starts = np.array([0, 30, 61, 90, 120])
+    files = []
+    for c in range(len(starts) - 1):
+        files.append(str(tmp_path / f"chunk-{c}.arrow"))
+        with ipc.new_file(files[-1], EXAMPLE_SCHEMA) as writer:  # the last file of three record batches
+            writer.write_table(table.slice(starts[c], starts[c + 1] - starts[c]), max_chunksize=12 if c == 3 else None)
+    assemble._LAYOUTS.clear()
+    try:
+        learnt = learn_layouts(files)
+        mine = dict(assemble._LAYOUTS)
+        assemble._LAYOUTS.clear()
+        sel = starts[:-1]  # a first row of every file
+        assert take_rows(files, starts, sel, remember=True).equals(table.take(pa.array(sel)))
+        assert mine == assemble._LAYOUTS
+        assert learnt == len(mine) == (0 if kind == "weighted" else 3)
+        assemble._LAYOUTS.clear()
+        assert learn_layouts(files) == learnt and learn_layouts(files) == 0  # known files: nothing to learn
+        for _ in range(2):
+            sel = rng.permutation(120)[:50]
+            assert take_rows(files, starts, sel, remember=True).equals(table.take(pa.array(sel)))
+    finally:
+        assemble._LAYOUTS.clear()
