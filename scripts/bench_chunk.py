@@ -38,7 +38,7 @@ import bench_build  # noqa: E402
 from packer.config import BuildConfig  # noqa: E402
 from packer.encode.draft import batch_tokens  # noqa: E402
 from packer.encode.encoder import FAST_PATHS  # noqa: E402
-from packer.encode.render import stage  # noqa: E402
+from packer.encode.render import stage_batch  # noqa: E402
 from packer.pipeline import stages  # noqa: E402
 from packer.pipeline.cache import EncodeCache  # noqa: E402
 from packer.pipeline.faults import Hooks  # noqa: E402
@@ -46,13 +46,12 @@ from packer.shards.assemble import encoded_table  # noqa: E402
 
 
 def staged_texts(parsed, encoder) -> tuple[list, list[str]]:
-    """The encoder's render phase over a chunk's records: each record staged, and every text to tokenize."""
-    staged, texts = [], []
-    for example in parsed:
-        one = stage(example, encoder._chat, encoder.profile)
+    """The encoder's render phase over a chunk's records (``Encoder.encode_batch``'s): each record staged, and
+    every text to tokenize."""
+    staged, texts = stage_batch(parsed, encoder._chat, encoder.profile), []
+    for one in staged:
         one.first = len(texts)
         texts.extend(one.texts)
-        staged.append(one)
     return staged, texts
 
 

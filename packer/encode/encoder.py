@@ -50,7 +50,7 @@ from packer.encode.context import EncodeContext, RunIds, TokenizerView
 from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
 from packer.encode.fastokens_bpe import FastokensBPE, Flat
 from packer.encode.finish import BatchFinish, Row
-from packer.encode.render import Staged, stage
+from packer.encode.render import Staged, stage, stage_batch
 from packer.encode.templates import ChatTemplate
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
@@ -202,17 +202,12 @@ class Encoder:
         Errors are returned (located at ``path:line``), not raised, so one bad record does not cost the others
         their shared tokenizer call. The results equal ``encode`` one example at a time.
         """
-        staged: list[Staged | RecordError] = []
+        staged = stage_batch(examples, self._chat, self.profile)
         texts: list[str] = []
-        for example in examples:
-            try:
-                s = stage(example, self._chat, self.profile)
-            except RecordError as e:
-                staged.append(e if e.path else e.located(example.path, example.line))
-                continue
-            s.first = len(texts)
-            texts.extend(s.texts)
-            staged.append(s)
+        for s in staged:
+            if not isinstance(s, RecordError):
+                s.first = len(texts)
+                texts.extend(s.texts)
         encodings = self._tokenize(texts)
         tokens = batch_tokens(self.context, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
         return self.finish_batch(examples, staged, tokens, rows=rows)

@@ -8,6 +8,7 @@ BEFORE tokenizing, so the text around them tokenizes as the processor's does).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,55 @@ def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged
     located = [chat.locate(p, tools=example.tools) for p in paths]
     out = Staged(texts=[text for text, _ in located], nodes=nodes, parents=parents, spans=[sp for _, sp in located])
     _rewrite_images(out, paths, profile)
+    return out
+
+
+def stage_batch(examples: Sequence[Example], chat: ChatTemplate, profile: ModelProfile) -> list[Staged | RecordError]:
+    """``stage`` of each example, or the RecordError it raises (located at the example's ``path:line``).
+
+    The common chats are rendered as one batch (``ChatTemplate.locate_texts``: every message one text, no tools):
+    a linear conversation's one path, a one-level tree's paths (its root, then the root's messages followed by
+    each leaf branch's, in ``Node.walk``'s order). Such a text holds no image part, so ``_rewrite_images`` has
+    nothing to rewrite. An example any of whose paths the batch leaves, and every other one, takes ``stage``
+    (tests/encode/test_render.py compares the two on random batches)."""
+    convs: list[list[Message]] = []
+    spans_at: list[int] = []  # per example, its first path's index in ``convs`` (-1: ``stage``)
+    for example in examples:
+        root = example.root
+        if example.kind == "text" or example.tools:
+            spans_at.append(-1)
+            continue
+        spans_at.append(len(convs))
+        msgs = root.messages
+        convs.append(msgs)
+        for child in root.children:
+            if child.children:  # a deeper tree: ``stage``'s walk
+                del convs[spans_at[-1]:]
+                spans_at[-1] = -1
+                break
+            convs.append(msgs + child.messages)
+    located = chat.locate_texts(convs) if convs else []
+    out: list[Staged | RecordError] = []
+    used = 0
+    for example, at in zip(examples, spans_at, strict=True):
+        if at >= 0:
+            root = example.root
+            paths = located[at : at + 1 + len(root.children)]
+            if None not in paths:
+                used += len(paths)
+                if not root.children:
+                    text, spans = paths[0]  # type: ignore[misc]
+                    out.append(Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans]))
+                else:
+                    out.append(Staged(texts=[t for t, _ in paths], nodes=[root, *root.children],  # type: ignore[misc]
+                                      parents=[-1] + [0] * len(root.children), spans=[sp for _, sp in paths]))  # type: ignore[misc]
+                continue
+        try:
+            out.append(stage(example, chat, profile))
+        except RecordError as e:
+            out.append(e if e.path else e.located(example.path, example.line))
+    if used:
+        chat.paths["python"] += used
     return out
 
 

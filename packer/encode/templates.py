@@ -237,6 +237,14 @@ class ChatTemplate:
         self.paths["jinja+prefixes"] += 1
         return clean, self._locate_by_prefixes(conv, clean, tools)
 
+    def locate_texts(self, convs: list[list[Message]]) -> list[tuple[str, list[Span]] | None]:
+        """``locate`` (without tools) of each conversation the pure-Python ChatML renderer takes in one batch
+        (``_ChatML.locate_texts``: every message one text), None for the others: ``locate`` decides them. The
+        answers are not counted in ``paths``: the caller counts those it uses."""
+        if type(self._fast) is not _ChatML:
+            return [None] * len(convs)
+        return self._fast.locate_texts(convs)
+
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
         """Where message k's content starts in ``text``: the end of the generation prompt after ``conv[:k]``."""
         header = self.render(
@@ -395,6 +403,75 @@ class _ChatML:
         self.image = image  # what one image part renders to (None: Jinja renders a message with one)
         self.video = video  # and one video part
         self.roles = None if roles is None else frozenset(roles)  # the roles written as plain turns (None: all)
+        self._heads: dict[str, str] = {}  # each role's turn header, made once (``locate_texts``)
+
+    def _head(self, role: str) -> str | None:
+        """``<|im_start|>{role}\\n``, kept per role; None for a role this template does not write as a plain turn."""
+        if type(role) is not str or (self.roles is not None and role not in self.roles):
+            return None
+        head = self._heads[role] = f"<|im_start|>{role}\n"
+        return head
+
+    def locate_texts(self, convs: list[list[Message]]) -> list[tuple[str, list[Span]] | None]:
+        """``locate`` of each conversation whose messages are each one text (the common chat), None for any
+        other (``locate`` decides: parts, tool calls, a role not written as a plain turn, a marker in a text,
+        no message). One pass over the batch's messages; the span offsets of every conversation summed by
+        numpy at once, not per message in Python (tests/encode/test_templates.py compares it with ``locate``)."""
+        import numpy as np
+
+        out: list[tuple[str, list[Span]] | None] = [None] * len(convs)
+        pieces: list[str] = []  # per conversation taken: its lead, then each message's header, text, tail
+        bounds: list[int] = [0]  # where each taken conversation's pieces start (then one past the last's)
+        taken: list[int] = []  # their indices in ``convs``
+        heads, end = self._heads, "<|im_end|>\n"
+        get = heads.get
+        lead_system = self.prefix  # before a first system message
+        lead = self.prefix + self.default_system  # before any other first message
+        for c, conv in enumerate(convs):
+            if not conv:
+                continue
+            at = len(pieces)
+            pieces.append(lead_system if conv[0].role == "system" else lead)
+            for m in conv:
+                parts = m.parts
+                if m.tool_calls or len(parts) != 1 or type(parts[0]) is not str:
+                    break
+                head = get(m.role) or self._head(m.role)
+                if head is None:
+                    break
+                pieces += (head, parts[0], end)
+            else:
+                bounds.append(len(pieces))
+                taken.append(c)
+                continue
+            del pieces[at:]
+        if not taken:
+            return out
+        lens = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        ends = np.cumsum(lens)  # each piece's end in its batch-long concatenation
+        begins = ends - lens
+        b = np.asarray(bounds)
+        sizes = b[1:] - b[:-1]
+        base = begins[b[:-1]]  # each conversation's start in the concatenation
+        offset = np.arange(len(pieces)) - np.repeat(b[:-1], sizes)  # a piece's index inside its conversation
+        content = np.flatnonzero(offset % 3 == 2)  # the messages' texts (after the lead and each header)
+        count = (sizes - 1) // 3  # messages per conversation
+        shift = np.repeat(base, count)
+        starts = begins[content] - shift
+        limits = np.empty_like(starts)
+        limits[:-1] = starts[1:]
+        limits[np.cumsum(count) - 1] = ends[b[1:] - 1] - base  # a last message's limit: its text's end
+        spans = list(zip(starts.tolist(), (ends[content] - shift).tolist(), limits.tolist(), strict=True))
+        first = 0
+        for k, c in enumerate(taken):
+            text = "".join(pieces[bounds[k] : bounds[k + 1]])
+            n = len(convs[c])
+            if (OPEN in text or CLOSE in text) and _marked(text, convs[c]):
+                first += n
+                continue  # a marker in a text: Jinja's path decides
+            out[c] = text, spans[first : first + n]
+            first += n
+        return out
 
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
         """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character, a message calls

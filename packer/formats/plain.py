@@ -62,19 +62,21 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
     """A non-empty list of plain messages, or None. ``where``: ``Ctx``'s arguments, for an image's path."""
     if type(items) is not list or not items:
         return None
-    out = []
+    out: list[Message] = []
+    append = out.append
     for msg in items:
-        # two keys, both these: exactly {"role", "content"} (a dict's keys() view costs more than the lookups)
+        # two keys, both these: exactly {"role", "content"} (a dict's keys() view costs more than the lookups; a
+        # missing "content" reads as None, which is neither a string nor a list)
         if type(msg) is not dict or len(msg) != 2:
             return None
         role, content = msg.get("role"), msg.get("content")
         role = ROLES.get(role) if type(role) is str else None
-        if role is None or "content" not in msg:
+        if role is None:
             return None
         if type(content) is str:
             if not content:
                 return None
-            out.append(Message(role, [content]))
+            append(Message(role, [content]))
             continue
         if type(content) is not list:
             return None
@@ -98,5 +100,5 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
                 return None
         if not parts:
             return None
-        out.append(Message(role, parts))
+        append(Message(role, parts))
     return out

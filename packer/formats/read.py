@@ -55,27 +55,33 @@ def parse_lines(
 ) -> Iterator[Example | RecordError]:
     """``parse_line`` of each (line number, bytes) of a chunk, blank lines skipped, a RecordError yielded (located
     at ``path:line``), in line order. The common line (a plain record, ``formats.plain``) is read in this loop
-    without ``parse_line``'s per-line call and lookups; any other line takes ``parse_line``'s own steps, or
-    ``parse_line`` itself where it starts differently (line 1's byte-order mark, a reject line, a long number,
-    JSON orjson refuses)."""
+    without ``parse_line``'s per-line call and lookups, and without its digit count (a plain record keeps no
+    number); any other line takes ``parse_line``'s own steps, or ``parse_line`` itself where it starts
+    differently (line 1's byte-order mark, a reject line, a long number, JSON orjson refuses)."""
     plain = orjson is not None and dataset is None and not columns
     root = _root_dir(image_root, base_dir) if plain else ""
     for line, raw in lines:
-        if not raw.strip():
-            continue  # blank lines are not records
+        if not raw or raw.isspace():
+            continue  # blank lines are not records (bytes.isspace: the ASCII whitespace bytes.strip takes)
         try:
-            if plain and line != 1 and not raw.startswith(_REJECT_PREFIX) and not _long_number(raw):
+            if plain and line != 1 and not raw.startswith(_REJECT_PREFIX):
                 try:
                     obj = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     pass  # parse_line reads it with json below, and says why
                 else:  # as parse_line does with orjson's value
                     one = parse_plain(obj, path=path, line=line, root_dir=root, source_name=source_name)
-                    yield one if one is not None else parse_record(
-                        obj, path=path, line=line, base_dir=base_dir, image_root=image_root,
-                        source_name=source_name, columns=columns, audio_in_video=audio_in_video, dataset=dataset,
-                    )
-                    continue
+                    if one is not None:
+                        # a plain record's Example holds no number (its id is checked, not kept), so a long
+                        # integer orjson made a float cannot change it: the digit count is for the others
+                        yield one
+                        continue
+                    if not _long_number(raw):
+                        yield parse_record(
+                            obj, path=path, line=line, base_dir=base_dir, image_root=image_root,
+                            source_name=source_name, columns=columns, audio_in_video=audio_in_video, dataset=dataset,
+                        )
+                        continue
             yield parse_line(raw, path=path, line=line, base_dir=base_dir, image_root=image_root,
                              source_name=source_name, columns=columns, audio_in_video=audio_in_video, dataset=dataset)
         except RecordError as e:

@@ -93,6 +93,35 @@ def test_every_registered_chatml_renderer_equals_jinja(fast_builtin, convs):
     assert locate(template, conv) == want
 
 
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool", "narrator"]),
+                                         st.lists(st.one_of(text, text, text, st.just(None), st.just(1)),
+                                                  min_size=0, max_size=2)),
+                               min_size=0, max_size=4), min_size=0, max_size=8))
+def test_locate_texts_equals_locate(fast_builtin, convs):
+    """``ChatTemplate.locate_texts`` (a batch of conversations rendered at once) answers each conversation whose
+    messages are each one text with ``locate``'s text and spans, and leaves every other one (parts, images,
+    videos, no message, a marker in a text, a role its template does not write as a plain turn) None; any
+    other registered renderer (Gemma's, Mistral's, ...) leaves them all. None parts are images, 1 a video."""
+    parts = {None: ImageRef(path="x.jpg"), 1: VideoRef(path="x.mp4")}
+    batch = [[Message(role, [parts.get(p, p) if not isinstance(p, str) else p for p in ps]) for role, ps in conv]
+             for conv in convs]
+    batch.append([Message("assistant", [], tool_calls=[{"type": "function", "function": {"name": "f"}}])])
+    batch.append([Message("user", ["Hi"]), Message("assistant", ["Hello"])])
+    template = fast_builtin._chat
+    got = template.locate_texts(batch)
+    assert len(got) == len(batch)
+    chatml = type(template._fast).__name__ == "_ChatML"
+    assert (got[-1] is not None) == chatml and got[-2] is None
+    for conv, one in zip(batch, got, strict=True):
+        if one is not None:
+            assert chatml and one == template._fast.locate(conv)
+        elif chatml and conv and all(len(m.parts) == 1 and isinstance(m.parts[0], str) and not m.tool_calls
+                                     and OPEN not in m.parts[0] and CLOSE not in m.parts[0] for m in conv):
+            assert template._fast.locate(conv) is None  # a role it leaves: so does locate's renderer
+    assert template.locate_texts([]) == []
+
+
 def test_chatml_renderer_leaves_tool_calls_to_jinja(qwen):
     """A turn that calls tools is not the pure-Python renderer's: it answers None, and ``locate`` gives what
     Jinja gives (here: the template drops the calls, which ``locate`` refuses)."""

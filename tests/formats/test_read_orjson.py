@@ -102,8 +102,12 @@ def test_parse_lines_equal_parse_line(first, tmp_path):
     located reject, in order, blank lines skipped: on every line above, a byte-order mark, invalid UTF-8, a
     reject line, a non-plain record and plain chats (line 1 among them where ``first`` is 1)."""
     raws = [line.encode("utf-8", "surrogatepass") for line in LINES] + [
-        b"\xef\xbb\xbf" + CHAT.encode() % (b'"hi"', b""), b'{"a": "\xa0"}', b"", b"  \t",
+        b"\xef\xbb\xbf" + CHAT.encode() % (b'"hi"', b""), b'{"a": "\xa0"}', b"", b"  \t", b" \r\n\x0b\x0c",
         json.dumps({read.REJECT_KEY: ["missing_image", "a member is missing"]}).encode(),
+        # plain records whose id orjson reads as a float (json: an int) or as json does (within 64 bits)
+        *(CHAT.encode() % (b'"hi"', b', "id": ' + n) for n in (b"9" * 30, b"18446744073709551616",
+                                                               b"-9223372036854775809", b"18446744073709551615")),
+        b'{"text": "plain text", "id": 123456789012345678901234567890}',
         CHAT.encode() % (b'"hi"', b', "system": "be brief"'), b'{"text": "plain text"}',
         b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "id": 3}']
     raws = raws[-3:] + raws  # a plain chat first: line 1 where ``first`` is 1
