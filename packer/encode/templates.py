@@ -466,7 +466,7 @@ class _ChatML:
         for k, c in enumerate(taken):
             text = "".join(pieces[bounds[k] : bounds[k + 1]])
             n = len(convs[c])
-            if (OPEN in text or CLOSE in text) and _marked(text, convs[c]):
+            if _marked(text, convs[c]):
                 first += n
                 continue  # a marker in a text: Jinja's path decides
             out[c] = text, spans[first : first + n]

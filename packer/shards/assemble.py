@@ -426,10 +426,9 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
                 offsets = arr.offsets.to_numpy()
                 items[name] += int((offsets[rows + 1] - offsets[rows]).sum())
                 continue
-            offsets, src = _offsets_and_values(arr)
+            offsets, span = _flat_span(arr, base, size)
             lengths[name][to] = offsets[rows + 1] - offsets[rows]
-            span = (*_span(offsets, base, size), *_span(src, base, size))
-            if arr.null_count == 0 and offsets.dtype == np.int32 and -1 not in span:
+            if span is not None:
                 spans[c][name] = span
         for name in media:
             if items[name] or nulls[name]:
@@ -623,6 +622,15 @@ def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], f
     _LAYOUTS[key] = _Layout(fixed=spans, flat={name: flat[name] for name in wanted}, media=specs, null=null)
 
 
+def _flat_span(arr: pa.Array, base: int, size: int) -> tuple[np.ndarray, tuple[int, int, int, int] | None]:
+    """A flat column's offsets (numpy) and where its offsets and values lie in the file mapped at ``base``
+    (``size`` bytes), for pass 2 to view them with numpy; None where it cannot (nulls, 64-bit offsets, a buffer
+    outside the mapping). ``take_rows``' pass 1 and ``learn_layouts`` alike."""
+    offsets, src = _offsets_and_values(arr)
+    span = (*_span(offsets, base, size), *_span(src, base, size))
+    return offsets, span if arr.null_count == 0 and offsets.dtype == np.int32 and -1 not in span else None
+
+
 def learn_layouts(files: Sequence[str]) -> int:
     """Remember the layout of each local chunk file of ``files`` (EXAMPLE_SCHEMA Arrow IPC, one record batch)
     as its first ``take_rows(remember=True)`` visit would (``_remember``, the same spans: the same helpers), without
@@ -654,10 +662,8 @@ def learn_layouts(files: Sequence[str]) -> int:
             base, size = whole.address, whole.size
             spans = {}
             for name in flat:  # as take_rows' pass 1 finds them
-                arr = columns_of[name]
-                offsets, src_values = _offsets_and_values(arr)
-                span = (*_span(offsets, base, size), *_span(src_values, base, size))
-                if arr.null_count == 0 and offsets.dtype == np.int32 and -1 not in span:
+                span = _flat_span(columns_of[name], base, size)[1]
+                if span is not None:
                     spans[name] = span
             _remember(key, columns_of, spans, base, size, fixed=fixed, media=media)
             learnt += key in _LAYOUTS
