@@ -14,6 +14,7 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py --by-kind     # the build's finish per record kind (text-only, image, tree)
     python scripts/bench_chunk.py --profile qwen3-vl   # another family (its default tokenizer and template)
     python scripts/bench_chunk.py --profile text --shape text-chat   # text chats (no images)
+    python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --repeats 5 --build-only
     python scripts/bench_chunk.py --parse       # the parse phase split: orjson alone, the Example objects alone
 """
 
@@ -184,6 +185,9 @@ def main() -> None:
     ap.add_argument("--parse", action="store_true", help="only the parse phase split, best of --repeats")
     ap.add_argument("--shape", choices=("chat", "text-chat"), default="chat",
                     help="bench_build's chats, or the same without images (a text chat build: --profile text)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only the build's phases (no build-hf, no baseline): a before/after of the encode, run in "
+                         "each tree")
     args = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,9 +222,10 @@ def main() -> None:
         mrope, unwrap = timed_mrope()
         mrope_best = None  # (seconds, calls) of the round with the least mRoPE time
         for r in range(args.repeats + 1):  # round 0 warms the caches (image sizes, BPE)
-            for name, run in (("build", lambda: build_phases(chunks, config, encoder, cache, tmp)),
-                              ("build-hf", lambda: build_phases(chunks, config, hf, cache, tmp)),
-                              ("baseline", lambda: baseline_phases(lines))):
+            contenders = (("build", lambda: build_phases(chunks, config, encoder, cache, tmp)),
+                          ("build-hf", lambda: build_phases(chunks, config, hf, cache, tmp)),
+                          ("baseline", lambda: baseline_phases(lines)))
+            for name, run in contenders[:1] if args.build_only else contenders:
                 mrope.clear()
                 t = run()
                 if r and name != "baseline" and mrope and (mrope_best is None or sum(mrope) < mrope_best[0]):
