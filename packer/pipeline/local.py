@@ -26,7 +26,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from packer.config import BuildConfig
 from packer.pipeline.cache import ChunkCounts, EncodeCache
@@ -181,7 +181,7 @@ class LocalExecutor(Executor):
         kept = _engine_file(config.tokenizer_name())
         text = _read_text(kept) if kept is not None else None
         if text is None:  # the first build of this tokenizer: the serial way, keeping the string for the next
-            encoder, record = super().load_encoder(config, max_length=max_length)
+            encoder, record = self._make_encoder(config, max_length=max_length)
             _keep_engine(kept, encoder.engine_json(), None)
             if entry is not None and self._preloaded is not None:
                 _keep_entry(*entry, self._preloaded[1].read_bytes(), record)
@@ -662,6 +662,72 @@ def _prune_entries(here: Path, keep: int) -> None:
             p.unlink(missing_ok=True)
     except OSError:  # one removed meanwhile (another build's prune): the next write prunes again
         pass
+
+
+class Kept(NamedTuple):
+    """What ``kept_encoder`` found for a build: its entry (None: nothing is kept for it) and, where that entry
+    served, the encoder and its tokenizer record."""
+
+    entry: tuple[Path, str] | None
+    encoder: Encoder | None = None
+    record: dict[str, Any] | None = None
+
+
+def kept_encoder(config: BuildConfig, max_length: int | None) -> Kept:
+    """``Executor.load_encoder``'s kept encoder (a build whose encoder is made in its own process: one process, a
+    spawned pool, Ray's driver): the entry an earlier build kept under this build's key (``_encoder_entry``,
+    ``_read_entry``: the same entries, key and refusals as a forked pool's build), unpickled, where it is an
+    Encoder of this build's very profile (``_same_profile``). The entry used is touched (the last to go,
+    ``_prune_entries``). Anything else (no entry, a damaged one, another key, a pickle that does not load) is
+    ``Kept(entry)``: the encoder is made, and ``keep_encoder`` replaces the entry."""
+    try:
+        entry = _encoder_entry(config, max_length)
+    except OSError:  # a tokenizer or packer file gone or unreadable meanwhile: nothing kept, nothing read
+        return Kept(None)
+    hit = _read_entry(*entry) if entry is not None else None
+    if hit is None:
+        return Kept(entry)
+    import pickle
+
+    from packer.encode.encoder import Encoder
+
+    try:
+        encoder = pickle.loads(hit[0])
+    except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
+        return Kept(entry)
+    if not isinstance(encoder, Encoder) or not _same_profile(encoder, config):
+        return Kept(entry)
+    try:
+        os.utime(entry[0])
+    except OSError:
+        pass
+    return Kept(entry, encoder, hit[1])
+
+
+def _same_profile(encoder: Encoder, config: BuildConfig) -> bool:
+    """Is the kept encoder's profile the one this build would make it with? The key names the profile and its
+    options, and packer's files define the builtin profiles; a profile registered at run time (a user's own
+    family, a test's) is defined elsewhere, so the kept one is compared with it whole."""
+    from packer.models import get_profile
+
+    try:
+        return bool(encoder.profile == get_profile(config.profile, **config.profile_overrides()))
+    except Exception:  # noqa: BLE001 - not comparable (or an unknown profile, which the build reports): made
+        return False
+
+
+def keep_encoder(kept: Kept, encoder: Encoder, record: dict[str, Any]) -> None:
+    """Keep the encoder ``Executor.load_encoder`` made (``kept_encoder`` found none) under its entry, pickled
+    as a worker receives it (before any encode); nothing where no entry applies (a hub tokenizer)."""
+    if kept.entry is None or kept.encoder is not None:
+        return
+    import pickle
+
+    try:
+        data = pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - an encoder that does not pickle (a test's profile): nothing kept
+        return
+    _keep_entry(*kept.entry, data, record)
 
 
 def _worker_init() -> None:
