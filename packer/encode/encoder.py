@@ -163,12 +163,6 @@ class Encoder:
         if self._fastokens is not None:
             self._fastokens.prepare(built)
 
-    def prepare_soon(self) -> None:
-        """Build fastokens' native tokenizer in a thread now, for this process's own first batch
-        (``FastokensBPE.prepare_soon``: a process that encodes itself and forks no encoder)."""
-        if self._fastokens is not None:
-            self._fastokens.prepare_soon()
-
     def engine_json(self) -> str | None:
         """The tokenizer.json fastokens' native tokenizer is built from; None: this encoder has no fastokens."""
         return self._fastokens.source.json() if self._fastokens is not None else None

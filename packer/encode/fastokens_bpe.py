@@ -24,7 +24,6 @@ docs/benchmarks.md, "Fast paths": 10x tiktoken's speed (the engine it replaced),
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
 from itertools import pairwise
@@ -40,11 +39,6 @@ _NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # the same keys -> a fastokens.Tokenizer built by ``prepare`` and not yet probed (nor used: no rayon thread yet)
 _UNPROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ENCODED = False  # has fastokens encoded in this process (its rayon pool started: ``fork_safe``)?
-# the same keys -> (a thread building their fastokens.Tokenizer, the list it puts it in): ``prepare_soon``
-_PENDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# (tokenizer.json, its fastokens.Tokenizer) built last by ``prepare_soon``: a later encoder of the same string in
-# this process (another build's, unpickled from a kept entry: a new key) takes it instead of building it again
-_LAST: tuple[str, Any] | None = None
 
 _PROBE = [
     "cafe\u0301 na\u0308ive \u1100\u1161\u11a8 \uac00",  # decomposed accents and jamo: NFC rewrites them
@@ -104,7 +98,6 @@ class FastokensBPE:
         process)."""
         key = self._key()
         if key not in _NATIVE:
-            _settle(key)
             _NATIVE[key] = _checked_native(self.source.json(), self.want, _UNPROBED.pop(key, None))
         return _NATIVE[key]
 
@@ -115,34 +108,12 @@ class FastokensBPE:
         ``built``: (a tokenizer.json, ``build_native``'s tokenizer of it), taken where that string is this
         engine's own. Where fastokens cannot load the file, ``native`` says so on first use, as without this."""
         key = self._key()
-        _settle(key)
         if key in _NATIVE or key in _UNPROBED:
             return
         json = self.source.json()
         native = built[1] if built is not None and built[0] == json else build_native(json)
         if native is not None:
             _UNPROBED[key] = native
-
-    def prepare_soon(self) -> None:
-        """``prepare`` in a thread, for a process that encodes itself (a one-process build): fastokens releases
-        the GIL for nearly all of its build (~2.5 s for a 151k vocabulary), so this process scans its inputs and
-        prepares its output meanwhile; the first ``native`` (or ``prepare``) waits for it. Where this process
-        built the same tokenizer.json last (``_LAST``: an earlier build's, its encoder another key), that
-        tokenizer is taken, built once per process as with a tokenizer it keeps loaded. A thread started here
-        makes the process unfit to fork until it ends (``local._forkable``): only for a process that does not
-        fork encoders."""
-        key = self._key()
-        if key in _NATIVE or key in _UNPROBED or key in _PENDING:
-            return
-        json = self.source.json()
-        last = _LAST
-        if last is not None and (last[0] is json or last[0] == json):
-            _UNPROBED[key] = last[1]
-            return
-        box: list[Any] = []
-        thread = threading.Thread(target=_build_last, args=(json, box), name="packer-native-tokenizer", daemon=True)
-        thread.start()
-        _PENDING[key] = (thread, box)
 
     def _key(self) -> Any:
         # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source
@@ -176,25 +147,6 @@ def build_native(json: str) -> Any:
         return fastokens.Tokenizer.from_json_str(json)
     except Exception:  # noqa: BLE001  # left to ``native``, which warns and takes the HF tokenizer
         return None
-
-
-def _build_last(json: str, box: list[Any]) -> None:
-    """``prepare_soon``'s thread: the native tokenizer into ``box``, and as ``_LAST`` where it loaded."""
-    global _LAST
-    native = build_native(json)
-    box.append(native)
-    if native is not None:
-        _LAST = (json, native)
-
-
-def _settle(key: Any) -> None:
-    """Wait for ``prepare_soon``'s thread of ``key``, if any, and take what it built (unprobed)."""
-    pending = _PENDING.pop(key, None)
-    if pending is None:
-        return
-    pending[0].join()
-    if pending[1] and pending[1][0] is not None and key not in _NATIVE:
-        _UNPROBED[key] = pending[1][0]
 
 
 def fork_safe() -> bool:
