@@ -163,6 +163,12 @@ class Encoder:
         if self._fastokens is not None:
             self._fastokens.prepare(built)
 
+    def prepare_here(self) -> None:
+        """Build fastokens' native tokenizer now for this process's own batches, or take the one it built last for
+        the same tokenizer.json (``FastokensBPE.prepare_here``: a process that encodes build after build)."""
+        if self._fastokens is not None:
+            self._fastokens.prepare_here()
+
     def engine_json(self) -> str | None:
         """The tokenizer.json fastokens' native tokenizer is built from; None: this encoder has no fastokens."""
         return self._fastokens.source.json() if self._fastokens is not None else None

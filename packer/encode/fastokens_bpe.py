@@ -39,6 +39,9 @@ _NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # the same keys -> a fastokens.Tokenizer built by ``prepare`` and not yet probed (nor used: no rayon thread yet)
 _UNPROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ENCODED = False  # has fastokens encoded in this process (its rayon pool started: ``fork_safe``)?
+# (tokenizer.json, its fastokens.Tokenizer) that ``prepare_here`` built last: a later engine of the same string in
+# this process (another build's encoder, unpickled from a kept entry: a new key) takes it instead of building it
+_LAST: tuple[str, Any] | None = None
 
 _PROBE = [
     "cafe\u0301 na\u0308ive \u1100\u1161\u11a8 \uac00",  # decomposed accents and jamo: NFC rewrites them
@@ -114,6 +117,25 @@ class FastokensBPE:
         native = built[1] if built is not None and built[0] == json else build_native(json)
         if native is not None:
             _UNPROBED[key] = native
+
+    def prepare_here(self) -> None:
+        """``prepare`` in a process that encodes itself, build after build (one-process builds, a notebook's):
+        where it built the same tokenizer.json last (``_LAST``), that native tokenizer is taken, so that an
+        engine of a new key (an encoder a kept entry gave, ``pipeline/local.py``) does not build it once per
+        build, as an engine of a tokenizer the process keeps loaded never does."""
+        global _LAST
+        key = self._key()
+        if key in _NATIVE or key in _UNPROBED:
+            return
+        json = self.source.json()
+        last = _LAST
+        if last is not None and (last[0] is json or last[0] == json):
+            _UNPROBED[key] = last[1]
+            return
+        native = build_native(json)
+        if native is not None:
+            _UNPROBED[key] = native
+            _LAST = (json, native)
 
     def _key(self) -> Any:
         # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source

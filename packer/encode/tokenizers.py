@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,9 +49,28 @@ def ensure_builtin(name: str) -> Path:
     return path
 
 
+_LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # name -> what load_tokenizer gave, while it lives
+
+
+def loaded_tokenizer(name_or_path: str):
+    """The tokenizer ``load_tokenizer`` gave this process for ``name_or_path``, while something (its cache)
+    still holds it; else None. A process that holds it makes an encoder from it rather than reading a kept one
+    (``Executor.load_encoder``): the load is paid already, as is fastokens' native tokenizer of it."""
+    return _LOADED.get(name_or_path)
+
+
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str):
     """Load a tokenizer: a builtin name (``qwen2-vl``), a local directory, or a hub name."""
+    tokenizer = _load_tokenizer(name_or_path)
+    try:
+        _LOADED[name_or_path] = tokenizer
+    except TypeError:  # not weakly referable: never reported loaded
+        pass
+    return tokenizer
+
+
+def _load_tokenizer(name_or_path: str):
     if name_or_path in builtin_tokenizers():
         # The builtin is a plain fast tokenizer; AutoTokenizer would parse its 18 MB tokenizer.json once
         # more in Python (~3 s) before the Rust parse, so load the class directly. Importing AutoTokenizer

@@ -64,8 +64,11 @@ class Executor(ABC):
         the next build. A kept one costs no transformers import, no tokenizer load and no tables (~3 CPU-s for a
         151k vocabulary); it holds no transformers tokenizer (``Encoder.tokenizer`` is None, as in a worker).
         ``LocalExecutor`` overlaps the load with fastokens' native build where it forks its pool."""
+        from packer.encode.tokenizers import loaded_tokenizer
         from packer.pipeline.local import keep_encoder, kept_encoder
 
+        if loaded_tokenizer(config.tokenizer_name()) is not None:  # loaded here already (a notebook's, a test's
+            return self._make_encoder(config, max_length=max_length)  # process): made from it, nothing read
         kept = kept_encoder(config, max_length)
         if kept.encoder is not None:
             self.preload(kept.encoder)

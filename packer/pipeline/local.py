@@ -164,7 +164,7 @@ class LocalExecutor(Executor):
         Before all that, an entry an earlier build kept under this build's key (``_encoder_entry``) replaces the
         helper (``_load_kept``); each build that makes its encoder keeps one (``_keep_entry``), after the fork."""
         if self.num_proc == 1 or self._pool is not None or not _forkable():
-            return super().load_encoder(config, max_length=max_length)
+            return self._load_here(config, max_length)
         try:
             entry = _encoder_entry(config, max_length)
         except OSError:  # a tokenizer or packer file gone or unreadable meanwhile: nothing kept, nothing read
@@ -229,6 +229,16 @@ class LocalExecutor(Executor):
         if entry is not None:  # after the fork: the workers encode while this process writes it
             _keep_entry(*entry, data, value)
         return encoder, value
+
+    def _load_here(self, config: BuildConfig, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:
+        """``load_encoder`` where no pool is forked from the encoder (``Executor.load_encoder``: kept, else made).
+        One process encodes itself: its native tokenizer is the one it built last for the same tokenizer.json
+        where there is one (``Encoder.prepare_here``: an encoder from a kept entry is a new one each build, and
+        builds in one process, a notebook's, would each build it again), else built now."""
+        encoder, record = super().load_encoder(config, max_length=max_length)
+        if self.num_proc == 1:
+            encoder.prepare_here()
+        return encoder, record
 
     def _load_kept(self, config: BuildConfig, data: bytes, record: dict[str, Any]
                    ) -> tuple[Encoder, dict[str, Any]] | None:
