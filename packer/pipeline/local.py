@@ -255,7 +255,7 @@ class LocalExecutor(Executor):
             encoder = pickle.loads(data)
         except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
             return None
-        if not isinstance(encoder, Encoder):
+        if not isinstance(encoder, Encoder) or not _same_profile(encoder, config):  # a run-time profile edited
             return None
         self._drop_preloaded()
         blob = self._encoder_path(Path(tempfile.gettempdir()))
