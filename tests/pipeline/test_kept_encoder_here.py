@@ -155,3 +155,40 @@ def test_a_kept_encoder_serves_only_its_own_key_and_profile(tmp_path, monkeypatc
     gc.collect()
     taken, taken_record = LocalExecutor(1).load_encoder(config, max_length=512)
     assert taken.tokenizer is None and taken_record == record  # from the entry
+
+
+_TWICE = """
+import json, sys
+from packer.encode import fastokens_bpe
+from packer.config import BuildConfig
+from packer.pipeline.build import build
+
+corpus, out, tok = sys.argv[1], sys.argv[2], sys.argv[3]
+built = []
+build_native = fastokens_bpe.build_native
+fastokens_bpe.build_native = lambda json: built.append(1) or build_native(json)
+runs = [build(BuildConfig.from_inputs([corpus], out + str(k), profile="qwen2-vl", tokenizer=tok, max_length=512),
+              progress=False) for k in range(2)]
+print(json.dumps({"built": len(built), "transformers": "transformers" in sys.modules,
+                  "shards": [[s["sha256"] for s in r.manifest["shards"]] for r in runs]}))
+"""
+
+
+@pytest.mark.slow
+def test_builds_in_one_process_build_the_native_tokenizer_once(tmp_path):
+    """Two one-process builds in one process (a notebook's) that each take the kept encoder: each encoder is a new
+    object (a new weak key for fastokens), yet the native tokenizer is built once (``FastokensBPE.prepare_here``),
+    as for a process that keeps the tokenizer loaded; the first process's builds keep the entry."""
+    tok = _tokenizer_copy(tmp_path)
+    corpus = _corpus(tmp_path / "count.jsonl", 50)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PACKER_CACHE": str(tmp_path / "cache")}
+    got = []
+    for name in ("made", "kept"):
+        run = subprocess.run([sys.executable, "-c", _TWICE, str(corpus), str(tmp_path / name), str(tok)],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        got.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    made, kept = got
+    assert made["built"] == 1 and made["transformers"]  # the second build: the tokenizer loaded, made from it
+    assert kept["built"] == 1 and not kept["transformers"]  # both from the entry, the native tokenizer built once
+    assert made["shards"][0] == made["shards"][1] == kept["shards"][0] == kept["shards"][1]
