@@ -195,7 +195,11 @@ class ChatTemplate:
 
         A turn with no content (it only calls tools) is not marked; its content starts where the generation
         prompt after the messages before it ends, which is where a model starts writing its calls. A
-        conversation with tools is always checked against its unmarked rendering (the probes hold none)."""
+        conversation with tools is always checked against its unmarked rendering (the probes hold none). No
+        message at all is a RecordError (``empty_messages``), as every other bad record's (no parser makes such a
+        conversation: a chat's ``messages`` and each branch must be non-empty)."""
+        if not conv:
+            raise RecordError("empty_messages", "the conversation to render has no messages")
         if self._fast is not None and not tools:
             located = self._fast.locate(conv)  # None where a message calls tools: the checks below see to them
             if located is not None:

@@ -22,7 +22,7 @@ _ROLES = st.sampled_from(["system", "user", "assistant", "user", "assistant", "t
 _PART = st.one_of(text, text, text, text, st.just(None), st.just(0))  # None: an image, 0: a missing image
 _MESSAGES = st.lists(st.tuples(_ROLES, st.lists(_PART, min_size=1, max_size=2)), min_size=0, max_size=3)
 _BRANCH = st.tuples(_MESSAGES, st.lists(_MESSAGES, max_size=2))  # a branch's messages and its own branches
-# a root of no message is no parser's record (and ``ChatTemplate.locate`` fails on one with a ValueError)
+# a root of no message is no parser's record (``ChatTemplate.locate`` refuses one: tests/encode/test_templates.py)
 _ROOT = st.lists(st.tuples(_ROLES, st.lists(_PART, min_size=1, max_size=2)), min_size=1, max_size=3)
 _RECORD = st.tuples(st.sampled_from(["messages", "messages", "messages", "text", "tools"]), _ROOT,
                     st.lists(_BRANCH, max_size=3), text)

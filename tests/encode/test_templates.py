@@ -186,6 +186,16 @@ def test_template_errors(tok):
         ChatTemplate(None, special_tokens={}, images=False).locate([Message("user", ["x"])])
 
 
+def test_locate_of_no_message_is_a_record_error(tok, qwen):
+    """``ChatTemplate.locate([])`` raises a RecordError (``empty_messages``), as every other bad record does, on
+    both paths (its Jinja branch used to end in a ValueError from ``zip(strict=True)``). No parser reaches it:
+    a chat's ``messages`` and each branch must be non-empty (``formats.common`` rejects them first), so this
+    guards a caller that builds conversations itself."""
+    for template in (qwen._chat, jinja(qwen._chat), chat(tok)):
+        with pytest.raises(RecordError, match=r"^empty_messages: the conversation to render has no messages$"):
+            template.locate([])
+
+
 def test_template_dropping_images(tok, img):
     template = "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% endif %}<|im_end|>{% endfor %}"
     r = Encoder(tok, get_profile("qwen2-vl"), chat_template=template)
