@@ -21,7 +21,8 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --profile gemma3 --profile-option do_pan_and_scan=true
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
-for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
+for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache;
+each tree has its own ``PACKER_CACHE``, so the encoder its warm-up keeps is the one its rounds find);
 medians of CPU-s, shards identical (``--schema-change``: a base of an older shard schema, the rows this tree's
 reader reads from both identical); the ratios below are printed for both.
 
