@@ -21,7 +21,8 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --profile gemma3 --profile-option do_pan_and_scan=true
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
-for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache);
+for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache;
+each tree has its own ``PACKER_CACHE``, so the encoder its warm-up keeps is the one its rounds find);
 medians of CPU-s, shards identical (``--schema-change``: a base of an older shard schema, the rows this tree's
 reader reads from both identical); the ratios below are printed for both.
 
@@ -518,10 +519,11 @@ def _by_name(cpu: dict[int, tuple[str, float]]) -> dict[str, float]:
 
 def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
                  profile: str = "qwen2-vl", script: Path | None = None,
-                 breakdown: Path | None = None, timeline: bool = False) -> dict[str, float]:
+                 breakdown: Path | None = None, timeline: bool = False, cache: Path | None = None) -> dict[str, float]:
     """One build by ``script`` (default: this file; another checkout's for ``--base``) in a fresh process;
     ``breakdown``: a new directory for the CPU by process and phase (``--breakdown``, this tree's script only);
-    ``timeline`` (implied by ``breakdown``): every thread's CPU sampled, for ``_timeline``'s quiet-box wall."""
+    ``timeline`` (implied by ``breakdown``): every thread's CPU sampled, for ``_timeline``'s quiet-box wall;
+    ``cache``: the build's ``PACKER_CACHE`` (``against``: each tree its own)."""
     timeline = timeline or breakdown is not None
     script = script or Path(__file__).resolve()
     cmd = [sys.executable, str(script), "--child", str(path), str(out), str(num_proc), executor]
@@ -529,6 +531,8 @@ def packer_build(path: Path, out: Path, num_proc: int, executor: str = "local",
         cmd.append(profile)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("BENCH_BUILD_BREAKDOWN", None)
+    if cache is not None:
+        env["PACKER_CACHE"] = str(cache)
     if breakdown is not None:
         breakdown.mkdir(parents=True)
         env["BENCH_BUILD_BREAKDOWN"] = str(breakdown)
@@ -654,18 +658,31 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
     import shutil
     import statistics
 
+    from packer.encode.tokenizers import cache_dir
+
     scripts = {"base": base.resolve() / "scripts" / "bench_build.py", "this": Path(__file__).resolve()}
+    # each tree its own PACKER_CACHE (the builtin tokenizers shared): the encoder a build keeps for the next
+    # (pipeline/local.py, ``_encoder_entry``) is one file per tokenizer and options, keyed by packer's source, so
+    # two trees in one cache would replace each other's entry and neither build would find its own
+    caches = {name: tmp / f"cache-{name}" for name in scripts}
+    for c in caches.values():
+        c.mkdir(exist_ok=True)
+        (cache_dir() / "tokenizers").mkdir(parents=True, exist_ok=True)
+        if not (c / "tokenizers").exists():
+            (c / "tokenizers").symlink_to(cache_dir() / "tokenizers")
     warm = tmp / "warm.jsonl"
     make_corpus(warm, args.coco, 3000, shape=args.shape)
-    for name, script in scripts.items():  # numba compiles into each tree's cache once
-        packer_build(warm, tmp / f"warm-{name}", args.num_proc, profile=args.profile, script=script)
+    for name, script in scripts.items():  # numba compiles into each tree's cache once; each keeps its encoder
+        packer_build(warm, tmp / f"warm-{name}", args.num_proc, profile=args.profile, script=script,
+                     cache=caches[name])
     runs: dict[str, list[dict]] = {name: [] for name in scripts}
     for r in range(args.rounds):
         for name in (list(scripts) if r % 2 == 0 else list(scripts)[::-1]):
             out = tmp / f"ab-{name}"
             shutil.rmtree(out, ignore_errors=True)
             load = os.getloadavg()[0]
-            b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name], timeline=True)
+            b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name], timeline=True,
+                             cache=caches[name])
             runs[name].append(b)
             b["quiet_wall"] = sum(v[2] for v in b["timeline"].values())
             busy = sum(v[1] for v in b["timeline"].values()) / args.num_proc / b["quiet_wall"]

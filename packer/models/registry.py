@@ -2,9 +2,10 @@
 
 A leaf below the families: ``packer.models`` names each builtin family package and its profiles here
 (``defer_families``), and a family is imported the first time one of its profiles is asked for by name
-(``get_profile``): a command that uses one profile (``packer repack``, ``stats``, a build) imports one family, and
-one that names none (``packer --help``, ``verify --help``) none; whatever lists or searches every profile (``profile_names``,
-``forward_keys``, the builtin tokenizers, an error message naming the alternatives) imports them all first. A
+(``get_profile``), or one of its builtin tokenizers (``tokenizer_spec``: a build's ``--tokenizer``): a command that
+uses one profile (``packer repack``, ``stats``, a build) imports one family, and one that names none (``packer
+--help``, ``verify --help``) none; whatever searches every profile or tokenizer (``profile_names``,
+``forward_keys``, ``fast_renderer``, an error message naming the alternatives) imports them all first. A
 family's code may ask the registry (e.g. which profiles take videos) without importing the package that registers
 it. Nothing here imports torch or transformers.
 """
@@ -28,19 +29,23 @@ _TOKENIZERS: dict[str, TokenizerSpec] = {}
 _BUILTIN: dict[str, str] = {}
 """Builtin profile name -> its family package under ``packer/models/`` (``packer.models.PROFILE_FAMILIES``), in the
 order ``profile_names`` lists them; not imported until asked for (``_load``)."""
+_BUILTIN_TOKENIZERS: dict[str, str] = {}
+"""Builtin tokenizer name -> its family package (``packer.models.TOKENIZER_FAMILIES``), in listing order."""
 _FAMILIES: tuple[str, ...] = ()
 _IMPORT: Callable[[str], ModuleType] | None = None  # packer.models' importer of a family package by name
 _TOKENIZER_RANK: dict[str, int] = {}  # a builtin tokenizer -> its family's place in _FAMILIES (the listing order)
 _LOADING = threading.RLock()  # one thread registers a family (and reorders the tables) at a time
 
 
-def defer_families(families: tuple[str, ...], profiles: dict[str, str], load: Callable[[str], ModuleType]) -> None:
+def defer_families(families: tuple[str, ...], profiles: dict[str, str], load: Callable[[str], ModuleType],
+                   tokenizers: dict[str, str] | None = None) -> None:
     """Name the builtin family packages (``packer.models.FAMILIES``, in listing order), which of them holds each
-    builtin profile, and how to import one (``load``, packer.models': the registry imports no family itself): each
-    is imported and registered the first time it is needed (``_load``)."""
+    builtin profile and each builtin tokenizer, and how to import one (``load``, packer.models': the registry
+    imports no family itself): each is imported and registered the first time it is needed (``_load``)."""
     global _FAMILIES, _IMPORT
     _FAMILIES, _IMPORT = tuple(families), load
     _BUILTIN.update(profiles)
+    _BUILTIN_TOKENIZERS.update(tokenizers or {})
 
 
 def _load(family: str) -> None:
@@ -57,7 +62,11 @@ def _register_builtin(family: str, package: ModuleType) -> None:
             raise ConfigError(f"profile {profile.name!r} of family {family} is not in packer.models.FAMILIES "
                               f"under {family!r}")
         _PROFILES.setdefault(profile.name, profile)
-    for spec in getattr(package, "TOKENIZERS", ()):
+    specs = getattr(package, "TOKENIZERS", ())
+    if [spec.name for spec in specs] != [n for n, f in _BUILTIN_TOKENIZERS.items() if f == family]:
+        raise ConfigError(f"family {family}'s TOKENIZERS {[spec.name for spec in specs]} are not its line in "
+                          f"packer.models.FAMILY_TOKENIZERS")
+    for spec in specs:
         _TOKENIZER_RANK[spec.name] = _FAMILIES.index(family)
         _TOKENIZERS.setdefault(spec.name, spec)
 
@@ -186,14 +195,24 @@ def no_medium(name: str, medium: str) -> RecordError | ConfigError:
 
 
 def builtin_tokenizers() -> tuple[str, ...]:
-    """Names of the builtin tokenizers, in registration order."""
-    _load_all()
-    return tuple(_TOKENIZERS)
+    """Names of the builtin tokenizers, in registration order (the families' first, in ``FAMILIES`` order, then
+    what was registered by hand), importing no family: their names are ``packer.models.FAMILY_TOKENIZERS``' (a
+    family's own ``TOKENIZERS`` must agree, ``_register_builtin``), and one registered by hand has imported them
+    all already (``register_tokenizer``)."""
+    return tuple(dict.fromkeys([*_BUILTIN_TOKENIZERS, *_TOKENIZERS]))
+
+
+def known_tokenizer(name: str) -> bool:
+    """Whether builtin tokenizer ``name`` is registered, importing its own family first where it is a builtin."""
+    if name not in _TOKENIZERS and name in _BUILTIN_TOKENIZERS:
+        _load(_BUILTIN_TOKENIZERS[name])
+    return name in _TOKENIZERS
 
 
 def tokenizer_spec(name: str) -> TokenizerSpec:
-    _load_all()
-    if name not in _TOKENIZERS:
+    """The builtin tokenizer ``name``'s spec: its family alone imported, unless the error must name them all."""
+    if not known_tokenizer(name):
+        _load_all()
         raise ConfigError(f"unknown builtin tokenizer {name!r}; builtins: {', '.join(_TOKENIZERS)}")
     return _TOKENIZERS[name]
 

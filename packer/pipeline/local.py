@@ -105,6 +105,7 @@ class LocalExecutor(Executor):
         self._pool: Pool | None = None
         self._encodes = 0  # encoder files written so far: numbers each one
         self._preloaded: tuple[Encoder, Path] | None = None  # the encoder ``preload`` shipped, and its file
+        self._deferred: list[_Deferred] = []  # ``submit``'s calls made while no pool exists (not asked for yet)
 
     def start(self) -> None:
         """Spawn the pool now (``build`` calls this before it loads the tokenizer), unless it will be forked
@@ -126,9 +127,10 @@ class LocalExecutor(Executor):
         if self.num_proc == 1:
             return super().submit(fn, *args, **kwargs)
         self.start()
-        if self._pool is None:
-            return lambda: (self._pool.apply_async(fn, args, kwargs).get() if self._pool is not None
-                            else fn(*args, **kwargs))
+        if self._pool is None:  # forked later: run by ``_load_kept`` while fastokens builds, else asked for
+            deferred = _Deferred(self, fn, args, kwargs)
+            self._deferred.append(deferred)
+            return deferred
         return self._pool.apply_async(fn, args, kwargs).get
 
     def preload(self, encoder: Encoder) -> None:
@@ -243,39 +245,59 @@ class LocalExecutor(Executor):
     def _load_kept(self, config: BuildConfig, data: bytes, record: dict[str, Any]
                    ) -> tuple[Encoder, dict[str, Any]] | None:
         """``load_encoder`` from an entry an earlier build kept (``_encoder_entry``: the encoder's pickle, its
-        tokenizer record): no helper, no transformers; this process builds fastokens' native tokenizer from the
-        encoder's own tokenizer.json (the numba thread beside it, as with the helper) and forks the pool. None
-        where the pickle does not load (the caller then takes the helper's way, which replaces the entry)."""
+        tokenizer record): no helper, no transformers. fastokens' native tokenizer builds in a thread from the
+        string kept beside the entries (``_engine_file``; else, once unpickled, the encoder's own), started first:
+        its build leaves the GIL free for nearly all of its ~2.5 s, so this thread meanwhile unpickles the
+        encoder and the workers' copy of it, imports what a worker needs, runs ``submit``'s deferred calls (the
+        build's scan) and loads numba's kernels (``_warm_kernels``), each of which waited for the fork or ran
+        beside the build before; the pool is forked once the native build is joined. What a worker holds is the
+        same: the workers' copy takes the native tokenizer only where its string is the encoder's own
+        (``FastokensBPE.prepare``). None where the pickle does not load (the caller then takes the helper's way,
+        which replaces the entry)."""
         import pickle
 
         from packer.encode.encoder import Encoder
-        from packer.encode.fastokens_bpe import build_native
 
+        kept = _engine_file(config.tokenizer_name())
+        text = _read_text(kept) if kept is not None else None
+        native = _NativeBuild(text) if text is not None else None
         try:
-            encoder = pickle.loads(data)
-        except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
-            return None
-        if not isinstance(encoder, Encoder) or not _same_profile(encoder, config):  # a run-time profile edited
-            return None
-        self._drop_preloaded()
-        blob = self._encoder_path(Path(tempfile.gettempdir()))
-        blob.write_bytes(data)
-        self._preloaded = (encoder, blob)
-        text = encoder.engine_json()
-        warm = threading.Thread(target=_warm_kernels, args=(config,), name="packer-warm-kernels", daemon=True)
-        warm.start()
-        try:
-            native = build_native(text) if text is not None else None
+            try:
+                encoder = pickle.loads(data)
+            except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
+                return None
+            if not isinstance(encoder, Encoder) or not _same_profile(encoder, config):  # a run-time profile edited
+                return None
+            if native is None and encoder.engine_json() is not None:
+                native = _NativeBuild(encoder.engine_json())
+            self._drop_preloaded()
+            blob = self._encoder_path(Path(tempfile.gettempdir()))
+            blob.write_bytes(data)
+            self._preloaded = (encoder, blob)
+            worker = pickle.loads(data)  # the workers' copy (``_forked_with``), as a worker loads it
+            _worker_imports()
+            self._run_deferred()
+            _warm_kernels(config)
         finally:
-            warm.join()
+            if native is not None:
+                native.join()
+        _trim_heap()
         self._pool = _forked_with(encoder, str(blob), self.num_proc,
-                                  built=(text, native) if text is not None else None)
+                                  built=(native.text, native.native) if native is not None else None, worker=worker)
         return encoder, record
+
+    def _run_deferred(self) -> None:
+        """Run here, now, the calls ``submit`` deferred while no pool existed (``_load_kept``: while fastokens
+        builds on the other core); each keeps its result or error for when it is asked for."""
+        deferred, self._deferred = self._deferred, []
+        for d in deferred:
+            d.run()
 
     def close(self) -> None:
         """Stop the pool's workers (``build`` calls this when it ends, also on an error); ``start`` again
         makes a new pool."""
         pool, self._pool = self._pool, None
+        self._deferred = []
         if pool is not None:
             pool.terminate()
             pool.join()
@@ -446,16 +468,18 @@ def _forked_writer_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, Any] | None = None) -> Pool:
+def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, Any] | None = None,
+                 worker: Encoder | None = None) -> Pool:
     """A pool forked from this process holding a copy of ``encoder`` as a worker loads it from ``path`` (the
-    pickle's round trip: the same state, no transformers tokenizer), its native tokenizer built here once
-    (``built``: already, from that tokenizer.json; ``Encoder.prepare_fork``). This process drops its copy once
-    the workers exist; a worker the pool starts later loads ``path`` itself."""
+    pickle's round trip: the same state, no transformers tokenizer; ``worker``: that copy, loaded already), its
+    native tokenizer built here once (``built``: already, from that tokenizer.json; ``Encoder.prepare_fork``).
+    This process drops its copy once the workers exist; a worker the pool starts later loads ``path`` itself."""
     import gc
     import pickle
 
     _worker_imports()
-    worker = pickle.loads(Path(path).read_bytes())
+    if worker is None:
+        worker = pickle.loads(Path(path).read_bytes())
     worker.prepare_fork(built)
     _WORKER.update(encoder=worker, encoder_file=path)
     gc.freeze()  # the inherited objects stay out of the workers' collections (as ``_encoder`` does)
@@ -465,6 +489,65 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, A
         gc.unfreeze()
         _WORKER.clear()
         del worker
+
+
+class _Deferred:
+    """A call ``LocalExecutor.submit`` got while no pool existed (it is forked once the encoder exists): run by
+    ``_run_deferred`` where ``_load_kept`` has a core to spare, else when asked for (on the pool if it exists by
+    then, else here). Asked for, it returns the result or raises the error, as the pool's would."""
+
+    def __init__(self, executor: LocalExecutor, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]):
+        self._executor, self._call = executor, (fn, args, kwargs)
+        self._done: tuple[bool, Any] | None = None  # (ok, result or error) once run
+
+    def run(self) -> None:
+        fn, args, kwargs = self._call
+        try:
+            self._done = (True, fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 - raised where the result is asked for, as the pool's would be
+            self._done = (False, e)
+
+    def __call__(self) -> Any:
+        if self in self._executor._deferred:
+            self._executor._deferred.remove(self)
+        if self._done is None:
+            fn, args, kwargs = self._call
+            pool = self._executor._pool
+            return pool.apply_async(fn, args, kwargs).get() if pool is not None else fn(*args, **kwargs)
+        (ok, value), self._done = self._done, None
+        if not ok:
+            raise value
+        return value
+
+
+def _trim_heap() -> None:
+    """Give back to the system the free pages of this process's malloc arenas (glibc's ``malloc_trim``), before
+    the fork: the native build's thread parsed the tokenizer.json in its own arena, and what it freed there stays
+    this process's (no other thread allocates from that arena) and, forked, every worker's too. Not glibc: nothing."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _NativeBuild(threading.Thread):
+    """fastokens' native tokenizer of ``text`` (``build_native``), built in a thread started at once: the build
+    releases the GIL for nearly all of its ~2.5 s. Joined before any fork (``_forkable``: no other thread)."""
+
+    def __init__(self, text: str):
+        super().__init__(name="packer-native-build", daemon=True)
+        import fastokens  # noqa: F401 - imported here, not in the thread (the import lock)
+
+        self.text = text
+        self.native: Any = None
+        self.start()
+
+    def run(self) -> None:
+        from packer.encode.fastokens_bpe import build_native
+
+        self.native = build_native(self.text)
 
 
 def _warm_kernels(config: BuildConfig) -> None:

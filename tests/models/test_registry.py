@@ -111,3 +111,44 @@ def _families() -> tuple[str, ...]:
     from packer.models import FAMILIES
 
     return FAMILIES
+
+
+def test_family_tokenizers_name_every_family_tokenizer() -> None:
+    """``FAMILY_TOKENIZERS``' line of each family (what lets a builtin tokenizer's name import its family alone)
+    lists its ``TOKENIZERS``, in order, and no family without one has a line: each family imported directly, in a
+    fresh process."""
+    code = ("import importlib, json\nfrom packer.models import FAMILIES, FAMILY_TOKENIZERS, TOKENIZER_FAMILIES\n"
+            "lines = {f: [s.name for s in getattr(importlib.import_module(f'packer.models.{f}'), 'TOKENIZERS', ())]"
+            " for f in FAMILIES}\n"
+            "print(json.dumps([{f: n for f, n in lines.items() if n}, {f: list(n) for f, n in FAMILY_TOKENIZERS.items()},"
+            " list(TOKENIZER_FAMILIES.items()), list(FAMILIES)]))")
+    lines, table, pairs, families = json.loads(_fresh(code))
+    assert table == lines and list(table) == [f for f in families if f in table]  # FAMILIES order
+    assert pairs == [[n, f] for f, names in lines.items() for n in names]
+
+
+def test_a_tokenizer_imports_its_own_family_only() -> None:
+    """A builtin tokenizer's spec and directory (what a build's start asks for its kept encoder's key) import its
+    family alone; the names need none; an unknown name lists every builtin."""
+    code = ("import json, sys\nimport packer.models as m\nfrom packer.models.registry import tokenizer_spec\n"
+            "from packer.pipeline.output import tokenizer_source\n"
+            "fams = lambda: sorted({k.split('.')[2] for k in sys.modules if k.count('.') == 2 and "
+            "k.startswith('packer.models.') and k.split('.')[2] in m.FAMILIES})\n"
+            "names = m.builtin_tokenizers()\nnone = fams()\n"
+            "spec = tokenizer_spec('llama3').name\ntokenizer_source('llama3')\none = fams()\n"
+            "print(json.dumps([names, none, spec, one]))")
+    names, none, spec, one = json.loads(_fresh(code))
+    assert tuple(names) == builtin_tokenizers() and none == [] and spec == "llama3" and one == ["text"]
+    from packer.models.registry import tokenizer_spec
+
+    with pytest.raises(ConfigError, match=f"unknown builtin tokenizer 'gpt-5'; builtins: {', '.join(names)}$"):
+        tokenizer_spec("gpt-5")
+
+
+def test_a_family_whose_tokenizers_differ_from_its_line_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.models.registry as registry
+    from packer.models import text
+
+    monkeypatch.setattr(registry, "_BUILTIN_TOKENIZERS", {**registry._BUILTIN_TOKENIZERS, "llama3": "gemma3"})
+    with pytest.raises(ConfigError, match=r"family text's TOKENIZERS \['llama3'\] are not its line"):
+        registry._register_builtin("text", text)

@@ -82,8 +82,11 @@ def test_an_entry_is_read_only_whole_and_under_its_key(tmp_path):
 _KEPT = """
 import json, os, sys
 from pathlib import Path
+import multiprocessing, tempfile, threading
+import packer.pipeline.build as build_module
 import packer.pipeline.local as local
-from packer.config import BuildConfig
+from packer.config import BuildConfig, SourceConfig
+from packer.errors import ConfigError
 from packer.pipeline.build import build
 
 corpus, out, tok = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -95,11 +98,18 @@ def spy(self, *args):
     loads.append("kept" if got is not None else "bad entry")
     return got
 local.LocalExecutor._load_kept = spy
+here = []  # the scans run in this process (a kept encoder's, while fastokens builds), not on a pool worker
+scan_chunks = build_module.scan_chunks
+def scan_here(*args, **kwargs):
+    here.append(os.getpid())
+    return scan_chunks(*args, **kwargs)
+build_module.scan_chunks = scan_here
 
 def run(name, **more):
-    n = len(loads)
+    n, m = len(loads), len(here)
     result = build(BuildConfig.from_inputs([corpus], out + "-" + name, num_proc=2, **opts, **more), progress=False)
     taken = loads[n:] or ["made"]
+    taken += ["scanned here"] if here[m:] == [os.getpid()] else []
     return [s["sha256"] for s in result.manifest["shards"]], taken, result.manifest["tokenizer"]["fingerprint"]
 
 engines = Path(os.environ["PACKER_CACHE"]) / "engines"
@@ -121,6 +131,19 @@ os.utime(template, ns=(template.stat().st_atime_ns, template.stat().st_mtime_ns 
 touched = run("touched")  # the tokenizer's files changed: its entry's key no longer holds; made and kept again
 assert entry.read_bytes() != raw and local._read_entry(path, key) is None
 again = run("again")
+# the scan's error on a kept encoder (run here, while fastokens builds): raised as the pool's would be, and the
+# build leaves no thread, process or encoder file behind
+twice = BuildConfig(sources=(SourceConfig(name="a", paths=(corpus,)), SourceConfig(name="b", paths=(corpus,))),
+                    output=out + "-twice", num_proc=2, **opts)
+n = len(loads)
+try:
+    build(twice, progress=False)
+    raise AssertionError("no error")
+except ConfigError as e:
+    assert "named by two sources" in str(e), e
+assert loads[n:] == ["kept"], loads[n:]
+assert threading.active_count() == 1 and not multiprocessing.active_children()
+assert not list(Path(tempfile.gettempdir()).glob(f"encoder.pkl.tmp-{os.getpid()}-*"))
 print(json.dumps({"runs": [first, second, damaged, bad, touched, again],
                   "in_out": [str(p) for p in Path(out).parent.rglob("*.encoder") if engines not in p.parents]}))
 """
@@ -131,7 +154,8 @@ print(json.dumps({"runs": [first, second, damaged, bad, touched, again],
 def test_a_kept_encoder_writes_what_a_made_one_writes(tmp_path):
     """A build that finds the entry forks its pool from the kept encoder and writes the same shards as one that
     loads the tokenizer; a damaged entry (bytes, or a pickle that does not load) and a touched tokenizer file
-    take the helper's way and keep a new entry."""
+    take the helper's way and keep a new entry. A kept encoder's build scans in this process while fastokens
+    builds (``LocalExecutor._load_kept``), and the scan's error reaches the caller with nothing left running."""
     tok = _tokenizer_copy(tmp_path)
     lines = [{"messages": [{"role": "user", "content": f"Count to {i}."},
                            {"role": "assistant", "content": " ".join(map(str, range(i % 40 + 1)))}]}
@@ -145,7 +169,8 @@ def test_a_kept_encoder_writes_what_a_made_one_writes(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     shards, taken, fingerprints = zip(*got["runs"], strict=True)
-    assert list(taken) == [["made"], ["kept"], ["made"], ["bad entry"], ["made"], ["kept"]]
+    assert list(taken) == [["made"], ["kept", "scanned here"], ["made"], ["bad entry"], ["made"],
+                           ["kept", "scanned here"]]
     assert all(s == shards[0] for s in shards) and len(shards[0]) > 1
     assert len(set(fingerprints)) == 1
     assert got["in_out"] == []
