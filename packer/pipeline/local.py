@@ -635,8 +635,10 @@ def _encoder_entry(config: BuildConfig, max_length: int | None) -> tuple[Path, s
     BuildConfig field ``make_encoder`` reads (the profile and its options, the chat template's text, the length
     policy, ``max_length``), packer's own files (name, size, mtime_ns: its classes are what unpickles), the
     installed distributions (every dist-info's name-version and mtime: transformers, tokenizers, fastokens,
-    jinja2, numpy...) and python's version. The file is named by the tokenizer and the options, so that a new source or
-    version replaces its entry rather than adding one. None for a hub tokenizer (nothing is kept for it)."""
+    jinja2, numpy...) and python's version. The file is named by the tokenizer, the options and where packer and
+    its environment are installed, so that a new source or version replaces its entry rather than adding one, while
+    two installs sharing one cache (two venvs, two checkouts) keep one each instead of replacing each other's at
+    every build. None for a hub tokenizer (nothing is kept for it)."""
     import hashlib
     import json
 
@@ -655,7 +657,7 @@ def _encoder_entry(config: BuildConfig, max_length: int | None) -> tuple[Path, s
                "chat_template": None if template is None else hashlib.sha256(template.encode()).hexdigest(),
                "max_length": max_length or config.max_length, "overlong": config.overlong,
                "long_docs": config.long_docs, "long_docs_overlap": config.long_docs_overlap}
-    named = json.dumps(options, sort_keys=True)
+    named = json.dumps({**options, "installed_at": [str(Path(packer.__file__).parent), sys.prefix]}, sort_keys=True)
     key = json.dumps({"options": options, "tokenizer_files": source,
                       "packer": _tree_stats(Path(packer.__file__).parent), "installed": _installed(),
                       "python": sys.version, "platform": sys.platform}, sort_keys=True)

@@ -49,6 +49,12 @@ def test_the_key_follows_everything_the_encoder_is_made_from(tmp_path, monkeypat
     os.utime(tok / "tokenizer_config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     touched = entry()
     assert touched[0] == path and touched[1] != key
+    # another environment sharing this cache (another venv, another checkout): its own entry's file, so that two
+    # installs building by turns do not replace each other's entry at every build
+    monkeypatch.setattr(local.sys, "prefix", str(tmp_path / "other-venv"))
+    assert entry()[0] != path
+    monkeypatch.undo()
+    monkeypatch.setenv("PACKER_CACHE", str(tmp_path / "cache"))
     # what the encoder is made from: its own entry each
     others = [entry(chat_template=str(template)), entry(max_length=256), entry(overlong="truncate"),
               entry(profile_options={"max_pixels": 200_000}), entry(long_docs="split")]
