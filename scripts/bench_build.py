@@ -662,8 +662,8 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
 
     scripts = {"base": base.resolve() / "scripts" / "bench_build.py", "this": Path(__file__).resolve()}
     # each tree its own PACKER_CACHE (the builtin tokenizers shared): the encoder a build keeps for the next
-    # (pipeline/local.py, ``_encoder_entry``) is one file per tokenizer and options, keyed by packer's source, so
-    # two trees in one cache would replace each other's entry and neither build would find its own
+    # (pipeline/kept.py, ``encoder_entry``) is keyed by packer's source: each tree's own cache keeps the rounds'
+    # entries apart from the user's and from each other's whatever the entry's file name
     caches = {name: tmp / f"cache-{name}" for name in scripts}
     for c in caches.values():
         c.mkdir(exist_ok=True)

@@ -22,7 +22,7 @@ from packer.models.shared.tokenizer import RANKS
 
 def cache_dir() -> Path:
     """Where packer keeps what it builds once (tokenizers; ``engines/``: fastokens' tokenizer.json of each
-    tokenizer a build used, ``pipeline/local.py``'s ``_engine_file``)."""
+    tokenizer a build used, ``pipeline/kept.py``'s ``engine_file``)."""
     return Path(os.environ.get("PACKER_CACHE", Path.home() / ".cache" / "packer"))
 
 

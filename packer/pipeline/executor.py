@@ -59,22 +59,22 @@ class Executor(ABC):
 
     def load_encoder(self, config: BuildConfig, *, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:
         """The build's encoder, preloaded (``preload``), and its tokenizer's ``output.tokenizer_record``: the
-        encoder an earlier build kept under this build's key where there is one (``local._encoder_entry``: the
+        encoder an earlier build kept under this build's key where there is one (``kept.encoder_entry``: the
         same entries and key a forked pool's build keeps and reads), else made (``_make_encoder``) and kept for
         the next build. A kept one costs no transformers import, no tokenizer load and no tables (~3 CPU-s for a
         151k vocabulary); it holds no transformers tokenizer (``Encoder.tokenizer`` is None, as in a worker).
         ``LocalExecutor`` overlaps the load with fastokens' native build where it forks its pool."""
         from packer.encode.tokenizers import loaded_tokenizer
-        from packer.pipeline.local import keep_encoder, kept_encoder
+        from packer.pipeline import kept
 
         if loaded_tokenizer(config.tokenizer_name()) is not None:  # loaded here already (a notebook's, a test's
             return self._make_encoder(config, max_length=max_length)  # process): made from it, nothing read
-        kept = kept_encoder(config, max_length)
-        if kept.encoder is not None:
-            self.preload(kept.encoder)
-            return kept.encoder, kept.record
+        found = kept.kept_encoder(config, max_length)
+        if found.encoder is not None:
+            self.preload(found.encoder)
+            return found.encoder, found.record
         encoder, record = self._make_encoder(config, max_length=max_length)
-        keep_encoder(kept, encoder, record)
+        kept.keep_encoder(found, encoder, record)
         return encoder, record
 
     def _make_encoder(self, config: BuildConfig, *, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:

@@ -8,12 +8,12 @@ packer and building the native tokenizer (~2 CPU-s per worker for a 151k vocabul
 throughput"). Fork is taken only where it is safe (``_forkable``): no other Python thread, no fastokens encode
 has run here (rayon's pool has no fork handler); else, and elsewhere than Linux, the pool is spawned when the
 build begins (``start``), so the workers' interpreter start and imports overlap the parent's tokenizer load.
-Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``_engine_file``),
+Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``kept.engine_file``),
 ``load_encoder`` overlaps the two serial steps before the fork: a forked helper loads the tokenizer and makes the
 encoder while this process builds the native tokenizer, and starts numba in a thread beside it for the workers
 to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes"). Where an
 earlier build kept the helper's result for the same tokenizer files, options, packer source and installed versions
-(``_encoder_entry``: the pickled encoder and its tokenizer record), no helper runs: the pool is forked from it.
+(``kept.encoder_entry``: the pickled encoder and its tokenizer record), no helper runs: the pool is forked from it.
 Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
 """
 
@@ -26,9 +26,10 @@ import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packer.config import BuildConfig
+from packer.pipeline import kept
 from packer.pipeline.cache import ChunkCounts, EncodeCache
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
@@ -154,7 +155,7 @@ class LocalExecutor(Executor):
 
     def load_encoder(self, config: BuildConfig, *, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:
         """``Executor.load_encoder``, overlapped where the pool will be forked and fastokens' tokenizer.json
-        for this tokenizer is kept from an earlier build (``_engine_file``): a forked helper process loads the
+        for this tokenizer is kept from an earlier build (``kept.engine_file``): a forked helper process loads the
         tokenizer, makes and pickles the encoder and fingerprints it, while this process builds fastokens'
         native tokenizer from the kept string (~1.8 CPU-s, holding the GIL: a thread could not overlap it);
         the pool is then forked holding both. Nothing changes what a worker holds: the kept string is used
@@ -163,30 +164,30 @@ class LocalExecutor(Executor):
         Beside the native build a thread starts numba and loads the writers' kernels (``gather.warm``; fastokens
         leaves the GIL free for most of its build), joined before the fork: the workers inherit them instead of
         each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode.
-        Before all that, an entry an earlier build kept under this build's key (``_encoder_entry``) replaces the
-        helper (``_load_kept``); each build that makes its encoder keeps one (``_keep_entry``), after the fork."""
+        Before all that, an entry an earlier build kept under this build's key (``kept.encoder_entry``) replaces the
+        helper (``_load_kept``); each build that makes its encoder keeps one (``kept.keep_entry``), after the fork."""
         if self.num_proc == 1 or self._pool is not None or not _forkable():
             return self._load_here(config, max_length)
         try:
-            entry = _encoder_entry(config, max_length)
+            entry = kept.encoder_entry(config, max_length)
         except OSError:  # a tokenizer or packer file gone or unreadable meanwhile: nothing kept, nothing read
             entry = None
-        hit = _read_entry(*entry) if entry is not None else None
+        hit = kept.read_entry(*entry) if entry is not None else None
         if hit is not None:
             loaded = self._load_kept(config, *hit)
             if loaded is not None:
-                try:  # used now: the last to go (``_prune_entries``)
+                try:  # used now: the last to go (``kept.prune_entries``)
                     os.utime(entry[0])
                 except OSError:
                     pass
                 return loaded
-        kept = _engine_file(config.tokenizer_name())
-        text = _read_text(kept) if kept is not None else None
+        engine_path = kept.engine_file(config.tokenizer_name())
+        text = kept.read_text(engine_path) if engine_path is not None else None
         if text is None:  # the first build of this tokenizer: the serial way, keeping the string for the next
             encoder, record = self._make_encoder(config, max_length=max_length)
-            _keep_engine(kept, encoder.engine_json(), None)
+            kept.keep_engine(engine_path, encoder.engine_json(), None)
             if entry is not None and self._preloaded is not None:
-                _keep_entry(*entry, self._preloaded[1].read_bytes(), record)
+                kept.keep_entry(*entry, self._preloaded[1].read_bytes(), record)
             return encoder, record
         import multiprocessing as mp
         import pickle
@@ -226,10 +227,10 @@ class LocalExecutor(Executor):
         data = blob.read_bytes()
         encoder = pickle.loads(data)
         self._preloaded = (encoder, blob)
-        _keep_engine(kept, encoder.engine_json(), text)
+        kept.keep_engine(engine_path, encoder.engine_json(), text)
         self._pool = _forked_with(encoder, str(blob), self.num_proc, built=(text, native))
         if entry is not None:  # after the fork: the workers encode while this process writes it
-            _keep_entry(*entry, data, value)
+            kept.keep_entry(*entry, data, value)
         return encoder, value
 
     def _load_here(self, config: BuildConfig, max_length: int | None) -> tuple[Encoder, dict[str, Any]]:
@@ -244,9 +245,9 @@ class LocalExecutor(Executor):
 
     def _load_kept(self, config: BuildConfig, data: bytes, record: dict[str, Any]
                    ) -> tuple[Encoder, dict[str, Any]] | None:
-        """``load_encoder`` from an entry an earlier build kept (``_encoder_entry``: the encoder's pickle, its
+        """``load_encoder`` from an entry an earlier build kept (``kept.encoder_entry``: the encoder's pickle, its
         tokenizer record): no helper, no transformers. fastokens' native tokenizer builds in a thread from the
-        string kept beside the entries (``_engine_file``; else, once unpickled, the encoder's own), started first:
+        string kept beside the entries (``kept.engine_file``; else, once unpickled, the encoder's own), started first:
         its build leaves the GIL free for nearly all of its ~2.5 s, so this thread meanwhile unpickles the
         encoder and the workers' copy of it, imports what a worker needs, runs ``submit``'s deferred calls (the
         build's scan) and loads numba's kernels (``_warm_kernels``), each of which waited for the fork or ran
@@ -258,15 +259,15 @@ class LocalExecutor(Executor):
 
         from packer.encode.encoder import Encoder
 
-        kept = _engine_file(config.tokenizer_name())
-        text = _read_text(kept) if kept is not None else None
+        engine_path = kept.engine_file(config.tokenizer_name())
+        text = kept.read_text(engine_path) if engine_path is not None else None
         native = _NativeBuild(text) if text is not None else None
         try:
             try:
                 encoder = pickle.loads(data)
             except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
                 return None
-            if not isinstance(encoder, Encoder) or not _same_profile(encoder, config):  # a run-time profile edited
+            if not isinstance(encoder, Encoder) or not kept.same_profile(encoder, config):  # a run-time profile edited
                 return None
             if native is None and encoder.engine_json() is not None:
                 native = _NativeBuild(encoder.engine_json())
@@ -586,243 +587,6 @@ def _load_encoder(config: BuildConfig, max_length: int | None, blob: str, send: 
             reply = ("error", RuntimeError(f"{type(e).__name__}: {e}"))
     send.send(reply)
     send.close()
-
-
-def _engine_file(name: str) -> Path | None:
-    """Where fastokens' tokenizer.json for the tokenizer ``name`` is kept between builds (``load_encoder``):
-    a local tokenizer (a builtin, a directory), one file per tokenizer; None for a hub name."""
-    import hashlib
-
-    from packer.encode.tokenizers import builtin_path, builtin_tokenizers, cache_dir
-
-    path = builtin_path(name) if name in builtin_tokenizers() else Path(name)
-    if not path.is_dir():
-        return None
-    return cache_dir() / "engines" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] + ".json")
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _keep_engine(path: Path | None, json: str | None, kept: str | None) -> None:
-    """Keep ``json`` (an encoder's ``engine_json``) at ``path`` for the next build, unless kept already; a
-    cache that cannot be written is skipped (the next build is serial, as without it)."""
-    if path is None or json is None or json == kept:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json, encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
-
-
-ENTRIES_KEPT = 8
-"""Kept encoders (``_keep_entry``) beyond this many, the least recently used first, are removed (~9 MB each)."""
-ENTRY_MAGIC = b"packer-encoder-entry 1\n"
-"""The first line of a kept encoder entry (``_keep_entry``): a change of the layout below changes it."""
-
-
-def _encoder_entry(config: BuildConfig, max_length: int | None) -> tuple[Path, str] | None:
-    """Where ``load_encoder`` keeps the encoder of ``config`` (and its tokenizer record) between builds, and the key
-    the entry must hold to be used: everything the pickled encoder and the record are made from. The tokenizer's
-    files (path, size, mtime_ns: ``output.tokenizer_source``, as a rebuild trusts its encode mark), every
-    BuildConfig field ``make_encoder`` reads (the profile and its options, the chat template's text, the length
-    policy, ``max_length``), packer's own files (name, size, mtime_ns: its classes are what unpickles), the
-    installed distributions (every dist-info's name-version and mtime: transformers, tokenizers, fastokens,
-    jinja2, numpy...) and python's version. The file is named by the tokenizer, the options and where packer and
-    its environment are installed, so that a new source or version replaces its entry rather than adding one, while
-    two installs sharing one cache (two venvs, two checkouts) keep one each instead of replacing each other's at
-    every build. None for a hub tokenizer (nothing is kept for it)."""
-    import hashlib
-    import json
-
-    import packer
-    from packer.config import chat_template_source
-    from packer.encode.tokenizers import cache_dir
-    from packer.pipeline.output import tokenizer_source
-
-    name = config.tokenizer_name()
-    source = tokenizer_source(name)
-    if source is None:
-        return None
-    template = chat_template_source(config)
-    options = {"tokenizer": os.path.dirname(source[0][0]), "profile": config.profile,
-               "profile_overrides": repr(sorted(config.profile_overrides().items())),
-               "chat_template": None if template is None else hashlib.sha256(template.encode()).hexdigest(),
-               "max_length": max_length or config.max_length, "overlong": config.overlong,
-               "long_docs": config.long_docs, "long_docs_overlap": config.long_docs_overlap}
-    named = json.dumps({**options, "installed_at": [str(Path(packer.__file__).parent), sys.prefix]}, sort_keys=True)
-    key = json.dumps({"options": options, "tokenizer_files": source,
-                      "packer": _tree_stats(Path(packer.__file__).parent), "installed": _installed(),
-                      "python": sys.version, "platform": sys.platform}, sort_keys=True)
-    file = cache_dir() / "engines" / (hashlib.sha256(named.encode()).hexdigest()[:16] + ".encoder")
-    return file, key
-
-
-def _tree_stats(root: Path) -> list[list[Any]]:
-    """(path, size, mtime_ns) of every file under ``root`` but __pycache__'s (~200 for packer: a few ms)."""
-    out: list[list[Any]] = []
-    stack = [str(root)]
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for e in it:
-                if e.is_dir(follow_symlinks=False):
-                    if e.name != "__pycache__":
-                        stack.append(e.path)
-                elif e.is_file():
-                    st = e.stat()
-                    out.append([os.path.relpath(e.path, root), st.st_size, st.st_mtime_ns])
-    return sorted(out)
-
-
-def _installed() -> list[list[Any]]:
-    """The dist-info (egg-info) directories of every directory on sys.path but the working directory, with their
-    mtime_ns: each installed distribution's name and version, and when it was installed (a reinstall of the same
-    version too), read without importlib.metadata (~0.1 s); ~1 ms for ~160 distributions."""
-    names: list[list[Any]] = []
-    for d in sys.path:
-        if not d or not os.path.isabs(d):
-            continue
-        try:
-            with os.scandir(d) as it:
-                names += [[e.name, e.stat().st_mtime_ns] for e in it if e.name.endswith((".dist-info", ".egg-info"))]
-        except OSError:
-            continue
-    return sorted(names)
-
-
-def _read_entry(path: Path, key: str) -> tuple[bytes, dict[str, Any]] | None:
-    """The encoder's pickle and tokenizer record kept at ``path``, where it holds ``key`` and its bytes their
-    sha256; None for anything else (no file, another layout, another key, a damaged file, a file of another user
-    or one that others may write)."""
-    import hashlib
-    import json
-
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            # a pickle runs code as it loads: only this user's own file, which no one else may write
-            if st.st_uid != os.getuid() or st.st_mode & 0o022:
-                return None
-            raw = f.read()
-        if not raw.startswith(ENTRY_MAGIC):
-            return None
-        end = raw.index(b"\n", len(ENTRY_MAGIC))
-        header = json.loads(raw[len(ENTRY_MAGIC):end])
-        data = raw[end + 1:]
-        if (not isinstance(header, dict) or header.get("key") != key or not isinstance(header.get("record"), dict)
-                or header.get("sha256") != hashlib.sha256(data).hexdigest()):
-            return None
-    except (OSError, ValueError):
-        return None
-    return data, header["record"]
-
-
-def _keep_entry(path: Path, key: str, data: bytes, record: dict[str, Any]) -> None:
-    """Keep the encoder's pickle ``data`` and its tokenizer ``record`` at ``path`` under ``key`` for the next build
-    (``_read_entry``); written whole or not at all, and skipped where the cache cannot be written."""
-    import hashlib
-    import json
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        header = json.dumps({"key": key, "record": record, "sha256": hashlib.sha256(data).hexdigest()})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # this user's alone, whatever the umask (``_read_entry`` loads no file that others may write)
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(ENTRY_MAGIC + header.encode() + b"\n")
-            f.write(data)
-        tmp.replace(path)
-    except (OSError, TypeError, ValueError):
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        return
-    _prune_entries(path.parent, ENTRIES_KEPT)
-
-
-def _prune_entries(here: Path, keep: int) -> None:
-    """Remove the entries in ``here`` past the ``keep`` last used (by mtime: ``load_encoder`` touches the one it
-    uses): each is ~9 MB, and a sweep over options keeps one per option."""
-    try:
-        entries = sorted(((p.stat().st_mtime_ns, p) for p in here.glob("*.encoder")), reverse=True)
-        for _, p in entries[keep:]:
-            p.unlink(missing_ok=True)
-    except OSError:  # one removed meanwhile (another build's prune): the next write prunes again
-        pass
-
-
-class Kept(NamedTuple):
-    """What ``kept_encoder`` found for a build: its entry (None: nothing is kept for it) and, where that entry
-    served, the encoder and its tokenizer record."""
-
-    entry: tuple[Path, str] | None
-    encoder: Encoder | None = None
-    record: dict[str, Any] | None = None
-
-
-def kept_encoder(config: BuildConfig, max_length: int | None) -> Kept:
-    """``Executor.load_encoder``'s kept encoder (a build whose encoder is made in its own process: one process, a
-    spawned pool, Ray's driver): the entry an earlier build kept under this build's key (``_encoder_entry``,
-    ``_read_entry``: the same entries, key and refusals as a forked pool's build), unpickled, where it is an
-    Encoder of this build's very profile (``_same_profile``). The entry used is touched (the last to go,
-    ``_prune_entries``). Anything else (no entry, a damaged one, another key, a pickle that does not load) is
-    ``Kept(entry)``: the encoder is made, and ``keep_encoder`` replaces the entry."""
-    try:
-        entry = _encoder_entry(config, max_length)
-    except OSError:  # a tokenizer or packer file gone or unreadable meanwhile: nothing kept, nothing read
-        return Kept(None)
-    hit = _read_entry(*entry) if entry is not None else None
-    if hit is None:
-        return Kept(entry)
-    import pickle
-
-    from packer.encode.encoder import Encoder
-
-    try:
-        encoder = pickle.loads(hit[0])
-    except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
-        return Kept(entry)
-    if not isinstance(encoder, Encoder) or not _same_profile(encoder, config):
-        return Kept(entry)
-    try:
-        os.utime(entry[0])
-    except OSError:
-        pass
-    return Kept(entry, encoder, hit[1])
-
-
-def _same_profile(encoder: Encoder, config: BuildConfig) -> bool:
-    """Is the kept encoder's profile the one this build would make it with? The key names the profile and its
-    options, and packer's files define the builtin profiles; a profile registered at run time (a user's own
-    family, a test's) is defined elsewhere, so the kept one is compared with it whole."""
-    from packer.models import get_profile
-
-    try:
-        return bool(encoder.profile == get_profile(config.profile, **config.profile_overrides()))
-    except Exception:  # noqa: BLE001 - not comparable (or an unknown profile, which the build reports): made
-        return False
-
-
-def keep_encoder(kept: Kept, encoder: Encoder, record: dict[str, Any]) -> None:
-    """Keep the encoder ``Executor.load_encoder`` made (``kept_encoder`` found none) under its entry, pickled
-    as a worker receives it (before any encode); nothing where no entry applies (a hub tokenizer)."""
-    if kept.entry is None or kept.encoder is not None:
-        return
-    import pickle
-
-    try:
-        data = pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - an encoder that does not pickle (a test's profile): nothing kept
-        return
-    _keep_entry(*kept.entry, data, record)
 
 
 def _worker_init() -> None:

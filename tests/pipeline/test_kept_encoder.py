@@ -1,4 +1,4 @@
-"""The encoder a forked-pool build keeps between builds (pipeline/local.py, ``_encoder_entry``): the helper's pickled
+"""The encoder a forked-pool build keeps between builds (pipeline/kept.py, ``encoder_entry``): the helper's pickled
 encoder and tokenizer record under ``$PACKER_CACHE/engines``, used by the next build of the same tokenizer files,
 options, packer source and installed versions instead of loading the tokenizer again. Any change of what the
 encoder is made from misses (and keeps a new entry); a damaged entry is today's path; the shards are the same
@@ -17,7 +17,7 @@ import pytest
 
 from packer.config import BuildConfig
 from packer.encode.tokenizers import ensure_builtin
-from packer.pipeline import local
+from packer.pipeline import kept as kept_store
 from packer.pipeline.stages import CHUNK_LINES
 
 
@@ -37,7 +37,7 @@ def test_the_key_follows_everything_the_encoder_is_made_from(tmp_path, monkeypat
     def entry(**opts):
         config = BuildConfig.from_inputs(["x.jsonl"], str(tmp_path / "out"), **{
             "profile": "qwen2-vl", "tokenizer": str(tok), "max_length": 512, **opts})
-        return local._encoder_entry(config, opts.get("max_length", 512))
+        return kept_store.encoder_entry(config, opts.get("max_length", 512))
 
     path, key = entry()
     assert path.parent == tmp_path / "cache" / "engines" and path.suffix == ".encoder"
@@ -51,7 +51,7 @@ def test_the_key_follows_everything_the_encoder_is_made_from(tmp_path, monkeypat
     assert touched[0] == path and touched[1] != key
     # another environment sharing this cache (another venv, another checkout): its own entry's file, so that two
     # installs building by turns do not replace each other's entry at every build
-    monkeypatch.setattr(local.sys, "prefix", str(tmp_path / "other-venv"))
+    monkeypatch.setattr(kept_store.sys, "prefix", str(tmp_path / "other-venv"))
     assert entry()[0] != path
     monkeypatch.undo()
     monkeypatch.setenv("PACKER_CACHE", str(tmp_path / "cache"))
@@ -63,25 +63,25 @@ def test_the_key_follows_everything_the_encoder_is_made_from(tmp_path, monkeypat
     assert len({p for p, _ in others} | {path}) == len(others) + 1
     assert len({k for _, k in others} | {key, touched[1]}) == len(others) + 2
     # a hub name: nothing kept
-    assert local._encoder_entry(BuildConfig.from_inputs(["x.jsonl"], str(tmp_path / "o"), profile="qwen2-vl",
+    assert kept_store.encoder_entry(BuildConfig.from_inputs(["x.jsonl"], str(tmp_path / "o"), profile="qwen2-vl",
                                                         tokenizer="Org/not-a-dir"), None) is None
 
 
 def test_an_entry_is_read_only_whole_and_under_its_key(tmp_path):
     path = tmp_path / "e.encoder"
     record = {"fingerprint": "f", "source": [["a", 1, 2]]}
-    local._keep_entry(path, "key", b"\x80pickle bytes", record)
-    assert local._read_entry(path, "key") == (b"\x80pickle bytes", record)
-    assert local._read_entry(path, "another key") is None
+    kept_store.keep_entry(path, "key", b"\x80pickle bytes", record)
+    assert kept_store.read_entry(path, "key") == (b"\x80pickle bytes", record)
+    assert kept_store.read_entry(path, "another key") is None
     raw = path.read_bytes()
-    for damaged in (raw[:-1], raw[:-1] + b"?", raw[:10], b"", raw.replace(local.ENTRY_MAGIC, b"packer-encoder-entry 0\n")):
+    for damaged in (raw[:-1], raw[:-1] + b"?", raw[:10], b"", raw.replace(kept_store.ENTRY_MAGIC, b"packer-encoder-entry 0\n")):
         path.write_bytes(damaged)
-        assert local._read_entry(path, "key") is None
-    assert local._read_entry(tmp_path / "none.encoder", "key") is None
+        assert kept_store.read_entry(path, "key") is None
+    assert kept_store.read_entry(tmp_path / "none.encoder", "key") is None
     path.write_bytes(raw)
-    assert local._read_entry(path, "key") is not None
+    assert kept_store.read_entry(path, "key") is not None
     path.chmod(0o666)  # a pickle that others may write is never loaded
-    assert local._read_entry(path, "key") is None
+    assert kept_store.read_entry(path, "key") is None
     assert not list(tmp_path.glob(".*.tmp"))  # written through a temp file, renamed
 
 
@@ -90,6 +90,7 @@ import json, os, sys
 from pathlib import Path
 import multiprocessing, tempfile, threading
 import packer.pipeline.build as build_module
+import packer.pipeline.kept as kept_store
 import packer.pipeline.local as local
 from packer.config import BuildConfig, SourceConfig
 from packer.errors import ConfigError
@@ -127,15 +128,15 @@ entry.write_bytes(raw[:-100] + bytes(100))  # damaged: its sha256 fails, so the 
 damaged = run("damaged")
 assert entry.read_bytes() == raw
 config = BuildConfig.from_inputs([corpus], out + "-x", **opts)
-path, key = local._encoder_entry(config, 512)
-_, record = local._read_entry(path, key)
-local._keep_entry(path, key, b"not a pickle", record)  # whole, but its pickle does not load
+path, key = kept_store.encoder_entry(config, 512)
+_, record = kept_store.read_entry(path, key)
+kept_store.keep_entry(path, key, b"not a pickle", record)  # whole, but its pickle does not load
 bad = run("bad")
 assert entry.read_bytes() == raw
 template = Path(tok) / "chat_template.jinja"
 os.utime(template, ns=(template.stat().st_atime_ns, template.stat().st_mtime_ns + 1_000_000))
 touched = run("touched")  # the tokenizer's files changed: its entry's key no longer holds; made and kept again
-assert entry.read_bytes() != raw and local._read_entry(path, key) is None
+assert entry.read_bytes() != raw and kept_store.read_entry(path, key) is None
 again = run("again")
 # the scan's error on a kept encoder (run here, while fastokens builds): raised as the pool's would be, and the
 # build leaves no thread, process or encoder file behind
@@ -184,18 +185,18 @@ def test_a_kept_encoder_writes_what_a_made_one_writes(tmp_path):
 
 def test_entries_past_the_cap_go_least_recently_used_first(tmp_path):
     t = 1_700_000_000 * 10**9
-    for i in range(local.ENTRIES_KEPT + 2):
-        local._keep_entry(tmp_path / f"{i}.encoder", "key", b"x", {})
+    for i in range(kept_store.ENTRIES_KEPT + 2):
+        kept_store.keep_entry(tmp_path / f"{i}.encoder", "key", b"x", {})
         os.utime(tmp_path / f"{i}.encoder", ns=(t + i, t + i))
-    assert sorted(int(p.stem) for p in tmp_path.glob("*.encoder")) == list(range(2, local.ENTRIES_KEPT + 2))
+    assert sorted(int(p.stem) for p in tmp_path.glob("*.encoder")) == list(range(2, kept_store.ENTRIES_KEPT + 2))
     os.utime(tmp_path / "2.encoder", ns=(t + 100, t + 100))  # used (load_encoder touches the entry it takes)
-    local._keep_entry(tmp_path / "new.encoder", "key", b"x", {})
+    kept_store.keep_entry(tmp_path / "new.encoder", "key", b"x", {})
     assert not (tmp_path / "3.encoder").exists() and (tmp_path / "2.encoder").exists()
-    assert len(list(tmp_path.glob("*.encoder"))) == local.ENTRIES_KEPT
+    assert len(list(tmp_path.glob("*.encoder"))) == kept_store.ENTRIES_KEPT
 
 
 def test_the_key_covers_every_field_make_encoder_reads():
-    """The key names the options ``make_encoder`` reads by hand (``_encoder_entry``): a field read there and missing
+    """The key names the options ``make_encoder`` reads by hand (``kept.encoder_entry``): a field read there and missing
     from the key would hand a later build an encoder made with another value. Any new read fails here first."""
     import ast
     import inspect
@@ -210,9 +211,9 @@ def test_the_key_covers_every_field_make_encoder_reads():
               and any(isinstance(a, ast.Name) and a.id == "config" for a in n.args)}
     keyed = {"tokenizer_name", "profile", "profile_overrides", "max_length", "overlong", "long_docs",
              "long_docs_overlap"}
-    assert reads == keyed, f"make_encoder reads {sorted(reads - keyed)}: add them to local._encoder_entry's key"
+    assert reads == keyed, f"make_encoder reads {sorted(reads - keyed)}: add them to kept_store.encoder_entry's key"
     assert passed == {"chat_template_source"}, f"make_encoder passes the config to {sorted(passed)}: key what they read"
-    key_source = inspect.getsource(local._encoder_entry)
+    key_source = inspect.getsource(kept_store.encoder_entry)
     for name in keyed - {"tokenizer_name"}:
         assert f"config.{name}" in key_source, name
     assert "chat_template_source(config)" in key_source and "tokenizer_source(name)" in key_source

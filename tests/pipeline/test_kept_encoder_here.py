@@ -1,4 +1,4 @@
-"""The kept encoder (pipeline/local.py, ``_encoder_entry``) where a build makes its encoder in its own process:
+"""The kept encoder (pipeline/kept.py, ``encoder_entry``) where a build makes its encoder in its own process:
 one process (``--num-proc 1``, the default), a spawned pool, Ray's driver (``Executor.load_encoder``). The same
 entries, key and refusals as a forked pool's build (test_kept_encoder.py): a build finds its entry and imports no
 transformers; any change of what the encoder is made from (a touched tokenizer file, another chat template, a
@@ -20,7 +20,7 @@ import pytest
 
 from packer.config import BuildConfig
 from packer.encode.tokenizers import ensure_builtin, load_tokenizer, loaded_tokenizer
-from packer.pipeline import local
+from packer.pipeline import kept as kept_store
 from packer.pipeline.local import LocalExecutor
 
 
@@ -41,18 +41,18 @@ def _corpus(path: Path, n: int = 300) -> Path:
 
 _BUILD = """
 import json, sys
-import packer.pipeline.local as local
+import packer.pipeline.kept as kept_store
 from packer.config import BuildConfig
 from packer.pipeline.build import build
 
 corpus, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 taken = []
-kept_encoder = local.kept_encoder
+kept_encoder = kept_store.kept_encoder
 def spy(*args):
     got = kept_encoder(*args)
     taken.append("kept" if got.encoder is not None else "made")
     return got
-local.kept_encoder = spy
+kept_store.kept_encoder = spy
 result = build(BuildConfig.from_inputs([corpus], out, **opts), progress=False)
 print(json.dumps({"shards": [s["sha256"] for s in result.manifest["shards"]], "taken": taken,
                   "fingerprint": result.manifest["tokenizer"]["fingerprint"],
@@ -98,7 +98,7 @@ def test_a_one_process_build_takes_the_kept_encoder_and_every_change_makes_it(tm
     assert run()["taken"] == ["kept"]
     os.chmod(entry, 0o644 | 0o020)  # a file others may write is never loaded
     assert run()["taken"] == ["made"] and entry.stat().st_mode & 0o022 == 0
-    header = entry.read_bytes()[:entry.read_bytes().index(b"\n", len(local.ENTRY_MAGIC))]
+    header = entry.read_bytes()[:entry.read_bytes().index(b"\n", len(kept_store.ENTRY_MAGIC))]
     stat = (tok / "tokenizer_config.json").stat()  # the tokenizer's files changed: the key no longer holds
     os.utime(tok / "tokenizer_config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert run()["taken"] == ["made"]
@@ -125,25 +125,25 @@ def test_a_kept_encoder_serves_only_its_own_key_and_profile(tmp_path, monkeypatc
     tok = _tokenizer_copy(tmp_path)
     config = BuildConfig.from_inputs(["x.jsonl"], str(tmp_path / "out"), profile="qwen2-vl", tokenizer=str(tok),
                                      max_length=512)
-    assert local.kept_encoder(config, 512).encoder is None
+    assert kept_store.kept_encoder(config, 512).encoder is None
     executor = LocalExecutor(1)
     made, record = executor.load_encoder(config, max_length=512)  # made (loads the tokenizer), and kept
     assert made.tokenizer is not None and loaded_tokenizer(str(tok)) is made.tokenizer
-    kept = local.kept_encoder(config, 512)
+    kept = kept_store.kept_encoder(config, 512)
     assert kept.encoder is not None and kept.record == record and kept.encoder.tokenizer is None
     assert kept.encoder.engine_json() == made.engine_json() and kept.encoder.max_length == 512
-    assert local.kept_encoder(config, 256).encoder is None  # another max_length: another key
+    assert kept_store.kept_encoder(config, 256).encoder is None  # another max_length: another key
     # a process holding the tokenizer makes its encoder from it and reads no entry
     again, again_record = executor.load_encoder(config, max_length=512)
     assert again.tokenizer is made.tokenizer and again_record == record
     # the same key, another profile inside (as a run-time profile edited since): refused, and made again
     other = BuildConfig.from_inputs(["x.jsonl"], str(tmp_path / "out"), profile="qwen2-vl", tokenizer=str(tok),
                                     max_length=512, profile_options={"max_pixels": 200_704})
-    path, key = local._encoder_entry(config, 512)
-    local.keep_encoder(local.Kept((path, key)), executor.load_encoder(other, max_length=512)[0], record)
-    assert local._read_entry(path, key) is not None and local.kept_encoder(config, 512).encoder is None
-    local._keep_entry(path, key, b"not a pickle", record)
-    assert local.kept_encoder(config, 512).encoder is None
+    path, key = kept_store.encoder_entry(config, 512)
+    kept_store.keep_encoder(kept_store.Kept((path, key)), executor.load_encoder(other, max_length=512)[0], record)
+    assert kept_store.read_entry(path, key) is not None and kept_store.kept_encoder(config, 512).encoder is None
+    kept_store.keep_entry(path, key, b"not a pickle", record)
+    assert kept_store.kept_encoder(config, 512).encoder is None
     # a process that no longer holds it: the entry again (kept by a build that made it)
     del made, again
     load_tokenizer.cache_clear()

@@ -135,6 +135,7 @@ def test_encoder_files_of_killed_builds_leave_the_temp_dir(tmp_path, monkeypatch
 _FORKED = """
 import json, os, sys, threading
 from pathlib import Path
+import packer.pipeline.kept as kept_store
 import packer.pipeline.local as local
 from packer.config import BuildConfig
 from packer.encode import fastokens_bpe
@@ -151,9 +152,9 @@ assert len(os.listdir("/proc/self/task")) == threads and fastokens_bpe.fork_safe
 methods = []
 new_pool = local._new_pool
 local._new_pool = lambda n, method: methods.append(method) or new_pool(n, method)
-kept = Path(out + "-engine.json")  # fastokens' tokenizer.json kept between builds (local._engine_file)
-local._engine_file = lambda name: kept
-local._encoder_entry = lambda config, max_length: None  # no kept encoder (test_kept_encoder.py): the helper's way
+kept = Path(out + "-engine.json")  # fastokens' tokenizer.json kept between builds (kept_store.engine_file)
+kept_store.engine_file = lambda name: kept
+kept_store.encoder_entry = lambda config, max_length: None  # no kept encoder (test_kept_encoder.py): the helper's way
 two = build(BuildConfig.from_inputs([corpus], out + "-two", num_proc=2, **opts), progress=False)
 assert methods == ["fork"], methods  # one pool, forked once the encoder existed
 assert kept.read_text() == encoder.engine_json()  # kept for the next build
