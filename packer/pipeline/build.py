@@ -76,7 +76,6 @@ from packer.pipeline.stages import (
     streamed_inputs,
     warm_planner,
 )
-from packer.shards.assemble import pickled_layouts
 from packer.shards.io import shard_name, write_json_atomic, write_text_atomic
 from packer.shards.schema import (
     MANIFEST,
@@ -511,9 +510,7 @@ def _exchange(
     if found is None:
         if here and len(ranges) > 1:
             return replace(ranges, remember=True)
-        if learnt and len(ranges) > 1:
-            return replace(ranges, remember=True, layouts=pickled_layouts(layouts))
-        return ranges
+        return replace(ranges, remember=True, layouts=tuple(layouts)) if learnt and len(ranges) > 1 else ranges
     tasks, positions = found
     counts = np.zeros((len(tasks), total), dtype=np.int64)  # (M, S) rows of shard s in map m
     with progress_bar(total=len(tasks), enabled=progress, desc="exchange", unit="map") as bar, \

@@ -789,8 +789,8 @@ class ShardRange:
     copies: np.ndarray | None  # (sum(pack_sizes),) copy number of each; None: no copy
     exchange: Exchange | None = None  # where the rows are in the exchange's map outputs; None: the cache's chunks
     remember: bool = False  # this process writes the other ranges too: take_rows keeps each file's layout
-    layouts: bytes | None = None  # every chunk file's layout, learnt by the encode's tasks (``assemble.layout_of``,
-    # ``pickled_layouts``): the writer remembers them before its first visit of a file
+    layouts: tuple[Any, ...] | None = None  # every chunk file's layout, learnt by the encode's tasks
+    # (``assemble.layout_of``): the writer remembers them before its first visit of a file
 
 
 @dataclass(frozen=True)
@@ -803,7 +803,7 @@ class ShardRanges(Sequence[ShardRange]):
     plan: Plan
     rows_per_shard: int
     remember: bool = False  # every range is written by one process: take_rows keeps each file's layout
-    layouts: bytes | None = None  # each range's ``ShardRange.layouts``
+    layouts: tuple[Any, ...] | None = None  # each range's ``ShardRange.layouts``
     exchange: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None = None  # root, cache and output starts,
     # (M, S) where shard s's rows start in map output m: each range's ``Exchange``; None: the cache's chunks
 

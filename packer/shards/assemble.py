@@ -642,29 +642,10 @@ def layout_of(path: str) -> tuple[tuple[str, int, int, int], _Layout] | None:
     return None if layout is None else (key, layout)
 
 
-def pickled_layouts(layouts: Sequence[tuple[tuple[str, int, int, int], _Layout]]) -> bytes:
-    """``layout_of``'s of many files as one pickle, to send with every write task (``install_layouts``): made
-    once, and unpickled once per process (~2 KB a file; a pickle of the tuple per task cost each task ~0.1 s
-    at 391 files)."""
-    import pickle
-
-    return pickle.dumps(tuple(layouts), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-_INSTALLED: set[int] = set()  # hashes of the ``pickled_layouts`` installed in this process
-
-
-def install_layouts(blob: bytes) -> None:
-    """Remember the layouts ``blob`` holds (``pickled_layouts``: learnt in other processes) in this one, as if
-    each file had been visited here, once per process: a key names the file's inode, mtime and size, so a file
-    written again since is another key and its layout is never used. Not past ``LAYOUTS_MAX``."""
-    import pickle
-
-    mark = hash(blob)
-    if mark in _INSTALLED:
-        return
-    _INSTALLED.add(mark)
-    layouts = pickle.loads(blob)
+def install_layouts(layouts: Sequence[tuple[tuple[str, int, int, int], _Layout]]) -> None:
+    """Remember ``layouts`` (``layout_of``'s, learnt in other processes) in this one, as if each file had been
+    visited here: a key names the file's inode, mtime and size, so a file written again since is another key
+    and its layout is never used. Not past ``LAYOUTS_MAX``."""
     if len(layouts) > LAYOUTS_MAX:
         return
     for key, layout in layouts:

@@ -119,47 +119,6 @@ def test_one_process_of_few_shards_x_chunks_reads_the_chunk_files(corpus, refere
     assert LocalExecutor(2).writes_here(10, 10)  # too few examples to pay for a pool: written here
 
 
-class Seen(Hooks):
-    """In any process (a pool's worker too): a file per map output written and, per shard written, how many
-    chunk file layouts the writer held before its first take (``assemble._LAYOUTS``); optionally raises
-    after writing shard ``stop``."""
-
-    def __init__(self, root: Path, stop: int | None = None):
-        self.root, self.stop = root, stop
-
-    def at(self, point: str, n: int = 0, **state) -> None:
-        if point == "exchange":
-            (self.root / f"map-{n}").touch()
-        elif point == "shard-write":
-            (self.root / f"shard-{n}").write_text(str(len(assemble._LAYOUTS)))
-        elif point == "shard" and n == self.stop:
-            raise RuntimeError(f"stopped after shard {n}")
-
-
-def test_a_pool_of_few_shards_x_chunks_reads_the_chunk_files_with_the_encodes_layouts(corpus, reference, tmp_path,
-                                                                                      monkeypatch):
-    """A local pool's encode tasks each learn the layout of the chunk file they wrote (``ChunkCounts.layout``),
-    and its writers start with every file's (``ShardRange.layouts``): below ``EXCHANGE_MIN_VISITS`` no map
-    output is written, no writer pays a first visit of a file, the same bytes; a write stopped halfway
-    resumes from the shards written."""
-    _small(monkeypatch)
-    monkeypatch.setattr(stages, "EXCHANGE_MIN_VISITS", 10**6)
-    monkeypatch.setattr(assemble, "_LAYOUTS", {})  # a forked pool's workers start with none
-    seen = tmp_path / "seen"
-    seen.mkdir()
-    out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="stopped after shard 3"):
-        build(_config(corpus, out, num_proc=2), progress=False, executor=LocalExecutor(2), hooks=Seen(seen, stop=3))
-    chunks = len(list((out / ".packer" / "encode").glob("chunk-*.arrow")))
-    assert chunks > 10
-    written = {p.name: int(p.read_text()) for p in seen.glob("shard-*")}
-    assert "shard-3" in written and len(written) < len(reference) - 3  # stopped: not every shard written
-    assert all(n >= chunks for n in written.values())  # every chunk file's layout, before any take
-    build(_config(corpus, out, num_proc=2), progress=False, executor=LocalExecutor(2), hooks=Seen(seen))
-    assert not list(seen.glob("map-*"))
-    assert _files(out) == reference
-
-
 def test_an_interrupted_exchange_resumes(corpus, reference, tmp_path, monkeypatch):
     _small(monkeypatch)
     out = tmp_path / "out"
