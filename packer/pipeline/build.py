@@ -217,7 +217,6 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     # numba's kernels and the imports the plan needs load in a thread while this process waits on the workers
     warm = threading.Thread(target=warm_planner, args=(config,), name="warm-planner", daemon=True)
     warm.start()
-    layouts: list[Any] = []  # each chunk file's layout, where the encode's tasks learnt it (a local pool's)
     if complete:
         sources = mark.get("sources") or _chunk_sources(cache, config)
         totals, built = _cached(cache, ChunkCounts(*mark["totals"]), sources, config=config, progress=progress,
@@ -225,7 +224,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     else:
         kept = ColumnsFile(cache.root) if isinstance(cache.root, Path) else None
         totals, built = _encode(executor, chunks, encoder=encoder, cache=cache, config=config, hooks=hooks,
-                                progress=progress, kept=kept, layouts=layouts)
+                                progress=progress, kept=kept)
         sources = [c.source for c in chunks]
         write_encode_mark(work, {**mark, "chunks": len(chunks), "inputs": inputs, "files": fingerprinted,
                                  "chunked": files, "totals": [totals.records, totals.encoded, totals.rejected],
@@ -259,9 +258,7 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
 
     indexed = cache.indexed(columns.rows.tolist())
     ranges = _exchange(executor, plan, shard_ranges(plan, rows_per_shard=config.rows_per_shard), out=out,
-                       cache=indexed, config=config, hooks=hooks, progress=progress,
-                       layouts=layouts if len(layouts) == cache.num_chunks else None)
-    del layouts
+                       cache=indexed, config=config, hooks=hooks, progress=progress)
     shard_entries = _write(executor, ranges, cache=indexed, config=config, hooks=hooks, progress=progress)
     del ranges
     remove_stale_shards(out, {e["file"] for e in shard_entries})
@@ -375,13 +372,12 @@ def manifest_dict(
 
 def _encode(
     executor: Executor, chunks: list[Chunk], *, encoder: Encoder, cache: EncodeCache, config: BuildConfig, hooks: Hooks,
-    progress: bool, kept: ColumnsFile | None = None, layouts: list[Any] | None = None,
+    progress: bool, kept: ColumnsFile | None = None,
 ) -> tuple[ChunkCounts, ColumnsBuilder]:
     """Run the encode tasks; return the totals over all chunks and each chunk's compact columns
     (``columns.read_chunk``), read as it lands: this process is idle while the workers encode, so the plan
     does not wait on a pass over every chunk file. ``kept``: where each chunk's ``chunk_table`` is also
-    written (committed by the caller once the mark can name it). ``layouts``: where each chunk file's layout
-    goes that its task learnt (``ChunkCounts.layout``: a local pool's)."""
+    written (committed by the caller once the mark can name it)."""
     records = encoded = rejected = 0
     parts = ColumnsBuilder(sum(c.num_lines for c in chunks))  # rows <= lines but for split texts
     # counted in input lines (what users know their files by), advanced a chunk at a time
@@ -392,8 +388,6 @@ def _encode(
         for done, counts in enumerate(results, start=1):
             records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
             chunk = chunks[done - 1]
-            if layouts is not None and counts.layout is not None:
-                layouts.append(counts.layout)
             table = chunk_table(cache, chunk.index)
             if kept is not None:
                 kept.write(table)
@@ -491,26 +485,21 @@ def _write(
 
 def _exchange(
     executor: Executor, plan: Plan, ranges: ShardRanges, *, out: Path | ObjectPath, cache: EncodeCache,
-    config: BuildConfig, hooks: Hooks, progress: bool, layouts: list[Any] | None = None,
+    config: BuildConfig, hooks: Hooks, progress: bool,
 ) -> ShardRanges:
     """Run the exchange's map tasks where the build has many shards (``stages.map_tasks``) and return the
     ranges with where their rows are in the map outputs; ``ranges`` as they are where it does not run, or
-    where every shard is already written (a resumed build whose writers will only check their markers).
-    ``layouts``: every chunk file's layout, learnt by a local pool's encode tasks (``_encode``): the pool's
-    writers then start with them, and read the chunk files themselves as one process would."""
+    where every shard is already written (a resumed build whose writers will only check their markers)."""
     markers = out / WORK_DIR / "shards"
     total = len(ranges)  # one range per shard
     if all((markers / f"{s:05d}.json").exists() and (out / shard_name(s)).exists() for s in range(total)):
         return ranges
     here = executor.writes_here(plan.num_examples, len(ranges))
-    # this process visits each file once per shard (its layout is kept), or the pool's workers do, every
-    # file's layout handed to them: no writer pays a first visit of a file
-    learnt = not here and layouts is not None
-    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here or learnt)
+    if here and len(ranges) > 1:  # this process visits each file once per shard: its layout is kept
+        ranges = replace(ranges, remember=True)
+    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here)
     if found is None:
-        if here and len(ranges) > 1:
-            return replace(ranges, remember=True)
-        return replace(ranges, remember=True, layouts=tuple(layouts)) if learnt and len(ranges) > 1 else ranges
+        return ranges
     tasks, positions = found
     counts = np.zeros((len(tasks), total), dtype=np.int64)  # (M, S) rows of shard s in map m
     with progress_bar(total=len(tasks), enabled=progress, desc="exchange", unit="map") as bar, \

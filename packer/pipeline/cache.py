@@ -53,9 +53,6 @@ class ChunkCounts:
     records: int  # non-blank lines
     encoded: int
     rejected: int
-    layout: Any = field(default=None, compare=False, repr=False)
-    """The chunk file's layout as a local pool's encode task learnt it (``assemble.layout_of``: its key and
-    ``_Layout``), for that pool's writers (``build._exchange``); None elsewhere."""
 
 
 @dataclass(frozen=True)

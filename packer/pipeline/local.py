@@ -25,7 +25,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -629,15 +628,7 @@ def _preload(path: str) -> None:
 
 def _encode_task(args: tuple[Chunk, EncodeCache, BuildConfig, Hooks, str]) -> ChunkCounts:
     chunk, cache, config, hooks, encoder_file = args  # under --strict a RecordError propagates (it pickles)
-    counts = encode_chunk(chunk, encoder=_encoder(encoder_file), cache=cache, config=config, hooks=hooks)
-    if not isinstance(cache.root, Path):
-        return counts
-    # the file's layout, learnt once here (its pages are warm) and handed to every writer with its shards
-    # (``build._exchange``): no writer pays a first visit of a chunk file, and no exchange runs for the pool
-    # below ``stages.EXCHANGE_MIN_VISITS``
-    from packer.shards.assemble import layout_of
-
-    return replace(counts, layout=layout_of(os.path.join(cache.root, f"chunk-{chunk.index:06d}.arrow")))
+    return encode_chunk(chunk, encoder=_encoder(encoder_file), cache=cache, config=config, hooks=hooks)
 
 
 def _drop_encoder() -> None:

@@ -38,7 +38,7 @@ from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
 from packer.report.stats import LossSums
-from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, install_layouts, take_rows
+from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
@@ -655,12 +655,10 @@ def _warm_planner(config: BuildConfig) -> None:
 EXCHANGE_MIN_SHARDS = 4  # fewer shards: each writer reads the chunk files itself (few visits in all)
 EXCHANGE_MIN_FAN = 4  # the exchange runs only where each map output stands for this many chunk files or more
 EXCHANGE_MIN_VISITS = 16_384
-"""Where one process writes every shard, or a local pool's workers do with every chunk file's layout learnt by
-the encode's tasks (``ShardRange.layouts``: no first visit of a file in any writer), the exchange runs only where
-shards x chunk files reach this: below it the writers read the chunk files themselves, each file's layout
-remembered (``take_rows(remember=True)``, ~0.2 ms a visit), and that costs less than writing and reading every
-planned row once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; docs/benchmarks.md,
-"Repack"; a pooled 200k build: "Build throughput")."""
+"""Where one process writes every shard, the exchange runs only where shards x chunk files reach this: below it
+the writers read the chunk files themselves, each file's layout remembered after its first visit
+(``take_rows(remember=True)``, ~0.2 ms a visit), and that costs less than writing and reading every planned row
+once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; docs/benchmarks.md, "Repack")."""
 
 
 @dataclass(frozen=True)
@@ -789,8 +787,6 @@ class ShardRange:
     copies: np.ndarray | None  # (sum(pack_sizes),) copy number of each; None: no copy
     exchange: Exchange | None = None  # where the rows are in the exchange's map outputs; None: the cache's chunks
     remember: bool = False  # this process writes the other ranges too: take_rows keeps each file's layout
-    layouts: tuple[Any, ...] | None = None  # every chunk file's layout, learnt by the encode's tasks
-    # (``assemble.layout_of``): the writer remembers them before its first visit of a file
 
 
 @dataclass(frozen=True)
@@ -803,7 +799,6 @@ class ShardRanges(Sequence[ShardRange]):
     plan: Plan
     rows_per_shard: int
     remember: bool = False  # every range is written by one process: take_rows keeps each file's layout
-    layouts: tuple[Any, ...] | None = None  # each range's ``ShardRange.layouts``
     exchange: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None = None  # root, cache and output starts,
     # (M, S) where shard s's rows start in map output m: each range's ``Exchange``; None: the cache's chunks
 
@@ -832,7 +827,7 @@ class ShardRanges(Sequence[ShardRange]):
             root, cache_starts, out_starts, sections = self.exchange
             found = Exchange(root, cache_starts, out_starts, np.ascontiguousarray(sections[:, s : s + 1].T))
         return ShardRange(first=s, pack_sizes=np.diff(bounds), examples=examples, copies=copies, exchange=found,
-                          remember=self.remember, layouts=self.layouts)
+                          remember=self.remember)
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> ShardRanges:
@@ -853,8 +848,6 @@ def write_shard_range(
     out = store_path(config.output, config.storage_options)
     markers = out / WORK_DIR / "shards"
     markers.mkdir(exist_ok=True)
-    if shards.layouts is not None:
-        install_layouts(shards.layouts)
     pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
     entries = []
     for j, p0 in enumerate(range(0, len(shards.pack_sizes), config.rows_per_shard)):

@@ -631,30 +631,6 @@ def _flat_span(arr: pa.Array, base: int, size: int) -> tuple[np.ndarray, tuple[i
     return offsets, span if arr.null_count == 0 and offsets.dtype == np.int32 and -1 not in span else None
 
 
-def layout_of(path: str) -> tuple[tuple[str, int, int, int], _Layout] | None:
-    """Chunk file ``path``'s layout (``learn_layouts``), with its key, to hand to other processes
-    (``install_layouts``): what a local pool's encode task learns of the file it just wrote, so that no writer
-    pays a first visit of it (``local._encode_task``); None where ``learn_layouts`` leaves the file to
-    ``take_rows``."""
-    learn_layouts([path])
-    key = _file_key(path)
-    layout = _LAYOUTS.get(key)
-    return None if layout is None else (key, layout)
-
-
-def install_layouts(layouts: Sequence[tuple[tuple[str, int, int, int], _Layout]]) -> None:
-    """Remember ``layouts`` (``layout_of``'s, learnt in other processes) in this one, as if each file had been
-    visited here: a key names the file's inode, mtime and size, so a file written again since is another key
-    and its layout is never used. Not past ``LAYOUTS_MAX``."""
-    if len(layouts) > LAYOUTS_MAX:
-        return
-    for key, layout in layouts:
-        if key not in _LAYOUTS:
-            if len(_LAYOUTS) >= LAYOUTS_MAX:
-                del _LAYOUTS[next(iter(_LAYOUTS))]
-            _LAYOUTS[key] = layout
-
-
 def learn_layouts(files: Sequence[str]) -> int:
     """Remember the layout of each local chunk file of ``files`` (EXAMPLE_SCHEMA Arrow IPC, one record batch)
     as its first ``take_rows(remember=True)`` visit would (``_remember``, the same spans: the same helpers), without
