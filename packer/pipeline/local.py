@@ -257,18 +257,22 @@ class LocalExecutor(Executor):
         which replaces the entry)."""
         import pickle
 
-        from packer.encode.encoder import Encoder
-
+        # the thread first: the encoder's modules (~0.15 CPU-s, imported by the unpickle) and the kept string's
+        # read (~0.05) then run beside its build, not before it
         engine_path = kept.engine_file(config.tokenizer_name())
-        text = kept.read_text(engine_path) if engine_path is not None else None
-        native = _NativeBuild(text) if text is not None else None
+        native = _NativeBuild(path=engine_path) if engine_path is not None else None
         try:
+            from packer.encode.encoder import Encoder
+
             try:
                 encoder = pickle.loads(data)
             except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
                 return None
             if not isinstance(encoder, Encoder) or not kept.same_profile(encoder, config):  # a run-time profile edited
                 return None
+            if native is not None and native.path_missing():  # no string kept: the encoder's own, built now
+                native.join()
+                native = None
             if native is None and encoder.engine_json() is not None:
                 native = _NativeBuild(encoder.engine_json())
             self._drop_preloaded()
@@ -535,20 +539,38 @@ def _trim_heap() -> None:
 
 class _NativeBuild(threading.Thread):
     """fastokens' native tokenizer of ``text`` (``build_native``), built in a thread started at once: the build
-    releases the GIL for nearly all of its ~2.5 s. Joined before any fork (``_forkable``: no other thread)."""
+    releases the GIL for nearly all of its ~2.5 s. ``path``: the text read from that file in the thread first
+    (``kept.read_text``; None where it cannot be: ``path_missing``, nothing built). Joined before any fork
+    (``_forkable``: no other thread)."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str | None = None, *, path: Path | None = None):
         super().__init__(name="packer-native-build", daemon=True)
         import fastokens  # noqa: F401 - imported here, not in the thread (the import lock)
 
-        self.text = text
+        import packer.encode.fastokens_bpe  # noqa: F401
+
+        self.text, self._path = text, path
+        self._read = threading.Event()  # set once ``text`` is final
+        if path is None:
+            self._read.set()
         self.native: Any = None
         self.start()
+
+    def path_missing(self) -> bool:
+        """Whether the kept string could not be read (the thread then ends without a build)."""
+        self._read.wait()
+        return self.text is None
 
     def run(self) -> None:
         from packer.encode.fastokens_bpe import build_native
 
-        self.native = build_native(self.text)
+        if self._path is not None:
+            try:
+                self.text = kept.read_text(self._path)
+            finally:
+                self._read.set()
+        if self.text is not None:
+            self.native = build_native(self.text)
 
 
 def _warm_kernels(config: BuildConfig) -> None:
