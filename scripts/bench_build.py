@@ -24,7 +24,9 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache;
 each tree has its own ``PACKER_CACHE``, so the encoder its warm-up keeps is the one its rounds find);
 medians of CPU-s, shards identical (``--schema-change``: a base of an older shard schema, the rows this tree's
-reader reads from both identical); the ratios below are printed for both.
+reader reads from both identical); the ratios below are printed for both. ``--kept-miss``: each round's build
+first loses its tree's kept encoder entries (``*.encoder``; fastokens' string stays): the helper's way
+(``LocalExecutor.load_encoder``), as a build after a packer update or an option change takes it.
 
 ``--profile-option KEY=VALUE`` (repeatable): the builds' ``profile_options``, as ``packer build``'s flag of that
 name reads them (Gemma 3's ``do_pan_and_scan=true``). Each build's child reads them from the environment
@@ -680,6 +682,9 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
         for name in (list(scripts) if r % 2 == 0 else list(scripts)[::-1]):
             out = tmp / f"ab-{name}"
             shutil.rmtree(out, ignore_errors=True)
+            if args.kept_miss:
+                for entry in (caches[name] / "engines").glob("*.encoder"):
+                    entry.unlink()
             load = os.getloadavg()[0]
             b = packer_build(corpus, out, args.num_proc, profile=args.profile, script=scripts[name], timeline=True,
                              cache=caches[name])
@@ -745,6 +750,8 @@ def main() -> None:
                     "phase (a table); with --base, of this tree's last build")
     ap.add_argument("--base", type=Path, help="another checkout to build beside this one, alternated")
     ap.add_argument("--rounds", type=int, default=3, help="--base: pairs of builds")
+    ap.add_argument("--kept-miss", action="store_true", help="--base: no kept encoder entry for any round's build "
+                    "(the helper's way)")
     ap.add_argument("--schema-change", action="store_true", help="--base of an older shard schema: compare the rows "
                     "this tree's reader reads from both instead of the bytes")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer and "

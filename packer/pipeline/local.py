@@ -10,8 +10,8 @@ has run here (rayon's pool has no fork handler); else, and elsewhere than Linux,
 build begins (``start``), so the workers' interpreter start and imports overlap the parent's tokenizer load.
 Where the pool is forked and an earlier build kept fastokens' tokenizer.json for this tokenizer (``kept.engine_file``),
 ``load_encoder`` overlaps the two serial steps before the fork: a forked helper loads the tokenizer and makes the
-encoder while this process builds the native tokenizer, and starts numba in a thread beside it for the workers
-to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes"). Where an
+encoder while a thread of this process builds the native tokenizer and this one scans the inputs and starts
+numba for the workers to inherit (docs/benchmarks.md, "Where a build's wall goes", "Where a 200k text-chat build's CPU goes"). Where an
 earlier build kept the helper's result for the same tokenizer files, options, packer source and installed versions
 (``kept.encoder_entry``: the pickled encoder and its tokenizer record), no helper runs: the pool is forked from it.
 Resuming needs nothing here: the tasks skip what a previous run committed (encode-cache chunks, shard markers).
@@ -128,7 +128,7 @@ class LocalExecutor(Executor):
         if self.num_proc == 1:
             return super().submit(fn, *args, **kwargs)
         self.start()
-        if self._pool is None:  # forked later: run by ``_load_kept`` while fastokens builds, else asked for
+        if self._pool is None:  # forked later: run by ``load_encoder`` while fastokens builds, else asked for
             deferred = _Deferred(self, fn, args, kwargs)
             self._deferred.append(deferred)
             return deferred
@@ -157,13 +157,13 @@ class LocalExecutor(Executor):
         """``Executor.load_encoder``, overlapped where the pool will be forked and fastokens' tokenizer.json
         for this tokenizer is kept from an earlier build (``kept.engine_file``): a forked helper process loads the
         tokenizer, makes and pickles the encoder and fingerprints it, while this process builds fastokens'
-        native tokenizer from the kept string (~1.8 CPU-s, holding the GIL: a thread could not overlap it);
-        the pool is then forked holding both. Nothing changes what a worker holds: the kept string is used
-        only where it equals the encoder's own (else it is built again here, as without this), and the
+        native tokenizer from the kept string in a thread (``_NativeBuild``: ~2.5 CPU-s that leave the GIL free for
+        most of it); the pool is then forked holding both. Nothing changes what a worker holds: the kept string is
+        used only where it equals the encoder's own (else it is built again here, as without this), and the
         encoder is the helper's pickle, which a worker loads anyway. This process never imports transformers.
-        Beside the native build a thread starts numba and loads the writers' kernels (``gather.warm``; fastokens
-        leaves the GIL free for most of its build), joined before the fork: the workers inherit them instead of
-        each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode.
+        Beside the native build this thread imports what a worker needs, runs ``submit``'s deferred calls (the
+        build's scan) and starts numba and loads the writers' kernels (``gather.warm``): the workers inherit them
+        instead of each paying numba's start (~0.5-0.7 CPU-s quiet) at their first shard write or mRoPE encode.
         Before all that, an entry an earlier build kept under this build's key (``kept.encoder_entry``) replaces the
         helper (``_load_kept``); each build that makes its encoder keeps one (``kept.keep_entry``), after the fork."""
         if self.num_proc == 1 or self._pool is not None or not _forkable():
@@ -192,8 +192,6 @@ class LocalExecutor(Executor):
         import multiprocessing as mp
         import pickle
 
-        from packer.encode.fastokens_bpe import build_native
-
         self._drop_preloaded()
         blob = self._encoder_path(Path(tempfile.gettempdir()))
         ctx = mp.get_context("fork")
@@ -202,18 +200,20 @@ class LocalExecutor(Executor):
                              name="packer-load-encoder")
         helper.start()
         send.close()
-        # numba's start and the writers' kernels, loaded while fastokens builds (it leaves the GIL free for
-        # most of that), so that the pool's workers inherit them (``gather.warm``); joined before the fork
-        warm = threading.Thread(target=_warm_kernels, args=(config,), name="packer-warm-kernels", daemon=True)
-        warm.start()
+        # fastokens builds in a thread once the helper is forked (its build leaves the GIL free for most of it),
+        # while this thread imports what a worker needs, runs ``submit``'s deferred calls (the build's scan) and
+        # loads numba's kernels (``gather.warm``), each of which waited for the fork before (or, the kernels, ran
+        # in a thread beside the build): the workers inherit them; joined before the fork
+        native = _NativeBuild(text)
         try:
-            native = build_native(text)
-            warm.join()
+            _worker_imports()
+            self._run_deferred()
+            _warm_kernels(config)
             kind, value = receive.recv()
         except BaseException as e:  # Ctrl-C: the helper goes too
-            warm.join()
             helper.terminate()
             helper.join()
+            native.join()
             blob.unlink(missing_ok=True)
             if isinstance(e, EOFError):
                 raise RuntimeError(f"the process loading the tokenizer exited with code {helper.exitcode}") from None
@@ -221,6 +221,7 @@ class LocalExecutor(Executor):
         finally:
             receive.close()
             helper.join()
+        native.join()
         if kind == "error":
             blob.unlink(missing_ok=True)
             raise value
@@ -228,7 +229,9 @@ class LocalExecutor(Executor):
         encoder = pickle.loads(data)
         self._preloaded = (encoder, blob)
         kept.keep_engine(engine_path, encoder.engine_json(), text)
-        self._pool = _forked_with(encoder, str(blob), self.num_proc, built=(text, native))
+        worker = pickle.loads(data)  # the workers' copy (``_forked_with``), as a worker loads it
+        _trim_heap()
+        self._pool = _forked_with(encoder, str(blob), self.num_proc, built=(text, native.native), worker=worker)
         if entry is not None:  # after the fork: the workers encode while this process writes it
             kept.keep_entry(*entry, data, value)
         return encoder, value
@@ -257,18 +260,22 @@ class LocalExecutor(Executor):
         which replaces the entry)."""
         import pickle
 
-        from packer.encode.encoder import Encoder
-
+        # the thread first: the encoder's modules (~0.15 CPU-s, imported by the unpickle) and the kept string's
+        # read (~0.05) then run beside its build, not before it
         engine_path = kept.engine_file(config.tokenizer_name())
-        text = kept.read_text(engine_path) if engine_path is not None else None
-        native = _NativeBuild(text) if text is not None else None
+        native = _NativeBuild(path=engine_path) if engine_path is not None else None
         try:
+            from packer.encode.encoder import Encoder
+
             try:
                 encoder = pickle.loads(data)
             except Exception:  # noqa: BLE001 - a stale or damaged entry: made again, as without it
                 return None
             if not isinstance(encoder, Encoder) or not kept.same_profile(encoder, config):  # a run-time profile edited
                 return None
+            if native is not None and native.path_missing():  # no string kept: the encoder's own, built now
+                native.join()
+                native = None
             if native is None and encoder.engine_json() is not None:
                 native = _NativeBuild(encoder.engine_json())
             self._drop_preloaded()
@@ -288,7 +295,7 @@ class LocalExecutor(Executor):
         return encoder, record
 
     def _run_deferred(self) -> None:
-        """Run here, now, the calls ``submit`` deferred while no pool existed (``_load_kept``: while fastokens
+        """Run here, now, the calls ``submit`` deferred while no pool existed (``load_encoder``: while fastokens
         builds on the other core); each keeps its result or error for when it is asked for."""
         deferred, self._deferred = self._deferred, []
         for d in deferred:
@@ -494,7 +501,7 @@ def _forked_with(encoder: Encoder, path: str, num_proc: int, built: tuple[str, A
 
 class _Deferred:
     """A call ``LocalExecutor.submit`` got while no pool existed (it is forked once the encoder exists): run by
-    ``_run_deferred`` where ``_load_kept`` has a core to spare, else when asked for (on the pool if it exists by
+    ``_run_deferred`` where ``load_encoder`` has a core to spare, else when asked for (on the pool if it exists by
     then, else here). Asked for, it returns the result or raises the error, as the pool's would."""
 
     def __init__(self, executor: LocalExecutor, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]):
@@ -535,20 +542,38 @@ def _trim_heap() -> None:
 
 class _NativeBuild(threading.Thread):
     """fastokens' native tokenizer of ``text`` (``build_native``), built in a thread started at once: the build
-    releases the GIL for nearly all of its ~2.5 s. Joined before any fork (``_forkable``: no other thread)."""
+    releases the GIL for nearly all of its ~2.5 s. ``path``: the text read from that file in the thread first
+    (``kept.read_text``; None where it cannot be: ``path_missing``, nothing built). Joined before any fork
+    (``_forkable``: no other thread)."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str | None = None, *, path: Path | None = None):
         super().__init__(name="packer-native-build", daemon=True)
         import fastokens  # noqa: F401 - imported here, not in the thread (the import lock)
 
-        self.text = text
+        import packer.encode.fastokens_bpe  # noqa: F401
+
+        self.text, self._path = text, path
+        self._read = threading.Event()  # set once ``text`` is final
+        if path is None:
+            self._read.set()
         self.native: Any = None
         self.start()
+
+    def path_missing(self) -> bool:
+        """Whether the kept string could not be read (the thread then ends without a build)."""
+        self._read.wait()
+        return self.text is None
 
     def run(self) -> None:
         from packer.encode.fastokens_bpe import build_native
 
-        self.native = build_native(self.text)
+        if self._path is not None:
+            try:
+                self.text = kept.read_text(self._path)
+            finally:
+                self._read.set()
+        if self.text is not None:
+            self.native = build_native(self.text)
 
 
 def _warm_kernels(config: BuildConfig) -> None:

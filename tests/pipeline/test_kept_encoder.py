@@ -151,6 +151,18 @@ except ConfigError as e:
 assert loads[n:] == ["kept"], loads[n:]
 assert threading.active_count() == 1 and not multiprocessing.active_children()
 assert not list(Path(tempfile.gettempdir()).glob(f"encoder.pkl.tmp-{os.getpid()}-*"))
+# the same on the helper's way (fastokens' string kept, no entry): scanned here too, beside the native build
+for e in engines.glob("*.encoder"):
+    e.unlink()
+n, m = len(loads), len(here)
+try:
+    build(twice, progress=False)
+    raise AssertionError("no error")
+except ConfigError as e:
+    assert "named by two sources" in str(e), e
+assert loads[n:] == [] and here[m:] == [os.getpid()], (loads[n:], here[m:])
+assert threading.active_count() == 1 and not multiprocessing.active_children()
+assert not list(Path(tempfile.gettempdir()).glob(f"encoder.pkl.tmp-{os.getpid()}-*"))
 print(json.dumps({"runs": [first, second, damaged, bad, touched, again],
                   "in_out": [str(p) for p in Path(out).parent.rglob("*.encoder") if engines not in p.parents]}))
 """
@@ -161,8 +173,9 @@ print(json.dumps({"runs": [first, second, damaged, bad, touched, again],
 def test_a_kept_encoder_writes_what_a_made_one_writes(tmp_path):
     """A build that finds the entry forks its pool from the kept encoder and writes the same shards as one that
     loads the tokenizer; a damaged entry (bytes, or a pickle that does not load) and a touched tokenizer file
-    take the helper's way and keep a new entry. A kept encoder's build scans in this process while fastokens
-    builds (``LocalExecutor._load_kept``), and the scan's error reaches the caller with nothing left running."""
+    take the helper's way and keep a new entry. A kept encoder's build, and the helper's way, scan in this process
+    while fastokens builds (``LocalExecutor.load_encoder``), and the scan's error reaches the caller with nothing
+    left running."""
     tok = _tokenizer_copy(tmp_path)
     lines = [{"messages": [{"role": "user", "content": f"Count to {i}."},
                            {"role": "assistant", "content": " ".join(map(str, range(i % 40 + 1)))}]}
@@ -176,8 +189,8 @@ def test_a_kept_encoder_writes_what_a_made_one_writes(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     shards, taken, fingerprints = zip(*got["runs"], strict=True)
-    assert list(taken) == [["made"], ["kept", "scanned here"], ["made"], ["bad entry"], ["made"],
-                           ["kept", "scanned here"]]
+    assert list(taken) == [["made"], ["kept", "scanned here"], ["made", "scanned here"],
+                           ["bad entry", "scanned here"], ["made", "scanned here"], ["kept", "scanned here"]]
     assert all(s == shards[0] for s in shards) and len(shards[0]) > 1
     assert len(set(fingerprints)) == 1
     assert got["in_out"] == []
