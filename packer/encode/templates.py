@@ -500,11 +500,10 @@ class _ChatML:
         limits[np.cumsum(count) - 1] = ends[b[1:] - 1] - base  # a last message's limit: its text's end
         stops = ends[content] - shift
         spans = list(zip(starts.tolist(), stops.tolist(), limits.tolist(), strict=True))
-        first = 0
-        for k, c in enumerate(taken):
-            text = "".join(pieces[bounds[k] : bounds[k + 1]])
-            n = len(convs[c])
-            if _marked(text, convs[c]):
+        first, join = 0, "".join
+        for c, n, a, b in zip(taken, count.tolist(), bounds[:-1], bounds[1:], strict=True):  # (``_marked``'s first look inline)
+            text = join(pieces[a:b])
+            if (OPEN in text or CLOSE in text) and _marked(text, convs[c]):
                 first += n
                 continue  # a marker in a text: Jinja's path decides
             out[c] = text, spans[first : first + n]
