@@ -30,8 +30,8 @@ from packer.core.types import (
     VideoRef,
 )
 from packer.encode.context import EncodeContext
-from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels, loss_weight
-from packer.encode.render import Staged
+from packer.encode.labels import batch_loss_labels, carries_loss, loss_labels, loss_weight, merged_spans
+from packer.encode.render import LossColumns, Staged
 from packer.encode.templates import Span
 from packer.encode.tokenize import ByteOffsets, flat_ids, offset_boundaries
 from packer.errors import RecordError
@@ -89,7 +89,17 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
     ids, starts = flat_ids(encodings)
     spans: list[list[Span]] = [[] for _ in texts]  # per text, its loss messages' spans
     weights: dict[int, list[float]] = {}  # their weights, for the texts with a message's own ``loss`` (else all 1)
+    cols: LossColumns | None = None  # the loss messages ``stage_batch`` gave as columns (one batch's)
+    firsts: list[int] = []  # per staged example taken from them: its first text, its first path there, its paths
+    ats: list[int] = []
+    sizes: list[int] = []
     for stage in staged:
+        if stage.loss is not None and (cols is None or stage.loss is cols):
+            cols = stage.loss
+            firsts.append(stage.first)
+            ats.append(stage.loss_at)
+            sizes.append(len(stage.texts))
+            continue
         for i, node in enumerate(stage.nodes):  # a text record has none
             msgs = node.messages
             own = stage.spans[i][-len(msgs) :]  # the node's own messages, the last on its path
@@ -99,7 +109,18 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
             loss = [(s, m) for s, m in zip(own, msgs, strict=True) if carries_loss(m)]
             spans[stage.first + i] = [s for s, _ in loss]
             weights[stage.first + i] = [loss_weight(m) for _, m in loss]
-    labels = _labels(ctx, ids, starts, texts, spans, encodings)
+    flat = None
+    if cols is not None:  # each column path's text: those examples' paths are their texts, in order
+        text_of = np.full(int(cols.path.max()) + 1 if cols.path.shape[0] else 0, -1, dtype=np.int64)
+        a, n = np.asarray(ats, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+        within = _ranges(n)
+        at = np.repeat(a, n) + within
+        keep = at < text_of.shape[0]  # a path past the last loss message's holds none
+        text_of[at[keep]] = (np.repeat(np.asarray(firsts, dtype=np.int64), n) + within)[keep]
+        text = text_of[cols.path]
+        taken = text >= 0
+        flat = (text[taken], cols.chars[taken])
+    labels = _labels(ctx, ids, starts, texts, spans, encodings, flat=flat)
     token_weights = None
     for w in sorted({w for ws in weights.values() for w in ws} - {1.0}):
         only = [[s for s, x in zip(ss, weights[k], strict=True) if x == w] if k in weights else []
@@ -110,15 +131,27 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
     return Tokens(ids, labels, starts, token_weights)
 
 
+def _ranges(n: np.ndarray) -> np.ndarray:
+    """0..n[i]-1 of every i, back to back."""
+    total = int(n.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+
+
 def _labels(ctx: EncodeContext, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],
-            encodings: list, *, count: bool = True) -> np.ndarray:
-    """(T,) labels of the loss messages ``spans`` of every text (see ``batch_tokens``)."""
+            encodings: list, *, count: bool = True, flat: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """(T,) labels of the loss messages ``spans`` of every text, and those of ``flat`` (each one's text, its
+    Span as an (L, 3) row) beside them (see ``batch_tokens``)."""
     view = ctx.tokens
+    if flat is not None and (view.token_bytes is None or not flat[0].shape[0]):  # per text, as ``spans``
+        spans = merged_spans(spans, flat)
+        flat = None
     if view.token_bytes is None:  # the batch was tokenized with offsets
         labels, rest = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32), [k for k, s in enumerate(spans) if s]
     else:
         labels, rest = batch_loss_labels(ids, starts, texts, spans, is_special=view.is_special,
-                                         offsets=ByteOffsets(ids, starts, view.token_bytes, nfc=view.nfc))
+                                         offsets=ByteOffsets(ids, starts, view.token_bytes, nfc=view.nfc), flat=flat)
+        if rest and flat is not None:
+            spans = merged_spans(spans, flat, only=rest)
         if count:
             ctx.paths["labels:byte-lengths"] += len(texts) - len(rest)
     if count:

@@ -226,8 +226,12 @@ class Encoder:
         good = [k for k, s in enumerate(staged) if not isinstance(s, RecordError)]
         done: list[Encoded | Row | None] = [None] * len(examples)
         if self._batch_finish is not None and good:
-            finished = self._batch_finish.rows([examples[k] for k in good], [staged[k] for k in good], tokens,
-                                               self.max_length)
+            whole = len(good) == len(staged)  # no error: the batch as it is, no copies
+            finished = self._batch_finish.rows(examples if whole else [examples[k] for k in good],
+                                               staged if whole else [staged[k] for k in good],  # type: ignore[arg-type]
+                                               tokens, self.max_length)
+            if whole and rows and None not in finished:  # every record the batch finish's (a text chat chunk)
+                return finished  # type: ignore[return-value]
             for k, one in zip(good, finished, strict=True):
                 done[k] = one if rows or one is None else one.encoded()
         out: list[Encoded | Row | RecordError] = []

@@ -142,6 +142,27 @@ class BatchFinish:
         except Exception:  # noqa: BLE001 - the general path raises it, located
             return False
 
+    def _media(self, s: Staged, mine: list[tuple[ImageRef, MediaRun]], wants: list[int]) -> bool:
+        """Each node's media entries of ``s`` (into ``mine``, their counts into ``wants``); False where a medium
+        or an image is the general path's."""
+        ctx = self.ctx
+        for node in s.nodes:
+            refs = [p for m in node.messages for p in m.parts if not isinstance(p, str)]
+            entries: list[tuple[ImageRef, MediaRun]] = []  # one per entry: per block of an image in blocks
+            if refs:
+                if ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
+                    return False
+                try:
+                    runs = [self._run(r) for r in refs]
+                except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
+                    return False
+                if any(r is None for r in runs):
+                    return False
+                entries = [(r, run) for r, rs in zip(refs, runs, strict=True) for run in rs]  # type: ignore[union-attr]
+                mine += entries
+            wants.append(len(entries))
+        return True
+
     def finish(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
                max_length: int | None) -> list[Encoded | None]:
         """Each example's Encoded, or None where it takes the general path (``Encoder._finish``)."""
@@ -170,27 +191,21 @@ class BatchFinish:
         for i, (example, s) in enumerate(zip(examples, staged, strict=True)):
             if example.kind == "text" or not s.nodes:
                 continue
+            if s.plain and len(s.nodes) == 1:  # a linear text chat (most records): one root node, no media
+                seg_text.append(s.first)
+                seg_skip.append(0)
+                parents.append(-1)
+                chosen.append(i)
+                first_node.append(first_node[-1] + 1)
+                seg_want.append(0)
+                continue
             mine: list[tuple[ImageRef, MediaRun]] = []
             wants: list[int] = []
             fine = True
-            for node in s.nodes:
-                refs = [p for m in node.messages for p in m.parts if not isinstance(p, str)]
-                entries: list[tuple[ImageRef, MediaRun]] = []  # one per entry: per block of an image in blocks
-                if refs:
-                    if ctx.profile.image is None or not all(type(r) is ImageRef for r in refs):
-                        fine = False
-                        break
-                    try:
-                        runs = [self._run(r) for r in refs]
-                    except Exception:  # noqa: BLE001 - a bad image: the general path raises it, located
-                        fine = False
-                        break
-                    if any(r is None for r in runs):
-                        fine = False
-                        break
-                    entries = [(r, run) for r, rs in zip(refs, runs, strict=True) for run in rs]  # type: ignore[union-attr]
-                    mine += entries
-                wants.append(len(entries))
+            if s.plain:  # every message one text (``render.stage_batch``): no media to look for
+                wants = [0] * len(s.nodes)
+            else:
+                fine = self._media(s, mine, wants)
             if not fine or (mine and self._own_runs and not self._same_runs(s, wants, mine)):
                 continue
             base = first_node[-1]

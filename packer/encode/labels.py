@@ -65,12 +65,34 @@ def loss_labels(
     return labels
 
 
+def merged_spans(spans: list[list[Span]], flat: tuple[np.ndarray, np.ndarray], *, only: list[int] | None = None
+                 ) -> list[list[Span]]:
+    """``spans`` (per text) with the rows of ``flat`` (each one's text, its Span as a row of an (L, 3) array)
+    added to their texts' lists, as ``batch_loss_labels`` reads them together; with ``only``, just those texts'
+    lists (the others as given). A new outer list: the lists added to are copies."""
+    text, chars = flat
+    out = list(spans)
+    if only is None:
+        rows = np.flatnonzero(np.ones(text.shape[0], dtype=bool))
+    else:
+        rows = np.flatnonzero(np.isin(text, np.asarray(only, dtype=np.int64)))
+    added: dict[int, list[Span]] = {}
+    for k, row in zip(text[rows].tolist(), chars[rows].tolist(), strict=True):
+        added.setdefault(k, []).append(tuple(row))  # type: ignore[arg-type]
+    for k, more in added.items():
+        out[k] = [*out[k], *more]
+    return out
+
+
 def batch_loss_labels(
     ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]], *, is_special: np.ndarray,
-    offsets: ByteOffsets,
+    offsets: ByteOffsets, flat: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
     """``loss_labels`` of a whole batch of texts at once (``tokenize.flat_ids``: text k's tokens are
     ``ids[starts[k]:starts[k + 1]]``, ``spans[k]`` its loss messages' Spans), boundaries from ``offsets``.
+
+    ``flat``: more loss messages as columns (each one's text, its Span as an (L, 3) int64 row, every content end
+    known: ``render.LossColumns``), taken with ``spans``' (``merged_spans`` gives the same spans per text).
 
     Returns the (T,) int32 labels and the texts it left unlabeled (IGNORE_INDEX): those with spans whose
     tokens do not spell their bytes, for ``loss_labels`` with offsets. Why: a few numpy calls per batch
@@ -78,13 +100,16 @@ def batch_loss_labels(
     """
     labels = np.full(ids.shape[0], IGNORE_INDEX, dtype=np.int32)
     rest: list[int] = []
+    if flat is not None and not flat[0].shape[0]:
+        flat = None
     # per loss message: bytes of content start, content end (the limit where unknown), limit; text end token.
     # The batch's spans flat, in one pass; an ASCII text whose tokens spell as many bytes as it has characters
     # (``ByteOffsets.bytes_of``'s first case, most texts) has its bytes by numpy with the others; any other text
     # with spans asks ``bytes_of`` alone (None: ``rest``). The rows' order does not matter: labels are their union
     n_texts = len(texts)
     counts = np.fromiter(map(len, spans), dtype=np.int64, count=n_texts)  # loss messages per text
-    if not counts.any():
+    listed = bool(counts.any())
+    if not listed and flat is None:
         return labels, rest
     # (M, 3) characters: content start, content end, limit, in one conversion (a content end None: nan, exact
     # for every int below 2**53, then the limit)
@@ -92,12 +117,18 @@ def batch_loss_labels(
     known = ~np.isnan(chars[:, 1])
     chars[:, 1] = np.where(known, chars[:, 1], chars[:, 2])
     chars = chars.astype(np.int64)
+    text_of = np.repeat(np.arange(n_texts), counts)  # (M,) each loss message's text
+    if flat is not None:  # the rows given as columns, each with its content end
+        text_of = np.concatenate([text_of, flat[0]]) if listed else flat[0]
+        chars = np.concatenate([chars, flat[1]]) if listed else flat[1]
+        known = np.ones(text_of.shape[0], dtype=bool) if not listed else np.concatenate(
+            [known, np.ones(flat[0].shape[0], dtype=bool)])
+        counts = counts + np.bincount(flat[0], minlength=n_texts)
     sizes = np.fromiter(map(len, texts), dtype=np.int64, count=n_texts)
     tokens = np.asarray(starts, dtype=np.int64)
     base = offsets.text_start  # (texts + 1,) byte where each text starts (and the last one ends)
     plain = (np.fromiter(map(str.isascii, texts), dtype=bool, count=n_texts)
              & (np.diff(base) == sizes) & (tokens[1:] > tokens[:-1]))
-    text_of = np.repeat(np.arange(n_texts), counts)  # (M,) each loss message's text
     take = plain[text_of]
     k = text_of[take]
     q = base[k, None] + np.minimum(chars[take], sizes[k, None])
@@ -108,8 +139,9 @@ def batch_loss_labels(
         queries: list[int] = []
         text_end: list[int] = []
         other_known: list[bool] = []
+        every = spans if flat is None else merged_spans(spans, flat, only=others)
         for j in others:
-            text_spans = spans[j]
+            text_spans = every[j]
             found = offsets.bytes_of(j, texts[j], [c for cs, ce, limit in text_spans
                                                    for c in (cs, limit if ce is None else ce, limit)])
             if found is None:

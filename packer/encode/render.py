@@ -9,12 +9,12 @@ BEFORE tokenizing, so the text around them tokenizes as the processor's does).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from packer.core.types import Example, ImageRef, Message, Node
-from packer.encode.templates import ChatTemplate, Span
+from packer.encode.templates import ChatTemplate, Span, SpanColumns
 from packer.errors import RecordError
 from packer.models.base import ModelProfile, image_blocks
 
@@ -28,6 +28,40 @@ class Staged:
     parents: list[int]  # parent index of each node (-1 for the root)
     spans: list[list[Span]]  # per path, per message (templates.ChatTemplate.locate)
     first: int = 0  # index of texts[0] in the batch's tokenizer call
+    # what ``stage_batch`` knows of it besides (not compared: ``stage``'s Staged equals it without them):
+    # every message of every path one text (no media part, no tool call), and its paths' loss messages as columns
+    # (None: ``draft.batch_tokens`` picks them from ``spans``), its first path's index there
+    plain: bool = field(default=False, compare=False)
+    loss: LossColumns | None = field(default=None, compare=False)
+    loss_at: int = field(default=-1, compare=False)
+
+
+class LossColumns:
+    """The loss messages of a ``stage_batch``'s paths rendered together (``ChatTemplate.locate_columns``), where
+    each path's own messages (its node's: the last ones on it) follow the default loss rule (no message's own
+    ``loss``: the assistant turns carry loss, weight 1): ``path`` (L,) int64 each one's path, numbered as the
+    batch's conversations, ``chars`` (L, 3) int64 its Span (``draft.batch_tokens`` reads these instead of
+    picking each node's assistant spans in Python; tests/encode/test_render.py compares the two)."""
+
+    __slots__ = ("path", "chars")
+
+    def __init__(self, path: np.ndarray, chars: np.ndarray):
+        self.path, self.chars = path, chars
+
+
+def _loss_columns(own: list[int], cols: SpanColumns, n_convs: int) -> tuple[LossColumns, list[bool]]:
+    """The loss messages of the conversations ``cols`` rendered (``own[c]``: how many of conversation c's last
+    messages are its node's), and per conversation whether it is taken: no message of it has a ``loss`` of its
+    own (``draft.batch_tokens``' common node: its assistant turns carry loss, weight 1; a conversation with one
+    anywhere is left to ``batch_tokens``' per-node rule whole, though only its node's messages count there)."""
+    taken, count = cols.taken, cols.count
+    conv_of = np.repeat(np.arange(taken.shape[0]), count)  # each message's conversation (in ``taken``)
+    lo = np.cumsum(count) - count
+    mine = np.arange(conv_of.shape[0]) - lo[conv_of] >= (count - np.asarray(own, dtype=np.int64)[taken])[conv_of]
+    ok = np.zeros(n_convs, dtype=bool)
+    ok[taken[cols.default]] = True
+    sel = mine & cols.assistant & cols.default[conv_of]
+    return LossColumns(taken[conv_of[sel]], cols.chars[sel]), ok.tolist()
 
 
 def stage(example: Example, chat: ChatTemplate, profile: ModelProfile) -> Staged:
@@ -61,6 +95,7 @@ def stage_batch(examples: Sequence[Example], chat: ChatTemplate, profile: ModelP
     nothing to rewrite. An example any of whose paths the batch leaves, and every other one, takes ``stage``
     (tests/encode/test_render.py compares the two on random batches)."""
     convs: list[list[Message]] = []
+    own: list[int] = []  # per conversation, how many of its last messages are its node's own
     spans_at: list[int] = []  # per example, its first path's index in ``convs`` (-1: ``stage``)
     for example in examples:
         root = example.root
@@ -70,13 +105,16 @@ def stage_batch(examples: Sequence[Example], chat: ChatTemplate, profile: ModelP
         spans_at.append(len(convs))
         msgs = root.messages
         convs.append(msgs)
+        own.append(len(msgs))
         for child in root.children:
             if child.children:  # a deeper tree: ``stage``'s walk
-                del convs[spans_at[-1]:]
+                del convs[spans_at[-1]:], own[spans_at[-1]:]
                 spans_at[-1] = -1
                 break
             convs.append(msgs + child.messages)
-    located = chat.locate_texts(convs) if convs else []
+            own.append(len(child.messages))
+    located, cols = chat.locate_columns(convs) if convs else ([], None)
+    loss, fits = (None, []) if cols is None else _loss_columns(own, cols, len(convs))
     out: list[Staged | RecordError] = []
     used = 0
     for example, at in zip(examples, spans_at, strict=True):
@@ -85,12 +123,13 @@ def stage_batch(examples: Sequence[Example], chat: ChatTemplate, profile: ModelP
             paths = located[at : at + 1 + len(root.children)]
             if None not in paths:
                 used += len(paths)
-                if not root.children:
+                if not root.children:  # (positional: the build's most common Staged, ~0.4 us less than by keyword)
                     text, spans = paths[0]  # type: ignore[misc]
-                    out.append(Staged(texts=[text], nodes=[root], parents=[-1], spans=[spans]))
+                    out.append(Staged([text], [root], [-1], [spans], 0, True, loss if fits[at] else None, at))
                 else:
-                    out.append(Staged(texts=[t for t, _ in paths], nodes=[root, *root.children],  # type: ignore[misc]
-                                      parents=[-1] + [0] * len(root.children), spans=[sp for _, sp in paths]))  # type: ignore[misc]
+                    out.append(Staged([t for t, _ in paths], [root, *root.children],  # type: ignore[misc]
+                                      [-1] + [0] * len(root.children), [sp for _, sp in paths], 0, True,  # type: ignore[misc]
+                                      loss if all(fits[at : at + len(paths)]) else None, at))
                 continue
         try:
             out.append(stage(example, chat, profile))

@@ -45,6 +45,20 @@ OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content bou
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
 
 Span = tuple[int, int | None, int]
+
+
+class SpanColumns:
+    """The spans of a batch's conversations rendered at once (``_ChatML.locate_columns``), as columns:
+    ``taken`` the conversations' indices in the batch, ``count`` their messages, ``chars`` (M, 3) int64 every
+    message's Span (content start, content end, limit; none is None) and ``assistant`` (M,) whether it is an
+    assistant turn, the conversations' messages back to back in ``taken``'s order; ``default`` per conversation,
+    whether none of its messages has a ``loss`` of its own. What ``render.stage_batch`` hands on for the loss
+    rule to read without a Span tuple per message (``draft.batch_tokens``)."""
+
+    __slots__ = ("taken", "count", "chars", "assistant", "default")
+
+    def __init__(self, taken: Any, count: Any, chars: Any, assistant: Any, default: Any):
+        self.taken, self.count, self.chars, self.assistant, self.default = taken, count, chars, assistant, default
 """One message in a rendering: (content start, content end, limit), character offsets. The limit is where
 the next message's content starts (the text's end for the last message); content end None means unknown
 (prefix fallback): the message's last special token before the limit ends its loss span."""
@@ -249,6 +263,14 @@ class ChatTemplate:
             return [None] * len(convs)
         return self._fast.locate_texts(convs)
 
+    def locate_columns(self, convs: list[list[Message]]) -> tuple[list[tuple[str, list[Span]] | None],
+                                                                   SpanColumns | None]:
+        """``locate_texts``, and the spans of every conversation the ChatML renderer rendered as columns
+        (``SpanColumns``; None where it rendered none, or for any other renderer)."""
+        if type(self._fast) is not _ChatML:
+            return [None] * len(convs), None
+        return self._fast.locate_columns(convs)
+
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
         """Where message k's content starts in ``text``: the end of the generation prompt after ``conv[:k]``."""
         header = self.render(
@@ -421,6 +443,12 @@ class _ChatML:
         other (``locate`` decides: parts, tool calls, a role not written as a plain turn, a marker in a text,
         no message). One pass over the batch's messages; the span offsets of every conversation summed by
         numpy at once, not per message in Python (tests/encode/test_templates.py compares it with ``locate``)."""
+        return self.locate_columns(convs)[0]
+
+    def locate_columns(self, convs: list[list[Message]]) -> tuple[list[tuple[str, list[Span]] | None],
+                                                                   SpanColumns | None]:
+        """``locate_texts``, and the same spans as columns (``SpanColumns``: every message of the conversations
+        it rendered, answered or not, in order), None where it rendered none."""
         import numpy as np
 
         out: list[tuple[str, list[Span]] | None] = [None] * len(convs)
@@ -431,10 +459,11 @@ class _ChatML:
         get = heads.get
         lead_system = self.prefix  # before a first system message
         lead = self.prefix + self.default_system  # before any other first message
+        weighted: list[int] = []  # the conversations taken (their index in ``taken``) with a message's own ``loss``
         for c, conv in enumerate(convs):
             if not conv:
                 continue
-            at = len(pieces)
+            at, own_loss = len(pieces), False
             pieces.append(lead_system if conv[0].role == "system" else lead)
             for m in conv:
                 parts = m.parts
@@ -443,14 +472,18 @@ class _ChatML:
                 head = get(m.role) or self._head(m.role)
                 if head is None:
                     break
+                if m.loss is not None:
+                    own_loss = True
                 pieces += (head, parts[0], end)
             else:
                 bounds.append(len(pieces))
+                if own_loss:
+                    weighted.append(len(taken))
                 taken.append(c)
                 continue
             del pieces[at:]
         if not taken:
-            return out
+            return out, None
         lens = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
         ends = np.cumsum(lens)  # each piece's end in its batch-long concatenation
         begins = ends - lens
@@ -465,17 +498,30 @@ class _ChatML:
         limits = np.empty_like(starts)
         limits[:-1] = starts[1:]
         limits[np.cumsum(count) - 1] = ends[b[1:] - 1] - base  # a last message's limit: its text's end
-        spans = list(zip(starts.tolist(), (ends[content] - shift).tolist(), limits.tolist(), strict=True))
-        first = 0
-        for k, c in enumerate(taken):
-            text = "".join(pieces[bounds[k] : bounds[k + 1]])
-            n = len(convs[c])
-            if _marked(text, convs[c]):
+        stops = ends[content] - shift
+        spans = list(zip(starts.tolist(), stops.tolist(), limits.tolist(), strict=True))
+        first, join = 0, "".join
+        for c, n, a, b in zip(taken, count.tolist(), bounds[:-1], bounds[1:], strict=True):  # (``_marked``'s first look inline)
+            text = join(pieces[a:b])
+            if (OPEN in text or CLOSE in text) and _marked(text, convs[c]):
                 first += n
                 continue  # a marker in a text: Jinja's path decides
             out[c] = text, spans[first : first + n]
             first += n
-        return out
+        # the assistant turns by their header's length, where no other role's header has that length (the headers
+        # are ``_heads``' strings); else by the header itself
+        assistant = heads.get("assistant")  # None: no assistant turn taken (its header is made at the first)
+        if assistant is None:
+            is_assistant = np.zeros(content.shape[0], dtype=bool)
+        elif all(h is assistant or len(h) != len(assistant) for h in heads.values()):
+            is_assistant = lens[content - 1] == len(assistant)
+        else:
+            is_assistant = np.fromiter((pieces[i] is assistant for i in (content - 1).tolist()), dtype=bool,
+                                       count=content.shape[0])
+        default = np.ones(len(taken), dtype=bool)
+        default[weighted] = False
+        return out, SpanColumns(np.asarray(taken, dtype=np.int64), count, np.stack([starts, stops, limits], axis=1),
+                                is_assistant, default)
 
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
         """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character, a message calls

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.core.types import Example, ImageRef, Message, Node
-from packer.encode.encoder import Encoder
+from packer.encode.draft import batch_tokens
+from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.render import stage, stage_batch
 from packer.errors import RecordError
 from packer.models import get_profile
@@ -101,3 +103,83 @@ def test_stage_batch_takes_the_common_chats(encoders):
     assert calls == []
     assert got == [stage(linear, chat, encoder.profile), stage(tree, chat, encoder.profile)]
     assert [len(s.texts) for s in got] == [1, 4] and got[1].parents == [-1, 0, 0, 0]
+
+
+_LOSSES = st.lists(st.sampled_from([None, None, None, None, True, False, 0.5, 2.0]), min_size=1, max_size=6)
+
+
+@pytest.fixture(scope="module")
+def offsets_encoder(tok) -> Encoder:
+    """qwen2-vl without byte lengths: the loss rule from the HF tokenizer's offsets, one text at a time."""
+    return Encoder(tok, get_profile("qwen2-vl"), fast=set(FAST_PATHS) - {"byte-lengths", "fastokens"})
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl", "text", "molmo2", "offsets"])
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(records=st.lists(_RECORD, max_size=10), losses=_LOSSES)
+def test_batch_tokens_from_loss_columns(encoders, offsets_encoder, name, records, losses):
+    """``draft.batch_tokens`` of ``stage_batch``'s Staged (their loss messages as columns, ``LossColumns``,
+    where a path's messages follow the default loss rule) equals it of ``stage``'s (every node's assistant
+    spans picked in Python): the same ids, labels and weights, on random batches with messages' own ``loss``
+    (weights, False, True), images, trees, tools and non-ASCII texts. A Staged marked ``plain`` holds only
+    one-text messages."""
+    encoder, image = encoders["qwen2-vl"] if name == "offsets" else encoders[name]
+    if name == "offsets":
+        encoder = offsets_encoder
+    chat = encoder._chat
+    examples = [_example(r, line, image) for line, r in enumerate(records, start=1)]
+    # a node of no message is no parser's (``empty_branch``), and ``batch_tokens``' per-node rule reads one as
+    # the whole path's (``spans[-0:]``): such records are left out
+    examples = [e for e in examples if all(n.messages for n, _ in e.root.walk()) or e.kind == "text"]
+    k = 0
+    for example in examples:
+        for node, _ in example.root.walk():
+            for m in node.messages:
+                m.loss = losses[k % len(losses)]
+                k += 1
+    batch = stage_batch(examples, chat, encoder.profile)
+    alone = _one_by_one(examples, chat, encoder.profile)
+    good = [k for k, s in enumerate(batch) if not isinstance(s, RecordError)]
+    assert good == [k for k, s in enumerate(alone) if not isinstance(s, RecordError)]
+    texts: list[str] = []
+    for k in good:
+        batch[k].first = alone[k].first = len(texts)
+        texts.extend(batch[k].texts)
+        if batch[k].plain:
+            assert all(len(m.parts) == 1 and isinstance(m.parts[0], str) and not m.tool_calls
+                       for node in batch[k].nodes for m in node.messages)
+    encodings = encoder._tokenize(texts)
+    got = batch_tokens(encoder.context, [batch[k] for k in good], texts, encodings)
+    want = batch_tokens(encoder.context, [alone[k] for k in good], texts, encodings)
+    assert got.starts == want.starts
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.labels, want.labels)
+    assert (got.weights is None) == (want.weights is None)
+    if got.weights is not None:
+        np.testing.assert_array_equal(got.weights, want.weights)
+
+
+def test_loss_columns_take_the_common_chats(encoders):
+    """A text chat and a one-level tree with no message's own ``loss`` give their loss messages as columns; one
+    with a ``loss`` anywhere does not (``batch_tokens``' per-node rule); the labels are the same either way."""
+    encoder, _ = encoders["text"]
+    chat = encoder._chat
+    linear = Example(Node([Message("user", ["Hi"]), Message("assistant", ["Hello"])], []), "messages", "t.jsonl", 1)
+    tree = Example(Node([Message("user", ["Q"])], [Node([Message("assistant", [a])], []) for a in "ab"]),
+                   "messages", "t.jsonl", 2)
+    weighted = Example(Node([Message("user", ["Q"]), Message("assistant", ["A"], loss=0.5)], []), "messages",
+                       "t.jsonl", 3)
+    got = stage_batch([linear, tree, weighted], chat, encoder.profile)
+    assert [s.loss is not None for s in got] == [True, True, False] and all(s.plain for s in got)
+    assert got[0].loss is got[1].loss and (got[0].loss_at, got[1].loss_at) == (0, 1)
+    texts: list[str] = []
+    for s in got:
+        s.first = len(texts)
+        texts.extend(s.texts)
+    tokens = batch_tokens(encoder.context, got, texts, encoder._tokenize(texts))
+    alone = [stage(e, chat, encoder.profile) for e in (linear, tree, weighted)]
+    for s, a in zip(got, alone, strict=True):
+        a.first = s.first
+    want = batch_tokens(encoder.context, alone, texts, encoder._tokenize(texts))
+    np.testing.assert_array_equal(tokens.labels, want.labels)
+    np.testing.assert_array_equal(tokens.weights, want.weights)

@@ -122,6 +122,35 @@ def test_locate_texts_equals_locate(fast_builtin, convs):
     assert template.locate_texts([]) == []
 
 
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(convs=st.lists(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool", "narrator1"]),
+                                         text, st.sampled_from([None, None, None, 0.5, False])),
+                               min_size=0, max_size=4), min_size=0, max_size=8))
+def test_locate_columns_equals_locate_texts(fast_builtin, convs):
+    """``ChatTemplate.locate_columns``: ``locate_texts``' answers, and as columns each rendered conversation's
+    spans, whether each message is an assistant turn (a 9-character role beside it: its header as long as the
+    assistant's, told apart by the header itself) and whether none has a ``loss`` of its own."""
+    template = fast_builtin._chat
+    batch = [[Message(role, [t], loss=loss) for role, t, loss in conv] for conv in convs]
+    got, cols = template.locate_columns(batch)
+    assert got == template.locate_texts(batch)
+    if cols is None:
+        assert type(template._fast).__name__ != "_ChatML" or not any(got)
+        return
+    taken = cols.taken.tolist()
+    assert [c for c, one in enumerate(got) if one is not None] == [c for c in taken if got[c] is not None]
+    assert cols.count.tolist() == [len(batch[c]) for c in taken]
+    messages = [m for c in taken for m in batch[c]]
+    assert cols.assistant.tolist() == [m.role == "assistant" for m in messages]
+    assert cols.default.tolist() == [all(m.loss is None for m in batch[c]) for c in taken]
+    rows = cols.chars.tolist()
+    at = 0
+    for c in taken:
+        if got[c] is not None:
+            assert [tuple(r) for r in rows[at : at + len(batch[c])]] == got[c][1]
+        at += len(batch[c])
+
+
 def test_chatml_renderer_leaves_tool_calls_to_jinja(qwen):
     """A turn that calls tools is not the pure-Python renderer's: it answers None, and ``locate`` gives what
     Jinja gives (here: the template drops the calls, which ``locate`` refuses)."""
