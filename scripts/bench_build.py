@@ -642,7 +642,10 @@ def _breakdown(child: int, steps: dict[str, float], where: Path,
         rows.append((process, "after its last mark (exit; /proc)", total - accounted))
 
     add("build process", dict(steps), cpu[child][1])
-    workers = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in where.glob("worker-*.json")}
+    # a pool worker's file; not the build process's own (a deferred call it ran itself, ``_bd_call``, saved one:
+    # its phases are in ``steps`` already)
+    workers = {pid: json.loads(f.read_text()) for f in where.glob("worker-*.json")
+               if (pid := int(f.stem.split("-")[1])) != child}
     summed: dict[str, float] = {}
     for phases in workers.values():
         for k, v in phases.items():
