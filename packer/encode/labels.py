@@ -73,7 +73,7 @@ def merged_spans(spans: list[list[Span]], flat: tuple[np.ndarray, np.ndarray], *
     text, chars = flat
     out = list(spans)
     if only is None:
-        rows = np.flatnonzero(np.ones(text.shape[0], dtype=bool))
+        rows = np.arange(text.shape[0])
     else:
         rows = np.flatnonzero(np.isin(text, np.asarray(only, dtype=np.int64)))
     added: dict[int, list[Span]] = {}
