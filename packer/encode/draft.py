@@ -20,6 +20,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from packer.core import arrays
 from packer.core.types import (
     IGNORE_INDEX,
     AudioRef,
@@ -113,7 +114,7 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
     if cols is not None:  # each column path's text: those examples' paths are their texts, in order
         text_of = np.full(int(cols.path.max()) + 1 if cols.path.shape[0] else 0, -1, dtype=np.int64)
         a, n = np.asarray(ats, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
-        within = _ranges(n)
+        within = arrays.ranges(n)
         at = np.repeat(a, n) + within
         keep = at < text_of.shape[0]  # a path past the last loss message's holds none
         text_of[at[keep]] = (np.repeat(np.asarray(firsts, dtype=np.int64), n) + within)[keep]
@@ -129,12 +130,6 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
             token_weights = np.ones(ids.shape[0], dtype=np.float32)
         token_weights[_labels(ctx, ids, starts, texts, only, encodings, count=False) != IGNORE_INDEX] = w
     return Tokens(ids, labels, starts, token_weights)
-
-
-def _ranges(n: np.ndarray) -> np.ndarray:
-    """0..n[i]-1 of every i, back to back."""
-    total = int(n.sum())
-    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
 
 
 def _labels(ctx: EncodeContext, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from packer.core import arrays
 from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedImage, Example, ImageRef
 from packer.encode.context import EncodeContext
@@ -254,8 +255,7 @@ class BatchFinish:
             plen = batch_starts[pq + 1] - batch_starts[pq]
             short = batch_starts[pk + 1] - batch_starts[pk] < plen  # fewer tokens than its parent's path
             plen = np.where(short, 0, plen)
-            at = np.repeat(np.cumsum(plen) - plen, plen)
-            idx = np.arange(int(plen.sum())) - at
+            idx = arrays.ranges(plen)
             diff = ids[np.repeat(batch_starts[pk], plen) + idx] != ids[np.repeat(batch_starts[pq], plen) + idx]
             bad = short.copy()
             np.logical_or.at(bad, np.repeat(np.arange(len(prefix)), plen), diff)
@@ -340,7 +340,7 @@ class BatchFinish:
         laid = [q for q, x in enumerate(named) if x is not None and img_ok[q]]
         if laid:  # the named runs' own ids over their placeholder repeated, as ``media.expand`` writes them
             lead[laid] = [images[q][1].lead for q in laid]
-            new_ids[_ranges(where[laid], where[laid] + runs[laid])] = np.concatenate([named[q] for q in laid])
+            new_ids[arrays.spans(where[laid], runs[laid])] = np.concatenate([named[q] for q in laid])
         offsets = where + lead - np.repeat(rec_start[:-1], rec_images)  # each entry inside its record
         grids = np.array([run.grid for _, run in images], dtype=np.int64).reshape(-1, 3)
         mrope = None
@@ -443,8 +443,8 @@ class Rows:
             nodes: np.ndarray | slice = slice(int(nf[0]), int(nl[-1]))
             images = np.arange(self.img_first[rs[0]], self.img_first[rs[-1] + 1], dtype=np.int64)
         else:
-            tokens, nodes = _ranges(x, y), _ranges(nf, nl)
-            images = _ranges(self.img_first[rs], self.img_first[rs + 1])
+            tokens, nodes = arrays.spans(x, y - x), arrays.spans(nf, nl - nf)
+            images = arrays.spans(self.img_first[rs], self.img_first[rs + 1] - self.img_first[rs])
         node_counts = nl - nf
         parents = self.parents[nodes]
         return {
@@ -500,9 +500,3 @@ class Row:
 _NO_IDS = np.zeros(0, dtype=np.int32)  # ``RunIds.ids``' example ids: a named run's ids do not depend on them
 
 
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The indices ``lo[i]:hi[i]`` of every i, back to back (int64)."""
-    counts = hi - lo
-    starts = np.zeros(counts.shape[0], dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    return np.repeat(lo - starts, counts) + np.arange(int(counts.sum()), dtype=np.int64)

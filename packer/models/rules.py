@@ -27,6 +27,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
+from packer.core import arrays
 from packer.core.types import AudioRef, EncodedAudio, EncodedVideo, ImageRef, VideoRef
 from packer.errors import RecordError
 from packer.media.audio import AudioInfo, loaded_num_samples, probe_audio
@@ -243,7 +244,7 @@ def frame_spans(ids: np.ndarray, row_starts: np.ndarray, lists: np.ndarray, entr
     runs = np.flatnonzero(edges == 1)  # flat starts of every run of video tokens
     first = np.searchsorted(runs, row_starts[row_of_vid] + entries["offset"])  # (V,) each video's first run
     video_of = np.repeat(np.arange(len(t)), t)  # (F,) the video of each patch
-    run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, t)
+    run = first[video_of] + arrays.ranges(t)
     found = run < len(runs)
     flat = np.append(runs, -1)[np.where(found, run, len(runs))]  # (F,) -1 where the run is missing
     patches = {"offset": np.where(found, flat - row_starts[row_of_vid[video_of]], -1),

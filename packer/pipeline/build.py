@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 
 from packer import __version__
 from packer.config import BuildConfig, chat_template_source, make_encoder
+from packer.core import arrays
 from packer.core.media import medium
 from packer.errors import ConfigError, RejectRateError, ShardError
 from packer.models import get_profile
@@ -589,6 +590,6 @@ def _image_units(cache: Any, plan: Plan, profile: Any) -> tuple[str, np.ndarray,
     per_example = np.add.reduceat(np.append(per_image, 0), starts[:-1])  # (E,); 0 where an example has none
     per_example[counts == 0] = 0
     planned = counts[index]
-    picked = np.repeat(starts[index], planned) + (np.arange(planned.sum()) - np.repeat(np.cumsum(planned) - planned, planned))
+    picked = arrays.spans(starts[index], planned)
     return name, per_example[index], per_image[picked]
 

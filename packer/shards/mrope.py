@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packer.core import arrays
 from packer.errors import ShardError
 from packer.shards.schema import SCHEMA
 
@@ -150,10 +151,7 @@ def dense(runs: tuple[np.ndarray, np.ndarray], bases: tuple[np.ndarray, np.ndarr
     out = np.empty((int(row_tokens[-1]), 3), dtype=np.float32)
     in_run = np.zeros(len(out), dtype=bool)
     if S:
-        total = int(lengths.sum())
-        run_first = np.zeros(S, dtype=np.int64)
-        np.cumsum(lengths[:-1], out=run_first[1:])
-        k = np.arange(total, dtype=np.int64) - np.repeat(run_first, lengths)
+        k = arrays.ranges(lengths)
         at = np.repeat(row_tokens[row] + starts, lengths) + k
         out[at] = (np.repeat(base.astype(np.float64), lengths) + k).astype(np.float32)[:, None]
         in_run[at] = True

@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from packer.core import arrays
 from packer.core.types import VideoRef
 from packer.errors import RecordError
 from packer.media.video import VideoInfo, VideoPlan, probe
@@ -202,7 +203,7 @@ class GlmVideo(VideoRule):
         runs = np.flatnonzero(edges == 1)  # flat starts of every run of the frame token
         first = np.searchsorted(runs, start)  # (V,) each video's first run
         video_of = np.repeat(np.arange(len(t)), t)  # (F,) the video of each temporal patch
-        run = first[video_of] + np.arange(len(video_of)) - np.repeat(np.cumsum(t) - t, t)
+        run = first[video_of] + arrays.ranges(t)
         found = (run < len(runs)) & inside[video_of] & (frame_tok[video_of] == token)
         flat = np.append(runs, -1)[np.where(found, run, len(runs))]
         offset = np.where(found, flat - row_starts[row_of_vid[video_of]], -1)

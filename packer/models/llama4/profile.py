@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from packer.core import arrays
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 from packer.models.llama4.tokens import IMAGE_END, IMAGE_START, PATCH, TILE_X, TILE_Y
@@ -136,8 +137,7 @@ class Llama4Image(ImageRule):
             sel = np.flatnonzero(inside)
             kinds = np.concatenate([kinds_of[i] for i in sel])  # (K,) the kind of every token of every sound run
             entry = np.repeat(sel, length[sel])  # (K,) its entry
-            pos = np.repeat(start[sel], length[sel]) + np.arange(len(kinds)) - np.repeat(
-                np.cumsum(length[sel]) - length[sel], length[sel])
+            pos = arrays.spans(start[sel], length[sel])
             tok = ids[pos]
             ref = {k: int(tok[kinds == k][0]) for k in range(len(KINDS)) if (kinds == k).any()}  # the group's ids
             wrong = np.zeros(len(kinds), dtype=bool)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from packer.core import arrays
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 from packer.models.mistral3.tokens import IMAGE_BREAK, IMAGE_END
@@ -115,7 +116,7 @@ class PixtralImage(ImageRule):
         rows = np.where(good, fields["grid_h"], 1)  # (I,) spans per entry
         cols = fields["grid_w"]
         entry = np.repeat(np.arange(len(n)), rows)  # (S,) the entry of each span
-        k = np.arange(len(entry)) - np.repeat(np.cumsum(rows) - rows, rows)  # (S,) the row's index in its image
+        k = arrays.ranges(rows)  # (S,) the row's index in its image
         kept = ~good[entry]  # a bad entry as stored
         spans = {
             "offset": np.where(kept, fields["offset"][entry], fields["offset"][entry] + k * (cols[entry] + 1)),

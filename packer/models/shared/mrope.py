@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from packer.core import arrays
 from packer.core.tree import check_layout, node_lengths, node_start_positions
 from packer.core.types import EncodedAudio, EncodedVideo
 from packer.errors import RecordError
@@ -207,7 +208,7 @@ def expected_mrope(
     g_off = np.asarray(node_offsets, dtype=np.int64)
     w = np.ones(length, dtype=np.int64)
     img_tok = np.repeat(np.arange(len(starts)), counts)  # (V,) image of each vision token
-    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # index inside its image
+    k = arrays.ranges(counts)  # (V,) index inside its image
     tok = np.repeat(starts, counts) + k  # (V,) flat position of each vision token
     w[tok] = 0
     w[starts + counts - 1] = np.maximum(grids[:, 1], grids[:, 2]) // merge

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from packer.core import arrays
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 from packer.models.rules import Entries, ImageRule, MediaRun, Spans
@@ -140,7 +141,7 @@ class SmolVLMImage(ImageRule):
         runs = np.flatnonzero(edges == 1)  # flat starts of every run of <image> tokens
         first = np.searchsorted(runs, row_starts[row_of] + fields["offset"])  # (I,) each entry's first run
         entry = np.repeat(np.arange(len(n)), tiles)  # (S,) the entry of each span
-        run = first[entry] + np.arange(len(entry)) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+        run = first[entry] + arrays.ranges(tiles)
         k = run - first[entry]  # (S,) the tile's index in its image
         found = run < len(runs)
         flat = np.append(runs, -1)[np.where(found, run, len(runs))]

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.core import tree
+from packer.core import arrays, tree
 from packer.errors import ConfigError, ShardError
 
 
@@ -400,8 +400,7 @@ class PackedLayout:
                 seg, m = np.nonzero(self.ancestors().numpy())  # (P,) pairs
                 span = q_lens[m]  # (P,) tokens per pair
                 k_lens = np.bincount(seg, weights=span, minlength=len(offsets)).astype(np.int64)  # (N,)
-                within = np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
-                k_index = torch.from_numpy(np.repeat(offsets[m], span) + within)  # (Tk,)
+                k_index = torch.from_numpy(arrays.spans(offsets[m], span))  # (Tk,)
                 cu_k = np.concatenate([[0], np.cumsum(k_lens)])
             return VarlenPlan(
                 cu_seqlens_q=copy_to(torch.from_numpy(cu_q), dev, torch.int32),
@@ -436,13 +435,12 @@ class PackedLayout:
             first, last = p0 // chunk, (p0 + lq - 1) // chunk  # (N,) the chunks each node's queries reach
             pieces = last - first + 1  # (N,)
             node = np.repeat(np.arange(len(lq)), pieces)  # (S,) the node of each segment
-            c = np.repeat(first, pieces) + np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+            c = arrays.spans(first, pieces)
             qa = np.maximum(c * chunk, p0[node])  # (S,) path positions of the segment's queries [qa, qb)
             qb = np.minimum((c + 1) * chunk, p0[node] + lq[node])
             kstart = bk[node] + c * chunk  # (S,) its keys: the node's path keys from the chunk's start up to qb
             klen = qb - c * chunk
-            within = np.arange(int(klen.sum())) - np.repeat(np.cumsum(klen) - klen, klen)
-            gathered = np.repeat(kstart, klen) + within  # (Tk,) indices into the base plan's keys
+            gathered = arrays.spans(kstart, klen)  # (Tk,) indices into the base plan's keys
             keys = gathered if base.k_index is None else base.k_index.cpu().numpy()[gathered]
             cu_q = np.append(bq[node] + (qa - p0[node]), self.num_tokens)
             cu_k = np.concatenate([[0], np.cumsum(klen)])
@@ -478,8 +476,7 @@ class PackedLayout:
             order = np.lexsort((spans[:, 0], groups))  # group-major, then row order
             spans, groups = spans[order], groups[order]
             lens = spans[:, 1] - spans[:, 0]  # (S,)
-            within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-            tokens = np.repeat(spans[:, 0], lens) + within  # (Tg,) every span token, group-major
+            tokens = arrays.spans(spans[:, 0], lens)  # (Tg,) every span token, group-major
             _, first, sizes = np.unique(np.repeat(groups, lens), return_index=True, return_counts=True)
             big = np.repeat(sizes >= 2, sizes)  # a one-token group adds nothing to the causal mask
             if not big.any():
