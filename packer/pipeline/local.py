@@ -20,12 +20,10 @@ Resuming needs nothing here: the tasks skip what a previous run committed (encod
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,18 +36,12 @@ from packer.pipeline.faults import Hooks
 from packer.pipeline.stages import (
     Chunk,
     MapTask,
-    ShardPart,
     ShardRange,
-    ShardRanges,
     encode_chunk,
     exchange_map,
-    parts_dir,
     planned_examples,
-    shard_parts,
-    write_shard_part,
     write_shard_range,
 )
-from packer.shards.store import ObjectPath, store_path
 
 if TYPE_CHECKING:
     from multiprocessing.pool import Pool
@@ -373,9 +365,6 @@ class LocalExecutor(Executor):
         gather's copies), so the stage runs ``num_proc`` times as fast; the bytes are the same because each
         shard is a pure function of its range.
         """
-        out = store_path(config.output, config.storage_options)
-        if not isinstance(out, ObjectPath):  # an interrupted run's part files (``stages.ShardPart``)
-            shutil.rmtree(parts_dir(out), ignore_errors=True)
         if self.writes_here(planned_examples(ranges), len(ranges)):
             self.close()  # the workers' memory is free before this process gathers a shard
             if self.num_proc > 1 and len(ranges) > 1 and _forkable(encodes=False):
@@ -385,38 +374,7 @@ class LocalExecutor(Executor):
                 yield write_shard_range(shards, cache=cache, config=config, hooks=hooks)
             return
         # a generator: each range is made as the pool's feeder sends it (``stages.ShardRanges``), not all at once
-        split = _split_shards(ranges, self.num_proc, config)
-        if not split:
-            yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))
-            return
-        parts = parts_dir(out)
-        parts.mkdir()
-        token = f"{os.getpid()}-{time.time_ns()}"
-
-        def tasks() -> Generator[tuple[Any, ...], None, None]:
-            for s in range(len(ranges)):
-                if s in split:
-                    for part in shard_parts(ranges[s], self.num_proc, rows_per_row_group=config.rows_per_row_group,
-                                            token=token):
-                        yield part, cache, config, hooks
-                else:
-                    yield ranges[s], cache, config, hooks
-
-        results = self._in_pool(_write_task, tasks())
-        try:
-            for s in range(len(ranges)):
-                if s not in split:
-                    yield next(results)
-                    continue
-                entries = [next(results) for _ in range(min(self.num_proc, -(-ranges.num_packs(s) //
-                                                                             config.rows_per_row_group)))]
-                found = [e for e in entries if e]
-                if not found:
-                    raise RuntimeError(f"shard {s}: no part of it spliced it")
-                yield found[0]
-        finally:
-            results.close()  # an early end terminates the pool (``_in_pool``) before its parts are removed
-            shutil.rmtree(parts, ignore_errors=True)
+        yield from self._in_pool(_write_task, ((shards, cache, config, hooks) for shards in ranges))
 
     def _write_forked(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
@@ -722,21 +680,7 @@ def _exchange_task(args: tuple[MapTask, EncodeCache, Hooks]) -> np.ndarray:
     return exchange_map(task, cache=cache, hooks=hooks)
 
 
-def _write_task(args: tuple[ShardRange | ShardPart, EncodeCache, BuildConfig, Hooks]) -> list[dict[str, Any]]:
+def _write_task(args: tuple[ShardRange, EncodeCache, BuildConfig, Hooks]) -> list[dict[str, Any]]:
     shards, cache, config, hooks = args
     _drop_encoder()
-    if isinstance(shards, ShardPart):
-        return write_shard_part(shards, cache=cache, config=config, hooks=hooks)
     return write_shard_range(shards, cache=cache, config=config, hooks=hooks)
-
-
-def _split_shards(ranges: Sequence[ShardRange], num_proc: int, config: BuildConfig) -> frozenset[int]:
-    """The shards a pool write splits into ``num_proc`` parts (``stages.ShardPart``), so that its last shards
-    keep every worker busy: of the shards of two row groups or more, the last (their number mod ``num_proc``),
-    which would otherwise run while the other workers idle (a 200k text build: 3 full shards on 2 workers).
-    None for an object-store output (its shards are written whole) or ranges not of one shard each."""
-    if num_proc < 2 or not isinstance(ranges, ShardRanges) or \
-            isinstance(store_path(config.output, config.storage_options), ObjectPath):
-        return frozenset()
-    big = [s for s in range(len(ranges)) if ranges.num_packs(s) >= 2 * config.rows_per_row_group]
-    return frozenset(big[len(big) - len(big) % num_proc:])

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
 from packer.core.location import absolute, parent_of, read_range
@@ -40,7 +39,7 @@ from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
 from packer.report.stats import LossSums
 from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
-from packer.shards.io import sha256_file, shard_name, shard_options, write_json_atomic, write_shard
+from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
 from packer.shards.store import store_path
 
@@ -685,10 +684,9 @@ class Exchange:
     out_starts: np.ndarray  # (M + 1,) first row of each map output in their concatenation, then the total
     sections: np.ndarray  # (shards of the range, M) where each shard's rows start in each map output
 
-    def take(self, sel: np.ndarray, j: int, *, remember: bool = False, rows: slice = slice(None)) -> pa.Table:
+    def take(self, sel: np.ndarray, j: int, *, remember: bool = False) -> pa.Table:
         """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
-        from one contiguous section of each map output; ``rows``: only those of ``sel`` (a shard's part: where
-        a row is in the map outputs depends on the shard's rows before it)."""
+        from one contiguous section of each map output."""
         m = np.searchsorted(self.cache_starts, sel, side="right") - 1  # (k,) map task of each row
         by_map = np.argsort(m, kind="stable")  # the shard's rows map by map, each map's in write order
         ms = m[by_map]
@@ -696,7 +694,7 @@ class Exchange:
         where = np.empty(len(sel), dtype=np.int64)
         where[by_map] = self.out_starts[ms] + self.sections[j][ms] + rank
         files = [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
-        return take_rows(files, self.out_starts, where[rows], remember=remember)
+        return take_rows(files, self.out_starts, where, remember=remember)
 
 
 def exchange_dir(cache: EncodeCache) -> Any:
@@ -859,33 +857,6 @@ def write_shard_range(
     return entries
 
 
-def _kept(path: Any, marker: Any) -> dict[str, Any] | None:
-    """The shard's marker where it matches the shard's file (a resumed build keeps it), else None."""
-    if marker.exists() and path.exists():
-        entry = json.loads(marker.read_text())
-        if sha256_file(path) == entry["sha256"]:
-            return entry
-    return None
-
-
-def _packed(shards: ShardRange, j: int, p0: int, p1: int, pack_bounds: np.ndarray, *, cache: EncodeCache,
-            shard: tuple[int, int] | None = None) -> pa.Table:
-    """Packs ``p0:p1`` of the range, gathered and assembled: shard ``j``'s (packs ``shard`` of the range,
-    default ``p0:p1``) or a part of it."""
-    if shards.exchange is None:
-        rows = cache.take(shards.examples[pack_bounds[p0] : pack_bounds[p1]], remember=shards.remember)
-    else:
-        s0, s1 = (pack_bounds[p0], pack_bounds[p1]) if shard is None else (pack_bounds[shard[0]], pack_bounds[shard[1]])
-        rows = shards.exchange.take(shards.examples[s0:s1], j, remember=shards.remember,
-                                    rows=slice(pack_bounds[p0] - s0, pack_bounds[p1] - s0))
-    dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
-    if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
-        ids = rows.column("example_id").to_pylist()
-        ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
-        rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
-    return assemble_packs(rows, shards.pack_sizes[p0:p1])
-
-
 def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *, out: Any, markers: Any,
                  cache: EncodeCache, config: BuildConfig, hooks: Hooks) -> dict[str, Any]:
     """Shard ``shards.first + j`` (its packs start at ``p0`` of the range): kept if its marker matches its
@@ -894,96 +865,21 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
     p1 = min(len(shards.pack_sizes), p0 + config.rows_per_shard)
     path = out / shard_name(s)
     marker = markers / f"{s:05d}.json"
-    kept = _kept(path, marker)
-    if kept is not None:
-        return kept
-    packed = _packed(shards, j, p0, p1, pack_bounds, cache=cache)
+    if marker.exists() and path.exists():
+        entry = json.loads(marker.read_text())
+        if sha256_file(path) == entry["sha256"]:
+            return entry
+    sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
+    rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
+        shards.exchange.take(sel, j, remember=shards.remember)
+    dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
+    if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
+        ids = rows.column("example_id").to_pylist()
+        ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
+        rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
+    packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
     hooks.at("shard-write", s, table=packed, path=path)
     entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
     hooks.at("shard", s)
     write_json_atomic(marker, entry)
     return entry
-
-
-# ------------------------------------------------------------------------------------- a shard in parts
-@dataclass(frozen=True)
-class ShardPart:
-    """Packs ``p0:p1`` (whole row groups) of a one-shard range: written as a part file by one worker, the
-    shard spliced from its parts (``shards/splice.py``, the same bytes as the whole shard's write) by the
-    worker that finishes its last part, so that the build's last shards run on every core (issue 33). A local
-    output only: an object store's shards and the Ray executor's are written whole."""
-
-    shards: ShardRange
-    index: int  # this part's number
-    count: int  # the shard's parts
-    p0: int
-    p1: int
-    token: str  # this write stage's: a part file of an earlier, interrupted run is never spliced
-
-
-def parts_dir(out: Any) -> Any:
-    """OUT/.packer/parts: the part files of shards being written (removed by the driver before and after the
-    write stage)."""
-    return out / WORK_DIR / "parts"
-
-
-def shard_parts(shards: ShardRange, count: int, *, rows_per_row_group: int, token: str) -> list[ShardPart]:
-    """A one-shard range in ``count`` parts of about equal whole row groups (fewer where it has fewer)."""
-    n = len(shards.pack_sizes)
-    groups = -(-n // rows_per_row_group)
-    count = max(1, min(count, groups))
-    edges = [min(n, (groups * k // count) * rows_per_row_group) for k in range(count + 1)]
-    return [ShardPart(shards, k, count, a, b, token) for k, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))]
-
-
-def _part_file(out: Any, part: ShardPart, k: int) -> Any:
-    return parts_dir(out) / f"{part.shards.first:05d}-{k}-{part.token}.parquet"
-
-
-def write_shard_part(part: ShardPart, *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-                     ) -> list[dict[str, Any]]:
-    """Write one part of a shard; where it is the last of the shard's parts to be written, splice the shard
-    and write its marker. Returns the shard's manifest entry from the part that splices it (or from every
-    part, where the shard's marker matches its file: kept), else []."""
-    import os
-
-    from packer.shards.splice import SpliceError, splice
-
-    shards, s = part.shards, part.shards.first
-    out = store_path(config.output, config.storage_options)
-    markers = out / WORK_DIR / "shards"
-    markers.mkdir(exist_ok=True)
-    path, marker = out / shard_name(s), markers / f"{s:05d}.json"
-    with stage(f"write (shard {s}, part {part.index + 1} of {part.count})"):
-        kept = _kept(path, marker)
-        if kept is not None:
-            return [kept]
-        pack_bounds = np.concatenate([[0], np.cumsum(shards.pack_sizes)])
-        packed = _packed(shards, 0, part.p0, part.p1, pack_bounds, cache=cache, shard=(0, len(shards.pack_sizes)))
-        mine = _part_file(out, part, part.index)
-        hooks.at("shard-write", s, table=packed, path=mine)
-        tmp = mine.with_name(f"{mine.name}.tmp-{os.getpid()}")
-        pq.write_table(packed, tmp, **shard_options(config.rows_per_row_group))
-        del packed
-        os.replace(tmp, mine)  # then look for the others: of two parts finishing together, the later sees both
-        files = [_part_file(out, part, k) for k in range(part.count)]
-        if not all(f.exists() for f in files):
-            return []
-        try:  # the one that creates the claim splices
-            os.close(os.open(parts_dir(out) / f"{s:05d}-{part.token}.splice", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return []
-    with stage(f"write (shard {s}, splice)"):
-        try:
-            spliced = splice(files, path)
-        except SpliceError:  # never silently different: the whole shard, written as without parts
-            for f in files:
-                f.unlink(missing_ok=True)
-            return [_write_shard(shards, 0, 0, pack_bounds, out=out, markers=markers, cache=cache, config=config,
-                                 hooks=hooks)]
-        for f in files:
-            f.unlink(missing_ok=True)
-        entry = {"file": path.name, "rows": spliced["rows"], "sha256": spliced["sha256"], "bytes": spliced["bytes"]}
-        hooks.at("shard", s)
-        write_json_atomic(marker, entry)
-        return [entry]

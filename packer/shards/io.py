@@ -32,16 +32,11 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.parquet"
 
 
-def shard_options(rows_per_row_group: int) -> dict[str, Any]:
-    """``pq.write_table``'s options for a shard (and for a shard's parts, ``shards/splice.py``)."""
-    return dict(compression="zstd", row_group_size=rows_per_row_group, use_dictionary=["example_sources"],
-                write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"])
-
-
 def write_shard(table: pa.Table, path: str | Path | ObjectPath, *, rows_per_row_group: int) -> dict[str, Any]:
     """Write one shard atomically (temp name, fsync, rename; on a store: temp object, copy); return its
     manifest entry."""
-    options = shard_options(rows_per_row_group)
+    options = dict(compression="zstd", row_group_size=rows_per_row_group, use_dictionary=["example_sources"],
+                   write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"])
     if isinstance(path, ObjectPath):
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, **options)
