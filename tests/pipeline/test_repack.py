@@ -266,27 +266,3 @@ def test_a_repack_process_never_imports_pandas_nor_scipy_linalg(text_sources, tm
     run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False", "True", "False", "DataFrame", "5.0"]
-
-
-@pytest.mark.parametrize("which", ["images", "text"])
-def test_the_columns_file_from_the_tasks_is_the_one_the_chunk_files_give(which, images_corpus, text_sources, tmp_path):
-    """An encode task returns its chunk's ``chunk_table`` with its counts (``ChunkCounts.table``), and the driver
-    writes the columns file from those; a resumed build reads a committed chunk's from its file instead. Either
-    way the same tables, and the same file's bytes (images: count columns, budget rejects; text: a pool's tasks)."""
-    from packer.pipeline.cache import EncodeCache
-    from packer.pipeline.columns import ColumnsFile, bytes_table, chunk_table, table_bytes
-    from packer.shards.schema import EXAMPLE_SCHEMA
-
-    out = tmp_path / "out"
-    cfg = _image_config(images_corpus, out) if which == "images" else _text_config(text_sources, out, num_proc=2)
-    build(cfg, progress=False)
-    root = out / ".packer" / "encode"
-    cache = EncodeCache(root, json.loads((root / "fingerprint.json").read_text())["chunks"])
-    (tmp_path / "ref").mkdir()
-    ref = ColumnsFile(tmp_path / "ref")
-    for i in range(cache.num_chunks):
-        table = chunk_table(cache, i)
-        assert bytes_table(table_bytes(cache.read(i, tuple(EXAMPLE_SCHEMA.names)))).equals(table)
-        ref.write(table)
-    ref.commit()
-    assert (root / ColumnsFile.NAME).read_bytes() == ref.path.read_bytes()
