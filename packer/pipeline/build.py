@@ -45,7 +45,7 @@ from packer.models import get_profile
 from packer.packing.budgets import FLAGS, limits_of
 from packer.pipeline.cache import CACHE_FORMAT, ChunkCounts, EncodeCache
 from packer.pipeline.card import write_card
-from packer.pipeline.columns import ColumnsBuilder, ColumnsFile, bytes_table, chunk_table, read_chunk
+from packer.pipeline.columns import ColumnsBuilder, ColumnsFile, chunk_table, read_chunk
 from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
@@ -376,10 +376,8 @@ def _encode(
 ) -> tuple[ChunkCounts, ColumnsBuilder]:
     """Run the encode tasks; return the totals over all chunks and each chunk's compact columns
     (``columns.read_chunk``), read as it lands: this process is idle while the workers encode, so the plan
-    does not wait on a pass over every chunk file. Each chunk's ``chunk_table`` comes with its counts
-    (``ChunkCounts.table``) where its task encoded it, else (committed before: a resumed build) is read from its
-    file. ``kept``: where each chunk's ``chunk_table`` is also written (committed by the caller once the mark
-    can name it)."""
+    does not wait on a pass over every chunk file. ``kept``: where each chunk's ``chunk_table`` is also
+    written (committed by the caller once the mark can name it)."""
     records = encoded = rejected = 0
     parts = ColumnsBuilder(sum(c.num_lines for c in chunks))  # rows <= lines but for split texts
     # counted in input lines (what users know their files by), advanced a chunk at a time
@@ -390,7 +388,7 @@ def _encode(
         for done, counts in enumerate(results, start=1):
             records, encoded, rejected = records + counts.records, encoded + counts.encoded, rejected + counts.rejected
             chunk = chunks[done - 1]
-            table = chunk_table(cache, chunk.index) if counts.table is None else bytes_table(counts.table)
+            table = chunk_table(cache, chunk.index)
             if kept is not None:
                 kept.write(table)
             parts.add(read_chunk(cache, chunk.index, config, chunk.source, table))

@@ -53,10 +53,6 @@ class ChunkCounts:
     records: int  # non-blank lines
     encoded: int
     rejected: int
-    table: bytes | None = field(default=None, compare=False, repr=False)
-    """The chunk's ``columns.chunk_table`` (``columns.table_bytes``), from the rows its encode task has just
-    written: the driver's compact columns and columns file without a read of the chunk's file. None for a chunk
-    committed before (a resumed build's, ``counts``): the driver reads its file."""
 
 
 @dataclass(frozen=True)

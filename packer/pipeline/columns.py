@@ -38,7 +38,6 @@ import pyarrow.ipc as ipc
 from packer.core.ids import id_location
 from packer.core.media import BUDGETS, MEDIA
 from packer.packing.budgets import budget_message, limits_of
-from packer.shards.schema import EXAMPLE_SCHEMA
 
 COUNT_COLUMNS = tuple(dict.fromkeys(c for m in MEDIA for c in (m.token_column, m.own_tokens_column, m.count_column)
                                     if c))
@@ -49,9 +48,6 @@ _ITEM_COUNTS = frozenset(m.count_column for m in MEDIA)
 
 _READ = ("num_tokens", "num_loss_tokens", "loss_weight", "loss_weights", "node_offsets", *COUNT_COLUMNS)
 PLAIN = "plain"  # chunk_table's column: no per-node loss weights, one node (what read_chunk's linear needs of the lists)
-_LISTS = ("loss_weights", "node_offsets")
-CHUNK_SCHEMA = pa.schema([*(EXAMPLE_SCHEMA.field(c) for c in _READ if c not in _LISTS), pa.field(PLAIN, pa.bool_())])
-"""``chunk_table``'s schema: what ``table_bytes`` leaves out of its bytes."""
 
 
 def length_dtype(max_length: int) -> type:
@@ -115,29 +111,10 @@ def read_chunk(cache: Any, i: int, config: Any, source: str, table: pa.Table | N
 def chunk_table(cache: Any, i: int) -> pa.Table:
     """What ``read_chunk`` reads of chunk ``i``, whatever the build's options: the length, weight and count
     columns as the cache holds them, and ``PLAIN`` in place of the two list columns."""
-    return table_of(cache.read(i, _READ))
-
-
-def table_of(table: pa.Table) -> pa.Table:
-    """``chunk_table`` of a chunk's rows ``table`` (EXAMPLE_SCHEMA, or its ``_READ`` columns at least)."""
-    table = table.select(_READ)
+    table = cache.read(i, _READ)
     plain = (table.column("loss_weights").is_null().to_numpy(zero_copy_only=False)
              & (pc.list_value_length(table.column("node_offsets")).to_numpy(zero_copy_only=False) == 1))
-    return table.drop_columns(list(_LISTS)).append_column(PLAIN, pa.array(plain, pa.bool_()))
-
-
-def table_bytes(table: pa.Table) -> bytes:
-    """``table_of(table)`` as one record batch's IPC message (its schema ``CHUNK_SCHEMA`` left out): what an encode
-    task returns with its counts (``ChunkCounts.table``), so the driver does not read the chunk's file again.
-    Bytes, not the table: ~0.02 ms a chunk to write and read back against ~0.4 ms to pickle and unpickle a
-    table (docs/benchmarks-log.md, "Session 18, lane serial18")."""
-    batch = pa.RecordBatch.from_arrays([c.combine_chunks() for c in table_of(table).columns], schema=CHUNK_SCHEMA)
-    return batch.serialize().to_pybytes()
-
-
-def bytes_table(data: bytes) -> pa.Table:
-    """``table_bytes``' table again (``chunk_table`` of the chunk): its columns over ``data``, no copy."""
-    return pa.Table.from_batches([ipc.read_record_batch(pa.py_buffer(data), CHUNK_SCHEMA)])
+    return table.drop_columns(["loss_weights", "node_offsets"]).append_column(PLAIN, pa.array(plain, pa.bool_()))
 
 
 def _narrow(column: pa.ChunkedArray, dtype: type) -> np.ndarray:

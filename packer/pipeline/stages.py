@@ -35,7 +35,7 @@ from packer.core.media import BUDGETS
 from packer.errors import ConfigError, RecordError, StorageError
 from packer.packing.budgets import FLAGS, VISION, limits_of
 from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write_ipc_atomic
-from packer.pipeline.columns import Columns, length_dtype, table_bytes
+from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
 from packer.report.stats import LossSums
 from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
@@ -317,7 +317,7 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
                 encoded.append(one)
     table = encoded_table(encoded)
     cache.commit(chunk.index, table, rejects, hooks=hooks)
-    return ChunkCounts(records=len(parsed), encoded=table.num_rows, rejected=len(rejects), table=table_bytes(table))
+    return ChunkCounts(records=len(parsed), encoded=table.num_rows, rejected=len(rejects))
 
 
 # ---------------------------------------------------------------------------------------------- plan
