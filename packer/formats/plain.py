@@ -25,20 +25,26 @@ _TEXT_KEYS = frozenset(("text", "id"))
 
 def parse_plain(obj: Any, *, path: str, line: int, root_dir: str, source_name: str = "") -> Example | None:
     """``parse_record(obj, ...)`` for a plain record (module docstring), else None. ``root_dir``: the absolute
-    directory relative image paths resolve against (``Ctx.root_dir``)."""
+    directory relative image paths resolve against (``Ctx.root_dir``). ``obj`` is a JSON value (orjson's or
+    json's: no ``str`` subclass, no ``dict`` subclass), which ``_messages``' lookups rely on."""
     if type(obj) is not dict:
         return None
-    rid = obj.get("id")
-    if rid is not None and not isinstance(rid, (str, int)):
-        return None
-    if "messages" in obj and obj.keys() <= _CHAT_KEYS:
+    alone = len(obj) == 1  # the commonest record, {"messages"} or {"text"}: no id to check, no other key
+    if not alone:
+        rid = obj.get("id")
+        if rid is not None and not isinstance(rid, (str, int)):
+            return None
+    items = obj.get("messages")
+    if items is not None:  # ("messages": null is the general path's, as a record with another key is)
+        if not alone and not obj.keys() <= _CHAT_KEYS:
+            return None
         where = (path, line, root_dir, source_name)
         try:
-            messages = _messages(obj["messages"], where)
+            messages = _messages(items, where)
             if messages is None:
                 return None
             children: list[Node] = []
-            branches = obj.get("branches")
+            branches = None if alone else obj.get("branches")
             if branches is not None:
                 if type(branches) is not list:
                     return None
@@ -50,7 +56,7 @@ def parse_plain(obj: Any, *, path: str, line: int, root_dir: str, source_name: s
         except RecordError:  # an image the general path rejects: it says so, in its own order
             return None
         return Example(Node(messages, children), "messages", path, line, source_name)
-    if "text" in obj and obj.keys() <= _TEXT_KEYS:
+    if "text" in obj and (alone or obj.keys() <= _TEXT_KEYS):
         text = obj["text"]
         if type(text) is not str or not text:
             return None
@@ -65,13 +71,16 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
     out: list[Message] = []
     append = out.append
     for msg in items:
-        # two keys, both these: exactly {"role", "content"} (a dict's keys() view costs more than the lookups; a
-        # missing "content" reads as None, which is neither a string nor a list)
-        if type(msg) is not dict or len(msg) != 2:
-            return None
-        role, content = msg.get("role"), msg.get("content")
-        role = ROLES.get(role) if type(role) is str else None
-        if role is None:
+        # exactly {"role": a known role, "content": ...}: two keys, both these. The lookups check the types: any
+        # other JSON value has no len or no str subscript (TypeError), a missing key or an unknown role is a
+        # KeyError, a list or dict role is unhashable (TypeError) and no other JSON scalar equals a role's name
+        # (cheaper than a type test of each; a dict's keys() view costs more than the two lookups)
+        try:
+            if len(msg) != 2:
+                return None
+            role = ROLES[msg["role"]]
+            content = msg["content"]
+        except (KeyError, TypeError):
             return None
         if type(content) is str:
             if not content:

@@ -152,3 +152,22 @@ def test_parse_line_equals_the_general_path(obj, images):
     finally:
         read.orjson = saved
     assert fast == slow
+
+
+def test_plain_lookups_refuse_what_a_type_test_refused(imgdir):
+    """``_messages`` reads a message by its two lookups, not by a type test of the message and its role: every
+    JSON value a type test refused is refused by them (a 2-character string or a 2-item list as a message, a
+    number, boolean, null, list or dict as a role), and a record of one key is read without the id check."""
+    root = str(imgdir)
+    for msg in ["ab", ["user", "hi"], {"role": 1, "content": "x"}, {"role": True, "content": "x"},
+                {"role": None, "content": "x"}, {"role": ["user"], "content": "x"}, {"role": {"a": 1}, "content": "x"},
+                {"role": "user", "text": "x"}, {"content": "x", "name": "user"}, 2, None]:
+        obj = {"messages": [{"role": "user", "content": "Hi"}, msg]}
+        assert parse_plain(obj, path="f.jsonl", line=3, root_dir=root) is None, msg
+    for obj in [{"messages": None}, {"messages": None, "id": "r"}, {"messages": None, "text": "x"}, {"id": "r"},
+                {"branches": []}, {"text": "x", "messages": [{"role": "user", "content": "Hi"}]}]:
+        assert parse_plain(obj, path="f.jsonl", line=3, root_dir=root) is None, obj
+    for obj in [{"messages": [{"role": "gpt", "content": "Hi"}]}, {"text": "x"}, {"text": "x", "id": 3},
+                {"messages": [{"role": "user", "content": "Hi"}], "id": "r", "branches": None}]:
+        fast = parse_plain(obj, path="f.jsonl", line=3, root_dir=root, source_name="src")
+        assert fast is not None and fast == _general(obj, root), obj
