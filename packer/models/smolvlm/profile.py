@@ -141,8 +141,8 @@ class SmolVLMImage(ImageRule):
         runs = np.flatnonzero(edges == 1)  # flat starts of every run of <image> tokens
         first = np.searchsorted(runs, row_starts[row_of] + fields["offset"])  # (I,) each entry's first run
         entry = np.repeat(np.arange(len(n)), tiles)  # (S,) the entry of each span
-        run = first[entry] + arrays.ranges(tiles)
-        k = run - first[entry]  # (S,) the tile's index in its image
+        k = arrays.ranges(tiles)  # (S,) the tile's index in its image
+        run = first[entry] + k
         found = run < len(runs)
         flat = np.append(runs, -1)[np.where(found, run, len(runs))]
         # the layout between tiles, in tokens the tokenizer cannot change: <fake_token_around_image> and
