@@ -18,8 +18,8 @@ to the HF tokenizer:
   equal the HF tokenizer's: a construct fastokens would read otherwise fails here, before any text is encoded.
 
 Where the tokenizer.json is provably the BPE of a tiktoken rank file (``tiktoken_spec``: every builtin but
-mistral3's), the native tokenizer is built by ``fastokens.Tokenizer.from_tiktoken`` from those ranks instead of by
-``from_json_str`` (~1.0 CPU-s less for a 151k vocabulary, ~150 MiB less memory per process): the check runs once,
+llama3's and mistral3's), the native tokenizer is built by ``fastokens.Tokenizer.from_tiktoken`` from those ranks
+instead of by ``from_json_str`` (~1.1 CPU-s less for a 151k vocabulary, its peak memory ~230 -> ~105 MiB): the check runs once,
 where the engine is made, and the engine keeps what the build needs (``FastokensBPE.spec``); tiktoken has no
 normalizer, so where the tokenizer's is NFC only the texts that are NFC already go to it, the others to the HF
 tokenizer. A text that is not valid Unicode (a lone surrogate) goes to the HF tokenizer, which raises as it always
@@ -328,11 +328,12 @@ def tiktoken_spec(json: str) -> str | None:
       token after the vocabulary (id >= its size), matched as it is written (``_eligible``: not normalized, no
       strip, not a single word), as tiktoken's special tokens are;
     - the model: BPE with ``ignore_merges`` (a piece that is a token is that token, tiktoken's first rule), no
-      byte fallback, no dropout, no subword prefix or word suffix; its vocabulary byte-level strings with the ids
-      0..n-1 (the ranks) and all 256 bytes among them;
+      byte fallback, no dropout, no subword prefix or word suffix; its vocabulary, as bytes by id (the ranks),
+      byte for byte the rank file of that pattern's ``RANKS`` entry, one whose every token is its own BPE
+      (``Ranks.own_bpe``: qwen2, llama4; from_tiktoken refuses Llama 3's ranks);
     - the merges are exactly those transformers' ``TikTokenConverter`` derives from these ranks (the builtins
-      are made by it): every split of a token into two tokens ``(l, r)`` is a merge (their number is counted),
-      none other is, and they come in the order of ``(rank(l + r), rank(l), rank(r))`` (strictly increasing).
+      are made by it): each a split of a token into two tokens ``(l, r)``, strictly increasing in
+      ``(rank(l + r), rank(l), rank(r))``, and as many as there are such splits (``RANK_SPLITS``): all of them.
 
     Why that is the same BPE: tiktoken merges, piece by piece, the adjacent pair whose concatenation has the
     lowest rank (the leftmost of equal ones) until none is a token; the HF BPE merges the adjacent pair that
