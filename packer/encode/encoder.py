@@ -170,8 +170,9 @@ class Encoder:
             self._fastokens.prepare_here()
 
     def engine_json(self) -> str | None:
-        """The tokenizer.json fastokens' native tokenizer is built from; None: this encoder has no fastokens."""
-        return self._fastokens.source.json() if self._fastokens is not None else None
+        """What fastokens' native tokenizer is built from (``FastokensBPE.spec``: its ``tiktoken_spec``, else the
+        tokenizer.json); None: this encoder has no fastokens."""
+        return self._fastokens.spec() if self._fastokens is not None else None
 
     def __getstate__(self) -> dict:
         """What a worker process needs: the Rust tokenizer, the template source and the tables built from the

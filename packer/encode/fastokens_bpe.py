@@ -17,13 +17,22 @@ to the HF tokenizer:
 - on a fixed probe of hard text (NFC-rewritten accents, literal special tokens, emoji, digits, long runs) its ids
   equal the HF tokenizer's: a construct fastokens would read otherwise fails here, before any text is encoded.
 
-A text that is not valid Unicode (a lone surrogate) goes to the HF tokenizer, which raises as it always did.
+Where the tokenizer.json is provably the BPE of a tiktoken rank file (``tiktoken_spec``: every builtin but
+llama3's and mistral3's), the native tokenizer is built by ``fastokens.Tokenizer.from_tiktoken`` from those ranks
+instead of by ``from_json_str`` (~1.1 CPU-s less for a 151k vocabulary, its peak memory ~230 -> ~105 MiB): the check runs once,
+where the engine is made, and the engine keeps what the build needs (``FastokensBPE.spec``); tiktoken has no
+normalizer, so where the tokenizer's is NFC only the texts that are NFC already go to it, the others to the HF
+tokenizer. A text that is not valid Unicode (a lone surrogate) goes to the HF tokenizer, which raises as it always
+did.
 tests/encode/test_fastokens_bpe.py fuzzes every builtin against transformers, NFC text and user files included;
 docs/benchmarks.md, "Fast paths": 10x tiktoken's speed (the engine it replaced), ~50x HF tokenizers'.
 """
 
 from __future__ import annotations
 
+import json as _json
+import os
+import unicodedata
 import warnings
 import weakref
 from itertools import pairwise
@@ -38,6 +47,8 @@ _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # the same keys -> a fastokens.Tokenizer built by ``prepare`` and not yet probed (nor used: no rayon thread yet)
 _UNPROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the first line of ``FastokensBPE.spec`` where the native tokenizer is built by ``from_tiktoken`` (``tiktoken_spec``)
+TIKTOKEN_MAGIC = "packer-fastokens-tiktoken 1\n"
 _ENCODED = False  # has fastokens encoded in this process (its rayon pool started: ``fork_safe``)?
 # (tokenizer.json, its fastokens.Tokenizer) that ``prepare_here`` built last: a later engine of the same string in
 # this process (another build's encoder, unpickled from a kept entry: a new key) takes it instead of building it
@@ -68,11 +79,22 @@ class FastokensBPE:
     native tokenizer from, once, and the HF tokenizer's ids of the probe, computed where the engine is made: a
     worker checks fastokens against them without building the HF tokenizer (~0.5 CPU-s of 151k vocabulary)."""
 
-    def __init__(self, source: Any, want: list[list[int]]):
+    def __init__(self, source: Any, want: list[list[int]], tiktoken: str | None = None):
         self.source = source
         """Anything with ``backend`` (the tokenizers.Tokenizer) and ``json()`` (its tokenizer.json)."""
         self.want = want
         """The HF tokenizer's ids of ``_PROBE``."""
+        self.tiktoken = tiktoken
+        """``tiktoken_spec`` of the tokenizer.json where it holds (the native tokenizer is then built by
+        ``from_tiktoken`` from it), else None (``from_json_str``)."""
+        self.nfc_only = tiktoken is not None and bool(_spec_header(tiktoken)["nfc"])
+        """Does only a text that is NFC already go to the native tokenizer (tiktoken's has no normalizer; the HF
+        tokenizer encodes the others)?"""
+
+    def spec(self) -> str:
+        """What the native tokenizer is built from (``build_native``): the ``tiktoken_spec``, else the
+        tokenizer.json. The string a kept start builds it from (``Encoder.engine_json``)."""
+        return self.tiktoken if self.tiktoken is not None else self.source.json()
 
     @property
     def backend(self) -> Any:
@@ -94,14 +116,21 @@ class FastokensBPE:
         if not cached[1]:
             return None
         want = [e.ids for e in backend.encode_batch(_PROBE, add_special_tokens=False)]
-        return cls(source if source is not None else _Source(backend), want)
+        source = source if source is not None else _Source(backend)
+        return cls(source, want, _tiktoken_spec_of(source.json()))
 
     def native(self) -> Any:
         """The fastokens.Tokenizer, or None where it failed the probe (built and probed on first use in each
         process)."""
         key = self._key()
         if key not in _NATIVE:
-            _NATIVE[key] = _checked_native(self.source.json(), self.want, _UNPROBED.pop(key, None))
+            built, native = _UNPROBED.pop(key, None), None
+            if self.tiktoken is not None:  # where from_tiktoken refuses it or fails the probe: from_json_str
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    native = _checked_native(self.tiktoken, self.want, built, nfc_only=self.nfc_only)
+                built = None
+            _NATIVE[key] = native if native is not None else _checked_native(self.source.json(), self.want, built)
         return _NATIVE[key]
 
     def prepare(self, built: tuple[str, Any] | None = None) -> None:
@@ -113,7 +142,7 @@ class FastokensBPE:
         key = self._key()
         if key in _NATIVE or key in _UNPROBED:
             return
-        json = self.source.json()
+        json = self.spec()
         native = built[1] if built is not None and built[0] == json else build_native(json)
         if native is not None:
             _UNPROBED[key] = native
@@ -127,7 +156,7 @@ class FastokensBPE:
         key = self._key()
         if key in _NATIVE or key in _UNPROBED:
             return
-        json = self.source.json()
+        json = self.spec()
         last = _LAST
         if last is not None and (last[0] is json or last[0] == json):
             _UNPROBED[key] = last[1]
@@ -147,7 +176,13 @@ class FastokensBPE:
         native = self.native()
         if native is None:
             return Flat(np.zeros(0, dtype=np.int32), [0] * (len(texts) + 1)), list(range(len(texts)))
-        return _encode(native, texts)
+        if not self.nfc_only:
+            return _encode(native, texts)
+        away = {k for k, t in enumerate(texts) if not _nfc(t)}  # the HF tokenizer's: it NFC-normalizes them
+        if not away:
+            return _encode(native, texts)
+        flat, left = _encode(native, ["" if k in away else t for k, t in enumerate(texts)])
+        return flat, sorted(away.union(left))
 
 
 class _Source:
@@ -155,20 +190,57 @@ class _Source:
 
     def __init__(self, backend: Any):
         self.backend = backend
+        self._json: str | None = None
 
     def json(self) -> str:
-        return self.backend.to_str()
+        if self._json is None:
+            self._json = self.backend.to_str()
+        return self._json
 
 
 def build_native(json: str) -> Any:
-    """fastokens' tokenizer of this tokenizer.json, built and not probed (``prepare``); None where fastokens
-    cannot load it (``native`` then says so on first use, and the HF tokenizer encodes)."""
-    import fastokens
-
+    """fastokens' tokenizer of this tokenizer.json (or ``tiktoken_spec``: ``FastokensBPE.spec``), built and not
+    probed (``prepare``); None where fastokens cannot load it (``native`` then says so on first use, and the HF
+    tokenizer encodes)."""
     try:
-        return fastokens.Tokenizer.from_json_str(json)
+        return _build(json)
     except Exception:  # noqa: BLE001  # left to ``native``, which warns and takes the HF tokenizer
         return None
+
+
+def _build(spec: str) -> Any:
+    import fastokens
+
+    if not spec.startswith(TIKTOKEN_MAGIC):
+        return fastokens.Tokenizer.from_json_str(spec)
+    head = _spec_header(spec)
+    ranks = spec[spec.index("\n", len(TIKTOKEN_MAGIC)) + 1:].encode("ascii")
+    # from_tiktoken reads a file: an anonymous one in memory where Linux has it, else a temporary file
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("packer-ranks", os.MFD_CLOEXEC)
+        try:
+            with open(fd, "wb", closefd=False) as f:
+                f.write(ranks)
+            return fastokens.Tokenizer.from_tiktoken(f"/proc/self/fd/{fd}", pattern=head["pattern"],
+                                                     special_tokens=head["special_tokens"])
+        finally:
+            os.close(fd)
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".tiktoken", delete=False) as f:
+        f.write(ranks)
+    try:
+        return fastokens.Tokenizer.from_tiktoken(f.name, pattern=head["pattern"], special_tokens=head["special_tokens"])
+    finally:
+        os.unlink(f.name)
+
+
+def _spec_header(spec: str) -> dict[str, Any]:
+    return _json.loads(spec[len(TIKTOKEN_MAGIC):spec.index("\n", len(TIKTOKEN_MAGIC))])
+
+
+def _nfc(text: str) -> bool:
+    return text.isascii() or unicodedata.is_normalized("NFC", text)
 
 
 def fork_safe() -> bool:
@@ -210,17 +282,17 @@ def _eligible(backend: Any) -> bool:
                    for t in backend.get_added_tokens_decoder().values())
 
 
-def _checked_native(json: str, want: list[list[int]], native: Any = None) -> Any:
-    """fastokens' tokenizer of this tokenizer.json (``native``: built already, from it) where its ids of the
-    probe are ``want`` (the HF tokenizer's), else None."""
-    import fastokens
-
+def _checked_native(json: str, want: list[list[int]], native: Any = None, nfc_only: bool = False) -> Any:
+    """fastokens' tokenizer of this tokenizer.json or ``tiktoken_spec`` (``native``: built already, from it)
+    where its ids of the probe are ``want`` (the HF tokenizer's), else None. ``nfc_only``: of the probe texts that
+    are NFC (the only ones it is given)."""
+    keep = [k for k, t in enumerate(_PROBE) if not nfc_only or _nfc(t)]
     try:
-        native = native if native is not None else fastokens.Tokenizer.from_json_str(json)
-        flat, _ = _encode(native, _PROBE)
+        native = native if native is not None else _build(json)
+        flat, _ = _encode(native, [_PROBE[k] for k in keep])
     except Exception as e:  # a pipeline fastokens cannot load: the HF tokenizer  # noqa: BLE001
         return _slower(f"fastokens cannot load it ({type(e).__name__}: {e})")
-    if [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] != want:
+    if [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)] != [want[k] for k in keep]:
         return _slower("fastokens' ids of the probe texts differ from the HF tokenizer's")
     return native
 
@@ -229,3 +301,154 @@ def _slower(why: str) -> None:
     """Said once per tokenizer and process: the ids stay exact (the HF tokenizer's), the build is slower."""
     warnings.warn(f"{why}: this tokenizer encodes with the HF tokenizer (exact, several times slower)",
                   RuntimeWarning, stacklevel=3)
+
+
+_SPECS: dict[str, str | None] = {}  # tokenizer.json -> its ``tiktoken_spec`` (the last few: each is checked once)
+
+
+def _tiktoken_spec_of(json: str) -> str | None:
+    if json not in _SPECS:
+        if len(_SPECS) >= 4:
+            _SPECS.pop(next(iter(_SPECS)))
+        _SPECS[json] = tiktoken_spec(json)
+    return _SPECS[json]
+
+
+def tiktoken_spec(json: str) -> str | None:
+    """What ``fastokens.Tokenizer.from_tiktoken`` needs to build the same tokenizer as ``from_json_str`` of this
+    tokenizer.json (``TIKTOKEN_MAGIC``, a JSON line of the split pattern, the added tokens and whether the
+    normalizer is NFC, then the ranks: one ``base64(token bytes) rank`` line per token), where it is provably
+    the same BPE, else None. The condition, read off the file:
+
+    - around the BPE: no normalizer, or NFC (then ``FastokensBPE`` hands tiktoken only texts that are NFC
+      already, which NFC leaves as they are); the pre-tokenizer ``Sequence[Split(pattern, Isolated),
+      ByteLevel(add_prefix_space=False, use_regex=False)]`` with a pattern of a builtin's rank file
+      (``RANKS``: every character starts a match of it, so tiktoken's findall and the Isolated split cut a text
+      into the same pieces, and ByteLevel maps each piece to its bytes); no truncation or padding; every added
+      token after the vocabulary (id >= its size), matched as it is written (``_eligible``: not normalized, no
+      strip, not a single word), as tiktoken's special tokens are;
+    - the model: BPE with ``ignore_merges`` (a piece that is a token is that token, tiktoken's first rule), no
+      byte fallback, no dropout, no subword prefix or word suffix; its vocabulary, as bytes by id (the ranks),
+      byte for byte the rank file of that pattern's ``RANKS`` entry, one whose every token is its own BPE
+      (``Ranks.own_bpe``: qwen2, llama4; from_tiktoken refuses Llama 3's ranks);
+    - the merges are exactly those transformers' ``TikTokenConverter`` derives from these ranks (the builtins
+      are made by it): each a split of a token into two tokens ``(l, r)``, strictly increasing in
+      ``(rank(l + r), rank(l), rank(r))``, and as many as there are such splits (``RANK_SPLITS``): all of them.
+
+    Why that is the same BPE: tiktoken merges, piece by piece, the adjacent pair whose concatenation has the
+    lowest rank (the leftmost of equal ones) until none is a token; the HF BPE merges the adjacent pair that
+    comes first in the merges (the leftmost of equal pairs). With every split a merge, an adjacent pair is a
+    merge exactly where its concatenation is a token (the same candidates), and with the merges in the merged
+    token's rank order the HF BPE's first candidate makes the lowest-ranked token, as tiktoken's does: each
+    step makes the same token. They could part only where two overlapping pairs ``x|y`` and ``y|z`` make the
+    same token by two splits (``x + y == y + z``), the left one for tiktoken, the one first in the merges for
+    HF: transformers' conversion rests on that not happening in a rank file's BPE, and fastokens'
+    ``from_tiktoken`` takes only rank files where each token is the tiktoken merge of two lower-ranked ones; a
+    brute-force search over random such vocabularies found no text where the three differ (docs/benchmarks-log.md,
+    session 19, lane T). The probe (``_checked_native``) runs on the native tokenizer built either way, and
+    tests/encode/test_fastokens_bpe.py fuzzes it against transformers for every builtin."""
+    import gc
+
+    import orjson
+
+    collect = gc.isenabled()
+    gc.disable()  # ~1.5M objects made and dropped: no collection over them meanwhile
+    try:
+        data = orjson.loads(json)
+        return _spec(data) if isinstance(data, dict) else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    finally:
+        if collect:
+            gc.enable()
+
+
+def _spec(data: dict) -> str | None:
+    import base64
+    from operator import add
+
+    from packer.errors import ConfigError
+    from packer.models.shared.tokenizer import RANKS
+
+    model, normalizer, pre = data.get("model") or {}, data.get("normalizer"), data.get("pre_tokenizer") or {}
+    if (model.get("type") != "BPE" or model.get("ignore_merges") is not True or model.get("byte_fallback")
+            or model.get("dropout") is not None or model.get("continuing_subword_prefix")
+            or model.get("end_of_word_suffix") or data.get("truncation") or data.get("padding")):
+        return None
+    if normalizer is not None and normalizer != {"type": "NFC"}:
+        return None
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not isinstance(steps, list) or len(steps) != 2:
+        return None
+    split, level = steps
+    pattern = (split.get("pattern") or {}).get("Regex")
+    if (split.get("type") != "Split" or split.get("behavior") != "Isolated" or split.get("invert")
+            or pattern not in {r.pattern for r in RANKS.values()}):
+        return None
+    if level.get("type") != "ByteLevel" or level.get("add_prefix_space") or level.get("use_regex"):
+        return None
+    vocab: dict[str, int] = model["vocab"]
+    n = len(vocab)
+    tokens = data.get("added_tokens") or []
+    added = {t["content"]: t["id"] for t in tokens}
+    if (len(added) != len(tokens) or any(type(i) is not int or i < n for i in added.values())
+            or any(t["normalized"] or t["lstrip"] or t["rstrip"] or t["single_word"] for t in tokens)):
+        return None
+    # the ranks: those of a builtin's rank file (whose every token is its own BPE, ``Ranks.own_bpe``: what
+    # from_tiktoken needs of a rank file), by the ids of the vocabulary's byte-level tokens
+    ranks = next((r for r in RANKS.values() if r.pattern == pattern and r.size == n and r.own_bpe), None)
+    if ranks is None or sorted(vocab.values()) != list(range(n)):
+        return None
+    to_bytes = {u: b for b, u in _bytes_to_unicode().items()}
+    if any(ord(c) not in to_bytes for c in set().union(*vocab)):
+        return None
+    body = "".join(f"{base64.b64encode(tok.translate(to_bytes).encode('latin-1')).decode()} {r}\n"
+                   for tok, r in sorted(vocab.items(), key=lambda kv: kv[1]))
+    try:
+        if body.encode("ascii") != ranks.path().read_bytes():
+            return None
+    except (OSError, ConfigError):  # its package is not installed here
+        return None
+    # the merges: each a split of a token into two tokens, strictly increasing in (rank(l + r), rank(l), rank(r)),
+    # and as many as such splits there are (``RANK_SPLITS``): all of them, in TikTokenConverter's order
+    merges = model["merges"]
+    if len(merges) != RANK_SPLITS.get(ranks.relative):
+        return None
+    if merges and isinstance(merges[0], str):
+        merges = [m.split(" ") for m in merges]
+    if any(len(m) != 2 for m in merges):
+        return None
+    lefts, rights = [m[0] for m in merges], [m[1] for m in merges]
+    made = list(map(vocab.get, map(add, lefts, rights)))
+    ls, rs = list(map(vocab.get, lefts)), list(map(vocab.get, rights))
+    if None in made or None in ls or None in rs:
+        return None
+    t, a, b = (np.diff(np.asarray(x, dtype=np.int64)) for x in (made, ls, rs))
+    if not np.all((t > 0) | ((t == 0) & ((a > 0) | ((a == 0) & (b > 0))))):
+        return None
+    head = _json.dumps({"pattern": pattern, "special_tokens": added, "nfc": normalizer is not None})
+    return f"{TIKTOKEN_MAGIC}{head}\n{body}"
+
+
+RANK_SPLITS = {"resources/qwen.tiktoken": 294166, "llama4/tokenizer.model": 439802}
+"""How many ways each builtin rank file's tokens split into two of its tokens (``Ranks.relative`` -> the count):
+the number of merges transformers' ``TikTokenConverter`` derives from it (tests/encode/test_fastokens_bpe.py
+counts them)."""
+
+
+def rank_splits(vocab: dict[str, int]) -> int:
+    """The splits of every token of ``vocab`` into two of its tokens (``RANK_SPLITS``)."""
+    return sum(tok[:k] in vocab and tok[k:] in vocab for tok in vocab for k in range(1, len(tok)))
+
+
+def _bytes_to_unicode() -> dict[int, int]:
+    """GPT-2's byte-level alphabet (byte -> the code point that stands for it), as ``ByteLevel`` writes tokens."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = b
+        else:
+            out[b] = 256 + extra
+            extra += 1
+    return out

@@ -1,8 +1,9 @@
 """Encoders kept between builds, in ``$PACKER_CACHE/engines`` (``packer.encode.tokenizers.cache_dir``).
 
 Two things a build would otherwise make again at every start, kept by the build that made them and used by the next
-of the same key: fastokens' tokenizer.json string of a local tokenizer (``engine_file``, one per tokenizer: the
-native tokenizer builds from it before the encoder exists), and the encoder itself with its tokenizer record
+of the same key: the string fastokens' native tokenizer of a local tokenizer builds from (``engine_file``, one per
+tokenizer: ``Encoder.engine_json``, its tokenizer.json or the ``tiktoken_spec`` of it; the native tokenizer builds
+from it before the encoder exists), and the encoder itself with its tokenizer record
 (``encoder_entry``: the pickle a worker loads, keyed by everything it is made from). An entry is this user's own
 file, whole or absent, checked by its key and sha256 before it is unpickled; anything in doubt is made again and
 replaces it. ``LocalExecutor.load_encoder`` (a forked pool) and ``Executor.load_encoder`` (a build that makes its
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 
 def engine_file(name: str) -> Path | None:
-    """Where fastokens' tokenizer.json for the tokenizer ``name`` is kept between builds (``load_encoder``):
-    a local tokenizer (a builtin, a directory), one file per tokenizer; None for a hub name."""
+    """Where fastokens' string (``Encoder.engine_json``) for the tokenizer ``name`` is kept between builds
+    (``load_encoder``): a local tokenizer (a builtin, a directory), one file per tokenizer; None for a hub name."""
     import hashlib
 
     from packer.encode.tokenizers import builtin_path, builtin_tokenizers, cache_dir

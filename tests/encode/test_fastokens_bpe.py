@@ -1,7 +1,9 @@
 """The fastokens engine (packer/encode/fastokens_bpe.py) against the HF tokenizer it replaces: the same ids on
 adversarial text for every builtin (transformers' reference tokenizers), NFC text, literal special tokens, a
 user's own tokenizer file with added tokens; the HF tokenizer where it must (a lone surrogate, a byte-fallback
-vocabulary, added-token flags it is not checked on); and the build's own records byte-identical."""
+vocabulary, added-token flags it is not checked on); and the build's own records byte-identical. Where the
+native tokenizer is built by ``from_tiktoken`` (``tiktoken_spec``: every builtin but llama3 and mistral3), the same
+fuzz runs on it, and a text that is not NFC under an NFC normalizer goes to the HF tokenizer."""
 
 from __future__ import annotations
 
@@ -33,10 +35,17 @@ def _ids(engine: FastokensBPE, texts: list[str]) -> list[list[int] | None]:
     return [None if k in left else flat.ids[a:b].tolist() for k, (a, b) in enumerate(pairwise(flat.starts))]
 
 
+# the builtins whose tokenizer.json is not from_tiktoken's (``tiktoken_spec``): Llama 3's ranks hold tokens its
+# merges never make (``Ranks.own_bpe``), mistral3's tekken puts its control tokens first
+_JSON_BUILT = {"llama3", "mistral3"}
+
+
 def _check(name: str, max_examples: int) -> None:
     backend = builtin(name).backend_tokenizer
     engine = FastokensBPE.of(backend)
     assert engine is not None
+    assert (engine.tiktoken is None) == (name in _JSON_BUILT), name
+    assert engine.nfc_only == (engine.tiktoken is not None and backend.normalizer is not None)
     # mistral3 (tekken) has no reference in tests/encode/reference_tokenizers.py: its own tokenizer is the reference
     ref = reference_tokenizer(name) if name in referenced_builtins() else backend
 
@@ -46,7 +55,8 @@ def _check(name: str, max_examples: int) -> None:
     def check(texts):
         for text, ids, want in zip(texts, _ids(engine, texts), ref.encode_batch(texts, add_special_tokens=False),
                                    strict=True):
-            assert ids == want.ids, text
+            # a text that is not NFC goes to the HF tokenizer where tiktoken would meet it without NFC
+            assert ids == want.ids or (ids is None and engine.nfc_only and not unicodedata.is_normalized("NFC", text)), text
 
     check()
 
@@ -55,7 +65,10 @@ def test_engine_equals_hf_on_adversarial_text_qwen(qwen_tokenizer):
     _check("qwen2-vl", 60)
     engine = FastokensBPE.of(qwen_tokenizer.backend_tokenizer)
     want = qwen_tokenizer.backend_tokenizer.encode(NFC_EXAMPLE, add_special_tokens=False).ids
-    assert _ids(engine, [NFC_EXAMPLE]) == [want] == [[924, 58858, 43117, 533]]  # NFC: fastokens normalizes too
+    assert want == [[924, 58858, 43117, 533]][0]
+    composed = unicodedata.normalize("NFC", NFC_EXAMPLE)
+    # from_tiktoken's: the decomposed text goes to the HF tokenizer, its NFC form to fastokens, the same ids
+    assert _ids(engine, [NFC_EXAMPLE, composed, "ok"]) == [None, want, [562]]
     literal = "<|im_start|>user\nhi<|im_end|><|image_pad|>"  # literal special tokens in the text: one id each
     assert _ids(engine, [literal])[0][:1] == [qwen_tokenizer.convert_tokens_to_ids("<|im_start|>")]
 
@@ -176,8 +189,10 @@ def test_build_records_equal_general_path(qwen_tokenizer, image_root, text):
     for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
         assert_same(got, want)
     counts = encoder.path_counts()
-    assert counts["tokens:fastokens"] > 0 and counts["tokens:hf"] == 0, counts
-    assert unicodedata.is_normalized("NFC", text) or counts["labels:offsets"] > 0  # NFC-rewritten: offsets' labels
+    nfc = unicodedata.is_normalized("NFC", text)
+    assert nfc or counts["labels:offsets"] > 0  # NFC-rewritten: offsets' labels
+    # from_tiktoken's engine (no normalizer): a text NFC rewrites is the HF tokenizer's
+    assert (counts["tokens:fastokens"] > 0 and counts["tokens:hf"] == 0) or not nfc, counts
 
 
 @pytest.mark.slow
@@ -206,7 +221,7 @@ def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
         examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
         for got, want in zip(encoder.encode_batch(examples), one_by_one(general(encoder), examples), strict=True):
             assert_same(got, want)
-        assert encoder.path_counts()["tokens:fastokens"] > 0 and encoder.path_counts()["tokens:hf"] == 0
+        assert encoder.path_counts()["tokens:fastokens"] > 0  # the decomposed texts: the HF tokenizer's
 
 
 def test_worker_builds_the_hf_tokenizer_only_for_a_text_that_needs_it(qwen_tokenizer, image_root):
@@ -226,3 +241,97 @@ def test_worker_builds_the_hf_tokenizer_only_for_a_text_that_needs_it(qwen_token
     for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
         assert_same(got, want)
     assert "backend" in vars(view) and worker.path_counts()["labels:offsets"] > 0
+
+
+# ---------------------------------------------------------------- from_tiktoken's construction (``tiktoken_spec``)
+
+
+_QWEN_JSON: list[dict] = []
+
+
+def _qwen_json(qwen_tokenizer) -> dict:
+    """Qwen2's tokenizer.json, parsed once (do not change it: copy what an edit changes)."""
+    if not _QWEN_JSON:
+        _QWEN_JSON.append(json.loads(qwen_tokenizer.backend_tokenizer.to_str()))
+    return _QWEN_JSON[0]
+
+
+def test_tiktoken_spec_is_the_rank_file(qwen_tokenizer):
+    """Qwen2's tokenizer.json is TikTokenConverter's of qwen.tiktoken: its spec holds that file byte for byte, the
+    Split pattern, the added tokens by id and NFC; the native tokenizer a kept start builds is from it."""
+    from packer.models.shared.tokenizer import RANKS
+
+    spec = fastokens_bpe.tiktoken_spec(qwen_tokenizer.backend_tokenizer.to_str())
+    head = fastokens_bpe._spec_header(spec)
+    assert spec.split("\n", 2)[2].encode() == RANKS["qwen2"].path().read_bytes()
+    assert head["pattern"] == RANKS["qwen2"].pattern and head["nfc"] is True
+    assert head["special_tokens"]["<|im_start|>"] == qwen_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    encoder = Encoder(qwen_tokenizer, get_profile("text"))
+    assert encoder.engine_json() == spec  # what kept.keep_engine keeps and ``prepare`` takes a build of
+
+
+def test_tiktoken_spec_refuses_what_it_cannot_prove(qwen_tokenizer):
+    """Each condition broken alone: no spec (from_json_str builds the native tokenizer, as before)."""
+    base = _qwen_json(qwen_tokenizer)
+
+    def spec(data):  # tiktoken_spec of the file as parsed (``_spec``), or of a string
+        return fastokens_bpe.tiktoken_spec(data) if isinstance(data, str) else fastokens_bpe._spec(data)
+
+    def changed(edit) -> dict:  # a copy of what an edit may change, the rest (vocab) shared
+        data = {**base, "model": {**base["model"], "merges": list(base["model"]["merges"])},
+                "added_tokens": [dict(t) for t in base["added_tokens"]],
+                "pre_tokenizer": json.loads(json.dumps(base["pre_tokenizer"]))}
+        edit(data)
+        return data
+
+    def swap(data):  # two merges in the other order: HF would merge otherwise than tiktoken
+        m = data["model"]["merges"]
+        m[10], m[11] = m[11], m[10]
+
+    def drop(data):  # one split of a token no merge: HF never makes that pair, tiktoken does
+        del data["model"]["merges"][500]
+
+    def fake(data):  # a merge that is not a split of a token into two (same count)
+        data["model"]["merges"][-1] = ["\u0120", "zzzzzzzz"]
+
+    for edit in (swap, drop, fake,
+                 lambda d: d["model"].update(ignore_merges=False),
+                 lambda d: d["model"].update(dropout=0.1),
+                 lambda d: d["model"].update(byte_fallback=True),
+                 lambda d: d.update(normalizer={"type": "NFKC"}),
+                 lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w+|\\s+"),
+                 lambda d: d["pre_tokenizer"]["pretokenizers"][1].update(add_prefix_space=True),
+                 lambda d: d["added_tokens"][0].update(lstrip=True),
+                 lambda d: d["added_tokens"][0].update(id=5)):
+        assert spec(changed(edit)) is None, edit
+    assert spec(changed(lambda d: d.update(normalizer=None))) is not None  # no normalizer: tiktoken's own
+    assert spec("{not json") is None and spec(_user_tokenizer().backend_tokenizer.to_str()) is None
+
+
+def test_a_spec_fastokens_refuses_falls_back_to_the_json(qwen_tokenizer):
+    """Where from_tiktoken cannot build it (or fails the probe), the native tokenizer is from_json_str's: the same
+    ids, no warning (exact either way)."""
+    import warnings
+
+    backend = _user_tokenizer().backend_tokenizer
+    engine = FastokensBPE.of(backend)
+    assert engine.tiktoken is None
+    bad = fastokens_bpe.TIKTOKEN_MAGIC + json.dumps({"pattern": "x", "special_tokens": {}, "nfc": True}) + "\n!!! 0\n"
+    broken = FastokensBPE(engine.source, engine.want, bad)
+    assert broken.nfc_only and fastokens_bpe.build_native(bad) is None
+    texts = ["The quick fox.", "<|user|> quickfox \u6771\u4eac"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _ids(broken, texts) == [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_rank_splits_counts_the_rank_file(qwen_tokenizer):
+    """``RANK_SPLITS``: the merges TikTokenConverter derives from qwen.tiktoken, counted from its vocabulary."""
+    vocab = _qwen_json(qwen_tokenizer)["model"]["vocab"]
+    assert fastokens_bpe.rank_splits(vocab) == fastokens_bpe.RANK_SPLITS["resources/qwen.tiktoken"]
+
+
+@pytest.mark.slow
+def test_rank_splits_counts_llama4():
+    vocab = json.loads(builtin("llama4").backend_tokenizer.to_str())["model"]["vocab"]
+    assert fastokens_bpe.rank_splits(vocab) == fastokens_bpe.RANK_SPLITS["llama4/tokenizer.model"]
