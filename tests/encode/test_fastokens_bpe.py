@@ -335,3 +335,21 @@ def test_rank_splits_counts_the_rank_file(qwen_tokenizer):
 def test_rank_splits_counts_llama4():
     vocab = json.loads(builtin("llama4").backend_tokenizer.to_str())["model"]["vocab"]
     assert fastokens_bpe.rank_splits(vocab) == fastokens_bpe.RANK_SPLITS["llama4/tokenizer.model"]
+
+
+def test_a_text_python_calls_nfc_is_one_the_hf_normalizer_leaves_as_it_is():
+    """The from_tiktoken engine skips NFC for a text ``unicodedata`` calls NFC already (``fastokens_bpe._nfc``);
+    the tokenizer's own NFC (HF tokenizers' tables, another Unicode version than Python's) must leave such a text
+    as it is, or its ids would differ silently. Marks of every combining class, characters Python does not know
+    (a newer Unicode's: they may be marks there) and composable letters, after a base, in random orders."""
+    import random
+
+    rnd = random.Random(0)
+    marks = [chr(c) for c in range(0x300, 0x20000) if unicodedata.combining(chr(c))]
+    unknown = [chr(c) for c in range(0x300, 0x40000, 7) if unicodedata.category(chr(c)) == "Cn"]
+    pool = marks + rnd.sample(unknown, 1000) + list("ae\u00e9\u1100\u1161\u11a8\u0627\u0915")
+    hf = normalizers.NFC()
+    texts = [rnd.choice("aeA\u0627\u0915\uac00") + "".join(rnd.choices(pool, k=rnd.randint(1, 4)))
+             for _ in range(20_000)]
+    nfc = [t for t in texts if fastokens_bpe._nfc(t)]
+    assert len(nfc) > 5_000 and [hf.normalize_str(t) for t in nfc] == nfc
