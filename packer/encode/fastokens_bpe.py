@@ -399,7 +399,10 @@ def _spec(data: dict) -> str | None:
     ranks = next((r for r in RANKS.values() if r.pattern == pattern and r.size == n and r.own_bpe), None)
     if ranks is None or sorted(vocab.values()) != list(range(n)):
         return None
-    to_bytes = {u: b for b, u in _bytes_to_unicode().items()}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    # GPT-2's byte alphabet, as ByteLevel writes a token's bytes
+    to_bytes = {ord(u): b for b, u in bytes_to_unicode().items()}
     if any(ord(c) not in to_bytes for c in set().union(*vocab)):
         return None
     body = "".join(f"{base64.b64encode(tok.translate(to_bytes).encode('latin-1')).decode()} {r}\n"
@@ -440,15 +443,3 @@ def rank_splits(vocab: dict[str, int]) -> int:
     """The splits of every token of ``vocab`` into two of its tokens (``RANK_SPLITS``)."""
     return sum(tok[:k] in vocab and tok[k:] in vocab for tok in vocab for k in range(1, len(tok)))
 
-
-def _bytes_to_unicode() -> dict[int, int]:
-    """GPT-2's byte-level alphabet (byte -> the code point that stands for it), as ``ByteLevel`` writes tokens."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = b
-        else:
-            out[b] = 256 + extra
-            extra += 1
-    return out
