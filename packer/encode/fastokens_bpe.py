@@ -167,8 +167,13 @@ class FastokensBPE:
             _LAST = (json, native)
 
     def _key(self) -> Any:
-        # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source
-        return vars(self.source).get("backend", self.source)
+        # one per Rust tokenizer while the source holds one (engines of one tokenizer share it), else per source;
+        # an unpickled source (a worker's) that builds its Rust tokenizer later, for a text only the HF tokenizer
+        # encodes, keeps the key it had: a new one would build the native tokenizer again
+        backend = vars(self.source).get("backend")
+        if backend is None or self.source in _NATIVE or self.source in _UNPROBED:
+            return self.source
+        return backend
 
     def encode(self, texts: list[str]) -> tuple[Flat, list[int]]:
         """The ids of every text (no special tokens added), flat, and the texts it left to the HF tokenizer (not

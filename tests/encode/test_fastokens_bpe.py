@@ -227,7 +227,8 @@ def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
 def test_worker_builds_the_hf_tokenizer_only_for_a_text_that_needs_it(qwen_tokenizer, image_root):
     """An unpickled encoder (a worker's) encodes with fastokens without rebuilding the HF tokenizer (its probe is
     checked against the ids the parent computed); NFC-rewritten text (labels from offsets) rebuilds it, and
-    every result equals the parent's."""
+    every result equals the parent's. The native tokenizer stays the one the worker built: the HF tokenizer's
+    arrival does not make it build fastokens' again (~1.3 CPU-s per worker, at its first decomposed text)."""
     import pickle
 
     parent = Encoder(qwen_tokenizer, get_profile("qwen2-vl", max_pixels=64 * 28 * 28))
@@ -237,10 +238,13 @@ def test_worker_builds_the_hf_tokenizer_only_for_a_text_that_needs_it(qwen_token
     for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
         assert_same(got, want)
     assert "backend" not in vars(view) and worker.path_counts()["tokens:fastokens"] > 0
+    native = worker._fastokens.native()
+    assert native is not None
     examples = [p for p in parse_all(_records(NFC_EXAMPLE), image_root) if isinstance(p, Example)]
     for got, want in zip(worker.encode_batch(examples), parent.encode_batch(examples), strict=True):
         assert_same(got, want)
     assert "backend" in vars(view) and worker.path_counts()["labels:offsets"] > 0
+    assert worker._fastokens.native() is native
 
 
 # ---------------------------------------------------------------- from_tiktoken's construction (``tiktoken_spec``)
