@@ -19,6 +19,7 @@ CPU seconds are the whole process tree's (a local Ray's processes included).
     python scripts/bench_build.py --records 50000 --rss-only --breakdown   # CPU by process and phase
     python scripts/bench_build.py --records 200000 --shape text --profile text --rss-only   # tiny text records
     python scripts/bench_build.py --records 50000 --profile gemma3 --profile-option do_pan_and_scan=true
+    python scripts/bench_build.py --records 50000 --profile text --shape text-chat --decomposed 0.01 --rss-only
 
 ``--base DIR``: another checkout (``git archive REV | tar -x -C DIR``) built beside this one, the two alternated
 for ``--rounds`` pairs in fresh output directories, each tree warmed once on 3,000 records first (numba's cache;
@@ -77,10 +78,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 
-def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str = "chat") -> None:
+def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str = "chat",
+                decomposed: float = 0.0) -> None:
     """bench_build's chats (above), with ``shape="text-chat"`` the same chats without their images (a text chat
     build: ``--profile text``), or with ``shape="text"`` bench_build_memory's tiny ``{"text": ...}`` records
-    (2-40 words each: issue 32's text corpus, built with ``--profile text``)."""
+    (2-40 words each: issue 32's text corpus, built with ``--profile text``). ``decomposed``: that share of the
+    chats has accents written decomposed (not NFC) at the end of its first message, the same chats otherwise."""
     if shape == "text":
         import bench_build_memory
 
@@ -94,8 +97,10 @@ def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str 
     def text(n_sent: int) -> str:
         return " ".join(sentences[i] for i in rng.integers(0, len(sentences), size=max(1, n_sent)))
 
+    marked = np.random.default_rng(seed + 1).random(records) < decomposed  # its own stream: the chats stay the same
+
     with open(path, "w") as f:
-        for _ in range(records):
+        for r in range(records):
             turns = int(rng.integers(1, 5))
             size = rng.lognormal(np.log(4), 0.9)  # sentences per answer: median 4, long tail
             msgs = []
@@ -104,6 +109,12 @@ def make_corpus(path: Path, coco: Path, records: int, seed: int = 0, shape: str 
                 if t == 0 and rng.random() < 0.3 and shape == "chat":
                     q = [{"type": "image", "image": images[int(rng.integers(len(images)))]}, {"type": "text", "text": q}]
                 msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": text(int(size))}]
+            if marked[r]:  # NFC rewrites these: the HF tokenizer encodes the text (packer/encode/fastokens_bpe.py)
+                first = msgs[0]["content"]
+                if isinstance(first, list):
+                    first[-1]["text"] += " Cafe\u0301 na\u0308ive."
+                else:
+                    msgs[0]["content"] = first + " Cafe\u0301 na\u0308ive."
             rec: dict = {"messages": msgs}
             if rng.random() < 0.1:  # a caption tree: shared prefix, 3 branches
                 rec = {"messages": msgs[:1], "branches": [[{"role": "assistant", "content": text(int(size))}]
@@ -676,7 +687,7 @@ def against(base: Path, corpus: Path, args: argparse.Namespace, tmp: Path) -> di
         if not (c / "tokenizers").exists():
             (c / "tokenizers").symlink_to(cache_dir() / "tokenizers")
     warm = tmp / "warm.jsonl"
-    make_corpus(warm, args.coco, 3000, shape=args.shape)
+    make_corpus(warm, args.coco, 3000, shape=args.shape, decomposed=args.decomposed)
     for name, script in scripts.items():  # numba compiles into each tree's cache once; each keeps its encoder
         packer_build(warm, tmp / f"warm-{name}", args.num_proc, profile=args.profile, script=script,
                      cache=caches[name])
@@ -764,6 +775,9 @@ def main() -> None:
     ap.add_argument("--shape", choices=("chat", "text-chat", "text"), default="chat", help="the corpus: bench_build's "
                     "chats, the same chats without images (text-chat), or "
                     "tiny text records (bench_build_memory's; build them with --profile text)")
+    ap.add_argument("--decomposed", type=float, default=0.0, metavar="SHARE",
+                    help="chat shapes: this share of the records (e.g. 0.01) ends its first message with accents "
+                         "written decomposed (not NFC), which the HF tokenizer encodes")
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -792,7 +806,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.records:
             corpus = Path(tmp) / f"corpus-{n}.jsonl"
-            make_corpus(corpus, args.coco, n, shape=args.shape)
+            make_corpus(corpus, args.coco, n, shape=args.shape, decomposed=args.decomposed)
             print(f"\n{n:,} records ({corpus.stat().st_size / 2**20:.0f} MiB JSONL)")
             builds = {}
             if args.base:
