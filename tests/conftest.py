@@ -24,6 +24,16 @@ COCO = SHARED / "data" / "coco-mini"
 HISTOGRAMS = SHARED / "data" / "length-histograms"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to start without the shared data: hundreds of tests read the COCO sample (many at import, through
+    ``COCO``), and each would fail on its own way to an empty folder ("need at least one array to concatenate")."""
+    if not any((COCO / "train2017").glob("*.jpg")) or not HISTOGRAMS.is_dir():
+        raise pytest.UsageError(
+            f"the shared test data is missing: {COCO}/train2017/*.jpg and {HISTOGRAMS}/ are needed. Put the shared/ "
+            f"folder beside the repository (shared/data/coco-mini, shared/data/length-histograms) or set "
+            f"PACKER_SHARED to it (now {SHARED})")
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     if not SHARED.is_dir():
