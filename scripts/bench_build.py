@@ -784,6 +784,8 @@ def main() -> None:
     ap.add_argument("--child", nargs=5, metavar=("CORPUS", "OUT", "NUM_PROC", "EXECUTOR", "PROFILE"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not 0 <= args.decomposed <= 1 or (args.decomposed and args.shape == "text"):
+        ap.error("--decomposed is a share in [0, 1] of a chat shape's records (--shape chat or text-chat)")
     sys.path.insert(0, str(REPO))
     if args.budgets:
         os.environ["BENCH_BUILD_BUDGETS"] = "1"  # read by each build's child process
