@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import Any
 
 import numpy as np
 
@@ -153,10 +154,18 @@ def _labels(ctx: EncodeContext, ids: np.ndarray, starts: list[int], texts: list[
         ctx.paths["labels:offsets"] += len(rest)
     for k in rest:
         a, b = starts[k], starts[k + 1]
-        encoding = encodings[k] if view.token_bytes is None else view.encoding(texts[k])
+        encoding = encodings[k] if view.token_bytes is None else _hf_encoding(encodings, k)
+        if encoding is None:
+            encoding = view.encoding(texts[k])
         labels[a:b] = loss_labels(ids[a:b], spans[k], is_special=view.is_special,
                                   boundaries=offset_boundaries(ids[a:b], encoding, texts[k]))
     return labels
+
+
+def _hf_encoding(encodings: Any, k: int) -> Any:
+    """Text ``k``'s Encoding where the HF tokenizer gave one with offsets in a fastokens batch (``Flat.hf``), else
+    None (the text is encoded again for its offsets)."""
+    return encodings.hf.get(k) if isinstance(encodings, tuple) and encodings.hf else None
 
 
 def text_draft(ctx: EncodeContext, tokens: Tokens, k: int) -> Draft:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -250,8 +249,8 @@ class Encoder:
         return out
 
     def _tokenize(self, texts: list[str]) -> list | Flat:
-        """Each text's tokens: all ids flat from fastokens (``Flat``), or per text its ids (a list, from
-        fastokens) or its tokenizers.Encoding from the HF tokenizer."""
+        """Each text's tokens: all ids flat where fastokens applies (``Flat``: the texts it leaves to the HF tokenizer
+        spliced in), else each text's tokenizers.Encoding from the HF tokenizer."""
         view = self.context.tokens
         if self._fastokens is None:
             self.paths["tokens:hf"] += len(texts)
@@ -261,10 +260,11 @@ class Encoder:
         if not rest:
             return flat
         self.paths["tokens:hf"] += len(rest)
-        out: list = [flat.ids[a:b].tolist() for a, b in pairwise(flat.starts)]
-        for k, encoding in zip(rest, view.tokenize([texts[k] for k in rest], offsets=False), strict=True):
-            out[k] = encoding
-        return out
+        # where fastokens encodes, a text it leaves is one NFC rewrites (or not valid Unicode): its labels need the
+        # offsets, kept in ``Flat.hf``; where it failed its probe it leaves every text, whose labels the byte
+        # lengths give as before
+        offsets = self._fastokens.native() is not None
+        return flat.with_texts(rest, view.tokenize([texts[k] for k in rest], offsets=offsets), offsets=offsets)
 
     # ------------------------------------------------------------------ the stages after tokens
 

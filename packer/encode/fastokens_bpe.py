@@ -71,6 +71,24 @@ class Flat(NamedTuple):
     """(T,) int32 ids of every text."""
     starts: list[int]
     """(N+1,) where each text's ids start (and the last ends)."""
+    hf: dict[int, Any] | None = None
+    """Text k -> the HF tokenizer's tokenizers.Encoding of it, offsets included, where the HF tokenizer encoded it
+    with them (``with_texts``): its labels read those offsets instead of encoding it again."""
+
+    def with_texts(self, where: list[int], encodings: list[Any], *, offsets: bool) -> Flat:
+        """This batch with the texts ``where`` (increasing, each an empty span here: left to the HF tokenizer)
+        given the HF tokenizer's ``encodings``: still one flat array, so that a few such texts keep their batch on
+        the batch path; ``offsets``: the encodings hold them, and are kept (``hf``)."""
+        pieces, at, sizes = [], 0, []
+        for k, encoding in zip(where, encodings, strict=True):
+            ids = encoding.ids  # a new list at each access
+            pieces += [self.ids[at:self.starts[k]], np.asarray(ids, dtype=np.int32)]
+            sizes.append(len(ids))
+            at = self.starts[k]
+        lengths = np.diff(np.asarray(self.starts, dtype=np.int64))
+        lengths[where] = sizes
+        return Flat(np.concatenate([*pieces, self.ids[at:]]), [0, *np.cumsum(lengths).tolist()],
+                    dict(zip(where, encodings, strict=True)) if offsets else None)
 
 
 class FastokensBPE:

@@ -81,7 +81,7 @@ def flat_ids(encodings: Any) -> tuple[np.ndarray, list[int]]:
         encodings' ids [5, 6, 7], [8, 9]  ->  ids [5, 6, 7, 8, 9], starts [0, 3, 5]
     """
     if isinstance(encodings, tuple):  # a Flat: one engine call gave the whole batch flat
-        return encodings
+        return encodings.ids, encodings.starts
     lists = [e if isinstance(e, list) else e.ids for e in encodings]
     starts = [0, *accumulate(map(len, lists))]
     return np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=starts[-1]), starts

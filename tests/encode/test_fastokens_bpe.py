@@ -195,6 +195,43 @@ def test_build_records_equal_general_path(qwen_tokenizer, image_root, text):
     assert (counts["tokens:fastokens"] > 0 and counts["tokens:hf"] == 0) or not nfc, counts
 
 
+def test_the_hf_tokenizers_texts_are_spliced_into_the_flat_batch(qwen_tokenizer):
+    """``Flat.with_texts``: the texts fastokens leaves (decomposed: first, inside, last) take their HF ids in their
+    places, the batch's ids are the HF tokenizer's of every text, and the encodings are kept for their offsets."""
+    backend = qwen_tokenizer.backend_tokenizer
+    texts = [NFC_EXAMPLE, "one two", NFC_EXAMPLE + " three", "", "four five six", "x " + NFC_EXAMPLE]
+    engine = FastokensBPE.of(backend)
+    flat, rest = engine.encode(texts)
+    assert rest == [0, 2, 5]
+    hf = backend.encode_batch([texts[k] for k in rest], add_special_tokens=False)
+    spliced = flat.with_texts(rest, hf, offsets=True)
+    want = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    assert spliced.ids.dtype == np.int32 and len(spliced.starts) == len(texts) + 1
+    assert [spliced.ids[a:b].tolist() for a, b in pairwise(spliced.starts)] == want
+    assert sorted(spliced.hf) == rest and spliced.hf[2].offsets == hf[1].offsets
+    assert flat.with_texts(rest, hf, offsets=False).hf is None
+
+
+def test_a_text_the_hf_tokenizer_encodes_is_encoded_once(qwen_tokenizer, image_root, monkeypatch):
+    """A decomposed text in a fastokens batch: its labels read the offsets of the HF tokenizer's one encode of it
+    (``Flat.hf``) instead of encoding it again, and every record equals the general path's."""
+    from packer.encode.context import TokenizerView
+
+    encoder = Encoder(qwen_tokenizer, get_profile("qwen2-vl", max_pixels=64 * 28 * 28))
+    examples = [p for p in parse_all(_records(NFC_EXAMPLE) + _records("plain words"), image_root)
+                if isinstance(p, Example)]
+    want = one_by_one(general(encoder), examples)
+
+    def again(self, text):
+        raise AssertionError(f"encoded again for its offsets: {text!r}")
+
+    monkeypatch.setattr(TokenizerView, "encoding", again)
+    for got, one in zip(encoder.encode_batch(examples), want, strict=True):
+        assert_same(got, one)
+    counts = encoder.path_counts()
+    assert counts["tokens:hf"] > 0 and counts["tokens:fastokens"] > 0 and counts["labels:offsets"] > 0, counts
+
+
 @pytest.mark.slow
 def test_tool_calls_and_videos_equal_general_path(image_root, tmp_path):
     """Tool calls (qwen2.5's template) and videos (qwen2.5-vl), NFC-rewritten text too: the engine's ids and labels
