@@ -34,8 +34,9 @@ from packer.shards.io import write_text_atomic
 from packer.shards.schema import EXAMPLE_SCHEMA
 from packer.shards.store import ObjectPath, write_atomic
 
-CACHE_FORMAT = 2
-"""The chunk files' layout (``EXAMPLE_SCHEMA``): 2 stores mRoPE positions as the shards do (runs, bases, rest per
+CACHE_FORMAT = 3
+"""The chunk files' layout (``EXAMPLE_SCHEMA``): 3 stores labels and 1-D positions only where they cannot be
+derived (``shards.derived``: ``label_runs``), 2 stores mRoPE positions as the shards do (runs, bases, rest per
 example), 1 (no ``format`` in the encode mark) stored them dense. In every encode fingerprint, so a build never
 reuses another format's cache (it encodes again); ``packer repack`` refuses one, saying to rebuild."""
 

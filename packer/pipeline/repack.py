@@ -61,7 +61,7 @@ def repack(source: str | Path, output: str | Path, *, weights: dict[str, float] 
                           "repack existed, or removed): rebuild it with `packer build`")
     if mark.get("format", 1) != CACHE_FORMAT:
         raise ConfigError(f"{src}/{WORK_DIR}/encode is an encode cache of format {mark.get('format', 1)}, this packer "
-                          f"reads format {CACHE_FORMAT} (mRoPE positions stored as the shards store them): rebuild "
+                          f"reads format {CACHE_FORMAT} (labels and positions stored only where not derivable): rebuild "
                           "it with its `packer build` command (it encodes again), then repack")
     kept = mark.get("keeps_up_to")
     if kept is None and config.max_length != manifest["config"]["max_length"]:

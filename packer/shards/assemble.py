@@ -19,6 +19,7 @@ import pyarrow.ipc as ipc
 
 from packer.core.types import IGNORE_INDEX, Encoded, EncodedAudio, EncodedImage, EncodedVideo
 from packer.errors import ShardError
+from packer.shards import derived
 from packer.shards.mrope import SPARSE_COLUMNS, example_columns, row_columns
 from packer.shards.mrope import dense as dense_positions
 from packer.shards.schema import (
@@ -131,6 +132,7 @@ def encoded_table(encoded: Sequence[Encoded | Row]) -> pa.Table:
     lengths = np.concatenate(lengths_p)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
+    ids = np.concatenate(ids_p).astype(np.int32, copy=False)
     labels = np.concatenate(labels_p)
     loss = np.flatnonzero(labels != IGNORE_INDEX)  # where the loss tokens are: ~10x cheaper than a (T,) cumsum
     num_loss = np.searchsorted(loss, offsets[1:]) - np.searchsorted(loss, offsets[:-1])
@@ -145,10 +147,9 @@ def encoded_table(encoded: Sequence[Encoded | Row]) -> pa.Table:
     columns = {
         "example_id": pa.array([e.example_id for e in encoded], pa.string()),
         "source_name": pa.array([e.source_name for e in encoded], pa.string()),
-        "input_ids": _list(offsets, ids_p, np.int32),
-        "labels": pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels.astype(np.int32, copy=False))),
+        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
+        **_derived_columns(ids, labels, np.concatenate(pos_p), offsets),
         "loss_weights": _optional_list(weights, lengths, np.float32),
-        "position_ids": _list(offsets, pos_p, np.int32),
         **_mrope_columns(encoded, lengths, mrope_p, mrope_n),
         "node_offsets": _list(node_offsets, node_off_p, np.int32),
         "node_parents": _list(node_offsets, node_par_p, np.int32),
@@ -166,6 +167,14 @@ def encoded_table(encoded: Sequence[Encoded | Row]) -> pa.Table:
         "num_audios": pa.array(n_audio.astype(np.int32)),
     }
     return pa.Table.from_arrays([columns[f.name] for f in EXAMPLE_SCHEMA], schema=EXAMPLE_SCHEMA)
+
+
+def _derived_columns(ids: np.ndarray, labels: np.ndarray, positions: np.ndarray, offsets: np.ndarray
+                     ) -> dict[str, pa.Array]:
+    """The cache's ``labels``, ``label_runs`` and ``position_ids`` columns (``derived.compact``)."""
+    parts = derived.compact(ids, labels, positions, offsets)
+    return {name: pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), pa.array(values, pa.int32()))
+            for name, (off, values) in zip(("labels", "label_runs", "position_ids"), parts, strict=True)}
 
 
 def _images(counts: np.ndarray, sources: list[str], data: list[bytes | None], ints: np.ndarray) -> pa.ListArray:
@@ -229,13 +238,24 @@ def encoded_record(enc: Encoded) -> dict[str, Any]:
     mrope = None if enc.mrope_position_ids is None else mrope_values(enc.mrope_position_ids, enc.example_id)
     sparse = {name: None if mrope is None else col[0].as_py() for name, col in example_columns(
         mrope, np.array([enc.num_tokens])).items()}
+    ids, labels, positions = enc.input_ids.tolist(), enc.labels.tolist(), enc.position_ids.tolist()
+    runs: list[int] = []  # the derived rule (``derived``), token by token
+    if all(lab in (IGNORE_INDEX, i) for lab, i in zip(labels, ids, strict=True)):
+        for k, lab in enumerate(labels):
+            if lab != IGNORE_INDEX:
+                if runs and runs[-2] + runs[-1] == k:
+                    runs[-1] += 1
+                else:
+                    runs += [k, 1]
+        labels = []
     return {
         "example_id": enc.example_id,
         "source_name": enc.source_name,
         "input_ids": enc.input_ids,
-        "labels": enc.labels,
+        "labels": labels,
+        "label_runs": runs,
         "loss_weights": enc.loss_weights,
-        "position_ids": enc.position_ids,
+        "position_ids": [] if positions == list(range(len(positions))) else positions,
         **sparse,
         "node_offsets": enc.node_offsets,
         "node_parents": enc.node_parents,
@@ -773,9 +793,16 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
     ex_start_in_row = tok_bounds[:-1] - tok_bounds[pack_bounds[:-1]][pack_of_example]  # (n,)
 
     cols: dict[str, pa.Array] = {}
-    for name in ("input_ids", "labels", "position_ids"):
-        item_off, values = _list_parts(examples.column(name))
-        cols[name] = _regroup(values, item_off, pack_bounds)
+    item_off, values = _list_parts(examples.column("input_ids"))
+    if not np.array_equal(np.diff(item_off), lengths):
+        i = int(np.flatnonzero(np.diff(item_off) != lengths)[0])
+        raise ShardError(f"example {i} has {np.diff(item_off)[i]} input_ids for {lengths[i]} tokens")
+    cols["input_ids"] = _regroup(values, item_off, pack_bounds)
+    labels, positions = derived.expand(item_off, values.to_numpy(zero_copy_only=False),
+                                       *(_list_numpy(examples.column(c)) for c in ("labels", "label_runs",
+                                                                                   "position_ids")))
+    cols["labels"] = _regroup(pa.array(labels), item_off, pack_bounds)
+    cols["position_ids"] = _regroup(pa.array(positions), item_off, pack_bounds)
 
     # cu_seqlens per pack: example start offsets within the row, then the row length.
     row_lengths = np.add.reduceat(lengths, pack_bounds[:-1]) if n else np.zeros(0, np.int64)
@@ -842,7 +869,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
         v = examples.column(name).to_numpy().astype(np.int64)
         return pa.array(np.add.reduceat(v, pack_bounds[:-1]).astype(np.int32) if n else v.astype(np.int32))
 
-    cols["loss_weights"] = _loss_weights(examples, lengths, pack_bounds, pack_of_example)
+    cols["loss_weights"] = _loss_weights(examples, labels, lengths, pack_bounds, pack_of_example)
     cols["num_tokens"] = pa.array(row_lengths.astype(np.int32))
     cols["num_loss_tokens"] = per_pack("num_loss_tokens")
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
@@ -873,18 +900,18 @@ def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarra
     return pa.ListArray.from_arrays(offsets, values, mask=pa.array(mixed))
 
 
-def _loss_weights(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarray,
+def _loss_weights(examples: pa.Table, labels: np.ndarray, lengths: np.ndarray, pack_bounds: np.ndarray,
                   pack_of_example: np.ndarray) -> pa.Array:
     """Per pack, each token's loss weight (0 where no loss), null where every example's are all 1 (null): an
-    unweighted build stays as compact as before. An unweighted example in a weighted pack gets 1 on its labels."""
+    unweighted build stays as compact as before. An unweighted example in a weighted pack gets 1 on its labels
+    (``labels``: (T,) every example's, dense)."""
     P = len(pack_bounds) - 1
     column = examples.column("loss_weights")
     if column.null_count == examples.num_rows:
         return pa.nulls(P, pa.list_(pa.float32()))
     weighted = np.zeros(P, dtype=bool)
     weighted[pack_of_example[~column.is_null().to_numpy(zero_copy_only=False)]] = True  # (P,)
-    item_off, labels = _list_parts(examples.column("labels"))
-    labels = labels.to_numpy()
+    item_off = np.concatenate([[0], np.cumsum(lengths)])
     parts = []
     for i, w in enumerate(column.to_pylist()):
         if weighted[pack_of_example[i]]:

@@ -22,7 +22,8 @@ def copy_ranges(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.
 
 def warm(mrope: bool = False) -> None:
     """numba started and ``copy_ranges`` loaded from its cache for the columns every shard write copies (the
-    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file), and with ``mrope``
+    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file), the derived
+    labels' and positions' passes (``derived_runs``: every chunk's encode and every shard's rows), and with ``mrope``
     (a profile with mRoPE positions) the float32 lists and the encode's ``split_runs`` (``mrope.sparse``) too:
     ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so the workers inherit them instead
     of each paying numba's start (~0.5-0.7 CPU-s quiet; another kernel's first load ~0.1) at their first shard
@@ -35,6 +36,9 @@ def warm(mrope: bool = False) -> None:
         src = np.zeros(1, dtype)
         src.flags.writeable = False
         copy_ranges(src, offsets, np.zeros(1, np.int64), np.zeros(1, dtype), np.array([0, 1], np.int64), index)
+    from packer.shards.derived_runs import warm as warm_derived
+
+    warm_derived()
     if mrope:
         from packer.shards.mrope import sparse
 

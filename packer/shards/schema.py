@@ -174,7 +174,10 @@ EXAMPLE_SCHEMA = pa.schema(
         ("example_id", pa.string()),
         ("source_name", pa.string()),
         ("input_ids", I32_LIST),
+        # labels and 1-D positions only where they cannot be derived (packer.shards.derived; cache format 3):
+        # labels [] = input_ids on the label_runs' spans, -100 elsewhere; position_ids [] = 0 .. L-1
         ("labels", I32_LIST),
+        ("label_runs", I32_LIST),  # 2*S: (start, length) of each loss span where labels is [], else []
         ("loss_weights", F32_LIST),  # L, or null (every loss weight 1)
         ("position_ids", I32_LIST),
         # mRoPE as a shard row stores it (SCHEMA's three columns, example-relative), or null: the write packs

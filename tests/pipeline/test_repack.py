@@ -82,14 +82,17 @@ def test_repack_beyond_what_the_cache_kept_is_refused(images_corpus, tmp_path):
         repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=2048)
     with pytest.raises(ConfigError, match="profile decide the encoded examples"):
         repack(tmp_path / "out", tmp_path / "new", progress=False, profile="text")
-    # a cache of an older format (dense mRoPE positions, no ``format`` in its mark) is refused: rebuild it
+    # a cache of an older format is refused: rebuild it (1: dense mRoPE positions, no ``format`` in its mark;
+    # 2: labels and positions of every example stored)
     mark_path = tmp_path / "out" / ".packer" / "encode" / "fingerprint.json"
     mark = json.loads(mark_path.read_text())
-    assert mark["format"] == CACHE_FORMAT == 2
-    mark_path.write_text(json.dumps({k: v for k, v in mark.items() if k != "format"}))
-    with pytest.raises(ConfigError, match=r"an encode cache of format 1, this packer reads format 2 .*: rebuild it "
-                                          r"with its `packer build` command"):
-        repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=512)
+    assert mark["format"] == CACHE_FORMAT == 3
+    for older in (None, 2):
+        mark_path.write_text(json.dumps({**{k: v for k, v in mark.items() if k != "format"},
+                                         **({} if older is None else {"format": older})}))
+        with pytest.raises(ConfigError, match=rf"an encode cache of format {older or 1}, this packer reads format 3 "
+                                              r".*: rebuild it with its `packer build` command"):
+            repack(tmp_path / "out", tmp_path / "new", progress=False, max_length=512)
     assert not (tmp_path / "new").exists()
 
 

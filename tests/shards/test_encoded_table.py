@@ -11,8 +11,15 @@ import pytest
 from packer.core.types import Encoded, EncodedVideo
 from packer.errors import ShardError
 from packer.models import get_profile
-from packer.shards import assemble
-from packer.shards.assemble import assemble_packs, encoded_record, encoded_table, learn_layouts, take_rows
+from packer.shards import assemble, derived
+from packer.shards.assemble import (
+    assemble_packs,
+    encoded_record,
+    encoded_table,
+    learn_layouts,
+    list_column,
+    take_rows,
+)
 from packer.shards.mrope import dense_row
 from packer.shards.schema import EXAMPLE_SCHEMA
 from tests.helpers import random_example
@@ -48,6 +55,13 @@ def _examples(seed: int, mrope: str) -> list[Encoded]:
     return out
 
 
+def _spans(labels: np.ndarray) -> list[tuple[int, int]]:
+    """The loss spans of one example's labels: (start, end) of each stretch of labels other than -100."""
+    loss = np.concatenate([[False], labels != -100, [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(loss))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
 @pytest.mark.parametrize("mrope", ["none", "mixed"])
 @pytest.mark.parametrize("seed", range(12))
 def test_encoded_table_holds_the_examples(seed, mrope):
@@ -55,9 +69,17 @@ def test_encoded_table_holds_the_examples(seed, mrope):
     examples = _examples(seed, mrope)
     table = encoded_table(examples)
     assert table.schema == EXAMPLE_SCHEMA
-    for e, row in zip(examples, table.to_pylist(), strict=True):
-        for name in ("input_ids", "labels", "position_ids", "node_offsets", "node_parents"):
+    off = np.concatenate([[0], np.cumsum([e.num_tokens for e in examples])])
+    labels, positions = derived.expand(off, np.concatenate([e.input_ids for e in examples]),
+                                       *(list_column(table, c) for c in ("labels", "label_runs", "position_ids")))
+    for i, (e, row) in enumerate(zip(examples, table.to_pylist(), strict=True)):
+        for name in ("input_ids", "node_offsets", "node_parents"):
             assert row[name] == getattr(e, name).tolist(), name
+        # labels and positions stored only where not derivable, given back by the rule
+        assert labels[off[i] : off[i + 1]].tolist() == e.labels.tolist()
+        assert positions[off[i] : off[i + 1]].tolist() == e.position_ids.tolist()
+        assert (row["position_ids"] == []) == (e.position_ids.tolist() == list(range(e.num_tokens)))
+        assert row["labels"] == [] and len(row["label_runs"]) == 2 * len(_spans(e.labels))
         if e.mrope_position_ids is None:
             assert row["mrope_runs"] is row["mrope_bases"] is row["mrope_rest"] is None
         else:  # stored as a shard row stores them (example-relative): the rule gives back every value
@@ -79,13 +101,17 @@ def _ipc(table: pa.Table) -> bytes:
 @pytest.mark.parametrize("seed", range(8))
 def test_encoded_table_equals_the_per_record_reference(seed):
     """The column-by-column table equals ``from_pylist`` of each example's ``encoded_record``, down to the
-    encode cache's IPC bytes: loss weights on some rows (null on others), mRoPE on some, on all, or on none."""
+    encode cache's IPC bytes: loss weights on some rows (null on others), mRoPE on some, on all, or on none,
+    labels that are not their tokens on some (kept in full), tree positions on some (kept in full)."""
     rng = np.random.default_rng(seed)
     for mrope in ("none", "mixed"):
         examples = _examples(seed, mrope)
         for e in examples:
             if rng.random() < 0.4:
                 e.loss_weights = rng.choice(np.array([0, 0.5, 1, 2], np.float32), e.num_tokens)
+            if rng.random() < 0.3:  # a label that is not its token: the example keeps every label
+                e.labels = e.labels.copy()
+                e.labels[int(rng.integers(e.num_tokens))] = e.input_ids.max() + 1
             if mrope == "mixed" and rng.random() < 0.3:
                 e.mrope_position_ids = None if seed % 2 else e.mrope_position_ids.astype(np.float32) + 0.5
         want = pa.Table.from_pylist([encoded_record(e) for e in examples], schema=EXAMPLE_SCHEMA)
