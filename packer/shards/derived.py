@@ -2,7 +2,7 @@
 
 Most examples' labels are their own token ids on a few spans (the assistant turns) and -100 elsewhere, and their
 positions count 0, 1, ... L-1. Writing those twice more beside ``input_ids`` tripled the bytes every chunk file,
-exchange map output and gather moves (docs/benchmarks.md, "Derived columns"). So an example of the cache holds
+exchange map output and gather moves (docs/benchmarks.md, "Build throughput", session 21). So an example holds
 
     labels       []    where its labels are ``input_ids`` on the spans of ``label_runs`` and -100 elsewhere,
                  else its L labels (``label_runs`` then empty)
