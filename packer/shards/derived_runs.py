@@ -112,8 +112,6 @@ def fill_derived(tok_off: np.ndarray, ids: np.ndarray, lab_off: np.ndarray, lab:
     return -1
 
 
-
-
 def warm() -> None:
     """Both passes loaded from numba's cache (``gather.warm``, before a pool forks), for the signatures the build
     calls them with."""
