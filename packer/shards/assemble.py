@@ -869,7 +869,7 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
         v = examples.column(name).to_numpy().astype(np.int64)
         return pa.array(np.add.reduceat(v, pack_bounds[:-1]).astype(np.int32) if n else v.astype(np.int32))
 
-    cols["loss_weights"] = _loss_weights(examples, labels, lengths, pack_bounds, pack_of_example)
+    cols["loss_weights"] = _loss_weights(examples, labels, tok_bounds, pack_bounds, pack_of_example)
     cols["num_tokens"] = pa.array(row_lengths.astype(np.int32))
     cols["num_loss_tokens"] = per_pack("num_loss_tokens")
     cols["num_vision_tokens"] = per_pack("num_vision_tokens")
@@ -900,23 +900,23 @@ def _seq_lengths(examples: pa.Table, lengths: np.ndarray, pack_bounds: np.ndarra
     return pa.ListArray.from_arrays(offsets, values, mask=pa.array(mixed))
 
 
-def _loss_weights(examples: pa.Table, labels: np.ndarray, lengths: np.ndarray, pack_bounds: np.ndarray,
+def _loss_weights(examples: pa.Table, labels: np.ndarray, tok_bounds: np.ndarray, pack_bounds: np.ndarray,
                   pack_of_example: np.ndarray) -> pa.Array:
     """Per pack, each token's loss weight (0 where no loss), null where every example's are all 1 (null): an
     unweighted build stays as compact as before. An unweighted example in a weighted pack gets 1 on its labels
-    (``labels``: (T,) every example's, dense)."""
+    (``labels``: (T,) every example's, dense; ``tok_bounds``: (n+1,) where each example's tokens start in it)."""
     P = len(pack_bounds) - 1
     column = examples.column("loss_weights")
     if column.null_count == examples.num_rows:
         return pa.nulls(P, pa.list_(pa.float32()))
     weighted = np.zeros(P, dtype=bool)
     weighted[pack_of_example[~column.is_null().to_numpy(zero_copy_only=False)]] = True  # (P,)
-    item_off = np.concatenate([[0], np.cumsum(lengths)])
+    lengths = np.diff(tok_bounds)
     parts = []
     for i, w in enumerate(column.to_pylist()):
         if weighted[pack_of_example[i]]:
             parts.append(np.asarray(w, dtype=np.float32) if w is not None
-                         else (labels[item_off[i] : item_off[i + 1]] != IGNORE_INDEX).astype(np.float32))
+                         else (labels[tok_bounds[i] : tok_bounds[i + 1]] != IGNORE_INDEX).astype(np.float32))
     tokens = np.where(weighted[pack_of_example], lengths, 0)  # (n,) weights written per example
     pack_tokens = np.concatenate([[0], np.cumsum(np.add.reduceat(tokens, pack_bounds[:-1]) if len(tokens) else [])])
     values = np.concatenate(parts) if parts else np.zeros(0, np.float32)
