@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from packer.pipeline.cache import ChunkCounts, EncodeCache, committed_ipc, write
 from packer.pipeline.columns import Columns, length_dtype
 from packer.pipeline.faults import Hooks
 from packer.report.stats import LossSums
+from packer.shards import derived
 from packer.shards.assemble import LAYOUTS_MAX, assemble_packs, encoded_table, take_rows
 from packer.shards.io import sha256_file, shard_name, write_json_atomic, write_shard
 from packer.shards.schema import WORK_DIR
@@ -49,6 +51,8 @@ if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan
     from packer.packing.mixing import Sampled
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
+SLICE_TOKENS = 1 << 20  # tokens a shard's write assembles at a time (``_assembled``)
+_BUFFERS = derived.Buffers()  # this process's dense labels and positions while it writes (``_assembled``)
 
 
 def progress_bar(iterable=None, *, enabled: bool, **kw):
@@ -877,9 +881,30 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         ids = rows.column("example_id").to_pylist()
         ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
         rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
-    packed = assemble_packs(rows, shards.pack_sizes[p0:p1])
-    hooks.at("shard-write", s, table=packed, path=path)
-    entry = write_shard(packed, path, rows_per_row_group=config.rows_per_row_group)
+    slices = _assembled(rows, shards.pack_sizes[p0:p1], config.rows_per_row_group)
+    first = next(slices)
+    hooks.at("shard-write", s, table=first, path=path)
+    entry = write_shard(chain((first,), slices), path, rows_per_row_group=config.rows_per_row_group)
     hooks.at("shard", s)
     write_json_atomic(marker, entry)
     return entry
+
+
+def _assembled(rows: pa.Table, pack_sizes: np.ndarray, rows_per_row_group: int) -> Iterator[pa.Table]:
+    """A shard's rows (``assemble_packs``) slice by slice, each whole row groups of ``SLICE_TOKENS`` tokens or
+    more (the last: what is left), each made once the one before is written: their dense labels and positions
+    in this process's ``_BUFFERS``, not in a new pair of (T,) arrays per shard. The file is the same bytes
+    (``write_shard``)."""
+    bounds = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
+    np.cumsum(pack_sizes, out=bounds[1:])
+    tokens = np.zeros(rows.num_rows + 1, dtype=np.int64)
+    np.cumsum(rows.column("num_tokens").to_numpy(), out=tokens[1:])
+    at = tokens[bounds]  # where each pack's tokens start
+    P, q0 = len(pack_sizes), 0
+    while q0 < P:
+        q1 = min(P, q0 + rows_per_row_group)
+        while q1 < P and at[q1] - at[q0] < SLICE_TOKENS:
+            q1 = min(P, q1 + rows_per_row_group)
+        e0, e1 = int(bounds[q0]), int(bounds[q1])
+        yield assemble_packs(rows.slice(e0, e1 - e0), pack_sizes[q0:q1], buffers=_BUFFERS)
+        q0 = q1

@@ -774,13 +774,15 @@ def _regroup(values: pa.Array, item_offsets: np.ndarray, pack_bounds: np.ndarray
     return pa.ListArray.from_arrays(pa.array(item_offsets[pack_bounds], pa.int32()), values)
 
 
-def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: bool = False) -> pa.Table:
+def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: bool = False,
+                   buffers: derived.Buffers | None = None) -> pa.Table:
     """Build shard rows (``SCHEMA``: what a shard stores) from examples already ordered pack by pack.
 
     ``examples`` follows EXAMPLE_SCHEMA, ``pack_sizes[p]`` is how many consecutive examples form pack p.
     Example-relative offsets (node starts, parents, image offsets) are shifted to row-relative ones.
     ``dense_mrope``: the rows as readers get them instead (``ROW_SCHEMA``, the dense mRoPE column), for the online
-    packer, whose rows go to the collator without a shard.
+    packer, whose rows go to the collator without a shard. ``buffers``: where the dense labels and positions are
+    made (``derived.Buffers``: the table is then valid only until their next use), else new arrays.
     """
     n = examples.num_rows
     pack_bounds = np.concatenate([[0], np.cumsum(pack_sizes, dtype=np.int64)])  # (P+1,) in examples
@@ -800,7 +802,8 @@ def assemble_packs(examples: pa.Table, pack_sizes: np.ndarray, *, dense_mrope: b
     cols["input_ids"] = _regroup(values, item_off, pack_bounds)
     labels, positions = derived.expand(item_off, values.to_numpy(zero_copy_only=False),
                                        *(_list_numpy(examples.column(c)) for c in ("labels", "label_runs",
-                                                                                   "position_ids")))
+                                                                                   "position_ids")),
+                                       out=None if buffers is None else buffers.pair(int(item_off[-1])))
     cols["labels"] = _regroup(pa.array(labels), item_off, pack_bounds)
     cols["position_ids"] = _regroup(pa.array(positions), item_off, pack_bounds)
 

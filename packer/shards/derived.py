@@ -56,18 +56,38 @@ def _kept(values: np.ndarray, lengths: np.ndarray, kept: np.ndarray) -> tuple[np
 
 
 def expand(tok_off: np.ndarray, ids: np.ndarray, labels: tuple[np.ndarray, np.ndarray],
-           runs: tuple[np.ndarray, np.ndarray], positions: tuple[np.ndarray, np.ndarray]
-           ) -> tuple[np.ndarray, np.ndarray]:
+           runs: tuple[np.ndarray, np.ndarray], positions: tuple[np.ndarray, np.ndarray],
+           out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The dense labels and positions (T,) int32 of examples back to back (``tok_off``: (n+1,) their token
     starts in ``ids``), from their cache columns (each (offsets from 0, values)). ShardError naming the
-    example whose columns do not describe its tokens (a damaged chunk file)."""
+    example whose columns do not describe its tokens (a damaged chunk file). ``out``: two int32 arrays of at
+    least T to write them into (the writer's reused buffers), else new ones."""
     from packer.shards.derived_runs import fill_derived, readonly  # numba: the writer's import only
 
     T = int(tok_off[-1])
-    out_labels = np.empty(T, dtype=np.int32)
-    out_positions = np.empty(T, dtype=np.int32)
+    if out is None:
+        out_labels = np.empty(T, dtype=np.int32)
+        out_positions = np.empty(T, dtype=np.int32)
+    else:
+        out_labels, out_positions = out[0][:T], out[1][:T]
     bad = fill_derived(*readonly(tok_off, ids, *labels, *runs, *positions), out_labels, out_positions)
     if bad >= 0:
         raise ShardError(f"example {bad} has labels, label runs or positions that do not describe its "
                          f"{int(tok_off[bad + 1] - tok_off[bad])} tokens (a damaged encode cache chunk)")
     return out_labels, out_positions
+
+
+class Buffers:
+    """Two int32 arrays a writing process reuses for the dense labels and positions of each slice of rows it
+    assembles (``assemble_packs``' ``buffers``), grown to the largest slice. Made new per shard, they were a
+    fresh (T,) pair of pages every time, faulted in and zeroed by the kernel (docs/benchmarks.md, "Build
+    throughput", session 22); what ``pair`` gives is valid until its next call."""
+
+    def __init__(self) -> None:
+        self._pair: tuple[np.ndarray, np.ndarray] | None = None
+
+    def pair(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two int32 arrays of at least ``n`` (the same two as before where they are long enough)."""
+        if self._pair is None or self._pair[0].shape[0] < n:
+            self._pair = (np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32))
+        return self._pair

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,29 +33,52 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.parquet"
 
 
-def write_shard(table: pa.Table, path: str | Path | ObjectPath, *, rows_per_row_group: int) -> dict[str, Any]:
+def write_shard(tables: pa.Table | Iterable[pa.Table], path: str | Path | ObjectPath, *,
+                rows_per_row_group: int) -> dict[str, Any]:
     """Write one shard atomically (temp name, fsync, rename; on a store: temp object, copy); return its
-    manifest entry."""
-    options = dict(compression="zstd", row_group_size=rows_per_row_group, use_dictionary=["example_sources"],
+    manifest entry. ``tables``: its rows, or their slices in order (``SCHEMA``, each but the last a whole number
+    of row groups: the file's bytes are then the whole table's), each written before the next is made."""
+    if isinstance(tables, pa.Table):
+        tables = (tables,)
+    options = dict(compression="zstd", use_dictionary=["example_sources"],
                    write_statistics=["num_tokens", "num_loss_tokens", "num_vision_tokens"])
     if isinstance(path, ObjectPath):
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, **options)
+        rows = _write_parquet(tables, sink, rows_per_row_group, options)
         data = sink.getvalue().to_pybytes()
         write_atomic(path, data)
-        return {"file": path.name, "rows": table.num_rows, "sha256": hashlib.sha256(data).hexdigest(),
-                "bytes": len(data)}
+        return {"file": path.name, "rows": rows, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        pq.write_table(table, tmp, **options)
+        rows = _write_parquet(tables, tmp, rows_per_row_group, options)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return {"file": path.name, "rows": table.num_rows, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return {"file": path.name, "rows": rows, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def _write_parquet(tables: Iterable[pa.Table], where: Any, rows_per_row_group: int, options: dict[str, Any]) -> int:
+    """``pq.write_table`` of the tables' concatenation (the same bytes where each slice but the last is a whole
+    number of row groups); returns its rows."""
+    rows, writer = 0, None
+    try:
+        for table in tables:
+            if writer is None:
+                writer = pq.ParquetWriter(where, table.schema, **options)
+            elif rows % rows_per_row_group:
+                raise ValueError(f"a shard's slice starts at row {rows}, inside a row group of {rows_per_row_group}")
+            writer.write_table(table, row_group_size=rows_per_row_group)
+            rows += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError("a shard needs rows")
+    return rows
 
 
 def write_json_atomic(path: str | Path | ObjectPath, obj: Any) -> None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from packer.config import BuildConfig, SourceConfig
@@ -16,7 +17,7 @@ from packer.pipeline import stages
 from packer.pipeline.build import build
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
-from packer.shards import assemble
+from packer.shards import assemble, derived
 from tests.pipeline.crash_setup import word_records, word_tokenizer
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -203,3 +204,33 @@ def test_images_go_through_the_exchange_unchanged(coco_images, tmp_path, monkeyp
     build(BuildConfig.from_inputs(["0.jsonl", "1.jsonl"], "out", **opts), progress=False, hooks=hooks)
     assert len(hooks.written) >= 2
     assert _files(tmp_path / "out") == _files(tmp_path / "ref")
+
+
+class FirstSlices(Hooks):
+    """The rows of each shard's first slice (``shard-write``'s table)."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+
+    def at(self, point: str, n: int = 0, **state) -> None:
+        if point == "shard-write":
+            self.rows.append(state["table"].num_rows)
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_shards_written_a_row_group_at_a_time_are_the_same_bytes(corpus, reference, tmp_path, monkeypatch, num_proc):
+    """``SLICE_TOKENS`` 1: each shard's rows assembled and written one row group (2 packs) at a time, the dense
+    labels and positions in the process's reused buffers: the same files as a whole shard at once."""
+    monkeypatch.setattr(stages, "CHUNK_LINES", 4)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 10**9)
+    monkeypatch.setattr(stages, "SLICE_TOKENS", 1)
+    monkeypatch.setattr(stages, "_BUFFERS", derived.Buffers())
+    hooks = FirstSlices()
+    out = tmp_path / "out"
+    build(_config(corpus, out, num_proc=num_proc), progress=False, hooks=hooks,
+          executor=LocalExecutor(num_proc) if num_proc > 1 else None)
+    shards = [pq.ParquetFile(p).metadata for p in sorted(out.glob("shard-*.parquet"))]
+    assert len(shards) > 10 and all(m.num_row_groups == 2 for m in shards[:-1])
+    if num_proc == 1:  # (a pool's hooks count in its workers)
+        assert hooks.rows and max(hooks.rows) == 2  # each shard's first slice: one row group of its 4 packs
+    assert _files(out) == reference

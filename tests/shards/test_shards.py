@@ -84,3 +84,36 @@ def test_open_shards_refuses_unfinished(tmp_path):
     (tmp_path / "shard-00000.parquet").write_bytes(b"")
     with pytest.raises(ShardError, match="did not finish"):
         open_shards(tmp_path)
+
+
+def test_a_shard_written_in_slices_of_whole_row_groups_is_the_same_bytes(tmp_path):
+    """``write_shard`` of a table's slices (each but the last whole row groups) == of the table; a slice that
+    starts inside a row group is refused, and leaves no file."""
+    import pyarrow as pa
+
+    from packer.shards.io import write_shard
+
+    rng = np.random.default_rng(0)
+    lists = [rng.integers(0, 1000, rng.integers(1, 50)).astype(np.int32) for _ in range(23)]
+    table = pa.table({"input_ids": pa.array(lists, pa.list_(pa.int32())),
+                      "num_tokens": pa.array([len(x) for x in lists], pa.int32()),
+                      "example_sources": pa.array([["a"] * (i % 3 + 1) for i in range(23)], pa.list_(pa.string()))})
+    whole = write_shard(table, tmp_path / "whole.parquet", rows_per_row_group=3)
+    parts = write_shard((table.slice(0, 6), table.slice(6, 3), table.slice(9)), tmp_path / "parts.parquet",
+                        rows_per_row_group=3)
+    assert (tmp_path / "whole.parquet").read_bytes() == (tmp_path / "parts.parquet").read_bytes()
+    assert parts["rows"] == whole["rows"] == 23 and parts["sha256"] == whole["sha256"]
+    with pytest.raises(ValueError, match="inside a row group"):
+        write_shard((table.slice(0, 4), table.slice(4)), tmp_path / "bad.parquet", rows_per_row_group=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parts.parquet", "whole.parquet"]
+
+
+def test_buffers_are_reused_until_a_longer_pair_is_asked():
+    from packer.shards.derived import Buffers
+
+    b = Buffers()
+    first = b.pair(10)
+    assert [a.shape for a in first] == [(10,), (10,)] and all(a.dtype == np.int32 for a in first)
+    assert all(x is y for x, y in zip(b.pair(7), first, strict=True))
+    longer = b.pair(11)
+    assert longer[0].shape == (11,) and longer[0] is not first[0]
