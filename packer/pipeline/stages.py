@@ -52,7 +52,6 @@ if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
 SLICE_TOKENS = 1 << 20  # tokens a shard's write assembles at a time (``_assembled``)
-_BUFFERS = derived.Buffers()  # this process's dense labels and positions while it writes (``_assembled``)
 
 
 def progress_bar(iterable=None, *, enabled: bool, **kw):
@@ -893,18 +892,18 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
 def _assembled(rows: pa.Table, pack_sizes: np.ndarray, rows_per_row_group: int) -> Iterator[pa.Table]:
     """A shard's rows (``assemble_packs``) slice by slice, each whole row groups of ``SLICE_TOKENS`` tokens or
     more (the last: what is left), each made once the one before is written: their dense labels and positions
-    in this process's ``_BUFFERS``, not in a new pair of (T,) arrays per shard. The file is the same bytes
-    (``write_shard``)."""
+    in one pair of buffers (``derived.Buffers``) instead of a new (T,) pair for the whole shard. The file is the
+    same bytes (``write_shard``)."""
     bounds = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
     np.cumsum(pack_sizes, out=bounds[1:])
     tokens = np.zeros(rows.num_rows + 1, dtype=np.int64)
     np.cumsum(rows.column("num_tokens").to_numpy(), out=tokens[1:])
     at = tokens[bounds]  # where each pack's tokens start
-    P, q0 = len(pack_sizes), 0
+    P, q0, buffers = len(pack_sizes), 0, derived.Buffers()
     while q0 < P:
         q1 = min(P, q0 + rows_per_row_group)
         while q1 < P and at[q1] - at[q0] < SLICE_TOKENS:
             q1 = min(P, q1 + rows_per_row_group)
         e0, e1 = int(bounds[q0]), int(bounds[q1])
-        yield assemble_packs(rows.slice(e0, e1 - e0), pack_sizes[q0:q1], buffers=_BUFFERS)
+        yield assemble_packs(rows.slice(e0, e1 - e0), pack_sizes[q0:q1], buffers=buffers)
         q0 = q1

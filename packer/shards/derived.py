@@ -78,10 +78,10 @@ def expand(tok_off: np.ndarray, ids: np.ndarray, labels: tuple[np.ndarray, np.nd
 
 
 class Buffers:
-    """Two int32 arrays a writing process reuses for the dense labels and positions of each slice of rows it
-    assembles (``assemble_packs``' ``buffers``), grown to the largest slice. Made new per shard, they were a
-    fresh (T,) pair of pages every time, faulted in and zeroed by the kernel (docs/benchmarks.md, "Build
-    throughput", session 22); what ``pair`` gives is valid until its next call."""
+    """Two int32 arrays a shard's write reuses for the dense labels and positions of each slice of its rows
+    (``assemble_packs``' ``buffers``), grown to the largest slice. A (T,) pair per shard was ~130 MB of fresh
+    pages for a 2,048-pack shard of 8k tokens, each faulted in and zeroed by the kernel (docs/benchmarks.md,
+    "Build throughput", session 22); what ``pair`` gives is valid until its next call."""
 
     def __init__(self) -> None:
         self._pair: tuple[np.ndarray, np.ndarray] | None = None

@@ -17,7 +17,7 @@ from packer.pipeline import stages
 from packer.pipeline.build import build
 from packer.pipeline.faults import Hooks
 from packer.pipeline.local import LocalExecutor
-from packer.shards import assemble, derived
+from packer.shards import assemble
 from tests.pipeline.crash_setup import word_records, word_tokenizer
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -220,11 +220,10 @@ class FirstSlices(Hooks):
 @pytest.mark.parametrize("num_proc", [1, 2])
 def test_shards_written_a_row_group_at_a_time_are_the_same_bytes(corpus, reference, tmp_path, monkeypatch, num_proc):
     """``SLICE_TOKENS`` 1: each shard's rows assembled and written one row group (2 packs) at a time, the dense
-    labels and positions in the process's reused buffers: the same files as a whole shard at once."""
+    labels and positions in one reused pair of buffers: the same files as a whole shard at once."""
     monkeypatch.setattr(stages, "CHUNK_LINES", 4)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 10**9)
     monkeypatch.setattr(stages, "SLICE_TOKENS", 1)
-    monkeypatch.setattr(stages, "_BUFFERS", derived.Buffers())
     hooks = FirstSlices()
     out = tmp_path / "out"
     build(_config(corpus, out, num_proc=num_proc), progress=False, hooks=hooks,
