@@ -16,7 +16,8 @@ POINTS: dict[str, str] = {
     "encode": "n chunks are encoded (the parent, as each chunk's counts arrive in order)",
     "plan": "the plan is made, no shard is written",
     "exchange": "map task n's output is committed (in the process running it; builds of many shards only)",
-    "shard-write": "shard n is about to be written; state: table (the rows), path (where it goes)",
+    "shard-write": "shard n is about to be written; state: table (its first rows: the first slice the write "
+                   "assembles), path (where it goes)",
     "shard": "shard n is renamed into place, its marker is not written",
     "rejects": "rejects.jsonl is written",
     "manifest": "everything but manifest.json is written",
