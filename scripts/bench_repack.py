@@ -169,7 +169,7 @@ def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bo
         ("  their reads + copies (take_rows)", cum("take_rows", "assemble.py", "_exchange_map")),
         ("  their IPC writes (write_ipc_atomic)", cum("write_ipc_atomic", "cache.py", "_exchange_map")),
         ("write: shards (all)", cum("_write_shard", "stages.py")),
-        ("  gather from map outputs (Exchange.take)", cum("take", "stages.py", "_write_shard")),
+        ("  gather from map outputs (Exchange.gather)", cum("take_rows", "assemble.py", "<lambda>")),
         ("  gather from chunk files (EncodeCache.take)", cum("take", "cache.py", "_write_shard")),
         ("  pack assembly (assemble_packs)", cum("assemble_packs", "assemble.py", "_assembled")),
         ("  Parquet encode (ParquetWriter.write_table)", cum("write_table", "parquet", "_write_parquet")),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # numba, which mixing's kernels import, is loaded by the plan
     from packer.packing.mixing import Sampled
 
 CHUNK_LINES = 512  # lines per encode task: small enough to resume finely, large enough to amortize IPC
-SLICE_TOKENS = 1 << 20  # tokens a shard's write assembles at a time (``_assembled``)
+SLICE_TOKENS = 1 << 20  # most tokens a shard's write gathers and assembles at a time (``_assembled``)
 
 
 def progress_bar(iterable=None, *, enabled: bool, **kw):
@@ -690,14 +690,26 @@ class Exchange:
     def take(self, sel: np.ndarray, j: int, *, remember: bool = False) -> pa.Table:
         """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
         from one contiguous section of each map output."""
+        return take_rows(self._files(), self.out_starts, self._where(sel, j), remember=remember)
+
+    def gather(self, sel: np.ndarray, j: int) -> Callable[[int, int], pa.Table]:
+        """``take`` in parts: a function of (a, b) -> ``take(sel)``'s rows a..b, each map output's layout kept
+        from its first visit (``take_rows``' ``remember``: a shard's slices visit the same few files)."""
+        files, where = self._files(), self._where(sel, j)
+        return lambda a, b: take_rows(files, self.out_starts, where[a:b], remember=True)
+
+    def _where(self, sel: np.ndarray, j: int) -> np.ndarray:
+        """Each row's index in the map outputs' concatenation."""
         m = np.searchsorted(self.cache_starts, sel, side="right") - 1  # (k,) map task of each row
         by_map = np.argsort(m, kind="stable")  # the shard's rows map by map, each map's in write order
         ms = m[by_map]
         rank = np.arange(len(ms)) - np.searchsorted(ms, ms)  # k-th row of the shard from map m
         where = np.empty(len(sel), dtype=np.int64)
         where[by_map] = self.out_starts[ms] + self.sections[j][ms] + rank
-        files = [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
-        return take_rows(files, self.out_starts, where, remember=remember)
+        return where
+
+    def _files(self) -> list[Any]:
+        return [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
 
 
 def exchange_dir(cache: EncodeCache) -> Any:
@@ -873,14 +885,13 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
         if sha256_file(path) == entry["sha256"]:
             return entry
     sel = shards.examples[pack_bounds[p0] : pack_bounds[p1]]
-    rows = cache.take(sel, remember=shards.remember) if shards.exchange is None else \
-        shards.exchange.take(sel, j, remember=shards.remember)
+    if shards.exchange is None:  # the chunk files: one gather for the shard (a slice's would visit them all again)
+        rows = cache.take(sel, remember=shards.remember)
+        gather = _rows_slice(rows)
+    else:  # the few map outputs: a gather per slice, their layouts kept from the first
+        gather = shards.exchange.gather(sel, j)
     dup = None if shards.copies is None else shards.copies[pack_bounds[p0] : pack_bounds[p1]]
-    if dup is not None and dup.any():  # up-sampled copies get unique ids: path:line#k
-        ids = rows.column("example_id").to_pylist()
-        ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup.tolist(), strict=True)]
-        rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id", pa.array(ids, pa.string()))
-    slices = _assembled(rows, shards.pack_sizes[p0:p1], config.rows_per_row_group)
+    slices = _assembled(gather, dup, shards.pack_sizes[p0:p1], config)
     first = next(slices)
     hooks.at("shard-write", s, table=first, path=path)
     entry = write_shard(chain((first,), slices), path, rows_per_row_group=config.rows_per_row_group)
@@ -889,21 +900,30 @@ def _write_shard(shards: ShardRange, j: int, p0: int, pack_bounds: np.ndarray, *
     return entry
 
 
-def _assembled(rows: pa.Table, pack_sizes: np.ndarray, rows_per_row_group: int) -> Iterator[pa.Table]:
-    """A shard's rows (``assemble_packs``) slice by slice, each whole row groups of ``SLICE_TOKENS`` tokens or
-    more (the last: what is left), each made once the one before is written: their dense labels and positions
-    in one pair of buffers (``derived.Buffers``) instead of a new (T,) pair for the whole shard. The file is the
-    same bytes (``write_shard``)."""
+def _rows_slice(rows: pa.Table) -> Callable[[int, int], pa.Table]:
+    """A function of (a, b) -> ``rows``' rows a..b (``_assembled``'s ``gather`` of rows gathered already)."""
+    return lambda a, b: rows.slice(a, b - a)
+
+
+def _assembled(gather: Callable[[int, int], pa.Table], dup: np.ndarray | None, pack_sizes: np.ndarray,
+               config: BuildConfig) -> Iterator[pa.Table]:
+    """A shard's rows (``assemble_packs``) slice by slice, each made once the one before is written: whole row
+    groups of at most ``SLICE_TOKENS`` tokens at ``max_length`` a pack (one at least), their examples
+    ``gather(a, b)`` (the shard's examples a..b), their dense labels and positions in one pair of buffers
+    (``derived.Buffers``): no (T,) arrays for the whole shard. The file is the same bytes (``write_shard``).
+    ``dup``: each example's copy number (up-sampled copies get unique ids: path:line#k)."""
+    group = config.rows_per_row_group
+    per = group * max(1, SLICE_TOKENS // (group * config.max_length))  # packs a slice
     bounds = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
     np.cumsum(pack_sizes, out=bounds[1:])
-    tokens = np.zeros(rows.num_rows + 1, dtype=np.int64)
-    np.cumsum(rows.column("num_tokens").to_numpy(), out=tokens[1:])
-    at = tokens[bounds]  # where each pack's tokens start
-    P, q0, buffers = len(pack_sizes), 0, derived.Buffers()
-    while q0 < P:
-        q1 = min(P, q0 + rows_per_row_group)
-        while q1 < P and at[q1] - at[q0] < SLICE_TOKENS:
-            q1 = min(P, q1 + rows_per_row_group)
+    buffers = derived.Buffers()
+    for q0 in range(0, len(pack_sizes), per):
+        q1 = min(len(pack_sizes), q0 + per)
         e0, e1 = int(bounds[q0]), int(bounds[q1])
-        yield assemble_packs(rows.slice(e0, e1 - e0), pack_sizes[q0:q1], buffers=buffers)
-        q0 = q1
+        rows = gather(e0, e1)
+        if dup is not None and dup[e0:e1].any():
+            ids = rows.column("example_id").to_pylist()
+            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup[e0:e1].tolist(), strict=True)]
+            rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id",
+                                   pa.array(ids, pa.string()))
+        yield assemble_packs(rows, pack_sizes[q0:q1], buffers=buffers)

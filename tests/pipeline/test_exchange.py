@@ -206,30 +206,39 @@ def test_images_go_through_the_exchange_unchanged(coco_images, tmp_path, monkeyp
     assert _files(tmp_path / "out") == _files(tmp_path / "ref")
 
 
-class FirstSlices(Hooks):
-    """The rows of each shard's first slice (``shard-write``'s table)."""
+class FirstSlices(Record):
+    """The rows of each shard's first slice (``shard-write``'s table), and the map outputs written."""
 
     def __init__(self):
+        super().__init__()
         self.rows: list[int] = []
 
     def at(self, point: str, n: int = 0, **state) -> None:
+        super().at(point, n, **state)
         if point == "shard-write":
             self.rows.append(state["table"].num_rows)
 
 
-@pytest.mark.parametrize("num_proc", [1, 2])
-def test_shards_written_a_row_group_at_a_time_are_the_same_bytes(corpus, reference, tmp_path, monkeypatch, num_proc):
-    """``SLICE_TOKENS`` 1: each shard's rows assembled and written one row group (2 packs) at a time, the dense
-    labels and positions in one reused pair of buffers: the same files as a whole shard at once."""
-    monkeypatch.setattr(stages, "CHUNK_LINES", 4)
-    monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 10**9)
+@pytest.mark.parametrize(("num_proc", "exchange"), [(1, False), (2, False), (1, True), (2, True)])
+def test_shards_written_a_row_group_at_a_time_are_the_same_bytes(corpus, reference, tmp_path, monkeypatch, num_proc,
+                                                                 exchange):
+    """``SLICE_TOKENS`` 1: each shard's rows gathered (from the map outputs: a gather per slice), assembled and
+    written one row group (2 packs) at a time, the dense labels and positions in one reused pair of buffers: the
+    same files as a whole shard at once."""
+    if exchange:
+        _small(monkeypatch)
+    else:
+        monkeypatch.setattr(stages, "CHUNK_LINES", 4)
+        monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 10**9)
     monkeypatch.setattr(stages, "SLICE_TOKENS", 1)
-    hooks = FirstSlices()
+    hooks = FirstSlices()  # (a pool's count in its workers)
     out = tmp_path / "out"
     build(_config(corpus, out, num_proc=num_proc), progress=False, hooks=hooks,
           executor=LocalExecutor(num_proc) if num_proc > 1 else None)
     shards = [pq.ParquetFile(p).metadata for p in sorted(out.glob("shard-*.parquet"))]
     assert len(shards) > 10 and all(m.num_row_groups == 2 for m in shards[:-1])
-    if num_proc == 1:  # (a pool's hooks count in its workers)
+    if num_proc == 1:
         assert hooks.rows and max(hooks.rows) == 2  # each shard's first slice: one row group of its 4 packs
+        assert bool(hooks.written) == exchange  # the writers read the map outputs (or the chunk files)
     assert _files(out) == reference
+    assert not (out / ".packer" / "exchange").exists()
