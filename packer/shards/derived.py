@@ -79,9 +79,9 @@ def expand(tok_off: np.ndarray, ids: np.ndarray, labels: tuple[np.ndarray, np.nd
 
 class Buffers:
     """Two int32 arrays a shard's write reuses for the dense labels and positions of each slice of its rows
-    (``assemble_packs``' ``buffers``), grown to the largest slice. A (T,) pair per shard was ~130 MB of fresh
-    pages for a 2,048-pack shard of 8k tokens, each faulted in and zeroed by the kernel (docs/benchmarks.md,
-    "Build throughput", session 22); what ``pair`` gives is valid until its next call."""
+    (``assemble_packs``' ``buffers``), grown to the largest slice: a (T,) pair for the whole shard was 8 bytes a
+    token of fresh pages, each faulted in and zeroed by the kernel (docs/benchmarks.md, "Build throughput",
+    session 22). What ``pair`` gives is valid until its next call."""
 
     def __init__(self) -> None:
         self._pair: tuple[np.ndarray, np.ndarray] | None = None
