@@ -7,6 +7,7 @@
     exchange_map       consecutive chunks -> their planned rows in write order             a task (any process)
                        (map_tasks: only for builds of many shards)
     write_shard_range  consecutive shards of the plan -> Parquet files + markers          a task (any process)
+                       (each shard gathered, assembled and written a slice of row groups at a time)
 
 The task stages are idempotent: a committed chunk is not encoded again, a committed map output of the same
 positions is not written again, and a shard whose marker matches its file is not written again, so a resumed build, or an executor that retries a task, redoes only what is
