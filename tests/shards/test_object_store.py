@@ -134,6 +134,21 @@ def test_a_build_on_s3_is_byte_identical_and_reads_back(s3, corpus, tokenizer, l
 
 
 @pytest.mark.slow
+def test_a_build_on_s3_written_a_row_group_at_a_time_is_byte_identical(s3, corpus, tokenizer, local_build,
+                                                                        monkeypatch):
+    """Each shard uploaded from the slices of ``stages._assembled`` (``SLICE_TOKENS`` 1: one row group of 16 packs
+    a slice), written into one in-memory Parquet file: the local build's bytes (its shards one slice each)."""
+    from packer.pipeline import stages
+
+    monkeypatch.setattr(stages, "SLICE_TOKENS", 1)
+    url = "s3://packer/runs/slices"
+    config = BuildConfig.from_inputs([str(corpus)], url, tokenizer=tokenizer,
+                                     storage_options={"endpoint_url": s3["AWS_ENDPOINT_URL"]}, **OPTS)
+    build(config, progress=False)
+    assert _digests(ObjectPath(url)) == _digests(local_build)
+    assert not [k for k in _keys(url) if ".tmp-" in k]
+
+
 def test_an_object_path_pickles_to_a_working_client(s3):
     """What a pool worker, a Ray task or a DataLoader worker receives: the URL and options, its own client."""
     path = ObjectPath("s3://packer/pickled/a.json", {"endpoint_url": s3["AWS_ENDPOINT_URL"]})
