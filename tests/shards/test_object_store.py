@@ -149,6 +149,7 @@ def test_a_build_on_s3_written_a_row_group_at_a_time_is_byte_identical(s3, corpu
     assert not [k for k in _keys(url) if ".tmp-" in k]
 
 
+@pytest.mark.slow
 def test_an_object_path_pickles_to_a_working_client(s3):
     """What a pool worker, a Ray task or a DataLoader worker receives: the URL and options, its own client."""
     path = ObjectPath("s3://packer/pickled/a.json", {"endpoint_url": s3["AWS_ENDPOINT_URL"]})
