@@ -12,6 +12,12 @@ copy repeats an example, a chunk is a different part of the record; verify count
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
 ID_PATTERN = r"^(?P<path>.*):(?P<line>[0-9]+)(?:@(?P<chunk>[0-9]+))?(?:#(?P<copy>[0-9]+))?$"
 """An example id, parsed (Arrow / ``re`` syntax): path, line, optional chunk, optional copy."""
 
@@ -19,6 +25,17 @@ ID_PATTERN = r"^(?P<path>.*):(?P<line>[0-9]+)(?:@(?P<chunk>[0-9]+))?(?:#(?P<copy
 def chunk_id(example_id: str, chunk: int) -> str:
     """``chunk_id("a.jsonl:12", 3) == "a.jsonl:12@3"``: the id of chunk ``chunk`` of a split record."""
     return f"{example_id}@{chunk}"
+
+
+def copy_ids(ids: pa.Array | pa.ChunkedArray, copies: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    """``ids`` (strings) with ``#k`` appended where ``copies[i]`` (each example's copy number) is k > 0: the ids of
+    a shard's up-sampled copies, made by Arrow's kernels (no Python string per example)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    k = pa.array(copies)
+    mark = pc.if_else(pc.equal(k, 0), "", pc.binary_join_element_wise("#", pc.cast(k, pa.string()), ""))
+    return pc.binary_join_element_wise(ids, mark, "")
 
 
 def id_location(example_id: str) -> tuple[str, int]:

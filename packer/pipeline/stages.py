@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer.config import BuildConfig, make_encoder  # noqa: F401 (make_encoder: where callers found it before)
+from packer.core.ids import copy_ids
 from packer.core.location import absolute, parent_of, read_range
 from packer.core.media import BUDGETS
 from packer.errors import ConfigError, RecordError, StorageError
@@ -923,8 +924,6 @@ def _assembled(gather: Callable[[int, int], pa.Table], dup: np.ndarray | None, p
         e0, e1 = int(bounds[q0]), int(bounds[q1])
         rows = gather(e0, e1)
         if dup is not None and dup[e0:e1].any():
-            ids = rows.column("example_id").to_pylist()
-            ids = [i if k == 0 else f"{i}#{k}" for i, k in zip(ids, dup[e0:e1].tolist(), strict=True)]
             rows = rows.set_column(rows.schema.get_field_index("example_id"), "example_id",
-                                   pa.array(ids, pa.string()))
+                                   copy_ids(rows.column("example_id"), dup[e0:e1]))
         yield assemble_packs(rows, pack_sizes[q0:q1], buffers=buffers)
