@@ -16,6 +16,12 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py --profile text --shape text-chat   # text chats (no images)
     python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --repeats 5 --build-only
     python scripts/bench_chunk.py --parse       # the parse phase split: orjson alone, the Example objects alone
+    python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --whole
+
+The phases follow the general path (an Example per record through ``Encoder.encode_batch``). A build takes
+the ``text-chats`` path for its chats of one-text messages (``Encoder.encode_chats``, straight from the lines'
+columns): ``--whole`` times the build's ``stages.encode_chunk`` as it runs, with that path and without it
+(``Encoder(fast=...)`` less ``text-chats``), alternated, the chunk files compared byte for byte.
 """
 
 from __future__ import annotations
@@ -87,6 +93,26 @@ def chunk_phases(chunk, config, encoder, cache: EncodeCache, base_dir: str, t: d
     marks = (t0, t1, t2, t3, t4, t5, t6, t7)
     for k, a, b in zip(t, marks, marks[1:], strict=False):
         t[k] += b - a
+
+
+def whole_chunks(chunks, config, encoders: dict, tmp: str, repeats: int) -> dict[str, float]:
+    """CPU seconds of ``stages.encode_chunk`` over ``chunks`` per encoder (each round a fresh cache, the encoders
+    alternating), best of ``repeats`` after a warm-up round; the encoders' chunk files must be the same bytes."""
+    best: dict[str, float] = {}
+    for r in range(repeats + 1):
+        files = {}
+        for name, encoder in encoders.items():
+            cache = EncodeCache(Path(tmp) / f"whole-{name}-{r}", len(chunks))
+            cache.root.mkdir()
+            t = time.process_time()
+            for chunk in chunks:
+                stages.encode_chunk(chunk, encoder=encoder, cache=cache, config=config, hooks=Hooks())
+            cpu = time.process_time() - t
+            if r:
+                best[name] = min(cpu, best.get(name, cpu))
+            files[name] = [cache.arrow(i).read_bytes() for i in range(len(chunks))]
+        assert len({tuple(f) for f in files.values()}) == 1, "the encoders' chunk files differ"
+    return best
 
 
 def finish_by_kind(chunks, config, encoder, base_dir: str) -> dict[str, tuple[float, int]]:
@@ -185,6 +211,8 @@ def main() -> None:
     ap.add_argument("--parse", action="store_true", help="only the parse phase split, best of --repeats")
     ap.add_argument("--shape", choices=("chat", "text-chat"), default="chat",
                     help="bench_build's chats, or the same without images (a text chat build: --profile text)")
+    ap.add_argument("--whole", action="store_true",
+                    help="only the build's stages.encode_chunk as it runs, with the text-chats path and without it")
     ap.add_argument("--build-only", action="store_true",
                     help="only the build's phases (no build-hf, no baseline): a before/after of the encode, run in "
                          "each tree")
@@ -208,6 +236,13 @@ def main() -> None:
         lines = corpus.read_text().splitlines()
         if args.parse:
             parse_split(chunks, config, tmp, corpus.read_bytes().splitlines(), args.repeats)
+            return
+        if args.whole:
+            general = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"text-chats"})))
+            got = whole_chunks(chunks, config, {"text-chats": encoder, "general": general}, tmp, args.repeats)
+            for name, cpu in got.items():
+                print(f"encode_chunk, {name}: {cpu:.3f} s CPU per {args.records:,} records (best of {args.repeats})")
+            print(f"  text-chats / general: {got['text-chats'] / got['general']:.3f}; chunk files identical")
             return
         if args.by_kind:
             finish_by_kind(chunks, config, encoder, tmp)  # warms the caches (image sizes, BPE)

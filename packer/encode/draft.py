@@ -133,6 +133,15 @@ def batch_tokens(ctx: EncodeContext, staged: list[Staged], texts: list[str], enc
     return Tokens(ids, labels, starts, token_weights)
 
 
+def column_tokens(ctx: EncodeContext, texts: list[str], encodings: list, loss: tuple[np.ndarray, np.ndarray]
+                  ) -> Tokens:
+    """``batch_tokens`` of texts whose loss messages are all given as columns (``Encoder.encode_chats``: linear
+    chats, no message with a ``loss`` of its own): ``loss`` is each one's text and its Span as an (L, 3) row, as
+    ``batch_tokens`` reads a ``LossColumns``."""
+    ids, starts = flat_ids(encodings)
+    return Tokens(ids, _labels(ctx, ids, starts, texts, [[] for _ in texts], encodings, flat=loss), starts)
+
+
 def _labels(ctx: EncodeContext, ids: np.ndarray, starts: list[int], texts: list[str], spans: list[list[Span]],
             encodings: list, *, count: bool = True, flat: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """(T,) labels of the loss messages ``spans`` of every text, and those of ``flat`` (each one's text, its

@@ -27,6 +27,11 @@ says which path each step took (a test proves the general one ran):
 - ``batch-finish``: the batch's common records (a conversation or tree whose images are the placeholder
   repeated, or none; a text record that fits) finished together as columns (finish.py), where ``_finish`` per
   record is the general path; anything it cannot prove identical goes there.
+- ``text-chats`` (with ``python-template``'s ChatML renderer and ``batch-finish``): a build's chats whose every
+  message is one text, linear or with one level of branches, from their JSONL lines' columns to rows
+  (``encode_chats``: ``formats.read.text_chats`` reads them, ``pipeline.stages`` merges their rows with the
+  others'), where an Example, its Messages and a Staged per record through ``encode_batch`` are the general
+  path; tests/encode/test_text_chats.py compares them, chunk file for chunk file.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -46,15 +51,15 @@ from packer.core.tree import tree_position_ids
 from packer.core.types import IGNORE_INDEX, Encoded, Example
 from packer.encode import LONG_DOCS_POLICIES, OVERLONG_POLICIES, lengths, media
 from packer.encode.context import EncodeContext, RunIds, TokenizerView
-from packer.encode.draft import Draft, Tokens, batch_tokens, text_draft, tree_draft
+from packer.encode.draft import Draft, Tokens, batch_tokens, column_tokens, text_draft, tree_draft
 from packer.encode.fastokens_bpe import FastokensBPE, Flat
-from packer.encode.finish import BatchFinish, Row
+from packer.encode.finish import BatchFinish, Row, Rows
 from packer.encode.render import Staged, stage, stage_batch
 from packer.encode.templates import ChatTemplate
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 
-FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "batch-finish")
+FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "batch-finish", "text-chats")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 
@@ -145,7 +150,8 @@ class Encoder:
     def path_counts(self) -> Counter[str]:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
         "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:hf", per text), labels
-        ("labels:byte-lengths", "labels:offsets") and the records ``batch-finish`` finished ("finish:batch")."""
+        ("labels:byte-lengths", "labels:offsets"), the records ``batch-finish`` finished ("finish:batch") and
+        those of them ``text-chats`` finished from columns ("text-chats")."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
     def replace(self, **changes: Any) -> Encoder:
@@ -217,6 +223,34 @@ class Encoder:
         encodings = self._tokenize(texts)
         tokens = batch_tokens(self.context, [s for s in staged if not isinstance(s, RecordError)], texts, encodings)
         return self.finish_batch(examples, staged, tokens, rows=rows)
+
+    def takes_chats(self) -> bool:
+        """Whether ``encode_chats`` finishes any chat (``text-chats``: the ChatML renderer, ``batch-finish``)."""
+        return "text-chats" in self.fast_paths and self._batch_finish is not None and self._chat.renders_chats
+
+    def encode_chats(self, nodes: list[int], counts: list[int], roles: list[str], contents: list[str]
+                     ) -> tuple[Rows | None, np.ndarray, np.ndarray]:
+        """``encode_batch(rows=True)`` of chats whose every message is one text with no ``loss`` of its own, linear
+        or with one level of branches, given as columns (``formats.read.text_chats``: record k has ``nodes[k]``
+        nodes, its root then each branch, node n ``counts[n]`` messages, the next ones of ``roles``, canonical,
+        and ``contents``), without an Example, Message or Staged object each: rendered from the columns
+        (``ChatTemplate.render_chats``), one tokenizer call, the loss rule from the spans' columns, finished as
+        columns (``BatchFinish.chats``). Returns the Rows and, per record finished, its index among the chats
+        and its row there; the others (a role or text the renderer leaves, a branch that does not extend its
+        root's tokens, no loss token, over ``max_length``, a placeholder token written literally) are the
+        caller's to ``encode_batch``, which is the reference (tests/encode/test_text_chats.py). A record it
+        leaves was rendered and tokenized here and is again there (each path counted where it ran)."""
+        empty = np.zeros(0, dtype=np.int64)
+        rendered = self._chat.render_chats(nodes, counts, roles, contents) if self.takes_chats() else None
+        if rendered is None or not rendered.texts:
+            return None, empty, empty
+        texts, loss = rendered.texts, rendered.assistant
+        tokens = column_tokens(self.context, texts, self._tokenize(texts), (rendered.text[loss], rendered.chars[loss]))
+        block, ok = self._batch_finish.chats(tokens, rendered.paths, self.max_length)  # type: ignore[union-attr]
+        rows = np.flatnonzero(ok)
+        self._chat.paths["python"] += int(np.diff(rendered.paths)[rows].sum())
+        self.paths["text-chats"] += int(rows.shape[0])
+        return block, rendered.records[rows], rows
 
     def finish_batch(self, examples: Sequence[Example], staged: Sequence[Staged | RecordError],
                      tokens: Tokens, *, rows: bool = False) -> list[Encoded | Row | list[Encoded] | RecordError]:

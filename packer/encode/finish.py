@@ -359,6 +359,59 @@ class BatchFinish:
         return out
 
 
+    def chats(self, tokens: Tokens, paths: np.ndarray, max_length: int | None) -> tuple[Rows, np.ndarray]:
+        """``rows`` of a batch of text chats (``Encoder.encode_chats``: every message one text, no image or per-token
+        weight to look at): record k's texts are its paths ``paths[k]`` .. ``paths[k + 1] - 1``, its root's first,
+        then its branches' (a linear chat: one), each node the tokens of its path past its root's path. Returns
+        the Rows and (R,) whether each record is one ``rows`` takes: a node of no token, a branch's path that
+        does not start with its root's tokens, a placeholder token (a media-count error), over ``max_length`` or
+        no loss token and it is not (the general path decides it)."""
+        ctx = self.ctx
+        starts = np.asarray(tokens.starts, dtype=np.int64)
+        n_rec, n = paths.shape[0] - 1, starts.shape[0] - 1  # records, and their nodes (one path each)
+        size = np.diff(starts)
+        rec_of = np.repeat(np.arange(n_rec), np.diff(paths))
+        root = paths[:-1][rec_of]  # each node's root (itself for a root)
+        child = np.flatnonzero(root != np.arange(n))
+        skip = np.zeros(n, dtype=np.int64)  # a branch's: its root's path, which its path starts with
+        skip[child] = size[root[child]]
+        seg_len = size - skip
+        ok = np.ones(n_rec, dtype=bool)
+        ok[rec_of[seg_len <= 0]] = False
+        seg_len = np.maximum(seg_len, 0)
+        ids, labels = tokens.ids, tokens.labels
+        if child.shape[0]:  # each branch's path starts with its root's, token for token
+            plen = np.where(seg_len[child] > 0, skip[child], 0)
+            idx = arrays.ranges(plen)
+            diff = ids[np.repeat(starts[child], plen) + idx] != ids[np.repeat(starts[root[child]], plen) + idx]
+            bad = np.zeros(child.shape[0], dtype=bool)
+            np.logical_or.at(bad, np.repeat(np.arange(child.shape[0]), plen), diff)
+            ok[rec_of[child[bad]]] = False
+        node_start = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(seg_len, out=node_start[1:])
+        total = int(node_start[-1])
+        if child.shape[0]:  # each node's segment, back to back
+            gather = np.repeat(starts[:-1] + skip - node_start[:-1], seg_len) + np.arange(total)
+            ids, labels = ids[gather], labels[gather]
+        if self._placeholders:
+            ok[rec_of[np.searchsorted(node_start, np.flatnonzero(ctx.is_placeholder[ids]), side="right") - 1]] = False
+        bounds = node_start[paths]  # (R + 1,) each record's first token
+        labels[bounds[:-1][ok]] = IGNORE_INDEX  # nothing predicts an example's first token
+        loss = np.flatnonzero(labels != IGNORE_INDEX)
+        ok &= np.searchsorted(loss, bounds[1:]) - np.searchsorted(loss, bounds[:-1]) > 0
+        if max_length is not None:
+            ok &= np.diff(bounds) <= max_length
+        parents = np.where(root == np.arange(n), -1, root)
+        positions = tree_position_ids(total, node_start[:-1], parents)
+        # mRoPE of text alone: each token's three positions are its 1-D one (``expected_mrope`` with no image)
+        mrope = None if self.mrope is None else flat_mrope(positions)
+        empty = np.zeros(0, dtype=np.int64)
+        ctx.paths["finish:batch"] += int(ok.sum())
+        block = Rows(ids=ids, labels=labels, positions=positions, mrope=mrope, bounds=bounds, node_start=node_start,
+                     rec_nodes=paths, parents=parents, images=[], img_first=np.zeros(n_rec + 1, dtype=np.int64),
+                     img_offsets=empty, img_tokens=empty, img_grids=empty.reshape(0, 3))
+        return block, ok
+
     def _text_rows(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
                    max_length: int | None, out: list[Row | None]) -> None:
         """The batch's ``text`` records as one ``Rows`` of their own (into ``out``): each is ``text_draft``'s
@@ -481,6 +534,33 @@ class Rows:
             mrope_position_ids=None if self.mrope is None else self.mrope[:, x:y],
             source_name=source_name,
         )
+
+
+def concat_rows(blocks: Sequence[Rows]) -> tuple[Rows, list[int]]:
+    """One Rows holding the records of ``blocks`` back to back (one encoder's: their mRoPE all present or all
+    absent), and each block's first record there: rows of several batches, interleaved, read as one block
+    (``pipeline.stages``: a chunk's text chats and the general path's records in line order)."""
+    tokens, nodes, recs, images = [0], [0], [0], [0]  # each block's first token, node, record, image
+    for b in blocks:
+        tokens.append(tokens[-1] + b.ids.shape[0])
+        nodes.append(nodes[-1] + b.parents.shape[0])
+        recs.append(recs[-1] + b.bounds.shape[0] - 1)
+        images.append(images[-1] + len(b.images))
+
+    def starts(name: str, at: list[int]) -> np.ndarray:  # (n + 1,) offsets of each block, shifted, then the end
+        return np.concatenate([*(getattr(b, name)[:-1] + a for b, a in zip(blocks, at[:-1], strict=True)), [at[-1]]])
+
+    mrope = [b.mrope for b in blocks]
+    return Rows(
+        ids=np.concatenate([b.ids for b in blocks]), labels=np.concatenate([b.labels for b in blocks]),
+        positions=np.concatenate([b.positions for b in blocks]),
+        mrope=None if mrope[0] is None else np.concatenate(mrope, axis=1), bounds=starts("bounds", tokens),
+        node_start=starts("node_start", tokens), rec_nodes=starts("rec_nodes", nodes),
+        parents=np.concatenate([np.where(b.parents >= 0, b.parents + a, -1) for b, a in zip(blocks, nodes[:-1], strict=True)]),
+        images=[im for b in blocks for im in b.images], img_first=starts("img_first", images),
+        img_offsets=np.concatenate([b.img_offsets for b in blocks]), img_tokens=np.concatenate([b.img_tokens for b in blocks]),
+        img_grids=np.concatenate([b.img_grids for b in blocks]),
+    ), recs[:-1]
 
 
 class Row:

@@ -45,6 +45,9 @@ OPEN, CLOSE = "\ue000", "\ue001"  # private-use characters that mark content bou
 _MARKER = re.compile(f"[{OPEN}{CLOSE}]")
 
 Span = tuple[int, int | None, int]
+"""One message in a rendering: (content start, content end, limit), character offsets. The limit is where
+the next message's content starts (the text's end for the last message); content end None means unknown
+(prefix fallback): the message's last special token before the limit ends its loss span."""
 
 
 class SpanColumns:
@@ -59,9 +62,20 @@ class SpanColumns:
 
     def __init__(self, taken: Any, count: Any, chars: Any, assistant: Any, default: Any):
         self.taken, self.count, self.chars, self.assistant, self.default = taken, count, chars, assistant, default
-"""One message in a rendering: (content start, content end, limit), character offsets. The limit is where
-the next message's content starts (the text's end for the last message); content end None means unknown
-(prefix fallback): the message's last special token before the limit ends its loss span."""
+
+
+class RenderedChats:
+    """Text chats rendered from columns (``ChatTemplate.render_chats``): ``texts`` every path of the records
+    rendered, ``records`` (R,) their indices among the chats given, ``paths`` (R + 1,) each one's first path in
+    ``texts`` (its root's; then its branches'), and per message of theirs, back to back: ``text`` (L,) its path
+    (the one of its own node), ``chars`` (L, 3) int64 its Span there (none is None), ``assistant`` (L,) whether it
+    is an assistant turn."""
+
+    __slots__ = ("texts", "records", "paths", "text", "chars", "assistant")
+
+    def __init__(self, texts: list[str], records: Any, paths: Any, text: Any, chars: Any, assistant: Any):
+        self.texts, self.records, self.paths = texts, records, paths
+        self.text, self.chars, self.assistant = text, chars, assistant
 
 
 def compile_template(source: str) -> Any:
@@ -270,6 +284,19 @@ class ChatTemplate:
         if type(self._fast) is not _ChatML:
             return [None] * len(convs), None
         return self._fast.locate_columns(convs)
+
+    @property
+    def renders_chats(self) -> bool:
+        """Whether ``render_chats`` renders (the ChatML renderer is this template's)."""
+        return type(self._fast) is _ChatML
+
+    def render_chats(self, nodes: list[int], counts: list[int], roles: list[str], contents: list[str]
+                     ) -> RenderedChats | None:
+        """Text chats given as columns, rendered by the ChatML renderer (``_ChatML.render_chats``); None for any
+        other renderer (``locate_columns``' rule)."""
+        if type(self._fast) is not _ChatML:
+            return None
+        return self._fast.render_chats(nodes, counts, roles, contents)
 
     def _generation_start(self, conv: list[Message], k: int, text: str, tools: list[dict] | None) -> int:
         """Where message k's content starts in ``text``: the end of the generation prompt after ``conv[:k]``."""
@@ -522,6 +549,79 @@ class _ChatML:
         default[weighted] = False
         return out, SpanColumns(np.asarray(taken, dtype=np.int64), count, np.stack([starts, stops, limits], axis=1),
                                 is_assistant, default)
+
+    def render_chats(self, nodes: list[int], counts: list[int], roles: list[str], contents: list[str]
+                     ) -> RenderedChats:
+        """``locate_columns`` of text chats given as columns (``ChatTemplate.render_chats``): record k has
+        ``nodes[k]`` nodes, its root then each branch (a linear chat: one), node n ``counts[n]`` messages, the
+        next ones of ``roles`` and ``contents``, each one text with no ``loss`` of its own. Each record's paths
+        are rendered (its root's messages, then the root's followed by each branch's, as ``render.stage_batch``
+        lays a one-level tree out), a branch's path as its root's text followed by the branch's turns. A record
+        with a role this template does not write as a plain turn, or a marker in a text, is not rendered."""
+        import numpy as np
+
+        r, n, m = len(nodes), len(counts), len(contents)
+        empty = np.zeros(0, dtype=np.int64)
+        if not r:
+            return RenderedChats([], empty, np.zeros(1, dtype=np.int64), empty, empty.reshape(0, 3), empty.astype(bool))
+        end = "<|im_end|>\n"
+        head_of = {role: self._head(role) for role in set(roles)}
+        heads = list(map(head_of.__getitem__, roles))
+        node_first = np.zeros(n + 1, dtype=np.int64)  # each node's first message (then the last one's end)
+        np.cumsum(counts, out=node_first[1:])
+        rec_first = np.zeros(r + 1, dtype=np.int64)  # each record's first node
+        np.cumsum(nodes, out=rec_first[1:])
+        firsts = node_first[rec_first[:-1]].tolist()  # each record's first message
+        ok = np.ones(r, dtype=bool)
+        if None in head_of.values():
+            bad = np.fromiter((h is None for h in heads), dtype=bool, count=m)
+            ok &= np.add.reduceat(bad, firsts) == 0  # (every record has a message)
+            heads = ["" if h is None else h for h in heads]  # such records are rendered, and dropped
+        lead_system, lead = self.prefix, self.prefix + self.default_system
+        for a in firsts:  # the lead rides on each root's first header
+            heads[a] = (lead_system if roles[a] == "system" else lead) + heads[a]
+        pieces: list[Any] = [None] * (3 * m)  # each message's header, text, tail, back to back
+        pieces[0::3], pieces[1::3], pieces[2::3] = heads, contents, [end] * m
+        join = "".join
+        cut = (3 * node_first).tolist()
+        own = [join(pieces[a:b]) for a, b in zip(cut[:-1], cut[1:], strict=True)]  # each node's own text
+        big = join(contents)
+        if OPEN in big or CLOSE in big:  # a marker in a text (headers hold none): ``locate`` decides the record
+            marked = np.fromiter((OPEN in t or CLOSE in t for t in own), dtype=bool, count=n)
+            ok &= np.add.reduceat(marked, rec_first[:-1].tolist()) == 0
+        if n == r:  # linear chats only: each record's one path is its root's text
+            texts = own if ok.all() else [t for t, x in zip(own, ok.tolist(), strict=True) if x]
+        else:  # a branch's path: its root's text, then its own
+            texts = []
+            for a, b, x in zip(rec_first[:-1].tolist(), rec_first[1:].tolist(), ok.tolist(), strict=True):
+                if x:
+                    root = own[a]
+                    texts.append(root)
+                    texts += [root + t for t in own[a + 1 : b]]
+        lens = np.empty(3 * m, dtype=np.int64)
+        lens[0::3] = np.fromiter(map(len, heads), dtype=np.int64, count=m)
+        lens[1::3] = np.fromiter(map(len, contents), dtype=np.int64, count=m)
+        lens[2::3] = len(end)
+        ends = np.cumsum(lens)  # each piece's end in the batch-long concatenation
+        base = np.concatenate([[0], ends])[3 * node_first]  # each node's start (then the last one's end)
+        node_len = base[1:] - base[:-1]  # each node's own text
+        rec_of_node = np.repeat(np.arange(r), nodes)
+        root_of_node = rec_first[:-1][rec_of_node]
+        at = np.where(np.arange(n) == root_of_node, 0, node_len[root_of_node])  # each node's text in its path's
+        shift = np.repeat(base[:-1] - at, counts)
+        starts = ends[0::3] - shift  # each message's text, inside its path's text
+        stops = ends[1::3] - shift
+        limits = np.empty_like(starts)
+        limits[:-1] = starts[1:]
+        limits[node_first[1:] - 1] = (node_len + at)  # a node's last message's limit: its path's text's end
+        assistant = np.fromiter(map("assistant".__eq__, roles), dtype=bool, count=m)
+        taken = np.repeat(ok, nodes)  # the nodes of the records rendered, each one path (text)
+        path_of = np.cumsum(taken) - 1  # each node's path among ``texts``
+        keep = np.repeat(taken, counts)
+        paths = np.zeros(int(ok.sum()) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(nodes)[ok], out=paths[1:])
+        return RenderedChats(texts, np.flatnonzero(ok), paths, np.repeat(path_of, counts)[keep],
+                             np.stack([starts, stops, limits], axis=1)[keep], assistant[keep])
 
     def locate(self, conv: list[Message]) -> tuple[str, list[Span]] | None:
         """``ChatTemplate.locate`` of ``conv``; None if a text holds a marker character, a message calls

@@ -111,3 +111,46 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
             return None
         append(Message(role, parts))
     return out
+
+
+def text_chat(obj: Any, counts: list[int], roles: list[str], contents: list[str]) -> int:
+    """Where ``parse_plain(obj, ...)`` is a chat whose every message is one text (no part list), append its nodes'
+    message counts (the root's, then each branch's) to ``counts`` and their messages' roles (the canonical names)
+    and texts to ``roles`` and ``contents``, and return how many nodes; else 0, nothing appended
+    (``read.text_chats``: the records ``Encoder.encode_chats`` takes as columns, without an Example or a Message
+    each)."""
+    if type(obj) is not dict:
+        return 0
+    branches = None
+    if len(obj) != 1:  # as parse_plain: an id it checks (not keeps), no key but these
+        rid = obj.get("id")
+        if (rid is not None and not isinstance(rid, (str, int))) or not obj.keys() <= _CHAT_KEYS:
+            return 0
+        branches = obj.get("branches")
+        if branches is not None and type(branches) is not list:
+            return 0
+    items = obj.get("messages")
+    at, nodes = len(roles), len(counts)
+    for node in (items, *branches) if branches else (items,):
+        if type(node) is not list or not node:
+            break
+        for msg in node:
+            try:  # ``_messages``' lookups, which check the types (its comment)
+                if len(msg) != 2:
+                    break
+                role = ROLES[msg["role"]]
+                content = msg["content"]
+            except (KeyError, TypeError):
+                break
+            if type(content) is not str or not content:
+                break
+            roles.append(role)
+            contents.append(content)
+        else:
+            counts.append(len(node))
+            continue
+        break
+    else:
+        return len(counts) - nodes
+    del roles[at:], contents[at:], counts[nodes:]
+    return 0

@@ -17,7 +17,7 @@ from packer.core.types import Example
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
 from packer.formats.files import REJECT_KEY
-from packer.formats.plain import parse_plain
+from packer.formats.plain import parse_plain, text_chat
 
 try:  # JSONL lines at ~2x json's speed (docs/benchmarks.md, "Fast paths"); json alone where it is missing
     import orjson
@@ -86,6 +86,49 @@ def parse_lines(
                              source_name=source_name, columns=columns, audio_in_video=audio_in_video, dataset=dataset)
         except RecordError as e:
             yield e if e.path else e.located(path, line)
+
+
+class TextChats:
+    """A chunk's text chats (``text_chats``) as columns: record k, input line ``lines[k]`` (its bytes ``raws[k]``),
+    has ``nodes[k]`` nodes (its root, then each branch), the next ones of ``counts``, each that many messages, the
+    next ones of ``roles`` (canonical names) and ``contents`` (each a non-empty text)."""
+
+    __slots__ = ("lines", "raws", "nodes", "counts", "roles", "contents")
+
+    def __init__(self) -> None:
+        self.lines: list[int] = []
+        self.raws: list[bytes] = []
+        self.nodes: list[int] = []
+        self.counts: list[int] = []
+        self.roles: list[str] = []
+        self.contents: list[str] = []
+
+
+def text_chats(lines: Iterable[tuple[int, bytes]]) -> tuple[TextChats, list[tuple[int, bytes]]]:
+    """The lines ``parse_lines`` (no ``columns``, no ``dataset``) reads as a chat whose every message is one text,
+    linear or with branches (``formats.plain``'s Example of ``Message(role, [text])``s: ``plain.text_chat``), as
+    columns; and every other non-blank line, in order, for ``parse_lines`` (line 1, a reject line, JSON orjson
+    refuses, any other record). Blank lines are no records, as there."""
+    chats, rest = TextChats(), []
+    if orjson is None:  # pragma: no cover - orjson is a dependency; without it every line is parse_lines'
+        return chats, [(line, raw) for line, raw in lines if raw and not raw.isspace()]
+    counts, roles, contents = chats.counts, chats.roles, chats.contents
+    loads = orjson.loads
+    for line, raw in lines:
+        if not raw or raw.isspace():
+            continue
+        if line != 1 and not raw.startswith(_REJECT_PREFIX):
+            try:
+                n = text_chat(loads(raw), counts, roles, contents)
+            except orjson.JSONDecodeError:
+                n = 0
+            if n:
+                chats.lines.append(line)
+                chats.raws.append(raw)
+                chats.nodes.append(n)
+                continue
+        rest.append((line, raw))
+    return chats, rest
 
 
 def parse_line(

@@ -243,8 +243,10 @@ def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, 
         yield chunk.first_line + i, raw
 
 
-def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator[Any]:
-    """Each record of the chunk parsed: an Example or a RecordError, in line (row) order; blank lines skipped."""
+def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str,
+                   lines: list[tuple[int, bytes]] | None = None) -> Iterator[Any]:
+    """Each record of the chunk parsed: an Example or a RecordError, in line (row) order; blank lines skipped.
+    ``lines``: only these (line, bytes) of a JSONL chunk (``_encode_chunk``: those its text chats left)."""
     from packer.formats import parse_record
     from packer.formats.read import parse_lines
     from packer.formats.tables import row_records
@@ -264,8 +266,8 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str) -> Iterator
             except RecordError as e:
                 yield e if e.path else e.located(chunk.path, row)
         return
-    yield from parse_lines(_read_chunk_lines(chunk, config), path=chunk.path, base_dir=base_dir,
-                           source_name=chunk.source, **options)
+    yield from parse_lines(_read_chunk_lines(chunk, config) if lines is None else lines, path=chunk.path,
+                           base_dir=base_dir, source_name=chunk.source, **options)
 
 
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
@@ -306,10 +308,12 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
     if done is not None:
         return done
     base_dir = parent_of(chunk.path)  # a URL's prefix for an input on a store: media resolve there, not locally
-    parsed: list[Any] = list(_chunk_records(chunk, config, base_dir))  # Example or RecordError, in line order
+    chats, chat_lines, lines = _text_chats(chunk, config, encoder)
+    parsed: list[Any] = list(_chunk_records(chunk, config, base_dir, lines))  # Example or RecordError, in line order
     # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
-    results = iter(encoder.encode_batch([p for p in parsed if not isinstance(p, RecordError)], rows=True))
-    encoded, rejects = [], []
+    examples = [p for p in parsed if not isinstance(p, RecordError)]
+    results = iter(encoder.encode_batch(examples, rows=True) if examples else ())
+    encoded, rejects, at = [], [], []
     for p in parsed:
         result = p if isinstance(p, RecordError) else next(results)
         if isinstance(result, RecordError):
@@ -320,9 +324,54 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
             for one in result if isinstance(result, list) else [result]:
                 one.source_name = chunk.source
                 encoded.append(one)
+                at.append(p.line)
+    if chats:
+        encoded = _in_line_order(chats, chat_lines, encoded, at)
     table = encoded_table(encoded)
     cache.commit(chunk.index, table, rejects, hooks=hooks)
-    return ChunkCounts(records=len(parsed), encoded=table.num_rows, rejected=len(rejects))
+    return ChunkCounts(records=len(parsed) + len(chats), encoded=table.num_rows, rejected=len(rejects))
+
+
+def _in_line_order(chats: list[Any], chat_lines: list[int], encoded: list[Any], at: list[int]) -> list[Any]:
+    """The text chats' rows and the general path's results (``at``: each one's input line), in line order: what
+    the general path gives the whole chunk. Every Row is moved onto one Rows of all their batches
+    (``finish.concat_rows``), so that ``encoded_table`` gathers them in one run, not one per stretch of a batch."""
+    if not encoded:
+        return chats
+    from packer.encode.finish import Row, concat_rows
+
+    blocks = {id(one.block): one.block for one in (chats[0], *encoded) if isinstance(one, Row)}
+    merged, firsts = concat_rows(list(blocks.values()))
+    first = dict(zip(blocks, firsts, strict=True))
+    items = chats + encoded
+    for one in items:
+        if isinstance(one, Row):
+            one.r += first[id(one.block)]
+            one.block = merged
+    return [items[k] for k in np.argsort(np.array(chat_lines + at, dtype=np.int64), kind="stable").tolist()]
+
+
+def _text_chats(chunk: Chunk, config: BuildConfig, encoder: Encoder
+                ) -> tuple[list[Any], list[int], list[tuple[int, bytes]] | None]:
+    """A JSONL chunk's linear text chats finished as columns (``formats.read.text_chats``, ``Encoder.encode_chats``):
+    their Rows and input lines, in line order, and every other line for the general path, in order (None where
+    the encoder has no such path or the source maps its records: ``_chunk_records`` reads the chunk)."""
+    options = config.record_options(chunk.source)
+    if chunk.table or options["dataset"] is not None or options["columns"] or not encoder.takes_chats():
+        return [], [], None
+    from packer.encode.finish import Row
+    from packer.formats.read import text_chats
+
+    chats, rest = text_chats(_read_chunk_lines(chunk, config))
+    block, records, rows = encoder.encode_chats(chats.nodes, chats.counts, chats.roles, chats.contents)
+    lines = chats.lines
+    taken = [lines[k] for k in records.tolist()]
+    if len(taken) < len(lines):  # the chats it left, back among the others in line order
+        left = np.ones(len(lines), dtype=bool)
+        left[records] = False
+        rest = sorted(rest + [(lines[k], chats.raws[k]) for k in np.flatnonzero(left).tolist()])
+    path, source = chunk.path, chunk.source
+    return [Row(block, r, f"{path}:{line}", source) for line, r in zip(taken, rows.tolist(), strict=True)], taken, rest
 
 
 # ---------------------------------------------------------------------------------------------- plan
