@@ -358,7 +358,6 @@ class BatchFinish:
             out[chosen[r]] = Row(block, r, example.example_id, example.source_name)
         return out
 
-
     def chats(self, tokens: Tokens, paths: np.ndarray, max_length: int | None) -> tuple[Rows, np.ndarray]:
         """``rows`` of a batch of text chats (``Encoder.encode_chats``: every message one text, no image or per-token
         weight to look at): record k's texts are its paths ``paths[k]`` .. ``paths[k + 1] - 1``, its root's first,

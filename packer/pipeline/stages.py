@@ -353,9 +353,10 @@ def _in_line_order(chats: list[Any], chat_lines: list[int], encoded: list[Any], 
 
 def _text_chats(chunk: Chunk, config: BuildConfig, encoder: Encoder
                 ) -> tuple[list[Any], list[int], list[tuple[int, bytes]] | None]:
-    """A JSONL chunk's linear text chats finished as columns (``formats.read.text_chats``, ``Encoder.encode_chats``):
-    their Rows and input lines, in line order, and every other line for the general path, in order (None where
-    the encoder has no such path or the source maps its records: ``_chunk_records`` reads the chunk)."""
+    """A JSONL chunk's chats of one-text messages finished as columns (``formats.read.text_chats``,
+    ``Encoder.encode_chats``): their Rows and input lines, in line order, and every other line for the general
+    path, the chats it left among them, in order (None where the encoder has no such path or the source maps its
+    records: ``_chunk_records`` reads the chunk)."""
     options = config.record_options(chunk.source)
     if chunk.table or options["dataset"] is not None or options["columns"] or not encoder.takes_chats():
         return [], [], None
