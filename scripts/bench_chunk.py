@@ -19,9 +19,10 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --whole
 
 The phases follow the general path (an Example per record through ``Encoder.encode_batch``). A build takes
-the ``text-chats`` path for its chats of one-text messages (``Encoder.encode_chats``, straight from the lines'
-columns): ``--whole`` times the build's ``stages.encode_chunk`` as it runs, with that path and without it
-(``Encoder(fast=...)`` less ``text-chats``), alternated, the chunk files compared byte for byte.
+the ``plain-columns`` path for its chats of one-text messages and its text records (``Encoder.encode_chats``,
+``encode_texts``: straight from the lines' columns): ``--whole`` times the build's ``stages.encode_chunk`` as it
+runs, with that path and without it (``Encoder(fast=...)`` less ``plain-columns``), alternated, the chunk files
+compared byte for byte.
 """
 
 from __future__ import annotations
@@ -209,10 +210,10 @@ def main() -> None:
     ap.add_argument("--by-kind", action="store_true", help="only the finish per record kind, best of --repeats")
     ap.add_argument("--profile", default="qwen2-vl", help="the build's profile (its default tokenizer)")
     ap.add_argument("--parse", action="store_true", help="only the parse phase split, best of --repeats")
-    ap.add_argument("--shape", choices=("chat", "text-chat"), default="chat",
-                    help="bench_build's chats, or the same without images (a text chat build: --profile text)")
+    ap.add_argument("--shape", choices=("chat", "text-chat", "text"), default="chat",
+                    help="bench_build's chats, the same without images (a text chat build: --profile text), or tiny text records")
     ap.add_argument("--whole", action="store_true",
-                    help="only the build's stages.encode_chunk as it runs, with the text-chats path and without it")
+                    help="only the build's stages.encode_chunk as it runs, with the plain-columns path and without it")
     ap.add_argument("--build-only", action="store_true",
                     help="only the build's phases (no build-hf, no baseline): a before/after of the encode, run in "
                          "each tree")
@@ -238,11 +239,11 @@ def main() -> None:
             parse_split(chunks, config, tmp, corpus.read_bytes().splitlines(), args.repeats)
             return
         if args.whole:
-            general = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"text-chats"})))
-            got = whole_chunks(chunks, config, {"text-chats": encoder, "general": general}, tmp, args.repeats)
+            general = pickle.loads(pickle.dumps(made.replace(fast=set(FAST_PATHS) - {"plain-columns"})))
+            got = whole_chunks(chunks, config, {"plain-columns": encoder, "general": general}, tmp, args.repeats)
             for name, cpu in got.items():
                 print(f"encode_chunk, {name}: {cpu:.3f} s CPU per {args.records:,} records (best of {args.repeats})")
-            print(f"  text-chats / general: {got['text-chats'] / got['general']:.3f}; chunk files identical")
+            print(f"  plain-columns / general: {got['plain-columns'] / got['general']:.3f}; chunk files identical")
             return
         if args.by_kind:
             finish_by_kind(chunks, config, encoder, tmp)  # warms the caches (image sizes, BPE)

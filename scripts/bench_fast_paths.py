@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO))
 
 import bench_build  # noqa: E402
 
-ENCODER_PATHS = ("python-template", "byte-lengths", "batch-finish", "text-chats")  # packer.encode.encoder.FAST_PATHS
+ENCODER_PATHS = ("python-template", "byte-lengths", "batch-finish", "plain-columns")  # packer.encode.encoder.FAST_PATHS
 _ENV, _MARKS_ENV = "PACKER_BENCH_GENERAL", "PACKER_BENCH_MARKS"
 _marked: set[str] = set()
 
@@ -150,8 +150,8 @@ GENERAL: dict[str, tuple[str, Callable[[], list[tuple[Any, str, Any]]] | None]] 
                      "per text from character offsets", None),
     "batch-finish": ("encode/finish.py: the batch's chats and trees finished as columns, not one record at a time by "
                      "Encoder._finish", None),
-    "text-chats": ("encode/encoder.py encode_chats: a chunk's chats of one-text messages from their lines' columns, not "
-                   "an Example per record through encode_batch", None),
+    "plain-columns": ("encode/encoder.py encode_chats / encode_texts: a chunk's chats of one-text messages and text "
+                      "records from their lines' columns, not an Example per record through encode_batch", None),
     "mrope-scalars": ("models/shared/mrope.py mrope_position_ids on Python scalars", _general_mrope),
     "scalar-layout": ("core/tree.py check_layout of one example: scalar rules, not layout_faults",
                       _general_layout_check),
@@ -382,7 +382,7 @@ def encode_stage(args: argparse.Namespace, variants: list[str]) -> None:
         print(f"uptime: {_uptime()}")
         taken = {p.name.split(".")[0] for p in Path(tmp).iterdir() if "." in p.name and not p.name.endswith(".jsonl")}
     missing = [v for v in variants if v not in ENCODER_PATHS and v not in taken]
-    key = dict(zip(ENCODER_PATHS, ("render:python", "labels:byte-lengths", "finish:batch", "text-chats"), strict=True))
+    key = dict(zip(ENCODER_PATHS, ("render:python", "labels:byte-lengths", "finish:batch", "plain-columns"), strict=True))
     missing += [v for v in variants if v in ENCODER_PATHS and encoders[v].path_counts()[key[v]]]
     if missing:
         raise SystemExit(f"these variants did not take their general path: {missing}")

@@ -27,11 +27,12 @@ says which path each step took (a test proves the general one ran):
 - ``batch-finish``: the batch's common records (a conversation or tree whose images are the placeholder
   repeated, or none; a text record that fits) finished together as columns (finish.py), where ``_finish`` per
   record is the general path; anything it cannot prove identical goes there.
-- ``text-chats`` (with ``python-template``'s ChatML renderer and ``batch-finish``): a build's chats whose every
-  message is one text, linear or with one level of branches, from their JSONL lines' columns to rows
-  (``encode_chats``: ``formats.read.text_chats`` reads them, ``pipeline.stages`` merges their rows with the
-  others'), where an Example, its Messages and a Staged per record through ``encode_batch`` are the general
-  path; tests/encode/test_text_chats.py compares them, chunk file for chunk file.
+- ``plain-columns`` (with ``batch-finish``): a build's plain records from their JSONL lines' columns to rows,
+  chats whose every message is one text, linear or with one level of branches (``encode_chats``, with
+  ``python-template``'s ChatML renderer), and ``text`` records (``encode_texts``); ``formats.read.text_chats``
+  reads them, ``pipeline.stages`` merges their rows with the others'. The general path: an Example (its
+  Messages) and a Staged per record through ``encode_batch``; tests/encode/test_plain_columns.py compares them,
+  chunk file for chunk file.
 
 Not a switch: one tokenizer call per batch (the build passes a 512-line chunk) serves both paths.
 
@@ -56,10 +57,11 @@ from packer.encode.fastokens_bpe import FastokensBPE, Flat
 from packer.encode.finish import BatchFinish, Row, Rows
 from packer.encode.render import Staged, stage, stage_batch
 from packer.encode.templates import ChatTemplate
+from packer.encode.tokenize import flat_ids
 from packer.errors import ConfigError, RecordError
 from packer.models.base import ModelProfile
 
-FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "batch-finish", "text-chats")
+FAST_PATHS = ("python-template", "byte-lengths", "fastokens", "batch-finish", "plain-columns")
 """The encoder's fast paths by name (module docstring); ``Encoder(fast=...)`` picks them."""
 
 
@@ -151,7 +153,7 @@ class Encoder:
         """Which path each step took since this encoder was made: rendering ("render:python", "render:jinja",
         "render:jinja+prefixes"), tokens ("tokens:fastokens", "tokens:hf", per text), labels
         ("labels:byte-lengths", "labels:offsets"), the records ``batch-finish`` finished ("finish:batch") and
-        those of them ``text-chats`` finished from columns ("text-chats")."""
+        those of them ``plain-columns`` finished from columns ("plain-columns": chats and text records)."""
         return Counter({f"render:{k}": v for k, v in self._chat.paths.items()}) + self.paths
 
     def replace(self, **changes: Any) -> Encoder:
@@ -225,8 +227,26 @@ class Encoder:
         return self.finish_batch(examples, staged, tokens, rows=rows)
 
     def takes_chats(self) -> bool:
-        """Whether ``encode_chats`` finishes any chat (``text-chats``: the ChatML renderer, ``batch-finish``)."""
-        return "text-chats" in self.fast_paths and self._batch_finish is not None and self._chat.renders_chats
+        """Whether ``encode_chats`` finishes any chat (``plain-columns``: the ChatML renderer, ``batch-finish``)."""
+        return self.takes_texts() and self._chat.renders_chats
+
+    def takes_texts(self) -> bool:
+        """Whether ``encode_texts`` finishes any text record (``plain-columns``, ``batch-finish``)."""
+        return "plain-columns" in self.fast_paths and self._batch_finish is not None
+
+    def encode_texts(self, docs: list[str]) -> tuple[Rows | None, np.ndarray]:
+        """``encode_batch(rows=True)`` of ``text`` records given as their texts (``formats.read.text_chats``), no
+        Example or Staged each: one tokenizer call, ``BatchFinish.texts``. Returns the Rows and the rows
+        finished (record k's row is k); the others (over ``max_length``, fewer than 2 tokens, a placeholder token
+        written literally) are the caller's to ``encode_batch``, which is the reference."""
+        empty = np.zeros(0, dtype=np.int64)
+        if not docs or not self.takes_texts():
+            return None, empty
+        ids, starts = flat_ids(self._tokenize(docs))
+        block, ok = self._batch_finish.texts(ids, starts, self.max_length)  # type: ignore[union-attr]
+        rows = np.flatnonzero(ok) if block is not None else empty
+        self.paths["plain-columns"] += int(rows.shape[0])
+        return block, rows
 
     def encode_chats(self, nodes: list[int], counts: list[int], roles: list[str], contents: list[str]
                      ) -> tuple[Rows | None, np.ndarray, np.ndarray]:
@@ -238,7 +258,7 @@ class Encoder:
         columns (``BatchFinish.chats``). Returns the Rows and, per record finished, its index among the chats
         and its row there; the others (a role or text the renderer leaves, a branch that does not extend its
         root's tokens, no loss token, over ``max_length``, a placeholder token written literally) are the
-        caller's to ``encode_batch``, which is the reference (tests/encode/test_text_chats.py). A record it
+        caller's to ``encode_batch``, which is the reference (tests/encode/test_plain_columns.py). A record it
         leaves was rendered and tokenized here and is again there (each path counted where it ran)."""
         empty = np.zeros(0, dtype=np.int64)
         rendered = self._chat.render_chats(nodes, counts, roles, contents) if self.takes_chats() else None
@@ -249,7 +269,7 @@ class Encoder:
         block, ok = self._batch_finish.chats(tokens, rendered.paths, self.max_length)  # type: ignore[union-attr]
         rows = np.flatnonzero(ok)
         self._chat.paths["python"] += int(np.diff(rendered.paths)[rows].sum())
-        self.paths["text-chats"] += int(rows.shape[0])
+        self.paths["plain-columns"] += int(rows.shape[0])
         return block, rendered.records[rows], rows
 
     def finish_batch(self, examples: Sequence[Example], staged: Sequence[Staged | RecordError],

@@ -413,21 +413,36 @@ class BatchFinish:
 
     def _text_rows(self, examples: Sequence[Example], staged: Sequence[Staged], tokens: Tokens,
                    max_length: int | None, out: list[Row | None]) -> None:
-        """The batch's ``text`` records as one ``Rows`` of their own (into ``out``): each is ``text_draft``'s
-        [bos] + its text's tokens + eos, loss on every token but the first, positions 0..L-1 (mRoPE's three
-        rows equal to them). Left to the general path: a record holding a media token literally, one over
-        ``max_length`` (its length policy) and one of fewer than 2 tokens (no loss token)."""
-        ctx = self.ctx
+        """The batch's ``text`` records as one ``Rows`` of their own (into ``out``): ``texts`` of their texts."""
         chosen = [i for i, e in enumerate(examples) if e.kind == "text"]
         if not chosen:
             return
-        starts = np.asarray(tokens.starts, dtype=np.int64)
         k = np.fromiter((staged[i].first for i in chosen), dtype=np.int64, count=len(chosen))
+        block, ok = self.texts(tokens.ids, tokens.starts, max_length, k)
+        if block is None:
+            return
+        for r in np.flatnonzero(ok).tolist():
+            example = examples[chosen[r]]
+            out[chosen[r]] = Row(block, r, example.example_id, example.source_name)
+
+    def texts(self, flat: np.ndarray, text_starts: list[int], max_length: int | None, k: np.ndarray | None = None
+              ) -> tuple[Rows | None, np.ndarray]:
+        """``text`` records, texts ``k`` (default: every one) of a batch's tokens (``flat``, text j's from
+        ``text_starts[j]``), as one ``Rows`` of their own: each is
+        ``text_draft``'s [bos] + its text's tokens + eos, loss on every token but the first, positions 0..L-1
+        (mRoPE's three rows equal to them); and (R,) whether each is taken. Left to the general path: a record
+        holding a media token literally, one over ``max_length`` (its length policy) and one of fewer than 2
+        tokens (no loss token). None for the Rows where none is taken."""
+        ctx = self.ctx
+        starts = np.asarray(text_starts, dtype=np.int64)
+        if k is None:
+            k = np.arange(starts.shape[0] - 1)
         lo, body = starts[k], starts[k + 1] - starts[k]
         bos, eos = ctx.tokens.bos_id, ctx.tokens.eos_id
         head, tail = int(bos is not None), int(eos is not None)
         length = body + head + tail
-        bounds = np.zeros(len(chosen) + 1, dtype=np.int64)
+        n = k.shape[0]
+        bounds = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(length, out=bounds[1:])
         total = int(bounds[-1])
         first = bounds[:-1]
@@ -440,30 +455,26 @@ class BatchFinish:
             ids[bounds[1:] - 1] = eos
             keep[bounds[1:] - 1] = False
         at = np.flatnonzero(keep)
-        ids[at] = tokens.ids[at + np.repeat(lo - first - head, body)]
-        rec = np.repeat(np.arange(len(chosen)), length)
+        ids[at] = flat[at + np.repeat(lo - first - head, body)]
+        rec = np.repeat(np.arange(n), length)
         ok = length >= 2
         if max_length is not None:
             ok &= length <= max_length
         if self._placeholders:  # a media token written literally: the general path raises it
             ok[rec[ctx.is_placeholder[ids]]] = False
         if not ok.any():
-            return
+            return None, ok
         labels = ids.copy()
         labels[first] = IGNORE_INDEX  # nothing predicts an example's first token
         positions = (np.arange(total, dtype=np.int64) - np.repeat(first, length)).astype(np.int32)
         mrope = None if self.mrope is None else flat_mrope(positions)
         empty = np.zeros(0, dtype=np.int64)
         block = Rows(ids=ids, labels=labels, positions=positions, mrope=mrope, bounds=bounds, node_start=bounds,
-                     rec_nodes=np.arange(len(chosen) + 1, dtype=np.int64),
-                     parents=np.full(len(chosen), -1, dtype=np.int64), images=[],
-                     img_first=np.zeros(len(chosen) + 1, dtype=np.int64), img_offsets=empty, img_tokens=empty,
+                     rec_nodes=np.arange(n + 1, dtype=np.int64), parents=np.full(n, -1, dtype=np.int64), images=[],
+                     img_first=np.zeros(n + 1, dtype=np.int64), img_offsets=empty, img_tokens=empty,
                      img_grids=empty.reshape(0, 3))
-        sel = np.flatnonzero(ok).tolist()
-        ctx.paths["finish:batch"] += len(sel)
-        for r in sel:
-            example = examples[chosen[r]]
-            out[chosen[r]] = Row(block, r, example.example_id, example.source_name)
+        ctx.paths["finish:batch"] += int(ok.sum())
+        return block, ok
 
 
 class Rows:

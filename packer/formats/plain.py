@@ -154,3 +154,17 @@ def text_chat(obj: Any, counts: list[int], roles: list[str], contents: list[str]
         return len(counts) - nodes
     del roles[at:], contents[at:], counts[nodes:]
     return 0
+
+
+def plain_text(obj: Any) -> str | None:
+    """The text where ``parse_plain(obj, ...)`` is a ``text`` record (``{"text"}``, maybe with an id), else None
+    (``read.text_chats``: the records ``Encoder.encode_texts`` takes as columns)."""
+    if type(obj) is not dict:
+        return None
+    if len(obj) != 1:
+        rid = obj.get("id")
+        if (rid is not None and not isinstance(rid, (str, int))) or not obj.keys() <= _TEXT_KEYS:
+            return None
+    text = obj.get("text")
+    return text if type(text) is str and text else None
+

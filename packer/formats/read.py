@@ -17,7 +17,7 @@ from packer.core.types import Example
 from packer.errors import ConfigError, RecordError
 from packer.formats import parse_record
 from packer.formats.files import REJECT_KEY
-from packer.formats.plain import parse_plain, text_chat
+from packer.formats.plain import parse_plain, plain_text, text_chat
 
 try:  # JSONL lines at ~2x json's speed (docs/benchmarks.md, "Fast paths"); json alone where it is missing
     import orjson
@@ -89,11 +89,12 @@ def parse_lines(
 
 
 class TextChats:
-    """A chunk's text chats (``text_chats``) as columns: record k, input line ``lines[k]`` (its bytes ``raws[k]``),
-    has ``nodes[k]`` nodes (its root, then each branch), the next ones of ``counts``, each that many messages, the
-    next ones of ``roles`` (canonical names) and ``contents`` (each a non-empty text)."""
+    """A chunk's text chats and text records (``text_chats``) as columns. Chat k, input line ``lines[k]`` (its
+    bytes ``raws[k]``), has ``nodes[k]`` nodes (its root, then each branch), the next ones of ``counts``, each
+    that many messages, the next ones of ``roles`` (canonical names) and ``contents`` (each a non-empty text).
+    Text record j, input line ``doc_lines[j]`` (its bytes ``doc_raws[j]``), is ``docs[j]``."""
 
-    __slots__ = ("lines", "raws", "nodes", "counts", "roles", "contents")
+    __slots__ = ("lines", "raws", "nodes", "counts", "roles", "contents", "doc_lines", "doc_raws", "docs")
 
     def __init__(self) -> None:
         self.lines: list[int] = []
@@ -102,13 +103,17 @@ class TextChats:
         self.counts: list[int] = []
         self.roles: list[str] = []
         self.contents: list[str] = []
+        self.doc_lines: list[int] = []
+        self.doc_raws: list[bytes] = []
+        self.docs: list[str] = []
 
 
 def text_chats(lines: Iterable[tuple[int, bytes]]) -> tuple[TextChats, list[tuple[int, bytes]]]:
     """The lines ``parse_lines`` (no ``columns``, no ``dataset``) reads as a chat whose every message is one text,
-    linear or with branches (``formats.plain``'s Example of ``Message(role, [text])``s: ``plain.text_chat``), as
-    columns; and every other non-blank line, in order, for ``parse_lines`` (line 1, a reject line, JSON orjson
-    refuses, any other record). Blank lines are no records, as there."""
+    linear or with branches (``formats.plain``'s Example of ``Message(role, [text])``s: ``plain.text_chat``), or
+    as a ``text`` record (``plain.plain_text``), as columns; and every other non-blank line, in order, for
+    ``parse_lines`` (line 1, a reject line, JSON orjson refuses, any other record). Blank lines are no records,
+    as there."""
     chats, rest = TextChats(), []
     if orjson is None:  # pragma: no cover - orjson is a dependency; without it every line is parse_lines'
         return chats, [(line, raw) for line, raw in lines if raw and not raw.isspace()]
@@ -119,13 +124,21 @@ def text_chats(lines: Iterable[tuple[int, bytes]]) -> tuple[TextChats, list[tupl
             continue
         if line != 1 and not raw.startswith(_REJECT_PREFIX):
             try:
-                n = text_chat(loads(raw), counts, roles, contents)
+                obj = loads(raw)
             except orjson.JSONDecodeError:
-                n = 0
+                rest.append((line, raw))
+                continue
+            n = text_chat(obj, counts, roles, contents)
             if n:
                 chats.lines.append(line)
                 chats.raws.append(raw)
                 chats.nodes.append(n)
+                continue
+            doc = plain_text(obj)
+            if doc is not None:
+                chats.doc_lines.append(line)
+                chats.doc_raws.append(raw)
+                chats.docs.append(doc)
                 continue
         rest.append((line, raw))
     return chats, rest

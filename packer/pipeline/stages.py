@@ -308,7 +308,7 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
     if done is not None:
         return done
     base_dir = parent_of(chunk.path)  # a URL's prefix for an input on a store: media resolve there, not locally
-    chats, chat_lines, lines = _text_chats(chunk, config, encoder)
+    taken, taken_lines, lines = _plain_columns(chunk, config, encoder)
     parsed: list[Any] = list(_chunk_records(chunk, config, base_dir, lines))  # Example or RecordError, in line order
     # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     examples = [p for p in parsed if not isinstance(p, RecordError)]
@@ -325,54 +325,63 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
                 one.source_name = chunk.source
                 encoded.append(one)
                 at.append(p.line)
-    if chats:
-        encoded = _in_line_order(chats, chat_lines, encoded, at)
+    if taken:
+        encoded = _in_line_order(taken + encoded, taken_lines + at)
     table = encoded_table(encoded)
     cache.commit(chunk.index, table, rejects, hooks=hooks)
-    return ChunkCounts(records=len(parsed) + len(chats), encoded=table.num_rows, rejected=len(rejects))
+    return ChunkCounts(records=len(parsed) + len(taken), encoded=table.num_rows, rejected=len(rejects))
 
 
-def _in_line_order(chats: list[Any], chat_lines: list[int], encoded: list[Any], at: list[int]) -> list[Any]:
-    """The text chats' rows and the general path's results (``at``: each one's input line), in line order: what
-    the general path gives the whole chunk. Every Row is moved onto one Rows of all their batches
-    (``finish.concat_rows``), so that ``encoded_table`` gathers them in one run, not one per stretch of a batch."""
-    if not encoded:
-        return chats
+def _in_line_order(items: list[Any], lines: list[int]) -> list[Any]:
+    """A chunk's rows (``items``: Rows of the plain-columns path's and the general path's batches, Encodeds;
+    ``lines``: each one's input line) in line order, what the general path gives the whole chunk, every Row moved
+    onto one Rows of all their batches (``finish.concat_rows``): ``encoded_table`` gathers them in one run, not
+    one per stretch of a batch."""
     from packer.encode.finish import Row, concat_rows
 
-    blocks = {id(one.block): one.block for one in (chats[0], *encoded) if isinstance(one, Row)}
-    merged, firsts = concat_rows(list(blocks.values()))
-    first = dict(zip(blocks, firsts, strict=True))
-    items = chats + encoded
-    for one in items:
-        if isinstance(one, Row):
-            one.r += first[id(one.block)]
-            one.block = merged
-    return [items[k] for k in np.argsort(np.array(chat_lines + at, dtype=np.int64), kind="stable").tolist()]
+    blocks = {id(one.block): one.block for one in items if isinstance(one, Row)}
+    if len(blocks) > 1:
+        merged, firsts = concat_rows(list(blocks.values()))
+        first = dict(zip(blocks, firsts, strict=True))
+        for one in items:
+            if isinstance(one, Row):
+                one.r += first[id(one.block)]
+                one.block = merged
+    order = np.array(lines, dtype=np.int64)
+    if (order[1:] >= order[:-1]).all():
+        return items
+    return [items[k] for k in np.argsort(order, kind="stable").tolist()]
 
 
-def _text_chats(chunk: Chunk, config: BuildConfig, encoder: Encoder
-                ) -> tuple[list[Any], list[int], list[tuple[int, bytes]] | None]:
-    """A JSONL chunk's chats of one-text messages finished as columns (``formats.read.text_chats``,
-    ``Encoder.encode_chats``): their Rows and input lines, in line order, and every other line for the general
-    path, the chats it left among them, in order (None where the encoder has no such path or the source maps its
-    records: ``_chunk_records`` reads the chunk)."""
+def _plain_columns(chunk: Chunk, config: BuildConfig, encoder: Encoder
+                   ) -> tuple[list[Any], list[int], list[tuple[int, bytes]] | None]:
+    """A JSONL chunk's plain records finished as columns (``formats.read.text_chats``: chats of one-text messages
+    by ``Encoder.encode_chats``, text records by ``Encoder.encode_texts``): their Rows and input lines, and every
+    other line for the general path, the records those left among them, in order (None where the encoder has no
+    such path or the source maps its records: ``_chunk_records`` reads the chunk)."""
     options = config.record_options(chunk.source)
-    if chunk.table or options["dataset"] is not None or options["columns"] or not encoder.takes_chats():
+    if chunk.table or options["dataset"] is not None or options["columns"] or not encoder.takes_texts():
         return [], [], None
     from packer.encode.finish import Row
     from packer.formats.read import text_chats
 
-    chats, rest = text_chats(_read_chunk_lines(chunk, config))
-    block, records, rows = encoder.encode_chats(chats.nodes, chats.counts, chats.roles, chats.contents)
-    lines = chats.lines
-    taken = [lines[k] for k in records.tolist()]
-    if len(taken) < len(lines):  # the chats it left, back among the others in line order
-        left = np.ones(len(lines), dtype=bool)
-        left[records] = False
-        rest = sorted(rest + [(lines[k], chats.raws[k]) for k in np.flatnonzero(left).tolist()])
+    cols, rest = text_chats(_read_chunk_lines(chunk, config))
+    block, records, rows = encoder.encode_chats(cols.nodes, cols.counts, cols.roles, cols.contents)
+    docs, doc_rows = encoder.encode_texts(cols.docs)
     path, source = chunk.path, chunk.source
-    return [Row(block, r, f"{path}:{line}", source) for line, r in zip(taken, rows.tolist(), strict=True)], taken, rest
+    taken: list[Any] = []
+    lines: list[int] = []
+    for blk, recs, rs, at, raws in ((block, records, rows, cols.lines, cols.raws),
+                                    (docs, doc_rows, doc_rows, cols.doc_lines, cols.doc_raws)):
+        done = [at[k] for k in recs.tolist()]
+        taken += [Row(blk, r, f"{path}:{line}", source) for line, r in zip(done, rs.tolist(), strict=True)]
+        lines += done
+        if len(done) < len(at):  # the records it left, back among the others
+            left = np.ones(len(at), dtype=bool)
+            left[recs] = False
+            rest += [(at[k], raws[k]) for k in np.flatnonzero(left).tolist()]
+    rest.sort()
+    return taken, lines, rest
 
 
 # ---------------------------------------------------------------------------------------------- plan

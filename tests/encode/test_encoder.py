@@ -605,7 +605,7 @@ def test_fast_false_runs_only_the_general_paths(tok, image_root):
     assert all(general_taken[k] > 0 for k in ("render:jinja", "labels:offsets", "tokens:hf")), general_taken
     keys = {"python-template": "render:python", "byte-lengths": "labels:byte-lengths", "fastokens": "tokens:fastokens",
             "batch-finish": "finish:batch"}
-    assert set(keys) == set(FAST_PATHS) - {"text-chats"}  # (lines, not Examples: tests/encode/test_text_chats.py)
+    assert set(keys) == set(FAST_PATHS) - {"plain-columns"}  # (lines, not Examples: tests/encode/test_plain_columns.py)
     for name in keys:
         names = {name, "byte-lengths"} if name == "fastokens" else {name}  # an engine's boundaries: byte lengths
         one = Encoder(tok, profile, fast=names)

@@ -1,8 +1,9 @@
-"""The ``text-chats`` fast path (a chunk's text chats from their JSONL lines to rows as columns) against the
+"""The ``plain-columns`` fast path (a chunk's plain records from their JSONL lines to rows as columns) against the
 general path it must equal: ``formats.read.text_chats`` takes exactly the lines ``parse_lines`` reads as a chat
-whose every message is one text (linear or one level of branches), with the same messages; ``Encoder.encode_chats``
-gives each record it finishes the Encoded ``encode_batch`` gives it; and ``stages.encode_chunk`` with the path
-writes the same chunk file, rejects and counts as without it. Random chunks mix such chats with roles a template
+whose every message is one text (linear or one level of branches), with the same messages, or as a text record,
+with the same text; ``Encoder.encode_chats`` and ``encode_texts`` give each record they finish the Encoded
+``encode_batch`` gives it; and ``stages.encode_chunk`` with the path writes the same chunk file, rejects and
+counts as without it. Random chunks mix such chats with roles a template
 writes otherwise, special-token and marker text, images, text records, ids, branches of every shape, bad JSON,
 blank lines and line 1, under ChatML templates with and without a default system prompt, a prefix and mRoPE."""
 
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.config import BuildConfig
-from packer.core.types import Example
+from packer.core.types import Example, Node
 from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.finish import Row
 from packer.encode.templates import CLOSE, OPEN
@@ -27,6 +28,18 @@ from packer.pipeline import stages
 from packer.pipeline.cache import EncodeCache
 from packer.pipeline.faults import Hooks
 from tests.encode.helpers import assert_same, builtin, nonempty, text
+
+_GENERAL: dict[int, Encoder] = {}  # each module encoder without the path (made once: a native tokenizer each)
+_PER_RECORD: dict[int, Encoder] = {}
+
+
+def _per_record(encoder: Encoder) -> Encoder:
+    """``encoder`` finishing every record by ``Encoder._finish`` (no ``batch-finish``, which this path reuses):
+    the reference, made once per encoder."""
+    if id(encoder) not in _PER_RECORD:
+        _PER_RECORD[id(encoder)] = encoder.replace(fast=set(FAST_PATHS) - {"batch-finish", "plain-columns"})
+    return _PER_RECORD[id(encoder)]
+
 
 _ROLE = st.sampled_from(["user", "assistant", "user", "assistant", "system", "human", "gpt", "tool", "narrator"])
 _CONTENT = st.one_of(nonempty, nonempty, nonempty, nonempty, text, st.just(7),
@@ -55,7 +68,10 @@ def _line(draw, image: str) -> bytes:
     if kind == "bad":
         return draw(st.sampled_from([b"{", b"[1, 2", b'{"messages": [}', b"nope", b"\xff\xfe"]))
     if kind == "text":
-        return json.dumps({"text": draw(text)}).encode()
+        doc = {"text": draw(st.one_of(text, text, st.just(3)))}
+        if draw(st.booleans()):
+            doc["id"] = draw(st.sampled_from(["d1", 2, None, 1.5]))
+        return json.dumps(doc).encode()
     if kind == "other":
         return json.dumps(draw(st.sampled_from([[1, 2], "chat", {"conversations": []}, {"messages": None}]))).encode()
     rec: dict = {"messages": draw(st.one_of(_NODE, _NODE, _NODE, st.just("x")))}
@@ -81,11 +97,14 @@ def test_text_chats_takes_exactly_the_text_chats_parse_lines_reads(data, img):
     lines = _lines(data.draw(st.lists(_line(str(img)), max_size=12)))
     chats, rest = text_chats(lines)
     parsed = {p.line: p for p in parse_lines(lines, path="t.jsonl", base_dir=str(img.parent))}
-    assert sorted([*chats.lines, *(line for line, _ in rest)]) == sorted(parsed)  # every record, once
+    assert sorted([*chats.lines, *chats.doc_lines, *(line for line, _ in rest)]) == sorted(parsed)  # each once
     assert [line for line, _ in rest] == sorted(line for line, _ in rest)
     for line, _ in rest:
         one = parsed[line]
-        assert line == 1 or isinstance(one, RecordError) or not _text_chat(one)
+        assert line == 1 or isinstance(one, RecordError) or not (_text_chat(one) or one.kind == "text")
+    for line, raw, doc in zip(chats.doc_lines, chats.doc_raws, chats.docs, strict=True):
+        one = parsed[line]
+        assert raw == dict(lines)[line] and isinstance(one, Example) and (one.kind, one.text) == ("text", doc)
     at = roles_at = 0
     for k, line in enumerate(chats.lines):
         one = parsed[line]
@@ -134,7 +153,7 @@ def test_encode_chats_equals_encode_batch(chat_encoders, img, name, data):
     assert chats.lines or block is None
     parsed = {p.line: p for p in parse_lines(lines, path="t.jsonl", base_dir=str(img.parent))}
     examples = [parsed[line] for line in chats.lines]
-    want = encoder.encode_batch(examples) if examples else []
+    want = _per_record(encoder).encode_batch(examples) if examples else []
     taken = dict(zip(records.tolist(), rows.tolist(), strict=True))
     renderer = encoder._chat._fast
     for k, (line, example, reference) in enumerate(zip(chats.lines, examples, want, strict=True)):
@@ -144,6 +163,22 @@ def test_encode_chats_equals_encode_batch(chat_encoders, img, name, data):
             # it finishes was left by the renderer: a role it does not write as a plain turn, or a marker
             messages = [m for node in (example.root, *example.root.children) for m in node.messages]
             assert any(renderer._head(m.role) is None or OPEN in m.parts[0] or CLOSE in m.parts[0] for m in messages)
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl", "text", "molmo2"])
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(docs=st.lists(st.one_of(nonempty, nonempty, st.just("x " * 120), st.just("<|image_pad|> a")), max_size=8))
+def test_encode_texts_equals_encode_batch(chat_encoders, name, docs):
+    encoder = chat_encoders[name]
+    block, rows = encoder.encode_texts(docs)
+    want = _per_record(encoder).encode_batch([Example(Node([], []), "text", "t.jsonl", k + 2, text=d)
+                                               for k, d in enumerate(docs)])
+    taken = set(rows.tolist())
+    for k, reference in enumerate(want):
+        if k in taken:
+            assert_same(Row(block, k, f"t.jsonl:{k + 2}", "").encoded(), reference)
+        else:  # over max_length (split or dropped there), a literal placeholder, or too short: not a lone Encoded
+            assert isinstance(reference, (RecordError, list)) or reference.input_ids.shape[0] > 96
 
 
 def test_encode_chats_finishes_linear_chats_and_one_level_trees(chat_encoders):
@@ -157,14 +192,11 @@ def test_encode_chats_finishes_linear_chats_and_one_level_trees(chat_encoders):
     ])])
     chats, rest = text_chats(lines)
     assert chats.lines == [2, 3, 4, 5] and rest == [] and chats.nodes == [1, 3, 1, 1] and chats.counts[:4] == [2, 2, 1, 1]
-    before = encoder.path_counts()["text-chats"]
+    before = encoder.path_counts()["plain-columns"]
     block, records, rows = encoder.encode_chats(chats.nodes, chats.counts, chats.roles, chats.contents)
-    assert records.tolist() == [0, 1] and encoder.path_counts()["text-chats"] - before == 2
+    assert records.tolist() == [0, 1] and encoder.path_counts()["plain-columns"] - before == 2
     tree = Row(block, int(rows[1]), "t.jsonl:3", "").encoded()
     assert tree.node_parents.tolist() == [-1, 0, 0] and tree.position_ids[tree.node_offsets[2]] == tree.node_offsets[1]
-
-
-_GENERAL: dict[int, Encoder] = {}  # each module encoder without the path (made once: a native tokenizer each)
 
 
 def _chunk_files(tmp: Path, lines: list[bytes], encoder: Encoder, *, strict: bool = False, name: str = "c"
@@ -179,7 +211,7 @@ def _chunk_files(tmp: Path, lines: list[bytes], encoder: Encoder, *, strict: boo
     (chunk,) = stages.scan_chunks(config)
     out = []
     if id(encoder) not in _GENERAL:
-        _GENERAL[id(encoder)] = encoder.replace(fast=set(FAST_PATHS) - {"text-chats"})
+        _GENERAL[id(encoder)] = encoder.replace(fast=set(FAST_PATHS) - {"plain-columns"})
     for k, one in enumerate((encoder, _GENERAL[id(encoder)])):
         cache = EncodeCache(tmp / f"{name}-cache{k}", 1)
         cache.root.mkdir()
