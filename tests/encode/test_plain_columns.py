@@ -93,7 +93,7 @@ def _lines(draw_lines: list[bytes]) -> list[tuple[int, bytes]]:
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
-def test_text_chats_takes_exactly_the_text_chats_parse_lines_reads(data, img):
+def test_text_chats_takes_exactly_the_plain_records_parse_lines_reads(data, img):
     lines = _lines(data.draw(st.lists(_line(str(img)), max_size=12)))
     chats, rest = text_chats(lines)
     parsed = {p.line: p for p in parse_lines(lines, path="t.jsonl", base_dir=str(img.parent))}
@@ -144,7 +144,7 @@ def chat_encoders(tok) -> dict[str, Encoder]:
 @pytest.mark.parametrize("name", ["qwen2-vl", "text", "molmo2", "qwen3-vl"])
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
-def test_encode_chats_equals_encode_batch(chat_encoders, img, name, data):
+def test_encode_chats_equals_the_per_record_finish(chat_encoders, img, name, data):
     encoder = chat_encoders[name]
     assert encoder.takes_chats()
     lines = _lines(data.draw(st.lists(_line(str(img)), max_size=12)))
@@ -168,7 +168,7 @@ def test_encode_chats_equals_encode_batch(chat_encoders, img, name, data):
 @pytest.mark.parametrize("name", ["qwen2-vl", "text", "molmo2"])
 @settings(max_examples=30, deadline=None, derandomize=True, database=None)
 @given(docs=st.lists(st.one_of(nonempty, nonempty, st.just("x " * 120), st.just("<|image_pad|> a")), max_size=8))
-def test_encode_texts_equals_encode_batch(chat_encoders, name, docs):
+def test_encode_texts_equals_the_per_record_finish(chat_encoders, name, docs):
     encoder = chat_encoders[name]
     block, rows = encoder.encode_texts(docs)
     want = _per_record(encoder).encode_batch([Example(Node([], []), "text", "t.jsonl", k + 2, text=d)
@@ -227,14 +227,14 @@ def _chunk_files(tmp: Path, lines: list[bytes], encoder: Encoder, *, strict: boo
 @pytest.mark.parametrize("name", ["qwen2-vl", "text"])
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
-def test_a_chunk_with_text_chats_is_the_chunk_without(chat_encoders, img, tmp_path_factory, name, data):
+def test_a_chunk_with_plain_columns_is_the_chunk_without(chat_encoders, img, tmp_path_factory, name, data):
     lines = data.draw(st.lists(_line(str(img)), min_size=6, max_size=16))
     strict = data.draw(st.integers(0, 4)) == 0
     with_path, without = _chunk_files(tmp_path_factory.mktemp("chunk"), lines, chat_encoders[name], strict=strict)
     assert with_path == without
 
 
-def test_a_build_with_text_chats_writes_the_general_paths_shards(chat_encoders, img, tmp_path):
+def test_a_mixed_chunk_with_plain_columns_is_the_general_paths_file(chat_encoders, img, tmp_path):
     """Chunk files byte for byte on a chunk of every kind of line, the path's rows merged into line order."""
     encoder = chat_encoders["qwen2-vl"]
     chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
