@@ -371,6 +371,8 @@ def _plain_columns(chunk: Chunk, config: BuildConfig, encoder: Encoder
     path, source = chunk.path, chunk.source
     taken: list[Any] = []
     lines: list[int] = []
+    # (per kind: its Rows, the records taken, their rows there, every record's line and bytes; text record k is
+    # row k of its Rows, so its records taken are its rows)
     for blk, recs, rs, at, raws in ((block, records, rows, cols.lines, cols.raws),
                                     (docs, doc_rows, doc_rows, cols.doc_lines, cols.doc_raws)):
         done = [at[k] for k in recs.tolist()]
