@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,7 +132,6 @@ def profile_write(full: Path, out: Path, repack_args: list[str], *, exchange: bo
     per phase of its write stage (``--profile-write``), then a pool worker's start, timed in a fresh one."""
     import cProfile
     import pstats
-    import shutil
 
     from packer.cli import cli
     from packer.pipeline import stages
@@ -266,7 +266,6 @@ def breakdown_child(full: Path, out: Path, repack_args: list[str]) -> None:
 
 def breakdown(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     """``--breakdown``: ``--pairs`` repacks of the kept full build, each in a fresh process, CPU per phase."""
-    import shutil
     import statistics
 
     if args.keep is None:
@@ -317,7 +316,6 @@ _PERF_KINDS: tuple[tuple[str, str, str], ...] = (  # (what, how perf report is r
 def perf(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     """``--perf``: one fresh repack of the kept full build under ``perf record``, its samples by kind."""
     import re
-    import shutil
 
     if args.keep is None or shutil.which("perf") is None:
         raise SystemExit("--perf needs --keep DIR and Linux perf on PATH")
@@ -400,8 +398,6 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     runs: list[list[dict[str, float]]] = [[], []]
     for k in range(args.pairs):
         for i in (0, 1) if k % 2 == 0 else (1, 0):
-            import shutil
-
             shutil.rmtree(out[i])
             runs[i].append(timed(["repack", str(fulls[i]), "-o", str(out[i]), *repack_args], trees[i],
                                  args.num_proc))
@@ -420,6 +416,7 @@ def ab(args: argparse.Namespace, root: Path, repack_args: list[str]) -> None:
     if args.full_runs:  # the ratio's denominator in the same run: fresh full builds of the kept corpus (this tree)
         fulls_timed = []
         for k in range(args.full_runs):
+            shutil.rmtree(root / "full-timed", ignore_errors=True)  # --overwrite alone would reuse its encode cache
             r = timed(["build", str(corpus), "-o", str(root / "full-timed"), "--max-length", "8192", "--overwrite",
                        *BUILD, "--num-proc", str(args.num_proc)], None, args.num_proc)
             show(f"full build (8192) {k + 1}", r)
