@@ -254,11 +254,7 @@ class BatchFinish:
             pk, pq = np.asarray(prefix, dtype=np.int64).T
             plen = batch_starts[pq + 1] - batch_starts[pq]
             short = batch_starts[pk + 1] - batch_starts[pk] < plen  # fewer tokens than its parent's path
-            plen = np.where(short, 0, plen)
-            idx = arrays.ranges(plen)
-            diff = ids[np.repeat(batch_starts[pk], plen) + idx] != ids[np.repeat(batch_starts[pq], plen) + idx]
-            bad = short.copy()
-            np.logical_or.at(bad, np.repeat(np.arange(len(prefix)), plen), diff)
+            bad = short | _unprefixed(ids, batch_starts[pk], batch_starts[pq], np.where(short, 0, plen))
             node_of_text = np.full(batch_starts.shape[0], -1, dtype=np.int64)
             node_of_text[k] = np.arange(k.shape[0])
             ok[node_rec[node_of_text[pk[bad]]]] = False
@@ -380,11 +376,7 @@ class BatchFinish:
         seg_len = np.maximum(seg_len, 0)
         ids, labels = tokens.ids, tokens.labels
         if child.shape[0]:  # each branch's path starts with its root's, token for token
-            plen = np.where(seg_len[child] > 0, skip[child], 0)
-            idx = arrays.ranges(plen)
-            diff = ids[np.repeat(starts[child], plen) + idx] != ids[np.repeat(starts[root[child]], plen) + idx]
-            bad = np.zeros(child.shape[0], dtype=bool)
-            np.logical_or.at(bad, np.repeat(np.arange(child.shape[0]), plen), diff)
+            bad = _unprefixed(ids, starts[child], starts[root[child]], np.where(seg_len[child] > 0, skip[child], 0))
             ok[rec_of[child[bad]]] = False
         node_start = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(seg_len, out=node_start[1:])
@@ -544,6 +536,16 @@ class Rows:
             mrope_position_ids=None if self.mrope is None else self.mrope[:, x:y],
             source_name=source_name,
         )
+
+
+def _unprefixed(ids: np.ndarray, at: np.ndarray, parent_at: np.ndarray, plen: np.ndarray) -> np.ndarray:
+    """(K,) whether ``ids[at[i]:at[i] + plen[i]]`` differs from ``ids[parent_at[i]:...]``: a child's path that does
+    not start with its parent's tokens (``BatchFinish.rows`` and ``chats`` alike)."""
+    idx = arrays.ranges(plen)
+    diff = ids[np.repeat(at, plen) + idx] != ids[np.repeat(parent_at, plen) + idx]
+    bad = np.zeros(plen.shape[0], dtype=bool)
+    np.logical_or.at(bad, np.repeat(np.arange(plen.shape[0]), plen), diff)
+    return bad
 
 
 def concat_rows(blocks: Sequence[Rows]) -> tuple[Rows, list[int]]:

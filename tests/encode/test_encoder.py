@@ -718,6 +718,25 @@ def test_tree_template_errors(tok, image_root, template, reason, message):
         assert_same(got, want)
 
 
+def test_a_branch_whose_tokens_do_not_extend_its_roots_is_the_general_paths(tok, image_root):
+    """RUN_ON renders "ab" then "abcd and more": the text extends its root's, its tokens ("abcd", " and", " more")
+    do not start with the root's ("ab"), and the branch still has tokens past the root's count, so only the batch
+    path's token-level prefix check (``finish._unprefixed``) leaves the record to the general path, which says
+    why; the branch that does extend it (" no merge") does not make the record the batch path's."""
+    records = [{"messages": [{"role": "user", "content": "ab"}],
+                "branches": [[{"role": "assistant", "content": " no merge"}],
+                             [{"role": "assistant", "content": "cd and more"}]]},
+               {"messages": [{"role": "user", "content": "ab"}], "branches": [[{"role": "assistant", "content": " ok"}]]}]
+    encoder = Encoder(tok, get_profile("qwen2-vl"), chat_template=RUN_ON)
+    examples = [p for p in parse_all(records, image_root) if isinstance(p, Example)]
+    batch = encoder.encode_batch(examples)
+    assert isinstance(batch[0], RecordError) and batch[0].reason == "template_error"
+    assert "tree node 2: the rendering of its parent's path is not a token-level prefix" in batch[0].message
+    assert not isinstance(batch[1], RecordError)
+    for got, want in zip(batch, one_by_one(general(encoder), examples), strict=True):
+        assert_same(got, want)
+
+
 TRIMS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # alters content: the prefix fallback
 
