@@ -17,6 +17,8 @@ without the noise of a whole build (docs/benchmarks.md, "Build throughput").
     python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --repeats 5 --build-only
     python scripts/bench_chunk.py --parse       # the parse phase split: orjson alone, the Example objects alone
     python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --whole
+    python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --whole --parts   # OpenAI's part lists
+    python scripts/bench_chunk.py --profile text --shape text-chat --records 8192 --whole --not-plain   # none plain
 
 The phases follow the general path (an Example per record through ``Encoder.encode_batch``). A build takes
 the ``plain-columns`` path for its chats of one-text messages and its text records (``Encoder.encode_chats``,
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import pickle
 import sys
@@ -203,6 +206,26 @@ def baseline_phases(lines: list[str]) -> dict[str, float]:
     return t
 
 
+def rewrite(corpus: Path, *, parts: bool, meta: bool) -> None:
+    """Rewrite ``corpus`` with every string content as a part list of that one text (``--parts``), every record
+    with a ``meta`` key (``--not-plain``)."""
+    def as_parts(messages: list) -> list:
+        return [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+                for m in messages]
+
+    out = []
+    for line in corpus.read_text().splitlines():
+        rec = json.loads(line)
+        if parts and "messages" in rec:
+            rec["messages"] = as_parts(rec["messages"])
+            if "branches" in rec:
+                rec["branches"] = [as_parts(b) for b in rec["branches"]]
+        if meta:
+            rec["meta"] = {"origin": "bench"}
+        out.append(json.dumps(rec, ensure_ascii=False))
+    corpus.write_text("\n".join(out) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=4096)
@@ -212,6 +235,10 @@ def main() -> None:
     ap.add_argument("--parse", action="store_true", help="only the parse phase split, best of --repeats")
     ap.add_argument("--shape", choices=("chat", "text-chat", "text"), default="chat",
                     help="bench_build's chats, the same without images (a text chat build: --profile text), or tiny text records")
+    ap.add_argument("--parts", action="store_true",
+                    help="every text message's content as OpenAI's part list of one text ([{\"type\": \"text\", ...}])")
+    ap.add_argument("--not-plain", action="store_true",
+                    help="every record with one key more (\"meta\"): none is plain, every line the general path's")
     ap.add_argument("--whole", action="store_true",
                     help="only the build's stages.encode_chunk as it runs, with the plain-columns path and without it")
     ap.add_argument("--build-only", action="store_true",
@@ -222,6 +249,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         bench_build.make_corpus(corpus, SHARED / "data" / "coco-mini", args.records, shape=args.shape)
+        if args.parts or args.not_plain:
+            rewrite(corpus, parts=args.parts, meta=args.not_plain)
         pixels = {"max_pixels": 256 * 28 * 28} if args.profile in bench_build.PIXEL_PROFILES else {}  # as bench_build
         config = BuildConfig.from_inputs([str(corpus)], str(Path(tmp) / "out"), profile=args.profile,
                                          max_length=8192, **pixels)

@@ -114,11 +114,11 @@ def _messages(items: Any, where: tuple[str, int, str, str]) -> list[Message] | N
 
 
 def text_chat(obj: Any, counts: list[int], roles: list[str], contents: list[str]) -> int:
-    """Where ``parse_plain(obj, ...)`` is a chat whose every message is one text (no part list), append its nodes'
-    message counts (the root's, then each branch's) to ``counts`` and their messages' roles (the canonical names)
-    and texts to ``roles`` and ``contents``, and return how many nodes; else 0, nothing appended
-    (``read.text_chats``: the records ``Encoder.encode_chats`` takes as columns, without an Example or a Message
-    each)."""
+    """Where ``parse_plain(obj, ...)`` is a chat whose every message is one text (a string, or a part list holding
+    one non-empty text: ``_one_text``), append its nodes' message counts (the root's, then each branch's) to
+    ``counts`` and their messages' roles (the canonical names) and texts to ``roles`` and ``contents``, and return
+    how many nodes; else 0, nothing appended (``read.text_chats``: the records ``Encoder.encode_chats`` takes as
+    columns, without an Example or a Message each)."""
     if type(obj) is not dict:
         return 0
     branches = None
@@ -142,7 +142,11 @@ def text_chat(obj: Any, counts: list[int], roles: list[str], contents: list[str]
                 content = msg["content"]
             except (KeyError, TypeError):
                 break
-            if type(content) is not str or not content:
+            if type(content) is not str:
+                content = _one_text(content)
+                if content is None:
+                    break
+            elif not content:
                 break
             roles.append(role)
             contents.append(content)
@@ -154,6 +158,25 @@ def text_chat(obj: Any, counts: list[int], roles: list[str], contents: list[str]
         return len(counts) - nodes
     del roles[at:], contents[at:], counts[nodes:]
     return 0
+
+
+def _one_text(content: Any) -> str | None:
+    """The text of a part list ``_messages`` reads as one text part (text parts only, one of them non-empty: it
+    drops the empty ones), else None."""
+    if type(content) is not list:
+        return None
+    found = None
+    for part in content:
+        if type(part) is not dict or len(part) != 2 or part.get("type") != "text":
+            return None
+        text = part.get("text")
+        if type(text) is not str:
+            return None
+        if text:
+            if found is not None:
+                return None
+            found = text
+    return found
 
 
 def plain_text(obj: Any) -> str | None:

@@ -42,6 +42,9 @@ def _root_dir(image_root: str | None, base_dir: str) -> str:
     return absolute(image_root if image_root is not None else base_dir)
 
 
+_UNREAD = object()  # no value read for a line yet (JSON's null is a value: None)
+
+
 def parse_lines(
     lines: Iterable[tuple[int, bytes]],
     *,
@@ -52,12 +55,15 @@ def parse_lines(
     columns: dict[str, str] | None = None,
     audio_in_video: bool = False,
     dataset: dict[str, Any] | None = None,
+    values: dict[int, Any] | None = None,
 ) -> Iterator[Example | RecordError]:
     """``parse_line`` of each (line number, bytes) of a chunk, blank lines skipped, a RecordError yielded (located
     at ``path:line``), in line order. The common line (a plain record, ``formats.plain``) is read in this loop
     without ``parse_line``'s per-line call and lookups, and without its digit count (a plain record keeps no
     number); any other line takes ``parse_line``'s own steps, or ``parse_line`` itself where it starts
-    differently (line 1's byte-order mark, a reject line, a long number, JSON orjson refuses)."""
+    differently (line 1's byte-order mark, a reject line, a long number, JSON orjson refuses). ``values``:
+    orjson's value of some of these lines, by line number, read already (``text_chats``' ``TextChats.values``):
+    taken from there (and dropped) instead of read again."""
     plain = orjson is not None and dataset is None and not columns
     root = _root_dir(image_root, base_dir) if plain else ""
     for line, raw in lines:
@@ -65,11 +71,13 @@ def parse_lines(
             continue  # blank lines are not records (bytes.isspace: the ASCII whitespace bytes.strip takes)
         try:
             if plain and line != 1 and not raw.startswith(_REJECT_PREFIX):
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    pass  # parse_line reads it with json below, and says why
-                else:  # as parse_line does with orjson's value
+                obj = values.pop(line, _UNREAD) if values else _UNREAD
+                if obj is _UNREAD:
+                    try:
+                        obj = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        pass  # parse_line reads it with json below, and says why
+                if obj is not _UNREAD:  # as parse_line does with orjson's value
                     one = parse_plain(obj, path=path, line=line, root_dir=root, source_name=source_name)
                     if one is not None:
                         # a plain record's Example holds no number (its id is checked, not kept), so a long
@@ -94,7 +102,7 @@ class TextChats:
     that many messages, the next ones of ``roles`` (canonical names) and ``contents`` (each a non-empty text).
     Text record j, input line ``doc_lines[j]`` (its bytes ``doc_raws[j]``), is ``docs[j]``."""
 
-    __slots__ = ("lines", "raws", "nodes", "counts", "roles", "contents", "doc_lines", "doc_raws", "docs")
+    __slots__ = ("lines", "raws", "nodes", "counts", "roles", "contents", "doc_lines", "doc_raws", "docs", "values")
 
     def __init__(self) -> None:
         self.lines: list[int] = []
@@ -106,6 +114,7 @@ class TextChats:
         self.doc_lines: list[int] = []
         self.doc_raws: list[bytes] = []
         self.docs: list[str] = []
+        self.values: dict[int, Any] = {}  # orjson's value of each line left to parse_lines that it read (``values``)
 
 
 def text_chats(lines: Iterable[tuple[int, bytes]]) -> tuple[TextChats, list[tuple[int, bytes]]]:
@@ -140,6 +149,7 @@ def text_chats(lines: Iterable[tuple[int, bytes]]) -> tuple[TextChats, list[tupl
                 chats.doc_raws.append(raw)
                 chats.docs.append(doc)
                 continue
+            chats.values[line] = obj  # parse_lines takes it from there, not read again
         rest.append((line, raw))
     return chats, rest
 

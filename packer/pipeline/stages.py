@@ -243,10 +243,11 @@ def _read_chunk_lines(chunk: Chunk, config: BuildConfig) -> Iterator[tuple[int, 
         yield chunk.first_line + i, raw
 
 
-def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str,
-                   lines: list[tuple[int, bytes]] | None = None) -> Iterator[Any]:
+def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str, lines: list[tuple[int, bytes]] | None = None,
+                   values: dict[int, Any] | None = None) -> Iterator[Any]:
     """Each record of the chunk parsed: an Example or a RecordError, in line (row) order; blank lines skipped.
-    ``lines``: only these (line, bytes) of a JSONL chunk (``_encode_chunk``: those its text chats left)."""
+    ``lines``: only these (line, bytes) of a JSONL chunk (``_encode_chunk``: those its text chats left), ``values``
+    the JSON values of some of them, read there (``parse_lines``)."""
     from packer.formats import parse_record
     from packer.formats.read import parse_lines
     from packer.formats.tables import row_records
@@ -267,7 +268,7 @@ def _chunk_records(chunk: Chunk, config: BuildConfig, base_dir: str,
                 yield e if e.path else e.located(chunk.path, row)
         return
     yield from parse_lines(_read_chunk_lines(chunk, config) if lines is None else lines, path=chunk.path,
-                           base_dir=base_dir, source_name=chunk.source, **options)
+                           base_dir=base_dir, source_name=chunk.source, values=values, **options)
 
 
 def _reject_record(err: RecordError, source: str) -> dict[str, Any]:
@@ -308,8 +309,8 @@ def _encode_chunk(chunk: Chunk, *, encoder: Encoder, cache: EncodeCache, config:
     if done is not None:
         return done
     base_dir = parent_of(chunk.path)  # a URL's prefix for an input on a store: media resolve there, not locally
-    taken, taken_lines, lines = _plain_columns(chunk, config, encoder)
-    parsed: list[Any] = list(_chunk_records(chunk, config, base_dir, lines))  # Example or RecordError, in line order
+    taken, taken_lines, lines, values = _plain_columns(chunk, config, encoder)
+    parsed: list[Any] = list(_chunk_records(chunk, config, base_dir, lines, values))  # Example or RecordError, in line order
     # One tokenizer call for the whole chunk: ~1.8x cheaper than one call per record (Encoder.encode_batch).
     examples = [p for p in parsed if not isinstance(p, RecordError)]
     results = iter(encoder.encode_batch(examples, rows=True) if examples else ())
@@ -354,14 +355,15 @@ def _in_line_order(items: list[Any], lines: list[int]) -> list[Any]:
 
 
 def _plain_columns(chunk: Chunk, config: BuildConfig, encoder: Encoder
-                   ) -> tuple[list[Any], list[int], list[tuple[int, bytes]] | None]:
+                   ) -> tuple[list[Any], list[int], list[tuple[int, bytes]] | None, dict[int, Any] | None]:
     """A JSONL chunk's plain records finished as columns (``formats.read.text_chats``: chats of one-text messages
-    by ``Encoder.encode_chats``, text records by ``Encoder.encode_texts``): their Rows and input lines, and every
+    by ``Encoder.encode_chats``, text records by ``Encoder.encode_texts``): their Rows and input lines, every
     other line for the general path, the records those left among them, in order (None where the encoder has no
-    such path or the source maps its records: ``_chunk_records`` reads the chunk)."""
+    such path or the source maps its records: ``_chunk_records`` reads the chunk), and the JSON values of the
+    other lines ``text_chats`` read (the general path does not read them again)."""
     options = config.record_options(chunk.source)
     if chunk.table or options["dataset"] is not None or options["columns"] or not encoder.takes_texts():
-        return [], [], None
+        return [], [], None, None
     from packer.encode.finish import Row
     from packer.formats.read import text_chats
 
@@ -383,7 +385,7 @@ def _plain_columns(chunk: Chunk, config: BuildConfig, encoder: Encoder
             left[recs] = False
             rest += [(at[k], raws[k]) for k in np.flatnonzero(left).tolist()]
     rest.sort()
-    return taken, lines, rest
+    return taken, lines, rest, cols.values
 
 
 # ---------------------------------------------------------------------------------------------- plan

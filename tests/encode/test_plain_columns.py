@@ -1,7 +1,7 @@
 """The ``plain-columns`` fast path (a chunk's plain records from their JSONL lines to rows as columns) against the
-general path it must equal: ``formats.read.text_chats`` takes exactly the lines ``parse_lines`` reads as a chat
-whose every message is one text (linear or one level of branches), with the same messages, or as a text record,
-with the same text; ``Encoder.encode_chats`` and ``encode_texts`` give each record they finish the Encoded
+general path it must equal: ``formats.read.text_chats`` takes exactly the lines ``parse_lines`` reads as a plain
+record (``parse_plain``'s: no key it does not know) that is a chat whose every message is one text (linear or one
+level of branches), with the same messages, or a text record, with the same text; ``Encoder.encode_chats`` and ``encode_texts`` give each record they finish the Encoded
 ``encode_batch`` gives it; and ``stages.encode_chunk`` with the path writes the same chunk file, rejects and
 counts as without it. Random chunks mix such chats with roles a template
 writes otherwise, special-token and marker text, images, text records, ids, branches of every shape, bad JSON,
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from packer.encode.encoder import FAST_PATHS, Encoder
 from packer.encode.finish import Row
 from packer.encode.templates import CLOSE, OPEN
 from packer.errors import RecordError
+from packer.formats.plain import parse_plain
 from packer.formats.read import parse_lines, text_chats
 from packer.models import get_profile
 from packer.pipeline import stages
@@ -42,16 +44,21 @@ def _per_record(encoder: Encoder) -> Encoder:
 
 
 _ROLE = st.sampled_from(["user", "assistant", "user", "assistant", "system", "human", "gpt", "tool", "narrator"])
-_CONTENT = st.one_of(nonempty, nonempty, nonempty, nonempty, text, st.just(7),
-                     st.just([{"type": "text", "text": "part"}]))
+_LISTED = st.builds(lambda t: [{"type": "text", "text": t}], nonempty)  # OpenAI's parts: one text, taken as one
+_SAID = st.one_of(nonempty, nonempty, nonempty, _LISTED)
+_CONTENT = st.one_of(nonempty, nonempty, nonempty, nonempty, text, st.just(7), _LISTED, st.sampled_from([
+    [{"type": "text", "text": ""}, {"type": "text", "text": "part"}],  # one text among empty ones: one text
+    [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],  # two texts: the general path's
+    [{"type": "text", "text": ""}], [], [{"type": "text", "text": 3}], [{"type": "text", "txt": "a"}],
+    [{"type": "text", "text": "a", "x": 1}], [{"type": "image", "image": "a.jpg"}], ["a"]]))
 _MESSAGE = st.one_of(*[st.builds(lambda r, c: {"role": r, "content": c}, _ROLE, _CONTENT)] * 12,
                      st.just({"role": "user"}), st.just({"role": "user", "content": "x", "loss": False}),
                      st.just({"role": ["user"], "content": "x"}), st.just("ab"))
 _NODE = st.lists(_MESSAGE, min_size=0, max_size=4)
-_TURN = st.builds(lambda q, a: [{"role": "user", "content": q}, {"role": "assistant", "content": a}], nonempty, nonempty)
+_TURN = st.builds(lambda q, a: [{"role": "user", "content": q}, {"role": "assistant", "content": a}], _SAID, _SAID)
 _SYSTEM = st.lists(st.builds(lambda c: {"role": "system", "content": c}, nonempty), max_size=1)
 _GOOD = st.builds(lambda s, turns: s + [m for t in turns for m in t], _SYSTEM, st.lists(_TURN, min_size=1, max_size=2))
-_ANSWERS = st.lists(st.lists(st.builds(lambda a: {"role": "assistant", "content": a}, nonempty), min_size=1, max_size=2),
+_ANSWERS = st.lists(st.lists(st.builds(lambda a: {"role": "assistant", "content": a}, _SAID), min_size=1, max_size=2),
                     min_size=1, max_size=3)
 
 
@@ -99,9 +106,10 @@ def test_text_chats_takes_exactly_the_plain_records_parse_lines_reads(data, img)
     parsed = {p.line: p for p in parse_lines(lines, path="t.jsonl", base_dir=str(img.parent))}
     assert sorted([*chats.lines, *chats.doc_lines, *(line for line, _ in rest)]) == sorted(parsed)  # each once
     assert [line for line, _ in rest] == sorted(line for line, _ in rest)
-    for line, _ in rest:
-        one = parsed[line]
-        assert line == 1 or isinstance(one, RecordError) or not (_text_chat(one) or one.kind == "text")
+    for line, raw in rest:  # the general path's: line 1, a reject, another kind, or a record parse_plain leaves
+        one = parsed[line]  # (an unknown key: parse_record reads it, the same chat)
+        assert line == 1 or isinstance(one, RecordError) or not (_text_chat(one) or one.kind == "text") or _plain(
+            raw, line, img.parent) is None
     for line, raw, doc in zip(chats.doc_lines, chats.doc_raws, chats.docs, strict=True):
         one = parsed[line]
         assert raw == dict(lines)[line] and isinstance(one, Example) and (one.kind, one.text) == ("text", doc)
@@ -118,6 +126,52 @@ def test_text_chats_takes_exactly_the_plain_records_parse_lines_reads(data, img)
                 roles_at += 1
         at += len(nodes)
     assert at == len(chats.counts) and roles_at == len(chats.roles) == len(chats.contents)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_parse_lines_reads_the_values_text_chats_read_as_it_reads_the_lines(data, img):
+    """The rest of ``text_chats`` with the JSON values it read (``TextChats.values``): ``parse_lines`` gives what it
+    gives reading every line itself, and takes each value once."""
+    lines = _lines(data.draw(st.lists(_line(str(img)), max_size=12)))
+    chats, rest = text_chats(lines)
+    assert set(chats.values) <= {line for line, _ in rest}
+    values = dict(chats.values)
+    kw = {"path": "t.jsonl", "base_dir": str(img.parent)}
+    assert repr(list(parse_lines(rest, values=values, **kw))) == repr(list(parse_lines(rest, **kw)))
+    assert not values
+
+
+@pytest.mark.parametrize(("content", "taken"), [
+    ("hi", True), ([{"type": "text", "text": "hi"}], True),
+    ([{"type": "text", "text": ""}, {"type": "text", "text": "hi"}, {"type": "text", "text": ""}], True),
+    ([{"type": "text", "text": "hi"}, {"type": "text", "text": "hi"}], False), ("", False), ([], False),
+    ([{"type": "text", "text": ""}], False), ([{"type": "text", "text": "hi", "x": 1}], False),
+    ([{"type": "text", "text": 3}], False), ([{"text": "hi", "kind": "text"}], False),
+    ([{"type": "image", "image": "000000397133.jpg"}], False),
+    ([{"type": "text", "text": "hi"}, {"type": "image", "image": "000000397133.jpg"}], False)])
+def test_text_chats_takes_a_part_list_of_one_text(content, taken, img):
+    """OpenAI-style content lists: the chat is the path's where ``parse_plain`` reads every message as one text
+    (the empty text parts dropped), with the text ``parse_lines`` reads; else the general path's (a part of other
+    keys is ``parse_record``'s, which may read it as a text too)."""
+    raw = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]})
+    chats, rest = text_chats([(2, raw.encode())])
+    plain = _plain(raw.encode(), 2, img.parent)
+    assert (chats.lines == [2], [r for r, _ in rest] == [2]) == (taken, not taken)
+    assert (plain is not None and _text_chat(plain)) == taken
+    if taken:
+        (one,) = parse_lines([(2, raw.encode())], path="t.jsonl", base_dir=str(img.parent))
+        assert chats.contents == ["q", "hi"] == [m.parts[0] for m in one.root.messages]
+
+
+def _plain(raw: bytes, line: int, root: Path) -> Example | None:
+    """What ``parse_plain`` reads a line as, as ``parse_lines`` gives it orjson's value (None: not a plain record,
+    or not JSON)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return parse_plain(obj, path="t.jsonl", line=line, root_dir=str(root))
 
 
 def _text_chat(one) -> bool:
