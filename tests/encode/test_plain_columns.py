@@ -1,8 +1,8 @@
 """The ``plain-columns`` fast path (a chunk's plain records from their JSONL lines to rows as columns) against the
 general path it must equal: ``formats.read.text_chats`` takes exactly the lines ``parse_lines`` reads as a plain
 record (``parse_plain``'s: no key it does not know) that is a chat whose every message is one text (linear or one
-level of branches), with the same messages, or a text record, with the same text; ``Encoder.encode_chats`` and ``encode_texts`` give each record they finish the Encoded
-``encode_batch`` gives it; and ``stages.encode_chunk`` with the path writes the same chunk file, rejects and
+level of branches), with the same messages, or a text record, with the same text; ``Encoder.encode_chats`` and
+``encode_texts`` give each record they finish the Encoded ``encode_batch`` gives it; and ``stages.encode_chunk`` with the path writes the same chunk file, rejects and
 counts as without it. Random chunks mix such chats with roles a template
 writes otherwise, special-token and marker text, images, text records, ids, branches of every shape, bad JSON,
 blank lines and line 1, under ChatML templates with and without a default system prompt, a prefix and mRoPE."""
