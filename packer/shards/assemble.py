@@ -323,9 +323,6 @@ def _offsets_and_values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=True)
 
 
-_I32 = np.dtype(np.int32)
-
-
 def _values_dtype(t: pa.DataType) -> np.dtype:
     return np.dtype(np.uint8) if pa.types.is_string(t) else np.dtype(t.value_type.to_pandas_dtype())
 
@@ -336,6 +333,19 @@ def _from_offsets(t: pa.DataType, offsets: np.ndarray, values: np.ndarray) -> pa
     if pa.types.is_string(t):
         return pa.Array.from_buffers(t, len(off32) - 1, [None, pa.py_buffer(off32), pa.py_buffer(values)])
     return pa.ListArray.from_arrays(pa.array(off32), pa.array(values))
+
+
+def _kinds() -> tuple[dict[str, pa.DataType], list[str], list[str], list[str]]:
+    """EXAMPLE_SCHEMA's types and its columns by kind: flat (offsets + values), media lists, fixed-width."""
+    types = {f.name: f.type for f in EXAMPLE_SCHEMA}
+    flat = [name for name, t in types.items() if _flat(t)]
+    media = [name for name, t in types.items() if pa.types.is_list(t) and not _flat(t)]
+    return types, flat, media, [name for name in types if name not in flat and name not in media]
+
+
+_TYPES, _FLAT, _MEDIA, _FIXED = _kinds()
+_FIXED_WIDTHS = np.array([np.dtype(_TYPES[name].to_pandas_dtype()).itemsize for name in _FIXED], np.int64)
+_FLAT_WIDTHS = np.array([_values_dtype(_TYPES[name]).itemsize for name in _FLAT], np.int64)
 
 
 def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel: np.ndarray, *,
@@ -355,11 +365,11 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     an object store are read from this machine's copy (``store.local_file``).
 
     ``remember``: the caller will take rows of these files again in this process (a writer's next shards):
-    where each buffer of a file lies is kept (``_Layout``, ~8 KB a file; not past ``LAYOUTS_MAX`` files), and a
-    later visit maps the file and views its columns with numpy, no Arrow reader (~1.4 ms -> ~0.2 ms a visit:
-    docs/benchmarks.md, "Repack").
+    where each buffer of a file lies is kept (``_Layout``, ~1.8 KB a file; not past ``LAYOUTS_MAX`` files), and a
+    later visit maps the file and copies every fixed and flat column's rows in one compiled call a pass
+    (``gather.visit_lengths``, ``gather.visit_copy``), no Arrow reader (docs/benchmarks.md, "Repack").
     """
-    from packer.shards.gather import copy_ranges
+    from packer.shards.gather import copy_ranges, visit_copy, visit_lengths
 
     n = sel.shape[0]
     remember = remember and len(files) <= LAYOUTS_MAX
@@ -367,15 +377,13 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     order = np.argsort(chunk, kind="stable")  # selected examples grouped by file
     bounds = np.searchsorted(chunk[order], np.arange(starts.shape[0]))
     used = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
-    local = {c: sel[order[bounds[c] : bounds[c + 1]]] - starts[c] for c in used}  # rows to read, per file
+    local = {c: (sel[order[bounds[c] : bounds[c + 1]]] - starts[c]).astype(np.int64, copy=False)
+             for c in used}  # rows to read, per file
     dest = {c: order[bounds[c] : bounds[c + 1]] for c in used}  # where they go in the output
     # resolved once, not once per pass; a local ``str`` as it is (a shard visits hundreds of files)
     paths = {c: files[c] if isinstance(files[c], str) and "://" not in files[c]
              else str(local_file(store_path(files[c]))) for c in used}
-    types = {f.name: f.type for f in EXAMPLE_SCHEMA}
-    flat = [name for name, t in types.items() if _flat(t)]
-    media = [name for name, t in types.items() if pa.types.is_list(t) and not _flat(t)]
-    fixed = [name for name in types if name not in flat and name not in media]
+    types, flat, media, fixed = _TYPES, _FLAT, _MEDIA, _FIXED
 
     def read(c: int) -> tuple[dict[str, pa.Array], int, int]:
         """File ``c``'s columns (zero-copy views of its mapping), the mapping's address and size."""
@@ -392,10 +400,15 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     # pass 1: each flat column's lengths, each media list's items, the fixed-width columns, the nulls; and
     # where each flat column's offsets and values lie in the file, so that pass 2 maps the file and views
     # them with numpy instead of opening it with Arrow again (~0.2 ms a file, a shard visits hundreds)
-    lengths = {name: np.empty(n, dtype=np.int64) for name in flat}
-    values = {name: np.empty(n, dtype=types[name].to_pandas_dtype()) for name in fixed}
+    # each kind's columns in one array (a row per column) that a remembered visit fills in one call
+    all_lengths = np.empty((len(flat), n), dtype=np.int64)
+    lengths = dict(zip(flat, all_lengths, strict=True))
+    all_fixed = np.empty((len(fixed), 8 * n), dtype=np.uint8)
+    values = {name: all_fixed[f, : n * w].view(types[name].to_pandas_dtype())
+              for f, (name, w) in enumerate(zip(fixed, _FIXED_WIDTHS.tolist(), strict=True))}
     nulls, items = dict.fromkeys(types, 0), dict.fromkeys(media, 0)
     spans: dict[int, dict[str, tuple[int, int, int, int]]] = {}  # file -> column -> its offsets' and values'
+    known: dict[int, _Layout] = {}  # file -> its layout, where pass 1 used one
     # the media lists of the rows taken, through pyarrow while the file is open: from the first file whose
     # rows hold an item (or a null), the rows before it as empty lists (``without``); each column apart, so a
     # column with no item yet (videos, audios of an image corpus) takes nothing
@@ -412,23 +425,21 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         rows, to = local[c], dest[c]
         key = _file_key(paths[c]) if remember else None
         layout = None if key is None else _LAYOUTS.get(key)
-        if layout is not None:  # a file seen before: mapped and viewed, no Arrow reader
+        if layout is not None:  # a file seen before: mapped, its columns copied in one call, no Arrow reader
             mapped, buffer = _mapped(paths[c])
-            spans[c] = layout.flat
             for name in layout.null:
                 nulls[name] += rows.shape[0]
-            for name, span in layout.fixed.items():
-                values[name][to] = _view(mapped, span, values[name].dtype)[rows]
-            for name, span in layout.flat.items():
-                offsets = _view(mapped, span[:2], _I32)
-                lengths[name][to] = offsets[rows + 1] - offsets[rows]
-            for name, spec in layout.media.items():
-                if spec.items:
-                    offsets = _view(mapped, spec.buffers[1], _I32)
+            visit_lengths(mapped, layout.fixed_spans, _FIXED_WIDTHS, layout.flat_spans, rows, to, all_fixed,
+                          all_lengths)
+            known[c] = layout
+            for name, at, count in layout.media:
+                if count:
+                    spec = layout.spans[at : at + 6].tolist()  # the list's length, nulls, validity, offsets
+                    offsets = mapped[spec[4] : spec[4] + spec[5]].view(np.int32)
                     items[name] += int((offsets[rows + 1] - offsets[rows]).sum())
                 if items[name] or nulls[name]:
-                    add_media(name, _rebuilt(buffer, spec).take(pa.array(rows)) if spec.items
-                              else _empty_lists(rows.shape[0], [name], types).column(0))
+                    add_media(name, _rebuilt(buffer, types[name], layout.spans[at:].tolist())[0].take(pa.array(rows))
+                              if count else _empty_lists(rows.shape[0], [name], types).column(0))
                 else:
                     without[name] += rows.shape[0]
             mapped = buffer = offsets = None  # unmapped here
@@ -480,13 +491,27 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     slow = [name for name in slow if name not in items]
     # pass 2: the flat columns' values, one range per row (``gather.copy_ranges``), into one array per column;
     # per file through pyarrow the partly null columns, which numpy cannot copy flat
-    dense = [name for name in flat if nulls[name] == 0]
-    out_offsets = {name: np.concatenate([[0], np.cumsum(lengths.pop(name))]) for name in dense}
+    # the dense columns' values in one byte array (each column from a 64-byte boundary), their offsets in one
+    # array, so that a remembered visit copies them in one call (``visit_copy``)
+    dense_at = np.array([f for f, name in enumerate(flat) if nulls[name] == 0], dtype=np.int64)
+    dense = [flat[f] for f in dense_at.tolist()]
+    all_offsets = np.zeros((len(dense), n + 1), dtype=np.int64)
+    np.cumsum(all_lengths[dense_at], axis=1, out=all_offsets[:, 1:])
+    del lengths, all_lengths
+    out_offsets = dict(zip(dense, all_offsets, strict=True))
     dtypes = {name: _values_dtype(types[name]) for name in dense}  # once, not once a visit
-    for name in dense:
-        values[name] = np.empty(int(out_offsets[name][-1]), dtype=dtypes[name])
+    sizes = [-(-int(all_offsets[i, -1]) * dtypes[name].itemsize // 64) * 64 for i, name in enumerate(dense)]
+    bases = np.zeros(len(dense), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=bases[1:])
+    out = np.empty(sum(sizes), dtype=np.uint8)
+    for i, name in enumerate(dense):
+        values[name] = out[bases[i] : bases[i] + sizes[i]].view(dtypes[name])[: all_offsets[i, -1]]
     parts = _Parts() if slow else None
     for c in used:
+        if c in known and not slow:  # a remembered layout: every dense column copied in one call, no Arrow
+            visit_copy(_mapped(paths[c])[0], dense_at, known[c].flat_spans, _FLAT_WIDTHS, local[c], dest[c], out,
+                       bases, all_offsets)
+            continue
         if slow or any(name not in spans[c] for name in dense):
             columns_of = read(c)[0]
             if parts is not None:
@@ -527,23 +552,53 @@ class _Spec:
     items: int = 0  # a list column's items (its values' length): none, and a take is empty lists
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Layout:
     """What a visit of a file needs of it, learnt from its first (Arrow) visit: where each column's buffers lie
-    in the file. Only for a file whose columns are each null in no row or in every row (``null``)."""
+    in the file, as one int64 array (~1.8 KB a layout with images, against ~10 KB as dicts of tuples and
+    ``_Spec`` trees: layouts for tens of thousands of map outputs). Only for a file whose columns are each null in no row or in
+    every row (``null``)."""
 
-    fixed: dict[str, tuple[int, int]]  # fixed-width column -> its values' (byte offset, elements)
-    flat: dict[str, tuple[int, int, int, int]]  # string/list column -> its offsets' and values' spans
-    media: dict[str, _Spec]  # media list column -> its spec
+    spans: np.ndarray  # EXAMPLE_SCHEMA's fixed columns' (byte offset, values), then its flat columns' offsets'
+    # and values' (byte offset, count), -1 where a column is null here; then the media columns' specs (``_flat_spec``)
+    media: tuple[tuple[str, int, int], ...]  # media column -> (its spec's first index in ``spans``, its items)
     null: tuple[str, ...]  # columns null in every row
+
+    @property
+    def fixed_spans(self) -> np.ndarray:
+        """(fixed columns, 2): what ``gather.visit_lengths`` reads."""
+        return self.spans[: 2 * len(_FIXED)].reshape(len(_FIXED), 2)
+
+    @property
+    def flat_spans(self) -> np.ndarray:
+        """(flat columns, 4): what ``gather.visit_lengths`` and ``gather.visit_copy`` read."""
+        return self.spans[2 * len(_FIXED) : 2 * len(_FIXED) + 4 * len(_FLAT)].reshape(len(_FLAT), 4)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _Layout) and self.media == other.media and self.null == other.null
+                and np.array_equal(self.spans, other.spans))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _flat_spec(spec: _Spec, out: list[int]) -> None:
+    """``spec``'s tree depth first onto ``out``: each node's length and null count, then each of its buffers'
+    (byte offset, bytes), (-1, -1) where absent; its type is the column's (``_rebuilt``)."""
+    out += (spec.length, spec.null_count)
+    for b in spec.buffers:
+        out += (-1, -1) if b is None else b
+    for child in spec.children:
+        _flat_spec(child, out)
 
 
 _LAYOUTS: dict[tuple[str, int, int, int], _Layout] = {}
 """The files ``take_rows(remember=True)`` visited in this process, by (path, inode, mtime, size): a file
 written again under the same name is another key."""
-LAYOUTS_MAX = 1024
-"""At most this many layouts (~8 KB each: <= ~8.5 MB a process, whatever the corpus); a take over more files
-remembers none (past it the exchange runs: ``stages.map_tasks``), another cache's drop the oldest."""
+LAYOUTS_MAX = 65_536
+"""At most this many layouts (~1.8 KB each with images, measured: <= ~120 MB a process, whatever the corpus; the
+~39k map outputs of a 1B-example build ~70 MB), so that a writer visiting every map output keeps them all (a
+remembered visit costs ~1/3 of an Arrow one: docs/scale.md); a take over more files remembers none, another
+cache's drop the oldest."""
 
 
 def _file_key(path: str) -> tuple[str, int, int, int]:
@@ -560,11 +615,6 @@ def _mapped(path: str) -> tuple[np.ndarray, pa.Buffer]:
     finally:
         os.close(fd)
     return np.frombuffer(mm, dtype=np.uint8), pa.py_buffer(mm)
-
-
-def _view(mapped: np.ndarray, span: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    at, count = span
-    return mapped[at : at + dtype.itemsize * count].view(dtype)
 
 
 def _spec(arr: pa.Array, base: int, size: int, buffers: list[pa.Buffer | None] | None = None) -> _Spec | None:
@@ -600,11 +650,22 @@ def _spec(arr: pa.Array, base: int, size: int, buffers: list[pa.Buffer | None] |
                  items=len(kids[0]) if pa.types.is_list(t) else 0)
 
 
-def _rebuilt(buffer: pa.Buffer, spec: _Spec) -> pa.Array:
-    """The array ``spec`` describes, on ``buffer`` (the file mapped again): zero-copy."""
-    buffers = [None if b is None else buffer.slice(b[0], b[1]) for b in spec.buffers]
-    return pa.Array.from_buffers(spec.type, spec.length, buffers, spec.null_count,
-                                 children=[_rebuilt(buffer, c) for c in spec.children] or None)
+def _rebuilt(buffer: pa.Buffer, t: pa.DataType, spec: list[int], i: int = 0) -> tuple[pa.Array, int]:
+    """The array of type ``t`` whose flattened spec (``_flat_spec``) starts at ``spec[i]``, on ``buffer`` (the
+    file mapped again), zero-copy; and where the spec after it starts."""
+    length, nulls = spec[i], spec[i + 1]
+    i += 2
+    buffers = []
+    for _ in range(t.num_buffers):
+        buffers.append(None if spec[i] < 0 else buffer.slice(spec[i], spec[i + 1]))
+        i += 2
+    kids = [t.value_type] if pa.types.is_list(t) else [t.field(k).type for k in range(t.num_fields)] \
+        if pa.types.is_struct(t) else []
+    children = []
+    for kid in kids:
+        child, i = _rebuilt(buffer, kid, spec, i)
+        children.append(child)
+    return pa.Array.from_buffers(t, length, buffers, nulls, children=children or None), i
 
 
 def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], flat: dict[str, tuple[int, int, int, int]],
@@ -639,7 +700,17 @@ def _remember(key: tuple[str, int, int, int], columns_of: dict[str, pa.Array], f
         return
     if len(_LAYOUTS) >= LAYOUTS_MAX:
         del _LAYOUTS[next(iter(_LAYOUTS))]
-    _LAYOUTS[key] = _Layout(fixed=spans, flat={name: flat[name] for name in wanted}, media=specs, null=null)
+    out: list[int] = []
+    for name in _FIXED:
+        out += spans.get(name, (-1, 0))
+    for name in _FLAT:
+        out += flat[name] if name in wanted else (-1, 0, -1, 0)
+    where = []
+    for name, spec in specs.items():
+        where.append((name, len(out) if spec.items else -1, spec.items))
+        if spec.items:
+            _flat_spec(spec, out)
+    _LAYOUTS[key] = _Layout(spans=np.array(out, dtype=np.int64), media=tuple(where), null=null)
 
 
 def _flat_span(arr: pa.Array, base: int, size: int) -> tuple[np.ndarray, tuple[int, int, int, int] | None]:

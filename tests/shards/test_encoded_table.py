@@ -263,3 +263,32 @@ def test_learnt_layouts_are_what_a_first_remembered_take_keeps(tmp_path, kind):
             assert take_rows(files, starts, sel, remember=True).equals(table.take(pa.array(sel)))
     finally:
         assemble._LAYOUTS.clear()
+
+
+def test_a_writer_keeps_the_layout_of_every_map_output_past_a_thousand(tmp_path):
+    """A 1B-example build's writers visit ~39k map outputs, a row or two from each: every file's layout is kept
+    (a remembered visit is ~1/4 of an Arrow one's CPU, ``scripts/bench_visits.py``), here 1,100 files (the old
+    limit was 1,024), each layout a small array (``LAYOUTS_MAX`` of them must fit a writer), and the takes that
+    view the files through them equal pyarrow's take, images included."""
+    rng = np.random.default_rng(5)
+    table = encoded_table([random_example(rng, i, images=i % 3 == 0, mrope=True) for i in range(1100)])
+    files = []
+    for c in range(1100):
+        files.append(str(tmp_path / f"map-{c:06d}.arrow"))
+        with ipc.new_file(files[-1], EXAMPLE_SCHEMA) as writer:
+            writer.write_table(table.slice(c, 1))
+    starts = np.arange(1101)
+    assemble._LAYOUTS.clear()
+    try:
+        assert learn_layouts(files) == 1100
+        first = files[int(np.flatnonzero(table.column("num_images").to_numpy())[0])]
+        with_images = next(v for k, v in assemble._LAYOUTS.items() if k[0] == first)
+        name, at, items = with_images.media[0]
+        assert (name, at > 0, items > 0) == ("images", True, True)  # the images' spec, in the one array
+        assert with_images.spans.nbytes < 1500
+        for _ in range(2):
+            sel = rng.permutation(1100)[:700]
+            assert take_rows(files, starts, sel, remember=True).equals(table.take(pa.array(sel)))
+        assert len(assemble._LAYOUTS) == 1100
+    finally:
+        assemble._LAYOUTS.clear()
