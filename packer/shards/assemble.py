@@ -410,8 +410,9 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     spans: dict[int, dict[str, tuple[int, int, int, int]]] = {}  # file -> column -> its offsets' and values'
     known: dict[int, _Layout] = {}  # file -> its layout, where pass 1 used one
     # the media lists of the rows taken, through pyarrow while the file is open: from the first file whose
-    # rows hold an item (or a null), the rows before it as empty lists (``without``); each column apart, so a
-    # column with no item yet (videos, audios of an image corpus) takes nothing
+    # rows hold an item (or a null), the rows before it as empty lists (``without``), and so a remembered
+    # file's rows that hold none; each column apart, so a column with no item yet (videos, audios of an image
+    # corpus) takes nothing
     media_parts = {name: _Parts() for name in media}
     without = dict.fromkeys(media, 0)
 
@@ -432,15 +433,16 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             visit_lengths(mapped, layout.fixed_spans, _FIXED_WIDTHS, layout.flat_spans, rows, to, all_fixed,
                           all_lengths)
             known[c] = layout
-            for name, at, count in layout.media:
+            for name, at, count in layout.media:  # never null here (``_remember``)
+                taken = 0
                 if count:
                     spec = layout.spans[at : at + 6].tolist()  # the list's length, nulls, validity, offsets
                     offsets = mapped[spec[4] : spec[4] + spec[5]].view(np.int32)
-                    items[name] += int((offsets[rows + 1] - offsets[rows]).sum())
-                if items[name] or nulls[name]:
-                    add_media(name, _rebuilt(buffer, types[name], layout.spans[at:].tolist())[0].take(pa.array(rows))
-                              if count else _empty_lists(rows.shape[0], [name], types).column(0))
-                else:
+                    taken = int((offsets[rows + 1] - offsets[rows]).sum())
+                    items[name] += taken
+                if taken:
+                    add_media(name, _rebuilt(buffer, types[name], layout.spans[at:].tolist())[0].take(pa.array(rows)))
+                else:  # empty lists, counted until the next part (a visit of a row or two at 1B: mostly these)
                     without[name] += rows.shape[0]
             mapped = buffer = offsets = None  # unmapped here
             continue
