@@ -36,13 +36,14 @@ starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 remembered = len(files) <= assemble.LAYOUTS_MAX
 take = assemble.take_rows
 out = {"layouts_max": assemble.LAYOUTS_MAX, "remembered": remembered}
-if remembered:  # what the layouts hold: Python's allocations while they are learnt, per layout
-    import gc, tracemalloc
+if remembered:  # what the layouts hold: Python's allocations while they are learnt, per layout (after a
+    import gc, tracemalloc  # first few, which pay one-time imports and caches)
+    assemble.learn_layouts(files[:8])
     gc.collect()
     tracemalloc.start()
     assemble.learn_layouts(files)
     gc.collect()
-    out["layout_bytes"] = tracemalloc.get_traced_memory()[0] / max(1, len(assemble._LAYOUTS))
+    out["layout_bytes"] = tracemalloc.get_traced_memory()[0] / max(1, len(assemble._LAYOUTS) - 8)
     tracemalloc.stop()
 take(files, starts, starts[:-1].copy(), remember=True)  # first visits: layouts learnt where this packer keeps them
 rng = np.random.default_rng(0)
