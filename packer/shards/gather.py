@@ -1,4 +1,4 @@
-"""The compiled copy loop of ``assemble.take_rows`` (numba): imported by the write stage only, so ``import
+"""The compiled copy loops of ``assemble.take_rows`` (numba): imported by the write stage only, so ``import
 packer.shards`` (verify, the training loaders) does not pay numba's import."""
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def visit_copy(mapped: np.ndarray, columns: np.ndarray, spans: np.ndarray, width
 @njit(cache=True, inline="always")
 def _copy(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.ndarray, out_offsets: np.ndarray,
           dest: np.ndarray) -> None:
+    """``copy_ranges`` inlined into ``visit_copy`` for one column (its values typed: int32 or bytes)."""
     for k in range(rows.shape[0]):
         a, d = offsets[rows[k]], out_offsets[dest[k]]
         for j in range(offsets[rows[k] + 1] - a):
@@ -79,7 +80,8 @@ def _copy(src: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.ndarra
 
 def warm(mrope: bool = False) -> None:
     """numba started and ``copy_ranges`` loaded from its cache for the columns every shard write copies (the
-    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file), the derived
+    strings' bytes, int32 lists; offsets and values read-only, as mapped from a chunk file), a remembered
+    visit's two calls (``visit_lengths``, ``visit_copy``: one signature each, whatever the columns), the derived
     labels' and positions' passes (``derived_runs``: every chunk's encode and every shard's rows), and with ``mrope``
     (a profile with mRoPE positions) the float32 lists and the encode's ``split_runs`` (``mrope.sparse``) too:
     ``local.LocalExecutor.load_encoder`` runs this before it forks the pool, so the workers inherit them instead
