@@ -365,9 +365,10 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     an object store are read from this machine's copy (``store.local_file``).
 
     ``remember``: the caller will take rows of these files again in this process (a writer's next shards):
-    where each buffer of a file lies is kept (``_Layout``, ~1.8 KB a file; not past ``LAYOUTS_MAX`` files), and a
-    later visit maps the file and copies every fixed and flat column's rows in one compiled call a pass
-    (``gather.visit_lengths``, ``gather.visit_copy``), no Arrow reader (docs/benchmarks.md, "Repack").
+    where each buffer of a file lies is kept (``_Layout``: one small array a file; not past ``LAYOUTS_MAX``
+    files), and a later visit maps the file and copies every fixed and flat column's rows in one compiled call a
+    pass (``gather.visit_lengths``, ``gather.visit_copy``), no Arrow reader (docs/benchmarks.md, "Write stage: a
+    writer's file visits").
     """
     from packer.shards.gather import copy_ranges, visit_copy, visit_lengths
 
@@ -436,12 +437,12 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
             for name, at, count in layout.media:  # never null here (``_remember``)
                 taken = 0
                 if count:
-                    spec = layout.spans[at : at + 6].tolist()  # the list's length, nulls, validity, offsets
+                    spec = layout.spans[at:].tolist()  # the list's length, nulls, validity, offsets, children
                     offsets = mapped[spec[4] : spec[4] + spec[5]].view(np.int32)
                     taken = int((offsets[rows + 1] - offsets[rows]).sum())
                     items[name] += taken
                 if taken:
-                    add_media(name, _rebuilt(buffer, types[name], layout.spans[at:].tolist())[0].take(pa.array(rows)))
+                    add_media(name, _rebuilt(buffer, types[name], spec)[0].take(pa.array(rows)))
                 else:  # empty lists, counted until the next part (a visit of a row or two at 1B: mostly these)
                     without[name] += rows.shape[0]
             mapped = buffer = offsets = None  # unmapped here
@@ -544,9 +545,8 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
 class _Spec:
     """Where one Arrow array's buffers lie in its mapped file (``(byte offset, bytes)`` each, None for an absent
     validity bitmap), its length and null count, its children's specs: enough to build it again zero-copy
-    from another mapping of the same file (``_rebuilt``)."""
+    from another mapping of the same file (``_flat_spec``, then ``_rebuilt`` with the column's type)."""
 
-    type: pa.DataType
     length: int
     null_count: int
     buffers: tuple[tuple[int, int] | None, ...]
@@ -557,12 +557,12 @@ class _Spec:
 @dataclass(frozen=True, eq=False)
 class _Layout:
     """What a visit of a file needs of it, learnt from its first (Arrow) visit: where each column's buffers lie
-    in the file, as one int64 array (~1.8 KB a layout with images, against ~10 KB as dicts of tuples and
-    ``_Spec`` trees: layouts for tens of thousands of map outputs). Only for a file whose columns are each null in no row or in
-    every row (``null``)."""
+    in the file, as one int64 array (small enough to keep one for each of tens of thousands of map outputs).
+    Only for a file whose columns are each null in no row or in every row (``null``)."""
 
-    spans: np.ndarray  # EXAMPLE_SCHEMA's fixed columns' (byte offset, values), then its flat columns' offsets'
-    # and values' (byte offset, count), -1 where a column is null here; then the media columns' specs (``_flat_spec``)
+    spans: np.ndarray  # EXAMPLE_SCHEMA's fixed columns' (byte offset, values), then its flat columns'
+    # offsets' and values' (byte offset, count), -1 where a column is null here; then the media columns' specs
+    # (``_flat_spec``)
     media: tuple[tuple[str, int, int], ...]  # media column -> (its spec's first index in ``spans``, its items)
     null: tuple[str, ...]  # columns null in every row
 
@@ -597,10 +597,9 @@ _LAYOUTS: dict[tuple[str, int, int, int], _Layout] = {}
 """The files ``take_rows(remember=True)`` visited in this process, by (path, inode, mtime, size): a file
 written again under the same name is another key."""
 LAYOUTS_MAX = 65_536
-"""At most this many layouts (~1.8 KB each with images, measured: <= ~120 MB a process, whatever the corpus; the
-~39k map outputs of a 1B-example build ~70 MB), so that a writer visiting every map output keeps them all (a
-remembered visit costs ~1/3 of an Arrow one: docs/scale.md); a take over more files remembers none, another
-cache's drop the oldest."""
+"""At most this many layouts (their bytes, and a remembered visit's cost against an Arrow one's: docs/scale.md,
+"The 1B estimate, session 25"), so that a writer visiting every map output of a 1B-example build (~39k) keeps
+them all; a take over more files remembers none, another cache's drop the oldest."""
 
 
 def _file_key(path: str) -> tuple[str, int, int, int]:
@@ -627,7 +626,7 @@ def _spec(arr: pa.Array, base: int, size: int, buffers: list[pa.Buffer | None] |
         return None
     t = arr.type
     if buffers is None and pa.types.is_list(t) and not arr.null_count and not len(arr.values):  # a take: empty lists
-        return _Spec(t, len(arr), 0, (), ())
+        return _Spec(len(arr), 0, (), ())
     if buffers is None:
         buffers = arr.buffers()[::-1]  # popped from the end
     spans: list[tuple[int, int] | None] = []
@@ -648,7 +647,7 @@ def _spec(arr: pa.Array, base: int, size: int, buffers: list[pa.Buffer | None] |
         if child is None:
             return None
         children.append(child)
-    return _Spec(t, len(arr), arr.null_count, tuple(spans), tuple(children),
+    return _Spec(len(arr), arr.null_count, tuple(spans), tuple(children),
                  items=len(kids[0]) if pa.types.is_list(t) else 0)
 
 
@@ -733,10 +732,7 @@ def learn_layouts(files: Sequence[str]) -> int:
     whose record batches are not one are left to ``take_rows``; returns how many it learnt."""
     if len(files) > LAYOUTS_MAX:
         return 0
-    types = {f.name: f.type for f in EXAMPLE_SCHEMA}
-    flat = [name for name, t in types.items() if _flat(t)]
-    media = [name for name, t in types.items() if pa.types.is_list(t) and not _flat(t)]
-    fixed = [name for name in types if name not in flat and name not in media]
+    flat, media, fixed = _FLAT, _MEDIA, _FIXED
     learnt = 0
     for path in files:
         if not isinstance(path, str) or "://" in path:
