@@ -30,7 +30,8 @@ CHILD = r"""
 import glob, json, sys, time
 import numpy as np
 from packer.shards import assemble
-files, rows_per, reps = sorted(glob.glob(sys.argv[1] + "/part-*.arrow")), [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
+files = sorted(glob.glob(sys.argv[1] + "/part-*.arrow"))
+rows_per, reps = [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 counts = json.load(open(sys.argv[1] + "/counts.json"))
 starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 remembered = len(files) <= assemble.LAYOUTS_MAX
@@ -89,7 +90,8 @@ def run(code: Path, parts: Path, rows: list[int], reps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keep", type=Path, required=True, help="bench_repack.py's --keep DIR (DIR/full-N is made if missing)")
+    ap.add_argument("--keep", type=Path, required=True,
+                    help="bench_repack.py's --keep DIR (DIR/full-N is made if missing)")
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--coco", type=Path, default=REPO.parent / "shared" / "data" / "coco-mini")
     ap.add_argument("--files", type=int, default=4096)
