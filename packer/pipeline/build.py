@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -89,7 +88,7 @@ from packer.shards.schema import (
     TokenizerRef,
     Totals,
 )
-from packer.shards.store import ObjectPath, mirror_dir, remove_tree, store_path, write_atomic
+from packer.shards.store import ObjectPath, remove_tree, store_path, write_atomic
 
 if TYPE_CHECKING:  # the encoder's modules load where one is made (make_encoder): not in a repack, which encodes nothing
     from packer.encode.encoder import Encoder
@@ -265,9 +264,8 @@ def _build(config: BuildConfig, *, executor: Executor, hooks: Hooks, progress: b
     remove_stale_shards(out, {e["file"] for e in shard_entries})
     if exchange_dir(cache).exists():  # the map outputs: a copy of the cache, needed by no later stage
         remove_tree(exchange_dir(cache))
-    if isinstance(cache.root, ObjectPath):  # this machine's copies of the cache's objects (store.local_file)
-        shutil.rmtree(mirror_dir(cache.root), ignore_errors=True)
-        shutil.rmtree(mirror_dir(exchange_dir(cache)), ignore_errors=True)
+    if isinstance(cache.root, ObjectPath):  # every machine's copies of the cache's objects (store.local_file)
+        executor.drop_copies([cache.root, exchange_dir(cache)])
 
     rejects = sorted(_encode_rejects(cache, config) + budget_rejected, key=lambda r: (r["path"], r["line"]))
     write_rejects(out / REJECTS, rejects)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from packer.pipeline.cache import ChunkCounts, EncodeCache
     from packer.pipeline.faults import Hooks
     from packer.pipeline.stages import Chunk, MapTask, ShardRange
+    from packer.shards.store import ObjectPath
 
 T = TypeVar("T")
 E = TypeVar("E", bound="Executor")
@@ -105,6 +106,14 @@ class Executor(ABC):
 
         for task in tasks:
             yield exchange_map(task, cache=cache, hooks=hooks)
+
+    def drop_copies(self, prefixes: Sequence[ObjectPath]) -> None:
+        """Delete the copies of the objects under ``prefixes`` that tasks downloaded (``store.local_file``: the
+        encode cache's chunks, the map outputs), once no task needs them: on every machine that ran one. By
+        default this machine's (the build's and its pool's)."""
+        from packer.shards.store import drop_mirrors
+
+        drop_mirrors(prefixes)
 
     def writes_here(self, examples: int, ranges: int) -> bool:
         """Will ``write`` run ``ranges`` shard ranges of ``examples`` planned examples in this process? Then

@@ -33,6 +33,7 @@ from packer.pipeline.executor import Executor
 from packer.pipeline.faults import Hooks
 from packer.pipeline.output import remove_stale_temp_files
 from packer.pipeline.stages import Chunk, MapTask, ShardRange, encode_chunk, exchange_map, write_shard_range
+from packer.shards.store import ObjectPath, drop_mirrors
 
 if TYPE_CHECKING:
     import numpy as np
@@ -106,6 +107,24 @@ class RayExecutor(Executor):
         cache_ref = ray.put(cache)
         yield from self._ordered(lambda r: task.remote(r, cache_ref, config, hooks, self.cwd), ranges)
         remove_stale_temp_files(_output(cache), keep_own=True)
+
+    def drop_copies(self, prefixes: Sequence[ObjectPath]) -> None:
+        """On every live node (a 0-CPU task pinned to each: the head too) and here: each machine's tasks share
+        its copies (``store.local_file``), and no other node can delete them. A node that leaves meanwhile
+        takes its copies with it."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(num_cpus=0, max_retries=0)(drop_mirrors)
+        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+                .remote(list(prefixes)) for node in ray.nodes() if node["Alive"]]
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+                    ray.exceptions.TaskUnschedulableError):
+                pass  # a node that left holds nothing any more
+        super().drop_copies(prefixes)  # the driver's machine, which may be no node of the cluster (ray://)
 
     def _ordered(self, submit: Callable[[Any], Any], items: Iterable[Any]) -> Generator[Any, None, None]:
         """Submit a task per item, at most ``window`` ahead of the one awaited; yield results in item order.

@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -217,7 +217,15 @@ def local_file(path: Path | ObjectPath) -> Path:
     return copy
 
 
-def mirror_dir(prefix: ObjectPath) -> Path:
-    """This machine's directory of downloaded copies of the objects under ``prefix`` (``local_file``)."""
-    return Path(tempfile.gettempdir()) / "packer-store" / hashlib.sha256(prefix.url.encode()).hexdigest()[:16]
+def mirror_dir(prefix: ObjectPath, tmp: str | Path | None = None) -> Path:
+    """This machine's directory of downloaded copies of the objects under ``prefix`` (``local_file``), in its
+    temp directory (``tmp``: another machine's, a test's view of a node)."""
+    root = Path(tmp if tmp is not None else tempfile.gettempdir())
+    return root / "packer-store" / hashlib.sha256(prefix.url.encode()).hexdigest()[:16]
+
+
+def drop_mirrors(prefixes: Iterable[ObjectPath]) -> None:
+    """Delete this machine's copies of the objects under each prefix (``local_file``)."""
+    for prefix in prefixes:
+        shutil.rmtree(mirror_dir(prefix), ignore_errors=True)
 

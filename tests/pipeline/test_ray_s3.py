@@ -33,7 +33,7 @@ import ray.cloudpickle  # noqa: E402
 from packer.config import BuildConfig  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
 from packer.report.verify import verify_build  # noqa: E402
-from packer.shards.store import store_path  # noqa: E402
+from packer.shards.store import mirror_dir, store_path  # noqa: E402
 from tests.media.make_videos import write_clip  # noqa: E402
 from tests.pipeline import s3_cluster, s3_faults  # noqa: E402
 from tests.pipeline.s3_cluster import (  # noqa: E402
@@ -163,6 +163,9 @@ def test_a_multi_node_build_on_s3_is_byte_identical(cluster, corpus, reference, 
     assert digests(out) == reference
     assert result.stats["rejected"] == 3 * 5
     assert not list(driver_cwd.iterdir())
+    # every node's copies of the encode cache's objects (the writers memory-map them) are gone with the build
+    for prefix in (store_path(f"{out}/.packer/encode"), store_path(f"{out}/.packer/exchange")):
+        assert not [m for t in cluster.node_tmps if (m := mirror_dir(prefix, t)).exists()]
     # tasks ran on both worker nodes, none on the head (it has no CPU)
     assert len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]) == 2
     report = verify_build(out)
