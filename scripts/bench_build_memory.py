@@ -20,6 +20,7 @@ time per record.
     BENCH_CALL_PEAKS=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # + each planner call's
     BENCH_ONE_BUDGET=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # max_vision_tokens only
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
+    python scripts/bench_build_memory.py --sizes 5e6 --rows-per-shard 5   # the 1B regime: shards x map outputs
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
 (``PACKER_SHARED``'s coco-mini, reused: the header probe is per record), built with ``--profile qwen2-vl``.
@@ -103,7 +104,7 @@ def make_image_records(path: Path, n: int, coco: Path, seed: int = 0) -> None:
     tmp.rename(path)
 
 
-def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
+def _child(path: str, out: str, num_proc: int, profile: str = "text", rows_per_shard: str = "0") -> None:
     """One build in this process; print the driver's peak RSS per stage (MiB) and the stage wall times."""
     from packer.config import BuildConfig
     from packer.pipeline.build import build, make_executor
@@ -123,6 +124,8 @@ def _child(path: str, out: str, num_proc: int, profile: str = "text") -> None:
         stage[0] = name
 
     extra = {"max_pixels": 256 * 28 * 28} if profile != "text" else {}
+    if int(rows_per_shard):
+        extra.update(rows_per_shard=int(rows_per_shard), rows_per_row_group=int(rows_per_shard))
     config = BuildConfig.from_inputs([path], out, profile=profile, num_proc=num_proc, overwrite=True, **extra)
     inner = make_executor(config)
 
@@ -272,8 +275,9 @@ def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float],
             samples.append((time.perf_counter(), name, rss, u))
 
 
-def run_build(path: Path, out: Path, num_proc: int, profile: str = "text") -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), profile]
+def run_build(path: Path, out: Path, num_proc: int, profile: str = "text", rows_per_shard: int = 0) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), profile,
+           str(rows_per_shard)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -314,7 +318,7 @@ def run_build(path: Path, out: Path, num_proc: int, profile: str = "text") -> di
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:7])
         return
     if sys.argv[1:2] == ["--driver-only"]:
         ap = argparse.ArgumentParser(prog="bench_build_memory.py --driver-only")
@@ -346,6 +350,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the records (and builds) go")
     ap.add_argument("--shape", choices=("text", "image"), default="text", help="tiny text records, or chats with "
                     "COCO photos in 30%% of them (qwen2-vl)")
+    ap.add_argument("--rows-per-shard", type=int, default=0, help="packs a shard (and a row group); 0: the default. "
+                    "A few: the shards x map outputs of a 1B build at a small one's size (each shard ~25k "
+                    "examples at 1B: ~39k shards, ~39k map outputs)")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-build-memory-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -359,7 +366,7 @@ def main() -> None:
             path, profile = root / f"image-{n}.jsonl", "qwen2-vl"
             shared = Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared"))
             make_image_records(path, n, shared / "data" / "coco-mini")
-        r = run_build(path, root / f"out-{n}", args.num_proc, profile)
+        r = run_build(path, root / f"out-{n}", args.num_proc, profile, args.rows_per_shard)
         rows.append(r)
         stages = ", ".join(f"{k} {v:.0f}" for k, v in r["driver_peak_mib"].items())
         wstages = ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}" for k, v in r["worker_peak_mib_by_stage"].items())

@@ -500,17 +500,15 @@ def _exchange(
     if found is None:
         return ranges
     tasks, positions = found
-    counts = np.zeros((len(tasks), total), dtype=np.int64)  # (M, S) rows of shard s in map m
+    out_starts = np.zeros(len(tasks) + 1, dtype=np.int64)  # first row of each map output, then the total
     with progress_bar(total=len(tasks), enabled=progress, desc="exchange", unit="map") as bar, \
             closing(executor.exchange(tasks, cache=cache, config=config, hooks=hooks)) as results:
         for i, written in enumerate(results):
-            counts[i] = written
+            out_starts[i + 1] = out_starts[i] + written
             bar.update(1)
     cache_starts = cache.starts[[t.first_chunk for t in tasks] + [cache.num_chunks]]
     del tasks, positions  # the write positions (4 bytes per example): the writers need only the sections
-    out_starts = np.concatenate([[0], np.cumsum(counts.sum(axis=1))])
-    sections = np.cumsum(counts, axis=1) - counts  # where shard s's rows start in map output m
-    return replace(ranges, exchange=(exchange_dir(cache), cache_starts, out_starts, sections))
+    return replace(ranges, exchange=(exchange_dir(cache), cache_starts, out_starts))
 
 
 def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from packer.config import BuildConfig
     from packer.encode.encoder import Encoder
@@ -99,8 +98,8 @@ class Executor(ABC):
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[np.ndarray, None, None]:
-        """Run each map task of the exchange (``stages.exchange_map``); yield its per-shard counts in task
+    ) -> Generator[int, None, None]:
+        """Run each map task of the exchange (``stages.exchange_map``); yield how many rows each wrote, in task
         order. By default in this process (an executor that runs tasks elsewhere overrides it)."""
         from packer.pipeline.stages import exchange_map
 

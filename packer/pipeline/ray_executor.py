@@ -36,7 +36,6 @@ from packer.pipeline.stages import Chunk, MapTask, ShardRange, encode_chunk, exc
 from packer.shards.store import ObjectPath, drop_mirrors
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from packer.encode.encoder import Encoder
 
@@ -88,8 +87,8 @@ class RayExecutor(Executor):
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[np.ndarray, None, None]:
-        """One task per map task of the exchange; yield each one's per-shard counts in task order."""
+    ) -> Generator[int, None, None]:
+        """One task per map task of the exchange; yield how many rows each wrote, in task order."""
         ray = _ray()
         task = ray.remote(max_retries=MAX_RETRIES)(_exchange_task)
         cache_ref = ray.put(cache)
@@ -180,7 +179,7 @@ def _encode_task(chunk: Chunk, boxed: list, cache: EncodeCache, config: BuildCon
     return encode_chunk(chunk, encoder=_ENCODER[key], cache=cache, config=config, hooks=hooks)
 
 
-def _exchange_task(task: MapTask, cache: EncodeCache, hooks: Hooks, cwd: str) -> np.ndarray:
+def _exchange_task(task: MapTask, cache: EncodeCache, hooks: Hooks, cwd: str) -> int:
     _enter(cwd)
     return exchange_map(task, cache=cache, hooks=hooks)
 

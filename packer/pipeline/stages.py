@@ -22,7 +22,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
@@ -740,7 +740,6 @@ class MapTask:
     end_chunk: int  # exclusive
     rows: np.ndarray | None  # (k,) cache row of each of its planned examples (input order); None: every row once
     positions: np.ndarray  # (k,) write position of each (its place in ``Plan.order``)
-    shard_starts: np.ndarray  # (S + 1,) first write position of each shard, then the total
 
 
 @dataclass(frozen=True)
@@ -751,6 +750,7 @@ class Exchange:
     cache_starts: np.ndarray  # (M + 1,) first cache row each map task reads, then the total
     out_starts: np.ndarray  # (M + 1,) first row of each map output in their concatenation, then the total
     sections: np.ndarray  # (shards of the range, M) where each shard's rows start in each map output
+    # (``ShardRanges`` counts them as it makes the ranges: the driver holds no (M, S) table)
 
     def take(self, sel: np.ndarray, j: int, *, remember: bool = False) -> pa.Table:
         """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
@@ -815,7 +815,6 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
     for a in range(0, n, 1 << 20):  # the inverse of ``order``, a block at a time (no (n,) arange)
         b = min(n, a + (1 << 20))
         positions[plan.order[a:b]] = np.arange(a, b, dtype=positions.dtype)
-    shard_starts = plan.bounds[np.minimum(np.arange(shards + 1) * rows_per_shard, len(plan.pack_sizes))].astype(np.int64)
     tasks = []
     for i, (c0, c1) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         r0, r1 = int(starts[c0]), int(starts[c1])
@@ -824,36 +823,35 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
         else:  # planned examples are in input order: those of these chunks are one slice
             lo, hi = plan.sampled.first(r0), plan.sampled.first(r1)
             rows = r0 + plan.sampled.index_part(r0, r1)
-        tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi], shard_starts))
+        tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi]))
     return tasks, positions
 
 
-def exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> np.ndarray:
+def exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> int:
     """Run one map task: write its planned examples in write order (atomically: a half-written output is
     a temp file, never the map output), unless a committed output of the same positions is there; return
-    (S,) how many of them each shard holds. The output's metadata holds the sha256 of its positions, so an
-    output of another plan is never read as this one's."""
+    how many rows it holds. The output's metadata holds the sha256 of its positions, so an output of another
+    plan is never read as this one's."""
     with stage(f"exchange (map {task.index}: chunks {task.first_chunk}..{task.end_chunk - 1})"):
         return _exchange_map(task, cache=cache, hooks=hooks)
 
 
-def _exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> np.ndarray:
+def _exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> int:
     import hashlib
 
     by_position = np.argsort(task.positions, kind="stable")
     positions = task.positions[by_position].astype(np.int64)
-    counts = np.diff(np.searchsorted(positions, task.shard_starts))
     key = hashlib.sha256(positions.tobytes()).hexdigest()
     path = map_file(exchange_dir(cache), task.index)
     if committed_ipc(path, {"positions_sha256": key}):
-        return counts
+        return len(positions)
     starts = cache.starts[task.first_chunk : task.end_chunk + 1]
     rows = by_position if task.rows is None else task.rows[by_position] - starts[0]
     table = take_rows([cache.arrow(c) for c in range(task.first_chunk, task.end_chunk)], starts - starts[0], rows)
     del rows
     write_ipc_atomic(path, table, {"positions_sha256": key})
     hooks.at("exchange", task.index)
-    return counts
+    return len(positions)
 
 
 # --------------------------------------------------------------------------------------------- write
@@ -874,13 +872,18 @@ class ShardRanges(Sequence[ShardRange]):
     """A plan's shard ranges, one per shard (progress and resume are per shard), each made when it is read:
     as its write task is sent, so the driver never holds every shard's rows and copy numbers at once (issue
     32: int32 + uint8 per planned example with up-sampled copies). Without sampling a range's examples are a
-    view of ``plan.order``. ``write_shard_range`` takes longer ranges too."""
+    view of ``plan.order``. ``write_shard_range`` takes longer ranges too.
+
+    With the exchange, where shard s's rows start in each map output is the rows of shards 0..s-1 read from
+    it: counted as the ranges are made, in order (one (M,) count; a range made out of order counts again from
+    shard 0), never an (M, S) table (at 1B ~39k x 39k, ~12 GB a table of int64)."""
 
     plan: Plan
     rows_per_shard: int
     remember: bool = False  # every range is written by one process: take_rows keeps each file's layout
-    exchange: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None = None  # root, cache and output starts,
-    # (M, S) where shard s's rows start in map output m: each range's ``Exchange``; None: the cache's chunks
+    exchange: tuple[Any, np.ndarray, np.ndarray] | None = None  # root, cache and output starts (M + 1 each):
+    # each range's ``Exchange``; None: the cache's chunks
+    _counted: _Counted = field(default_factory=lambda: _Counted(), init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return -(-(len(self.plan.bounds) - 1) // self.rows_per_shard)
@@ -904,10 +907,45 @@ class ShardRanges(Sequence[ShardRange]):
         examples, copies = plan.rows(plan.order[bounds[0] : bounds[-1]])
         found = None
         if self.exchange is not None:
-            root, cache_starts, out_starts, sections = self.exchange
-            found = Exchange(root, cache_starts, out_starts, np.ascontiguousarray(sections[:, s : s + 1].T))
+            root, cache_starts, out_starts = self.exchange
+            found = Exchange(root, cache_starts, out_starts, self._sections(s, examples)[None, :])
         return ShardRange(first=s, pack_sizes=np.diff(bounds), examples=examples, copies=copies, exchange=found,
                           remember=self.remember)
+
+
+    def _sections(self, s: int, examples: np.ndarray) -> np.ndarray:
+        """(M,) where shard ``s``'s rows (``examples``, its cache rows) start in each map output."""
+        cache_starts = self.exchange[1]
+        m = len(cache_starts) - 1
+
+        def read(rows: np.ndarray) -> np.ndarray:  # how many rows each map output gives them
+            return np.bincount(np.searchsorted(cache_starts, rows, side="right") - 1, minlength=m)
+
+        counted = self._counted
+        with counted.lock:
+            if counted.last is not None and counted.last[0] == s:  # made again (a warm-up's, then the task's)
+                return counted.last[1]
+            if counted.before is None or s < counted.next:
+                counted.before, counted.next = np.zeros(m, dtype=np.int64), 0
+            while counted.next < s:  # shards not made yet, in order
+                t = counted.next
+                p0, p1 = t * self.rows_per_shard, t * self.rows_per_shard + self.num_packs(t)
+                counted.before += read(self.plan.rows(self.plan.order[self.plan.bounds[p0] : self.plan.bounds[p1]])[0])
+                counted.next = t + 1
+            starts = counted.before.copy()
+            counted.before += read(examples)
+            counted.next, counted.last = s + 1, (s, starts)
+            return starts
+
+
+@dataclass
+class _Counted:
+    """``ShardRanges``' count, per map output, of the rows of the shards before ``next``."""
+
+    before: np.ndarray | None = None
+    next: int = 0
+    last: tuple[int, np.ndarray] | None = None  # the last shard's starts
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> ShardRanges:

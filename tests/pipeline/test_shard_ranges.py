@@ -57,14 +57,23 @@ def test_each_range_holds_the_rows_and_copies_of_its_packs(weight):
         ranges[len(ranges)]
 
 
-def test_the_exchange_and_layout_are_given_to_every_range(tmp_path):
-    plan, config = _plan(2.5)
+@pytest.mark.parametrize("weight", [1.0, 2.5])
+def test_each_range_is_given_where_its_rows_start_in_each_map_output(weight, tmp_path):
+    """Counted as the ranges are made (no (M, S) table): the same starts in order, again, and out of order."""
+    plan, config = _plan(weight)
     ranges = shard_ranges(plan, rows_per_shard=config.rows_per_shard)
-    sections = np.arange(3 * len(ranges), dtype=np.int64).reshape(3, len(ranges))  # (M, S)
-    starts = np.array([0, 200, 400, 600])
-    moved = replace(ranges, remember=True, exchange=(tmp_path, starts, starts, sections))
-    for s in (0, len(ranges) - 1):
+    cache_starts = np.array([0, 150, 200, 420, 600])  # four map outputs over the 600 cache rows
+    out_starts = np.array([0, 1, 2, 3, 4])  # only passed on
+    moved = replace(ranges, remember=True, exchange=(tmp_path, cache_starts, out_starts))
+    # the table the driver no longer holds: rows of shard s from map m, then where they start
+    counts = np.array([np.bincount(np.searchsorted(cache_starts, ranges[s].examples, side="right") - 1,
+                                   minlength=4) for s in range(len(ranges))]).T  # (M, S)
+    assert (counts > 0).sum(axis=1).min() > 1  # each map output feeds several shards
+    sections = np.cumsum(counts, axis=1) - counts
+    n = len(ranges)
+    for s in [*range(n), n - 1, 2, 2, 0, n - 2, 1]:  # in order, made twice, back, forward skipping shards
         r = moved[s]
         assert r.remember and isinstance(r.exchange, Exchange) and r.exchange.root == tmp_path
         np.testing.assert_array_equal(r.exchange.sections, sections[:, s : s + 1].T)
+        np.testing.assert_array_equal(r.exchange.out_starts, out_starts)
         np.testing.assert_array_equal(r.examples, ranges[s].examples)
