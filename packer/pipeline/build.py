@@ -64,6 +64,7 @@ from packer.pipeline.output import (
 )
 from packer.pipeline.stages import (
     Chunk,
+    MapOutputs,
     Plan,
     ShardRanges,
     arrow_without_pandas,
@@ -75,6 +76,7 @@ from packer.pipeline.stages import (
     shard_ranges,
     streamed_inputs,
     warm_planner,
+    writer_groups,
 )
 from packer.shards.io import shard_name, write_json_atomic, write_text_atomic
 from packer.shards.schema import (
@@ -496,19 +498,21 @@ def _exchange(
     here = executor.writes_here(plan.num_examples, len(ranges))
     if here and len(ranges) > 1:  # this process visits each file once per shard: its layout is kept
         ranges = replace(ranges, remember=True)
-    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here)
+    groups = 1 if here else executor.write_groups(cache, total)
+    found = map_tasks(plan, cache.starts, rows_per_shard=config.rows_per_shard, one_process=here, groups=groups)
     if found is None:
         return ranges
     tasks, positions = found
-    out_starts = np.zeros(len(tasks) + 1, dtype=np.int64)  # first row of each map output, then the total
+    first = writer_groups(total, groups)
+    out_starts = np.zeros((len(first) - 1, len(tasks) + 1), dtype=np.int64)  # (G, M + 1) each group's outputs
     with progress_bar(total=len(tasks), enabled=progress, desc="exchange", unit="map") as bar, \
             closing(executor.exchange(tasks, cache=cache, config=config, hooks=hooks)) as results:
         for i, written in enumerate(results):
-            out_starts[i + 1] = out_starts[i] + written
+            out_starts[:, i + 1] = out_starts[:, i] + written
             bar.update(1)
     cache_starts = cache.starts[[t.first_chunk for t in tasks] + [cache.num_chunks]]
     del tasks, positions  # the write positions (4 bytes per example): the writers need only the sections
-    return replace(ranges, exchange=(exchange_dir(cache), cache_starts, out_starts))
+    return replace(ranges, exchange=MapOutputs(exchange_dir(cache), cache_starts, out_starts, first))
 
 
 def _save_plan(work: Path | ObjectPath, plan: Plan) -> None:

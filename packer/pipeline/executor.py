@@ -34,8 +34,8 @@ class Executor(ABC):
     an executor starts what its first stage needs); ``submit(scan_chunks, ...)`` to scan the inputs during that
     load; ``load_encoder`` (by default: makes the encoder, then ``preload(encoder)``) as soon as it has the
     encoder, before it fingerprints the tokenizer (workers may load it meanwhile); ``encode``, then ``exchange``
-    (builds of many shards), then ``write``; and ``close()`` when it ends, also on an error. An executor is also a
-    context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
+    (builds of many shards; ``write_groups`` first), then ``write``; and ``close()`` when it ends, also on an
+    error. An executor is also a context manager (``with LocalExecutor(2) as ex:`` starts and closes it).
 
     ``encode`` and ``write`` are generators: each runs its tasks wherever and in whatever order it likes and
     yields their results in task order, in the calling process; ``build`` closes it early on an error or
@@ -98,9 +98,9 @@ class Executor(ABC):
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[int, None, None]:
-        """Run each map task of the exchange (``stages.exchange_map``); yield how many rows each wrote, in task
-        order. By default in this process (an executor that runs tasks elsewhere overrides it)."""
+    ) -> Generator[tuple[int, ...], None, None]:
+        """Run each map task of the exchange (``stages.exchange_map``); yield how many rows each wrote for each
+        writer group, in task order. By default in this process (an executor that runs tasks elsewhere overrides it)."""
         from packer.pipeline.stages import exchange_map
 
         for task in tasks:
@@ -113,6 +113,12 @@ class Executor(ABC):
         from packer.shards.store import drop_mirrors
 
         drop_mirrors(prefixes)
+
+    def write_groups(self, cache: EncodeCache, shards: int) -> int:
+        """Into how many groups of consecutive shards the exchange splits its map outputs, each group's shards
+        written on one machine (``stages.MapTask``): where the machines share no disk, each downloads only its
+        groups' outputs. By default 1 (one machine, or a disk every machine shares)."""
+        return 1
 
     def writes_here(self, examples: int, ranges: int) -> bool:
         """Will ``write`` run ``ranges`` shard ranges of ``examples`` planned examples in this process? Then

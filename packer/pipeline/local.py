@@ -401,8 +401,8 @@ class LocalExecutor(Executor):
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[int, None, None]:
-        """Run the exchange's map tasks here (``num_proc`` 1) or in the pool; yield how many rows each wrote, in order."""
+    ) -> Generator[tuple[int, ...], None, None]:
+        """Run the exchange's map tasks here (``num_proc`` 1) or in the pool; yield their rows, in order."""
         if self.num_proc == 1 or not self._pays(sum(len(t.positions) for t in tasks)):
             for task in tasks:
                 yield exchange_map(task, cache=cache, hooks=hooks)
@@ -672,7 +672,7 @@ def _drop_encoder() -> None:
         pass
 
 
-def _exchange_task(args: tuple[MapTask, EncodeCache, Hooks]) -> int:
+def _exchange_task(args: tuple[MapTask, EncodeCache, Hooks]) -> tuple[int, ...]:
     task, cache, hooks = args
     _drop_encoder()
     return exchange_map(task, cache=cache, hooks=hooks)

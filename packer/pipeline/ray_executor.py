@@ -20,6 +20,7 @@ the same place (relative ones resolve against the driver's working directory whe
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections import deque
@@ -36,6 +37,7 @@ from packer.pipeline.stages import Chunk, MapTask, ShardRange, encode_chunk, exc
 from packer.shards.store import ObjectPath, drop_mirrors
 
 if TYPE_CHECKING:
+    import numpy as np
 
     from packer.encode.encoder import Encoder
 
@@ -87,24 +89,44 @@ class RayExecutor(Executor):
 
     def exchange(
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
-    ) -> Generator[int, None, None]:
-        """One task per map task of the exchange; yield how many rows each wrote, in task order."""
+    ) -> Generator[tuple[int, ...], None, None]:
+        """One task per map task of the exchange; yield how many rows each wrote per writer group, in order."""
         ray = _ray()
         task = ray.remote(max_retries=MAX_RETRIES)(_exchange_task)
         cache_ref = ray.put(cache)
         yield from self._ordered(lambda t: task.remote(t, cache_ref, hooks, self.cwd), tasks)
         remove_stale_temp_files(_output(cache), keep_own=True)
 
+    def write_groups(self, cache: EncodeCache, shards: int) -> int:
+        """One group a node with CPUs where the cache is on an object store (each node then downloads only its
+        group's map outputs, about 1/N of them); 1 where every node reads the same disk."""
+        if not isinstance(cache.root, ObjectPath):
+            return 1
+        return max(1, len(_cpu_nodes()))
+
     def write(
         self, ranges: Sequence[ShardRange], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[list[dict[str, Any]], None, None]:
-        """One task per shard range; yield each range's manifest entries in shard order."""
+        """One task per shard range; yield each range's manifest entries in shard order. With writer groups
+        (``write_groups``) a group's tasks go to its node (soft: a node that left has them run elsewhere), the
+        groups' tasks sent in turn so that every node has work."""
         ray = _ray()
         task = ray.remote(max_retries=MAX_RETRIES)(_write_task)
         # once, not per task: the indexed cache holds 8 bytes per chunk (0.5 MB at 61k chunks); a task reads
         # it from its node's object store without a copy
         cache_ref = ray.put(cache)
-        yield from self._ordered(lambda r: task.remote(r, cache_ref, config, hooks, self.cwd), ranges)
+        nodes = _cpu_nodes()
+        if getattr(ranges, "groups", 1) == 1 or not nodes:
+            yield from self._ordered(lambda r: task.remote(r, cache_ref, config, hooks, self.cwd), ranges)
+        else:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            def submit(s: int) -> Any:
+                on = NodeAffinitySchedulingStrategy(nodes[ranges.group(s) % len(nodes)], soft=True)
+                return task.options(scheduling_strategy=on).remote(ranges[s], cache_ref, config, hooks, self.cwd)
+
+            order = _in_turn(ranges.exchange.group_first)
+            yield from _in_shard_order(order, self._ordered(submit, order))
         remove_stale_temp_files(_output(cache), keep_own=True)
 
     def drop_copies(self, prefixes: Sequence[ObjectPath]) -> None:
@@ -144,6 +166,28 @@ class RayExecutor(Executor):
             raise
 
 
+def _cpu_nodes() -> list[str]:
+    """The ids of the live nodes that run tasks (a head started with no CPU runs none), sorted."""
+    return sorted(n["NodeID"] for n in _ray().nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)
+
+
+def _in_turn(group_first: np.ndarray) -> list[int]:
+    """Shard indices, each writer group's in order, the groups taking turns: 0, k, 2k, 1, k + 1, ..."""
+    spans = list(itertools.pairwise(group_first.tolist()))
+    return [a + i for i in range(max(b - a for a, b in spans)) for a, b in spans if a + i < b]
+
+
+def _in_shard_order(order: list[int], results: Iterable[Any]) -> Generator[Any, None, None]:
+    """The results of shards ``order`` (as they come) in shard order 0, 1, ..."""
+    waiting: dict[int, Any] = {}
+    due = 0
+    for s, result in zip(order, results, strict=True):
+        waiting[s] = result
+        while due in waiting:
+            yield waiting.pop(due)
+            due += 1
+
+
 def _output(cache: EncodeCache) -> Any:
     """The output location as the driver resolved it (a directory, or an object-store prefix): the cache
     lives in its ``.packer/encode``."""
@@ -179,7 +223,7 @@ def _encode_task(chunk: Chunk, boxed: list, cache: EncodeCache, config: BuildCon
     return encode_chunk(chunk, encoder=_ENCODER[key], cache=cache, config=config, hooks=hooks)
 
 
-def _exchange_task(task: MapTask, cache: EncodeCache, hooks: Hooks, cwd: str) -> int:
+def _exchange_task(task: MapTask, cache: EncodeCache, hooks: Hooks, cwd: str) -> tuple[int, ...]:
     _enter(cwd)
     return exchange_map(task, cache=cache, hooks=hooks)
 

@@ -733,13 +733,16 @@ once more (200k examples, 8 shards x 391 files: a repack 10.2 -> 6.7 CPU-s; docs
 class MapTask:
     """One map task of the exchange: the cache chunks ``first_chunk`` .. ``end_chunk - 1`` read once, their
     planned examples written in write order (``exchange/map-NNNNNN.arrow``), so that each shard's rows are
-    one contiguous section of each map output."""
+    one contiguous section of each map output. With writer groups (consecutive shards written on one machine:
+    ``Executor.write_groups``) one output per group (``map-NNNNNN-gGGGG.arrow``), so that a machine downloads
+    only its groups' rows from an object store."""
 
     index: int
     first_chunk: int
     end_chunk: int  # exclusive
     rows: np.ndarray | None  # (k,) cache row of each of its planned examples (input order); None: every row once
     positions: np.ndarray  # (k,) write position of each (its place in ``Plan.order``)
+    group_starts: tuple[int, ...] = (0,)  # the first write position of each writer group
 
 
 @dataclass(frozen=True)
@@ -751,6 +754,8 @@ class Exchange:
     out_starts: np.ndarray  # (M + 1,) first row of each map output in their concatenation, then the total
     sections: np.ndarray  # (shards of the range, M) where each shard's rows start in each map output
     # (``ShardRanges`` counts them as it makes the ranges: the driver holds no (M, S) table)
+    group: int = 0  # the range's writer group: its map outputs are the group's (``MapTask``)
+    groups: int = 1
 
     def take(self, sel: np.ndarray, j: int, *, remember: bool = False) -> pa.Table:
         """``cache.take(sel)`` for the range's shard ``j`` (``sel``: its cache rows in write order), read
@@ -774,7 +779,7 @@ class Exchange:
         return where
 
     def _files(self) -> list[Any]:
-        return [map_file(self.root, i) for i in range(len(self.out_starts) - 1)]
+        return [map_file(self.root, i, self.group, self.groups) for i in range(len(self.out_starts) - 1)]
 
 
 def exchange_dir(cache: EncodeCache) -> Any:
@@ -782,17 +787,24 @@ def exchange_dir(cache: EncodeCache) -> Any:
     return cache.root.parent / "exchange"
 
 
-def map_file(root: Any, i: int) -> Any:
-    return root / f"map-{i:06d}.arrow"
+def map_file(root: Any, i: int, group: int = 0, groups: int = 1) -> Any:
+    return root / (f"map-{i:06d}.arrow" if groups == 1 else f"map-{i:06d}-g{group:04d}.arrow")
 
 
-def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
-              one_process: bool = False) -> tuple[list[MapTask], np.ndarray] | None:
+def writer_groups(shards: int, groups: int) -> np.ndarray:
+    """(G + 1,) the first shard of each of ``groups`` writer groups of consecutive shards (as even as they
+    divide), then ``shards``; one group of every shard where there are fewer shards than groups."""
+    g = max(1, min(groups, shards))
+    return (np.arange(g + 1, dtype=np.int64) * shards) // g
+
+
+def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int, one_process: bool = False,
+              groups: int = 1) -> tuple[list[MapTask], np.ndarray] | None:
     """The exchange's map tasks for ``plan`` over a cache whose chunk ``c`` starts at row ``starts[c]``, and
     the write position of each planned example (4 bytes per example, held while the map tasks run); None
     where the writers should read the chunk files themselves (few shards, few chunks per map output, or, where
     ``one_process`` writes every shard, fewer than ``EXCHANGE_MIN_VISITS`` shards x chunk files whose layouts
-    it can remember).
+    it can remember). ``groups``: writer groups (``writer_groups``), each map task's output split by group.
 
     A map task reads consecutive chunks holding about one shard's examples (n / shards), so it holds no more
     than a writer does, and the files a writer opens drop from the chunks (n / 512) to the map outputs
@@ -815,6 +827,8 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
     for a in range(0, n, 1 << 20):  # the inverse of ``order``, a block at a time (no (n,) arange)
         b = min(n, a + (1 << 20))
         positions[plan.order[a:b]] = np.arange(a, b, dtype=positions.dtype)
+    first = writer_groups(shards, groups)[:-1] * rows_per_shard  # each group's first pack
+    group_starts = tuple(int(x) for x in plan.bounds[np.minimum(first, len(plan.pack_sizes))])
     tasks = []
     for i, (c0, c1) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         r0, r1 = int(starts[c0]), int(starts[c1])
@@ -823,35 +837,45 @@ def map_tasks(plan: Plan, starts: np.ndarray, *, rows_per_shard: int,
         else:  # planned examples are in input order: those of these chunks are one slice
             lo, hi = plan.sampled.first(r0), plan.sampled.first(r1)
             rows = r0 + plan.sampled.index_part(r0, r1)
-        tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi]))
+        tasks.append(MapTask(i, c0, c1, rows, positions[lo:hi], group_starts))
     return tasks, positions
 
 
-def exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> int:
-    """Run one map task: write its planned examples in write order (atomically: a half-written output is
-    a temp file, never the map output), unless a committed output of the same positions is there; return
-    how many rows it holds. The output's metadata holds the sha256 of its positions, so an output of another
-    plan is never read as this one's."""
+def exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> tuple[int, ...]:
+    """Run one map task: write its planned examples in write order, one output per writer group that has
+    rows (atomically: a half-written output is a temp file, never the map output), unless a committed output
+    of the same positions is there; return how many rows each group's holds. An output's metadata holds the
+    sha256 of its positions, so an output of another plan is never read as this one's."""
     with stage(f"exchange (map {task.index}: chunks {task.first_chunk}..{task.end_chunk - 1})"):
         return _exchange_map(task, cache=cache, hooks=hooks)
 
 
-def _exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> int:
+def _exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> tuple[int, ...]:
     import hashlib
 
     by_position = np.argsort(task.positions, kind="stable")
     positions = task.positions[by_position].astype(np.int64)
-    key = hashlib.sha256(positions.tobytes()).hexdigest()
-    path = map_file(exchange_dir(cache), task.index)
-    if committed_ipc(path, {"positions_sha256": key}):
-        return len(positions)
-    starts = cache.starts[task.first_chunk : task.end_chunk + 1]
-    rows = by_position if task.rows is None else task.rows[by_position] - starts[0]
-    table = take_rows([cache.arrow(c) for c in range(task.first_chunk, task.end_chunk)], starts - starts[0], rows)
-    del rows
-    write_ipc_atomic(path, table, {"positions_sha256": key})
-    hooks.at("exchange", task.index)
-    return len(positions)
+    groups = len(task.group_starts)
+    cuts = np.searchsorted(positions, [*task.group_starts, np.iinfo(np.int64).max]).tolist()  # each group's rows
+    todo = []  # (path, first row, end row, key) of each group's output not committed yet
+    for g in range(groups):
+        a, b = cuts[g], cuts[g + 1]
+        key = hashlib.sha256(positions[a:b].tobytes()).hexdigest()
+        path = map_file(exchange_dir(cache), task.index, g, groups)
+        if a < b and not committed_ipc(path, {"positions_sha256": key}):
+            todo.append((path, a, b, key))
+    if todo:
+        a0, b0 = todo[0][1], todo[-1][2]  # the rows that go to an output: read from the chunks once
+        starts = cache.starts[task.first_chunk : task.end_chunk + 1]
+        part = by_position[a0:b0]
+        rows = part if task.rows is None else task.rows[part] - starts[0]
+        table = take_rows([cache.arrow(c) for c in range(task.first_chunk, task.end_chunk)], starts - starts[0],
+                          rows)
+        del rows
+        for path, a, b, key in todo:
+            write_ipc_atomic(path, table.slice(a - a0, b - a), {"positions_sha256": key})
+        hooks.at("exchange", task.index)
+    return tuple(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True))
 
 
 # --------------------------------------------------------------------------------------------- write
@@ -874,16 +898,17 @@ class ShardRanges(Sequence[ShardRange]):
     32: int32 + uint8 per planned example with up-sampled copies). Without sampling a range's examples are a
     view of ``plan.order``. ``write_shard_range`` takes longer ranges too.
 
-    With the exchange, where shard s's rows start in each map output is the rows of shards 0..s-1 read from
-    it: counted as the ranges are made, in order (one (M,) count; a range made out of order counts again from
-    shard 0), never an (M, S) table (at 1B ~39k x 39k, ~12 GB a table of int64)."""
+    With the exchange, where shard s's rows start in each map output of its writer group is the rows of the
+    group's shards before s read from it: counted as the ranges are made, each group's in order (one (M,) count
+    a group; a range made out of order counts again from its group's first shard), never an (M, S) table (at 1B
+    ~39k x 39k, ~12 GB of int64)."""
 
     plan: Plan
     rows_per_shard: int
     remember: bool = False  # every range is written by one process: take_rows keeps each file's layout
-    exchange: tuple[Any, np.ndarray, np.ndarray] | None = None  # root, cache and output starts (M + 1 each):
-    # each range's ``Exchange``; None: the cache's chunks
-    _counted: _Counted = field(default_factory=lambda: _Counted(), init=False, repr=False, compare=False)
+    exchange: MapOutputs | None = None  # each range's ``Exchange``; None: the cache's chunks
+    _counted: dict[int, _Counted] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return -(-(len(self.plan.bounds) - 1) // self.rows_per_shard)
@@ -896,56 +921,77 @@ class ShardRanges(Sequence[ShardRange]):
         """Packs in range ``s`` (without making it)."""
         return min(len(self.plan.bounds) - 1, (s + 1) * self.rows_per_shard) - s * self.rows_per_shard
 
+    def group(self, s: int) -> int:
+        """The writer group of range ``s`` (``Executor.write_groups``): 0 without the exchange or groups."""
+        if self.exchange is None:
+            return 0
+        return int(np.searchsorted(self.exchange.group_first, s, side="right")) - 1
+
+    @property
+    def groups(self) -> int:
+        return 1 if self.exchange is None else len(self.exchange.group_first) - 1
+
     def __getitem__(self, s: int) -> ShardRange:  # type: ignore[override]
         n = len(self)
         if not -n <= s < n:
             raise IndexError(s)
         s %= n
-        plan, p0 = self.plan, s * self.rows_per_shard
-        p1 = p0 + self.num_packs(s)
-        bounds = plan.bounds[p0 : p1 + 1].astype(np.int64)
-        examples, copies = plan.rows(plan.order[bounds[0] : bounds[-1]])
+        examples, copies = self.plan.rows(self._planned(s))
         found = None
-        if self.exchange is not None:
-            root, cache_starts, out_starts = self.exchange
-            found = Exchange(root, cache_starts, out_starts, self._sections(s, examples)[None, :])
-        return ShardRange(first=s, pack_sizes=np.diff(bounds), examples=examples, copies=copies, exchange=found,
+        if (outputs := self.exchange) is not None:
+            g = self.group(s)
+            found = Exchange(outputs.root, outputs.cache_starts, outputs.out_starts[g],
+                             self._sections(s, g, examples)[None, :], g, self.groups)
+        p0 = s * self.rows_per_shard
+        sizes = np.diff(self.plan.bounds[p0 : p0 + self.num_packs(s) + 1].astype(np.int64))
+        return ShardRange(first=s, pack_sizes=sizes, examples=examples, copies=copies, exchange=found,
                           remember=self.remember)
 
+    def _planned(self, s: int) -> np.ndarray:
+        """Shard ``s``'s planned examples, in write order (a view of ``plan.order``)."""
+        p0 = s * self.rows_per_shard
+        return self.plan.order[self.plan.bounds[p0] : self.plan.bounds[p0 + self.num_packs(s)]]
 
-    def _sections(self, s: int, examples: np.ndarray) -> np.ndarray:
-        """(M,) where shard ``s``'s rows (``examples``, its cache rows) start in each map output."""
-        cache_starts = self.exchange[1]
+    def _sections(self, s: int, g: int, examples: np.ndarray) -> np.ndarray:
+        """(M,) where shard ``s``'s rows (``examples``, its cache rows) start in each map output of group ``g``."""
+        cache_starts = self.exchange.cache_starts
         m = len(cache_starts) - 1
 
         def read(rows: np.ndarray) -> np.ndarray:  # how many rows each map output gives them
             return np.bincount(np.searchsorted(cache_starts, rows, side="right") - 1, minlength=m)
 
-        counted = self._counted
-        with counted.lock:
+        with self._lock:
+            counted = self._counted.setdefault(g, _Counted())
             if counted.last is not None and counted.last[0] == s:  # made again (a warm-up's, then the task's)
                 return counted.last[1]
             if counted.before is None or s < counted.next:
-                counted.before, counted.next = np.zeros(m, dtype=np.int64), 0
-            while counted.next < s:  # shards not made yet, in order
-                t = counted.next
-                p0, p1 = t * self.rows_per_shard, t * self.rows_per_shard + self.num_packs(t)
-                counted.before += read(self.plan.rows(self.plan.order[self.plan.bounds[p0] : self.plan.bounds[p1]])[0])
-                counted.next = t + 1
+                counted.before, counted.next = np.zeros(m, dtype=np.int64), int(self.exchange.group_first[g])
+            while counted.next < s:  # the group's shards not made yet, in order
+                counted.before += read(self.plan.rows(self._planned(counted.next))[0])
+                counted.next += 1
             starts = counted.before.copy()
             counted.before += read(examples)
             counted.next, counted.last = s + 1, (s, starts)
             return starts
 
 
+@dataclass(frozen=True)
+class MapOutputs:
+    """The exchange's map outputs as the write stage reads them (``build._exchange``)."""
+
+    root: Any  # OUT/.packer/exchange
+    cache_starts: np.ndarray  # (M + 1,) first cache row each map task reads, then the total
+    out_starts: np.ndarray  # (G, M + 1) first row of each map output of group g in their concatenation
+    group_first: np.ndarray  # (G + 1,) first shard of each writer group, then the shard count
+
+
 @dataclass
 class _Counted:
-    """``ShardRanges``' count, per map output, of the rows of the shards before ``next``."""
+    """``ShardRanges``' count, per map output of a writer group, of the rows of its shards before ``next``."""
 
     before: np.ndarray | None = None
     next: int = 0
     last: tuple[int, np.ndarray] | None = None  # the last shard's starts
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> ShardRanges:

@@ -32,6 +32,7 @@ import ray.cloudpickle  # noqa: E402
 
 from packer.config import BuildConfig  # noqa: E402
 from packer.pipeline.build import build  # noqa: E402
+from packer.pipeline.faults import Hooks  # noqa: E402
 from packer.report.verify import verify_build  # noqa: E402
 from packer.shards.store import mirror_dir, store_path  # noqa: E402
 from tests.media.make_videos import write_clip  # noqa: E402
@@ -189,6 +190,70 @@ def test_a_multi_node_build_on_s3_is_byte_identical(cluster, corpus, reference, 
         sources |= {m["source"] for r in remote for m in r["images"] + r["videos"]}
     assert videos > 0  # the clip was probed on a worker node through S3
     assert sources and all(s.startswith((f"{IN}/images/", f"{IN}/videos/")) for s in sources), sources
+
+
+class MirroredMapOutputs(Hooks):
+    """At each shard written (``shard:N``, in the writer's process), leaves ``signals/N.json``: the writer's
+    node and the map outputs in that node's copies of ``exchange`` (``store.local_file``). Shard 0's task then
+    sleeps 3 s: its node stays busy while the other node is free (a scheduler that does not keep a group on
+    its node would give that node group 0's next shards)."""
+
+    def __init__(self, signals: str, exchange: str):
+        self.signals, self.exchange = signals, exchange
+
+    def at(self, point: str, n: int = 0, **state: Any) -> None:
+        if point != "shard":
+            return
+        import os
+
+        from packer.shards.store import mirror_dir, store_path
+
+        copies = mirror_dir(store_path(self.exchange))
+        maps = sorted(p.name.split("-", 1)[1] for p in copies.glob("*-map-*.arrow")) if copies.exists() else []
+        flag = Path(self.signals) / f"{n}.json"
+        flag.with_suffix(".tmp").write_text(json.dumps({"node": ray.get_runtime_context().get_node_id(),
+                                                        "maps": maps}))
+        os.replace(flag.with_suffix(".tmp"), flag)
+        if n == 0:
+            import time
+
+            time.sleep(3)
+
+
+@pytest.mark.slow
+def test_on_s3_each_node_downloads_only_its_writer_groups_map_outputs(cluster, corpus, reference, tmp_path_factory,
+                                                                       driver_cwd, monkeypatch):
+    """The exchange on (4-line chunks, map outputs for 2+ shards): one writer group of consecutive shards a
+    worker node, each map task writing one output per group, each group's write tasks sent to its node. Each
+    node's copies hold only its own group's map outputs (about half of them), and the build is byte-identical."""
+    import shutil
+    import tempfile
+
+    from packer.pipeline import stages
+
+    monkeypatch.setattr(stages, "CHUNK_LINES", 4)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 2)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 1)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+    out = "s3://packer/out/groups"
+    signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))  # outside the roots the tasks may not read
+    try:
+        hooks = no_local_reads(tmp_path_factory, MirroredMapOutputs(str(signals), f"{out}/.packer/exchange"))
+        build(ray_config(out, cluster), progress=False, hooks=hooks)
+        seen = [json.loads(p.read_text()) for p in sorted(signals.glob("*.json"))]
+    finally:
+        shutil.rmtree(signals)
+    assert digests(out) == reference
+    assert len(seen) == sum(k.startswith("shard-") for k in reference)
+    copied: dict[str, set[str]] = {}
+    for s in seen:
+        copied.setdefault(s["node"], set()).update(s["maps"])
+    assert sorted(copied) == sorted(nodes)  # every node wrote shards
+    groups = {node: {name.rsplit("-g", 1)[1] for name in maps} for node, maps in copied.items()}
+    assert sorted(len(g) for g in groups.values()) == [1] * len(nodes), groups  # one group's outputs a node
+    assert len(set.union(*groups.values())) == len(nodes)  # each node its own group
+    tasks = {name.split("-g")[0] for maps in copied.values() for name in maps}
+    assert len(tasks) >= 4 and all(len(maps) < len(tasks) * len(nodes) for maps in copied.values())
 
 
 # every stage's requests: the scan's and the encode's reads of an input, a media header, the encode cache's
