@@ -20,7 +20,8 @@ time per record.
     BENCH_CALL_PEAKS=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # + each planner call's
     BENCH_ONE_BUDGET=1 python scripts/bench_build_memory.py --driver-only --copies 5e6   # max_vision_tokens only
     nice -n 10 python scripts/bench_build_memory.py --shape image --sizes 5e5 2e6   # multimodal-shaped
-    python scripts/bench_build_memory.py --sizes 5e6 --rows-per-shard 5   # the 1B regime: shards x map outputs
+    python scripts/bench_build_memory.py --sizes 2e7 --rows-per-shard 12   # the 1B regime: shards x map outputs
+    python scripts/bench_build_memory.py --sizes 2e7 --rows-per-shard 12 --tree DIR   # DIR: git archive REV
 
 ``--shape image``: chats of 2-40 words a turn where 30% of the records open with one of 16 real COCO photos
 (``PACKER_SHARED``'s coco-mini, reused: the header probe is per record), built with ``--profile qwen2-vl``.
@@ -275,10 +276,11 @@ def _tree(pid: int, peaks: dict[int, tuple[str, int]], cpu: dict[int, float],
             samples.append((time.perf_counter(), name, rss, u))
 
 
-def run_build(path: Path, out: Path, num_proc: int, profile: str = "text", rows_per_shard: int = 0) -> dict:
+def run_build(path: Path, out: Path, num_proc: int, profile: str = "text", rows_per_shard: int = 0,
+              tree: Path = REPO) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out), str(num_proc), profile,
            str(rows_per_shard)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peaks: dict[int, tuple[str, int]] = {}
@@ -353,6 +355,8 @@ def main() -> None:
     ap.add_argument("--rows-per-shard", type=int, default=0, help="packs a shard (and a row group); 0: the default. "
                     "A few: the shards x map outputs of a 1B build at a small one's size (each shard ~25k "
                     "examples at 1B: ~39k shards, ~39k map outputs)")
+    ap.add_argument("--tree", type=Path, default=REPO, help="the packer whose builds are measured (default this "
+                    "checkout; a `git archive` of another revision for a before/after)")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-build-memory-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -366,7 +370,7 @@ def main() -> None:
             path, profile = root / f"image-{n}.jsonl", "qwen2-vl"
             shared = Path(os.environ.get("PACKER_SHARED", REPO.parent / "shared"))
             make_image_records(path, n, shared / "data" / "coco-mini")
-        r = run_build(path, root / f"out-{n}", args.num_proc, profile, args.rows_per_shard)
+        r = run_build(path, root / f"out-{n}", args.num_proc, profile, args.rows_per_shard, args.tree.resolve())
         rows.append(r)
         stages = ", ".join(f"{k} {v:.0f}" for k, v in r["driver_peak_mib"].items())
         wstages = ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}" for k, v in r["worker_peak_mib_by_stage"].items())

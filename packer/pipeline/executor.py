@@ -13,7 +13,6 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-
     from packer.config import BuildConfig
     from packer.encode.encoder import Encoder
     from packer.pipeline.cache import ChunkCounts, EncodeCache
@@ -100,7 +99,8 @@ class Executor(ABC):
         self, tasks: Sequence[MapTask], *, cache: EncodeCache, config: BuildConfig, hooks: Hooks
     ) -> Generator[tuple[int, ...], None, None]:
         """Run each map task of the exchange (``stages.exchange_map``); yield how many rows each wrote for each
-        writer group, in task order. By default in this process (an executor that runs tasks elsewhere overrides it)."""
+        writer group, in task order. By default in this process (an executor that runs tasks elsewhere
+        overrides it)."""
         from packer.pipeline.stages import exchange_map
 
         for task in tasks:
