@@ -962,8 +962,6 @@ class ShardRanges(Sequence[ShardRange]):
 
         with self._lock:
             counted = self._counted.setdefault(g, _Counted())
-            if counted.last is not None and counted.last[0] == s:  # made again (a warm-up's, then the task's)
-                return counted.last[1]
             if counted.before is None or s < counted.next:
                 counted.before, counted.next = np.zeros(m, dtype=np.int64), int(self.exchange.group_first[g])
             while counted.next < s:  # the group's shards not made yet, in order
@@ -971,7 +969,7 @@ class ShardRanges(Sequence[ShardRange]):
                 counted.next += 1
             starts = counted.before.copy()
             counted.before += read(examples)
-            counted.next, counted.last = s + 1, (s, starts)
+            counted.next = s + 1
             return starts
 
 
@@ -991,7 +989,6 @@ class _Counted:
 
     before: np.ndarray | None = None
     next: int = 0
-    last: tuple[int, np.ndarray] | None = None  # the last shard's starts
 
 
 def shard_ranges(plan: Plan, *, rows_per_shard: int) -> ShardRanges:
