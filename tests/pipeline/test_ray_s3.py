@@ -220,6 +220,17 @@ class MirroredMapOutputs(Hooks):
             time.sleep(3)
 
 
+class Both(Hooks):
+    """Two hooks at every point, in order."""
+
+    def __init__(self, first: Hooks, second: Hooks):
+        self.first, self.second = first, second
+
+    def at(self, point: str, n: int = 0, **state: Any) -> None:
+        self.first.at(point, n, **state)
+        self.second.at(point, n, **state)
+
+
 @pytest.mark.slow
 def test_on_s3_each_node_downloads_only_its_writer_groups_map_outputs(cluster, corpus, reference, tmp_path_factory,
                                                                        driver_cwd, monkeypatch):
@@ -254,6 +265,49 @@ def test_on_s3_each_node_downloads_only_its_writer_groups_map_outputs(cluster, c
     assert len(set.union(*groups.values())) == len(nodes)  # each node its own group
     tasks = {name.split("-g")[0] for maps in copied.values() for name in maps}
     assert len(tasks) >= 4 and all(len(maps) < len(tasks) * len(nodes) for maps in copied.values())
+
+
+@pytest.mark.slow
+def test_with_writer_groups_a_node_removed_mid_write_has_its_shards_written_elsewhere(
+        cluster, corpus, reference, s3, tmp_path_factory, driver_cwd, monkeypatch):
+    """Writer groups on (a third worker node joins: three groups), and the node writing shard 1 is removed while
+    it uploads it: its task runs again on a node left (the affinity is soft), so do the rest of its group's, and
+    the build is byte-identical, with no temp."""
+    import tempfile
+    import threading
+
+    from packer.pipeline import stages
+
+    monkeypatch.setattr(stages, "CHUNK_LINES", 4)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 2)
+    monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 1)
+    cluster.node_tmps.append(add_worker(cluster, s3[0]))
+    cluster.wait_for_nodes()
+    signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))
+    cluster.node_tmps.append(signals)
+    removed: list[str] = []
+    stop = threading.Event()
+    remover = threading.Thread(target=remove_reporting_nodes, args=(cluster, signals, 1, stop, removed))
+    remover.start()
+    out = "s3://packer/out/groups-node-lost"
+    seen = Path(tempfile.mkdtemp(prefix="packer-signals-"))
+    cluster.node_tmps.append(seen)
+    hooks = no_local_reads(tmp_path_factory, Both(StallOnNode(str(signals), [("shard-write", 1)]),
+                                                  MirroredMapOutputs(str(seen), f"{out}/.packer/exchange")))
+    try:
+        build(ray_config(out, cluster), progress=False, hooks=hooks)
+    finally:
+        stop.set()
+        remover.join()
+    assert len(removed) == 1 and not removed[0].startswith("failed"), removed
+    assert digests(out) == reference
+    written = {int(p.stem): json.loads(p.read_text()) for p in seen.glob("*.json")}
+    assert sorted(written) == list(range(sum(k.startswith("shard-") for k in reference)))
+    assert written[1]["node"] != removed[0]  # shard 1 written again on a node left
+    assert {name.rsplit("-g", 1)[1] for w in written.values() for name in w["maps"]} == {"0000.arrow", "0001.arrow",
+                                                                                        "0002.arrow"}
+    keys = [p.name for p in store_path(out).iterdir()]
+    assert not [k for k in keys if ".tmp-" in k], keys
 
 
 # every stage's requests: the scan's and the encode's reads of an input, a media header, the encode cache's
