@@ -19,6 +19,8 @@ import hashlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,29 @@ def no_local_reads(tmp_path_factory, inner=None) -> NoLocalReads:
     return NoLocalReads([str(tmp_path_factory.getbasetemp())], inner)
 
 
+@contextmanager
+def nodes_removed_when_they_report(cluster, s3, *, add: int, expected: int) -> Iterator[tuple[Path, list[str]]]:
+    """``add`` more worker nodes joined, then, until the block ends, each node that reports in the signals
+    directory yielded (``StallOnNode``) removed, ``expected`` of them; the removed nodes' ids in the list."""
+    import tempfile
+    import threading
+
+    for _ in range(add):
+        cluster.node_tmps.append(add_worker(cluster, s3[0]))
+    cluster.wait_for_nodes()
+    signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))  # outside the roots the tasks may not read
+    cluster.node_tmps.append(signals)
+    removed: list[str] = []
+    stop = threading.Event()
+    remover = threading.Thread(target=remove_reporting_nodes, args=(cluster, signals, expected, stop, removed))
+    remover.start()
+    try:
+        yield signals, removed
+    finally:
+        stop.set()
+        remover.join()
+
+
 @ray.remote(num_cpus=1)
 def _read_local(hooks: NoLocalReads, path: str) -> bytes:
     with open(path, "rb") as f:
@@ -274,31 +299,19 @@ def test_with_writer_groups_a_node_removed_mid_write_has_its_shards_written_else
     it uploads it: its task runs again on a node left (the affinity is soft), so do the rest of its group's, and
     the build is byte-identical, with no temp."""
     import tempfile
-    import threading
 
     from packer.pipeline import stages
 
     monkeypatch.setattr(stages, "CHUNK_LINES", 4)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_SHARDS", 2)
     monkeypatch.setattr(stages, "EXCHANGE_MIN_FAN", 1)
-    cluster.node_tmps.append(add_worker(cluster, s3[0]))
-    cluster.wait_for_nodes()
-    signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))
-    cluster.node_tmps.append(signals)
-    removed: list[str] = []
-    stop = threading.Event()
-    remover = threading.Thread(target=remove_reporting_nodes, args=(cluster, signals, 1, stop, removed))
-    remover.start()
     out = "s3://packer/out/groups-node-lost"
     seen = Path(tempfile.mkdtemp(prefix="packer-signals-"))
     cluster.node_tmps.append(seen)
-    hooks = no_local_reads(tmp_path_factory, Both(StallOnNode(str(signals), [("shard-write", 1)]),
-                                                  MirroredMapOutputs(str(seen), f"{out}/.packer/exchange")))
-    try:
+    with nodes_removed_when_they_report(cluster, s3, add=1, expected=1) as (signals, removed):
+        hooks = no_local_reads(tmp_path_factory, Both(StallOnNode(str(signals), [("shard-write", 1)]),
+                                                      MirroredMapOutputs(str(seen), f"{out}/.packer/exchange")))
         build(ray_config(out, cluster), progress=False, hooks=hooks)
-    finally:
-        stop.set()
-        remover.join()
     assert len(removed) == 1 and not removed[0].startswith("failed"), removed
     assert digests(out) == reference
     written = {int(p.stem): json.loads(p.read_text()) for p in seen.glob("*.json")}
@@ -369,25 +382,10 @@ def test_a_worker_node_removed_mid_encode_and_mid_write_loses_and_doubles_nothin
     not), then another while its task uploads shard 2 (half of it is a temp object); Ray runs both tasks again
     on the nodes left (two more joined before the build, so two stay), and the build is byte-identical, with
     no temp."""
-    import tempfile
-    import threading
-
-    for _ in range(2):
-        cluster.node_tmps.append(add_worker(cluster, s3[0]))
-    cluster.wait_for_nodes()
-    signals = Path(tempfile.mkdtemp(prefix="packer-signals-"))
-    cluster.node_tmps.append(signals)
-    removed: list[str] = []
-    stop = threading.Event()
-    remover = threading.Thread(target=remove_reporting_nodes, args=(cluster, signals, 2, stop, removed))
-    remover.start()
     out = "s3://packer/out/node-lost"
-    hooks = no_local_reads(tmp_path_factory, StallOnNode(str(signals), [("encode-partial", 1), ("shard-write", 2)]))
-    try:
-        build(ray_config(out, cluster), progress=False, hooks=hooks)
-    finally:
-        stop.set()
-        remover.join()
+    with nodes_removed_when_they_report(cluster, s3, add=2, expected=2) as (signals, removed):
+        stall = StallOnNode(str(signals), [("encode-partial", 1), ("shard-write", 2)])
+        build(ray_config(out, cluster), progress=False, hooks=no_local_reads(tmp_path_factory, stall))
     assert len(removed) == 2 and all(not r.startswith("failed") for r in removed), removed
     assert digests(out) == reference
     keys = [p.name for p in store_path(out).iterdir()]
