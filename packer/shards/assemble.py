@@ -9,7 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -416,11 +416,14 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     # corpus) takes nothing
     media_parts = {name: _Parts() for name in media}
     without = dict.fromkeys(media, 0)
+    empties: dict[str, pa.Table] = {}  # per media column, n rows of empty lists: a run of them is a slice
 
     def add_media(name: str, taken: pa.Array) -> None:
         """The rows of one visit of media column ``name``, once the column has had an item."""
         if without[name]:
-            media_parts[name].add(_empty_lists(without[name], [name], types))
+            if name not in empties:
+                empties[name] = _empty_lists(n, [name], types)
+            media_parts[name].add(empties[name].slice(0, without[name]))
             without[name] = 0
         media_parts[name].add(pa.table({name: taken}))
     for c in used:
@@ -428,7 +431,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         key = _file_key(paths[c]) if remember else None
         layout = None if key is None else _LAYOUTS.get(key)
         if layout is not None:  # a file seen before: mapped, its columns copied in one call, no Arrow reader
-            mapped, buffer = _mapped(paths[c])
+            mapped = _mapped(paths[c])
             for name in layout.null:
                 nulls[name] += rows.shape[0]
             visit_lengths(mapped, layout.fixed_spans, _FIXED_WIDTHS, layout.flat_spans, rows, to, all_fixed,
@@ -441,11 +444,13 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
                     offsets = mapped[spec[4] : spec[4] + spec[5]].view(np.int32)
                     taken = int((offsets[rows + 1] - offsets[rows]).sum())
                     items[name] += taken
-                if taken:
-                    add_media(name, _rebuilt(buffer, types[name], spec)[0].take(pa.array(rows)))
+                if taken:  # one row (a visit at 1B): a slice, copied when ``_Parts`` merges it (~70 us a take)
+                    column = _rebuilt(pa.py_buffer(mapped.base), types[name], spec)[0]
+                    add_media(name, column.slice(int(rows[0]), 1) if rows.shape[0] == 1 else
+                              column.take(pa.array(rows)))
                 else:  # empty lists, counted until the next part (a visit of a row or two at 1B: mostly these)
                     without[name] += rows.shape[0]
-            mapped = buffer = offsets = None  # unmapped here
+            mapped = offsets = None  # unmapped here
             continue
         columns_of, base, size = read(c)
         spans[c] = {}
@@ -488,7 +493,8 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         for name in slow:
             if name in items:
                 if without[name]:
-                    media_parts[name].add(_empty_lists(without[name], [name], types))
+                    media_parts[name].add(empties[name].slice(0, without[name]) if name in empties
+                                          else _empty_lists(without[name], [name], types))
                 columns[name] = media_parts[name].table().column(0).take(pa.array(inverse))
     media_parts.clear()
     slow = [name for name in slow if name not in items]
@@ -512,7 +518,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     parts = _Parts() if slow else None
     for c in used:
         if c in known and not slow:  # a remembered layout: every dense column copied in one call, no Arrow
-            visit_copy(_mapped(paths[c])[0], dense_at, known[c].flat_spans, _FLAT_WIDTHS, local[c], dest[c], out,
+            visit_copy(_mapped(paths[c]), dense_at, known[c].flat_spans, _FLAT_WIDTHS, local[c], dest[c], out,
                        bases, all_offsets)
             continue
         if slow or any(name not in spans[c] for name in dense):
@@ -522,7 +528,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
                     pa.array(local[c])))
             views = {name: _offsets_and_values(columns_of[name]) for name in dense}
         else:  # the file mapped and viewed where pass 1 found its columns: no Arrow reader
-            mapped = _mapped(paths[c])[0]
+            mapped = _mapped(paths[c])
             columns_of = None
             views = {name: _views(mapped, spans[c][name], dtypes[name]) for name in dense}
             del mapped
@@ -566,15 +572,14 @@ class _Layout:
     media: tuple[tuple[str, int, int], ...]  # media column -> (its spec's first index in ``spans``, its items)
     null: tuple[str, ...]  # columns null in every row
 
-    @property
-    def fixed_spans(self) -> np.ndarray:
-        """(fixed columns, 2): what ``gather.visit_lengths`` reads."""
-        return self.spans[: 2 * len(_FIXED)].reshape(len(_FIXED), 2)
+    fixed_spans: np.ndarray = field(init=False)  # (fixed columns, 2), a view of ``spans``: what
+    # ``gather.visit_lengths`` reads
+    flat_spans: np.ndarray = field(init=False)  # (flat columns, 4), a view: what it and ``gather.visit_copy`` read
 
-    @property
-    def flat_spans(self) -> np.ndarray:
-        """(flat columns, 4): what ``gather.visit_lengths`` and ``gather.visit_copy`` read."""
-        return self.spans[2 * len(_FIXED) : 2 * len(_FIXED) + 4 * len(_FLAT)].reshape(len(_FLAT), 4)
+    def __post_init__(self) -> None:  # the views made once, not at every visit
+        object.__setattr__(self, "fixed_spans", self.spans[: 2 * len(_FIXED)].reshape(len(_FIXED), 2))
+        object.__setattr__(self, "flat_spans", self.spans[2 * len(_FIXED) : 2 * len(_FIXED) + 4 * len(_FLAT)]
+                           .reshape(len(_FLAT), 4))
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, _Layout) and self.media == other.media and self.null == other.null
@@ -607,15 +612,16 @@ def _file_key(path: str) -> tuple[str, int, int, int]:
     return path, st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _mapped(path: str) -> tuple[np.ndarray, pa.Buffer]:
-    """The file mapped (read-only): a numpy byte view and an Arrow buffer of it, both zero-copy; unmapped when
-    both (and every array viewing them) are gone. ~10 us, against ~60 for ``pa.memory_map``."""
+def _mapped(path: str) -> np.ndarray:
+    """The file mapped (read-only), a numpy byte view of it (``.base``: the ``mmap``, for an Arrow buffer
+    ``pa.py_buffer``), zero-copy; unmapped when every array viewing it is gone. ~10 us, against ~60 for
+    ``pa.memory_map``."""
     fd = os.open(path, os.O_RDONLY)
     try:
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
-    return np.frombuffer(mm, dtype=np.uint8), pa.py_buffer(mm)
+    return np.frombuffer(mm, dtype=np.uint8)
 
 
 def _spec(arr: pa.Array, base: int, size: int, buffers: list[pa.Buffer | None] | None = None) -> _Spec | None:
