@@ -860,9 +860,11 @@ def _exchange_map(task: MapTask, *, cache: EncodeCache, hooks: Hooks) -> tuple[i
     todo = []  # (path, first row, end row, key) of each group's output not committed yet
     for g in range(groups):
         a, b = cuts[g], cuts[g + 1]
+        if a == b:  # no row for this group: no output
+            continue
         key = hashlib.sha256(positions[a:b].tobytes()).hexdigest()
         path = map_file(exchange_dir(cache), task.index, g, groups)
-        if a < b and not committed_ipc(path, {"positions_sha256": key}):
+        if not committed_ipc(path, {"positions_sha256": key}):
             todo.append((path, a, b, key))
     if todo:
         a0, b0 = todo[0][1], todo[-1][2]  # the rows that go to an output: read from the chunks once
