@@ -418,13 +418,17 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
     without = dict.fromkeys(media, 0)
     empties: dict[str, pa.Table] = {}  # per media column, n rows of empty lists: a run of them is a slice
 
-    def add_media(name: str, taken: pa.Array) -> None:
-        """The rows of one visit of media column ``name``, once the column has had an item."""
+    def flush_without(name: str) -> None:
+        """The rows of media column ``name`` counted in ``without`` so far, as empty lists."""
         if without[name]:
             if name not in empties:
                 empties[name] = _empty_lists(n, [name], types)
             media_parts[name].add(empties[name].slice(0, without[name]))
             without[name] = 0
+
+    def add_media(name: str, taken: pa.Array) -> None:
+        """The rows of one visit of media column ``name``, once the column has had an item."""
+        flush_without(name)
         media_parts[name].add(pa.table({name: taken}))
     for c in used:
         rows, to = local[c], dest[c]
@@ -444,7 +448,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
                     offsets = mapped[spec[4] : spec[4] + spec[5]].view(np.int32)
                     taken = int((offsets[rows + 1] - offsets[rows]).sum())
                     items[name] += taken
-                if taken:  # one row (a visit at 1B): a slice, copied when ``_Parts`` merges it (~70 us a take)
+                if taken:  # one row (a visit at 1B): a slice, far cheaper than a take, copied when ``_Parts`` merges it
                     column = _rebuilt(pa.py_buffer(mapped.base), types[name], spec)[0]
                     add_media(name, column.slice(int(rows[0]), 1) if rows.shape[0] == 1 else
                               column.take(pa.array(rows)))
@@ -492,9 +496,7 @@ def take_rows(files: Sequence[str | Path | ObjectPath], starts: np.ndarray, sel:
         inverse[order] = np.arange(n)  # back from file order to ``sel`` order
         for name in slow:
             if name in items:
-                if without[name]:
-                    media_parts[name].add(empties[name].slice(0, without[name]) if name in empties
-                                          else _empty_lists(without[name], [name], types))
+                flush_without(name)
                 columns[name] = media_parts[name].table().column(0).take(pa.array(inverse))
     media_parts.clear()
     slow = [name for name in slow if name not in items]
