@@ -11,6 +11,7 @@ packer of git revision REV in the same run (``git archive``), and the ratios.
 
     python scripts/bench_visits.py --keep /tmp/rpab --records 200000 --files 4096 --rows 1 --base 8b62769
     python scripts/bench_visits.py --keep /tmp/rpab --records 200000 --files 391 --rows 1 64 --base 8b62769
+    python scripts/bench_visits.py --keep /tmp/rpab --records 200000 --files 39000 --rows 1 --reps 1 --profile
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bench_repack import BUILD, checkout  # noqa: E402
 
 CHILD = r"""
 import glob, json, sys, time
+from pathlib import Path
 import numpy as np
 from packer.shards import assemble
 files = sorted(glob.glob(sys.argv[1] + "/part-*.arrow"))
@@ -58,6 +60,14 @@ for k in rows_per:
             take(files, starts, sel, remember=remember)
             best = min(best, time.process_time() - t)
         out[f"{k}-{remember}"] = best / len(files) * 1e6
+if sys.argv[4] == "profile":  # where a remembered take's time goes: CPU us per visit by function, own time
+    import cProfile, pstats
+    sel = np.concatenate([starts[c] + rng.choice(counts[c], rows_per[0], replace=False) for c in range(len(files))])
+    prof = cProfile.Profile(time.process_time)
+    prof.runcall(take, files, starts, sel, remember=True)
+    stats = pstats.Stats(prof).stats
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:12]
+    out["profile"] = [[f"{fn[2]} ({Path(fn[0]).name}:{fn[1]})", v[1], v[2] / len(files) * 1e6] for fn, v in top]
 print(json.dumps(out))
 """
 
@@ -81,10 +91,11 @@ def split(cache: Path, into: Path, files: int) -> None:
     (into / "counts.json").write_text(json.dumps([bounds[i + 1] - bounds[i] for i in range(files)]))
 
 
-def run(code: Path, parts: Path, rows: list[int], reps: int) -> dict:
+def run(code: Path, parts: Path, rows: list[int], reps: int, profile: bool = False) -> dict:
     env = {"PYTHONPATH": str(code), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(parts), ",".join(map(str, rows)), str(reps)],
-                          capture_output=True, text=True, env=env, check=True, cwd=parts)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(parts), ",".join(map(str, rows)), str(reps),
+                           "profile" if profile else "-"], capture_output=True, text=True, env=env, check=True,
+                          cwd=parts)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -98,6 +109,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1], help="rows taken from each file per take")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--base", default=None, help="also time git revision REV's take_rows, in the same run")
+    ap.add_argument("--profile", action="store_true",
+                    help="then, in this tree, one remembered take of the first --rows under cProfile: CPU us per "
+                         "visit by function (own time; cProfile's overhead included)")
     args = ap.parse_args()
     full = args.keep / f"full-{args.records}"
     if not (full / "manifest.json").exists():
@@ -112,13 +126,19 @@ def main() -> None:
         trees = [("this tree", REPO)]
         if args.base:
             trees.insert(0, (args.base, checkout(args.base, Path(tmp) / "base")))
-        results = {name: run(code, parts, args.rows, args.reps) for name, code in trees}
+        results = {name: run(code, parts, args.rows, args.reps, args.profile and code == REPO)
+                   for name, code in trees}
     print(f"{args.files} files of ~{args.records // args.files} rows; CPU us per visit, best of {args.reps}")
     for name, r in results.items():
         kept = f"layouts kept, {r['layout_bytes']:.0f} B each" if r["remembered"] else "no layout kept"
         print(f"{name}: LAYOUTS_MAX {r['layouts_max']} ({kept})")
         for k in args.rows:
             print(f"  {k} row(s) a visit: remembered {r[f'{k}-True']:.0f}, not {r[f'{k}-False']:.0f}")
+    if args.profile:
+        print(f"this tree, one remembered take of {args.rows[0]} row(s) a file under cProfile: "
+              "CPU us per visit, own time (calls)")
+        for name, calls, us in results["this tree"]["profile"]:
+            print(f"  {us:7.1f}  {name} ({calls})")
     if args.base:
         old, new = results[args.base], results["this tree"]
         for k in args.rows:
